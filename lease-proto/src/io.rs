@@ -1,0 +1,392 @@
+//! What goes into the machine and what comes out of it.
+
+use std::fmt;
+use std::time::Instant;
+
+use crate::key::LeaseId;
+use crate::sql::{Row, Statement};
+
+/// Identifies one run (one call of `run` in a driver). Unique per machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RunId(pub u64);
+
+/// Identifies one database session the machine asked for. A driver echoes it
+/// in [`Input::SessionOpened`] and [`Input::SessionLost`]; inputs naming an
+/// older session are ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionId(pub u64);
+
+/// Identifies one statement sent. Replies naming any other id are ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QueryId(pub u64);
+
+/// An error the server (or the driver's client library) reported.
+///
+/// Carries no connection parameters: drivers must not put passwords in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbError {
+    /// The SQLSTATE code, when the server sent one (`"57P01"`, `"53200"`, ...).
+    pub code: Option<String>,
+    /// A one-line message.
+    pub message: String,
+}
+
+impl DbError {
+    /// An error without SQLSTATE (I/O, protocol, decoding).
+    pub fn other(message: impl Into<String>) -> DbError {
+        DbError {
+            code: None,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for DbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.code {
+            Some(code) => write!(f, "{} (SQLSTATE {code})", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobExit {
+    /// The job returned successfully.
+    Ok,
+    /// The job returned an error (the driver keeps the error value).
+    Failed,
+    /// The job was dropped before it returned (its run was dropped).
+    Abandoned,
+}
+
+/// An input to [`Machine::handle_input`](crate::Machine::handle_input).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// The job of `run` exited. Ignored unless that job is running.
+    JobExited {
+        /// The run whose job exited.
+        run: RunId,
+        /// How it ended.
+        exit: JobExit,
+    },
+    /// Graceful shutdown of one run: its job is cancelled, the run waits for it
+    /// to return, releases, and finishes with [`Outcome::Cancelled`].
+    Shutdown {
+        /// The run to shut down.
+        run: RunId,
+    },
+    /// Close the whole machine: every run is shut down, later runs finish at
+    /// once with [`Outcome::Closed`], and the session is closed when no run
+    /// remains.
+    Close,
+    /// The connection asked for by [`Command::OpenSession`] is established.
+    SessionOpened {
+        /// The session from the command.
+        session: SessionId,
+    },
+    /// The connection failed to open, or ended (for any reason: the server
+    /// ended it, the socket closed, the connection future completed).
+    SessionLost {
+        /// The session from [`Command::OpenSession`].
+        session: SessionId,
+        /// What the driver saw, if anything.
+        error: Option<DbError>,
+    },
+    /// The reply to [`Command::Query`]: every row of every result set, in order.
+    Reply {
+        /// The query from the command.
+        query: QueryId,
+        /// Rows, or the statement's error.
+        result: Result<Vec<Row>, DbError>,
+    },
+    /// A `NOTIFY` arrived on the session.
+    Notification {
+        /// The channel.
+        channel: String,
+        /// The payload.
+        payload: String,
+    },
+    /// Time passed (a timer from [`Machine::poll_timeout`](crate::Machine::poll_timeout)
+    /// fired, or any wake-up). The machine checks every deadline against `now`.
+    Tick,
+}
+
+/// Why a job is cancelled, or a lease lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// The session ended (connection closed, server terminated it, restart).
+    SessionLost(Option<DbError>),
+    /// A statement did not answer within the query timeout; the session was closed.
+    QueryTimeout,
+    /// The lease was not confirmed within its validity window; the session was closed.
+    ValidityExpired,
+    /// A heartbeat did not find the key in `pg_locks` for this session.
+    NotHeld,
+    /// A statement failed; the session was closed because its state could not be verified.
+    QueryFailed(DbError),
+    /// Graceful shutdown of this run was asked.
+    Shutdown,
+    /// The machine is closing.
+    Closed,
+    /// The server or connection cannot give mutual exclusion.
+    Refused(Refusal),
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::SessionLost(Some(e)) => write!(f, "session lost: {e}"),
+            Reason::SessionLost(None) => f.write_str("session lost"),
+            Reason::QueryTimeout => f.write_str("a statement timed out; session closed"),
+            Reason::ValidityExpired => f.write_str("validity expired before confirmation"),
+            Reason::NotHeld => f.write_str("key no longer held by this session"),
+            Reason::QueryFailed(e) => write!(f, "statement failed: {e}"),
+            Reason::Shutdown => f.write_str("shutdown requested"),
+            Reason::Closed => f.write_str("locker closed"),
+            Reason::Refused(r) => write!(f, "{r}"),
+        }
+    }
+}
+
+/// A setup that cannot give mutual exclusion. Final for the machine: every run
+/// finishes with [`Outcome::Refused`] and later runs are refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The server is a hot standby (`pg_is_in_recovery()`): advisory locks
+    /// taken there exclude nothing on the primary.
+    Standby,
+    /// The server is older than needed.
+    ServerTooOld {
+        /// `server_version_num` found.
+        found: i64,
+        /// Least `server_version_num` needed.
+        needed: i64,
+    },
+    /// The backend pid changed between statements of one session: a
+    /// transaction-mode pooler sits in between.
+    BackendChanged {
+        /// The pid found at setup.
+        was: i64,
+        /// The pid found later.
+        now: i64,
+    },
+    /// Startup options were rejected or not applied (a pooler in between).
+    StartupOptionsIgnored {
+        /// What was found.
+        detail: String,
+    },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Standby => f.write_str(
+                "the server is a hot standby (in recovery): advisory locks there give no mutual exclusion; connect to the primary",
+            ),
+            Refusal::ServerTooOld { found, needed } => write!(
+                f,
+                "PostgreSQL server_version_num {found} is too old: {needed} or later is needed"
+            ),
+            Refusal::BackendChanged { was, now } => write!(
+                f,
+                "the backend pid changed from {was} to {now} within one session: a transaction pooler is in between; connect directly or through a session-mode pool"
+            ),
+            Refusal::StartupOptionsIgnored { detail } => write!(
+                f,
+                "startup options were rejected or not applied ({detail}): a pooler is in between; connect directly or through a session-mode pool"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// How a run finished. Drivers map every outcome but `Failed` and `Refused`
+/// to `Ok(())`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The job returned `Ok` while leading: it is finished; the lease was released.
+    Completed,
+    /// The job returned an error while leading; the lease was released. The
+    /// driver returns the job's error.
+    Failed,
+    /// Graceful shutdown of this run completed.
+    Cancelled,
+    /// The machine was closed.
+    Closed,
+    /// The job was abandoned (its run dropped); the lease was released.
+    Abandoned,
+    /// The setup cannot give mutual exclusion.
+    Refused(Refusal),
+}
+
+/// Session parameters the machine asks a driver to connect with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionParams {
+    /// Run-time parameters to set at connection startup, as `(name, value)`.
+    /// Send them in the startup packet's `options` as `-c name=value` (append
+    /// to any options the user configured). Never apply them with `SET`.
+    pub startup_settings: Vec<(&'static str, String)>,
+}
+
+impl SessionParams {
+    /// The settings rendered as a libpq `options` string: `-c name=value ...`.
+    pub fn options_string(&self) -> String {
+        let mut s = String::new();
+        for (name, value) in &self.startup_settings {
+            if !s.is_empty() {
+                s.push(' ');
+            }
+            s.push_str(&format!("-c {name}={value}"));
+        }
+        s
+    }
+}
+
+/// Something the driver must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Open a new connection (dropping any previous one) with these
+    /// parameters, then report [`Input::SessionOpened`] or
+    /// [`Input::SessionLost`]. The machine times the attempt out itself.
+    OpenSession {
+        /// Echo in the session inputs.
+        session: SessionId,
+        /// What to connect with.
+        params: SessionParams,
+    },
+    /// Send a statement on the session, then report [`Input::Reply`]. The
+    /// machine times it out itself (by closing the session).
+    Query {
+        /// Echo in the reply.
+        query: QueryId,
+        /// The statement; send [`Statement::sql`].
+        statement: Statement,
+    },
+    /// Close the session now (drop the connection). Report nothing back.
+    CloseSession {
+        /// The session to close.
+        session: SessionId,
+    },
+    /// Start (or restart) the job of `run`: it now leads.
+    StartJob {
+        /// The run.
+        run: RunId,
+        /// Its lease.
+        lease: LeaseId,
+        /// The fencing token of this acquisition: larger than every earlier
+        /// acquisition's token for this key on this server.
+        token: i64,
+        /// Until when the lease is valid unless confirmed again.
+        valid_until: Instant,
+    },
+    /// Cancel the job of `run`; report [`Input::JobExited`] when it returns.
+    CancelJob {
+        /// The run.
+        run: RunId,
+        /// Why.
+        reason: Reason,
+    },
+    /// The run is over: return its outcome to the caller.
+    FinishRun {
+        /// The run.
+        run: RunId,
+        /// How it ended.
+        outcome: Outcome,
+    },
+}
+
+/// Something that happened, for logs and metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A connection attempt starts.
+    SessionOpening {
+        /// The session.
+        session: SessionId,
+        /// Consecutive failed attempts before this one.
+        failures: u32,
+    },
+    /// The session passed setup and is in use.
+    SessionReady {
+        /// The session.
+        session: SessionId,
+        /// The server's backend pid.
+        backend_pid: i64,
+        /// The server's `server_version_num`.
+        server_version: i64,
+    },
+    /// The session ended or was closed; every lease on it is lost.
+    SessionLost {
+        /// The session.
+        session: SessionId,
+        /// Why.
+        reason: Reason,
+    },
+    /// The session was closed because no run needs it.
+    SessionIdle {
+        /// The session.
+        session: SessionId,
+    },
+    /// A run won its lease.
+    Acquired {
+        /// The run.
+        run: RunId,
+        /// The lease.
+        lease: LeaseId,
+        /// The fencing token.
+        token: i64,
+    },
+    /// A run lost its lease; its job is cancelled.
+    Lost {
+        /// The run.
+        run: RunId,
+        /// The lease.
+        lease: LeaseId,
+        /// Why.
+        reason: Reason,
+    },
+    /// A run released its lease after its job returned.
+    Released {
+        /// The run.
+        run: RunId,
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// A run stands by: the key is held elsewhere. Emitted when the run starts
+    /// waiting and when the holder changes.
+    Waiting {
+        /// The run.
+        run: RunId,
+        /// The lease.
+        lease: LeaseId,
+        /// The holder's backend pid, when `pg_locks` showed it.
+        holder_pid: Option<i64>,
+    },
+    /// A try statement failed; held keys are verified before anything else.
+    TryFailed {
+        /// The error.
+        error: DbError,
+    },
+    /// A key this session held without knowing (a lock statement that failed
+    /// part-way) was found and is being unlocked.
+    UnknownKeyReleased {
+        /// The key.
+        key: i64,
+    },
+    /// The machine refuses this setup; see [`Refusal`].
+    Refused {
+        /// Why.
+        refusal: Refusal,
+    },
+}
+
+/// One output of the machine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// Do this.
+    Command(Command),
+    /// Log or count this.
+    Event(Event),
+}

@@ -1,0 +1,252 @@
+//! Tuning knobs, their defaults, and their validation.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Default standby poll interval: how often a standby tries a lease it does not
+/// hold. Each wait is jittered down by up to [`RETRY_JITTER`].
+pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(5);
+/// Default heartbeat interval: how often the session re-checks, in `pg_locks`,
+/// the leases it holds.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// Default query timeout: how long one statement (or a connection attempt with
+/// its setup) may take before the session is declared lost and closed.
+pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default margin by which the server guard (`idle_session_timeout`) outlasts
+/// the validity window.
+pub const DEFAULT_GUARD_MARGIN: Duration = Duration::from_secs(1);
+/// Default cap on leases (runs) per locker. The server's lock table is shared
+/// by every session (`max_locks_per_transaction` x `max_connections`, 6,400
+/// slots with the defaults); one session that fills it makes every new
+/// connection to the server fail, so the cap stays well below that.
+pub const DEFAULT_MAX_LEASES: usize = 1_000;
+/// Largest accepted [`Options::max_leases`].
+pub const MAX_MAX_LEASES: usize = 100_000;
+/// Each standby wait is `retry_interval * (1 - RETRY_JITTER * u)`, `u` uniform
+/// in `[0, 1)`: replicas started together do not poll in lockstep, and the
+/// retry interval stays an upper bound.
+pub const RETRY_JITTER: f64 = 0.2;
+
+/// Tunes a [`Machine`](crate::Machine). `Options::default()` is production-ready.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// Standby poll interval (default 5 s, jittered down by up to 20 %). It bounds
+    /// takeover when no handover notification arrives (notifications off,
+    /// holder crashed, frozen or partitioned). It is also the cap of the
+    /// reconnect backoff.
+    pub retry_interval: Duration,
+    /// How often the holder checks in `pg_locks` that its session still owns
+    /// its leases (default 5 s). Also keeps the session from looking idle to
+    /// the server guard.
+    pub heartbeat_interval: Duration,
+    /// How long one statement may take, and how long connecting plus setup may
+    /// take (default 10 s). A statement past it cannot be abandoned politely:
+    /// the session is closed and every lease on it is lost. Keep it well above
+    /// the worst round trip a healthy server and a busy process produce; it is
+    /// independent of the heartbeat interval.
+    pub query_timeout: Duration,
+    /// How long a lease stays valid after the send time of the last statement
+    /// that confirmed it (default `None`: `heartbeat_interval + query_timeout`).
+    /// Past it the machine cancels the job on its own and drops the session,
+    /// even if no reply or error has come. Must be longer than
+    /// `heartbeat_interval`.
+    pub validity: Option<Duration>,
+    /// Server guard (default on): the session is opened with
+    /// `idle_session_timeout = validity + guard_margin`, so the server ends
+    /// the session of a frozen or partitioned holder, releasing its locks,
+    /// always after the holder's own validity has ended. Needs PostgreSQL 14.
+    ///
+    /// Off: a frozen holder keeps its locks until it resumes and a silently
+    /// partitioned one until TCP keepalives end its session (hours with Linux
+    /// defaults); nobody else leads meanwhile. Turn it off only if the server
+    /// ends idle sessions on its own terms.
+    pub server_guard: bool,
+    /// How much longer the server guard waits than the validity window
+    /// (default 1 s). Absorbs clock-rate drift between holder and server: the
+    /// guarantee holds while `drift < margin / (2 * validity + margin)`
+    /// (3 % with the defaults). At least `validity / 50`.
+    pub guard_margin: Duration,
+    /// Handover notification (default on): a graceful release sends
+    /// `NOTIFY`, and standbys that want that key try at once instead of at
+    /// their next poll. Off: a standby takes over within one retry interval.
+    pub notify_handover: bool,
+    /// Most runs one locker may have at once (default 1,000, at most 100,000).
+    /// A run past it fails with [`RunError::TooManyLeases`](crate::RunError).
+    pub max_leases: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            retry_interval: DEFAULT_RETRY_INTERVAL,
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            query_timeout: DEFAULT_QUERY_TIMEOUT,
+            validity: None,
+            server_guard: true,
+            guard_margin: DEFAULT_GUARD_MARGIN,
+            notify_handover: true,
+            max_leases: DEFAULT_MAX_LEASES,
+        }
+    }
+}
+
+/// Why [`Options`] were refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OptionsError {
+    /// An interval is zero.
+    Zero(&'static str),
+    /// An interval is absurdly long (over a day).
+    TooLong(&'static str),
+    /// The validity window is not longer than the heartbeat interval.
+    ValidityNotAboveHeartbeat {
+        /// The validity window.
+        validity: Duration,
+        /// The heartbeat interval.
+        heartbeat: Duration,
+    },
+    /// The guard margin is below `validity / 50`.
+    GuardMarginTooSmall {
+        /// The margin given.
+        margin: Duration,
+        /// The least accepted margin.
+        least: Duration,
+    },
+    /// `max_leases` is 0 or above [`MAX_MAX_LEASES`].
+    MaxLeases(usize),
+}
+
+impl fmt::Display for OptionsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OptionsError::Zero(what) => write!(f, "{what} must be greater than zero"),
+            OptionsError::TooLong(what) => write!(f, "{what} must be at most one day"),
+            OptionsError::ValidityNotAboveHeartbeat {
+                validity,
+                heartbeat,
+            } => write!(
+                f,
+                "validity ({validity:?}) must be longer than the heartbeat interval ({heartbeat:?})"
+            ),
+            OptionsError::GuardMarginTooSmall { margin, least } => write!(
+                f,
+                "guard margin ({margin:?}) must be at least validity / 50 ({least:?})"
+            ),
+            OptionsError::MaxLeases(n) => {
+                write!(f, "max leases must be between 1 and {MAX_MAX_LEASES}, not {n}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for OptionsError {}
+
+impl Options {
+    /// The validity window in force: [`Options::validity`] or
+    /// `heartbeat_interval + query_timeout`.
+    pub fn validity_window(&self) -> Duration {
+        self.validity
+            .unwrap_or(self.heartbeat_interval + self.query_timeout)
+    }
+
+    /// The `idle_session_timeout` the session is opened with when the server
+    /// guard is on: `validity_window + guard_margin`, rounded up to whole
+    /// milliseconds (the server's unit).
+    pub fn guard_timeout(&self) -> Duration {
+        let d = self.validity_window() + self.guard_margin;
+        let ms = d.as_nanos().div_ceil(1_000_000);
+        Duration::from_millis(ms as u64)
+    }
+
+    /// Checks the options.
+    ///
+    /// # Errors
+    /// [`OptionsError`] for zero or over-a-day intervals, a validity window not
+    /// above the heartbeat interval, a guard margin below `validity / 50`, or
+    /// `max_leases` outside `1..=100_000`.
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        const DAY: Duration = Duration::from_secs(86_400);
+        let named = [
+            ("retry interval", self.retry_interval),
+            ("heartbeat interval", self.heartbeat_interval),
+            ("query timeout", self.query_timeout),
+            ("validity", self.validity_window()),
+            ("guard margin", self.guard_margin),
+        ];
+        for (what, d) in named {
+            if d.is_zero() {
+                return Err(OptionsError::Zero(what));
+            }
+            if d > DAY {
+                return Err(OptionsError::TooLong(what));
+            }
+        }
+        let validity = self.validity_window();
+        if validity <= self.heartbeat_interval {
+            return Err(OptionsError::ValidityNotAboveHeartbeat {
+                validity,
+                heartbeat: self.heartbeat_interval,
+            });
+        }
+        let least = validity / 50;
+        if self.guard_margin < least {
+            return Err(OptionsError::GuardMarginTooSmall {
+                margin: self.guard_margin,
+                least,
+            });
+        }
+        if self.max_leases == 0 || self.max_leases > MAX_MAX_LEASES {
+            return Err(OptionsError::MaxLeases(self.max_leases));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_documented() {
+        let o = Options::default();
+        o.validate().unwrap();
+        assert_eq!(o.validity_window(), Duration::from_secs(15));
+        assert_eq!(o.guard_timeout(), Duration::from_secs(16));
+    }
+
+    #[test]
+    fn bad_options_are_refused() {
+        let ms = Duration::from_millis;
+        let bad = |f: fn(&mut Options)| {
+            let mut o = Options::default();
+            f(&mut o);
+            o.validate().unwrap_err()
+        };
+        assert_eq!(bad(|o| o.retry_interval = ms(0)), OptionsError::Zero("retry interval"));
+        assert_eq!(bad(|o| o.query_timeout = ms(0)), OptionsError::Zero("query timeout"));
+        assert_eq!(
+            bad(|o| o.heartbeat_interval = Duration::from_secs(90_000)),
+            OptionsError::TooLong("heartbeat interval")
+        );
+        assert!(matches!(
+            bad(|o| o.validity = Some(ms(5000))),
+            OptionsError::ValidityNotAboveHeartbeat { .. }
+        ));
+        assert!(matches!(
+            bad(|o| o.guard_margin = ms(10)),
+            OptionsError::GuardMarginTooSmall { .. }
+        ));
+        assert_eq!(bad(|o| o.max_leases = 0), OptionsError::MaxLeases(0));
+        assert_eq!(bad(|o| o.max_leases = 100_001), OptionsError::MaxLeases(100_001));
+    }
+
+    #[test]
+    fn guard_rounds_up_to_milliseconds() {
+        let o = Options {
+            heartbeat_interval: Duration::from_micros(100_500),
+            query_timeout: Duration::from_millis(300),
+            guard_margin: Duration::from_millis(100),
+            ..Options::default()
+        };
+        assert_eq!(o.guard_timeout(), Duration::from_millis(501));
+    }
+}

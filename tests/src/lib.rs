@@ -1,0 +1,307 @@
+//! Real-PostgreSQL test kit for `lease`.
+//!
+//! Everything here is blocking and runtime-free (std threads and child processes), so the
+//! kit works the same from plain `#[test]`s, `#[tokio::test]`s, smol tests and benchmarks.
+//! It hands out connection parameters, never clients.
+//!
+//! - [`Cluster`]: an ephemeral PostgreSQL server (plus hot standbys of it) with blocking
+//!   admin helpers that run `psql`.
+//! - [`FaultProxy`]: a loopback TCP proxy that can pass, black-hole, reset or delay traffic.
+//! - [`Replica`]: a child process whose output lines are timestamped on arrival.
+//! - [`PgBouncer`]: a pgbouncer in front of a [`Cluster`].
+//!
+//! PostgreSQL and pgbouncer refuse to run as root; when the tests run as root the kit runs
+//! them as the system user [`UNPRIVILEGED_USER`], creating it if needed.
+
+pub mod cluster;
+pub mod pgbouncer;
+pub mod process;
+pub mod proxy;
+
+pub use cluster::Cluster;
+pub use pgbouncer::{PgBouncer, PoolMode};
+pub use process::{monotonic_nanos, pid_alive, Line, Replica, Stream};
+pub use proxy::{FaultProxy, Mode};
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The system user that runs PostgreSQL and pgbouncer when the tests run as root.
+pub const UNPRIVILEGED_USER: &str = "leasetest";
+
+/// Everything that can go wrong while setting up or driving the test environment.
+#[derive(Debug)]
+pub enum KitError {
+    /// A required program is not installed; the message says what to install.
+    Missing(String),
+    /// An operating-system call failed.
+    Io {
+        /// What the kit was doing.
+        context: String,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A program or server failed; `detail` carries its stderr or the tail of its log.
+    Failed {
+        /// What the kit was doing.
+        context: String,
+        /// Output or log tail that explains the failure.
+        detail: String,
+    },
+    /// Something did not happen in time; `detail` carries the output or log tail seen so far.
+    Timeout {
+        /// What the kit was waiting for.
+        context: String,
+        /// Output or log tail that may explain the wait.
+        detail: String,
+    },
+    /// The kit was used in a way it does not support.
+    Invalid(String),
+}
+
+impl fmt::Display for KitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KitError::Missing(msg) | KitError::Invalid(msg) => f.write_str(msg),
+            KitError::Io { context, source } => write!(f, "{context}: {source}"),
+            KitError::Failed { context, detail } => write!(f, "{context}\n{detail}"),
+            KitError::Timeout { context, detail } => write!(f, "timed out: {context}\n{detail}"),
+        }
+    }
+}
+
+impl std::error::Error for KitError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            KitError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Builds a closure that wraps an `io::Error` with `context`, for `map_err`.
+pub(crate) fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> KitError {
+    let context = context.into();
+    move |source| KitError::Io { context, source }
+}
+
+/// The last `n` lines of `text`.
+pub(crate) fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The last `n` lines of the file at `path`, labelled with the path.
+pub(crate) fn file_tail(path: &Path, n: usize) -> String {
+    match fs::read(path) {
+        Ok(bytes) => format!(
+            "--- last lines of {} ---\n{}",
+            path.display(),
+            tail(&String::from_utf8_lossy(&bytes), n)
+        ),
+        Err(e) => format!("(could not read {}: {e})", path.display()),
+    }
+}
+
+/// User and group ids to run a server as.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunAs {
+    uid: u32,
+    gid: u32,
+}
+
+/// `None` when not root; otherwise the ids of [`UNPRIVILEGED_USER`], created if missing.
+pub(crate) fn run_as() -> Result<Option<RunAs>, KitError> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(None);
+    }
+    static CREATE: Mutex<()> = Mutex::new(());
+    let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Ok(ids) = lookup_user() {
+        return Ok(Some(ids));
+    }
+    let useradd = run(
+        Command::new("useradd").args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            UNPRIVILEGED_USER,
+        ]),
+        "useradd",
+        Duration::from_secs(30),
+    );
+    // Another test process may have created the user at the same time: look again.
+    lookup_user().map(Some).map_err(|e| match useradd {
+        Err(add) => KitError::Failed {
+            context: format!(
+                "could not create the system user {UNPRIVILEGED_USER} to run PostgreSQL as \
+                 (it refuses to run as root)"
+            ),
+            detail: format!("{add}\n{e}"),
+        },
+        Ok(_) => e,
+    })
+}
+
+fn lookup_user() -> Result<RunAs, KitError> {
+    let id = |flag: &str| -> Result<u32, KitError> {
+        let out = run(
+            Command::new("id").args([flag, UNPRIVILEGED_USER]),
+            "id",
+            Duration::from_secs(10),
+        )?;
+        out.parse().map_err(|_| KitError::Failed {
+            context: format!("id {flag} {UNPRIVILEGED_USER} printed no number"),
+            detail: out,
+        })
+    };
+    Ok(RunAs {
+        uid: id("-u")?,
+        gid: id("-g")?,
+    })
+}
+
+/// A `Command` for `program` that runs as `user` (if any), in `home`, with `HOME=home`.
+pub(crate) fn command_as(program: &Path, user: Option<RunAs>, home: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.current_dir(home).env("HOME", home).stdin(Stdio::null());
+    if let Some(user) = user {
+        cmd.uid(user.uid).gid(user.gid);
+    }
+    cmd
+}
+
+/// Runs `cmd` to completion (killing it after `timeout`) and returns its trimmed stdout;
+/// a non-zero exit becomes [`KitError::Failed`] carrying stderr.
+pub(crate) fn run(cmd: &mut Command, what: &str, timeout: Duration) -> Result<String, KitError> {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            let program = cmd.get_program().to_string_lossy().into_owned();
+            io_err(format!("could not run {what} ({program})"))(e)
+        })?;
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(out)) if out.status.success() => {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        }
+        Ok(Ok(out)) => Err(KitError::Failed {
+            context: format!("{what} failed ({})", out.status),
+            detail: tail(
+                &format!(
+                    "{}\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+                30,
+            ),
+        }),
+        Ok(Err(e)) => Err(io_err(format!("waiting for {what}"))(e)),
+        Err(_) => {
+            process::signal(pid as i32, libc::SIGKILL);
+            Err(KitError::Timeout {
+                context: format!("{what} did not finish within {timeout:?}"),
+                detail: String::new(),
+            })
+        }
+    }
+}
+
+/// A directory under `std::env::temp_dir()`, removed with everything in it on drop.
+pub(crate) struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates a fresh directory named `PREFIX-PID-COUNTER-NANOS`, owned by `owner` if given.
+    pub(crate) fn new(prefix: &str, owner: Option<RunAs>) -> Result<TempDir, KitError> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let name = format!(
+            "{prefix}-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = TempDir(std::env::temp_dir().join(name));
+        dir.create(&dir.0, owner)?;
+        Ok(dir)
+    }
+
+    /// Creates the subdirectory `name`, owned by `owner` if given.
+    pub(crate) fn subdir(&self, name: &str, owner: Option<RunAs>) -> Result<PathBuf, KitError> {
+        let path = self.0.join(name);
+        self.create(&path, owner)?;
+        Ok(path)
+    }
+
+    fn create(&self, path: &Path, owner: Option<RunAs>) -> Result<(), KitError> {
+        fs::create_dir(path).map_err(io_err(format!("creating {}", path.display())))?;
+        if let Some(o) = owner {
+            std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid))
+                .map_err(io_err(format!("chown {} to {UNPRIVILEGED_USER}", path.display())))?;
+        }
+        Ok(())
+    }
+
+    /// The directory's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A loopback port that was free a moment ago (bind 127.0.0.1:0, read the port, close).
+pub(crate) fn free_port() -> Result<u16, KitError> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(io_err("binding 127.0.0.1:0 to pick a free port"))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(io_err("reading the picked port"))
+}
+
+/// Whether something accepts TCP connections on 127.0.0.1:`port`.
+pub(crate) fn port_open(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+}
+
+/// Polls `check` every few milliseconds until it yields a value or `timeout` passes.
+pub(crate) fn poll<T>(
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<Option<T>, KitError>,
+) -> Result<Option<T>, KitError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check()? {
+            return Ok(Some(v));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
