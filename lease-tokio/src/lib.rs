@@ -1,1 +1,346 @@
-//! placeholder
+//! # lease-tokio: singleton jobs over PostgreSQL advisory locks, on tokio
+//!
+//! A [`Locker`] makes a job run on exactly one replica at a time: every
+//! replica calls [`Locker::run`] with the same lease name; one runs the job,
+//! the others stand by and take over when it returns, crashes or loses its
+//! database session. All leases of a locker ride one dedicated database
+//! session (never a pool).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let locker = lease_tokio::Locker::connect(
+//!     "host=127.0.0.1 user=postgres dbname=postgres",
+//!     lease_tokio::Options::default(),
+//! )?;
+//! locker
+//!     .run("sweeper", |lease| async move {
+//!         println!("leading with fencing token {}", lease.token());
+//!         let reason = lease.cancelled().await; // work until cancelled
+//!         println!("stopping: {reason}");
+//!         Ok::<(), std::io::Error>(())
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Guarantees
+//!
+//! Every rule lives in the sans-IO core, [`lease_proto`]; see its crate docs
+//! for the bounds. In short: a job starts only after the server granted the
+//! key to this locker's session, the key is released only after the job
+//! returned, the job is cancelled at once when the session ends and at the
+//! latest at [`Lease::valid_until`] when the locker cannot confirm the lease,
+//! and each acquisition gets a fencing token ([`Lease::token`]) larger than
+//! every earlier one for the key.
+//!
+//! ## Defaults
+//!
+//! [`Options::default()`] is production-ready: standbys poll every 5 s (a
+//! graceful release notifies them at once), the holder verifies its keys every
+//! 5 s, a statement may take 10 s, a lease is valid 15 s past its last
+//! confirmation and the server ends a silent session 1 s after that.
+//!
+//! ## The driver
+//!
+//! [`Locker::new`] returns the locker and a [`Driver`] future that owns the
+//! connection: nothing happens until it is polled (`tokio::spawn(driver)`).
+//! [`Locker::spawn`] and [`Locker::connect`] spawn it for you. Creating a
+//! locker never needs the database: the driver connects when a run needs it
+//! and retries with backoff, logging every setback with `tracing`.
+//!
+//! The connection must reach the server directly or through a **session-mode**
+//! pool: a transaction pooler or a hot standby cannot give mutual exclusion,
+//! and runs then fail with [`RunError::Refused`].
+//!
+//! ## Cancellation
+//!
+//! - **Graceful**: [`Locker::run_until`]'s shutdown signal, or
+//!   [`Locker::close`]. The job's [`Lease::cancelled`] fires; the run waits
+//!   for the job to return, releases the key (waking standbys) and returns
+//!   `Ok(())`.
+//! - **Lost lease** (session lost, lease not confirmed in time): the lease is
+//!   cancelled the same way; when the job returns, the run stands by again and
+//!   calls the job anew on its next win. Jobs must therefore be restartable.
+//! - **Drop**: dropping a run future drops the job future at once; the driver
+//!   then releases the key.
+//!
+//! ## Errors
+//!
+//! Construction fails only on bad [`Options`] or configuration ([`Error`]).
+//! A run returns `Ok(())` when its job completed, or on shutdown or close,
+//! and a [`RunError`] for the job's own error, a bad name, a lease already
+//! run by this locker, too many leases, a refused setup, or a stopped driver.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod driver;
+mod run;
+mod shared;
+
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::sync::Arc;
+use std::task::Poll;
+
+use lease_proto::{Input, Machine};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Config, NoTls, Socket};
+
+pub use driver::Driver;
+pub use lease_proto::{
+    LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason, Refusal,
+    SessionState, Status,
+};
+pub use run::Lease;
+use shared::Inner;
+
+/// Why a locker could not be created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The options are inconsistent.
+    Options(OptionsError),
+    /// The connection configuration is unusable (never echoes a password).
+    Config(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Options(e) => write!(f, "invalid lease options: {e}"),
+            Error::Config(e) => write!(f, "invalid connection configuration: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Options(e) => Some(e),
+            Error::Config(_) => None,
+        }
+    }
+}
+
+/// Why a run ended without success.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunError<E> {
+    /// The job returned this error while leading; the key was released.
+    Job(E),
+    /// The lease name is invalid.
+    Name(NameError),
+    /// This locker already runs a lease with this key.
+    AlreadyRunning(LeaseId),
+    /// This locker already runs [`Options::max_leases`] leases.
+    TooManyLeases {
+        /// The cap in force.
+        cap: usize,
+    },
+    /// The server or the connection cannot give mutual exclusion.
+    Refused(Refusal),
+    /// The [`Driver`] was dropped or ended while the run was pending.
+    DriverStopped,
+}
+
+impl<E> From<lease_proto::RunError> for RunError<E> {
+    fn from(e: lease_proto::RunError) -> Self {
+        match e {
+            lease_proto::RunError::AlreadyRunning(lease) => RunError::AlreadyRunning(lease),
+            lease_proto::RunError::TooManyLeases { cap } => RunError::TooManyLeases { cap },
+            lease_proto::RunError::Refused(r) => RunError::Refused(r),
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for RunError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Job(e) => write!(f, "job failed: {e}"),
+            RunError::Name(e) => write!(f, "{e}"),
+            RunError::AlreadyRunning(l) => write!(f, "lease {l} is already running on this locker"),
+            RunError::TooManyLeases { cap } => {
+                write!(f, "this locker already runs {cap} leases (max_leases)")
+            }
+            RunError::Refused(r) => write!(f, "{r}"),
+            RunError::DriverStopped => f.write_str("the lease driver stopped"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for RunError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Job(e) => Some(e),
+            RunError::Name(e) => Some(e),
+            RunError::Refused(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Runs jobs under leases over one dedicated database session. Create one per
+/// process and share it: clones are cheap and share the session.
+#[derive(Clone)]
+pub struct Locker {
+    handle: Arc<Handle>,
+}
+
+/// Dropped with the last `Locker` clone: the driver may end once no run remains.
+struct Handle(Arc<Inner>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.lockers_gone = true;
+        s.drain();
+    }
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker").field("status", &self.status()).finish()
+    }
+}
+
+impl Locker {
+    /// A locker over `config` and its driver, which the caller must run.
+    /// Does not connect.
+    ///
+    /// # Errors
+    /// [`Error::Options`] for inconsistent options, [`Error::Config`] when the
+    /// config names no host.
+    pub fn new<T>(config: Config, tls: T, options: Options) -> Result<(Locker, Driver<T>), Error>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+            return Err(Error::Config("no host given".into()));
+        }
+        let machine = Machine::new(options, shared::seed()).map_err(Error::Options)?;
+        let inner = Arc::new(Inner::new(machine));
+        let driver = Driver::new(inner.clone(), config, tls);
+        let handle = Arc::new(Handle(inner));
+        Ok((Locker { handle }, driver))
+    }
+
+    /// [`Locker::new`], with the driver spawned on the current tokio runtime.
+    ///
+    /// # Errors
+    /// As [`Locker::new`].
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, like `tokio::spawn`.
+    pub fn spawn<T>(config: Config, tls: T, options: Options) -> Result<Locker, Error>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        let (locker, driver) = Locker::new(config, tls, options)?;
+        tokio::spawn(driver);
+        Ok(locker)
+    }
+
+    /// A locker without TLS over a libpq-style connection string, URL
+    /// (`postgres://user:password@host/db`) or key-value
+    /// (`host=... user=... dbname=...`), its driver spawned. Does not connect.
+    ///
+    /// # Errors
+    /// [`Error::Config`] if the string does not parse (the message never
+    /// contains the string), [`Error::Options`] for inconsistent options.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, like `tokio::spawn`.
+    pub fn connect(config: &str, options: Options) -> Result<Locker, Error> {
+        let config = config
+            .parse::<Config>()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        Locker::spawn(config, NoTls, options)
+    }
+
+    /// Contends for the lease `name` and runs `job` while holding it, until
+    /// the job completes (see the crate docs for every outcome).
+    ///
+    /// The job runs inside this future. It gets a [`Lease`] and must return
+    /// promptly once [`Lease::cancelled`] fires; after a lost lease it is
+    /// called again on the next win.
+    ///
+    /// # Errors
+    /// [`RunError`]: the job's error, or why the run could not proceed.
+    pub async fn run<F, Fut, E>(&self, name: &str, job: F) -> Result<(), RunError<E>>
+    where
+        F: FnMut(Lease) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+    {
+        self.run_until(name, std::future::pending(), job).await
+    }
+
+    /// [`Locker::run`] with a graceful shutdown signal: when `shutdown`
+    /// resolves, the job's lease is cancelled, the run waits for the job to
+    /// return, releases the key and returns `Ok(())`.
+    ///
+    /// # Errors
+    /// As [`Locker::run`].
+    pub async fn run_until<S, F, Fut, E>(
+        &self,
+        name: &str,
+        shutdown: S,
+        job: F,
+    ) -> Result<(), RunError<E>>
+    where
+        S: Future<Output = ()>,
+        F: FnMut(Lease) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+    {
+        let lease = LeaseId::named(name).map_err(RunError::Name)?;
+        self.run_lease(lease, shutdown, job).await
+    }
+
+    /// [`Locker::run_until`] for any [`LeaseId`], such as a raw key shared with
+    /// other code ([`LeaseId::raw`]). Pass `std::future::pending()` for no
+    /// shutdown signal.
+    ///
+    /// # Errors
+    /// As [`Locker::run`].
+    pub async fn run_lease<S, F, Fut, E>(
+        &self,
+        lease: LeaseId,
+        shutdown: S,
+        job: F,
+    ) -> Result<(), RunError<E>>
+    where
+        S: Future<Output = ()>,
+        F: FnMut(Lease) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+    {
+        run::run(&self.handle.0, lease, shutdown, job).await
+    }
+
+    /// Shuts every run down gracefully (their jobs are cancelled; each run
+    /// returns `Ok(())` once its job returned and its key was released), then
+    /// closes the session. Resolves when the driver has ended. Later runs
+    /// return `Ok(())` at once.
+    pub async fn close(&self) {
+        let inner = &self.handle.0;
+        inner.input(Input::Close);
+        poll_fn(|cx| {
+            let mut s = inner.lock();
+            if s.driver_gone {
+                return Poll::Ready(());
+            }
+            s.close_waiters.push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+    }
+
+    /// A snapshot: the session's state and every lease with its state
+    /// (token, since, valid until).
+    pub fn status(&self) -> Status {
+        self.handle.0.lock().machine.status()
+    }
+}

@@ -216,7 +216,7 @@ pub(crate) fn run(cmd: &mut Command, what: &str, timeout: Duration) -> Result<St
         }),
         Ok(Err(e)) => Err(io_err(format!("waiting for {what}"))(e)),
         Err(_) => {
-            process::signal(pid as i32, libc::SIGKILL);
+            let _ = process::signal(pid as i32, libc::SIGKILL);
             Err(KitError::Timeout {
                 context: format!("{what} did not finish within {timeout:?}"),
                 detail: String::new(),
@@ -255,8 +255,10 @@ impl TempDir {
     fn create(&self, path: &Path, owner: Option<RunAs>) -> Result<(), KitError> {
         fs::create_dir(path).map_err(io_err(format!("creating {}", path.display())))?;
         if let Some(o) = owner {
-            std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid))
-                .map_err(io_err(format!("chown {} to {UNPRIVILEGED_USER}", path.display())))?;
+            std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid)).map_err(io_err(format!(
+                "chown {} to {UNPRIVILEGED_USER}",
+                path.display()
+            )))?;
         }
         Ok(())
     }

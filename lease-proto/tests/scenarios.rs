@@ -1,0 +1,273 @@
+//! Deterministic failover scenarios in the simulator, one fault each, with the
+//! bound each one promises. Timings are printed; bounds are asserted.
+
+use std::time::{Duration, Instant};
+
+use lease_proto::sim::{DriverBug, Fault, Report, ServerConfig, Sim, SimConfig};
+use lease_proto::{Options, Outcome};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn cfg() -> SimConfig {
+    SimConfig::default()
+}
+
+/// The process that leads `job` at the end of `until`, stepping 1 ms.
+fn leader(sim: &Sim, n: usize) -> Option<usize> {
+    (0..n).find(|p| sim.leads(*p, "job"))
+}
+
+/// Runs until some process other than `not` leads; returns when.
+fn takeover(sim: &mut Sim, not: usize, limit: Duration) -> Option<(usize, Duration)> {
+    let start = sim.now();
+    while sim.now() < start + limit {
+        let t = sim.now() + ms(1);
+        sim.run_until(t);
+        if let Some(p) = (0..3).find(|p| *p != not && sim.leads(*p, "job")) {
+            return Some((p, sim.now()));
+        }
+    }
+    None
+}
+
+fn assert_clean(r: &Report) {
+    assert!(r.violations.is_empty(), "violations: {:#?}\n{}", r.violations, r.trace_text());
+}
+
+#[test]
+fn steady_state_one_leader_and_few_statements() {
+    let mut sim = Sim::new(cfg(), Instant::now());
+    sim.run_until(ms(10_000));
+    let leaders: Vec<usize> = (0..3).filter(|p| sim.leads(*p, "job")).collect();
+    assert_eq!(leaders.len(), 1, "{}", sim.report().trace_text());
+    let r = sim.finish(ms(10_000), ms(2_000));
+    assert_clean(&r);
+    assert_eq!(r.acquisitions["job"], 1);
+    // 10 s at 200 ms: ~50 heartbeats (+ ~55 tries for standbys), each one statement.
+    eprintln!("statements per process in 10 s: {:?}", r.statements);
+    assert!(r.statements.iter().all(|s| *s < 130), "{:?}", r.statements);
+    for outcomes in &r.outcomes {
+        assert_eq!(outcomes, &vec![("job".to_string(), Outcome::Closed)]);
+    }
+}
+
+#[test]
+fn graceful_completion_hands_over_by_notify_within_a_few_latencies() {
+    let mut c = cfg();
+    c.job_exit_probability = 1.0;
+    c.job_lifetime = ms(1000);
+    c.full_trace = true;
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(100));
+    let first = leader(&sim, 3).expect("a leader");
+    // The first job completes by itself within 1 s; the next one starts via NOTIFY.
+    let (next, at) = takeover(&mut sim, first, ms(2000)).expect("handover");
+    let r = sim.finish(ms(6000), ms(2000));
+    assert_clean(&r);
+    let ended = r.trace.iter().filter(|l| l.what.starts_with("job job exits")).map(|l| l.at).next().unwrap();
+    let gap = at - ended;
+    eprintln!("handover p{first} -> p{next}: {:.2} ms after the job returned", gap.as_secs_f64() * 1e3);
+    assert!(gap < ms(20), "handover took {gap:?}, a poll would take ~200 ms");
+    assert!(r.outcomes.iter().flatten().any(|(_, o)| matches!(o, Outcome::Completed | Outcome::Failed)));
+}
+
+#[test]
+fn frozen_holder_is_replaced_after_the_guard_with_zero_overlap() {
+    let mut sim = Sim::new(cfg(), Instant::now());
+    sim.run_until(ms(1000));
+    let holder = leader(&sim, 3).unwrap();
+    sim.schedule(ms(1000), Fault::Freeze { process: holder, duration: ms(5000) });
+    let (next, at) = takeover(&mut sim, holder, ms(4000)).expect("takeover during the freeze");
+    let o = sim_options();
+    let bound = o.guard_timeout() + o.retry_interval + ms(20);
+    eprintln!("frozen holder p{holder}: p{next} leads {:.1} ms after the freeze (bound {bound:?})", (at - ms(1000)).as_secs_f64() * 1e3);
+    assert!(at - ms(1000) <= bound);
+    // The server's idle clock starts at the last heartbeat, up to one interval before the freeze.
+    assert!(at - ms(1000) >= o.guard_timeout() - o.heartbeat_interval, "took over before the guard");
+    let r = sim.finish(ms(8000), ms(2000));
+    assert_clean(&r);
+}
+
+#[test]
+fn partitioned_holder_is_replaced_after_the_guard_with_zero_overlap() {
+    let mut sim = Sim::new(cfg(), Instant::now());
+    sim.run_until(ms(1000));
+    let holder = leader(&sim, 3).unwrap();
+    sim.schedule(ms(1000), Fault::Partition { process: holder, duration: ms(5000) });
+    let (next, at) = takeover(&mut sim, holder, ms(4000)).expect("takeover during the partition");
+    eprintln!("partitioned holder p{holder}: p{next} leads {:.1} ms after the partition", (at - ms(1000)).as_secs_f64() * 1e3);
+    let r = sim.finish(ms(8000), ms(2000));
+    assert_clean(&r);
+    assert!(r.max_overlap.get("job").is_none(), "overlap {:?}", r.max_overlap);
+}
+
+#[test]
+fn terminated_holder_learns_at_once() {
+    let mut c = cfg();
+    c.full_trace = true;
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(1000));
+    let holder = leader(&sim, 3).unwrap();
+    sim.schedule(ms(1000), Fault::Terminate { process: holder });
+    sim.run_until(ms(1005));
+    assert!(!sim.leads(holder, "job"), "holder still leads 5 ms after terminate");
+    let r = sim.finish(ms(3000), ms(2000));
+    assert_clean(&r);
+    eprintln!("overlap after terminate: {:?}", r.max_overlap);
+}
+
+#[test]
+fn crashed_holder_is_replaced_within_a_retry_interval() {
+    let mut sim = Sim::new(cfg(), Instant::now());
+    sim.run_until(ms(1000));
+    let holder = leader(&sim, 3).unwrap();
+    sim.schedule(ms(1000), Fault::Crash { process: holder, restart_after: Some(ms(500)) });
+    let (_, at) = takeover(&mut sim, holder, ms(1000)).expect("takeover");
+    eprintln!("crash: takeover after {:.1} ms", (at - ms(1000)).as_secs_f64() * 1e3);
+    assert!(at - ms(1000) <= sim_options().retry_interval + ms(10));
+    let r = sim.finish(ms(3000), ms(2000));
+    assert_clean(&r);
+}
+
+#[test]
+fn server_restart_leaves_exactly_one_leader() {
+    let mut sim = Sim::new(cfg(), Instant::now());
+    sim.run_until(ms(1000));
+    sim.schedule(ms(1000), Fault::ServerRestart { downtime: ms(700) });
+    sim.run_until(ms(4000));
+    let leaders: Vec<usize> = (0..3).filter(|p| sim.leads(*p, "job")).collect();
+    assert_eq!(leaders.len(), 1);
+    let r = sim.finish(ms(4000), ms(2000));
+    assert_clean(&r);
+}
+
+#[test]
+fn slow_replies_below_the_query_timeout_lose_nothing() {
+    let mut sim = Sim::new(cfg(), Instant::now());
+    sim.run_until(ms(1000));
+    let holder = leader(&sim, 3).unwrap();
+    sim.schedule(ms(1000), Fault::SlowServer { extra: ms(300), duration: ms(3000) });
+    sim.run_until(ms(5000));
+    assert!(sim.leads(holder, "job"));
+    let r = sim.finish(ms(5000), ms(2000));
+    assert_clean(&r);
+    assert_eq!(r.acquisitions["job"], 1, "{}", r.trace_text());
+}
+
+fn sim_options() -> Options {
+    cfg().options
+}
+
+#[test]
+fn standby_and_pooler_are_refused() {
+    for (server, want) in [
+        (ServerConfig { standby: true, ..ServerConfig::default() }, "Standby"),
+        (ServerConfig { pooler: true, ..ServerConfig::default() }, "StartupOptionsIgnored"),
+        (ServerConfig { pooler: true, pooler_rejects_options: true, ..ServerConfig::default() }, "StartupOptionsIgnored"),
+        (ServerConfig { version: 130_000, ..ServerConfig::default() }, "ServerTooOld"),
+    ] {
+        let mut c = cfg();
+        c.server = server;
+        let mut sim = Sim::new(c, Instant::now());
+        sim.run_until(ms(1000));
+        let r = sim.finish(ms(1000), ms(500));
+        assert_clean(&r);
+        for outcomes in &r.outcomes {
+            assert_eq!(outcomes.len(), 1);
+            assert!(format!("{:?}", outcomes[0].1).contains(want), "{outcomes:?}");
+        }
+        assert_eq!(r.acquisitions.get("job"), None);
+    }
+}
+
+#[test]
+fn pooler_without_guard_is_caught_by_the_backend_pid_check() {
+    let mut c = cfg();
+    c.options.server_guard = false;
+    c.server = ServerConfig { pooler: true, ..ServerConfig::default() };
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(2000));
+    let r = sim.finish(ms(2000), ms(500));
+    assert_clean(&r);
+    for outcomes in &r.outcomes {
+        assert!(format!("{:?}", outcomes[0].1).contains("BackendChanged"), "{outcomes:?}");
+    }
+}
+
+// ---- the checks can fail ---------------------------------------------------
+
+#[test]
+fn broken_a_server_that_kills_silent_sessions_early_breaks_strong_safety() {
+    // Guard off and a server that ends silent sessions after 300 ms (shorter
+    // than the 700 ms validity): a frozen holder's lock goes while its lease
+    // is still valid by its own clock.
+    let mut c = cfg();
+    c.options.server_guard = false;
+    c.server.silent_session_kill = Some(ms(300));
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(1000));
+    let holder = leader(&sim, 3).unwrap();
+    sim.schedule(ms(1000), Fault::Freeze { process: holder, duration: ms(2000) });
+    let r = sim.finish(ms(4000), ms(1000));
+    assert!(r.violations.iter().any(|v| v.contains("safety")), "{:?}", r.violations);
+}
+
+#[test]
+fn broken_guard_off_never_fails_over_from_a_frozen_holder() {
+    let mut c = cfg();
+    c.options.server_guard = false;
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(1000));
+    let holder = leader(&sim, 3).unwrap();
+    sim.schedule(ms(1000), Fault::Freeze { process: holder, duration: ms(10_000) });
+    assert_eq!(takeover(&mut sim, holder, ms(5000)), None);
+}
+
+#[test]
+fn broken_drift_beyond_the_bound_breaks_strong_safety() {
+    // 700 ms validity and a 200 ms margin allow 200/1600 = 12.5 % drift; a
+    // slow holder clock beyond it outlives the server guard.
+    let mut found = false;
+    for seed in 0..20 {
+        let mut c = cfg();
+        c.seed = seed;
+        c.drift = 0.4;
+        let mut sim = Sim::new(c, Instant::now());
+        sim.run_until(ms(1000));
+        let Some(holder) = leader(&sim, 3) else { continue };
+        sim.schedule(ms(1000), Fault::Freeze { process: holder, duration: ms(3000) });
+        let r = sim.finish(ms(5000), ms(1000));
+        found |= r.violations.iter().any(|v| v.contains("safety"));
+    }
+    assert!(found, "no seed showed the drift violation");
+}
+
+#[test]
+fn broken_driver_bugs_are_caught() {
+    for (bug, want) in [
+        (DriverBug::ReportExitEarly, "while its job still runs"),
+        (DriverBug::LoseJobExits, "never finished"),
+    ] {
+        let mut c = cfg();
+        c.bug = Some(bug);
+        let mut sim = Sim::new(c, Instant::now());
+        sim.run_until(ms(1000));
+        let holder = leader(&sim, 3).unwrap();
+        sim.schedule(ms(1000), Fault::Terminate { process: holder });
+        let r = sim.finish(ms(2000), ms(1000));
+        assert!(r.violations.iter().any(|v| v.contains(want)), "{bug:?}: {:?}", r.violations);
+    }
+    let mut c = cfg();
+    c.bug = Some(DriverBug::IgnoreCloseSession);
+    c.options.server_guard = false;
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(1000));
+    let holder = leader(&sim, 3).unwrap();
+    // The holder gives up its session during the partition; the buggy driver
+    // keeps the connection, and its locks stay on the server.
+    sim.schedule(ms(1000), Fault::Partition { process: holder, duration: ms(2000) });
+    let r = sim.finish(ms(4000), ms(1000));
+    assert!(r.violations.iter().any(|v| v.contains("leak")), "{:?}", r.violations);
+}

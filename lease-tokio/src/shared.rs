@@ -1,0 +1,216 @@
+//! The state the driver and the run futures share, and the one place that
+//! routes the core's outputs: [`Shared::input`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use lease_proto::{Command, Event, Input, LeaseId, Machine, Outcome, Output, Reason, RunId};
+use tokio::sync::watch;
+
+/// Behind every `Locker`, `Lease` and `Driver`.
+pub(crate) struct Inner {
+    shared: Mutex<Shared>,
+}
+
+impl Inner {
+    pub(crate) fn new(machine: Machine) -> Inner {
+        let shared = Shared {
+            machine,
+            slots: HashMap::new(),
+            session: VecDeque::new(),
+            dirty: false,
+            driver: None,
+            driver_gone: false,
+            lockers_gone: false,
+            close_waiters: Vec::new(),
+        };
+        Inner {
+            shared: Mutex::new(shared),
+        }
+    }
+
+    /// Never held across an `.await`. A panic elsewhere cannot leave the
+    /// machine half-updated (it never panics), so poisoning is ignored.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn input(&self, input: Input) {
+        self.lock().input(input);
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) machine: Machine,
+    /// One per live run future.
+    pub(crate) slots: HashMap<RunId, Slot>,
+    /// Session commands for the driver, in order.
+    pub(crate) session: VecDeque<Command>,
+    /// An input was fed since the driver last looked (its timer may have moved).
+    pub(crate) dirty: bool,
+    pub(crate) driver: Option<Waker>,
+    /// The driver future ended or was dropped.
+    pub(crate) driver_gone: bool,
+    /// Every `Locker` handle was dropped.
+    pub(crate) lockers_gone: bool,
+    pub(crate) close_waiters: Vec<Waker>,
+}
+
+/// What the core told one run future, waiting for it to look.
+#[derive(Default)]
+pub(crate) struct Slot {
+    pub(crate) start: Option<Start>,
+    /// Cancels the `Lease` handles of the current job.
+    pub(crate) cancel: Option<watch::Sender<Option<Reason>>>,
+    pub(crate) outcome: Option<Outcome>,
+    pub(crate) waker: Option<Waker>,
+}
+
+/// A pending [`Command::StartJob`].
+pub(crate) struct Start {
+    pub(crate) lease: LeaseId,
+    pub(crate) token: i64,
+    pub(crate) cancel: watch::Receiver<Option<Reason>>,
+}
+
+impl Shared {
+    /// Feeds one input, then routes everything the core says.
+    pub(crate) fn input(&mut self, input: Input) {
+        self.machine.handle_input(Instant::now(), input);
+        self.drain();
+    }
+
+    /// Routes the core's outputs: job commands to their run, session commands
+    /// to the driver, events to tracing. Called after every input.
+    pub(crate) fn drain(&mut self) {
+        while let Some(output) = self.machine.poll_output() {
+            let command = match output {
+                Output::Event(event) => {
+                    log_event(&event);
+                    continue;
+                }
+                Output::Command(command) => command,
+            };
+            match command {
+                Command::StartJob {
+                    run, lease, token, ..
+                } => {
+                    let (tx, cancel) = watch::channel(None);
+                    self.with_slot(run, |slot| {
+                        slot.cancel = Some(tx);
+                        slot.start = Some(Start {
+                            lease,
+                            token,
+                            cancel,
+                        });
+                    });
+                }
+                Command::CancelJob { run, reason } => self.with_slot(run, |slot| {
+                    if let Some(tx) = &slot.cancel {
+                        tx.send_replace(Some(reason));
+                    }
+                }),
+                Command::FinishRun { run, outcome } => {
+                    self.with_slot(run, |slot| slot.outcome = Some(outcome));
+                }
+                session => self.session.push_back(session),
+            }
+        }
+        self.dirty = true;
+        if let Some(waker) = self.driver.take() {
+            waker.wake();
+        }
+    }
+
+    /// Updates a run's slot and wakes its future. A run whose future is gone
+    /// has no slot: nothing waits for the command.
+    fn with_slot(&mut self, run: RunId, f: impl FnOnce(&mut Slot)) {
+        if let Some(slot) = self.slots.get_mut(&run) {
+            f(slot);
+            if let Some(waker) = slot.waker.take() {
+                waker.wake();
+            }
+        }
+    }
+
+    /// Wakes every run and `close` caller: the driver is gone.
+    pub(crate) fn wake_all(&mut self) {
+        for slot in self.slots.values_mut() {
+            if let Some(waker) = slot.waker.take() {
+                waker.wake();
+            }
+        }
+        self.close_waiters.drain(..).for_each(Waker::wake);
+    }
+}
+
+/// One log line per event.
+fn log_event(event: &Event) {
+    use tracing::{debug, error, info, warn};
+    match event {
+        Event::SessionOpening { session, failures } => {
+            debug!(session = session.0, failures, "lease session opening")
+        }
+        Event::SessionReady {
+            session,
+            backend_pid,
+            server_version,
+        } => info!(
+            session = session.0,
+            backend_pid, server_version, "lease session ready"
+        ),
+        Event::SessionLost { session, reason } => {
+            warn!(session = session.0, %reason, "lease session lost")
+        }
+        Event::SessionIdle { session } => debug!(session = session.0, "lease session idle, closed"),
+        Event::Acquired { run, lease, token } => info!(
+            lease = lease.name(),
+            key = lease.key(),
+            run = run.0,
+            token,
+            "lease acquired"
+        ),
+        Event::Lost { run, lease, reason } => warn!(
+            lease = lease.name(),
+            key = lease.key(),
+            run = run.0,
+            %reason,
+            "lease lost; job cancelled"
+        ),
+        Event::Released { run, lease } => info!(
+            lease = lease.name(),
+            key = lease.key(),
+            run = run.0,
+            "lease released"
+        ),
+        Event::Waiting {
+            run,
+            lease,
+            holder_pid,
+        } => info!(
+            lease = lease.name(),
+            key = lease.key(),
+            run = run.0,
+            holder_pid,
+            "lease held elsewhere; standing by"
+        ),
+        Event::TryFailed { error } => warn!(%error, "lease try failed; verifying held keys"),
+        Event::UnknownKeyReleased { key } => {
+            warn!(key, "unlocking an advisory key held without a run")
+        }
+        Event::Refused { refusal } => error!(%refusal, "lease setup refused"),
+    }
+}
+
+/// A machine seed that differs between processes and lockers.
+pub(crate) fn seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let count = COUNT.fetch_add(1, Ordering::Relaxed);
+    nanos ^ (u64::from(std::process::id()) << 32) ^ count.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}

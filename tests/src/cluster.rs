@@ -1,0 +1,447 @@
+//! Ephemeral PostgreSQL clusters.
+
+use crate::process::{children, pid_alive, signal, stat};
+use crate::{
+    command_as, file_tail, free_port, io_err, poll, port_open, run, run_as, KitError, RunAs,
+    TempDir,
+};
+use std::env;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+/// Settings appended to `postgresql.conf`: fast and unsafe, for throw-away clusters.
+/// The port and the socket directory are passed on the command line instead, so that a
+/// standby copied from this data directory can get its own.
+const CONFIG: &str = "
+# lease-tests
+listen_addresses = '127.0.0.1'
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+max_connections = 200
+shared_buffers = 32MB
+logging_collector = off
+log_line_prefix = '%m [%p] %q%a '
+";
+
+/// How long a server may take to start, including crash recovery.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long admin commands (`psql`, `initdb`, `pg_basebackup`) may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A throw-away PostgreSQL server in its own temporary directory, on a random loopback port.
+///
+/// Superuser `postgres`, trust authentication, TCP on 127.0.0.1 only (plus a private unix
+/// socket directory). Dropping it stops the server (immediate mode) and deletes everything.
+/// When the tests run as root, the server runs as [`crate::UNPRIVILEGED_USER`].
+pub struct Cluster {
+    dir: TempDir,
+    bindir: PathBuf,
+    user: Option<RunAs>,
+    port: u16,
+    postmaster: Option<Child>,
+}
+
+impl Cluster {
+    /// Creates a new cluster with `initdb` and starts it.
+    pub fn start() -> Result<Cluster, KitError> {
+        let bindir = find_bindir()?;
+        if !bindir.join("psql").is_file() {
+            return Err(KitError::Missing(format!(
+                "psql not found in {}: install the PostgreSQL client: \
+                 apt-get install postgresql-client (or run .ci/install-deps)",
+                bindir.display()
+            )));
+        }
+        let user = run_as()?;
+        let dir = TempDir::new("lease-pg", user)?;
+        dir.subdir("sock", user)?;
+        let data = dir.path().join("data");
+        run(
+            command_as(&bindir.join("initdb"), user, dir.path())
+                .arg("-D")
+                .arg(&data)
+                .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+                .args(["--no-locale", "--no-instructions"]),
+            "initdb",
+            COMMAND_TIMEOUT,
+        )?;
+        let conf = data.join("postgresql.conf");
+        File::options()
+            .append(true)
+            .open(&conf)
+            .and_then(|mut f| f.write_all(CONFIG.as_bytes()))
+            .map_err(io_err(format!("appending settings to {}", conf.display())))?;
+        let mut cluster = Cluster {
+            dir,
+            bindir,
+            user,
+            port: free_port()?,
+            postmaster: None,
+        };
+        cluster.launch()?;
+        Ok(cluster)
+    }
+
+    /// Starts a hot standby of this cluster (`pg_basebackup -R` into a new temporary
+    /// directory, own port), waiting until it accepts read-only connections.
+    pub fn start_standby(&self) -> Result<Cluster, KitError> {
+        let dir = TempDir::new("lease-pg-standby", self.user)?;
+        dir.subdir("sock", self.user)?;
+        run(
+            command_as(&self.bindir.join("pg_basebackup"), self.user, dir.path())
+                .args([
+                    "-h",
+                    self.host(),
+                    "-p",
+                    &self.port.to_string(),
+                    "-U",
+                    "postgres",
+                ])
+                .arg("-D")
+                .arg(dir.path().join("data"))
+                .args(["-R", "-X", "stream", "-c", "fast", "--no-sync"]),
+            "pg_basebackup",
+            COMMAND_TIMEOUT,
+        )?;
+        let mut standby = Cluster {
+            dir,
+            bindir: self.bindir.clone(),
+            user: self.user,
+            port: free_port()?,
+            postmaster: None,
+        };
+        standby.launch()?;
+        Ok(standby)
+    }
+
+    /// The TCP port, on [`Cluster::host`].
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Always `"127.0.0.1"`.
+    pub fn host(&self) -> &'static str {
+        "127.0.0.1"
+    }
+
+    /// The directory holding the server's unix socket.
+    pub fn socket_dir(&self) -> PathBuf {
+        self.dir.path().join("sock")
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/DB`.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@{}:{}/{db}", self.host(), self.port)
+    }
+
+    /// `host=127.0.0.1 port=PORT user=postgres dbname=postgres`.
+    pub fn conn_string(&self) -> String {
+        format!(
+            "host={} port={} user=postgres dbname=postgres",
+            self.host(),
+            self.port
+        )
+    }
+
+    /// The directory of the PostgreSQL binaries in use.
+    pub fn bindir(&self) -> &Path {
+        &self.bindir
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// The server log (stdout and stderr of the postmaster, appended across restarts).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("postgres.log")
+    }
+
+    /// Stops the server (fast mode: sessions are terminated, then a checkpoint) and starts it
+    /// again on the same port.
+    pub fn restart(&mut self) -> Result<(), KitError> {
+        self.shutdown(libc::SIGINT)?;
+        self.launch()
+    }
+
+    /// Stops the server in immediate mode (no checkpoint; the next start runs recovery).
+    pub fn stop(&mut self) -> Result<(), KitError> {
+        self.shutdown(libc::SIGQUIT)
+    }
+
+    /// Kills the postmaster and all its children with SIGKILL, like a machine crash, and
+    /// waits until they are gone and the port is closed. Use [`Cluster::start_again`] next.
+    ///
+    /// As `synchronous_commit = off`, transactions committed in the last few hundred
+    /// milliseconds may be lost, as on a real crash (`SET synchronous_commit = on` first
+    /// where that matters).
+    pub fn crash(&mut self) -> Result<(), KitError> {
+        let Some(mut postmaster) = self.postmaster.take() else {
+            return Err(KitError::Invalid("crash: the server is not running".into()));
+        };
+        let pid = postmaster.id() as i32;
+        // Freeze the postmaster first so that it cannot fork while its children are listed.
+        let _ = signal(pid, libc::SIGSTOP);
+        poll(Duration::from_secs(5), || {
+            Ok(stat(pid)
+                .map_or(true, |(state, _)| matches!(state, 'T' | 'Z'))
+                .then_some(()))
+        })?;
+        let kids = children(pid);
+        let _ = signal(pid, libc::SIGKILL);
+        for &kid in &kids {
+            let _ = signal(kid, libc::SIGKILL);
+        }
+        postmaster
+            .wait()
+            .map_err(io_err("reaping the killed postmaster"))?;
+        let gone = poll(Duration::from_secs(10), || {
+            Ok((!kids.iter().any(|&k| pid_alive(k)) && !port_open(self.port)).then_some(()))
+        })?;
+        gone.ok_or_else(|| KitError::Timeout {
+            context: format!(
+                "the killed server's processes {kids:?} or port {} are still alive",
+                self.port
+            ),
+            detail: file_tail(&self.log_path(), 20),
+        })
+    }
+
+    /// Starts the server again after [`Cluster::crash`] or [`Cluster::stop`], on the same
+    /// port; after a crash PostgreSQL runs crash recovery first.
+    pub fn start_again(&mut self) -> Result<(), KitError> {
+        if self.postmaster.is_some() {
+            return Err(KitError::Invalid(
+                "start_again: the server is already running".into(),
+            ));
+        }
+        // After a crash the lock file names a dead postmaster; drop it so that a recycled
+        // pid cannot make the new postmaster think the old one still runs.
+        let _ = fs::remove_file(self.data_dir().join("postmaster.pid"));
+        self.launch()
+    }
+
+    /// Runs `query` with `psql` as `postgres` in database `postgres` over TCP and returns
+    /// its trimmed unaligned, tuples-only output (`|` between columns, one row a line).
+    pub fn sql(&self, query: &str) -> Result<String, KitError> {
+        run(
+            Command::new(self.bindir.join("psql"))
+                .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
+                .args(["-h", self.host(), "-p", &self.port.to_string()])
+                .args(["-U", "postgres", "-d", "postgres", "-c", query])
+                .env("PGCONNECT_TIMEOUT", "10")
+                .env("PGAPPNAME", "lease-tests-admin"),
+            &format!("psql -c {query:?}"),
+            COMMAND_TIMEOUT,
+        )
+    }
+
+    /// Granted advisory locks taken with a single `bigint` key: `(key, backend pid)`.
+    pub fn held_advisory_keys(&self) -> Result<Vec<(i64, i32)>, KitError> {
+        let out = self.sql(
+            "SELECT (classid::bigint << 32) | objid::bigint, pid FROM pg_locks \
+             WHERE locktype = 'advisory' AND objsubid = 1 AND granted",
+        )?;
+        out.lines()
+            .map(|line| {
+                let parsed = line
+                    .split_once('|')
+                    .and_then(|(k, p)| Some((k.parse().ok()?, p.parse().ok()?)));
+                parsed.ok_or_else(|| KitError::Failed {
+                    context: "unexpected row from pg_locks".into(),
+                    detail: line.to_owned(),
+                })
+            })
+            .collect()
+    }
+
+    /// Terminates backend `pid` and waits (up to 5 s) until it is gone, so that its locks
+    /// are released. Returns whether it was terminated.
+    pub fn terminate_backend(&self, pid: i32) -> Result<bool, KitError> {
+        Ok(self.sql(&format!("SELECT pg_terminate_backend({pid}, 5000)"))? == "t")
+    }
+
+    /// Terminates every backend whose `application_name` is `name` (waiting for each, up to
+    /// 5 s) and returns how many were terminated.
+    pub fn terminate_by_application_name(&self, name: &str) -> Result<usize, KitError> {
+        let out = self.sql(&format!(
+            "WITH victims AS MATERIALIZED ({}) \
+             SELECT count(*) FROM victims WHERE pg_terminate_backend(pid, 5000)",
+            backends_query(name)
+        ))?;
+        out.parse().map_err(|_| KitError::Failed {
+            context: "unexpected count from pg_terminate_backend".into(),
+            detail: out,
+        })
+    }
+
+    /// Pids of the backends whose `application_name` is `name`, ascending.
+    pub fn backends_by_application_name(&self, name: &str) -> Result<Vec<i32>, KitError> {
+        let out = self.sql(&format!("{} ORDER BY pid", backends_query(name)))?;
+        out.lines()
+            .map(|pid| {
+                pid.parse().map_err(|_| KitError::Failed {
+                    context: "unexpected pid from pg_stat_activity".into(),
+                    detail: pid.to_owned(),
+                })
+            })
+            .collect()
+    }
+
+    /// `CREATE DATABASE name`.
+    pub fn create_database(&self, name: &str) -> Result<(), KitError> {
+        self.sql(&format!(
+            "CREATE DATABASE \"{}\"",
+            name.replace('"', "\"\"")
+        ))
+        .map(drop)
+    }
+
+    /// Spawns the postmaster and waits until it accepts connections.
+    fn launch(&mut self) -> Result<(), KitError> {
+        let log_path = self.log_path();
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io_err(format!("opening {}", log_path.display())))?;
+        let stderr = log
+            .try_clone()
+            .map_err(io_err("duplicating the log file handle"))?;
+        let postgres = self.bindir.join("postgres");
+        let child = command_as(&postgres, self.user, self.dir.path())
+            .arg("-D")
+            .arg(self.data_dir())
+            .args(["-p", &self.port.to_string()])
+            .arg("-k")
+            .arg(self.socket_dir())
+            .stdout(log)
+            .stderr(stderr)
+            .spawn()
+            .map_err(io_err(format!("spawning {}", postgres.display())))?;
+        let pid = child.id().to_string();
+        let pidfile = self.data_dir().join("postmaster.pid");
+        let postmaster = self.postmaster.insert(child);
+        // Like `pg_ctl -w`: line 1 of postmaster.pid is the pid, line 8 the status.
+        let ready = poll(START_TIMEOUT, || {
+            if let Some(status) = postmaster
+                .try_wait()
+                .map_err(io_err("waiting for postgres"))?
+            {
+                return Err(KitError::Failed {
+                    context: format!("postgres exited during startup ({status})"),
+                    detail: String::new(),
+                });
+            }
+            let text = fs::read_to_string(&pidfile).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let status = lines.get(7).map(|s| s.trim());
+            Ok((lines.first() == Some(&pid.as_str())
+                && matches!(status, Some("ready" | "standby")))
+            .then_some(()))
+        });
+        match ready {
+            Ok(Some(())) => Ok(()),
+            failed => {
+                if let Some(mut child) = self.postmaster.take() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                let detail = file_tail(&log_path, 30);
+                Err(match failed {
+                    Err(KitError::Failed { context, .. }) => KitError::Failed { context, detail },
+                    Err(e) => e,
+                    Ok(_) => KitError::Timeout {
+                        context: format!("postgres did not become ready within {START_TIMEOUT:?}"),
+                        detail,
+                    },
+                })
+            }
+        }
+    }
+
+    /// Sends `sig` to the postmaster (SIGINT = fast, SIGQUIT = immediate shutdown) and
+    /// waits for it to exit, falling back to SIGKILL after 30 s.
+    fn shutdown(&mut self, sig: libc::c_int) -> Result<(), KitError> {
+        let Some(mut postmaster) = self.postmaster.take() else {
+            return Ok(());
+        };
+        let _ = signal(postmaster.id() as i32, sig);
+        let exited = poll(Duration::from_secs(30), || {
+            postmaster
+                .try_wait()
+                .map_err(io_err("waiting for postgres to stop"))
+        })?;
+        if exited.is_none() {
+            let _ = postmaster.kill();
+            let _ = postmaster.wait();
+            return Err(KitError::Timeout {
+                context: "postgres did not stop within 30 s; killed it".into(),
+                detail: file_tail(&self.log_path(), 20),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.shutdown(libc::SIGQUIT);
+    }
+}
+
+/// `SELECT pid FROM pg_stat_activity` for application `name`, excluding the admin session.
+fn backends_query(name: &str) -> String {
+    format!(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = '{}' \
+         AND pid <> pg_backend_pid()",
+        name.replace('\'', "''")
+    )
+}
+
+/// Finds the directory holding `initdb` and `postgres`: `pg_config --bindir`, then `PATH`,
+/// then the newest `/usr/lib/postgresql/*/bin`.
+fn find_bindir() -> Result<PathBuf, KitError> {
+    let pg_config = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let path: Vec<PathBuf> = env::var_os("PATH")
+        .map(|p| env::split_paths(&p).collect())
+        .unwrap_or_default();
+    let mut debian: Vec<(Vec<u32>, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let version: Result<Vec<u32>, _> = entry
+                .file_name()
+                .to_str()?
+                .split('.')
+                .map(str::parse)
+                .collect();
+            Some((version.ok()?, entry.path().join("bin")))
+        })
+        .collect();
+    debian.sort();
+    pg_config
+        .into_iter()
+        .chain(path)
+        .chain(debian.into_iter().rev().map(|(_, dir)| dir))
+        .find(|dir| dir.join("initdb").is_file() && dir.join("postgres").is_file())
+        .ok_or_else(|| {
+            KitError::Missing(
+                "PostgreSQL server binaries (initdb, postgres) not found via `pg_config --bindir`, \
+                 PATH or /usr/lib/postgresql/*/bin: install the PostgreSQL server binaries: \
+                 apt-get install postgresql (or run .ci/install-deps)"
+                    .into(),
+            )
+        })
+}
