@@ -135,7 +135,13 @@ mod tests {
         }
     }
 
-    const GOLDEN: [i64; 4] = [0, 0, 0, 0];
+    // Computed independently from the documented algorithm (Python, 2026-11-29).
+    const GOLDEN: [i64; 4] = [
+        8_183_967_241_282_235_011,
+        5_359_779_870_358_670_033,
+        5_399_355_126_395_698_521,
+        4_787_627_251_290_098_193,
+    ];
 
     #[test]
     fn keys_stay_in_their_namespace() {

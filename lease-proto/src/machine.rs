@@ -165,8 +165,13 @@ struct InFlight {
 #[derive(Debug)]
 enum Session {
     /// No connection. `retry_at`: earliest next attempt (`None`: at once).
-    Down { retry_at: Option<Instant> },
-    Opening { id: SessionId, deadline: Instant },
+    Down {
+        retry_at: Option<Instant>,
+    },
+    Opening {
+        id: SessionId,
+        deadline: Instant,
+    },
     Up(Up),
 }
 
@@ -548,7 +553,8 @@ impl Machine {
             (What::Try(keys), Ok(rows)) => self.try_done(now, q.sent, keys, &rows),
             (What::Try(keys), Err(error)) => {
                 // "Maybe acquired": the statement may have taken some locks.
-                self.out.push_back(Output::Event(Event::TryFailed { error }));
+                self.out
+                    .push_back(Output::Event(Event::TryFailed { error }));
                 self.try_back(&keys);
                 self.verify = true;
                 self.retry_at = Some(now + self.jittered_retry());
@@ -558,7 +564,11 @@ impl Machine {
                 for key in keys {
                     if let Some(&id) = self.keys.get(&key) {
                         if let Some(Run {
-                            state: RunState::Releasing { outcome, sent: true },
+                            state:
+                                RunState::Releasing {
+                                    outcome,
+                                    sent: true,
+                                },
                             ..
                         }) = self.runs.get(&id)
                         {
@@ -767,9 +777,16 @@ impl Machine {
             self.lose_lease(id, Reason::NotHeld);
         }
         for key in held {
-            let ours = self.keys.get(&key).and_then(|id| self.runs.get(id)).is_some_and(|r| {
-                matches!(r.state, RunState::Leading { .. } | RunState::Releasing { .. })
-            });
+            let ours = self
+                .keys
+                .get(&key)
+                .and_then(|id| self.runs.get(id))
+                .is_some_and(|r| {
+                    matches!(
+                        r.state,
+                        RunState::Leading { .. } | RunState::Releasing { .. }
+                    )
+                });
             if !ours && self.orphans.insert(key) {
                 self.out
                     .push_back(Output::Event(Event::UnknownKeyReleased { key }));
@@ -1034,9 +1051,10 @@ impl Machine {
     /// Whether any run needs the session: a standby, a leader, or a release.
     fn needs_session(&self) -> bool {
         !matches!(self.phase, Phase::Refused(_))
-            && self.runs.values().any(|r| {
-                !matches!(r.state, RunState::Draining)
-                    && !(matches!(r.state, RunState::Wanting) && self.phase != Phase::Open)
+            && self.runs.values().any(|r| match r.state {
+                RunState::Draining => false,
+                RunState::Wanting => self.phase == Phase::Open,
+                RunState::Trying | RunState::Leading { .. } | RunState::Releasing { .. } => true,
             })
     }
 

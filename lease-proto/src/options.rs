@@ -132,7 +132,10 @@ impl fmt::Display for OptionsError {
                 "guard margin ({margin:?}) must be at least validity / 50 ({least:?})"
             ),
             OptionsError::MaxLeases(n) => {
-                write!(f, "max leases must be between 1 and {MAX_MAX_LEASES}, not {n}")
+                write!(
+                    f,
+                    "max leases must be between 1 and {MAX_MAX_LEASES}, not {n}"
+                )
             }
         }
     }
@@ -216,13 +219,19 @@ mod tests {
     #[test]
     fn bad_options_are_refused() {
         let ms = Duration::from_millis;
-        let bad = |f: fn(&mut Options)| {
+        fn bad(f: impl FnOnce(&mut Options)) -> OptionsError {
             let mut o = Options::default();
             f(&mut o);
             o.validate().unwrap_err()
-        };
-        assert_eq!(bad(|o| o.retry_interval = ms(0)), OptionsError::Zero("retry interval"));
-        assert_eq!(bad(|o| o.query_timeout = ms(0)), OptionsError::Zero("query timeout"));
+        }
+        assert_eq!(
+            bad(|o| o.retry_interval = ms(0)),
+            OptionsError::Zero("retry interval")
+        );
+        assert_eq!(
+            bad(|o| o.query_timeout = ms(0)),
+            OptionsError::Zero("query timeout")
+        );
         assert_eq!(
             bad(|o| o.heartbeat_interval = Duration::from_secs(90_000)),
             OptionsError::TooLong("heartbeat interval")
@@ -236,7 +245,10 @@ mod tests {
             OptionsError::GuardMarginTooSmall { .. }
         ));
         assert_eq!(bad(|o| o.max_leases = 0), OptionsError::MaxLeases(0));
-        assert_eq!(bad(|o| o.max_leases = 100_001), OptionsError::MaxLeases(100_001));
+        assert_eq!(
+            bad(|o| o.max_leases = 100_001),
+            OptionsError::MaxLeases(100_001)
+        );
     }
 
     #[test]

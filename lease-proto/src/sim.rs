@@ -258,18 +258,42 @@ impl Report {
 
 #[derive(Debug, Clone)]
 enum ToServer {
-    Connect { conn: u64, settings: Vec<(&'static str, String)> },
-    Query { conn: u64, query: QueryId, statement: Statement },
-    Close { conn: u64 },
+    Connect {
+        conn: u64,
+        settings: Vec<(&'static str, String)>,
+    },
+    Query {
+        conn: u64,
+        query: QueryId,
+        statement: Statement,
+    },
+    Close {
+        conn: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
 enum ToClient {
-    Connected { conn: u64 },
-    Failed { conn: u64, error: DbError },
-    Reply { conn: u64, query: QueryId, result: Result<Vec<crate::Row>, DbError> },
-    Notify { conn: u64, payload: String },
-    Ended { conn: u64, error: DbError },
+    Connected {
+        conn: u64,
+    },
+    Failed {
+        conn: u64,
+        error: DbError,
+    },
+    Reply {
+        conn: u64,
+        query: QueryId,
+        result: Result<Vec<crate::Row>, DbError>,
+    },
+    Notify {
+        conn: u64,
+        payload: String,
+    },
+    Ended {
+        conn: u64,
+        error: DbError,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -277,7 +301,13 @@ enum Ev {
     AtServer(usize, ToServer),
     AtClient(usize, ToClient),
     Timer(usize, u64),
-    JobExit { p: usize, incarnation: u32, run: RunId, exit: JobExit, job: u64 },
+    JobExit {
+        p: usize,
+        incarnation: u32,
+        run: RunId,
+        exit: JobExit,
+        job: u64,
+    },
     IdleCheck(u64),
     FaultStart(Fault),
     Heal(Heal),
@@ -506,10 +536,15 @@ impl Sim {
             }
         }
         let held: Vec<i64> = self.server.locks.keys().copied().collect();
-        if !held.is_empty() && self.procs.iter().all(|p| !p.alive || p.finished.len() == p.runs.len()) {
-            self.report
-                .violations
-                .push(format!("leak: every run returned but the server still holds {held:?}"));
+        if !held.is_empty()
+            && self
+                .procs
+                .iter()
+                .all(|p| !p.alive || p.finished.len() == p.runs.len())
+        {
+            self.report.violations.push(format!(
+                "leak: every run returned but the server still holds {held:?}"
+            ));
         }
         self.report
     }
@@ -629,7 +664,13 @@ impl Sim {
                     self.input(p, Input::Tick);
                 }
             }
-            Ev::JobExit { p, incarnation, run, exit, job } => {
+            Ev::JobExit {
+                p,
+                incarnation,
+                run,
+                exit,
+                job,
+            } => {
                 let proc_ = &mut self.procs[p];
                 if !proc_.alive || proc_.incarnation != incarnation {
                     return;
@@ -663,7 +704,11 @@ impl Sim {
                     (s.busy_until + limit <= self.now).then_some(())
                 });
                 if kill.is_some() {
-                    self.end_session(conn, "57P05", "terminating connection due to idle-session timeout");
+                    self.end_session(
+                        conn,
+                        "57P05",
+                        "terminating connection due to idle-session timeout",
+                    );
                 }
             }
             Ev::FaultStart(f) => self.fault(f),
@@ -707,14 +752,26 @@ impl Sim {
                         for key in keys {
                             let running = self.procs[p].jobs.values().any(|j| j.key == *key);
                             if running {
-                                self.violation(format!("p{p} releases key {key} while its job still runs"));
+                                self.violation(format!(
+                                    "p{p} releases key {key} while its job still runs"
+                                ));
                             }
                         }
                     }
                     let Some((_, conn)) = self.procs[p].conn else {
                         continue;
                     };
-                    self.send(p, Ev::AtServer(p, ToServer::Query { conn, query, statement }));
+                    self.send(
+                        p,
+                        Ev::AtServer(
+                            p,
+                            ToServer::Query {
+                                conn,
+                                query,
+                                statement,
+                            },
+                        ),
+                    );
                 }
                 Command::CloseSession { .. } => {
                     if self.cfg.bug == Some(DriverBug::IgnoreCloseSession) {
@@ -724,23 +781,57 @@ impl Sim {
                         self.send(p, Ev::AtServer(p, ToServer::Close { conn }));
                     }
                 }
-                Command::StartJob { run, lease, token, valid_until } => {
+                Command::StartJob {
+                    run,
+                    lease,
+                    token,
+                    valid_until,
+                } => {
                     self.next_job += 1;
                     let id = self.next_job;
                     let key = lease.key();
                     self.procs[p].jobs.insert(
                         run,
-                        Job { id, key, cancelled: false, reported: false },
+                        Job {
+                            id,
+                            key,
+                            cancelled: false,
+                            reported: false,
+                        },
                     );
                     self.procs[p].expect.remove(&run);
-                    *self.report.acquisitions.entry(lease.name().to_string()).or_default() += 1;
+                    *self
+                        .report
+                        .acquisitions
+                        .entry(lease.name().to_string())
+                        .or_default() += 1;
                     let v = valid_until.saturating_duration_since(self.local(p));
-                    self.trace(Some(p), format!("job {} starts, token {token}, valid {:.1}ms", lease.name(), v.as_secs_f64() * 1e3));
+                    self.trace(
+                        Some(p),
+                        format!(
+                            "job {} starts, token {token}, valid {:.1}ms",
+                            lease.name(),
+                            v.as_secs_f64() * 1e3
+                        ),
+                    );
                     if self.chance(self.cfg.job_exit_probability) {
                         let after = self.uniform(self.cfg.job_lifetime);
-                        let exit = if self.chance(0.5) { JobExit::Ok } else { JobExit::Failed };
+                        let exit = if self.chance(0.5) {
+                            JobExit::Ok
+                        } else {
+                            JobExit::Failed
+                        };
                         let incarnation = self.procs[p].incarnation;
-                        self.push(self.now + after, Ev::JobExit { p, incarnation, run, exit, job: id });
+                        self.push(
+                            self.now + after,
+                            Ev::JobExit {
+                                p,
+                                incarnation,
+                                run,
+                                exit,
+                                job: id,
+                            },
+                        );
                     }
                 }
                 Command::CancelJob { run, reason } => {
@@ -752,13 +843,28 @@ impl Sim {
                             j.cancelled = true;
                             let id = j.id;
                             self.trace(Some(p), format!("job of {run:?} cancelled: {reason}"));
-                            self.push(self.now + react, Ev::JobExit { p, incarnation, run, exit: JobExit::Ok, job: id });
+                            self.push(
+                                self.now + react,
+                                Ev::JobExit {
+                                    p,
+                                    incarnation,
+                                    run,
+                                    exit: JobExit::Ok,
+                                    job: id,
+                                },
+                            );
                             if bug == Some(DriverBug::ReportExitEarly) {
                                 if let Some(j) = self.procs[p].jobs.get_mut(&run) {
                                     j.reported = true;
                                 }
                                 let now = self.local(p);
-                                self.procs[p].machine.handle_input(now, Input::JobExited { run, exit: JobExit::Ok });
+                                self.procs[p].machine.handle_input(
+                                    now,
+                                    Input::JobExited {
+                                        run,
+                                        exit: JobExit::Ok,
+                                    },
+                                );
                             }
                         }
                     }
@@ -786,7 +892,9 @@ impl Sim {
                     // A job that returned by itself but lost its lease first is
                     // restarted, so its expectation is cleared on restart.
                     if !ok {
-                        self.violation(format!("p{p} run {name} finished {outcome:?}, contract expects {expected:?}"));
+                        self.violation(format!(
+                            "p{p} run {name} finished {outcome:?}, contract expects {expected:?}"
+                        ));
                     }
                     self.trace(Some(p), format!("run {name} finished: {outcome:?}"));
                     self.report.outcomes[p].push((name, outcome));
@@ -813,11 +921,20 @@ impl Sim {
         };
         let input = match msg {
             ToClient::Connected { conn: c } if c == conn => Input::SessionOpened { session },
-            ToClient::Failed { conn: c, error } | ToClient::Ended { conn: c, error } if c == conn => {
+            ToClient::Failed { conn: c, error } | ToClient::Ended { conn: c, error }
+                if c == conn =>
+            {
                 self.procs[p].conn = None;
-                Input::SessionLost { session, error: Some(error) }
+                Input::SessionLost {
+                    session,
+                    error: Some(error),
+                }
             }
-            ToClient::Reply { conn: c, query, result } if c == conn => Input::Reply { query, result },
+            ToClient::Reply {
+                conn: c,
+                query,
+                result,
+            } if c == conn => Input::Reply { query, result },
             ToClient::Notify { conn: c, payload } if c == conn => Input::Notification {
                 channel: HANDOVER_CHANNEL.to_string(),
                 payload,
@@ -830,12 +947,27 @@ impl Sim {
     fn at_server(&mut self, p: usize, msg: ToServer) {
         match msg {
             ToServer::Connect { conn, settings } => {
-                let refuse = |m: &str| ToClient::Failed { conn, error: DbError { code: Some("08006".into()), message: m.into() } };
+                let refuse = |m: &str| ToClient::Failed {
+                    conn,
+                    error: DbError {
+                        code: Some("08006".into()),
+                        message: m.into(),
+                    },
+                };
                 if !self.server.up {
                     return self.send(p, Ev::AtClient(p, refuse("connection refused")));
                 }
-                if self.cfg.server.pooler && self.cfg.server.pooler_rejects_options && !settings.is_empty() {
-                    let e = ToClient::Failed { conn, error: DbError { code: Some("08P01".into()), message: "unsupported startup parameter: options".into() } };
+                if self.cfg.server.pooler
+                    && self.cfg.server.pooler_rejects_options
+                    && !settings.is_empty()
+                {
+                    let e = ToClient::Failed {
+                        conn,
+                        error: DbError {
+                            code: Some("08P01".into()),
+                            message: "unsupported startup parameter: options".into(),
+                        },
+                    };
                     return self.send(p, Ev::AtClient(p, e));
                 }
                 let idle_timeout = if self.cfg.server.pooler {
@@ -850,7 +982,17 @@ impl Sim {
                 };
                 self.server.next_pid += 1;
                 let pid = self.server.next_pid;
-                self.server.sessions.insert(conn, SrvSession { p, pid, idle_timeout, busy_until: self.now, listening: false, statements: 0 });
+                self.server.sessions.insert(
+                    conn,
+                    SrvSession {
+                        p,
+                        pid,
+                        idle_timeout,
+                        busy_until: self.now,
+                        listening: false,
+                        statements: 0,
+                    },
+                );
                 self.arm_idle(conn);
                 self.send(p, Ev::AtClient(p, ToClient::Connected { conn }));
             }
@@ -859,7 +1001,11 @@ impl Sim {
                     self.end_session_quietly(conn);
                 }
             }
-            ToServer::Query { conn, query, statement } => {
+            ToServer::Query {
+                conn,
+                query,
+                statement,
+            } => {
                 let Some(s) = self.server.sessions.get_mut(&conn) else {
                     return;
                 };
@@ -870,9 +1016,14 @@ impl Sim {
                 self.report.statements[p] += 1;
                 let result = self.execute(conn, stmt_no, &statement);
                 self.arm_idle(conn);
-                let reply = ToClient::Reply { conn, query, result };
+                let reply = ToClient::Reply {
+                    conn,
+                    query,
+                    result,
+                };
                 // The reply leaves when the statement is done.
-                let latency = self.cfg.latency + self.links[p].extra + self.uniform(self.cfg.jitter);
+                let latency =
+                    self.cfg.latency + self.links[p].extra + self.uniform(self.cfg.jitter);
                 let ev = Ev::AtClient(p, reply);
                 if self.links[p].partitions > 0 {
                     self.links[p].held.push(ev);
@@ -885,10 +1036,19 @@ impl Sim {
         }
     }
 
-    fn execute(&mut self, conn: u64, stmt_no: u64, statement: &Statement) -> Result<Vec<crate::Row>, DbError> {
+    fn execute(
+        &mut self,
+        conn: u64,
+        stmt_no: u64,
+        statement: &Statement,
+    ) -> Result<Vec<crate::Row>, DbError> {
         let pooler = self.cfg.server.pooler;
         let s = &self.server.sessions[&conn];
-        let pid = if pooler { s.pid + (stmt_no % 2) as i64 * 7919 } else { s.pid };
+        let pid = if pooler {
+            s.pid + (stmt_no % 2) as i64 * 7919
+        } else {
+            s.pid
+        };
         Ok(match statement {
             Statement::Setup => {
                 let ist = s.idle_timeout.map_or(0, |d| d.as_millis() as i64);
@@ -901,9 +1061,16 @@ impl Sim {
             }
             Statement::Listen => {
                 if self.cfg.server.standby {
-                    return Err(DbError { code: Some("25006".into()), message: "cannot execute LISTEN during recovery".into() });
+                    return Err(DbError {
+                        code: Some("25006".into()),
+                        message: "cannot execute LISTEN during recovery".into(),
+                    });
                 }
-                self.server.sessions.get_mut(&conn).expect("exists").listening = true;
+                self.server
+                    .sessions
+                    .get_mut(&conn)
+                    .expect("exists")
+                    .listening = true;
                 vec![]
             }
             Statement::TryLock { keys } => {
@@ -967,14 +1134,31 @@ impl Sim {
     }
 
     fn notify_all(&mut self, key: i64) {
-        let listeners: Vec<(u64, usize)> = self.server.sessions.iter().filter(|(_, s)| s.listening).map(|(c, s)| (*c, s.p)).collect();
+        let listeners: Vec<(u64, usize)> = self
+            .server
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.listening)
+            .map(|(c, s)| (*c, s.p))
+            .collect();
         for (conn, p) in listeners {
-            self.send(p, Ev::AtClient(p, ToClient::Notify { conn, payload: key.to_string() }));
+            self.send(
+                p,
+                Ev::AtClient(
+                    p,
+                    ToClient::Notify {
+                        conn,
+                        payload: key.to_string(),
+                    },
+                ),
+            );
         }
     }
 
     fn arm_idle(&mut self, conn: u64) {
-        let Some(s) = self.server.sessions.get(&conn) else { return };
+        let Some(s) = self.server.sessions.get(&conn) else {
+            return;
+        };
         let limit = match (s.idle_timeout, self.cfg.server.silent_session_kill) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -996,7 +1180,10 @@ impl Sim {
         if let Some(p) = self.server.sessions.get(&conn).map(|s| s.p) {
             self.end_session_quietly(conn);
             self.trace(Some(p), format!("server: {message}"));
-            let error = DbError { code: Some(code.into()), message: message.into() };
+            let error = DbError {
+                code: Some(code.into()),
+                message: message.into(),
+            };
             self.send(p, Ev::AtClient(p, ToClient::Ended { conn, error }));
         }
     }
@@ -1014,7 +1201,11 @@ impl Sim {
                     self.push(self.now + duration, Ev::Heal(Heal::Freeze(process)));
                 }
             }
-            Fault::Delay { process, extra, duration } => {
+            Fault::Delay {
+                process,
+                extra,
+                duration,
+            } => {
                 self.links[process].extra += extra;
                 self.push(self.now + duration, Ev::Heal(Heal::Delay(process, extra)));
             }
@@ -1022,7 +1213,10 @@ impl Sim {
                 self.server.slow += extra;
                 self.push(self.now + duration, Ev::Heal(Heal::Slow(extra)));
             }
-            Fault::Crash { process, restart_after } => {
+            Fault::Crash {
+                process,
+                restart_after,
+            } => {
                 let proc_ = &mut self.procs[process];
                 if !proc_.alive {
                     return;
@@ -1040,15 +1234,29 @@ impl Sim {
                 }
             }
             Fault::Terminate { process } => {
-                let conns: Vec<u64> = self.server.sessions.iter().filter(|(_, s)| s.p == process).map(|(c, _)| *c).collect();
+                let conns: Vec<u64> = self
+                    .server
+                    .sessions
+                    .iter()
+                    .filter(|(_, s)| s.p == process)
+                    .map(|(c, _)| *c)
+                    .collect();
                 for c in conns {
-                    self.end_session(c, "57P01", "terminating connection due to administrator command");
+                    self.end_session(
+                        c,
+                        "57P01",
+                        "terminating connection due to administrator command",
+                    );
                 }
             }
             Fault::ServerRestart { downtime } => {
                 let conns: Vec<u64> = self.server.sessions.keys().copied().collect();
                 for c in conns {
-                    self.end_session(c, "57P01", "terminating connection due to administrator command");
+                    self.end_session(
+                        c,
+                        "57P01",
+                        "terminating connection due to administrator command",
+                    );
                 }
                 self.server.up = false;
                 self.push(self.now + downtime, Ev::Heal(Heal::ServerUp));
@@ -1085,7 +1293,9 @@ impl Sim {
                     self.dispatch(ev);
                 }
             }
-            Heal::Delay(p, extra) => self.links[p].extra = self.links[p].extra.saturating_sub(extra),
+            Heal::Delay(p, extra) => {
+                self.links[p].extra = self.links[p].extra.saturating_sub(extra)
+            }
             Heal::Slow(extra) => self.server.slow = self.server.slow.saturating_sub(extra),
             Heal::Restart(p) => {
                 if self.procs[p].alive || self.closing {
@@ -1147,7 +1357,9 @@ impl Sim {
         for (key, leaders) in valid {
             if leaders.len() > 1 {
                 let name = self.key_names.get(&key).cloned().unwrap_or_default();
-                self.violation(format!("safety: {leaders:?} all hold a valid lease on {name}"));
+                self.violation(format!(
+                    "safety: {leaders:?} all hold a valid lease on {name}"
+                ));
             }
         }
         // Overlap: two processes act on a key (running, uncancelled job, not
@@ -1174,11 +1386,135 @@ impl Sim {
 
 impl std::fmt::Debug for Sim {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sim").field("now", &self.now).field("processes", &self.procs.len()).finish()
+        f.debug_struct("Sim")
+            .field("now", &self.now)
+            .field("processes", &self.procs.len())
+            .finish()
     }
 }
 
 /// When the last fault of a schedule is over, or `None` if one never ends.
 pub fn faults_end(schedule: &[(Duration, Fault)]) -> Option<Duration> {
-    schedule.iter().try_fold(Duration::ZERO, |end, (at, f)| Some(end.max(*at + f.duration()?)))
+    schedule.iter().try_fold(Duration::ZERO, |end, (at, f)| {
+        Some(end.max(*at + f.duration()?))
+    })
+}
+
+/// Watches one machine's inputs and outputs and checks the rules every driver
+/// relies on, whatever the inputs: at most one statement in flight per
+/// session; no try of a key the machine holds (re-entrant stacking); no unlock
+/// of a key whose job runs; a job started only when none runs for that run;
+/// every run finished at most once; every time a lease is valid, the session
+/// that confirmed it is still the current one. The fuzz targets and the
+/// property tests feed arbitrary inputs through it.
+#[derive(Debug, Default)]
+pub struct Observer {
+    session: Option<SessionId>,
+    inflight: Option<QueryId>,
+    jobs: BTreeMap<RunId, i64>,
+    finished: BTreeSet<RunId>,
+    started: BTreeSet<RunId>,
+}
+
+impl Observer {
+    /// A fresh observer, for a fresh machine.
+    pub fn new() -> Observer {
+        Observer::default()
+    }
+
+    /// Records an input about to be fed. Inputs the machine will ignore
+    /// (stale ids, jobs not running) are fine.
+    pub fn input(&mut self, input: &Input) {
+        match input {
+            Input::JobExited { run, .. } => {
+                self.jobs.remove(run);
+            }
+            Input::Reply { query, .. } if self.inflight == Some(*query) => self.inflight = None,
+            Input::SessionLost { session, .. } if self.session == Some(*session) => {
+                self.session = None;
+                self.inflight = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// Records a run the machine accepted.
+    pub fn run_started(&mut self, run: RunId) {
+        self.started.insert(run);
+    }
+
+    /// Checks one output against the rules.
+    ///
+    /// # Errors
+    /// A description of the broken rule.
+    pub fn output(&mut self, out: &Output) -> Result<(), String> {
+        let Output::Command(c) = out else {
+            return Ok(());
+        };
+        match c {
+            Command::OpenSession { session, .. } => {
+                self.session = Some(*session);
+                self.inflight = None;
+            }
+            Command::CloseSession { session } => {
+                if self.session == Some(*session) {
+                    self.session = None;
+                    self.inflight = None;
+                }
+            }
+            Command::Query { query, statement } => {
+                if self.session.is_none() {
+                    return Err(format!("query {query:?} without a session"));
+                }
+                if let Some(q) = self.inflight {
+                    return Err(format!("query {query:?} sent while {q:?} is in flight"));
+                }
+                self.inflight = Some(*query);
+                match statement {
+                    Statement::TryLock { keys } => {
+                        for k in keys {
+                            if self.jobs.values().any(|j| j == k) {
+                                return Err(format!(
+                                    "try of key {k} whose job runs: re-entrant lock"
+                                ));
+                            }
+                        }
+                    }
+                    Statement::Release { keys, .. } => {
+                        for k in keys {
+                            if self.jobs.values().any(|j| j == k) {
+                                return Err(format!("unlock of key {k} while its job runs"));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Command::StartJob { run, lease, .. } => {
+                if self.jobs.insert(*run, lease.key()).is_some() {
+                    return Err(format!("job of {run:?} started twice"));
+                }
+                if self.session.is_none() {
+                    return Err(format!("job of {run:?} started without a session"));
+                }
+            }
+            Command::CancelJob { run, .. } => {
+                if !self.jobs.contains_key(run) {
+                    return Err(format!("cancel of {run:?} whose job does not run"));
+                }
+            }
+            Command::FinishRun { run, .. } => {
+                if !self.finished.insert(*run) {
+                    return Err(format!("{run:?} finished twice"));
+                }
+                if self.jobs.contains_key(run) {
+                    return Err(format!("{run:?} finished while its job runs"));
+                }
+                if !self.started.contains(run) {
+                    return Err(format!("unknown {run:?} finished"));
+                }
+            }
+        }
+        Ok(())
+    }
 }

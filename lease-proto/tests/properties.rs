@@ -32,11 +32,27 @@ fn config(processes: usize, leases: usize, seed: u64, exits: bool) -> SimConfig 
 fn client_fault(processes: usize) -> impl Strategy<Value = Fault> {
     let p = 0..processes;
     prop_oneof![
-        (p.clone(), 1..4000u64).prop_map(|(process, d)| Fault::Partition { process, duration: ms(d) }),
-        (p.clone(), 1..4000u64).prop_map(|(process, d)| Fault::Freeze { process, duration: ms(d) }),
-        (p.clone(), 1..400u64, 1..3000u64).prop_map(|(process, e, d)| Fault::Delay { process, extra: ms(e), duration: ms(d) }),
-        (1..400u64, 1..3000u64).prop_map(|(e, d)| Fault::SlowServer { extra: ms(e), duration: ms(d) }),
-        (p, proptest::option::of(1..3000u64)).prop_map(|(process, r)| Fault::Crash { process, restart_after: r.map(ms) }),
+        (p.clone(), 1..4000u64).prop_map(|(process, d)| Fault::Partition {
+            process,
+            duration: ms(d)
+        }),
+        (p.clone(), 1..4000u64).prop_map(|(process, d)| Fault::Freeze {
+            process,
+            duration: ms(d)
+        }),
+        (p.clone(), 1..400u64, 1..3000u64).prop_map(|(process, e, d)| Fault::Delay {
+            process,
+            extra: ms(e),
+            duration: ms(d)
+        }),
+        (1..400u64, 1..3000u64).prop_map(|(e, d)| Fault::SlowServer {
+            extra: ms(e),
+            duration: ms(d)
+        }),
+        (p, proptest::option::of(1..3000u64)).prop_map(|(process, r)| Fault::Crash {
+            process,
+            restart_after: r.map(ms)
+        }),
     ]
 }
 
@@ -62,7 +78,11 @@ fn run(cfg: SimConfig, faults: &[(Duration, Fault)]) -> Report {
 }
 
 fn explain(r: &Report) -> String {
-    format!("violations: {:#?}\ntrace (time, process, event):\n{}", r.violations, r.trace_text())
+    format!(
+        "violations: {:#?}\ntrace (time, process, event):\n{}",
+        r.violations,
+        r.trace_text()
+    )
 }
 
 /// Liveness bound after the last fault heals: the old session may live until
@@ -182,6 +202,9 @@ fn statements_per_interval_are_constant_in_the_number_of_leases() {
     }
     let (_, h1, s1) = per_interval[0];
     for (n, h, s) in &per_interval {
-        assert!((h - h1).abs() < 0.3 && (s - s1).abs() < 0.3, "{n} leases: {h}/{s} vs {h1}/{s1} statements per interval");
+        assert!(
+            (h - h1).abs() < 0.3 && (s - s1).abs() < 0.3,
+            "{n} leases: {h}/{s} vs {h1}/{s1} statements per interval"
+        );
     }
 }

@@ -33,7 +33,12 @@ fn takeover(sim: &mut Sim, not: usize, limit: Duration) -> Option<(usize, Durati
 }
 
 fn assert_clean(r: &Report) {
-    assert!(r.violations.is_empty(), "violations: {:#?}\n{}", r.violations, r.trace_text());
+    assert!(
+        r.violations.is_empty(),
+        "violations: {:#?}\n{}",
+        r.violations,
+        r.trace_text()
+    );
 }
 
 #[test]
@@ -66,11 +71,27 @@ fn graceful_completion_hands_over_by_notify_within_a_few_latencies() {
     let (next, at) = takeover(&mut sim, first, ms(2000)).expect("handover");
     let r = sim.finish(ms(6000), ms(2000));
     assert_clean(&r);
-    let ended = r.trace.iter().filter(|l| l.what.starts_with("job job exits")).map(|l| l.at).next().unwrap();
+    let ended = r
+        .trace
+        .iter()
+        .filter(|l| l.what.starts_with("job job exits"))
+        .map(|l| l.at)
+        .next()
+        .unwrap();
     let gap = at - ended;
-    eprintln!("handover p{first} -> p{next}: {:.2} ms after the job returned", gap.as_secs_f64() * 1e3);
-    assert!(gap < ms(20), "handover took {gap:?}, a poll would take ~200 ms");
-    assert!(r.outcomes.iter().flatten().any(|(_, o)| matches!(o, Outcome::Completed | Outcome::Failed)));
+    eprintln!(
+        "handover p{first} -> p{next}: {:.2} ms after the job returned",
+        gap.as_secs_f64() * 1e3
+    );
+    assert!(
+        gap < ms(20),
+        "handover took {gap:?}, a poll would take ~200 ms"
+    );
+    assert!(r
+        .outcomes
+        .iter()
+        .flatten()
+        .any(|(_, o)| matches!(o, Outcome::Completed | Outcome::Failed)));
 }
 
 #[test]
@@ -78,14 +99,26 @@ fn frozen_holder_is_replaced_after_the_guard_with_zero_overlap() {
     let mut sim = Sim::new(cfg(), Instant::now());
     sim.run_until(ms(1000));
     let holder = leader(&sim, 3).unwrap();
-    sim.schedule(ms(1000), Fault::Freeze { process: holder, duration: ms(5000) });
+    sim.schedule(
+        ms(1000),
+        Fault::Freeze {
+            process: holder,
+            duration: ms(5000),
+        },
+    );
     let (next, at) = takeover(&mut sim, holder, ms(4000)).expect("takeover during the freeze");
     let o = sim_options();
     let bound = o.guard_timeout() + o.retry_interval + ms(20);
-    eprintln!("frozen holder p{holder}: p{next} leads {:.1} ms after the freeze (bound {bound:?})", (at - ms(1000)).as_secs_f64() * 1e3);
+    eprintln!(
+        "frozen holder p{holder}: p{next} leads {:.1} ms after the freeze (bound {bound:?})",
+        (at - ms(1000)).as_secs_f64() * 1e3
+    );
     assert!(at - ms(1000) <= bound);
     // The server's idle clock starts at the last heartbeat, up to one interval before the freeze.
-    assert!(at - ms(1000) >= o.guard_timeout() - o.heartbeat_interval, "took over before the guard");
+    assert!(
+        at - ms(1000) >= o.guard_timeout() - o.heartbeat_interval,
+        "took over before the guard"
+    );
     let r = sim.finish(ms(8000), ms(2000));
     assert_clean(&r);
 }
@@ -95,12 +128,25 @@ fn partitioned_holder_is_replaced_after_the_guard_with_zero_overlap() {
     let mut sim = Sim::new(cfg(), Instant::now());
     sim.run_until(ms(1000));
     let holder = leader(&sim, 3).unwrap();
-    sim.schedule(ms(1000), Fault::Partition { process: holder, duration: ms(5000) });
+    sim.schedule(
+        ms(1000),
+        Fault::Partition {
+            process: holder,
+            duration: ms(5000),
+        },
+    );
     let (next, at) = takeover(&mut sim, holder, ms(4000)).expect("takeover during the partition");
-    eprintln!("partitioned holder p{holder}: p{next} leads {:.1} ms after the partition", (at - ms(1000)).as_secs_f64() * 1e3);
+    eprintln!(
+        "partitioned holder p{holder}: p{next} leads {:.1} ms after the partition",
+        (at - ms(1000)).as_secs_f64() * 1e3
+    );
     let r = sim.finish(ms(8000), ms(2000));
     assert_clean(&r);
-    assert!(r.max_overlap.get("job").is_none(), "overlap {:?}", r.max_overlap);
+    assert!(
+        !r.max_overlap.contains_key("job"),
+        "overlap {:?}",
+        r.max_overlap
+    );
 }
 
 #[test]
@@ -112,7 +158,10 @@ fn terminated_holder_learns_at_once() {
     let holder = leader(&sim, 3).unwrap();
     sim.schedule(ms(1000), Fault::Terminate { process: holder });
     sim.run_until(ms(1005));
-    assert!(!sim.leads(holder, "job"), "holder still leads 5 ms after terminate");
+    assert!(
+        !sim.leads(holder, "job"),
+        "holder still leads 5 ms after terminate"
+    );
     let r = sim.finish(ms(3000), ms(2000));
     assert_clean(&r);
     eprintln!("overlap after terminate: {:?}", r.max_overlap);
@@ -123,9 +172,18 @@ fn crashed_holder_is_replaced_within_a_retry_interval() {
     let mut sim = Sim::new(cfg(), Instant::now());
     sim.run_until(ms(1000));
     let holder = leader(&sim, 3).unwrap();
-    sim.schedule(ms(1000), Fault::Crash { process: holder, restart_after: Some(ms(500)) });
+    sim.schedule(
+        ms(1000),
+        Fault::Crash {
+            process: holder,
+            restart_after: Some(ms(500)),
+        },
+    );
     let (_, at) = takeover(&mut sim, holder, ms(1000)).expect("takeover");
-    eprintln!("crash: takeover after {:.1} ms", (at - ms(1000)).as_secs_f64() * 1e3);
+    eprintln!(
+        "crash: takeover after {:.1} ms",
+        (at - ms(1000)).as_secs_f64() * 1e3
+    );
     assert!(at - ms(1000) <= sim_options().retry_interval + ms(10));
     let r = sim.finish(ms(3000), ms(2000));
     assert_clean(&r);
@@ -148,7 +206,13 @@ fn slow_replies_below_the_query_timeout_lose_nothing() {
     let mut sim = Sim::new(cfg(), Instant::now());
     sim.run_until(ms(1000));
     let holder = leader(&sim, 3).unwrap();
-    sim.schedule(ms(1000), Fault::SlowServer { extra: ms(300), duration: ms(3000) });
+    sim.schedule(
+        ms(1000),
+        Fault::SlowServer {
+            extra: ms(300),
+            duration: ms(3000),
+        },
+    );
     sim.run_until(ms(5000));
     assert!(sim.leads(holder, "job"));
     let r = sim.finish(ms(5000), ms(2000));
@@ -163,10 +227,35 @@ fn sim_options() -> Options {
 #[test]
 fn standby_and_pooler_are_refused() {
     for (server, want) in [
-        (ServerConfig { standby: true, ..ServerConfig::default() }, "Standby"),
-        (ServerConfig { pooler: true, ..ServerConfig::default() }, "StartupOptionsIgnored"),
-        (ServerConfig { pooler: true, pooler_rejects_options: true, ..ServerConfig::default() }, "StartupOptionsIgnored"),
-        (ServerConfig { version: 130_000, ..ServerConfig::default() }, "ServerTooOld"),
+        (
+            ServerConfig {
+                standby: true,
+                ..ServerConfig::default()
+            },
+            "Standby",
+        ),
+        (
+            ServerConfig {
+                pooler: true,
+                ..ServerConfig::default()
+            },
+            "StartupOptionsIgnored",
+        ),
+        (
+            ServerConfig {
+                pooler: true,
+                pooler_rejects_options: true,
+                ..ServerConfig::default()
+            },
+            "StartupOptionsIgnored",
+        ),
+        (
+            ServerConfig {
+                version: 130_000,
+                ..ServerConfig::default()
+            },
+            "ServerTooOld",
+        ),
     ] {
         let mut c = cfg();
         c.server = server;
@@ -176,7 +265,10 @@ fn standby_and_pooler_are_refused() {
         assert_clean(&r);
         for outcomes in &r.outcomes {
             assert_eq!(outcomes.len(), 1);
-            assert!(format!("{:?}", outcomes[0].1).contains(want), "{outcomes:?}");
+            assert!(
+                format!("{:?}", outcomes[0].1).contains(want),
+                "{outcomes:?}"
+            );
         }
         assert_eq!(r.acquisitions.get("job"), None);
     }
@@ -186,13 +278,19 @@ fn standby_and_pooler_are_refused() {
 fn pooler_without_guard_is_caught_by_the_backend_pid_check() {
     let mut c = cfg();
     c.options.server_guard = false;
-    c.server = ServerConfig { pooler: true, ..ServerConfig::default() };
+    c.server = ServerConfig {
+        pooler: true,
+        ..ServerConfig::default()
+    };
     let mut sim = Sim::new(c, Instant::now());
     sim.run_until(ms(2000));
     let r = sim.finish(ms(2000), ms(500));
     assert_clean(&r);
     for outcomes in &r.outcomes {
-        assert!(format!("{:?}", outcomes[0].1).contains("BackendChanged"), "{outcomes:?}");
+        assert!(
+            format!("{:?}", outcomes[0].1).contains("BackendChanged"),
+            "{outcomes:?}"
+        );
     }
 }
 
@@ -209,9 +307,19 @@ fn broken_a_server_that_kills_silent_sessions_early_breaks_strong_safety() {
     let mut sim = Sim::new(c, Instant::now());
     sim.run_until(ms(1000));
     let holder = leader(&sim, 3).unwrap();
-    sim.schedule(ms(1000), Fault::Freeze { process: holder, duration: ms(2000) });
+    sim.schedule(
+        ms(1000),
+        Fault::Freeze {
+            process: holder,
+            duration: ms(2000),
+        },
+    );
     let r = sim.finish(ms(4000), ms(1000));
-    assert!(r.violations.iter().any(|v| v.contains("safety")), "{:?}", r.violations);
+    assert!(
+        r.violations.iter().any(|v| v.contains("safety")),
+        "{:?}",
+        r.violations
+    );
 }
 
 #[test]
@@ -221,7 +329,13 @@ fn broken_guard_off_never_fails_over_from_a_frozen_holder() {
     let mut sim = Sim::new(c, Instant::now());
     sim.run_until(ms(1000));
     let holder = leader(&sim, 3).unwrap();
-    sim.schedule(ms(1000), Fault::Freeze { process: holder, duration: ms(10_000) });
+    sim.schedule(
+        ms(1000),
+        Fault::Freeze {
+            process: holder,
+            duration: ms(10_000),
+        },
+    );
     assert_eq!(takeover(&mut sim, holder, ms(5000)), None);
 }
 
@@ -236,8 +350,16 @@ fn broken_drift_beyond_the_bound_breaks_strong_safety() {
         c.drift = 0.4;
         let mut sim = Sim::new(c, Instant::now());
         sim.run_until(ms(1000));
-        let Some(holder) = leader(&sim, 3) else { continue };
-        sim.schedule(ms(1000), Fault::Freeze { process: holder, duration: ms(3000) });
+        let Some(holder) = leader(&sim, 3) else {
+            continue;
+        };
+        sim.schedule(
+            ms(1000),
+            Fault::Freeze {
+                process: holder,
+                duration: ms(3000),
+            },
+        );
         let r = sim.finish(ms(5000), ms(1000));
         found |= r.violations.iter().any(|v| v.contains("safety"));
     }
@@ -257,7 +379,11 @@ fn broken_driver_bugs_are_caught() {
         let holder = leader(&sim, 3).unwrap();
         sim.schedule(ms(1000), Fault::Terminate { process: holder });
         let r = sim.finish(ms(2000), ms(1000));
-        assert!(r.violations.iter().any(|v| v.contains(want)), "{bug:?}: {:?}", r.violations);
+        assert!(
+            r.violations.iter().any(|v| v.contains(want)),
+            "{bug:?}: {:?}",
+            r.violations
+        );
     }
     let mut c = cfg();
     c.bug = Some(DriverBug::IgnoreCloseSession);
@@ -267,7 +393,17 @@ fn broken_driver_bugs_are_caught() {
     let holder = leader(&sim, 3).unwrap();
     // The holder gives up its session during the partition; the buggy driver
     // keeps the connection, and its locks stay on the server.
-    sim.schedule(ms(1000), Fault::Partition { process: holder, duration: ms(2000) });
+    sim.schedule(
+        ms(1000),
+        Fault::Partition {
+            process: holder,
+            duration: ms(2000),
+        },
+    );
     let r = sim.finish(ms(4000), ms(1000));
-    assert!(r.violations.iter().any(|v| v.contains("leak")), "{:?}", r.violations);
+    assert!(
+        r.violations.iter().any(|v| v.contains("leak")),
+        "{:?}",
+        r.violations
+    );
 }
