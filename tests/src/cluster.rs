@@ -188,9 +188,7 @@ impl Cluster {
         // Freeze the postmaster first so that it cannot fork while its children are listed.
         let _ = signal(pid, libc::SIGSTOP);
         poll(Duration::from_secs(5), || {
-            Ok(stat(pid)
-                .map_or(true, |(state, _)| matches!(state, 'T' | 'Z'))
-                .then_some(()))
+            Ok(matches!(stat(pid), None | Some(('T' | 'Z', _))).then_some(()))
         })?;
         let kids = children(pid);
         let _ = signal(pid, libc::SIGKILL);
@@ -365,6 +363,24 @@ impl Cluster {
         }
     }
 
+    /// A killed postmaster leaves its small System V shared memory segment behind (a new
+    /// postmaster on the same port would reuse it): remove it. Its id is on line 7 of the
+    /// lock file, which exists when the server is down only after a crash.
+    fn remove_crashed_shmem(&self) {
+        let Ok(lockfile) = fs::read_to_string(self.data_dir().join("postmaster.pid")) else {
+            return;
+        };
+        let id = lockfile
+            .lines()
+            .nth(6)
+            .and_then(|l| l.split_whitespace().nth(1));
+        if let Some(id) = id.and_then(|id| id.parse().ok()) {
+            // SAFETY: IPC_RMID takes no buffer; it only marks the segment of our dead server
+            // for removal (it is gone once detached, and nothing is attached any more).
+            unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+        }
+    }
+
     /// Sends `sig` to the postmaster (SIGINT = fast, SIGQUIT = immediate shutdown) and
     /// waits for it to exit, falling back to SIGKILL after 30 s.
     fn shutdown(&mut self, sig: libc::c_int) -> Result<(), KitError> {
@@ -391,7 +407,11 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = self.shutdown(libc::SIGQUIT);
+        if self.postmaster.is_some() {
+            let _ = self.shutdown(libc::SIGQUIT);
+        } else {
+            self.remove_crashed_shmem();
+        }
     }
 }
 

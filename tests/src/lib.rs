@@ -10,6 +10,10 @@
 //! - [`Replica`]: a child process whose output lines are timestamped on arrival.
 //! - [`PgBouncer`]: a pgbouncer in front of a [`Cluster`].
 //!
+//! Failures are [`KitError`]s; a missing binary is an error that says what to install
+//! (`.ci/install-deps` installs everything), never a silent skip. The admin helpers block
+//! for a few milliseconds, which is fine inside async tests too.
+//!
 //! PostgreSQL and pgbouncer refuse to run as root; when the tests run as root the kit runs
 //! them as the system user [`UNPRIVILEGED_USER`], creating it if needed.
 
@@ -27,6 +31,8 @@ use std::fmt;
 use std::fs;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -39,7 +45,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub const UNPRIVILEGED_USER: &str = "leasetest";
 
 /// Everything that can go wrong while setting up or driving the test environment.
-#[derive(Debug)]
+///
+/// `Debug` prints the same readable text as `Display` (with log tails on their own lines),
+/// so that tests returning `Result<(), KitError>` fail legibly.
 pub enum KitError {
     /// A required program is not installed; the message says what to install.
     Missing(String),
@@ -76,6 +84,12 @@ impl fmt::Display for KitError {
             KitError::Failed { context, detail } => write!(f, "{context}\n{detail}"),
             KitError::Timeout { context, detail } => write!(f, "timed out: {context}\n{detail}"),
         }
+    }
+}
+
+impl fmt::Debug for KitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 
@@ -125,33 +139,60 @@ pub(crate) fn run_as() -> Result<Option<RunAs>, KitError> {
     if unsafe { libc::geteuid() } != 0 {
         return Ok(None);
     }
-    static CREATE: Mutex<()> = Mutex::new(());
-    let _guard = CREATE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Ok(ids) = lookup_user() {
+    static CACHED: Mutex<Option<RunAs>> = Mutex::new(None);
+    let mut cached = CACHED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(ids) = *cached {
         return Ok(Some(ids));
     }
-    let useradd = run(
-        Command::new("useradd").args([
-            "--system",
-            "--no-create-home",
-            "--shell",
-            "/usr/sbin/nologin",
-            UNPRIVILEGED_USER,
-        ]),
-        "useradd",
-        Duration::from_secs(30),
-    );
-    // Another test process may have created the user at the same time: look again.
-    lookup_user().map(Some).map_err(|e| match useradd {
-        Err(add) => KitError::Failed {
-            context: format!(
-                "could not create the system user {UNPRIVILEGED_USER} to run PostgreSQL as \
-                 (it refuses to run as root)"
-            ),
-            detail: format!("{add}\n{e}"),
-        },
-        Ok(_) => e,
-    })
+    // Concurrent `useradd`s of one name can both "succeed" with different uids, leaving one
+    // test process with a uid that no longer exists: serialize them across processes.
+    let _lock = lock_file(&std::env::temp_dir().join("lease-tests-useradd.lock"))?;
+    let ids = match lookup_user() {
+        Ok(ids) => ids,
+        Err(_) => {
+            let useradd = run(
+                Command::new("useradd").args([
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    UNPRIVILEGED_USER,
+                ]),
+                "useradd",
+                Duration::from_secs(30),
+            );
+            lookup_user().map_err(|e| KitError::Failed {
+                context: format!(
+                    "could not create the system user {UNPRIVILEGED_USER} to run PostgreSQL \
+                     and pgbouncer as (they refuse to run as root)"
+                ),
+                detail: format!(
+                    "{}\n{e}",
+                    useradd.err().map_or(String::new(), |a| a.to_string())
+                ),
+            })?
+        }
+    };
+    *cached = Some(ids);
+    Ok(Some(ids))
+}
+
+/// Opens (creating, never truncating or following a symlink) and exclusively locks `path`;
+/// the lock is released when the returned file is dropped.
+fn lock_file(path: &Path) -> Result<fs::File, KitError> {
+    let file = fs::File::options()
+        .append(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io_err(format!("opening {}", path.display())))?;
+    // SAFETY: flock on a file descriptor that `file` keeps open; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io_err(format!("locking {}", path.display()))(
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(file)
 }
 
 fn lookup_user() -> Result<RunAs, KitError> {
@@ -240,27 +281,16 @@ impl TempDir {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        let dir = TempDir(std::env::temp_dir().join(name));
-        dir.create(&dir.0, owner)?;
-        Ok(dir)
+        let path = std::env::temp_dir().join(name);
+        create_dir(&path, owner)?;
+        Ok(TempDir(path))
     }
 
     /// Creates the subdirectory `name`, owned by `owner` if given.
     pub(crate) fn subdir(&self, name: &str, owner: Option<RunAs>) -> Result<PathBuf, KitError> {
         let path = self.0.join(name);
-        self.create(&path, owner)?;
+        create_dir(&path, owner)?;
         Ok(path)
-    }
-
-    fn create(&self, path: &Path, owner: Option<RunAs>) -> Result<(), KitError> {
-        fs::create_dir(path).map_err(io_err(format!("creating {}", path.display())))?;
-        if let Some(o) = owner {
-            std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid)).map_err(io_err(format!(
-                "chown {} to {UNPRIVILEGED_USER}",
-                path.display()
-            )))?;
-        }
-        Ok(())
     }
 
     /// The directory's path.
@@ -273,6 +303,17 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
     }
+}
+
+fn create_dir(path: &Path, owner: Option<RunAs>) -> Result<(), KitError> {
+    fs::create_dir(path).map_err(io_err(format!("creating {}", path.display())))?;
+    if let Some(o) = owner {
+        std::os::unix::fs::chown(path, Some(o.uid), Some(o.gid)).map_err(io_err(format!(
+            "chown {} to {UNPRIVILEGED_USER}",
+            path.display()
+        )))?;
+    }
+    Ok(())
 }
 
 /// A loopback port that was free a moment ago (bind 127.0.0.1:0, read the port, close).

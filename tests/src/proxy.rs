@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-/// How often blocked threads look at the mode: mode changes take effect within about this.
+/// How often blocked threads look at the mode. Socket read timeouts are rounded up to the
+/// kernel tick, so mode changes take effect (and delays are accurate) within a few ms.
 const TICK: Duration = Duration::from_millis(2);
 
 /// What the proxy does with traffic. Changes apply to existing and new connections.
