@@ -14,6 +14,28 @@ use crate::shared::Inner;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Connected<S> = Result<(Client, Connection<Socket, S>), tokio_postgres::Error>;
+type Reply = BoxFuture<Result<Vec<Row>, DbError>>;
+
+/// What [`Locker::new`](crate::Locker::new) accepts: any tokio-postgres TLS
+/// connector usable from a spawned task (`NoTls`, `tokio-postgres-rustls`,
+/// `postgres-native-tls`, ...). Implemented for every such type.
+pub trait MakeTls:
+    MakeTlsConnect<Socket, Stream: Send, TlsConnect: Send + TlsConnect<Socket, Future: Send>>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> MakeTls for T where
+    T: MakeTlsConnect<Socket, Stream: Send, TlsConnect: Send + TlsConnect<Socket, Future: Send>>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// Inputs fed in one poll before yielding to the runtime.
 const BUDGET: usize = 64;
@@ -29,42 +51,43 @@ const BUDGET: usize = 64;
 /// [`RunError::DriverStopped`](crate::RunError::DriverStopped) once its job
 /// has returned.
 #[must_use = "the driver does nothing unless polled: spawn it, or use Locker::spawn"]
-pub struct Driver<T: MakeTlsConnect<Socket>> {
+pub struct Driver<T: MakeTls> {
     inner: Arc<Inner>,
     config: Config,
     tls: T,
     conn: Conn<T::Stream>,
-    query: Option<(QueryId, BoxFuture<Result<Vec<Row>, DbError>>)>,
+    query: Option<(QueryId, Reply)>,
     sleep: Option<Pin<Box<Sleep>>>,
     closing: bool,
 }
 
 // No field is pinned structurally: the futures are boxed, the rest moves freely.
-impl<T: MakeTlsConnect<Socket>> Unpin for Driver<T> {}
+impl<T: MakeTls> Unpin for Driver<T> {}
 
 enum Conn<S> {
     Down,
     Opening(SessionId, BoxFuture<Connected<S>>),
-    Up(SessionId, Arc<Client>, Connection<Socket, S>),
+    Up(SessionId, Arc<Client>, Box<Connection<Socket, S>>),
 }
 
-impl<T> Driver<T>
-where
-    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-    T::Stream: Send,
-    T::TlsConnect: Send,
-    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-{
+impl<T: MakeTls> Driver<T> {
     pub(crate) fn new(inner: Arc<Inner>, config: Config, tls: T) -> Self {
         let (conn, query, sleep) = (Conn::Down, None, None);
-        Driver { inner, config, tls, conn, query, sleep, closing: false }
+        Driver {
+            inner,
+            config,
+            tls,
+            conn,
+            query,
+            sleep,
+            closing: false,
+        }
     }
 
     /// Carries out one session command of the core.
     fn execute(&mut self, command: Command) {
         match command {
             Command::OpenSession { session, params } => {
-                tracing::debug!(session = session.0, "connecting");
                 let mut config = self.config.clone();
                 let extra = params.options_string();
                 if !extra.is_empty() {
@@ -76,7 +99,8 @@ where
                 }
                 let tls = self.tls.clone();
                 self.query = None;
-                self.conn = Conn::Opening(session, Box::pin(async move { config.connect(tls).await }));
+                self.conn =
+                    Conn::Opening(session, Box::pin(async move { config.connect(tls).await }));
             }
             Command::Query { query, statement } => match &self.conn {
                 Conn::Up(_, client, _) => {
@@ -91,7 +115,6 @@ where
             },
             Command::CloseSession { session } => {
                 if self.session() == Some(session) {
-                    tracing::debug!(session = session.0, "closing the session");
                     self.close();
                 }
             }
@@ -120,7 +143,7 @@ where
                 let session = *session;
                 match result {
                     Ok((client, connection)) => {
-                        self.conn = Conn::Up(session, Arc::new(client), connection);
+                        self.conn = Conn::Up(session, Arc::new(client), Box::new(connection));
                         self.inner.input(Input::SessionOpened { session });
                     }
                     Err(e) => {
@@ -166,7 +189,9 @@ where
             return;
         };
         let at = tokio::time::Instant::from_std(at);
-        let sleep = self.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
         if sleep.deadline() != at {
             sleep.as_mut().reset(at);
         }
@@ -176,13 +201,7 @@ where
     }
 }
 
-impl<T> Future for Driver<T>
-where
-    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-    T::Stream: Send,
-    T::TlsConnect: Send,
-    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-{
+impl<T: MakeTls> Future for Driver<T> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -197,7 +216,7 @@ where
                 }
                 s.driver = None;
                 s.dirty = false;
-                if s.lockers_gone && s.slots.is_empty() && !this.closing {
+                if s.lockers_gone && !this.closing {
                     this.closing = true;
                     s.input(Input::Close);
                 }
@@ -220,7 +239,7 @@ where
     }
 }
 
-impl<T: MakeTlsConnect<Socket>> Driver<T> {
+impl<T: MakeTls> Driver<T> {
     /// The driver is ending: its session goes with it, so the core learns it
     /// lost every lease before the socket closes; every waiter wakes.
     fn stop(&mut self) {
@@ -230,7 +249,10 @@ impl<T: MakeTlsConnect<Socket>> Driver<T> {
         }
         if let Conn::Opening(session, _) | Conn::Up(session, ..) = &self.conn {
             let error = Some(DbError::other("the lease driver stopped"));
-            s.input(Input::SessionLost { session: *session, error });
+            s.input(Input::SessionLost {
+                session: *session,
+                error,
+            });
         }
         s.driver_gone = true;
         s.session.clear();
@@ -238,14 +260,16 @@ impl<T: MakeTlsConnect<Socket>> Driver<T> {
     }
 }
 
-impl<T: MakeTlsConnect<Socket>> Drop for Driver<T> {
+impl<T: MakeTls> Drop for Driver<T> {
     fn drop(&mut self) {
         self.stop();
     }
 }
 
 /// Every row of every result set, decoded.
-fn rows(reply: Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>) -> Result<Vec<Row>, DbError> {
+fn rows(
+    reply: Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
+) -> Result<Vec<Row>, DbError> {
     let mut rows = Vec::new();
     for message in reply.map_err(|e| db_error(&e))? {
         if let SimpleQueryMessage::Row(row) = message {

@@ -61,8 +61,11 @@
 //! - **Lost lease** (session lost, lease not confirmed in time): the lease is
 //!   cancelled the same way; when the job returns, the run stands by again and
 //!   calls the job anew on its next win. Jobs must therefore be restartable.
-//! - **Drop**: dropping a run future drops the job future at once; the driver
-//!   then releases the key.
+//! - **Drop**: dropping a run future drops the job future at once (it gets no
+//!   chance to finish); the driver then releases the key.
+//! - **Driver gone**: if the [`Driver`] is dropped, the session ends with it
+//!   (the server releases every key), jobs are cancelled, and every run
+//!   returns [`RunError::DriverStopped`] once its job returned.
 //!
 //! ## Errors
 //!
@@ -84,12 +87,11 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use lease_proto::{Input, Machine};
-use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{Config, NoTls, Socket};
+use tokio_postgres::{Config, NoTls};
 
-pub use driver::Driver;
+pub use driver::{Driver, MakeTls};
 pub use lease_proto::{
-    LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason, Refusal,
+    DbError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason, Refusal,
     SessionState, Status,
 };
 pub use run::Lease;
@@ -126,6 +128,7 @@ impl std::error::Error for Error {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunError<E> {
     /// The job returned this error while leading; the key was released.
+    /// Displays as the job's error.
     Job(E),
     /// The lease name is invalid.
     Name(NameError),
@@ -142,37 +145,24 @@ pub enum RunError<E> {
     DriverStopped,
 }
 
-impl<E> From<lease_proto::RunError> for RunError<E> {
-    fn from(e: lease_proto::RunError) -> Self {
-        match e {
-            lease_proto::RunError::AlreadyRunning(lease) => RunError::AlreadyRunning(lease),
-            lease_proto::RunError::TooManyLeases { cap } => RunError::TooManyLeases { cap },
-            lease_proto::RunError::Refused(r) => RunError::Refused(r),
-        }
-    }
-}
-
 impl<E: fmt::Display> fmt::Display for RunError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RunError::Job(e) => write!(f, "job failed: {e}"),
-            RunError::Name(e) => write!(f, "{e}"),
+            RunError::Job(e) => e.fmt(f),
+            RunError::Name(e) => e.fmt(f),
             RunError::AlreadyRunning(l) => write!(f, "lease {l} is already running on this locker"),
-            RunError::TooManyLeases { cap } => {
-                write!(f, "this locker already runs {cap} leases (max_leases)")
-            }
-            RunError::Refused(r) => write!(f, "{r}"),
+            RunError::TooManyLeases { cap } => write!(f, "this locker already runs {cap} leases"),
+            RunError::Refused(r) => r.fmt(f),
             RunError::DriverStopped => f.write_str("the lease driver stopped"),
         }
     }
 }
 
-impl<E: std::error::Error + 'static> std::error::Error for RunError<E> {
+/// Transparent: a job's error shows as itself.
+impl<E: std::error::Error> std::error::Error for RunError<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            RunError::Job(e) => Some(e),
-            RunError::Name(e) => Some(e),
-            RunError::Refused(e) => Some(e),
+            RunError::Job(e) => e.source(),
             _ => None,
         }
     }
@@ -185,7 +175,8 @@ pub struct Locker {
     handle: Arc<Handle>,
 }
 
-/// Dropped with the last `Locker` clone: the driver may end once no run remains.
+/// Dropped with the last `Locker` clone (run futures hold one): the driver may
+/// end then.
 struct Handle(Arc<Inner>);
 
 impl Drop for Handle {
@@ -198,7 +189,9 @@ impl Drop for Handle {
 
 impl fmt::Debug for Locker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Locker").field("status", &self.status()).finish()
+        f.debug_struct("Locker")
+            .field("status", &self.status())
+            .finish()
     }
 }
 
@@ -209,13 +202,11 @@ impl Locker {
     /// # Errors
     /// [`Error::Options`] for inconsistent options, [`Error::Config`] when the
     /// config names no host.
-    pub fn new<T>(config: Config, tls: T, options: Options) -> Result<(Locker, Driver<T>), Error>
-    where
-        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-        T::Stream: Send,
-        T::TlsConnect: Send,
-        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-    {
+    pub fn new<T: MakeTls>(
+        config: Config,
+        tls: T,
+        options: Options,
+    ) -> Result<(Locker, Driver<T>), Error> {
         if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
             return Err(Error::Config("no host given".into()));
         }
@@ -233,13 +224,7 @@ impl Locker {
     ///
     /// # Panics
     /// Outside a tokio runtime, like `tokio::spawn`.
-    pub fn spawn<T>(config: Config, tls: T, options: Options) -> Result<Locker, Error>
-    where
-        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-        T::Stream: Send,
-        T::TlsConnect: Send,
-        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-    {
+    pub fn spawn<T: MakeTls>(config: Config, tls: T, options: Options) -> Result<Locker, Error> {
         let (locker, driver) = Locker::new(config, tls, options)?;
         tokio::spawn(driver);
         Ok(locker)
@@ -265,18 +250,23 @@ impl Locker {
     /// Contends for the lease `name` and runs `job` while holding it, until
     /// the job completes (see the crate docs for every outcome).
     ///
-    /// The job runs inside this future. It gets a [`Lease`] and must return
-    /// promptly once [`Lease::cancelled`] fires; after a lost lease it is
-    /// called again on the next win.
+    /// The job runs inside the returned future, which borrows neither the
+    /// locker nor `name` (spawn it freely). The job gets a [`Lease`] and must
+    /// return promptly once [`Lease::cancelled`] fires; after a lost lease it
+    /// is called again on the next win.
     ///
     /// # Errors
     /// [`RunError`]: the job's error, or why the run could not proceed.
-    pub async fn run<F, Fut, E>(&self, name: &str, job: F) -> Result<(), RunError<E>>
+    pub fn run<F, Fut, E>(
+        &self,
+        name: &str,
+        job: F,
+    ) -> impl Future<Output = Result<(), RunError<E>>>
     where
         F: FnMut(Lease) -> Fut,
         Fut: Future<Output = Result<(), E>>,
     {
-        self.run_until(name, std::future::pending(), job).await
+        self.run_until(name, std::future::pending(), job)
     }
 
     /// [`Locker::run`] with a graceful shutdown signal: when `shutdown`
@@ -285,19 +275,18 @@ impl Locker {
     ///
     /// # Errors
     /// As [`Locker::run`].
-    pub async fn run_until<S, F, Fut, E>(
+    pub fn run_until<S, F, Fut, E>(
         &self,
         name: &str,
         shutdown: S,
         job: F,
-    ) -> Result<(), RunError<E>>
+    ) -> impl Future<Output = Result<(), RunError<E>>>
     where
         S: Future<Output = ()>,
         F: FnMut(Lease) -> Fut,
         Fut: Future<Output = Result<(), E>>,
     {
-        let lease = LeaseId::named(name).map_err(RunError::Name)?;
-        self.run_lease(lease, shutdown, job).await
+        run::run(self.clone(), LeaseId::named(name), shutdown, job)
     }
 
     /// [`Locker::run_until`] for any [`LeaseId`], such as a raw key shared with
@@ -306,18 +295,18 @@ impl Locker {
     ///
     /// # Errors
     /// As [`Locker::run`].
-    pub async fn run_lease<S, F, Fut, E>(
+    pub fn run_lease<S, F, Fut, E>(
         &self,
         lease: LeaseId,
         shutdown: S,
         job: F,
-    ) -> Result<(), RunError<E>>
+    ) -> impl Future<Output = Result<(), RunError<E>>>
     where
         S: Future<Output = ()>,
         F: FnMut(Lease) -> Fut,
         Fut: Future<Output = Result<(), E>>,
     {
-        run::run(&self.handle.0, lease, shutdown, job).await
+        run::run(self.clone(), Ok(lease), shutdown, job)
     }
 
     /// Shuts every run down gracefully (their jobs are cancelled; each run
@@ -332,7 +321,9 @@ impl Locker {
             if s.driver_gone {
                 return Poll::Ready(());
             }
-            s.close_waiters.push(cx.waker().clone());
+            if !s.close_waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                s.close_waiters.push(cx.waker().clone());
+            }
             Poll::Pending
         })
         .await;

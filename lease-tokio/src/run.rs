@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
-use lease_proto::{Input, JobExit, LeaseId, Outcome, Reason, RunId};
+use lease_proto::RunError as CoreError;
+use lease_proto::{Input, JobExit, LeaseId, NameError, Outcome, Reason, RunId};
 use tokio::sync::watch;
 
 use crate::shared::{Inner, Slot};
-use crate::RunError;
+use crate::{Locker, RunError};
 
 /// The lease a job runs under, handed to each call of the job.
 ///
@@ -48,10 +49,10 @@ impl Lease {
     /// job must not act past it. `None` once the lease is cancelled or lost.
     pub fn valid_until(&self) -> Option<Instant> {
         let s = self.inner.lock();
-        match self.is_cancelled() {
-            true => None,
-            false => s.machine.valid_until(self.run),
+        if self.is_cancelled() {
+            return None;
         }
+        s.machine.valid_until(self.run)
     }
 
     /// Whether the lease is held and valid now. Check it before each action
@@ -67,8 +68,9 @@ impl Lease {
         self.cancel.borrow().is_some() || self.cancel.has_changed().is_err()
     }
 
-    /// Resolves when the job must stop, with why. The job should then return
-    /// promptly: the key is released only after it has.
+    /// Resolves when the job must stop, with why ([`Reason::Closed`] if the
+    /// run is already over). The job should then return promptly: the key is
+    /// released only after it has.
     pub async fn cancelled(&self) -> Reason {
         let mut cancel = self.cancel.clone();
         let _ = cancel.wait_for(Option::is_some).await;
@@ -102,14 +104,19 @@ impl Drop for Guard<'_> {
         s.slots.remove(&self.run);
         if !self.finished {
             let exit = JobExit::Abandoned;
-            s.input(Input::JobExited { run: self.run, exit });
+            s.input(Input::JobExited {
+                run: self.run,
+                exit,
+            });
         }
     }
 }
 
+/// The body of [`Locker::run_lease`](crate::Locker::run_lease). Holds a
+/// `Locker` clone: the driver outlives every run.
 pub(crate) async fn run<S, F, Fut, E>(
-    inner: &Arc<Inner>,
-    lease: LeaseId,
+    locker: Locker,
+    lease: Result<LeaseId, NameError>,
     shutdown: S,
     mut job: F,
 ) -> Result<(), RunError<E>>
@@ -118,14 +125,24 @@ where
     F: FnMut(Lease) -> Fut,
     Fut: Future<Output = Result<(), E>>,
 {
+    let lease = lease.map_err(RunError::Name)?;
+    let inner = &locker.handle.0;
     let run = {
         let mut s = inner.lock();
-        let run = s.machine.run(Instant::now(), lease).map_err(RunError::from)?;
+        let run = s.machine.run(Instant::now(), lease).map_err(|e| match e {
+            CoreError::AlreadyRunning(lease) => RunError::AlreadyRunning(lease),
+            CoreError::TooManyLeases { cap } => RunError::TooManyLeases { cap },
+            CoreError::Refused(refusal) => RunError::Refused(refusal),
+        })?;
         s.slots.insert(run, Slot::default());
         s.drain();
         run
     };
-    let mut guard = Guard { inner, run, finished: false };
+    let mut guard = Guard {
+        inner,
+        run,
+        finished: false,
+    };
     let mut shutdown = pin!(Some(shutdown));
     let mut current = pin!(None::<Fut>);
     let mut error = None;
@@ -160,7 +177,13 @@ where
         if let Some(start) = slot.start.take() {
             drop(s);
             let (id, token, cancel) = (start.lease, start.token, start.cancel);
-            let lease = Lease { inner: inner.clone(), run, id, token, cancel };
+            let lease = Lease {
+                inner: inner.clone(),
+                run,
+                id,
+                token,
+                cancel,
+            };
             current.set(Some(job(lease)));
             continue;
         }

@@ -146,60 +146,57 @@ impl Shared {
     }
 }
 
+/// Logs a lease event with the lease's name and key and the run.
+macro_rules! lease_event {
+    ($level:ident, $run:expr, $lease:expr, $($rest:tt)+) => {
+        tracing::$level!(lease = $lease.name(), key = $lease.key(), run = $run.0, $($rest)+)
+    };
+}
+
 /// One log line per event.
 fn log_event(event: &Event) {
     use tracing::{debug, error, info, warn};
     match event {
-        Event::SessionOpening { session, failures } => {
-            debug!(session = session.0, failures, "lease session opening")
-        }
+        Event::SessionOpening {
+            session: s,
+            failures,
+        } => debug!(session = s.0, failures, "lease session connecting"),
         Event::SessionReady {
-            session,
-            backend_pid,
-            server_version,
-        } => info!(
-            session = session.0,
-            backend_pid, server_version, "lease session ready"
-        ),
-        Event::SessionLost { session, reason } => {
-            warn!(session = session.0, %reason, "lease session lost")
+            session: s,
+            backend_pid: pid,
+            server_version: v,
+        } => {
+            info!(
+                session = s.0,
+                backend_pid = pid,
+                server_version = v,
+                "lease session ready"
+            )
         }
-        Event::SessionIdle { session } => debug!(session = session.0, "lease session idle, closed"),
-        Event::Acquired { run, lease, token } => info!(
-            lease = lease.name(),
-            key = lease.key(),
-            run = run.0,
-            token,
-            "lease acquired"
-        ),
-        Event::Lost { run, lease, reason } => warn!(
-            lease = lease.name(),
-            key = lease.key(),
-            run = run.0,
-            %reason,
-            "lease lost; job cancelled"
-        ),
-        Event::Released { run, lease } => info!(
-            lease = lease.name(),
-            key = lease.key(),
-            run = run.0,
-            "lease released"
-        ),
+        Event::SessionLost { session: s, reason } => {
+            warn!(session = s.0, %reason, "lease session lost")
+        }
+        Event::SessionIdle { session: s } => debug!(session = s.0, "lease session idle, closed"),
+        Event::Acquired { run, lease, token } => {
+            lease_event!(info, run, lease, token, "lease acquired")
+        }
+        Event::Lost { run, lease, reason } => lease_event!(warn, run, lease, %reason, "lease lost"),
+        Event::Released { run, lease } => lease_event!(info, run, lease, "lease released"),
         Event::Waiting {
             run,
             lease,
-            holder_pid,
-        } => info!(
-            lease = lease.name(),
-            key = lease.key(),
-            run = run.0,
-            holder_pid,
-            "lease held elsewhere; standing by"
-        ),
-        Event::TryFailed { error } => warn!(%error, "lease try failed; verifying held keys"),
-        Event::UnknownKeyReleased { key } => {
-            warn!(key, "unlocking an advisory key held without a run")
+            holder_pid: pid,
+        } => {
+            lease_event!(
+                info,
+                run,
+                lease,
+                holder_pid = pid,
+                "lease held elsewhere; standing by"
+            )
         }
+        Event::TryFailed { error } => warn!(%error, "lease try failed; verifying held keys"),
+        Event::UnknownKeyReleased { key } => warn!(key, "unlocking a key held without a run"),
         Event::Refused { refusal } => error!(%refusal, "lease setup refused"),
     }
 }
