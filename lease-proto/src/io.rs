@@ -23,6 +23,10 @@ pub struct QueryId(pub u64);
 /// An error the server (or the driver's client library) reported.
 ///
 /// Carries no connection parameters: drivers must not put passwords in it.
+/// Put the server's own message text in `message` (for a server error, its
+/// primary message, not a wrapper's rendering): the machine recognises a
+/// pooler that rejects startup options by the server's words
+/// "unsupported startup parameter".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbError {
     /// The SQLSTATE code, when the server sent one (`"57P01"`, `"53200"`, ...).

@@ -409,8 +409,10 @@ impl Machine {
         self.valid_until(run).is_some_and(|v| now < v)
     }
 
-    /// Whether the machine was closed and everything is done: no run is left
-    /// and the session is closed. A driver may stop then.
+    /// Whether the machine is done for good: it was closed (or refused its
+    /// setup, see [`Refusal`]), no run is left and the session is closed. A
+    /// driver may stop then; later runs are answered by [`Machine::run`]
+    /// itself (finished `Closed`, or refused) without a driver.
     pub fn is_closed(&self) -> bool {
         self.phase != Phase::Open
             && self.runs.is_empty()

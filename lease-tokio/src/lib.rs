@@ -243,7 +243,7 @@ impl Locker {
     pub fn connect(config: &str, options: Options) -> Result<Locker, Error> {
         let config = config
             .parse::<Config>()
-            .map_err(|e| Error::Config(e.to_string()))?;
+            .map_err(|e| Error::Config(redact_parse_error(&e.to_string())))?;
         Locker::spawn(config, NoTls, options)
     }
 
@@ -333,5 +333,14 @@ impl Locker {
     /// (token, since, valid until).
     pub fn status(&self) -> Status {
         self.handle.0.lock().machine.status()
+    }
+}
+
+/// tokio-postgres's parse errors may quote one character of the input ("but
+/// got `c`"), which can be the first letter of a password: drop that part.
+fn redact_parse_error(message: &str) -> String {
+    match message.find(" but got") {
+        Some(i) => message[..i].to_string(),
+        None => message.to_string(),
     }
 }
