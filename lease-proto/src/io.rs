@@ -281,7 +281,9 @@ pub enum Command {
         /// Its lease.
         lease: LeaseId,
         /// The fencing token of this acquisition: larger than every earlier
-        /// acquisition's token for this key on this server.
+        /// acquisition's token for this key on this server (a transaction id
+        /// assigned after the lock was granted, committed durably: the session
+        /// runs with `synchronous_commit=on`).
         token: i64,
         /// Until when the lease is valid unless confirmed again.
         valid_until: Instant,

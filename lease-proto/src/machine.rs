@@ -1042,7 +1042,10 @@ impl Machine {
     }
 
     fn session_params(&self) -> SessionParams {
-        let mut startup_settings = Vec::new();
+        // Fencing tokens are transaction ids: make the transaction that takes
+        // them durable before its reply, so a server crash cannot hand the
+        // same or a smaller id to the next holder.
+        let mut startup_settings = vec![("synchronous_commit", "on".to_string())];
         if self.opts.server_guard {
             let ms = self.opts.guard_timeout().as_millis();
             startup_settings.push(("idle_session_timeout", format!("{ms}")));

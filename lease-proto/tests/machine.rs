@@ -582,7 +582,10 @@ fn the_session_asks_for_the_guard() {
     let mut found = false;
     while let Some(o) = h2.m.poll_output() {
         if let Output::Command(Command::OpenSession { params, .. }) = o {
-            assert_eq!(params.options_string(), "-c idle_session_timeout=900");
+            assert_eq!(
+                params.options_string(),
+                "-c synchronous_commit=on -c idle_session_timeout=900"
+            );
             found = true;
         }
     }
