@@ -1,1 +1,380 @@
-//! placeholder
+//! # lease-smol: singleton jobs over PostgreSQL advisory locks, on smol
+//!
+//! A [`Locker`] makes a job run on exactly one replica at a time: every
+//! replica calls [`Locker::run`] with the same lease name; one runs the job,
+//! the others stand by and take over when it returns, crashes or loses its
+//! database session. All leases of a locker ride one dedicated database
+//! session (never a pool). This is the `lease-tokio` API on `async-io`: no
+//! tokio runtime, and nothing spawned behind your back.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> { smol::block_on(async {
+//! let (locker, driver) = lease_smol::Locker::connect(
+//!     "host=127.0.0.1 user=postgres dbname=postgres",
+//!     lease_smol::Options::default(),
+//! )?;
+//! smol::spawn(driver).detach(); // or run it on any executor
+//! locker
+//!     .run("sweeper", |lease| async move {
+//!         println!("leading with fencing token {}", lease.token());
+//!         let reason = lease.cancelled().await; // work until cancelled
+//!         println!("stopping: {reason}");
+//!         Ok::<(), std::io::Error>(())
+//!     })
+//!     .await?;
+//! # Ok(()) }) }
+//! ```
+//!
+//! ## Guarantees
+//!
+//! Every rule lives in the sans-IO core, [`lease_proto`]; see its crate docs
+//! for the bounds. In short: a job starts only after the server granted the
+//! key to this locker's session, the key is released only after the job
+//! returned, the job is cancelled at once when the session ends and at the
+//! latest at [`Lease::valid_until`] when the locker cannot confirm the lease,
+//! and each acquisition gets a fencing token ([`Lease::token`]) larger than
+//! every earlier one for the key.
+//!
+//! ## Defaults
+//!
+//! [`Options::default()`] is production-ready: standbys poll every 5 s (a
+//! graceful release notifies them at once), the holder verifies its keys every
+//! 5 s, a statement may take 10 s, a lease is valid 15 s past its last
+//! confirmation and the server ends a silent session 1 s after that.
+//!
+//! ## The driver
+//!
+//! [`Locker::new`] and [`Locker::connect`] return the locker and a [`Driver`]
+//! future that owns the connection: nothing happens until it is polled. Run it
+//! on any executor: `smol::spawn(driver).detach()`, an `async-executor`
+//! (`LocalExecutor` too: see `examples/embed.rs`), or beside your runs under
+//! `futures_lite::future::block_on`. It spawns no task and no thread; its
+//! sockets and timer use async-io, whose reactor thread ("async-io", one per
+//! process, started on first use) is the only thread that appears. Creating
+//! a locker never needs the database: the driver connects when a run needs
+//! it and retries with backoff, logging every setback with `tracing`. The
+//! core never cancels a query (it closes the session instead), so no cancel
+//! request is ever sent.
+//!
+//! The connection must reach the server directly or through a **session-mode**
+//! pool: a transaction pooler or a hot standby cannot give mutual exclusion,
+//! and runs then fail with [`RunError::Refused`].
+//!
+//! ## Connecting without tokio
+//!
+//! tokio-postgres's `Config::connect` needs tokio's reactor, so the driver
+//! opens the socket itself and hands it to `Config::connect_raw`. It follows
+//! `Config::connect` where it can:
+//! - hosts are tried in order, the first that connects wins (else the last
+//!   error counts); `load_balance_hosts=random` is not applied;
+//! - each host uses its `hostaddr` if given (no name resolution), else its
+//!   name: IP literals are used as they are, other names are resolved with the
+//!   system resolver (`getaddrinfo`), which **blocks the thread polling the
+//!   driver** for the lookup; give IP addresses or `hostaddr` to avoid it;
+//! - one port for every host, or one per host (default 5432); a Unix socket
+//!   host (a path) connects to `<dir>/.s.PGSQL.<port>`;
+//! - `connect_timeout` bounds the attempt at each address, socket, TLS and
+//!   startup included, as libpq does (tokio-postgres bounds only the socket
+//!   connect), so a host that accepts but never answers does not stall
+//!   failover to the next. The core bounds the whole attempt, every host
+//!   included, by [`Options::query_timeout`]: with several hosts, keep
+//!   `connect_timeout` well below it;
+//! - TCP sockets get no-delay, the `keepalives*` settings and, on Linux,
+//!   `tcp_user_timeout`;
+//! - TLS goes through [`MakeTls`], asked for a connector per host name;
+//! - `target_session_attrs` is **not** applied: connect to the primary. The
+//!   core checks every session at setup and refuses a hot standby
+//!   ([`Refusal::Standby`]), which fails every run.
+//!
+//! ## Cancellation
+//!
+//! - **Graceful**: [`Locker::run_until`]'s shutdown signal, or
+//!   [`Locker::close`]. The job's [`Lease::cancelled`] fires; the run waits
+//!   for the job to return, releases the key (waking standbys) and returns
+//!   `Ok(())`.
+//! - **Lost lease** (session lost, lease not confirmed in time): the lease is
+//!   cancelled the same way; when the job returns, the run stands by again and
+//!   calls the job anew on its next win. Jobs must therefore be restartable.
+//! - **Drop**: dropping a run future drops the job future at once (it gets no
+//!   chance to finish); the driver then releases the key.
+//! - **Driver gone**: if the [`Driver`] is dropped, the session ends with it
+//!   (the server releases every key), jobs are cancelled, and every run
+//!   returns [`RunError::DriverStopped`] once its job returned.
+//!
+//! ## Errors
+//!
+//! Construction fails only on bad [`Options`] or configuration ([`Error`]).
+//! A run returns `Ok(())` when its job completed, or on shutdown or close,
+//! and a [`RunError`] for the job's own error, a bad name, a lease already
+//! run by this locker, too many leases, a refused setup, or a stopped driver.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod connect;
+mod driver;
+mod run;
+mod shared;
+
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::sync::Arc;
+use std::task::Poll;
+
+use lease_proto::{Input, Machine};
+use tokio_postgres::{Config, NoTls};
+
+pub use connect::{MakeTls, Socket};
+pub use driver::Driver;
+pub use lease_proto::{
+    DbError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason, Refusal,
+    SessionState, Status,
+};
+pub use run::Lease;
+use shared::Inner;
+
+/// Why a locker could not be created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// The options are inconsistent.
+    Options(OptionsError),
+    /// The connection configuration is unusable (never echoes a password).
+    Config(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Options(e) => write!(f, "invalid lease options: {e}"),
+            Error::Config(e) => write!(f, "invalid connection configuration: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Options(e) => Some(e),
+            Error::Config(_) => None,
+        }
+    }
+}
+
+/// Why a run ended without success.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunError<E> {
+    /// The job returned this error while leading; the key was released.
+    /// Displays as the job's error.
+    Job(E),
+    /// The lease name is invalid.
+    Name(NameError),
+    /// This locker already runs a lease with this key.
+    AlreadyRunning(LeaseId),
+    /// This locker already runs [`Options::max_leases`] leases.
+    TooManyLeases {
+        /// The cap in force.
+        cap: usize,
+    },
+    /// The server or the connection cannot give mutual exclusion.
+    Refused(Refusal),
+    /// The [`Driver`] was dropped or ended while the run was pending.
+    DriverStopped,
+}
+
+impl<E: fmt::Display> fmt::Display for RunError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Job(e) => e.fmt(f),
+            RunError::Name(e) => e.fmt(f),
+            RunError::AlreadyRunning(l) => write!(f, "lease {l} is already running on this locker"),
+            RunError::TooManyLeases { cap } => write!(f, "this locker already runs {cap} leases"),
+            RunError::Refused(r) => r.fmt(f),
+            RunError::DriverStopped => f.write_str("the lease driver stopped"),
+        }
+    }
+}
+
+/// Transparent: a job's error shows as itself.
+impl<E: std::error::Error> std::error::Error for RunError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Job(e) => e.source(),
+            _ => None,
+        }
+    }
+}
+
+/// Runs jobs under leases over one dedicated database session. Create one per
+/// process and share it: clones are cheap and share the session.
+#[derive(Clone)]
+pub struct Locker {
+    handle: Arc<Handle>,
+}
+
+/// Dropped with the last `Locker` clone (run futures hold one): the driver may
+/// end then.
+struct Handle(Arc<Inner>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.lockers_gone = true;
+        s.drain();
+    }
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker")
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl Locker {
+    /// A locker over `config` and its driver, which the caller must run.
+    /// Does not connect.
+    ///
+    /// # Errors
+    /// [`Error::Options`] for inconsistent options, [`Error::Config`] when the
+    /// config names no host, or hosts, `hostaddr`s and ports that do not pair
+    /// up (`Config::connect` would fail on every attempt).
+    pub fn new<T: MakeTls>(
+        config: Config,
+        tls: T,
+        options: Options,
+    ) -> Result<(Locker, Driver<T>), Error> {
+        let (hosts, addrs) = (config.get_hosts().len(), config.get_hostaddrs().len());
+        let ports = config.get_ports().len();
+        if hosts == 0 && addrs == 0 {
+            return Err(Error::Config("no host given".into()));
+        }
+        if hosts != 0 && addrs != 0 && hosts != addrs {
+            let e = format!(
+                "number of hosts ({hosts}) is different from number of hostaddrs ({addrs})"
+            );
+            return Err(Error::Config(e));
+        }
+        if ports > 1 && ports != hosts.max(addrs) {
+            return Err(Error::Config("invalid number of ports".into()));
+        }
+        let machine = Machine::new(options, shared::seed()).map_err(Error::Options)?;
+        let inner = Arc::new(Inner::new(machine));
+        let driver = Driver::new(inner.clone(), config, tls);
+        let handle = Arc::new(Handle(inner));
+        Ok((Locker { handle }, driver))
+    }
+
+    /// A locker without TLS over a libpq-style connection string, URL
+    /// (`postgres://user:password@host/db`) or key-value
+    /// (`host=... user=... dbname=...`), and its driver, which the caller must
+    /// run. Does not connect.
+    ///
+    /// # Errors
+    /// [`Error::Config`] if the string does not parse (the message never
+    /// contains the string) or names no usable host, [`Error::Options`] for
+    /// inconsistent options.
+    pub fn connect(config: &str, options: Options) -> Result<(Locker, Driver<NoTls>), Error> {
+        let config = config
+            .parse::<Config>()
+            .map_err(|e| Error::Config(redact_parse_error(&e.to_string())))?;
+        Locker::new(config, NoTls, options)
+    }
+
+    /// Contends for the lease `name` and runs `job` while holding it, until
+    /// the job completes (see the crate docs for every outcome).
+    ///
+    /// The job runs inside the returned future, which borrows neither the
+    /// locker nor `name` (spawn it freely). The job gets a [`Lease`] and must
+    /// return promptly once [`Lease::cancelled`] fires; after a lost lease it
+    /// is called again on the next win.
+    ///
+    /// # Errors
+    /// [`RunError`]: the job's error, or why the run could not proceed.
+    pub fn run<F, Fut, E>(
+        &self,
+        name: &str,
+        job: F,
+    ) -> impl Future<Output = Result<(), RunError<E>>>
+    where
+        F: FnMut(Lease) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+    {
+        self.run_until(name, std::future::pending(), job)
+    }
+
+    /// [`Locker::run`] with a graceful shutdown signal: when `shutdown`
+    /// resolves, the job's lease is cancelled, the run waits for the job to
+    /// return, releases the key and returns `Ok(())`.
+    ///
+    /// # Errors
+    /// As [`Locker::run`].
+    pub fn run_until<S, F, Fut, E>(
+        &self,
+        name: &str,
+        shutdown: S,
+        job: F,
+    ) -> impl Future<Output = Result<(), RunError<E>>>
+    where
+        S: Future<Output = ()>,
+        F: FnMut(Lease) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+    {
+        run::run(self.clone(), LeaseId::named(name), shutdown, job)
+    }
+
+    /// [`Locker::run_until`] for any [`LeaseId`], such as a raw key shared with
+    /// other code ([`LeaseId::raw`]). Pass `std::future::pending()` for no
+    /// shutdown signal.
+    ///
+    /// # Errors
+    /// As [`Locker::run`].
+    pub fn run_lease<S, F, Fut, E>(
+        &self,
+        lease: LeaseId,
+        shutdown: S,
+        job: F,
+    ) -> impl Future<Output = Result<(), RunError<E>>>
+    where
+        S: Future<Output = ()>,
+        F: FnMut(Lease) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+    {
+        run::run(self.clone(), Ok(lease), shutdown, job)
+    }
+
+    /// Shuts every run down gracefully (their jobs are cancelled; each run
+    /// returns `Ok(())` once its job returned and its key was released), then
+    /// closes the session. Resolves when the driver has ended. Later runs
+    /// return `Ok(())` at once.
+    pub async fn close(&self) {
+        let inner = &self.handle.0;
+        inner.input(Input::Close);
+        poll_fn(|cx| {
+            let mut s = inner.lock();
+            if s.driver_gone {
+                return Poll::Ready(());
+            }
+            if !s.close_waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                s.close_waiters.push(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await;
+    }
+
+    /// A snapshot: the session's state and every lease with its state
+    /// (token, since, valid until).
+    pub fn status(&self) -> Status {
+        self.handle.0.lock().machine.status()
+    }
+}
+
+/// tokio-postgres's parse errors may quote one character of the input ("but
+/// got `c`"), which can be the first letter of a password: drop that part.
+fn redact_parse_error(message: &str) -> String {
+    match message.find(" but got") {
+        Some(i) => message[..i].to_string(),
+        None => message.to_string(),
+    }
+}
