@@ -283,7 +283,9 @@ pub enum Command {
         /// The fencing token of this acquisition: larger than every earlier
         /// acquisition's token for this key on this server (a transaction id
         /// assigned after the lock was granted, committed durably: the session
-        /// runs with `synchronous_commit=on`).
+        /// runs with `synchronous_commit=on`). Keys won by one batched try
+        /// share the same token: tokens order acquisitions of one key, they
+        /// do not identify a lease across keys.
         token: i64,
         /// Until when the lease is valid unless confirmed again.
         valid_until: Instant,

@@ -1,0 +1,393 @@
+//! Findings of the fuzz targets in `fuzz/`, reduced to deterministic input
+//! sequences, and replays of interesting fuzz corpus inputs.
+//!
+//! Each test drives one [`Machine`] by hand and checks what the
+//! `machine_inputs` fuzz target checks after every step: every output passes
+//! [`Observer::output`] and [`Machine::poll_timeout`] is never in the past (or
+//! drives the `sim_schedule` target's properties through the simulator). A
+//! test marked `#[ignore = "fuzz finding: ..."]` fails today; it is un-ignored
+//! when the machine is fixed.
+
+use std::time::{Duration, Instant};
+
+use lease_proto::sim::{Fault, Observer, Sim, SimConfig};
+use lease_proto::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The options of the hand-driven machine tests.
+fn opts() -> Options {
+    Options {
+        retry_interval: ms(200),
+        heartbeat_interval: ms(200),
+        query_timeout: ms(500),
+        guard_margin: ms(200),
+        ..Options::default()
+    }
+}
+
+const PID: i64 = 7;
+
+/// A driver by hand that checks, after every input, what the fuzz target
+/// checks. Its methods panic with the broken rule.
+struct Driver {
+    m: Machine,
+    obs: Observer,
+    t: Instant,
+    session: Option<SessionId>,
+    query: Option<(QueryId, Statement)>,
+}
+
+impl Driver {
+    fn new(o: Options) -> Driver {
+        Driver {
+            m: Machine::new(o, 1).expect("valid options"),
+            obs: Observer::new(),
+            t: Instant::now(),
+            session: None,
+            query: None,
+        }
+    }
+
+    fn run(&mut self, lease: LeaseId) -> RunId {
+        let id = self.m.run(self.t, lease).expect("run accepted");
+        self.obs.run_started(id);
+        self.drain();
+        id
+    }
+
+    fn input(&mut self, i: Input) -> Vec<Command> {
+        self.obs.input(&i);
+        self.m.handle_input(self.t, i);
+        self.drain()
+    }
+
+    fn drain(&mut self) -> Vec<Command> {
+        let mut cmds = Vec::new();
+        while let Some(o) = self.m.poll_output() {
+            if let Err(e) = self.obs.output(&o) {
+                panic!("observer: {e}\noutput: {o:?}");
+            }
+            if let Output::Command(c) = o {
+                match &c {
+                    Command::OpenSession { session, .. } => self.session = Some(*session),
+                    Command::Query { query, statement } => {
+                        self.query = Some((*query, statement.clone()))
+                    }
+                    _ => {}
+                }
+                cmds.push(c);
+            }
+        }
+        if let Some(d) = self.m.poll_timeout() {
+            assert!(d >= self.t, "poll_timeout {:?} in the past", self.t - d);
+        }
+        cmds
+    }
+
+    fn advance(&mut self, d: Duration) -> Vec<Command> {
+        self.t += d;
+        self.input(Input::Tick)
+    }
+
+    fn statement(&self) -> Statement {
+        self.query.as_ref().expect("a query in flight").1.clone()
+    }
+
+    fn reply(&mut self, rows: Vec<Row>) -> Vec<Command> {
+        let (query, _) = self.query.take().expect("a query in flight");
+        self.input(Input::Reply {
+            query,
+            result: Ok(rows),
+        })
+    }
+
+    fn fail(&mut self) -> Vec<Command> {
+        let (query, _) = self.query.take().expect("a query in flight");
+        self.input(Input::Reply {
+            query,
+            result: Err(DbError::other("boom")),
+        })
+    }
+
+    /// Opens the session asked for and answers setup and LISTEN.
+    fn connect(&mut self) {
+        let session = self.session.expect("asked to open a session");
+        self.input(Input::SessionOpened { session });
+        assert_eq!(self.statement(), Statement::Setup);
+        let ist = self.m.options().guard_timeout().as_millis() as i64;
+        self.reply(vec![
+            vec![Some(1), Some(150_000)],
+            vec![Some(2), Some(0)],
+            vec![Some(3), Some(PID)],
+            vec![Some(4), Some(ist)],
+        ]);
+        assert_eq!(self.statement(), Statement::Listen);
+        self.reply(vec![]);
+    }
+
+    /// The keys of the try in flight.
+    fn try_keys(&self) -> Vec<i64> {
+        match self.statement() {
+            Statement::TryLock { keys } => keys,
+            s => panic!("expected a try, got {s:?}"),
+        }
+    }
+
+    fn heartbeat(&mut self, keys: &[i64]) -> Vec<Command> {
+        assert_eq!(self.statement(), Statement::Heartbeat);
+        let mut rows = vec![vec![Some(0), Some(PID)]];
+        rows.extend(keys.iter().map(|k| vec![Some(1), Some(*k)]));
+        self.reply(rows)
+    }
+}
+
+fn started(cmds: &[Command], run: RunId) -> bool {
+    cmds.iter()
+        .any(|c| matches!(c, Command::StartJob { run: r, .. } if *r == run))
+}
+
+fn a() -> LeaseId {
+    LeaseId::named("a").expect("valid name")
+}
+
+fn b() -> LeaseId {
+    LeaseId::named("b").expect("valid name")
+}
+
+// ---- findings ----------------------------------------------------------------
+
+/// `machine_inputs` finding 1: a try reply with two "won" rows for one key.
+/// The first starts the job; the second, for a run that no longer tries, is
+/// taken for a won key of a finished run ("orphan") and unlocked, while the
+/// job runs and keeps believing it leads (its lease stays valid).
+#[test]
+#[ignore = "fuzz finding: a duplicate win row in a try reply unlocks the key of the job it just started; fix pending"]
+fn a_duplicate_win_row_does_not_unlock_the_running_job() {
+    let mut d = Driver::new(opts());
+    let run = d.run(a());
+    d.connect();
+    let k = a().key();
+    assert_eq!(d.try_keys(), vec![k]);
+    // Today: `Query { Release { keys: [k] } }` at once, while the job runs.
+    let cmds = d.reply(vec![vec![Some(k), Some(900), None], vec![Some(k), Some(901), None]]);
+    assert!(started(&cmds, run), "{cmds:?}");
+    assert!(d.m.is_valid(run, d.t));
+}
+
+/// `machine_inputs` finding 1, second shape: a try reply for key `b` that also
+/// reports key `a` (held by a leading run, not tried) as won. The machine
+/// unlocks `a` under its running job.
+#[test]
+#[ignore = "fuzz finding: an unsolicited win row for a leading key in a later try reply unlocks it under the running job; fix pending"]
+fn an_unsolicited_win_row_does_not_unlock_a_leading_key() {
+    let mut d = Driver::new(opts());
+    let run_a = d.run(a());
+    d.connect();
+    let cmds = d.reply(vec![vec![Some(a().key()), Some(900), None]]);
+    assert!(started(&cmds, run_a), "{cmds:?}");
+    d.run(b());
+    assert_eq!(d.try_keys(), vec![b().key()]);
+    // Today: `Query { Release { keys: [a] } }` while a's job runs.
+    d.reply(vec![
+        vec![Some(b().key()), None, Some(99)],
+        vec![Some(a().key()), Some(901), None],
+    ]);
+    assert!(d.m.is_valid(run_a, d.t));
+}
+
+/// Answers the try in flight, if any, with "held by pid 99" for every key.
+fn not_won(d: &mut Driver) {
+    if let Some((_, Statement::TryLock { keys })) = &d.query {
+        let rows = keys.iter().map(|k| vec![Some(*k), None, Some(99)]).collect();
+        d.reply(rows);
+    }
+}
+
+/// `machine_inputs` finding 2: a heartbeat that does not show key `a` cancels
+/// its job (`NotHeld`, the run drains until the job returns); a standby run
+/// `b` keeps the session; the next heartbeat shows `a` held again. The
+/// machine unlocks `a` at once, before the cancelled job has returned,
+/// breaking "a key is released only after its job returned".
+#[test]
+#[ignore = "fuzz finding: a key of a draining run (job cancelled, still running) found held by a heartbeat is unlocked before the job returns; fix pending"]
+fn a_key_found_held_again_waits_for_its_cancelled_job() {
+    let mut d = Driver::new(opts());
+    let run = d.run(a());
+    d.connect();
+    let cmds = d.reply(vec![vec![Some(a().key()), Some(900), None]]);
+    assert!(started(&cmds, run), "{cmds:?}");
+    d.run(b());
+    not_won(&mut d);
+    d.advance(ms(200));
+    let cmds = d.heartbeat(&[a().key()]);
+    assert!(!cmds.iter().any(|c| matches!(c, Command::CancelJob { .. })));
+    not_won(&mut d);
+    d.advance(ms(200));
+    let cmds = d.heartbeat(&[]);
+    assert!(
+        cmds.iter().any(|c| matches!(
+            c,
+            Command::CancelJob {
+                reason: Reason::NotHeld,
+                ..
+            }
+        )),
+        "{cmds:?}"
+    );
+    not_won(&mut d);
+    d.advance(ms(200));
+    // Today: `Query { Release { keys: [a] } }` while the cancelled job still runs.
+    d.heartbeat(&[a().key()]);
+    assert!(!d.m.is_valid(run, d.t));
+}
+
+/// `machine_inputs` finding 2, second shape (the first reduced crash): the
+/// session times out, its leading runs drain; on the next session a failed try
+/// of another key triggers verification, whose heartbeat lists `a` (held by
+/// the draining run's job, not tried on this session). The machine unlocks it
+/// while the cancelled job still runs.
+#[test]
+#[ignore = "fuzz finding: a key of a draining run found held on a new session is unlocked before its job returns; fix pending"]
+fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
+    let mut d = Driver::new(Options {
+        validity: Some(ms(2000)),
+        ..opts()
+    });
+    let run = d.run(a());
+    d.connect();
+    let cmds = d.reply(vec![vec![Some(a().key()), Some(900), None]]);
+    assert!(started(&cmds, run), "{cmds:?}");
+    d.run(b());
+    assert_eq!(d.try_keys(), vec![b().key()]);
+    // The try never answers: query timeout, session closed, a's job cancelled.
+    let cmds = d.advance(ms(500));
+    assert!(
+        cmds.iter().any(|c| matches!(
+            c,
+            Command::CancelJob {
+                reason: Reason::QueryTimeout,
+                ..
+            }
+        )),
+        "{cmds:?}"
+    );
+    d.query = None;
+    // b still wants a session: reconnect after the backoff.
+    let cmds = d.advance(ms(200));
+    assert!(cmds
+        .iter()
+        .any(|c| matches!(c, Command::OpenSession { .. })));
+    d.connect();
+    assert_eq!(d.try_keys(), vec![b().key()]);
+    d.fail();
+    // Verification; today: `Query { Release { keys: [a] } }` while a's job runs.
+    d.heartbeat(&[a().key()]);
+}
+
+// ---- replays -----------------------------------------------------------------
+
+/// `sim_schedule`: a process frozen past its validity while another takes
+/// over, a server restart and a termination: no violation but safety ones, and
+/// overlap within the validity window.
+#[test]
+fn replay_sim_freeze_restart_terminate() {
+    let cfg = SimConfig {
+        seed: 0x5eed_f022,
+        processes: 3,
+        leases: vec!["job-0".into(), "job-1".into()],
+        drift: 0.05,
+        job_exit_probability: 0.5,
+        job_lifetime: ms(5000),
+        ..SimConfig::default()
+    };
+    let validity = cfg.options.validity_window();
+    let mut sim = Sim::new(cfg, Instant::now());
+    sim.schedule(
+        ms(300),
+        Fault::Freeze {
+            process: 0,
+            duration: ms(1500),
+        },
+    );
+    sim.schedule(ms(2500), Fault::ServerRestart { downtime: ms(400) });
+    sim.schedule(ms(4000), Fault::Terminate { process: 1 });
+    let r = sim.finish(ms(10_000), ms(3000));
+    let others: Vec<_> = r
+        .violations
+        .iter()
+        .filter(|v| !v.contains("safety:"))
+        .collect();
+    assert!(others.is_empty(), "{others:#?}\n{}", r.trace_text());
+    for (lease, overlap) in &r.max_overlap {
+        assert!(*overlap <= validity, "{lease}: overlap {overlap:?}");
+    }
+}
+
+/// `sim_schedule`: client-side faults only (partition, freeze, delay, slow
+/// server, crash with and without restart): no violation at all.
+#[test]
+fn replay_sim_client_faults_keep_strong_safety() {
+    let cfg = SimConfig {
+        seed: 0xc0ffee,
+        processes: 4,
+        leases: (0..3).map(|i| format!("job-{i}")).collect(),
+        drift: 0.05,
+        job_exit_probability: 0.3,
+        job_lifetime: ms(5000),
+        ..SimConfig::default()
+    };
+    let mut sim = Sim::new(cfg, Instant::now());
+    let faults = [
+        (
+            100,
+            Fault::Partition {
+                process: 0,
+                duration: ms(2000),
+            },
+        ),
+        (
+            900,
+            Fault::Freeze {
+                process: 1,
+                duration: ms(1200),
+            },
+        ),
+        (
+            1500,
+            Fault::Delay {
+                process: 2,
+                extra: ms(300),
+                duration: ms(3000),
+            },
+        ),
+        (
+            2000,
+            Fault::SlowServer {
+                extra: ms(450),
+                duration: ms(1000),
+            },
+        ),
+        (
+            4000,
+            Fault::Crash {
+                process: 3,
+                restart_after: Some(ms(700)),
+            },
+        ),
+        (
+            6000,
+            Fault::Crash {
+                process: 0,
+                restart_after: None,
+            },
+        ),
+    ];
+    for (at, f) in faults {
+        sim.schedule(ms(at), f);
+    }
+    let r = sim.finish(ms(10_000), ms(3000));
+    assert!(r.violations.is_empty(), "{:#?}\n{}", r.violations, r.trace_text());
+}
