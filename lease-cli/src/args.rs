@@ -1,0 +1,336 @@
+//! The command line: every subcommand, option and help text (clap derive).
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Shown under `lease --help`.
+const ABOUT: &str =
+    "Run a command on exactly one replica at a time, using PostgreSQL advisory locks";
+
+const LONG_ABOUT: &str = "\
+Run a command on exactly one replica at a time, using PostgreSQL session-level advisory locks.
+
+Start `lease run NAME -- COMMAND` on every replica: one of them runs COMMAND, the others stand by
+and take over when it exits, crashes, is stopped or loses its database session. No schema, no
+extra service: just the database you already have.
+
+First time? `lease demo` starts a throwaway PostgreSQL, runs three replicas of a small job and
+kills, freezes, partitions and stops the leader in turn while you watch failover happen.";
+
+const CONNECTION_HELP: &str = "\
+CONNECTION (every subcommand):
+  --database-url URL, else $DATABASE_URL, else the libpq environment: PGHOST, PGPORT, PGUSER,
+  PGPASSWORD, PGDATABASE, PGSSLMODE. Both postgres://user:password@host:port/dbname URLs and
+  key=value strings (\"host=db1 user=app dbname=app\") are accepted; environment variables fill in
+  whatever the string leaves out. Defaults as libpq: host = the Unix socket in /var/run/postgresql,
+  then /tmp; port 5432; user = the OS user; dbname = the user. This build has no TLS: sslmode
+  disable, allow and prefer connect without it; require, verify-ca and verify-full are refused.
+  ~/.pgpass is not read. Passwords are never printed.";
+
+const RUN_LONG_ABOUT: &str = "\
+Contend for the lease NAME and, while holding it, run COMMAND.
+
+COMMAND is executed directly (no shell), in a new process group, with stdin, stdout and stderr
+inherited and three variables added to its environment:
+  LEASE_NAME   the lease name
+  LEASE_KEY    the 64-bit advisory-lock key (see `lease key`)
+  LEASE_TOKEN  the fencing token of this acquisition: larger than every earlier holder's token for
+               this key on this server. Pass it to what the job writes to so that a stale leader's
+               writes can be rejected.
+
+While another replica holds the lease, this one stands by and says on stderr who holds it.
+
+When the lease is lost (session terminated, server restarted, network partition, or the lease not
+confirmed within heartbeat-interval + query-timeout), the whole process group of COMMAND gets
+SIGTERM at once, SIGKILL after --grace; once it is gone, `lease run` contends again and starts a
+fresh COMMAND on its next win.
+
+COMMAND exiting by itself releases the lease and ends `lease run` with its status: 0, N, or 128+S
+when killed by signal S. Whatever COMMAND left running in its process group is stopped first
+(SIGTERM, SIGKILL after --grace): nothing of the job outlives the lease.
+
+SIGTERM or SIGINT to `lease run`: when leading, COMMAND's group gets SIGTERM (SIGKILL after --grace,
+or at once on a second signal), the lease is released (standbys are notified at once) and `lease
+run` exits 0; when standing by, it exits 0 at once.
+
+The child never outlives `lease run`: it gets SIGKILL when `lease run` dies, even by SIGKILL
+(Linux PR_SET_PDEATHSIG). Only COMMAND itself is covered by that: descendants that COMMAND
+starts die with its process group on a lost lease or a shutdown, but not when `lease run` is
+killed with SIGKILL, and a descendant that leaves the group (setsid) escapes both; use a cgroup
+(systemd, a container) for those. COMMAND runs in the background process group of a terminal:
+it cannot read the terminal.
+
+An unreachable database is not fatal: `lease run` keeps retrying and says so on stderr. A server
+that cannot give mutual exclusion is: a hot standby, a transaction pooler, or PostgreSQL older
+than 14 (than 13 with --no-server-guard) ends `lease run` with exit status 1.
+
+EXIT STATUS: COMMAND's status; 0 after a shutdown by signal; 1 when the server is refused or
+another error stops the run; 2 for bad usage (nothing is sent to the database); 126 or 127 when
+COMMAND cannot be executed or is not found.";
+
+/// `lease`: the top-level parser.
+#[derive(Debug, Parser)]
+#[command(
+    name = "lease",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_long_help = CONNECTION_HELP,
+    propagate_version = true,
+    arg_required_else_help = true
+)]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Run COMMAND while holding the lease NAME; stand by while another replica holds it
+    #[command(
+        long_about = RUN_LONG_ABOUT,
+        after_long_help = CONNECTION_HELP,
+        override_usage = "lease run [OPTIONS] <NAME> -- <COMMAND> [ARGS]..."
+    )]
+    Run(RunArgs),
+    /// Show who holds leases: the named ones, or every advisory key held in the database
+    #[command(
+        long_about = "Show who holds leases.\n\nFor each NAME (or, with no NAME, for every \
+                      single-bigint advisory lock held in the database): whether it is held, its \
+                      key, and the holder's backend pid, application_name (`lease:NAME` for \
+                      `lease run`), client address, backend start and last state change. \
+                      Exit status 0 when the query ran, 1 when the database could not be \
+                      queried, 2 for bad usage.",
+        after_long_help = CONNECTION_HELP
+    )]
+    Status(StatusArgs),
+    /// Print the 64-bit advisory-lock key of a lease name
+    #[command(
+        long_about = "Print the 64-bit advisory-lock key of a lease name: the same key \
+                      `lease run` and the lease libraries lock, for use with \
+                      pg_advisory_lock(bigint) or pg_locks. No database is contacted."
+    )]
+    Key(KeyArgs),
+    /// Watch failover work: three replicas of a small job, their leader killed, frozen,
+    /// partitioned and stopped in turn
+    #[command(
+        long_about = "Watch failover work.\n\nWith no database configured (no --database-url, \
+                      no DATABASE_URL, no PGHOST) it starts a throwaway PostgreSQL (the binaries \
+                      must be installed: initdb and postgres, found via pg_config, PATH or \
+                      /usr/lib/postgresql/*/bin); otherwise it uses the configured one. It runs \
+                      three replicas of `lease run demo-job -- <a tiny job>` as real processes, \
+                      each through its own fault-injecting TCP proxy, and in turn kills the \
+                      leader with SIGKILL, freezes it (SIGSTOP, later SIGCONT), partitions it \
+                      from the database, and stops it with SIGTERM. It prints a live timeline \
+                      and a summary of each failover: the gap without a job, any overlap of two \
+                      jobs, and the fencing tokens before and after. Takes about 15 seconds.",
+        after_long_help = CONNECTION_HELP
+    )]
+    Demo(DemoArgs),
+    /// The tiny job `lease demo` runs (prints a heartbeat with its token every 100 ms)
+    #[command(hide = true)]
+    DemoWorker,
+}
+
+/// How to reach the database; shared by every subcommand that connects.
+#[derive(Debug, Args, Clone, Default)]
+pub struct ConnArgs {
+    /// PostgreSQL connection: a URL or a key=value string [default: $DATABASE_URL, else PG*]
+    ///
+    /// A URL (postgres://user:password@host:port/dbname) or a key=value string ("host=db1
+    /// user=app dbname=app"); default $DATABASE_URL, else the libpq environment (PGHOST,
+    /// PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE), which also fills in what the string
+    /// leaves out.
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+}
+
+/// Options of `lease run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The lease name: every replica of one job uses the same name
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// The command to run while leading, after `--`, and its arguments (executed directly, no
+    /// shell)
+    #[arg(
+        value_name = "COMMAND",
+        last = true,
+        required = true,
+        num_args = 1..,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// How often a standby tries the lease
+    ///
+    /// Jittered down by up to 20%. Bounds takeover when no handover notification arrives
+    /// (the holder crashed, froze or was partitioned), and caps the reconnect backoff.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub retry_interval: Duration,
+
+    /// How often the holder verifies that its session still holds the lease
+    ///
+    /// The check reads pg_locks; it also keeps the session from looking idle to the server
+    /// guard.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
+
+    /// How long one statement (or connecting) may take
+    ///
+    /// A statement past it closes the session, which loses the lease: keep it well above the
+    /// worst round trip of a healthy server and a busy host. The lease is valid
+    /// heartbeat-interval + query-timeout past its last confirmation; COMMAND is stopped when
+    /// it could not be confirmed by then.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub query_timeout: Duration,
+
+    /// How long COMMAND's process group may take to exit after SIGTERM before SIGKILL
+    ///
+    /// After a partition or a freeze this holder sends SIGTERM when its lease validity ends,
+    /// and the server frees the lease --guard-margin later: a command that takes longer than
+    /// the guard margin to exit may overlap the next leader. Keep --grace below
+    /// --guard-margin, or make COMMAND exit promptly on SIGTERM.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub grace: Duration,
+
+    /// How much longer than the lease validity the server waits before freeing the lease of
+    /// a silent holder [default: 1s, or validity / 50 if larger]
+    ///
+    /// The server ends the session of a frozen or partitioned holder (idle_session_timeout)
+    /// heartbeat-interval + query-timeout + guard-margin after its last statement. Longer:
+    /// more room for COMMAND to stop and for clock drift; each extra second delays failover
+    /// after a partition or freeze by as much.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub guard_margin: Option<Duration>,
+
+    /// Log only warnings and errors
+    #[arg(long, short)]
+    pub quiet: bool,
+
+    /// Log format on stderr
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// WEAKER: do not have the server end this session when it goes silent
+    ///
+    /// Without the server guard (idle_session_timeout), a frozen holder keeps the lease until
+    /// it resumes, and a silently partitioned one until TCP keepalives end its session (hours
+    /// with Linux defaults), with nobody leading meanwhile. Only for servers that end idle
+    /// sessions on their own terms. Allows PostgreSQL 13.
+    #[arg(long)]
+    pub no_server_guard: bool,
+
+    /// WEAKER: do not notify standbys on a graceful release
+    ///
+    /// Without the notification (NOTIFY), a standby takes over within one --retry-interval of
+    /// a graceful release instead of at once.
+    #[arg(long)]
+    pub no_notify: bool,
+}
+
+/// Options of `lease status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Lease names to show (default: every advisory bigint key held in this database)
+    #[arg(value_name = "NAME")]
+    pub names: Vec<String>,
+
+    /// One JSON object per line instead of a table
+    #[arg(long)]
+    pub json: bool,
+
+    /// How long connecting and querying may take
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+/// Options of `lease key`.
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    /// The lease name
+    #[arg(value_name = "NAME")]
+    pub name: String,
+}
+
+/// Options of `lease demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Also show every log line of the three `lease run` replicas
+    #[arg(long, short)]
+    pub verbose: bool,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+/// How log lines look on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines
+    Text,
+    /// One JSON object per line
+    Json,
+}
+
+/// Parses a humantime duration (`200ms`, `5s`, `1m 30s`).
+///
+/// # Errors
+/// A one-line message for anything else.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    /// Far above any sensible value, far below where sums could overflow.
+    const MAX: Duration = Duration::from_secs(365 * 86_400);
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{e} (expected a duration such as 200ms, 5s or 1m)"))?;
+    if d > MAX {
+        return Err("longer than a year".to_owned());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("200ms"), Ok(Duration::from_millis(200)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("5parsecs").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("400years").is_err());
+    }
+
+    #[test]
+    fn run_needs_the_separator() {
+        let ok = Cli::try_parse_from(["lease", "run", "job", "--", "echo", "-n", "hi"]);
+        let Ok(Cli {
+            command: Cmd::Run(run),
+        }) = ok
+        else {
+            panic!("parse failed: {ok:?}");
+        };
+        assert_eq!(run.name, "job");
+        assert_eq!(run.command, ["echo", "-n", "hi"]);
+        assert!(Cli::try_parse_from(["lease", "run", "job", "echo"]).is_err());
+        assert!(Cli::try_parse_from(["lease", "run", "job", "--"]).is_err());
+        assert!(Cli::try_parse_from(["lease", "run", "job"]).is_err());
+    }
+}

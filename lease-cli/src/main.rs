@@ -1,0 +1,138 @@
+//! `lease`: run a command on exactly one replica at a time, using PostgreSQL
+//! session-level advisory locks.
+//!
+//! - `lease run NAME -- COMMAND...`: contend for NAME and run COMMAND while
+//!   leading ([`run`], [`child`]).
+//! - `lease status [NAME...]`: who holds which lease ([`status`]).
+//! - `lease key NAME`: the advisory-lock key of a name.
+//! - `lease demo`: failover, live, against a throwaway server ([`demo`]).
+//!
+//! Exit statuses: 2 for bad usage (nothing is sent to the database), 1 for
+//! errors, and for `lease run` the command's own status.
+//!
+//! Linux only: the child's parent-death signal uses `prctl` (see [`child`]).
+
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "lease is Linux-only: it ties the child's life to its runner with prctl(PR_SET_PDEATHSIG)"
+);
+
+mod args;
+mod child;
+mod conn;
+mod demo;
+mod log;
+mod run;
+mod status;
+
+use std::io::Write;
+
+use clap::error::ErrorKind;
+use clap::Parser;
+
+use args::{Cli, Cmd};
+
+/// Exit status for an error that is not bad usage.
+pub const EXIT_FAILURE: i32 = 1;
+
+fn main() {
+    let code = match Cli::try_parse() {
+        Ok(cli) => dispatch(cli),
+        Err(e) => clap_error(&e),
+    };
+    let _ = std::io::stdout().flush();
+    std::process::exit(code);
+}
+
+fn dispatch(cli: Cli) -> i32 {
+    match cli.command {
+        Cmd::Run(args) => run::main(args),
+        Cmd::Status(args) => status::main(args),
+        Cmd::Key(args) => status::key(args),
+        Cmd::Demo(args) => demo::main(args),
+        Cmd::DemoWorker => demo::worker(),
+    }
+}
+
+/// Prints a one-line usage error (`lease: error: ...`) and returns `code`.
+/// Registered secrets are redacted.
+pub fn usage_error(code: i32, message: &str) -> i32 {
+    let message = conn::redact(message).replace(['\r', '\n'], " ");
+    eprintln!("lease: error: {message}");
+    code
+}
+
+/// Help and version go to stdout as clap renders them (status 0); a usage
+/// error becomes one line on stderr (status 2): clap's first line and the
+/// usage of the subcommand.
+fn clap_error(e: &clap::Error) -> i32 {
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            0
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            2
+        }
+        _ => usage_error(2, &one_line(&e.render().to_string())),
+    }
+}
+
+/// Folds clap's rendered error into one line: the error paragraph, any tip,
+/// and the usage.
+fn one_line(rendered: &str) -> String {
+    let mut error = Vec::new();
+    let mut tips = Vec::new();
+    let mut usage = None;
+    let mut in_error = true;
+    for line in rendered.lines().map(str::trim) {
+        if line.is_empty() {
+            in_error = error.is_empty();
+            continue;
+        }
+        if let Some(u) = line.strip_prefix("Usage:") {
+            usage = Some(u.trim());
+        } else if let Some(tip) = line.strip_prefix("tip:") {
+            tips.push(tip.trim());
+        } else if in_error {
+            error.push(line.trim_start_matches("error:").trim());
+        }
+    }
+    let mut message = error.join(" ");
+    if message.is_empty() {
+        message.push_str("invalid arguments");
+    }
+    for tip in tips {
+        message.push_str(&format!("; {tip}"));
+    }
+    match usage {
+        Some(u) => message.push_str(&format!(" (usage: {u}; see --help)")),
+        None => message.push_str(" (see --help)"),
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_errors_fold_into_one_line() {
+        let rendered = "error: the following required arguments were not provided:\n  \
+                        <COMMAND>...\n\nUsage: lease run [OPTIONS] <NAME> -- <COMMAND> \
+                        [ARGS]...\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            one_line(rendered),
+            "the following required arguments were not provided: <COMMAND>... \
+             (usage: lease run [OPTIONS] <NAME> -- <COMMAND> [ARGS]...; see --help)"
+        );
+        let rendered = "error: unexpected argument 'x' found\n\n  tip: to pass 'x' as a \
+                        value, use '-- x'\n\nUsage: lease run\n";
+        assert_eq!(
+            one_line(rendered),
+            "unexpected argument 'x' found; to pass 'x' as a value, use '-- x' (usage: lease \
+             run; see --help)"
+        );
+    }
+}
