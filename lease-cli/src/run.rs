@@ -62,12 +62,9 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
         notify_handover: !args.no_notify,
         ..Options::default()
     };
-    // Unless given, the default margin, or the least the core accepts
-    // (validity / 50) for long validity windows.
-    options.guard_margin = match args.guard_margin {
-        Some(margin) => margin,
-        None => options.guard_margin.max(options.validity_window() / 50),
-    };
+    if let Some(margin) = args.guard_margin {
+        options.guard_margin = margin;
+    }
     if let Err(e) = options.validate() {
         return Err((2, format!("inconsistent intervals: {e}")));
     }

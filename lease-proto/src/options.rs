@@ -64,7 +64,8 @@ pub struct Options {
     /// How much longer the server guard waits than the validity window
     /// (default 1 s). Absorbs clock-rate drift between holder and server: the
     /// guarantee holds while `drift < margin / (2 * validity + margin)`
-    /// (3 % with the defaults). At least `validity / 50`.
+    /// (3 % with the defaults). The margin in force is never below
+    /// `validity / 50` (1 % drift): see [`Options::guard_margin_in_force`].
     pub guard_margin: Duration,
     /// Handover notification (default on): a graceful release sends
     /// `NOTIFY`, and standbys that want that key try at once instead of at
@@ -104,13 +105,6 @@ pub enum OptionsError {
         /// The heartbeat interval.
         heartbeat: Duration,
     },
-    /// The guard margin is below `validity / 50`.
-    GuardMarginTooSmall {
-        /// The margin given.
-        margin: Duration,
-        /// The least accepted margin.
-        least: Duration,
-    },
     /// `max_leases` is 0 or above [`MAX_MAX_LEASES`].
     MaxLeases(usize),
 }
@@ -126,10 +120,6 @@ impl fmt::Display for OptionsError {
             } => write!(
                 f,
                 "validity ({validity:?}) must be longer than the heartbeat interval ({heartbeat:?})"
-            ),
-            OptionsError::GuardMarginTooSmall { margin, least } => write!(
-                f,
-                "guard margin ({margin:?}) must be at least validity / 50 ({least:?})"
             ),
             OptionsError::MaxLeases(n) => {
                 write!(
@@ -151,11 +141,18 @@ impl Options {
             .unwrap_or(self.heartbeat_interval + self.query_timeout)
     }
 
+    /// The guard margin in force: [`Options::guard_margin`], raised to
+    /// `validity / 50` if it is smaller, so a long validity keeps a margin
+    /// proportional to it.
+    pub fn guard_margin_in_force(&self) -> Duration {
+        self.guard_margin.max(self.validity_window() / 50)
+    }
+
     /// The `idle_session_timeout` the session is opened with when the server
-    /// guard is on: `validity_window + guard_margin`, rounded up to whole
-    /// milliseconds (the server's unit).
+    /// guard is on: `validity_window + guard_margin_in_force`, rounded up to
+    /// whole milliseconds (the server's unit).
     pub fn guard_timeout(&self) -> Duration {
-        let d = self.validity_window() + self.guard_margin;
+        let d = self.validity_window() + self.guard_margin_in_force();
         let ms = d.as_nanos().div_ceil(1_000_000);
         Duration::from_millis(ms as u64)
     }
@@ -164,8 +161,7 @@ impl Options {
     ///
     /// # Errors
     /// [`OptionsError`] for zero or over-a-day intervals, a validity window not
-    /// above the heartbeat interval, a guard margin below `validity / 50`, or
-    /// `max_leases` outside `1..=100_000`.
+    /// above the heartbeat interval, or `max_leases` outside `1..=100_000`.
     pub fn validate(&self) -> Result<(), OptionsError> {
         const DAY: Duration = Duration::from_secs(86_400);
         let named = [
@@ -188,13 +184,6 @@ impl Options {
             return Err(OptionsError::ValidityNotAboveHeartbeat {
                 validity,
                 heartbeat: self.heartbeat_interval,
-            });
-        }
-        let least = validity / 50;
-        if self.guard_margin < least {
-            return Err(OptionsError::GuardMarginTooSmall {
-                margin: self.guard_margin,
-                least,
             });
         }
         if self.max_leases == 0 || self.max_leases > MAX_MAX_LEASES {
@@ -240,15 +229,22 @@ mod tests {
             bad(|o| o.validity = Some(ms(5000))),
             OptionsError::ValidityNotAboveHeartbeat { .. }
         ));
-        assert!(matches!(
-            bad(|o| o.guard_margin = ms(10)),
-            OptionsError::GuardMarginTooSmall { .. }
-        ));
         assert_eq!(bad(|o| o.max_leases = 0), OptionsError::MaxLeases(0));
         assert_eq!(
             bad(|o| o.max_leases = 100_001),
             OptionsError::MaxLeases(100_001)
         );
+    }
+
+    #[test]
+    fn the_margin_grows_with_a_long_validity() {
+        let o = Options {
+            query_timeout: Duration::from_secs(95),
+            ..Options::default()
+        };
+        o.validate().unwrap();
+        assert_eq!(o.guard_margin_in_force(), Duration::from_secs(2));
+        assert_eq!(o.guard_timeout(), Duration::from_secs(102));
     }
 
     #[test]

@@ -274,7 +274,16 @@ fn rows(
 pub(crate) fn db_error(e: &tokio_postgres::Error) -> DbError {
     let message = match e.as_db_error() {
         Some(db) => db.message().to_owned(),
-        None => e.to_string(),
+        // "error connecting to server: Connection refused (os error 111)"
+        None => {
+            let mut message = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                message.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            message
+        }
     };
     DbError {
         code: e.code().map(|c| c.code().to_owned()),
