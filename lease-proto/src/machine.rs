@@ -225,7 +225,10 @@ pub struct Machine {
     next_query: u64,
     session: Session,
     failures: u32,
+    /// Keys to unlock at the next release: held without a run that holds them.
     orphans: BTreeSet<i64>,
+    /// Keys found held whose run is draining: unlocked once its job returned.
+    held_draining: BTreeSet<i64>,
     verify: bool,
     try_now: bool,
     retry_at: Option<Instant>,
@@ -253,6 +256,7 @@ impl Machine {
             session: Session::Down { retry_at: None },
             failures: 0,
             orphans: BTreeSet::new(),
+            held_draining: BTreeSet::new(),
             verify: false,
             try_now: false,
             retry_at: None,
@@ -489,12 +493,20 @@ impl Machine {
                     sent: false,
                 };
             }
-            RunState::Draining => match (exit, run.stop.clone()) {
-                (JobExit::Abandoned, _) => self.finish(id, Outcome::Abandoned),
-                (_, Some(stop)) => self.finish(id, stop),
-                // Lost, and the job returned: contend again, restart on the next win.
-                (_, None) => run.state = RunState::Wanting,
-            },
+            RunState::Draining => {
+                let key = run.lease.key();
+                match (exit, run.stop.clone()) {
+                    (JobExit::Abandoned, _) => self.finish(id, Outcome::Abandoned),
+                    (_, Some(stop)) => self.finish(id, stop),
+                    // Lost, and the job returned: contend again, restart on the next win.
+                    (_, None) => run.state = RunState::Wanting,
+                }
+                // Found held again while the job ran: unlock it now (releases
+                // go before tries, so it is never locked twice).
+                if self.held_draining.remove(&key) {
+                    self.orphans.insert(key);
+                }
+            }
             RunState::Wanting | RunState::Trying if exit == JobExit::Abandoned => {
                 self.finish(id, Outcome::Abandoned)
             }
@@ -649,18 +661,18 @@ impl Machine {
     }
 
     fn try_done(&mut self, now: Instant, sent: Instant, keys: Vec<i64>, rows: &[Row]) {
+        let tried: BTreeSet<i64> = keys.iter().copied().collect();
         let mut answered = BTreeSet::new();
         let mut malformed = false;
         for row in rows {
             match row.as_slice() {
-                [Some(key), Some(token), _] => {
-                    answered.insert(*key);
-                    self.won(now, sent, *key, *token);
+                // Only one answer per key tried counts; anything else means
+                // the reply cannot be trusted: verify.
+                [Some(key), ..] if !tried.contains(key) || !answered.insert(*key) => {
+                    malformed = true
                 }
-                [Some(key), None, holder] => {
-                    answered.insert(*key);
-                    self.not_won(*key, *holder);
-                }
+                [Some(key), Some(token), _] => self.won(now, sent, *key, *token),
+                [Some(key), None, holder] => self.not_won(*key, *holder),
                 _ => malformed = true,
             }
         }
@@ -779,17 +791,22 @@ impl Machine {
             self.lose_lease(id, Reason::NotHeld);
         }
         for key in held {
-            let ours = self
+            let state = self
                 .keys
                 .get(&key)
                 .and_then(|id| self.runs.get(id))
-                .is_some_and(|r| {
-                    matches!(
-                        r.state,
-                        RunState::Leading { .. } | RunState::Releasing { .. }
-                    )
-                });
-            if !ours && self.orphans.insert(key) {
+                .map(|r| &r.state);
+            match state {
+                Some(RunState::Leading { .. } | RunState::Releasing { .. }) => continue,
+                // Held, but its run lost it and its cancelled job still runs:
+                // unlock only after the job has returned.
+                Some(RunState::Draining) => {
+                    self.held_draining.insert(key);
+                    continue;
+                }
+                _ => {}
+            }
+            if self.orphans.insert(key) {
                 self.out
                     .push_back(Output::Event(Event::UnknownKeyReleased { key }));
             }
@@ -848,6 +865,7 @@ impl Machine {
             }
         }
         self.orphans.clear();
+        self.held_draining.clear();
         self.verify = false;
         self.failures = self.failures.saturating_add(1);
         let retry_at = now + self.backoff();
@@ -1024,6 +1042,7 @@ impl Machine {
         self.session = Session::Down { retry_at: None };
         self.failures = 0;
         self.orphans.clear();
+        self.held_draining.clear();
         self.verify = false;
     }
 
