@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
+pub mod scenario;
 
 pub use cluster::Cluster;
 pub use pgbouncer::{PgBouncer, PoolMode};

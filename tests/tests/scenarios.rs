@@ -1,0 +1,1079 @@
+//! Failover scenarios against real PostgreSQL, with `replica` processes
+//! (`src/bin/replica.rs`) running the tokio and the smol driver.
+//!
+//! Every scenario is one function taking the [`Driver`]; `both_drivers!` generates a
+//! `scenario::tokio` and a `scenario::smol` test for it. `mixed_fleet` runs both drivers
+//! against each other. Each test has its own throw-away cluster.
+//!
+//! Figures are printed as `FIGURE <driver> <what>: <value>` lines on stderr (run with
+//! `--nocapture` to see them) and appear in assertion messages. Bounds are asserted only
+//! where a guarantee defines them; elsewhere the timeouts are generous.
+
+use lease_tests::scenario::{
+    diff, ms, ms_f, nanos, worst_overlap, Admin, Driver, Event, Node, ReplicaConfig, Term,
+    TRY_PREFIX,
+};
+use lease_tests::{monotonic_nanos, Cluster, FaultProxy, KitError, Mode, PgBouncer, PoolMode};
+use std::net::SocketAddr;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How long to wait for anything that should happen.
+const WAIT: Duration = Duration::from_secs(30);
+
+type Res = Result<(), KitError>;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_replica"))
+}
+
+fn key(name: &str) -> i64 {
+    lease_proto::LeaseId::named(name)
+        .expect("valid lease name")
+        .key()
+}
+
+fn figure(driver: &str, what: &str, value: String) {
+    eprintln!("FIGURE {driver:5} {what}: {value}");
+}
+
+fn fig_ms(driver: Driver, what: &str, nanos: i128) {
+    figure(driver.name(), what, format!("{:.1} ms", ms_f(nanos)));
+}
+
+/// `host=127.0.0.1 port=PORT user=postgres dbname=DB`.
+fn conn(port: u16, db: &str) -> String {
+    format!("host=127.0.0.1 port={port} user=postgres dbname={db}")
+}
+
+/// The standard replica on `url`, lease `job`.
+fn replica(driver: Driver, url: &str) -> ReplicaConfig {
+    ReplicaConfig::new(driver, url, "job")
+}
+
+/// Every term of every node.
+fn all_terms(nodes: &[&Node]) -> Vec<Term> {
+    let mut terms: Vec<Term> = nodes.iter().flat_map(|n| n.terms()).collect();
+    terms.sort_by_key(|t| t.start);
+    terms
+}
+
+/// Asserts that no two replicas' terms of a lease overlap (start to cancel-or-stop).
+fn assert_no_overlap(nodes: &[&Node]) {
+    let terms = all_terms(nodes);
+    let (overlap, pair) = worst_overlap(&terms, monotonic_nanos());
+    assert_eq!(
+        overlap,
+        0,
+        "terms overlap by {:.1} ms: {pair:?}\n{}",
+        ms_f(overlap as i128),
+        tails(nodes)
+    );
+}
+
+fn tails(nodes: &[&Node]) -> String {
+    nodes
+        .iter()
+        .map(|n| n.tail())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Waits until one of `nodes` prints a `start` at or after `after`: `(index, token, t)`.
+fn wait_any_start(nodes: &[&Node], after: u64, timeout: Duration) -> (usize, i64, u64) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        for (i, node) in nodes.iter().enumerate() {
+            let start = node.events().into_iter().find_map(|e| match e {
+                Event::Start { token, t, .. } if t >= after => Some((i, token, t)),
+                _ => None,
+            });
+            if let Some(found) = start {
+                return found;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no replica started within {timeout:?}\n{}",
+            tails(nodes)
+        );
+        std::thread::sleep(ms(10));
+    }
+}
+
+/// Asserts that exactly one of `nodes` leads `lease` and that the server agrees: the key
+/// is held by exactly that node's current backend. Returns the leader's index.
+fn assert_one_leader(admin: &Admin, nodes: &[&Node], lease: &str) -> Result<usize, KitError> {
+    let leaders: Vec<usize> = (0..nodes.len())
+        .filter(|&i| nodes[i].leading().iter().any(|t| t.lease == lease))
+        .collect();
+    assert_eq!(
+        leaders.len(),
+        1,
+        "{lease}: leaders {leaders:?}, not exactly one\n{}",
+        tails(nodes)
+    );
+    let leader = leaders[0];
+    let holders = admin.holders(key(lease))?;
+    let pid = nodes[leader].last_pid();
+    assert_eq!(
+        holders.iter().map(|&p| Some(p)).collect::<Vec<_>>(),
+        vec![pid],
+        "{lease}: the server's holders {holders:?} are not the leader {}'s backend {pid:?}\n{}",
+        nodes[leader].label,
+        tails(nodes)
+    );
+    Ok(leader)
+}
+
+macro_rules! both_drivers {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use lease_tests::scenario::Driver;
+
+            #[test]
+            fn tokio() -> Result<(), lease_tests::KitError> {
+                super::$name(Driver::Tokio)
+            }
+
+            #[test]
+            fn smol() -> Result<(), lease_tests::KitError> {
+                super::$name(Driver::Smol)
+            }
+        }
+    )*};
+}
+
+both_drivers!(
+    graceful_handover,
+    kill9_takeover,
+    terminated_backend,
+    server_restart,
+    partition,
+    freeze,
+    slow_replies,
+    thousand_leases,
+    refused_setups,
+    unreachable_at_start,
+);
+
+/// Standby settings under which a takeover by polling is impossible for 8 s after a
+/// try: retry every 10 s (jittered down to at least 8 s). The heartbeat runs every 2 s, so
+/// the first try stays the session's last statement in `pg_stat_activity` long enough for
+/// the test to see it.
+const NO_POLL_WINDOW: Duration = ms(7500);
+
+fn slow_standby(driver: Driver, url: &str) -> ReplicaConfig {
+    ReplicaConfig {
+        retry: ms(10_000),
+        heartbeat: ms(2000),
+        ..replica(driver, url)
+    }
+}
+
+/// Spawns a standby and waits until its first try has run (and lost): when that was seen.
+/// Its next poll comes at least `0.8 * retry` after that.
+fn spawn_standby(
+    admin: &Admin,
+    config: &ReplicaConfig,
+    label: &str,
+) -> Result<(Node, u64), KitError> {
+    let node = config.spawn(bin(), label)?;
+    let (pid, _) = node.wait_pid(0, WAIT)?;
+    let tried = admin.wait_query(pid, TRY_PREFIX, WAIT)?;
+    Ok((node, tried))
+}
+
+/// A graceful release wakes a standby through NOTIFY: it leads within tens of ms, long
+/// before its next poll could come (see [`slow_standby`]). Twice: the job returns; SIGTERM.
+fn graceful_handover(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let url = cluster.conn_string();
+    let leader = ReplicaConfig {
+        job_exit_after: Some(ms(2500)),
+        ..replica(driver, &url)
+    };
+    let mut a = leader.spawn(bin(), "A")?;
+    let (_, a_token, _) = a.wait_start(0, WAIT)?;
+    let (mut b, b_tried) = spawn_standby(&admin, &slow_standby(driver, &url), "B")?;
+
+    // 1. The leader's job returns: the run completes and releases with NOTIFY.
+    let a_stop = a.wait_stop(0, WAIT)?;
+    assert!(
+        b_tried < a_stop,
+        "B's first try came after A's release: no handover to measure\n{}",
+        tails(&[&a, &b])
+    );
+    let (_, b_token, b_start) = b.wait_start(0, WAIT)?;
+    let handover = diff(a_stop, b_start);
+    fig_ms(
+        driver,
+        "graceful handover (job returned -> standby start)",
+        handover,
+    );
+    assert!(handover > 0, "B started before A's job returned");
+    assert!(
+        handover < nanos(ms(200)),
+        "handover took {:.1} ms: NOTIFY did not wake the standby\n{}",
+        ms_f(handover),
+        tails(&[&a, &b])
+    );
+    assert!(
+        diff(b_tried, b_start) < nanos(NO_POLL_WINDOW),
+        "B started {:.1} ms after its try: a poll could explain it",
+        ms_f(diff(b_tried, b_start))
+    );
+    assert!(b_token > a_token, "token {b_token} not above {a_token}");
+    let status = a.wait_exit(WAIT)?;
+    assert!(status.success(), "A exited with {status}\n{}", a.tail());
+    assert_eq!(a.finished(), vec![("job".to_owned(), Ok(()))]);
+
+    // 2. SIGTERM on the leader: graceful shutdown (run_until), release with NOTIFY.
+    let (c, c_tried) = spawn_standby(&admin, &slow_standby(driver, &url), "C")?;
+    let t_term = monotonic_nanos();
+    b.replica().sigterm()?;
+    let (kind, b_cancel) = b.wait_cancel(t_term, WAIT)?;
+    assert_eq!(kind, "shutdown", "{}", b.tail());
+    let b_stop = b.wait_stop(t_term, WAIT)?;
+    let (_, c_token, c_start) = c.wait_start(0, WAIT)?;
+    let handover = diff(b_stop, c_start);
+    fig_ms(driver, "SIGTERM -> job cancelled", diff(t_term, b_cancel));
+    fig_ms(
+        driver,
+        "graceful handover (SIGTERM'd job returned -> standby start)",
+        handover,
+    );
+    fig_ms(driver, "SIGTERM -> standby start", diff(t_term, c_start));
+    assert!(handover > 0, "C started before B's job returned");
+    assert!(
+        handover < nanos(ms(200)),
+        "handover took {:.1} ms: NOTIFY did not wake the standby\n{}",
+        ms_f(handover),
+        tails(&[&b, &c])
+    );
+    assert!(
+        diff(c_tried, c_start) < nanos(NO_POLL_WINDOW),
+        "C started {:.1} ms after its try: a poll could explain it",
+        ms_f(diff(c_tried, c_start))
+    );
+    assert!(c_token > b_token, "token {c_token} not above {b_token}");
+    let status = b.wait_exit(WAIT)?;
+    assert!(status.success(), "B exited with {status}\n{}", b.tail());
+    assert_eq!(b.finished(), vec![("job".to_owned(), Ok(()))]);
+    assert_no_overlap(&[&a, &b, &c]);
+    assert_one_leader(&admin, &[&a, &b, &c], "job")?;
+    Ok(())
+}
+
+/// The holder is killed with SIGKILL: the server notices the closed socket at once and
+/// the standby leads at its next poll, within about one retry interval.
+fn kill9_takeover(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let url = cluster.conn_string();
+    let config = replica(driver, &url);
+    let mut a = config.spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    let (b, _) = spawn_standby(&admin, &config, "B")?;
+    let t_kill = a.kill9()?;
+    let (_, _, b_start) = b.wait_start(0, WAIT)?;
+    let takeover = diff(t_kill, b_start);
+    fig_ms(driver, "kill -9 -> standby start", takeover);
+    assert!(takeover > 0);
+    assert!(
+        takeover < nanos(config.retry + ms(300)),
+        "takeover took {:.1} ms, more than about one retry interval ({:?})\n{}",
+        ms_f(takeover),
+        config.retry,
+        tails(&[&a, &b])
+    );
+    assert_eq!(a.wait_exit(WAIT)?.signal(), Some(libc::SIGKILL));
+    assert_no_overlap(&[&a, &b]);
+    assert_one_leader(&admin, &[&a, &b], "job")?;
+    Ok(())
+}
+
+/// `pg_terminate_backend` on the holder's session: its job is cancelled within
+/// milliseconds (the connection's end, not a heartbeat), then exactly one replica leads.
+fn terminated_backend(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let url = cluster.conn_string();
+    // Heartbeat every 2 s: a cancellation within ms cannot come from a heartbeat.
+    let config = ReplicaConfig {
+        heartbeat: ms(2000),
+        ..replica(driver, &url)
+    };
+    let a = config.spawn(bin(), "A")?;
+    let (_, a_token, _) = a.wait_start(0, WAIT)?;
+    let (a_pid, _) = a.wait_pid(0, WAIT)?;
+    let b = config.spawn(bin(), "B")?;
+    b.wait_pid(0, WAIT)?;
+    let t_term = monotonic_nanos();
+    assert!(admin.terminate(a_pid)?, "backend {a_pid} was not signalled");
+    let (kind, a_cancel) = a.wait_cancel(t_term, WAIT)?;
+    let cancel = diff(t_term, a_cancel);
+    fig_ms(driver, "pg_terminate_backend -> job cancelled", cancel);
+    assert_eq!(kind, "session-lost", "{}", a.tail());
+    assert!(
+        cancel < nanos(ms(250)),
+        "cancellation took {:.1} ms\n{}",
+        ms_f(cancel),
+        a.tail()
+    );
+    let nodes = [&a, &b];
+    let (who, token, start) = wait_any_start(&nodes, t_term, WAIT);
+    fig_ms(
+        driver,
+        &format!("pg_terminate_backend -> new leader ({})", nodes[who].label),
+        diff(t_term, start),
+    );
+    assert!(token > a_token, "token {token} not above {a_token}");
+    // Leave time for a second (wrong) leader to appear: several polls of both replicas.
+    std::thread::sleep(config.retry * 5);
+    assert_no_overlap(&nodes);
+    assert_one_leader(&admin, &nodes, "job")?;
+    Ok(())
+}
+
+/// A server restart ends every session: every job is cancelled, every run keeps wanting
+/// its lease, and afterwards each lease has exactly one leader with a larger token.
+fn server_restart(driver: Driver) -> Res {
+    let mut cluster = Cluster::start()?;
+    let url = cluster.conn_string();
+    let config = ReplicaConfig {
+        leases: 3,
+        ..replica(driver, &url)
+    };
+    let names = config.names();
+    let a = config.spawn(bin(), "A")?;
+    a.wait_starts(3, WAIT)?;
+    let b = config.spawn(bin(), "B")?;
+    b.wait_pid(0, WAIT)?;
+    let before = a.terms().iter().map(|t| t.token).max().unwrap_or(0);
+
+    let t_restart = monotonic_nanos();
+    cluster.restart()?;
+    let t_up = monotonic_nanos();
+    let nodes = [&a, &b];
+    let deadline = Instant::now() + WAIT;
+    let rewon = loop {
+        let terms = all_terms(&nodes);
+        let open: Vec<&Term> = terms
+            .iter()
+            .filter(|t| t.end.is_none() && t.start > t_restart)
+            .collect();
+        if names.iter().all(|n| open.iter().any(|t| &t.lease == n)) {
+            break open.iter().map(|t| t.start).max().unwrap_or(0);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every lease was won again\n{}",
+            tails(&nodes)
+        );
+        std::thread::sleep(ms(10));
+    };
+    let cancels = a.cancels();
+    let first_cancel = cancels.iter().map(|c| c.2).min().unwrap_or(0);
+    fig_ms(driver, "restart: server down -> up", diff(t_restart, t_up));
+    fig_ms(
+        driver,
+        "restart: restart begins -> first job cancelled",
+        diff(t_restart, first_cancel),
+    );
+    fig_ms(
+        driver,
+        "restart: server up -> every lease led again",
+        diff(t_up, rewon),
+    );
+    assert_eq!(cancels.len(), 3, "every job is cancelled\n{}", a.tail());
+    assert!(cancels.iter().all(|c| c.1 == "session-lost"), "{cancels:?}");
+    // Several polls of both replicas, then: one leader per lease, on the server too.
+    std::thread::sleep(config.retry * 3);
+    let admin = Admin::connect(&cluster.conn_string())?;
+    for name in &names {
+        assert_one_leader(&admin, &nodes, name)?;
+    }
+    let after: Vec<i64> = all_terms(&nodes)
+        .iter()
+        .filter(|t| t.start > t_restart)
+        .map(|t| t.token)
+        .collect();
+    assert!(
+        after.iter().all(|&t| t > before),
+        "tokens after the restart {after:?} not above {before}"
+    );
+    for node in nodes {
+        assert!(
+            node.finished().is_empty(),
+            "a run ended: every lease stays wanted\n{}",
+            node.tail()
+        );
+    }
+    assert_no_overlap(&nodes);
+    Ok(())
+}
+
+/// The holder is partitioned (its proxy black-holes traffic both ways, closing nothing):
+/// its job is cancelled at its validity deadline without any reply; the server guard ends
+/// its session later; only then does the standby lead. After healing, the old holder
+/// stands by.
+fn partition(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], cluster.port())))?;
+    let config_a = replica(driver, &conn(proxy.port(), "postgres"));
+    let config_b = replica(driver, &cluster.conn_string());
+    let (validity, guard, heartbeat) = (
+        config_a.validity(),
+        config_a.guard_timeout(),
+        config_a.heartbeat,
+    );
+    let a = config_a.spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    let (a_pid, _) = a.wait_pid(0, WAIT)?;
+    let b = config_b.spawn(bin(), "B")?;
+    b.wait_pid(0, WAIT)?;
+    // Heartbeats flow: valid_until has moved at least twice.
+    let mut valid = 0;
+    a.wait_event(
+        |e| {
+            matches!(e, Event::Valid { .. }) && {
+                valid += 1;
+                valid == 3
+            }
+        },
+        WAIT,
+    )?;
+    assert_eq!(admin.holders(key("job"))?, vec![a_pid]);
+
+    let t_part = monotonic_nanos();
+    proxy.set_mode(Mode::BlackHole);
+    // Watch the old session hold the key until B leads.
+    let (mut last_seen, mut gone) = (t_part, None);
+    let deadline = Instant::now() + WAIT;
+    while b.events().iter().all(|e| !matches!(e, Event::Start { .. })) {
+        let holders = admin.holders(key("job"))?;
+        let t = monotonic_nanos();
+        if holders.contains(&a_pid) {
+            last_seen = t;
+        } else if gone.is_none() {
+            gone = Some(t);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B never led\n{}",
+            tails(&[&a, &b])
+        );
+        std::thread::sleep(ms(5));
+    }
+    let (_, _, b_start) = b.wait_start(0, WAIT)?;
+    let (kind, a_cancel) = a.wait_cancel(t_part, WAIT)?;
+    let a_term = a.terms().into_iter().next().expect("A's term");
+    let a_until = a_term.valid_until.expect("A printed valid_until");
+    let gone = gone.expect("the old session ended");
+    fig_ms(
+        driver,
+        "partition: last confirmed validity deadline",
+        diff(t_part, a_until),
+    );
+    fig_ms(
+        driver,
+        "partition: job cancelled at",
+        diff(t_part, a_cancel),
+    );
+    fig_ms(
+        driver,
+        "partition: cancel - validity deadline",
+        diff(a_until, a_cancel),
+    );
+    fig_ms(
+        driver,
+        "partition: server guard ended the old session at",
+        diff(t_part, gone),
+    );
+    fig_ms(driver, "partition: standby start at", diff(t_part, b_start));
+    fig_ms(
+        driver,
+        "partition: gap old cancel -> new start (overlap if < 0)",
+        diff(a_cancel, b_start),
+    );
+    let context = format!(
+        "partition at 0: deadline {:.1} ms, cancel {:.1} ms ({kind}), old session last seen \
+         {:.1} ms, standby start {:.1} ms (validity {validity:?}, guard {guard:?})\n{}",
+        ms_f(diff(t_part, a_until)),
+        ms_f(diff(t_part, a_cancel)),
+        ms_f(diff(t_part, last_seen)),
+        ms_f(diff(t_part, b_start)),
+        tails(&[&a, &b])
+    );
+    assert!(
+        kind == "validity-expired" || kind == "query-timeout",
+        "{context}"
+    );
+    // Cancelled at the deadline (send time of the last confirmation + validity), not before
+    // and without waiting for a reply that cannot come.
+    assert!(
+        diff(a_until, a_cancel) >= -nanos(ms(2)),
+        "cancelled early: {context}"
+    );
+    assert!(
+        diff(a_until, a_cancel) < nanos(ms(150)),
+        "cancelled late: {context}"
+    );
+    // The last confirmation was sent at most about a heartbeat before the partition.
+    assert!(
+        diff(t_part, a_until) > nanos(validity) - nanos(heartbeat) - nanos(ms(150)),
+        "{context}"
+    );
+    // The standby leads only after the server ended the old session (its guard), and
+    // after the old holder's validity ended: no overlap.
+    assert!(
+        b_start > last_seen,
+        "B led while the old session held the key: {context}"
+    );
+    assert!(
+        b_start > a_cancel && b_start > a_until,
+        "overlap: {context}"
+    );
+    assert!(
+        diff(t_part, b_start) > nanos(guard) - nanos(heartbeat) - nanos(ms(150)),
+        "B led before the server guard could have ended the old session: {context}"
+    );
+    assert!(
+        diff(t_part, b_start) < nanos(guard + config_b.retry + ms(500)),
+        "{context}"
+    );
+
+    // Heal: A comes back as a standby and does not lead while B holds.
+    let t_heal = monotonic_nanos();
+    proxy.set_mode(Mode::Pass);
+    let (a_pid2, a_back) = a.wait_pid(t_heal, WAIT)?;
+    fig_ms(
+        driver,
+        "partition: healed -> old holder's new session ready",
+        diff(t_heal, a_back),
+    );
+    admin.wait_query(a_pid2, TRY_PREFIX, WAIT)?;
+    std::thread::sleep(config_a.retry * 5);
+    assert_eq!(a.terms().len(), 1, "A led again\n{}", a.tail());
+    assert!(b.cancels().is_empty(), "B lost the lease\n{}", b.tail());
+    assert_one_leader(&admin, &[&a, &b], "job")?;
+    assert_no_overlap(&[&a, &b]);
+    Ok(())
+}
+
+/// The holder is frozen (SIGSTOP): its TCP connection stays up, so only the server guard
+/// ends its session; the standby leads within guard + retry. On SIGCONT the old job is
+/// cancelled at once, and never acts with a valid lease after the new leader started.
+fn freeze(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let url = cluster.conn_string();
+    let config = replica(driver, &url);
+    let (guard, heartbeat) = (config.guard_timeout(), config.heartbeat);
+    let a = config.spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    let b = config.spawn(bin(), "B")?;
+    b.wait_pid(0, WAIT)?;
+    let mut valid = 0;
+    a.wait_event(
+        |e| {
+            matches!(e, Event::Valid { .. }) && {
+                valid += 1;
+                valid == 3
+            }
+        },
+        WAIT,
+    )?;
+
+    let t_stop = monotonic_nanos();
+    a.replica().sigstop()?;
+    let (_, _, b_start) = b.wait_start(0, WAIT)?;
+    let takeover = diff(t_stop, b_start);
+    fig_ms(driver, "freeze: SIGSTOP -> standby start", takeover);
+    let bound = guard + config.retry;
+    assert!(
+        takeover < nanos(bound + ms(500)),
+        "takeover {:.1} ms, bound guard + retry = {bound:?}\n{}",
+        ms_f(takeover),
+        tails(&[&a, &b])
+    );
+    assert!(
+        takeover > nanos(guard) - nanos(heartbeat) - nanos(ms(150)),
+        "takeover {:.1} ms: before the server guard ({guard:?}) could have ended the session",
+        ms_f(takeover)
+    );
+
+    let t_cont = monotonic_nanos();
+    a.replica().sigcont()?;
+    let (kind, a_cancel) = a.wait_cancel(0, WAIT)?;
+    let after_resume = diff(t_cont, a_cancel);
+    fig_ms(driver, "freeze: SIGCONT -> old job cancelled", after_resume);
+    let a_term = a.terms().into_iter().next().expect("A's term");
+    let a_until = a_term.valid_until.expect("A printed valid_until");
+    fig_ms(
+        driver,
+        "freeze: old validity end -> new start (overlap if < 0)",
+        diff(a_until, b_start),
+    );
+    let context = format!(
+        "stop at 0: old valid_until {:.1} ms, new start {:.1} ms, resume {:.1} ms, \
+         cancel {:.1} ms ({kind})\n{}",
+        ms_f(diff(t_stop, a_until)),
+        ms_f(diff(t_stop, b_start)),
+        ms_f(diff(t_stop, t_cont)),
+        ms_f(diff(t_stop, a_cancel)),
+        tails(&[&a, &b])
+    );
+    assert!(a_cancel >= t_cont, "cancelled while frozen? {context}");
+    assert!(after_resume < nanos(ms(500)), "cancelled late: {context}");
+    assert!(a_until < b_start, "validity overlap: {context}");
+    let late_ticks: Vec<u64> = a
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Tick { t, .. } if *t >= b_start => Some(*t),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        late_ticks.is_empty(),
+        "A acted with a valid lease after B started: {late_ticks:?} {context}"
+    );
+    // A stands by again and does not lead while B holds.
+    let (a_pid2, _) = a.wait_pid(t_cont, WAIT)?;
+    admin.wait_query(a_pid2, TRY_PREFIX, WAIT)?;
+    std::thread::sleep(config.retry * 5);
+    assert_eq!(a.terms().len(), 1, "A led again\n{}", a.tail());
+    assert!(b.cancels().is_empty(), "B lost the lease\n{}", b.tail());
+    assert_one_leader(&admin, &[&a, &b], "job")?;
+    Ok(())
+}
+
+/// Replies slowed (100 ms each way, 200 ms round trips) but within the query timeout
+/// (500 ms): the lease is confirmed at every heartbeat and never lost.
+fn slow_replies(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], cluster.port())))?;
+    let config = ReplicaConfig {
+        heartbeat: ms(200),
+        query_timeout: ms(500),
+        ..replica(driver, &conn(proxy.port(), "postgres"))
+    };
+    let validity = config.validity();
+    let a = config.spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    let b = replica(driver, &cluster.conn_string()).spawn(bin(), "B")?;
+    b.wait_pid(0, WAIT)?;
+    let t_slow = monotonic_nanos();
+    proxy.set_mode(Mode::Latency(ms(100)));
+    const HEARTBEATS: usize = 12;
+    let mut seen = 0;
+    a.wait_event(
+        |e| {
+            matches!(e, Event::Valid { t, .. } if *t > t_slow) && {
+                seen += 1;
+                seen == HEARTBEATS
+            }
+        },
+        WAIT,
+    )?;
+    proxy.set_mode(Mode::Pass);
+    // valid_until = send time + validity: each confirmation's round trip (plus up to 20 ms
+    // of status polling) and the validity left when it arrived.
+    let confirmations: Vec<(u64, u64)> = a
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Valid { until, t, .. } if *t > t_slow => Some((*until, *t)),
+            _ => None,
+        })
+        .collect();
+    let mut rtts: Vec<i128> = confirmations
+        .iter()
+        .skip(1)
+        .map(|&(until, t)| diff(until - validity.as_nanos() as u64, t))
+        .collect();
+    rtts.sort();
+    let slack = confirmations
+        .windows(2)
+        .map(|w| diff(w[1].1, w[0].0))
+        .min()
+        .unwrap_or(0);
+    fig_ms(
+        driver,
+        "slow replies: median heartbeat send -> confirmation seen",
+        rtts[rtts.len() / 2],
+    );
+    fig_ms(
+        driver,
+        "slow replies: least validity left at a confirmation",
+        slack,
+    );
+    figure(
+        driver.name(),
+        "slow replies: heartbeats confirmed",
+        format!(
+            "{HEARTBEATS}, over {:.0} ms",
+            ms_f(diff(t_slow, confirmations.last().map_or(t_slow, |c| c.1)))
+        ),
+    );
+    assert!(
+        rtts[rtts.len() / 2] >= nanos(ms(200)),
+        "the latency was not in effect: {rtts:?}"
+    );
+    assert_eq!(a.terms().len(), 1, "A's lease was lost\n{}", a.tail());
+    assert!(
+        a.cancels().is_empty(),
+        "A's job was cancelled\n{}",
+        a.tail()
+    );
+    assert!(b.terms().is_empty(), "B led\n{}", b.tail());
+    assert_one_leader(&admin, &[&a, &b], "job")?;
+    Ok(())
+}
+
+/// Transactions committed in each database, as the statistics system shows them.
+fn xact_commits(admin: &Admin, dbs: &[&str]) -> Result<Vec<i64>, KitError> {
+    let rows = admin.rows(&format!(
+        "SELECT datname, xact_commit FROM pg_stat_database WHERE datname IN ({})",
+        dbs.iter()
+            .map(|d| format!("'{d}'"))
+            .collect::<Vec<_>>()
+            .join(",")
+    ))?;
+    Ok(dbs
+        .iter()
+        .map(|db| {
+            rows.iter()
+                .find(|r| r[0].as_deref() == Some(db))
+                .and_then(|r| r[1].as_deref()?.parse().ok())
+                .unwrap_or(0)
+        })
+        .collect())
+}
+
+/// Statements per heartbeat interval in each database, from `xact_commit` (each simple
+/// query is one transaction). Backends flush their counts to the statistics system at
+/// most once a second, so the counter moves in steps: counting between the first and the
+/// last step seen makes the count exact and the time span accurate to the polling period.
+fn statements_per_interval(
+    admin: &Admin,
+    dbs: &[&str],
+    window: Duration,
+    interval: Duration,
+) -> Result<Vec<(f64, i64, f64)>, KitError> {
+    let mut last = xact_commits(admin, dbs)?;
+    let mut steps: Vec<Vec<(u64, i64)>> = vec![Vec::new(); dbs.len()];
+    let end = Instant::now() + window;
+    while Instant::now() < end {
+        std::thread::sleep(ms(5));
+        let now = xact_commits(admin, dbs)?;
+        let t = monotonic_nanos();
+        for (i, (&n, l)) in now.iter().zip(&mut last).enumerate() {
+            if n != *l {
+                steps[i].push((t, n));
+                *l = n;
+            }
+        }
+    }
+    steps
+        .iter()
+        .zip(dbs)
+        .map(|(s, db)| {
+            let (Some(first), Some(last)) = (s.first(), s.last()) else {
+                return Err(KitError::Failed {
+                    context: format!("xact_commit of {db} did not move"),
+                    detail: format!("{s:?}"),
+                });
+            };
+            let span = diff(first.0, last.0) as f64;
+            let count = last.1 - first.1;
+            if s.len() < 3 {
+                return Err(KitError::Failed {
+                    context: format!("too few statistics flushes seen for {db}"),
+                    detail: format!("{s:?}"),
+                });
+            }
+            Ok((
+                count as f64 / (span / interval.as_nanos() as f64),
+                count,
+                span / 1e6,
+            ))
+        })
+        .collect()
+}
+
+/// One locker runs 1,000 leases: all are acquired, and it sends the same number of
+/// statements per heartbeat interval as a locker with one lease.
+fn thousand_leases(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    // Autovacuum workers would commit transactions in the measured databases.
+    cluster.sql("ALTER SYSTEM SET autovacuum = off")?;
+    cluster.sql("SELECT pg_reload_conf()")?;
+    for db in ["one", "many", "probe"] {
+        cluster.create_database(db)?;
+    }
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let heartbeat = ms(100);
+    let base = |db: &str, leases: usize| ReplicaConfig {
+        leases,
+        heartbeat,
+        tick: Duration::ZERO,
+        ..ReplicaConfig::new(driver, conn(cluster.port(), db), "bulk")
+    };
+    let t0 = monotonic_nanos();
+    let many = base("many", 1000).spawn(bin(), "M")?;
+    let one = base("one", 1).spawn(bin(), "O")?;
+    let all = many.wait_starts(1000, WAIT)?;
+    one.wait_starts(1, WAIT)?;
+    let first = many
+        .events()
+        .iter()
+        .find_map(|e| matches!(e, Event::Start { .. }).then(|| e.t()))
+        .unwrap_or(all);
+    fig_ms(
+        driver,
+        "1,000 leases: spawn -> all 1,000 jobs started",
+        diff(t0, all),
+    );
+    fig_ms(
+        driver,
+        "1,000 leases: first -> last job start",
+        diff(first, all),
+    );
+    let many_pid = many.wait_pid(0, WAIT)?.0;
+    let held = admin.ints(&format!(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = {many_pid}"
+    ))?;
+    assert_eq!(held, vec![1000], "keys held by the 1,000-lease session");
+
+    let rates = statements_per_interval(&admin, &["one", "many"], ms(4500), heartbeat)?;
+    let (one_rate, many_rate) = (rates[0], rates[1]);
+    figure(
+        driver.name(),
+        "1 lease: statements per heartbeat interval",
+        format!("{:.3} ({} in {:.0} ms)", one_rate.0, one_rate.1, one_rate.2),
+    );
+    figure(
+        driver.name(),
+        "1,000 leases: statements per heartbeat interval",
+        format!(
+            "{:.3} ({} in {:.0} ms)",
+            many_rate.0, many_rate.1, many_rate.2
+        ),
+    );
+    assert!(
+        (one_rate.0 - many_rate.0).abs() < 0.1,
+        "statements per interval differ: 1 lease {one_rate:?}, 1,000 leases {many_rate:?}"
+    );
+    assert!(
+        (0.85..1.1).contains(&many_rate.0),
+        "not one statement per heartbeat interval: {many_rate:?}"
+    );
+    assert_eq!(many.terms().len(), 1000);
+    assert!(many.cancels().is_empty(), "{}", many.tail());
+
+    // The heartbeat statement's cost (it reads all of pg_locks, server-wide): with the
+    // probing session holding 1 key while M holds 1,000, then alone with 1 and 1,000 keys.
+    let probe = Admin::connect(&conn(cluster.port(), "probe"))?;
+    let heartbeat_sql = lease_proto::Statement::Heartbeat.sql();
+    let time_heartbeat = |keys: i64, what: &str| -> Res {
+        probe.rows("SELECT pg_advisory_unlock_all()")?;
+        probe.rows(&format!(
+            "SELECT count(pg_advisory_lock(k)) FROM generate_series(1, {keys}) k"
+        ))?;
+        let mut times: Vec<f64> = Vec::new();
+        for _ in 0..30 {
+            let t = Instant::now();
+            let rows = probe.rows(&heartbeat_sql)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            assert_eq!(rows.len() as i64, keys + 1, "heartbeat rows");
+        }
+        times.sort_by(f64::total_cmp);
+        figure(
+            driver.name(),
+            &format!("heartbeat statement, {what}"),
+            format!(
+                "min {:.2} ms, median {:.2} ms, max {:.2} ms",
+                times[0],
+                times[times.len() / 2],
+                times[times.len() - 1]
+            ),
+        );
+        Ok(())
+    };
+    time_heartbeat(1, "1 key held (and 1,000 by another session)")?;
+    let (mut many, mut one) = (many, one);
+    many.kill9()?;
+    one.kill9()?;
+    many.wait_exit(WAIT)?;
+    one.wait_exit(WAIT)?;
+    let deadline = Instant::now() + WAIT;
+    while admin.ints(&format!(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = {many_pid}"
+    ))? != vec![0]
+    {
+        assert!(Instant::now() < deadline, "M's locks outlived it");
+        std::thread::sleep(ms(5));
+    }
+    time_heartbeat(1, "1 key held, no other locks")?;
+    time_heartbeat(1000, "1,000 keys held, no other locks")?;
+    Ok(())
+}
+
+/// A transaction pooler and a hot standby cannot give mutual exclusion: the run ends with
+/// a refusal, the job never starts, the replica exits non-zero.
+fn refused_setups(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let bouncer = PgBouncer::start(&cluster, PoolMode::Transaction)?;
+    let standby = cluster.start_standby()?;
+    let mut pooled = replica(driver, &bouncer.conn_string()).spawn(bin(), "pooled")?;
+    let mut on_standby = replica(driver, &standby.conn_string()).spawn(bin(), "on-standby")?;
+    for (node, expect) in [(&mut pooled, "pooler"), (&mut on_standby, "hot standby")] {
+        let status = node.wait_exit(WAIT)?;
+        let events = node.events();
+        let ready = events.iter().find(|e| matches!(e, Event::Ready { .. }));
+        let finished = events.iter().find(|e| matches!(e, Event::Finished { .. }));
+        let (Some(ready), Some(Event::Finished { result, t, .. })) = (ready, finished) else {
+            panic!("no ready/finished lines\n{}", node.tail());
+        };
+        fig_ms(
+            driver,
+            &format!("{}: ready -> refused", node.label),
+            diff(ready.t(), *t),
+        );
+        figure(
+            driver.name(),
+            &format!("{}: refusal", node.label),
+            format!("{result:?}"),
+        );
+        assert_eq!(status.code(), Some(1), "{}", node.tail());
+        let message = result.clone().expect_err("the run was refused");
+        assert!(message.contains(expect), "{message}");
+        assert!(node.terms().is_empty(), "the job ran\n{}", node.tail());
+    }
+    Ok(())
+}
+
+/// The server is down when the replica starts: it keeps trying (stderr shows each
+/// setback) and leads once the server is up.
+fn unreachable_at_start(driver: Driver) -> Res {
+    let mut cluster = Cluster::start()?;
+    cluster.stop()?;
+    let a = replica(driver, &cluster.conn_string()).spawn(bin(), "A")?;
+    let mut setbacks = 0;
+    a.replica().wait_for_line(
+        |l| {
+            l.contains(" WARN ") && {
+                setbacks += 1;
+                setbacks == 3
+            }
+        },
+        WAIT,
+    )?;
+    let t_up = monotonic_nanos();
+    cluster.start_again()?;
+    let t_ready = monotonic_nanos();
+    let (_, _, start) = a.wait_start(0, WAIT)?;
+    fig_ms(
+        driver,
+        "unreachable: server started (start_again took)",
+        diff(t_up, t_ready),
+    );
+    fig_ms(
+        driver,
+        "unreachable: server ready -> job start",
+        diff(t_ready, start),
+    );
+    let warns = a.stderr().iter().filter(|l| l.contains(" WARN ")).count();
+    figure(
+        driver.name(),
+        "unreachable: setbacks logged",
+        warns.to_string(),
+    );
+    assert!(start > t_up, "led before the server was up\n{}", a.tail());
+    assert!(a.finished().is_empty(), "{}", a.tail());
+    Ok(())
+}
+
+/// A tokio and a smol replica hand the lease to each other: graceful (SIGTERM, NOTIFY)
+/// and kill -9, both directions.
+#[test]
+fn mixed_fleet() -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let url = cluster.conn_string();
+    let fast = |d| replica(d, &url);
+    let slow = |d| slow_standby(d, &url);
+    let mut nodes: Vec<Node> = Vec::new();
+    let a = fast(Driver::Tokio).spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    nodes.push(a);
+    let steps = [
+        (Driver::Smol, true),
+        (Driver::Tokio, true),
+        (Driver::Smol, false),
+        (Driver::Tokio, false),
+    ];
+    for (i, (driver, graceful)) in steps.into_iter().enumerate() {
+        let label = ["B", "C", "D", "E"][i];
+        let config = if graceful { slow(driver) } else { fast(driver) };
+        let (next, tried) = spawn_standby(&admin, &config, label)?;
+        let prev = nodes.last_mut().expect("a leader");
+        let t = monotonic_nanos();
+        let what = format!(
+            "mixed: {} {} -> {}",
+            if graceful { "graceful" } else { "kill -9" },
+            prev.label,
+            next.label
+        );
+        if graceful {
+            prev.replica().sigterm()?;
+            let stop = prev.wait_stop(t, WAIT)?;
+            let (_, _, start) = next.wait_start(0, WAIT)?;
+            figure(
+                "mixed",
+                &format!("{what} (job returned -> start)"),
+                format!("{:.1} ms", ms_f(diff(stop, start))),
+            );
+            assert!(start > stop, "{what}: overlap");
+            assert!(
+                diff(stop, start) < nanos(ms(200)) && diff(tried, start) < nanos(NO_POLL_WINDOW),
+                "{what}: {:.1} ms, not woken by NOTIFY\n{}",
+                ms_f(diff(stop, start)),
+                tails(&[prev, &next])
+            );
+            assert!(prev.wait_exit(WAIT)?.success(), "{}", prev.tail());
+        } else {
+            prev.kill9()?;
+            let (_, _, start) = next.wait_start(0, WAIT)?;
+            figure(
+                "mixed",
+                &format!("{what} (kill -> start)"),
+                format!("{:.1} ms", ms_f(diff(t, start))),
+            );
+            assert!(
+                diff(t, start) < nanos(config.retry + ms(300)),
+                "{what}: {:.1} ms\n{}",
+                ms_f(diff(t, start)),
+                tails(&[prev, &next])
+            );
+        }
+        nodes.push(next);
+    }
+    let refs: Vec<&Node> = nodes.iter().collect();
+    let tokens: Vec<i64> = all_terms(&refs).iter().map(|t| t.token).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not increasing: {tokens:?}"
+    );
+    assert_eq!(tokens.len(), 5);
+    assert_no_overlap(&refs);
+    assert_one_leader(&admin, &refs, "job")?;
+    Ok(())
+}
