@@ -1,5 +1,5 @@
 //! Runs a job on one replica at a time. Start it in several terminals:
-//! `cargo run -p lease-smol --example singleton`, then stop the leader
+//! `cargo run -p lease-smol --example smol_singleton`, then stop the leader
 //! (Ctrl-C) and watch a standby take over.
 
 use std::time::Duration;
