@@ -59,7 +59,7 @@
 //!
 //! ## Simulator
 //!
-//! With the `sim` feature, [`sim`] simulates a cluster of processes, a
+//! With the `sim` feature, the `sim` module simulates a cluster of processes, a
 //! PostgreSQL server, the network between them and their faults in virtual
 //! time, deterministically from a seed.
 

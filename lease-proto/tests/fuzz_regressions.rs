@@ -4,9 +4,9 @@
 //! Each test drives one [`Machine`] by hand and checks what the
 //! `machine_inputs` fuzz target checks after every step: every output passes
 //! [`Observer::output`] and [`Machine::poll_timeout`] is never in the past (or
-//! drives the `sim_schedule` target's properties through the simulator). A
-//! test marked `#[ignore = "fuzz finding: ..."]` fails today; it is un-ignored
-//! when the machine is fixed.
+//! drives the `sim_schedule` target's properties through the simulator). A new
+//! finding goes in as `#[ignore = "fuzz finding: ...; fix pending"]` until the
+//! machine is fixed.
 
 use std::time::{Duration, Instant};
 
@@ -149,6 +149,12 @@ fn started(cmds: &[Command], run: RunId) -> bool {
         .any(|c| matches!(c, Command::StartJob { run: r, .. } if *r == run))
 }
 
+fn releases(cmds: &[Command], key: i64) -> bool {
+    cmds.iter().any(|c| {
+        matches!(c, Command::Query { statement: Statement::Release { keys, .. }, .. } if keys.contains(&key))
+    })
+}
+
 fn a() -> LeaseId {
     LeaseId::named("a").expect("valid name")
 }
@@ -164,15 +170,17 @@ fn b() -> LeaseId {
 /// taken for a won key of a finished run ("orphan") and unlocked, while the
 /// job runs and keeps believing it leads (its lease stays valid).
 #[test]
-#[ignore = "fuzz finding: a duplicate win row in a try reply unlocks the key of the job it just started; fix pending"]
 fn a_duplicate_win_row_does_not_unlock_the_running_job() {
     let mut d = Driver::new(opts());
     let run = d.run(a());
     d.connect();
     let k = a().key();
     assert_eq!(d.try_keys(), vec![k]);
-    // Today: `Query { Release { keys: [k] } }` at once, while the job runs.
-    let cmds = d.reply(vec![vec![Some(k), Some(900), None], vec![Some(k), Some(901), None]]);
+    // Was: `Query { Release { keys: [k] } }` at once, while the job runs.
+    let cmds = d.reply(vec![
+        vec![Some(k), Some(900), None],
+        vec![Some(k), Some(901), None],
+    ]);
     assert!(started(&cmds, run), "{cmds:?}");
     assert!(d.m.is_valid(run, d.t));
 }
@@ -181,7 +189,6 @@ fn a_duplicate_win_row_does_not_unlock_the_running_job() {
 /// reports key `a` (held by a leading run, not tried) as won. The machine
 /// unlocks `a` under its running job.
 #[test]
-#[ignore = "fuzz finding: an unsolicited win row for a leading key in a later try reply unlocks it under the running job; fix pending"]
 fn an_unsolicited_win_row_does_not_unlock_a_leading_key() {
     let mut d = Driver::new(opts());
     let run_a = d.run(a());
@@ -190,7 +197,7 @@ fn an_unsolicited_win_row_does_not_unlock_a_leading_key() {
     assert!(started(&cmds, run_a), "{cmds:?}");
     d.run(b());
     assert_eq!(d.try_keys(), vec![b().key()]);
-    // Today: `Query { Release { keys: [a] } }` while a's job runs.
+    // Was: `Query { Release { keys: [a] } }` while a's job runs.
     d.reply(vec![
         vec![Some(b().key()), None, Some(99)],
         vec![Some(a().key()), Some(901), None],
@@ -201,7 +208,10 @@ fn an_unsolicited_win_row_does_not_unlock_a_leading_key() {
 /// Answers the try in flight, if any, with "held by pid 99" for every key.
 fn not_won(d: &mut Driver) {
     if let Some((_, Statement::TryLock { keys })) = &d.query {
-        let rows = keys.iter().map(|k| vec![Some(*k), None, Some(99)]).collect();
+        let rows = keys
+            .iter()
+            .map(|k| vec![Some(*k), None, Some(99)])
+            .collect();
         d.reply(rows);
     }
 }
@@ -212,7 +222,6 @@ fn not_won(d: &mut Driver) {
 /// machine unlocks `a` at once, before the cancelled job has returned,
 /// breaking "a key is released only after its job returned".
 #[test]
-#[ignore = "fuzz finding: a key of a draining run (job cancelled, still running) found held by a heartbeat is unlocked before the job returns; fix pending"]
 fn a_key_found_held_again_waits_for_its_cancelled_job() {
     let mut d = Driver::new(opts());
     let run = d.run(a());
@@ -239,9 +248,16 @@ fn a_key_found_held_again_waits_for_its_cancelled_job() {
     );
     not_won(&mut d);
     d.advance(ms(200));
-    // Today: `Query { Release { keys: [a] } }` while the cancelled job still runs.
+    // Was: `Query { Release { keys: [a] } }` while the cancelled job still runs.
     d.heartbeat(&[a().key()]);
     assert!(!d.m.is_valid(run, d.t));
+    not_won(&mut d);
+    // Once the job has returned, the key found held is unlocked.
+    let cmds = d.input(Input::JobExited {
+        run,
+        exit: JobExit::Ok,
+    });
+    assert!(releases(&cmds, a().key()), "{cmds:?}");
 }
 
 /// `machine_inputs` finding 2, second shape (the first reduced crash): the
@@ -250,7 +266,6 @@ fn a_key_found_held_again_waits_for_its_cancelled_job() {
 /// the draining run's job, not tried on this session). The machine unlocks it
 /// while the cancelled job still runs.
 #[test]
-#[ignore = "fuzz finding: a key of a draining run found held on a new session is unlocked before its job returns; fix pending"]
 fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
     let mut d = Driver::new(Options {
         validity: Some(ms(2000)),
@@ -283,8 +298,14 @@ fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
     d.connect();
     assert_eq!(d.try_keys(), vec![b().key()]);
     d.fail();
-    // Verification; today: `Query { Release { keys: [a] } }` while a's job runs.
+    // Verification; was: `Query { Release { keys: [a] } }` while a's job runs.
     d.heartbeat(&[a().key()]);
+    not_won(&mut d);
+    let cmds = d.input(Input::JobExited {
+        run,
+        exit: JobExit::Ok,
+    });
+    assert!(releases(&cmds, a().key()), "{cmds:?}");
 }
 
 // ---- replays -----------------------------------------------------------------
@@ -389,5 +410,10 @@ fn replay_sim_client_faults_keep_strong_safety() {
         sim.schedule(ms(at), f);
     }
     let r = sim.finish(ms(10_000), ms(3000));
-    assert!(r.violations.is_empty(), "{:#?}\n{}", r.violations, r.trace_text());
+    assert!(
+        r.violations.is_empty(),
+        "{:#?}\n{}",
+        r.violations,
+        r.trace_text()
+    );
 }
