@@ -1403,9 +1403,9 @@ pub fn faults_end(schedule: &[(Duration, Fault)]) -> Option<Duration> {
 /// Watches one machine's inputs and outputs and checks the rules every driver
 /// relies on, whatever the inputs: at most one statement in flight per
 /// session; no try of a key the machine holds (re-entrant stacking); no unlock
-/// of a key whose job runs; a job started only when none runs for that run;
-/// every run finished at most once; every time a lease is valid, the session
-/// that confirmed it is still the current one. The fuzz targets and the
+/// of a key whose job runs; a job started only on a session and only when
+/// none runs for that run; a cancel only for a running job; every run
+/// finished at most once, never while its job runs. The fuzz targets and the
 /// property tests feed arbitrary inputs through it.
 #[derive(Debug, Default)]
 pub struct Observer {

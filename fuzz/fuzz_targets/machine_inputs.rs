@@ -1,0 +1,623 @@
+//! Fuzz target `machine_inputs`: arbitrary input sequences into one
+//! [`Machine`], the coverage-guided counterpart of the
+//! `arbitrary_inputs_keep_every_rule` property in `lease-proto/tests/machine.rs`.
+//!
+//! The fuzzer picks valid [`Options`] (derived from bytes; inputs whose options
+//! fail [`Options::validate`] are skipped), a jitter seed, and a sequence of
+//! steps: runs by one of a few names, by a raw key or by an arbitrary name;
+//! job exits, shutdowns and closes for run ids near the real ones; sessions
+//! opened or lost with ids near the current one; replies and errors for query
+//! ids near the current one, with arbitrary rows or plausible rows built from
+//! the statement in flight (the keys it asked about, the backend pid the setup
+//! reported); notifications; time moving forward by zero or more, jumping
+//! exactly onto the machine's deadline, or handing in a stale instant.
+//!
+//! After every step it checks:
+//! - no panic;
+//! - every output passes [`Observer::output`] (one statement in flight, no
+//!   re-entrant try, no unlock under a running job, each run finished once...);
+//! - [`Machine::poll_timeout`] is never in the past, and a driver that wakes
+//!   at the deadline it was given does not spin there: after at most a few
+//!   ticks at that same instant the deadline moves on;
+//! - a lease the machine calls valid belongs to a running job, was won on the
+//!   session that is still current, and is valid no longer than the validity
+//!   window past the last statement sent.
+
+#![no_main]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use arbitrary::Arbitrary;
+use lease_proto::sim::Observer;
+use lease_proto::{
+    key_for_name, Command, DbError, Event, Input, JobExit, LeaseId, Machine, Options, Output,
+    QueryId, Row, RunId, SessionId, Statement, HANDOVER_CHANNEL,
+};
+use libfuzzer_sys::fuzz_target;
+
+/// Most steps of one input; longer inputs are cut.
+const MAX_STEPS: usize = 400;
+/// How many ticks at one instant a driver may need before the deadline moves.
+const MAX_TICKS_AT_ONE_INSTANT: usize = 4;
+
+/// One fuzz input.
+#[derive(Arbitrary, Debug)]
+struct Case {
+    options: OptionBytes,
+    seed: u64,
+    steps: Vec<Step>,
+}
+
+/// The raw material of [`Options`]; not every value is valid.
+#[derive(Arbitrary, Debug)]
+struct OptionBytes {
+    retry_interval: Dur,
+    heartbeat_interval: Dur,
+    query_timeout: Dur,
+    validity: Option<Dur>,
+    server_guard: bool,
+    guard_margin: Dur,
+    notify_handover: bool,
+    max_leases: u8,
+}
+
+/// A duration of up to about 33 s, with sub-millisecond precision (the guard
+/// timeout rounds to whole milliseconds).
+#[derive(Arbitrary, Debug, Clone, Copy)]
+struct Dur(u16, u8);
+
+impl Dur {
+    fn get(self) -> Duration {
+        Duration::from_micros(u64::from(self.0) * 500 + u64::from(self.1 % 4) * 125)
+    }
+}
+
+impl OptionBytes {
+    fn options(&self) -> Options {
+        Options {
+            retry_interval: self.retry_interval.get(),
+            heartbeat_interval: self.heartbeat_interval.get(),
+            query_timeout: self.query_timeout.get(),
+            validity: self.validity.map(Dur::get),
+            server_guard: self.server_guard,
+            guard_margin: self.guard_margin.get(),
+            notify_handover: self.notify_handover,
+            max_leases: usize::from(self.max_leases),
+        }
+    }
+}
+
+/// What happens next.
+#[derive(Arbitrary, Debug)]
+enum Step {
+    /// `Machine::run` of a lease.
+    Run(Lease),
+    /// The job of a run near the real ones exits.
+    Exit { run: u8, exit: Exit },
+    /// Graceful shutdown of a run near the real ones.
+    Shutdown { run: u8 },
+    /// Close the machine.
+    Close,
+    /// A session near the current one opened.
+    Opened { delta: i8 },
+    /// A session near the current one was lost.
+    Lost { delta: i8, error: Option<Error> },
+    /// A reply for a query near the current one.
+    Reply { delta: i8, rows: Rows },
+    /// A statement error for a query near the current one.
+    Failed { delta: i8, error: Error },
+    /// A notification.
+    Notify { channel: Channel, payload: Payload },
+    /// Time moves forward by this many milliseconds (zero included), then a tick.
+    Advance { ms: u16 },
+    /// Time moves forward by this many microseconds, then a tick.
+    AdvanceMicros { us: u16 },
+    /// Time jumps exactly onto `poll_timeout()`, then a tick.
+    ToDeadline,
+    /// The driver hands in instants this many milliseconds older than the
+    /// latest one (a `now` taken before a lock was acquired), then a tick.
+    Stale { ms: u16 },
+}
+
+/// Which lease a run is for.
+#[derive(Arbitrary, Debug)]
+enum Lease {
+    /// `k0` .. `k3`.
+    Named(u8),
+    /// A raw key.
+    Raw(i64),
+    /// The raw key of `k0` .. `k3`: the same lock under another name.
+    RawOfName(u8),
+    /// Any name (often refused by `LeaseId::named`).
+    Name(String),
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Exit {
+    Ok,
+    Failed,
+    Abandoned,
+}
+
+/// A server or client error.
+#[derive(Arbitrary, Debug)]
+struct Error {
+    code: Code,
+    message: Message,
+}
+
+#[derive(Arbitrary, Debug)]
+enum Code {
+    None,
+    /// One of the SQLSTATEs a lease session sees.
+    Known(u8),
+    Other(String),
+}
+
+const SQLSTATES: &[&str] = &[
+    "57P01", "57P05", "57P02", "57P03", "53200", "53300", "08006", "08P01", "08001", "25006",
+    "40001", "40P01", "55P03", "42501", "XX000",
+];
+
+#[derive(Arbitrary, Debug)]
+enum Message {
+    /// What PgBouncer says when it rejects the `options` startup parameter.
+    StartupRejected,
+    Other(String),
+}
+
+impl Error {
+    fn db_error(&self) -> DbError {
+        let code = match &self.code {
+            Code::None => None,
+            Code::Known(i) => Some(SQLSTATES[usize::from(*i) % SQLSTATES.len()].to_string()),
+            Code::Other(s) => Some(s.clone()),
+        };
+        let message = match &self.message {
+            Message::StartupRejected => "unsupported startup parameter: options".to_string(),
+            Message::Other(s) => s.clone(),
+        };
+        DbError { code, message }
+    }
+}
+
+/// The rows of a reply.
+#[derive(Arbitrary, Debug)]
+enum Rows {
+    /// Anything, of any width.
+    Raw(Vec<Vec<Option<i64>>>),
+    /// Rows shaped after the statement in flight.
+    Plausible(Plausible),
+}
+
+/// A reply shaped like the last statement's: `picks` choose, per row, between
+/// the plausible variants; `extra` rows are appended.
+#[derive(Arbitrary, Debug)]
+struct Plausible {
+    picks: Vec<u8>,
+    pid: Pid,
+    token: i64,
+    extra: Vec<Vec<Option<i64>>>,
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Pid {
+    /// The pid of the last session that passed setup.
+    Current,
+    Other(i64),
+}
+
+#[derive(Arbitrary, Debug)]
+enum Channel {
+    Handover,
+    Other(String),
+}
+
+#[derive(Arbitrary, Debug)]
+enum Payload {
+    /// The key of `k0` .. `k3`, in decimal.
+    Named(u8),
+    /// A key seen in a statement, padded with whitespace or not.
+    Seen {
+        index: u8,
+        padded: bool,
+    },
+    Text(String),
+}
+
+/// The fuzzer's side of the machine: clock, ids seen, and the checks.
+struct Harness {
+    m: Machine,
+    obs: Observer,
+    base: Instant,
+    /// The time handed in with the next input.
+    t: Duration,
+    /// The latest time ever handed in: the machine's clock.
+    latest: Duration,
+    /// Run ids handed out so far.
+    runs: u64,
+    /// The last session asked for, and whether it is the current one.
+    session: Option<SessionId>,
+    current: Option<SessionId>,
+    /// The last statement sent.
+    query: Option<(QueryId, Statement)>,
+    /// When the last statement was sent.
+    last_sent: Option<Duration>,
+    /// The backend pid of the last session that passed setup.
+    pid: i64,
+    /// The session each job was started on.
+    job_session: BTreeMap<RunId, Option<SessionId>>,
+    /// Every key seen in a statement, and the named ones.
+    keys: Vec<i64>,
+    /// Jobs running (started, exit not yet reported), with their keys.
+    running: BTreeMap<RunId, i64>,
+}
+
+fn named_key(i: u8) -> i64 {
+    key_for_name(&format!("k{}", i % 4))
+}
+
+impl Harness {
+    fn new(options: Options, seed: u64) -> Option<Harness> {
+        let m = Machine::new(options, seed).ok()?;
+        Some(Harness {
+            m,
+            obs: Observer::new(),
+            base: Instant::now(),
+            t: Duration::ZERO,
+            latest: Duration::ZERO,
+            runs: 0,
+            session: None,
+            current: None,
+            query: None,
+            last_sent: None,
+            pid: 4242,
+            job_session: BTreeMap::new(),
+            keys: (0..4).map(named_key).collect(),
+            running: BTreeMap::new(),
+        })
+    }
+
+    fn now(&self) -> Instant {
+        self.base + self.t
+    }
+
+    /// A run id near the real ones: every id handed out, and the next one.
+    fn run_id(&self, r: u8) -> RunId {
+        RunId(u64::from(r) % (self.runs + 1))
+    }
+
+    fn near(id: Option<u64>, delta: i8) -> Option<u64> {
+        id.map(|i| i.wrapping_add_signed(i64::from(delta % 3)))
+    }
+
+    fn step(&mut self, step: Step) {
+        let input = match step {
+            Step::Run(lease) => {
+                let lease = match lease {
+                    Lease::Named(i) => LeaseId::named(format!("k{}", i % 4)).ok(),
+                    Lease::Raw(k) => Some(LeaseId::raw(k)),
+                    Lease::RawOfName(i) => Some(LeaseId::raw(named_key(i))),
+                    Lease::Name(n) => LeaseId::named(n).ok(),
+                };
+                if let Some(lease) = lease {
+                    if let Ok(run) = self.m.run(self.now(), lease) {
+                        assert_eq!(run, RunId(self.runs), "run ids are sequential");
+                        self.runs += 1;
+                        self.obs.run_started(run);
+                    }
+                }
+                None
+            }
+            Step::Exit { run, exit } => Some(Input::JobExited {
+                run: self.run_id(run),
+                exit: match exit {
+                    Exit::Ok => JobExit::Ok,
+                    Exit::Failed => JobExit::Failed,
+                    Exit::Abandoned => JobExit::Abandoned,
+                },
+            }),
+            Step::Shutdown { run } => Some(Input::Shutdown {
+                run: self.run_id(run),
+            }),
+            Step::Close => Some(Input::Close),
+            Step::Opened { delta } => {
+                Self::near(self.session.map(|s| s.0), delta).map(|s| Input::SessionOpened {
+                    session: SessionId(s),
+                })
+            }
+            Step::Lost { delta, error } => {
+                Self::near(self.session.map(|s| s.0), delta).map(|s| Input::SessionLost {
+                    session: SessionId(s),
+                    error: error.map(|e| e.db_error()),
+                })
+            }
+            Step::Reply { delta, rows } => {
+                let rows = match rows {
+                    Rows::Raw(rows) => rows,
+                    Rows::Plausible(p) => self.plausible(p),
+                };
+                let query = Self::near(self.query.as_ref().map(|q| q.0 .0), delta);
+                query.map(|q| Input::Reply {
+                    query: QueryId(q),
+                    result: Ok(rows),
+                })
+            }
+            Step::Failed { delta, error } => Self::near(self.query.as_ref().map(|q| q.0 .0), delta)
+                .map(|q| Input::Reply {
+                    query: QueryId(q),
+                    result: Err(error.db_error()),
+                }),
+            Step::Notify { channel, payload } => Some(Input::Notification {
+                channel: match channel {
+                    Channel::Handover => HANDOVER_CHANNEL.to_string(),
+                    Channel::Other(c) => c,
+                },
+                payload: match payload {
+                    Payload::Named(i) => named_key(i).to_string(),
+                    Payload::Seen { index, padded } => {
+                        let k = self.keys[usize::from(index) % self.keys.len()];
+                        if padded {
+                            format!(" {k}\n")
+                        } else {
+                            k.to_string()
+                        }
+                    }
+                    Payload::Text(s) => s,
+                },
+            }),
+            Step::Advance { ms } => {
+                self.forward(Duration::from_millis(u64::from(ms)));
+                Some(Input::Tick)
+            }
+            Step::AdvanceMicros { us } => {
+                self.forward(Duration::from_micros(u64::from(us)));
+                Some(Input::Tick)
+            }
+            Step::ToDeadline => {
+                if let Some(d) = self.m.poll_timeout() {
+                    let d = d.saturating_duration_since(self.base);
+                    self.t = self.t.max(d);
+                    self.latest = self.latest.max(self.t);
+                }
+                Some(Input::Tick)
+            }
+            Step::Stale { ms } => {
+                self.t = self
+                    .latest
+                    .saturating_sub(Duration::from_millis(u64::from(ms)));
+                Some(Input::Tick)
+            }
+        };
+        if let Some(input) = input {
+            self.feed(input);
+        }
+        self.drain();
+        self.check_deadline();
+        self.check_validity();
+    }
+
+    fn forward(&mut self, d: Duration) {
+        self.t = self.latest + d;
+        self.latest = self.t;
+    }
+
+    fn feed(&mut self, input: Input) {
+        self.obs.input(&input);
+        if let Input::JobExited { run, .. } = &input {
+            self.running.remove(run);
+        }
+        if let Input::SessionLost { session, .. } = &input {
+            if self.current == Some(*session) {
+                self.current = None;
+            }
+        }
+        self.m.handle_input(self.now(), input);
+    }
+
+    /// Drains every output through the observer.
+    fn drain(&mut self) {
+        while let Some(out) = self.m.poll_output() {
+            if let Err(e) = self.obs.output(&out) {
+                panic!("observer: {e}\noutput: {out:?}");
+            }
+            let c = match out {
+                Output::Command(c) => c,
+                Output::Event(Event::SessionReady { backend_pid, .. }) => {
+                    self.pid = backend_pid;
+                    continue;
+                }
+                Output::Event(_) => continue,
+            };
+            match c {
+                Command::OpenSession { session, .. } => {
+                    self.session = Some(session);
+                    self.current = Some(session);
+                }
+                Command::CloseSession { session } => {
+                    if self.current == Some(session) {
+                        self.current = None;
+                    }
+                }
+                Command::Query { query, statement } => {
+                    if let Statement::TryLock { keys } | Statement::Release { keys, .. } =
+                        &statement
+                    {
+                        for k in keys {
+                            if !self.keys.contains(k) && self.keys.len() < 64 {
+                                self.keys.push(*k);
+                            }
+                        }
+                    }
+                    self.query = Some((query, statement));
+                    self.last_sent = Some(self.latest);
+                }
+                Command::StartJob {
+                    run,
+                    lease,
+                    valid_until,
+                    ..
+                } => {
+                    let validity = self.m.options().validity_window();
+                    assert!(
+                        valid_until <= self.base + self.latest + validity,
+                        "job of {run:?} started valid for more than the validity window"
+                    );
+                    self.job_session.insert(run, self.current);
+                    self.running.insert(run, lease.key());
+                }
+                Command::CancelJob { .. } | Command::FinishRun { .. } => {}
+            }
+        }
+    }
+
+    /// `poll_timeout()` is never in the past, and a driver waking at it does
+    /// not spin there.
+    fn check_deadline(&mut self) {
+        let mut ticks = 0;
+        while let Some(d) = self.m.poll_timeout() {
+            let now = self.base + self.latest;
+            assert!(
+                d >= now,
+                "poll_timeout {:?} in the past",
+                now.duration_since(d)
+            );
+            if d > now {
+                return;
+            }
+            // Due now: a driver's timer fires at once and it feeds a tick.
+            ticks += 1;
+            assert!(
+                ticks <= MAX_TICKS_AT_ONE_INSTANT,
+                "poll_timeout stays at now after {MAX_TICKS_AT_ONE_INSTANT} ticks: a driver spins"
+            );
+            self.t = self.latest;
+            self.feed(Input::Tick);
+            self.drain();
+        }
+    }
+
+    /// A lease with a `valid_until` has a running job; a valid lease was won
+    /// on the current session; none is valid longer than the validity window
+    /// past the last statement sent.
+    fn check_validity(&self) {
+        let validity = self.m.options().validity_window();
+        let now = self.base + self.latest;
+        for r in 0..self.runs {
+            let run = RunId(r);
+            let Some(until) = self.m.valid_until(run) else {
+                continue;
+            };
+            assert!(
+                self.running.contains_key(&run),
+                "{run:?} has a valid_until but its job is not running"
+            );
+            let sent = self.last_sent.expect("a lease is valid, so a try was sent");
+            assert!(
+                until <= self.base + sent + validity,
+                "{run:?} valid until {:?} after the last statement, past the validity window {validity:?}",
+                until - (self.base + sent)
+            );
+            if self.m.is_valid(run, now) {
+                let won_on = self.job_session.get(&run).copied().flatten();
+                assert!(
+                    won_on.is_some() && won_on == self.current,
+                    "{run:?} is valid but its session {won_on:?} is not the current one ({:?})",
+                    self.current
+                );
+            }
+        }
+    }
+
+    /// Rows shaped like the reply to the last statement.
+    fn plausible(&self, p: Plausible) -> Vec<Row> {
+        let pick = |i: usize| p.picks.get(i).copied().unwrap_or(0);
+        let pid = match p.pid {
+            Pid::Current => self.pid,
+            Pid::Other(x) => x,
+        };
+        let mut rows: Vec<Row> = Vec::new();
+        match self.query.as_ref().map(|q| &q.1) {
+            Some(Statement::Setup) => {
+                let version = [150_000, 140_000, 139_999, 130_000, 120_000, 170_002]
+                    [usize::from(pick(0)) % 6];
+                let recovery = i64::from(pick(1) % 4 == 3);
+                let ist = match pick(2) % 4 {
+                    0 | 1 => self.m.options().guard_timeout().as_millis() as i64,
+                    2 => 0,
+                    _ => p.token,
+                };
+                let omit = pick(3);
+                let all = [
+                    vec![Some(1), Some(version)],
+                    vec![Some(2), Some(recovery)],
+                    vec![Some(3), Some(pid)],
+                    vec![Some(4), Some(ist)],
+                ];
+                for (i, row) in all.into_iter().enumerate() {
+                    // Omit a row only when the pick's high bit says so.
+                    if omit & 0x80 == 0 || omit & (1 << i) == 0 {
+                        rows.push(row);
+                    }
+                }
+                if pick(4) % 2 == 1 {
+                    rows.reverse();
+                }
+            }
+            Some(Statement::Listen) | None => {}
+            Some(Statement::TryLock { keys }) => {
+                for (i, &k) in keys.iter().enumerate() {
+                    match pick(i) % 8 {
+                        0..=2 => rows.push(vec![Some(k), Some(p.token), None]),
+                        3 => rows.push(vec![Some(k), None, Some(pid)]),
+                        4 => rows.push(vec![Some(k), None, None]),
+                        5 => {}
+                        6 => rows.push(vec![Some(k), Some(p.token), Some(pid)]),
+                        _ => {
+                            rows.push(vec![Some(k), Some(p.token), None]);
+                            rows.push(vec![Some(k), None, Some(pid)]);
+                        }
+                    }
+                }
+            }
+            Some(Statement::Heartbeat) => {
+                let pid_row = vec![Some(0), Some(pid)];
+                let first = pick(0) % 4;
+                if first != 3 {
+                    rows.push(pid_row.clone());
+                }
+                for (i, &k) in self.keys.iter().enumerate() {
+                    if pick(i + 1) % 2 == 1 {
+                        rows.push(vec![Some(1), Some(k)]);
+                    }
+                }
+                if first == 2 {
+                    rows.push(pid_row);
+                }
+            }
+            Some(Statement::Release { keys, .. }) => {
+                for (i, &k) in keys.iter().enumerate() {
+                    match pick(i) % 4 {
+                        0 | 1 => rows.push(vec![Some(k), Some(1)]),
+                        2 => rows.push(vec![Some(k), Some(0)]),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        rows.extend(p.extra);
+        rows
+    }
+}
+
+fuzz_target!(|case: Case| {
+    let options = case.options.options();
+    if options.validate().is_err() {
+        return;
+    }
+    let mut h = Harness::new(options, case.seed).expect("validated options");
+    for step in case.steps.into_iter().take(MAX_STEPS) {
+        h.step(step);
+    }
+});
