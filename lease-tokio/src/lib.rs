@@ -52,6 +52,13 @@
 //! pool: a transaction pooler or a hot standby cannot give mutual exclusion,
 //! and runs then fail with [`RunError::Refused`].
 //!
+//! With several hosts in the configuration, tokio-postgres tries them in
+//! order, and its `connect_timeout` covers only the TCP connect: a first host
+//! that accepts connections but never answers holds every attempt until the
+//! query timeout, and the next attempt starts from it again. A standby listed
+//! first is refused for good (the refusal is final for the locker): set
+//! `target_session_attrs=read-write` so tokio-postgres skips standbys.
+//!
 //! ## Cancellation
 //!
 //! - **Graceful**: [`Locker::run_until`]'s shutdown signal, or
