@@ -1,0 +1,335 @@
+//! `bench`: the failover and cost benchmark of `lease`.
+//!
+//! ```text
+//! cargo run --release -p lease-tests --bin bench -- [--quick] [--reps N] [--out DIR]
+//! ```
+//!
+//! Starts an ephemeral PostgreSQL server ([`Cluster`]), runs `replica` processes (the
+//! binary next to this one, built on demand) for both drivers and measures, in two
+//! configurations (the defaults, and a "reference design" close to the Go package:
+//! `--no-guard --no-notify`):
+//! - the failover gap after a graceful release, SIGKILL, `pg_terminate_backend`, a
+//!   partition, a freeze (SIGSTOP) and a server restart, and how long old and new jobs
+//!   overlapped ([`failover`]);
+//! - statements/s and server CPU per locker holding or standing by for 1, 100, 1,000
+//!   leases, the heartbeat's duration against the number of keys held, and the client
+//!   process's CPU and memory at rest ([`cost`]).
+//!
+//! Writes `DIR/results.md`, `DIR/results.json` and `DIR/failover.svg` ([`report`]).
+
+mod cost;
+mod failover;
+mod pg;
+mod report;
+
+use lease_tests::scenario::{Driver, Node, ReplicaConfig};
+use lease_tests::Cluster;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+/// Errors are readable sentences; the bench prints them and exits 1.
+pub type R<T> = Result<T, String>;
+
+/// The database of the failover scenarios.
+pub const FAILOVER_DB: &str = "bench_failover";
+
+pub const DRIVERS: [Driver; 2] = [Driver::Tokio, Driver::Smol];
+
+/// The two configurations compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Design {
+    /// Library defaults: server guard and NOTIFY handover on.
+    Default,
+    /// As close to the Go package as the options allow: `--no-guard --no-notify`.
+    Reference,
+}
+
+impl Design {
+    pub const BOTH: [Design; 2] = [Design::Default, Design::Reference];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Design::Default => "default",
+            Design::Reference => "reference",
+        }
+    }
+
+    /// Server guard and NOTIFY handover on?
+    pub fn additions(self) -> bool {
+        self == Design::Default
+    }
+}
+
+/// The lease timing every replica of a run uses.
+#[derive(Clone, Copy, Debug)]
+pub struct Intervals {
+    pub retry: Duration,
+    pub heartbeat: Duration,
+    pub query_timeout: Duration,
+    pub guard_margin: Duration,
+}
+
+impl Intervals {
+    /// `idle_session_timeout` with the guard on: heartbeat + query timeout + margin.
+    pub fn guard_timeout(&self) -> Duration {
+        self.heartbeat + self.query_timeout + self.guard_margin
+    }
+
+    /// How long after a fault the bench waits for a new leader: the slowest expected
+    /// failover (server guard, then one poll) plus half a poll, at least 1 s, of slack.
+    pub fn window(&self) -> Duration {
+        self.guard_timeout() + self.retry + (self.retry / 2).max(Duration::from_secs(1))
+    }
+}
+
+/// A `replica` of `design` with intervals `iv`; its job does nothing (no tick lines)
+/// until cancelled.
+pub fn replica(
+    iv: &Intervals,
+    driver: Driver,
+    design: Design,
+    url: &str,
+    lease: &str,
+    leases: usize,
+) -> ReplicaConfig {
+    let mut rc = ReplicaConfig::new(driver, url, lease);
+    rc.leases = leases;
+    rc.retry = iv.retry;
+    rc.heartbeat = iv.heartbeat;
+    rc.query_timeout = iv.query_timeout;
+    rc.guard_margin = iv.guard_margin;
+    rc.guard = design.additions();
+    rc.notify = design.additions();
+    rc.tick = Duration::ZERO;
+    rc.app_name = Some(format!("bench-{lease}"));
+    rc
+}
+
+/// `what` failed with `error`; the last output lines of `nodes` explain it.
+pub fn failed(what: &str, error: impl std::fmt::Display, nodes: &[&Node]) -> String {
+    let mut msg = format!("{what}: {error}");
+    for node in nodes {
+        msg.push('\n');
+        msg.push_str(&node.tail());
+    }
+    msg
+}
+
+/// Everything the command line decides.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub quick: bool,
+    pub intervals: Intervals,
+    /// Repetitions of the fast scenarios (graceful, kill, terminate).
+    pub reps: usize,
+    /// Repetitions of the slow ones (partition, freeze, restart).
+    pub slow_reps: usize,
+    /// Length of each cost measurement window.
+    pub cost_window: Duration,
+    /// Timed heartbeats per lease count.
+    pub heartbeat_reps: usize,
+    pub out: PathBuf,
+    pub command: String,
+}
+
+const USAGE: &str = concat!(
+    "usage: bench [--quick] [--reps N] [--out DIR]\n",
+    "  --quick    short intervals (retry 200 ms, heartbeat 200 ms, query timeout 500 ms,\n",
+    "             guard margin 200 ms) and few repetitions: about 2.5 minutes\n",
+    "  --reps N   repetitions of the fast scenarios (default 8); the slow ones\n",
+    "             (partition, freeze, restart) get N / 3 rounded up\n",
+    "  --out DIR  where results.md, results.json and failover.svg go (default bench/)",
+);
+
+/// The plan, or `None` after `--help`.
+fn parse_args() -> R<Option<Plan>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (mut quick, mut reps, mut out) = (false, 8usize, PathBuf::from("bench"));
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--reps" => {
+                let v = it.next().ok_or("--reps needs a number")?;
+                reps = v
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or(format!("--reps: not a positive number: {v}"))?;
+            }
+            "--out" => out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(None);
+            }
+            other => return Err(format!("unknown argument {other}\n{USAGE}")),
+        }
+    }
+    let ms = Duration::from_millis;
+    let intervals = if quick {
+        Intervals {
+            retry: ms(200),
+            heartbeat: ms(200),
+            query_timeout: ms(500),
+            guard_margin: ms(200),
+        }
+    } else {
+        Intervals {
+            retry: lease_proto::DEFAULT_RETRY_INTERVAL,
+            heartbeat: lease_proto::DEFAULT_HEARTBEAT_INTERVAL,
+            query_timeout: lease_proto::DEFAULT_QUERY_TIMEOUT,
+            guard_margin: lease_proto::DEFAULT_GUARD_MARGIN,
+        }
+    };
+    let mut command = String::from("cargo run --release -p lease-tests --bin bench --");
+    for a in &args {
+        command.push(' ');
+        command.push_str(a);
+    }
+    Ok(Some(Plan {
+        quick,
+        intervals,
+        reps,
+        slow_reps: reps.div_ceil(3),
+        cost_window: if quick { ms(3_000) } else { ms(15_000) },
+        heartbeat_reps: if quick { 300 } else { 2_000 },
+        out,
+        command,
+    }))
+}
+
+/// Builds `replica` with the profile this binary was built with (`cargo run --bin bench`
+/// builds only `bench`) and returns its path.
+fn replica_binary() -> R<PathBuf> {
+    let exe = std::env::current_exe().map_err(|e| format!("locating the bench binary: {e}"))?;
+    let dir = exe.parent().ok_or("the bench binary has no directory")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", "lease-tests", "--bin", "replica"])
+        .arg("--manifest-path")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    match dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => {}
+        Some("release") => {
+            cmd.arg("--release");
+        }
+        Some(profile) => {
+            cmd.args(["--profile", profile]);
+        }
+        None => return Err(format!("unexpected binary location {}", exe.display())),
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| format!("running cargo to build the replica binary: {e}"))?;
+    let bin = dir.join("replica");
+    if !status.success() || !bin.is_file() {
+        return Err(format!(
+            "building the replica binary failed ({status}); try: \
+             cargo build --release -p lease-tests --bin replica"
+        ));
+    }
+    Ok(bin)
+}
+
+/// The machine, for the report header.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    pub nproc: usize,
+    pub cpu: String,
+    pub postgres: String,
+    pub date: String,
+    /// `/proc/loadavg`'s 1-minute load when the run started (other work on the machine).
+    pub load: String,
+}
+
+fn machine(cluster: &Cluster) -> Machine {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    Machine {
+        nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cpu,
+        postgres: cluster
+            .sql("SHOW server_version")
+            .unwrap_or_else(|e| format!("unknown ({e})")),
+        date,
+        load: std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+            .unwrap_or_default(),
+    }
+}
+
+fn run(plan: &Plan) -> R<()> {
+    let began = Instant::now();
+    let bin = replica_binary()?;
+    eprintln!("bench: starting an ephemeral PostgreSQL server");
+    let mut cluster = Cluster::start().map_err(|e| format!("starting PostgreSQL: {e}"))?;
+    // Autovacuum workers commit transactions in the databases they visit, which would
+    // count as statements of the locker measured there.
+    cluster
+        .sql("ALTER SYSTEM SET autovacuum = off")
+        .and_then(|_| cluster.sql("SELECT pg_reload_conf()"))
+        .and_then(|_| cluster.create_database(FAILOVER_DB))
+        .map_err(|e| format!("preparing the server: {e}"))?;
+    let machine = machine(&cluster);
+    let iv = plan.intervals;
+    eprintln!(
+        "bench: {} mode, retry {:?}, heartbeat {:?}, query timeout {:?}, guard margin {:?}, \
+         window {:?}, {} / {} reps",
+        if plan.quick { "quick" } else { "full" },
+        iv.retry,
+        iv.heartbeat,
+        iv.query_timeout,
+        iv.guard_margin,
+        iv.window(),
+        plan.reps,
+        plan.slow_reps
+    );
+    let cells = failover::run_all(&mut cluster, &bin, plan)?;
+    let failover_secs = began.elapsed().as_secs_f64();
+    eprintln!("bench: heartbeat duration against lease count");
+    let heartbeat = cost::heartbeat(&cluster, plan.heartbeat_reps)?;
+    let costs = cost::run_all(&cluster, &bin, plan)?;
+    let results = report::Results {
+        plan: plan.clone(),
+        machine,
+        cells,
+        heartbeat,
+        costs,
+        failover_secs,
+        total_secs: began.elapsed().as_secs_f64(),
+    };
+    report::write(&results)
+}
+
+fn main() -> ExitCode {
+    let plan = match parse_args() {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&plan) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

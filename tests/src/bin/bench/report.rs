@@ -1,0 +1,719 @@
+//! Results as Markdown, JSON and an SVG strip plot, all written by hand.
+
+use crate::cost::{clock_ticks_per_s, Cost, HeartbeatTiming, Role, LEASE_COUNTS};
+use crate::failover::{Cell, Scenario};
+use crate::{Design, Machine, Plan, DRIVERS, R};
+use lease_tests::scenario::Driver;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+pub struct Results {
+    pub plan: Plan,
+    pub machine: Machine,
+    pub cells: Vec<Cell>,
+    pub heartbeat: Vec<HeartbeatTiming>,
+    pub costs: Vec<Cost>,
+    pub failover_secs: f64,
+    pub total_secs: f64,
+}
+
+/// Prints the Markdown and writes `results.md`, `results.json` and `failover.svg`.
+pub fn write(r: &Results) -> R<()> {
+    let md = markdown(r);
+    println!("{md}");
+    let dir = &r.plan.out;
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    for (name, text) in [
+        ("results.md", md),
+        ("results.json", json(r).to_string() + "\n"),
+        ("failover.svg", svg(r)),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+// ---- statistics ----
+
+/// Median (interpolated), p90, p99 (nearest rank) and max of some values.
+pub struct Dist {
+    pub n: usize,
+    pub median: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+pub fn dist(values: &[f64]) -> Option<Dist> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let rank = |q: f64| v[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
+    (n > 0).then(|| Dist {
+        n,
+        median: median(&v),
+        p90: rank(0.90),
+        p99: rank(0.99),
+        max: v[n - 1],
+    })
+}
+
+/// Median of sorted values.
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
+
+fn ms(nanos: u64) -> f64 {
+    nanos as f64 / 1e6
+}
+
+fn num(x: f64) -> String {
+    match x.abs() {
+        a if a >= 100.0 => format!("{x:.0}"),
+        a if a >= 10.0 => format!("{x:.1}"),
+        a if a >= 1.0 => format!("{x:.2}"),
+        _ => format!("{x:.3}"),
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{} s", num(d.as_secs_f64()))
+}
+
+fn cell(r: &Results, s: Scenario, driver: Driver, design: Design) -> Option<&Cell> {
+    r.cells
+        .iter()
+        .find(|c| c.scenario == s && c.driver == driver && c.design == design)
+}
+
+fn gaps(c: &Cell) -> Vec<f64> {
+    c.reps.iter().filter_map(|r| r.gap_ns.map(ms)).collect()
+}
+
+/// Median gap with "no failover" counted as infinitely long (NaN without repetitions).
+fn median_gap(c: &Cell) -> f64 {
+    let mut v: Vec<f64> = c
+        .reps
+        .iter()
+        .map(|r| r.gap_ns.map_or(f64::INFINITY, ms))
+        .collect();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        median(&v)
+    }
+}
+
+fn gap_text(c: &Cell, window: Duration) -> String {
+    let mut text = match dist(&gaps(c)) {
+        Some(d) => format!(
+            "{}: {} / {} / {} / {}",
+            d.n,
+            num(d.median),
+            num(d.p90),
+            num(d.p99),
+            num(d.max)
+        ),
+        None => String::new(),
+    };
+    let none = c.reps.iter().filter(|r| r.gap_ns.is_none()).count();
+    if none > 0 {
+        if !text.is_empty() {
+            text.push_str("; ");
+        }
+        let _ = write!(text, "{none}×: no failover within {}", secs(window));
+    }
+    text
+}
+
+/// Reference over default, as "N×", "∞" or "n/a".
+fn ratio(reference: f64, default: f64) -> String {
+    if !default.is_finite() || default <= 0.0 || reference.is_nan() {
+        "n/a".into()
+    } else if reference.is_infinite() {
+        "∞".into()
+    } else {
+        let x = reference / default;
+        if x >= 10.0 {
+            format!("{x:.0}×")
+        } else {
+            format!("{x:.2}×")
+        }
+    }
+}
+
+fn overlap_text(c: &Cell) -> String {
+    let max = c.reps.iter().map(|r| r.overlap_ns).max().unwrap_or(0);
+    let some = c.reps.iter().filter(|r| r.overlap_ns > 0).count();
+    format!("{} ({some}/{})", num(ms(max)), c.reps.len())
+}
+
+fn cost(r: &Results, design: Design, driver: Driver, role: Role, leases: usize) -> Option<&Cost> {
+    r.costs
+        .iter()
+        .find(|c| c.design == design && c.driver == driver && c.role == role && c.leases == leases)
+}
+
+fn statements_text(c: Option<&Cost>) -> String {
+    match c.and_then(|c| c.statements) {
+        Some((rate, true)) => num(rate),
+        Some((rate, false)) => format!("~{}", num(rate)),
+        None => "-".into(),
+    }
+}
+
+// ---- Markdown ----
+
+/// A Markdown table.
+fn table(out: &mut String, header: &[&str], rows: Vec<Vec<String>>) {
+    let line = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
+    out.push_str(&line(header.iter().map(|h| h.to_string()).collect()));
+    out.push_str(&line(vec!["---".into(); header.len()]));
+    for row in rows {
+        out.push_str(&line(row));
+    }
+}
+
+/// Rows of `f(default cell, reference cell)` per scenario and driver.
+fn cell_rows(r: &Results, f: impl Fn(&Cell, &Cell) -> Vec<String>) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    for sc in Scenario::ALL {
+        for driver in DRIVERS {
+            let d = cell(r, sc, driver, Design::Default);
+            if let (Some(d), Some(f_)) = (d, cell(r, sc, driver, Design::Reference)) {
+                let mut row = vec![sc.name().to_string(), driver.name().to_string()];
+                row.extend(f(d, f_));
+                rows.push(row);
+            }
+        }
+    }
+    rows
+}
+
+fn markdown(r: &Results) -> String {
+    let (p, iv, m) = (&r.plan, &r.plan.intervals, &r.machine);
+    let tick_ms = 1000 / clock_ticks_per_s();
+    let mut s = format!(
+        "# lease failover benchmark ({mode} mode)\n\n\
+         - Command: `{cmd}`\n\
+         - Machine: {nproc} CPUs ({cpu}), PostgreSQL {pg}, {date}; load average {load} at the \
+         start (the machine is shared: other work adds noise)\n\
+         - Run time: {total:.0} s in all, {fo:.0} s of it failover scenarios\n\
+         - Intervals ({which}): retry {retry}, heartbeat {hb}, query timeout {qt}, guard margin \
+         {gm}; validity {validity}, server guard (`idle_session_timeout`) {guard}\n\
+         - Repetitions: {reps} per fast scenario (graceful, kill, terminate), {slow} per slow \
+         one (partition, freeze, restart: each waits out the server guard or a restart); \
+         observation window after each fault {window}\n\
+         - Designs: **default** = server guard + NOTIFY handover (library defaults); \
+         **reference** = `--no-guard --no-notify` (poll-only handover, no server guard), the \
+         closest the options come to the Go package. Gain = reference median / default \
+         median; kill, terminate and restart involve neither addition, so there it is 1 up to \
+         the noise of few repetitions.\n\n",
+        mode = if p.quick { "quick" } else { "full" },
+        cmd = p.command,
+        nproc = m.nproc,
+        cpu = m.cpu,
+        pg = m.postgres,
+        date = m.date,
+        load = m.load,
+        total = r.total_secs,
+        fo = r.failover_secs,
+        which = if p.quick {
+            "short, `--quick`"
+        } else {
+            "the library defaults"
+        },
+        retry = secs(iv.retry),
+        hb = secs(iv.heartbeat),
+        qt = secs(iv.query_timeout),
+        gm = secs(iv.guard_margin),
+        validity = secs(iv.heartbeat + iv.query_timeout),
+        guard = secs(iv.guard_timeout()),
+        reps = p.reps,
+        slow = p.slow_reps,
+        window = secs(iv.window()),
+    );
+
+    s.push_str(
+        "## Failover gap (ms)\n\nFrom the fault to the first `start` of a job on any replica \
+         (CLOCK_MONOTONIC). Cells: n: median / p90 / p99 / max (nearest rank; with n < 100, \
+         p99 = max).\n\n",
+    );
+    let rows = cell_rows(r, |d, f| {
+        vec![
+            gap_text(d, iv.window()),
+            gap_text(f, iv.window()),
+            ratio(median_gap(f), median_gap(d)),
+        ]
+    });
+    table(
+        &mut s,
+        &["scenario", "driver", "default", "reference", "gain"],
+        rows,
+    );
+    s.push('\n');
+    for sc in Scenario::ALL {
+        let _ = writeln!(s, "- {}: {}", sc.name(), sc.what());
+    }
+
+    s.push_str(
+        "\n## Overlap of the old and the new job (ms)\n\nLongest time a job of the old holder \
+         and a job of the other replica ran at once. A job runs from its `start` to its \
+         `cancel` or `stop`, its process's death (SIGKILL) or its last `valid_until`, \
+         whichever is first (a frozen job acts again only after checking validity). Cells: \
+         max (repetitions with overlap > 0 / all). \"Old won\": repetitions where the first \
+         job after the fault ran on the old holder (it reconnected and won again before the \
+         standby polled).\n\n",
+    );
+    let won = |c: &Cell| {
+        let n = c.reps.iter().filter(|r| r.old_won).count();
+        format!("{n}/{}", c.reps.len())
+    };
+    let rows = cell_rows(r, |d, f| {
+        vec![
+            overlap_text(d),
+            overlap_text(f),
+            format!("{} / {}", won(d), won(f)),
+        ]
+    });
+    let header = [
+        "scenario",
+        "driver",
+        "default",
+        "reference",
+        "old won (default / reference)",
+    ];
+    table(&mut s, &header, rows);
+
+    let window = r.costs.last().map_or(0.0, |c| c.window_s);
+    let _ = write!(
+        s,
+        "\n## Database cost per locker\n\nOne locker per database, over a {window:.0} s \
+         window: all 1-lease lockers at once, the others each alone (statements reading \
+         `pg_locks` pay for every lock on the server). Statements/s: \
+         `pg_stat_database.xact_commit` of the locker's database between the first and last \
+         change seen (`~`: whole window). Server CPU: the locker's backend, ms per second, \
+         from `/proc/PID/schedstat` (in parentheses from utime+stime, {tick_ms} ms ticks). Standbys \
+         wait for leases a silent session holds.\n\n"
+    );
+    let server = |c: Option<&Cost>| {
+        c.map_or("-".into(), |c| {
+            format!("{} ({})", num(c.server_cpu.0), num(c.server_cpu.1))
+        })
+    };
+    let mut rows = Vec::new();
+    for role in [Role::Hold, Role::Standby] {
+        for leases in LEASE_COUNTS {
+            for driver in DRIVERS {
+                let d = cost(r, Design::Default, driver, role, leases);
+                let f = cost(r, Design::Reference, driver, role, leases);
+                let cpu_ratio = match (d, f) {
+                    (Some(d), Some(f)) => ratio(f.server_cpu.0, d.server_cpu.0),
+                    _ => "n/a".into(),
+                };
+                rows.push(vec![
+                    role.name().into(),
+                    leases.to_string(),
+                    driver.name().into(),
+                    statements_text(d),
+                    statements_text(f),
+                    server(d),
+                    server(f),
+                    cpu_ratio,
+                ]);
+            }
+        }
+    }
+    let header = [
+        "role",
+        "leases",
+        "driver",
+        "statements/s default",
+        "reference",
+        "server CPU ms/s default",
+        "reference",
+        "CPU ratio",
+    ];
+    table(&mut s, &header, rows);
+
+    s.push_str(
+        "\n## Heartbeat duration against keys held (µs)\n\n\
+         `lease_proto::Statement::Heartbeat` on a separate tokio-postgres session holding that \
+         many advisory keys while another session holds the keys of the second column (and \
+         nothing else any), round trip on one thread, simple-query protocol.\n\n",
+    );
+    let rows = r
+        .heartbeat
+        .iter()
+        .filter_map(|h| {
+            let us: Vec<f64> = h.times_ns.iter().map(|&t| t as f64 / 1e3).collect();
+            let d = dist(&us)?;
+            Some(vec![
+                h.keys.to_string(),
+                h.others.to_string(),
+                d.n.to_string(),
+                num(d.median),
+                num(d.p90),
+                num(d.p99),
+                num(d.max),
+            ])
+        })
+        .collect();
+    let header = [
+        "keys held",
+        "by another session",
+        "n",
+        "median",
+        "p90",
+        "p99",
+        "max",
+    ];
+    table(&mut s, &header, rows);
+
+    s.push_str(
+        "\n## Client cost at rest (one `replica` process, 1 lease)\n\nCPU of all the \
+         process's threads in ms per second from schedstat (in parentheses utime+stime), VmRSS \
+         at the end of the window. Caveat: the `replica` test process polls its locker's \
+         status every 20 ms (to print `pid`/`valid` lines), and at rest that poller, not the \
+         locker, dominates these CPU numbers: read them as an upper bound.\n\n",
+    );
+    let client = |c: Option<&Cost>| {
+        c.map_or("-".into(), |c| {
+            format!("{} ({})", num(c.client_cpu.0), num(c.client_cpu.1))
+        })
+    };
+    let rss = |c: Option<&Cost>| c.map_or("-".into(), |c| num(c.client_rss_kib as f64 / 1024.0));
+    let mut rows = Vec::new();
+    for role in [Role::Hold, Role::Standby] {
+        for driver in DRIVERS {
+            let d = cost(r, Design::Default, driver, role, 1);
+            let f = cost(r, Design::Reference, driver, role, 1);
+            let row = [role.name(), driver.name()].map(String::from);
+            rows.push([row.to_vec(), vec![client(d), client(f), rss(d), rss(f)]].concat());
+        }
+    }
+    let header = [
+        "role",
+        "driver",
+        "CPU ms/s default",
+        "reference",
+        "VmRSS MiB default",
+        "reference",
+    ];
+    table(&mut s, &header, rows);
+    s
+}
+
+// ---- JSON ----
+
+enum J {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+    Arr(Vec<J>),
+    Obj(Vec<(&'static str, J)>),
+}
+
+impl std::fmt::Display for J {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            J::Null => f.write_str("null"),
+            J::Bool(b) => write!(f, "{b}"),
+            J::Num(x) if x.is_finite() => write!(f, "{}", (x * 1e4).round() / 1e4),
+            J::Num(_) => f.write_str("null"),
+            J::Str(s) => {
+                f.write_str("\"")?;
+                for ch in s.chars() {
+                    match ch {
+                        '"' => f.write_str("\\\"")?,
+                        '\\' => f.write_str("\\\\")?,
+                        c if (c as u32) < 0x20 => write!(f, "\\u{:04x}", c as u32)?,
+                        c => write!(f, "{c}")?,
+                    }
+                }
+                f.write_str("\"")
+            }
+            J::Arr(items) => {
+                f.write_str("[")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                f.write_str("]")
+            }
+            J::Obj(fields) => {
+                f.write_str("{")?;
+                for (i, (k, v)) in fields.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "\"{k}\":{v}")?;
+                }
+                f.write_str("}")
+            }
+        }
+    }
+}
+
+fn s(text: &str) -> J {
+    J::Str(text.to_owned())
+}
+
+fn dist_json(values: &[f64]) -> J {
+    match dist(values) {
+        Some(d) => J::Obj(vec![
+            ("n", J::Num(d.n as f64)),
+            ("median", J::Num(d.median)),
+            ("p90", J::Num(d.p90)),
+            ("p99", J::Num(d.p99)),
+            ("max", J::Num(d.max)),
+        ]),
+        None => J::Null,
+    }
+}
+
+fn json(r: &Results) -> J {
+    let (p, iv, m) = (&r.plan, &r.plan.intervals, &r.machine);
+    let msj = |d: Duration| J::Num(d.as_secs_f64() * 1e3);
+    let cells = r.cells.iter().map(|c| {
+        J::Obj(vec![
+            ("scenario", s(c.scenario.name())),
+            ("driver", s(c.driver.name())),
+            ("design", s(c.design.name())),
+            ("gap_ms", dist_json(&gaps(c))),
+            (
+                "no_failover_within_window",
+                J::Num(c.reps.iter().filter(|x| x.gap_ns.is_none()).count() as f64),
+            ),
+            (
+                "reps",
+                J::Arr(
+                    c.reps
+                        .iter()
+                        .map(|x| {
+                            J::Obj(vec![
+                                ("gap_ms", x.gap_ns.map_or(J::Null, |g| J::Num(ms(g)))),
+                                ("overlap_ms", J::Num(ms(x.overlap_ns))),
+                                ("old_holder_won", J::Bool(x.old_won)),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ),
+        ])
+    });
+    let costs = r.costs.iter().map(|c| {
+        J::Obj(vec![
+            ("design", s(c.design.name())),
+            ("driver", s(c.driver.name())),
+            ("role", s(c.role.name())),
+            ("leases", J::Num(c.leases as f64)),
+            (
+                "statements_per_s",
+                c.statements.map_or(J::Null, |x| J::Num(x.0)),
+            ),
+            (
+                "statements_between_flushes",
+                c.statements.map_or(J::Null, |x| J::Bool(x.1)),
+            ),
+            ("server_cpu_ms_per_s_schedstat", J::Num(c.server_cpu.0)),
+            ("server_cpu_ms_per_s_utime_stime", J::Num(c.server_cpu.1)),
+            ("client_cpu_ms_per_s_schedstat", J::Num(c.client_cpu.0)),
+            ("client_cpu_ms_per_s_utime_stime", J::Num(c.client_cpu.1)),
+            ("client_vmrss_kib", J::Num(c.client_rss_kib as f64)),
+            ("window_s", J::Num(c.window_s)),
+        ])
+    });
+    let heartbeat = r.heartbeat.iter().map(|h| {
+        let us: Vec<f64> = h.times_ns.iter().map(|&t| t as f64 / 1e3).collect();
+        J::Obj(vec![
+            ("keys", J::Num(h.keys as f64)),
+            ("keys_of_another_session", J::Num(h.others as f64)),
+            ("us", dist_json(&us)),
+        ])
+    });
+    J::Obj(vec![
+        ("mode", s(if p.quick { "quick" } else { "full" })),
+        ("command", s(&p.command)),
+        (
+            "machine",
+            J::Obj(vec![
+                ("nproc", J::Num(m.nproc as f64)),
+                ("cpu", s(&m.cpu)),
+                ("postgresql", s(&m.postgres)),
+                ("date", s(&m.date)),
+                ("load_average_at_start", s(&m.load)),
+            ]),
+        ),
+        (
+            "intervals_ms",
+            J::Obj(vec![
+                ("retry", msj(iv.retry)),
+                ("heartbeat", msj(iv.heartbeat)),
+                ("query_timeout", msj(iv.query_timeout)),
+                ("guard_margin", msj(iv.guard_margin)),
+                ("guard_timeout", msj(iv.guard_timeout())),
+                ("window", msj(iv.window())),
+            ]),
+        ),
+        ("reps", J::Num(p.reps as f64)),
+        ("slow_reps", J::Num(p.slow_reps as f64)),
+        ("failover", J::Arr(cells.collect())),
+        ("database_and_client_cost", J::Arr(costs.collect())),
+        ("heartbeat", J::Arr(heartbeat.collect())),
+        ("failover_seconds", J::Num(r.failover_secs)),
+        ("total_seconds", J::Num(r.total_secs)),
+    ])
+}
+
+// ---- SVG ----
+
+/// A strip plot: one row per scenario, driver and design, every repetition a dot on a
+/// log-scale time axis, the median a bar; no failover within the window is an arrow at
+/// the window.
+fn svg(r: &Results) -> String {
+    const LEFT: f64 = 210.0;
+    const PLOT: f64 = 620.0;
+    const ROW: f64 = 16.0;
+    const TOP: f64 = 50.0;
+    let window = ms(r.plan.intervals.window().as_nanos() as u64);
+    let all: Vec<f64> = r.cells.iter().flat_map(gaps).filter(|&g| g > 0.0).collect();
+    let lo = all
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .min(window)
+        .log10()
+        .floor();
+    let hi = all
+        .iter()
+        .copied()
+        .fold(window, f64::max)
+        .log10()
+        .ceil()
+        .max(lo + 1.0);
+    let x = |v: f64| LEFT + (v.max(1e-3).log10() - lo) / (hi - lo) * PLOT;
+    let mut rows = Vec::new();
+    for sc in Scenario::ALL {
+        for driver in DRIVERS {
+            for design in Design::BOTH {
+                if let Some(c) = cell(r, sc, driver, design) {
+                    rows.push(c);
+                }
+            }
+        }
+    }
+    let height = TOP + ROW * rows.len() as f64 + 40.0;
+    let width = LEFT + PLOT + 170.0;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"11\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"10\" y=\"18\" font-size=\"14\">lease failover gap ({} mode; retry {}, \
+         heartbeat {}, query timeout {}): each dot one repetition, bar = median</text>\n\
+         <text x=\"10\" y=\"36\"><tspan fill=\"#1f77b4\">● default (guard + NOTIFY)</tspan>  \
+         <tspan fill=\"#e6550d\">● reference (--no-guard --no-notify)</tspan>  \
+         ▶ = no failover within the window</text>",
+        if r.plan.quick { "quick" } else { "full" },
+        secs(r.plan.intervals.retry),
+        secs(r.plan.intervals.heartbeat),
+        secs(r.plan.intervals.query_timeout)
+    );
+    let bottom = TOP + ROW * rows.len() as f64;
+    let mut decade = lo;
+    while decade <= hi {
+        let v = 10f64.powf(decade);
+        let label = if v >= 1000.0 {
+            format!("{} s", v / 1000.0)
+        } else {
+            format!("{v} ms")
+        };
+        let _ = writeln!(
+            o,
+            "<line x1=\"{0:.1}\" y1=\"{TOP}\" x2=\"{0:.1}\" y2=\"{bottom}\" stroke=\"#ddd\"/>\
+             <text x=\"{0:.1}\" y=\"{1}\" text-anchor=\"middle\">{label}</text>",
+            x(v),
+            bottom + 14.0
+        );
+        decade += 1.0;
+    }
+    let _ = writeln!(
+        o,
+        "<line x1=\"{0:.1}\" y1=\"{TOP}\" x2=\"{0:.1}\" y2=\"{bottom}\" stroke=\"#999\" \
+         stroke-dasharray=\"4 3\"/><text x=\"{0:.1}\" y=\"{1}\" text-anchor=\"middle\" \
+         fill=\"#666\">window {2}</text>",
+        x(window),
+        bottom + 28.0,
+        secs(r.plan.intervals.window())
+    );
+    for (i, c) in rows.iter().enumerate() {
+        let y = TOP + ROW * i as f64 + ROW / 2.0;
+        let color = match c.design {
+            Design::Default => "#1f77b4",
+            Design::Reference => "#e6550d",
+        };
+        if i % 4 == 0 {
+            let _ = writeln!(
+                o,
+                "<line x1=\"10\" y1=\"{0}\" x2=\"{1}\" y2=\"{0}\" stroke=\"#bbb\"/>",
+                y - ROW / 2.0,
+                LEFT + PLOT
+            );
+        }
+        let _ = writeln!(
+            o,
+            "<text x=\"10\" y=\"{:.1}\" fill=\"{color}\">{} · {} · {}</text>",
+            y + 4.0,
+            c.scenario.name(),
+            c.driver.name(),
+            c.design.name()
+        );
+        for g in gaps(c) {
+            let _ = writeln!(
+                o,
+                "<circle cx=\"{:.1}\" cy=\"{y:.1}\" r=\"3\" fill=\"{color}\" fill-opacity=\"0.55\"/>",
+                x(g)
+            );
+        }
+        if let Some(d) = dist(&gaps(c)) {
+            let _ = writeln!(
+                o,
+                "<line x1=\"{0:.1}\" y1=\"{1:.1}\" x2=\"{0:.1}\" y2=\"{2:.1}\" stroke=\"black\" \
+                 stroke-width=\"2\"/>",
+                x(d.median),
+                y - 6.0,
+                y + 6.0
+            );
+        }
+        let none = c.reps.iter().filter(|r| r.gap_ns.is_none()).count();
+        if none > 0 {
+            let xw = x(window);
+            let _ = writeln!(
+                o,
+                "<path d=\"M{:.1} {:.1} l8 5 l-8 5 z\" fill=\"{color}\"/>\
+                 <text x=\"{:.1}\" y=\"{:.1}\" fill=\"{color}\">{none}/{}: none within {}</text>",
+                xw,
+                y - 5.0,
+                LEFT + PLOT + 10.0,
+                y + 4.0,
+                c.reps.len(),
+                secs(r.plan.intervals.window())
+            );
+        }
+    }
+    o.push_str("</svg>\n");
+    o
+}
