@@ -79,11 +79,14 @@ pub struct ReplicaConfig {
     pub job_exit_after: Option<Duration>,
     /// Tick period of the job (`ZERO`: no tick lines).
     pub tick: Duration,
+    /// Status poll period, the source of the `pid` and `valid` lines (`ZERO`: no poller,
+    /// no such lines: [`Node::wait_pid`] then never returns a pid).
+    pub status_poll: Duration,
 }
 
 impl ReplicaConfig {
     /// Fast test settings: retry 200 ms, heartbeat 150 ms, query timeout 400 ms, guard
-    /// margin 200 ms, a tick every 50 ms.
+    /// margin 200 ms, a tick every 50 ms, the status polled every 20 ms.
     pub fn new(driver: Driver, url: impl Into<String>, lease: impl Into<String>) -> Self {
         ReplicaConfig {
             driver,
@@ -99,6 +102,7 @@ impl ReplicaConfig {
             app_name: None,
             job_exit_after: None,
             tick: ms(50),
+            status_poll: ms(20),
         }
     }
 
@@ -137,7 +141,8 @@ impl ReplicaConfig {
             ])
             .args(["--query-timeout", &ms(self.query_timeout)])
             .args(["--guard-margin", &ms(self.guard_margin)])
-            .args(["--tick", &ms(self.tick)]);
+            .args(["--tick", &ms(self.tick)])
+            .args(["--status-poll", &ms(self.status_poll)]);
         if !self.guard {
             cmd.arg("--no-guard");
         }

@@ -4,11 +4,15 @@
 //! replica --driver tokio|smol --url CONNSTR --lease NAME [--leases N] [--retry MS]
 //!         [--heartbeat MS] [--query-timeout MS] [--guard-margin MS] [--no-guard]
 //!         [--no-notify] [--app-name NAME] [--job-exit-after MS] [--tick MS]
+//!         [--status-poll MS]
 //! ```
 //!
 //! With `--leases N` (N > 1) it runs the leases `NAME-0` .. `NAME-{N-1}`, else `NAME`.
 //! Defaults are fast test values: retry 200 ms, heartbeat 150 ms, query timeout 400 ms,
-//! guard margin 200 ms, a tick every 50 ms (`--tick 0`: no tick lines).
+//! guard margin 200 ms, a tick every 50 ms (`--tick 0`: no tick lines). The `pid` and
+//! `valid` lines come from polling `Locker::status()` every `--status-poll` ms (default
+//! 20); `--status-poll 0` runs no poller at all, so neither line is printed (to measure
+//! the process at rest without the poller's cost).
 //!
 //! Standard output carries one machine-readable line per event; `T` is
 //! `CLOCK_MONOTONIC` in nanoseconds ([`lease_tests::monotonic_nanos`]), comparable across
@@ -16,10 +20,12 @@
 //!
 //! ```text
 //! ready T                          the locker exists (nothing connected yet)
-//! pid BACKEND_PID T                the session is ready on a new backend
+//! pid BACKEND_PID T                the session is ready on a new backend (not printed
+//!                                  with --status-poll 0)
 //! start LEASE TOKEN T              the job starts (the lease was won)
 //! valid LEASE UNTIL T              the lease's valid_until changed (as CLOCK_MONOTONIC ns);
 //!                                  printed only when the locker runs at most 16 leases
+//!                                  (and not with --status-poll 0)
 //! tick LEASE T                     a side effect: T was read, then is_valid() was true
 //! skip LEASE T                     is_valid() was false at a tick: no side effect
 //! cancel LEASE KIND T              the job's cancelled() fired; KIND is one word
@@ -65,6 +71,8 @@ struct Args {
     guard: bool,
     notify: bool,
     app_name: String,
+    /// How often to poll `Locker::status()` for `pid`/`valid` lines; `None`: no poller.
+    status_poll: Option<Duration>,
     job: JobConfig,
 }
 
@@ -79,7 +87,9 @@ struct JobConfig {
 
 const USAGE: &str = "usage: replica --driver tokio|smol --url CONNSTR --lease NAME [--leases N] \
 [--retry MS] [--heartbeat MS] [--query-timeout MS] [--guard-margin MS] [--no-guard] \
-[--no-notify] [--app-name NAME] [--job-exit-after MS] [--tick MS]";
+[--no-notify] [--app-name NAME] [--job-exit-after MS] [--tick MS] [--status-poll MS]
+  --status-poll MS  poll the locker's status every MS ms (default 20) to print `pid` and
+                    `valid` lines; 0: no poller, no such lines";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
@@ -94,6 +104,7 @@ fn parse_args() -> Result<Args, String> {
         guard: true,
         notify: true,
         app_name: "lease-replica".to_owned(),
+        status_poll: Some(Duration::from_millis(20)),
         job: JobConfig {
             tick: Some(Duration::from_millis(50)),
             exit_after: None,
@@ -135,6 +146,7 @@ fn parse_args() -> Result<Args, String> {
             "--app-name" => args.app_name = value()?,
             "--job-exit-after" => args.job.exit_after = Some(ms(value()?)?),
             "--tick" => args.job.tick = Some(ms(value()?)?).filter(|d| !d.is_zero()),
+            "--status-poll" => args.status_poll = Some(ms(value()?)?).filter(|d| !d.is_zero()),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
@@ -415,16 +427,16 @@ fn tokio_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Stri
         let locker = lease_tokio::Locker::spawn(config, tokio_postgres::NoTls, args.options())
             .map_err(|e| e.to_string())?;
         out(format_args!("ready {}", monotonic_nanos()));
-        let poller = {
+        let poller = args.status_poll.map(|every| {
             let locker = locker.clone();
             tokio::spawn(async move {
                 let mut printer = StatusPrinter::default();
                 loop {
                     printer.show(&locker.status());
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    tokio::time::sleep(every).await;
                 }
             })
-        };
+        });
         let cfg = args.job;
         let runs: Vec<_> = args
             .names()
@@ -450,7 +462,9 @@ fn tokio_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Stri
             let result = run.await.map_err(|e| format!("run task: {e}"))?;
             failed |= finished(&name, result);
         }
-        poller.abort();
+        if let Some(poller) = poller {
+            poller.abort();
+        }
         Ok(failed)
     })
 }
@@ -467,16 +481,16 @@ fn smol_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Strin
                 .map_err(|e| e.to_string())?;
         let driver = smol::spawn(driver);
         out(format_args!("ready {}", monotonic_nanos()));
-        let poller = {
+        let poller = args.status_poll.map(|every| {
             let locker = locker.clone();
             smol::spawn(async move {
                 let mut printer = StatusPrinter::default();
                 loop {
                     printer.show(&locker.status());
-                    smol::Timer::after(Duration::from_millis(20)).await;
+                    smol::Timer::after(every).await;
                 }
             })
-        };
+        });
         let cfg = args.job;
         let sleep = |d: Duration| async move {
             smol::Timer::after(d).await;
@@ -503,7 +517,9 @@ fn smol_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Strin
         for (name, run) in runs {
             failed |= finished(&name, run.await);
         }
-        poller.cancel().await;
+        if let Some(poller) = poller {
+            poller.cancel().await;
+        }
         // Every run is over and no locker is left: the driver ends by itself.
         driver.await;
         Ok(failed)

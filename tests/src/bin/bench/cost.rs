@@ -14,6 +14,11 @@
 //! - client CPU and memory: the same for the `replica` process (all its threads), and its
 //!   `VmRSS` at the end.
 //!
+//! The replicas run with `--status-poll 0`: no status poller (which would dominate the
+//! client's CPU at rest), hence no `pid` lines; the bench finds each locker's backend in
+//! `pg_stat_activity` by its database and `application_name` (`bench-DB`, unique per
+//! locker).
+//!
 //! The heartbeat's duration is timed separately: [`heartbeat`].
 
 use crate::failover::wait_tried;
@@ -199,6 +204,8 @@ struct Subject {
     spec: Spec,
     db: String,
     node: Node,
+    /// The locker's `application_name`.
+    app: String,
     backend: i32,
     /// The session holding the keys a standby waits for.
     _keyholder: Option<Pg>,
@@ -213,7 +220,7 @@ fn measure(cluster: &Cluster, admin: &Pg, bin: &Path, plan: &Plan, specs: &[Spec
         let (design, driver, role, leases) = spec;
         let db = db_name(design, driver, role, leases);
         let lease = format!("{}-{leases}", design.name());
-        let rc = replica(
+        let mut rc = replica(
             &plan.intervals,
             driver,
             design,
@@ -221,6 +228,10 @@ fn measure(cluster: &Cluster, admin: &Pg, bin: &Path, plan: &Plan, specs: &[Spec
             &lease,
             leases,
         );
+        // No status poller: at rest only the locker and its runtime run.
+        rc.status_poll = Duration::ZERO;
+        let app = format!("bench-{db}");
+        rc.app_name = Some(app.clone());
         let keyholder = match role {
             Role::Hold => None,
             Role::Standby => {
@@ -247,27 +258,44 @@ fn measure(cluster: &Cluster, admin: &Pg, bin: &Path, plan: &Plan, specs: &[Spec
             spec,
             db,
             node,
+            app,
             backend: 0,
             _keyholder: keyholder,
         });
     }
     for s in &mut subjects {
         let node = &s.node;
-        s.backend = node
-            .wait_pid(0, setup)
-            .map_err(|e| failed("a locker printed no backend pid", e, &[node]))?
-            .0;
-        match s.spec.2 {
-            Role::Hold => node
-                .wait_starts(s.spec.3, setup)
-                .map(drop)
-                .map_err(|e| failed("a locker did not win its leases", e, &[node]))?,
-            Role::Standby => wait_tried(admin, s.backend, setup)
-                .map_err(|e| failed("a locker did not stand by", e, &[node]))?,
-        }
+        let find = || {
+            backend_pid(admin, &s.db, &s.app, setup)
+                .map_err(|e| failed("a locker's backend was not found", e, &[node]))
+        };
+        s.backend = match s.spec.2 {
+            Role::Hold => {
+                node.wait_starts(s.spec.3, setup)
+                    .map_err(|e| failed("a locker did not win its leases", e, &[node]))?;
+                find()?
+            }
+            Role::Standby => {
+                let backend = find()?;
+                wait_tried(admin, backend, setup)
+                    .map_err(|e| failed("a locker did not stand by", e, &[node]))?;
+                backend
+            }
+        };
     }
     // Past the acquisition burst: one more heartbeat and try.
     sleep(plan.intervals.heartbeat.max(plan.intervals.retry) + Duration::from_millis(100));
+    for s in &subjects {
+        let now = backend_pid(admin, &s.db, &s.app, Duration::ZERO)
+            .map_err(|e| failed("a locker's backend was not found", e, &[&s.node]))?;
+        if now != s.backend {
+            return Err(failed(
+                "a locker reconnected before the window",
+                format!("backend {} became {now}", s.backend),
+                &[&s.node],
+            ));
+        }
+    }
 
     let cpu_pairs = |subjects: &[Subject]| -> R<Vec<(Cpu, Cpu)>> {
         subjects
@@ -318,6 +346,31 @@ fn measure(cluster: &Cluster, admin: &Pg, bin: &Path, plan: &Plan, specs: &[Spec
         });
     }
     Ok(out)
+}
+
+/// The backend of the one session in database `db` whose `application_name` is `app`,
+/// once there is exactly one (waits up to `timeout`).
+fn backend_pid(admin: &Pg, db: &str, app: &str, timeout: Duration) -> R<i32> {
+    let deadline = monotonic_nanos() + timeout.as_nanos() as u64;
+    let sql = format!(
+        "SELECT pid FROM pg_stat_activity WHERE datname = '{db}' AND application_name = '{app}'"
+    );
+    loop {
+        let pids: Vec<i32> = admin
+            .rows(&sql)?
+            .into_iter()
+            .filter_map(|r| r.into_iter().next().flatten()?.parse().ok())
+            .collect();
+        if let [pid] = pids[..] {
+            return Ok(pid);
+        }
+        if monotonic_nanos() > deadline {
+            return Err(format!(
+                "sessions of {app} in {db}: {pids:?}, not exactly one within {timeout:?}"
+            ));
+        }
+        sleep(Duration::from_millis(10));
+    }
 }
 
 /// Statements per second from `(time, xact_commit)` samples: between the first and the

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p lease-tests --bin bench -- [--quick] [--reps N] [--out DIR]
+//!     [--only failover|cost]
 //! ```
 //!
 //! Starts an ephemeral PostgreSQL server ([`Cluster`]), runs `replica` processes (the
@@ -14,6 +15,9 @@
 //! - statements/s and server CPU per locker holding or standing by for 1, 100, 1,000
 //!   leases, the heartbeat's duration against the number of keys held, and the client
 //!   process's CPU and memory at rest ([`cost`]).
+//!
+//! `--only failover` or `--only cost` runs one of the two phases (the report then leaves
+//! the other's sections out).
 //!
 //! Writes `DIR/results.md`, `DIR/results.json` and `DIR/failover.svg` ([`report`]).
 
@@ -116,10 +120,30 @@ pub fn failed(what: &str, error: impl std::fmt::Display, nodes: &[&Node]) -> Str
     msg
 }
 
+/// The two phases of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The failover scenarios ([`failover`]).
+    Failover,
+    /// The heartbeat timing and the database and client cost ([`cost`]).
+    Cost,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Failover => "failover",
+            Phase::Cost => "cost",
+        }
+    }
+}
+
 /// Everything the command line decides.
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub quick: bool,
+    /// Run only this phase (`--only`); `None`: both.
+    pub only: Option<Phase>,
     pub intervals: Intervals,
     /// Repetitions of the fast scenarios (graceful, kill, terminate).
     pub reps: usize,
@@ -134,18 +158,23 @@ pub struct Plan {
 }
 
 const USAGE: &str = concat!(
-    "usage: bench [--quick] [--reps N] [--out DIR]\n",
+    "usage: bench [--quick] [--reps N] [--out DIR] [--only failover|cost]\n",
     "  --quick    short intervals (retry 200 ms, heartbeat 200 ms, query timeout 500 ms,\n",
     "             guard margin 200 ms) and few repetitions: about 2.5 minutes\n",
     "  --reps N   repetitions of the fast scenarios (default 8); the slow ones\n",
     "             (partition, freeze, restart) get N / 3 rounded up\n",
-    "  --out DIR  where results.md, results.json and failover.svg go (default bench/)",
+    "  --out DIR  where results.md, results.json and failover.svg go (default bench/)\n",
+    "  --only failover|cost\n",
+    "             run one phase only: the failover scenarios, or the heartbeat timing and\n",
+    "             the database and client cost (the report leaves the other phase out;\n",
+    "             without failover scenarios no failover.svg is written)",
 );
 
 /// The plan, or `None` after `--help`.
 fn parse_args() -> R<Option<Plan>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mut quick, mut reps, mut out) = (false, 8usize, PathBuf::from("bench"));
+    let mut only = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -159,6 +188,14 @@ fn parse_args() -> R<Option<Plan>> {
                     .ok_or(format!("--reps: not a positive number: {v}"))?;
             }
             "--out" => out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
+            "--only" => {
+                only = Some(match it.next().map(String::as_str) {
+                    Some("failover") => Phase::Failover,
+                    Some("cost") => Phase::Cost,
+                    Some(other) => return Err(format!("--only: failover or cost, not {other}")),
+                    None => return Err("--only needs failover or cost".into()),
+                })
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(None);
@@ -189,6 +226,7 @@ fn parse_args() -> R<Option<Plan>> {
     }
     Ok(Some(Plan {
         quick,
+        only,
         intervals,
         reps,
         slow_reps: reps.div_ceil(3),
@@ -299,11 +337,20 @@ fn run(plan: &Plan) -> R<()> {
         plan.reps,
         plan.slow_reps
     );
-    let cells = failover::run_all(&mut cluster, &bin, plan)?;
+    let runs = |phase: Phase| plan.only.is_none_or(|only| only == phase);
+    let cells = if runs(Phase::Failover) {
+        failover::run_all(&mut cluster, &bin, plan)?
+    } else {
+        Vec::new()
+    };
     let failover_secs = began.elapsed().as_secs_f64();
-    eprintln!("bench: heartbeat duration against lease count");
-    let heartbeat = cost::heartbeat(&cluster, plan.heartbeat_reps)?;
-    let costs = cost::run_all(&cluster, &bin, plan)?;
+    let (heartbeat, costs) = if runs(Phase::Cost) {
+        eprintln!("bench: heartbeat duration against lease count");
+        let heartbeat = cost::heartbeat(&cluster, plan.heartbeat_reps)?;
+        (heartbeat, cost::run_all(&cluster, &bin, plan)?)
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let results = report::Results {
         plan: plan.clone(),
         machine,

@@ -17,17 +17,21 @@ pub struct Results {
     pub total_secs: f64,
 }
 
-/// Prints the Markdown and writes `results.md`, `results.json` and `failover.svg`.
+/// Prints the Markdown and writes `results.md`, `results.json` and (with failover
+/// scenarios) `failover.svg`.
 pub fn write(r: &Results) -> R<()> {
     let md = markdown(r);
     println!("{md}");
     let dir = &r.plan.out;
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    for (name, text) in [
+    let mut files = vec![
         ("results.md", md),
         ("results.json", json(r).to_string() + "\n"),
-        ("failover.svg", svg(r)),
-    ] {
+    ];
+    if !r.cells.is_empty() {
+        files.push(("failover.svg", svg(r)));
+    }
+    for (name, text) in files {
         let path = dir.join(name);
         std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
         eprintln!("bench: wrote {}", path.display());
@@ -200,13 +204,12 @@ fn cell_rows(r: &Results, f: impl Fn(&Cell, &Cell) -> Vec<String>) -> Vec<Vec<St
 
 fn markdown(r: &Results) -> String {
     let (p, iv, m) = (&r.plan, &r.plan.intervals, &r.machine);
-    let tick_ms = 1000 / clock_ticks_per_s();
     let mut s = format!(
         "# lease failover benchmark ({mode} mode)\n\n\
          - Command: `{cmd}`\n\
          - Machine: {nproc} CPUs ({cpu}), PostgreSQL {pg}, {date}; load average {load} at the \
          start (the machine is shared: other work adds noise)\n\
-         - Run time: {total:.0} s in all, {fo:.0} s of it failover scenarios\n\
+         - Run time: {run_time}\n\
          - Intervals ({which}): retry {retry}, heartbeat {hb}, query timeout {qt}, guard margin \
          {gm}; validity {validity}, server guard (`idle_session_timeout`) {guard}\n\
          - Repetitions: {reps} per fast scenario (graceful, kill, terminate), {slow} per slow \
@@ -224,8 +227,18 @@ fn markdown(r: &Results) -> String {
         pg = m.postgres,
         date = m.date,
         load = m.load,
-        total = r.total_secs,
-        fo = r.failover_secs,
+        run_time = match p.only {
+            None => format!(
+                "{:.0} s in all, {:.0} s of it failover scenarios",
+                r.total_secs, r.failover_secs
+            ),
+            Some(phase) => format!(
+                "{:.0} s, only the {} phase (`--only {}`)",
+                r.total_secs,
+                phase.name(),
+                phase.name()
+            ),
+        },
         which = if p.quick {
             "short, `--quick`"
         } else {
@@ -242,6 +255,18 @@ fn markdown(r: &Results) -> String {
         window = secs(iv.window()),
     );
 
+    if !r.cells.is_empty() {
+        failover_markdown(r, &mut s);
+    }
+    if !r.costs.is_empty() || !r.heartbeat.is_empty() {
+        cost_markdown(r, &mut s);
+    }
+    s
+}
+
+/// The failover gap and overlap sections.
+fn failover_markdown(r: &Results, s: &mut String) {
+    let iv = &r.plan.intervals;
     s.push_str(
         "## Failover gap (ms)\n\nFrom the fault to the first `start` of a job on any replica \
          (CLOCK_MONOTONIC). Cells: n: median / p90 / p99 / max (nearest rank; with n < 100, \
@@ -255,7 +280,7 @@ fn markdown(r: &Results) -> String {
         ]
     });
     table(
-        &mut s,
+        s,
         &["scenario", "driver", "default", "reference", "gain"],
         rows,
     );
@@ -291,12 +316,17 @@ fn markdown(r: &Results) -> String {
         "reference",
         "old won (default / reference)",
     ];
-    table(&mut s, &header, rows);
+    table(s, &header, rows);
+    s.push('\n');
+}
 
+/// The database cost, heartbeat duration and client cost sections.
+fn cost_markdown(r: &Results, s: &mut String) {
+    let tick_ms = 1000 / clock_ticks_per_s();
     let window = r.costs.last().map_or(0.0, |c| c.window_s);
     let _ = write!(
         s,
-        "\n## Database cost per locker\n\nOne locker per database, over a {window:.0} s \
+        "## Database cost per locker\n\nOne locker per database, over a {window:.0} s \
          window: all 1-lease lockers at once, the others each alone (statements reading \
          `pg_locks` pay for every lock on the server). Statements/s: \
          `pg_stat_database.xact_commit` of the locker's database between the first and last \
@@ -342,7 +372,7 @@ fn markdown(r: &Results) -> String {
         "reference",
         "CPU ratio",
     ];
-    table(&mut s, &header, rows);
+    table(s, &header, rows);
 
     s.push_str(
         "\n## Heartbeat duration against keys held (µs)\n\n\
@@ -376,14 +406,15 @@ fn markdown(r: &Results) -> String {
         "p99",
         "max",
     ];
-    table(&mut s, &header, rows);
+    table(s, &header, rows);
 
     s.push_str(
         "\n## Client cost at rest (one `replica` process, 1 lease)\n\nCPU of all the \
          process's threads in ms per second from schedstat (in parentheses utime+stime), VmRSS \
-         at the end of the window. Caveat: the `replica` test process polls its locker's \
-         status every 20 ms (to print `pid`/`valid` lines), and at rest that poller, not the \
-         locker, dominates these CPU numbers: read them as an upper bound.\n\n",
+         at the end of the window. The `replica` processes run with `--status-poll 0` (no \
+         status poller) and a job that only waits for its cancellation, so this is the locker \
+         and its runtime at rest (tokio: a multi-thread runtime with 2 workers; smol: \
+         `smol::block_on` and smol's global executor).\n\n",
     );
     let client = |c: Option<&Cost>| {
         c.map_or("-".into(), |c| {
@@ -408,8 +439,7 @@ fn markdown(r: &Results) -> String {
         "VmRSS MiB default",
         "reference",
     ];
-    table(&mut s, &header, rows);
-    s
+    table(s, &header, rows);
 }
 
 // ---- JSON ----
