@@ -29,10 +29,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
-use lease_proto::sim::Observer;
+use lease_proto::sim::{drain, Command, Observer};
 use lease_proto::{
-    key_for_name, Command, DbError, Event, Input, JobExit, LeaseId, Machine, Options, Output,
-    QueryId, Row, RunId, SessionId, Statement, HANDOVER_CHANNEL,
+    key_for_name, DbError, Event, Input, JobExit, LeaseId, Machine, Options, QueryId, Row, RunId,
+    SessionId, Statement, HANDOVER_CHANNEL,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -418,18 +418,14 @@ impl Harness {
 
     /// Drains every output through the observer.
     fn drain(&mut self) {
-        while let Some(out) = self.m.poll_output() {
-            if let Err(e) = self.obs.output(&out) {
-                panic!("observer: {e}\noutput: {out:?}");
+        let (commands, events) =
+            drain(&mut self.m, &mut self.obs).unwrap_or_else(|e| panic!("observer: {e}"));
+        for e in events {
+            if let Event::SessionReady { backend_pid, .. } = e {
+                self.pid = backend_pid;
             }
-            let c = match out {
-                Output::Command(c) => c,
-                Output::Event(Event::SessionReady { backend_pid, .. }) => {
-                    self.pid = backend_pid;
-                    continue;
-                }
-                Output::Event(_) => continue,
-            };
+        }
+        for c in commands {
             match c {
                 Command::OpenSession { session, .. } => {
                     self.session = Some(session);

@@ -85,7 +85,7 @@ pub enum Input {
     /// once with [`Outcome::Closed`], and the session is closed when no run
     /// remains.
     Close,
-    /// The connection asked for by [`Command::OpenSession`] is established.
+    /// The connection asked for by [`SessionCommand::Open`] is established.
     SessionOpened {
         /// The session from the command.
         session: SessionId,
@@ -93,12 +93,12 @@ pub enum Input {
     /// The connection failed to open, or ended (for any reason: the server
     /// ended it, the socket closed, the connection future completed).
     SessionLost {
-        /// The session from [`Command::OpenSession`].
+        /// The session from [`SessionCommand::Open`].
         session: SessionId,
         /// What the driver saw, if anything.
         error: Option<DbError>,
     },
-    /// The reply to [`Command::Query`]: every row of every result set, in order.
+    /// The reply to [`SessionCommand::Query`]: every row of every result set, in order.
     Reply {
         /// The query from the command.
         query: QueryId,
@@ -249,13 +249,14 @@ impl SessionParams {
     }
 }
 
-/// Something the driver must do.
+/// A command for the driver's connection, from
+/// [`Machine::poll_session`](crate::Machine::poll_session).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Command {
+pub enum SessionCommand {
     /// Open a new connection (dropping any previous one) with these
     /// parameters, then report [`Input::SessionOpened`] or
     /// [`Input::SessionLost`]. The machine times the attempt out itself.
-    OpenSession {
+    Open {
         /// Echo in the session inputs.
         session: SessionId,
         /// What to connect with.
@@ -270,10 +271,16 @@ pub enum Command {
         statement: Statement,
     },
     /// Close the session now (drop the connection). Report nothing back.
-    CloseSession {
+    Close {
         /// The session to close.
         session: SessionId,
     },
+}
+
+/// A command for the runs (the futures that run jobs), from
+/// [`Machine::poll_run`](crate::Machine::poll_run).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunCommand {
     /// Start (or restart) the job of `run`: it now leads.
     StartJob {
         /// The run.
@@ -298,7 +305,7 @@ pub enum Command {
         reason: Reason,
     },
     /// The run is over: return its outcome to the caller.
-    FinishRun {
+    Finish {
         /// The run.
         run: RunId,
         /// How it ended.
@@ -388,13 +395,4 @@ pub enum Event {
         /// Why.
         refusal: Refusal,
     },
-}
-
-/// One output of the machine.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Output {
-    /// Do this.
-    Command(Command),
-    /// Log or count this.
-    Event(Event),
 }

@@ -5,19 +5,58 @@
 //! clock, spawns nothing: a driver (`lease-tokio`, `lease-smol`, or your own)
 //! feeds it time, replies and job exits, and executes the commands it emits.
 //!
-//! ```text
-//! let mut m = Machine::new(Options::default(), seed)?;
-//! let run = m.run(now, LeaseId::named("sweeper")?)?;
+//! ## The drain rule
+//!
+//! After **every** input (a run, a reply, a job exit, a notification, a
+//! tick), drain the three queues until all are empty, run commands first:
+//! [`Machine::poll_run`] (jobs to start and cancel, runs to finish),
+//! [`Machine::poll_session`] (connect, send a statement, close) and
+//! [`Machine::poll_event`] (logs, metrics). Then read the clock, and sleep until
+//! [`Machine::poll_timeout`] or the next input, whichever comes first; when the
+//! timer fires, feed [`Input::Tick`]. The machine checks every deadline
+//! against the `now` it is given, so a late or spurious tick is harmless.
+//! The whole loop of a driver, compiled:
+//!
+//! ```no_run
+//! use std::time::{Duration, Instant};
+//! use lease_proto::{Event, Input, LeaseId, Machine, Options, RunCommand, SessionCommand};
+//!
+//! # fn execute_session(_: SessionCommand) {}
+//! # fn execute_run(_: RunCommand) {}
+//! # fn log(_: Event) {}
+//! # fn wait_for_input_until(_: Option<Instant>) -> Option<Input> { None }
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut machine = Machine::new(Options::default(), 0x5eed)?;
+//! let _run = machine.run(Instant::now(), LeaseId::named("sweeper")?)?;
 //! loop {
-//!     while let Some(out) = m.poll_output() {
-//!         match out {
-//!             Output::Command(c) => execute(c),   // connect, send SQL, start/cancel jobs, finish runs
-//!             Output::Event(e) => log(e),
+//!     // The drain rule: every queue, until all are empty.
+//!     loop {
+//!         let mut idle = true;
+//!         while let Some(c) = machine.poll_run() {
+//!             execute_run(c); // StartJob, CancelJob, Finish
+//!             idle = false;
+//!         }
+//!         while let Some(c) = machine.poll_session() {
+//!             execute_session(c); // Open, Query, Close
+//!             idle = false;
+//!         }
+//!         while let Some(e) = machine.poll_event() {
+//!             log(e);
+//!             idle = false;
+//!         }
+//!         if idle {
+//!             break;
 //!         }
 //!     }
-//!     let input = wait_for_input_until(m.poll_timeout());  // reply, job exit, notification, ... or Tick
-//!     m.handle_input(now(), input);
+//!     if machine.is_closed() {
+//!         return Ok(());
+//!     }
+//!     // A reply, job exit, notification, ... or `None` when the deadline passed.
+//!     let input = wait_for_input_until(machine.poll_timeout()).unwrap_or(Input::Tick);
+//!     machine.handle_input(Instant::now(), input);
+//!     # let _ = Duration::ZERO;
 //! }
+//! # }
 //! ```
 //!
 //! ## Guarantees
@@ -37,22 +76,19 @@
 //! hot standbys, transaction poolers (backend pid changes, startup options
 //! rejected or not applied), servers older than 14 (13 without the guard).
 //!
-//! ## Driving it
+//! ## Carrying out the commands
 //!
-//! After every input, drain [`Machine::poll_output`] until `None`, then sleep
-//! until [`Machine::poll_timeout`] or the next input, whichever is first, and
-//! feed [`Input::Tick`]. Commands:
-//! - [`Command::OpenSession`]: connect with [`SessionParams::options_string`]
+//! - [`SessionCommand::Open`]: connect with [`SessionParams::options_string`]
 //!   appended to the startup `options`; report [`Input::SessionOpened`] or
 //!   [`Input::SessionLost`]. Watch the connection: any end of it is
 //!   [`Input::SessionLost`], reported at once.
-//! - [`Command::Query`]: send [`Statement::sql`] with the simple-query
+//! - [`SessionCommand::Query`]: send [`Statement::sql`] with the simple-query
 //!   protocol, decode every row with [`decode_text_row`], report
 //!   [`Input::Reply`]. Report notifications as [`Input::Notification`].
-//! - [`Command::CloseSession`]: drop the connection.
-//! - [`Command::StartJob`], [`Command::CancelJob`]: start or cancel the job;
-//!   report [`Input::JobExited`] when it returns.
-//! - [`Command::FinishRun`]: hand the [`Outcome`] to the caller.
+//! - [`SessionCommand::Close`]: drop the connection.
+//! - [`RunCommand::StartJob`], [`RunCommand::CancelJob`]: start or cancel the
+//!   job; report [`Input::JobExited`] when it returns.
+//! - [`RunCommand::Finish`]: hand the [`Outcome`] to the caller.
 //!
 //! The machine owns every deadline (query timeouts, validity, backoff, retry),
 //! so a driver needs exactly one timer.
@@ -76,8 +112,8 @@ mod sql;
 pub mod sim;
 
 pub use io::{
-    Command, DbError, Event, Input, JobExit, Outcome, Output, QueryId, Reason, Refusal, RunId,
-    SessionId, SessionParams,
+    DbError, Event, Input, JobExit, Outcome, QueryId, Reason, Refusal, RunCommand, RunId,
+    SessionCommand, SessionId, SessionParams,
 };
 pub use key::{key_for_name, LeaseId, NameError};
 pub use machine::{
@@ -94,7 +130,9 @@ pub use sql::{decode_text_row, DecodeError, Row, Statement, HANDOVER_CHANNEL};
 // share it behind a mutex between threads (tokio's multi-threaded runtime):
 // it must be Send. Commands and events cross channels to job tasks: Send too.
 static_assertions::assert_impl_all!(Machine: Send, Sync);
-static_assertions::assert_impl_all!(Output: Send, Sync, Clone);
+static_assertions::assert_impl_all!(SessionCommand: Send, Sync, Clone);
+static_assertions::assert_impl_all!(RunCommand: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Event: Send, Sync, Clone);
 static_assertions::assert_impl_all!(Input: Send, Sync, Clone);
 // Errors go into `Box<dyn Error + Send + Sync>` and anyhow-style wrappers.
 static_assertions::assert_impl_all!(RunError: Send, Sync, std::error::Error);

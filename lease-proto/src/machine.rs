@@ -232,7 +232,9 @@ pub struct Machine {
     verify: bool,
     try_now: bool,
     retry_at: Option<Instant>,
-    out: VecDeque<Output>,
+    session_out: VecDeque<SessionCommand>,
+    run_out: VecDeque<RunCommand>,
+    events: VecDeque<Event>,
 }
 
 impl Machine {
@@ -260,7 +262,9 @@ impl Machine {
             verify: false,
             try_now: false,
             retry_at: None,
-            out: VecDeque::new(),
+            session_out: VecDeque::new(),
+            run_out: VecDeque::new(),
+            events: VecDeque::new(),
         })
     }
 
@@ -270,7 +274,7 @@ impl Machine {
     }
 
     /// Starts contending for `lease`. The run ends with exactly one
-    /// [`Command::FinishRun`]. After [`Input::Close`] the run is accepted and
+    /// [`RunCommand::Finish`]. After [`Input::Close`] the run is accepted and
     /// finishes at once with [`Outcome::Closed`].
     ///
     /// # Errors
@@ -293,7 +297,7 @@ impl Machine {
         let id = RunId(self.next_run);
         self.next_run += 1;
         if self.phase == Phase::Closing {
-            self.command(Command::FinishRun {
+            self.run_command(RunCommand::Finish {
                 run: id,
                 outcome: Outcome::Closed,
             });
@@ -357,15 +361,33 @@ impl Machine {
         self.pump(now);
     }
 
-    /// The next output, or `None` when there is nothing to do until the next
-    /// input or [`Machine::poll_timeout`].
-    pub fn poll_output(&mut self) -> Option<Output> {
-        self.out.pop_front()
+    /// The next command for the run futures (start, cancel, finish), or
+    /// `None`. Drain it after every input, before [`Machine::poll_session`]:
+    /// within one step a job is always started before a session command could
+    /// close the session it was won on.
+    #[must_use]
+    pub fn poll_run(&mut self) -> Option<RunCommand> {
+        self.run_out.pop_front()
+    }
+
+    /// The next command for the connection (open, query, close), or `None`.
+    /// Drain it after every input, after [`Machine::poll_run`].
+    #[must_use]
+    pub fn poll_session(&mut self) -> Option<SessionCommand> {
+        self.session_out.pop_front()
+    }
+
+    /// The next event for logs and metrics, or `None`. Events never ask for
+    /// an action; a driver may drop them.
+    #[must_use]
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
     }
 
     /// When to feed [`Input::Tick`] next, if no other input comes first.
     /// `None`: nothing is scheduled. Only deadlines that will make progress
     /// are returned, so a driver never spins.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut t = self.earliest_validity_end();
         let mut at = |x: Instant| t = Some(t.map_or(x, |t: Instant| t.min(x)));
@@ -421,7 +443,8 @@ impl Machine {
         self.phase != Phase::Open
             && self.runs.is_empty()
             && matches!(self.session, Session::Down { .. })
-            && self.out.is_empty()
+            && self.session_out.is_empty()
+            && self.run_out.is_empty()
     }
 
     /// A snapshot of the session and every run.
@@ -528,7 +551,7 @@ impl Machine {
             RunState::Wanting | RunState::Trying => self.finish(id, outcome),
             RunState::Leading { cancelled, .. } if !*cancelled => {
                 *cancelled = true;
-                self.command(Command::CancelJob { run: id, reason });
+                self.run_command(RunCommand::CancelJob { run: id, reason });
             }
             _ => {}
         }
@@ -567,8 +590,7 @@ impl Machine {
             (What::Try(keys), Ok(rows)) => self.try_done(now, q.sent, keys, &rows),
             (What::Try(keys), Err(error)) => {
                 // "Maybe acquired": the statement may have taken some locks.
-                self.out
-                    .push_back(Output::Event(Event::TryFailed { error }));
+                self.event(Event::TryFailed { error });
                 self.try_back(&keys);
                 self.verify = true;
                 self.retry_at = Some(now + self.jittered_retry());
@@ -642,11 +664,11 @@ impl Machine {
             }
         }
         self.failures = 0;
-        self.out.push_back(Output::Event(Event::SessionReady {
+        self.event(Event::SessionReady {
             session: self.session_id().expect("session is up"),
             backend_pid: pid,
             server_version: version,
-        }));
+        });
         let listen = self.opts.notify_handover;
         if let Session::Up(up) = &mut self.session {
             up.pid = Some(pid);
@@ -698,12 +720,12 @@ impl Machine {
                 };
                 r.reported_holder = None;
                 let lease = r.lease.clone();
-                self.out.push_back(Output::Event(Event::Acquired {
+                self.event(Event::Acquired {
                     run: id,
                     lease: lease.clone(),
                     token,
-                }));
-                self.command(Command::StartJob {
+                });
+                self.run_command(RunCommand::StartJob {
                     run: id,
                     lease,
                     token,
@@ -730,11 +752,11 @@ impl Machine {
             if r.reported_holder != Some(holder) {
                 r.reported_holder = Some(holder);
                 let lease = r.lease.clone();
-                self.out.push_back(Output::Event(Event::Waiting {
+                self.event(Event::Waiting {
                     run: id,
                     lease,
                     holder_pid: holder,
-                }));
+                });
             }
         }
     }
@@ -807,8 +829,7 @@ impl Machine {
                 _ => {}
             }
             if self.orphans.insert(key) {
-                self.out
-                    .push_back(Output::Event(Event::UnknownKeyReleased { key }));
+                self.event(Event::UnknownKeyReleased { key });
             }
         }
         if let Session::Up(up) = &mut self.session {
@@ -825,13 +846,13 @@ impl Machine {
         if let RunState::Leading { cancelled, .. } = r.state {
             r.state = RunState::Draining;
             let lease = r.lease.clone();
-            self.out.push_back(Output::Event(Event::Lost {
+            self.event(Event::Lost {
                 run: id,
                 lease,
                 reason: reason.clone(),
-            }));
+            });
             if !cancelled {
-                self.command(Command::CancelJob { run: id, reason });
+                self.run_command(RunCommand::CancelJob { run: id, reason });
             }
         }
     }
@@ -842,12 +863,12 @@ impl Machine {
             return;
         };
         if close {
-            self.command(Command::CloseSession { session });
+            self.session_command(SessionCommand::Close { session });
         }
-        self.out.push_back(Output::Event(Event::SessionLost {
+        self.event(Event::SessionLost {
             session,
             reason: reason.clone(),
-        }));
+        });
         let ids: Vec<RunId> = self.runs.keys().copied().collect();
         for id in ids {
             let Some(r) = self.runs.get_mut(&id) else {
@@ -875,9 +896,9 @@ impl Machine {
     }
 
     fn refuse(&mut self, now: Instant, refusal: Refusal) {
-        self.out.push_back(Output::Event(Event::Refused {
+        self.event(Event::Refused {
             refusal: refusal.clone(),
-        }));
+        });
         self.phase = Phase::Refused(refusal.clone());
         self.lose_session(now, Reason::Refused(refusal.clone()), true);
         let ids: Vec<RunId> = self.runs.keys().copied().collect();
@@ -893,8 +914,7 @@ impl Machine {
     fn released(&mut self, id: RunId, outcome: Outcome) {
         if let Some(r) = self.runs.get(&id) {
             let lease = r.lease.clone();
-            self.out
-                .push_back(Output::Event(Event::Released { run: id, lease }));
+            self.event(Event::Released { run: id, lease });
             self.finish(id, outcome);
         }
     }
@@ -902,7 +922,7 @@ impl Machine {
     fn finish(&mut self, id: RunId, outcome: Outcome) {
         if let Some(r) = self.runs.remove(&id) {
             self.keys.remove(&r.lease.key());
-            self.command(Command::FinishRun { run: id, outcome });
+            self.run_command(RunCommand::Finish { run: id, outcome });
         }
     }
 
@@ -928,11 +948,11 @@ impl Machine {
                 if needed && retry_at.is_none_or(|t| t <= now) {
                     let id = SessionId(self.next_session);
                     self.next_session += 1;
-                    self.out.push_back(Output::Event(Event::SessionOpening {
+                    self.event(Event::SessionOpening {
                         session: id,
                         failures: self.failures,
-                    }));
-                    self.command(Command::OpenSession {
+                    });
+                    self.session_command(SessionCommand::Open {
                         session: id,
                         params: self.session_params(),
                     });
@@ -1029,16 +1049,15 @@ impl Machine {
             deadline,
             what,
         });
-        self.command(Command::Query {
+        self.session_command(SessionCommand::Query {
             query: id,
             statement,
         });
     }
 
     fn close_idle(&mut self, session: SessionId) {
-        self.command(Command::CloseSession { session });
-        self.out
-            .push_back(Output::Event(Event::SessionIdle { session }));
+        self.session_command(SessionCommand::Close { session });
+        self.event(Event::SessionIdle { session });
         self.session = Session::Down { retry_at: None };
         self.failures = 0;
         self.orphans.clear();
@@ -1048,8 +1067,16 @@ impl Machine {
 
     // ---- helpers ------------------------------------------------------
 
-    fn command(&mut self, c: Command) {
-        self.out.push_back(Output::Command(c));
+    fn session_command(&mut self, c: SessionCommand) {
+        self.session_out.push_back(c);
+    }
+
+    fn run_command(&mut self, c: RunCommand) {
+        self.run_out.push_back(c);
+    }
+
+    fn event(&mut self, e: Event) {
+        self.events.push_back(e);
     }
 
     fn session_id(&self) -> Option<SessionId> {

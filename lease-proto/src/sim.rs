@@ -32,8 +32,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Command, DbError, Input, JobExit, LeaseId, Machine, Options, Outcome, Output, QueryId, RunId,
-    SessionId, Statement, HANDOVER_CHANNEL,
+    DbError, Input, JobExit, LeaseId, Machine, Options, Outcome, QueryId, RunCommand, RunId,
+    SessionCommand, SessionId, Statement, HANDOVER_CHANNEL,
 };
 
 /// A fault to inject at a point in virtual time.
@@ -730,175 +730,26 @@ impl Sim {
         self.drain(p);
     }
 
-    /// The simulated driver: executes every command of process `p`'s machine.
+    /// The simulated driver: executes every command of process `p`'s machine
+    /// by the drain rule (run commands, then session commands, then events,
+    /// until all are empty), then arms its one timer.
     fn drain(&mut self, p: usize) {
-        while let Some(out) = self.procs[p].machine.poll_output() {
-            let Output::Command(cmd) = out else {
-                if let Output::Event(e) = out {
-                    self.trace(Some(p), format!("{e:?}"));
-                }
-                continue;
-            };
-            match cmd {
-                Command::OpenSession { session, params } => {
-                    self.next_conn += 1;
-                    let conn = self.next_conn;
-                    self.procs[p].conn = Some((session, conn));
-                    let settings = params.startup_settings;
-                    self.send(p, Ev::AtServer(p, ToServer::Connect { conn, settings }));
-                }
-                Command::Query { query, statement } => {
-                    if let Statement::Release { keys, .. } = &statement {
-                        for key in keys {
-                            let running = self.procs[p].jobs.values().any(|j| j.key == *key);
-                            if running {
-                                self.violation(format!(
-                                    "p{p} releases key {key} while its job still runs"
-                                ));
-                            }
-                        }
-                    }
-                    let Some((_, conn)) = self.procs[p].conn else {
-                        continue;
-                    };
-                    self.send(
-                        p,
-                        Ev::AtServer(
-                            p,
-                            ToServer::Query {
-                                conn,
-                                query,
-                                statement,
-                            },
-                        ),
-                    );
-                }
-                Command::CloseSession { .. } => {
-                    if self.cfg.bug == Some(DriverBug::IgnoreCloseSession) {
-                        continue;
-                    }
-                    if let Some((_, conn)) = self.procs[p].conn.take() {
-                        self.send(p, Ev::AtServer(p, ToServer::Close { conn }));
-                    }
-                }
-                Command::StartJob {
-                    run,
-                    lease,
-                    token,
-                    valid_until,
-                } => {
-                    self.next_job += 1;
-                    let id = self.next_job;
-                    let key = lease.key();
-                    self.procs[p].jobs.insert(
-                        run,
-                        Job {
-                            id,
-                            key,
-                            cancelled: false,
-                            reported: false,
-                        },
-                    );
-                    self.procs[p].expect.remove(&run);
-                    *self
-                        .report
-                        .acquisitions
-                        .entry(lease.name().to_string())
-                        .or_default() += 1;
-                    let v = valid_until.saturating_duration_since(self.local(p));
-                    self.trace(
-                        Some(p),
-                        format!(
-                            "job {} starts, token {token}, valid {:.1}ms",
-                            lease.name(),
-                            v.as_secs_f64() * 1e3
-                        ),
-                    );
-                    if self.chance(self.cfg.job_exit_probability) {
-                        let after = self.uniform(self.cfg.job_lifetime);
-                        let exit = if self.chance(0.5) {
-                            JobExit::Ok
-                        } else {
-                            JobExit::Failed
-                        };
-                        let incarnation = self.procs[p].incarnation;
-                        self.push(
-                            self.now + after,
-                            Ev::JobExit {
-                                p,
-                                incarnation,
-                                run,
-                                exit,
-                                job: id,
-                            },
-                        );
-                    }
-                }
-                Command::CancelJob { run, reason } => {
-                    let incarnation = self.procs[p].incarnation;
-                    let react = self.uniform(self.cfg.job_reaction);
-                    let bug = self.cfg.bug;
-                    if let Some(j) = self.procs[p].jobs.get_mut(&run) {
-                        if !j.cancelled {
-                            j.cancelled = true;
-                            let id = j.id;
-                            self.trace(Some(p), format!("job of {run:?} cancelled: {reason}"));
-                            self.push(
-                                self.now + react,
-                                Ev::JobExit {
-                                    p,
-                                    incarnation,
-                                    run,
-                                    exit: JobExit::Ok,
-                                    job: id,
-                                },
-                            );
-                            if bug == Some(DriverBug::ReportExitEarly) {
-                                if let Some(j) = self.procs[p].jobs.get_mut(&run) {
-                                    j.reported = true;
-                                }
-                                let now = self.local(p);
-                                self.procs[p].machine.handle_input(
-                                    now,
-                                    Input::JobExited {
-                                        run,
-                                        exit: JobExit::Ok,
-                                    },
-                                );
-                            }
-                        }
-                    }
-                }
-                Command::FinishRun { run, outcome } => {
-                    let name = self.procs[p].runs.get(&run).cloned();
-                    let Some(name) = name else {
-                        self.violation(format!("p{p} finished unknown run {run:?}"));
-                        continue;
-                    };
-                    if !self.procs[p].finished.insert(run) {
-                        self.violation(format!("p{p} finished run {run:?} twice"));
-                    }
-                    if self.procs[p].jobs.contains_key(&run) && !self.procs[p].jobs[&run].reported {
-                        self.violation(format!("p{p} finished run {run:?} while its job runs"));
-                    }
-                    let expected = self.procs[p].expect.get(&run).cloned();
-                    let ok = match (&outcome, &expected) {
-                        (Outcome::Completed | Outcome::Failed, Some(e)) => outcome == *e,
-                        (Outcome::Completed | Outcome::Failed, None) => false,
-                        (Outcome::Closed, _) => self.closing,
-                        (Outcome::Refused(_), _) => true,
-                        (Outcome::Cancelled | Outcome::Abandoned, _) => false,
-                    };
-                    // A job that returned by itself but lost its lease first is
-                    // restarted, so its expectation is cleared on restart.
-                    if !ok {
-                        self.violation(format!(
-                            "p{p} run {name} finished {outcome:?}, contract expects {expected:?}"
-                        ));
-                    }
-                    self.trace(Some(p), format!("run {name} finished: {outcome:?}"));
-                    self.report.outcomes[p].push((name, outcome));
-                }
+        loop {
+            let mut idle = true;
+            while let Some(cmd) = self.procs[p].machine.poll_run() {
+                self.run_command(p, cmd);
+                idle = false;
+            }
+            while let Some(cmd) = self.procs[p].machine.poll_session() {
+                self.session_command(p, cmd);
+                idle = false;
+            }
+            while let Some(e) = self.procs[p].machine.poll_event() {
+                self.trace(Some(p), format!("{e:?}"));
+                idle = false;
+            }
+            if idle {
+                break;
             }
         }
         // Arm the one timer.
@@ -909,6 +760,175 @@ impl Sim {
             let real = local.div_f64(proc_.rate) + Duration::from_nanos(1);
             let gen = proc_.timer_gen;
             self.push(real.max(self.now), Ev::Timer(p, gen));
+        }
+    }
+
+    fn session_command(&mut self, p: usize, cmd: SessionCommand) {
+        match cmd {
+            SessionCommand::Open { session, params } => {
+                self.next_conn += 1;
+                let conn = self.next_conn;
+                self.procs[p].conn = Some((session, conn));
+                let settings = params.startup_settings;
+                self.send(p, Ev::AtServer(p, ToServer::Connect { conn, settings }));
+            }
+            SessionCommand::Query { query, statement } => {
+                if let Statement::Release { keys, .. } = &statement {
+                    for key in keys {
+                        let running = self.procs[p].jobs.values().any(|j| j.key == *key);
+                        if running {
+                            self.violation(format!(
+                                "p{p} releases key {key} while its job still runs"
+                            ));
+                        }
+                    }
+                }
+                let Some((_, conn)) = self.procs[p].conn else {
+                    return;
+                };
+                self.send(
+                    p,
+                    Ev::AtServer(
+                        p,
+                        ToServer::Query {
+                            conn,
+                            query,
+                            statement,
+                        },
+                    ),
+                );
+            }
+            SessionCommand::Close { .. } => {
+                if self.cfg.bug == Some(DriverBug::IgnoreCloseSession) {
+                    return;
+                }
+                if let Some((_, conn)) = self.procs[p].conn.take() {
+                    self.send(p, Ev::AtServer(p, ToServer::Close { conn }));
+                }
+            }
+        }
+    }
+
+    fn run_command(&mut self, p: usize, cmd: RunCommand) {
+        match cmd {
+            RunCommand::StartJob {
+                run,
+                lease,
+                token,
+                valid_until,
+            } => {
+                self.next_job += 1;
+                let id = self.next_job;
+                let key = lease.key();
+                self.procs[p].jobs.insert(
+                    run,
+                    Job {
+                        id,
+                        key,
+                        cancelled: false,
+                        reported: false,
+                    },
+                );
+                self.procs[p].expect.remove(&run);
+                *self
+                    .report
+                    .acquisitions
+                    .entry(lease.name().to_string())
+                    .or_default() += 1;
+                let v = valid_until.saturating_duration_since(self.local(p));
+                self.trace(
+                    Some(p),
+                    format!(
+                        "job {} starts, token {token}, valid {:.1}ms",
+                        lease.name(),
+                        v.as_secs_f64() * 1e3
+                    ),
+                );
+                if self.chance(self.cfg.job_exit_probability) {
+                    let after = self.uniform(self.cfg.job_lifetime);
+                    let exit = if self.chance(0.5) {
+                        JobExit::Ok
+                    } else {
+                        JobExit::Failed
+                    };
+                    let incarnation = self.procs[p].incarnation;
+                    self.push(
+                        self.now + after,
+                        Ev::JobExit {
+                            p,
+                            incarnation,
+                            run,
+                            exit,
+                            job: id,
+                        },
+                    );
+                }
+            }
+            RunCommand::CancelJob { run, reason } => {
+                let incarnation = self.procs[p].incarnation;
+                let react = self.uniform(self.cfg.job_reaction);
+                let bug = self.cfg.bug;
+                if let Some(j) = self.procs[p].jobs.get_mut(&run) {
+                    if !j.cancelled {
+                        j.cancelled = true;
+                        let id = j.id;
+                        self.trace(Some(p), format!("job of {run:?} cancelled: {reason}"));
+                        self.push(
+                            self.now + react,
+                            Ev::JobExit {
+                                p,
+                                incarnation,
+                                run,
+                                exit: JobExit::Ok,
+                                job: id,
+                            },
+                        );
+                        if bug == Some(DriverBug::ReportExitEarly) {
+                            if let Some(j) = self.procs[p].jobs.get_mut(&run) {
+                                j.reported = true;
+                            }
+                            let now = self.local(p);
+                            self.procs[p].machine.handle_input(
+                                now,
+                                Input::JobExited {
+                                    run,
+                                    exit: JobExit::Ok,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+            RunCommand::Finish { run, outcome } => {
+                let name = self.procs[p].runs.get(&run).cloned();
+                let Some(name) = name else {
+                    self.violation(format!("p{p} finished unknown run {run:?}"));
+                    return;
+                };
+                if !self.procs[p].finished.insert(run) {
+                    self.violation(format!("p{p} finished run {run:?} twice"));
+                }
+                if self.procs[p].jobs.contains_key(&run) && !self.procs[p].jobs[&run].reported {
+                    self.violation(format!("p{p} finished run {run:?} while its job runs"));
+                }
+                let expected = self.procs[p].expect.get(&run).cloned();
+                let ok = match (&outcome, &expected) {
+                    (Outcome::Completed | Outcome::Failed, Some(e)) => outcome == *e,
+                    (Outcome::Completed | Outcome::Failed, None) => false,
+                    (Outcome::Closed, _) => self.closing,
+                    (Outcome::Refused(_), _) => true,
+                    (Outcome::Cancelled | Outcome::Abandoned, _) => false,
+                };
+                // A job that returned by itself but lost its lease first is
+                // restarted, so its expectation is cleared on restart.
+                if !ok {
+                    self.violation(format!(
+                        "p{p} run {name} finished {outcome:?}, contract expects {expected:?}"
+                    ));
+                }
+                self.trace(Some(p), format!("run {name} finished: {outcome:?}"));
+                self.report.outcomes[p].push((name, outcome));
+            }
         }
     }
 
@@ -1443,26 +1463,24 @@ impl Observer {
         self.started.insert(run);
     }
 
-    /// Checks one output against the rules.
+    /// Checks one session command against the rules. Feed the commands of
+    /// one step by the drain rule: run commands first.
     ///
     /// # Errors
     /// A description of the broken rule.
-    pub fn output(&mut self, out: &Output) -> Result<(), String> {
-        let Output::Command(c) = out else {
-            return Ok(());
-        };
+    pub fn session_command(&mut self, c: &SessionCommand) -> Result<(), String> {
         match c {
-            Command::OpenSession { session, .. } => {
+            SessionCommand::Open { session, .. } => {
                 self.session = Some(*session);
                 self.inflight = None;
             }
-            Command::CloseSession { session } => {
+            SessionCommand::Close { session } => {
                 if self.session == Some(*session) {
                     self.session = None;
                     self.inflight = None;
                 }
             }
-            Command::Query { query, statement } => {
+            SessionCommand::Query { query, statement } => {
                 if self.session.is_none() {
                     return Err(format!("query {query:?} without a session"));
                 }
@@ -1490,7 +1508,17 @@ impl Observer {
                     _ => {}
                 }
             }
-            Command::StartJob { run, lease, .. } => {
+        }
+        Ok(())
+    }
+
+    /// Checks one run command against the rules.
+    ///
+    /// # Errors
+    /// A description of the broken rule.
+    pub fn run_command(&mut self, c: &RunCommand) -> Result<(), String> {
+        match c {
+            RunCommand::StartJob { run, lease, .. } => {
                 if self.jobs.insert(*run, lease.key()).is_some() {
                     return Err(format!("job of {run:?} started twice"));
                 }
@@ -1498,12 +1526,12 @@ impl Observer {
                     return Err(format!("job of {run:?} started without a session"));
                 }
             }
-            Command::CancelJob { run, .. } => {
+            RunCommand::CancelJob { run, .. } => {
                 if !self.jobs.contains_key(run) {
                     return Err(format!("cancel of {run:?} whose job does not run"));
                 }
             }
-            Command::FinishRun { run, .. } => {
+            RunCommand::Finish { run, .. } => {
                 if !self.finished.insert(*run) {
                     return Err(format!("{run:?} finished twice"));
                 }
@@ -1517,4 +1545,110 @@ impl Observer {
         }
         Ok(())
     }
+}
+
+/// One command of the machine, from either queue, as a flat value: what a
+/// hand-driven test or a fuzz target records of one step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// [`SessionCommand::Open`].
+    OpenSession {
+        /// The session.
+        session: SessionId,
+        /// Its parameters.
+        params: crate::SessionParams,
+    },
+    /// [`SessionCommand::Query`].
+    Query {
+        /// The query.
+        query: QueryId,
+        /// The statement.
+        statement: Statement,
+    },
+    /// [`SessionCommand::Close`].
+    CloseSession {
+        /// The session.
+        session: SessionId,
+    },
+    /// [`RunCommand::StartJob`].
+    StartJob {
+        /// The run.
+        run: RunId,
+        /// Its lease.
+        lease: LeaseId,
+        /// The fencing token.
+        token: i64,
+        /// Until when it is valid.
+        valid_until: Instant,
+    },
+    /// [`RunCommand::CancelJob`].
+    CancelJob {
+        /// The run.
+        run: RunId,
+        /// Why.
+        reason: crate::Reason,
+    },
+    /// [`RunCommand::Finish`].
+    FinishRun {
+        /// The run.
+        run: RunId,
+        /// How it ended.
+        outcome: Outcome,
+    },
+}
+
+impl From<SessionCommand> for Command {
+    fn from(c: SessionCommand) -> Command {
+        match c {
+            SessionCommand::Open { session, params } => Command::OpenSession { session, params },
+            SessionCommand::Query { query, statement } => Command::Query { query, statement },
+            SessionCommand::Close { session } => Command::CloseSession { session },
+        }
+    }
+}
+
+impl From<RunCommand> for Command {
+    fn from(c: RunCommand) -> Command {
+        match c {
+            RunCommand::StartJob {
+                run,
+                lease,
+                token,
+                valid_until,
+            } => Command::StartJob {
+                run,
+                lease,
+                token,
+                valid_until,
+            },
+            RunCommand::CancelJob { run, reason } => Command::CancelJob { run, reason },
+            RunCommand::Finish { run, outcome } => Command::FinishRun { run, outcome },
+        }
+    }
+}
+
+/// Drains every queue of `machine` by the drain rule (run commands, then
+/// session commands; events are returned apart), checking each command with
+/// `observer`.
+///
+/// # Errors
+/// The first rule the observer saw broken.
+pub fn drain(
+    machine: &mut Machine,
+    observer: &mut Observer,
+) -> Result<(Vec<Command>, Vec<crate::Event>), String> {
+    let mut commands = Vec::new();
+    while let Some(c) = machine.poll_run() {
+        observer.run_command(&c)?;
+        commands.push(c.into());
+    }
+    while let Some(c) = machine.poll_session() {
+        observer.session_command(&c)?;
+        commands.push(c.into());
+    }
+    let mut events = Vec::new();
+    while let Some(e) = machine.poll_event() {
+        events.push(e);
+    }
+    Ok((commands, events))
 }

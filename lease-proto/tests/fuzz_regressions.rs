@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use lease_proto::sim::{Fault, Observer, Report, Sim, SimConfig};
+use lease_proto::sim::{drain, Command, Fault, Observer, Report, Sim, SimConfig};
 use lease_proto::*;
 
 fn ms(n: u64) -> Duration {
@@ -65,20 +65,15 @@ impl Driver {
     }
 
     fn drain(&mut self) -> Vec<Command> {
-        let mut cmds = Vec::new();
-        while let Some(o) = self.m.poll_output() {
-            if let Err(e) = self.obs.output(&o) {
-                panic!("observer: {e}\noutput: {o:?}");
-            }
-            if let Output::Command(c) = o {
-                match &c {
-                    Command::OpenSession { session, .. } => self.session = Some(*session),
-                    Command::Query { query, statement } => {
-                        self.query = Some((*query, statement.clone()))
-                    }
-                    _ => {}
+        let (cmds, _) =
+            drain(&mut self.m, &mut self.obs).unwrap_or_else(|e| panic!("observer: {e}"));
+        for c in &cmds {
+            match c {
+                Command::OpenSession { session, .. } => self.session = Some(*session),
+                Command::Query { query, statement } => {
+                    self.query = Some((*query, statement.clone()))
                 }
-                cmds.push(c);
+                _ => {}
             }
         }
         if let Some(d) = self.m.poll_timeout() {

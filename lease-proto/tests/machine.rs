@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lease_proto::sim::Observer;
+use lease_proto::sim::{drain, Command, Observer};
 use lease_proto::*;
 use proptest::prelude::*;
 
@@ -54,18 +54,14 @@ impl H {
     }
 
     fn drain(&mut self) -> Vec<Command> {
-        let mut v = Vec::new();
-        while let Some(o) = self.m.poll_output() {
-            self.obs.output(&o).unwrap();
-            if let Output::Command(c) = o {
-                match &c {
-                    Command::OpenSession { session, .. } => self.session = Some(*session),
-                    Command::Query { query, statement } => {
-                        self.query = Some((*query, statement.clone()))
-                    }
-                    _ => {}
+        let (v, _) = drain(&mut self.m, &mut self.obs).unwrap();
+        for c in &v {
+            match c {
+                Command::OpenSession { session, .. } => self.session = Some(*session),
+                Command::Query { query, statement } => {
+                    self.query = Some((*query, statement.clone()))
                 }
-                v.push(c);
+                _ => {}
             }
         }
         v
@@ -580,8 +576,8 @@ fn the_session_asks_for_the_guard() {
     let mut h2 = H::new(opts());
     h2.m.run(h2.t, LeaseId::named("a").unwrap()).unwrap();
     let mut found = false;
-    while let Some(o) = h2.m.poll_output() {
-        if let Output::Command(Command::OpenSession { params, .. }) = o {
+    while let Some(o) = h2.m.poll_session() {
+        if let SessionCommand::Open { params, .. } = o {
             assert_eq!(
                 params.options_string(),
                 "-c synchronous_commit=on -c idle_session_timeout=900"
@@ -683,11 +679,11 @@ fn feed(
         obs.input(&i);
         m.handle_input(*t, i);
     }
-    while let Some(o) = m.poll_output() {
-        obs.output(&o)?;
-        match o {
-            Output::Command(Command::OpenSession { session, .. }) => last.0 = Some(session),
-            Output::Command(Command::Query { query, .. }) => last.1 = Some(query),
+    let (commands, _) = drain(m, obs)?;
+    for c in commands {
+        match c {
+            Command::OpenSession { session, .. } => last.0 = Some(session),
+            Command::Query { query, .. } => last.1 = Some(query),
             _ => {}
         }
     }
