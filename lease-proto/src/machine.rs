@@ -197,7 +197,8 @@ enum Phase {
 ///
 /// Feed it inputs with the current time ([`Machine::run`],
 /// [`Machine::handle_input`]); after every input drain
-/// [`Machine::poll_output`] until it returns `None`, then wait until
+/// [`Machine::poll_run`], [`Machine::poll_session`] and
+/// [`Machine::poll_event`] (the drain rule), then wait until
 /// [`Machine::poll_timeout`] (or the next input) and feed [`Input::Tick`].
 /// It never reads a clock, sleeps, spawns or does I/O; randomness (retry
 /// jitter) comes from the seed given to [`Machine::new`].

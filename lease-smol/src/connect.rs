@@ -6,15 +6,13 @@ use std::time::Duration;
 
 use async_io::{Async, Timer};
 use futures_lite::FutureExt as _;
-use lease_proto::DbError;
+use lease_driver::{db_error, DbError};
 use socket2::{SockRef, TcpKeepalive};
 use tokio_postgres::config::Host;
 use tokio_postgres::tls::TlsConnect;
 use tokio_postgres::{Client, Config, Connection, NoTls};
 use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt as _};
 use tokio_util::either::Either;
-
-use crate::driver::db_error;
 
 /// Makes the TLS connector for each host, like tokio-postgres's
 /// `MakeTlsConnect`, which exists only with tokio-postgres's "runtime"

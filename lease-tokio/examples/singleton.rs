@@ -11,7 +11,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().init();
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into());
-    let locker = Locker::connect(&url, Options::default())?;
+    let (locker, driver) = Locker::connect(&url, Options::default())?;
+    tokio::spawn(driver);
     let ctrl_c = async { tokio::signal::ctrl_c().await.unwrap_or(()) };
     locker
         .run_until("example-singleton", ctrl_c, |lease| async move {

@@ -1,17 +1,18 @@
 //! # lease-tokio: singleton jobs over PostgreSQL advisory locks, on tokio
 //!
 //! A [`Locker`] makes a job run on exactly one replica at a time: every
-//! replica calls [`Locker::run`] with the same lease name; one runs the job,
-//! the others stand by and take over when it returns, crashes or loses its
-//! database session. All leases of a locker ride one dedicated database
-//! session (never a pool).
+//! replica calls [`Locker::run`](lease_driver::Locker::run) with the same
+//! lease name; one runs the job, the others stand by and take over when it
+//! returns, crashes or loses its database session. All leases of a locker
+//! ride one dedicated database session (never a pool).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let locker = lease_tokio::Locker::connect(
+//! let (locker, driver) = lease_tokio::Locker::connect(
 //!     "host=127.0.0.1 user=postgres dbname=postgres",
 //!     lease_tokio::Options::default(),
 //! )?;
+//! tokio::spawn(driver); // the connection; it spawns nothing itself
 //! locker
 //!     .run("sweeper", |lease| async move {
 //!         println!("leading with fencing token {}", lease.token());
@@ -23,30 +24,21 @@
 //! # Ok(()) }
 //! ```
 //!
-//! ## Guarantees
-//!
-//! Every rule lives in the sans-IO core, [`lease_proto`]; see its crate docs
-//! for the bounds. In short: a job starts only after the server granted the
-//! key to this locker's session, the key is released only after the job
-//! returned, the job is cancelled at once when the session ends and at the
-//! latest at [`Lease::valid_until`] when the locker cannot confirm the lease,
-//! and each acquisition gets a fencing token ([`Lease::token`]) larger than
-//! every earlier one for the key.
-//!
-//! ## Defaults
-//!
-//! [`Options::default()`] is production-ready: standbys poll every 5 s (a
-//! graceful release notifies them at once), the holder verifies its keys every
-//! 5 s, a statement may take 10 s, a lease is valid 15 s past its last
-//! confirmation and the server ends a silent session 1 s after that.
+//! This crate is the tokio adapter of [`lease_driver`]: the [`Runtime`]
+//! ([`Tokio`]: tokio's clock and timer, tokio-postgres's `Config::connect`),
+//! the constructors and these docs. The locker, its runs, [`Lease`], the
+//! outcomes and errors are [`lease_driver`]'s, and every rule is
+//! [`lease_proto`](lease_driver::lease_proto)'s: read their docs for the guarantees, cancellation and
+//! errors. The smol adapter, `lease-smol`, has the same API.
 //!
 //! ## The driver
 //!
-//! [`Locker::new`] returns the locker and a [`Driver`] future that owns the
-//! connection: nothing happens until it is polled (`tokio::spawn(driver)`).
-//! [`Locker::spawn`] and [`Locker::connect`] spawn it for you. Creating a
+//! [`Locker::new`] and [`Locker::connect`] return the locker and a [`Driver`]
+//! future that owns the connection: nothing happens until it is polled
+//! (`tokio::spawn(driver)`). [`Locker::spawn`] spawns it for you. Creating a
 //! locker never needs the database: the driver connects when a run needs it
-//! and retries with backoff, logging every setback with `tracing`.
+//! and retries with backoff, logging every setback with `tracing`. Time is
+//! tokio's, so tests can run leases under `tokio::time::pause()`.
 //!
 //! The connection must reach the server directly or through a **session-mode**
 //! pool: a transaction pooler or a hot standby cannot give mutual exclusion,
@@ -58,147 +50,37 @@
 //! query timeout, and the next attempt starts from it again. A standby listed
 //! first is refused for good (the refusal is final for the locker): set
 //! `target_session_attrs=read-write` so tokio-postgres skips standbys.
-//!
-//! ## Cancellation
-//!
-//! - **Graceful**: [`Locker::run_until`]'s shutdown signal, or
-//!   [`Locker::close`]. The job's [`Lease::cancelled`] fires; the run waits
-//!   for the job to return, releases the key (waking standbys) and returns
-//!   `Ok(())`.
-//! - **Lost lease** (session lost, lease not confirmed in time): the lease is
-//!   cancelled the same way; when the job returns, the run stands by again and
-//!   calls the job anew on its next win. Jobs must therefore be restartable.
-//! - **Drop**: dropping a run future drops the job future at once (it gets no
-//!   chance to finish); the driver then releases the key.
-//! - **Driver gone**: if the [`Driver`] is dropped, the session ends with it
-//!   (the server releases every key), jobs are cancelled, and every run
-//!   returns [`RunError::DriverStopped`] once its job returned.
-//!
-//! ## Errors
-//!
-//! Construction fails only on bad [`Options`] or configuration ([`Error`]).
-//! A run returns `Ok(())` when its job completed, or on shutdown or close,
-//! and a [`RunError`] for the job's own error, a bad name, a lease already
-//! run by this locker, too many leases, a refused setup, or a stopped driver.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod driver;
-mod run;
-mod shared;
+mod runtime;
 
-use std::fmt;
-use std::future::{poll_fn, Future};
-use std::sync::Arc;
-use std::task::Poll;
+use std::ops::Deref;
 
-use lease_proto::{Input, Machine};
 use tokio_postgres::{Config, NoTls};
 
-pub use driver::{Driver, MakeTls};
-pub use lease_proto::{
-    DbError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason, Refusal,
-    SessionState, Status,
+pub use lease_driver::{
+    DbError, Error, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError,
+    Reason, Refusal, RunError, Runtime, SessionState, Status,
 };
-pub use run::Lease;
-use shared::Inner;
+pub use runtime::{MakeTls, Tokio};
 
-/// Why a locker could not be created.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Error {
-    /// The options are inconsistent.
-    Options(OptionsError),
-    /// The connection configuration is unusable (never echoes a password).
-    Config(String),
-}
+/// The connection driver of a tokio [`Locker`]: spawn it.
+pub type Driver<T = NoTls> = lease_driver::Driver<Tokio<T>>;
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Options(e) => write!(f, "invalid lease options: {e}"),
-            Error::Config(e) => write!(f, "invalid connection configuration: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Options(e) => Some(e),
-            Error::Config(_) => None,
-        }
-    }
-}
-
-/// Why a run ended without success.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunError<E> {
-    /// The job returned this error while leading; the key was released.
-    /// Displays as the job's error.
-    Job(E),
-    /// The lease name is invalid.
-    Name(NameError),
-    /// This locker already runs a lease with this key.
-    AlreadyRunning(LeaseId),
-    /// This locker already runs [`Options::max_leases`] leases.
-    TooManyLeases {
-        /// The cap in force.
-        cap: usize,
-    },
-    /// The server or the connection cannot give mutual exclusion.
-    Refused(Refusal),
-    /// The [`Driver`] was dropped or ended while the run was pending.
-    DriverStopped,
-}
-
-impl<E: fmt::Display> fmt::Display for RunError<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RunError::Job(e) => e.fmt(f),
-            RunError::Name(e) => e.fmt(f),
-            RunError::AlreadyRunning(l) => write!(f, "lease {l} is already running on this locker"),
-            RunError::TooManyLeases { cap } => write!(f, "this locker already runs {cap} leases"),
-            RunError::Refused(r) => r.fmt(f),
-            RunError::DriverStopped => f.write_str("the lease driver stopped"),
-        }
-    }
-}
-
-/// Transparent: a job's error shows as itself.
-impl<E: std::error::Error> std::error::Error for RunError<E> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            RunError::Job(e) => e.source(),
-            _ => None,
-        }
-    }
-}
-
-/// Runs jobs under leases over one dedicated database session. Create one per
+/// Runs jobs under leases over one dedicated database session: a
+/// [`lease_driver::Locker`] made for tokio, whose methods (`run`,
+/// `run_until`, `run_lease`, `close`, `status`) it derefs to. Create one per
 /// process and share it: clones are cheap and share the session.
-#[derive(Clone)]
-pub struct Locker {
-    handle: Arc<Handle>,
-}
+#[derive(Clone, Debug)]
+pub struct Locker(lease_driver::Locker);
 
-/// Dropped with the last `Locker` clone (run futures hold one): the driver may
-/// end then.
-struct Handle(Arc<Inner>);
+impl Deref for Locker {
+    type Target = lease_driver::Locker;
 
-impl Drop for Handle {
-    fn drop(&mut self) {
-        let mut s = self.0.lock();
-        s.lockers_gone = true;
-        s.drain();
-    }
-}
-
-impl fmt::Debug for Locker {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Locker")
-            .field("status", &self.status())
-            .finish()
+    fn deref(&self) -> &lease_driver::Locker {
+        &self.0
     }
 }
 
@@ -208,20 +90,28 @@ impl Locker {
     ///
     /// # Errors
     /// [`Error::Options`] for inconsistent options, [`Error::Config`] when the
-    /// config names no host.
+    /// config names no usable host.
     pub fn new<T: MakeTls>(
         config: Config,
         tls: T,
         options: Options,
     ) -> Result<(Locker, Driver<T>), Error> {
-        if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
-            return Err(Error::Config("no host given".into()));
-        }
-        let machine = Machine::new(options, shared::seed()).map_err(Error::Options)?;
-        let inner = Arc::new(Inner::new(machine));
-        let driver = Driver::new(inner.clone(), config, tls);
-        let handle = Arc::new(Handle(inner));
-        Ok((Locker { handle }, driver))
+        let (locker, driver) =
+            lease_driver::Locker::with_runtime(Tokio::new(tls), config, options)?;
+        Ok((Locker(locker), driver))
+    }
+
+    /// A locker without TLS over a libpq-style connection string, URL
+    /// (`postgres://user:password@host/db`) or key-value
+    /// (`host=... user=... dbname=...`), and its driver, which the caller
+    /// must run. Does not connect.
+    ///
+    /// # Errors
+    /// [`Error::Config`] if the string does not parse (the message never
+    /// contains the string) or names no usable host, [`Error::Options`] for
+    /// inconsistent options.
+    pub fn connect(config: &str, options: Options) -> Result<(Locker, Driver), Error> {
+        Locker::new(lease_driver::parse_config(config)?, NoTls, options)
     }
 
     /// [`Locker::new`], with the driver spawned on the current tokio runtime.
@@ -235,119 +125,5 @@ impl Locker {
         let (locker, driver) = Locker::new(config, tls, options)?;
         tokio::spawn(driver);
         Ok(locker)
-    }
-
-    /// A locker without TLS over a libpq-style connection string, URL
-    /// (`postgres://user:password@host/db`) or key-value
-    /// (`host=... user=... dbname=...`), its driver spawned. Does not connect.
-    ///
-    /// # Errors
-    /// [`Error::Config`] if the string does not parse (the message never
-    /// contains the string), [`Error::Options`] for inconsistent options.
-    ///
-    /// # Panics
-    /// Outside a tokio runtime, like `tokio::spawn`.
-    pub fn connect(config: &str, options: Options) -> Result<Locker, Error> {
-        let config = config
-            .parse::<Config>()
-            .map_err(|e| Error::Config(redact_parse_error(&e.to_string())))?;
-        Locker::spawn(config, NoTls, options)
-    }
-
-    /// Contends for the lease `name` and runs `job` while holding it, until
-    /// the job completes (see the crate docs for every outcome).
-    ///
-    /// The job runs inside the returned future, which borrows neither the
-    /// locker nor `name` (spawn it freely). The job gets a [`Lease`] and must
-    /// return promptly once [`Lease::cancelled`] fires; after a lost lease it
-    /// is called again on the next win.
-    ///
-    /// # Errors
-    /// [`RunError`]: the job's error, or why the run could not proceed.
-    pub fn run<F, Fut, E>(
-        &self,
-        name: &str,
-        job: F,
-    ) -> impl Future<Output = Result<(), RunError<E>>>
-    where
-        F: FnMut(Lease) -> Fut,
-        Fut: Future<Output = Result<(), E>>,
-    {
-        self.run_until(name, std::future::pending(), job)
-    }
-
-    /// [`Locker::run`] with a graceful shutdown signal: when `shutdown`
-    /// resolves, the job's lease is cancelled, the run waits for the job to
-    /// return, releases the key and returns `Ok(())`.
-    ///
-    /// # Errors
-    /// As [`Locker::run`].
-    pub fn run_until<S, F, Fut, E>(
-        &self,
-        name: &str,
-        shutdown: S,
-        job: F,
-    ) -> impl Future<Output = Result<(), RunError<E>>>
-    where
-        S: Future<Output = ()>,
-        F: FnMut(Lease) -> Fut,
-        Fut: Future<Output = Result<(), E>>,
-    {
-        run::run(self.clone(), LeaseId::named(name), shutdown, job)
-    }
-
-    /// [`Locker::run_until`] for any [`LeaseId`], such as a raw key shared with
-    /// other code ([`LeaseId::raw`]). Pass `std::future::pending()` for no
-    /// shutdown signal.
-    ///
-    /// # Errors
-    /// As [`Locker::run`].
-    pub fn run_lease<S, F, Fut, E>(
-        &self,
-        lease: LeaseId,
-        shutdown: S,
-        job: F,
-    ) -> impl Future<Output = Result<(), RunError<E>>>
-    where
-        S: Future<Output = ()>,
-        F: FnMut(Lease) -> Fut,
-        Fut: Future<Output = Result<(), E>>,
-    {
-        run::run(self.clone(), Ok(lease), shutdown, job)
-    }
-
-    /// Shuts every run down gracefully (their jobs are cancelled; each run
-    /// returns `Ok(())` once its job returned and its key was released), then
-    /// closes the session. Resolves when the driver has ended. Later runs
-    /// return `Ok(())` at once.
-    pub async fn close(&self) {
-        let inner = &self.handle.0;
-        inner.input(Input::Close);
-        poll_fn(|cx| {
-            let mut s = inner.lock();
-            if s.driver_gone {
-                return Poll::Ready(());
-            }
-            if !s.close_waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                s.close_waiters.push(cx.waker().clone());
-            }
-            Poll::Pending
-        })
-        .await;
-    }
-
-    /// A snapshot: the session's state and every lease with its state
-    /// (token, since, valid until).
-    pub fn status(&self) -> Status {
-        self.handle.0.lock().machine.status()
-    }
-}
-
-/// tokio-postgres's parse errors may quote one character of the input ("but
-/// got `c`"), which can be the first letter of a password: drop that part.
-fn redact_parse_error(message: &str) -> String {
-    match message.find(" but got") {
-        Some(i) => message[..i].to_string(),
-        None => message.to_string(),
     }
 }

@@ -79,7 +79,7 @@ async fn eventually<F: std::future::Future<Output = bool>>(limit: Duration, f: i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquires_and_job_sees_token_and_validity() {
     init();
-    let locker = Locker::connect(DB, opts()).unwrap();
+    let locker = spawned(DB, opts());
     let name = unique("acquire");
     let k = key(&name);
     let seen = Arc::new(Mutex::new(None));
@@ -125,9 +125,9 @@ async fn acquires_and_job_sees_token_and_validity() {
 async fn standby_takes_over_by_notify_when_the_leader_returns() {
     init();
     let name = unique("handover");
-    let a = Locker::connect(DB, opts()).unwrap();
+    let a = spawned(DB, opts());
     // The standby polls only every 5 s: a fast takeover can only come from NOTIFY.
-    let b = Locker::connect(DB, Options::default()).unwrap();
+    let b = spawned(DB, Options::default());
     let (a_started, mut a_started_rx) = mpsc::unbounded_channel();
     let (a_finish, a_finish_rx) = oneshot::channel::<()>();
     let a_returned = Arc::new(Mutex::new(None));
@@ -189,7 +189,7 @@ async fn one_locker_refuses_a_second_run_of_a_lease_and_bad_names() {
         max_leases: 2,
         ..opts()
     };
-    let locker = Locker::connect(DB, options).unwrap();
+    let locker = spawned(DB, options);
     let name = unique("twice");
     let (started, mut started_rx) = mpsc::unbounded_channel();
     let first = {
@@ -253,7 +253,7 @@ async fn one_locker_refuses_a_second_run_of_a_lease_and_bad_names() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_makes_running_runs_return_ok() {
     init();
-    let locker = Locker::connect(DB, opts()).unwrap();
+    let locker = spawned(DB, opts());
     let names = [unique("close-a"), unique("close-b")];
     let reasons = Arc::new(Mutex::new(Vec::new()));
     let (started, mut started_rx) = mpsc::unbounded_channel();
@@ -317,7 +317,7 @@ impl Drop for SetOnDrop {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_run_future_releases_the_key() {
     init();
-    let locker = Locker::connect(DB, opts()).unwrap();
+    let locker = spawned(DB, opts());
     let name = unique("drop");
     let k = key(&name);
     let dropped = Arc::new(Mutex::new(false));
@@ -352,7 +352,7 @@ async fn dropping_a_run_future_releases_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_error_is_returned_and_the_key_released() {
     init();
-    let locker = Locker::connect(DB, opts()).unwrap();
+    let locker = spawned(DB, opts());
     let name = unique("error");
     let mut calls = 0;
     let result = locker
@@ -377,7 +377,7 @@ async fn terminated_backend_cancels_the_job_at_once_and_the_run_reacquires() {
         heartbeat_interval: MS(2000),
         ..opts()
     };
-    let locker = Locker::connect(DB, options).unwrap();
+    let locker = spawned(DB, options);
     let name = unique("terminate");
     let (events, mut events_rx) = mpsc::unbounded_channel();
     let run = {
@@ -441,7 +441,7 @@ async fn terminated_backend_cancels_the_job_at_once_and_the_run_reacquires() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_until_shuts_down_gracefully() {
     init();
-    let locker = Locker::connect(DB, opts()).unwrap();
+    let locker = spawned(DB, opts());
     let name = unique("shutdown");
     let (stop, stop_rx) = oneshot::channel::<()>();
     let (started, mut started_rx) = mpsc::unbounded_channel();
@@ -488,7 +488,7 @@ async fn run_until_shuts_down_gracefully() {
         })
     };
     holder_started_rx.recv().await.unwrap();
-    let standby = Locker::connect(DB, opts()).unwrap();
+    let standby = spawned(DB, opts());
     let r = standby.run_until(&name, sleep(MS(200)), |_| async {
         panic!("standby ran") as Res
     });
@@ -500,11 +500,10 @@ async fn run_until_shuts_down_gracefully() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_server_does_not_fail_and_keeps_retrying() {
     init();
-    let locker = Locker::connect(
+    let locker = spawned(
         "host=127.0.0.1 port=1 user=postgres dbname=postgres",
         opts(),
-    )
-    .unwrap();
+    );
     let run = tokio::spawn(locker.run(&unique("unreachable"), |_| async {
         panic!("ran without a server") as Res
     }));
@@ -527,7 +526,7 @@ async fn unreachable_server_does_not_fail_and_keeps_retrying() {
 async fn dropping_the_driver_ends_pending_runs() {
     init();
     let name = unique("driver-drop");
-    let holder = Locker::connect(DB, opts()).unwrap();
+    let holder = spawned(DB, opts());
     let (started, mut started_rx) = mpsc::unbounded_channel();
     let held = {
         let (holder, name) = (holder.clone(), name.clone());
@@ -624,7 +623,8 @@ async fn construction_errors_are_typed_and_hide_passwords() {
     ] {
         match Locker::connect(s, opts()) {
             Err(Error::Config(msg)) => assert!(!msg.contains("hunter2"), "{msg}"),
-            other => panic!("{s}: {other:?}"),
+            Err(other) => panic!("{s}: {other:?}"),
+            Ok(_) => panic!("{s}: accepted"),
         }
     }
     assert!(matches!(
@@ -636,7 +636,7 @@ async fn construction_errors_are_typed_and_hide_passwords() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_keep_a_long_job_valid() {
     init();
-    let locker = Locker::connect(DB, opts()).unwrap();
+    let locker = spawned(DB, opts());
     let result = locker
         .run(&unique("long"), |lease| async move {
             let first = lease.valid_until().unwrap();
@@ -665,4 +665,11 @@ fn handles_are_shareable_and_the_driver_spawnable() {
     shareable::<Locker>();
     shareable::<lease_tokio::Lease>();
     spawnable::<lease_tokio::Driver<tokio_postgres::NoTls>>();
+}
+
+/// A locker with its driver spawned.
+fn spawned(config: &str, options: Options) -> Locker {
+    let (locker, driver) = Locker::connect(config, options).unwrap();
+    tokio::spawn(driver);
+    locker
 }

@@ -203,48 +203,14 @@ fn kind(reason: &Reason) -> &'static str {
     }
 }
 
-/// The part of a driver's `Lease` a job uses; both drivers' `Lease`s have it.
-trait JobLease: Send + Sync + 'static {
-    fn name(&self) -> &str;
-    fn token(&self) -> i64;
-    fn is_valid(&self) -> bool;
-    fn cancelled(&self) -> impl Future<Output = Reason> + Send + '_;
-}
-
-impl JobLease for lease_tokio::Lease {
-    fn name(&self) -> &str {
-        lease_tokio::Lease::name(self)
-    }
-    fn token(&self) -> i64 {
-        lease_tokio::Lease::token(self)
-    }
-    fn is_valid(&self) -> bool {
-        lease_tokio::Lease::is_valid(self)
-    }
-    fn cancelled(&self) -> impl Future<Output = Reason> + Send + '_ {
-        lease_tokio::Lease::cancelled(self)
-    }
-}
-
-impl JobLease for lease_smol::Lease {
-    fn name(&self) -> &str {
-        lease_smol::Lease::name(self)
-    }
-    fn token(&self) -> i64 {
-        lease_smol::Lease::token(self)
-    }
-    fn is_valid(&self) -> bool {
-        lease_smol::Lease::is_valid(self)
-    }
-    fn cancelled(&self) -> impl Future<Output = Reason> + Send + '_ {
-        lease_smol::Lease::cancelled(self)
-    }
-}
-
 /// The job: tick (checking validity before each "side effect") until cancelled or done.
-async fn job<L, S, F>(lease: L, cfg: JobConfig, sleep: S) -> Result<(), std::convert::Infallible>
+/// Both drivers hand out the driver core's `Lease`.
+async fn job<S, F>(
+    lease: lease_tokio::Lease,
+    cfg: JobConfig,
+    sleep: S,
+) -> Result<(), std::convert::Infallible>
 where
-    L: JobLease,
     S: Fn(Duration) -> F,
     F: Future<Output = ()> + Send,
 {

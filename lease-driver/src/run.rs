@@ -10,7 +10,8 @@ use std::time::Instant;
 use lease_proto::RunError as CoreError;
 use lease_proto::{Input, JobExit, LeaseId, NameError, Outcome, Reason, RunId};
 
-use crate::shared::{Cancel, Inner, Slot};
+use crate::cancel::Cancel;
+use crate::shared::{Inner, Slot};
 use crate::{Locker, RunError};
 
 /// The lease a job runs under, handed to each call of the job.
@@ -58,7 +59,7 @@ impl Lease {
     /// that must not overlap another replica's.
     pub fn is_valid(&self) -> bool {
         let s = self.inner.lock();
-        !self.is_cancelled() && s.machine.is_valid(self.run, Instant::now())
+        !self.is_cancelled() && s.machine.is_valid(self.run, self.inner.now())
     }
 
     /// Whether the job was asked to stop: the lease was lost, or shutdown or
@@ -122,10 +123,11 @@ where
     Fut: Future<Output = Result<(), E>>,
 {
     let lease = lease.map_err(RunError::Name)?;
-    let inner = &locker.handle.0;
+    let inner = locker.inner();
     let run = {
         let mut s = inner.lock();
-        let run = s.machine.run(Instant::now(), lease).map_err(|e| match e {
+        let now = inner.now();
+        let run = s.machine.run(now, lease).map_err(|e| match e {
             CoreError::AlreadyRunning(lease) => RunError::AlreadyRunning(lease),
             CoreError::TooManyLeases { cap } => RunError::TooManyLeases { cap },
             CoreError::Refused(refusal) => RunError::Refused(refusal),

@@ -1,41 +1,28 @@
 //! The driver future: the connection, the one query in flight, the one timer.
+//!
+//! Poll order, every round: take the session commands the core routed here
+//! and carry them out; poll the connection attempt, the connection
+//! (notifications, its end) and the query, feeding each result to the core;
+//! then read the core's next deadline and poll the timer for it. The clock
+//! is read by [`Inner::input`](crate::shared::Inner::input) when each input
+//! is fed, before the timer is polled.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
-use lease_proto::{decode_text_row, Command, DbError, Input, QueryId, Row, SessionId};
-use tokio::time::Sleep;
-use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{AsyncMessage, Client, Config, Connection, SimpleQueryMessage, Socket};
+use lease_proto::{decode_text_row, DbError, Input, QueryId, Row, SessionCommand, SessionId};
+use tokio_postgres::{AsyncMessage, Client, Config, SimpleQueryMessage};
 
+use crate::runtime::{db_error, BoxFuture, Connected, Connection, Runtime, Timer};
 use crate::shared::Inner;
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-type Connected<S> = Result<(Client, Connection<Socket, S>), tokio_postgres::Error>;
 type Reply = BoxFuture<Result<Vec<Row>, DbError>>;
-
-/// What [`Locker::new`](crate::Locker::new) accepts: any tokio-postgres TLS
-/// connector usable from a spawned task (`NoTls`, `tokio-postgres-rustls`,
-/// `postgres-native-tls`, ...). Implemented for every such type.
-pub trait MakeTls:
-    MakeTlsConnect<Socket, Stream: Send, TlsConnect: Send + TlsConnect<Socket, Future: Send>>
-    + Clone
-    + Send
-    + Sync
-    + 'static
-{
-}
-
-impl<T> MakeTls for T where
-    T: MakeTlsConnect<Socket, Stream: Send, TlsConnect: Send + TlsConnect<Socket, Future: Send>>
-        + Clone
-        + Send
-        + Sync
-        + 'static
-{
-}
+/// The one timer and the deadline it is armed for (`None`: fired).
+type Armed = (Pin<Box<dyn Timer>>, Option<Instant>);
 
 /// Inputs fed in one poll before yielding to the runtime.
 const BUDGET: usize = 64;
@@ -43,51 +30,60 @@ const BUDGET: usize = 64;
 /// Runs the database side of a [`Locker`](crate::Locker): connects, sends the
 /// core's statements, watches the connection and keeps its timer.
 ///
-/// Every run waits for it: poll it to completion (`tokio::spawn(driver)`, or
-/// use [`Locker::spawn`](crate::Locker::spawn)). It spawns nothing. It ends
-/// after [`Locker::close`](crate::Locker::close), or once every `Locker` handle
-/// is dropped and no run remains. Dropping it early ends the session (the
-/// server releases every key) and every pending run returns
+/// Every run waits for it: poll it to completion on the runtime it was made
+/// for (spawn it, or poll it beside your runs). It spawns nothing. It ends
+/// after [`Locker::close`](crate::Locker::close), or once every `Locker`
+/// handle is dropped and no run remains. Dropping it early ends the session
+/// (the server releases every key) and every pending run returns
 /// [`RunError::DriverStopped`](crate::RunError::DriverStopped) once its job
 /// has returned.
-#[must_use = "the driver does nothing unless polled: spawn it, or use Locker::spawn"]
-pub struct Driver<T: MakeTls> {
+#[must_use = "the driver does nothing unless polled: spawn it"]
+pub struct Driver<R: Runtime> {
     inner: Arc<Inner>,
+    runtime: Arc<R>,
     config: Config,
-    tls: T,
-    conn: Conn<T::Stream>,
+    conn: Conn,
     query: Option<(QueryId, Reply)>,
-    sleep: Option<Pin<Box<Sleep>>>,
+    /// Made at the first deadline.
+    timer: Option<Armed>,
     closing: bool,
 }
 
 // No field is pinned structurally: the futures are boxed, the rest moves freely.
-impl<T: MakeTls> Unpin for Driver<T> {}
+impl<R: Runtime> Unpin for Driver<R> {}
 
-enum Conn<S> {
-    Down,
-    Opening(SessionId, BoxFuture<Connected<S>>),
-    Up(SessionId, Arc<Client>, Box<Connection<Socket, S>>),
+impl<R: Runtime> fmt::Debug for Driver<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Driver")
+            .field("runtime", &self.runtime)
+            .field("session", &self.session())
+            .finish_non_exhaustive()
+    }
 }
 
-impl<T: MakeTls> Driver<T> {
-    pub(crate) fn new(inner: Arc<Inner>, config: Config, tls: T) -> Self {
-        let (conn, query, sleep) = (Conn::Down, None, None);
+enum Conn {
+    Down,
+    Opening(SessionId, BoxFuture<Connected>),
+    Up(SessionId, Arc<Client>, Box<dyn Connection>),
+}
+
+impl<R: Runtime> Driver<R> {
+    pub(crate) fn new(inner: Arc<Inner>, runtime: Arc<R>, config: Config) -> Self {
         Driver {
             inner,
+            runtime,
             config,
-            tls,
-            conn,
-            query,
-            sleep,
+            conn: Conn::Down,
+            query: None,
+            timer: None,
             closing: false,
         }
     }
 
     /// Carries out one session command of the core.
-    fn execute(&mut self, command: Command) {
+    fn execute(&mut self, command: SessionCommand) {
         match command {
-            Command::OpenSession { session, params } => {
+            SessionCommand::Open { session, params } => {
                 let mut config = self.config.clone();
                 let extra = params.options_string();
                 if !extra.is_empty() {
@@ -97,12 +93,10 @@ impl<T: MakeTls> Driver<T> {
                     };
                     config.options(options);
                 }
-                let tls = self.tls.clone();
                 self.query = None;
-                self.conn =
-                    Conn::Opening(session, Box::pin(async move { config.connect(tls).await }));
+                self.conn = Conn::Opening(session, self.runtime.connect(config));
             }
-            Command::Query { query, statement } => match &self.conn {
+            SessionCommand::Query { query, statement } => match &self.conn {
                 Conn::Up(_, client, _) => {
                     let (client, sql) = (client.clone(), statement.sql());
                     let reply = async move { rows(client.simple_query(&sql).await) };
@@ -113,13 +107,11 @@ impl<T: MakeTls> Driver<T> {
                     self.inner.input(Input::Reply { query, result });
                 }
             },
-            Command::CloseSession { session } => {
+            SessionCommand::Close { session } => {
                 if self.session() == Some(session) {
                     self.close();
                 }
             }
-            // Job commands go to the run futures, never here.
-            Command::StartJob { .. } | Command::CancelJob { .. } | Command::FinishRun { .. } => {}
         }
     }
 
@@ -143,12 +135,12 @@ impl<T: MakeTls> Driver<T> {
                 let session = *session;
                 match result {
                     Ok((client, connection)) => {
-                        self.conn = Conn::Up(session, Arc::new(client), Box::new(connection));
+                        self.conn = Conn::Up(session, Arc::new(client), connection);
                         self.inner.input(Input::SessionOpened { session });
                     }
-                    Err(e) => {
+                    Err(error) => {
                         self.close();
-                        let error = Some(db_error(&e));
+                        let error = Some(error);
                         self.inner.input(Input::SessionLost { session, error });
                     }
                 }
@@ -188,20 +180,42 @@ impl<T: MakeTls> Driver<T> {
         let Some(at) = self.inner.lock().machine.poll_timeout() else {
             return;
         };
-        let at = tokio::time::Instant::from_std(at);
-        let sleep = self
-            .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
-        if sleep.deadline() != at {
-            sleep.as_mut().reset(at);
+        let runtime = &self.runtime;
+        let (timer, armed) = self
+            .timer
+            .get_or_insert_with(|| (runtime.timer(at), Some(at)));
+        if *armed != Some(at) {
+            timer.as_mut().reset(at);
+            *armed = Some(at);
         }
-        if sleep.as_mut().poll(cx).is_ready() {
+        if timer.as_mut().poll(cx).is_ready() {
+            // A fired timer is re-armed next time, even for the same deadline.
+            *armed = None;
             self.inner.input(Input::Tick);
         }
     }
+
+    /// The driver is ending: its session goes with it, so the core learns it
+    /// lost every lease before the socket closes; every waiter wakes.
+    fn stop(&mut self) {
+        let mut s = self.inner.lock();
+        if s.driver_gone {
+            return;
+        }
+        if let Conn::Opening(session, _) | Conn::Up(session, ..) = &self.conn {
+            let error = Some(DbError::other("the lease driver stopped"));
+            s.input(Input::SessionLost {
+                session: *session,
+                error,
+            });
+        }
+        s.driver_gone = true;
+        s.session.clear();
+        s.wake_all();
+    }
 }
 
-impl<T: MakeTls> Future for Driver<T> {
+impl<R: Runtime> Future for Driver<R> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -239,28 +253,7 @@ impl<T: MakeTls> Future for Driver<T> {
     }
 }
 
-impl<T: MakeTls> Driver<T> {
-    /// The driver is ending: its session goes with it, so the core learns it
-    /// lost every lease before the socket closes; every waiter wakes.
-    fn stop(&mut self) {
-        let mut s = self.inner.lock();
-        if s.driver_gone {
-            return;
-        }
-        if let Conn::Opening(session, _) | Conn::Up(session, ..) = &self.conn {
-            let error = Some(DbError::other("the lease driver stopped"));
-            s.input(Input::SessionLost {
-                session: *session,
-                error,
-            });
-        }
-        s.driver_gone = true;
-        s.session.clear();
-        s.wake_all();
-    }
-}
-
-impl<T: MakeTls> Drop for Driver<T> {
+impl<R: Runtime> Drop for Driver<R> {
     fn drop(&mut self) {
         self.stop();
     }
@@ -279,25 +272,4 @@ fn rows(
         }
     }
     Ok(rows)
-}
-
-/// SQLSTATE and a one-line message; never the connection config.
-pub(crate) fn db_error(e: &tokio_postgres::Error) -> DbError {
-    let message = match e.as_db_error() {
-        Some(db) => db.message().to_owned(),
-        // "error connecting to server: Connection refused (os error 111)"
-        None => {
-            let mut message = e.to_string();
-            let mut source = std::error::Error::source(e);
-            while let Some(cause) = source {
-                message.push_str(&format!(": {cause}"));
-                source = cause.source();
-            }
-            message
-        }
-    };
-    DbError {
-        code: e.code().map(|c| c.code().to_owned()),
-        message: message.replace(['\r', '\n'], " "),
-    }
 }

@@ -1,23 +1,30 @@
 //! The state the driver and the run futures share, and the one place that
-//! routes the core's outputs: [`Shared::input`].
+//! routes the core's outputs: [`Shared::drain`].
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use lease_proto::{Command, Event, Input, LeaseId, Machine, Outcome, Output, Reason, RunId};
-use tokio::sync::watch;
+use lease_proto::{Input, LeaseId, Machine, Outcome, RunCommand, RunId, SessionCommand};
+
+use crate::cancel::{Cancel, CancelTx};
+use crate::log::log_event;
+
+/// The runtime's clock, shared by the driver, the runs and their leases.
+pub(crate) type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
 
 /// Behind every `Locker`, `Lease` and `Driver`.
 pub(crate) struct Inner {
     shared: Mutex<Shared>,
+    clock: Clock,
 }
 
 impl Inner {
-    pub(crate) fn new(machine: Machine) -> Inner {
+    pub(crate) fn new(machine: Machine, clock: Clock) -> Inner {
         let shared = Shared {
             machine,
+            clock: clock.clone(),
             slots: HashMap::new(),
             session: VecDeque::new(),
             dirty: false,
@@ -28,6 +35,7 @@ impl Inner {
         };
         Inner {
             shared: Mutex::new(shared),
+            clock,
         }
     }
 
@@ -40,14 +48,20 @@ impl Inner {
     pub(crate) fn input(&self, input: Input) {
         self.lock().input(input);
     }
+
+    /// The runtime's now.
+    pub(crate) fn now(&self) -> Instant {
+        (self.clock)()
+    }
 }
 
 pub(crate) struct Shared {
     pub(crate) machine: Machine,
+    clock: Clock,
     /// One per live run future.
     pub(crate) slots: HashMap<RunId, Slot>,
     /// Session commands for the driver, in order.
-    pub(crate) session: VecDeque<Command>,
+    pub(crate) session: VecDeque<SessionCommand>,
     /// An input was fed since the driver last looked (its timer may have moved).
     pub(crate) dirty: bool,
     pub(crate) driver: Option<Waker>,
@@ -63,43 +77,38 @@ pub(crate) struct Shared {
 pub(crate) struct Slot {
     pub(crate) start: Option<Start>,
     /// Cancels the `Lease` handles of the current job.
-    pub(crate) cancel: Option<watch::Sender<Option<Reason>>>,
+    pub(crate) cancel: Option<CancelTx>,
     pub(crate) outcome: Option<Outcome>,
     pub(crate) waker: Option<Waker>,
 }
 
-/// A pending [`Command::StartJob`].
+/// A pending [`RunCommand::StartJob`].
 pub(crate) struct Start {
     pub(crate) lease: LeaseId,
     pub(crate) token: i64,
-    pub(crate) cancel: watch::Receiver<Option<Reason>>,
+    pub(crate) cancel: Arc<Cancel>,
 }
 
 impl Shared {
-    /// Feeds one input, then routes everything the core says.
+    /// Feeds one input at the runtime's now, then routes everything the core says.
     pub(crate) fn input(&mut self, input: Input) {
-        self.machine.handle_input(Instant::now(), input);
+        let now = (self.clock)();
+        self.machine.handle_input(now, input);
         self.drain();
     }
 
-    /// Routes the core's outputs: job commands to their run, session commands
-    /// to the driver, events to tracing. Called after every input.
+    /// The drain rule: after every input, run commands to their run futures,
+    /// session commands to the driver, events to tracing; then wake the
+    /// driver, whose timer may have moved.
     pub(crate) fn drain(&mut self) {
-        while let Some(output) = self.machine.poll_output() {
-            let command = match output {
-                Output::Event(event) => {
-                    log_event(&event);
-                    continue;
-                }
-                Output::Command(command) => command,
-            };
+        while let Some(command) = self.machine.poll_run() {
             match command {
-                Command::StartJob {
+                RunCommand::StartJob {
                     run, lease, token, ..
                 } => {
-                    let (tx, cancel) = watch::channel(None);
+                    let cancel = Arc::new(Cancel::default());
                     self.with_slot(run, |slot| {
-                        slot.cancel = Some(tx);
+                        slot.cancel = Some(CancelTx(cancel.clone()));
                         slot.start = Some(Start {
                             lease,
                             token,
@@ -107,16 +116,21 @@ impl Shared {
                         });
                     });
                 }
-                Command::CancelJob { run, reason } => self.with_slot(run, |slot| {
+                RunCommand::CancelJob { run, reason } => self.with_slot(run, |slot| {
                     if let Some(tx) = &slot.cancel {
-                        tx.send_replace(Some(reason));
+                        tx.0.set(reason);
                     }
                 }),
-                Command::FinishRun { run, outcome } => {
+                RunCommand::Finish { run, outcome } => {
                     self.with_slot(run, |slot| slot.outcome = Some(outcome));
                 }
-                session => self.session.push_back(session),
             }
+        }
+        while let Some(command) = self.machine.poll_session() {
+            self.session.push_back(command);
+        }
+        while let Some(event) = self.machine.poll_event() {
+            log_event(&event);
         }
         self.dirty = true;
         if let Some(waker) = self.driver.take() {
@@ -143,61 +157,6 @@ impl Shared {
             }
         }
         self.close_waiters.drain(..).for_each(Waker::wake);
-    }
-}
-
-/// Logs a lease event with the lease's name and key and the run.
-macro_rules! lease_event {
-    ($level:ident, $run:expr, $lease:expr, $($rest:tt)+) => {
-        tracing::$level!(lease = $lease.name(), key = $lease.key(), run = $run.0, $($rest)+)
-    };
-}
-
-/// One log line per event.
-fn log_event(event: &Event) {
-    use tracing::{debug, error, info, warn};
-    match event {
-        Event::SessionOpening {
-            session: s,
-            failures,
-        } => debug!(session = s.0, failures, "lease session connecting"),
-        Event::SessionReady {
-            session: s,
-            backend_pid: pid,
-            server_version: v,
-        } => {
-            info!(
-                session = s.0,
-                backend_pid = pid,
-                server_version = v,
-                "lease session ready"
-            )
-        }
-        Event::SessionLost { session: s, reason } => {
-            warn!(session = s.0, %reason, "lease session lost")
-        }
-        Event::SessionIdle { session: s } => debug!(session = s.0, "lease session idle, closed"),
-        Event::Acquired { run, lease, token } => {
-            lease_event!(info, run, lease, token, "lease acquired")
-        }
-        Event::Lost { run, lease, reason } => lease_event!(warn, run, lease, %reason, "lease lost"),
-        Event::Released { run, lease } => lease_event!(info, run, lease, "lease released"),
-        Event::Waiting {
-            run,
-            lease,
-            holder_pid: pid,
-        } => {
-            lease_event!(
-                info,
-                run,
-                lease,
-                holder_pid = pid,
-                "lease held elsewhere; standing by"
-            )
-        }
-        Event::TryFailed { error } => warn!(%error, "lease try failed; verifying held keys"),
-        Event::UnknownKeyReleased { key } => warn!(key, "unlocking a key held without a run"),
-        Event::Refused { refusal } => error!(%refusal, "lease setup refused"),
     }
 }
 

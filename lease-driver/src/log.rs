@@ -1,0 +1,58 @@
+//! One tracing line per core event, with the lease name, key and run as fields.
+
+use lease_proto::Event;
+
+/// Logs a lease event with the lease's name and key and the run.
+macro_rules! lease_event {
+    ($level:ident, $run:expr, $lease:expr, $($rest:tt)+) => {
+        tracing::$level!(lease = $lease.name(), key = $lease.key(), run = $run.0, $($rest)+)
+    };
+}
+
+/// One log line per event.
+pub(crate) fn log_event(event: &Event) {
+    use tracing::{debug, error, info, warn};
+    match event {
+        Event::SessionOpening {
+            session: s,
+            failures,
+        } => debug!(session = s.0, failures, "lease session connecting"),
+        Event::SessionReady {
+            session: s,
+            backend_pid: pid,
+            server_version: v,
+        } => {
+            info!(
+                session = s.0,
+                backend_pid = pid,
+                server_version = v,
+                "lease session ready"
+            )
+        }
+        Event::SessionLost { session: s, reason } => {
+            warn!(session = s.0, %reason, "lease session lost")
+        }
+        Event::SessionIdle { session: s } => debug!(session = s.0, "lease session idle, closed"),
+        Event::Acquired { run, lease, token } => {
+            lease_event!(info, run, lease, token, "lease acquired")
+        }
+        Event::Lost { run, lease, reason } => lease_event!(warn, run, lease, %reason, "lease lost"),
+        Event::Released { run, lease } => lease_event!(info, run, lease, "lease released"),
+        Event::Waiting {
+            run,
+            lease,
+            holder_pid: pid,
+        } => {
+            lease_event!(
+                info,
+                run,
+                lease,
+                holder_pid = pid,
+                "lease held elsewhere; standing by"
+            )
+        }
+        Event::TryFailed { error } => warn!(%error, "lease try failed; verifying held keys"),
+        Event::UnknownKeyReleased { key } => warn!(key, "unlocking a key held without a run"),
+        Event::Refused { refusal } => error!(%refusal, "lease setup refused"),
+    }
+}

@@ -1,0 +1,93 @@
+//! What a runtime gives the driver: a clock, a timer, and a way to connect.
+//!
+//! This is the whole contract between [`Driver`](crate::Driver) and an async
+//! runtime. An adapter implements [`Runtime`] in about a hundred lines; it
+//! never sees a statement, a lease or a deadline of its own.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use lease_proto::DbError;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_postgres::{AsyncMessage, Client, Config};
+
+/// A boxed, sendable future.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The result of [`Runtime::connect`]: a client and its connection, or why not.
+pub type Connected = Result<(Client, Box<dyn Connection>), DbError>;
+
+/// An async runtime, as the driver needs it.
+///
+/// `now()` must be the clock that [`Runtime::timer`] fires by (tokio's
+/// `Instant` under tokio, so that `tokio::time::pause()` moves both): the
+/// machine compares every deadline with it.
+pub trait Runtime: Send + Sync + Debug + 'static {
+    /// The current time, on the clock the timers use.
+    fn now(&self) -> Instant;
+
+    /// A timer that fires at `at`.
+    fn timer(&self, at: Instant) -> Pin<Box<dyn Timer>>;
+
+    /// Opens a session with `config` (which already carries the lease
+    /// session's startup options). Bounding the attempt is the machine's job;
+    /// honour `connect_timeout` per address if the runtime can.
+    fn connect(&self, config: Config) -> BoxFuture<Connected>;
+}
+
+/// A resettable timer: fires once at its deadline.
+pub trait Timer: Send + Debug {
+    /// Moves the deadline; a fired timer fires again at the new one.
+    fn reset(self: Pin<&mut Self>, at: Instant);
+
+    /// Ready once the deadline has passed.
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()>;
+}
+
+/// The connection half of a session: polled by the driver for notifications
+/// and for its end. Implemented for every tokio-postgres `Connection`.
+pub trait Connection: Send {
+    /// tokio-postgres's `Connection::poll_message`.
+    fn poll_message(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<AsyncMessage, tokio_postgres::Error>>>;
+}
+
+impl<S, T> Connection for tokio_postgres::Connection<S, T>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+    T: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    fn poll_message(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<AsyncMessage, tokio_postgres::Error>>> {
+        tokio_postgres::Connection::poll_message(self, cx)
+    }
+}
+
+/// A tokio-postgres error as the machine wants it: the SQLSTATE and a
+/// one-line message, never the connection config.
+pub fn db_error(e: &tokio_postgres::Error) -> DbError {
+    let message = match e.as_db_error() {
+        Some(db) => db.message().to_owned(),
+        // "error connecting to server: Connection refused (os error 111)"
+        None => {
+            let mut message = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                message.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            message
+        }
+    };
+    DbError {
+        code: e.code().map(|c| c.code().to_owned()),
+        message: message.replace(['\r', '\n'], " "),
+    }
+}

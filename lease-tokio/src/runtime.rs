@@ -1,0 +1,86 @@
+//! The tokio runtime for the driver core: tokio's clock and timer, and
+//! tokio-postgres's own `Config::connect`.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use lease_driver::{db_error, BoxFuture, Connected, Connection, Runtime, Timer};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Config, Socket};
+
+/// What [`Locker::new`](crate::Locker::new) accepts: any tokio-postgres TLS
+/// connector usable from a spawned task (`NoTls`, `tokio-postgres-rustls`,
+/// `postgres-native-tls`, ...). Implemented for every such type.
+pub trait MakeTls:
+    MakeTlsConnect<Socket, Stream: Send, TlsConnect: Send + TlsConnect<Socket, Future: Send>>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> MakeTls for T where
+    T: MakeTlsConnect<Socket, Stream: Send, TlsConnect: Send + TlsConnect<Socket, Future: Send>>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// The driver core's [`Runtime`] on tokio, connecting with `T`.
+///
+/// Time is tokio's: under `tokio::time::pause()` the machine's clock and its
+/// timer move together.
+pub struct Tokio<T> {
+    tls: T,
+}
+
+impl<T> Tokio<T> {
+    /// The tokio runtime, connecting with `tls`.
+    pub fn new(tls: T) -> Tokio<T> {
+        Tokio { tls }
+    }
+}
+
+impl<T> fmt::Debug for Tokio<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Tokio")
+    }
+}
+
+impl<T: MakeTls> Runtime for Tokio<T> {
+    fn now(&self) -> Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
+    fn timer(&self, at: Instant) -> Pin<Box<dyn Timer>> {
+        Box::pin(Sleep(Box::pin(tokio::time::sleep_until(at.into()))))
+    }
+
+    fn connect(&self, config: Config) -> BoxFuture<Connected> {
+        let tls = self.tls.clone();
+        Box::pin(async move {
+            let (client, connection) = config.connect(tls).await.map_err(|e| db_error(&e))?;
+            Ok((client, Box::new(connection) as Box<dyn Connection>))
+        })
+    }
+}
+
+/// tokio's `Sleep` as the driver's timer.
+#[derive(Debug)]
+struct Sleep(Pin<Box<tokio::time::Sleep>>);
+
+impl Timer for Sleep {
+    fn reset(mut self: Pin<&mut Self>, at: Instant) {
+        self.0.as_mut().reset(at.into());
+    }
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.as_mut().poll(cx)
+    }
+}
