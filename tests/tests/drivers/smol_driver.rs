@@ -8,6 +8,8 @@ use lease_smol::{Error, Options};
 
 use crate::{init, opts, Res, MS};
 
+// Included by both drivers' files on purpose: the suite compiles once per driver.
+#[allow(clippy::duplicate_mod)]
 #[path = "suite.rs"]
 mod suite;
 
