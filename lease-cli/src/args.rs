@@ -16,8 +16,9 @@ Start `lease run NAME -- COMMAND` on every replica: one of them runs COMMAND, th
 and take over when it exits, crashes, is stopped or loses its database session. No schema, no
 extra service: just the database you already have.
 
-First time? `lease demo` starts a throwaway PostgreSQL, runs three replicas of a small job and
-kills, freezes, partitions and stops the leader in turn while you watch failover happen.";
+First time? In a clone of the repository, `cargo run -p lease-tests --bin demo` starts a throwaway
+PostgreSQL, runs three replicas of a small job under `lease run` and kills, freezes, partitions and
+stops the leader in turn while you watch failover happen.";
 
 const CONNECTION_HELP: &str = "\
 CONNECTION (every subcommand):
@@ -115,25 +116,6 @@ pub enum Cmd {
                       pg_advisory_lock(bigint) or pg_locks. No database is contacted."
     )]
     Key(KeyArgs),
-    /// Watch failover work: three replicas of a small job, their leader killed, frozen,
-    /// partitioned and stopped in turn
-    #[command(
-        long_about = "Watch failover work.\n\nWith no database configured (no --database-url, \
-                      no DATABASE_URL, no PGHOST) it starts a throwaway PostgreSQL (the binaries \
-                      must be installed: initdb and postgres, found via pg_config, PATH or \
-                      /usr/lib/postgresql/*/bin); otherwise it uses the configured one. It runs \
-                      three replicas of `lease run demo-job -- <a tiny job>` as real processes, \
-                      each through its own fault-injecting TCP proxy, and in turn kills the \
-                      leader with SIGKILL, freezes it (SIGSTOP, later SIGCONT), partitions it \
-                      from the database, and stops it with SIGTERM. It prints a live timeline \
-                      and a summary of each failover: the gap without a job, any overlap of two \
-                      jobs, and the fencing tokens before and after. Takes about 15 seconds.",
-        after_long_help = CONNECTION_HELP
-    )]
-    Demo(DemoArgs),
-    /// The tiny job `lease demo` runs (prints a heartbeat with its token every 100 ms)
-    #[command(hide = true)]
-    DemoWorker,
 }
 
 /// How to reach the database; shared by every subcommand that connects.
@@ -262,17 +244,6 @@ pub struct KeyArgs {
     /// The lease name
     #[arg(value_name = "NAME")]
     pub name: String,
-}
-
-/// Options of `lease demo`.
-#[derive(Debug, Args)]
-pub struct DemoArgs {
-    /// Also show every log line of the three `lease run` replicas
-    #[arg(long, short)]
-    pub verbose: bool,
-
-    #[command(flatten)]
-    pub conn: ConnArgs,
 }
 
 /// How log lines look on stderr.

@@ -9,7 +9,6 @@
 //! `sslmode` `disable`, `allow` and `prefer` connect without it, `require` and
 //! stronger are refused up front.
 
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
 
@@ -60,28 +59,6 @@ pub struct Target {
     /// Where it points, for log lines: hosts, ports, database, user. Never the
     /// password.
     pub summary: String,
-}
-
-impl Target {
-    /// The first TCP host and port when the first host is a loopback address
-    /// (`127.0.0.0/8`, `::1` or `localhost`), for `lease demo`'s proxies.
-    #[cfg_attr(not(feature = "demo"), allow(dead_code))]
-    pub fn loopback_tcp(&self) -> Option<std::net::SocketAddr> {
-        let port = self.config.get_ports().first().copied().unwrap_or(5432);
-        let ip: IpAddr = match self.config.get_hosts().first()? {
-            Host::Tcp(h) if h == "localhost" => IpAddr::from([127, 0, 0, 1]),
-            Host::Tcp(h) => h.parse().ok()?,
-            Host::Unix(_) => return None,
-        };
-        ip.is_loopback().then_some((ip, port).into())
-    }
-}
-
-/// Whether a database is configured at all: `--database-url`, a non-empty
-/// `DATABASE_URL` or `PGHOST`.
-#[cfg_attr(not(feature = "demo"), allow(dead_code))]
-pub fn configured(args: &ConnArgs) -> bool {
-    args.database_url.is_some() || env("DATABASE_URL").is_some() || env("PGHOST").is_some()
 }
 
 /// Resolves the connection from the arguments and the process environment.
@@ -577,7 +554,6 @@ mod tests {
         assert_eq!(hosts(&t.config), ["127.0.0.1"]);
         assert_eq!(t.config.get_ports(), [5433]);
         assert_eq!(t.config.get_password(), Some(&b"pwAx"[..]));
-        assert_eq!(t.loopback_tcp(), Some("127.0.0.1:5433".parse().unwrap()));
         let t = resolve_from(None, &env).unwrap();
         assert_eq!(hosts(&t.config), ["ignored"]);
     }

@@ -5,7 +5,6 @@
 //!   leading ([`run`], [`child`]).
 //! - `lease status [NAME...]`: who holds which lease ([`status`]).
 //! - `lease key NAME`: the advisory-lock key of a name.
-//! - `lease demo`: failover, live, against a throwaway server ([`demo`]).
 //!
 //! Exit statuses: 2 for bad usage (nothing is sent to the database), 1 for
 //! errors, and for `lease run` the command's own status.
@@ -20,7 +19,6 @@ compile_error!(
 mod args;
 mod child;
 mod conn;
-mod demo;
 mod log;
 mod run;
 mod status;
@@ -49,8 +47,6 @@ fn dispatch(cli: Cli) -> i32 {
         Cmd::Run(args) => run::main(args),
         Cmd::Status(args) => status::main(args),
         Cmd::Key(args) => status::key(args),
-        Cmd::Demo(args) => demo::main(args),
-        Cmd::DemoWorker => demo::worker(),
     }
 }
 
