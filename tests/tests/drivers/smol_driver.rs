@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 pub use lease_smol as lease;
-use lease_smol::{Error, Options};
+use lease_smol::Options;
 
 use crate::{init, opts, Res, MS};
 
