@@ -77,18 +77,18 @@ impl NetNs {
             partitioned: false,
         };
         // From here on, `Drop` cleans up whatever was created.
-        ns.ip(&["netns", "add", &ns.name.clone()])?;
-        let (host_if, ns_if, name) = (ns.host_if.clone(), ns.ns_if.clone(), ns.name.clone());
+        ns.ip(&["netns", "add", &ns.name])?;
+        let (host_if, ns_if, name) = (&ns.host_if, &ns.ns_if, &ns.name);
         ns.ip(&[
-            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
+            "link", "add", host_if, "type", "veth", "peer", "name", ns_if,
         ])?;
-        ns.ip(&["link", "set", &ns_if, "netns", &name])?;
+        ns.ip(&["link", "set", ns_if, "netns", name])?;
         let host_cidr = format!("{}/30", ns.host_addr);
         let ns_cidr = format!("{}/30", ns.ns_addr);
-        ns.ip(&["addr", "add", &host_cidr, "dev", &host_if])?;
-        ns.ip(&["link", "set", &host_if, "up"])?;
-        ns.ip_in(&["addr", "add", &ns_cidr, "dev", &ns_if])?;
-        ns.ip_in(&["link", "set", &ns_if, "up"])?;
+        ns.ip(&["addr", "add", &host_cidr, "dev", host_if])?;
+        ns.ip(&["link", "set", host_if, "up"])?;
+        ns.ip_in(&["addr", "add", &ns_cidr, "dev", ns_if])?;
+        ns.ip_in(&["link", "set", ns_if, "up"])?;
         ns.ip_in(&["link", "set", "lo", "up"])?;
         Ok(ns)
     }
@@ -147,8 +147,8 @@ impl NetNs {
         }
         self.partitioned = true;
         for chain in ["INPUT", "FORWARD"] {
-            self.iptables_root(&["-I", chain, "-i", &self.host_if.clone(), "-j", "DROP"])?;
-            self.iptables_in(&["-I", chain, "-i", &self.ns_if.clone(), "-j", "DROP"])?;
+            self.iptables_root(&["-I", chain, "-i", &self.host_if, "-j", "DROP"])?;
+            self.iptables_in(&["-I", chain, "-i", &self.ns_if, "-j", "DROP"])?;
         }
         Ok(())
     }
@@ -160,9 +160,8 @@ impl NetNs {
         }
         let mut first_error = None;
         for chain in ["INPUT", "FORWARD"] {
-            let root =
-                self.iptables_root(&["-D", chain, "-i", &self.host_if.clone(), "-j", "DROP"]);
-            let inside = self.iptables_in(&["-D", chain, "-i", &self.ns_if.clone(), "-j", "DROP"]);
+            let root = self.iptables_root(&["-D", chain, "-i", &self.host_if, "-j", "DROP"]);
+            let inside = self.iptables_in(&["-D", chain, "-i", &self.ns_if, "-j", "DROP"]);
             for result in [root, inside] {
                 if let Err(e) = result {
                     first_error.get_or_insert(e);
@@ -217,8 +216,8 @@ impl Drop for NetNs {
         // them first. The namespace's own rules go with the namespace.
         let _ = self.heal();
         // Deleting one end of a veth pair deletes both.
-        let _ = self.ip(&["link", "del", &self.host_if.clone()]);
-        let _ = self.ip(&["netns", "del", &self.name.clone()]);
+        let _ = self.ip(&["link", "del", &self.host_if]);
+        let _ = self.ip(&["netns", "del", &self.name]);
     }
 }
 
