@@ -8,6 +8,7 @@ use crate::{
 use std::env;
 use std::fs::{self, File};
 use std::io::Write;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::Duration;
@@ -35,7 +36,7 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 /// A throw-away PostgreSQL server in its own temporary directory, on a random loopback port.
 ///
 /// Superuser `postgres`, trust authentication, TCP on 127.0.0.1 only (plus a private unix
-/// socket directory). Dropping it stops the server (immediate mode) and deletes everything.
+/// socket directory, and the address given to [`Cluster::start_listening`]). Dropping it stops the server (immediate mode) and deletes everything.
 /// When the tests run as root, the server runs as [`crate::UNPRIVILEGED_USER`].
 pub struct Cluster {
     dir: TempDir,
@@ -48,6 +49,22 @@ pub struct Cluster {
 impl Cluster {
     /// Creates a new cluster with `initdb` and starts it.
     pub fn start() -> Result<Cluster, KitError> {
+        Cluster::start_with("", "")
+    }
+
+    /// Like [`Cluster::start`], but listening on `addr` too (same port, besides 127.0.0.1)
+    /// and trusting connections from the network `clients` (CIDR, e.g. a
+    /// [`crate::NetNs::network`]). `addr` must exist on an interface of this namespace.
+    pub fn start_listening(addr: Ipv4Addr, clients: &str) -> Result<Cluster, KitError> {
+        Cluster::start_with(
+            &format!("listen_addresses = '127.0.0.1,{addr}'\n"),
+            &format!("host all all {clients} trust\n"),
+        )
+    }
+
+    /// Creates and starts a cluster with `conf` appended to `postgresql.conf` (after
+    /// [`CONFIG`]) and `hba` to `pg_hba.conf`.
+    fn start_with(conf: &str, hba: &str) -> Result<Cluster, KitError> {
         let bindir = find_bindir()?;
         if !bindir.join("psql").is_file() {
             return Err(KitError::Missing(format!(
@@ -69,12 +86,17 @@ impl Cluster {
             "initdb",
             COMMAND_TIMEOUT,
         )?;
-        let conf = data.join("postgresql.conf");
-        File::options()
-            .append(true)
-            .open(&conf)
-            .and_then(|mut f| f.write_all(CONFIG.as_bytes()))
-            .map_err(io_err(format!("appending settings to {}", conf.display())))?;
+        for (file, text) in [
+            ("postgresql.conf", format!("{CONFIG}{conf}")),
+            ("pg_hba.conf", hba.to_owned()),
+        ] {
+            let path = data.join(file);
+            File::options()
+                .append(true)
+                .open(&path)
+                .and_then(|mut f| f.write_all(text.as_bytes()))
+                .map_err(io_err(format!("appending settings to {}", path.display())))?;
+        }
         let mut cluster = Cluster {
             dir,
             bindir,
@@ -169,7 +191,10 @@ impl Cluster {
         self.launch()
     }
 
-    /// Stops the server in immediate mode (no checkpoint; the next start runs recovery).
+    /// Stops the server in immediate mode, like `pg_ctl stop -m immediate` (no checkpoint,
+    /// WAL not yet written is lost; the next start runs recovery). On a standby this pauses
+    /// replication: after [`Cluster::start_again`] it catches up if its primary is reachable,
+    /// and otherwise stays behind (and can then be [promoted](Cluster::promote)).
     pub fn stop(&mut self) -> Result<(), KitError> {
         self.shutdown(libc::SIGQUIT)
     }
@@ -222,6 +247,22 @@ impl Cluster {
         // pid cannot make the new postmaster think the old one still runs.
         let _ = fs::remove_file(self.data_dir().join("postmaster.pid"));
         self.launch()
+    }
+
+    /// Promotes this hot standby to a primary (`pg_promote`), waiting until it accepts
+    /// writes. It then no longer follows its old primary and starts a new timeline.
+    pub fn promote(&self) -> Result<(), KitError> {
+        let promoted = self.sql("SELECT pg_promote(true, 60)")?;
+        let in_recovery = self.sql("SELECT pg_is_in_recovery()")?;
+        if promoted != "t" || in_recovery != "f" {
+            return Err(KitError::Failed {
+                context: format!(
+                    "pg_promote returned {promoted:?}, pg_is_in_recovery {in_recovery:?}"
+                ),
+                detail: file_tail(&self.log_path(), 20),
+            });
+        }
+        Ok(())
     }
 
     /// Runs `query` with `psql` as `postgres` in database `postgres` over TCP and returns

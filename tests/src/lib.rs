@@ -9,6 +9,7 @@
 //! - [`FaultProxy`]: a loopback TCP proxy that can pass, black-hole, reset or delay traffic.
 //! - [`Replica`]: a child process whose output lines are timestamped on arrival.
 //! - [`PgBouncer`]: a pgbouncer in front of a [`Cluster`].
+//! - [`NetNs`]: a network namespace on a veth link that can be cut like a real network.
 //!
 //! Failures are [`KitError`]s; a missing binary is an error that says what to install
 //! (`.ci/install-deps` installs everything), never a silent skip. The admin helpers block
@@ -18,12 +19,14 @@
 //! them as the system user [`UNPRIVILEGED_USER`], creating it if needed.
 
 pub mod cluster;
+pub mod netns;
 pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
 pub mod scenario;
 
 pub use cluster::Cluster;
+pub use netns::NetNs;
 pub use pgbouncer::{PgBouncer, PoolMode};
 pub use process::{monotonic_nanos, pid_alive, Line, Replica, Stream};
 pub use proxy::{FaultProxy, Mode};
@@ -180,7 +183,7 @@ pub(crate) fn run_as() -> Result<Option<RunAs>, KitError> {
 
 /// Opens (creating, never truncating or following a symlink) and exclusively locks `path`;
 /// the lock is released when the returned file is dropped.
-fn lock_file(path: &Path) -> Result<fs::File, KitError> {
+pub(crate) fn lock_file(path: &Path) -> Result<fs::File, KitError> {
     let file = fs::File::options()
         .append(true)
         .create(true)

@@ -160,7 +160,18 @@ impl ReplicaConfig {
 
     /// Spawns the replica; `label` names it in messages.
     pub fn spawn(&self, bin: &Path, label: &str) -> Result<Node, KitError> {
-        let replica = Replica::spawn(self.command(bin))?;
+        self.spawn_wrapped(bin, label, |cmd| cmd)
+    }
+
+    /// Like [`ReplicaConfig::spawn`], with the command line passed through `wrap` first
+    /// (for example [`crate::NetNs::wrap`], to run the replica in a network namespace).
+    pub fn spawn_wrapped(
+        &self,
+        bin: &Path,
+        label: &str,
+        wrap: impl FnOnce(Command) -> Command,
+    ) -> Result<Node, KitError> {
+        let replica = Replica::spawn(wrap(self.command(bin)))?;
         Ok(Node {
             label: format!("{label}({})", self.driver.name()),
             config: self.clone(),

@@ -372,3 +372,88 @@ fn standby_is_in_recovery() -> Result<(), KitError> {
     assert!(standby.sql("CREATE TABLE nope (x int)").is_err());
     Ok(())
 }
+
+#[test]
+fn stopped_standby_lags_and_is_promoted() -> Result<(), KitError> {
+    let mut primary = Cluster::start()?;
+    let mut standby = primary.start_standby()?;
+    primary.sql("CREATE TABLE seen (x int); INSERT INTO seen VALUES (1)")?;
+    let lsn = primary.sql("SELECT pg_current_wal_insert_lsn()")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while standby.sql(&format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'"))? != "t" {
+        assert!(Instant::now() < deadline, "the standby did not catch up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    standby.stop()?;
+    primary.sql("INSERT INTO seen VALUES (2)")?;
+    primary.stop()?;
+    standby.start_again()?;
+    assert_eq!(standby.sql("SELECT pg_is_in_recovery()")?, "t");
+    let t = Instant::now();
+    standby.promote()?;
+    eprintln!("promote: {:?}", t.elapsed());
+    assert_eq!(standby.sql("SELECT pg_is_in_recovery()")?, "f");
+    assert_eq!(
+        standby.sql("SELECT string_agg(x::text, ',') FROM seen")?,
+        "1"
+    );
+    standby.sql("INSERT INTO seen VALUES (3)")?;
+    Ok(())
+}
+
+/// `SELECT 1` by `psql` run inside `ns` against `cluster` on the veth address, with a
+/// 2 s connect timeout: whether it worked.
+fn psql_from_netns(ns: &lease_tests::NetNs, cluster: &Cluster) -> bool {
+    ns.command(cluster.bindir().join("psql"))
+        .args(["-X", "-A", "-t", "-c", "SELECT 1"])
+        .args([
+            "-h",
+            &ns.host_addr().to_string(),
+            "-p",
+            &cluster.port().to_string(),
+        ])
+        .args(["-U", "postgres", "-d", "postgres"])
+        .env("PGCONNECT_TIMEOUT", "2")
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "1")
+}
+
+#[test]
+fn netns_reaches_the_cluster_until_partitioned() -> Result<(), KitError> {
+    let mut ns = lease_tests::NetNs::create()?;
+    let name = ns.name().to_owned();
+    assert_ne!(ns.host_addr(), ns.ns_addr());
+    let cluster = Cluster::start_listening(ns.host_addr(), &ns.network())?;
+    assert!(
+        psql_from_netns(&ns, &cluster),
+        "no connection from the netns"
+    );
+    ns.partition()?;
+    assert!(ns.is_partitioned());
+    let t = Instant::now();
+    assert!(!psql_from_netns(&ns, &cluster), "connected through the cut");
+    assert!(
+        t.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    ns.heal()?;
+    assert!(
+        psql_from_netns(&ns, &cluster),
+        "no connection after healing"
+    );
+    ns.partition()?;
+    drop(ns);
+    let list = Command::new("ip").args(["netns", "list"]).output();
+    let list = String::from_utf8_lossy(&list.map(|o| o.stdout).unwrap_or_default()).into_owned();
+    assert!(
+        !list
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(name.as_str())),
+        "{list}"
+    );
+    let rules = Command::new("iptables").arg("-S").output();
+    let rules = String::from_utf8_lossy(&rules.map(|o| o.stdout).unwrap_or_default()).into_owned();
+    assert!(!rules.contains(&name), "rules left behind:\n{rules}");
+    Ok(())
+}
