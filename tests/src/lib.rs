@@ -24,7 +24,7 @@ pub mod proxy;
 pub mod scenario;
 
 pub use cluster::Cluster;
-pub use pgbouncer::{PgBouncer, PoolMode};
+pub use pgbouncer::{PgBouncer, PoolMode, Settings as PgBouncerSettings};
 pub use process::{monotonic_nanos, pid_alive, Line, Replica, Stream};
 pub use proxy::{FaultProxy, Mode};
 
