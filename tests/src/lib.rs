@@ -27,7 +27,7 @@ pub mod scenario;
 
 pub use cluster::Cluster;
 pub use netns::NetNs;
-pub use pgbouncer::{PgBouncer, PoolMode};
+pub use pgbouncer::{PgBouncer, PoolMode, Settings as PgBouncerSettings};
 pub use process::{monotonic_nanos, pid_alive, Line, Replica, Stream};
 pub use proxy::{FaultProxy, Mode};
 

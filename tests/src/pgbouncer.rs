@@ -19,11 +19,32 @@ pub enum PoolMode {
     Transaction,
 }
 
+/// What [`PgBouncer::start_with`] configures beyond the fixed settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// `default_pool_size`: server connections per user and database (default 2).
+    pub pool_size: u32,
+    /// `ignore_startup_parameters`: startup parameters pgbouncer accepts from clients and
+    /// drops (default `extra_float_digits`). Adding `options` makes it accept and silently
+    /// drop the `-c name=value` startup settings.
+    pub ignore_startup_parameters: Vec<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            pool_size: 2,
+            ignore_startup_parameters: vec!["extra_float_digits".to_owned()],
+        }
+    }
+}
+
 /// A pgbouncer process on a random port of 127.0.0.1, forwarding to a [`Cluster`].
 ///
 /// Trust authentication for user `postgres` (also its admin user: database `pgbouncer` is
-/// the admin console), `default_pool_size = 2`, `max_client_conn = 100`; every database name
-/// is forwarded to the same name on the cluster. Dropping it kills pgbouncer.
+/// the admin console), `max_client_conn = 100`, pool size and ignored startup parameters
+/// from [`Settings`] (`default_pool_size = 2` by default); every database name is forwarded
+/// to the same name on the cluster. Dropping it kills pgbouncer.
 pub struct PgBouncer {
     _dir: TempDir,
     port: u16,
@@ -31,8 +52,19 @@ pub struct PgBouncer {
 }
 
 impl PgBouncer {
-    /// Starts pgbouncer in front of `cluster` and waits until it accepts TCP connections.
+    /// Starts pgbouncer in front of `cluster` with the default [`Settings`] and waits until
+    /// it accepts TCP connections.
     pub fn start(cluster: &Cluster, mode: PoolMode) -> Result<PgBouncer, KitError> {
+        PgBouncer::start_with(cluster, mode, &Settings::default())
+    }
+
+    /// Starts pgbouncer in front of `cluster` with `settings` and waits until it accepts TCP
+    /// connections.
+    pub fn start_with(
+        cluster: &Cluster,
+        mode: PoolMode,
+        settings: &Settings,
+    ) -> Result<PgBouncer, KitError> {
         let binary = find_pgbouncer()?;
         let user = run_as()?;
         let dir = TempDir::new("lease-pgbouncer", user)?;
@@ -58,14 +90,16 @@ impl PgBouncer {
              admin_users = postgres\n\
              pool_mode = {pool_mode}\n\
              max_client_conn = 100\n\
-             default_pool_size = 2\n\
+             default_pool_size = {pool_size}\n\
              server_login_retry = 1\n\
-             ignore_startup_parameters = extra_float_digits\n\
+             ignore_startup_parameters = {ignored}\n\
              pidfile = {pidfile}\n",
             host = cluster.host(),
             cluster_port = cluster.port(),
             userlist = userlist.display(),
             pidfile = path.join("pgbouncer.pid").display(),
+            pool_size = settings.pool_size,
+            ignored = settings.ignore_startup_parameters.join(","),
         );
         fs::write(&ini, config).map_err(io_err(format!("writing {}", ini.display())))?;
         fs::write(&userlist, "\"postgres\" \"\"\n")
