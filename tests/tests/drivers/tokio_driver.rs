@@ -105,3 +105,76 @@ pub mod rt {
         client
     }
 }
+
+// lease-tokio alone: its clock is tokio's.
+
+/// The machine reads tokio's clock, the one its timer fires by: under
+/// `tokio::time::pause()`, advancing virtual time past the lease's validity
+/// cancels the job at once, in real milliseconds, without any reply. (With the
+/// system clock beside a tokio timer, the timer fired in virtual time while the
+/// machine saw real time: the job ran on for the real validity window.)
+#[test]
+fn paused_tokio_time_expires_the_lease_in_virtual_time() {
+    use std::time::{Duration, Instant};
+
+    use lease_tokio::{Options, Reason};
+
+    use crate::{init, opts};
+
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime")
+        .block_on(async {
+            init();
+            let options = Options {
+                retry_interval: Duration::from_secs(30),
+                heartbeat_interval: Duration::from_secs(30),
+                query_timeout: Duration::from_secs(30),
+                ..opts()
+            };
+            let validity = options.validity_window();
+            let locker = rt::connect(crate::DB, options).expect("connect");
+            let (done, result) = smol::channel::bounded(1);
+            let run = locker.run(&crate::unique(rt::NAME, "paused"), move |lease| {
+                let done = done.clone();
+                async move {
+                    if done.is_closed() {
+                        // Called again after the loss: nothing more to check.
+                        lease.cancelled().await;
+                        return Ok::<(), std::io::Error>(());
+                    }
+                    // Leading, on real time. From here on, time is virtual.
+                    tokio::time::pause();
+                    assert!(lease.is_valid());
+                    let real = Instant::now();
+                    tokio::time::advance(validity + Duration::from_secs(1)).await;
+                    let reason = tokio::time::timeout(validity, lease.cancelled()).await;
+                    let _ = done.send((reason, lease.is_valid(), real.elapsed())).await;
+                    done.close();
+                    Ok(())
+                }
+            });
+            let checked = futures_lite::future::or(
+                async { Some(result.recv().await.expect("the job reports")) },
+                async {
+                    let _ = run.await;
+                    None
+                },
+            )
+            .await;
+            let (reason, valid_after, took) =
+                checked.expect("the run ended before the job reported");
+            assert!(
+                matches!(reason, Ok(Reason::ValidityExpired)),
+                "after advancing virtual time past the validity window: {reason:?}"
+            );
+            assert!(!valid_after, "still valid after its validity window");
+            assert!(
+                took < Duration::from_secs(5),
+                "cancelled {took:?} (real) after the virtual deadline"
+            );
+            eprintln!("paused tokio time: cancelled {took:?} (real) after advancing past validity");
+            locker.close().await;
+        });
+}
