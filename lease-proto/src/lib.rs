@@ -117,14 +117,17 @@ pub use io::{
 };
 pub use key::{key_for_name, LeaseId, NameError};
 pub use machine::{
-    LeaseState, LeaseStatus, Machine, RunError, SessionState, Status, MIN_SERVER_VERSION,
+    LeaseState, LeaseStatus, Machine, RunError, SessionState, Status, Timer, MIN_SERVER_VERSION,
     MIN_SERVER_VERSION_GUARD, RECONNECT_BASE,
 };
 pub use options::{
     Options, OptionsError, DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_MAX_LEASES,
     DEFAULT_QUERY_TIMEOUT, DEFAULT_RETRY_INTERVAL, MAX_MAX_LEASES, RETRY_JITTER,
 };
-pub use sql::{decode_text_row, DecodeError, Row, Statement, HANDOVER_CHANNEL};
+pub use sql::{
+    decode_text_row, DecodeError, HeartbeatReply, HolderRow, ReleaseReply, ReplyError, Row,
+    SetupReply, Statement, TryReply, ADVISORY_KEY_SQL, HANDOVER_CHANNEL, HOLDERS_SQL,
+};
 
 // Drivers move the machine into the task that owns the connection and may
 // share it behind a mutex between threads (tokio's multi-threaded runtime):
