@@ -378,7 +378,9 @@ impl HeartbeatReply {
 
     /// The rows a server sends for this reply.
     pub fn to_rows(&self) -> Vec<Row> {
-        let pid = self.backend_pid.map(|p| vec![Some(heartbeat_tag::BACKEND_PID), Some(p)]);
+        let pid = self
+            .backend_pid
+            .map(|p| vec![Some(heartbeat_tag::BACKEND_PID), Some(p)]);
         let held = (self.held.iter()).map(|k| vec![Some(heartbeat_tag::HELD_KEY), Some(*k)]);
         pid.into_iter().chain(held).collect()
     }
@@ -528,9 +530,9 @@ mod tests {
     fn try_reply_counts_one_answer_per_key_tried() {
         let rows = vec![
             vec![Some(1), Some(5), None],
-            vec![Some(1), None, Some(3)],  // second answer for 1
-            vec![Some(4), Some(5), None],  // not tried
-            vec![Some(2)],                 // malformed: 2 stays unanswered
+            vec![Some(1), None, Some(3)], // second answer for 1
+            vec![Some(4), Some(5), None], // not tried
+            vec![Some(2)],                // malformed: 2 stays unanswered
         ];
         let r = TryReply::parse(&[1, 2], &rows);
         assert_eq!(r.won, vec![(1, 5)]);
@@ -555,6 +557,8 @@ mod tests {
     fn the_key_expression_is_shared() {
         assert!(HOLDERS_SQL.contains(ADVISORY_KEY_SQL));
         assert!(Statement::Heartbeat.sql().contains(ADVISORY_KEY_SQL));
-        assert!(Statement::TryLock { keys: vec![1] }.sql().contains(ADVISORY_KEY_SQL));
+        assert!(Statement::TryLock { keys: vec![1] }
+            .sql()
+            .contains(ADVISORY_KEY_SQL));
     }
 }

@@ -354,3 +354,141 @@ impl Machine {
         now
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sql::{SetupReply, Statement, TryReply};
+
+    fn query(m: &mut Machine) -> (QueryId, Statement) {
+        while m.poll_run().is_some() || m.poll_event().is_some() {}
+        let mut last = None;
+        while let Some(c) = m.poll_session() {
+            if let SessionCommand::Query { query, statement } = c {
+                last = Some((query, statement));
+            }
+        }
+        last.expect("a statement was sent")
+    }
+
+    #[test]
+    fn the_timeout_reason_follows_the_state() {
+        let opts = Options::default();
+        let t = Instant::now();
+        let mut m = Machine::new(opts.clone(), 1).unwrap();
+        assert_eq!(m.timeout_reason(), None);
+        m.run(t, LeaseId::named("a").unwrap()).unwrap();
+        assert_eq!(m.timeout_reason(), Some(Timer::Connect));
+        assert_eq!(m.poll_timeout(), Some(t + opts.query_timeout));
+        m.handle_input(
+            t,
+            Input::SessionOpened {
+                session: SessionId(0),
+            },
+        );
+        assert_eq!(m.timeout_reason(), Some(Timer::Query));
+        let (q, _) = query(&mut m);
+        let setup = SetupReply {
+            server_version: 170_000,
+            in_recovery: false,
+            backend_pid: 7,
+            idle_session_timeout_ms: Some(opts.guard_timeout().as_millis() as i64),
+        };
+        let result = Ok(setup.to_rows());
+        m.handle_input(t, Input::Reply { query: q, result });
+        let (q, listen) = query(&mut m);
+        assert_eq!(listen, Statement::Listen);
+        m.handle_input(
+            t,
+            Input::Reply {
+                query: q,
+                result: Ok(vec![]),
+            },
+        );
+        let (q, Statement::TryLock { keys }) = query(&mut m) else {
+            panic!("expected a try");
+        };
+        let won = TryReply {
+            won: vec![(keys[0], 99)],
+            ..TryReply::default()
+        };
+        let result = Ok(won.to_rows());
+        m.handle_input(t, Input::Reply { query: q, result });
+        // Leading, nothing in flight: the heartbeat comes before validity ends.
+        assert_eq!(m.timeout_reason(), Some(Timer::Heartbeat));
+        assert_eq!(m.poll_timeout(), Some(t + opts.heartbeat_interval));
+        m.handle_input(
+            t,
+            Input::SessionLost {
+                session: SessionId(0),
+                error: None,
+            },
+        );
+        // The run still needs the session (its job is stopping: not yet).
+        assert_eq!(m.timeout_reason(), None);
+        let run = RunId(0);
+        m.handle_input(
+            t,
+            Input::JobExited {
+                run,
+                exit: JobExit::Ok,
+            },
+        );
+        assert_eq!(m.timeout_reason(), Some(Timer::Backoff));
+        assert!(matches!(m.status().session, SessionState::Backoff { .. }));
+    }
+
+    #[test]
+    fn a_standby_shows_the_holder_its_last_try_saw() {
+        let opts = Options {
+            notify_handover: false,
+            ..Options::default()
+        };
+        let t = Instant::now();
+        let mut m = Machine::new(opts.clone(), 1).unwrap();
+        m.run(t, LeaseId::named("a").unwrap()).unwrap();
+        m.handle_input(
+            t,
+            Input::SessionOpened {
+                session: SessionId(0),
+            },
+        );
+        let (q, _) = query(&mut m);
+        let setup = SetupReply {
+            server_version: 170_000,
+            in_recovery: false,
+            backend_pid: 7,
+            idle_session_timeout_ms: Some(opts.guard_timeout().as_millis() as i64),
+        };
+        m.handle_input(
+            t,
+            Input::Reply {
+                query: q,
+                result: Ok(setup.to_rows()),
+            },
+        );
+        let standby = |m: &Machine| m.status().leases[0].state.clone();
+        assert_eq!(standby(&m), LeaseState::Standby { holder_pid: None });
+        let (q, Statement::TryLock { keys }) = query(&mut m) else {
+            panic!("expected a try");
+        };
+        let held = TryReply {
+            not_won: vec![(keys[0], Some(4242))],
+            ..TryReply::default()
+        };
+        m.handle_input(
+            t,
+            Input::Reply {
+                query: q,
+                result: Ok(held.to_rows()),
+            },
+        );
+        assert_eq!(
+            standby(&m),
+            LeaseState::Standby {
+                holder_pid: Some(4242)
+            }
+        );
+        assert_eq!(m.timeout_reason(), Some(Timer::Retry));
+    }
+}

@@ -105,9 +105,7 @@ impl Machine {
         !matches!(self.phase, Phase::Refused(_))
             && self.runs.values().any(|r| match &r.state {
                 RunState::Stopping(Stopping::Lost { .. }) => false,
-                RunState::Standby(s) if s.step == StandbyStep::Waiting => {
-                    self.phase == Phase::Open
-                }
+                RunState::Standby(s) if s.step == StandbyStep::Waiting => self.phase == Phase::Open,
                 RunState::Standby(_)
                 | RunState::Leading(_)
                 | RunState::Stopping(Stopping::Held { .. })

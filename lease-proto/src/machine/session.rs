@@ -22,7 +22,8 @@ impl Machine {
         });
         self.session = Session::Connecting { id };
         self.timers.stop(Timer::Backoff);
-        self.timers.set(Timer::Connect, now + self.opts.query_timeout);
+        self.timers
+            .set(Timer::Connect, now + self.opts.query_timeout);
     }
 
     pub(super) fn session_opened(&mut self, now: Instant, session: SessionId) {
@@ -38,7 +39,12 @@ impl Machine {
         self.send(now, What::Setup);
     }
 
-    pub(super) fn session_lost(&mut self, now: Instant, session: SessionId, error: Option<DbError>) {
+    pub(super) fn session_lost(
+        &mut self,
+        now: Instant,
+        session: SessionId,
+        error: Option<DbError>,
+    ) {
         if self.session_id() != Some(session) {
             return;
         }
@@ -48,7 +54,12 @@ impl Machine {
         }
     }
 
-    pub(super) fn reply(&mut self, now: Instant, query: QueryId, result: Result<Vec<Row>, DbError>) {
+    pub(super) fn reply(
+        &mut self,
+        now: Instant,
+        query: QueryId,
+        result: Result<Vec<Row>, DbError>,
+    ) {
         let Session::Up(up) = &mut self.session else {
             return;
         };

@@ -69,9 +69,7 @@ impl RunState {
     /// its job has not returned.
     pub(super) fn held(&self) -> Option<&Held> {
         match self {
-            RunState::Leading(held) | RunState::Stopping(Stopping::Held { held, .. }) => {
-                Some(held)
-            }
+            RunState::Leading(held) | RunState::Stopping(Stopping::Held { held, .. }) => Some(held),
             _ => None,
         }
     }
