@@ -42,7 +42,6 @@ pub const RECONNECT_BASE: Duration = Duration::from_millis(50);
 
 /// Why [`Machine::run`] refused a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum RunError {
     /// This machine already runs a lease with that key. Advisory locks are
     /// re-entrant within a session, so two runs would both believe they lead.
