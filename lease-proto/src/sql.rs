@@ -226,9 +226,11 @@ pub enum ReplyError {
 impl fmt::Display for ReplyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ReplyError::SetupIncomplete { .. } => f.write_str("malformed setup reply"),
-            ReplyError::HeartbeatRow(_) => f.write_str("malformed heartbeat reply"),
-            ReplyError::ReleaseRow(_) => f.write_str("malformed release reply"),
+            ReplyError::SetupIncomplete { missing } => {
+                write!(f, "malformed setup reply: no {missing}")
+            }
+            ReplyError::HeartbeatRow(row) => write!(f, "malformed heartbeat reply: row {row:?}"),
+            ReplyError::ReleaseRow(row) => write!(f, "malformed release reply: row {row:?}"),
         }
     }
 }

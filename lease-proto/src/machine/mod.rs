@@ -301,6 +301,7 @@ impl Machine {
     // ---- queries ------------------------------------------------------
 
     /// Query: the options in force.
+    #[must_use]
     pub fn options(&self) -> &Options {
         &self.opts
     }
@@ -308,6 +309,7 @@ impl Machine {
     /// Query: until when the lease of `run` is valid, if it leads: the send
     /// time of the last statement that confirmed it plus the validity window.
     /// A job must not act past it.
+    #[must_use]
     pub fn valid_until(&self, run: RunId) -> Option<Instant> {
         match &self.runs.get(&run)?.state {
             RunState::Leading(held) => Some(held.confirmed + self.opts.validity_window()),
@@ -316,6 +318,7 @@ impl Machine {
     }
 
     /// Query: whether `run` leads with a lease still valid at `now`.
+    #[must_use]
     pub fn is_valid(&self, run: RunId, now: Instant) -> bool {
         self.valid_until(run).is_some_and(|v| now < v)
     }
@@ -324,6 +327,7 @@ impl Machine {
     /// its setup, see [`Refusal`]), no run is left and the session is closed.
     /// A driver may stop then; later runs are answered by [`Machine::run`]
     /// itself (finished `Closed`, or refused) without a driver.
+    #[must_use]
     pub fn is_closed(&self) -> bool {
         self.phase != Phase::Open
             && self.runs.is_empty()

@@ -81,6 +81,7 @@ pub struct Status {
 
 impl Machine {
     /// Query: a snapshot of the session and every run.
+    #[must_use]
     pub fn status(&self) -> Status {
         let session = match (&self.phase, &self.session) {
             (Phase::Refused(r), _) => SessionState::Refused(r.clone()),

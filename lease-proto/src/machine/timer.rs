@@ -77,3 +77,36 @@ impl TimerTable {
             .min_by_key(|(_, at)| *at)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_is_in_discriminant_order() {
+        for (i, t) in Timer::ALL.into_iter().enumerate() {
+            assert_eq!(t as usize, i);
+        }
+    }
+
+    #[test]
+    fn next_is_the_earliest_armed_deadline() {
+        let t = Instant::now();
+        let mut table = TimerTable::default();
+        assert_eq!(table.next(|_| true), None);
+        table.set(Timer::Heartbeat, t);
+        table.set(Timer::Validity, t);
+        table.set(Timer::Backoff, t - std::time::Duration::from_secs(1));
+        assert_eq!(
+            table.next(|_| true),
+            Some((Timer::Backoff, table.get(Timer::Backoff).unwrap()))
+        );
+        assert_eq!(
+            table.next(|x| x != Timer::Backoff),
+            Some((Timer::Validity, t))
+        );
+        table.stop(Timer::Validity);
+        assert!(table.expired(Timer::Heartbeat, t));
+        assert!(!table.expired(Timer::Validity, t));
+    }
+}
