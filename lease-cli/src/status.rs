@@ -2,46 +2,19 @@
 
 use std::time::Duration;
 
-use lease_proto::{key_for_name, LeaseId};
+use lease_proto::{key_for_name, HolderRow, LeaseId, HOLDERS_SQL};
 use serde_json::json;
 use tokio_postgres::NoTls;
 
 use crate::args::{KeyArgs, StatusArgs};
 use crate::{conn, usage_error, EXIT_FAILURE};
 
-/// Every granted single-bigint advisory lock of this database, with its
-/// holder's session.
-const HELD_SQL: &str = "\
-SELECT (l.classid::bigint << 32) | l.objid::bigint AS key, l.pid, l.mode,
-       a.application_name, host(a.client_addr), a.client_port,
-       to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-       to_char(a.state_change AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
-       a.state
-FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-ORDER BY 1, 2";
-
-/// One held key and its holder.
-#[derive(Debug, Clone, Default, PartialEq)]
-struct Holder {
-    key: i64,
-    pid: Option<i32>,
-    mode: Option<String>,
-    application_name: Option<String>,
-    client_addr: Option<String>,
-    client_port: Option<i32>,
-    backend_start: Option<String>,
-    state_change: Option<String>,
-    state: Option<String>,
-}
-
 /// One line of output: a lease (named or not) and its holder, if any.
 #[derive(Debug, Clone, PartialEq)]
 struct Entry {
     name: Option<String>,
     key: i64,
-    holder: Option<Holder>,
+    holder: Option<HolderRow>,
 }
 
 /// Runs `lease key`.
@@ -106,21 +79,21 @@ pub fn main(args: StatusArgs) -> i32 {
     0
 }
 
-async fn query(config: &tokio_postgres::Config) -> Result<Vec<Holder>, String> {
+async fn query(config: &tokio_postgres::Config) -> Result<Vec<HolderRow>, String> {
     let (client, connection) = config
         .connect(NoTls)
         .await
         .map_err(|e| conn::error_chain(&e))?;
     let connection = tokio::spawn(connection);
     let rows = client
-        .query(HELD_SQL, &[])
+        .query(HOLDERS_SQL, &[])
         .await
         .map_err(|e| conn::error_chain(&e))?;
     drop(client);
     let _ = tokio::time::timeout(Duration::from_secs(1), connection).await;
     let mut held = Vec::with_capacity(rows.len());
     for row in rows {
-        let holder = Holder {
+        let holder = HolderRow {
             key: row.try_get(0).map_err(|e| conn::error_chain(&e))?,
             pid: row.try_get(1).map_err(|e| conn::error_chain(&e))?,
             mode: row.try_get(2).map_err(|e| conn::error_chain(&e))?,
@@ -137,7 +110,7 @@ async fn query(config: &tokio_postgres::Config) -> Result<Vec<Holder>, String> {
 }
 
 /// The named leases (held or not), or every held key when none is named.
-fn entries(ids: &[LeaseId], held: Vec<Holder>) -> Vec<Entry> {
+fn entries(ids: &[LeaseId], held: Vec<HolderRow>) -> Vec<Entry> {
     if ids.is_empty() {
         return held
             .into_iter()
@@ -172,12 +145,12 @@ fn entries(ids: &[LeaseId], held: Vec<Holder>) -> Vec<Entry> {
 
 /// The lease name of a holder that runs `lease run` (application_name
 /// `lease:NAME`, confirmed by the key).
-fn guess_name(h: &Holder) -> Option<String> {
+fn guess_name(h: &HolderRow) -> Option<String> {
     let name = h.application_name.as_deref()?.strip_prefix("lease:")?;
     (key_for_name(name) == h.key).then(|| name.to_owned())
 }
 
-fn client(h: &Holder) -> Option<String> {
+fn client(h: &HolderRow) -> Option<String> {
     match (&h.client_addr, h.client_port) {
         (Some(a), Some(p)) if p > 0 => Some(format!("{a}:{p}")),
         (Some(a), _) => Some(a.clone()),
@@ -261,14 +234,14 @@ fn table(entries: &[Entry], all: bool) -> String {
 mod tests {
     use super::*;
 
-    fn holder(key: i64, app: &str) -> Holder {
-        Holder {
+    fn holder(key: i64, app: &str) -> HolderRow {
+        HolderRow {
             key,
             pid: Some(42),
             application_name: Some(app.to_owned()),
             client_addr: Some("127.0.0.1".to_owned()),
             client_port: Some(5000),
-            ..Holder::default()
+            ..HolderRow::default()
         }
     }
 

@@ -54,5 +54,6 @@ pub(crate) fn log_event(event: &Event) {
         Event::TryFailed { error } => warn!(%error, "lease try failed; verifying held keys"),
         Event::UnknownKeyReleased { key } => warn!(key, "unlocking a key held without a run"),
         Event::Refused { refusal } => error!(%refusal, "lease setup refused"),
+        other => debug!(event = ?other, "lease event"),
     }
 }

@@ -67,6 +67,7 @@ pub enum JobExit {
 
 /// An input to [`Machine::handle_input`](crate::Machine::handle_input).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Input {
     /// The job of `run` exited. Ignored unless that job is running.
     JobExited {
@@ -119,6 +120,7 @@ pub enum Input {
 
 /// Why a job is cancelled, or a lease lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Reason {
     /// The session ended (connection closed, server terminated it, restart).
     SessionLost(Option<DbError>),
@@ -157,6 +159,7 @@ impl fmt::Display for Reason {
 /// A setup that cannot give mutual exclusion. Final for the machine: every run
 /// finishes with [`Outcome::Refused`] and later runs are refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Refusal {
     /// The server is a hot standby (`pg_is_in_recovery()`): advisory locks
     /// taken there exclude nothing on the primary.
@@ -315,6 +318,7 @@ pub enum RunCommand {
 
 /// Something that happened, for logs and metrics.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Event {
     /// A connection attempt starts.
     SessionOpening {

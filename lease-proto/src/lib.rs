@@ -14,7 +14,8 @@
 //! [`Machine::poll_event`] (logs, metrics). Then read the clock, and sleep until
 //! [`Machine::poll_timeout`] or the next input, whichever comes first; when the
 //! timer fires, feed [`Input::Tick`]. The machine checks every deadline
-//! against the `now` it is given, so a late or spurious tick is harmless.
+//! against the `now` it is given, so a late or spurious tick is harmless;
+//! [`Machine::timeout_reason`] tells which [`Timer`] the deadline is.
 //! The whole loop of a driver, compiled:
 //!
 //! ```no_run
@@ -59,6 +60,15 @@
 //! # }
 //! ```
 //!
+//! ## The machine's methods, by class
+//!
+//! | class | methods | when |
+//! |---|---|---|
+//! | inputs | [`Machine::run`], [`Machine::handle_input`] | each with the current time |
+//! | outputs, in poll order | [`Machine::poll_run`], [`Machine::poll_session`], [`Machine::poll_event`] | after every input, until all are empty |
+//! | timer | [`Machine::poll_timeout`], [`Machine::timeout_reason`] | after draining |
+//! | queries | [`Machine::status`], [`Machine::valid_until`], [`Machine::is_valid`], [`Machine::is_closed`], [`Machine::options`] | any time; they change nothing |
+//!
 //! ## Guarantees
 //!
 //! | promise | bound |
@@ -85,6 +95,10 @@
 //! - [`SessionCommand::Query`]: send [`Statement::sql`] with the simple-query
 //!   protocol, decode every row with [`decode_text_row`], report
 //!   [`Input::Reply`]. Report notifications as [`Input::Notification`].
+//!   What the rows mean is the machine's business: each statement's reply
+//!   has one type with its one parser ([`SetupReply`], [`TryReply`],
+//!   [`HeartbeatReply`], [`ReleaseReply`]); a simulated server answers with
+//!   their `to_rows`.
 //! - [`SessionCommand::Close`]: drop the connection.
 //! - [`RunCommand::StartJob`], [`RunCommand::CancelJob`]: start or cancel the
 //!   job; report [`Input::JobExited`] when it returns.
@@ -92,6 +106,12 @@
 //!
 //! The machine owns every deadline (query timeouts, validity, backoff, retry),
 //! so a driver needs exactly one timer.
+//!
+//! ## Reading the lock table yourself
+//!
+//! [`ADVISORY_KEY_SQL`] is the `pg_locks` expression of a lease's key, and
+//! [`HOLDERS_SQL`] lists who holds which key (rows of [`HolderRow`]), as
+//! `lease status` shows it.
 //!
 //! ## Simulator
 //!
@@ -117,14 +137,17 @@ pub use io::{
 };
 pub use key::{key_for_name, LeaseId, NameError};
 pub use machine::{
-    LeaseState, LeaseStatus, Machine, RunError, SessionState, Status, MIN_SERVER_VERSION,
+    LeaseState, LeaseStatus, Machine, RunError, SessionState, Status, Timer, MIN_SERVER_VERSION,
     MIN_SERVER_VERSION_GUARD, RECONNECT_BASE,
 };
 pub use options::{
     Options, OptionsError, DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_MAX_LEASES,
     DEFAULT_QUERY_TIMEOUT, DEFAULT_RETRY_INTERVAL, MAX_MAX_LEASES, RETRY_JITTER,
 };
-pub use sql::{decode_text_row, DecodeError, Row, Statement, HANDOVER_CHANNEL};
+pub use sql::{
+    decode_text_row, DecodeError, HeartbeatReply, HolderRow, ReleaseReply, ReplyError, Row,
+    SetupReply, Statement, TryReply, ADVISORY_KEY_SQL, HANDOVER_CHANNEL, HOLDERS_SQL,
+};
 
 // Drivers move the machine into the task that owns the connection and may
 // share it behind a mutex between threads (tokio's multi-threaded runtime):
@@ -134,6 +157,8 @@ static_assertions::assert_impl_all!(SessionCommand: Send, Sync, Clone);
 static_assertions::assert_impl_all!(RunCommand: Send, Sync, Clone);
 static_assertions::assert_impl_all!(Event: Send, Sync, Clone);
 static_assertions::assert_impl_all!(Input: Send, Sync, Clone);
+static_assertions::assert_impl_all!(Timer: Send, Sync, Copy, Ord);
 // Errors go into `Box<dyn Error + Send + Sync>` and anyhow-style wrappers.
 static_assertions::assert_impl_all!(RunError: Send, Sync, std::error::Error);
 static_assertions::assert_impl_all!(Refusal: Send, Sync, std::error::Error);
+static_assertions::assert_impl_all!(ReplyError: Send, Sync, std::error::Error);

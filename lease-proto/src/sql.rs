@@ -7,7 +7,29 @@
 //! every row of every result set, in order, as a [`Row`]: a list of nullable
 //! `int8` columns, decoded from text by [`decode_text_row`].
 
+use std::collections::BTreeSet;
 use std::fmt::{self, Write};
+
+/// The `pg_locks` key expression as a literal, for `concat!`.
+macro_rules! advisory_key {
+    () => {
+        "((classid::bigint << 32) | objid::bigint)"
+    };
+}
+
+/// Granted single-`bigint` advisory locks of the current database, as a
+/// subquery with columns `k` (the key) and `pid` (the holder's backend).
+macro_rules! this_database_advisory_locks {
+    () => {
+        concat!(
+            "SELECT ",
+            advisory_key!(),
+            " AS k, pid FROM pg_locks \
+             WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+    };
+}
 
 /// The LISTEN/NOTIFY channel of graceful handovers. The payload is the
 /// released key in decimal.
@@ -17,12 +39,25 @@ pub const HANDOVER_CHANNEL: &str = "lease_handover_v1";
 pub type Row = Vec<Option<i64>>;
 
 /// The tags of the setup statement's `(tag, value)` rows.
-pub(crate) mod setup_tag {
+mod setup_tag {
     pub const SERVER_VERSION: i64 = 1;
     pub const IN_RECOVERY: i64 = 2;
     pub const BACKEND_PID: i64 = 3;
     pub const IDLE_SESSION_TIMEOUT_MS: i64 = 4;
 }
+
+/// The tags of the heartbeat statement's `(tag, value)` rows.
+mod heartbeat_tag {
+    pub const BACKEND_PID: i64 = 0;
+    pub const HELD_KEY: i64 = 1;
+}
+
+/// The expression of an advisory lock's `bigint` key over the `pg_locks`
+/// columns (`pg_advisory_lock(bigint)` stores the key's high half in
+/// `classid` and its low half in `objid`, with `objsubid = 1`). Parenthesised,
+/// so it can stand anywhere in an expression:
+/// `... WHERE locktype = 'advisory' AND objsubid = 1 AND {ADVISORY_KEY_SQL} = $1`.
+pub const ADVISORY_KEY_SQL: &str = advisory_key!();
 
 /// A statement of the machine, in structured form.
 ///
@@ -58,10 +93,7 @@ pub enum Statement {
     },
 }
 
-const THIS_SESSIONS_ADVISORY_KEYS: &str = "\
-SELECT (classid::bigint << 32) | objid::bigint AS k, pid FROM pg_locks \
-WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
-AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+const THIS_DATABASE_ADVISORY_LOCKS: &str = this_database_advisory_locks!();
 
 struct KeyArray<'a>(&'a [i64]);
 
@@ -106,14 +138,16 @@ impl Statement {
                  FROM t, unnest(t.won) w(k) \
                  UNION ALL \
                  SELECT l.k, NULL, h.pid::int8 FROM t CROSS JOIN unnest({a}) l(k) \
-                 LEFT JOIN ({THIS_SESSIONS_ADVISORY_KEYS}) h ON h.k = l.k \
+                 LEFT JOIN ({THIS_DATABASE_ADVISORY_LOCKS}) h ON h.k = l.k \
                  WHERE NOT (l.k = ANY (coalesce(t.won, '{{}}')))",
                 a = KeyArray(keys)
             ),
             Statement::Heartbeat => format!(
-                "SELECT 0::int8, pg_backend_pid()::int8 UNION ALL \
-                 SELECT 1, s.k FROM ({THIS_SESSIONS_ADVISORY_KEYS}) s \
-                 WHERE s.pid = pg_backend_pid()"
+                "SELECT {}::int8, pg_backend_pid()::int8 UNION ALL \
+                 SELECT {}, s.k FROM ({THIS_DATABASE_ADVISORY_LOCKS}) s \
+                 WHERE s.pid = pg_backend_pid()",
+                heartbeat_tag::BACKEND_PID,
+                heartbeat_tag::HELD_KEY,
             ),
             Statement::Release { keys, notify } => {
                 let won = if *notify {
@@ -174,6 +208,269 @@ pub fn decode_text_row<'a>(
         .collect()
 }
 
+/// A reply that breaks the rules of its statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReplyError {
+    /// The setup reply lacks a value it must have.
+    SetupIncomplete {
+        /// What is missing: `"server_version"`, `"in_recovery"` or `"backend_pid"`.
+        missing: &'static str,
+    },
+    /// A heartbeat row is neither `(0, pid)` nor `(1, key)`.
+    HeartbeatRow(Row),
+    /// A release row is not `(key, 0 or 1)`.
+    ReleaseRow(Row),
+}
+
+impl fmt::Display for ReplyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplyError::SetupIncomplete { missing } => {
+                write!(f, "malformed setup reply: no {missing}")
+            }
+            ReplyError::HeartbeatRow(row) => write!(f, "malformed heartbeat reply: row {row:?}"),
+            ReplyError::ReleaseRow(row) => write!(f, "malformed release reply: row {row:?}"),
+        }
+    }
+}
+
+impl std::error::Error for ReplyError {}
+
+/// The reply to [`Statement::Setup`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupReply {
+    /// `server_version_num`.
+    pub server_version: i64,
+    /// `pg_is_in_recovery()`: the server is a hot standby.
+    pub in_recovery: bool,
+    /// `pg_backend_pid()`.
+    pub backend_pid: i64,
+    /// `idle_session_timeout` in ms (0: off); `None` when the server has no
+    /// such setting (before 14).
+    pub idle_session_timeout_ms: Option<i64>,
+}
+
+impl SetupReply {
+    /// Parses the `(tag, value)` rows. The first row of each tag counts;
+    /// other rows are ignored.
+    ///
+    /// # Errors
+    /// [`ReplyError::SetupIncomplete`] when the version, recovery state or
+    /// backend pid is missing or NULL.
+    pub fn parse(rows: &[Row]) -> Result<SetupReply, ReplyError> {
+        let get = |tag: i64| {
+            rows.iter()
+                .find(|r| r.len() == 2 && r[0] == Some(tag))
+                .and_then(|r| r[1])
+        };
+        let need = |tag: i64, missing: &'static str| {
+            get(tag).ok_or(ReplyError::SetupIncomplete { missing })
+        };
+        Ok(SetupReply {
+            server_version: need(setup_tag::SERVER_VERSION, "server_version")?,
+            in_recovery: need(setup_tag::IN_RECOVERY, "in_recovery")? != 0,
+            backend_pid: need(setup_tag::BACKEND_PID, "backend_pid")?,
+            idle_session_timeout_ms: get(setup_tag::IDLE_SESSION_TIMEOUT_MS),
+        })
+    }
+
+    /// The rows a server sends for this reply.
+    pub fn to_rows(&self) -> Vec<Row> {
+        vec![
+            vec![Some(setup_tag::SERVER_VERSION), Some(self.server_version)],
+            vec![
+                Some(setup_tag::IN_RECOVERY),
+                Some(i64::from(self.in_recovery)),
+            ],
+            vec![Some(setup_tag::BACKEND_PID), Some(self.backend_pid)],
+            vec![
+                Some(setup_tag::IDLE_SESSION_TIMEOUT_MS),
+                self.idle_session_timeout_ms,
+            ],
+        ]
+    }
+}
+
+/// The reply to [`Statement::TryLock`].
+///
+/// Rows are `(key, token, NULL)` for a key won and `(key, NULL, holder_pid)`
+/// for a key not won. Only one answer per key tried counts: a row for a key
+/// not tried, a second row for a key, or a row of any other shape is left out
+/// and marks the reply untrusted (some key may be held without the machine
+/// knowing: it verifies before anything else).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TryReply {
+    /// `(key, fencing token)` of each key won, in row order.
+    pub won: Vec<(i64, i64)>,
+    /// `(key, holder's backend pid)` of each key not won, in row order; the
+    /// pid is `None` when `pg_locks` did not show the holder.
+    pub not_won: Vec<(i64, Option<i64>)>,
+    /// A row broke the rules above.
+    pub untrusted: bool,
+}
+
+impl TryReply {
+    /// Parses the rows of a try of the keys `tried`.
+    pub fn parse(tried: &[i64], rows: &[Row]) -> TryReply {
+        let tried: BTreeSet<i64> = tried.iter().copied().collect();
+        let mut seen = BTreeSet::new();
+        let mut reply = TryReply::default();
+        for row in rows {
+            match row.as_slice() {
+                [Some(key), ..] if !tried.contains(key) || !seen.insert(*key) => {
+                    reply.untrusted = true
+                }
+                [Some(key), Some(token), _] => reply.won.push((*key, *token)),
+                [Some(key), None, holder] => reply.not_won.push((*key, *holder)),
+                _ => reply.untrusted = true,
+            }
+        }
+        reply
+    }
+
+    /// The keys of `tried` this reply answers neither way.
+    pub fn unanswered(&self, tried: &[i64]) -> Vec<i64> {
+        let answered: BTreeSet<i64> = (self.won.iter().map(|(k, _)| *k))
+            .chain(self.not_won.iter().map(|(k, _)| *k))
+            .collect();
+        tried
+            .iter()
+            .copied()
+            .filter(|k| !answered.contains(k))
+            .collect()
+    }
+
+    /// The rows a server sends for this reply: every key won, then every
+    /// key not won (`untrusted` is not encoded).
+    pub fn to_rows(&self) -> Vec<Row> {
+        let won = self.won.iter().map(|(k, t)| vec![Some(*k), Some(*t), None]);
+        let not_won = (self.not_won.iter()).map(|(k, h)| vec![Some(*k), None, *h]);
+        won.chain(not_won).collect()
+    }
+}
+
+/// The reply to [`Statement::Heartbeat`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeartbeatReply {
+    /// `pg_backend_pid()` of the session that answered; `None` if no row had it.
+    pub backend_pid: Option<i64>,
+    /// Every advisory key that session holds in this database.
+    pub held: BTreeSet<i64>,
+}
+
+impl HeartbeatReply {
+    /// Parses the `(0, pid)` and `(1, key)` rows.
+    ///
+    /// # Errors
+    /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
+    pub fn parse(rows: &[Row]) -> Result<HeartbeatReply, ReplyError> {
+        let mut reply = HeartbeatReply::default();
+        for row in rows {
+            match row.as_slice() {
+                [Some(heartbeat_tag::BACKEND_PID), Some(p)] => reply.backend_pid = Some(*p),
+                [Some(heartbeat_tag::HELD_KEY), Some(k)] => {
+                    reply.held.insert(*k);
+                }
+                _ => return Err(ReplyError::HeartbeatRow(row.clone())),
+            }
+        }
+        Ok(reply)
+    }
+
+    /// The rows a server sends for this reply.
+    pub fn to_rows(&self) -> Vec<Row> {
+        let pid = self
+            .backend_pid
+            .map(|p| vec![Some(heartbeat_tag::BACKEND_PID), Some(p)]);
+        let held = (self.held.iter()).map(|k| vec![Some(heartbeat_tag::HELD_KEY), Some(*k)]);
+        pid.into_iter().chain(held).collect()
+    }
+}
+
+/// The reply to [`Statement::Release`].
+///
+/// The machine does not need it: a key is released once the unlock statement
+/// answered, whether or not the server still had it (a key it no longer had
+/// was released by the session's end or never taken). Simulators and tests
+/// use it to answer and read releases.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReleaseReply {
+    /// `(key, whether this session held it)`, in the order asked.
+    pub unlocked: Vec<(i64, bool)>,
+}
+
+impl ReleaseReply {
+    /// Parses the `(key, 1 or 0)` rows.
+    ///
+    /// # Errors
+    /// [`ReplyError::ReleaseRow`] for a row of any other shape.
+    pub fn parse(rows: &[Row]) -> Result<ReleaseReply, ReplyError> {
+        let unlocked = rows.iter().map(|row| match row.as_slice() {
+            [Some(k), Some(held @ (0 | 1))] => Ok((*k, *held == 1)),
+            _ => Err(ReplyError::ReleaseRow(row.clone())),
+        });
+        Ok(ReleaseReply {
+            unlocked: unlocked.collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// The rows a server sends for this reply.
+    pub fn to_rows(&self) -> Vec<Row> {
+        let row = |(k, held): &(i64, bool)| vec![Some(*k), Some(i64::from(*held))];
+        self.unlocked.iter().map(row).collect()
+    }
+}
+
+/// Who holds which advisory key in the current database: one row per
+/// granted single-`bigint` advisory lock, ordered by key then pid, with the
+/// holder's session from `pg_stat_activity` (NULLs when it is gone or not
+/// visible to the querying role). Columns, in order, as [`HolderRow`]'s
+/// fields: `key int8, pid int4, mode text, application_name text,
+/// client_addr text, client_port int4, backend_start text, state_change text,
+/// state text`; the two times are UTC in RFC 3339 with microseconds.
+///
+/// Unlike [`Statement`]s this one is for people and tools (`lease status`):
+/// its columns are not all `int8`, so send it with any client and read the
+/// rows into [`HolderRow`].
+pub const HOLDERS_SQL: &str = concat!(
+    "SELECT h.k AS key, h.pid, h.mode, \
+     a.application_name, host(a.client_addr), a.client_port, \
+     to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+     to_char(a.state_change AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+     a.state \
+     FROM (SELECT ",
+    advisory_key!(),
+    " AS k, pid, mode FROM pg_locks \
+     WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
+     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())) h \
+     LEFT JOIN pg_stat_activity a ON a.pid = h.pid \
+     ORDER BY 1, 2"
+);
+
+/// One row of [`HOLDERS_SQL`]: a held key and its holder's session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HolderRow {
+    /// The advisory key.
+    pub key: i64,
+    /// The holder's backend pid.
+    pub pid: Option<i32>,
+    /// The lock mode (`ExclusiveLock` for `pg_advisory_lock`).
+    pub mode: Option<String>,
+    /// The holder's `application_name`.
+    pub application_name: Option<String>,
+    /// The holder's client address.
+    pub client_addr: Option<String>,
+    /// The holder's client port.
+    pub client_port: Option<i32>,
+    /// When the holder's backend started (UTC, RFC 3339).
+    pub backend_start: Option<String>,
+    /// When the holder's session last changed state (UTC, RFC 3339).
+    pub state_change: Option<String>,
+    /// The holder's session state (`idle`, `active`, ...).
+    pub state: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,5 +500,67 @@ mod tests {
         }
         .sql();
         assert!(sql.contains("'{-9223372036854775808,-1,0,9223372036854775807}'::int8[]"));
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        let setup = SetupReply {
+            server_version: 170_002,
+            in_recovery: false,
+            backend_pid: 42,
+            idle_session_timeout_ms: Some(900),
+        };
+        assert_eq!(SetupReply::parse(&setup.to_rows()), Ok(setup));
+        let try_reply = TryReply {
+            won: vec![(1, 77)],
+            not_won: vec![(2, Some(9)), (3, None)],
+            untrusted: false,
+        };
+        assert_eq!(TryReply::parse(&[1, 2, 3], &try_reply.to_rows()), try_reply);
+        let heartbeat = HeartbeatReply {
+            backend_pid: Some(42),
+            held: [1, -5].into(),
+        };
+        assert_eq!(HeartbeatReply::parse(&heartbeat.to_rows()), Ok(heartbeat));
+        let release = ReleaseReply {
+            unlocked: vec![(1, true), (2, false)],
+        };
+        assert_eq!(ReleaseReply::parse(&release.to_rows()), Ok(release));
+    }
+
+    #[test]
+    fn try_reply_counts_one_answer_per_key_tried() {
+        let rows = vec![
+            vec![Some(1), Some(5), None],
+            vec![Some(1), None, Some(3)], // second answer for 1
+            vec![Some(4), Some(5), None], // not tried
+            vec![Some(2)],                // malformed: 2 stays unanswered
+        ];
+        let r = TryReply::parse(&[1, 2], &rows);
+        assert_eq!(r.won, vec![(1, 5)]);
+        assert!(r.not_won.is_empty());
+        assert!(r.untrusted);
+        assert_eq!(r.unanswered(&[1, 2]), vec![2]);
+    }
+
+    #[test]
+    fn malformed_replies_are_errors() {
+        assert_eq!(
+            SetupReply::parse(&[vec![Some(1), Some(170_000)]]),
+            Err(ReplyError::SetupIncomplete {
+                missing: "in_recovery"
+            })
+        );
+        assert!(HeartbeatReply::parse(&[vec![Some(2), Some(1)]]).is_err());
+        assert!(ReleaseReply::parse(&[vec![Some(1), Some(2)]]).is_err());
+    }
+
+    #[test]
+    fn the_key_expression_is_shared() {
+        assert!(HOLDERS_SQL.contains(ADVISORY_KEY_SQL));
+        assert!(Statement::Heartbeat.sql().contains(ADVISORY_KEY_SQL));
+        assert!(Statement::TryLock { keys: vec![1] }
+            .sql()
+            .contains(ADVISORY_KEY_SQL));
     }
 }

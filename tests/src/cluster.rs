@@ -282,10 +282,11 @@ impl Cluster {
 
     /// Granted advisory locks taken with a single `bigint` key: `(key, backend pid)`.
     pub fn held_advisory_keys(&self) -> Result<Vec<(i64, i32)>, KitError> {
-        let out = self.sql(
-            "SELECT (classid::bigint << 32) | objid::bigint, pid FROM pg_locks \
+        let out = self.sql(&format!(
+            "SELECT {}, pid FROM pg_locks \
              WHERE locktype = 'advisory' AND objsubid = 1 AND granted",
-        )?;
+            lease_proto::ADVISORY_KEY_SQL
+        ))?;
         out.lines()
             .map(|line| {
                 let parsed = line

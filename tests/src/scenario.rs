@@ -677,7 +677,8 @@ impl Admin {
         Ok(self
             .ints(&format!(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
-                 AND granted AND ((classid::bigint << 32) | objid::bigint) = {key} ORDER BY pid"
+                 AND granted AND {} = {key} ORDER BY pid",
+                lease_proto::ADVISORY_KEY_SQL
             ))?
             .into_iter()
             .map(|p| p as i32)

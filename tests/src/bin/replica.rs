@@ -200,6 +200,7 @@ fn kind(reason: &Reason) -> &'static str {
         Reason::Shutdown => "shutdown",
         Reason::Closed => "closed",
         Reason::Refused(_) => "refused",
+        _ => "other",
     }
 }
 

@@ -136,7 +136,17 @@ fn standby_takes_over_by_notify_when_the_leader_returns() {
             b_started.lock().unwrap().is_none(),
             "the standby ran while the leader held the key"
         );
-        assert!(matches!(b.status().leases[0].state, LeaseState::Standby));
+        // The standby's status names the holder: the leader's backend.
+        let holder = match a.status().session {
+            SessionState::Ready { backend_pid } => backend_pid,
+            other => panic!("the leader's session is {other:?}"),
+        };
+        assert_eq!(
+            b.status().leases[0].state,
+            LeaseState::Standby {
+                holder_pid: Some(holder)
+            }
+        );
         a_finish.try_send(()).unwrap();
         assert_eq!(a_run.await, Ok(()));
         assert_eq!(timeout(MS(2000), b_run).await.unwrap(), Ok(()));

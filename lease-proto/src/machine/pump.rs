@@ -1,0 +1,153 @@
+//! The pump: after every input, act on expired deadlines, then start what
+//! is due. Also the timer predicates and the jitter.
+
+use std::time::{Duration, Instant};
+
+use super::state::{Release, RunState, Session, Stage, StandbyStep, Stopping, What};
+use super::{Machine, Phase, Timer, RECONNECT_BASE};
+use crate::io::Reason;
+use crate::options::RETRY_JITTER;
+
+impl Machine {
+    /// After every input: enforce deadlines against `now`, then start what is due.
+    pub(super) fn pump(&mut self, now: Instant) {
+        debug_assert_eq!(
+            self.timers.get(Timer::Validity),
+            self.earliest_validity_end(),
+            "the validity timer is updated wherever a held key changes"
+        );
+        // Check the clock rather than trust that a timer fired.
+        if self.timers.expired(Timer::Validity, now) {
+            self.lose_session(now, Reason::ValidityExpired, true);
+        }
+        if self.timers.expired(Timer::Connect, now) || self.timers.expired(Timer::Query, now) {
+            self.lose_session(now, Reason::QueryTimeout, true);
+        }
+        let needed = self.needs_session();
+        match &self.session {
+            Session::Idle => {
+                if needed {
+                    self.open(now);
+                }
+            }
+            Session::Backoff => {
+                let waiting = self.timers.get(Timer::Backoff).is_some_and(|t| t > now);
+                if needed && !waiting {
+                    self.open(now);
+                }
+            }
+            Session::Connecting { id } => {
+                if !needed {
+                    let id = *id;
+                    self.close_idle(id);
+                }
+            }
+            Session::Up(up) => {
+                if up.inflight.is_some() {
+                    return;
+                }
+                if !needed && self.orphans.is_empty() {
+                    let id = up.id;
+                    return self.close_idle(id);
+                }
+                if !matches!(up.stage, Stage::Ready { .. }) {
+                    return;
+                }
+                if let Some(what) = self.next_statement(now) {
+                    self.send(now, what);
+                }
+            }
+        }
+    }
+
+    /// Picks the next statement: verification, then releases, then the
+    /// heartbeat, then the standby try.
+    fn next_statement(&mut self, now: Instant) -> Option<What> {
+        if self.verify {
+            return Some(What::Heartbeat);
+        }
+        let mut release: Vec<i64> = std::mem::take(&mut self.orphans).into_iter().collect();
+        for r in self.runs.values_mut() {
+            if let RunState::Releasing { release: step, .. } = &mut r.state {
+                if *step == Release::Queued {
+                    *step = Release::Sent;
+                    release.push(r.lease.key());
+                }
+            }
+        }
+        if !release.is_empty() {
+            return Some(What::Release(release));
+        }
+        if self.timers.expired(Timer::Heartbeat, now) {
+            return Some(What::Heartbeat);
+        }
+        let retry_due = self.timers.get(Timer::Retry).is_none_or(|t| t <= now);
+        if (self.try_now || retry_due) && self.phase == Phase::Open {
+            let mut keys = Vec::new();
+            for r in self.runs.values_mut() {
+                if let RunState::Standby(standby) = &mut r.state {
+                    if standby.step == StandbyStep::Waiting {
+                        standby.step = StandbyStep::Trying;
+                        keys.push(r.lease.key());
+                    }
+                }
+            }
+            self.try_now = false;
+            if !keys.is_empty() {
+                return Some(What::Try(keys));
+            }
+        }
+        None
+    }
+
+    /// Whether any run needs the session: a standby, a leader, or a release.
+    pub(super) fn needs_session(&self) -> bool {
+        !matches!(self.phase, Phase::Refused(_))
+            && self.runs.values().any(|r| match &r.state {
+                RunState::Stopping(Stopping::Lost { .. }) => false,
+                RunState::Standby(s) if s.step == StandbyStep::Waiting => self.phase == Phase::Open,
+                RunState::Standby(_)
+                | RunState::Leading(_)
+                | RunState::Stopping(Stopping::Held { .. })
+                | RunState::Releasing { .. } => true,
+            })
+    }
+
+    /// The earliest deadline that can make progress, and which one it is.
+    pub(super) fn next_timer(&self) -> Option<(Timer, Instant)> {
+        let idle_ready = matches!(
+            &self.session,
+            Session::Up(up) if up.inflight.is_none() && matches!(up.stage, Stage::Ready { .. })
+        );
+        self.timers.next(|timer| match timer {
+            Timer::Connect | Timer::Query | Timer::Validity => true,
+            // Only a ready session with nothing in flight sends.
+            Timer::Heartbeat => idle_ready,
+            Timer::Retry => idle_ready && self.any_waiting(),
+            Timer::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),
+        })
+    }
+
+    /// SplitMix64: uniform in [0, 1).
+    fn random(&mut self) -> f64 {
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    pub(super) fn jittered_retry(&mut self) -> Duration {
+        let f = 1.0 - RETRY_JITTER * self.random();
+        self.opts.retry_interval.mul_f64(f)
+    }
+
+    pub(super) fn backoff(&mut self) -> Duration {
+        let exp = self.failures.saturating_sub(1).min(20);
+        let d = RECONNECT_BASE
+            .saturating_mul(1 << exp)
+            .min(self.opts.retry_interval);
+        d.mul_f64(0.5 + 0.5 * self.random())
+    }
+}

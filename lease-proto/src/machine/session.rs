@@ -1,0 +1,382 @@
+//! What happens to the session: opening, replies, loss, refusal, closing.
+
+use std::time::Instant;
+
+use super::state::{InFlight, Release, RunState, Session, Stage, StandbyStep, Stopping, Up, What};
+use super::{Machine, Phase, Timer, MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD};
+use crate::io::*;
+use crate::sql::{HeartbeatReply, Row, SetupReply, Statement, TryReply};
+
+impl Machine {
+    /// Asks the driver for a new connection.
+    pub(super) fn open(&mut self, now: Instant) {
+        let id = SessionId(self.next_session);
+        self.next_session += 1;
+        self.event(Event::SessionOpening {
+            session: id,
+            failures: self.failures,
+        });
+        self.session_command(SessionCommand::Open {
+            session: id,
+            params: self.session_params(),
+        });
+        self.session = Session::Connecting { id };
+        self.timers.stop(Timer::Backoff);
+        self.timers
+            .set(Timer::Connect, now + self.opts.query_timeout);
+    }
+
+    pub(super) fn session_opened(&mut self, now: Instant, session: SessionId) {
+        if !matches!(self.session, Session::Connecting { id } if id == session) {
+            return;
+        }
+        self.timers.stop(Timer::Connect);
+        self.session = Session::Up(Up {
+            id: session,
+            stage: Stage::SettingUp,
+            inflight: None,
+        });
+        self.send(now, What::Setup);
+    }
+
+    pub(super) fn session_lost(
+        &mut self,
+        now: Instant,
+        session: SessionId,
+        error: Option<DbError>,
+    ) {
+        if self.session_id() != Some(session) {
+            return;
+        }
+        match error.as_ref().and_then(startup_refusal) {
+            Some(refusal) => self.refuse(now, refusal),
+            None => self.lose_session(now, Reason::SessionLost(error), false),
+        }
+    }
+
+    pub(super) fn reply(
+        &mut self,
+        now: Instant,
+        query: QueryId,
+        result: Result<Vec<Row>, DbError>,
+    ) {
+        let Session::Up(up) = &mut self.session else {
+            return;
+        };
+        let Some(q) = up.inflight.take_if(|q| q.id == query) else {
+            return;
+        };
+        self.timers.stop(Timer::Query);
+        match (q.what, result) {
+            (What::Setup, Ok(rows)) => match SetupReply::parse(&rows) {
+                Ok(setup) => self.setup_done(now, setup),
+                Err(e) => self.lose_session(now, malformed(e), true),
+            },
+            (What::Listen, Ok(_)) => {
+                if let Session::Up(up) = &mut self.session {
+                    if let Stage::Listening { backend_pid } = up.stage {
+                        up.stage = Stage::Ready { backend_pid };
+                    }
+                    self.try_now = true;
+                }
+            }
+            (What::Try(keys), Ok(rows)) => {
+                let reply = TryReply::parse(&keys, &rows);
+                self.try_done(now, q.sent, &keys, reply)
+            }
+            (What::Try(keys), Err(error)) => {
+                // "Maybe acquired": the statement may have taken some locks.
+                self.event(Event::TryFailed { error });
+                self.try_back(&keys);
+                self.verify = true;
+                let retry = now + self.jittered_retry();
+                self.timers.set(Timer::Retry, retry);
+            }
+            (What::Heartbeat, Ok(rows)) => match HeartbeatReply::parse(&rows) {
+                Ok(heartbeat) => self.heartbeat_done(now, q.sent, heartbeat),
+                Err(e) => self.lose_session(now, malformed(e), true),
+            },
+            // The rows do not matter: see `ReleaseReply`.
+            (What::Release(keys), Ok(_)) => {
+                for key in keys {
+                    let Some(&id) = self.keys.get(&key) else {
+                        continue;
+                    };
+                    if let Some(RunState::Releasing {
+                        outcome,
+                        release: Release::Sent,
+                    }) = self.runs.get(&id).map(|r| &r.state)
+                    {
+                        let outcome = outcome.clone();
+                        self.released(id, outcome);
+                    }
+                }
+            }
+            (What::Setup | What::Listen | What::Heartbeat | What::Release(_), Err(error)) => {
+                // State on the server unknown: drop the session, which releases everything.
+                self.lose_session(now, Reason::QueryFailed(error), true)
+            }
+        }
+    }
+
+    fn setup_done(&mut self, now: Instant, setup: SetupReply) {
+        let needed = if self.opts.server_guard {
+            MIN_SERVER_VERSION_GUARD
+        } else {
+            MIN_SERVER_VERSION
+        };
+        if setup.server_version < needed {
+            let found = setup.server_version;
+            return self.refuse(now, Refusal::ServerTooOld { found, needed });
+        }
+        if setup.in_recovery {
+            return self.refuse(now, Refusal::Standby);
+        }
+        if self.opts.server_guard {
+            let expected = self.opts.guard_timeout().as_millis() as i64;
+            let found = setup.idle_session_timeout_ms;
+            if found != Some(expected) {
+                let detail = format!(
+                    "idle_session_timeout is {} ms, {expected} ms was asked for",
+                    found.map_or("unknown".into(), |f| f.to_string())
+                );
+                return self.refuse(now, Refusal::StartupOptionsIgnored { detail });
+            }
+        }
+        let Session::Up(up) = &mut self.session else {
+            return;
+        };
+        let (session, backend_pid) = (up.id, setup.backend_pid);
+        let listen = self.opts.notify_handover;
+        up.stage = if listen {
+            Stage::Listening { backend_pid }
+        } else {
+            Stage::Ready { backend_pid }
+        };
+        self.failures = 0;
+        self.event(Event::SessionReady {
+            session,
+            backend_pid,
+            server_version: setup.server_version,
+        });
+        self.timers
+            .set(Timer::Heartbeat, now + self.opts.heartbeat_interval);
+        if listen {
+            self.send(now, What::Listen);
+        } else {
+            self.try_now = true;
+        }
+    }
+
+    fn try_done(&mut self, now: Instant, sent: Instant, tried: &[i64], reply: TryReply) {
+        for &(key, token) in &reply.won {
+            self.won(now, sent, key, token);
+        }
+        for &(key, holder) in &reply.not_won {
+            self.not_won(key, holder);
+        }
+        let unanswered = reply.unanswered(tried);
+        if reply.untrusted || !unanswered.is_empty() {
+            // A key without an answer may have been taken: verify.
+            self.try_back(&unanswered);
+            self.verify = true;
+        }
+        let retry = now + self.jittered_retry();
+        self.timers.set(Timer::Retry, retry);
+    }
+
+    fn heartbeat_done(&mut self, now: Instant, sent: Instant, reply: HeartbeatReply) {
+        let expected = match &self.session {
+            Session::Up(up) => up.stage.backend_pid(),
+            _ => None,
+        };
+        let pid = reply.backend_pid;
+        if pid.is_none() || pid != expected {
+            let refusal = Refusal::BackendChanged {
+                was: expected.unwrap_or(0),
+                now: pid.unwrap_or(0),
+            };
+            return self.refuse(now, refusal);
+        }
+        self.verify = false;
+        let held = reply.held;
+        let mut lost = Vec::new();
+        for (id, r) in &mut self.runs {
+            let in_reply = held.contains(&r.lease.key());
+            match &mut r.state {
+                RunState::Leading(h) | RunState::Stopping(Stopping::Held { held: h, .. })
+                    if in_reply =>
+                {
+                    h.confirmed = sent
+                }
+                RunState::Leading(_) | RunState::Stopping(Stopping::Held { .. }) => lost.push(*id),
+                _ => {}
+            }
+        }
+        self.update_validity();
+        for id in lost {
+            self.lose_lease(id, Reason::NotHeld);
+        }
+        for key in held {
+            let state = (self.keys.get(&key))
+                .and_then(|id| self.runs.get(id))
+                .map(|r| &r.state);
+            match state {
+                Some(
+                    RunState::Leading(_)
+                    | RunState::Stopping(Stopping::Held { .. })
+                    | RunState::Releasing { .. },
+                ) => continue,
+                // Held, but its run lost it and its cancelled job still runs:
+                // unlock only after the job has returned.
+                Some(RunState::Stopping(Stopping::Lost { .. })) => {
+                    self.held_lost.insert(key);
+                    continue;
+                }
+                Some(RunState::Standby(_)) | None => {}
+            }
+            if self.orphans.insert(key) {
+                self.event(Event::UnknownKeyReleased { key });
+            }
+        }
+        let next = (sent + self.opts.heartbeat_interval).max(now);
+        self.timers.set(Timer::Heartbeat, next);
+    }
+
+    /// The session is gone (or is being closed by us): every lease on it is lost.
+    pub(super) fn lose_session(&mut self, now: Instant, reason: Reason, close: bool) {
+        let Some(session) = self.session_id() else {
+            return;
+        };
+        if close {
+            self.session_command(SessionCommand::Close { session });
+        }
+        self.event(Event::SessionLost {
+            session,
+            reason: reason.clone(),
+        });
+        let ids: Vec<RunId> = self.runs.keys().copied().collect();
+        for id in ids {
+            let Some(r) = self.runs.get_mut(&id) else {
+                continue;
+            };
+            match &mut r.state {
+                RunState::Standby(standby) => standby.step = StandbyStep::Waiting,
+                RunState::Leading(_) | RunState::Stopping(Stopping::Held { .. }) => {
+                    self.lose_lease(id, reason.clone())
+                }
+                // The session's end released the key.
+                RunState::Releasing { outcome, .. } => {
+                    let outcome = outcome.clone();
+                    self.released(id, outcome);
+                }
+                RunState::Stopping(Stopping::Lost { .. }) => {}
+            }
+        }
+        self.session_down();
+        self.failures = self.failures.saturating_add(1);
+        self.session = Session::Backoff;
+        let backoff = now + self.backoff();
+        self.timers.set(Timer::Backoff, backoff);
+    }
+
+    pub(super) fn refuse(&mut self, now: Instant, refusal: Refusal) {
+        self.event(Event::Refused {
+            refusal: refusal.clone(),
+        });
+        self.phase = Phase::Refused(refusal.clone());
+        self.lose_session(now, Reason::Refused(refusal.clone()), true);
+        let ids: Vec<RunId> = self.runs.keys().copied().collect();
+        for id in ids {
+            self.stop_run(
+                id,
+                Outcome::Refused(refusal.clone()),
+                Reason::Refused(refusal.clone()),
+            );
+        }
+    }
+
+    /// Closes the session because no run needs it.
+    pub(super) fn close_idle(&mut self, session: SessionId) {
+        self.session_command(SessionCommand::Close { session });
+        self.event(Event::SessionIdle { session });
+        self.session_down();
+        self.session = Session::Idle;
+        self.failures = 0;
+        self.timers.stop(Timer::Backoff);
+    }
+
+    /// What ends with any session.
+    fn session_down(&mut self) {
+        self.orphans.clear();
+        self.held_lost.clear();
+        self.verify = false;
+        self.timers.stop(Timer::Connect);
+        self.timers.stop(Timer::Query);
+        self.timers.stop(Timer::Heartbeat);
+    }
+
+    /// Sends a statement on the session that is up.
+    pub(super) fn send(&mut self, now: Instant, what: What) {
+        let id = QueryId(self.next_query);
+        self.next_query += 1;
+        let statement = match &what {
+            What::Setup => Statement::Setup,
+            What::Listen => Statement::Listen,
+            What::Try(keys) => Statement::TryLock { keys: keys.clone() },
+            What::Heartbeat => Statement::Heartbeat,
+            What::Release(keys) => Statement::Release {
+                keys: keys.clone(),
+                notify: self.opts.notify_handover,
+            },
+        };
+        let deadline = now + self.opts.query_timeout;
+        let Session::Up(up) = &mut self.session else {
+            return;
+        };
+        up.inflight = Some(InFlight {
+            id,
+            sent: now,
+            what,
+        });
+        self.timers.set(Timer::Query, deadline);
+        self.session_command(SessionCommand::Query {
+            query: id,
+            statement,
+        });
+    }
+
+    pub(super) fn session_id(&self) -> Option<SessionId> {
+        match &self.session {
+            Session::Idle | Session::Backoff => None,
+            Session::Connecting { id } => Some(*id),
+            Session::Up(up) => Some(up.id),
+        }
+    }
+
+    fn session_params(&self) -> SessionParams {
+        // Fencing tokens are transaction ids: make the transaction that takes
+        // them durable before its reply, so a server crash cannot hand the
+        // same or a smaller id to the next holder.
+        let mut startup_settings = vec![("synchronous_commit", "on".to_string())];
+        if self.opts.server_guard {
+            let ms = self.opts.guard_timeout().as_millis();
+            startup_settings.push(("idle_session_timeout", format!("{ms}")));
+        }
+        SessionParams { startup_settings }
+    }
+}
+
+/// A reply that breaks its statement's rules: the session's state is unknown.
+fn malformed(e: crate::sql::ReplyError) -> Reason {
+    Reason::QueryFailed(DbError::other(e.to_string()))
+}
+
+/// Connection errors that mean "a pooler rejected our startup options".
+fn startup_refusal(e: &DbError) -> Option<Refusal> {
+    e.message
+        .contains("unsupported startup parameter")
+        .then(|| Refusal::StartupOptionsIgnored {
+            detail: e.message.clone(),
+        })
+}

@@ -1,0 +1,126 @@
+//! The public snapshot of the machine: [`Machine::status`].
+
+use std::time::Instant;
+
+use super::state::{Phase, RunState, Session, Stage};
+use super::{Machine, Timer};
+use crate::io::{Refusal, RunId};
+use crate::key::LeaseId;
+
+/// The state of the session, for [`Status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionState {
+    /// No session, none needed.
+    Idle,
+    /// Waiting before the next connection attempt.
+    Backoff {
+        /// When the next attempt starts.
+        until: Instant,
+        /// Consecutive failures so far.
+        failures: u32,
+    },
+    /// Connecting.
+    Connecting,
+    /// Connected; setup statements run.
+    SettingUp,
+    /// In use.
+    Ready {
+        /// The server's backend pid.
+        backend_pid: i64,
+    },
+    /// The setup was refused; see [`Refusal`].
+    Refused(Refusal),
+}
+
+/// What one run is doing, for [`Status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseState {
+    /// Waiting for the lease (or for a try's answer).
+    Standby {
+        /// The holder's backend pid the last try of this standby saw, when
+        /// `pg_locks` showed it; `None` before the first answered try.
+        holder_pid: Option<i64>,
+    },
+    /// Leading: the job runs.
+    Leading {
+        /// The fencing token.
+        token: i64,
+        /// When it was acquired (the reply's arrival).
+        since: Instant,
+        /// Until when it is valid unless confirmed again.
+        valid_until: Instant,
+    },
+    /// The job was cancelled (the lease is lost, or the run shuts down);
+    /// waiting for it to return.
+    Stopping,
+    /// The job returned; the lease is being released.
+    Releasing,
+}
+
+/// One run in [`Status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseStatus {
+    /// The run.
+    pub run: RunId,
+    /// Its lease.
+    pub lease: LeaseId,
+    /// What it does.
+    pub state: LeaseState,
+}
+
+/// A snapshot of the machine, from [`Machine::status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    /// The session.
+    pub session: SessionState,
+    /// Every run, in run order.
+    pub leases: Vec<LeaseStatus>,
+}
+
+impl Machine {
+    /// Query: a snapshot of the session and every run.
+    #[must_use]
+    pub fn status(&self) -> Status {
+        let session = match (&self.phase, &self.session) {
+            (Phase::Refused(r), _) => SessionState::Refused(r.clone()),
+            (_, Session::Backoff) if self.needs_session() => {
+                match self.timers.get(Timer::Backoff) {
+                    Some(until) => SessionState::Backoff {
+                        until,
+                        failures: self.failures,
+                    },
+                    None => SessionState::Idle,
+                }
+            }
+            (_, Session::Idle | Session::Backoff) => SessionState::Idle,
+            (_, Session::Connecting { .. }) => SessionState::Connecting,
+            (_, Session::Up(up)) => match up.stage {
+                Stage::Ready { backend_pid } => SessionState::Ready { backend_pid },
+                Stage::SettingUp | Stage::Listening { .. } => SessionState::SettingUp,
+            },
+        };
+        let leases = self
+            .runs
+            .iter()
+            .map(|(id, r)| LeaseStatus {
+                run: *id,
+                lease: r.lease.clone(),
+                state: match &r.state {
+                    RunState::Standby(standby) => LeaseState::Standby {
+                        holder_pid: standby.holder.flatten(),
+                    },
+                    RunState::Leading(held) => LeaseState::Leading {
+                        token: held.token,
+                        since: held.since,
+                        valid_until: held.confirmed + self.opts.validity_window(),
+                    },
+                    RunState::Stopping(_) => LeaseState::Stopping,
+                    RunState::Releasing { .. } => LeaseState::Releasing,
+                },
+            })
+            .collect();
+        Status { session, leases }
+    }
+}

@@ -1,0 +1,112 @@
+//! Every deadline of the machine in one table.
+
+use std::time::Instant;
+
+/// A deadline of the machine: which one [`Machine::poll_timeout`] stands
+/// for, from [`Machine::timeout_reason`].
+///
+/// [`Machine::poll_timeout`]: crate::Machine::poll_timeout
+/// [`Machine::timeout_reason`]: crate::Machine::timeout_reason
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Timer {
+    /// A connection attempt gives up (the query timeout after
+    /// [`SessionCommand::Open`](crate::SessionCommand::Open)).
+    Connect,
+    /// The statement in flight times out; the session is closed.
+    Query,
+    /// The earliest lease validity ends; the session is closed and every job
+    /// cancelled.
+    Validity,
+    /// The next heartbeat is due.
+    Heartbeat,
+    /// The next standby try is due.
+    Retry,
+    /// The next connection attempt after a failure is due.
+    Backoff,
+}
+
+impl Timer {
+    /// Every timer, in the order ties are broken.
+    pub(crate) const ALL: [Timer; 6] = [
+        Timer::Connect,
+        Timer::Query,
+        Timer::Validity,
+        Timer::Heartbeat,
+        Timer::Retry,
+        Timer::Backoff,
+    ];
+}
+
+/// One optional deadline per [`Timer`]. Entries are set and stopped where
+/// the state they time changes; the pump acts on the expired ones.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TimerTable {
+    at: [Option<Instant>; Timer::ALL.len()],
+}
+
+impl TimerTable {
+    pub(crate) fn get(&self, timer: Timer) -> Option<Instant> {
+        self.at[timer as usize]
+    }
+
+    pub(crate) fn set(&mut self, timer: Timer, at: Instant) {
+        self.at[timer as usize] = Some(at);
+    }
+
+    pub(crate) fn put(&mut self, timer: Timer, at: Option<Instant>) {
+        self.at[timer as usize] = at;
+    }
+
+    pub(crate) fn stop(&mut self, timer: Timer) {
+        self.at[timer as usize] = None;
+    }
+
+    /// Set and due at `now`.
+    pub(crate) fn expired(&self, timer: Timer, now: Instant) -> bool {
+        self.get(timer).is_some_and(|at| at <= now)
+    }
+
+    /// The earliest deadline among the timers `armed` accepts, first in
+    /// [`Timer::ALL`] order on ties.
+    pub(crate) fn next(&self, armed: impl Fn(Timer) -> bool) -> Option<(Timer, Instant)> {
+        Timer::ALL
+            .into_iter()
+            .filter_map(|t| Some((t, self.get(t)?)))
+            .filter(|(t, _)| armed(*t))
+            .min_by_key(|(_, at)| *at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_is_in_discriminant_order() {
+        for (i, t) in Timer::ALL.into_iter().enumerate() {
+            assert_eq!(t as usize, i);
+        }
+    }
+
+    #[test]
+    fn next_is_the_earliest_armed_deadline() {
+        let t = Instant::now();
+        let mut table = TimerTable::default();
+        assert_eq!(table.next(|_| true), None);
+        table.set(Timer::Heartbeat, t);
+        table.set(Timer::Validity, t);
+        table.set(Timer::Backoff, t - std::time::Duration::from_secs(1));
+        assert_eq!(
+            table.next(|_| true),
+            Some((Timer::Backoff, table.get(Timer::Backoff).unwrap()))
+        );
+        assert_eq!(
+            table.next(|x| x != Timer::Backoff),
+            Some((Timer::Validity, t))
+        );
+        table.stop(Timer::Validity);
+        assert!(table.expired(Timer::Heartbeat, t));
+        assert!(!table.expired(Timer::Validity, t));
+    }
+}
