@@ -6,7 +6,7 @@
 //! give the same run, event for event. A ten-minute scenario runs in
 //! milliseconds. The simulator checks, as it goes, the properties the machine
 //! promises and records every breach in [`Report::violations`] as a
-//! [`Violation`] value (see [`checks`](Violation) for the list): strong
+//! [`Violation`] value (see [`Violation`] for the list): strong
 //! safety, release after exit, the run contract, no leaks, no stall. It also
 //! measures overlap (time two processes both lead a key, validity aside),
 //! leadership gaps and statement counts, for bounded checks. What happened is

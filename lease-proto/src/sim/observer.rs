@@ -1,47 +1,5 @@
-//! The rules every driver relies on, as a checker any driver author can use.
-//!
-//! An [`Observer`] watches one [`Machine`]'s inputs and commands and returns
-//! an [`ObserverViolation`] when a rule breaks, whatever the inputs:
-//!
-//! - at most one statement in flight per session, and none without a session;
-//! - no try of a key whose job runs (advisory locks are re-entrant: a second
-//!   grant would stack);
-//! - no unlock of a key whose job runs;
-//! - a job started only on a session, and only when none runs for its run;
-//! - a cancel only for a running job;
-//! - every run finished at most once, never while its job runs, and only runs
-//!   the machine accepted;
-//! - [`Machine::poll_timeout`] never before the latest `now` handed in (a
-//!   driver would spin).
-//!
-//! Feed it every input before the machine gets it, every accepted run, and
-//! every command in the order the drain rule polls them (run commands, then
-//! session commands). [`drain`] does the polling and checking in one call;
-//! [`Harness`](super::Harness) adds a manual clock and reply helpers on top.
-//!
-//! ```
-//! use std::time::{Duration, Instant};
-//! use lease_proto::sim::{drain, Command, Observer};
-//! use lease_proto::{Input, LeaseId, Machine, Options};
-//!
-//! let mut machine = Machine::new(Options::default(), 1)?;
-//! let mut observer = Observer::new();
-//! let now = Instant::now();
-//! let run = machine.run(now, LeaseId::named("nightly-report")?)?;
-//! observer.run_started(run);
-//! let (commands, _events) = drain(&mut machine, &mut observer)?;
-//! let Some(Command::OpenSession { session, .. }) = commands.first().cloned() else {
-//!     panic!("{commands:?}")
-//! };
-//! // The driver connected: feed the input through the observer first.
-//! let opened = Input::SessionOpened { session };
-//! observer.input(&opened);
-//! machine.handle_input(now + Duration::from_millis(3), opened);
-//! let (commands, _) = drain(&mut machine, &mut observer)?;
-//! assert!(matches!(commands[0], Command::Query { .. }));
-//! observer.check_timeout(now + Duration::from_millis(3), machine.poll_timeout())?;
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! The rules every driver relies on, as a checker: [`Observer`], its
+//! [`ObserverViolation`]s, and [`drain`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -155,10 +113,53 @@ impl fmt::Display for ObserverViolation {
 
 impl std::error::Error for ObserverViolation {}
 
-/// Watches one machine's inputs and commands and checks the rules every
-/// driver relies on (see the [module docs](self)). The fuzz targets, the
-/// property tests and [`Harness`](super::Harness) feed arbitrary inputs
-/// through it.
+/// The rules every driver relies on, as a checker any driver author can use.
+///
+/// An observer watches one [`Machine`]'s inputs and commands and returns
+/// an [`ObserverViolation`] when a rule breaks, whatever the inputs:
+///
+/// - at most one statement in flight per session, and none without a session;
+/// - no try of a key whose job runs (advisory locks are re-entrant: a second
+///   grant would stack);
+/// - no unlock of a key whose job runs;
+/// - a job started only on a session, and only when none runs for its run;
+/// - a cancel only for a running job;
+/// - every run finished at most once, never while its job runs, and only runs
+///   the machine accepted;
+/// - [`Machine::poll_timeout`] never before the latest `now` handed in (a
+///   driver would spin).
+///
+/// Feed it every input before the machine gets it, every accepted run, and
+/// every command in the order the drain rule polls them (run commands, then
+/// session commands). [`drain`] does the polling and checking in one call;
+/// [`Harness`](super::Harness) adds a manual clock and reply helpers on top.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use lease_proto::sim::{drain, Command, Observer};
+/// use lease_proto::{Input, LeaseId, Machine, Options};
+///
+/// let mut machine = Machine::new(Options::default(), 1)?;
+/// let mut observer = Observer::new();
+/// let now = Instant::now();
+/// let run = machine.run(now, LeaseId::named("nightly-report")?)?;
+/// observer.run_started(run);
+/// let (commands, _events) = drain(&mut machine, &mut observer)?;
+/// let Some(Command::OpenSession { session, .. }) = commands.first().cloned() else {
+///     panic!("{commands:?}")
+/// };
+/// // The driver connected: feed the input through the observer first.
+/// let opened = Input::SessionOpened { session };
+/// observer.input(&opened);
+/// machine.handle_input(now + Duration::from_millis(3), opened);
+/// let (commands, _) = drain(&mut machine, &mut observer)?;
+/// assert!(matches!(commands[0], Command::Query { .. }));
+/// observer.check_timeout(now + Duration::from_millis(3), machine.poll_timeout())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// The fuzz targets, the property tests and [`Harness`](super::Harness)
+/// feed arbitrary inputs through it.
 #[derive(Debug, Default)]
 pub struct Observer {
     session: Option<SessionId>,

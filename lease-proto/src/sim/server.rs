@@ -60,6 +60,16 @@ pub(super) mod reply {
     }
 }
 
+/// A statement the server ran.
+#[derive(Debug)]
+struct Executed {
+    /// When it is done (the reply leaves then).
+    done: Duration,
+    result: Result<Vec<Row>, DbError>,
+    /// Keys whose release notifies listeners, in order.
+    notify: Vec<i64>,
+}
+
 /// One server session (backend).
 #[derive(Debug)]
 pub(super) struct SrvSession {
@@ -172,14 +182,8 @@ impl Server {
         Some(s.busy_until + limit)
     }
 
-    /// Runs one statement on `conn`: when it is done, its result, and the
-    /// keys whose release notifies listeners (in order).
-    fn execute(
-        &mut self,
-        conn: u64,
-        now: Duration,
-        statement: &Statement,
-    ) -> Option<(Duration, Result<Vec<Row>, DbError>, Vec<i64>)> {
+    /// Runs one statement on `conn`.
+    fn execute(&mut self, conn: u64, now: Duration, statement: &Statement) -> Option<Executed> {
         let s = self.sessions.get_mut(&conn)?;
         s.statements += 1;
         let stmt_no = s.statements;
@@ -198,7 +202,12 @@ impl Server {
             }
             Statement::Listen => {
                 if self.cfg.standby {
-                    return Some((done, Err(reply::listen_in_recovery()), notify));
+                    let result = Err(reply::listen_in_recovery());
+                    return Some(Executed {
+                        done,
+                        result,
+                        notify,
+                    });
                 }
                 s.listening = true;
                 vec![]
@@ -259,7 +268,11 @@ impl Server {
                 rows
             }
         };
-        Some((done, Ok(rows), notify))
+        Some(Executed {
+            done,
+            result: Ok(rows),
+            notify,
+        })
     }
 
     /// Listening sessions and their processes.
@@ -298,10 +311,14 @@ impl Sim {
                 query,
                 statement,
             } => {
-                let Some((done, result, notify)) = self.server.execute(conn, self.now, &statement)
-                else {
+                let Some(executed) = self.server.execute(conn, self.now, &statement) else {
                     return;
                 };
+                let Executed {
+                    done,
+                    result,
+                    notify,
+                } = executed;
                 self.report.statements[p] += 1;
                 for key in notify {
                     for (conn, p) in self.server.listeners() {
