@@ -85,7 +85,7 @@ fn an_unsolicited_win_row_does_not_unlock_a_leading_key() {
     let mut d = driver(opts());
     let run_a = d.run(a());
     d.connect(PID);
-    let cmds = d.reply(vec![vec![Some(a().key()), Some(900), None]]);
+    let cmds = d.win(900);
     assert!(started(&cmds, run_a), "{cmds:?}");
     d.run(b());
     assert_eq!(d.try_keys(), vec![b().key()]);
@@ -114,7 +114,7 @@ fn a_key_found_held_again_waits_for_its_cancelled_job() {
     let mut d = driver(opts());
     let run = d.run(a());
     d.connect(PID);
-    let cmds = d.reply(vec![vec![Some(a().key()), Some(900), None]]);
+    let cmds = d.win(900);
     assert!(started(&cmds, run), "{cmds:?}");
     d.run(b());
     not_won(&mut d);
@@ -161,7 +161,7 @@ fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
     });
     let run = d.run(a());
     d.connect(PID);
-    let cmds = d.reply(vec![vec![Some(a().key()), Some(900), None]]);
+    let cmds = d.win(900);
     assert!(started(&cmds, run), "{cmds:?}");
     d.run(b());
     assert_eq!(d.try_keys(), vec![b().key()]);

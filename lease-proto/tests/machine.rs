@@ -81,7 +81,7 @@ fn job_ok_releases_after_exit_then_finishes_completed() {
         &cmds,
         |c| matches!(c, Command::Query { statement: Statement::Release { keys, notify: true }, .. } if keys == &vec![key("a")])
     ));
-    let cmds = h.reply(vec![vec![Some(key("a")), Some(1)]]);
+    let cmds = h.released();
     assert!(has(&cmds, |c| matches!(
         c,
         Command::FinishRun {
@@ -101,7 +101,7 @@ fn job_error_releases_and_finishes_failed() {
         run,
         exit: JobExit::Failed,
     });
-    let cmds = h.reply(vec![vec![Some(key("a")), Some(1)]]);
+    let cmds = h.released();
     assert!(has(&cmds, |c| matches!(
         c,
         Command::FinishRun {
@@ -161,7 +161,7 @@ fn close_cancels_waits_for_the_job_then_releases_and_closes() {
         run,
         exit: JobExit::Failed,
     });
-    let cmds = h.reply(vec![vec![Some(key("a")), Some(1)]]);
+    let cmds = h.released();
     assert!(has(&cmds, |c| matches!(
         c,
         Command::FinishRun {
@@ -194,7 +194,7 @@ fn graceful_shutdown_returns_cancelled_even_if_the_job_errs() {
         run,
         exit: JobExit::Failed,
     });
-    let cmds = h.reply(vec![vec![Some(key("a")), Some(1)]]);
+    let cmds = h.released();
     assert!(has(&cmds, |c| matches!(
         c,
         Command::FinishRun {
@@ -344,10 +344,8 @@ fn a_notification_triggers_an_immediate_try() {
     let mut h = harness(opts());
     h.run(lease("a"));
     h.connect(7);
-    let Statement::TryLock { keys } = h.statement() else {
-        panic!()
-    };
-    h.reply(vec![vec![Some(keys[0]), None, Some(99)]]);
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    h.lose(Some(99));
     assert!(h.in_flight().is_none());
     let cmds = h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
@@ -406,7 +404,7 @@ fn dropping_a_run_releases_its_key() {
         run,
         exit: JobExit::Abandoned,
     });
-    let cmds = h.reply(vec![vec![Some(key("a")), Some(1)]]);
+    let cmds = h.released();
     assert!(has(&cmds, |c| matches!(
         c,
         Command::FinishRun {
