@@ -409,3 +409,20 @@ fn broken_driver_bugs_are_caught() {
         r.violations
     );
 }
+
+#[test]
+fn broken_a_stuck_driver_clock_is_reported_as_a_stall() {
+    // The driver hands the machine the same instant at every wake-up: the
+    // machine's deadline never comes, and the timer is due again at once.
+    // The simulator used to re-arm it at the same virtual instant forever.
+    let mut c = cfg();
+    c.bug = Some(DriverBug::FrozenClock);
+    let r = Sim::new(c, Instant::now()).finish(ms(2000), ms(1000));
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| matches!(v, Violation::Stalled { .. })),
+        "{:?}",
+        r.violations
+    );
+}

@@ -149,6 +149,11 @@ pub enum DriverBug {
     LoseJobExits,
     /// Ignore `CloseSession`: the connection stays open.
     IgnoreCloseSession,
+    /// Feed the machine the instant the process started, whatever the time:
+    /// a driver whose clock is stuck. Its timer fires, the machine sees no
+    /// time pass and returns the same deadline: the simulator reports
+    /// [`Violation::Stalled`].
+    FrozenClock,
 }
 
 /// How the server behaves.

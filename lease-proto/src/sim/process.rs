@@ -106,9 +106,19 @@ impl Sim {
         self.base + self.now.mul_f64(self.procs[p].rate)
     }
 
+    /// The instant the simulated driver hands process `p`'s machine: its
+    /// clock, unless the driver's clock is stuck.
+    fn driver_now(&self, p: usize) -> Instant {
+        if self.cfg.bug == Some(DriverBug::FrozenClock) {
+            self.base
+        } else {
+            self.local(p)
+        }
+    }
+
     /// Starts one run per configured lease on process `p`.
     pub(super) fn start_runs(&mut self, p: usize) {
-        let now = self.local(p);
+        let now = self.driver_now(p);
         let names = self.cfg.leases.clone();
         for name in names {
             let lease = LeaseId::named(name.clone()).expect("valid lease name");
@@ -129,7 +139,7 @@ impl Sim {
 
     /// Feeds one input to process `p`'s machine, then drains it.
     pub(super) fn input(&mut self, p: usize, input: Input) {
-        let now = self.local(p);
+        let now = self.driver_now(p);
         self.procs[p].machine.handle_input(now, input);
         self.drain(p);
     }
@@ -310,7 +320,7 @@ impl Sim {
                     if let Some(j) = self.procs[p].jobs.get_mut(&run) {
                         j.reported = true;
                     }
-                    let now = self.local(p);
+                    let now = self.driver_now(p);
                     let exit = Input::JobExited {
                         run,
                         exit: JobExit::Ok,
