@@ -14,8 +14,9 @@
 //!
 //! After every step it checks:
 //! - no panic;
-//! - every output passes [`Observer::output`] (one statement in flight, no
-//!   re-entrant try, no unlock under a running job, each run finished once...);
+//! - every command passes the shared [`Harness`]'s observer (one statement in
+//!   flight, no re-entrant try, no unlock under a running job, each run
+//!   finished once...);
 //! - [`Machine::poll_timeout`] is never in the past, and a driver that wakes
 //!   at the deadline it was given does not spin there: after at most a few
 //!   ticks at that same instant the deadline moves on;
@@ -29,10 +30,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
-use lease_proto::sim::{drain, Command, Observer};
+use lease_proto::sim::{Command, Harness};
 use lease_proto::{
-    key_for_name, DbError, Event, Input, JobExit, LeaseId, Machine, Options, QueryId, Row, RunId,
-    SessionId, Statement, HANDOVER_CHANNEL,
+    key_for_name, DbError, Event, Input, JobExit, LeaseId, Options, QueryId, Row, RunId, SessionId,
+    Statement, HANDOVER_CHANNEL,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -226,10 +227,10 @@ enum Payload {
     Text(String),
 }
 
-/// The fuzzer's side of the machine: clock, ids seen, and the checks.
-struct Harness {
-    m: Machine,
-    obs: Observer,
+/// The fuzzer's side of the machine: the shared [`Harness`] (machine,
+/// observer, clock), the fuzzer's time line, ids seen, and the extra checks.
+struct Fuzz {
+    h: Harness,
     base: Instant,
     /// The time handed in with the next input.
     t: Duration,
@@ -237,11 +238,8 @@ struct Harness {
     latest: Duration,
     /// Run ids handed out so far.
     runs: u64,
-    /// The last session asked for, and whether it is the current one.
-    session: Option<SessionId>,
+    /// The session asked for last, if it is the current one.
     current: Option<SessionId>,
-    /// The last statement sent.
-    query: Option<(QueryId, Statement)>,
     /// When the last statement was sent.
     last_sent: Option<Duration>,
     /// The backend pid of the last session that passed setup.
@@ -258,19 +256,16 @@ fn named_key(i: u8) -> i64 {
     key_for_name(&format!("k{}", i % 4))
 }
 
-impl Harness {
-    fn new(options: Options, seed: u64) -> Option<Harness> {
-        let m = Machine::new(options, seed).ok()?;
-        Some(Harness {
-            m,
-            obs: Observer::new(),
-            base: Instant::now(),
+impl Fuzz {
+    fn new(options: Options, seed: u64) -> Option<Fuzz> {
+        let h = Harness::new(options, seed).ok()?;
+        Some(Fuzz {
+            base: h.now(),
+            h,
             t: Duration::ZERO,
             latest: Duration::ZERO,
             runs: 0,
-            session: None,
             current: None,
-            query: None,
             last_sent: None,
             pid: 4242,
             job_session: BTreeMap::new(),
@@ -302,10 +297,10 @@ impl Harness {
                     Lease::Name(n) => LeaseId::named(n).ok(),
                 };
                 if let Some(lease) = lease {
-                    if let Ok(run) = self.m.run(self.now(), lease) {
+                    self.h.set_now(self.now());
+                    if let Ok(run) = self.h.start(lease) {
                         assert_eq!(run, RunId(self.runs), "run ids are sequential");
                         self.runs += 1;
-                        self.obs.run_started(run);
                     }
                 }
                 None
@@ -323,12 +318,12 @@ impl Harness {
             }),
             Step::Close => Some(Input::Close),
             Step::Opened { delta } => {
-                Self::near(self.session.map(|s| s.0), delta).map(|s| Input::SessionOpened {
+                Self::near(self.h.session().map(|s| s.0), delta).map(|s| Input::SessionOpened {
                     session: SessionId(s),
                 })
             }
             Step::Lost { delta, error } => {
-                Self::near(self.session.map(|s| s.0), delta).map(|s| Input::SessionLost {
+                Self::near(self.h.session().map(|s| s.0), delta).map(|s| Input::SessionLost {
                     session: SessionId(s),
                     error: error.map(|e| e.db_error()),
                 })
@@ -338,13 +333,13 @@ impl Harness {
                     Rows::Raw(rows) => rows,
                     Rows::Plausible(p) => self.plausible(p),
                 };
-                let query = Self::near(self.query.as_ref().map(|q| q.0 .0), delta);
+                let query = Self::near(self.h.last_query().map(|q| q.0 .0), delta);
                 query.map(|q| Input::Reply {
                     query: QueryId(q),
                     result: Ok(rows),
                 })
             }
-            Step::Failed { delta, error } => Self::near(self.query.as_ref().map(|q| q.0 .0), delta)
+            Step::Failed { delta, error } => Self::near(self.h.last_query().map(|q| q.0 .0), delta)
                 .map(|q| Input::Reply {
                     query: QueryId(q),
                     result: Err(error.db_error()),
@@ -376,7 +371,7 @@ impl Harness {
                 Some(Input::Tick)
             }
             Step::ToDeadline => {
-                if let Some(d) = self.m.poll_timeout() {
+                if let Some(d) = self.h.machine().poll_timeout() {
                     let d = d.saturating_duration_since(self.base);
                     self.t = self.t.max(d);
                     self.latest = self.latest.max(self.t);
@@ -390,10 +385,7 @@ impl Harness {
                 Some(Input::Tick)
             }
         };
-        if let Some(input) = input {
-            self.feed(input);
-        }
-        self.drain();
+        self.feed(input);
         self.check_deadline();
         self.check_validity();
     }
@@ -403,40 +395,36 @@ impl Harness {
         self.latest = self.t;
     }
 
-    fn feed(&mut self, input: Input) {
-        self.obs.input(&input);
-        if let Input::JobExited { run, .. } = &input {
+    /// Feeds the input (if any) now and drains every command through the
+    /// harness's observer, then tracks what the extra checks need.
+    fn feed(&mut self, input: Option<Input>) {
+        if let Some(Input::JobExited { run, .. }) = &input {
             self.running.remove(run);
         }
-        if let Input::SessionLost { session, .. } = &input {
+        if let Some(Input::SessionLost { session, .. }) = &input {
             if self.current == Some(*session) {
                 self.current = None;
             }
         }
-        self.m.handle_input(self.now(), input);
-    }
-
-    /// Drains every output through the observer.
-    fn drain(&mut self) {
-        let (commands, events) =
-            drain(&mut self.m, &mut self.obs).unwrap_or_else(|e| panic!("observer: {e}"));
-        for e in events {
+        self.h.set_now(self.now());
+        let commands = self
+            .h
+            .step(input)
+            .unwrap_or_else(|e| panic!("observer: {e}"));
+        for e in self.h.events() {
             if let Event::SessionReady { backend_pid, .. } = e {
-                self.pid = backend_pid;
+                self.pid = *backend_pid;
             }
         }
         for c in commands {
             match c {
-                Command::OpenSession { session, .. } => {
-                    self.session = Some(session);
-                    self.current = Some(session);
-                }
+                Command::OpenSession { session, .. } => self.current = Some(session),
                 Command::CloseSession { session } => {
                     if self.current == Some(session) {
                         self.current = None;
                     }
                 }
-                Command::Query { query, statement } => {
+                Command::Query { statement, .. } => {
                     if let Statement::TryLock { keys } | Statement::Release { keys, .. } =
                         &statement
                     {
@@ -446,7 +434,6 @@ impl Harness {
                             }
                         }
                     }
-                    self.query = Some((query, statement));
                     self.last_sent = Some(self.latest);
                 }
                 Command::StartJob {
@@ -455,7 +442,7 @@ impl Harness {
                     valid_until,
                     ..
                 } => {
-                    let validity = self.m.options().validity_window();
+                    let validity = self.h.machine().options().validity_window();
                     assert!(
                         valid_until <= self.base + self.latest + validity,
                         "job of {run:?} started valid for more than the validity window"
@@ -472,7 +459,7 @@ impl Harness {
     /// not spin there.
     fn check_deadline(&mut self) {
         let mut ticks = 0;
-        while let Some(d) = self.m.poll_timeout() {
+        while let Some(d) = self.h.machine().poll_timeout() {
             let now = self.base + self.latest;
             assert!(
                 d >= now,
@@ -489,8 +476,7 @@ impl Harness {
                 "poll_timeout stays at now after {MAX_TICKS_AT_ONE_INSTANT} ticks: a driver spins"
             );
             self.t = self.latest;
-            self.feed(Input::Tick);
-            self.drain();
+            self.feed(Some(Input::Tick));
         }
     }
 
@@ -498,11 +484,11 @@ impl Harness {
     /// on the current session; none is valid longer than the validity window
     /// past the last statement sent.
     fn check_validity(&self) {
-        let validity = self.m.options().validity_window();
+        let validity = self.h.machine().options().validity_window();
         let now = self.base + self.latest;
         for r in 0..self.runs {
             let run = RunId(r);
-            let Some(until) = self.m.valid_until(run) else {
+            let Some(until) = self.h.machine().valid_until(run) else {
                 continue;
             };
             assert!(
@@ -515,7 +501,7 @@ impl Harness {
                 "{run:?} valid until {:?} after the last statement, past the validity window {validity:?}",
                 until - (self.base + sent)
             );
-            if self.m.is_valid(run, now) {
+            if self.h.machine().is_valid(run, now) {
                 let won_on = self.job_session.get(&run).copied().flatten();
                 assert!(
                     won_on.is_some() && won_on == self.current,
@@ -534,13 +520,13 @@ impl Harness {
             Pid::Other(x) => x,
         };
         let mut rows: Vec<Row> = Vec::new();
-        match self.query.as_ref().map(|q| &q.1) {
+        match self.h.last_query().map(|q| &q.1) {
             Some(Statement::Setup) => {
                 let version = [150_000, 140_000, 139_999, 130_000, 120_000, 170_002]
                     [usize::from(pick(0)) % 6];
                 let recovery = i64::from(pick(1) % 4 == 3);
                 let ist = match pick(2) % 4 {
-                    0 | 1 => self.m.options().guard_timeout().as_millis() as i64,
+                    0 | 1 => self.h.machine().options().guard_timeout().as_millis() as i64,
                     2 => 0,
                     _ => p.token,
                 };
@@ -612,7 +598,7 @@ fuzz_target!(|case: Case| {
     if options.validate().is_err() {
         return;
     }
-    let mut h = Harness::new(options, case.seed).expect("validated options");
+    let mut h = Fuzz::new(options, case.seed).expect("validated options");
     for step in case.steps.into_iter().take(MAX_STEPS) {
         h.step(step);
     }

@@ -3,14 +3,14 @@
 //!
 //! Each test drives one [`Machine`] by hand and checks what the
 //! `machine_inputs` fuzz target checks after every step: every output passes
-//! [`Observer::output`] and [`Machine::poll_timeout`] is never in the past (or
+//! [`Observer`](lease_proto::sim::Observer) and [`Machine::poll_timeout`] is never in the past (or
 //! drives the `sim_schedule` target's properties through the simulator). A new
 //! finding goes in as `#[ignore = "fuzz finding: ...; fix pending"]` until the
 //! machine is fixed.
 
 use std::time::{Duration, Instant};
 
-use lease_proto::sim::{drain, Command, Fault, Observer, Report, Sim, SimConfig};
+use lease_proto::sim::{Command, Fault, Harness, Report, Sim, SimConfig, Violation};
 use lease_proto::*;
 
 fn ms(n: u64) -> Duration {
@@ -31,112 +31,9 @@ fn opts() -> Options {
 const PID: i64 = 7;
 
 /// A driver by hand that checks, after every input, what the fuzz target
-/// checks. Its methods panic with the broken rule.
-struct Driver {
-    m: Machine,
-    obs: Observer,
-    t: Instant,
-    session: Option<SessionId>,
-    query: Option<(QueryId, Statement)>,
-}
-
-impl Driver {
-    fn new(o: Options) -> Driver {
-        Driver {
-            m: Machine::new(o, 1).expect("valid options"),
-            obs: Observer::new(),
-            t: Instant::now(),
-            session: None,
-            query: None,
-        }
-    }
-
-    fn run(&mut self, lease: LeaseId) -> RunId {
-        let id = self.m.run(self.t, lease).expect("run accepted");
-        self.obs.run_started(id);
-        self.drain();
-        id
-    }
-
-    fn input(&mut self, i: Input) -> Vec<Command> {
-        self.obs.input(&i);
-        self.m.handle_input(self.t, i);
-        self.drain()
-    }
-
-    fn drain(&mut self) -> Vec<Command> {
-        let (cmds, _) =
-            drain(&mut self.m, &mut self.obs).unwrap_or_else(|e| panic!("observer: {e}"));
-        for c in &cmds {
-            match c {
-                Command::OpenSession { session, .. } => self.session = Some(*session),
-                Command::Query { query, statement } => {
-                    self.query = Some((*query, statement.clone()))
-                }
-                _ => {}
-            }
-        }
-        if let Some(d) = self.m.poll_timeout() {
-            assert!(d >= self.t, "poll_timeout {:?} in the past", self.t - d);
-        }
-        cmds
-    }
-
-    fn advance(&mut self, d: Duration) -> Vec<Command> {
-        self.t += d;
-        self.input(Input::Tick)
-    }
-
-    fn statement(&self) -> Statement {
-        self.query.as_ref().expect("a query in flight").1.clone()
-    }
-
-    fn reply(&mut self, rows: Vec<Row>) -> Vec<Command> {
-        let (query, _) = self.query.take().expect("a query in flight");
-        self.input(Input::Reply {
-            query,
-            result: Ok(rows),
-        })
-    }
-
-    fn fail(&mut self) -> Vec<Command> {
-        let (query, _) = self.query.take().expect("a query in flight");
-        self.input(Input::Reply {
-            query,
-            result: Err(DbError::other("boom")),
-        })
-    }
-
-    /// Opens the session asked for and answers setup and LISTEN.
-    fn connect(&mut self) {
-        let session = self.session.expect("asked to open a session");
-        self.input(Input::SessionOpened { session });
-        assert_eq!(self.statement(), Statement::Setup);
-        let ist = self.m.options().guard_timeout().as_millis() as i64;
-        self.reply(vec![
-            vec![Some(1), Some(150_000)],
-            vec![Some(2), Some(0)],
-            vec![Some(3), Some(PID)],
-            vec![Some(4), Some(ist)],
-        ]);
-        assert_eq!(self.statement(), Statement::Listen);
-        self.reply(vec![]);
-    }
-
-    /// The keys of the try in flight.
-    fn try_keys(&self) -> Vec<i64> {
-        match self.statement() {
-            Statement::TryLock { keys } => keys,
-            s => panic!("expected a try, got {s:?}"),
-        }
-    }
-
-    fn heartbeat(&mut self, keys: &[i64]) -> Vec<Command> {
-        assert_eq!(self.statement(), Statement::Heartbeat);
-        let mut rows = vec![vec![Some(0), Some(PID)]];
-        rows.extend(keys.iter().map(|k| vec![Some(1), Some(*k)]));
-        self.reply(rows)
-    }
+/// checks (the shared [`Harness`]). Its methods panic with the broken rule.
+fn driver(o: Options) -> Harness {
+    Harness::new(o, 1).expect("valid options")
 }
 
 fn started(cmds: &[Command], run: RunId) -> bool {
@@ -166,9 +63,9 @@ fn b() -> LeaseId {
 /// job runs and keeps believing it leads (its lease stays valid).
 #[test]
 fn a_duplicate_win_row_does_not_unlock_the_running_job() {
-    let mut d = Driver::new(opts());
+    let mut d = driver(opts());
     let run = d.run(a());
-    d.connect();
+    d.connect(PID);
     let k = a().key();
     assert_eq!(d.try_keys(), vec![k]);
     // Was: `Query { Release { keys: [k] } }` at once, while the job runs.
@@ -177,7 +74,7 @@ fn a_duplicate_win_row_does_not_unlock_the_running_job() {
         vec![Some(k), Some(901), None],
     ]);
     assert!(started(&cmds, run), "{cmds:?}");
-    assert!(d.m.is_valid(run, d.t));
+    assert!(d.machine().is_valid(run, d.now()));
 }
 
 /// `machine_inputs` finding 1, second shape: a try reply for key `b` that also
@@ -185,10 +82,10 @@ fn a_duplicate_win_row_does_not_unlock_the_running_job() {
 /// unlocks `a` under its running job.
 #[test]
 fn an_unsolicited_win_row_does_not_unlock_a_leading_key() {
-    let mut d = Driver::new(opts());
+    let mut d = driver(opts());
     let run_a = d.run(a());
-    d.connect();
-    let cmds = d.reply(vec![vec![Some(a().key()), Some(900), None]]);
+    d.connect(PID);
+    let cmds = d.win(900);
     assert!(started(&cmds, run_a), "{cmds:?}");
     d.run(b());
     assert_eq!(d.try_keys(), vec![b().key()]);
@@ -197,17 +94,13 @@ fn an_unsolicited_win_row_does_not_unlock_a_leading_key() {
         vec![Some(b().key()), None, Some(99)],
         vec![Some(a().key()), Some(901), None],
     ]);
-    assert!(d.m.is_valid(run_a, d.t));
+    assert!(d.machine().is_valid(run_a, d.now()));
 }
 
 /// Answers the try in flight, if any, with "held by pid 99" for every key.
-fn not_won(d: &mut Driver) {
-    if let Some((_, Statement::TryLock { keys })) = &d.query {
-        let rows = keys
-            .iter()
-            .map(|k| vec![Some(*k), None, Some(99)])
-            .collect();
-        d.reply(rows);
+fn not_won(d: &mut Harness) {
+    if let Some((_, Statement::TryLock { .. })) = d.in_flight() {
+        d.lose(Some(99));
     }
 }
 
@@ -218,19 +111,19 @@ fn not_won(d: &mut Driver) {
 /// breaking "a key is released only after its job returned".
 #[test]
 fn a_key_found_held_again_waits_for_its_cancelled_job() {
-    let mut d = Driver::new(opts());
+    let mut d = driver(opts());
     let run = d.run(a());
-    d.connect();
-    let cmds = d.reply(vec![vec![Some(a().key()), Some(900), None]]);
+    d.connect(PID);
+    let cmds = d.win(900);
     assert!(started(&cmds, run), "{cmds:?}");
     d.run(b());
     not_won(&mut d);
     d.advance(ms(200));
-    let cmds = d.heartbeat(&[a().key()]);
+    let cmds = d.heartbeat(PID, &[a().key()]);
     assert!(!cmds.iter().any(|c| matches!(c, Command::CancelJob { .. })));
     not_won(&mut d);
     d.advance(ms(200));
-    let cmds = d.heartbeat(&[]);
+    let cmds = d.heartbeat(PID, &[]);
     assert!(
         cmds.iter().any(|c| matches!(
             c,
@@ -244,8 +137,8 @@ fn a_key_found_held_again_waits_for_its_cancelled_job() {
     not_won(&mut d);
     d.advance(ms(200));
     // Was: `Query { Release { keys: [a] } }` while the cancelled job still runs.
-    d.heartbeat(&[a().key()]);
-    assert!(!d.m.is_valid(run, d.t));
+    d.heartbeat(PID, &[a().key()]);
+    assert!(!d.machine().is_valid(run, d.now()));
     not_won(&mut d);
     // Once the job has returned, the key found held is unlocked.
     let cmds = d.input(Input::JobExited {
@@ -262,13 +155,13 @@ fn a_key_found_held_again_waits_for_its_cancelled_job() {
 /// while the cancelled job still runs.
 #[test]
 fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
-    let mut d = Driver::new(Options {
+    let mut d = driver(Options {
         validity: Some(ms(2000)),
         ..opts()
     });
     let run = d.run(a());
-    d.connect();
-    let cmds = d.reply(vec![vec![Some(a().key()), Some(900), None]]);
+    d.connect(PID);
+    let cmds = d.win(900);
     assert!(started(&cmds, run), "{cmds:?}");
     d.run(b());
     assert_eq!(d.try_keys(), vec![b().key()]);
@@ -284,17 +177,16 @@ fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
         )),
         "{cmds:?}"
     );
-    d.query = None;
     // b still wants a session: reconnect after the backoff.
     let cmds = d.advance(ms(200));
     assert!(cmds
         .iter()
         .any(|c| matches!(c, Command::OpenSession { .. })));
-    d.connect();
+    d.connect(PID);
     assert_eq!(d.try_keys(), vec![b().key()]);
-    d.fail();
+    d.fail(DbError::other("boom"));
     // Verification; was: `Query { Release { keys: [a] } }` while a's job runs.
-    d.heartbeat(&[a().key()]);
+    d.heartbeat(PID, &[a().key()]);
     not_won(&mut d);
     let cmds = d.input(Input::JobExited {
         run,
@@ -347,7 +239,7 @@ fn sim_replay(cfg: SimConfig, faults: &[(u64, Fault)]) -> Report {
     let broken: Vec<_> = r
         .violations
         .iter()
-        .filter(|v| !server_faults || !v.contains("safety:"))
+        .filter(|v| !server_faults || !matches!(v, Violation::TwoLeaders { .. }))
         .collect();
     assert!(broken.is_empty(), "{broken:#?}\n{}", r.trace_text());
     for (lease, overlap) in &r.max_overlap {
@@ -557,7 +449,10 @@ fn replay_a_close_delayed_past_the_horizon_is_no_leak() {
     }
     let early = sim.finish(ms(10_000), ms(3000));
     assert!(
-        early.violations.iter().any(|v| v.starts_with("leak:")),
+        early
+            .violations
+            .iter()
+            .any(|v| matches!(v, Violation::LockLeaked { .. })),
         "{:#?}",
         early.violations
     );

@@ -1,9 +1,9 @@
 //! The machine driven by hand: the Run contract step by step, and arbitrary
 //! input sequences through the observer.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use lease_proto::sim::{drain, Command, Observer};
+use lease_proto::sim::{Command, Harness, ObserverViolation};
 use lease_proto::*;
 use proptest::prelude::*;
 
@@ -21,112 +21,18 @@ fn opts() -> Options {
     }
 }
 
-struct H {
-    m: Machine,
-    t: Instant,
-    obs: Observer,
-    session: Option<SessionId>,
-    query: Option<(QueryId, Statement)>,
+fn harness(o: Options) -> Harness {
+    Harness::new(o, 1).unwrap()
 }
 
-impl H {
-    fn new(o: Options) -> H {
-        H {
-            m: Machine::new(o, 1).unwrap(),
-            t: Instant::now(),
-            obs: Observer::new(),
-            session: None,
-            query: None,
-        }
-    }
+fn lease(name: &str) -> LeaseId {
+    LeaseId::named(name).unwrap()
+}
 
-    fn run(&mut self, name: &str) -> RunId {
-        let id = self.m.run(self.t, LeaseId::named(name).unwrap()).unwrap();
-        self.obs.run_started(id);
-        self.drain();
-        id
-    }
-
-    fn input(&mut self, i: Input) -> Vec<Command> {
-        self.obs.input(&i);
-        self.m.handle_input(self.t, i);
-        self.drain()
-    }
-
-    fn drain(&mut self) -> Vec<Command> {
-        let (v, _) = drain(&mut self.m, &mut self.obs).unwrap();
-        for c in &v {
-            match c {
-                Command::OpenSession { session, .. } => self.session = Some(*session),
-                Command::Query { query, statement } => {
-                    self.query = Some((*query, statement.clone()))
-                }
-                _ => {}
-            }
-        }
-        v
-    }
-
-    fn advance(&mut self, d: Duration) -> Vec<Command> {
-        self.t += d;
-        self.input(Input::Tick)
-    }
-
-    fn reply(&mut self, rows: Vec<Row>) -> Vec<Command> {
-        let (query, _) = self.query.take().expect("a query in flight");
-        self.input(Input::Reply {
-            query,
-            result: Ok(rows),
-        })
-    }
-
-    fn fail(&mut self, code: &str) -> Vec<Command> {
-        let (query, _) = self.query.take().expect("a query in flight");
-        self.input(Input::Reply {
-            query,
-            result: Err(DbError {
-                code: Some(code.into()),
-                message: "boom".into(),
-            }),
-        })
-    }
-
-    fn statement(&self) -> Statement {
-        self.query.as_ref().expect("a query in flight").1.clone()
-    }
-
-    /// Connects and passes setup; returns the commands after LISTEN's reply.
-    fn connect(&mut self, pid: i64) -> Vec<Command> {
-        let s = self.session.expect("asked to open a session");
-        self.input(Input::SessionOpened { session: s });
-        assert_eq!(self.statement(), Statement::Setup);
-        let ist = self.m.options().guard_timeout().as_millis() as i64;
-        self.reply(vec![
-            vec![Some(1), Some(150_000)],
-            vec![Some(2), Some(0)],
-            vec![Some(3), Some(pid)],
-            vec![Some(4), Some(ist)],
-        ]);
-        assert_eq!(self.statement(), Statement::Listen);
-        self.reply(vec![])
-    }
-
-    fn win(&mut self, token: i64) -> Vec<Command> {
-        let Statement::TryLock { keys } = self.statement() else {
-            panic!("expected a try, got {:?}", self.statement())
-        };
-        self.reply(
-            keys.iter()
-                .map(|k| vec![Some(*k), Some(token), None])
-                .collect(),
-        )
-    }
-
-    fn heartbeat(&mut self, pid: i64, keys: &[i64]) -> Vec<Command> {
-        assert_eq!(self.statement(), Statement::Heartbeat);
-        let mut rows = vec![vec![Some(0), Some(pid)]];
-        rows.extend(keys.iter().map(|k| vec![Some(1), Some(*k)]));
-        self.reply(rows)
+fn boom(code: &str) -> DbError {
+    DbError {
+        code: Some(code.into()),
+        message: "boom".into(),
     }
 }
 
@@ -138,8 +44,8 @@ fn has(cmds: &[Command], f: impl Fn(&Command) -> bool) -> bool {
     cmds.iter().any(f)
 }
 
-fn started(h: &mut H, name: &str, token: i64) -> RunId {
-    let run = h.run(name);
+fn started(h: &mut Harness, name: &str, token: i64) -> RunId {
+    let run = h.run(lease(name));
     h.connect(7);
     let cmds = h.win(token);
     assert!(
@@ -154,9 +60,9 @@ fn started(h: &mut H, name: &str, token: i64) -> RunId {
 
 #[test]
 fn job_ok_releases_after_exit_then_finishes_completed() {
-    let mut h = H::new(opts());
+    let mut h = harness(opts());
     let run = started(&mut h, "a", 900);
-    assert!(h.m.is_valid(run, h.t));
+    assert!(h.machine().is_valid(run, h.now()));
     // Nothing is released while the job runs.
     let cmds = h.advance(ms(200));
     assert!(!has(&cmds, |c| matches!(
@@ -175,7 +81,7 @@ fn job_ok_releases_after_exit_then_finishes_completed() {
         &cmds,
         |c| matches!(c, Command::Query { statement: Statement::Release { keys, notify: true }, .. } if keys == &vec![key("a")])
     ));
-    let cmds = h.reply(vec![vec![Some(key("a")), Some(1)]]);
+    let cmds = h.released();
     assert!(has(&cmds, |c| matches!(
         c,
         Command::FinishRun {
@@ -189,13 +95,13 @@ fn job_ok_releases_after_exit_then_finishes_completed() {
 
 #[test]
 fn job_error_releases_and_finishes_failed() {
-    let mut h = H::new(opts());
+    let mut h = harness(opts());
     let run = started(&mut h, "a", 900);
     h.input(Input::JobExited {
         run,
         exit: JobExit::Failed,
     });
-    let cmds = h.reply(vec![vec![Some(key("a")), Some(1)]]);
+    let cmds = h.released();
     assert!(has(&cmds, |c| matches!(
         c,
         Command::FinishRun {
@@ -207,28 +113,27 @@ fn job_error_releases_and_finishes_failed() {
 
 #[test]
 fn already_running_cap_and_runs_after_close() {
-    let mut h = H::new(Options {
+    let mut h = harness(Options {
         max_leases: 2,
         ..opts()
     });
-    h.run("a");
+    h.run(lease("a"));
     assert!(matches!(
-        h.m.run(h.t, LeaseId::named("a").unwrap()),
+        h.start(LeaseId::named("a").unwrap()),
         Err(RunError::AlreadyRunning(_))
     ));
     // Same key under another name is the same lock.
     assert!(matches!(
-        h.m.run(h.t, LeaseId::raw(key("a"))),
+        h.start(LeaseId::raw(key("a"))),
         Err(RunError::AlreadyRunning(_))
     ));
-    h.run("b");
+    h.run(lease("b"));
     assert_eq!(
-        h.m.run(h.t, LeaseId::named("c").unwrap()),
+        h.start(LeaseId::named("c").unwrap()),
         Err(RunError::TooManyLeases { cap: 2 })
     );
     h.input(Input::Close);
-    let r = h.m.run(h.t, LeaseId::named("d").unwrap()).unwrap();
-    h.obs.run_started(r);
+    let r = h.start(LeaseId::named("d").unwrap()).unwrap();
     let cmds = h.drain();
     assert!(has(
         &cmds,
@@ -238,7 +143,7 @@ fn already_running_cap_and_runs_after_close() {
 
 #[test]
 fn close_cancels_waits_for_the_job_then_releases_and_closes() {
-    let mut h = H::new(opts());
+    let mut h = harness(opts());
     let run = started(&mut h, "a", 900);
     let cmds = h.input(Input::Close);
     assert!(has(&cmds, |c| matches!(
@@ -256,7 +161,7 @@ fn close_cancels_waits_for_the_job_then_releases_and_closes() {
         run,
         exit: JobExit::Failed,
     });
-    let cmds = h.reply(vec![vec![Some(key("a")), Some(1)]]);
+    let cmds = h.released();
     assert!(has(&cmds, |c| matches!(
         c,
         Command::FinishRun {
@@ -265,12 +170,12 @@ fn close_cancels_waits_for_the_job_then_releases_and_closes() {
         }
     )));
     assert!(has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
-    assert!(h.m.is_closed());
+    assert!(h.machine().is_closed());
 }
 
 #[test]
 fn graceful_shutdown_returns_cancelled_even_if_the_job_errs() {
-    let mut h = H::new(opts());
+    let mut h = harness(opts());
     let run = started(&mut h, "a", 900);
     let cmds = h.input(Input::Shutdown { run });
     assert!(has(&cmds, |c| matches!(
@@ -281,7 +186,7 @@ fn graceful_shutdown_returns_cancelled_even_if_the_job_errs() {
         }
     )));
     assert_eq!(
-        h.m.valid_until(run),
+        h.machine().valid_until(run),
         None,
         "a cancelled lease is no longer valid"
     );
@@ -289,7 +194,7 @@ fn graceful_shutdown_returns_cancelled_even_if_the_job_errs() {
         run,
         exit: JobExit::Failed,
     });
-    let cmds = h.reply(vec![vec![Some(key("a")), Some(1)]]);
+    let cmds = h.released();
     assert!(has(&cmds, |c| matches!(
         c,
         Command::FinishRun {
@@ -301,9 +206,9 @@ fn graceful_shutdown_returns_cancelled_even_if_the_job_errs() {
 
 #[test]
 fn session_loss_cancels_at_once_and_the_job_restarts_on_the_next_win() {
-    let mut h = H::new(opts());
+    let mut h = harness(opts());
     let run = started(&mut h, "a", 900);
-    let s = h.session.unwrap();
+    let s = h.session().unwrap();
     let cmds = h.input(Input::SessionLost {
         session: s,
         error: Some(DbError {
@@ -318,13 +223,12 @@ fn session_loss_cancels_at_once_and_the_job_restarts_on_the_next_win() {
             ..
         }
     )));
-    assert!(!h.m.is_valid(run, h.t));
+    assert!(!h.machine().is_valid(run, h.now()));
     h.input(Input::JobExited {
         run,
         exit: JobExit::Ok,
     });
     // Reconnect after the backoff, win again: the job starts again with a new token.
-    h.query = None;
     let cmds = h.advance(opts().retry_interval);
     assert!(has(&cmds, |c| matches!(c, Command::OpenSession { .. })));
     h.connect(8);
@@ -337,14 +241,14 @@ fn session_loss_cancels_at_once_and_the_job_restarts_on_the_next_win() {
 
 #[test]
 fn validity_expiry_cancels_without_any_reply() {
-    let mut h = H::new(opts());
+    let mut h = harness(opts());
     let run = started(&mut h, "a", 900);
-    let valid_until = h.m.valid_until(run).unwrap();
-    assert_eq!(valid_until, h.t + opts().validity_window());
+    let valid_until = h.machine().valid_until(run).unwrap();
+    assert_eq!(valid_until, h.now() + opts().validity_window());
     // The heartbeat is sent and never answered; the process was frozen past the deadline.
     h.advance(ms(200));
     assert_eq!(h.statement(), Statement::Heartbeat);
-    h.t = valid_until;
+    h.set_now(valid_until);
     let cmds = h.input(Input::Tick);
     assert!(
         has(&cmds, |c| matches!(
@@ -361,7 +265,7 @@ fn validity_expiry_cancels_without_any_reply() {
 
 #[test]
 fn heartbeat_without_the_key_cancels_the_job() {
-    let mut h = H::new(opts());
+    let mut h = harness(opts());
     started(&mut h, "a", 900);
     h.advance(ms(200));
     let cmds = h.heartbeat(7, &[]);
@@ -376,11 +280,11 @@ fn heartbeat_without_the_key_cancels_the_job() {
 
 #[test]
 fn a_failed_try_is_verified_and_unknown_keys_unlocked() {
-    let mut h = H::new(opts());
-    h.run("a");
+    let mut h = harness(opts());
+    h.run(lease("a"));
     h.connect(7);
     assert!(matches!(h.statement(), Statement::TryLock { .. }));
-    h.fail("53200");
+    h.fail(boom("53200"));
     // Verification before anything else; the key turned out to be held.
     let cmds = h.heartbeat(7, &[key("a")]);
     assert!(
@@ -395,9 +299,9 @@ fn a_failed_try_is_verified_and_unknown_keys_unlocked() {
 
 #[test]
 fn a_held_key_is_never_tried_again() {
-    let mut h = H::new(opts());
+    let mut h = harness(opts());
     started(&mut h, "a", 900);
-    h.run("b");
+    h.run(lease("b"));
     h.advance(Duration::ZERO);
     let Statement::TryLock { keys } = h.statement() else {
         panic!("{:?}", h.statement())
@@ -407,7 +311,7 @@ fn a_held_key_is_never_tried_again() {
 
 #[test]
 fn a_new_backend_pid_is_refused_as_a_pooler() {
-    let mut h = H::new(opts());
+    let mut h = harness(opts());
     let run = started(&mut h, "a", 900);
     h.advance(ms(200));
     let cmds = h.heartbeat(8, &[key("a")]);
@@ -430,21 +334,19 @@ fn a_new_backend_pid_is_refused_as_a_pooler() {
         }
     )));
     assert!(matches!(
-        h.m.run(h.t, LeaseId::named("z").unwrap()),
+        h.start(LeaseId::named("z").unwrap()),
         Err(RunError::Refused(_))
     ));
 }
 
 #[test]
 fn a_notification_triggers_an_immediate_try() {
-    let mut h = H::new(opts());
-    h.run("a");
+    let mut h = harness(opts());
+    h.run(lease("a"));
     h.connect(7);
-    let Statement::TryLock { keys } = h.statement() else {
-        panic!()
-    };
-    h.reply(vec![vec![Some(keys[0]), None, Some(99)]]);
-    assert!(h.query.is_none());
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    h.lose(Some(99));
+    assert!(h.in_flight().is_none());
     let cmds = h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
         payload: key("a").to_string(),
@@ -461,7 +363,7 @@ fn a_notification_triggers_an_immediate_try() {
 #[test]
 fn a_query_timeout_closes_the_session_and_backs_off() {
     // A validity longer than heartbeat + query timeout, so the timeout comes first.
-    let mut h = H::new(Options {
+    let mut h = harness(Options {
         validity: Some(ms(2000)),
         ..opts()
     });
@@ -477,29 +379,32 @@ fn a_query_timeout_closes_the_session_and_backs_off() {
         }
     )));
     // No session is needed until the job has returned; then it reconnects after a backoff.
-    assert_eq!(h.m.status().session, SessionState::Idle);
+    assert_eq!(h.machine().status().session, SessionState::Idle);
     h.input(Input::JobExited {
         run,
         exit: JobExit::Ok,
     });
-    assert!(matches!(h.m.status().session, SessionState::Backoff { .. }));
-    let t = h.m.poll_timeout().unwrap();
+    assert!(matches!(
+        h.machine().status().session,
+        SessionState::Backoff { .. }
+    ));
+    let t = h.machine().poll_timeout().unwrap();
     assert!(
-        t > h.t && t <= h.t + RECONNECT_BASE,
+        t > h.now() && t <= h.now() + RECONNECT_BASE,
         "backoff {:?}",
-        t - h.t
+        t - h.now()
     );
 }
 
 #[test]
 fn dropping_a_run_releases_its_key() {
-    let mut h = H::new(opts());
+    let mut h = harness(opts());
     let run = started(&mut h, "a", 900);
     h.input(Input::JobExited {
         run,
         exit: JobExit::Abandoned,
     });
-    let cmds = h.reply(vec![vec![Some(key("a")), Some(1)]]);
+    let cmds = h.released();
     assert!(has(&cmds, |c| matches!(
         c,
         Command::FinishRun {
@@ -507,8 +412,8 @@ fn dropping_a_run_releases_its_key() {
             ..
         }
     )));
-    let mut h = H::new(opts());
-    let run = h.run("a");
+    let mut h = harness(opts());
+    let run = h.run(lease("a"));
     let cmds = h.input(Input::JobExited {
         run,
         exit: JobExit::Abandoned,
@@ -524,9 +429,9 @@ fn dropping_a_run_releases_its_key() {
 
 #[test]
 fn startup_option_rejection_and_standby_are_refused() {
-    let mut h = H::new(opts());
-    let run = h.run("a");
-    let s = h.session.unwrap();
+    let mut h = harness(opts());
+    let run = h.run(lease("a"));
+    let s = h.session().unwrap();
     let cmds = h.input(Input::SessionLost {
         session: s,
         error: Some(DbError {
@@ -538,10 +443,10 @@ fn startup_option_rejection_and_standby_are_refused() {
         &cmds,
         |c| matches!(c, Command::FinishRun { run: r, outcome: Outcome::Refused(Refusal::StartupOptionsIgnored { .. }) } if *r == run)
     ));
-    let mut h = H::new(opts());
-    h.run("a");
+    let mut h = harness(opts());
+    h.run(lease("a"));
     h.input(Input::SessionOpened {
-        session: h.session.unwrap(),
+        session: h.session().unwrap(),
     });
     let cmds = h.reply(vec![
         vec![Some(1), Some(150_000)],
@@ -560,8 +465,8 @@ fn startup_option_rejection_and_standby_are_refused() {
 
 #[test]
 fn the_session_asks_for_the_guard() {
-    let mut h = H::new(opts());
-    h.run("a");
+    let mut h = harness(opts());
+    h.run(lease("a"));
     let m = Machine::new(
         Options {
             server_guard: false,
@@ -573,10 +478,10 @@ fn the_session_asks_for_the_guard() {
     assert_eq!(opts().guard_timeout(), ms(900));
     let _ = m;
     // The first OpenSession carried idle_session_timeout=900.
-    let mut h2 = H::new(opts());
-    h2.m.run(h2.t, LeaseId::named("a").unwrap()).unwrap();
+    let mut h2 = harness(opts());
+    h2.start(LeaseId::named("a").unwrap()).unwrap();
     let mut found = false;
-    while let Some(o) = h2.m.poll_session() {
+    while let Some(o) = h2.machine_mut().poll_session() {
         if let SessionCommand::Open { params, .. } = o {
             assert_eq!(
                 params.options_string(),
@@ -627,20 +532,16 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 /// Feeds one step; replies to the query in flight are made plausible half of
-/// the time (the keys it asked about), arbitrary otherwise.
-fn feed(
-    m: &mut Machine,
-    obs: &mut Observer,
-    t: &mut Instant,
-    last: &mut (Option<SessionId>, Option<QueryId>),
-    s: Step,
-) -> Result<(), String> {
+/// the time (the keys it asked about), arbitrary otherwise. The harness checks
+/// every command and that `poll_timeout` is never in the past (a deadline in
+/// the past would make a driver spin).
+fn feed(h: &mut Harness, s: Step) -> Result<(), ObserverViolation> {
     let near = |id: Option<u64>, d: i8| id.map(|i| i.wrapping_add_signed(i64::from(d)));
+    let session = h.session().map(|s| s.0);
+    let query = h.last_query().map(|q| q.0 .0);
     let input = match s {
         Step::Run(i) => {
-            if let Ok(r) = m.run(*t, LeaseId::named(format!("k{i}")).unwrap()) {
-                obs.run_started(r);
-            }
+            let _ = h.start(LeaseId::named(format!("k{i}")).unwrap());
             None
         }
         Step::Exit(r, e) => Some(Input::JobExited {
@@ -651,18 +552,18 @@ fn feed(
             run: RunId(u64::from(r)),
         }),
         Step::Close => Some(Input::Close),
-        Step::Opened(d) => near(last.0.map(|s| s.0), d).map(|s| Input::SessionOpened {
+        Step::Opened(d) => near(session, d).map(|s| Input::SessionOpened {
             session: SessionId(s),
         }),
-        Step::Lost(d, e) => near(last.0.map(|s| s.0), d).map(|s| Input::SessionLost {
+        Step::Lost(d, e) => near(session, d).map(|s| Input::SessionLost {
             session: SessionId(s),
             error: e.then(|| DbError::other("x")),
         }),
-        Step::Reply(d, rows) => near(last.1.map(|q| q.0), d).map(|q| Input::Reply {
+        Step::Reply(d, rows) => near(query, d).map(|q| Input::Reply {
             query: QueryId(q),
             result: Ok(rows),
         }),
-        Step::Error(d) => near(last.1.map(|q| q.0), d).map(|q| Input::Reply {
+        Step::Error(d) => near(query, d).map(|q| Input::Reply {
             query: QueryId(q),
             result: Err(DbError::other("x")),
         }),
@@ -671,28 +572,11 @@ fn feed(
             payload: key(&format!("k{i}")).to_string(),
         }),
         Step::Advance(n) => {
-            *t += ms(u64::from(n));
+            h.set_now(h.now() + ms(u64::from(n)));
             Some(Input::Tick)
         }
     };
-    if let Some(i) = input {
-        obs.input(&i);
-        m.handle_input(*t, i);
-    }
-    let (commands, _) = drain(m, obs)?;
-    for c in commands {
-        match c {
-            Command::OpenSession { session, .. } => last.0 = Some(session),
-            Command::Query { query, .. } => last.1 = Some(query),
-            _ => {}
-        }
-    }
-    if let Some(d) = m.poll_timeout() {
-        // A deadline in the past would make a driver spin.
-        if d < *t {
-            return Err(format!("poll_timeout {:?} in the past", *t - d));
-        }
-    }
+    h.step(input)?;
     Ok(())
 }
 
@@ -703,13 +587,10 @@ proptest! {
     /// observer checks holds.
     #[test]
     fn arbitrary_inputs_keep_every_rule(steps in proptest::collection::vec(step(), 0..120)) {
-        let mut m = Machine::new(opts(), 3).unwrap();
-        let mut obs = Observer::new();
-        let mut t = Instant::now();
-        let mut last = (None, None);
+        let mut h = Harness::new(opts(), 3).unwrap();
         for (i, s) in steps.into_iter().enumerate() {
             let d = format!("{s:?}");
-            if let Err(e) = feed(&mut m, &mut obs, &mut t, &mut last, s) {
+            if let Err(e) = feed(&mut h, s) {
                 prop_assert!(false, "step {i} ({d}): {e}");
             }
         }

@@ -125,7 +125,7 @@ proptest! {
         let hears = faults.iter().all(|(_, f)| f.server_ends_sessions() || matches!(f, Fault::Crash { .. }));
         let latency = cfg.latency + cfg.jitter + cfg.job_reaction;
         let r = run(cfg, &faults);
-        let contract: Vec<_> = r.violations.iter().filter(|v| !v.contains("safety")).collect();
+        let contract: Vec<_> = r.violations.iter().filter(|v| !v.is_safety()).collect();
         prop_assert!(contract.is_empty(), "{}", explain(&r));
         for (lease, overlap) in &r.max_overlap {
             prop_assert!(*overlap <= validity, "{lease}: overlap {overlap:?} > validity {validity:?}\n{}", explain(&r));

@@ -1,0 +1,331 @@
+//! The properties the simulator checks as it runs, and their breaches as
+//! [`Violation`] values.
+//!
+//! - strong safety ([`Violation::TwoLeaders`]): no instant at which two live
+//!   processes hold a lease for the same key that is valid by their own clock;
+//! - release after exit ([`Violation::ReleaseWhileJobRuns`]);
+//! - the run contract: every run finishes exactly once
+//!   ([`Violation::NeverFinished`], [`Violation::FinishedTwice`]), never while
+//!   its job runs, with the outcome the contract gives
+//!   ([`Violation::ContractOutcome`]);
+//! - no leaks ([`Violation::LockLeaked`]);
+//! - progress: the simulated driver never spins on a deadline that does not
+//!   move ([`Violation::Stalled`]).
+//!
+//! Overlap (two processes acting on a key, validity aside) is measured here
+//! too, into [`Report::max_overlap`](super::Report::max_overlap).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use super::{Sim, TraceEvent};
+use crate::{Outcome, RunError, RunId};
+
+/// A property breach found by the simulator.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Violation {
+    /// Strong safety: these processes all held a lease on `lease` that was
+    /// valid by their own clock, at the same instant.
+    TwoLeaders {
+        /// When.
+        at: Duration,
+        /// The lease name.
+        lease: String,
+        /// The processes (two or more).
+        processes: Vec<usize>,
+    },
+    /// Release after exit: `process` sent an unlock of `key` while a job
+    /// holding it still ran.
+    ReleaseWhileJobRuns {
+        /// When.
+        at: Duration,
+        /// The process.
+        process: usize,
+        /// The advisory key.
+        key: i64,
+    },
+    /// The machine refused one of the simulation's runs.
+    RunRefused {
+        /// When.
+        at: Duration,
+        /// The process.
+        process: usize,
+        /// The lease name.
+        lease: String,
+        /// Why.
+        error: RunError,
+    },
+    /// A run the process never started was finished.
+    UnknownRunFinished {
+        /// When.
+        at: Duration,
+        /// The process.
+        process: usize,
+        /// The run.
+        run: RunId,
+    },
+    /// A run was finished twice.
+    FinishedTwice {
+        /// When.
+        at: Duration,
+        /// The process.
+        process: usize,
+        /// The run.
+        run: RunId,
+    },
+    /// A run was finished while its job still ran.
+    FinishedWhileJobRuns {
+        /// When.
+        at: Duration,
+        /// The process.
+        process: usize,
+        /// The run.
+        run: RunId,
+    },
+    /// A run finished with an outcome the contract does not give.
+    ContractOutcome {
+        /// When.
+        at: Duration,
+        /// The process.
+        process: usize,
+        /// The lease name.
+        lease: String,
+        /// The outcome the run finished with.
+        got: Outcome,
+        /// The outcome of the job that returned by itself while leading, if
+        /// one did.
+        expected: Option<Outcome>,
+    },
+    /// A run of a live process never finished, though the simulation closed
+    /// every machine and settled.
+    NeverFinished {
+        /// The process.
+        process: usize,
+        /// The run.
+        run: RunId,
+        /// The lease name.
+        lease: String,
+    },
+    /// Every run returned but the server still holds these keys.
+    LockLeaked {
+        /// The advisory keys held.
+        keys: Vec<i64>,
+    },
+    /// The process's deadline did not move after the driver woke at it, tick
+    /// after tick at the same instant: a real driver would spin there. The
+    /// simulator stops arming that process's timer.
+    Stalled {
+        /// When.
+        at: Duration,
+        /// The process.
+        process: usize,
+        /// How many wake-ups in a row found the next deadline already due.
+        wakeups: u32,
+    },
+}
+
+impl Violation {
+    /// When it happened, for breaches found while running (`None` for the
+    /// checks made at the end).
+    pub fn at(&self) -> Option<Duration> {
+        match self {
+            Violation::TwoLeaders { at, .. }
+            | Violation::ReleaseWhileJobRuns { at, .. }
+            | Violation::RunRefused { at, .. }
+            | Violation::UnknownRunFinished { at, .. }
+            | Violation::FinishedTwice { at, .. }
+            | Violation::FinishedWhileJobRuns { at, .. }
+            | Violation::ContractOutcome { at, .. }
+            | Violation::Stalled { at, .. } => Some(*at),
+            Violation::NeverFinished { .. } | Violation::LockLeaked { .. } => None,
+        }
+    }
+
+    /// Whether this is a breach of strong safety, the property that only
+    /// holds while the server does not end sessions itself
+    /// ([`Fault::server_ends_sessions`](super::Fault::server_ends_sessions)).
+    pub fn is_safety(&self) -> bool {
+        matches!(self, Violation::TwoLeaders { .. })
+    }
+
+    /// The breach without its time.
+    pub(super) fn what(&self) -> String {
+        match self {
+            Violation::TwoLeaders {
+                lease, processes, ..
+            } => format!("safety: {processes:?} all hold a valid lease on {lease}"),
+            Violation::ReleaseWhileJobRuns { process, key, .. } => {
+                format!("p{process} releases key {key} while its job still runs")
+            }
+            Violation::RunRefused {
+                process,
+                lease,
+                error,
+                ..
+            } => format!("p{process} could not start run {lease}: {error}"),
+            Violation::UnknownRunFinished { process, run, .. } => {
+                format!("p{process} finished unknown run {run:?}")
+            }
+            Violation::FinishedTwice { process, run, .. } => {
+                format!("p{process} finished run {run:?} twice")
+            }
+            Violation::FinishedWhileJobRuns { process, run, .. } => {
+                format!("p{process} finished run {run:?} while its job runs")
+            }
+            Violation::ContractOutcome {
+                process,
+                lease,
+                got,
+                expected,
+                ..
+            } => format!("p{process} run {lease} finished {got:?}, contract expects {expected:?}"),
+            Violation::NeverFinished {
+                process,
+                run,
+                lease,
+            } => format!("contract: run {run:?} ({lease}) of p{process} never finished"),
+            Violation::LockLeaked { keys } => {
+                format!("leak: every run returned but the server still holds {keys:?}")
+            }
+            Violation::Stalled {
+                process, wakeups, ..
+            } => format!(
+                "p{process} stalled: {wakeups} wake-ups in a row found its next deadline already due"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.at() {
+            Some(at) => write!(f, "at {:.3}ms: {}", at.as_secs_f64() * 1e3, self.what()),
+            None => f.write_str(&self.what()),
+        }
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// The outcome the contract gives a run, from the outcome the job's own
+/// return (if it returned by itself while leading) asks for.
+pub(super) fn outcome_allowed(got: &Outcome, expected: Option<&Outcome>, closing: bool) -> bool {
+    match (got, expected) {
+        (Outcome::Completed | Outcome::Failed, Some(e)) => got == e,
+        (Outcome::Completed | Outcome::Failed, None) => false,
+        (Outcome::Closed, _) => closing,
+        (Outcome::Refused(_), _) => true,
+        (Outcome::Cancelled | Outcome::Abandoned, _) => false,
+    }
+}
+
+impl Sim {
+    /// Records a breach: in the trace, and in the report (the first 50).
+    pub(super) fn violation(&mut self, v: Violation) {
+        self.trace(None, TraceEvent::Violation(v.clone()));
+        if self.report.violations.len() < 50 {
+            self.report.violations.push(v);
+        }
+    }
+
+    /// Processes with a running, uncancelled job whose lease is valid by
+    /// their own clock now.
+    pub(super) fn valid_leaders(&self, key: i64) -> Vec<usize> {
+        (0..self.procs.len())
+            .filter(|p| self.leading_keys(*p, true).any(|k| k == key))
+            .collect()
+    }
+
+    /// Keys process `p` acts on: a running, uncancelled job, the process alive
+    /// and (with `by_validity`) the lease valid by its own clock, or (without)
+    /// the process not frozen.
+    fn leading_keys(&self, p: usize, by_validity: bool) -> impl Iterator<Item = i64> + '_ {
+        let proc_ = &self.procs[p];
+        let now = self.local(p);
+        let active = proc_.alive && (by_validity || !proc_.frozen);
+        proc_
+            .jobs
+            .iter()
+            .filter(move |(run, j)| {
+                active && !j.cancelled && (!by_validity || proc_.machine.is_valid(**run, now))
+            })
+            .map(|(_, j)| j.key)
+    }
+
+    /// Strong safety now, and the overlap measure.
+    pub(super) fn check_safety(&mut self) {
+        let mut valid: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+        let mut acting: BTreeMap<i64, usize> = BTreeMap::new();
+        for p in 0..self.procs.len() {
+            for k in self.leading_keys(p, true) {
+                valid.entry(k).or_default().push(p);
+            }
+            for k in self.leading_keys(p, false) {
+                *acting.entry(k).or_default() += 1;
+            }
+        }
+        for (key, leaders) in valid {
+            if leaders.len() > 1 {
+                let lease = self.key_names.get(&key).cloned().unwrap_or_default();
+                self.violation(Violation::TwoLeaders {
+                    at: self.now,
+                    lease,
+                    processes: leaders,
+                });
+            }
+        }
+        // Overlap: two processes act on a key (running, uncancelled job, not
+        // frozen), validity aside.
+        for (key, n) in &acting {
+            if *n > 1 {
+                self.overlap_since.entry(*key).or_insert(self.now);
+            }
+        }
+        let ended: Vec<i64> = self
+            .overlap_since
+            .keys()
+            .filter(|k| acting.get(k).copied().unwrap_or(0) < 2)
+            .copied()
+            .collect();
+        for key in ended {
+            let Some(since) = self.overlap_since.remove(&key) else {
+                continue;
+            };
+            let name = self.key_names.get(&key).cloned().unwrap_or_default();
+            let m = self.report.max_overlap.entry(name).or_default();
+            *m = (*m).max(self.now - since);
+        }
+    }
+
+    /// The checks at the end: every run of a live process finished; no lock
+    /// left once every run returned.
+    pub(super) fn check_end(&mut self) {
+        for (p, proc_) in self.procs.iter().enumerate() {
+            if !proc_.alive {
+                continue;
+            }
+            for (run, name) in &proc_.runs {
+                if !proc_.finished.contains(run) {
+                    self.report.violations.push(Violation::NeverFinished {
+                        process: p,
+                        run: *run,
+                        lease: name.clone(),
+                    });
+                }
+            }
+        }
+        let held = self.server.held_keys();
+        if !held.is_empty()
+            && self
+                .procs
+                .iter()
+                .all(|p| !p.alive || p.finished.len() == p.runs.len())
+        {
+            self.report
+                .violations
+                .push(Violation::LockLeaked { keys: held });
+        }
+    }
+}

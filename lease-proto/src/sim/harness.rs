@@ -1,0 +1,319 @@
+//! A hand-driven machine for tests: one [`Machine`], an [`Observer`] that
+//! checks every step, and a manual clock.
+
+use std::time::{Duration, Instant};
+
+use super::server::reply;
+use super::{drain, Command, Observer, ObserverViolation};
+use crate::{
+    DbError, Event, Input, LeaseId, Machine, Options, OptionsError, QueryId, Row, RunError, RunId,
+    SessionId, Statement,
+};
+
+/// One [`Machine`] driven by hand, as a test (or a fuzz target) drives it:
+/// every input goes through an [`Observer`] first, every step is drained by
+/// the drain rule and checked, and [`Machine::poll_timeout`] is checked
+/// against the clock after every step. The clock is manual: it moves only by
+/// [`advance`](Harness::advance) or [`set_now`](Harness::set_now).
+///
+/// Each step returns its commands as flat [`Command`]s. The fallible core is
+/// [`step`](Harness::step) and [`start`](Harness::start); the other helpers
+/// are test assertions that panic, with the broken rule, when the observer
+/// objects or the step they answer is not there.
+///
+/// ```
+/// use lease_proto::sim::{Command, Harness};
+/// use lease_proto::{LeaseId, Options, Outcome};
+///
+/// let mut h = Harness::new(Options::default(), 1)?;
+/// let run = h.run(LeaseId::named("nightly-report")?);
+/// h.connect(7); // open the session, answer setup and LISTEN from backend 7
+/// let cmds = h.win(900); // the try in flight wins, with fencing token 900
+/// assert!(cmds.iter().any(|c| matches!(c, Command::StartJob { token: 900, .. })));
+/// assert!(h.machine().is_valid(run, h.now()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Harness {
+    machine: Machine,
+    observer: Observer,
+    now: Instant,
+    session: Option<SessionId>,
+    in_flight: Option<(QueryId, Statement)>,
+    last_query: Option<(QueryId, Statement)>,
+    events: Vec<Event>,
+}
+
+impl Harness {
+    /// A fresh machine with these options and jitter seed, its clock at
+    /// `Instant::now()`.
+    ///
+    /// # Errors
+    /// The options are invalid.
+    pub fn new(options: Options, seed: u64) -> Result<Harness, OptionsError> {
+        Ok(Harness {
+            machine: Machine::new(options, seed)?,
+            observer: Observer::new(),
+            now: Instant::now(),
+            session: None,
+            in_flight: None,
+            last_query: None,
+            events: Vec::new(),
+        })
+    }
+
+    /// The machine.
+    pub fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
+    /// The machine, to drive it past the harness (what it does then is not
+    /// checked).
+    pub fn machine_mut(&mut self) -> &mut Machine {
+        &mut self.machine
+    }
+
+    /// The observer.
+    pub fn observer(&self) -> &Observer {
+        &self.observer
+    }
+
+    /// The instant the next input is fed at.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// Sets the instant the next input is fed at (an older one than before
+    /// is allowed: a driver may hand in a `now` taken earlier).
+    pub fn set_now(&mut self, now: Instant) {
+        self.now = now;
+    }
+
+    /// The last session the machine asked to open.
+    pub fn session(&self) -> Option<SessionId> {
+        self.session
+    }
+
+    /// The query in flight: sent, on the session still open, not yet answered.
+    pub fn in_flight(&self) -> Option<&(QueryId, Statement)> {
+        self.in_flight.as_ref()
+    }
+
+    /// The last query sent, answered or not.
+    pub fn last_query(&self) -> Option<&(QueryId, Statement)> {
+        self.last_query.as_ref()
+    }
+
+    /// The events of the last step.
+    pub fn events(&self) -> &[Event] {
+        &self.events
+    }
+
+    /// [`Machine::run`] now; an accepted run is recorded with the observer.
+    /// Nothing is drained: the next step does.
+    ///
+    /// # Errors
+    /// The machine refused the run.
+    pub fn start(&mut self, lease: LeaseId) -> Result<RunId, RunError> {
+        let run = self.machine.run(self.now, lease)?;
+        self.observer.run_started(run);
+        Ok(run)
+    }
+
+    /// One step: feeds `input` (if any) through the observer to the machine
+    /// now, drains every command by the drain rule through the observer, and
+    /// checks the next deadline is not in the past. Returns the commands.
+    ///
+    /// # Errors
+    /// The first rule the observer saw broken.
+    pub fn step(&mut self, input: Option<Input>) -> Result<Vec<Command>, ObserverViolation> {
+        if let Some(input) = input {
+            self.observer.input(&input);
+            match &input {
+                Input::Reply { query, .. }
+                    if self.in_flight.as_ref().is_some_and(|(q, _)| q == query) =>
+                {
+                    self.in_flight = None;
+                }
+                Input::SessionLost { session, .. } if self.session == Some(*session) => {
+                    self.in_flight = None;
+                }
+                _ => {}
+            }
+            self.machine.handle_input(self.now, input);
+        }
+        let (commands, events) = drain(&mut self.machine, &mut self.observer)?;
+        self.events = events;
+        for c in &commands {
+            match c {
+                Command::OpenSession { session, .. } => {
+                    self.session = Some(*session);
+                    self.in_flight = None;
+                }
+                Command::CloseSession { session } if self.session == Some(*session) => {
+                    self.in_flight = None;
+                }
+                Command::Query { query, statement } => {
+                    self.in_flight = Some((*query, statement.clone()));
+                    self.last_query = self.in_flight.clone();
+                }
+                _ => {}
+            }
+        }
+        self.observer
+            .check_timeout(self.now, self.machine.poll_timeout())?;
+        Ok(commands)
+    }
+
+    fn checked(&mut self, input: Option<Input>) -> Vec<Command> {
+        self.step(input).unwrap_or_else(|v| panic!("observer: {v}"))
+    }
+
+    /// Starts a run and drains.
+    ///
+    /// # Panics
+    /// The machine refused the run, or the observer objects.
+    pub fn run(&mut self, lease: LeaseId) -> RunId {
+        let run = self
+            .start(lease)
+            .unwrap_or_else(|e| panic!("run refused: {e}"));
+        self.checked(None);
+        run
+    }
+
+    /// Feeds one input now and drains.
+    ///
+    /// # Panics
+    /// The observer objects.
+    pub fn input(&mut self, input: Input) -> Vec<Command> {
+        self.checked(Some(input))
+    }
+
+    /// Drains without an input.
+    ///
+    /// # Panics
+    /// The observer objects.
+    pub fn drain(&mut self) -> Vec<Command> {
+        self.checked(None)
+    }
+
+    /// Moves the clock forward by `d` and ticks.
+    ///
+    /// # Panics
+    /// The observer objects.
+    pub fn advance(&mut self, d: Duration) -> Vec<Command> {
+        self.now += d;
+        self.input(Input::Tick)
+    }
+
+    /// The statement in flight.
+    ///
+    /// # Panics
+    /// No query is in flight.
+    pub fn statement(&self) -> Statement {
+        match &self.in_flight {
+            Some((_, s)) => s.clone(),
+            None => panic!("no query in flight"),
+        }
+    }
+
+    fn answer(&mut self, result: Result<Vec<Row>, DbError>) -> Vec<Command> {
+        let Some((query, _)) = self.in_flight.take() else {
+            panic!("no query in flight")
+        };
+        self.input(Input::Reply { query, result })
+    }
+
+    /// Answers the query in flight with these rows.
+    ///
+    /// # Panics
+    /// No query is in flight, or the observer objects.
+    pub fn reply(&mut self, rows: Vec<Row>) -> Vec<Command> {
+        self.answer(Ok(rows))
+    }
+
+    /// Fails the query in flight with this error.
+    ///
+    /// # Panics
+    /// No query is in flight, or the observer objects.
+    pub fn fail(&mut self, error: DbError) -> Vec<Command> {
+        self.answer(Err(error))
+    }
+
+    /// Opens the session asked for and answers setup (PostgreSQL 15, a
+    /// primary, backend `pid`, the guard the session asked for) and LISTEN.
+    /// Returns the commands after LISTEN's reply.
+    ///
+    /// # Panics
+    /// No session was asked for, the statements are not setup then LISTEN, or
+    /// the observer objects.
+    pub fn connect(&mut self, pid: i64) -> Vec<Command> {
+        let Some(session) = self.session else {
+            panic!("no session asked for")
+        };
+        self.input(Input::SessionOpened { session });
+        assert_eq!(self.statement(), Statement::Setup);
+        let ist = self.machine.options().guard_timeout().as_millis() as i64;
+        self.reply(reply::setup(150_000, false, pid, ist));
+        assert_eq!(self.statement(), Statement::Listen);
+        self.reply(vec![])
+    }
+
+    /// The keys of the try in flight.
+    ///
+    /// # Panics
+    /// The query in flight is not a try.
+    pub fn try_keys(&self) -> Vec<i64> {
+        match self.statement() {
+            Statement::TryLock { keys } => keys,
+            s => panic!("expected a try, got {s:?}"),
+        }
+    }
+
+    /// Answers the try in flight: every key won, with fencing token `token`.
+    ///
+    /// # Panics
+    /// The query in flight is not a try, or the observer objects.
+    pub fn win(&mut self, token: i64) -> Vec<Command> {
+        let rows = self
+            .try_keys()
+            .into_iter()
+            .map(|k| reply::try_won(k, token))
+            .collect();
+        self.reply(rows)
+    }
+
+    /// Answers the try in flight: every key held by backend `holder`.
+    ///
+    /// # Panics
+    /// The query in flight is not a try, or the observer objects.
+    pub fn lose(&mut self, holder: Option<i64>) -> Vec<Command> {
+        let rows = self
+            .try_keys()
+            .into_iter()
+            .map(|k| reply::try_held(k, holder))
+            .collect();
+        self.reply(rows)
+    }
+
+    /// Answers the heartbeat in flight: backend `pid`, holding `keys`.
+    ///
+    /// # Panics
+    /// The query in flight is not a heartbeat, or the observer objects.
+    pub fn heartbeat(&mut self, pid: i64, keys: &[i64]) -> Vec<Command> {
+        assert_eq!(self.statement(), Statement::Heartbeat);
+        self.reply(reply::heartbeat(pid, keys.iter().copied()))
+    }
+
+    /// Answers the release in flight: every key was held and is unlocked.
+    ///
+    /// # Panics
+    /// The query in flight is not a release, or the observer objects.
+    pub fn released(&mut self) -> Vec<Command> {
+        let Statement::Release { keys, .. } = self.statement() else {
+            panic!("expected a release, got {:?}", self.statement())
+        };
+        let rows = keys.into_iter().map(|k| reply::release(k, true)).collect();
+        self.reply(rows)
+    }
+}

@@ -1,0 +1,636 @@
+//! A deterministic simulator: processes running [`Machine`]s, a PostgreSQL
+//! server, the network between them, and their faults, in virtual time; and
+//! the checkers and test harness a driver author can reuse.
+//!
+//! Everything is driven by one seed: the same [`SimConfig`] and fault schedule
+//! give the same run, event for event. A ten-minute scenario runs in
+//! milliseconds. The simulator checks, as it goes, the properties the machine
+//! promises and records every breach in [`Report::violations`] as a
+//! [`Violation`] value (see [`Violation`] for the list): strong
+//! safety, release after exit, the run contract, no leaks, no stall. It also
+//! measures overlap (time two processes both lead a key, validity aside),
+//! leadership gaps and statement counts, for bounded checks. What happened is
+//! in [`Report::trace`], typed ([`TraceEvent`]), and readable with
+//! [`Report::trace_text`].
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use lease_proto::sim::{Fault, Sim, SimConfig, Violation};
+//!
+//! let mut sim = Sim::new(SimConfig::default(), Instant::now());
+//! sim.schedule(Duration::from_secs(1), Fault::Terminate { process: 0 });
+//! let report = sim.finish(Duration::from_secs(5), Duration::from_secs(2));
+//! // Terminate ends a session actively: only strong safety may break.
+//! assert!(report.violations.iter().all(Violation::is_safety), "{}", report.trace_text());
+//! ```
+//!
+//! The pieces, by concern:
+//! - `net`: the network model — per-process links with latency and jitter,
+//!   FIFO delivery, latency spikes, black-hole partitions that hold bytes until
+//!   they heal (TCP ends stay open) — and the delivery queue;
+//! - `server`: the PostgreSQL model — sessions, re-entrant advisory locks (one
+//!   database), `pg_locks`, `idle_session_timeout`, `pg_terminate_backend`,
+//!   restarts, `LISTEN/NOTIFY`, hot-standby mode and a transaction pooler that
+//!   moves statements between backends;
+//! - `process`: processes, their drifting clocks, freezes (nothing runs,
+//!   clocks go on), crashes (the kernel closes the socket) and restarts, and
+//!   the simulated driver that follows the drain rule;
+//! - `checks`: the properties above, as [`Violation`]s;
+//! - `trace`: the typed trace;
+//! - [`Observer`]: the rules every driver relies on, checked on one machine's
+//!   inputs and commands, for any driver author; [`Harness`]: a machine, an
+//!   observer and a manual clock for hand-driven tests.
+
+mod checks;
+mod harness;
+mod net;
+mod observer;
+mod process;
+mod server;
+mod trace;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+pub use checks::Violation;
+pub use harness::Harness;
+pub use observer::{drain, Command, Observer, ObserverViolation};
+pub use trace::{TraceEvent, TraceLine};
+
+use crate::{JobExit, Machine, Options, Outcome, RunId};
+use net::{Direction, Net, Queue, ToClient, ToServer};
+use process::Proc;
+use server::Server;
+
+/// A fault to inject at a point in virtual time.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    /// Black-hole the link of `process` in both directions for `duration`:
+    /// bytes wait and flow again on healing; neither side sees anything.
+    Partition {
+        /// The process.
+        process: usize,
+        /// How long.
+        duration: Duration,
+    },
+    /// Stop `process` for `duration` (SIGSTOP, a paused VM): nothing runs,
+    /// its clock goes on, the kernel keeps its connection open.
+    Freeze {
+        /// The process.
+        process: usize,
+        /// How long.
+        duration: Duration,
+    },
+    /// Add `extra` one-way latency on the link of `process` for `duration`.
+    Delay {
+        /// The process.
+        process: usize,
+        /// Added one-way latency.
+        extra: Duration,
+        /// How long.
+        duration: Duration,
+    },
+    /// Make every server reply take `extra` longer for `duration`.
+    SlowServer {
+        /// Added processing time.
+        extra: Duration,
+        /// How long.
+        duration: Duration,
+    },
+    /// Kill `process` (SIGKILL): its kernel closes the socket. It starts
+    /// again, with new runs for the same leases, after `restart_after` if given.
+    Crash {
+        /// The process.
+        process: usize,
+        /// When it comes back, if at all.
+        restart_after: Option<Duration>,
+    },
+    /// `pg_terminate_backend` on the session of `process`.
+    Terminate {
+        /// The process.
+        process: usize,
+    },
+    /// Restart the server: every session ends; connections fail for `downtime`.
+    ServerRestart {
+        /// How long the server is down.
+        downtime: Duration,
+    },
+}
+
+impl Fault {
+    /// Whether the server ends a session actively in this fault (then the
+    /// bounded, not the strong, safety property applies).
+    pub fn server_ends_sessions(&self) -> bool {
+        matches!(self, Fault::Terminate { .. } | Fault::ServerRestart { .. })
+    }
+
+    /// When the fault's effect is over, from its start (crashes without
+    /// restart never end; `None`).
+    pub fn duration(&self) -> Option<Duration> {
+        match self {
+            Fault::Partition { duration, .. }
+            | Fault::Freeze { duration, .. }
+            | Fault::Delay { duration, .. }
+            | Fault::SlowServer { duration, .. } => Some(*duration),
+            Fault::Crash { restart_after, .. } => *restart_after,
+            Fault::Terminate { .. } => Some(Duration::ZERO),
+            Fault::ServerRestart { downtime } => Some(*downtime),
+        }
+    }
+}
+
+/// Deliberate driver bugs, to show that the checks catch them (and for users
+/// who test their own driver logic against the simulator's expectations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverBug {
+    /// Report a job's exit as soon as it is cancelled, while it still runs.
+    ReportExitEarly,
+    /// Never report job exits.
+    LoseJobExits,
+    /// Ignore `CloseSession`: the connection stays open.
+    IgnoreCloseSession,
+    /// Feed the machine the instant the process started, whatever the time:
+    /// a driver whose clock is stuck. Its timer fires, the machine sees no
+    /// time pass and returns the same deadline: the simulator reports
+    /// [`Violation::Stalled`].
+    FrozenClock,
+}
+
+/// How the server behaves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// `server_version_num` reported.
+    pub version: i64,
+    /// A hot standby: `pg_is_in_recovery()` is true.
+    pub standby: bool,
+    /// A transaction pooler in between: statements run on alternating backends,
+    /// startup options are dropped (or rejected, with `pooler_rejects_options`).
+    pub pooler: bool,
+    /// The pooler rejects the `options` startup parameter.
+    pub pooler_rejects_options: bool,
+    /// The server ends any session silent for this long, whatever the session
+    /// asked for (a DBA's `idle_session_timeout`, or TCP keepalives).
+    pub silent_session_kill: Option<Duration>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            version: 150_000,
+            standby: false,
+            pooler: false,
+            pooler_rejects_options: false,
+            silent_session_kill: None,
+        }
+    }
+}
+
+/// A simulation's setup.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Seed of everything random (latency jitter, job behaviour, machine seeds).
+    pub seed: u64,
+    /// Number of processes; each runs one machine.
+    pub processes: usize,
+    /// Lease names every process runs (one run each, started at time 0).
+    pub leases: Vec<String>,
+    /// Options of every machine.
+    pub options: Options,
+    /// Base one-way latency of every link.
+    pub latency: Duration,
+    /// Up to this much is added to each message's latency (FIFO is kept).
+    pub jitter: Duration,
+    /// Clock-rate drift bound: each process's clock runs at a rate drawn from
+    /// `[1 - drift, 1 + drift]` (the server's at 1).
+    pub drift: f64,
+    /// A cancelled job returns within this long (uniformly drawn).
+    pub job_reaction: Duration,
+    /// Each started job returns by itself (Ok or Err, even odds) with this
+    /// probability, after up to `job_lifetime`.
+    pub job_exit_probability: f64,
+    /// Longest self-terminating job.
+    pub job_lifetime: Duration,
+    /// The server.
+    pub server: ServerConfig,
+    /// A deliberate driver bug, if any.
+    pub bug: Option<DriverBug>,
+    /// Keep the full trace (else only the last 400 lines).
+    pub full_trace: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            seed: 1,
+            processes: 3,
+            leases: vec!["job".into()],
+            options: Options {
+                retry_interval: Duration::from_millis(200),
+                heartbeat_interval: Duration::from_millis(200),
+                query_timeout: Duration::from_millis(500),
+                guard_margin: Duration::from_millis(200),
+                ..Options::default()
+            },
+            latency: Duration::from_micros(500),
+            jitter: Duration::from_micros(500),
+            drift: 0.0,
+            job_reaction: Duration::from_millis(5),
+            job_exit_probability: 0.0,
+            job_lifetime: Duration::from_secs(2),
+            server: ServerConfig::default(),
+            bug: None,
+            full_trace: false,
+        }
+    }
+}
+
+/// What a simulation found.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Every property breach (the first 50 found while running, then the
+    /// checks at the end).
+    pub violations: Vec<Violation>,
+    /// Per key name: the longest stretch two processes both had a running job
+    /// with a lease they had not yet seen cancelled (validity aside).
+    pub max_overlap: BTreeMap<String, Duration>,
+    /// Per key name: acquisitions (job starts).
+    pub acquisitions: BTreeMap<String, u32>,
+    /// Statements sent, per process.
+    pub statements: Vec<u64>,
+    /// Runs finished, with their outcome, per process (all incarnations).
+    pub outcomes: Vec<Vec<(String, Outcome)>>,
+    /// The trace (the last 400 lines unless `full_trace`).
+    pub trace: Vec<TraceLine>,
+}
+
+impl Report {
+    /// The trace as readable text: `time  process  event`, one a line.
+    pub fn trace_text(&self) -> String {
+        trace::render(&self.trace)
+    }
+}
+
+// ---- internals ----------------------------------------------------------
+
+/// Everything that waits in the queue.
+#[derive(Debug, Clone)]
+enum Ev {
+    AtServer(usize, ToServer),
+    AtClient(usize, ToClient),
+    Timer(usize, u64),
+    JobExit {
+        p: usize,
+        incarnation: u32,
+        run: RunId,
+        exit: JobExit,
+        job: u64,
+    },
+    IdleCheck(u64),
+    FaultStart(Fault),
+    Heal(Heal),
+    Close,
+}
+
+/// The end of a fault's effect.
+#[derive(Debug, Clone)]
+enum Heal {
+    Partition(usize),
+    Freeze(usize),
+    Delay(usize, Duration),
+    Slow(Duration),
+    Restart(usize),
+    ServerUp,
+}
+
+/// A running simulation.
+pub struct Sim {
+    cfg: SimConfig,
+    base: Instant,
+    now: Duration,
+    queue: Queue<Ev>,
+    rng: u64,
+    procs: Vec<Proc>,
+    net: Net<Ev>,
+    server: Server,
+    next_conn: u64,
+    next_job: u64,
+    report: Report,
+    /// key → since when two processes act on it.
+    overlap_since: BTreeMap<i64, Duration>,
+    closing: bool,
+    key_names: BTreeMap<i64, String>,
+}
+
+fn rand(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Sim {
+    /// A simulation with this setup, starting at virtual time zero. Processes
+    /// start their runs at once. `base` is the `Instant` virtual time zero
+    /// maps to (any instant will do: `Instant::now()`).
+    ///
+    /// # Panics
+    /// If `cfg.options` are invalid or `cfg.processes` is zero: a test-setup
+    /// mistake.
+    pub fn new(cfg: SimConfig, base: Instant) -> Sim {
+        assert!(cfg.processes > 0, "a simulation needs a process");
+        cfg.options.validate().expect("valid options");
+        let mut rng = cfg.seed ^ 0x5eed;
+        let mut procs = Vec::new();
+        for _ in 0..cfg.processes {
+            let u = (rand(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+            let rate = 1.0 + cfg.drift * (2.0 * u - 1.0);
+            let machine = Machine::new(cfg.options.clone(), rand(&mut rng)).expect("valid");
+            procs.push(Proc::new(machine, rate));
+        }
+        let key_names = cfg
+            .leases
+            .iter()
+            .map(|n| (crate::key_for_name(n), n.clone()))
+            .collect();
+        let n = cfg.processes;
+        let mut sim = Sim {
+            base,
+            now: Duration::ZERO,
+            queue: Queue::new(),
+            rng,
+            procs,
+            net: Net::new(n),
+            server: Server::new(cfg.server.clone()),
+            cfg,
+            next_conn: 0,
+            next_job: 0,
+            report: Report {
+                statements: vec![0; n],
+                outcomes: vec![Vec::new(); n],
+                ..Report::default()
+            },
+            overlap_since: BTreeMap::new(),
+            closing: false,
+            key_names,
+        };
+        for p in 0..n {
+            sim.start_runs(p);
+        }
+        sim
+    }
+
+    /// Schedules a fault at virtual time `at`.
+    pub fn schedule(&mut self, at: Duration, fault: Fault) {
+        self.queue.push(at, Ev::FaultStart(fault));
+    }
+
+    /// Runs until virtual time `until` (events at exactly `until` included).
+    pub fn run_until(&mut self, until: Duration) {
+        while let Some((t, ev)) = self.queue.pop_until(until) {
+            self.now = t;
+            self.dispatch(ev);
+            self.check_safety();
+        }
+        self.now = self.now.max(until);
+    }
+
+    /// Heals everything at `at` (ends partitions, freezes, delays; restarts
+    /// crashed processes; brings the server up), closes every machine, runs
+    /// until `at + settle`, then checks the contract and leak properties.
+    pub fn finish(mut self, at: Duration, settle: Duration) -> Report {
+        self.run_until(at);
+        for p in 0..self.procs.len() {
+            while self.net.partitioned(p) {
+                self.heal(Heal::Partition(p));
+            }
+            if self.procs[p].frozen {
+                self.heal(Heal::Freeze(p));
+            }
+            self.net.clear_delay(p);
+        }
+        self.server.slow = Duration::ZERO;
+        self.server.up = true;
+        self.queue.push(self.now, Ev::Close);
+        self.run_until(at + settle);
+        self.check_end();
+        self.report
+    }
+
+    /// The report so far.
+    pub fn report(&self) -> &Report {
+        &self.report
+    }
+
+    /// Virtual time now.
+    pub fn now(&self) -> Duration {
+        self.now
+    }
+
+    /// Whether `process` leads `lease` now with a valid lease by its clock.
+    pub fn leads(&self, process: usize, lease: &str) -> bool {
+        let key = crate::key_for_name(lease);
+        self.valid_leaders(key).contains(&process)
+    }
+
+    /// The statements the server has executed for `process` (all sessions).
+    pub fn statements(&self, process: usize) -> u64 {
+        self.report.statements[process]
+    }
+
+    /// The advisory keys the server holds now.
+    pub fn server_locks(&self) -> Vec<i64> {
+        self.server.held_keys()
+    }
+
+    // ---- plumbing ------------------------------------------------------
+
+    fn trace(&mut self, process: Option<usize>, event: TraceEvent) {
+        self.report.trace.push(TraceLine {
+            at: self.now,
+            process,
+            event,
+        });
+        if !self.cfg.full_trace && self.report.trace.len() > 800 {
+            self.report.trace.drain(..400);
+        }
+    }
+
+    fn uniform(&mut self, max: Duration) -> Duration {
+        if max.is_zero() {
+            return max;
+        }
+        let n = max.as_nanos() as u64;
+        Duration::from_nanos(rand(&mut self.rng) % (n + 1))
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        ((rand(&mut self.rng) >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+
+    /// One message's one-way latency on `p`'s link now (base, added, jitter).
+    fn link_latency(&mut self, p: usize) -> Duration {
+        self.cfg.latency + self.net.extra(p) + self.uniform(self.cfg.jitter)
+    }
+
+    /// Sends a message on `p`'s link now.
+    fn send(&mut self, p: usize, ev: Ev) {
+        let latency = self.link_latency(p);
+        let way = match ev {
+            Ev::AtServer(..) => Direction::ToServer,
+            _ => Direction::ToClient,
+        };
+        if let Some((at, ev)) = self.net.send(p, way, self.now, latency, ev) {
+            self.queue.push(at, ev);
+        }
+    }
+
+    // ---- events -----------------------------------------------------------
+
+    fn dispatch(&mut self, ev: Ev) {
+        match ev {
+            Ev::AtServer(p, msg) => self.at_server(p, msg),
+            Ev::AtClient(p, _) | Ev::Timer(p, _) | Ev::JobExit { p, .. }
+                if self.procs[p].frozen =>
+            {
+                self.procs[p].deferred.push_back(ev);
+            }
+            Ev::AtClient(p, msg) => self.at_client(p, msg),
+            Ev::Timer(p, gen) => {
+                if self.procs[p].alive && gen == self.procs[p].timer_gen {
+                    self.input(p, crate::Input::Tick);
+                }
+            }
+            Ev::JobExit {
+                p,
+                incarnation,
+                run,
+                exit,
+                job,
+            } => self.job_exit(p, incarnation, run, exit, job),
+            Ev::IdleCheck(conn) => self.idle_check(conn),
+            Ev::FaultStart(f) => self.fault(f),
+            Ev::Heal(h) => self.heal(h),
+            Ev::Close => {
+                self.closing = true;
+                for p in 0..self.procs.len() {
+                    if self.procs[p].alive {
+                        self.input(p, crate::Input::Close);
+                    }
+                }
+            }
+        }
+    }
+
+    fn fault(&mut self, f: Fault) {
+        self.trace(None, TraceEvent::Fault(f.clone()));
+        match f {
+            Fault::Partition { process, duration } => {
+                self.net.partition(process);
+                let ev = Ev::Heal(Heal::Partition(process));
+                self.queue.push(self.now + duration, ev);
+            }
+            Fault::Freeze { process, duration } => {
+                if !self.procs[process].frozen {
+                    self.procs[process].frozen = true;
+                    let ev = Ev::Heal(Heal::Freeze(process));
+                    self.queue.push(self.now + duration, ev);
+                }
+            }
+            Fault::Delay {
+                process,
+                extra,
+                duration,
+            } => {
+                self.net.delay(process, extra);
+                let ev = Ev::Heal(Heal::Delay(process, extra));
+                self.queue.push(self.now + duration, ev);
+            }
+            Fault::SlowServer { extra, duration } => {
+                self.server.slow += extra;
+                self.queue
+                    .push(self.now + duration, Ev::Heal(Heal::Slow(extra)));
+            }
+            Fault::Crash {
+                process,
+                restart_after,
+            } => {
+                if !self.procs[process].alive {
+                    return;
+                }
+                if let Some(conn) = self.procs[process].crash() {
+                    // The kernel closes the socket of a killed process.
+                    self.send(process, Ev::AtServer(process, ToServer::Close { conn }));
+                }
+                if let Some(after) = restart_after {
+                    let ev = Ev::Heal(Heal::Restart(process));
+                    self.queue.push(self.now + after, ev);
+                }
+            }
+            Fault::Terminate { process } => self.terminate(Some(process)),
+            Fault::ServerRestart { downtime } => {
+                self.terminate(None);
+                self.server.up = false;
+                self.queue
+                    .push(self.now + downtime, Ev::Heal(Heal::ServerUp));
+            }
+        }
+    }
+
+    fn heal(&mut self, h: Heal) {
+        match h {
+            Heal::Partition(p) => {
+                if let Some(held) = self.net.heal(p) {
+                    self.trace(Some(p), TraceEvent::PartitionHealed);
+                    for ev in held {
+                        self.send(p, ev);
+                    }
+                }
+            }
+            Heal::Freeze(p) => {
+                if !self.procs[p].frozen {
+                    return;
+                }
+                self.procs[p].frozen = false;
+                self.trace(Some(p), TraceEvent::Resumed);
+                if !self.procs[p].alive {
+                    return;
+                }
+                // First the clock: the machine checks its deadlines.
+                self.input(p, crate::Input::Tick);
+                while let Some(ev) = self.procs[p].deferred.pop_front() {
+                    self.dispatch(ev);
+                }
+            }
+            Heal::Delay(p, extra) => self.net.undelay(p, extra),
+            Heal::Slow(extra) => self.server.slow = self.server.slow.saturating_sub(extra),
+            Heal::Restart(p) => {
+                if self.procs[p].alive || self.closing {
+                    return;
+                }
+                let seed = rand(&mut self.rng);
+                let machine = Machine::new(self.cfg.options.clone(), seed).expect("valid");
+                self.procs[p].restart(machine);
+                self.trace(Some(p), TraceEvent::Restarted);
+                self.start_runs(p);
+            }
+            Heal::ServerUp => self.server.up = true,
+        }
+    }
+}
+
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sim")
+            .field("now", &self.now)
+            .field("processes", &self.procs.len())
+            .finish()
+    }
+}
+
+/// When the last fault of a schedule is over, or `None` if one never ends.
+pub fn faults_end(schedule: &[(Duration, Fault)]) -> Option<Duration> {
+    schedule.iter().try_fold(Duration::ZERO, |end, (at, f)| {
+        Some(end.max(*at + f.duration()?))
+    })
+}

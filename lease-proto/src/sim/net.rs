@@ -1,0 +1,202 @@
+//! The network model, as its own sans-IO piece: per-process links with
+//! latency, jitter and FIFO delivery, latency spikes, and black-hole
+//! partitions that hold bytes until they heal (TCP ends stay open); plus the
+//! delivery queue every simulated event waits in.
+//!
+//! Nothing here draws randomness or reads a clock: the caller hands in the
+//! latency sample and the send time, and gets back when the message arrives
+//! (or that the link holds it).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::time::Duration;
+
+use crate::{DbError, QueryId, Row, Statement};
+
+/// A client's message to the server.
+#[derive(Debug, Clone)]
+pub(super) enum ToServer {
+    Connect {
+        conn: u64,
+        settings: Vec<(&'static str, String)>,
+    },
+    Query {
+        conn: u64,
+        query: QueryId,
+        statement: Statement,
+    },
+    Close {
+        conn: u64,
+    },
+}
+
+/// The server's message to a client.
+#[derive(Debug, Clone)]
+pub(super) enum ToClient {
+    Connected {
+        conn: u64,
+    },
+    Failed {
+        conn: u64,
+        error: DbError,
+    },
+    Reply {
+        conn: u64,
+        query: QueryId,
+        result: Result<Vec<Row>, DbError>,
+    },
+    Notify {
+        conn: u64,
+        payload: String,
+    },
+    Ended {
+        conn: u64,
+        error: DbError,
+    },
+}
+
+/// Which way a message travels on a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Direction {
+    ToServer,
+    ToClient,
+}
+
+/// One process's link to the server.
+#[derive(Debug)]
+struct Link<T> {
+    /// Partitions in force (they stack; the link works at zero).
+    partitions: u32,
+    /// Added one-way latency in force.
+    extra: Duration,
+    /// Messages sent while partitioned, in order.
+    held: Vec<T>,
+    last_to_server: Duration,
+    last_to_client: Duration,
+}
+
+/// Every link, by process.
+#[derive(Debug)]
+pub(super) struct Net<T> {
+    links: Vec<Link<T>>,
+}
+
+impl<T> Net<T> {
+    pub(super) fn new(processes: usize) -> Net<T> {
+        Net {
+            links: (0..processes)
+                .map(|_| Link {
+                    partitions: 0,
+                    extra: Duration::ZERO,
+                    held: Vec::new(),
+                    last_to_server: Duration::ZERO,
+                    last_to_client: Duration::ZERO,
+                })
+                .collect(),
+        }
+    }
+
+    /// The added latency on `p`'s link now.
+    pub(super) fn extra(&self, p: usize) -> Duration {
+        self.links[p].extra
+    }
+
+    /// Sends `msg` on `p`'s link, leaving at `from` with one-way `latency`:
+    /// when it arrives (never before an earlier message the same way), or
+    /// `None` if the link is partitioned and holds it.
+    pub(super) fn send(
+        &mut self,
+        p: usize,
+        way: Direction,
+        from: Duration,
+        latency: Duration,
+        msg: T,
+    ) -> Option<(Duration, T)> {
+        let link = &mut self.links[p];
+        if link.partitions > 0 {
+            link.held.push(msg);
+            return None;
+        }
+        let last = match way {
+            Direction::ToServer => &mut link.last_to_server,
+            Direction::ToClient => &mut link.last_to_client,
+        };
+        let at = (from + latency).max(*last);
+        *last = at;
+        Some((at, msg))
+    }
+
+    /// Black-holes `p`'s link (partitions stack).
+    pub(super) fn partition(&mut self, p: usize) {
+        self.links[p].partitions += 1;
+    }
+
+    /// Whether `p`'s link is partitioned.
+    pub(super) fn partitioned(&self, p: usize) -> bool {
+        self.links[p].partitions > 0
+    }
+
+    /// Ends one partition of `p`'s link: the messages it held, in order, if
+    /// that was the last one (they are sent again by the caller).
+    pub(super) fn heal(&mut self, p: usize) -> Option<Vec<T>> {
+        let link = &mut self.links[p];
+        if link.partitions == 0 {
+            return None;
+        }
+        link.partitions -= 1;
+        (link.partitions == 0).then(|| std::mem::take(&mut link.held))
+    }
+
+    /// Adds one-way latency on `p`'s link.
+    pub(super) fn delay(&mut self, p: usize, extra: Duration) {
+        self.links[p].extra += extra;
+    }
+
+    /// Takes back latency added by [`Net::delay`].
+    pub(super) fn undelay(&mut self, p: usize, extra: Duration) {
+        self.links[p].extra = self.links[p].extra.saturating_sub(extra);
+    }
+
+    /// Removes every added latency on `p`'s link.
+    pub(super) fn clear_delay(&mut self, p: usize) {
+        self.links[p].extra = Duration::ZERO;
+    }
+}
+
+/// Events by virtual time, FIFO among equal times.
+#[derive(Debug)]
+pub(super) struct Queue<T> {
+    seq: u64,
+    order: BinaryHeap<Reverse<(Duration, u64)>>,
+    events: BTreeMap<u64, T>,
+}
+
+impl<T> Queue<T> {
+    pub(super) fn new() -> Queue<T> {
+        Queue {
+            seq: 0,
+            order: BinaryHeap::new(),
+            events: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn push(&mut self, at: Duration, ev: T) {
+        self.seq += 1;
+        self.events.insert(self.seq, ev);
+        self.order.push(Reverse((at, self.seq)));
+    }
+
+    /// The next event due at or before `until`, with its time.
+    pub(super) fn pop_until(&mut self, until: Duration) -> Option<(Duration, T)> {
+        loop {
+            let &Reverse((t, seq)) = self.order.peek()?;
+            if t > until {
+                return None;
+            }
+            self.order.pop();
+            if let Some(ev) = self.events.remove(&seq) {
+                return Some((t, ev));
+            }
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The rules every driver relies on, as a checker: [`Observer`], its
+//! [`ObserverViolation`]s, and [`drain`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::{
+    Event, Input, LeaseId, Machine, Outcome, QueryId, RunCommand, RunId, SessionCommand, SessionId,
+    Statement,
+};
+
+/// A driver rule the observed machine broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ObserverViolation {
+    /// A query was sent with no session open.
+    QueryWithoutSession {
+        /// The query.
+        query: QueryId,
+    },
+    /// A query was sent while another was in flight on the session.
+    QueryInFlight {
+        /// The query sent.
+        query: QueryId,
+        /// The query still in flight.
+        in_flight: QueryId,
+    },
+    /// A try of a key whose job runs: the re-entrant lock would stack.
+    ReentrantTry {
+        /// The advisory key.
+        key: i64,
+    },
+    /// An unlock of a key whose job runs.
+    ReleaseWhileJobRuns {
+        /// The advisory key.
+        key: i64,
+    },
+    /// A job started for a run whose job already runs.
+    JobStartedTwice {
+        /// The run.
+        run: RunId,
+    },
+    /// A job started with no session open.
+    JobWithoutSession {
+        /// The run.
+        run: RunId,
+    },
+    /// A cancel of a run whose job does not run.
+    CancelWithoutJob {
+        /// The run.
+        run: RunId,
+    },
+    /// A run finished twice.
+    FinishedTwice {
+        /// The run.
+        run: RunId,
+    },
+    /// A run finished while its job runs.
+    FinishedWhileJobRuns {
+        /// The run.
+        run: RunId,
+    },
+    /// A run the machine never accepted finished.
+    UnknownRunFinished {
+        /// The run.
+        run: RunId,
+    },
+    /// [`Machine::poll_timeout`] returned a deadline before the latest `now`.
+    DeadlineInPast {
+        /// How far before.
+        by: Duration,
+    },
+}
+
+impl fmt::Display for ObserverViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ObserverViolation::QueryWithoutSession { query } => {
+                write!(f, "query {query:?} without a session")
+            }
+            ObserverViolation::QueryInFlight { query, in_flight } => {
+                write!(f, "query {query:?} sent while {in_flight:?} is in flight")
+            }
+            ObserverViolation::ReentrantTry { key } => {
+                write!(f, "try of key {key} whose job runs: re-entrant lock")
+            }
+            ObserverViolation::ReleaseWhileJobRuns { key } => {
+                write!(f, "unlock of key {key} while its job runs")
+            }
+            ObserverViolation::JobStartedTwice { run } => {
+                write!(f, "job of {run:?} started twice")
+            }
+            ObserverViolation::JobWithoutSession { run } => {
+                write!(f, "job of {run:?} started without a session")
+            }
+            ObserverViolation::CancelWithoutJob { run } => {
+                write!(f, "cancel of {run:?} whose job does not run")
+            }
+            ObserverViolation::FinishedTwice { run } => write!(f, "{run:?} finished twice"),
+            ObserverViolation::FinishedWhileJobRuns { run } => {
+                write!(f, "{run:?} finished while its job runs")
+            }
+            ObserverViolation::UnknownRunFinished { run } => {
+                write!(f, "unknown {run:?} finished")
+            }
+            ObserverViolation::DeadlineInPast { by } => {
+                write!(f, "poll_timeout {by:?} in the past")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ObserverViolation {}
+
+/// The rules every driver relies on, as a checker any driver author can use.
+///
+/// An observer watches one [`Machine`]'s inputs and commands and returns
+/// an [`ObserverViolation`] when a rule breaks, whatever the inputs:
+///
+/// - at most one statement in flight per session, and none without a session;
+/// - no try of a key whose job runs (advisory locks are re-entrant: a second
+///   grant would stack);
+/// - no unlock of a key whose job runs;
+/// - a job started only on a session, and only when none runs for its run;
+/// - a cancel only for a running job;
+/// - every run finished at most once, never while its job runs, and only runs
+///   the machine accepted;
+/// - [`Machine::poll_timeout`] never before the latest `now` handed in (a
+///   driver would spin).
+///
+/// Feed it every input before the machine gets it, every accepted run, and
+/// every command in the order the drain rule polls them (run commands, then
+/// session commands). [`drain`] does the polling and checking in one call;
+/// [`Harness`](super::Harness) adds a manual clock and reply helpers on top.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use lease_proto::sim::{drain, Command, Observer};
+/// use lease_proto::{Input, LeaseId, Machine, Options};
+///
+/// let mut machine = Machine::new(Options::default(), 1)?;
+/// let mut observer = Observer::new();
+/// let now = Instant::now();
+/// let run = machine.run(now, LeaseId::named("nightly-report")?)?;
+/// observer.run_started(run);
+/// let (commands, _events) = drain(&mut machine, &mut observer)?;
+/// let Some(Command::OpenSession { session, .. }) = commands.first().cloned() else {
+///     panic!("{commands:?}")
+/// };
+/// // The driver connected: feed the input through the observer first.
+/// let opened = Input::SessionOpened { session };
+/// observer.input(&opened);
+/// machine.handle_input(now + Duration::from_millis(3), opened);
+/// let (commands, _) = drain(&mut machine, &mut observer)?;
+/// assert!(matches!(commands[0], Command::Query { .. }));
+/// observer.check_timeout(now + Duration::from_millis(3), machine.poll_timeout())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// The fuzz targets, the property tests and [`Harness`](super::Harness)
+/// feed arbitrary inputs through it.
+#[derive(Debug, Default)]
+pub struct Observer {
+    session: Option<SessionId>,
+    inflight: Option<QueryId>,
+    jobs: BTreeMap<RunId, i64>,
+    finished: BTreeSet<RunId>,
+    started: BTreeSet<RunId>,
+    latest: Option<Instant>,
+}
+
+impl Observer {
+    /// A fresh observer, for a fresh machine.
+    pub fn new() -> Observer {
+        Observer::default()
+    }
+
+    /// Records an input about to be fed. Inputs the machine will ignore
+    /// (stale ids, jobs not running) are fine.
+    pub fn input(&mut self, input: &Input) {
+        match input {
+            Input::JobExited { run, .. } => {
+                self.jobs.remove(run);
+            }
+            Input::Reply { query, .. } if self.inflight == Some(*query) => self.inflight = None,
+            Input::SessionLost { session, .. } if self.session == Some(*session) => {
+                self.session = None;
+                self.inflight = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// Records a run the machine accepted.
+    pub fn run_started(&mut self, run: RunId) {
+        self.started.insert(run);
+    }
+
+    /// Checks one session command against the rules. Feed the commands of
+    /// one step by the drain rule: run commands first.
+    ///
+    /// # Errors
+    /// The broken rule.
+    pub fn session_command(&mut self, c: &SessionCommand) -> Result<(), ObserverViolation> {
+        match c {
+            SessionCommand::Open { session, .. } => {
+                self.session = Some(*session);
+                self.inflight = None;
+            }
+            SessionCommand::Close { session } => {
+                if self.session == Some(*session) {
+                    self.session = None;
+                    self.inflight = None;
+                }
+            }
+            SessionCommand::Query { query, statement } => {
+                if self.session.is_none() {
+                    return Err(ObserverViolation::QueryWithoutSession { query: *query });
+                }
+                if let Some(q) = self.inflight {
+                    return Err(ObserverViolation::QueryInFlight {
+                        query: *query,
+                        in_flight: q,
+                    });
+                }
+                self.inflight = Some(*query);
+                let running = |k: &i64| self.jobs.values().any(|j| j == k);
+                match statement {
+                    Statement::TryLock { keys } => {
+                        if let Some(&key) = keys.iter().find(|k| running(k)) {
+                            return Err(ObserverViolation::ReentrantTry { key });
+                        }
+                    }
+                    Statement::Release { keys, .. } => {
+                        if let Some(&key) = keys.iter().find(|k| running(k)) {
+                            return Err(ObserverViolation::ReleaseWhileJobRuns { key });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks one run command against the rules.
+    ///
+    /// # Errors
+    /// The broken rule.
+    pub fn run_command(&mut self, c: &RunCommand) -> Result<(), ObserverViolation> {
+        match c {
+            RunCommand::StartJob { run, lease, .. } => {
+                if self.jobs.insert(*run, lease.key()).is_some() {
+                    return Err(ObserverViolation::JobStartedTwice { run: *run });
+                }
+                if self.session.is_none() {
+                    return Err(ObserverViolation::JobWithoutSession { run: *run });
+                }
+            }
+            RunCommand::CancelJob { run, .. } => {
+                if !self.jobs.contains_key(run) {
+                    return Err(ObserverViolation::CancelWithoutJob { run: *run });
+                }
+            }
+            RunCommand::Finish { run, .. } => {
+                if !self.finished.insert(*run) {
+                    return Err(ObserverViolation::FinishedTwice { run: *run });
+                }
+                if self.jobs.contains_key(run) {
+                    return Err(ObserverViolation::FinishedWhileJobRuns { run: *run });
+                }
+                if !self.started.contains(run) {
+                    return Err(ObserverViolation::UnknownRunFinished { run: *run });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the machine's next deadline against `now`, the instant the
+    /// last input was fed at (the latest `now` seen counts: a driver that
+    /// hands in an older instant is not told to sleep into the past).
+    ///
+    /// # Errors
+    /// [`ObserverViolation::DeadlineInPast`].
+    pub fn check_timeout(
+        &mut self,
+        now: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<(), ObserverViolation> {
+        let latest = self.latest.map_or(now, |l| l.max(now));
+        self.latest = Some(latest);
+        match deadline {
+            Some(d) if d < latest => Err(ObserverViolation::DeadlineInPast { by: latest - d }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One command of the machine, from either queue, as a flat value: what a
+/// hand-driven test or a fuzz target records of one step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// [`SessionCommand::Open`].
+    OpenSession {
+        /// The session.
+        session: SessionId,
+        /// Its parameters.
+        params: crate::SessionParams,
+    },
+    /// [`SessionCommand::Query`].
+    Query {
+        /// The query.
+        query: QueryId,
+        /// The statement.
+        statement: Statement,
+    },
+    /// [`SessionCommand::Close`].
+    CloseSession {
+        /// The session.
+        session: SessionId,
+    },
+    /// [`RunCommand::StartJob`].
+    StartJob {
+        /// The run.
+        run: RunId,
+        /// Its lease.
+        lease: LeaseId,
+        /// The fencing token.
+        token: i64,
+        /// Until when it is valid.
+        valid_until: Instant,
+    },
+    /// [`RunCommand::CancelJob`].
+    CancelJob {
+        /// The run.
+        run: RunId,
+        /// Why.
+        reason: crate::Reason,
+    },
+    /// [`RunCommand::Finish`].
+    FinishRun {
+        /// The run.
+        run: RunId,
+        /// How it ended.
+        outcome: Outcome,
+    },
+}
+
+impl From<SessionCommand> for Command {
+    fn from(c: SessionCommand) -> Command {
+        match c {
+            SessionCommand::Open { session, params } => Command::OpenSession { session, params },
+            SessionCommand::Query { query, statement } => Command::Query { query, statement },
+            SessionCommand::Close { session } => Command::CloseSession { session },
+        }
+    }
+}
+
+impl From<RunCommand> for Command {
+    fn from(c: RunCommand) -> Command {
+        match c {
+            RunCommand::StartJob {
+                run,
+                lease,
+                token,
+                valid_until,
+            } => Command::StartJob {
+                run,
+                lease,
+                token,
+                valid_until,
+            },
+            RunCommand::CancelJob { run, reason } => Command::CancelJob { run, reason },
+            RunCommand::Finish { run, outcome } => Command::FinishRun { run, outcome },
+        }
+    }
+}
+
+/// Drains every queue of `machine` by the drain rule (run commands, then
+/// session commands; events are returned apart), checking each command with
+/// `observer`.
+///
+/// # Errors
+/// The first rule the observer saw broken.
+pub fn drain(
+    machine: &mut Machine,
+    observer: &mut Observer,
+) -> Result<(Vec<Command>, Vec<Event>), ObserverViolation> {
+    let mut commands = Vec::new();
+    while let Some(c) = machine.poll_run() {
+        observer.run_command(&c)?;
+        commands.push(c.into());
+    }
+    while let Some(c) = machine.poll_session() {
+        observer.session_command(&c)?;
+        commands.push(c.into());
+    }
+    let mut events = Vec::new();
+    while let Some(e) = machine.poll_event() {
+        events.push(e);
+    }
+    Ok((commands, events))
+}

@@ -1,0 +1,455 @@
+//! Processes: each runs one [`Machine`] under a simulated driver that follows
+//! the drain rule, with jobs that return by themselves or when cancelled, a
+//! clock whose rate drifts within a bound, freezes (nothing runs, the clock
+//! goes on), crashes (the kernel closes the socket) and restarts.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::net::{ToClient, ToServer};
+use super::{DriverBug, Ev, Sim, TraceEvent, Violation};
+use crate::{
+    Input, JobExit, LeaseId, Machine, Outcome, RunCommand, RunId, SessionCommand, SessionId,
+    Statement, HANDOVER_CHANNEL,
+};
+
+/// Wake-ups in a row that find the next deadline already due before the
+/// simulator calls the process stalled.
+const MAX_WAKEUPS_DUE_AT_ONCE: u32 = 64;
+/// A timer this close to now counts as due at once (the simulated driver
+/// arms timers 1 ns past the deadline, and clock-rate conversion rounds).
+const DUE_AT_ONCE: Duration = Duration::from_micros(1);
+
+/// A running job.
+#[derive(Debug)]
+pub(super) struct Job {
+    pub(super) id: u64,
+    pub(super) key: i64,
+    /// Set when the process saw CancelJob for it.
+    pub(super) cancelled: bool,
+    /// Set when the (buggy) driver already reported it.
+    pub(super) reported: bool,
+}
+
+/// One process: its machine, clock, connection and jobs.
+#[derive(Debug)]
+pub(super) struct Proc {
+    pub(super) machine: Machine,
+    pub(super) incarnation: u32,
+    pub(super) alive: bool,
+    pub(super) frozen: bool,
+    /// Events that arrived while frozen, in order.
+    pub(super) deferred: VecDeque<Ev>,
+    /// Clock rate against virtual time.
+    pub(super) rate: f64,
+    pub(super) conn: Option<(SessionId, u64)>,
+    /// Generation of the one armed timer; older timer events are stale.
+    pub(super) timer_gen: u64,
+    /// Consecutive drains whose next timer was due at once.
+    due_at_once: u32,
+    /// Set once the process was found stalled: no timer is armed any more.
+    stalled: bool,
+    pub(super) runs: BTreeMap<RunId, String>,
+    pub(super) jobs: BTreeMap<RunId, Job>,
+    pub(super) finished: BTreeSet<RunId>,
+    /// Run → the outcome the contract expects when its job returns by itself.
+    pub(super) expect: BTreeMap<RunId, Outcome>,
+}
+
+impl Proc {
+    pub(super) fn new(machine: Machine, rate: f64) -> Proc {
+        Proc {
+            machine,
+            incarnation: 0,
+            alive: true,
+            frozen: false,
+            deferred: VecDeque::new(),
+            rate,
+            conn: None,
+            timer_gen: 0,
+            due_at_once: 0,
+            stalled: false,
+            runs: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            finished: BTreeSet::new(),
+            expect: BTreeMap::new(),
+        }
+    }
+
+    /// A crash: nothing of the process survives but its machine, replaced on
+    /// restart. Returns the connection the kernel closes.
+    pub(super) fn crash(&mut self) -> Option<u64> {
+        self.alive = false;
+        self.frozen = false;
+        self.deferred.clear();
+        self.jobs.clear();
+        self.conn.take().map(|(_, conn)| conn)
+    }
+
+    /// A restart with a fresh machine.
+    pub(super) fn restart(&mut self, machine: Machine) {
+        self.machine = machine;
+        self.incarnation += 1;
+        self.alive = true;
+        self.conn = None;
+        self.runs.clear();
+        self.finished.clear();
+        self.expect.clear();
+        self.due_at_once = 0;
+        self.stalled = false;
+    }
+}
+
+impl Sim {
+    /// Process `p`'s clock now.
+    pub(super) fn local(&self, p: usize) -> Instant {
+        self.base + self.now.mul_f64(self.procs[p].rate)
+    }
+
+    /// The instant the simulated driver hands process `p`'s machine: its
+    /// clock, unless the driver's clock is stuck.
+    fn driver_now(&self, p: usize) -> Instant {
+        if self.cfg.bug == Some(DriverBug::FrozenClock) {
+            self.base
+        } else {
+            self.local(p)
+        }
+    }
+
+    /// Starts one run per configured lease on process `p`.
+    pub(super) fn start_runs(&mut self, p: usize) {
+        let now = self.driver_now(p);
+        let names = self.cfg.leases.clone();
+        for name in names {
+            let lease = LeaseId::named(name.clone()).expect("valid lease name");
+            match self.procs[p].machine.run(now, lease) {
+                Ok(run) => {
+                    self.procs[p].runs.insert(run, name);
+                }
+                Err(error) => self.violation(Violation::RunRefused {
+                    at: self.now,
+                    process: p,
+                    lease: name,
+                    error,
+                }),
+            }
+        }
+        self.drain(p);
+    }
+
+    /// Feeds one input to process `p`'s machine, then drains it.
+    pub(super) fn input(&mut self, p: usize, input: Input) {
+        let now = self.driver_now(p);
+        self.procs[p].machine.handle_input(now, input);
+        self.drain(p);
+    }
+
+    /// The simulated driver: executes every command of process `p`'s machine
+    /// by the drain rule (run commands, then session commands, then events,
+    /// until all are empty), then arms its one timer.
+    fn drain(&mut self, p: usize) {
+        loop {
+            let mut idle = true;
+            while let Some(cmd) = self.procs[p].machine.poll_run() {
+                self.run_command(p, cmd);
+                idle = false;
+            }
+            while let Some(cmd) = self.procs[p].machine.poll_session() {
+                self.session_command(p, cmd);
+                idle = false;
+            }
+            while let Some(e) = self.procs[p].machine.poll_event() {
+                self.trace(Some(p), TraceEvent::Machine(e));
+                idle = false;
+            }
+            if idle {
+                break;
+            }
+        }
+        self.arm_timer(p);
+    }
+
+    /// Arms process `p`'s one timer at its machine's deadline, converted to
+    /// virtual time through its clock rate; a deadline that stays due wake-up
+    /// after wake-up is a stall, reported once, after which no timer is armed.
+    fn arm_timer(&mut self, p: usize) {
+        let proc_ = &mut self.procs[p];
+        proc_.timer_gen += 1;
+        if proc_.stalled {
+            return;
+        }
+        let Some(t) = proc_.machine.poll_timeout() else {
+            proc_.due_at_once = 0;
+            return;
+        };
+        let local = t.saturating_duration_since(self.base);
+        let real = local.div_f64(proc_.rate) + Duration::from_nanos(1);
+        let at = real.max(self.now);
+        if at <= self.now + DUE_AT_ONCE {
+            proc_.due_at_once += 1;
+        } else {
+            proc_.due_at_once = 0;
+        }
+        if proc_.due_at_once >= MAX_WAKEUPS_DUE_AT_ONCE {
+            proc_.stalled = true;
+            let wakeups = proc_.due_at_once;
+            self.violation(Violation::Stalled {
+                at: self.now,
+                process: p,
+                wakeups,
+            });
+            return;
+        }
+        let gen = proc_.timer_gen;
+        self.queue.push(at, Ev::Timer(p, gen));
+    }
+
+    fn session_command(&mut self, p: usize, cmd: SessionCommand) {
+        match cmd {
+            SessionCommand::Open { session, params } => {
+                self.next_conn += 1;
+                let conn = self.next_conn;
+                self.procs[p].conn = Some((session, conn));
+                let settings = params.startup_settings;
+                self.send(p, Ev::AtServer(p, ToServer::Connect { conn, settings }));
+            }
+            SessionCommand::Query { query, statement } => {
+                if let Statement::Release { keys, .. } = &statement {
+                    for key in keys {
+                        let running = self.procs[p].jobs.values().any(|j| j.key == *key);
+                        if running {
+                            self.violation(Violation::ReleaseWhileJobRuns {
+                                at: self.now,
+                                process: p,
+                                key: *key,
+                            });
+                        }
+                    }
+                }
+                let Some((_, conn)) = self.procs[p].conn else {
+                    return;
+                };
+                let msg = ToServer::Query {
+                    conn,
+                    query,
+                    statement,
+                };
+                self.send(p, Ev::AtServer(p, msg));
+            }
+            SessionCommand::Close { .. } => {
+                if self.cfg.bug == Some(DriverBug::IgnoreCloseSession) {
+                    return;
+                }
+                if let Some((_, conn)) = self.procs[p].conn.take() {
+                    self.send(p, Ev::AtServer(p, ToServer::Close { conn }));
+                }
+            }
+        }
+    }
+
+    fn run_command(&mut self, p: usize, cmd: RunCommand) {
+        match cmd {
+            RunCommand::StartJob {
+                run,
+                lease,
+                token,
+                valid_until,
+            } => {
+                self.next_job += 1;
+                let id = self.next_job;
+                let key = lease.key();
+                let job = Job {
+                    id,
+                    key,
+                    cancelled: false,
+                    reported: false,
+                };
+                self.procs[p].jobs.insert(run, job);
+                self.procs[p].expect.remove(&run);
+                let name = lease.name().to_string();
+                *self.report.acquisitions.entry(name.clone()).or_default() += 1;
+                let valid_for = valid_until.saturating_duration_since(self.local(p));
+                self.trace(
+                    Some(p),
+                    TraceEvent::JobStarted {
+                        run,
+                        lease: name,
+                        token,
+                        valid_for,
+                    },
+                );
+                if self.chance(self.cfg.job_exit_probability) {
+                    let after = self.uniform(self.cfg.job_lifetime);
+                    let exit = if self.chance(0.5) {
+                        JobExit::Ok
+                    } else {
+                        JobExit::Failed
+                    };
+                    let incarnation = self.procs[p].incarnation;
+                    let ev = Ev::JobExit {
+                        p,
+                        incarnation,
+                        run,
+                        exit,
+                        job: id,
+                    };
+                    self.queue.push(self.now + after, ev);
+                }
+            }
+            RunCommand::CancelJob { run, reason } => {
+                let incarnation = self.procs[p].incarnation;
+                let react = self.uniform(self.cfg.job_reaction);
+                let Some(j) = self.procs[p].jobs.get_mut(&run) else {
+                    return;
+                };
+                if j.cancelled {
+                    return;
+                }
+                j.cancelled = true;
+                let id = j.id;
+                self.trace(Some(p), TraceEvent::JobCancelled { run, reason });
+                let ev = Ev::JobExit {
+                    p,
+                    incarnation,
+                    run,
+                    exit: JobExit::Ok,
+                    job: id,
+                };
+                self.queue.push(self.now + react, ev);
+                if self.cfg.bug == Some(DriverBug::ReportExitEarly) {
+                    if let Some(j) = self.procs[p].jobs.get_mut(&run) {
+                        j.reported = true;
+                    }
+                    let now = self.driver_now(p);
+                    let exit = Input::JobExited {
+                        run,
+                        exit: JobExit::Ok,
+                    };
+                    self.procs[p].machine.handle_input(now, exit);
+                }
+            }
+            RunCommand::Finish { run, outcome } => {
+                let Some(name) = self.procs[p].runs.get(&run).cloned() else {
+                    self.violation(Violation::UnknownRunFinished {
+                        at: self.now,
+                        process: p,
+                        run,
+                    });
+                    return;
+                };
+                let at = self.now;
+                if !self.procs[p].finished.insert(run) {
+                    self.violation(Violation::FinishedTwice {
+                        at,
+                        process: p,
+                        run,
+                    });
+                }
+                if self.procs[p].jobs.get(&run).is_some_and(|j| !j.reported) {
+                    self.violation(Violation::FinishedWhileJobRuns {
+                        at,
+                        process: p,
+                        run,
+                    });
+                }
+                let expected = self.procs[p].expect.get(&run).cloned();
+                // A job that returned by itself but lost its lease first is
+                // restarted, so its expectation is cleared on restart.
+                if !super::checks::outcome_allowed(&outcome, expected.as_ref(), self.closing) {
+                    self.violation(Violation::ContractOutcome {
+                        at,
+                        process: p,
+                        lease: name.clone(),
+                        got: outcome.clone(),
+                        expected,
+                    });
+                }
+                self.trace(
+                    Some(p),
+                    TraceEvent::RunFinished {
+                        run,
+                        lease: name.clone(),
+                        outcome: outcome.clone(),
+                    },
+                );
+                self.report.outcomes[p].push((name, outcome));
+            }
+        }
+    }
+
+    /// A job's exit (by itself or after its cancellation) arrives at `p`.
+    pub(super) fn job_exit(
+        &mut self,
+        p: usize,
+        incarnation: u32,
+        run: RunId,
+        exit: JobExit,
+        job: u64,
+    ) {
+        let proc_ = &mut self.procs[p];
+        if !proc_.alive || proc_.incarnation != incarnation {
+            return;
+        }
+        if proc_.jobs.get(&run).map(|j| j.id) != Some(job) {
+            return;
+        }
+        let Some(j) = proc_.jobs.remove(&run) else {
+            return;
+        };
+        let name = proc_.runs.get(&run).cloned().unwrap_or_default();
+        if !j.cancelled {
+            // Returned by itself while leading: the contract's outcome.
+            let outcome = if exit == JobExit::Ok {
+                Outcome::Completed
+            } else {
+                Outcome::Failed
+            };
+            proc_.expect.insert(run, outcome);
+        }
+        self.trace(
+            Some(p),
+            TraceEvent::JobExited {
+                run,
+                lease: name,
+                exit,
+            },
+        );
+        if j.reported || self.cfg.bug == Some(DriverBug::LoseJobExits) {
+            return;
+        }
+        self.input(p, Input::JobExited { run, exit });
+    }
+
+    /// A message arrives at process `p` from the server.
+    pub(super) fn at_client(&mut self, p: usize, msg: ToClient) {
+        if !self.procs[p].alive {
+            return;
+        }
+        let Some((session, conn)) = self.procs[p].conn else {
+            return;
+        };
+        let input = match msg {
+            ToClient::Connected { conn: c } if c == conn => Input::SessionOpened { session },
+            ToClient::Failed { conn: c, error } | ToClient::Ended { conn: c, error }
+                if c == conn =>
+            {
+                self.procs[p].conn = None;
+                Input::SessionLost {
+                    session,
+                    error: Some(error),
+                }
+            }
+            ToClient::Reply {
+                conn: c,
+                query,
+                result,
+            } if c == conn => Input::Reply { query, result },
+            ToClient::Notify { conn: c, payload } if c == conn => Input::Notification {
+                channel: HANDOVER_CHANNEL.to_string(),
+                payload,
+            },
+            _ => return,
+        };
+        self.input(p, input);
+    }
+}
