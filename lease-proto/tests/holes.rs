@@ -106,12 +106,13 @@ impl H {
         self.input(Input::SessionOpened { session: s });
         assert_eq!(self.statement(), Statement::Setup);
         let ist = self.m.options().guard_timeout().as_millis() as i64;
-        self.reply(Ok(vec![
-            vec![Some(1), Some(150_000)],
-            vec![Some(2), Some(0)],
-            vec![Some(3), Some(7)],
-            vec![Some(4), Some(ist)],
-        ]));
+        self.reply(Ok(SetupReply {
+            server_version: 150_000,
+            in_recovery: false,
+            backend_pid: 7,
+            idle_session_timeout_ms: Some(ist),
+        }
+        .to_rows()));
         assert_eq!(self.statement(), Statement::Listen);
         self.reply(Ok(vec![]));
         let Statement::TryLock { keys } = self.statement() else {

@@ -448,12 +448,15 @@ fn startup_option_rejection_and_standby_are_refused() {
     h.input(Input::SessionOpened {
         session: h.session().unwrap(),
     });
-    let cmds = h.reply(vec![
-        vec![Some(1), Some(150_000)],
-        vec![Some(2), Some(1)],
-        vec![Some(3), Some(7)],
-        vec![Some(4), Some(0)],
-    ]);
+    let cmds = h.reply(
+        SetupReply {
+            server_version: 150_000,
+            in_recovery: true,
+            backend_pid: 7,
+            idle_session_timeout_ms: Some(0),
+        }
+        .to_rows(),
+    );
     assert!(has(&cmds, |c| matches!(
         c,
         Command::FinishRun {

@@ -17,38 +17,55 @@ use crate::{DbError, Row, Statement};
 /// The rows the server answers each statement with (the wire shapes of
 /// `sql.rs`), and the errors it sends.
 pub(super) mod reply {
-    use crate::{DbError, Row};
+    use crate::{DbError, HeartbeatReply, ReleaseReply, Row, SetupReply, TryReply};
 
     /// `Setup`: version, recovery, backend pid, `idle_session_timeout` (ms).
     pub(crate) fn setup(version: i64, standby: bool, pid: i64, idle_ms: i64) -> Vec<Row> {
-        vec![
-            vec![Some(1), Some(version)],
-            vec![Some(2), Some(i64::from(standby))],
-            vec![Some(3), Some(pid)],
-            vec![Some(4), Some(idle_ms)],
-        ]
+        SetupReply {
+            server_version: version,
+            in_recovery: standby,
+            backend_pid: pid,
+            idle_session_timeout_ms: Some(idle_ms),
+        }
+        .to_rows()
     }
 
     /// `TryLock`: a key won, with the fencing token.
     pub(crate) fn try_won(key: i64, token: i64) -> Row {
-        vec![Some(key), Some(token), None]
+        let reply = TryReply {
+            won: vec![(key, token)],
+            not_won: vec![],
+            untrusted: false,
+        };
+        reply.to_rows().remove(0)
     }
 
     /// `TryLock`: a key not won, with the holder's pid if known.
     pub(crate) fn try_held(key: i64, holder: Option<i64>) -> Row {
-        vec![Some(key), None, holder]
+        let reply = TryReply {
+            won: vec![],
+            not_won: vec![(key, holder)],
+            untrusted: false,
+        };
+        reply.to_rows().remove(0)
     }
 
     /// `Heartbeat`: the backend pid, then every key the session holds.
     pub(crate) fn heartbeat(pid: i64, keys: impl IntoIterator<Item = i64>) -> Vec<Row> {
-        let mut rows = vec![vec![Some(0), Some(pid)]];
-        rows.extend(keys.into_iter().map(|k| vec![Some(1), Some(k)]));
-        rows
+        HeartbeatReply {
+            backend_pid: Some(pid),
+            held: keys.into_iter().collect(),
+        }
+        .to_rows()
     }
 
     /// `Release`: whether the session held the key.
     pub(crate) fn release(key: i64, held: bool) -> Row {
-        vec![Some(key), Some(i64::from(held))]
+        ReleaseReply {
+            unlocked: vec![(key, held)],
+        }
+        .to_rows()
+        .remove(0)
     }
 
     /// `Listen` on a hot standby.
