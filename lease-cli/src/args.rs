@@ -64,8 +64,9 @@ killed with SIGKILL, and a descendant that leaves the group (setsid) escapes bot
 it cannot read the terminal.
 
 An unreachable database is not fatal: `lease run` keeps retrying and says so on stderr. A server
-that cannot give mutual exclusion is: a hot standby, a transaction pooler, or PostgreSQL older
-than 14 (than 13 with --no-server-guard) ends `lease run` with exit status 1.
+that cannot give mutual exclusion is: a transaction pooler, or PostgreSQL older than 14 (than 13
+with --no-server-guard) ends `lease run` with exit status 1. A hot standby (a failover in
+progress) is logged as an error and retried.
 
 EXIT STATUS: COMMAND's status; 0 after a shutdown by signal; 1 when the server is refused or
 another error stops the run; 2 for bad usage (nothing is sent to the database); 126 or 127 when

@@ -54,6 +54,17 @@ pub(crate) fn log_event(event: &Event) {
         Event::TryFailed { error } => warn!(%error, "lease try failed; verifying held keys"),
         Event::UnknownKeyReleased { key } => warn!(key, "unlocking a key held without a run"),
         Event::Refused { refusal } => error!(%refusal, "lease setup refused"),
+        Event::InRecovery { session: s } => error!(
+            session = s.0,
+            "the server is a hot standby (in recovery): no lease can be taken there; \
+             retrying after a backoff (a failover in progress, or the wrong host)"
+        ),
+        Event::StartupOptionsRejected { session: s, error } => warn!(
+            session = s.0,
+            %error,
+            "the server (a pooler) rejected startup options; applying the session settings \
+             by statement and verifying them"
+        ),
         other => debug!(event = ?other, "lease event"),
     }
 }

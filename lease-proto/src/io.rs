@@ -138,6 +138,10 @@ pub enum Reason {
     Closed,
     /// The server or connection cannot give mutual exclusion.
     Refused(Refusal),
+    /// The server is a hot standby (`pg_is_in_recovery()`), often a failover
+    /// in progress: the session was closed and the machine tries again after
+    /// a backoff.
+    InRecovery,
 }
 
 impl fmt::Display for Reason {
@@ -152,6 +156,9 @@ impl fmt::Display for Reason {
             Reason::Shutdown => f.write_str("shutdown requested"),
             Reason::Closed => f.write_str("locker closed"),
             Reason::Refused(r) => write!(f, "{r}"),
+            Reason::InRecovery => f.write_str(
+                "the server is a hot standby (in recovery): advisory locks there give no mutual exclusion; trying again",
+            ),
         }
     }
 }
@@ -161,9 +168,6 @@ impl fmt::Display for Reason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Refusal {
-    /// The server is a hot standby (`pg_is_in_recovery()`): advisory locks
-    /// taken there exclude nothing on the primary.
-    Standby,
     /// The server is older than needed.
     ServerTooOld {
         /// `server_version_num` found.
@@ -184,14 +188,18 @@ pub enum Refusal {
         /// What was found.
         detail: String,
     },
+    /// Another client shares this session's backend (a transaction pooler):
+    /// a statement read another session nonce than the one the setup set,
+    /// or a try found the key held by this very backend.
+    BackendShared {
+        /// What was found.
+        detail: String,
+    },
 }
 
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refusal::Standby => f.write_str(
-                "the server is a hot standby (in recovery): advisory locks there give no mutual exclusion; connect to the primary",
-            ),
             Refusal::ServerTooOld { found, needed } => write!(
                 f,
                 "PostgreSQL server_version_num {found} is too old: {needed} or later is needed"
@@ -203,6 +211,10 @@ impl fmt::Display for Refusal {
             Refusal::StartupOptionsIgnored { detail } => write!(
                 f,
                 "startup options were rejected or not applied ({detail}): a pooler is in between; connect directly or through a session-mode pool"
+            ),
+            Refusal::BackendShared { detail } => write!(
+                f,
+                "another client shares this session's backend ({detail}): a transaction pooler is in between; connect directly or through a session-mode pool"
             ),
         }
     }
@@ -235,6 +247,9 @@ pub struct SessionParams {
     /// Run-time parameters to set at connection startup, as `(name, value)`.
     /// Send them in the startup packet's `options` as `-c name=value` (append
     /// to any options the user configured). Never apply them with `SET`.
+    /// Empty after a pooler rejected the `options` startup parameter: then
+    /// send no `options` of the machine's at all (the setup statement
+    /// applies the settings).
     pub startup_settings: Vec<(&'static str, String)>,
 }
 
@@ -290,12 +305,24 @@ pub enum RunCommand {
         run: RunId,
         /// Its lease.
         lease: LeaseId,
-        /// The fencing token of this acquisition: larger than every earlier
-        /// acquisition's token for this key on this server (a transaction id
-        /// assigned after the lock was granted, committed durably: the session
-        /// runs with `synchronous_commit=on`). Keys won by one batched try
-        /// share the same token: tokens order acquisitions of one key, they
-        /// do not identify a lease across keys.
+        /// The fencing token of this acquisition: `timeline << 48 | xid`,
+        /// the server's WAL timeline and a transaction id assigned after the
+        /// lock was granted (see [`Statement::TryLock`]). Promised: larger
+        /// than every earlier acquisition's token for this key
+        ///
+        /// - on the same server, also across crashes and restarts (the try
+        ///   writes a WAL record and the session runs with
+        ///   `synchronous_commit=on`, so the xid is flushed before the reply);
+        /// - across promotions: a promoted standby's new timeline makes every
+        ///   token it gives out larger than any of the old timeline, whether
+        ///   replication was synchronous or asynchronous (a lagging
+        ///   asynchronous standby lost xids, but not the order). Two servers
+        ///   promoted from one timeline to the same timeline number (two
+        ///   standbys promoted without an archive between them) are two
+        ///   primaries: nothing holds then.
+        ///
+        /// Keys won by one batched try share the same token: tokens order
+        /// acquisitions of one key, they do not identify a lease across keys.
         token: i64,
         /// Until when the lease is valid unless confirmed again.
         valid_until: Instant,
@@ -393,6 +420,21 @@ pub enum Event {
     UnknownKeyReleased {
         /// The key.
         key: i64,
+    },
+    /// The server is a hot standby (in recovery): the session is closed and
+    /// the machine tries again after a backoff. Log it loudly: leases wait
+    /// until a primary is reached.
+    InRecovery {
+        /// The session.
+        session: SessionId,
+    },
+    /// A pooler rejected the `options` startup parameter: the machine
+    /// connects again without it and applies the settings by statement.
+    StartupOptionsRejected {
+        /// The session whose connection failed.
+        session: SessionId,
+        /// The error.
+        error: DbError,
     },
     /// The machine refuses this setup; see [`Refusal`].
     Refused {

@@ -26,6 +26,26 @@ pub const MAX_MAX_LEASES: usize = 100_000;
 /// in `[0, 1)`: replicas started together do not poll in lockstep, and the
 /// retry interval stays an upper bound.
 pub const RETRY_JITTER: f64 = 0.2;
+/// Shortest accepted [`Options::query_timeout`]: it also bounds connecting
+/// plus setup, which no server reached over a network (TCP, maybe TLS, a
+/// setup round trip) reliably does faster; a shorter one only loops on
+/// timeouts.
+pub const MIN_QUERY_TIMEOUT: Duration = Duration::from_millis(10);
+/// Largest accepted ratio `heartbeat_interval / query_timeout`. A heartbeat
+/// 100 times longer than the longest statement it allows is already unusual;
+/// beyond that the values are almost certainly in swapped or mistyped units
+/// (`--heartbeat-interval 1h --query-timeout 1ms`).
+pub const MAX_HEARTBEAT_PER_QUERY_TIMEOUT: u32 = 100;
+/// Largest accepted [`Options::guard_timeout`] (validity plus margin): 10
+/// minutes. The lease session tells the server never to give up on its TCP
+/// connection before the guard (see [`Options::tcp_settings`]), but some
+/// give-ups are outside its reach: a pooler's or proxy's own client socket,
+/// or a server on a platform without `TCP_USER_TIMEOUT`, drop a black-holed
+/// connection holding unacknowledged data (a reply, a `NOTIFY`) after the
+/// kernel's retransmissions, about 15 minutes with Linux's default
+/// `tcp_retries2`, and then free the session's locks early. 10 minutes
+/// keeps a third of that as room.
+pub const MAX_GUARD_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Tunes a [`Machine`](crate::Machine). `Options::default()` is production-ready.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +127,18 @@ pub enum OptionsError {
     },
     /// `max_leases` is 0 or above [`MAX_MAX_LEASES`].
     MaxLeases(usize),
+    /// The query timeout is below [`MIN_QUERY_TIMEOUT`].
+    QueryTimeoutTooShort(Duration),
+    /// The heartbeat interval is more than [`MAX_HEARTBEAT_PER_QUERY_TIMEOUT`]
+    /// times the query timeout.
+    HeartbeatTooLongForQueryTimeout {
+        /// The heartbeat interval.
+        heartbeat: Duration,
+        /// The query timeout.
+        query_timeout: Duration,
+    },
+    /// The guard timeout (validity plus margin) is above [`MAX_GUARD_TIMEOUT`].
+    GuardTooLong(Duration),
 }
 
 impl fmt::Display for OptionsError {
@@ -127,6 +159,21 @@ impl fmt::Display for OptionsError {
                     "max leases must be between 1 and {MAX_MAX_LEASES}, not {n}"
                 )
             }
+            OptionsError::QueryTimeoutTooShort(d) => write!(
+                f,
+                "query timeout ({d:?}) must be at least {MIN_QUERY_TIMEOUT:?}: it also bounds connecting and setup"
+            ),
+            OptionsError::HeartbeatTooLongForQueryTimeout {
+                heartbeat,
+                query_timeout,
+            } => write!(
+                f,
+                "heartbeat interval ({heartbeat:?}) must be at most {MAX_HEARTBEAT_PER_QUERY_TIMEOUT} times the query timeout ({query_timeout:?})"
+            ),
+            OptionsError::GuardTooLong(d) => write!(
+                f,
+                "validity plus guard margin ({d:?}) must be at most {MAX_GUARD_TIMEOUT:?}: a TCP connection with unacknowledged data is dropped after about 15 minutes with Linux defaults, freeing the locks early"
+            ),
         }
     }
 }
@@ -157,11 +204,41 @@ impl Options {
         Duration::from_millis(ms as u64)
     }
 
+    /// The server-side TCP settings the lease session is opened with, as
+    /// `(name, value)` in the server's units, so that the server cannot give
+    /// up on a silent client before [`Options::guard_timeout`] `G`, whatever
+    /// the role, database or server configuration says:
+    ///
+    /// - `tcp_user_timeout = G` (ms): unacknowledged data (a reply, a
+    ///   `NOTIFY`) is given up on no earlier than `G` after it was sent, which
+    ///   is after the client sent its last statement. With it set, Linux ignores
+    ///   `tcp_retries2`, so the bound does not depend on the server's sysctls.
+    /// - `tcp_keepalives_idle = ceil(G)` (s): the first keepalive probe of a
+    ///   silent connection comes no earlier than `G` after the client's last
+    ///   packet; `tcp_keepalives_interval = 1` (s) and
+    ///   `tcp_keepalives_count = 10` only decide how soon after that a dead
+    ///   client is noticed (the guard usually ends the session first).
+    ///
+    /// They apply even with the guard off: a partitioned holder then keeps its
+    /// locks until about `G`. Over a Unix socket the server ignores them.
+    pub fn tcp_settings(&self) -> [(&'static str, i64); 4] {
+        let g = self.guard_timeout();
+        [
+            ("tcp_user_timeout", g.as_millis() as i64),
+            ("tcp_keepalives_idle", g.as_millis().div_ceil(1000) as i64),
+            ("tcp_keepalives_interval", 1),
+            ("tcp_keepalives_count", 10),
+        ]
+    }
+
     /// Checks the options.
     ///
     /// # Errors
     /// [`OptionsError`] for zero or over-a-day intervals, a validity window not
-    /// above the heartbeat interval, or `max_leases` outside `1..=100_000`.
+    /// above the heartbeat interval, `max_leases` outside `1..=100_000`, a
+    /// query timeout below [`MIN_QUERY_TIMEOUT`], a heartbeat interval above
+    /// [`MAX_HEARTBEAT_PER_QUERY_TIMEOUT`] times the query timeout, or a guard
+    /// timeout above [`MAX_GUARD_TIMEOUT`].
     pub fn validate(&self) -> Result<(), OptionsError> {
         const DAY: Duration = Duration::from_secs(86_400);
         let named = [
@@ -188,6 +265,18 @@ impl Options {
         }
         if self.max_leases == 0 || self.max_leases > MAX_MAX_LEASES {
             return Err(OptionsError::MaxLeases(self.max_leases));
+        }
+        if self.query_timeout < MIN_QUERY_TIMEOUT {
+            return Err(OptionsError::QueryTimeoutTooShort(self.query_timeout));
+        }
+        if self.heartbeat_interval > self.query_timeout * MAX_HEARTBEAT_PER_QUERY_TIMEOUT {
+            return Err(OptionsError::HeartbeatTooLongForQueryTimeout {
+                heartbeat: self.heartbeat_interval,
+                query_timeout: self.query_timeout,
+            });
+        }
+        if self.guard_timeout() > MAX_GUARD_TIMEOUT {
+            return Err(OptionsError::GuardTooLong(self.guard_timeout()));
         }
         Ok(())
     }
@@ -233,6 +322,29 @@ mod tests {
         assert_eq!(
             bad(|o| o.max_leases = 100_001),
             OptionsError::MaxLeases(100_001)
+        );
+    }
+
+    #[test]
+    fn the_guard_is_capped() {
+        let o = |validity: u64| Options {
+            validity: Some(Duration::from_secs(validity)),
+            ..Options::default()
+        };
+        assert_eq!(o(587).validate(), Ok(()));
+        assert_eq!(o(589).guard_timeout(), Duration::from_millis(600_780));
+        assert_eq!(
+            o(589).validate(),
+            Err(OptionsError::GuardTooLong(Duration::from_millis(600_780)))
+        );
+        assert_eq!(
+            Options::default().tcp_settings(),
+            [
+                ("tcp_user_timeout", 16_000),
+                ("tcp_keepalives_idle", 16),
+                ("tcp_keepalives_interval", 1),
+                ("tcp_keepalives_count", 10)
+            ]
         );
     }
 

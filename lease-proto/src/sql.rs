@@ -44,13 +44,38 @@ mod setup_tag {
     pub const IN_RECOVERY: i64 = 2;
     pub const BACKEND_PID: i64 = 3;
     pub const IDLE_SESSION_TIMEOUT_MS: i64 = 4;
+    /// Tags 5 to 8: the settings of [`super::TCP_SETTINGS`], in order.
+    pub const TCP_FIRST: i64 = 5;
+    pub const UNIX_SOCKET: i64 = 9;
+    pub const NONCE: i64 = 10;
+    /// The row of the statement that applies settings; ignored.
+    pub const APPLIED: i64 = 0;
 }
 
 /// The tags of the heartbeat statement's `(tag, value)` rows.
 mod heartbeat_tag {
     pub const BACKEND_PID: i64 = 0;
     pub const HELD_KEY: i64 = 1;
+    pub const NONCE: i64 = 2;
 }
+
+/// The server-side TCP settings the setup reads back, in the order of
+/// [`Options::tcp_settings`](crate::Options::tcp_settings) and of
+/// [`SetupReply::tcp_settings`].
+pub const TCP_SETTINGS: [&str; 4] = [
+    "tcp_user_timeout",
+    "tcp_keepalives_idle",
+    "tcp_keepalives_interval",
+    "tcp_keepalives_count",
+];
+
+/// The custom setting holding the session's nonce: set by the setup, read
+/// by every heartbeat. Another value means another client shares the
+/// backend (a transaction pooler).
+pub const NONCE_SETTING: &str = "lease.nonce";
+
+/// Low 48 bits of a fencing token: the transaction id's.
+pub const TOKEN_XID_BITS: u32 = 48;
 
 /// The expression of an advisory lock's `bigint` key over the `pg_locks`
 /// columns (`pg_advisory_lock(bigint)` stores the key's high half in
@@ -64,23 +89,55 @@ pub const ADVISORY_KEY_SQL: &str = advisory_key!();
 /// Drivers use only [`Statement::sql`]; the simulator interprets the structure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Statement {
-    /// First statement of every session: `(tag, value)` rows with the server
-    /// version, recovery state, backend pid and `idle_session_timeout` in ms.
-    Setup,
+    /// First statement of every session. It sets [`NONCE_SETTING`] to
+    /// `nonce` and each of `settings` (`set_config(name, value, false)`:
+    /// the session's startup options could not carry them), then answers
+    /// `(tag, value)` rows with the server version, recovery state, backend
+    /// pid, `idle_session_timeout` in ms, the [`TCP_SETTINGS`], whether the
+    /// client is on a Unix socket, and the nonce read back: see [`SetupReply`].
+    Setup {
+        /// The session's nonce.
+        nonce: i64,
+        /// Settings to apply by statement, as `(name, value)`.
+        settings: Vec<(&'static str, String)>,
+    },
     /// `LISTEN` on [`HANDOVER_CHANNEL`], after a successful setup when
     /// handover notifications are on. No rows.
     Listen,
-    /// One batched try of every key a standby wants. Rows `(key, token, NULL)`
-    /// for keys won, where `token` is the fencing token (a transaction id
-    /// assigned after every lock of the batch was granted, so later than any
-    /// earlier holder's), and `(key, NULL, holder_pid)` for keys not won.
+    /// One batched try of every key a standby wants, on the session set up
+    /// with `backend_pid` and `nonce`. The first row is `(NULL,
+    /// pg_backend_pid(), nonce)` ([`NONCE_SETTING`], NULL when unset); then
+    /// `(key, token, NULL)` for keys won and `(key, NULL, holder_pid)` for
+    /// keys not won.
+    ///
+    /// Nothing is tried unless the backend pid and the nonce are those of
+    /// the setup, and a key this backend already holds is not tried again
+    /// (it answers with this backend as the holder): behind a transaction
+    /// pooler another client's lock on the same backend would otherwise be
+    /// "won" again (advisory locks are re-entrant).
+    ///
+    /// The fencing token is `timeline << 48 | (xid & (2^48 - 1))`: `xid` is
+    /// the transaction id (`pg_current_xact_id()`) assigned after every lock
+    /// of the batch was granted, so later than any earlier holder's, and
+    /// `timeline` the server's current WAL timeline, which grows at every
+    /// promotion. Only when a key was won, the statement also writes a
+    /// transactional WAL record (`pg_logical_emit_message(true, 'lease',
+    /// '')`): without one the transaction's commit is not flushed whatever
+    /// `synchronous_commit` says, and a crash hands the same xid out again.
+    /// Assumes fewer than 2^48 transactions per cluster and timelines below
+    /// 2^15 (the token stays positive).
     TryLock {
         /// Keys to try, none of them held by this session.
         keys: Vec<i64>,
+        /// The backend pid the setup reported.
+        backend_pid: i64,
+        /// The nonce the setup set.
+        nonce: i64,
     },
-    /// Verifies the session: a `(0, pg_backend_pid())` row, then one
-    /// `(1, key)` row per advisory key this session holds in this database
-    /// according to `pg_locks`.
+    /// Verifies the session: a `(0, pg_backend_pid())` row, a `(2, nonce)`
+    /// row ([`NONCE_SETTING`], NULL when unset), then one `(1, key)` row per
+    /// advisory key this session holds in this database according to
+    /// `pg_locks`.
     Heartbeat,
     /// Unlocks keys: one `(key, 1 or 0)` row per key, 1 when it was held.
     /// With `notify`, each key actually unlocked is announced on
@@ -115,38 +172,85 @@ impl Statement {
     pub fn sql(&self) -> String {
         match self {
             Statement::Listen => format!("LISTEN {HANDOVER_CHANNEL}"),
-            Statement::Setup => {
-                format!(
+            Statement::Setup { nonce, settings } => {
+                // Settings first, in a statement of their own (one simple
+                // query, one round trip): the read-back below sees them.
+                let mut sql = format!(
+                    "SELECT {}::int8, length(concat(set_config('{NONCE_SETTING}', '{nonce}', false)",
+                    setup_tag::APPLIED
+                );
+                for (name, value) in settings {
+                    write!(sql, ", set_config('{name}', '{value}', false)").ok();
+                }
+                sql.push_str("))::int8; ");
+                let setting = |name: &str| {
+                    format!("(SELECT setting::int8 FROM pg_settings WHERE name = '{name}')")
+                };
+                write!(
+                    sql,
                     "SELECT {}::int8, current_setting('server_version_num')::int8 \
                      UNION ALL SELECT {}, pg_is_in_recovery()::int::int8 \
                      UNION ALL SELECT {}, pg_backend_pid()::int8 \
-                     UNION ALL SELECT {}, (SELECT setting::int8 FROM pg_settings \
-                     WHERE name = 'idle_session_timeout')",
+                     UNION ALL SELECT {}, {} \
+                     UNION ALL SELECT {}, (inet_client_addr() IS NULL)::int::int8 \
+                     UNION ALL SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8",
                     setup_tag::SERVER_VERSION,
                     setup_tag::IN_RECOVERY,
                     setup_tag::BACKEND_PID,
                     setup_tag::IDLE_SESSION_TIMEOUT_MS,
+                    setting("idle_session_timeout"),
+                    setup_tag::UNIX_SOCKET,
+                    setup_tag::NONCE,
                 )
+                .ok();
+                for (i, name) in TCP_SETTINGS.iter().enumerate() {
+                    let tag = setup_tag::TCP_FIRST + i as i64;
+                    write!(sql, " UNION ALL SELECT {tag}, {}", setting(name)).ok();
+                }
+                sql
             }
             // The aggregate consumes every try before the outer query runs, so
             // pg_current_xact_id() is first called (and the xid assigned) after
-            // the last lock of the batch was granted, and only if one was.
-            Statement::TryLock { keys } => format!(
-                "WITH t AS (SELECT array_agg(k) AS won FROM unnest({a}) k \
-                 WHERE pg_try_advisory_lock(k)) \
-                 SELECT w.k, pg_current_xact_id()::text::int8, NULL::int8 \
-                 FROM t, unnest(t.won) w(k) \
+            // the last lock of the batch was granted, and only if one was; the
+            // WAL record (making the commit wait for its flush) likewise. The
+            // timeline is the first 8 hex digits of the current WAL file name.
+            // CASE fixes the order of the checks before each try.
+            Statement::TryLock {
+                keys,
+                backend_pid,
+                nonce,
+            } => format!(
+                "WITH s AS (SELECT pg_backend_pid() = {backend_pid} \
+                 AND current_setting('{NONCE_SETTING}', true) IS NOT DISTINCT FROM '{nonce}' AS ok), \
+                 t AS (SELECT array_agg(u.key) AS won FROM s, unnest({a}) u(key) \
+                 WHERE CASE WHEN NOT s.ok THEN false \
+                 WHEN EXISTS (SELECT 1 FROM ({THIS_DATABASE_ADVISORY_LOCKS}) o \
+                 WHERE o.k = u.key AND o.pid = pg_backend_pid()) THEN false \
+                 ELSE pg_try_advisory_lock(u.key) END), \
+                 x AS (SELECT t.won, CASE WHEN t.won IS NOT NULL THEN (SELECT \
+                 (('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 \
+                 << {bits}) | (pg_current_xact_id()::text::int8 & {mask}) \
+                 WHERE pg_logical_emit_message(true, 'lease', '') IS NOT NULL) END AS token \
+                 FROM t) \
+                 SELECT NULL::int8, pg_backend_pid()::int8, \
+                 nullif(current_setting('{NONCE_SETTING}', true), '')::int8 \
                  UNION ALL \
-                 SELECT l.k, NULL, h.pid::int8 FROM t CROSS JOIN unnest({a}) l(k) \
+                 SELECT w.k, x.token, NULL FROM x, unnest(x.won) w(k) \
+                 UNION ALL \
+                 SELECT l.k, NULL, h.pid::int8 FROM x CROSS JOIN unnest({a}) l(k) \
                  LEFT JOIN ({THIS_DATABASE_ADVISORY_LOCKS}) h ON h.k = l.k \
-                 WHERE NOT (l.k = ANY (coalesce(t.won, '{{}}')))",
-                a = KeyArray(keys)
+                 WHERE NOT (l.k = ANY (coalesce(x.won, '{{}}')))",
+                a = KeyArray(keys),
+                bits = TOKEN_XID_BITS,
+                mask = (1i64 << TOKEN_XID_BITS) - 1,
             ),
             Statement::Heartbeat => format!(
                 "SELECT {}::int8, pg_backend_pid()::int8 UNION ALL \
+                 SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8 UNION ALL \
                  SELECT {}, s.k FROM ({THIS_DATABASE_ADVISORY_LOCKS}) s \
                  WHERE s.pid = pg_backend_pid()",
                 heartbeat_tag::BACKEND_PID,
+                heartbeat_tag::NONCE,
                 heartbeat_tag::HELD_KEY,
             ),
             Statement::Release { keys, notify } => {
@@ -249,6 +353,13 @@ pub struct SetupReply {
     /// `idle_session_timeout` in ms (0: off); `None` when the server has no
     /// such setting (before 14).
     pub idle_session_timeout_ms: Option<i64>,
+    /// The [`TCP_SETTINGS`] in the server's units (`None`: not reported).
+    /// They read 0 over a Unix socket, where the server ignores them.
+    pub tcp_settings: [Option<i64>; 4],
+    /// The client is on a Unix socket (`inet_client_addr()` is NULL).
+    pub unix_socket: bool,
+    /// [`NONCE_SETTING`] read back (`None`: unset).
+    pub nonce: Option<i64>,
 }
 
 impl SetupReply {
@@ -272,6 +383,9 @@ impl SetupReply {
             in_recovery: need(setup_tag::IN_RECOVERY, "in_recovery")? != 0,
             backend_pid: need(setup_tag::BACKEND_PID, "backend_pid")?,
             idle_session_timeout_ms: get(setup_tag::IDLE_SESSION_TIMEOUT_MS),
+            tcp_settings: std::array::from_fn(|i| get(setup_tag::TCP_FIRST + i as i64)),
+            unix_socket: get(setup_tag::UNIX_SOCKET).is_some_and(|u| u != 0),
+            nonce: get(setup_tag::NONCE),
         })
     }
 
@@ -288,14 +402,26 @@ impl SetupReply {
                 Some(setup_tag::IDLE_SESSION_TIMEOUT_MS),
                 self.idle_session_timeout_ms,
             ],
+            vec![
+                Some(setup_tag::UNIX_SOCKET),
+                Some(i64::from(self.unix_socket)),
+            ],
+            vec![Some(setup_tag::NONCE), self.nonce],
         ]
+        .into_iter()
+        .chain(
+            (self.tcp_settings.iter().enumerate())
+                .map(|(i, v)| vec![Some(setup_tag::TCP_FIRST + i as i64), *v]),
+        )
+        .collect()
     }
 }
 
 /// The reply to [`Statement::TryLock`].
 ///
-/// Rows are `(key, token, NULL)` for a key won and `(key, NULL, holder_pid)`
-/// for a key not won. Only one answer per key tried counts: a row for a key
+/// Rows are `(NULL, backend_pid, nonce)` for the session that answered,
+/// `(key, token, NULL)` for a key won and `(key, NULL, holder_pid)` for a key
+/// not won. Only one answer per key tried counts: a row for a key
 /// not tried, a second row for a key, or a row of any other shape is left out
 /// and marks the reply untrusted (some key may be held without the machine
 /// knowing: it verifies before anything else).
@@ -308,6 +434,9 @@ pub struct TryReply {
     pub not_won: Vec<(i64, Option<i64>)>,
     /// A row broke the rules above.
     pub untrusted: bool,
+    /// `(backend pid, nonce)` of the session that answered, from its row
+    /// (the first one counts); `None` if no row had it.
+    pub session: Option<(i64, Option<i64>)>,
 }
 
 impl TryReply {
@@ -323,6 +452,9 @@ impl TryReply {
                 }
                 [Some(key), Some(token), _] => reply.won.push((*key, *token)),
                 [Some(key), None, holder] => reply.not_won.push((*key, *holder)),
+                [None, Some(pid), nonce] if reply.session.is_none() => {
+                    reply.session = Some((*pid, *nonce))
+                }
                 _ => reply.untrusted = true,
             }
         }
@@ -341,12 +473,13 @@ impl TryReply {
             .collect()
     }
 
-    /// The rows a server sends for this reply: every key won, then every
-    /// key not won (`untrusted` is not encoded).
+    /// The rows a server sends for this reply: the session, every key won,
+    /// then every key not won (`untrusted` is not encoded).
     pub fn to_rows(&self) -> Vec<Row> {
+        let session = (self.session.iter()).map(|(pid, nonce)| vec![None, Some(*pid), *nonce]);
         let won = self.won.iter().map(|(k, t)| vec![Some(*k), Some(*t), None]);
         let not_won = (self.not_won.iter()).map(|(k, h)| vec![Some(*k), None, *h]);
-        won.chain(not_won).collect()
+        session.chain(won).chain(not_won).collect()
     }
 }
 
@@ -357,6 +490,8 @@ pub struct HeartbeatReply {
     pub backend_pid: Option<i64>,
     /// Every advisory key that session holds in this database.
     pub held: BTreeSet<i64>,
+    /// [`NONCE_SETTING`] of that session; `None` if no row had it or it was unset.
+    pub nonce: Option<i64>,
 }
 
 impl HeartbeatReply {
@@ -369,6 +504,7 @@ impl HeartbeatReply {
         for row in rows {
             match row.as_slice() {
                 [Some(heartbeat_tag::BACKEND_PID), Some(p)] => reply.backend_pid = Some(*p),
+                [Some(heartbeat_tag::NONCE), n] => reply.nonce = *n,
                 [Some(heartbeat_tag::HELD_KEY), Some(k)] => {
                     reply.held.insert(*k);
                 }
@@ -383,8 +519,9 @@ impl HeartbeatReply {
         let pid = self
             .backend_pid
             .map(|p| vec![Some(heartbeat_tag::BACKEND_PID), Some(p)]);
+        let nonce = vec![Some(heartbeat_tag::NONCE), self.nonce];
         let held = (self.held.iter()).map(|k| vec![Some(heartbeat_tag::HELD_KEY), Some(*k)]);
-        pid.into_iter().chain(held).collect()
+        pid.into_iter().chain([nonce]).chain(held).collect()
     }
 }
 
@@ -509,17 +646,22 @@ mod tests {
             in_recovery: false,
             backend_pid: 42,
             idle_session_timeout_ms: Some(900),
+            tcp_settings: [Some(1900), Some(2), Some(1), Some(10)],
+            unix_socket: false,
+            nonce: Some(-7),
         };
         assert_eq!(SetupReply::parse(&setup.to_rows()), Ok(setup));
         let try_reply = TryReply {
             won: vec![(1, 77)],
             not_won: vec![(2, Some(9)), (3, None)],
             untrusted: false,
+            session: Some((42, Some(7))),
         };
         assert_eq!(TryReply::parse(&[1, 2, 3], &try_reply.to_rows()), try_reply);
         let heartbeat = HeartbeatReply {
             backend_pid: Some(42),
             held: [1, -5].into(),
+            nonce: Some(3),
         };
         assert_eq!(HeartbeatReply::parse(&heartbeat.to_rows()), Ok(heartbeat));
         let release = ReleaseReply {
@@ -551,7 +693,7 @@ mod tests {
                 missing: "in_recovery"
             })
         );
-        assert!(HeartbeatReply::parse(&[vec![Some(2), Some(1)]]).is_err());
+        assert!(HeartbeatReply::parse(&[vec![Some(3), Some(1)]]).is_err());
         assert!(ReleaseReply::parse(&[vec![Some(1), Some(2)]]).is_err());
     }
 
@@ -559,8 +701,12 @@ mod tests {
     fn the_key_expression_is_shared() {
         assert!(HOLDERS_SQL.contains(ADVISORY_KEY_SQL));
         assert!(Statement::Heartbeat.sql().contains(ADVISORY_KEY_SQL));
-        assert!(Statement::TryLock { keys: vec![1] }
-            .sql()
-            .contains(ADVISORY_KEY_SQL));
+        assert!(Statement::TryLock {
+            keys: vec![1],
+            backend_pid: 7,
+            nonce: 9
+        }
+        .sql()
+        .contains(ADVISORY_KEY_SQL));
     }
 }

@@ -69,10 +69,12 @@ fn a_duplicate_win_row_does_not_unlock_the_running_job() {
     let k = a().key();
     assert_eq!(d.try_keys(), vec![k]);
     // Was: `Query { Release { keys: [k] } }` at once, while the job runs.
-    let cmds = d.reply(vec![
+    let mut rows = d.try_session_row();
+    rows.extend([
         vec![Some(k), Some(900), None],
         vec![Some(k), Some(901), None],
     ]);
+    let cmds = d.reply(rows);
     assert!(started(&cmds, run), "{cmds:?}");
     assert!(d.machine().is_valid(run, d.now()));
 }
@@ -90,10 +92,12 @@ fn an_unsolicited_win_row_does_not_unlock_a_leading_key() {
     d.run(b());
     assert_eq!(d.try_keys(), vec![b().key()]);
     // Was: `Query { Release { keys: [a] } }` while a's job runs.
-    d.reply(vec![
+    let mut rows = d.try_session_row();
+    rows.extend([
         vec![Some(b().key()), None, Some(99)],
         vec![Some(a().key()), Some(901), None],
     ]);
+    d.reply(rows);
     assert!(d.machine().is_valid(run_a, d.now()));
 }
 

@@ -104,24 +104,33 @@ impl H {
         self.drain();
         let s = self.session.expect("asked to open a session");
         self.input(Input::SessionOpened { session: s });
-        assert_eq!(self.statement(), Statement::Setup);
+        let Statement::Setup { nonce, .. } = self.statement() else {
+            panic!("expected the setup, got {:?}", self.statement())
+        };
         let ist = self.m.options().guard_timeout().as_millis() as i64;
         self.reply(Ok(SetupReply {
             server_version: 150_000,
             in_recovery: false,
             backend_pid: 7,
             idle_session_timeout_ms: Some(ist),
+            tcp_settings: self.m.options().tcp_settings().map(|(_, v)| Some(v)),
+            unix_socket: false,
+            nonce: Some(nonce),
         }
         .to_rows()));
         assert_eq!(self.statement(), Statement::Listen);
         self.reply(Ok(vec![]));
-        let Statement::TryLock { keys } = self.statement() else {
+        let Statement::TryLock {
+            keys,
+            backend_pid,
+            nonce,
+        } = self.statement()
+        else {
             panic!("expected a try, got {:?}", self.statement())
         };
-        let cmds = self.reply(Ok(keys
-            .iter()
-            .map(|k| vec![Some(*k), Some(token), None])
-            .collect()));
+        let session = vec![None, Some(backend_pid), Some(nonce)];
+        let wins = keys.iter().map(|k| vec![Some(*k), Some(token), None]);
+        let cmds = self.reply(Ok([session].into_iter().chain(wins).collect()));
         assert!(
             cmds.iter()
                 .any(|c| matches!(c, Command::StartJob { run: r, .. } if *r == run)),
@@ -291,7 +300,6 @@ fn hole3_validity_expiry_keeps_the_session_until_the_job_exits() {
 ///
 /// Options at the boundary (10 ms, and exactly 100 x) stay valid.
 #[test]
-#[ignore = "issue 11 hole 4: fails until fixed"]
 fn hole4_absurd_timing_options_are_refused() {
     let o = |heartbeat: Duration, query_timeout: Duration| Options {
         heartbeat_interval: heartbeat,

@@ -303,7 +303,7 @@ fn a_held_key_is_never_tried_again() {
     started(&mut h, "a", 900);
     h.run(lease("b"));
     h.advance(Duration::ZERO);
-    let Statement::TryLock { keys } = h.statement() else {
+    let Statement::TryLock { keys, .. } = h.statement() else {
         panic!("{:?}", h.statement())
     };
     assert_eq!(keys, vec![key("b")]);
@@ -428,42 +428,97 @@ fn dropping_a_run_releases_its_key() {
 }
 
 #[test]
-fn startup_option_rejection_and_standby_are_refused() {
+fn rejected_startup_options_go_into_the_setup_statement() {
+    let rejected = || DbError {
+        code: Some("08P01".into()),
+        message: "unsupported startup parameter: options".into(),
+    };
     let mut h = harness(opts());
     let run = h.run(lease("a"));
     let s = h.session().unwrap();
     let cmds = h.input(Input::SessionLost {
         session: s,
-        error: Some(DbError {
-            code: Some("08P01".into()),
-            message: "unsupported startup parameter: options".into(),
-        }),
+        error: Some(rejected()),
+    });
+    // At once, a new session without startup options.
+    let reopened = cmds.iter().find_map(|c| match c {
+        Command::OpenSession { session, params } => Some((*session, params.clone())),
+        _ => None,
+    });
+    let (s2, params) = reopened.expect("a new session at once");
+    assert_ne!(s2, s);
+    assert!(params.startup_settings.is_empty(), "{params:?}");
+    assert!(h
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::StartupOptionsRejected { .. })));
+    h.input(Input::SessionOpened { session: s2 });
+    let Statement::Setup { settings, .. } = h.statement() else {
+        panic!("expected the setup, got {:?}", h.statement())
+    };
+    let names: Vec<&str> = settings.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        names,
+        [
+            "synchronous_commit",
+            "idle_session_timeout",
+            "tcp_user_timeout",
+            "tcp_keepalives_idle",
+            "tcp_keepalives_interval",
+            "tcp_keepalives_count"
+        ]
+    );
+    assert!(Statement::Setup { nonce: 5, settings }
+        .sql()
+        .contains("set_config('idle_session_timeout', '900', false)"));
+    // Rejected again (the user's own options): final.
+    let cmds = h.input(Input::SessionLost {
+        session: s2,
+        error: Some(rejected()),
     });
     assert!(has(
         &cmds,
         |c| matches!(c, Command::FinishRun { run: r, outcome: Outcome::Refused(Refusal::StartupOptionsIgnored { .. }) } if *r == run)
     ));
-    let mut h = harness(opts());
+}
+
+#[test]
+fn a_standby_is_retried_after_a_backoff() {
+    let o = opts();
+    let mut h = harness(o.clone());
     h.run(lease("a"));
-    h.input(Input::SessionOpened {
-        session: h.session().unwrap(),
-    });
+    let s = h.session().unwrap();
+    h.input(Input::SessionOpened { session: s });
+    let Statement::Setup { nonce, .. } = h.statement() else {
+        panic!("expected the setup")
+    };
     let cmds = h.reply(
         SetupReply {
             server_version: 150_000,
             in_recovery: true,
             backend_pid: 7,
-            idle_session_timeout_ms: Some(0),
+            idle_session_timeout_ms: Some(o.guard_timeout().as_millis() as i64),
+            tcp_settings: o.tcp_settings().map(|(_, v)| Some(v)),
+            unix_socket: false,
+            nonce: Some(nonce),
         }
         .to_rows(),
     );
-    assert!(has(&cmds, |c| matches!(
-        c,
-        Command::FinishRun {
-            outcome: Outcome::Refused(Refusal::Standby),
-            ..
-        }
-    )));
+    assert!(has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
+    assert!(!has(&cmds, |c| matches!(c, Command::FinishRun { .. })));
+    assert!(h
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::InRecovery { .. })));
+    let cmds = h.advance(o.retry_interval);
+    assert!(
+        has(&cmds, |c| matches!(c, Command::OpenSession { .. })),
+        "{cmds:?}"
+    );
+    // The primary, at last: it leads.
+    h.connect(8);
+    let cmds = h.win(800);
+    assert!(has(&cmds, |c| matches!(c, Command::StartJob { .. })));
 }
 
 #[test]
@@ -488,7 +543,8 @@ fn the_session_asks_for_the_guard() {
         if let SessionCommand::Open { params, .. } = o {
             assert_eq!(
                 params.options_string(),
-                "-c synchronous_commit=on -c idle_session_timeout=900"
+                "-c synchronous_commit=on -c idle_session_timeout=900 -c tcp_user_timeout=900 \
+                 -c tcp_keepalives_idle=1 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=10"
             );
             found = true;
         }

@@ -227,29 +227,25 @@ fn sim_options() -> Options {
 }
 
 #[test]
-fn standby_and_pooler_are_refused() {
+fn pooler_and_old_server_are_refused() {
     for (server, want) in [
-        (
-            ServerConfig {
-                standby: true,
-                ..ServerConfig::default()
-            },
-            (|o: &Outcome| matches!(o, Outcome::Refused(Refusal::Standby))) as fn(&Outcome) -> bool,
-        ),
         (
             ServerConfig {
                 pooler: true,
                 ..ServerConfig::default()
             },
-            |o: &Outcome| matches!(o, Outcome::Refused(Refusal::StartupOptionsIgnored { .. })),
+            (|o: &Outcome| matches!(o, Outcome::Refused(Refusal::StartupOptionsIgnored { .. })))
+                as fn(&Outcome) -> bool,
         ),
         (
+            // Options rejected: the settings go into the setup statement,
+            // then the pooler moves the heartbeat to another backend.
             ServerConfig {
                 pooler: true,
                 pooler_rejects_options: true,
                 ..ServerConfig::default()
             },
-            |o: &Outcome| matches!(o, Outcome::Refused(Refusal::StartupOptionsIgnored { .. })),
+            |o: &Outcome| matches!(o, Outcome::Refused(Refusal::BackendChanged { .. })),
         ),
         (
             ServerConfig {
@@ -260,6 +256,10 @@ fn standby_and_pooler_are_refused() {
         ),
     ] {
         let mut c = cfg();
+        // Settings applied by statement pass the setup; the statements
+        // after it find the pooler (a lease may be won on the way, never
+        // by two at once: the properties check that).
+        let by_statement = server.pooler_rejects_options;
         c.server = server;
         let mut sim = Sim::new(c, Instant::now());
         sim.run_until(ms(1000));
@@ -267,14 +267,17 @@ fn standby_and_pooler_are_refused() {
         assert_clean(&r);
         for outcomes in &r.outcomes {
             assert_eq!(outcomes.len(), 1);
-            assert!(want(&outcomes[0].1), "{outcomes:?}");
+            assert!(want(&outcomes[0].1), "{outcomes:?}\n{}", r.trace_text());
         }
-        assert_eq!(r.acquisitions.get("job"), None);
+        if !by_statement {
+            assert_eq!(r.acquisitions.get("job"), None);
+        }
     }
 }
 
 #[test]
-fn pooler_without_guard_is_caught_by_the_backend_pid_check() {
+fn pooler_without_guard_is_refused() {
+    // The pooler drops the TCP settings (checked with the guard off too).
     let mut c = cfg();
     c.options.server_guard = false;
     c.server = ServerConfig {
@@ -289,7 +292,7 @@ fn pooler_without_guard_is_caught_by_the_backend_pid_check() {
         assert!(
             matches!(
                 outcomes[0].1,
-                Outcome::Refused(Refusal::BackendChanged { .. })
+                Outcome::Refused(Refusal::StartupOptionsIgnored { .. })
             ),
             "{outcomes:?}"
         );

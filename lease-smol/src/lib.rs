@@ -74,8 +74,8 @@
 //!   `tcp_user_timeout`;
 //! - TLS goes through [`MakeTls`], asked for a connector per host name;
 //! - `target_session_attrs` is **not** applied: connect to the primary. The
-//!   core checks every session at setup and refuses a hot standby
-//!   ([`Refusal::Standby`]), which fails every run.
+//!   core checks every session at setup and closes a session on a hot
+//!   standby, logs it as an error and tries again after a backoff.
 //!
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

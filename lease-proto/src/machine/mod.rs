@@ -138,6 +138,12 @@ pub struct Machine {
     /// ready, a handover notification). Kept apart from the retry deadline,
     /// which it must not move.
     try_now: bool,
+    /// A pooler rejected the `options` startup parameter: later sessions
+    /// connect without startup options and the setup applies the settings
+    /// by statement (and verifies them like any other session's).
+    settings_by_statement: bool,
+    /// The simulator's broken variant: no TCP settings set or verified.
+    tcp_settings_off: bool,
     session_out: VecDeque<SessionCommand>,
     run_out: VecDeque<RunCommand>,
     events: VecDeque<Event>,
@@ -168,10 +174,19 @@ impl Machine {
             held_lost: BTreeSet::new(),
             verify: false,
             try_now: false,
+            settings_by_statement: false,
+            tcp_settings_off: false,
             session_out: VecDeque::new(),
             run_out: VecDeque::new(),
             events: VecDeque::new(),
         })
+    }
+
+    /// The simulator's broken variant of issue 11 hole 1: sessions neither
+    /// set nor verify the server-side TCP settings.
+    #[cfg(feature = "sim")]
+    pub(crate) fn without_tcp_settings(&mut self) {
+        self.tcp_settings_off = true;
     }
 
     // ---- inputs -------------------------------------------------------
@@ -390,12 +405,17 @@ mod tests {
             },
         );
         assert_eq!(m.timeout_reason(), Some(Timer::Query));
-        let (q, _) = query(&mut m);
+        let (q, Statement::Setup { nonce, .. }) = query(&mut m) else {
+            panic!("expected the setup");
+        };
         let setup = SetupReply {
             server_version: 170_000,
             in_recovery: false,
             backend_pid: 7,
             idle_session_timeout_ms: Some(opts.guard_timeout().as_millis() as i64),
+            tcp_settings: opts.tcp_settings().map(|(_, v)| Some(v)),
+            unix_socket: false,
+            nonce: Some(nonce),
         };
         let result = Ok(setup.to_rows());
         m.handle_input(t, Input::Reply { query: q, result });
@@ -408,11 +428,20 @@ mod tests {
                 result: Ok(vec![]),
             },
         );
-        let (q, Statement::TryLock { keys }) = query(&mut m) else {
+        let (
+            q,
+            Statement::TryLock {
+                keys,
+                backend_pid,
+                nonce,
+            },
+        ) = query(&mut m)
+        else {
             panic!("expected a try");
         };
         let won = TryReply {
             won: vec![(keys[0], 99)],
+            session: Some((backend_pid, Some(nonce))),
             ..TryReply::default()
         };
         let result = Ok(won.to_rows());
@@ -456,12 +485,17 @@ mod tests {
                 session: SessionId(0),
             },
         );
-        let (q, _) = query(&mut m);
+        let (q, Statement::Setup { nonce, .. }) = query(&mut m) else {
+            panic!("expected the setup");
+        };
         let setup = SetupReply {
             server_version: 170_000,
             in_recovery: false,
             backend_pid: 7,
             idle_session_timeout_ms: Some(opts.guard_timeout().as_millis() as i64),
+            tcp_settings: opts.tcp_settings().map(|(_, v)| Some(v)),
+            unix_socket: false,
+            nonce: Some(nonce),
         };
         m.handle_input(
             t,
@@ -472,11 +506,20 @@ mod tests {
         );
         let standby = |m: &Machine| m.status().leases[0].state.clone();
         assert_eq!(standby(&m), LeaseState::Standby { holder_pid: None });
-        let (q, Statement::TryLock { keys }) = query(&mut m) else {
+        let (
+            q,
+            Statement::TryLock {
+                keys,
+                backend_pid,
+                nonce,
+            },
+        ) = query(&mut m)
+        else {
             panic!("expected a try");
         };
         let held = TryReply {
             not_won: vec![(keys[0], Some(4242))],
+            session: Some((backend_pid, Some(nonce))),
             ..TryReply::default()
         };
         m.handle_input(

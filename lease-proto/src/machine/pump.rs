@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::state::{Release, RunState, Session, Stage, StandbyStep, Stopping, What};
 use super::{Machine, Phase, Timer, RECONNECT_BASE};
-use crate::io::Reason;
+use crate::io::{Reason, SessionId};
 use crate::options::RETRY_JITTER;
 
 impl Machine {
@@ -128,14 +128,18 @@ impl Machine {
         })
     }
 
-    /// SplitMix64: uniform in [0, 1).
+    /// Uniform in [0, 1).
     fn random(&mut self) -> f64 {
         self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
+        (mix(self.rng) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A session's nonce: a function of the jitter state and the session,
+    /// drawn without advancing the jitter sequence. Non-negative, so it reads
+    /// back as the same `int8` text.
+    pub(super) fn nonce(&self, session: SessionId) -> i64 {
+        let z = mix(self.rng ^ mix(session.0.wrapping_add(0x6c65_6173_655f_6e6f)));
+        (z >> 1) as i64
     }
 
     pub(super) fn jittered_retry(&mut self) -> Duration {
@@ -150,4 +154,11 @@ impl Machine {
             .min(self.opts.retry_interval);
         d.mul_f64(0.5 + 0.5 * self.random())
     }
+}
+
+/// SplitMix64's output function.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }

@@ -31,8 +31,10 @@ impl Machine {
             return;
         }
         self.timers.stop(Timer::Connect);
+        let nonce = self.nonce(session);
         self.session = Session::Up(Up {
             id: session,
+            nonce,
             stage: Stage::SettingUp,
             inflight: None,
         });
@@ -49,6 +51,19 @@ impl Machine {
             return;
         }
         match error.as_ref().and_then(startup_refusal) {
+            // A session-mode pooler: the settings go into the setup statement
+            // (verified there like startup options); try again at once.
+            Some(_) if !self.settings_by_statement => {
+                self.settings_by_statement = true;
+                self.event(Event::StartupOptionsRejected {
+                    session,
+                    error: error.clone().unwrap_or_else(|| DbError::other("")),
+                });
+                self.lose_session(now, Reason::SessionLost(error), false);
+                self.failures = 0;
+                self.timers.stop(Timer::Backoff);
+                self.session = Session::Idle;
+            }
             Some(refusal) => self.refuse(now, refusal),
             None => self.lose_session(now, Reason::SessionLost(error), false),
         }
@@ -130,7 +145,25 @@ impl Machine {
             return self.refuse(now, Refusal::ServerTooOld { found, needed });
         }
         if setup.in_recovery {
-            return self.refuse(now, Refusal::Standby);
+            // Often a failover in progress: not final. Back off and try again
+            // (the driver's host list may lead elsewhere next time).
+            let Some(session) = self.session_id() else {
+                return;
+            };
+            self.event(Event::InRecovery { session });
+            return self.lose_session(now, Reason::InRecovery, true);
+        }
+        let Session::Up(up) = &self.session else {
+            return;
+        };
+        if setup.nonce != Some(up.nonce) {
+            let detail = format!(
+                "{} is {}, {} was set",
+                crate::sql::NONCE_SETTING,
+                setup.nonce.map_or("unset".into(), |n| n.to_string()),
+                up.nonce
+            );
+            return self.refuse(now, Refusal::StartupOptionsIgnored { detail });
         }
         if self.opts.server_guard {
             let expected = self.opts.guard_timeout().as_millis() as i64;
@@ -141,6 +174,20 @@ impl Machine {
                     found.map_or("unknown".into(), |f| f.to_string())
                 );
                 return self.refuse(now, Refusal::StartupOptionsIgnored { detail });
+            }
+        }
+        // Over a Unix socket the server ignores (and reads back 0 for) TCP
+        // settings; there is no TCP connection to give up on.
+        if !setup.unix_socket && !self.tcp_settings_off {
+            let asked = self.opts.tcp_settings();
+            for ((name, expected), found) in asked.iter().zip(setup.tcp_settings) {
+                if found != Some(*expected) {
+                    let detail = format!(
+                        "{name} is {}, {expected} was asked for",
+                        found.map_or("unknown".into(), |f| f.to_string())
+                    );
+                    return self.refuse(now, Refusal::StartupOptionsIgnored { detail });
+                }
             }
         }
         let Session::Up(up) = &mut self.session else {
@@ -169,6 +216,32 @@ impl Machine {
     }
 
     fn try_done(&mut self, now: Instant, sent: Instant, tried: &[i64], reply: TryReply) {
+        let Session::Up(up) = &self.session else {
+            return;
+        };
+        let (nonce, pid) = (up.nonce, up.stage.backend_pid());
+        match reply.session {
+            None => {
+                let e = DbError::other("malformed try reply: no session row");
+                return self.lose_session(now, Reason::QueryFailed(e), true);
+            }
+            Some((found, _)) if Some(found) != pid => {
+                let was = pid.unwrap_or(0);
+                return self.refuse(now, Refusal::BackendChanged { was, now: found });
+            }
+            Some((_, found)) if found != Some(nonce) => {
+                return self.refuse(now, shared(nonce, found));
+            }
+            Some(_) => {}
+        }
+        // This session never tries a key it holds (orphans aside): if its
+        // own backend holds one, another client does.
+        let own = (reply.not_won.iter())
+            .find(|(key, holder)| *holder == pid && !self.orphans.contains(key));
+        if let Some((key, _)) = own {
+            let detail = format!("key {key} is held by this session's own backend");
+            return self.refuse(now, Refusal::BackendShared { detail });
+        }
         for &(key, token) in &reply.won {
             self.won(now, sent, key, token);
         }
@@ -197,6 +270,13 @@ impl Machine {
                 now: pid.unwrap_or(0),
             };
             return self.refuse(now, refusal);
+        }
+        let nonce = match &self.session {
+            Session::Up(up) => up.nonce,
+            _ => return,
+        };
+        if reply.nonce != Some(nonce) {
+            return self.refuse(now, shared(nonce, reply.nonce));
         }
         self.verify = false;
         let held = reply.held;
@@ -320,10 +400,28 @@ impl Machine {
     pub(super) fn send(&mut self, now: Instant, what: What) {
         let id = QueryId(self.next_query);
         self.next_query += 1;
+        let nonce = match &self.session {
+            Session::Up(up) => up.nonce,
+            _ => 0,
+        };
         let statement = match &what {
-            What::Setup => Statement::Setup,
+            What::Setup => Statement::Setup {
+                nonce,
+                settings: if self.settings_by_statement {
+                    self.settings()
+                } else {
+                    Vec::new()
+                },
+            },
             What::Listen => Statement::Listen,
-            What::Try(keys) => Statement::TryLock { keys: keys.clone() },
+            What::Try(keys) => Statement::TryLock {
+                keys: keys.clone(),
+                backend_pid: match &self.session {
+                    Session::Up(up) => up.stage.backend_pid().unwrap_or(0),
+                    _ => 0,
+                },
+                nonce,
+            },
             What::Heartbeat => Statement::Heartbeat,
             What::Release(keys) => Statement::Release {
                 keys: keys.clone(),
@@ -354,15 +452,32 @@ impl Machine {
         }
     }
 
-    fn session_params(&self) -> SessionParams {
+    /// The settings of every lease session, as `(name, value)`.
+    fn settings(&self) -> Vec<(&'static str, String)> {
         // Fencing tokens are transaction ids: make the transaction that takes
-        // them durable before its reply, so a server crash cannot hand the
-        // same or a smaller id to the next holder.
-        let mut startup_settings = vec![("synchronous_commit", "on".to_string())];
+        // them durable before its reply (with the WAL record of the try), so
+        // a server crash cannot hand the same or a smaller id to the next
+        // holder.
+        let mut settings = vec![("synchronous_commit", "on".to_string())];
         if self.opts.server_guard {
             let ms = self.opts.guard_timeout().as_millis();
-            startup_settings.push(("idle_session_timeout", format!("{ms}")));
+            settings.push(("idle_session_timeout", format!("{ms}")));
         }
+        // The server must not give up on a silent client before the guard.
+        if !self.tcp_settings_off {
+            for (name, value) in self.opts.tcp_settings() {
+                settings.push((name, value.to_string()));
+            }
+        }
+        settings
+    }
+
+    fn session_params(&self) -> SessionParams {
+        let startup_settings = if self.settings_by_statement {
+            Vec::new()
+        } else {
+            self.settings()
+        };
         SessionParams { startup_settings }
     }
 }
@@ -370,6 +485,14 @@ impl Machine {
 /// A reply that breaks its statement's rules: the session's state is unknown.
 fn malformed(e: crate::sql::ReplyError) -> Reason {
     Reason::QueryFailed(DbError::other(e.to_string()))
+}
+
+/// Another nonce than this session's was read back.
+fn shared(nonce: i64, found: Option<i64>) -> Refusal {
+    let found = found.map_or("unset".into(), |n| n.to_string());
+    Refusal::BackendShared {
+        detail: format!("{} is {found}, {nonce} was set", crate::sql::NONCE_SETTING),
+    }
 }
 
 /// Connection errors that mean "a pooler rejected our startup options".

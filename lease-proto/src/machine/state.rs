@@ -148,6 +148,9 @@ pub(super) enum Session {
 #[derive(Debug)]
 pub(super) struct Up {
     pub(super) id: SessionId,
+    /// Set as [`NONCE_SETTING`](crate::sql::NONCE_SETTING) by the setup and
+    /// expected back in every heartbeat.
+    pub(super) nonce: i64,
     pub(super) stage: Stage,
     /// The statement in flight, timed by [`Timer::Query`](super::Timer::Query).
     pub(super) inflight: Option<InFlight>,

@@ -42,6 +42,8 @@ pub struct Harness {
     in_flight: Option<(QueryId, Statement)>,
     last_query: Option<(QueryId, Statement)>,
     events: Vec<Event>,
+    /// The nonce of the last setup answered by [`Harness::connect`].
+    nonce: Option<i64>,
 }
 
 impl Harness {
@@ -54,6 +56,7 @@ impl Harness {
         Ok(Harness {
             machine: Machine::new(options, seed)?,
             observer: Observer::new(),
+            nonce: None,
             now: Instant::now(),
             session: None,
             in_flight: None,
@@ -252,11 +255,33 @@ impl Harness {
             panic!("no session asked for")
         };
         self.input(Input::SessionOpened { session });
-        assert_eq!(self.statement(), Statement::Setup);
-        let ist = self.machine.options().guard_timeout().as_millis() as i64;
-        self.reply(reply::setup(150_000, false, pid, ist));
+        let Statement::Setup { nonce, .. } = self.statement() else {
+            panic!("expected the setup, got {:?}", self.statement())
+        };
+        self.nonce = Some(nonce);
+        let opts = self.machine.options();
+        let ist = opts.guard_timeout().as_millis() as i64;
+        let tcp = opts.tcp_settings().map(|(_, v)| Some(v));
+        self.reply(reply::setup(150_000, false, pid, ist, tcp, Some(nonce)));
         assert_eq!(self.statement(), Statement::Listen);
         self.reply(vec![])
+    }
+
+    /// The nonce the last setup answered by [`Harness::connect`] set
+    /// (answer heartbeats built by hand with it).
+    pub fn nonce(&self) -> Option<i64> {
+        self.nonce
+    }
+
+    /// The first row of a try's reply: the session [`Harness::connect`] set
+    /// up (build try replies by hand starting with it).
+    pub fn try_session_row(&self) -> Vec<Row> {
+        match self.statement() {
+            Statement::TryLock {
+                backend_pid, nonce, ..
+            } => vec![reply::try_session(backend_pid, Some(nonce))],
+            s => panic!("expected a try, got {s:?}"),
+        }
     }
 
     /// The keys of the try in flight.
@@ -265,7 +290,7 @@ impl Harness {
     /// The query in flight is not a try.
     pub fn try_keys(&self) -> Vec<i64> {
         match self.statement() {
-            Statement::TryLock { keys } => keys,
+            Statement::TryLock { keys, .. } => keys,
             s => panic!("expected a try, got {s:?}"),
         }
     }
@@ -275,11 +300,12 @@ impl Harness {
     /// # Panics
     /// The query in flight is not a try, or the observer objects.
     pub fn win(&mut self, token: i64) -> Vec<Command> {
-        let rows = self
-            .try_keys()
-            .into_iter()
-            .map(|k| reply::try_won(k, token))
-            .collect();
+        let mut rows = self.try_session_row();
+        rows.extend(
+            self.try_keys()
+                .into_iter()
+                .map(|k| reply::try_won(k, token)),
+        );
         self.reply(rows)
     }
 
@@ -288,11 +314,12 @@ impl Harness {
     /// # Panics
     /// The query in flight is not a try, or the observer objects.
     pub fn lose(&mut self, holder: Option<i64>) -> Vec<Command> {
-        let rows = self
-            .try_keys()
-            .into_iter()
-            .map(|k| reply::try_held(k, holder))
-            .collect();
+        let mut rows = self.try_session_row();
+        rows.extend(
+            self.try_keys()
+                .into_iter()
+                .map(|k| reply::try_held(k, holder)),
+        );
         self.reply(rows)
     }
 
@@ -302,7 +329,8 @@ impl Harness {
     /// The query in flight is not a heartbeat, or the observer objects.
     pub fn heartbeat(&mut self, pid: i64, keys: &[i64]) -> Vec<Command> {
         assert_eq!(self.statement(), Statement::Heartbeat);
-        self.reply(reply::heartbeat(pid, keys.iter().copied()))
+        let nonce = self.nonce;
+        self.reply(reply::heartbeat(pid, nonce, keys.iter().copied()))
     }
 
     /// Answers the release in flight: every key was held and is unlocked.

@@ -227,7 +227,7 @@ impl Observer {
                 self.inflight = Some(*query);
                 let running = |k: &i64| self.jobs.values().any(|j| j == k);
                 match statement {
-                    Statement::TryLock { keys } => {
+                    Statement::TryLock { keys, .. } => {
                         if let Some(&key) = keys.iter().find(|k| running(k)) {
                             return Err(ObserverViolation::ReentrantTry { key });
                         }

@@ -19,13 +19,24 @@ use crate::{DbError, Row, Statement};
 pub(super) mod reply {
     use crate::{DbError, HeartbeatReply, ReleaseReply, Row, SetupReply, TryReply};
 
-    /// `Setup`: version, recovery, backend pid, `idle_session_timeout` (ms).
-    pub(crate) fn setup(version: i64, standby: bool, pid: i64, idle_ms: i64) -> Vec<Row> {
+    /// `Setup`: version, recovery, backend pid, `idle_session_timeout` (ms),
+    /// the TCP settings (in the order of `TCP_SETTINGS`) and the nonce.
+    pub(crate) fn setup(
+        version: i64,
+        standby: bool,
+        pid: i64,
+        idle_ms: i64,
+        tcp_settings: [Option<i64>; 4],
+        nonce: Option<i64>,
+    ) -> Vec<Row> {
         SetupReply {
             server_version: version,
             in_recovery: standby,
             backend_pid: pid,
             idle_session_timeout_ms: Some(idle_ms),
+            tcp_settings,
+            unix_socket: false,
+            nonce,
         }
         .to_rows()
     }
@@ -36,6 +47,7 @@ pub(super) mod reply {
             won: vec![(key, token)],
             not_won: vec![],
             untrusted: false,
+            session: None,
         };
         reply.to_rows().remove(0)
     }
@@ -46,17 +58,28 @@ pub(super) mod reply {
             won: vec![],
             not_won: vec![(key, holder)],
             untrusted: false,
+            session: None,
         };
         reply.to_rows().remove(0)
     }
 
-    /// `Heartbeat`: the backend pid, then every key the session holds.
-    pub(crate) fn heartbeat(pid: i64, keys: impl IntoIterator<Item = i64>) -> Vec<Row> {
+    /// `Heartbeat`: the backend pid, the nonce, then every key the session holds.
+    pub(crate) fn heartbeat(
+        pid: i64,
+        nonce: Option<i64>,
+        keys: impl IntoIterator<Item = i64>,
+    ) -> Vec<Row> {
         HeartbeatReply {
             backend_pid: Some(pid),
             held: keys.into_iter().collect(),
+            nonce,
         }
         .to_rows()
+    }
+
+    /// `TryLock`: the session that answered (always the first row).
+    pub(crate) fn try_session(pid: i64, nonce: Option<i64>) -> Row {
+        vec![None, Some(pid), nonce]
     }
 
     /// `Release`: whether the session held the key.
@@ -87,11 +110,23 @@ struct Executed {
     notify: Vec<i64>,
 }
 
+/// The `idle_session_timeout` of these settings, if on.
+fn idle_timeout_of(settings: &BTreeMap<&'static str, String>) -> Option<Duration> {
+    (settings.get("idle_session_timeout"))
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis)
+}
+
 /// One server session (backend).
 #[derive(Debug)]
 pub(super) struct SrvSession {
     pub(super) p: usize,
     pub(super) pid: i64,
+    /// Settings the session applied (startup options, setup statement).
+    settings: BTreeMap<&'static str, String>,
+    /// `lease.nonce` of this backend.
+    nonce: Option<i64>,
     idle_timeout: Option<Duration>,
     busy_until: Duration,
     listening: bool,
@@ -162,15 +197,11 @@ impl Server {
         if self.cfg.pooler && self.cfg.pooler_rejects_options && !settings.is_empty() {
             return Err(refuse("08P01", "unsupported startup parameter: options"));
         }
-        let idle_timeout = if self.cfg.pooler {
-            None
+        // A pooler drops startup options.
+        let settings: BTreeMap<&'static str, String> = if self.cfg.pooler {
+            BTreeMap::new()
         } else {
-            settings
-                .iter()
-                .find(|(n, _)| *n == "idle_session_timeout")
-                .and_then(|(_, v)| v.parse::<u64>().ok())
-                .filter(|ms| *ms > 0)
-                .map(Duration::from_millis)
+            settings.iter().cloned().collect()
         };
         self.next_pid += 1;
         self.sessions.insert(
@@ -178,7 +209,9 @@ impl Server {
             SrvSession {
                 p,
                 pid: self.next_pid,
-                idle_timeout,
+                idle_timeout: idle_timeout_of(&settings),
+                settings,
+                nonce: None,
                 busy_until: now,
                 listening: false,
                 statements: 0,
@@ -213,9 +246,22 @@ impl Server {
         };
         let mut notify = Vec::new();
         let rows = match statement {
-            Statement::Setup => {
+            Statement::Setup { nonce, settings } => {
+                s.nonce = Some(*nonce);
+                for (name, value) in settings {
+                    s.settings.insert(name, value.clone());
+                }
+                s.idle_timeout = idle_timeout_of(&s.settings);
                 let ist = s.idle_timeout.map_or(0, |d| d.as_millis() as i64);
-                reply::setup(self.cfg.version, self.cfg.standby, pid, ist)
+                // What the server reports: the session's own value, or the
+                // server's default (PostgreSQL's are 0, 7200, 75, 9).
+                let defaults = [0, 7200, 75, 9];
+                let tcp = std::array::from_fn(|i| {
+                    let name = crate::sql::TCP_SETTINGS[i];
+                    let own = s.settings.get(name).and_then(|v| v.parse().ok());
+                    Some(own.unwrap_or(defaults[i]))
+                });
+                reply::setup(self.cfg.version, self.cfg.standby, pid, ist, tcp, s.nonce)
             }
             Statement::Listen => {
                 if self.cfg.standby {
@@ -229,29 +275,34 @@ impl Server {
                 s.listening = true;
                 vec![]
             }
-            Statement::TryLock { keys } => {
+            Statement::TryLock {
+                keys,
+                backend_pid,
+                nonce,
+            } => {
+                // The statement's own checks: this backend and this nonce,
+                // or nothing is tried; a key this backend holds is not tried.
+                let ok = pid == *backend_pid && s.nonce == Some(*nonce);
                 let mut won = Vec::new();
                 let mut lost = Vec::new();
                 for &k in keys {
-                    match self.locks.get_mut(&k) {
-                        None => {
+                    match self.locks.get(&k) {
+                        None if ok => {
                             self.locks.insert(k, (conn, 1));
                             won.push(k);
                         }
-                        Some((owner, count)) if *owner == conn => {
-                            *count += 1;
-                            won.push(k);
-                        }
-                        Some((owner, _)) => lost.push((k, *owner)),
+                        None => lost.push((k, None)),
+                        Some((owner, _)) => lost.push((k, Some(*owner))),
                     }
                 }
                 if !won.is_empty() {
                     self.next_xid += 1;
                 }
                 let xid = self.next_xid;
-                let mut rows: Vec<Row> = won.into_iter().map(|k| reply::try_won(k, xid)).collect();
+                let mut rows = vec![reply::try_session(pid, s.nonce)];
+                rows.extend(won.into_iter().map(|k| reply::try_won(k, xid)));
                 for (k, owner) in lost {
-                    let holder = self.sessions.get(&owner).map(|s| s.pid);
+                    let holder = owner.and_then(|o| self.sessions.get(&o)).map(|s| s.pid);
                     rows.push(reply::try_held(k, holder));
                 }
                 rows
@@ -262,7 +313,7 @@ impl Server {
                     .iter()
                     .filter(|(_, (owner, _))| *owner == conn)
                     .map(|(k, _)| *k);
-                reply::heartbeat(pid, held)
+                reply::heartbeat(pid, s.nonce, held)
             }
             Statement::Release { keys, notify: n } => {
                 let mut rows = Vec::new();
