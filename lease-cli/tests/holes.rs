@@ -337,7 +337,6 @@ fn hole3_stalled_runner_leaves_no_command_running() {
 /// settings go by a statement after connecting when startup options are
 /// rejected, are verified, and the run leads.
 #[test]
-#[ignore = "issue 11 hole 4: fails until fixed"]
 fn hole4_session_mode_pgbouncer_leads() {
     let c = cluster();
     let pgb = PgBouncer::start(&c, PoolMode::Session).expect("start pgbouncer");
@@ -359,7 +358,6 @@ fn hole4_session_mode_pgbouncer_leads() {
 /// server connection: two `lease run`s through it must never both lead (the
 /// machine must see that clients share a backend and refuse).
 #[test]
-#[ignore = "issue 11 hole 4: fails until fixed"]
 fn hole4_transaction_pgbouncer_ignoring_options_never_gives_two_leaders() {
     // Its own server: the role setting must not leak to other tests.
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
@@ -422,7 +420,6 @@ fn hole4_transaction_pgbouncer_ignoring_options_never_gives_two_leaders() {
 /// the runner keeps retrying with backoff and leads once the server is
 /// promoted, instead of exiting 1 for good.
 #[test]
-#[ignore = "issue 11 hole 4: fails until fixed"]
 fn hole4_hot_standby_is_retried_until_promoted() {
     let c = cluster();
     let standby = c.start_standby().expect("start a hot standby");
@@ -459,7 +456,6 @@ fn hole4_hot_standby_is_retried_until_promoted() {
 /// Hole 4: absurd settings are bad usage: exit 2 with one clear line before
 /// any connection to the database.
 #[test]
-#[ignore = "issue 11 hole 4: fails until fixed"]
 fn hole4_absurd_intervals_are_a_usage_error() {
     // A listener that records any connection: none may arrive.
     let db = TcpListener::bind("127.0.0.1:0").expect("bind");

@@ -36,7 +36,6 @@ fn unique(name: &str) -> String {
 
 /// Hole 4: a session-mode PgBouncer (what the docs recommend) must work.
 #[tokio::test]
-#[ignore = "issue 11 hole 4: fails until fixed"]
 async fn hole4_locker_through_session_mode_pgbouncer_leads() {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
     let pgb = PgBouncer::start(&c, PoolMode::Session).expect("start pgbouncer");
@@ -56,7 +55,6 @@ async fn hole4_locker_through_session_mode_pgbouncer_leads() {
 /// Hole 4: a hot standby reached first is retryable: the run keeps retrying
 /// and leads once the server is promoted, instead of `RunError::Refused`.
 #[tokio::test]
-#[ignore = "issue 11 hole 4: fails until fixed"]
 async fn hole4_locker_on_a_hot_standby_leads_once_promoted() {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
     let standby = c.start_standby().expect("start a hot standby");
@@ -93,7 +91,6 @@ async fn hole4_locker_on_a_hot_standby_leads_once_promoted() {
 /// set by `ALTER ROLE` to the exact value asked for, one server connection:
 /// two lockers through it must never both lead.
 #[tokio::test]
-#[ignore = "issue 11 hole 4: fails until fixed"]
 async fn hole4_two_lockers_through_transaction_pgbouncer_never_both_lead() {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
     let guard = fast().guard_timeout().as_millis();

@@ -236,7 +236,6 @@ fn netns_partition(role_tcp_settings: bool) -> Result<PartitionRun, KitError> {
 /// drops the partitioned holder's session about 2-3 s after the cut, long before its 4 s
 /// guard, and the standby leads while the holder's job still runs until its validity ends.
 #[test]
-#[ignore = "issue 11 hole 1: fails until fixed"]
 fn hole1_role_tcp_keepalives_end_partitioned_session_early() -> Res {
     let run = netns_partition(true)?;
     assert_eq!(
@@ -313,7 +312,6 @@ const CRASH_ROUNDS: usize = 5;
 /// above every earlier one; the acquiring transaction's commit is asynchronous (it writes
 /// no WAL of its own), so after recovery the server hands out the same xid again.
 #[test]
-#[ignore = "issue 11 hole 2: fails until fixed"]
 fn hole2a_tokens_repeat_after_server_crash() -> Res {
     let mut cluster = Cluster::start()?;
     let a = ReplicaConfig::new(Driver::Tokio, cluster.conn_string(), "job").spawn(bin(), "A")?;
@@ -361,7 +359,6 @@ const LAGGED_ACQUISITIONS: usize = 3;
 /// carry a token above every token of the old primary; today the promoted server's xids
 /// continue from what it replayed, so it goes backwards.
 #[test]
-#[ignore = "issue 11 hole 2: fails until fixed"]
 fn hole2b_tokens_go_backwards_after_promotion() -> Res {
     let mut primary = Cluster::start()?;
     let mut standby = primary.start_standby()?;
