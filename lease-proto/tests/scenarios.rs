@@ -429,3 +429,47 @@ fn broken_a_stuck_driver_clock_is_reported_as_a_stall() {
         r.violations
     );
 }
+
+/// Issue 11 hole 1 in the simulator: a server whose TCP gives up on a silent
+/// client after 300 ms (a role's `tcp_keepalives_*` / `tcp_user_timeout`),
+/// shorter than the 700 ms validity. A partitioned holder's session ends while
+/// its lease is still valid by its own clock, unless the session sets its own
+/// TCP settings (no earlier than the guard), as the machine does.
+fn partitioned_holder_under_server_tcp_give_up(bug: Option<DriverBug>) -> Report {
+    let mut c = cfg();
+    c.server.tcp_give_up = Some(ms(300));
+    c.bug = bug;
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(1000));
+    let holder = leader(&sim, 3).unwrap();
+    sim.schedule(
+        ms(1000),
+        Fault::Partition {
+            process: holder,
+            duration: ms(2000),
+        },
+    );
+    sim.finish(ms(4000), ms(1000))
+}
+
+#[test]
+fn server_tcp_give_up_cannot_end_a_partitioned_holders_session_early() {
+    let r = partitioned_holder_under_server_tcp_give_up(None);
+    assert!(
+        !r.violations.iter().any(Violation::is_safety),
+        "{:?}\n{}",
+        r.violations,
+        r.trace_text()
+    );
+}
+
+#[test]
+fn broken_sessions_without_tcp_settings_break_strong_safety() {
+    let r = partitioned_holder_under_server_tcp_give_up(Some(DriverBug::NoTcpSettings));
+    assert!(
+        r.violations.iter().any(Violation::is_safety),
+        "{:?}\n{}",
+        r.violations,
+        r.trace_text()
+    );
+}

@@ -154,6 +154,10 @@ pub enum DriverBug {
     /// time pass and returns the same deadline: the simulator reports
     /// [`Violation::Stalled`].
     FrozenClock,
+    /// Not a driver's bug but the machine's broken variant of issue 11 hole
+    /// 1: sessions neither set nor verify the server-side TCP settings, so
+    /// [`ServerConfig::tcp_give_up`] applies to them.
+    NoTcpSettings,
 }
 
 /// How the server behaves.
@@ -171,6 +175,13 @@ pub struct ServerConfig {
     /// The server ends any session silent for this long, whatever the session
     /// asked for (a DBA's `idle_session_timeout`, or TCP keepalives).
     pub silent_session_kill: Option<Duration>,
+    /// The server's TCP give-up on a client that does not answer (role,
+    /// database or server `tcp_keepalives_*` / `tcp_user_timeout`): a session
+    /// whose client's link is partitioned is ended this long after its last
+    /// statement arrived, unless the session set its own `tcp_user_timeout`
+    /// and `tcp_keepalives_idle` (then the larger of those). A client that
+    /// is merely frozen still answers (its kernel does): not ended.
+    pub tcp_give_up: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -181,6 +192,7 @@ impl Default for ServerConfig {
             pooler: false,
             pooler_rejects_options: false,
             silent_session_kill: None,
+            tcp_give_up: None,
         }
     }
 }
@@ -286,6 +298,7 @@ enum Ev {
         job: u64,
     },
     IdleCheck(u64),
+    TcpCheck(u64),
     FaultStart(Fault),
     Heal(Heal),
     Close,
@@ -345,7 +358,7 @@ impl Sim {
         for _ in 0..cfg.processes {
             let u = (rand(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
             let rate = 1.0 + cfg.drift * (2.0 * u - 1.0);
-            let machine = Machine::new(cfg.options.clone(), rand(&mut rng)).expect("valid");
+            let machine = new_machine(&cfg, rand(&mut rng));
             procs.push(Proc::new(machine, rate));
         }
         let key_names = cfg
@@ -509,6 +522,7 @@ impl Sim {
                 job,
             } => self.job_exit(p, incarnation, run, exit, job),
             Ev::IdleCheck(conn) => self.idle_check(conn),
+            Ev::TcpCheck(conn) => self.tcp_check(conn),
             Ev::FaultStart(f) => self.fault(f),
             Ev::Heal(h) => self.heal(h),
             Ev::Close => {
@@ -609,7 +623,7 @@ impl Sim {
                     return;
                 }
                 let seed = rand(&mut self.rng);
-                let machine = Machine::new(self.cfg.options.clone(), seed).expect("valid");
+                let machine = new_machine(&self.cfg, seed);
                 self.procs[p].restart(machine);
                 self.trace(Some(p), TraceEvent::Restarted);
                 self.start_runs(p);
@@ -626,6 +640,15 @@ impl std::fmt::Debug for Sim {
             .field("processes", &self.procs.len())
             .finish()
     }
+}
+
+/// A process's machine, with the broken variant the configuration asks for.
+fn new_machine(cfg: &SimConfig, seed: u64) -> Machine {
+    let mut machine = Machine::new(cfg.options.clone(), seed).expect("valid");
+    if cfg.bug == Some(DriverBug::NoTcpSettings) {
+        machine.without_tcp_settings();
+    }
+    machine
 }
 
 /// When the last fault of a schedule is over, or `None` if one never ends.

@@ -128,6 +128,8 @@ pub(super) struct SrvSession {
     /// `lease.nonce` of this backend.
     nonce: Option<i64>,
     idle_timeout: Option<Duration>,
+    /// When the last statement (or the connection) arrived from the client.
+    last_heard: Duration,
     busy_until: Duration,
     listening: bool,
     statements: u64,
@@ -212,6 +214,7 @@ impl Server {
                 idle_timeout: idle_timeout_of(&settings),
                 settings,
                 nonce: None,
+                last_heard: now,
                 busy_until: now,
                 listening: false,
                 statements: 0,
@@ -232,9 +235,29 @@ impl Server {
         Some(s.busy_until + limit)
     }
 
+    /// How long the server's TCP waits for a silent client of `conn`: the
+    /// session's own settings, or the server's.
+    fn tcp_give_up(&self, conn: u64) -> Option<Duration> {
+        let s = self.sessions.get(&conn)?;
+        let own = |name: &str| s.settings.get(name).and_then(|v| v.parse::<u64>().ok());
+        match (own("tcp_user_timeout"), own("tcp_keepalives_idle")) {
+            (Some(user_ms), Some(idle_s)) if user_ms > 0 || idle_s > 0 => {
+                Some(Duration::from_millis(user_ms).max(Duration::from_secs(idle_s)))
+            }
+            _ => self.cfg.tcp_give_up,
+        }
+    }
+
+    /// When the server's TCP gives up on `conn` if its client stays silent.
+    fn tcp_deadline(&self, conn: u64) -> Option<Duration> {
+        let s = self.sessions.get(&conn)?;
+        Some(s.last_heard + self.tcp_give_up(conn)?)
+    }
+
     /// Runs one statement on `conn`.
     fn execute(&mut self, conn: u64, now: Duration, statement: &Statement) -> Option<Executed> {
         let s = self.sessions.get_mut(&conn)?;
+        s.last_heard = now;
         s.statements += 1;
         let stmt_no = s.statements;
         let done = now.max(s.busy_until) + self.slow;
@@ -410,10 +433,37 @@ impl Sim {
         }
     }
 
-    /// Schedules the idle check of a session, if it can be ended as idle.
+    /// Schedules the idle check of a session, if it can be ended as idle,
+    /// and its TCP give-up check.
     pub(super) fn arm_idle(&mut self, conn: u64) {
         if let Some(at) = self.server.idle_deadline(conn) {
             self.queue.push(at, Ev::IdleCheck(conn));
+        }
+        if let Some(at) = self.server.tcp_deadline(conn) {
+            self.queue.push(at, Ev::TcpCheck(conn));
+        }
+    }
+
+    /// The TCP give-up check: a session whose client has been silent for the
+    /// give-up time and cannot answer (its link is partitioned) is ended;
+    /// one whose client answers keepalives is checked again later.
+    pub(super) fn tcp_check(&mut self, conn: u64) {
+        let (Some(deadline), Some(p)) =
+            (self.server.tcp_deadline(conn), self.server.process_of(conn))
+        else {
+            return;
+        };
+        if deadline > self.now {
+            return;
+        }
+        if self.net.partitioned(p) {
+            self.end_session(
+                conn,
+                "08006",
+                "could not receive data from client: Connection timed out",
+            );
+        } else if let Some(give_up) = self.server.tcp_give_up(conn) {
+            self.queue.push(self.now + give_up, Ev::TcpCheck(conn));
         }
     }
 
