@@ -178,7 +178,10 @@ fn fault_process(f: &Fault) -> Option<usize> {
         | Fault::Delay { process, .. }
         | Fault::Crash { process, .. }
         | Fault::Terminate { process } => Some(*process),
-        Fault::SlowServer { .. } | Fault::ServerRestart { .. } => None,
+        Fault::SlowServer { .. }
+        | Fault::ServerRestart { .. }
+        | Fault::ServerCrash { .. }
+        | Fault::Promote { .. } => None,
     }
 }
 

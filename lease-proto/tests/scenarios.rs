@@ -475,3 +475,84 @@ fn broken_sessions_without_tcp_settings_break_strong_safety() {
         r.trace_text()
     );
 }
+
+/// Issue 11 hole 2 in the simulator: the server crashes right after an
+/// acquisition (losing unflushed transaction ids), then a replica lagging by
+/// 3 transaction ids is promoted. Every acquisition's token is checked
+/// against every earlier one of the lease ([`Violation::TokenNotIncreasing`]).
+fn tokens_across_crash_and_promotion(legacy_tokens: bool) -> Report {
+    let mut c = cfg();
+    c.server.legacy_tokens = legacy_tokens;
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(500));
+    sim.schedule(ms(500), Fault::ServerCrash { downtime: ms(300) });
+    sim.schedule(
+        ms(2000),
+        Fault::Promote {
+            lag: 3,
+            downtime: ms(300),
+        },
+    );
+    sim.finish(ms(4000), ms(1000))
+}
+
+#[test]
+fn tokens_strictly_increase_across_server_crash_and_promotion() {
+    let r = tokens_across_crash_and_promotion(false);
+    assert_clean(&r);
+    assert!(r.acquisitions["job"] >= 3, "{}", r.trace_text());
+}
+
+#[test]
+fn broken_tokens_without_wal_record_or_timeline_repeat_or_go_backwards() {
+    let r = tokens_across_crash_and_promotion(true);
+    let bad: Vec<&Violation> = (r.violations.iter())
+        .filter(|v| matches!(v, Violation::TokenNotIncreasing { .. }))
+        .collect();
+    assert!(bad.len() >= 2, "{:?}\n{}", r.violations, r.trace_text());
+}
+
+/// Issue 11 hole 4 in the simulator: a hot standby is retried, not refused;
+/// once promoted, some process leads.
+#[test]
+fn a_hot_standby_is_retried_until_promoted() {
+    let mut c = cfg();
+    c.server.standby = true;
+    let mut sim = Sim::new(c, Instant::now());
+    sim.schedule(
+        ms(1000),
+        Fault::Promote {
+            lag: 0,
+            downtime: ms(100),
+        },
+    );
+    sim.run_until(ms(1000));
+    assert_eq!(leader(&sim, 3), None);
+    sim.run_until(ms(3000));
+    assert!(leader(&sim, 3).is_some(), "{}", sim.report().trace_text());
+    let r = sim.finish(ms(3000), ms(1000));
+    assert_clean(&r);
+    assert!(
+        r.trace_text().contains("InRecovery"),
+        "no InRecovery event: {}",
+        r.trace_text()
+    );
+}
+
+/// Issue 11 hole 4 in the simulator: clients sharing the one backend of a
+/// transaction pooler, every setting set by the role, so the setup passes.
+/// The session nonce (checked by every try and heartbeat) and the try's
+/// own-backend check refuse them; never two leaders.
+#[test]
+fn clients_sharing_one_backend_are_refused_by_the_nonce() {
+    let mut c = cfg();
+    c.server.pooler_one_backend = true;
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(2000));
+    let r = sim.finish(ms(2000), ms(1000));
+    assert_clean(&r);
+    let shared = (r.outcomes.iter().flatten())
+        .filter(|(_, o)| matches!(o, Outcome::Refused(Refusal::BackendShared { .. })))
+        .count();
+    assert!(shared >= 2, "{:?}\n{}", r.outcomes, r.trace_text());
+}

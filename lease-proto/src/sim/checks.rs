@@ -9,6 +9,9 @@
 //!   its job runs, with the outcome the contract gives
 //!   ([`Violation::ContractOutcome`]);
 //! - no leaks ([`Violation::LockLeaked`]);
+//! - fencing tokens: every acquisition's token is above every earlier one
+//!   of its lease ([`Violation::TokenNotIncreasing`]), across server crashes
+//!   and promotions;
 //! - progress: the simulated driver never spins on a deadline that does not
 //!   move ([`Violation::Stalled`]).
 //!
@@ -113,6 +116,20 @@ pub enum Violation {
         /// The advisory keys held.
         keys: Vec<i64>,
     },
+    /// A fencing token not above every earlier token of its lease (across
+    /// every process, session, server crash and promotion).
+    TokenNotIncreasing {
+        /// When.
+        at: Duration,
+        /// The process whose job started with it.
+        process: usize,
+        /// The lease name.
+        lease: String,
+        /// The token.
+        token: i64,
+        /// The largest earlier token of the lease.
+        previous: i64,
+    },
     /// The process's deadline did not move after the driver woke at it, tick
     /// after tick at the same instant: a real driver would spin there. The
     /// simulator stops arming that process's timer.
@@ -138,7 +155,8 @@ impl Violation {
             | Violation::FinishedTwice { at, .. }
             | Violation::FinishedWhileJobRuns { at, .. }
             | Violation::ContractOutcome { at, .. }
-            | Violation::Stalled { at, .. } => Some(*at),
+            | Violation::Stalled { at, .. }
+            | Violation::TokenNotIncreasing { at, .. } => Some(*at),
             Violation::NeverFinished { .. } | Violation::LockLeaked { .. } => None,
         }
     }
@@ -189,6 +207,15 @@ impl Violation {
             Violation::LockLeaked { keys } => {
                 format!("leak: every run returned but the server still holds {keys:?}")
             }
+            Violation::TokenNotIncreasing {
+                process,
+                lease,
+                token,
+                previous,
+                ..
+            } => format!(
+                "p{process} leads {lease} with token {token}, not above the earlier {previous}"
+            ),
             Violation::Stalled {
                 process, wakeups, ..
             } => format!(
@@ -223,6 +250,22 @@ pub(super) fn outcome_allowed(got: &Outcome, expected: Option<&Outcome>, closing
 
 impl Sim {
     /// Records a breach: in the trace, and in the report (the first 50).
+    /// The token check of an acquisition.
+    pub(super) fn check_token(&mut self, process: usize, lease: &str, token: i64) {
+        let previous = self.max_token.get(lease).copied();
+        if let Some(previous) = previous.filter(|p| token <= *p) {
+            self.violation(Violation::TokenNotIncreasing {
+                at: self.now,
+                process,
+                lease: lease.to_string(),
+                token,
+                previous,
+            });
+        }
+        let max = previous.map_or(token, |p| p.max(token));
+        self.max_token.insert(lease.to_string(), max);
+    }
+
     pub(super) fn violation(&mut self, v: Violation) {
         self.trace(None, TraceEvent::Violation(v.clone()));
         if self.report.violations.len() < 50 {

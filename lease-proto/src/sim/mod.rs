@@ -115,13 +115,36 @@ pub enum Fault {
         /// How long the server is down.
         downtime: Duration,
     },
+    /// Crash the server (`pg_ctl stop -m immediate`, SIGKILL): like a
+    /// restart, and every transaction id not flushed to the WAL is handed
+    /// out again after it.
+    ServerCrash {
+        /// How long the server is down.
+        downtime: Duration,
+    },
+    /// Fail over: the primary is lost and an asynchronous replica that
+    /// missed the last `lag` transaction ids is promoted (a new timeline).
+    /// Every session ends; connections fail for `downtime`. A server that
+    /// was a hot standby ([`ServerConfig::standby`]) is a primary afterwards.
+    Promote {
+        /// Transaction ids the replica had not received.
+        lag: u32,
+        /// How long no server answers.
+        downtime: Duration,
+    },
 }
 
 impl Fault {
     /// Whether the server ends a session actively in this fault (then the
     /// bounded, not the strong, safety property applies).
     pub fn server_ends_sessions(&self) -> bool {
-        matches!(self, Fault::Terminate { .. } | Fault::ServerRestart { .. })
+        matches!(
+            self,
+            Fault::Terminate { .. }
+                | Fault::ServerRestart { .. }
+                | Fault::ServerCrash { .. }
+                | Fault::Promote { .. }
+        )
     }
 
     /// When the fault's effect is over, from its start (crashes without
@@ -134,7 +157,9 @@ impl Fault {
             | Fault::SlowServer { duration, .. } => Some(*duration),
             Fault::Crash { restart_after, .. } => *restart_after,
             Fault::Terminate { .. } => Some(Duration::ZERO),
-            Fault::ServerRestart { downtime } => Some(*downtime),
+            Fault::ServerRestart { downtime }
+            | Fault::ServerCrash { downtime }
+            | Fault::Promote { downtime, .. } => Some(*downtime),
         }
     }
 }
@@ -172,6 +197,11 @@ pub struct ServerConfig {
     pub pooler: bool,
     /// The pooler rejects the `options` startup parameter.
     pub pooler_rejects_options: bool,
+    /// A transaction pooler with ONE server connection that every client
+    /// shares (same backend pid, same locks, same `lease.nonce`), with every
+    /// setting the sessions ask for set by `ALTER ROLE`: setup passes, only
+    /// the session nonce and the try's own-backend check can find it.
+    pub pooler_one_backend: bool,
     /// The server ends any session silent for this long, whatever the session
     /// asked for (a DBA's `idle_session_timeout`, or TCP keepalives).
     pub silent_session_kill: Option<Duration>,
@@ -182,6 +212,11 @@ pub struct ServerConfig {
     /// and `tcp_keepalives_idle` (then the larger of those). A client that
     /// is merely frozen still answers (its kernel does): not ended.
     pub tcp_give_up: Option<Duration>,
+    /// The broken variant of issue 11 hole 2: tokens as the try made them
+    /// before the fix, the bare transaction id with no WAL record (never
+    /// flushed, so a crash hands it out again) and no timeline bits (a
+    /// promoted lagging replica hands out smaller ones).
+    pub legacy_tokens: bool,
 }
 
 impl Default for ServerConfig {
@@ -191,8 +226,10 @@ impl Default for ServerConfig {
             standby: false,
             pooler: false,
             pooler_rejects_options: false,
+            pooler_one_backend: false,
             silent_session_kill: None,
             tcp_give_up: None,
+            legacy_tokens: false,
         }
     }
 }
@@ -332,6 +369,8 @@ pub struct Sim {
     overlap_since: BTreeMap<i64, Duration>,
     closing: bool,
     key_names: BTreeMap<i64, String>,
+    /// lease name → the largest fencing token any of its acquisitions had.
+    max_token: BTreeMap<String, i64>,
 }
 
 fn rand(state: &mut u64) -> u64 {
@@ -378,6 +417,7 @@ impl Sim {
             cfg,
             next_conn: 0,
             next_job: 0,
+            max_token: BTreeMap::new(),
             report: Report {
                 statements: vec![0; n],
                 outcomes: vec![Vec::new(); n],
@@ -585,6 +625,18 @@ impl Sim {
             Fault::ServerRestart { downtime } => {
                 self.terminate(None);
                 self.server.up = false;
+                self.queue
+                    .push(self.now + downtime, Ev::Heal(Heal::ServerUp));
+            }
+            Fault::ServerCrash { downtime } => {
+                self.terminate(None);
+                self.server.crash();
+                self.queue
+                    .push(self.now + downtime, Ev::Heal(Heal::ServerUp));
+            }
+            Fault::Promote { lag, downtime } => {
+                self.terminate(None);
+                self.server.promote(lag);
                 self.queue
                     .push(self.now + downtime, Ev::Heal(Heal::ServerUp));
             }

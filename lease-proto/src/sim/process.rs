@@ -268,6 +268,7 @@ impl Sim {
                 self.procs[p].expect.remove(&run);
                 let name = lease.name().to_string();
                 *self.report.acquisitions.entry(name.clone()).or_default() += 1;
+                self.check_token(p, &name, token);
                 let valid_for = valid_until.saturating_duration_since(self.local(p));
                 self.trace(
                     Some(p),

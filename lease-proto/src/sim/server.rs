@@ -110,6 +110,11 @@ struct Executed {
     notify: Vec<i64>,
 }
 
+/// The lock owner of the shared backend of [`ServerConfig::pooler_one_backend`].
+const SHARED_BACKEND: u64 = u64::MAX;
+/// Its backend pid.
+const SHARED_BACKEND_PID: i64 = 999;
+
 /// The `idle_session_timeout` of these settings, if on.
 fn idle_timeout_of(settings: &BTreeMap<&'static str, String>) -> Option<Duration> {
     (settings.get("idle_session_timeout"))
@@ -144,7 +149,14 @@ pub(super) struct Server {
     /// key → (owner conn, re-entrancy count)
     locks: BTreeMap<i64, (u64, u32)>,
     next_pid: i64,
+    /// The last transaction id assigned.
     next_xid: i64,
+    /// The last transaction id flushed to the WAL: a crash goes back to it.
+    flushed_xid: i64,
+    /// The WAL timeline: one more at every promotion.
+    timeline: i64,
+    /// `lease.nonce` of the one backend of [`ServerConfig::pooler_one_backend`].
+    backend_nonce: Option<i64>,
     /// Added processing time of every statement now.
     pub(super) slow: Duration,
 }
@@ -158,8 +170,57 @@ impl Server {
             locks: BTreeMap::new(),
             next_pid: 1000,
             next_xid: 700,
+            flushed_xid: 700,
+            timeline: 1,
+            backend_nonce: None,
             slow: Duration::ZERO,
         }
+    }
+
+    /// Who owns the locks `conn` takes: the connection, or the one backend
+    /// every client shares behind [`ServerConfig::pooler_one_backend`].
+    fn owner(&self, conn: u64) -> u64 {
+        if self.cfg.pooler_one_backend {
+            SHARED_BACKEND
+        } else {
+            conn
+        }
+    }
+
+    /// The backend pid of a lock owner.
+    fn owner_pid(&self, owner: u64) -> Option<i64> {
+        if owner == SHARED_BACKEND {
+            return Some(SHARED_BACKEND_PID);
+        }
+        self.sessions.get(&owner).map(|s| s.pid)
+    }
+
+    /// A crash: the server goes down and forgets unflushed transaction ids.
+    pub(super) fn crash(&mut self) {
+        self.up = false;
+        self.next_xid = self.flushed_xid;
+    }
+
+    /// A promotion of a replica that missed the last `lag` transaction ids:
+    /// a new timeline; a hot standby becomes the primary.
+    pub(super) fn promote(&mut self, lag: u32) {
+        self.up = false;
+        let replicated = (self.flushed_xid - i64::from(lag)).max(0);
+        self.next_xid = replicated;
+        self.flushed_xid = replicated;
+        self.timeline += 1;
+        self.cfg.standby = false;
+    }
+
+    /// The fencing token of a try that assigned `xid` (see
+    /// [`Statement::TryLock`]); with the fix's WAL record the xid is flushed
+    /// before the reply.
+    fn token(&mut self, xid: i64) -> i64 {
+        if self.cfg.legacy_tokens {
+            return xid;
+        }
+        self.flushed_xid = self.flushed_xid.max(xid);
+        (self.timeline << crate::sql::TOKEN_XID_BITS) | xid
     }
 
     /// The advisory keys held now.
@@ -206,11 +267,16 @@ impl Server {
             settings.iter().cloned().collect()
         };
         self.next_pid += 1;
+        let pid = if self.cfg.pooler_one_backend {
+            SHARED_BACKEND_PID
+        } else {
+            self.next_pid
+        };
         self.sessions.insert(
             conn,
             SrvSession {
                 p,
-                pid: self.next_pid,
+                pid,
                 idle_timeout: idle_timeout_of(&settings),
                 settings,
                 nonce: None,
@@ -256,6 +322,8 @@ impl Server {
 
     /// Runs one statement on `conn`.
     fn execute(&mut self, conn: u64, now: Duration, statement: &Statement) -> Option<Executed> {
+        let owner = self.owner(conn);
+        let shared = self.cfg.pooler_one_backend;
         let s = self.sessions.get_mut(&conn)?;
         s.last_heard = now;
         s.statements += 1;
@@ -271,6 +339,9 @@ impl Server {
         let rows = match statement {
             Statement::Setup { nonce, settings } => {
                 s.nonce = Some(*nonce);
+                if shared {
+                    self.backend_nonce = s.nonce;
+                }
                 for (name, value) in settings {
                     s.settings.insert(name, value.clone());
                 }
@@ -305,27 +376,30 @@ impl Server {
             } => {
                 // The statement's own checks: this backend and this nonce,
                 // or nothing is tried; a key this backend holds is not tried.
-                let ok = pid == *backend_pid && s.nonce == Some(*nonce);
+                let nonce_now = if shared { self.backend_nonce } else { s.nonce };
+                let ok = pid == *backend_pid && nonce_now == Some(*nonce);
                 let mut won = Vec::new();
                 let mut lost = Vec::new();
                 for &k in keys {
                     match self.locks.get(&k) {
                         None if ok => {
-                            self.locks.insert(k, (conn, 1));
+                            self.locks.insert(k, (owner, 1));
                             won.push(k);
                         }
                         None => lost.push((k, None)),
                         Some((owner, _)) => lost.push((k, Some(*owner))),
                     }
                 }
+                let nonce = nonce_now;
+                let mut token = 0;
                 if !won.is_empty() {
                     self.next_xid += 1;
+                    token = self.token(self.next_xid);
                 }
-                let xid = self.next_xid;
-                let mut rows = vec![reply::try_session(pid, s.nonce)];
-                rows.extend(won.into_iter().map(|k| reply::try_won(k, xid)));
+                let mut rows = vec![reply::try_session(pid, nonce)];
+                rows.extend(won.into_iter().map(|k| reply::try_won(k, token)));
                 for (k, owner) in lost {
-                    let holder = owner.and_then(|o| self.sessions.get(&o)).map(|s| s.pid);
+                    let holder = owner.and_then(|o| self.owner_pid(o));
                     rows.push(reply::try_held(k, holder));
                 }
                 rows
@@ -334,15 +408,16 @@ impl Server {
                 let held = self
                     .locks
                     .iter()
-                    .filter(|(_, (owner, _))| *owner == conn)
+                    .filter(|(_, (o, _))| *o == owner)
                     .map(|(k, _)| *k);
-                reply::heartbeat(pid, s.nonce, held)
+                let nonce = if shared { self.backend_nonce } else { s.nonce };
+                reply::heartbeat(pid, nonce, held)
             }
             Statement::Release { keys, notify: n } => {
                 let mut rows = Vec::new();
                 for &k in keys {
                     let held = match self.locks.get_mut(&k) {
-                        Some((o, count)) if *o == conn => {
+                        Some((o, count)) if *o == owner => {
                             *count -= 1;
                             if *count == 0 {
                                 self.locks.remove(&k);
@@ -379,6 +454,12 @@ impl Server {
     fn end(&mut self, conn: u64) -> Option<SrvSession> {
         let s = self.sessions.remove(&conn)?;
         self.locks.retain(|_, (owner, _)| *owner != conn);
+        // The pooler's one server connection outlives its clients; it is
+        // closed (its locks with it) when no client is left.
+        if self.cfg.pooler_one_backend && self.sessions.is_empty() {
+            self.locks.clear();
+            self.backend_nonce = None;
+        }
         Some(s)
     }
 }
