@@ -84,14 +84,16 @@ impl Write for RedactingStderr {
     }
 }
 
-/// Sends the `holder_pid` field of lease-tokio events.
+/// Sends the `holder_pid` field of the driver's events (logged by
+/// lease-driver's core since the drivers share it).
 struct HolderLayer {
     tx: UnboundedSender<i64>,
 }
 
 impl<S: Subscriber> Layer<S> for HolderLayer {
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        if !event.metadata().target().starts_with("lease_tokio") {
+        let target = event.metadata().target();
+        if !target.starts_with("lease_driver") && !target.starts_with("lease_tokio") {
             return;
         }
         let mut visitor = HolderPid(None);
