@@ -1,7 +1,7 @@
 //! Issue 11, reproduced first: hole 4 with the tokio driver's `Locker` against
 //! real servers and PgBouncer. Each test failed on the code it was written
-//! against and is marked `#[ignore]` until fixed; run them with
-//! `cargo test -p lease-tests --test holes_cli -- --include-ignored --nocapture`.
+//! against and passes since the fix; run them with
+//! `cargo test -p lease-tests --test holes_cli -- --nocapture`.
 //!
 //! The same holes (and hole 3) with real `lease run` processes are in
 //! `lease-cli/tests/holes.rs`: only that package's tests get the `lease`
