@@ -77,14 +77,19 @@
 //! | a key is released only after its job returned | always |
 //! | frozen, partitioned or slow holder: the job is cancelled at `valid_until` = send time of the last confirming statement + validity window (`heartbeat + query_timeout` by default), without any reply | by the holder's own clock |
 //! | ...and the server ends its session (releasing the key) no earlier than `idle_session_timeout = validity + guard_margin` after its last statement | zero overlap while clock-rate drift < `margin / (2 validity + margin)` |
+//! | ...nor does the server's TCP give up on it earlier: the session sets and verifies `tcp_user_timeout` = guard and `tcp_keepalives_idle` ≥ guard ([`Options::tcp_settings`]) | guard ≤ 10 min ([`MAX_GUARD_TIMEOUT`]), below the ~15 min retransmission give-up of sockets the session cannot configure (a pooler's) |
 //! | session lost (terminated, restart, connection closed) | every job on it cancelled on that input, not at the next heartbeat |
 //! | graceful release | standbys wanting the key are notified and try at once |
-//! | fencing token | strictly larger than every earlier acquisition's for the key on that server |
+//! | fencing token | strictly larger than every earlier acquisition's for the key, on the same server across crashes and across promotions (synchronous or asynchronous replication): see [`RunCommand::StartJob`] |
 //! | statements | one heartbeat per interval and one standby try per tick, however many leases |
 //!
 //! Setups that cannot give mutual exclusion are refused with a [`Refusal`]:
-//! hot standbys, transaction poolers (backend pid changes, startup options
-//! rejected or not applied), servers older than 14 (13 without the guard).
+//! transaction poolers (backend pid changes, settings not applied, another
+//! client's session nonce on the backend), servers older than 14 (13 without
+//! the guard). A pooler that rejects startup options gets the settings in the
+//! setup statement instead ([`Event::StartupOptionsRejected`]), verified the
+//! same way. A hot standby is not final ([`Event::InRecovery`]): the session is
+//! closed and the machine tries again after a backoff.
 //!
 //! ## Carrying out the commands
 //!
@@ -142,11 +147,13 @@ pub use machine::{
 };
 pub use options::{
     Options, OptionsError, DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_MAX_LEASES,
-    DEFAULT_QUERY_TIMEOUT, DEFAULT_RETRY_INTERVAL, MAX_MAX_LEASES, RETRY_JITTER,
+    DEFAULT_QUERY_TIMEOUT, DEFAULT_RETRY_INTERVAL, MAX_GUARD_TIMEOUT,
+    MAX_HEARTBEAT_PER_QUERY_TIMEOUT, MAX_MAX_LEASES, MIN_QUERY_TIMEOUT, RETRY_JITTER,
 };
 pub use sql::{
     decode_text_row, DecodeError, HeartbeatReply, HolderRow, ReleaseReply, ReplyError, Row,
     SetupReply, Statement, TryReply, ADVISORY_KEY_SQL, HANDOVER_CHANNEL, HOLDERS_SQL,
+    NONCE_SETTING, TCP_SETTINGS, TOKEN_XID_BITS,
 };
 
 // Drivers move the machine into the task that owns the connection and may
