@@ -220,13 +220,12 @@ impl Statement {
                 backend_pid,
                 nonce,
             } => format!(
-                "WITH s AS (SELECT pg_backend_pid() = {backend_pid} \
-                 AND current_setting('{NONCE_SETTING}', true) IS NOT DISTINCT FROM '{nonce}' AS ok), \
-                 t AS (SELECT array_agg(u.key) AS won FROM s, unnest({a}) u(key) \
-                 WHERE CASE WHEN NOT s.ok THEN false \
+                "WITH t AS (SELECT array_agg(k) AS won FROM unnest({a}) k \
+                 WHERE CASE WHEN pg_backend_pid() <> {backend_pid} \
+                 OR current_setting('{NONCE_SETTING}', true) IS DISTINCT FROM '{nonce}' THEN false \
                  WHEN EXISTS (SELECT 1 FROM ({THIS_DATABASE_ADVISORY_LOCKS}) o \
-                 WHERE o.k = u.key AND o.pid = pg_backend_pid()) THEN false \
-                 ELSE pg_try_advisory_lock(u.key) END), \
+                 WHERE o.k = k.k AND o.pid = pg_backend_pid()) THEN false \
+                 ELSE pg_try_advisory_lock(k) END), \
                  x AS (SELECT t.won, CASE WHEN t.won IS NOT NULL THEN (SELECT \
                  (('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 \
                  << {bits}) | (pg_current_xact_id()::text::int8 & {mask}) \
