@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::time::Duration;
+#[cfg(feature = "sim")]
+use std::time::Instant;
 
 /// Default standby poll interval: how often a standby tries a lease it does not
 /// hold. Each wait is jittered down by up to [`RETRY_JITTER`].
@@ -74,6 +76,26 @@ pub struct Options {
     /// Most runs one locker may have at once (default 1,000, at most 100,000).
     /// A run past it fails with [`RunError::TooManyLeases`](crate::RunError).
     pub max_leases: usize,
+    /// Test-only, with the `sim` feature: a deliberate bug planted in the
+    /// machine, to show that the simulator's properties catch it. Always
+    /// `None` outside such a test.
+    #[cfg(feature = "sim")]
+    #[doc(hidden)]
+    pub mutation: Option<Mutation>,
+}
+
+/// Test-only, with the `sim` feature: a deliberate machine bug
+/// ([`Options::mutation`]), for broken-variant tests of the simulator's
+/// properties. Each is consulted in exactly one place of the machine.
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// Confirm a lease's validity from the arrival of the reply that
+    /// confirms it, instead of from the send time of its statement: the
+    /// validity window then starts up to a round trip later than the server
+    /// guard's idle clock, and the margin no longer covers it.
+    ConfirmAtArrival,
 }
 
 impl Default for Options {
@@ -87,6 +109,8 @@ impl Default for Options {
             guard_margin: DEFAULT_GUARD_MARGIN,
             notify_handover: true,
             max_leases: DEFAULT_MAX_LEASES,
+            #[cfg(feature = "sim")]
+            mutation: None,
         }
     }
 }
@@ -155,6 +179,18 @@ impl Options {
         let d = self.validity_window() + self.guard_margin_in_force();
         let ms = d.as_nanos().div_ceil(1_000_000);
         Duration::from_millis(ms as u64)
+    }
+
+    /// Test-only, with the `sim` feature: the instant a reply that arrived
+    /// at `arrived` confirms a lease from, for a statement sent at `sent`:
+    /// `sent`, unless [`Mutation::ConfirmAtArrival`] is planted.
+    #[cfg(feature = "sim")]
+    #[doc(hidden)]
+    pub fn confirm_time(&self, sent: Instant, arrived: Instant) -> Instant {
+        match self.mutation {
+            Some(Mutation::ConfirmAtArrival) => arrived,
+            None => sent,
+        }
     }
 
     /// Checks the options.

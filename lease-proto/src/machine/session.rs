@@ -66,6 +66,11 @@ impl Machine {
         let Some(q) = up.inflight.take_if(|q| q.id == query) else {
             return;
         };
+        #[cfg(feature = "sim")] // Test-only: `Options::mutation`; `sent` otherwise.
+        let q = InFlight {
+            sent: self.opts.confirm_time(q.sent, now),
+            ..q
+        };
         self.timers.stop(Timer::Query);
         match (q.what, result) {
             (What::Setup, Ok(rows)) => match SetupReply::parse(&rows) {

@@ -43,6 +43,7 @@
 
 mod checks;
 mod harness;
+mod inject;
 mod net;
 mod observer;
 mod process;
@@ -52,6 +53,8 @@ mod trace;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+#[doc(hidden)]
+pub use crate::options::Mutation;
 pub use checks::Violation;
 pub use harness::Harness;
 pub use observer::{drain, Command, Observer, ObserverViolation};
@@ -115,6 +118,23 @@ pub enum Fault {
         /// How long the server is down.
         downtime: Duration,
     },
+    /// For `duration`, each statement the server runs answers, with
+    /// probability `error`, with an error after it ran in part or in whole
+    /// (or not at all): a try may have taken some of its keys, an unlock
+    /// released some, since session-level advisory locks outlive the failed
+    /// transaction — as a try that took some locks and then hit `53200 out
+    /// of shared memory` does; a failed release sends no notification.
+    /// Otherwise, with probability `malformed`, the statement runs and its
+    /// reply breaks its statement's rules (rows missing, a row of the wrong
+    /// shape). The session stays up either way.
+    FlakyStatements {
+        /// Probability that a statement fails (0 to 1).
+        error: f64,
+        /// Probability that a reply is malformed (0 to 1).
+        malformed: f64,
+        /// How long.
+        duration: Duration,
+    },
 }
 
 impl Fault {
@@ -131,7 +151,8 @@ impl Fault {
             Fault::Partition { duration, .. }
             | Fault::Freeze { duration, .. }
             | Fault::Delay { duration, .. }
-            | Fault::SlowServer { duration, .. } => Some(*duration),
+            | Fault::SlowServer { duration, .. }
+            | Fault::FlakyStatements { duration, .. } => Some(*duration),
             Fault::Crash { restart_after, .. } => *restart_after,
             Fault::Terminate { .. } => Some(Duration::ZERO),
             Fault::ServerRestart { downtime } => Some(*downtime),
@@ -298,6 +319,7 @@ enum Heal {
     Freeze(usize),
     Delay(usize, Duration),
     Slow(Duration),
+    Flaky(inject::Flaky),
     Restart(usize),
     ServerUp,
 }
@@ -319,6 +341,8 @@ pub struct Sim {
     overlap_since: BTreeMap<i64, Duration>,
     closing: bool,
     key_names: BTreeMap<i64, String>,
+    /// Statement faults in force ([`Fault::FlakyStatements`]).
+    flaky: Vec<inject::Flaky>,
 }
 
 fn rand(state: &mut u64) -> u64 {
@@ -373,6 +397,7 @@ impl Sim {
             overlap_since: BTreeMap::new(),
             closing: false,
             key_names,
+            flaky: Vec::new(),
         };
         for p in 0..n {
             sim.start_runs(p);
@@ -410,6 +435,7 @@ impl Sim {
             self.net.clear_delay(p);
         }
         self.server.slow = Duration::ZERO;
+        self.flaky.clear();
         self.server.up = true;
         self.queue.push(self.now, Ev::Close);
         self.run_until(at + settle);
@@ -567,6 +593,16 @@ impl Sim {
                     self.queue.push(self.now + after, ev);
                 }
             }
+            Fault::FlakyStatements {
+                error,
+                malformed,
+                duration,
+            } => {
+                let flaky = inject::Flaky { error, malformed };
+                self.flaky.push(flaky);
+                let ev = Ev::Heal(Heal::Flaky(flaky));
+                self.queue.push(self.now + duration, ev);
+            }
             Fault::Terminate { process } => self.terminate(Some(process)),
             Fault::ServerRestart { downtime } => {
                 self.terminate(None);
@@ -604,6 +640,11 @@ impl Sim {
             }
             Heal::Delay(p, extra) => self.net.undelay(p, extra),
             Heal::Slow(extra) => self.server.slow = self.server.slow.saturating_sub(extra),
+            Heal::Flaky(flaky) => {
+                if let Some(i) = self.flaky.iter().position(|f| *f == flaky) {
+                    self.flaky.remove(i);
+                }
+            }
             Heal::Restart(p) => {
                 if self.procs[p].alive || self.closing {
                     return;

@@ -328,7 +328,10 @@ impl Sim {
                 query,
                 statement,
             } => {
-                let Some(executed) = self.server.execute(conn, self.now, &statement) else {
+                // Statement faults: see `inject`.
+                let injected = self.inject(&statement);
+                let ran = injected.ran(statement.clone());
+                let Some(executed) = self.server.execute(conn, self.now, &ran) else {
                     return;
                 };
                 let Executed {
@@ -336,6 +339,7 @@ impl Sim {
                     result,
                     notify,
                 } = executed;
+                let (result, notify) = injected.reply(&statement, result, notify);
                 self.report.statements[p] += 1;
                 for key in notify {
                     for (conn, p) in self.server.listeners() {
