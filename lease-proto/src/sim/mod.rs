@@ -221,6 +221,9 @@ pub struct SimConfig {
     pub latency: Duration,
     /// Up to this much is added to each message's latency (FIFO is kept).
     pub jitter: Duration,
+    /// Added one-way latency of each process's link, by process (a replica
+    /// in another zone); processes past the end get none.
+    pub link_latency: Vec<Duration>,
     /// Clock-rate drift bound: each process's clock runs at a rate drawn from
     /// `[1 - drift, 1 + drift]` (the server's at 1).
     pub drift: f64,
@@ -254,6 +257,7 @@ impl Default for SimConfig {
             },
             latency: Duration::from_micros(500),
             jitter: Duration::from_micros(500),
+            link_latency: Vec::new(),
             drift: 0.0,
             job_reaction: Duration::from_millis(5),
             job_exit_probability: 0.0,
@@ -459,6 +463,11 @@ impl Sim {
         self.valid_leaders(key).contains(&process)
     }
 
+    /// Whether `process` runs now: not crashed, or restarted since.
+    pub fn is_alive(&self, process: usize) -> bool {
+        self.procs[process].alive
+    }
+
     /// The statements the server has executed for `process` (all sessions).
     pub fn statements(&self, process: usize) -> u64 {
         self.report.statements[process]
@@ -494,9 +503,11 @@ impl Sim {
         ((rand(&mut self.rng) >> 11) as f64 / (1u64 << 53) as f64) < p
     }
 
-    /// One message's one-way latency on `p`'s link now (base, added, jitter).
+    /// One message's one-way latency on `p`'s link now (base, the link's
+    /// own, added by faults, jitter).
     fn link_latency(&mut self, p: usize) -> Duration {
-        self.cfg.latency + self.net.extra(p) + self.uniform(self.cfg.jitter)
+        let own = self.cfg.link_latency.get(p).copied().unwrap_or_default();
+        self.cfg.latency + own + self.net.extra(p) + self.uniform(self.cfg.jitter)
     }
 
     /// Sends a message on `p`'s link now.
