@@ -654,3 +654,84 @@ fn statements_per_interval_are_constant_in_the_number_of_leases() {
         );
     }
 }
+
+/// The liveness property's other branch: when every process crashed for
+/// good, the kernel closed their sockets and the server frees every key.
+#[test]
+fn liveness_when_every_process_crashed_for_good_frees_every_key() {
+    let strategy = knobs(Just(true));
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    for i in 0..20u64 {
+        let knobs = strategy.new_tree(&mut runner).expect("knobs").current();
+        let crash = |process, at| {
+            let fault = Fault::Crash {
+                process,
+                restart_after: None,
+            };
+            (ms(at), fault)
+        };
+        let case = Case {
+            knobs,
+            processes: 2,
+            leases: 2,
+            seed: i,
+            exits: false,
+            faults: vec![
+                crash(0, 1000 + 100 * i),
+                crash(1, 2000),
+                (
+                    ms(1500),
+                    Fault::Partition {
+                        process: 1,
+                        duration: ms(1000),
+                    },
+                ),
+            ],
+        };
+        match liveness(&case) {
+            Ok(asserted) => assert_eq!(asserted, Asserted::Freed, "{case:#?}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// Found by `liveness_after_healing` with generated options, reported, not
+/// fixed here: when a round trip takes longer than the heartbeat interval,
+/// the heartbeat is due again whenever a reply arrives (`heartbeat_done`
+/// sets it to `max(sent + heartbeat_interval, now)`), and `next_statement`
+/// puts a due heartbeat before a standby try, so a standby never tries and,
+/// with nobody leading, no one ever leads. Shrunk case: 3 processes, one
+/// lease, no faults, heartbeat 20 ms, query timeout 64 ms, retry 20 ms,
+/// latency 9 ms + jitter 13 ms: 18 heartbeats per process in 600 ms and not
+/// one try. The generator keeps the heartbeat interval above the longest
+/// round trip (see `Knobs::options`).
+#[test]
+#[ignore = "known machine bug: a round trip longer than the heartbeat interval starves standby tries"]
+fn known_bug_a_round_trip_longer_than_the_heartbeat_starves_standbys() {
+    let cfg = SimConfig {
+        processes: 2,
+        options: Options {
+            retry_interval: ms(100),
+            heartbeat_interval: ms(50),
+            query_timeout: ms(300),
+            ..Options::default()
+        },
+        latency: ms(30),
+        jitter: Duration::ZERO,
+        ..SimConfig::default()
+    };
+    let mut sim = Sim::new(cfg, Instant::now());
+    sim.run_until(ms(3000));
+    let statements = sim.statements(0) + sim.statements(1);
+    assert!(
+        sim.leads(0, "job") || sim.leads(1, "job"),
+        "nobody leads after 3 s and {statements} statements\n{}",
+        sim.report().trace_text()
+    );
+}
