@@ -25,7 +25,8 @@
 //! ```
 //!
 //! The pieces, by concern:
-//! - `net`: the network model — per-process links with latency and jitter,
+//! - `net`: the network model — per-process links with latency (a base, each
+//!   link's own, [`SimConfig::link_latency`]) and jitter,
 //!   FIFO delivery, latency spikes, black-hole partitions that hold bytes until
 //!   they heal (TCP ends stay open) — and the delivery queue;
 //! - `server`: the PostgreSQL model — sessions, re-entrant advisory locks (one
@@ -35,6 +36,8 @@
 //! - `process`: processes, their drifting clocks, freezes (nothing runs,
 //!   clocks go on), crashes (the kernel closes the socket) and restarts, and
 //!   the simulated driver that follows the drain rule;
+//! - `inject`: statement faults ([`Fault::FlakyStatements`]) — errors after
+//!   a statement ran in part, in whole or not at all, and malformed replies;
 //! - `checks`: the properties above, as [`Violation`]s;
 //! - `trace`: the typed trace;
 //! - [`Observer`]: the rules every driver relies on, checked on one machine's
