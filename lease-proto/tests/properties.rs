@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lease_proto::sim::{Fault, Mutation, Report, Sim, SimConfig, TraceEvent};
+use lease_proto::sim::{Fault, Mutation, Report, ServerConfig, Sim, SimConfig, TraceEvent};
 use lease_proto::{Event, Options};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -55,6 +55,9 @@ struct Knobs {
     link_us: Vec<u64>,
     /// Drift as a share of the bound the margin absorbs.
     drift_share: f64,
+    /// Replies of more rows block the backend's write to a partitioned
+    /// client ([`ServerConfig::send_buffer_rows`]).
+    send_buffer_rows: Option<usize>,
 }
 
 impl Knobs {
@@ -101,12 +104,13 @@ fn knobs(guard: impl Strategy<Value = bool>) -> impl Strategy<Value = Knobs> {
             0..100_000u64,
             proptest::collection::vec(prop_oneof![3 => Just(0u64), 1 => 10_000..120_000u64], 4),
             0.0..0.8f64,
+            proptest::option::of(1..4usize),
         ),
     )
         .prop_map(
             |(
                 (heartbeat_ms, query_slack_ms, validity_slack_ms, margin_ms, retry_ms),
-                (guard, notify, latency_us, jitter_us, link_us, drift_share),
+                (guard, notify, latency_us, jitter_us, link_us, drift_share, send_buffer_rows),
             )| Knobs {
                 heartbeat_ms,
                 query_slack_ms,
@@ -119,6 +123,7 @@ fn knobs(guard: impl Strategy<Value = bool>) -> impl Strategy<Value = Knobs> {
                 jitter_us,
                 link_us,
                 drift_share,
+                send_buffer_rows,
             },
         )
 }
@@ -165,6 +170,10 @@ impl Case {
             drift,
             job_exit_probability: if self.exits { 0.3 } else { 0.0 },
             job_lifetime: ms(3000),
+            server: ServerConfig {
+                send_buffer_rows: self.knobs.send_buffer_rows,
+                ..ServerConfig::default()
+            },
             ..SimConfig::default()
         }
     }
@@ -734,4 +743,74 @@ fn known_bug_a_round_trip_longer_than_the_heartbeat_starves_standbys() {
         "nobody leads after 3 s and {statements} statements\n{}",
         sim.report().trace_text()
     );
+}
+
+/// Blocked server writes: a backend writing a reply too large for its socket
+/// buffer to a partitioned holder is not idle, so the guard does not end its
+/// session and nobody else leads until the partition heals (the real server
+/// ends it only when TCP gives up). With every reply fitting, the guard frees
+/// the keys during the partition.
+#[test]
+fn a_backend_blocked_writing_a_large_reply_is_not_idle() {
+    let takeover = |send_buffer_rows: Option<usize>, partition_at: Duration| {
+        let cfg = SimConfig {
+            processes: 2,
+            leases: (0..50).map(|i| format!("job-{i}")).collect(),
+            options: Options {
+                retry_interval: ms(100),
+                heartbeat_interval: ms(200),
+                query_timeout: ms(2000),
+                guard_margin: ms(100),
+                ..Options::default()
+            },
+            server: ServerConfig {
+                send_buffer_rows,
+                ..ServerConfig::default()
+            },
+            full_trace: true,
+            ..SimConfig::default()
+        };
+        let mut sim = Sim::new(cfg.clone(), Instant::now());
+        sim.run_until(ms(1000));
+        let holder = (0..2).find(|p| sim.leads(*p, "job-0")).expect("a holder");
+        // Statements take 300 ms each way: a heartbeat reaching the server
+        // in the partition has its 51-row reply written into it.
+        sim.schedule(
+            ms(1000),
+            Fault::Delay {
+                process: holder,
+                extra: ms(300),
+                duration: ms(9000),
+            },
+        );
+        sim.schedule(
+            partition_at,
+            Fault::Partition {
+                process: holder,
+                duration: ms(6000),
+            },
+        );
+        let r = sim.finish(ms(10_000), ms(3000));
+        assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
+        r.trace
+            .iter()
+            .find(|l| {
+                l.process == Some(1 - holder) && matches!(l.event, TraceEvent::JobStarted { .. })
+            })
+            .map(|l| l.at)
+    };
+    let mut held_until_heal = 0;
+    for step in 0..6 {
+        let at = ms(2000 + 100 * step);
+        let heal = at + ms(6000);
+        let fits = takeover(None, at).expect("the standby takes over");
+        assert!(fits < heal, "with every reply fitting: {fits:?}");
+        let blocked = takeover(Some(10), at).expect("the standby takes over after the heal");
+        assert!(blocked >= fits, "{blocked:?} < {fits:?}");
+        eprintln!("partition at {at:?}: the standby leads at {fits:?} if replies fit, {blocked:?} if not (heal at {heal:?})");
+        if blocked > heal {
+            held_until_heal += 1;
+        }
+    }
+    assert!(held_until_heal > 0, "no blocked write kept the session");
 }

@@ -195,6 +195,13 @@ pub struct ServerConfig {
     /// The server ends any session silent for this long, whatever the session
     /// asked for (a DBA's `idle_session_timeout`, or TCP keepalives).
     pub silent_session_kill: Option<Duration>,
+    /// Replies of more rows than this do not fit in the server's socket send
+    /// buffer (`None`: every reply fits). A backend writing one to a client
+    /// whose link is partitioned stays blocked in the write: it is not idle,
+    /// so neither `idle_session_timeout` nor a silent-session kill ends it,
+    /// and it holds its locks until the partition heals and the write
+    /// completes; its idle clock starts then.
+    pub send_buffer_rows: Option<usize>,
 }
 
 impl Default for ServerConfig {
@@ -205,6 +212,7 @@ impl Default for ServerConfig {
             pooler: false,
             pooler_rejects_options: false,
             silent_session_kill: None,
+            send_buffer_rows: None,
         }
     }
 }
@@ -630,7 +638,13 @@ impl Sim {
     fn heal(&mut self, h: Heal) {
         match h {
             Heal::Partition(p) => {
+                let blocked = self.blocked_writes(p);
                 if let Some(held) = self.net.heal(p) {
+                    // Blocked writes complete: those backends go idle now.
+                    for conn in blocked {
+                        self.server.write_done(conn, self.now);
+                        self.arm_idle(conn);
+                    }
                     self.trace(Some(p), TraceEvent::PartitionHealed);
                     for ev in held {
                         self.send(p, ev);

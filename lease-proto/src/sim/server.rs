@@ -301,6 +301,14 @@ impl Server {
             .collect()
     }
 
+    /// A blocked write of a large reply completed at `now`: the backend is
+    /// idle from then.
+    pub(super) fn write_done(&mut self, conn: u64, now: Duration) {
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            s.busy_until = s.busy_until.max(now);
+        }
+    }
+
     /// Ends a session: it and its locks are gone.
     fn end(&mut self, conn: u64) -> Option<SrvSession> {
         let s = self.sessions.remove(&conn)?;
@@ -370,8 +378,42 @@ impl Sim {
         }
     }
 
-    /// The idle check: ends the session if it has been silent long enough.
+    /// Sessions of `p` whose backend is blocked writing a reply too large
+    /// for its socket buffer ([`ServerConfig::send_buffer_rows`]) to a
+    /// partitioned link.
+    pub(super) fn blocked_writes(&self, p: usize) -> Vec<u64> {
+        let Some(limit) = self.server.cfg.send_buffer_rows else {
+            return Vec::new();
+        };
+        if !self.net.partitioned(p) {
+            return Vec::new();
+        }
+        let mut blocked: Vec<u64> = (self.net.held(p).iter())
+            .filter_map(|ev| match ev {
+                Ev::AtClient(
+                    _,
+                    ToClient::Reply {
+                        conn,
+                        result: Ok(rows),
+                        ..
+                    },
+                ) if rows.len() > limit => Some(*conn),
+                _ => None,
+            })
+            .collect();
+        blocked.dedup();
+        blocked
+    }
+
+    /// The idle check: ends the session if it has been silent long enough
+    /// (a backend blocked in a write is not idle; see
+    /// [`ServerConfig::send_buffer_rows`]).
     pub(super) fn idle_check(&mut self, conn: u64) {
+        let blocked =
+            (self.server.process_of(conn)).is_some_and(|p| self.blocked_writes(p).contains(&conn));
+        if blocked {
+            return;
+        }
         if self
             .server
             .idle_deadline(conn)
