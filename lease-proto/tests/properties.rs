@@ -32,7 +32,8 @@ use lease_proto::{Event, Options};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{
-    contextualize_config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
+    contextualize_config, FileFailurePersistence, RngAlgorithm, TestCaseError, TestError, TestRng,
+    TestRunner,
 };
 
 fn ms(n: u64) -> Duration {
@@ -518,6 +519,10 @@ fn liveness_after_healing() {
     let config = contextualize_config(ProptestConfig {
         cases: CASES,
         max_shrink_iters: 2000,
+        // Cargo runs tests in the package directory.
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "tests/properties-liveness.proptest-regressions",
+        ))),
         ..ProptestConfig::default()
     });
     let cases = config.cases;
