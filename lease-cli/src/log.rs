@@ -16,7 +16,7 @@ use crate::args::LogFormat;
 use crate::conn::redact;
 
 /// Environment variable with `tracing` filter directives that replace the
-/// default level (e.g. `LEASE_LOG=lease_tokio=debug`).
+/// default level (e.g. `LEASE_LOG=lease_driver=debug`).
 pub const FILTER_ENV: &str = "LEASE_LOG";
 
 /// Installs the global subscriber: `info` and up (`warn` and up when
@@ -91,7 +91,7 @@ struct HolderLayer {
 
 impl<S: Subscriber> Layer<S> for HolderLayer {
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        if !event.metadata().target().starts_with("lease_tokio") {
+        if !event.metadata().target().starts_with("lease_driver") {
             return;
         }
         let mut visitor = HolderPid(None);
