@@ -116,6 +116,25 @@ pub enum Cmd {
                       pg_advisory_lock(bigint) or pg_locks. No database is contacted."
     )]
     Key(KeyArgs),
+    /// Internal: the watchdog `lease run` starts beside each command (see watchdog.rs)
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog(WatchdogArgs),
+}
+
+/// Options of the hidden watchdog subcommand (given by `lease run`).
+#[derive(Debug, Args)]
+pub struct WatchdogArgs {
+    /// The runner's pid: the watchdog exits at once if its parent is another
+    #[arg(long, value_name = "PID")]
+    pub parent: i32,
+
+    /// Log only warnings and errors
+    #[arg(long)]
+    pub quiet: bool,
+
+    /// Log format on stderr
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// How to reach the database; shared by every subcommand that connects.
