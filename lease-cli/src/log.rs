@@ -1,6 +1,7 @@
 //! Logging to stderr: a `tracing` subscriber (text or JSON) whose every line
 //! passes through [`conn::redact`](crate::conn::redact), and a layer that
-//! picks the holder's backend pid out of lease-tokio's "standing by" events.
+//! picks the holder's backend pid out of the driver's "standing by" events
+//! (lease-driver's, which lease-tokio re-exports).
 
 use std::io::{self, IsTerminal, Write};
 
@@ -21,7 +22,7 @@ pub const FILTER_ENV: &str = "LEASE_LOG";
 
 /// Installs the global subscriber: `info` and up (`warn` and up when
 /// `quiet`), unless [`FILTER_ENV`] says otherwise. With `holders`, the
-/// holder pid of every lease-tokio "standing by" event is sent there (even
+/// holder pid of every driver "standing by" event is sent there (even
 /// when `quiet`).
 pub fn init(quiet: bool, format: LogFormat, holders: Option<UnboundedSender<i64>>) {
     let default = if quiet {
@@ -84,14 +85,15 @@ impl Write for RedactingStderr {
     }
 }
 
-/// Sends the `holder_pid` field of lease-tokio events.
+/// Sends the `holder_pid` field of the driver's events.
 struct HolderLayer {
     tx: UnboundedSender<i64>,
 }
 
 impl<S: Subscriber> Layer<S> for HolderLayer {
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        if !event.metadata().target().starts_with("lease_tokio") {
+        let target = event.metadata().target();
+        if !(target.starts_with("lease_driver") || target.starts_with("lease_tokio")) {
             return;
         }
         let mut visitor = HolderPid(None);
