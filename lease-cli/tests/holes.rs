@@ -381,6 +381,15 @@ fn hole3_stalled_runner_leaves_no_command_running() {
         kill_lines(&a),
     );
     a.sigcont().expect("SIGCONT the runner");
+    // Resumed, the runner finds its lease lost and its command dead, and
+    // stands by behind b (rather than ending with the command's status).
+    let resumed = a.wait_for_line(|l| l.contains("standing by"), MS(10_000));
+    eprintln!("--- a's lines after SIGCONT ---\n{}", kill_lines(&a));
+    assert!(
+        resumed.is_ok(),
+        "the resumed runner did not stand by again:\n{}",
+        stderr_of(&a)
+    );
     assert!(
         !a_alive_at_b_start && overlap <= 0.0,
         "the stalled runner's command (pid {pid_a}) was still running when the standby's \
