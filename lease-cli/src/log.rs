@@ -1,7 +1,6 @@
 //! Logging to stderr: a `tracing` subscriber (text or JSON) whose every line
 //! passes through [`conn::redact`](crate::conn::redact), and a layer that
-//! picks the holder's backend pid out of the driver's "standing by" events
-//! (lease-driver's, which lease-tokio re-exports).
+//! picks the holder's backend pid out of lease-tokio's "standing by" events.
 
 use std::io::{self, IsTerminal, Write};
 
@@ -17,12 +16,12 @@ use crate::args::LogFormat;
 use crate::conn::redact;
 
 /// Environment variable with `tracing` filter directives that replace the
-/// default level (e.g. `LEASE_LOG=lease_tokio=debug`).
+/// default level (e.g. `LEASE_LOG=lease_driver=debug`).
 pub const FILTER_ENV: &str = "LEASE_LOG";
 
 /// Installs the global subscriber: `info` and up (`warn` and up when
 /// `quiet`), unless [`FILTER_ENV`] says otherwise. With `holders`, the
-/// holder pid of every driver "standing by" event is sent there (even
+/// holder pid of every lease-tokio "standing by" event is sent there (even
 /// when `quiet`).
 pub fn init(quiet: bool, format: LogFormat, holders: Option<UnboundedSender<i64>>) {
     let default = if quiet {
@@ -85,15 +84,14 @@ impl Write for RedactingStderr {
     }
 }
 
-/// Sends the `holder_pid` field of the driver's events.
+/// Sends the `holder_pid` field of lease-tokio events.
 struct HolderLayer {
     tx: UnboundedSender<i64>,
 }
 
 impl<S: Subscriber> Layer<S> for HolderLayer {
     fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let target = event.metadata().target();
-        if !(target.starts_with("lease_driver") || target.starts_with("lease_tokio")) {
+        if !event.metadata().target().starts_with("lease_driver") {
             return;
         }
         let mut visitor = HolderPid(None);
