@@ -1,6 +1,7 @@
 //! Issue 11, reproduced first: holes 3 and 4 with real `lease run` processes
 //! against ephemeral PostgreSQL servers. Each test failed on the code it was
-//! written against and is marked `#[ignore]` until fixed; run them with
+//! written against and is marked `#[ignore]` until fixed (the two hole-3
+//! tests pass since the guard-deadline kill and the watchdog); run them with
 //! `cargo test -p lease-cli --test holes -- --include-ignored --nocapture`.
 //!
 //! The commands write wall-clock stamps (`date +%s.%N`) to a file every 50 ms;
