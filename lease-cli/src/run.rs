@@ -6,7 +6,7 @@ use std::future::pending;
 use std::io;
 use std::time::{Duration, Instant};
 
-use lease_tokio::{Lease, LeaseId, Locker, Options, Reason, RunError, SessionState};
+use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::{Config, NoTls};
@@ -38,9 +38,7 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(plan) => plan,
         Err((code, message)) => return usage_error(code, &message),
     };
-    let (holders_tx, holders_rx) = mpsc::unbounded_channel();
-    let holders_tx = (!plan.quiet).then_some(holders_tx);
-    log::init(plan.quiet, plan.format, holders_tx);
+    log::init(plan.quiet, plan.format);
     warn_about_grace(&plan);
     // One thread: the child's PR_SET_PDEATHSIG is tied to the thread that
     // spawns it, which must live as long as the process (see `child`).
@@ -48,7 +46,7 @@ pub fn main(args: RunArgs) -> i32 {
         .enable_all()
         .build();
     match runtime {
-        Ok(rt) => rt.block_on(contend(plan, holders_rx)),
+        Ok(rt) => rt.block_on(contend(plan)),
         Err(e) => {
             tracing::error!("cannot start the async runtime: {e}");
             EXIT_FAILURE
@@ -221,7 +219,7 @@ struct Ctx<'a> {
     leading: &'a Cell<bool>,
 }
 
-async fn contend(plan: Plan, holders: mpsc::UnboundedReceiver<i64>) -> i32 {
+async fn contend(plan: Plan) -> i32 {
     let signals = match Signals::install() {
         Ok(s) => s,
         Err(e) => {
@@ -245,7 +243,13 @@ async fn contend(plan: Plan, holders: mpsc::UnboundedReceiver<i64>) -> i32 {
         "contending for the lease at {}",
         plan.target.summary
     );
-    let monitor = tokio::spawn(monitor(locker.clone(), plan.target.summary.clone()));
+    let (holders_tx, holders) = mpsc::unbounded_channel();
+    let holders_tx = (!plan.quiet).then_some(holders_tx);
+    let monitor = tokio::spawn(monitor(
+        locker.clone(),
+        plan.target.summary.clone(),
+        holders_tx,
+    ));
     let lookups = tokio::spawn(describe_holders(
         plan.target.config.clone(),
         plan.options.query_timeout,
@@ -541,12 +545,24 @@ async fn renew(
 
 /// Says on stderr when the database cannot be reached (the driver retries on
 /// its own; this is not fatal), and when it can again.
-async fn monitor(locker: Locker, summary: String) {
+async fn monitor(locker: Locker, summary: String, holders: Option<mpsc::UnboundedSender<i64>>) {
     let mut reported: Option<tokio::time::Instant> = None;
     let mut interval = tokio::time::interval(Duration::from_millis(200));
     loop {
         interval.tick().await;
-        match locker.status().session {
+        let status = locker.status();
+        // A standby's status names the holder's backend: describe it.
+        if let Some(tx) = &holders {
+            for lease in &status.leases {
+                if let LeaseState::Standby {
+                    holder_pid: Some(pid),
+                } = lease.state
+                {
+                    let _ = tx.send(pid);
+                }
+            }
+        }
+        match status.session {
             SessionState::Backoff { failures, .. } if failures >= 2 => {
                 let due = reported.is_none_or(|at| at.elapsed() >= Duration::from_secs(30));
                 if due {

@@ -334,7 +334,7 @@ impl Watch {
 /// `lease __watchdog`: runs until `done` or the runner's death; the exit
 /// status is 0 after `done`, 1 otherwise.
 pub fn main(args: WatchdogArgs) -> i32 {
-    crate::log::init(args.quiet, args.log_format, None);
+    crate::log::init(args.quiet, args.log_format);
     if let Err(e) = install_signals(args.parent) {
         tracing::error!("watchdog: cannot install its signal handlers: {e}");
         return 1;
