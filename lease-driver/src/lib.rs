@@ -327,10 +327,15 @@ impl<A> Locker<A> {
 
     fn build<R: Runtime>(
         runtime: R,
-        config: Config,
+        mut config: Config,
         options: Options,
     ) -> Result<(Self, Driver<R>), Error> {
         check_config(&config)?;
+        // Operators tell lease sessions apart in pg_stat_activity (and `lease
+        // status` shows it for the holder); the caller's own name wins.
+        if config.get_application_name().is_none() {
+            config.application_name(DEFAULT_APPLICATION_NAME);
+        }
         let machine = Machine::new(options, shared::seed()).map_err(Error::Options)?;
         let runtime = Arc::new(runtime);
         let clock = {
@@ -439,6 +444,9 @@ impl<A> Locker<A> {
         self.inner().lock().machine.status()
     }
 }
+
+/// The `application_name` of lease sessions whose configuration names none.
+pub const DEFAULT_APPLICATION_NAME: &str = "lease";
 
 /// Parses a libpq-style connection string: a URL
 /// (`postgres://user:password@host/db`) or key-value (`host=... user=...`).
