@@ -42,7 +42,12 @@ use crate::io::{Event, Reason, RunId, SessionId};
 impl Machine {
     /// The machine gives up on `session` for `reason`. Returns whether the
     /// session is kept as doubtful; if not, the caller closes it at once.
-    pub(super) fn keep_doubtful(&mut self, now: Instant, session: SessionId, reason: &Reason) -> bool {
+    pub(super) fn keep_doubtful(
+        &mut self,
+        now: Instant,
+        session: SessionId,
+        reason: &Reason,
+    ) -> bool {
         if self.close_doubtful_at_once {
             return false;
         }

@@ -108,7 +108,9 @@ impl Machine {
             (_, Session::Idle | Session::Backoff) => SessionState::Idle,
             (_, Session::Connecting { .. }) => SessionState::Connecting,
             (_, Session::Doubtful { .. }) => (self.timers.get(Timer::DeferredClose))
-                .map_or(SessionState::Idle, |close_by| SessionState::Doubtful { close_by }),
+                .map_or(SessionState::Idle, |close_by| SessionState::Doubtful {
+                    close_by,
+                }),
             (_, Session::Up(up)) => match up.stage {
                 Stage::Ready { backend_pid } => SessionState::Ready { backend_pid },
                 Stage::SettingUp | Stage::Listening { .. } => SessionState::SettingUp,
