@@ -315,6 +315,48 @@ fn a_doubtful_session_closes_at_the_guard_deadline() {
     ));
 }
 
+/// Issue 11 hole 3: while a doubtful session is kept, no run acquires on it
+/// and no new session opens; the standby gets a new session once the
+/// cancelled job has returned and the doubtful one is closed.
+#[test]
+fn a_doubtful_session_takes_no_new_work() {
+    let mut h = harness(opts());
+    let a = started(&mut h, "a", 900);
+    h.advance(ms(200));
+    h.fail(boom("XX000"));
+    let b = h.run(lease("b"));
+    let cmds = h.advance(ms(300));
+    assert!(
+        !has(&cmds, |c| matches!(
+            c,
+            Command::Query { .. } | Command::OpenSession { .. } | Command::CloseSession { .. }
+        )),
+        "{cmds:?}"
+    );
+    assert!(h.in_flight().is_none());
+    assert!(matches!(
+        h.machine().status().session,
+        SessionState::Doubtful { .. }
+    ));
+    assert_eq!(
+        h.machine().status().leases[1].state,
+        LeaseState::Standby { holder_pid: None }
+    );
+    let cmds = h.input(Input::JobExited {
+        run: a,
+        exit: JobExit::Ok,
+    });
+    assert!(has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
+    assert!(!has(&cmds, |c| matches!(c, Command::OpenSession { .. })));
+    let cmds = h.advance(RECONNECT_BASE);
+    assert!(has(&cmds, |c| matches!(c, Command::OpenSession { .. })));
+    h.connect(7);
+    // Both contend now: a stands by again since its job returned.
+    assert!(h.try_keys().contains(&lease("b").key()));
+    assert!(h.try_keys().contains(&lease("a").key()));
+    assert!(h.machine().valid_until(b).is_none());
+}
+
 #[test]
 fn heartbeat_without_the_key_cancels_the_job() {
     let mut h = harness(opts());
