@@ -260,15 +260,16 @@ fn kill_group(pgid: i32) {
 }
 
 extern "C" fn on_parent_death(_: libc::c_int) {
-    // Only async-signal-safe calls here: getppid, kill, _exit. A stray signal
-    // while the runner lives is ignored.
+    // Only async-signal-safe calls here: getppid, kill. A stray signal while
+    // the runner lives is ignored. The group is killed here if the main loop
+    // has read its `arm` already; otherwise the loop goes on to read what the
+    // runner wrote before it died (an `arm` may still be in the pipe), then
+    // the pipe's end, and kills the group then.
     // SAFETY: getppid has no preconditions.
     if unsafe { libc::getppid() } == PARENT.load(Ordering::SeqCst) {
         return;
     }
     kill_group(PGID.load(Ordering::SeqCst));
-    // SAFETY: _exit ends the process without running anything else.
-    unsafe { libc::_exit(1) };
 }
 
 /// What the watchdog does next.
