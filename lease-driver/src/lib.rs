@@ -105,11 +105,12 @@ mod shared;
 
 use std::fmt;
 use std::future::{poll_fn, Future};
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::Poll;
 
 use lease_proto::{Input, Machine};
-use tokio_postgres::Config;
+use tokio_postgres::{Config, NoTls};
 
 pub use driver::Driver;
 pub use lease_proto;
@@ -192,11 +193,42 @@ impl<E: std::error::Error> std::error::Error for RunError<E> {
     }
 }
 
+/// How an adapter crate turns a TLS connector `T` into the [`Runtime`] that
+/// connects with it. Implemented by each adapter's marker type
+/// (`lease_tokio::TokioAdapter`, `lease_smol::SmolAdapter`), which names the
+/// adapter's `Locker`: `type Locker = lease_driver::Locker<TokioAdapter>`.
+pub trait Adapter<T>: 'static {
+    /// The runtime that connects with `T`.
+    type Runtime: Runtime;
+
+    /// The runtime for `tls`.
+    fn runtime(tls: T) -> Self::Runtime;
+}
+
+/// An adapter whose runtime can spawn the driver itself ([`Locker::spawn`]).
+pub trait Spawn {
+    /// Spawns `driver` on the current runtime.
+    fn spawn<R: Runtime>(driver: Driver<R>);
+}
+
 /// Runs jobs under leases over one dedicated database session. Create one per
 /// process and share it: clones are cheap and share the session.
-#[derive(Clone)]
-pub struct Locker {
+///
+/// `A` is the adapter that made it (it only picks the constructors); every
+/// other method, the runs and their [`Lease`]s are the same for every
+/// runtime. `Locker` alone (`A = ()`) is made by [`Locker::with_runtime`].
+pub struct Locker<A = ()> {
     handle: Arc<Handle>,
+    adapter: PhantomData<fn() -> A>,
+}
+
+impl<A> Clone for Locker<A> {
+    fn clone(&self) -> Self {
+        Locker {
+            handle: self.handle.clone(),
+            adapter: PhantomData,
+        }
+    }
 }
 
 /// Dropped with the last `Locker` clone (run futures hold one): the driver may
@@ -211,7 +243,7 @@ impl Drop for Handle {
     }
 }
 
-impl fmt::Debug for Locker {
+impl<A> fmt::Debug for Locker<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Locker")
             .field("status", &self.status())
@@ -232,7 +264,78 @@ impl Locker {
         config: Config,
         options: Options,
     ) -> Result<(Locker, Driver<R>), Error> {
+        Locker::build(runtime, config, options)
+    }
+}
+
+impl<A> Locker<A> {
+    /// A locker over `config` and its driver, which the caller must run
+    /// (spawn it, or poll it beside the runs). Connects with `tls`. Does not
+    /// connect yet: the driver connects when a run needs the session.
+    ///
+    /// # Errors
+    /// [`Error::Options`] for inconsistent options, [`Error::Config`] when the
+    /// config names no host, or hosts, `hostaddr`s and ports that do not pair
+    /// up (every connection attempt would fail).
+    pub fn new<T>(
+        config: Config,
+        tls: T,
+        options: Options,
+    ) -> Result<(Self, Driver<A::Runtime>), Error>
+    where
+        A: Adapter<T>,
+    {
+        Locker::build(A::runtime(tls), config, options)
+    }
+
+    /// A locker without TLS over a libpq-style connection string, URL
+    /// (`postgres://user:password@host/db`) or key-value
+    /// (`host=... user=... dbname=...`), and its driver, which the caller must
+    /// run. Does not connect.
+    ///
+    /// # Errors
+    /// [`Error::Config`] if the string does not parse (the message never
+    /// contains the string) or names no usable host, [`Error::Options`] for
+    /// inconsistent options.
+    #[allow(clippy::type_complexity)]
+    pub fn connect(
+        config: &str,
+        options: Options,
+    ) -> Result<(Self, Driver<<A as Adapter<NoTls>>::Runtime>), Error>
+    where
+        A: Adapter<NoTls>,
+    {
+        Locker::new(parse_config(config)?, NoTls, options)
+    }
+
+    /// [`Locker::new`], with the driver spawned on the current runtime (for
+    /// adapters that can spawn: tokio).
+    ///
+    /// # Errors
+    /// As [`Locker::new`].
+    ///
+    /// # Panics
+    /// Where the adapter's spawn panics (tokio: outside a runtime).
+    pub fn spawn<T>(config: Config, tls: T, options: Options) -> Result<Self, Error>
+    where
+        A: Adapter<T> + Spawn,
+    {
+        let (locker, driver) = Locker::new(config, tls, options)?;
+        A::spawn(driver);
+        Ok(locker)
+    }
+
+    fn build<R: Runtime>(
+        runtime: R,
+        mut config: Config,
+        options: Options,
+    ) -> Result<(Self, Driver<R>), Error> {
         check_config(&config)?;
+        // Operators tell lease sessions apart in pg_stat_activity (and `lease
+        // status` shows it for the holder); the caller's own name wins.
+        if config.get_application_name().is_none() {
+            config.application_name(DEFAULT_APPLICATION_NAME);
+        }
         let machine = Machine::new(options, shared::seed()).map_err(Error::Options)?;
         let runtime = Arc::new(runtime);
         let clock = {
@@ -242,7 +345,11 @@ impl Locker {
         let inner = Arc::new(Inner::new(machine, clock));
         let driver = Driver::new(inner.clone(), runtime, config);
         let handle = Arc::new(Handle(inner));
-        Ok((Locker { handle }, driver))
+        let locker = Locker {
+            handle,
+            adapter: PhantomData,
+        };
+        Ok((locker, driver))
     }
 
     fn inner(&self) -> &Arc<Inner> {
@@ -337,6 +444,9 @@ impl Locker {
         self.inner().lock().machine.status()
     }
 }
+
+/// The `application_name` of lease sessions whose configuration names none.
+pub const DEFAULT_APPLICATION_NAME: &str = "lease";
 
 /// Parses a libpq-style connection string: a URL
 /// (`postgres://user:password@host/db`) or key-value (`host=... user=...`).

@@ -111,8 +111,8 @@ impl Drop for Guard<'_> {
 
 /// The body of [`Locker::run_lease`](crate::Locker::run_lease). Holds a
 /// `Locker` clone: the driver outlives every run.
-pub(crate) async fn run<S, F, Fut, E>(
-    locker: Locker,
+pub(crate) async fn run<A, S, F, Fut, E>(
+    locker: Locker<A>,
     lease: Result<LeaseId, NameError>,
     shutdown: S,
     mut job: F,

@@ -12,7 +12,8 @@ pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(5);
 /// the leases it holds.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
 /// Default query timeout: how long one statement (or a connection attempt with
-/// its setup) may take before the session is declared lost and closed.
+/// its setup) may take before the session is declared lost (and closed once
+/// the cancelled jobs returned).
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default margin by which the server guard (`idle_session_timeout`) outlasts
 /// the validity window.
@@ -43,13 +44,15 @@ pub struct Options {
     pub heartbeat_interval: Duration,
     /// How long one statement may take, and how long connecting plus setup may
     /// take (default 10 s). A statement past it cannot be abandoned politely:
-    /// the session is closed and every lease on it is lost. Keep it well above
+    /// every lease on the session is lost and the session is closed (once the
+    /// cancelled jobs have returned, see [`Machine`](crate::Machine)). Keep it well above
     /// the worst round trip a healthy server and a busy process produce; it is
     /// independent of the heartbeat interval.
     pub query_timeout: Duration,
     /// How long a lease stays valid after the send time of the last statement
     /// that confirmed it (default `None`: `heartbeat_interval + query_timeout`).
-    /// Past it the machine cancels the job on its own and drops the session,
+    /// Past it the machine cancels the job on its own and gives up the session
+    /// (closed once the cancelled jobs returned),
     /// even if no reply or error has come. Must be longer than
     /// `heartbeat_interval`.
     pub validity: Option<Duration>,

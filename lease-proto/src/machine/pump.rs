@@ -23,6 +23,7 @@ impl Machine {
         if self.timers.expired(Timer::Connect, now) || self.timers.expired(Timer::Query, now) {
             self.lose_session(now, Reason::QueryTimeout, true);
         }
+        self.close_doubtful_when_done(now);
         let needed = self.needs_session();
         match &self.session {
             Session::Idle => {
@@ -42,6 +43,8 @@ impl Machine {
                     self.close_idle(id);
                 }
             }
+            // Nothing is sent on it; it closes by itself (above).
+            Session::Doubtful { .. } => {}
             Session::Up(up) => {
                 if up.inflight.is_some() {
                     return;
@@ -121,6 +124,7 @@ impl Machine {
         );
         self.timers.next(|timer| match timer {
             Timer::Connect | Timer::Query | Timer::Validity => true,
+            Timer::DeferredClose => matches!(self.session, Session::Doubtful { .. }),
             // Only a ready session with nothing in flight sends.
             Timer::Heartbeat => idle_ready,
             Timer::Retry => idle_ready && self.any_waiting(),

@@ -249,17 +249,25 @@ impl Machine {
     }
 
     /// The session is gone (or is being closed by us): every lease on it is lost.
+    /// With `close`, the machine gives up on it itself: if jobs on it still
+    /// run, it is kept open instead (see `doubtful`) and closed later.
     pub(super) fn lose_session(&mut self, now: Instant, reason: Reason, close: bool) {
         let Some(session) = self.session_id() else {
             return;
         };
+        if close && self.keep_doubtful(now, session, &reason) {
+            return;
+        }
         if close {
             self.session_command(SessionCommand::Close { session });
         }
-        self.event(Event::SessionLost {
-            session,
-            reason: reason.clone(),
-        });
+        // A doubtful session's loss was reported when the machine gave up on it.
+        if !matches!(self.session, Session::Doubtful { .. }) {
+            self.event(Event::SessionLost {
+                session,
+                reason: reason.clone(),
+            });
+        }
         let ids: Vec<RunId> = self.runs.keys().copied().collect();
         for id in ids {
             let Some(r) = self.runs.get_mut(&id) else {
@@ -319,6 +327,7 @@ impl Machine {
         self.timers.stop(Timer::Connect);
         self.timers.stop(Timer::Query);
         self.timers.stop(Timer::Heartbeat);
+        self.timers.stop(Timer::DeferredClose);
     }
 
     /// Sends a statement on the session that is up.
@@ -345,6 +354,7 @@ impl Machine {
             what,
         });
         self.timers.set(Timer::Query, deadline);
+        self.last_sent = Some(now);
         self.session_command(SessionCommand::Query {
             query: id,
             statement,
@@ -356,6 +366,7 @@ impl Machine {
             Session::Idle | Session::Backoff => None,
             Session::Connecting { id } => Some(*id),
             Session::Up(up) => Some(up.id),
+            Session::Doubtful { id, .. } => Some(*id),
         }
     }
 
