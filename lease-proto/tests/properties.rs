@@ -10,9 +10,9 @@
 //! server sees it, between a reply and its next statement) and the server
 //! (replies too large for its socket buffer block a backend writing to a
 //! partitioned client), with clock drift kept inside the bound the margin
-//! absorbs. The heartbeat interval stays above the longest round trip: below
-//! it the machine starves standby tries (the ignored test
-//! `known_bug_a_round_trip_longer_than_the_heartbeat_starves_standbys`).
+//! absorbs. The heartbeat interval stays above the longest round trip (below
+//! it the machine used to starve standby tries; fixed, pinned by
+//! `a_round_trip_longer_than_the_heartbeat_does_not_starve_standbys`).
 //!
 //! Faults are single faults, statement errors after a partial run and
 //! malformed replies ([`Fault::FlakyStatements`], so the machine's "maybe
@@ -78,8 +78,8 @@ impl Knobs {
 
     /// The intervals are built on the longest round trip: a query timeout
     /// below it would time every statement out, and a heartbeat interval
-    /// below it starves the standby tries (see the report of
-    /// `known_bug_a_round_trip_longer_than_the_heartbeat_starves_standbys`).
+    /// below it kept every heartbeat due at once (see
+    /// `a_round_trip_longer_than_the_heartbeat_does_not_starve_standbys`).
     fn options(&self) -> Options {
         let rtt = self.one_way() * 2;
         let heartbeat = rtt + ms(self.heartbeat_ms);
@@ -732,8 +732,7 @@ fn liveness_when_every_process_crashed_for_good_frees_every_key() {
 /// one try. The generator keeps the heartbeat interval above the longest
 /// round trip (see `Knobs::options`).
 #[test]
-#[ignore = "known machine bug: a round trip longer than the heartbeat interval starves standby tries"]
-fn known_bug_a_round_trip_longer_than_the_heartbeat_starves_standbys() {
+fn a_round_trip_longer_than_the_heartbeat_does_not_starve_standbys() {
     let cfg = SimConfig {
         processes: 2,
         options: Options {

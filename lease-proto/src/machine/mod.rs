@@ -152,6 +152,10 @@ pub struct Machine {
     /// ready, a handover notification). Kept apart from the retry deadline,
     /// which it must not move.
     try_now: bool,
+    /// The last statement chosen by the pump was a heartbeat: a due try goes
+    /// first next, so a round trip longer than the heartbeat interval cannot
+    /// starve the standbys (the heartbeat is due again at every reply).
+    heartbeat_last: bool,
     /// Send time of the last statement, on any session: a doubtful
     /// session's [`Timer::DeferredClose`] counts from it.
     last_sent: Option<Instant>,
@@ -188,6 +192,7 @@ impl Machine {
             held_lost: BTreeSet::new(),
             verify: false,
             try_now: false,
+            heartbeat_last: false,
             last_sent: None,
             close_doubtful_at_once: false,
             session_out: VecDeque::new(),

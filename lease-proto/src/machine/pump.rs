@@ -81,11 +81,16 @@ impl Machine {
         if !release.is_empty() {
             return Some(What::Release(release));
         }
-        if self.timers.expired(Timer::Heartbeat, now) {
+        let heartbeat_due = self.timers.expired(Timer::Heartbeat, now);
+        let retry_due = self.timers.get(Timer::Retry).is_none_or(|t| t <= now);
+        let try_due = (self.try_now || retry_due) && self.phase == Phase::Open;
+        // Heartbeat first, but never twice in a row while a try is due.
+        if heartbeat_due && !(try_due && self.heartbeat_last && self.any_waiting()) {
+            self.heartbeat_last = true;
             return Some(What::Heartbeat);
         }
-        let retry_due = self.timers.get(Timer::Retry).is_none_or(|t| t <= now);
-        if (self.try_now || retry_due) && self.phase == Phase::Open {
+        self.heartbeat_last = false;
+        if try_due {
             let mut keys = Vec::new();
             for r in self.runs.values_mut() {
                 if let RunState::Standby(standby) = &mut r.state {
