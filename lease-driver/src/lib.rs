@@ -99,6 +99,7 @@
 mod cancel;
 mod driver;
 mod log;
+mod metrics;
 mod run;
 pub mod runtime;
 mod shared;
@@ -118,6 +119,8 @@ pub use lease_proto::{
     DbError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason, Refusal,
     SessionState, Status,
 };
+#[cfg(feature = "metrics")]
+pub use metrics::describe_metrics;
 pub use run::Lease;
 pub use runtime::{db_error, BoxFuture, Connected, Connection, Runtime, Timer};
 use shared::Inner;
@@ -331,6 +334,7 @@ impl<A> Locker<A> {
         options: Options,
     ) -> Result<(Self, Driver<R>), Error> {
         check_config(&config)?;
+        metrics::describe();
         let machine = Machine::new(options, shared::seed()).map_err(Error::Options)?;
         let runtime = Arc::new(runtime);
         let clock = {

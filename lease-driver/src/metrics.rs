@@ -1,0 +1,323 @@
+//! Every metric of the crate, derived in this one module from what the drain
+//! rule routes (the core's events and run commands, the inputs fed to it) and
+//! from the driver's own statement timing. Built only with the `metrics`
+//! feature; without it every hook below is an empty inline function on a
+//! zero-sized type, and no clock is read for it.
+//!
+//! The set is documented in the crate docs ("Metrics") and in the README.
+
+pub(crate) use imp::{describe, Metrics, Sent};
+
+#[cfg(feature = "metrics")]
+pub use imp::describe_metrics;
+
+#[cfg(feature = "metrics")]
+mod imp {
+    use std::collections::HashMap;
+    use std::time::Instant;
+
+    use ::metrics::{
+        counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+    };
+    use lease_proto::{DbError, Event, Input, Reason, Row, RunCommand, RunId, Statement};
+
+    use crate::shared::Clock;
+
+    /// Registers the name, unit and help text of every metric with the
+    /// installed recorder (an exporter prints them as `# HELP` lines).
+    ///
+    /// Every `Locker` constructor calls it; call it yourself if you install
+    /// the recorder after creating the locker.
+    pub fn describe_metrics() {
+        describe_gauge!(
+            "lease_leader",
+            "1 while this process holds the lease (acquired, not yet lost or released), else 0"
+        );
+        describe_gauge!(
+            "lease_fencing_token",
+            "Fencing token of this process's latest acquisition of the lease"
+        );
+        describe_counter!("lease_acquisitions_total", "Acquisitions of the lease");
+        describe_counter!(
+            "lease_losses_total",
+            "Leases lost while held (the job was cancelled), by reason"
+        );
+        describe_counter!(
+            "lease_releases_total",
+            "Leases released by this process after its job returned"
+        );
+        describe_histogram!(
+            "lease_standby_duration_seconds",
+            Unit::Seconds,
+            "Time from a run starting to contend (its start, or its job's return after a loss) to its acquisition"
+        );
+        describe_histogram!(
+            "lease_job_stop_duration_seconds",
+            Unit::Seconds,
+            "Time from a job's cancellation (loss detected, shutdown or close) to its return, by reason"
+        );
+        describe_counter!(
+            "lease_session_connects_total",
+            "Database sessions that connected and passed setup"
+        );
+        describe_counter!(
+            "lease_session_failures_total",
+            "Database sessions (or connection attempts) that ended unasked, by class"
+        );
+        describe_gauge!(
+            "lease_session_ready",
+            "1 while the locker's session is ready, else 0"
+        );
+        describe_histogram!(
+            "lease_statement_duration_seconds",
+            Unit::Seconds,
+            "Time from sending a statement to its reply, by statement kind"
+        );
+        describe_counter!(
+            "lease_statement_errors_total",
+            "Statements answered with an error, by statement kind"
+        );
+    }
+
+    /// At every locker's construction.
+    pub(crate) fn describe() {
+        describe_metrics();
+    }
+
+    /// What the metrics remember of one live run.
+    #[derive(Default)]
+    struct RunTimes {
+        /// Known from the run's first acquisition.
+        lease: String,
+        /// Contending since (cleared at acquisition).
+        standby_since: Option<Instant>,
+        /// Cancelled at, and why (cleared when the job returns).
+        cancelled: Option<(Instant, &'static str)>,
+    }
+
+    /// Per-locker metric state, in the shared state.
+    #[derive(Default)]
+    pub(crate) struct Metrics {
+        runs: HashMap<RunId, RunTimes>,
+        /// The driver is ending: the session loss that follows is not a fault.
+        driver_stopped: bool,
+    }
+
+    impl Metrics {
+        /// A run was registered with the core.
+        pub(crate) fn run_started(&mut self, run: RunId, now: Instant) {
+            let times = RunTimes {
+                standby_since: Some(now),
+                ..RunTimes::default()
+            };
+            self.runs.insert(run, times);
+        }
+
+        /// An input about to be fed to the core.
+        pub(crate) fn input(&mut self, clock: &Clock, input: &Input) {
+            let Input::JobExited { run, .. } = input else {
+                return;
+            };
+            let Some(times) = self.runs.get_mut(run) else {
+                return;
+            };
+            let now = clock();
+            if let Some((at, reason)) = times.cancelled.take() {
+                let lease = times.lease.clone();
+                histogram!("lease_job_stop_duration_seconds", "lease" => lease, "reason" => reason)
+                    .record(now.saturating_duration_since(at));
+            }
+            // After a loss the run contends again; otherwise it finishes and
+            // is forgotten.
+            times.standby_since = Some(now);
+        }
+
+        /// A run command the drain rule routed.
+        pub(crate) fn run_command(&mut self, clock: &Clock, command: &RunCommand) {
+            match command {
+                RunCommand::CancelJob { run, reason } => {
+                    if let Some(times) = self.runs.get_mut(run) {
+                        let reason = reason_label(reason, self.driver_stopped);
+                        times.cancelled.get_or_insert((clock(), reason));
+                    }
+                }
+                RunCommand::Finish { run, .. } => {
+                    self.runs.remove(run);
+                }
+                RunCommand::StartJob { .. } => {}
+            }
+        }
+
+        /// An event the drain rule routed.
+        pub(crate) fn event(&mut self, clock: &Clock, event: &Event) {
+            match event {
+                Event::Acquired { run, lease, token } => {
+                    let name = lease.name().to_owned();
+                    counter!("lease_acquisitions_total", "lease" => name.clone()).increment(1);
+                    gauge!("lease_leader", "lease" => name.clone()).set(1.0);
+                    // Tokens are transaction ids: exact in an f64 below 2^53.
+                    gauge!("lease_fencing_token", "lease" => name.clone()).set(*token as f64);
+                    if let Some(times) = self.runs.get_mut(run) {
+                        if times.lease != name {
+                            times.lease.clone_from(&name);
+                        }
+                        if let Some(since) = times.standby_since.take() {
+                            histogram!("lease_standby_duration_seconds", "lease" => name)
+                                .record(clock().saturating_duration_since(since));
+                        }
+                    }
+                }
+                Event::Lost { lease, reason, .. } => {
+                    let name = lease.name().to_owned();
+                    let reason = reason_label(reason, self.driver_stopped);
+                    counter!("lease_losses_total", "lease" => name.clone(), "reason" => reason)
+                        .increment(1);
+                    gauge!("lease_leader", "lease" => name).set(0.0);
+                }
+                Event::Released { lease, .. } => {
+                    let name = lease.name().to_owned();
+                    counter!("lease_releases_total", "lease" => name.clone()).increment(1);
+                    gauge!("lease_leader", "lease" => name).set(0.0);
+                }
+                Event::SessionReady { .. } => {
+                    counter!("lease_session_connects_total").increment(1);
+                    gauge!("lease_session_ready").set(1.0);
+                }
+                Event::SessionLost { reason, .. } => {
+                    gauge!("lease_session_ready").set(0.0);
+                    if !self.driver_stopped {
+                        let class = session_class(reason);
+                        counter!("lease_session_failures_total", "class" => class).increment(1);
+                    }
+                }
+                Event::SessionIdle { .. } => gauge!("lease_session_ready").set(0.0),
+                _ => {}
+            }
+        }
+
+        /// The driver is ending; the session loss it feeds next is its own doing.
+        pub(crate) fn driver_stopped(&mut self) {
+            self.driver_stopped = true;
+        }
+    }
+
+    /// A statement in flight: its kind and when it was sent.
+    pub(crate) struct Sent {
+        kind: &'static str,
+        at: Instant,
+    }
+
+    impl Sent {
+        /// The driver sends `statement` now.
+        pub(crate) fn new(clock: &Clock, statement: &Statement) -> Sent {
+            let kind = match statement {
+                Statement::Setup => "setup",
+                Statement::Listen => "listen",
+                Statement::TryLock { .. } => "try",
+                Statement::Heartbeat => "heartbeat",
+                Statement::Release { .. } => "release",
+            };
+            Sent { kind, at: clock() }
+        }
+
+        /// Its reply arrived.
+        pub(crate) fn replied(self, clock: &Clock, result: &Result<Vec<Row>, DbError>) {
+            let elapsed = clock().saturating_duration_since(self.at);
+            histogram!("lease_statement_duration_seconds", "statement" => self.kind)
+                .record(elapsed);
+            if result.is_err() {
+                counter!("lease_statement_errors_total", "statement" => self.kind).increment(1);
+            }
+        }
+    }
+
+    /// The fixed label set for a [`Reason`].
+    fn reason_label(reason: &Reason, driver_stopped: bool) -> &'static str {
+        match reason {
+            Reason::SessionLost(_) if driver_stopped => "driver_stopped",
+            Reason::SessionLost(Some(e)) if sqlstate_class(e) == Some("57") => "terminated",
+            Reason::SessionLost(_) => "session_lost",
+            Reason::QueryTimeout => "query_timeout",
+            Reason::ValidityExpired => "validity_expired",
+            Reason::NotHeld => "not_held",
+            Reason::QueryFailed(_) => "query_failed",
+            Reason::Shutdown => "shutdown",
+            Reason::Closed => "closed",
+            Reason::Refused(_) => "refused",
+            _ => "other",
+        }
+    }
+
+    /// The fixed class set for why a session ended.
+    fn session_class(reason: &Reason) -> &'static str {
+        match reason {
+            Reason::SessionLost(None) => "network",
+            Reason::SessionLost(Some(e)) => match e.code.as_deref() {
+                // No SQLSTATE: I/O (refused, reset, EOF), TLS, protocol.
+                None => "network",
+                Some("57P03") => "unavailable",
+                Some(code) => match &code[..2.min(code.len())] {
+                    "08" => "network",
+                    "28" => "auth",
+                    // Unknown database, bad startup parameter, unsupported feature.
+                    "3D" | "22" | "42" | "0A" => "config",
+                    // pg_terminate_backend, server shutdown, idle_session_timeout.
+                    "57" => "terminated",
+                    // Too many connections, out of memory or disk.
+                    "53" => "unavailable",
+                    _ => "other",
+                },
+            },
+            Reason::QueryTimeout => "timeout",
+            Reason::ValidityExpired => "validity_expired",
+            Reason::QueryFailed(_) => "query_failed",
+            Reason::Refused(_) => "refused",
+            _ => "other",
+        }
+    }
+
+    fn sqlstate_class(e: &DbError) -> Option<&str> {
+        e.code.as_deref().and_then(|c| c.get(..2))
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod imp {
+    //! The `metrics` feature is off: nothing is kept, read or recorded.
+
+    use std::time::Instant;
+
+    use lease_proto::{DbError, Event, Input, Row, RunCommand, RunId, Statement};
+
+    use crate::shared::Clock;
+
+    #[inline(always)]
+    pub(crate) fn describe() {}
+
+    #[derive(Default)]
+    pub(crate) struct Metrics;
+
+    impl Metrics {
+        #[inline(always)]
+        pub(crate) fn run_started(&mut self, _: RunId, _: Instant) {}
+        #[inline(always)]
+        pub(crate) fn input(&mut self, _: &Clock, _: &Input) {}
+        #[inline(always)]
+        pub(crate) fn run_command(&mut self, _: &Clock, _: &RunCommand) {}
+        #[inline(always)]
+        pub(crate) fn event(&mut self, _: &Clock, _: &Event) {}
+        #[inline(always)]
+        pub(crate) fn driver_stopped(&mut self) {}
+    }
+
+    pub(crate) struct Sent;
+
+    impl Sent {
+        #[inline(always)]
+        pub(crate) fn new(_: &Clock, _: &Statement) -> Sent {
+            Sent
+        }
+        #[inline(always)]
+        pub(crate) fn replied(self, _: &Clock, _: &Result<Vec<Row>, DbError>) {}
+    }
+}
