@@ -235,7 +235,9 @@ mod imp {
     fn reason_label(reason: &Reason, driver_stopped: bool) -> &'static str {
         match reason {
             Reason::SessionLost(_) if driver_stopped => "driver_stopped",
-            Reason::SessionLost(Some(e)) if sqlstate_class(e) == Some("57") => "terminated",
+            // The server ended the session: its FATAL error reaches the
+            // statement in flight if there is one, else the connection.
+            Reason::SessionLost(Some(e)) | Reason::QueryFailed(e) if terminated(e) => "terminated",
             Reason::SessionLost(_) => "session_lost",
             Reason::QueryTimeout => "query_timeout",
             Reason::ValidityExpired => "validity_expired",
@@ -255,19 +257,20 @@ mod imp {
             Reason::SessionLost(Some(e)) => match e.code.as_deref() {
                 // No SQLSTATE: I/O (refused, reset, EOF), TLS, protocol.
                 None => "network",
+                // The server is starting up or shutting down.
                 Some("57P03") => "unavailable",
-                Some(code) => match &code[..2.min(code.len())] {
-                    "08" => "network",
-                    "28" => "auth",
+                Some(_) if terminated(e) => "terminated",
+                Some(code) => match code.get(..2) {
+                    Some("08") => "network",
+                    Some("28") => "auth",
                     // Unknown database, bad startup parameter, unsupported feature.
-                    "3D" | "22" | "42" | "0A" => "config",
-                    // pg_terminate_backend, server shutdown, idle_session_timeout.
-                    "57" => "terminated",
+                    Some("3D" | "22" | "42" | "0A") => "config",
                     // Too many connections, out of memory or disk.
-                    "53" => "unavailable",
+                    Some("53") => "unavailable",
                     _ => "other",
                 },
             },
+            Reason::QueryFailed(e) if terminated(e) => "terminated",
             Reason::QueryTimeout => "timeout",
             Reason::ValidityExpired => "validity_expired",
             Reason::QueryFailed(_) => "query_failed",
@@ -276,8 +279,11 @@ mod imp {
         }
     }
 
-    fn sqlstate_class(e: &DbError) -> Option<&str> {
-        e.code.as_deref().and_then(|c| c.get(..2))
+    /// The server ended the session (SQLSTATE 57P01 admin shutdown or
+    /// `pg_terminate_backend`, 57P02 crash, 57P04 database dropped, 57P05
+    /// `idle_session_timeout`).
+    fn terminated(e: &DbError) -> bool {
+        e.code.as_deref().is_some_and(|c| c.starts_with("57P"))
     }
 }
 
