@@ -35,7 +35,7 @@ impl Inner {
             driver_gone: false,
             lockers_gone: false,
             close_waiters: Vec::new(),
-            metrics: Metrics::default(),
+            metrics: Metrics::new(),
         };
         Inner {
             shared: Mutex::new(shared),
