@@ -106,8 +106,10 @@
 //! # }
 //! ```
 //!
-//! The span is at `INFO` level; the locker's own lines (one per event of the
-//! core, see `log`) carry `lease`, `key` and `run` as fields instead.
+//! The span is at `INFO` level with the target `lease_driver::run`: under a
+//! stricter filter (`RUST_LOG=warn`), add `lease_driver::run=info` so that
+//! the job's warnings still carry it. The locker's own lines (one per event
+//! of the core) carry `lease`, `key` and `run` as fields instead.
 //!
 //! ## Metrics
 //!

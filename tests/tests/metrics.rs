@@ -374,3 +374,43 @@ fn every_metric_is_described_with_its_unit() {
         }
     }
 }
+
+/// Connection failures are classed from their SQLSTATE or its absence: an
+/// unknown role (28000), an unknown database (3D000), a closed port (no
+/// SQLSTATE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_failures_are_classed() {
+    let rec = recorder();
+    let cases = [
+        (
+            "auth",
+            "host=127.0.0.1 user=lease_metrics_no_such_role dbname=postgres",
+        ),
+        (
+            "config",
+            "host=127.0.0.1 user=postgres dbname=lease_metrics_no_such_db",
+        ),
+        (
+            "network",
+            "host=127.0.0.1 port=1 user=postgres dbname=postgres",
+        ),
+    ];
+    for (class, conn) in cases {
+        let label = format!("class={class}");
+        let before = rec.get("lease_session_failures_total", &[&label]).total;
+        let (locker, driver) = Locker::connect(conn, opts()).expect("locker");
+        tokio::spawn(driver);
+        let name = unique(class);
+        let run = tokio::spawn(locker.run(&name, |_| async { Ok::<(), String>(()) }));
+        until(&format!("a {class} failure"), || {
+            rec.get("lease_session_failures_total", &[&label]).total > before
+        })
+        .await;
+        run.abort();
+        assert_eq!(
+            rec.get("lease_acquisitions_total", &[&format!("lease={name}")])
+                .total,
+            0
+        );
+    }
+}
