@@ -136,7 +136,7 @@
 //! | `lease_job_stop_duration_seconds` | histogram | `lease`, `reason` | from the job's cancellation ([`Lease::cancelled`] fires) to the job's return |
 //! | `lease_session_connects_total` | counter | — | sessions that connected and passed setup (first connect and every reconnect) |
 //! | `lease_session_failures_total` | counter | `class` | sessions or connection attempts that ended unasked |
-//! | `lease_session_ready` | gauge | — | 1 while the session is ready, else 0 |
+//! | `lease_sessions_ready` | gauge | — | lease sessions of this process that are ready (1 per connected locker) |
 //! | `lease_statement_duration_seconds` | histogram | `statement` | from sending a statement to its reply (error replies included) |
 //! | `lease_statement_errors_total` | counter | `statement` | statements answered with an error |
 //!
@@ -158,7 +158,9 @@
 //!
 //! Session and statement metrics carry no lease label (one session serves
 //! every lease of a locker; a try statement tries several keys at once).
-//! Series of several lockers in one process add up. What the driver cannot
+//! Series of several lockers in one process add up (the gauges move by
+//! increments, so `lease_leader` stays right when two lockers of one process
+//! run the same lease). What the driver cannot
 //! see is not measured: the time between a fault and its detection (bounded
 //! by the options), and a job that never returns (its stop is recorded only
 //! when it does).
@@ -414,7 +416,6 @@ impl<A> Locker<A> {
         options: Options,
     ) -> Result<(Self, Driver<R>), Error> {
         check_config(&config)?;
-        metrics::describe();
         let machine = Machine::new(options, shared::seed()).map_err(Error::Options)?;
         let runtime = Arc::new(runtime);
         let clock = {

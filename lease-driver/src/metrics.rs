@@ -6,7 +6,7 @@
 //!
 //! The set is documented in the crate docs ("Metrics") and in the README.
 
-pub(crate) use imp::{describe, Metrics, Sent};
+pub(crate) use imp::{Metrics, Sent};
 
 #[cfg(feature = "metrics")]
 pub use imp::describe_metrics;
@@ -65,8 +65,8 @@ mod imp {
             "Database sessions (or connection attempts) that ended unasked, by class"
         );
         describe_gauge!(
-            "lease_session_ready",
-            "1 while the locker's session is ready, else 0"
+            "lease_sessions_ready",
+            "Lease sessions of this process that are ready (1 per connected locker)"
         );
         describe_histogram!(
             "lease_statement_duration_seconds",
@@ -79,11 +79,6 @@ mod imp {
         );
     }
 
-    /// At every locker's construction.
-    pub(crate) fn describe() {
-        describe_metrics();
-    }
-
     /// What the metrics remember of one live run.
     #[derive(Default)]
     struct RunTimes {
@@ -93,6 +88,8 @@ mod imp {
         standby_since: Option<Instant>,
         /// Cancelled at, and why (cleared when the job returns).
         cancelled: Option<(Instant, &'static str)>,
+        /// Counted in `lease_leader` (acquired, not yet lost or released).
+        leading: bool,
     }
 
     /// Per-locker metric state, in the shared state.
@@ -101,10 +98,17 @@ mod imp {
         runs: HashMap<RunId, RunTimes>,
         /// The driver is ending: the session loss that follows is not a fault.
         driver_stopped: bool,
+        /// Counted in `lease_sessions_ready`.
+        ready: bool,
+        /// Runs finished in this drain, forgotten at its end.
+        finished: Vec<RunId>,
     }
 
     impl Metrics {
+        /// At every locker's construction: describes the metrics to the
+        /// recorder installed now.
         pub(crate) fn new() -> Metrics {
+            describe_metrics();
             Metrics::default()
         }
 
@@ -145,57 +149,83 @@ mod imp {
                         times.cancelled.get_or_insert((clock(), reason));
                     }
                 }
-                RunCommand::Finish { run, .. } => {
-                    self.runs.remove(run);
-                }
+                // Its last event (a release) comes later in this drain.
+                RunCommand::Finish { run, .. } => self.finished.push(*run),
                 RunCommand::StartJob { .. } => {}
             }
         }
 
-        /// An event the drain rule routed.
+        /// An event the drain rule routed. The gauges move by increments, so
+        /// that several lockers of one process add up (one's late loss
+        /// detection cannot zero another's acquisition of the same lease).
         pub(crate) fn event(&mut self, clock: &Clock, event: &Event) {
             match event {
                 Event::Acquired { run, lease, token } => {
                     let name = lease.name().to_owned();
                     counter!("lease_acquisitions_total", "lease" => name.clone()).increment(1);
-                    gauge!("lease_leader", "lease" => name.clone()).set(1.0);
                     // Tokens are transaction ids: exact in an f64 below 2^53.
                     gauge!("lease_fencing_token", "lease" => name.clone()).set(*token as f64);
                     if let Some(times) = self.runs.get_mut(run) {
-                        if times.lease != name {
-                            times.lease.clone_from(&name);
+                        if !times.leading {
+                            times.leading = true;
+                            gauge!("lease_leader", "lease" => name.clone()).increment(1.0);
                         }
                         if let Some(since) = times.standby_since.take() {
-                            histogram!("lease_standby_duration_seconds", "lease" => name)
+                            histogram!("lease_standby_duration_seconds", "lease" => name.clone())
                                 .record(clock().saturating_duration_since(since));
                         }
+                        times.lease = name;
                     }
                 }
-                Event::Lost { lease, reason, .. } => {
+                Event::Lost { run, lease, reason } => {
                     let name = lease.name().to_owned();
                     let reason = reason_label(reason, self.driver_stopped);
                     counter!("lease_losses_total", "lease" => name.clone(), "reason" => reason)
                         .increment(1);
-                    gauge!("lease_leader", "lease" => name).set(0.0);
+                    self.not_leading(*run, name);
                 }
-                Event::Released { lease, .. } => {
+                Event::Released { run, lease } => {
                     let name = lease.name().to_owned();
                     counter!("lease_releases_total", "lease" => name.clone()).increment(1);
-                    gauge!("lease_leader", "lease" => name).set(0.0);
+                    self.not_leading(*run, name);
                 }
                 Event::SessionReady { .. } => {
                     counter!("lease_session_connects_total").increment(1);
-                    gauge!("lease_session_ready").set(1.0);
+                    if !self.ready {
+                        self.ready = true;
+                        gauge!("lease_sessions_ready").increment(1.0);
+                    }
                 }
                 Event::SessionLost { reason, .. } => {
-                    gauge!("lease_session_ready").set(0.0);
+                    self.not_ready();
                     if !self.driver_stopped {
                         let class = session_class(reason);
                         counter!("lease_session_failures_total", "class" => class).increment(1);
                     }
                 }
-                Event::SessionIdle { .. } => gauge!("lease_session_ready").set(0.0),
+                Event::SessionIdle { .. } => self.not_ready(),
                 _ => {}
+            }
+        }
+
+        /// The drain routed everything.
+        pub(crate) fn drained(&mut self) {
+            for run in self.finished.drain(..) {
+                self.runs.remove(&run);
+            }
+        }
+
+        fn not_leading(&mut self, run: RunId, name: String) {
+            if let Some(times) = self.runs.get_mut(&run) {
+                if std::mem::take(&mut times.leading) {
+                    gauge!("lease_leader", "lease" => name).decrement(1.0);
+                }
+            }
+        }
+
+        fn not_ready(&mut self) {
+            if std::mem::take(&mut self.ready) {
+                gauge!("lease_sessions_ready").decrement(1.0);
             }
         }
 
@@ -301,9 +331,6 @@ mod imp {
 
     use crate::shared::Clock;
 
-    #[inline(always)]
-    pub(crate) fn describe() {}
-
     pub(crate) struct Metrics;
 
     impl Metrics {
@@ -319,6 +346,8 @@ mod imp {
         pub(crate) fn run_command(&mut self, _: &Clock, _: &RunCommand) {}
         #[inline(always)]
         pub(crate) fn event(&mut self, _: &Clock, _: &Event) {}
+        #[inline(always)]
+        pub(crate) fn drained(&mut self) {}
         #[inline(always)]
         pub(crate) fn driver_stopped(&mut self) {}
     }

@@ -158,6 +158,7 @@ impl Shared {
             log_event(&event);
             self.metrics.event(&self.clock, &event);
         }
+        self.metrics.drained();
         self.dirty = true;
         if let Some(waker) = self.driver.take() {
             waker.wake();
