@@ -51,6 +51,10 @@
 //! pool: a transaction pooler or a hot standby cannot give mutual exclusion,
 //! and runs then fail with [`RunError::Refused`].
 //!
+//! Every job runs inside a `tracing` span with its lease, key, run and token.
+//! The cargo feature `metrics` (off by default) turns on lease-driver's
+//! metrics; its crate docs ("Metrics") list them.
+//!
 //! ## Connecting without tokio
 //!
 //! tokio-postgres's `Config::connect` needs tokio's reactor, so the driver

@@ -44,6 +44,10 @@
 //! pool: a transaction pooler or a hot standby cannot give mutual exclusion,
 //! and runs then fail with [`RunError::Refused`].
 //!
+//! Every job runs inside a `tracing` span with its lease, key, run and token.
+//! The cargo feature `metrics` (off by default) turns on lease-driver's
+//! metrics; its crate docs ("Metrics") list them.
+//!
 //! With several hosts in the configuration, tokio-postgres tries them in
 //! order, and its `connect_timeout` covers only the TCP connect: a first host
 //! that accepts connections but never answers holds every attempt until the
