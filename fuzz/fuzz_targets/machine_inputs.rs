@@ -85,6 +85,7 @@ impl OptionBytes {
             guard_margin: self.guard_margin.get(),
             notify_handover: self.notify_handover,
             max_leases: usize::from(self.max_leases),
+            mutation: None,
         }
     }
 }

@@ -79,6 +79,12 @@ enum FaultSpec {
     ServerRestart {
         downtime: u16,
     },
+    /// Probabilities in /255.
+    FlakyStatements {
+        error: u8,
+        malformed: u8,
+        duration: u16,
+    },
 }
 
 fn ms(n: u16) -> Duration {
@@ -122,6 +128,15 @@ impl FaultSpec {
             },
             FaultSpec::ServerRestart { downtime } => Fault::ServerRestart {
                 downtime: ms(downtime),
+            },
+            FaultSpec::FlakyStatements {
+                error,
+                malformed,
+                duration,
+            } => Fault::FlakyStatements {
+                error: f64::from(error) / 255.0,
+                malformed: f64::from(malformed) / 255.0,
+                duration: ms(duration),
             },
         }
     }

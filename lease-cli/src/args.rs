@@ -45,23 +45,37 @@ While another replica holds the lease, this one stands by and says on stderr who
 
 When the lease is lost (session terminated, server restarted, network partition, or the lease not
 confirmed within heartbeat-interval + query-timeout), the whole process group of COMMAND gets
-SIGTERM at once, SIGKILL after --grace; once it is gone, `lease run` contends again and starts a
-fresh COMMAND on its next win.
+SIGTERM at once and SIGKILL after --grace or at the lease's guard deadline, whichever is first;
+once it is gone, `lease run` contends again and starts a fresh COMMAND on its next win. The guard
+deadline is the moment the server may hand the lease to another replica: the send time of the
+last statement that confirmed the lease + idle_session_timeout (heartbeat-interval +
+query-timeout + the guard margin), moved forward by every heartbeat. A lost lease is noticed by
+the end of its validity at the latest, so COMMAND gets the guard margin (1s by default) at least
+between SIGTERM and SIGKILL; a --grace longer than that is announced at startup by a warning.
+Without the server guard (--no-server-guard) there is no such deadline: SIGKILL comes --grace
+after SIGTERM, at the latest --grace after the validity ended.
+
+The deadline is enforced from outside `lease run` too: before COMMAND starts, `lease run` starts
+a small watchdog process (`lease __watchdog`, in a process group of its own) that it renews over a
+pipe at every heartbeat. If the renewals stop (`lease run` frozen, starved or deadlocked), the
+watchdog sends SIGKILL to COMMAND's process group at the guard deadline; if `lease run` dies, at
+once. The watchdog exits with its runner.
 
 COMMAND exiting by itself releases the lease and ends `lease run` with its status: 0, N, or 128+S
 when killed by signal S. Whatever COMMAND left running in its process group is stopped first
-(SIGTERM, SIGKILL after --grace): nothing of the job outlives the lease.
+(SIGTERM, SIGKILL after --grace, the lease held meanwhile): nothing of the job outlives the lease.
 
-SIGTERM or SIGINT to `lease run`: when leading, COMMAND's group gets SIGTERM (SIGKILL after --grace,
-or at once on a second signal), the lease is released (standbys are notified at once) and `lease
-run` exits 0; when standing by, it exits 0 at once.
+SIGTERM or SIGINT to `lease run`: when leading, COMMAND's group gets SIGTERM (SIGKILL after the
+full --grace, or at once on a second signal; the lease is held until the group is gone), the lease
+is released (standbys are notified at once) and `lease run` exits 0; when standing by, it exits 0
+at once.
 
 The child never outlives `lease run`: it gets SIGKILL when `lease run` dies, even by SIGKILL
-(Linux PR_SET_PDEATHSIG). Only COMMAND itself is covered by that: descendants that COMMAND
-starts die with its process group on a lost lease or a shutdown, but not when `lease run` is
-killed with SIGKILL, and a descendant that leaves the group (setsid) escapes both; use a cgroup
-(systemd, a container) for those. COMMAND runs in the background process group of a terminal:
-it cannot read the terminal.
+(Linux PR_SET_PDEATHSIG), and the watchdog then kills the rest of its process group. A
+descendant that leaves the group (setsid) escapes both; use a cgroup (systemd, a container) for
+those. Nothing in `lease run` can act while it is frozen together with the watchdog and COMMAND
+(a VM pause, a cgroup freeze): check LEASE_TOKEN where the job writes. COMMAND runs in the
+background process group of a terminal: it cannot read the terminal.
 
 An unreachable database is not fatal: `lease run` keeps retrying and says so on stderr. A server
 that cannot give mutual exclusion is: a transaction pooler, or PostgreSQL older than 14 (than 13
@@ -117,6 +131,25 @@ pub enum Cmd {
                       pg_advisory_lock(bigint) or pg_locks. No database is contacted."
     )]
     Key(KeyArgs),
+    /// Internal: the watchdog `lease run` starts beside each command (see watchdog.rs)
+    #[command(name = "__watchdog", hide = true)]
+    Watchdog(WatchdogArgs),
+}
+
+/// Options of the hidden watchdog subcommand (given by `lease run`).
+#[derive(Debug, Args)]
+pub struct WatchdogArgs {
+    /// The runner's pid: the watchdog exits at once if its parent is another
+    #[arg(long, value_name = "PID")]
+    pub parent: i32,
+
+    /// Log only warnings and errors
+    #[arg(long)]
+    pub quiet: bool,
+
+    /// Log format on stderr
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// How to reach the database; shared by every subcommand that connects.
@@ -178,10 +211,11 @@ pub struct RunArgs {
 
     /// How long COMMAND's process group may take to exit after SIGTERM before SIGKILL
     ///
-    /// After a partition or a freeze this holder sends SIGTERM when its lease validity ends,
-    /// and the server frees the lease --guard-margin later: a command that takes longer than
-    /// the guard margin to exit may overlap the next leader. Keep --grace below
-    /// --guard-margin, or make COMMAND exit promptly on SIGTERM.
+    /// In full for graceful stops (a signal to `lease run`, leftovers after COMMAND exited):
+    /// the lease is held until the group is gone. After a lost lease, SIGKILL comes at the
+    /// guard deadline if that is sooner (when the server may hand the lease over; the guard
+    /// margin after the validity ended, at the least): a --grace longer than the guard margin
+    /// gets a warning at startup. Make COMMAND exit promptly on SIGTERM.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
 
@@ -189,9 +223,10 @@ pub struct RunArgs {
     /// a silent holder [default: 1s, or validity / 50 if larger]
     ///
     /// The server ends the session of a frozen or partitioned holder (idle_session_timeout)
-    /// heartbeat-interval + query-timeout + guard-margin after its last statement. Longer:
-    /// more room for COMMAND to stop and for clock drift; each extra second delays failover
-    /// after a partition or freeze by as much.
+    /// heartbeat-interval + query-timeout + guard-margin after its last statement, and COMMAND
+    /// gets SIGKILL then at the latest. Longer: more room for COMMAND to stop after SIGTERM on
+    /// a lost lease and for clock drift; each extra second delays failover after a partition
+    /// or freeze by as much.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub guard_margin: Option<Duration>,
 

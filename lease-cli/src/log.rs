@@ -1,29 +1,23 @@
 //! Logging to stderr: a `tracing` subscriber (text or JSON) whose every line
-//! passes through [`conn::redact`](crate::conn::redact), and a layer that
-//! picks the holder's backend pid out of lease-tokio's "standing by" events.
+//! passes through [`conn::redact`](crate::conn::redact).
 
 use std::io::{self, IsTerminal, Write};
 
-use tokio::sync::mpsc::UnboundedSender;
-use tracing::field::{Field, Visit};
-use tracing::{Event, Subscriber};
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::fmt::MakeWriter;
-use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::registry::Registry;
 
 use crate::args::LogFormat;
 use crate::conn::redact;
 
 /// Environment variable with `tracing` filter directives that replace the
-/// default level (e.g. `LEASE_LOG=lease_tokio=debug`).
+/// default level (e.g. `LEASE_LOG=lease_driver=debug`).
 pub const FILTER_ENV: &str = "LEASE_LOG";
 
 /// Installs the global subscriber: `info` and up (`warn` and up when
-/// `quiet`), unless [`FILTER_ENV`] says otherwise. With `holders`, the
-/// holder pid of every lease-tokio "standing by" event is sent there (even
-/// when `quiet`).
-pub fn init(quiet: bool, format: LogFormat, holders: Option<UnboundedSender<i64>>) {
+/// `quiet`), unless [`FILTER_ENV`] says otherwise.
+pub fn init(quiet: bool, format: LogFormat) {
     let default = if quiet {
         LevelFilter::WARN
     } else {
@@ -51,10 +45,7 @@ pub fn init(quiet: bool, format: LogFormat, holders: Option<UnboundedSender<i64>
             .with_span_list(false)
             .with_filter(filter())
     });
-    let subscriber = Registry::default()
-        .with(holders.map(|tx| HolderLayer { tx }))
-        .with(text)
-        .with(json);
+    let subscriber = Registry::default().with(text).with(json);
     // Fails only if a subscriber is already set: keep that one.
     let _ = tracing::subscriber::set_global_default(subscriber);
 }
@@ -82,42 +73,4 @@ impl Write for RedactingStderr {
     fn flush(&mut self) -> io::Result<()> {
         io::stderr().flush()
     }
-}
-
-/// Sends the `holder_pid` field of the driver's events (logged by
-/// lease-driver's core since the drivers share it).
-struct HolderLayer {
-    tx: UnboundedSender<i64>,
-}
-
-impl<S: Subscriber> Layer<S> for HolderLayer {
-    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let target = event.metadata().target();
-        if !target.starts_with("lease_driver") && !target.starts_with("lease_tokio") {
-            return;
-        }
-        let mut visitor = HolderPid(None);
-        event.record(&mut visitor);
-        if let Some(pid) = visitor.0 {
-            let _ = self.tx.send(pid);
-        }
-    }
-}
-
-struct HolderPid(Option<i64>);
-
-impl Visit for HolderPid {
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        if field.name() == "holder_pid" {
-            self.0 = Some(value);
-        }
-    }
-
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        if field.name() == "holder_pid" {
-            self.0 = i64::try_from(value).ok();
-        }
-    }
-
-    fn record_debug(&mut self, _field: &Field, _value: &dyn std::fmt::Debug) {}
 }

@@ -5,6 +5,9 @@
 //!   leading ([`run`], [`child`]).
 //! - `lease status [NAME...]`: who holds which lease ([`status`]).
 //! - `lease key NAME`: the advisory-lock key of a name.
+//! - `lease __watchdog` (hidden): started by `lease run` beside each command;
+//!   kills the command's group when the runner stops renewing its deadline
+//!   ([`watchdog`]).
 //!
 //! Exit statuses: 2 for bad usage (nothing is sent to the database), 1 for
 //! errors, and for `lease run` the command's own status.
@@ -22,6 +25,7 @@ mod conn;
 mod log;
 mod run;
 mod status;
+mod watchdog;
 
 use std::io::Write;
 
@@ -47,6 +51,7 @@ fn dispatch(cli: Cli) -> i32 {
         Cmd::Run(args) => run::main(args),
         Cmd::Status(args) => status::main(args),
         Cmd::Key(args) => status::key(args),
+        Cmd::Watchdog(args) => watchdog::main(args),
     }
 }
 

@@ -3,9 +3,10 @@
 use std::cell::Cell;
 use std::fmt;
 use std::future::pending;
-use std::time::Duration;
+use std::io;
+use std::time::{Duration, Instant};
 
-use lease_tokio::{Lease, LeaseId, Locker, Options, Reason, RunError, SessionState};
+use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::{Config, NoTls};
@@ -13,6 +14,7 @@ use tokio_postgres::{Config, NoTls};
 use crate::args::{LogFormat, RunArgs};
 use crate::child::{exit_code, ChildSpec, Job};
 use crate::conn::{self, Target};
+use crate::watchdog::Watchdog;
 use crate::{log, usage_error, EXIT_FAILURE};
 
 /// Everything `lease run` needs once the input is validated.
@@ -22,6 +24,10 @@ struct Plan {
     options: Options,
     target: Target,
     grace: Duration,
+    /// The kill deadline after a lost lease is the lease's validity end plus
+    /// this: the guard margin with the server guard (the guard deadline, when
+    /// the server may hand the lease over), `grace` without it.
+    after_validity: Duration,
     quiet: bool,
     format: LogFormat,
 }
@@ -32,16 +38,15 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(plan) => plan,
         Err((code, message)) => return usage_error(code, &message),
     };
-    let (holders_tx, holders_rx) = mpsc::unbounded_channel();
-    let holders_tx = (!plan.quiet).then_some(holders_tx);
-    log::init(plan.quiet, plan.format, holders_tx);
+    log::init(plan.quiet, plan.format);
+    warn_about_grace(&plan);
     // One thread: the child's PR_SET_PDEATHSIG is tied to the thread that
     // spawns it, which must live as long as the process (see `child`).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
     match runtime {
-        Ok(rt) => rt.block_on(contend(plan, holders_rx)),
+        Ok(rt) => rt.block_on(contend(plan)),
         Err(e) => {
             tracing::error!("cannot start the async runtime: {e}");
             EXIT_FAILURE
@@ -76,15 +81,45 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
         .config
         .application_name(application_name(lease.name()));
     spec.check()?;
+    let after_validity = if options.server_guard {
+        options
+            .guard_timeout()
+            .saturating_sub(options.validity_window())
+    } else {
+        args.grace
+    };
     Ok(Plan {
         lease,
         spec,
         options,
         target,
         grace: args.grace,
+        after_validity,
         quiet: args.quiet,
         format: args.log_format,
     })
+}
+
+/// One line at startup when `--grace` cannot be given in full after a lost
+/// lease (or, without the server guard, what bounds the command instead).
+fn warn_about_grace(plan: &Plan) {
+    let grace = humantime::format_duration(plan.grace);
+    let bound = humantime::format_duration(plan.after_validity);
+    if !plan.options.server_guard {
+        tracing::warn!(
+            "--no-server-guard: the server frees a silent holder's lease only when it ends the \
+             session, at no moment this runner can know: after a lost lease the command's group \
+             gets SIGKILL --grace {grace} after SIGTERM, at the latest {grace} after the lease's \
+             validity ended, whatever the server does meanwhile"
+        );
+    } else if plan.grace > plan.after_validity {
+        tracing::warn!(
+            "--grace {grace} is longer than the guard margin {bound}: after a lost lease the \
+             command is killed at the guard deadline (when the server may hand the lease to \
+             another replica), as little as {bound} after SIGTERM; --grace applies in full \
+             only to graceful stops"
+        );
+    }
 }
 
 /// `lease:<NAME>`, cut to the 63 bytes the server keeps (on a character
@@ -106,13 +141,15 @@ enum JobEnd {
     Exited(i32),
     /// The command could not be started.
     Spawn { code: i32, message: String },
+    /// The watchdog could not be started or renewed: the command was stopped.
+    Watchdog(String),
 }
 
 impl fmt::Display for JobEnd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             JobEnd::Exited(code) => write!(f, "the command exited with status {code}"),
-            JobEnd::Spawn { message, .. } => f.write_str(message),
+            JobEnd::Spawn { message, .. } | JobEnd::Watchdog(message) => f.write_str(message),
         }
     }
 }
@@ -162,16 +199,27 @@ impl Signals {
     }
 }
 
+/// Bounds of the interval at which the lease's validity is read to renew the
+/// watchdog (a quarter of the heartbeat interval, within these).
+const RENEW_MIN: Duration = Duration::from_millis(5);
+const RENEW_MAX: Duration = Duration::from_millis(250);
+
 /// The job's shared context (borrowed by every call of the job).
 struct Ctx<'a> {
     spec: &'a ChildSpec,
     grace: Duration,
+    /// See [`Plan::after_validity`].
+    after_validity: Duration,
+    /// How often the lease's validity is read to renew the watchdog.
+    poll: Duration,
+    quiet: bool,
+    format: LogFormat,
     signals: &'a Signals,
     /// A child runs (or is being stopped).
     leading: &'a Cell<bool>,
 }
 
-async fn contend(plan: Plan, holders: mpsc::UnboundedReceiver<i64>) -> i32 {
+async fn contend(plan: Plan) -> i32 {
     let signals = match Signals::install() {
         Ok(s) => s,
         Err(e) => {
@@ -195,7 +243,13 @@ async fn contend(plan: Plan, holders: mpsc::UnboundedReceiver<i64>) -> i32 {
         "contending for the lease at {}",
         plan.target.summary
     );
-    let monitor = tokio::spawn(monitor(locker.clone(), plan.target.summary.clone()));
+    let (holders_tx, holders) = mpsc::unbounded_channel();
+    let holders_tx = (!plan.quiet).then_some(holders_tx);
+    let monitor = tokio::spawn(monitor(
+        locker.clone(),
+        plan.target.summary.clone(),
+        holders_tx,
+    ));
     let lookups = tokio::spawn(describe_holders(
         plan.target.config.clone(),
         plan.options.query_timeout,
@@ -207,6 +261,10 @@ async fn contend(plan: Plan, holders: mpsc::UnboundedReceiver<i64>) -> i32 {
     let ctx = Ctx {
         spec: &plan.spec,
         grace: plan.grace,
+        after_validity: plan.after_validity,
+        poll: (plan.options.heartbeat_interval / 4).clamp(RENEW_MIN, RENEW_MAX),
+        quiet: plan.quiet,
+        format: plan.format,
         signals: &signals,
         leading: &leading,
     };
@@ -243,6 +301,7 @@ fn outcome(result: Result<(), RunError<JobEnd>>) -> i32 {
         Ok(()) => 0,
         Err(RunError::Job(JobEnd::Exited(code))) => code,
         Err(RunError::Job(JobEnd::Spawn { code, .. })) => code,
+        Err(RunError::Job(JobEnd::Watchdog(_))) => EXIT_FAILURE,
         Err(RunError::Refused(r)) => {
             tracing::error!("refused: {r}");
             EXIT_FAILURE
@@ -258,12 +317,46 @@ fn outcome(result: Result<(), RunError<JobEnd>>) -> i32 {
     }
 }
 
-/// The job: runs the command while the lease is held.
+/// How the command's wait ended.
+enum Ended {
+    /// The command exited.
+    Exited(io::Result<std::process::ExitStatus>),
+    /// The lease was cancelled.
+    Cancelled(Reason),
+    /// The watchdog could not be renewed.
+    WatchdogLost(io::Error),
+}
+
+/// The job: runs the command while the lease is held, with a watchdog that
+/// kills the command's group at the kill deadline unless renewed (see
+/// [`crate::watchdog`]).
+///
+/// The kill deadline is the lease's validity end plus
+/// [`Ctx::after_validity`]: with the server guard, the last confirming
+/// statement's send time + `idle_session_timeout`, the first moment the
+/// server could hand the lease to another session. It moves with every
+/// confirmed heartbeat. A lost lease: SIGTERM at once, SIGKILL at the kill
+/// deadline or after `--grace`, whichever is first. A graceful stop
+/// (shutdown, or the command's own exit with leftovers in its group): the
+/// full `--grace`, the key being held until the group is gone.
 async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
     let token = lease.token();
     if lease.is_cancelled() {
         return Ok(());
     }
+    let mut dog = match Watchdog::start(ctx.quiet, ctx.format).await {
+        Ok(dog) => dog,
+        Err(e) => {
+            let message = format!("cannot start the watchdog: {e}");
+            tracing::error!("{message}; releasing the lease");
+            return Err(JobEnd::Watchdog(message));
+        }
+    };
+    let Some(valid_until) = lease.valid_until() else {
+        dog.finish().await;
+        return Ok(());
+    };
+    let mut deadline = valid_until + ctx.after_validity;
     let env = [
         ("LEASE_NAME", lease.name().to_owned()),
         ("LEASE_KEY", lease.key().to_string()),
@@ -272,6 +365,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
     let mut job = match Job::spawn(ctx.spec, &env) {
         Ok(job) => job,
         Err(e) => {
+            dog.finish().await;
             let code = match e.kind() {
                 std::io::ErrorKind::NotFound => 127,
                 _ => 126,
@@ -282,62 +376,193 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
         }
     };
     ctx.leading.set(true);
+    let armed = dog.arm(job.pid(), deadline);
     tracing::info!(
         pid = job.pid(),
         token,
+        watchdog = dog.pid().unwrap_or(0),
         "leading: started {}",
         ctx.spec.display()
     );
-    let ended = tokio::select! {
-        status = job.wait() => Ok(status),
-        reason = lease.cancelled() => Err(reason),
+    let ended = match armed {
+        Err(e) => Ended::WatchdogLost(e),
+        Ok(()) => tokio::select! {
+            status = job.wait() => Ended::Exited(status),
+            reason = lease.cancelled() => Ended::Cancelled(reason),
+            e = renew(&mut dog, &lease, ctx, &mut deadline) => Ended::WatchdogLost(e),
+        },
     };
     let result = match ended {
-        Ok(status) => {
-            let code = status.map_or(EXIT_FAILURE, exit_code);
-            job.reap_group(ctx.grace).await;
-            if code == 0 {
-                tracing::info!("the command exited successfully; releasing the lease");
-                Ok(())
-            } else {
-                tracing::info!("the command exited with status {code}; releasing the lease");
-                Err(JobEnd::Exited(code))
-            }
+        Ended::Exited(status) => {
+            exited(status, &mut job, &mut dog, &lease, ctx, &mut deadline).await
         }
-        Err(reason) => {
-            let grace = ctx.grace;
+        Ended::Cancelled(reason) => {
             if reason == Reason::Shutdown {
+                // Graceful: the key is held until the group is gone.
+                let _ = dog.disarm();
                 tracing::info!(
                     pid = job.pid(),
                     "stopping the command's process group (SIGTERM, SIGKILL after {})",
-                    humantime::format_duration(grace)
+                    humantime::format_duration(ctx.grace)
                 );
+                stop(&mut job, ctx.grace, ctx).await;
             } else {
+                let wait = kill_wait(deadline, ctx.grace);
                 tracing::warn!(
                     pid = job.pid(),
                     %reason,
-                    "lease lost: stopping the command's process group (SIGTERM, SIGKILL after {})",
-                    humantime::format_duration(grace)
+                    "lease lost: stopping the command's process group (SIGTERM, SIGKILL {})",
+                    kill_when(wait, ctx.grace)
                 );
+                stop(&mut job, wait, ctx).await;
             }
-            let status = job.terminate(grace, ctx.signals.at_least(2)).await;
-            let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
-            tracing::info!("the command stopped ({status})");
             Ok(())
         }
+        Ended::WatchdogLost(e) => {
+            let message = format!(
+                "the watchdog (pid {}) cannot be renewed ({e}): nothing outside this runner \
+                 would stop the command at the lease's deadline",
+                dog.pid().unwrap_or(0)
+            );
+            let wait = kill_wait(deadline, ctx.grace);
+            tracing::error!(
+                pid = job.pid(),
+                "{message}; stopping the command's process group (SIGTERM, SIGKILL {}) and \
+                 releasing the lease",
+                kill_when(wait, ctx.grace)
+            );
+            stop(&mut job, wait, ctx).await;
+            Err(JobEnd::Watchdog(message))
+        }
     };
+    dog.finish().await;
     ctx.leading.set(false);
     result
 }
 
+/// After the command exited by itself.
+async fn exited(
+    status: io::Result<std::process::ExitStatus>,
+    job: &mut Job,
+    dog: &mut Watchdog,
+    lease: &Lease,
+    ctx: &Ctx<'_>,
+    deadline: &mut Instant,
+) -> Result<(), JobEnd> {
+    use std::os::unix::process::ExitStatusExt;
+    let killed = status
+        .as_ref()
+        .is_ok_and(|s| s.signal() == Some(libc::SIGKILL));
+    let expired = lease.valid_until().is_none_or(|v| v <= Instant::now());
+    if killed && Instant::now() >= *deadline && expired {
+        // The watchdog's kill: this runner was late (stopped, starved), and
+        // the lease is lost; the core says so at its next timer.
+        tracing::warn!(
+            pid = job.pid(),
+            "the watchdog killed the command at the lease's deadline (this runner was late)"
+        );
+        job.reap_group(Duration::ZERO).await;
+        let _ = tokio::time::timeout(ctx.grace, lease.cancelled()).await;
+        return Ok(());
+    }
+    let code = status.map_or(EXIT_FAILURE, exit_code);
+    // Leftovers get the full grace (the key is held meanwhile); the watchdog
+    // stays armed in case the lease is lost in between.
+    {
+        let reap = job.reap_group(ctx.grace);
+        tokio::pin!(reap);
+        tokio::select! {
+            _ = &mut reap => {}
+            e = renew(dog, lease, ctx, deadline) => {
+                tracing::warn!("the watchdog cannot be renewed ({e})");
+                (&mut reap).await;
+            }
+        }
+    }
+    if code == 0 {
+        tracing::info!("the command exited successfully; releasing the lease");
+        Ok(())
+    } else {
+        tracing::info!("the command exited with status {code}; releasing the lease");
+        Err(JobEnd::Exited(code))
+    }
+}
+
+/// SIGTERM to the group now, SIGKILL after `wait` (or at once on a second
+/// signal to the runner).
+async fn stop(job: &mut Job, wait: Duration, ctx: &Ctx<'_>) {
+    let status = job.terminate(wait, ctx.signals.at_least(2)).await;
+    let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
+    tracing::info!("the command stopped ({status})");
+}
+
+/// How long a command may take after SIGTERM on a lost lease: until the kill
+/// deadline, and never more than `grace`.
+fn kill_wait(deadline: Instant, grace: Duration) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .min(grace)
+}
+
+/// "after 10s", or "in 300ms, at the lease's deadline" for log lines.
+fn kill_when(wait: Duration, grace: Duration) -> String {
+    let rounded = Duration::from_millis(wait.as_millis() as u64);
+    if wait < grace {
+        format!(
+            "in {}, at the lease's deadline",
+            humantime::format_duration(rounded)
+        )
+    } else {
+        format!("after {}", humantime::format_duration(grace))
+    }
+}
+
+/// Renews the watchdog each time the lease's kill deadline moves (read every
+/// [`Ctx::poll`]); `deadline` is what the watchdog was last told. Returns only
+/// if the watchdog cannot be told.
+async fn renew(
+    dog: &mut Watchdog,
+    lease: &Lease,
+    ctx: &Ctx<'_>,
+    deadline: &mut Instant,
+) -> io::Error {
+    let mut tick = tokio::time::interval(ctx.poll);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(valid_until) = lease.valid_until() else {
+            continue;
+        };
+        let next = valid_until + ctx.after_validity;
+        if next > *deadline {
+            if let Err(e) = dog.extend(next) {
+                return e;
+            }
+            *deadline = next;
+        }
+    }
+}
+
 /// Says on stderr when the database cannot be reached (the driver retries on
 /// its own; this is not fatal), and when it can again.
-async fn monitor(locker: Locker, summary: String) {
+async fn monitor(locker: Locker, summary: String, holders: Option<mpsc::UnboundedSender<i64>>) {
     let mut reported: Option<tokio::time::Instant> = None;
     let mut interval = tokio::time::interval(Duration::from_millis(200));
     loop {
         interval.tick().await;
-        match locker.status().session {
+        let status = locker.status();
+        // A standby's status names the holder's backend: describe it.
+        if let Some(tx) = &holders {
+            for lease in &status.leases {
+                if let LeaseState::Standby {
+                    holder_pid: Some(pid),
+                } = lease.state
+                {
+                    let _ = tx.send(pid);
+                }
+            }
+        }
+        match status.session {
             SessionState::Backoff { failures, .. } if failures >= 2 => {
                 let due = reported.is_none_or(|at| at.elapsed() >= Duration::from_secs(30));
                 if due {

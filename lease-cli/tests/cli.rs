@@ -268,6 +268,69 @@ fn runner_killed_with_sigkill_takes_its_child_along() {
     assert!(gone < MS(1_000), "{gone:?}");
 }
 
+#[test]
+fn runner_killed_with_sigkill_takes_the_whole_group_along() {
+    let c = cluster();
+    let name = unique("pdeath-group");
+    let script = "sleep 1000 & echo grandchild=$!; wait";
+    let mut r = Replica::spawn(run_sh(&c, &name, &[], script)).expect("spawn");
+    let (_, line) = r
+        .wait_for_line(|l| l.starts_with("grandchild="), MS(10_000))
+        .expect("the command started");
+    let grandchild = field(&line, "grandchild").expect("pid") as i32;
+    let (_, line) = r
+        .wait_for_line(|l| l.contains("leading: started"), MS(1_000))
+        .expect("the leading line");
+    let watchdog = field(&line, "watchdog").expect("watchdog pid") as i32;
+    assert!(pid_alive(grandchild) && pid_alive(watchdog));
+    let start = Instant::now();
+    r.kill9().expect("SIGKILL the runner");
+    let gone = wait_gone(grandchild, MS(5_000)).expect("the grandchild died with its runner");
+    let dog_gone = wait_gone(watchdog, MS(5_000)).expect("the watchdog exited");
+    eprintln!(
+        "kill -9 of the runner: its command's grandchild was gone {:?} later, the watchdog {:?}",
+        gone - start,
+        dog_gone - start
+    );
+    let _ = r.wait_exit(MS(5_000));
+    assert!(gone - start < MS(1_000), "{:?}", gone - start);
+}
+
+#[test]
+fn a_grace_longer_than_the_guard_margin_is_announced() {
+    let c = cluster();
+    let (status, _, err, _) = output(
+        run_sh(&c, &unique("grace-warning"), &["--grace", "10s"], "true"),
+        MS(10_000),
+    );
+    assert_eq!(status.code(), Some(0), "{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("--grace")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(
+        warnings[0].contains(
+            "--grace 10s is longer than the guard margin 1s: after a lost lease the command is \
+             killed at the guard deadline"
+        ),
+        "{}",
+        warnings[0]
+    );
+    // FAST's --grace 300ms is within the margin: no warning.
+    let (status, _, err, _) = output(run_sh(&c, &unique("no-warning"), &[], "true"), MS(10_000));
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(!err.contains("--grace"), "{err}");
+    // Without the server guard: what bounds the command instead.
+    let (status, _, err, _) = output(
+        run_sh(&c, &unique("no-guard"), &["--no-server-guard"], "true"),
+        MS(10_000),
+    );
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("--no-server-guard: ")
+            && err.contains("gets SIGKILL --grace 300ms after SIGTERM"),
+        "{err}"
+    );
+}
+
 /// The child of a handover test: prints `start TOKEN`, on SIGTERM `stop`.
 const ANNOUNCE: &str = r#"echo "start token=$LEASE_TOKEN"; trap "echo stop; exit 0" TERM; while :; do sleep 0.02; done"#;
 

@@ -17,6 +17,7 @@ use std::time::Instant;
 use lease_proto::{decode_text_row, DbError, Input, QueryId, Row, SessionCommand, SessionId};
 use tokio_postgres::{AsyncMessage, Client, Config, SimpleQueryMessage};
 
+use crate::metrics::Sent;
 use crate::runtime::{db_error, BoxFuture, Connected, Connection, Runtime, Timer};
 use crate::shared::Inner;
 
@@ -43,7 +44,8 @@ pub struct Driver<R: Runtime> {
     runtime: Arc<R>,
     config: Config,
     conn: Conn,
-    query: Option<(QueryId, Reply)>,
+    /// The one statement in flight, when it was sent (for the metrics).
+    query: Option<(QueryId, Sent, Reply)>,
     /// Made at the first deadline.
     timer: Option<Armed>,
     closing: bool,
@@ -100,7 +102,8 @@ impl<R: Runtime> Driver<R> {
                 Conn::Up(_, client, _) => {
                     let (client, sql) = (client.clone(), statement.sql());
                     let reply = async move { rows(client.simple_query(&sql).await) };
-                    self.query = Some((query, Box::pin(reply)));
+                    let sent = Sent::new(self.inner.clock(), &statement);
+                    self.query = Some((query, sent, Box::pin(reply)));
                 }
                 _ => {
                     let result = Err(DbError::other("no open session"));
@@ -166,11 +169,12 @@ impl<R: Runtime> Driver<R> {
                 }
             }
         }
-        if let Some((query, reply)) = &mut self.query {
+        if let Some((_, _, reply)) = &mut self.query {
             if let Poll::Ready(result) = reply.as_mut().poll(cx) {
-                let query = *query;
-                self.query = None;
-                self.inner.input(Input::Reply { query, result });
+                if let Some((query, sent, _)) = self.query.take() {
+                    sent.replied(self.inner.clock(), &result);
+                    self.inner.input(Input::Reply { query, result });
+                }
             }
         }
     }
@@ -202,6 +206,7 @@ impl<R: Runtime> Driver<R> {
         if s.driver_gone {
             return;
         }
+        s.metrics.driver_stopped();
         if let Conn::Opening(session, _) | Conn::Up(session, ..) = &self.conn {
             let error = Some(DbError::other("the lease driver stopped"));
             s.input(Input::SessionLost {

@@ -84,6 +84,87 @@
 //! and a [`RunError`] for the job's own error, a bad name, a lease already
 //! run by this locker, too many leases, a refused setup, or a stopped driver.
 //!
+//! ## The job span
+//!
+//! Each call of a job runs inside a `tracing` span named `job` with the fields
+//! `lease` (name), `key`, `run` (the run's id within the locker) and `token`
+//! (the fencing token of this acquisition). The span is entered for the call
+//! of the job closure, for every poll of the job future and for its drop, so
+//! every line the job logs carries the lease context:
+//!
+//! ```no_run
+//! # async fn example(locker: lease_driver::Locker) -> Result<(), lease_driver::RunError<std::io::Error>> {
+//! locker
+//!     .run("nightly-report", |lease| async move {
+//!         // With tracing-subscriber's fmt layer this logs
+//!         // INFO job{lease="nightly-report" key=7437057697089824013 run=0 token=1638}: app: report sent
+//!         tracing::info!("report sent");
+//!         lease.cancelled().await;
+//!         Ok::<(), std::io::Error>(())
+//!     })
+//!     .await
+//! # }
+//! ```
+//!
+//! The span is at `INFO` level with the target `lease_driver::run`: under a
+//! stricter filter (`RUST_LOG=warn`), add `lease_driver::run=info` so that
+//! the job's warnings still carry it. The locker's own lines (one per event
+//! of the core) carry `lease`, `key` and `run` as fields instead.
+//!
+//! ## Metrics
+//!
+//! With the cargo feature `metrics` (off by default; `lease-tokio` and
+//! `lease-smol` forward it under the same name), the locker records metrics
+//! through the [`metrics`](https://docs.rs/metrics) facade: install any
+//! recorder or exporter (for example `metrics-exporter-prometheus`) in the
+//! application. Without the feature the `metrics` crate is not in the
+//! dependency graph and no metric state is kept. Every metric is derived in
+//! one module from the core's events and run commands, as the drain rule
+//! routes them, and from the driver's timing of its statements. The locker's
+//! constructors register each metric's unit and help text with the recorder
+//! installed at that time (`describe_metrics()`, present with the feature,
+//! does it again).
+//!
+//! | Name | Type | Labels | Meaning |
+//! |---|---|---|---|
+//! | `lease_leader` | gauge | `lease` | 1 while this process holds the lease (from its acquisition to its loss or release), else 0 |
+//! | `lease_fencing_token` | gauge | `lease` | fencing token of the latest acquisition ([`Lease::token`]) |
+//! | `lease_acquisitions_total` | counter | `lease` | acquisitions (each starts a call of the job) |
+//! | `lease_losses_total` | counter | `lease`, `reason` | leases lost while held (the job is cancelled and the run stands by again) |
+//! | `lease_releases_total` | counter | `lease` | leases released after the job returned (completed, failed, shutdown, close) |
+//! | `lease_standby_duration_seconds` | histogram | `lease` | from the run's start, or its job's return after a loss, to its acquisition |
+//! | `lease_job_stop_duration_seconds` | histogram | `lease`, `reason` | from the job's cancellation ([`Lease::cancelled`] fires) to the job's return |
+//! | `lease_session_connects_total` | counter | — | sessions that connected and passed setup (first connect and every reconnect) |
+//! | `lease_session_failures_total` | counter | `class` | sessions or connection attempts that ended unasked |
+//! | `lease_sessions_ready` | gauge | — | lease sessions of this process that are ready (1 per connected locker) |
+//! | `lease_statement_duration_seconds` | histogram | `statement` | from sending a statement to its reply (error replies included) |
+//! | `lease_statement_errors_total` | counter | `statement` | statements answered with an error |
+//!
+//! Label values form small fixed sets:
+//!
+//! - `lease`: the lease name (`key:<key>` for raw keys).
+//! - `reason` ([`Reason`]): `terminated` (the server ended the session:
+//!   SQLSTATE `57P*`, such as `pg_terminate_backend`, a server shutdown or
+//!   `idle_session_timeout`), `session_lost` (the connection ended
+//!   otherwise), `query_timeout`, `validity_expired`, `not_held` (a heartbeat
+//!   did not find the key), `query_failed`, `refused`, `driver_stopped` (the
+//!   [`Driver`] was dropped); for job stops also `shutdown` and `closed`.
+//! - `class`: `auth` (SQLSTATE `28*`), `config` (`3D*`, `22*`, `42*`,
+//!   `0A*`), `network` (no SQLSTATE: refused, reset, end of stream; or
+//!   `08*`), `terminated` (`57P*` but `57P03`), `unavailable` (`57P03`,
+//!   `53*`: starting up, too many connections), `timeout` (connect or
+//!   statement), `validity_expired`, `query_failed`, `refused`, `other`.
+//! - `statement`: `setup`, `listen`, `try`, `heartbeat`, `release`.
+//!
+//! Session and statement metrics carry no lease label (one session serves
+//! every lease of a locker; a try statement tries several keys at once).
+//! Series of several lockers in one process add up (the gauges move by
+//! increments, so `lease_leader` stays right when two lockers of one process
+//! run the same lease). What the driver cannot
+//! see is not measured: the time between a fault and its detection (bounded
+//! by the options), and a job that never returns (its stop is recorded only
+//! when it does).
+//!
 //! ## Layout
 //!
 //! - [`runtime`]: the [`Runtime`], [`Timer`] and [`Connection`] traits.
@@ -92,6 +173,7 @@
 //!   rule that routes the core's outputs.
 //! - `run`: the run future and the [`Lease`] handle.
 //! - `cancel`, `log`: a runtime-free cancellation signal, event logging.
+//! - `metrics`: every metric (feature `metrics`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -99,17 +181,19 @@
 mod cancel;
 mod driver;
 mod log;
+mod metrics;
 mod run;
 pub mod runtime;
 mod shared;
 
 use std::fmt;
 use std::future::{poll_fn, Future};
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::Poll;
 
 use lease_proto::{Input, Machine};
-use tokio_postgres::Config;
+use tokio_postgres::{Config, NoTls};
 
 pub use driver::Driver;
 pub use lease_proto;
@@ -117,6 +201,8 @@ pub use lease_proto::{
     DbError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason, Refusal,
     SessionState, Status,
 };
+#[cfg(feature = "metrics")]
+pub use metrics::describe_metrics;
 pub use run::Lease;
 pub use runtime::{db_error, BoxFuture, Connected, Connection, Runtime, Timer};
 use shared::Inner;
@@ -192,11 +278,42 @@ impl<E: std::error::Error> std::error::Error for RunError<E> {
     }
 }
 
+/// How an adapter crate turns a TLS connector `T` into the [`Runtime`] that
+/// connects with it. Implemented by each adapter's marker type
+/// (`lease_tokio::TokioAdapter`, `lease_smol::SmolAdapter`), which names the
+/// adapter's `Locker`: `type Locker = lease_driver::Locker<TokioAdapter>`.
+pub trait Adapter<T>: 'static {
+    /// The runtime that connects with `T`.
+    type Runtime: Runtime;
+
+    /// The runtime for `tls`.
+    fn runtime(tls: T) -> Self::Runtime;
+}
+
+/// An adapter whose runtime can spawn the driver itself ([`Locker::spawn`]).
+pub trait Spawn {
+    /// Spawns `driver` on the current runtime.
+    fn spawn<R: Runtime>(driver: Driver<R>);
+}
+
 /// Runs jobs under leases over one dedicated database session. Create one per
 /// process and share it: clones are cheap and share the session.
-#[derive(Clone)]
-pub struct Locker {
+///
+/// `A` is the adapter that made it (it only picks the constructors); every
+/// other method, the runs and their [`Lease`]s are the same for every
+/// runtime. `Locker` alone (`A = ()`) is made by [`Locker::with_runtime`].
+pub struct Locker<A = ()> {
     handle: Arc<Handle>,
+    adapter: PhantomData<fn() -> A>,
+}
+
+impl<A> Clone for Locker<A> {
+    fn clone(&self) -> Self {
+        Locker {
+            handle: self.handle.clone(),
+            adapter: PhantomData,
+        }
+    }
 }
 
 /// Dropped with the last `Locker` clone (run futures hold one): the driver may
@@ -211,7 +328,7 @@ impl Drop for Handle {
     }
 }
 
-impl fmt::Debug for Locker {
+impl<A> fmt::Debug for Locker<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Locker")
             .field("status", &self.status())
@@ -232,7 +349,78 @@ impl Locker {
         config: Config,
         options: Options,
     ) -> Result<(Locker, Driver<R>), Error> {
+        Locker::build(runtime, config, options)
+    }
+}
+
+impl<A> Locker<A> {
+    /// A locker over `config` and its driver, which the caller must run
+    /// (spawn it, or poll it beside the runs). Connects with `tls`. Does not
+    /// connect yet: the driver connects when a run needs the session.
+    ///
+    /// # Errors
+    /// [`Error::Options`] for inconsistent options, [`Error::Config`] when the
+    /// config names no host, or hosts, `hostaddr`s and ports that do not pair
+    /// up (every connection attempt would fail).
+    pub fn new<T>(
+        config: Config,
+        tls: T,
+        options: Options,
+    ) -> Result<(Self, Driver<A::Runtime>), Error>
+    where
+        A: Adapter<T>,
+    {
+        Locker::build(A::runtime(tls), config, options)
+    }
+
+    /// A locker without TLS over a libpq-style connection string, URL
+    /// (`postgres://user:password@host/db`) or key-value
+    /// (`host=... user=... dbname=...`), and its driver, which the caller must
+    /// run. Does not connect.
+    ///
+    /// # Errors
+    /// [`Error::Config`] if the string does not parse (the message never
+    /// contains the string) or names no usable host, [`Error::Options`] for
+    /// inconsistent options.
+    #[allow(clippy::type_complexity)]
+    pub fn connect(
+        config: &str,
+        options: Options,
+    ) -> Result<(Self, Driver<<A as Adapter<NoTls>>::Runtime>), Error>
+    where
+        A: Adapter<NoTls>,
+    {
+        Locker::new(parse_config(config)?, NoTls, options)
+    }
+
+    /// [`Locker::new`], with the driver spawned on the current runtime (for
+    /// adapters that can spawn: tokio).
+    ///
+    /// # Errors
+    /// As [`Locker::new`].
+    ///
+    /// # Panics
+    /// Where the adapter's spawn panics (tokio: outside a runtime).
+    pub fn spawn<T>(config: Config, tls: T, options: Options) -> Result<Self, Error>
+    where
+        A: Adapter<T> + Spawn,
+    {
+        let (locker, driver) = Locker::new(config, tls, options)?;
+        A::spawn(driver);
+        Ok(locker)
+    }
+
+    fn build<R: Runtime>(
+        runtime: R,
+        mut config: Config,
+        options: Options,
+    ) -> Result<(Self, Driver<R>), Error> {
         check_config(&config)?;
+        // Operators tell lease sessions apart in pg_stat_activity (and `lease
+        // status` shows it for the holder); the caller's own name wins.
+        if config.get_application_name().is_none() {
+            config.application_name(DEFAULT_APPLICATION_NAME);
+        }
         let machine = Machine::new(options, shared::seed()).map_err(Error::Options)?;
         let runtime = Arc::new(runtime);
         let clock = {
@@ -242,7 +430,11 @@ impl Locker {
         let inner = Arc::new(Inner::new(machine, clock));
         let driver = Driver::new(inner.clone(), runtime, config);
         let handle = Arc::new(Handle(inner));
-        Ok((Locker { handle }, driver))
+        let locker = Locker {
+            handle,
+            adapter: PhantomData,
+        };
+        Ok((locker, driver))
     }
 
     fn inner(&self) -> &Arc<Inner> {
@@ -337,6 +529,9 @@ impl Locker {
         self.inner().lock().machine.status()
     }
 }
+
+/// The `application_name` of lease sessions whose configuration names none.
+pub const DEFAULT_APPLICATION_NAME: &str = "lease";
 
 /// Parses a libpq-style connection string: a URL
 /// (`postgres://user:password@host/db`) or key-value (`host=... user=...`).

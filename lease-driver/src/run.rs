@@ -10,8 +10,10 @@ use std::time::Instant;
 use lease_proto::RunError as CoreError;
 use lease_proto::{Input, JobExit, LeaseId, NameError, Outcome, Reason, RunId};
 
+use tracing::instrument::{Instrument, Instrumented};
+
 use crate::cancel::Cancel;
-use crate::shared::{Inner, Slot};
+use crate::shared::Inner;
 use crate::{Locker, RunError};
 
 /// The lease a job runs under, handed to each call of the job.
@@ -111,8 +113,8 @@ impl Drop for Guard<'_> {
 
 /// The body of [`Locker::run_lease`](crate::Locker::run_lease). Holds a
 /// `Locker` clone: the driver outlives every run.
-pub(crate) async fn run<S, F, Fut, E>(
-    locker: Locker,
+pub(crate) async fn run<A, S, F, Fut, E>(
+    locker: Locker<A>,
     lease: Result<LeaseId, NameError>,
     shutdown: S,
     mut job: F,
@@ -124,25 +126,18 @@ where
 {
     let lease = lease.map_err(RunError::Name)?;
     let inner = locker.inner();
-    let run = {
-        let mut s = inner.lock();
-        let now = inner.now();
-        let run = s.machine.run(now, lease).map_err(|e| match e {
-            CoreError::AlreadyRunning(lease) => RunError::AlreadyRunning(lease),
-            CoreError::TooManyLeases { cap } => RunError::TooManyLeases { cap },
-            CoreError::Refused(refusal) => RunError::Refused(refusal),
-        })?;
-        s.slots.insert(run, Slot::default());
-        s.drain();
-        run
-    };
+    let run = inner.lock().register(lease).map_err(|e| match e {
+        CoreError::AlreadyRunning(lease) => RunError::AlreadyRunning(lease),
+        CoreError::TooManyLeases { cap } => RunError::TooManyLeases { cap },
+        CoreError::Refused(refusal) => RunError::Refused(refusal),
+    })?;
     let mut guard = Guard {
         inner,
         run,
         finished: false,
     };
     let mut shutdown = pin!(Some(shutdown));
-    let mut current = pin!(None::<Fut>);
+    let mut current = pin!(None::<Instrumented<Fut>>);
     let mut error = None;
     let outcome = poll_fn(|cx| loop {
         if let Some(signal) = shutdown.as_mut().as_pin_mut() {
@@ -175,6 +170,7 @@ where
         if let Some(start) = slot.start.take() {
             drop(s);
             let (id, token, cancel) = (start.lease, start.token, start.cancel);
+            let span = job_span(run, &id, token);
             let lease = Lease {
                 inner: inner.clone(),
                 run,
@@ -182,7 +178,9 @@ where
                 token,
                 cancel,
             };
-            current.set(Some(job(lease)));
+            // The span is entered for the call, every poll and the drop.
+            let future = span.in_scope(|| job(lease));
+            current.set(Some(future.instrument(span)));
             continue;
         }
         // Nobody will finish this run: return once the job has.
@@ -202,4 +200,15 @@ where
             Ok(())
         }
     }
+}
+
+/// The span every log line of a job carries: `job{lease=… key=… run=… token=…}`.
+fn job_span(run: RunId, lease: &LeaseId, token: i64) -> tracing::Span {
+    tracing::info_span!(
+        "job",
+        lease = lease.name(),
+        key = lease.key(),
+        run = run.0,
+        token
+    )
 }

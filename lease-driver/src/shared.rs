@@ -6,10 +6,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use lease_proto::{Input, LeaseId, Machine, Outcome, RunCommand, RunId, SessionCommand};
+use lease_proto::{
+    Input, LeaseId, Machine, Outcome, RunCommand, RunError as CoreError, RunId, SessionCommand,
+};
 
 use crate::cancel::{Cancel, CancelTx};
 use crate::log::log_event;
+use crate::metrics::Metrics;
 
 /// The runtime's clock, shared by the driver, the runs and their leases.
 pub(crate) type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
@@ -32,6 +35,7 @@ impl Inner {
             driver_gone: false,
             lockers_gone: false,
             close_waiters: Vec::new(),
+            metrics: Metrics::new(),
         };
         Inner {
             shared: Mutex::new(shared),
@@ -53,6 +57,11 @@ impl Inner {
     pub(crate) fn now(&self) -> Instant {
         (self.clock)()
     }
+
+    /// The runtime's clock.
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
+    }
 }
 
 pub(crate) struct Shared {
@@ -70,6 +79,8 @@ pub(crate) struct Shared {
     /// Every `Locker` handle was dropped.
     pub(crate) lockers_gone: bool,
     pub(crate) close_waiters: Vec<Waker>,
+    /// Derives the metrics from what the drain rule routes.
+    pub(crate) metrics: Metrics,
 }
 
 /// What the core told one run future, waiting for it to look.
@@ -92,16 +103,30 @@ pub(crate) struct Start {
 impl Shared {
     /// Feeds one input at the runtime's now, then routes everything the core says.
     pub(crate) fn input(&mut self, input: Input) {
+        self.metrics.input(&self.clock, &input);
         let now = (self.clock)();
         self.machine.handle_input(now, input);
         self.drain();
     }
 
+    /// Registers a run of `lease` with the core and gives it a slot, then
+    /// routes what the core says.
+    pub(crate) fn register(&mut self, lease: LeaseId) -> Result<RunId, CoreError> {
+        let now = (self.clock)();
+        let run = self.machine.run(now, lease)?;
+        self.metrics.run_started(run, now);
+        self.slots.insert(run, Slot::default());
+        self.drain();
+        Ok(run)
+    }
+
     /// The drain rule: after every input, run commands to their run futures,
-    /// session commands to the driver, events to tracing; then wake the
-    /// driver, whose timer may have moved.
+    /// session commands to the driver, events to tracing; run commands and
+    /// events to the metrics too; then wake the driver, whose timer may have
+    /// moved.
     pub(crate) fn drain(&mut self) {
         while let Some(command) = self.machine.poll_run() {
+            self.metrics.run_command(&self.clock, &command);
             match command {
                 RunCommand::StartJob {
                     run, lease, token, ..
@@ -131,7 +156,9 @@ impl Shared {
         }
         while let Some(event) = self.machine.poll_event() {
             log_event(&event);
+            self.metrics.event(&self.clock, &event);
         }
+        self.metrics.drained();
         self.dirty = true;
         if let Some(waker) = self.driver.take() {
             waker.wake();

@@ -124,13 +124,17 @@ pub enum Input {
 pub enum Reason {
     /// The session ended (connection closed, server terminated it, restart).
     SessionLost(Option<DbError>),
-    /// A statement did not answer within the query timeout; the session was closed.
+    /// A statement did not answer within the query timeout; the session is
+    /// given up on (closed once the cancelled jobs returned).
     QueryTimeout,
-    /// The lease was not confirmed within its validity window; the session was closed.
+    /// The lease was not confirmed within its validity window; the session is
+    /// given up on (closed once the cancelled jobs returned).
     ValidityExpired,
     /// A heartbeat did not find the key in `pg_locks` for this session.
     NotHeld,
-    /// A statement failed; the session was closed because its state could not be verified.
+    /// A statement failed, or its reply broke the rules; the session is given
+    /// up on (closed once the cancelled jobs returned) because its state
+    /// could not be verified.
     QueryFailed(DbError),
     /// Graceful shutdown of this run was asked.
     Shutdown,
@@ -149,7 +153,7 @@ impl fmt::Display for Reason {
         match self {
             Reason::SessionLost(Some(e)) => write!(f, "session lost: {e}"),
             Reason::SessionLost(None) => f.write_str("session lost"),
-            Reason::QueryTimeout => f.write_str("a statement timed out; session closed"),
+            Reason::QueryTimeout => f.write_str("a statement timed out; session given up"),
             Reason::ValidityExpired => f.write_str("validity expired before confirmation"),
             Reason::NotHeld => f.write_str("key no longer held by this session"),
             Reason::QueryFailed(e) => write!(f, "statement failed: {e}"),

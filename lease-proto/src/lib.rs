@@ -75,6 +75,7 @@
 //! |---|---|
 //! | a job runs only after the server granted its key to this session | always |
 //! | a key is released only after its job returned | always |
+//! | a session the machine gives up on itself (statement timeout, failed or malformed reply, validity end) keeps its locks until every cancelled job has returned, then closes ([`SessionState::Doubtful`]) | at the latest at the send time of its last statement + `idle_session_timeout` (the first moment the server could free the keys anyway): a cancelled job that returns within the guard margin of its validity's end never runs beside the next holder |
 //! | frozen, partitioned or slow holder: the job is cancelled at `valid_until` = send time of the last confirming statement + validity window (`heartbeat + query_timeout` by default), without any reply | by the holder's own clock |
 //! | ...and the server ends its session (releasing the key) no earlier than `idle_session_timeout = validity + guard_margin` after its last statement | zero overlap while clock-rate drift < `margin / (2 validity + margin)` |
 //! | ...nor does the server's TCP give up on it earlier: the session sets and verifies `tcp_user_timeout` = guard and `tcp_keepalives_idle` ≥ guard ([`Options::tcp_settings`]) | guard ≤ 10 min ([`MAX_GUARD_TIMEOUT`]), below the ~15 min retransmission give-up of sockets the session cannot configure (a pooler's) |

@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::time::Duration;
+#[cfg(feature = "sim")]
+use std::time::Instant;
 
 /// Default standby poll interval: how often a standby tries a lease it does not
 /// hold. Each wait is jittered down by up to [`RETRY_JITTER`].
@@ -10,7 +12,8 @@ pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(5);
 /// the leases it holds.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
 /// Default query timeout: how long one statement (or a connection attempt with
-/// its setup) may take before the session is declared lost and closed.
+/// its setup) may take before the session is declared lost (and closed once
+/// the cancelled jobs returned).
 pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default margin by which the server guard (`idle_session_timeout`) outlasts
 /// the validity window.
@@ -61,13 +64,15 @@ pub struct Options {
     pub heartbeat_interval: Duration,
     /// How long one statement may take, and how long connecting plus setup may
     /// take (default 10 s). A statement past it cannot be abandoned politely:
-    /// the session is closed and every lease on it is lost. Keep it well above
+    /// every lease on the session is lost and the session is closed (once the
+    /// cancelled jobs have returned, see [`Machine`](crate::Machine)). Keep it well above
     /// the worst round trip a healthy server and a busy process produce; it is
     /// independent of the heartbeat interval.
     pub query_timeout: Duration,
     /// How long a lease stays valid after the send time of the last statement
     /// that confirmed it (default `None`: `heartbeat_interval + query_timeout`).
-    /// Past it the machine cancels the job on its own and drops the session,
+    /// Past it the machine cancels the job on its own and gives up the session
+    /// (closed once the cancelled jobs returned),
     /// even if no reply or error has come. Must be longer than
     /// `heartbeat_interval`.
     pub validity: Option<Duration>,
@@ -94,6 +99,26 @@ pub struct Options {
     /// Most runs one locker may have at once (default 1,000, at most 100,000).
     /// A run past it fails with [`RunError::TooManyLeases`](crate::RunError).
     pub max_leases: usize,
+    /// Test-only, with the `sim` feature: a deliberate bug planted in the
+    /// machine, to show that the simulator's properties catch it. Always
+    /// `None` outside such a test.
+    #[cfg(feature = "sim")]
+    #[doc(hidden)]
+    pub mutation: Option<Mutation>,
+}
+
+/// Test-only, with the `sim` feature: a deliberate machine bug
+/// ([`Options::mutation`]), for broken-variant tests of the simulator's
+/// properties. Each is consulted in exactly one place of the machine.
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// Confirm a lease's validity from the arrival of the reply that
+    /// confirms it, instead of from the send time of its statement: the
+    /// validity window then starts up to a round trip later than the server
+    /// guard's idle clock, and the margin no longer covers it.
+    ConfirmAtArrival,
 }
 
 impl Default for Options {
@@ -107,6 +132,8 @@ impl Default for Options {
             guard_margin: DEFAULT_GUARD_MARGIN,
             notify_handover: true,
             max_leases: DEFAULT_MAX_LEASES,
+            #[cfg(feature = "sim")]
+            mutation: None,
         }
     }
 }
@@ -229,6 +256,18 @@ impl Options {
             ("tcp_keepalives_interval", 1),
             ("tcp_keepalives_count", 10),
         ]
+    }
+
+    /// Test-only, with the `sim` feature: the instant a reply that arrived
+    /// at `arrived` confirms a lease from, for a statement sent at `sent`:
+    /// `sent`, unless [`Mutation::ConfirmAtArrival`] is planted.
+    #[cfg(feature = "sim")]
+    #[doc(hidden)]
+    pub fn confirm_time(&self, sent: Instant, arrived: Instant) -> Instant {
+        match self.mutation {
+            Some(Mutation::ConfirmAtArrival) => arrived,
+            None => sent,
+        }
     }
 
     /// Checks the options.

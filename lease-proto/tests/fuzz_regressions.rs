@@ -169,7 +169,7 @@ fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
     assert!(started(&cmds, run), "{cmds:?}");
     d.run(b());
     assert_eq!(d.try_keys(), vec![b().key()]);
-    // The try never answers: query timeout, session closed, a's job cancelled.
+    // The try never answers: query timeout, session given up on, a's job cancelled.
     let cmds = d.advance(ms(500));
     assert!(
         cmds.iter().any(|c| matches!(
@@ -179,6 +179,23 @@ fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
                 ..
             }
         )),
+        "{cmds:?}"
+    );
+    // Issue 11 hole 3: the session given up on stays open (its locks keep
+    // a's key) while a's cancelled job runs, until the guard deadline: the
+    // try's send time (+0) + idle_session_timeout (2200 ms).
+    let cmds = d.advance(ms(1600));
+    assert!(
+        !cmds.iter().any(|c| matches!(
+            c,
+            Command::CloseSession { .. } | Command::OpenSession { .. }
+        )),
+        "{cmds:?}"
+    );
+    let cmds = d.advance(ms(100));
+    assert!(
+        cmds.iter()
+            .any(|c| matches!(c, Command::CloseSession { .. })),
         "{cmds:?}"
     );
     // b still wants a session: reconnect after the backoff.

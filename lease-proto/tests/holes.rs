@@ -1,6 +1,7 @@
 //! Issue 11, reproduced first: machine-level tests of holes 3 and 4 that fail
 //! on the code they were written against (marked `#[ignore]` until fixed; run
 //! them with `cargo test -p lease-proto --test holes -- --include-ignored`).
+//! The hole 3 tests pass since the doubtful-session rule (machine/doubtful.rs).
 //!
 //! Hole 3: when the machine gives up on its session itself (a statement that
 //! does not answer, a failed or malformed reply, validity expiry), it must
@@ -215,7 +216,6 @@ fn opts(query_timeout: u64, validity: Option<u64>) -> Options {
 /// +500 ms (validity 1 s, so the timeout comes first). The guard is 1.2 s:
 /// the server could free the key from +1400 ms on.
 #[test]
-#[ignore = "issue 11 hole 3: fails until fixed"]
 fn hole3_query_timeout_keeps_the_session_until_the_job_exits() {
     let mut h = H::new(opts(300, Some(1_000)));
     let run = h.lead("a", 900);
@@ -232,7 +232,6 @@ fn hole3_query_timeout_keeps_the_session_until_the_job_exits() {
 
 /// The heartbeat sent at +200 ms fails at +210 ms. Guard 900 ms: +1100 ms.
 #[test]
-#[ignore = "issue 11 hole 3: fails until fixed"]
 fn hole3_failed_heartbeat_keeps_the_session_until_the_job_exits() {
     let mut h = H::new(opts(500, None));
     let run = h.lead("a", 900);
@@ -253,7 +252,6 @@ fn hole3_failed_heartbeat_keeps_the_session_until_the_job_exits() {
 
 /// The heartbeat sent at +200 ms gets a malformed row at +210 ms.
 #[test]
-#[ignore = "issue 11 hole 3: fails until fixed"]
 fn hole3_malformed_heartbeat_keeps_the_session_until_the_job_exits() {
     let mut h = H::new(opts(500, None));
     let run = h.lead("a", 900);
@@ -275,7 +273,6 @@ fn hole3_malformed_heartbeat_keeps_the_session_until_the_job_exits() {
 /// Validity 500 ms, query timeout 1 s: the heartbeat sent at +200 ms is still
 /// in flight when the validity ends at +500 ms. Guard 700 ms: +900 ms.
 #[test]
-#[ignore = "issue 11 hole 3: fails until fixed"]
 fn hole3_validity_expiry_keeps_the_session_until_the_job_exits() {
     let mut h = H::new(opts(1_000, Some(500)));
     let run = h.lead("a", 900);

@@ -260,7 +260,101 @@ fn validity_expiry_cancels_without_any_reply() {
         )),
         "{cmds:?}"
     );
+    // Issue 11 hole 3 (was: CloseSession at this tick): the session is kept,
+    // with its lock, while the cancelled job runs, until the guard deadline:
+    // the heartbeat's send time (+200 ms) + idle_session_timeout (900 ms).
+    assert!(!has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
+    let close_by = h.now() - opts().validity_window() + ms(200) + opts().guard_timeout();
+    assert_eq!(
+        h.machine().status().session,
+        SessionState::Doubtful { close_by }
+    );
+    assert_eq!(h.machine().timeout_reason(), Some(Timer::DeferredClose));
+    assert_eq!(h.machine().poll_timeout(), Some(close_by));
+    // A late heartbeat reply is ignored: nothing is sent on the session again.
+    let cmds = h.heartbeat(7, &[lease("a").key()]);
+    assert!(!has(&cmds, |c| matches!(
+        c,
+        Command::Query { .. } | Command::StartJob { .. }
+    )));
+    // Closed as soon as the job has returned.
+    let cmds = h.input(Input::JobExited {
+        run,
+        exit: JobExit::Ok,
+    });
     assert!(has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
+}
+
+/// Issue 11 hole 3: a cancelled job that never returns keeps the session no
+/// longer than the guard deadline, when the server could free the key anyway.
+#[test]
+fn a_doubtful_session_closes_at_the_guard_deadline() {
+    let mut h = harness(opts());
+    let run = started(&mut h, "a", 900);
+    h.advance(ms(200));
+    assert_eq!(h.statement(), Statement::Heartbeat);
+    let close_by = h.now() + opts().guard_timeout();
+    let cmds = h.fail(boom("XX000"));
+    assert!(has(&cmds, |c| matches!(c, Command::CancelJob { .. })));
+    assert!(!has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
+    h.set_now(close_by - ms(1));
+    let cmds = h.input(Input::Tick);
+    assert!(!has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
+    h.set_now(close_by);
+    let cmds = h.input(Input::Tick);
+    assert!(has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
+    // The run still waits for its job; no session is needed meanwhile.
+    assert_eq!(h.machine().status().session, SessionState::Idle);
+    h.input(Input::JobExited {
+        run,
+        exit: JobExit::Ok,
+    });
+    assert!(matches!(
+        h.machine().status().session,
+        SessionState::Backoff { .. }
+    ));
+}
+
+/// Issue 11 hole 3: while a doubtful session is kept, no run acquires on it
+/// and no new session opens; the standby gets a new session once the
+/// cancelled job has returned and the doubtful one is closed.
+#[test]
+fn a_doubtful_session_takes_no_new_work() {
+    let mut h = harness(opts());
+    let a = started(&mut h, "a", 900);
+    h.advance(ms(200));
+    h.fail(boom("XX000"));
+    let b = h.run(lease("b"));
+    let cmds = h.advance(ms(300));
+    assert!(
+        !has(&cmds, |c| matches!(
+            c,
+            Command::Query { .. } | Command::OpenSession { .. } | Command::CloseSession { .. }
+        )),
+        "{cmds:?}"
+    );
+    assert!(h.in_flight().is_none());
+    assert!(matches!(
+        h.machine().status().session,
+        SessionState::Doubtful { .. }
+    ));
+    assert_eq!(
+        h.machine().status().leases[1].state,
+        LeaseState::Standby { holder_pid: None }
+    );
+    let cmds = h.input(Input::JobExited {
+        run: a,
+        exit: JobExit::Ok,
+    });
+    assert!(has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
+    assert!(!has(&cmds, |c| matches!(c, Command::OpenSession { .. })));
+    let cmds = h.advance(RECONNECT_BASE);
+    assert!(has(&cmds, |c| matches!(c, Command::OpenSession { .. })));
+    h.connect(7);
+    // Both contend now: a stands by again since its job returned.
+    assert!(h.try_keys().contains(&lease("b").key()));
+    assert!(h.try_keys().contains(&lease("a").key()));
+    assert!(h.machine().valid_until(b).is_none());
 }
 
 #[test]
@@ -370,7 +464,6 @@ fn a_query_timeout_closes_the_session_and_backs_off() {
     let run = started(&mut h, "a", 900);
     h.advance(ms(200));
     let cmds = h.advance(opts().query_timeout);
-    assert!(has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
     assert!(has(&cmds, |c| matches!(
         c,
         Command::CancelJob {
@@ -378,12 +471,18 @@ fn a_query_timeout_closes_the_session_and_backs_off() {
             ..
         }
     )));
-    // No session is needed until the job has returned; then it reconnects after a backoff.
-    assert_eq!(h.machine().status().session, SessionState::Idle);
-    h.input(Input::JobExited {
+    // Issue 11 hole 3: the session stays open, holding the key, until the
+    // job has returned; then it is closed and a new one opens after a backoff.
+    assert!(!has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
+    assert!(matches!(
+        h.machine().status().session,
+        SessionState::Doubtful { .. }
+    ));
+    let cmds = h.input(Input::JobExited {
         run,
         exit: JobExit::Ok,
     });
+    assert!(has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
     assert!(matches!(
         h.machine().status().session,
         SessionState::Backoff { .. }

@@ -1,30 +1,289 @@
-//! Properties of the machine in the simulator, over generated fault schedules.
-//! Each runs `PROPTEST_CASES` cases (256 by default in this file's config);
-//! a failure shrinks to a small schedule and prints the trace.
+//! Properties of the machine in the simulator, over generated setups and
+//! fault schedules. Each runs `PROPTEST_CASES` cases (256 by default in this
+//! file's config); a failure shrinks to a small case and prints the trace.
+//!
+//! The generator varies the machine's options (heartbeat, query timeout,
+//! validity, guard margin, retry interval, server guard and handover
+//! notification on or off), the network (base latency up to 40 ms, jitter up
+//! to 100 ms, a link of its own of up to 120 ms for some processes, so a
+//! reply can take longer than the guard margin and a holder sits idle, as the
+//! server sees it, between a reply and its next statement) and the server
+//! (replies too large for its socket buffer block a backend writing to a
+//! partitioned client), with clock drift kept inside the bound the margin
+//! absorbs. The heartbeat interval stays above the longest round trip (below
+//! it the machine used to starve standby tries; fixed, pinned by
+//! `a_round_trip_longer_than_the_heartbeat_does_not_starve_standbys`).
+//!
+//! Faults are single faults, statement errors after a partial run and
+//! malformed replies ([`Fault::FlakyStatements`], so the machine's "maybe
+//! acquired" path is exercised by every property), and a slow link going
+//! silent, sized from the options to probe the guard margin
+//! ([`slow_then_silent`]).
+//!
+//! Broken variants show the properties catch what they claim to:
+//! `broken_confirming_validity_at_reply_arrival_is_caught` plants
+//! [`Mutation::ConfirmAtArrival`] and expects strong safety to fail.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lease_proto::sim::{faults_end, Fault, Report, Sim, SimConfig};
-use lease_proto::Options;
+use lease_proto::sim::{Fault, Mutation, Report, ServerConfig, Sim, SimConfig, TraceEvent};
+use lease_proto::{Event, Options};
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{
+    contextualize_config, FileFailurePersistence, RngAlgorithm, TestCaseError, TestError, TestRng,
+    TestRunner,
+};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// Faults start in the first half of this; the simulation runs to it.
 const HORIZON: u64 = 15_000;
+/// Cases per property unless `PROPTEST_CASES` says otherwise.
+const CASES: u32 = 256;
 
-fn config(processes: usize, leases: usize, seed: u64, exits: bool) -> SimConfig {
-    SimConfig {
-        seed,
-        processes,
-        leases: (0..leases).map(|i| format!("job-{i}")).collect(),
-        job_exit_probability: if exits { 0.3 } else { 0.0 },
-        job_lifetime: ms(3000),
-        // 700 ms validity, 200 ms margin: the drift bound is 12.5 %; stay inside.
-        drift: 0.05,
-        ..SimConfig::default()
+/// The machine's options and the network, as generated.
+#[derive(Debug, Clone)]
+struct Knobs {
+    heartbeat_ms: u64,
+    /// Added to the round trip to make the query timeout.
+    query_slack_ms: u64,
+    /// `None`: the default validity (heartbeat + query timeout); else added
+    /// to the heartbeat and two round trips.
+    validity_slack_ms: Option<u64>,
+    margin_ms: u64,
+    retry_ms: u64,
+    guard: bool,
+    notify: bool,
+    latency_us: u64,
+    jitter_us: u64,
+    /// Each process's own added link latency (another zone).
+    link_us: Vec<u64>,
+    /// Drift as a share of the bound the margin absorbs.
+    drift_share: f64,
+    /// Replies of more rows block the backend's write to a partitioned
+    /// client ([`ServerConfig::send_buffer_rows`]).
+    send_buffer_rows: Option<usize>,
+}
+
+impl Knobs {
+    /// The longest one-way latency without faults.
+    fn one_way(&self) -> Duration {
+        let link = self.link_us.iter().max().copied().unwrap_or(0);
+        Duration::from_micros(self.latency_us + self.jitter_us + link)
     }
+
+    /// The intervals are built on the longest round trip: a query timeout
+    /// below it would time every statement out, and a heartbeat interval
+    /// below it kept every heartbeat due at once (see
+    /// `a_round_trip_longer_than_the_heartbeat_does_not_starve_standbys`).
+    fn options(&self) -> Options {
+        let rtt = self.one_way() * 2;
+        let heartbeat = rtt + ms(self.heartbeat_ms);
+        Options {
+            retry_interval: ms(self.retry_ms),
+            heartbeat_interval: heartbeat,
+            query_timeout: rtt + ms(self.query_slack_ms),
+            validity: self.validity_slack_ms.map(|v| heartbeat + rtt * 2 + ms(v)),
+            server_guard: self.guard,
+            guard_margin: ms(self.margin_ms),
+            notify_handover: self.notify,
+            ..Options::default()
+        }
+    }
+}
+
+/// Knobs; `guard` says whether the server guard may be on, off or both.
+fn knobs(guard: impl Strategy<Value = bool>) -> impl Strategy<Value = Knobs> {
+    (
+        (
+            20..800u64,
+            prop_oneof![1 => 20..200u64, 3 => 200..1500u64],
+            proptest::option::of(1..800u64),
+            prop_oneof![3 => 1..30u64, 1 => 30..250u64],
+            prop_oneof![2 => 20..100u64, 1 => 100..800u64],
+        ),
+        (
+            guard,
+            any::<bool>(),
+            0..40_000u64,
+            0..100_000u64,
+            proptest::collection::vec(prop_oneof![3 => Just(0u64), 1 => 10_000..120_000u64], 4),
+            0.0..0.8f64,
+            proptest::option::of(1..4usize),
+        ),
+    )
+        .prop_map(
+            |(
+                (heartbeat_ms, query_slack_ms, validity_slack_ms, margin_ms, retry_ms),
+                (guard, notify, latency_us, jitter_us, link_us, drift_share, send_buffer_rows),
+            )| Knobs {
+                heartbeat_ms,
+                query_slack_ms,
+                validity_slack_ms,
+                margin_ms,
+                retry_ms,
+                guard,
+                notify,
+                latency_us,
+                jitter_us,
+                link_us,
+                drift_share,
+                send_buffer_rows,
+            },
+        )
+}
+
+/// The server guard: on three cases in four.
+fn guard() -> impl Strategy<Value = bool> {
+    prop_oneof![3 => Just(true), 1 => Just(false)]
+}
+
+/// One generated case: a setup and a fault schedule.
+#[derive(Debug, Clone)]
+struct Case {
+    knobs: Knobs,
+    processes: usize,
+    leases: usize,
+    seed: u64,
+    exits: bool,
+    faults: Vec<(Duration, Fault)>,
+}
+
+impl Case {
+    fn config(&self, mutation: Option<Mutation>) -> SimConfig {
+        let options = Options {
+            mutation,
+            ..self.knobs.options()
+        };
+        options
+            .validate()
+            .expect("the generator makes valid options");
+        // The guarantee holds while drift < margin / (2 * validity + margin).
+        let v = options.validity_window().as_secs_f64();
+        let m = options.guard_margin_in_force().as_secs_f64();
+        let drift = self.knobs.drift_share * m / (2.0 * v + m);
+        SimConfig {
+            seed: self.seed,
+            processes: self.processes,
+            leases: (0..self.leases).map(|i| format!("job-{i}")).collect(),
+            options,
+            latency: Duration::from_micros(self.knobs.latency_us),
+            jitter: Duration::from_micros(self.knobs.jitter_us),
+            link_latency: (self.knobs.link_us.iter())
+                .map(|us| Duration::from_micros(*us))
+                .collect(),
+            drift,
+            job_exit_probability: if self.exits { 0.3 } else { 0.0 },
+            job_lifetime: ms(3000),
+            server: ServerConfig {
+                send_buffer_rows: self.knobs.send_buffer_rows,
+                ..ServerConfig::default()
+            },
+            ..SimConfig::default()
+        }
+    }
+}
+
+fn case(
+    guard: impl Strategy<Value = bool>,
+    fault: BoxedStrategy<Fault>,
+) -> impl Strategy<Value = Case> {
+    knobs(guard).prop_flat_map(move |knobs| {
+        let group = prop_oneof![
+            2 => fault.clone().prop_map(|f| vec![(Duration::ZERO, f)]),
+            1 => slow_then_silent(&knobs),
+        ];
+        (
+            Just(knobs),
+            2..5usize,
+            1..4usize,
+            any::<u64>(),
+            any::<bool>(),
+            proptest::collection::vec(((0..HORIZON / 2).prop_map(ms), group), 0..5),
+        )
+            .prop_map(|(knobs, processes, leases, seed, exits, groups)| Case {
+                knobs,
+                processes,
+                leases,
+                seed,
+                exits,
+                faults: groups
+                    .into_iter()
+                    .flat_map(|(at, group)| {
+                        group.into_iter().map(move |(after, f)| (at + after, f))
+                    })
+                    .filter(|(_, f)| fault_process(f).is_none_or(|p| p < processes))
+                    .collect(),
+            })
+    })
+}
+
+/// A link that slows down, then goes silent: a delay on one process's link
+/// and, while it lasts, a partition or freeze of the same process, sized
+/// from the options so that they probe the guard margin. The delay is more
+/// than the margin plus a one-way latency (so a reply takes longer than the
+/// margin, and longer than a standby's reply), less than half the query
+/// timeout (so the holder's statements still answer in time); the silence
+/// begins after a delayed reply has arrived, within one heartbeat interval,
+/// and lasts past the validity window and the margin. A holder whose last
+/// reply before the silence is such a slow one is where counting validity
+/// from a reply's arrival, instead of its statement's send time, gives two
+/// leaders.
+fn slow_then_silent(knobs: &Knobs) -> impl Strategy<Value = Vec<(Duration, Fault)>> {
+    let o = knobs.options();
+    let one_way = knobs.one_way();
+    let least = o.guard_margin_in_force() + one_way;
+    let most = (o.query_timeout / 2)
+        .saturating_sub(one_way)
+        .max(least + ms(1));
+    let (least, most) = (least.as_micros() as u64, most.as_micros() as u64);
+    let window = o.validity_window() + o.guard_margin_in_force();
+    let heartbeat = o.heartbeat_interval;
+    (
+        0..4usize,
+        least..most,
+        0..1000u64,
+        0..3000u64,
+        any::<bool>(),
+    )
+        .prop_map(move |(process, extra, phase, longer, freeze)| {
+            let extra = Duration::from_micros(extra);
+            // A statement sent when the delay begins has its reply by then.
+            let after = heartbeat.mul_f64(phase as f64 / 1000.0) + (one_way + extra) * 2;
+            let silent = window + ms(longer);
+            let silence = if freeze {
+                Fault::Freeze {
+                    process,
+                    duration: silent,
+                }
+            } else {
+                Fault::Partition {
+                    process,
+                    duration: silent,
+                }
+            };
+            let delay = Fault::Delay {
+                process,
+                extra,
+                duration: after + silent,
+            };
+            vec![(Duration::ZERO, delay), (after, silence)]
+        })
+}
+
+/// Statement errors (after a partial run) and malformed replies for a while.
+fn flaky_statements() -> impl Strategy<Value = Fault> {
+    (0.0..0.5f64, 0.0..0.3f64, 1..4000u64).prop_map(|(error, malformed, d)| {
+        Fault::FlakyStatements {
+            error,
+            malformed,
+            duration: ms(d),
+        }
+    })
 }
 
 /// Faults under which the strong safety property must hold: nothing the
@@ -32,27 +291,28 @@ fn config(processes: usize, leases: usize, seed: u64, exits: bool) -> SimConfig 
 fn client_fault(processes: usize) -> impl Strategy<Value = Fault> {
     let p = 0..processes;
     prop_oneof![
-        (p.clone(), 1..4000u64).prop_map(|(process, d)| Fault::Partition {
+        2 => (p.clone(), 1..4000u64).prop_map(|(process, d)| Fault::Partition {
             process,
             duration: ms(d)
         }),
-        (p.clone(), 1..4000u64).prop_map(|(process, d)| Fault::Freeze {
+        2 => (p.clone(), 1..4000u64).prop_map(|(process, d)| Fault::Freeze {
             process,
             duration: ms(d)
         }),
-        (p.clone(), 1..400u64, 1..3000u64).prop_map(|(process, e, d)| Fault::Delay {
+        1 => (p.clone(), 1..400u64, 1..3000u64).prop_map(|(process, e, d)| Fault::Delay {
             process,
             extra: ms(e),
             duration: ms(d)
         }),
-        (1..400u64, 1..3000u64).prop_map(|(e, d)| Fault::SlowServer {
+        1 => (1..400u64, 1..3000u64).prop_map(|(e, d)| Fault::SlowServer {
             extra: ms(e),
             duration: ms(d)
         }),
-        (p, proptest::option::of(1..3000u64)).prop_map(|(process, r)| Fault::Crash {
+        1 => (p, proptest::option::of(1..3000u64)).prop_map(|(process, r)| Fault::Crash {
             process,
             restart_after: r.map(ms)
         }),
+        1 => flaky_statements(),
     ]
 }
 
@@ -65,112 +325,6 @@ fn any_fault(processes: usize) -> impl Strategy<Value = Fault> {
     ]
 }
 
-fn schedule(f: impl Strategy<Value = Fault>) -> impl Strategy<Value = Vec<(Duration, Fault)>> {
-    proptest::collection::vec(((0..HORIZON / 2).prop_map(ms), f), 0..6)
-}
-
-fn run(cfg: SimConfig, faults: &[(Duration, Fault)]) -> Report {
-    let mut sim = Sim::new(cfg, Instant::now());
-    for (at, f) in faults {
-        sim.schedule(*at, f.clone());
-    }
-    sim.finish(ms(HORIZON), ms(3000))
-}
-
-fn explain(r: &Report) -> String {
-    format!(
-        "violations: {:#?}\ntrace (time, process, event):\n{}",
-        r.violations,
-        r.trace_text()
-    )
-}
-
-/// Liveness bound after the last fault heals: the old session may live until
-/// the guard ends it, a standby may be waiting out a query timeout, a reconnect
-/// backoff (capped at the retry interval) and one retry interval.
-fn liveness_bound(o: &Options) -> Duration {
-    o.guard_timeout() + o.query_timeout + o.retry_interval * 2 + ms(50)
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 2000, ..ProptestConfig::default() })]
-
-    /// Strong safety, contract and no leaks under partitions, freezes, delays,
-    /// slow replies and client crashes.
-    #[test]
-    fn strong_safety_contract_and_no_leaks(
-        processes in 2..5usize,
-        leases in 1..4usize,
-        seed in any::<u64>(),
-        exits in any::<bool>(),
-        faults in schedule(client_fault(4)),
-    ) {
-        let faults: Vec<_> = faults.into_iter().filter(|(_, f)| fault_process(f).is_none_or(|p| p < processes)).collect();
-        let r = run(config(processes, leases, seed, exits), &faults);
-        prop_assert!(r.violations.is_empty(), "{}", explain(&r));
-    }
-
-    /// Bounded safety when the server ends sessions itself (terminate,
-    /// restart): two jobs overlap at most the validity window, and at most a
-    /// one-way latency when the holder can hear the server.
-    #[test]
-    fn bounded_overlap_when_the_server_ends_sessions(
-        processes in 2..5usize,
-        seed in any::<u64>(),
-        faults in schedule(any_fault(4)),
-    ) {
-        let faults: Vec<_> = faults.into_iter().filter(|(_, f)| fault_process(f).is_none_or(|p| p < processes)).collect();
-        let cfg = config(processes, 2, seed, false);
-        let validity = cfg.options.validity_window();
-        let hears = faults.iter().all(|(_, f)| f.server_ends_sessions() || matches!(f, Fault::Crash { .. }));
-        let latency = cfg.latency + cfg.jitter + cfg.job_reaction;
-        let r = run(cfg, &faults);
-        let contract: Vec<_> = r.violations.iter().filter(|v| !v.is_safety()).collect();
-        prop_assert!(contract.is_empty(), "{}", explain(&r));
-        for (lease, overlap) in &r.max_overlap {
-            prop_assert!(*overlap <= validity, "{lease}: overlap {overlap:?} > validity {validity:?}\n{}", explain(&r));
-            if hears {
-                prop_assert!(*overlap <= latency, "{lease}: overlap {overlap:?} > {latency:?} with the holder hearing the server\n{}", explain(&r));
-            }
-        }
-    }
-
-    /// Liveness: once every fault has healed, some live process leads every
-    /// lease within the documented bound.
-    #[test]
-    fn liveness_after_healing(
-        processes in 2..5usize,
-        leases in 1..4usize,
-        seed in any::<u64>(),
-        faults in schedule(any_fault(4)),
-    ) {
-        let faults: Vec<_> = faults.into_iter().filter(|(_, f)| fault_process(f).is_none_or(|p| p < processes)).collect();
-        let cfg = config(processes, leases, seed, false);
-        let names = cfg.leases.clone();
-        let bound = liveness_bound(&cfg.options);
-        let mut sim = Sim::new(cfg, Instant::now());
-        for (at, f) in &faults {
-            sim.schedule(*at, f.clone());
-        }
-        // Crashes without restart still leave other processes; if all crashed, skip.
-        let healed = faults_end(&faults).unwrap_or(Duration::ZERO);
-        let alive_at_end = (0..processes).any(|p| !faults.iter().any(|(_, f)| matches!(f, Fault::Crash { process, restart_after: None } if *process == p)));
-        prop_assume!(alive_at_end);
-        sim.run_until(healed);
-        let deadline = healed + bound;
-        let mut led_at = None;
-        while sim.now() < deadline {
-            let t = sim.now() + ms(5);
-            sim.run_until(t);
-            if names.iter().all(|n| (0..processes).any(|p| sim.leads(p, n))) {
-                led_at = Some(sim.now());
-                break;
-            }
-        }
-        prop_assert!(led_at.is_some(), "not every lease led within {bound:?} after healing at {healed:?}\n{}", explain(sim.report()));
-    }
-}
-
 fn fault_process(f: &Fault) -> Option<usize> {
     match f {
         Fault::Partition { process, .. }
@@ -178,11 +332,316 @@ fn fault_process(f: &Fault) -> Option<usize> {
         | Fault::Delay { process, .. }
         | Fault::Crash { process, .. }
         | Fault::Terminate { process } => Some(*process),
-        Fault::SlowServer { .. }
-        | Fault::ServerRestart { .. }
-        | Fault::ServerCrash { .. }
-        | Fault::Promote { .. } => None,
+        _ => None,
     }
+}
+
+/// After the horizon everything heals and every machine closes; messages
+/// already on a delayed link and statements on a slowed server still take
+/// as long as the schedule made them (up to every added latency and
+/// slowness), then a few round trips.
+fn settle(cfg: &SimConfig, faults: &[(Duration, Fault)]) -> Duration {
+    let stacked: Duration = faults
+        .iter()
+        .map(|(_, f)| match f {
+            Fault::Delay { extra, .. } | Fault::SlowServer { extra, .. } => *extra,
+            _ => Duration::ZERO,
+        })
+        .sum();
+    ms(3000) + stacked + one_way(cfg) * 10
+}
+
+fn simulate(cfg: &SimConfig, faults: &[(Duration, Fault)]) -> Sim {
+    let mut sim = Sim::new(cfg.clone(), Instant::now());
+    for (at, f) in faults {
+        sim.schedule(*at, f.clone());
+    }
+    sim
+}
+
+fn run(cfg: &SimConfig, faults: &[(Duration, Fault)]) -> Report {
+    simulate(cfg, faults).finish(ms(HORIZON), settle(cfg, faults))
+}
+
+fn explain(cfg: &SimConfig, r: &Report) -> String {
+    format!(
+        "options: {:?}\nlatency {:?}, jitter {:?}, links {:?}, drift {:.5}\n\
+         violations: {:#?}\ntrace (time, process, event):\n{}",
+        cfg.options,
+        cfg.latency,
+        cfg.jitter,
+        cfg.link_latency,
+        cfg.drift,
+        r.violations,
+        r.trace_text()
+    )
+}
+
+/// Strong safety, the contract and no leaks, for one case.
+fn strong_safety(case: &Case, mutation: Option<Mutation>) -> Result<(), TestCaseError> {
+    let cfg = case.config(mutation);
+    let r = run(&cfg, &case.faults);
+    prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
+    Ok(())
+}
+
+/// The longest one-way latency without faults.
+fn one_way(cfg: &SimConfig) -> Duration {
+    let link = cfg.link_latency.iter().max().copied().unwrap_or_default();
+    cfg.latency + cfg.jitter + link
+}
+
+/// When every fault's effect is over: a crash without restart is over when
+/// it happens (the process is gone; its kernel closed its socket).
+fn healed_at(faults: &[(Duration, Fault)]) -> Duration {
+    faults
+        .iter()
+        .map(|(at, f)| *at + f.duration().unwrap_or(Duration::ZERO))
+        .max()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Liveness bound after the last fault heals: the old session may live until
+/// the guard ends it, a standby may be waiting out a query timeout, a
+/// reconnect backoff (capped at the retry interval) and one retry interval,
+/// and reconnecting takes round trips (connect, setup, listen, try, and a
+/// verification or release before the try); each of the machine's intervals
+/// runs on a clock up to `drift` slow.
+fn liveness_bound(cfg: &SimConfig) -> Duration {
+    let o = &cfg.options;
+    let local = o.guard_timeout() + o.query_timeout + o.retry_interval * 2;
+    local.mul_f64(1.0 / (1.0 - cfg.drift)) + one_way(cfg) * 12 + ms(50)
+}
+
+/// What the liveness property asserted in a case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asserted {
+    /// Some live process led every lease within the bound.
+    Led,
+    /// Every process had crashed for good: the server freed every key within
+    /// the bound.
+    Freed,
+}
+
+/// Liveness, for one case: once every fault has healed, some live process
+/// leads every lease within the bound; if none is alive, the server frees
+/// every key within the bound.
+fn liveness(case: &Case) -> Result<Asserted, TestCaseError> {
+    // Jobs that return by themselves finish their runs: nothing to lead.
+    let case = Case {
+        exits: false,
+        ..case.clone()
+    };
+    let cfg = case.config(None);
+    let bound = liveness_bound(&cfg);
+    let mut sim = simulate(&cfg, &case.faults);
+    let healed = healed_at(&case.faults);
+    sim.run_until(healed);
+    let deadline = healed + bound;
+    let any_alive = (0..cfg.processes).any(|p| sim.is_alive(p));
+    loop {
+        let done = if any_alive {
+            cfg.leases
+                .iter()
+                .all(|n| (0..cfg.processes).any(|p| sim.leads(p, n)))
+        } else {
+            sim.server_locks().is_empty()
+        };
+        if done {
+            return Ok(if any_alive {
+                Asserted::Led
+            } else {
+                Asserted::Freed
+            });
+        }
+        if sim.now() >= deadline {
+            break;
+        }
+        let t = (sim.now() + ms(5)).min(deadline);
+        sim.run_until(t);
+    }
+    if any_alive {
+        Err(TestCaseError::fail(format!(
+            "not every lease led by a live process within {bound:?} after healing at {healed:?}\n{}",
+            explain(&cfg, sim.report())
+        )))
+    } else {
+        Err(TestCaseError::fail(format!(
+            "every process crashed for good, yet the server still holds {:?} {bound:?} after \
+             healing at {healed:?}\n{}",
+            sim.server_locks(),
+            explain(&cfg, sim.report())
+        )))
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: CASES, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+
+    /// Strong safety, contract and no leaks under partitions, freezes, delays,
+    /// slow replies, statement errors, malformed replies and client crashes,
+    /// the guard on or off.
+    #[test]
+    fn strong_safety_contract_and_no_leaks(case in case(guard(), client_fault(4).boxed())) {
+        strong_safety(&case, None)?;
+    }
+
+    /// Bounded safety when the server ends sessions itself (terminate,
+    /// restart): two jobs overlap at most the validity window, and at most a
+    /// one-way latency when the holder can hear the server.
+    #[test]
+    fn bounded_overlap_when_the_server_ends_sessions(case in case(guard(), any_fault(4).boxed())) {
+        let cfg = case.config(None);
+        let validity = cfg.options.validity_window().mul_f64(1.0 / (1.0 - cfg.drift));
+        let hears = case.faults.iter().all(|(_, f)| {
+            f.server_ends_sessions()
+                || matches!(f, Fault::Crash { .. } | Fault::FlakyStatements { .. })
+        });
+        let latency = one_way(&cfg) + cfg.job_reaction;
+        let r = run(&cfg, &case.faults);
+        let contract: Vec<_> = r.violations.iter().filter(|v| !v.is_safety()).collect();
+        prop_assert!(contract.is_empty(), "{}", explain(&cfg, &r));
+        for (lease, overlap) in &r.max_overlap {
+            prop_assert!(*overlap <= validity, "{lease}: overlap {overlap:?} > validity {validity:?}\n{}", explain(&cfg, &r));
+            if hears {
+                prop_assert!(*overlap <= latency, "{lease}: overlap {overlap:?} > {latency:?} with the holder hearing the server\n{}", explain(&cfg, &r));
+            }
+        }
+    }
+}
+
+/// Liveness: once every fault has healed, some live process leads every
+/// lease within the documented bound — or, when every process crashed for
+/// good, the server has freed every key. Every case asserts one of the two
+/// (counted: no case is skipped).
+#[test]
+fn liveness_after_healing() {
+    let config = contextualize_config(ProptestConfig {
+        cases: CASES,
+        max_shrink_iters: 2000,
+        // Cargo runs tests in the package directory.
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "tests/properties-liveness.proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    });
+    let cases = config.cases;
+    let led = AtomicU64::new(0);
+    let freed = AtomicU64::new(0);
+    let mut runner = TestRunner::new(config);
+    let result = runner.run(&case(guard(), any_fault(4).boxed()), |case| {
+        match liveness(&case)? {
+            Asserted::Led => led.fetch_add(1, Ordering::Relaxed),
+            Asserted::Freed => freed.fetch_add(1, Ordering::Relaxed),
+        };
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let (led, freed) = (led.into_inner(), freed.into_inner());
+    eprintln!("liveness: {led} cases led by a live process, {freed} with every key freed");
+    assert_eq!(led + freed, u64::from(cases), "every case asserts liveness");
+}
+
+/// Broken variant: a machine that confirms a lease's validity from the
+/// arrival of the confirming reply, not from its statement's send time,
+/// gives two leaders once a reply takes longer than the guard margin; the
+/// strong-safety property must find it (deterministic runner, so the test
+/// does not depend on luck).
+#[test]
+fn broken_confirming_validity_at_reply_arrival_is_caught() {
+    let strategy = case(guard(), client_fault(4).boxed());
+    // The rate: how many of 100 generated cases break.
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let mut broken = 0;
+    let total = 100;
+    for _ in 0..total {
+        let case = strategy.new_tree(&mut runner).expect("a case").current();
+        if strong_safety(&case, Some(Mutation::ConfirmAtArrival)).is_err() {
+            broken += 1;
+        }
+    }
+    eprintln!("confirm-at-arrival mutation: {broken} of {total} cases break strong safety");
+    // The property itself, shrinking to a small case.
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: CASES,
+            max_shrink_iters: 100,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let result = runner.run(&strategy, |case| {
+        strong_safety(&case, Some(Mutation::ConfirmAtArrival))
+    });
+    match result {
+        Err(TestError::Fail(reason, case)) => {
+            let reason = reason.to_string();
+            assert!(
+                reason.contains("TwoLeaders"),
+                "the mutation broke something else than strong safety: {reason}"
+            );
+            eprintln!(
+                "shrunk to: {case:#?}\n{}",
+                reason.lines().take(12).collect::<Vec<_>>().join("\n")
+            );
+        }
+        Err(e) => panic!("unexpected: {e}"),
+        Ok(()) => panic!("strong safety did not catch the confirm-at-arrival mutation"),
+    }
+}
+
+/// Statement faults exercise the "maybe acquired" path: a try that failed
+/// after taking some of its keys is verified by a heartbeat, which finds
+/// them held and unlocks them, and every property still holds.
+#[test]
+fn statement_faults_exercise_the_maybe_acquired_path() {
+    let mut cfg = SimConfig {
+        processes: 3,
+        leases: (0..4).map(|i| format!("job-{i}")).collect(),
+        full_trace: true,
+        ..SimConfig::default()
+    };
+    let mut failed = 0;
+    let mut unlocked = 0;
+    for seed in 0..20 {
+        cfg.seed = seed;
+        let faults = [(
+            ms(0),
+            Fault::FlakyStatements {
+                error: 0.3,
+                malformed: 0.1,
+                duration: ms(4000),
+            },
+        )];
+        let r = run(&cfg, &faults);
+        assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
+        let events = || {
+            r.trace.iter().filter_map(|l| match &l.event {
+                TraceEvent::Machine(e) => Some(e),
+                _ => None,
+            })
+        };
+        failed += events()
+            .filter(|e| matches!(e, Event::TryFailed { .. }))
+            .count();
+        unlocked += events()
+            .filter(|e| matches!(e, Event::UnknownKeyReleased { .. }))
+            .count();
+    }
+    eprintln!("{failed} failed tries, {unlocked} keys found held after a failure and unlocked");
+    assert!(
+        failed > 0 && unlocked > 0,
+        "{failed} failed tries, {unlocked} unlocked"
+    );
 }
 
 /// Efficiency: statements per heartbeat interval do not grow with the number
@@ -191,8 +650,12 @@ fn fault_process(f: &Fault) -> Option<usize> {
 fn statements_per_interval_are_constant_in_the_number_of_leases() {
     let mut per_interval = Vec::new();
     for n in [1usize, 10, 100, 1000] {
-        let mut cfg = config(2, n, 7, false);
-        cfg.drift = 0.0;
+        let cfg = SimConfig {
+            seed: 7,
+            processes: 2,
+            leases: (0..n).map(|i| format!("job-{i}")).collect(),
+            ..SimConfig::default()
+        };
         let mut sim = Sim::new(cfg.clone(), Instant::now());
         sim.run_until(ms(2000));
         let before = (sim.statements(0), sim.statements(1));
@@ -210,4 +673,154 @@ fn statements_per_interval_are_constant_in_the_number_of_leases() {
             "{n} leases: {h}/{s} vs {h1}/{s1} statements per interval"
         );
     }
+}
+
+/// The liveness property's other branch: when every process crashed for
+/// good, the kernel closed their sockets and the server frees every key.
+#[test]
+fn liveness_when_every_process_crashed_for_good_frees_every_key() {
+    let strategy = knobs(Just(true));
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    for i in 0..20u64 {
+        let knobs = strategy.new_tree(&mut runner).expect("knobs").current();
+        let crash = |process, at| {
+            let fault = Fault::Crash {
+                process,
+                restart_after: None,
+            };
+            (ms(at), fault)
+        };
+        let case = Case {
+            knobs,
+            processes: 2,
+            leases: 2,
+            seed: i,
+            exits: false,
+            faults: vec![
+                crash(0, 1000 + 100 * i),
+                crash(1, 2000),
+                (
+                    ms(1500),
+                    Fault::Partition {
+                        process: 1,
+                        duration: ms(1000),
+                    },
+                ),
+            ],
+        };
+        match liveness(&case) {
+            Ok(asserted) => assert_eq!(asserted, Asserted::Freed, "{case:#?}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// Found by `liveness_after_healing` with generated options, reported, not
+/// fixed here: when a round trip takes longer than the heartbeat interval,
+/// the heartbeat is due again whenever a reply arrives (`heartbeat_done`
+/// sets it to `max(sent + heartbeat_interval, now)`), and `next_statement`
+/// puts a due heartbeat before a standby try, so a standby never tries and,
+/// with nobody leading, no one ever leads. Shrunk case: 3 processes, one
+/// lease, no faults, heartbeat 20 ms, query timeout 64 ms, retry 20 ms,
+/// latency 9 ms + jitter 13 ms: 18 heartbeats per process in 600 ms and not
+/// one try. The generator keeps the heartbeat interval above the longest
+/// round trip (see `Knobs::options`).
+#[test]
+fn a_round_trip_longer_than_the_heartbeat_does_not_starve_standbys() {
+    let cfg = SimConfig {
+        processes: 2,
+        options: Options {
+            retry_interval: ms(100),
+            heartbeat_interval: ms(50),
+            query_timeout: ms(300),
+            ..Options::default()
+        },
+        latency: ms(30),
+        jitter: Duration::ZERO,
+        ..SimConfig::default()
+    };
+    let mut sim = Sim::new(cfg, Instant::now());
+    sim.run_until(ms(3000));
+    let statements = sim.statements(0) + sim.statements(1);
+    assert!(
+        sim.leads(0, "job") || sim.leads(1, "job"),
+        "nobody leads after 3 s and {statements} statements\n{}",
+        sim.report().trace_text()
+    );
+}
+
+/// Blocked server writes: a backend writing a reply too large for its socket
+/// buffer to a partitioned holder is not idle, so the guard does not end its
+/// session and nobody else leads until the partition heals (the real server
+/// ends it only when TCP gives up). With every reply fitting, the guard frees
+/// the keys during the partition.
+#[test]
+fn a_backend_blocked_writing_a_large_reply_is_not_idle() {
+    let takeover = |send_buffer_rows: Option<usize>, partition_at: Duration| {
+        let cfg = SimConfig {
+            processes: 2,
+            leases: (0..50).map(|i| format!("job-{i}")).collect(),
+            options: Options {
+                retry_interval: ms(100),
+                heartbeat_interval: ms(200),
+                query_timeout: ms(2000),
+                guard_margin: ms(100),
+                ..Options::default()
+            },
+            server: ServerConfig {
+                send_buffer_rows,
+                ..ServerConfig::default()
+            },
+            full_trace: true,
+            ..SimConfig::default()
+        };
+        let mut sim = Sim::new(cfg.clone(), Instant::now());
+        sim.run_until(ms(1000));
+        let holder = (0..2).find(|p| sim.leads(*p, "job-0")).expect("a holder");
+        // Statements take 300 ms each way: a heartbeat reaching the server
+        // in the partition has its 51-row reply written into it.
+        sim.schedule(
+            ms(1000),
+            Fault::Delay {
+                process: holder,
+                extra: ms(300),
+                duration: ms(9000),
+            },
+        );
+        sim.schedule(
+            partition_at,
+            Fault::Partition {
+                process: holder,
+                duration: ms(6000),
+            },
+        );
+        let r = sim.finish(ms(10_000), ms(3000));
+        assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
+        r.trace
+            .iter()
+            .find(|l| {
+                l.process == Some(1 - holder) && matches!(l.event, TraceEvent::JobStarted { .. })
+            })
+            .map(|l| l.at)
+    };
+    let mut held_until_heal = 0;
+    for step in 0..6 {
+        let at = ms(2000 + 100 * step);
+        let heal = at + ms(6000);
+        let fits = takeover(None, at).expect("the standby takes over");
+        assert!(fits < heal, "with every reply fitting: {fits:?}");
+        let blocked = takeover(Some(10), at).expect("the standby takes over after the heal");
+        assert!(blocked >= fits, "{blocked:?} < {fits:?}");
+        eprintln!("partition at {at:?}: the standby leads at {fits:?} if replies fit, {blocked:?} if not (heal at {heal:?})");
+        if blocked > heal {
+            held_until_heal += 1;
+        }
+    }
+    assert!(held_until_heal > 0, "no blocked write kept the session");
 }

@@ -51,6 +51,10 @@
 //! pool: a transaction pooler or a hot standby cannot give mutual exclusion,
 //! and runs then fail with [`RunError::Refused`].
 //!
+//! Every job runs inside a `tracing` span with its lease, key, run and token.
+//! The cargo feature `metrics` (off by default) turns on lease-driver's
+//! metrics; its crate docs ("Metrics") list them.
+//!
 //! ## Connecting without tokio
 //!
 //! tokio-postgres's `Config::connect` needs tokio's reactor, so the driver
@@ -83,62 +87,24 @@
 mod connect;
 mod runtime;
 
-use std::ops::Deref;
-
-use tokio_postgres::{Config, NoTls};
+use tokio_postgres::NoTls;
 
 pub use connect::{MakeTls, Socket};
 pub use lease_driver::{
     DbError, Error, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError,
     Reason, Refusal, RunError, Runtime, SessionState, Status,
 };
-pub use runtime::Smol;
+pub use runtime::{Smol, SmolAdapter};
 
 /// The connection driver of a smol [`Locker`]: run it on any executor.
 pub type Driver<T = NoTls> = lease_driver::Driver<Smol<T>>;
 
-/// Runs jobs under leases over one dedicated database session: a
-/// [`lease_driver::Locker`] made for async-io, whose methods (`run`,
-/// `run_until`, `run_lease`, `close`, `status`) it derefs to. Create one per
-/// process and share it: clones are cheap and share the session.
-#[derive(Clone, Debug)]
-pub struct Locker(lease_driver::Locker);
-
-impl Deref for Locker {
-    type Target = lease_driver::Locker;
-
-    fn deref(&self) -> &lease_driver::Locker {
-        &self.0
-    }
-}
-
-impl Locker {
-    /// A locker over `config` and its driver, which the caller must run.
-    /// Does not connect.
-    ///
-    /// # Errors
-    /// [`Error::Options`] for inconsistent options, [`Error::Config`] when the
-    /// config names no host, or hosts, `hostaddr`s and ports that do not pair
-    /// up.
-    pub fn new<T: MakeTls>(
-        config: Config,
-        tls: T,
-        options: Options,
-    ) -> Result<(Locker, Driver<T>), Error> {
-        let (locker, driver) = lease_driver::Locker::with_runtime(Smol::new(tls), config, options)?;
-        Ok((Locker(locker), driver))
-    }
-
-    /// A locker without TLS over a libpq-style connection string, URL
-    /// (`postgres://user:password@host/db`) or key-value
-    /// (`host=... user=... dbname=...`), and its driver, which the caller must
-    /// run. Does not connect.
-    ///
-    /// # Errors
-    /// [`Error::Config`] if the string does not parse (the message never
-    /// contains the string) or names no usable host, [`Error::Options`] for
-    /// inconsistent options.
-    pub fn connect(config: &str, options: Options) -> Result<(Locker, Driver), Error> {
-        Locker::new(lease_driver::parse_config(config)?, NoTls, options)
-    }
-}
+/// Runs jobs under leases over one dedicated database session, on async-io:
+/// a [`lease_driver::Locker`] whose constructors make a [`Smol`] runtime.
+/// Create one per process and share it: clones are cheap and share the
+/// session.
+///
+/// - `Locker::new(config, tls, options)`: any [`MakeTls`]; returns the
+///   locker and its [`Driver`], to run on any executor;
+/// - `Locker::connect(conn_str, options)`: the same without TLS.
+pub type Locker = lease_driver::Locker<SmolAdapter>;

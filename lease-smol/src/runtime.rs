@@ -8,10 +8,23 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use lease_driver::{BoxFuture, Connected, Connection, Runtime, Timer};
+use lease_driver::{Adapter, BoxFuture, Connected, Connection, Runtime, Timer};
 use tokio_postgres::Config;
 
 use crate::connect::{connect, MakeTls};
+
+/// The async-io adapter: names the smol [`Locker`](crate::Locker) and makes
+/// its runtime.
+#[derive(Debug)]
+pub enum SmolAdapter {}
+
+impl<T: MakeTls> Adapter<T> for SmolAdapter {
+    type Runtime = Smol<T>;
+
+    fn runtime(tls: T) -> Smol<T> {
+        Smol::new(tls)
+    }
+}
 
 /// The driver core's [`Runtime`] on async-io (smol, or any executor),
 /// connecting with `T`.

@@ -44,6 +44,10 @@
 //! pool: a transaction pooler or a hot standby cannot give mutual exclusion,
 //! and runs then fail with [`RunError::Refused`].
 //!
+//! Every job runs inside a `tracing` span with its lease, key, run and token.
+//! The cargo feature `metrics` (off by default) turns on lease-driver's
+//! metrics; its crate docs ("Metrics") list them.
+//!
 //! With several hosts in the configuration, tokio-postgres tries them in
 //! order, and its `connect_timeout` covers only the TCP connect: a first host
 //! that accepts connections but never answers holds every attempt until the
@@ -56,74 +60,25 @@
 
 mod runtime;
 
-use std::ops::Deref;
-
-use tokio_postgres::{Config, NoTls};
+use tokio_postgres::NoTls;
 
 pub use lease_driver::{
     DbError, Error, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError,
     Reason, Refusal, RunError, Runtime, SessionState, Status,
 };
-pub use runtime::{MakeTls, Tokio};
+pub use runtime::{MakeTls, Tokio, TokioAdapter};
 
 /// The connection driver of a tokio [`Locker`]: spawn it.
 pub type Driver<T = NoTls> = lease_driver::Driver<Tokio<T>>;
 
-/// Runs jobs under leases over one dedicated database session: a
-/// [`lease_driver::Locker`] made for tokio, whose methods (`run`,
-/// `run_until`, `run_lease`, `close`, `status`) it derefs to. Create one per
-/// process and share it: clones are cheap and share the session.
-#[derive(Clone, Debug)]
-pub struct Locker(lease_driver::Locker);
-
-impl Deref for Locker {
-    type Target = lease_driver::Locker;
-
-    fn deref(&self) -> &lease_driver::Locker {
-        &self.0
-    }
-}
-
-impl Locker {
-    /// A locker over `config` and its driver, which the caller must run.
-    /// Does not connect.
-    ///
-    /// # Errors
-    /// [`Error::Options`] for inconsistent options, [`Error::Config`] when the
-    /// config names no usable host.
-    pub fn new<T: MakeTls>(
-        config: Config,
-        tls: T,
-        options: Options,
-    ) -> Result<(Locker, Driver<T>), Error> {
-        let (locker, driver) =
-            lease_driver::Locker::with_runtime(Tokio::new(tls), config, options)?;
-        Ok((Locker(locker), driver))
-    }
-
-    /// A locker without TLS over a libpq-style connection string, URL
-    /// (`postgres://user:password@host/db`) or key-value
-    /// (`host=... user=... dbname=...`), and its driver, which the caller
-    /// must run. Does not connect.
-    ///
-    /// # Errors
-    /// [`Error::Config`] if the string does not parse (the message never
-    /// contains the string) or names no usable host, [`Error::Options`] for
-    /// inconsistent options.
-    pub fn connect(config: &str, options: Options) -> Result<(Locker, Driver), Error> {
-        Locker::new(lease_driver::parse_config(config)?, NoTls, options)
-    }
-
-    /// [`Locker::new`], with the driver spawned on the current tokio runtime.
-    ///
-    /// # Errors
-    /// As [`Locker::new`].
-    ///
-    /// # Panics
-    /// Outside a tokio runtime, like `tokio::spawn`.
-    pub fn spawn<T: MakeTls>(config: Config, tls: T, options: Options) -> Result<Locker, Error> {
-        let (locker, driver) = Locker::new(config, tls, options)?;
-        tokio::spawn(driver);
-        Ok(locker)
-    }
-}
+/// Runs jobs under leases over one dedicated database session, on tokio: a
+/// [`lease_driver::Locker`] whose constructors make a [`Tokio`] runtime.
+/// Create one per process and share it: clones are cheap and share the
+/// session.
+///
+/// - `Locker::new(config, tls, options)`: any tokio-postgres TLS connector
+///   ([`MakeTls`]); returns the locker and its [`Driver`], to spawn;
+/// - `Locker::connect(conn_str, options)`: the same without TLS;
+/// - `Locker::spawn(config, tls, options)`: `new`, with the driver spawned on
+///   the current runtime.
+pub type Locker = lease_driver::Locker<TokioAdapter>;

@@ -7,7 +7,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use lease_driver::{db_error, BoxFuture, Connected, Connection, Runtime, Timer};
+use lease_driver::{
+    db_error, Adapter, BoxFuture, Connected, Connection, Driver, Runtime, Spawn, Timer,
+};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Config, Socket};
 
@@ -30,6 +32,25 @@ impl<T> MakeTls for T where
         + Sync
         + 'static
 {
+}
+
+/// The tokio adapter: names the tokio [`Locker`](crate::Locker) and makes its
+/// runtime.
+#[derive(Debug)]
+pub enum TokioAdapter {}
+
+impl<T: MakeTls> Adapter<T> for TokioAdapter {
+    type Runtime = Tokio<T>;
+
+    fn runtime(tls: T) -> Tokio<T> {
+        Tokio::new(tls)
+    }
+}
+
+impl Spawn for TokioAdapter {
+    fn spawn<R: Runtime>(driver: Driver<R>) {
+        tokio::spawn(driver);
+    }
 }
 
 /// The driver core's [`Runtime`] on tokio, connecting with `T`.

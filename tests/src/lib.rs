@@ -31,6 +31,12 @@ pub use pgbouncer::{PgBouncer, PoolMode, Settings as PgBouncerSettings};
 pub use process::{monotonic_nanos, pid_alive, Line, Replica, Stream};
 pub use proxy::{FaultProxy, Mode};
 
+/// The workspace README's Rust blocks, compiled as doctests (`cargo test -p lease-tests
+/// --doc`), so the README cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 use std::fmt;
 use std::fs;
 use std::io;

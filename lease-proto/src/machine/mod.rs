@@ -19,6 +19,7 @@ use crate::key::LeaseId;
 use crate::options::{Options, OptionsError};
 use crate::sql::HANDOVER_CHANNEL;
 
+mod doubtful;
 mod pump;
 mod runs;
 mod session;
@@ -92,7 +93,7 @@ impl std::error::Error for RunError {}
 ///    [`Input::Tick`] if no other input comes first;
 ///    [`Machine::timeout_reason`] says which deadline that is. One timer is
 ///    enough for a driver: the machine owns every deadline (connect, query,
-///    validity, heartbeat, retry, backoff) in one table.
+///    validity, deferred close, heartbeat, retry, backoff) in one table.
 /// 4. **Queries**, at any time, changing nothing: [`Machine::status`],
 ///    [`Machine::valid_until`], [`Machine::is_valid`], [`Machine::is_closed`],
 ///    [`Machine::options`].
@@ -103,6 +104,19 @@ impl std::error::Error for RunError {}
 ///   lost: session loss, statement timeout, failed verification, a heartbeat
 ///   that does not show the key, or the lease's validity deadline passing;
 /// - a key is unlocked only after its job has returned;
+/// - a session the machine gives up on itself (a statement times out, fails
+///   or breaks its rules, or a validity ends) is *doubtful*: every lease on
+///   it is lost and every job cancelled at once, but the session stays open,
+///   holding its locks, until every cancelled job has returned, or at the
+///   latest until the send time of its last statement plus
+///   [`Options::guard_timeout`] (`idle_session_timeout`), the first moment
+///   the server could free its keys anyway ([`Timer::DeferredClose`]). Nothing is sent on it
+///   meanwhile and late replies are ignored; no run acquires on it; a new
+///   session opens only once it is closed ([`SessionState::Doubtful`]). The
+///   same deadline applies without the server guard, so that a job that
+///   ignores its cancellation cannot keep the standbys without a session.
+///   A session ended by the server or the connection ([`Input::SessionLost`])
+///   is gone at once;
 /// - a key held by the session is never locked again (no re-entrant stacking),
 ///   and any key found held without the machine's knowledge is unlocked;
 /// - one statement per heartbeat and one per standby tick, however many
@@ -144,6 +158,16 @@ pub struct Machine {
     settings_by_statement: bool,
     /// The simulator's broken variant: no TCP settings set or verified.
     tcp_settings_off: bool,
+    /// The last statement chosen by the pump was a heartbeat: a due try goes
+    /// first next, so a round trip longer than the heartbeat interval cannot
+    /// starve the standbys (the heartbeat is due again at every reply).
+    heartbeat_last: bool,
+    /// Send time of the last statement, on any session: a doubtful
+    /// session's [`Timer::DeferredClose`] counts from it.
+    last_sent: Option<Instant>,
+    /// Test knob: the old behaviour (issue 11 hole 3), closing a session
+    /// given up on at once while its cancelled jobs still run.
+    close_doubtful_at_once: bool,
     session_out: VecDeque<SessionCommand>,
     run_out: VecDeque<RunCommand>,
     events: VecDeque<Event>,
@@ -176,6 +200,9 @@ impl Machine {
             try_now: false,
             settings_by_statement: false,
             tcp_settings_off: false,
+            heartbeat_last: false,
+            last_sent: None,
+            close_doubtful_at_once: false,
             session_out: VecDeque::new(),
             run_out: VecDeque::new(),
             events: VecDeque::new(),
@@ -349,6 +376,15 @@ impl Machine {
             && matches!(self.session, Session::Idle | Session::Backoff)
             && self.session_out.is_empty()
             && self.run_out.is_empty()
+    }
+
+    /// Test knob, for broken-variant tests only: restores the behaviour of
+    /// issue 11 hole 3, closing a session the machine gives up on at once,
+    /// while its cancelled jobs may still run. Never use it otherwise.
+    #[cfg(feature = "sim")]
+    #[doc(hidden)]
+    pub fn close_doubtful_sessions_at_once(&mut self) {
+        self.close_doubtful_at_once = true;
     }
 
     // ---- output queues ------------------------------------------------

@@ -23,6 +23,7 @@ impl Machine {
         if self.timers.expired(Timer::Connect, now) || self.timers.expired(Timer::Query, now) {
             self.lose_session(now, Reason::QueryTimeout, true);
         }
+        self.close_doubtful_when_done(now);
         let needed = self.needs_session();
         match &self.session {
             Session::Idle => {
@@ -42,6 +43,8 @@ impl Machine {
                     self.close_idle(id);
                 }
             }
+            // Nothing is sent on it; it closes by itself (above).
+            Session::Doubtful { .. } => {}
             Session::Up(up) => {
                 if up.inflight.is_some() {
                     return;
@@ -78,11 +81,16 @@ impl Machine {
         if !release.is_empty() {
             return Some(What::Release(release));
         }
-        if self.timers.expired(Timer::Heartbeat, now) {
+        let heartbeat_due = self.timers.expired(Timer::Heartbeat, now);
+        let retry_due = self.timers.get(Timer::Retry).is_none_or(|t| t <= now);
+        let try_due = (self.try_now || retry_due) && self.phase == Phase::Open;
+        // Heartbeat first, but never twice in a row while a try is due.
+        if heartbeat_due && !(try_due && self.heartbeat_last && self.any_waiting()) {
+            self.heartbeat_last = true;
             return Some(What::Heartbeat);
         }
-        let retry_due = self.timers.get(Timer::Retry).is_none_or(|t| t <= now);
-        if (self.try_now || retry_due) && self.phase == Phase::Open {
+        self.heartbeat_last = false;
+        if try_due {
             let mut keys = Vec::new();
             for r in self.runs.values_mut() {
                 if let RunState::Standby(standby) = &mut r.state {
@@ -121,6 +129,7 @@ impl Machine {
         );
         self.timers.next(|timer| match timer {
             Timer::Connect | Timer::Query | Timer::Validity => true,
+            Timer::DeferredClose => matches!(self.session, Session::Doubtful { .. }),
             // Only a ready session with nothing in flight sends.
             Timer::Heartbeat => idle_ready,
             Timer::Retry => idle_ready && self.any_waiting(),

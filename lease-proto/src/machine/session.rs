@@ -81,6 +81,11 @@ impl Machine {
         let Some(q) = up.inflight.take_if(|q| q.id == query) else {
             return;
         };
+        #[cfg(feature = "sim")] // Test-only: `Options::mutation`; `sent` otherwise.
+        let q = InFlight {
+            sent: self.opts.confirm_time(q.sent, now),
+            ..q
+        };
         self.timers.stop(Timer::Query);
         match (q.what, result) {
             (What::Setup, Ok(rows)) => match SetupReply::parse(&rows) {
@@ -324,17 +329,25 @@ impl Machine {
     }
 
     /// The session is gone (or is being closed by us): every lease on it is lost.
+    /// With `close`, the machine gives up on it itself: if jobs on it still
+    /// run, it is kept open instead (see `doubtful`) and closed later.
     pub(super) fn lose_session(&mut self, now: Instant, reason: Reason, close: bool) {
         let Some(session) = self.session_id() else {
             return;
         };
+        if close && self.keep_doubtful(now, session, &reason) {
+            return;
+        }
         if close {
             self.session_command(SessionCommand::Close { session });
         }
-        self.event(Event::SessionLost {
-            session,
-            reason: reason.clone(),
-        });
+        // A doubtful session's loss was reported when the machine gave up on it.
+        if !matches!(self.session, Session::Doubtful { .. }) {
+            self.event(Event::SessionLost {
+                session,
+                reason: reason.clone(),
+            });
+        }
         let ids: Vec<RunId> = self.runs.keys().copied().collect();
         for id in ids {
             let Some(r) = self.runs.get_mut(&id) else {
@@ -394,6 +407,7 @@ impl Machine {
         self.timers.stop(Timer::Connect);
         self.timers.stop(Timer::Query);
         self.timers.stop(Timer::Heartbeat);
+        self.timers.stop(Timer::DeferredClose);
     }
 
     /// Sends a statement on the session that is up.
@@ -438,6 +452,7 @@ impl Machine {
             what,
         });
         self.timers.set(Timer::Query, deadline);
+        self.last_sent = Some(now);
         self.session_command(SessionCommand::Query {
             query: id,
             statement,
@@ -449,6 +464,7 @@ impl Machine {
             Session::Idle | Session::Backoff => None,
             Session::Connecting { id } => Some(*id),
             Session::Up(up) => Some(up.id),
+            Session::Doubtful { id, .. } => Some(*id),
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use crate::io::{Outcome, QueryId, Refusal, SessionId};
+use crate::io::{Outcome, QueryId, Reason, Refusal, SessionId};
 use crate::key::LeaseId;
 
 /// Whether the machine takes new work.
@@ -143,6 +143,16 @@ pub(super) enum Session {
     Connecting { id: SessionId },
     /// Connected.
     Up(Up),
+    /// Given up on by the machine (a statement timed out, failed or broke
+    /// its rules; a validity ended) while jobs on it had not returned: see
+    /// `doubtful`. Nothing is sent on it and its replies are ignored; it is
+    /// closed once every job has returned or at
+    /// [`Timer::DeferredClose`](super::Timer::DeferredClose).
+    Doubtful {
+        id: SessionId,
+        /// Why the machine gave up on it.
+        reason: Reason,
+    },
 }
 
 #[derive(Debug)]

@@ -29,6 +29,17 @@ pub enum SessionState {
         /// The server's backend pid.
         backend_pid: i64,
     },
+    /// Given up on by the machine (a statement timed out, failed or broke
+    /// its rules, or a validity ended) while cancelled jobs on it still run:
+    /// its leases are lost and nothing is sent on it, but it stays open,
+    /// holding its locks, until those jobs have returned or `close_by`, the
+    /// first moment the server could free its keys anyway (send time of its
+    /// last statement plus `idle_session_timeout`). Then it is closed and a
+    /// new session opens.
+    Doubtful {
+        /// When it is closed at the latest.
+        close_by: Instant,
+    },
     /// The setup was refused; see [`Refusal`].
     Refused(Refusal),
 }
@@ -96,6 +107,10 @@ impl Machine {
             }
             (_, Session::Idle | Session::Backoff) => SessionState::Idle,
             (_, Session::Connecting { .. }) => SessionState::Connecting,
+            (_, Session::Doubtful { .. }) => (self.timers.get(Timer::DeferredClose))
+                .map_or(SessionState::Idle, |close_by| SessionState::Doubtful {
+                    close_by,
+                }),
             (_, Session::Up(up)) => match up.stage {
                 Stage::Ready { backend_pid } => SessionState::Ready { backend_pid },
                 Stage::SettingUp | Stage::Listening { .. } => SessionState::SettingUp,

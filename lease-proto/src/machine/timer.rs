@@ -13,11 +13,18 @@ pub enum Timer {
     /// A connection attempt gives up (the query timeout after
     /// [`SessionCommand::Open`](crate::SessionCommand::Open)).
     Connect,
-    /// The statement in flight times out; the session is closed.
+    /// The statement in flight times out; the session is given up on (see
+    /// [`Timer::DeferredClose`]).
     Query,
-    /// The earliest lease validity ends; the session is closed and every job
-    /// cancelled.
+    /// The earliest lease validity ends; every job is cancelled and the
+    /// session given up on (closed once the jobs returned, see
+    /// [`Timer::DeferredClose`]).
     Validity,
+    /// A session the machine gave up on while jobs on it still ran is closed
+    /// at the latest now: the send time of its last statement plus
+    /// [`Options::guard_timeout`](crate::Options::guard_timeout), the moment
+    /// the server could free its keys anyway. Earlier if every job returned.
+    DeferredClose,
     /// The next heartbeat is due.
     Heartbeat,
     /// The next standby try is due.
@@ -28,10 +35,11 @@ pub enum Timer {
 
 impl Timer {
     /// Every timer, in the order ties are broken.
-    pub(crate) const ALL: [Timer; 6] = [
+    pub(crate) const ALL: [Timer; 7] = [
         Timer::Connect,
         Timer::Query,
         Timer::Validity,
+        Timer::DeferredClose,
         Timer::Heartbeat,
         Timer::Retry,
         Timer::Backoff,

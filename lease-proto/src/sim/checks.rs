@@ -2,7 +2,13 @@
 //! [`Violation`] values.
 //!
 //! - strong safety ([`Violation::TwoLeaders`]): no instant at which two live
-//!   processes hold a lease for the same key that is valid by their own clock;
+//!   processes may act on the same key. A job may act from its start until
+//!   it has returned, cancelled or not (jobs take time to stop:
+//!   [`SimConfig::job_reaction`](super::SimConfig::job_reaction)); while its
+//!   process is frozen, only as long as its lease is valid by the process's
+//!   clock. Not counted: a job whose process was frozen past its validity,
+//!   which acts on resume until it has stopped, a limit no core can beat
+//!   (the fencing token is the remedy);
 //! - release after exit ([`Violation::ReleaseWhileJobRuns`]);
 //! - the run contract: every run finishes exactly once
 //!   ([`Violation::NeverFinished`], [`Violation::FinishedTwice`]), never while
@@ -29,8 +35,9 @@ use crate::{Outcome, RunError, RunId};
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Violation {
-    /// Strong safety: these processes all held a lease on `lease` that was
-    /// valid by their own clock, at the same instant.
+    /// Strong safety: these processes all had a job on `lease` that may act
+    /// (started and not yet returned, cancelled or not; see the module docs),
+    /// at the same instant.
     TwoLeaders {
         /// When.
         at: Duration,
@@ -173,7 +180,7 @@ impl Violation {
         match self {
             Violation::TwoLeaders {
                 lease, processes, ..
-            } => format!("safety: {processes:?} all hold a valid lease on {lease}"),
+            } => format!("safety: {processes:?} all have a job acting on {lease}"),
             Violation::ReleaseWhileJobRuns { process, key, .. } => {
                 format!("p{process} releases key {key} while its job still runs")
             }
@@ -248,6 +255,18 @@ pub(super) fn outcome_allowed(got: &Outcome, expected: Option<&Outcome>, closing
     }
 }
 
+/// Which of a process's jobs count.
+#[derive(Debug, Clone, Copy)]
+enum Acting {
+    /// Uncancelled, with a lease valid by the process's clock: a leader.
+    ValidLease,
+    /// May act, for strong safety: not returned, not stale, and while the
+    /// process is frozen only with a valid lease.
+    MayAct,
+    /// Not returned and not frozen, for the overlap measure.
+    Running,
+}
+
 impl Sim {
     /// Records a breach: in the trace, and in the report (the first 50).
     /// The token check of an acquisition.
@@ -277,39 +296,44 @@ impl Sim {
     /// their own clock now.
     pub(super) fn valid_leaders(&self, key: i64) -> Vec<usize> {
         (0..self.procs.len())
-            .filter(|p| self.leading_keys(*p, true).any(|k| k == key))
+            .filter(|p| self.job_keys(*p, Acting::ValidLease).any(|k| k == key))
             .collect()
     }
 
-    /// Keys process `p` acts on: a running, uncancelled job, the process alive
-    /// and (with `by_validity`) the lease valid by its own clock, or (without)
-    /// the process not frozen.
-    fn leading_keys(&self, p: usize, by_validity: bool) -> impl Iterator<Item = i64> + '_ {
+    /// Keys process `p` has a job on, in the sense of `acting`.
+    fn job_keys(&self, p: usize, acting: Acting) -> impl Iterator<Item = i64> + '_ {
         let proc_ = &self.procs[p];
         let now = self.local(p);
-        let active = proc_.alive && (by_validity || !proc_.frozen);
+        let valid =
+            move |run: &RunId, cancelled: bool| !cancelled && proc_.machine.is_valid(*run, now);
         proc_
             .jobs
             .iter()
             .filter(move |(run, j)| {
-                active && !j.cancelled && (!by_validity || proc_.machine.is_valid(**run, now))
+                proc_.alive
+                    && match acting {
+                        Acting::ValidLease => valid(run, j.cancelled),
+                        Acting::MayAct if proc_.frozen => !j.stale && valid(run, j.cancelled),
+                        Acting::MayAct => !j.stale,
+                        Acting::Running => !proc_.frozen,
+                    }
             })
             .map(|(_, j)| j.key)
     }
 
     /// Strong safety now, and the overlap measure.
     pub(super) fn check_safety(&mut self) {
-        let mut valid: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
-        let mut acting: BTreeMap<i64, usize> = BTreeMap::new();
+        let mut may_act: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+        let mut running: BTreeMap<i64, usize> = BTreeMap::new();
         for p in 0..self.procs.len() {
-            for k in self.leading_keys(p, true) {
-                valid.entry(k).or_default().push(p);
+            for k in self.job_keys(p, Acting::MayAct) {
+                may_act.entry(k).or_default().push(p);
             }
-            for k in self.leading_keys(p, false) {
-                *acting.entry(k).or_default() += 1;
+            for k in self.job_keys(p, Acting::Running) {
+                *running.entry(k).or_default() += 1;
             }
         }
-        for (key, leaders) in valid {
+        for (key, leaders) in may_act {
             if leaders.len() > 1 {
                 let lease = self.key_names.get(&key).cloned().unwrap_or_default();
                 self.violation(Violation::TwoLeaders {
@@ -319,9 +343,9 @@ impl Sim {
                 });
             }
         }
-        // Overlap: two processes act on a key (running, uncancelled job, not
-        // frozen), validity aside.
-        for (key, n) in &acting {
+        // Overlap: two processes have a job on a key that has not returned
+        // (cancelled or not), neither frozen, validity aside.
+        for (key, n) in &running {
             if *n > 1 {
                 self.overlap_since.entry(*key).or_insert(self.now);
             }
@@ -329,7 +353,7 @@ impl Sim {
         let ended: Vec<i64> = self
             .overlap_since
             .keys()
-            .filter(|k| acting.get(k).copied().unwrap_or(0) < 2)
+            .filter(|k| running.get(k).copied().unwrap_or(0) < 2)
             .copied()
             .collect();
         for key in ended {

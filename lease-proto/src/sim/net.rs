@@ -147,6 +147,11 @@ impl<T> Net<T> {
         (link.partitions == 0).then(|| std::mem::take(&mut link.held))
     }
 
+    /// The messages `p`'s link holds, in order.
+    pub(super) fn held(&self, p: usize) -> &[T] {
+        &self.links[p].held
+    }
+
     /// Adds one-way latency on `p`'s link.
     pub(super) fn delay(&mut self, p: usize, extra: Duration) {
         self.links[p].extra += extra;

@@ -29,6 +29,11 @@ pub(super) struct Job {
     pub(super) cancelled: bool,
     /// Set when the (buggy) driver already reported it.
     pub(super) reported: bool,
+    /// Its process was frozen past the job's validity: on resume it acts
+    /// until it has stopped, and no core can prevent that (issue 11 hole 5;
+    /// the fencing token is the remedy). Strong safety does not count it;
+    /// the overlap measure does.
+    pub(super) stale: bool,
 }
 
 /// One process: its machine, clock, connection and jobs.
@@ -263,6 +268,7 @@ impl Sim {
                     key,
                     cancelled: false,
                     reported: false,
+                    stale: false,
                 };
                 self.procs[p].jobs.insert(run, job);
                 self.procs[p].expect.remove(&run);
@@ -299,7 +305,11 @@ impl Sim {
             }
             RunCommand::CancelJob { run, reason } => {
                 let incarnation = self.procs[p].incarnation;
-                let react = self.uniform(self.cfg.job_reaction);
+                let spread = self
+                    .cfg
+                    .job_reaction
+                    .saturating_sub(self.cfg.job_reaction_min);
+                let react = self.cfg.job_reaction_min + self.uniform(spread);
                 let Some(j) = self.procs[p].jobs.get_mut(&run) else {
                     return;
                 };

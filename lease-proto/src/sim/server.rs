@@ -450,6 +450,14 @@ impl Server {
             .collect()
     }
 
+    /// A blocked write of a large reply completed at `now`: the backend is
+    /// idle from then.
+    pub(super) fn write_done(&mut self, conn: u64, now: Duration) {
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            s.busy_until = s.busy_until.max(now);
+        }
+    }
+
     /// Ends a session: it and its locks are gone.
     fn end(&mut self, conn: u64) -> Option<SrvSession> {
         let s = self.sessions.remove(&conn)?;
@@ -483,7 +491,10 @@ impl Sim {
                 query,
                 statement,
             } => {
-                let Some(executed) = self.server.execute(conn, self.now, &statement) else {
+                // Statement faults: see `inject`.
+                let injected = self.inject(&statement);
+                let ran = injected.ran(statement.clone());
+                let Some(executed) = self.server.execute(conn, self.now, &ran) else {
                     return;
                 };
                 let Executed {
@@ -491,6 +502,7 @@ impl Sim {
                     result,
                     notify,
                 } = executed;
+                let (result, notify) = injected.reply(&statement, result, notify);
                 self.report.statements[p] += 1;
                 for key in notify {
                     for (conn, p) in self.server.listeners() {
@@ -548,8 +560,42 @@ impl Sim {
         }
     }
 
-    /// The idle check: ends the session if it has been silent long enough.
+    /// Sessions of `p` whose backend is blocked writing a reply too large
+    /// for its socket buffer ([`ServerConfig::send_buffer_rows`]) to a
+    /// partitioned link.
+    pub(super) fn blocked_writes(&self, p: usize) -> Vec<u64> {
+        let Some(limit) = self.server.cfg.send_buffer_rows else {
+            return Vec::new();
+        };
+        if !self.net.partitioned(p) {
+            return Vec::new();
+        }
+        let mut blocked: Vec<u64> = (self.net.held(p).iter())
+            .filter_map(|ev| match ev {
+                Ev::AtClient(
+                    _,
+                    ToClient::Reply {
+                        conn,
+                        result: Ok(rows),
+                        ..
+                    },
+                ) if rows.len() > limit => Some(*conn),
+                _ => None,
+            })
+            .collect();
+        blocked.dedup();
+        blocked
+    }
+
+    /// The idle check: ends the session if it has been silent long enough
+    /// (a backend blocked in a write is not idle; see
+    /// [`ServerConfig::send_buffer_rows`]).
     pub(super) fn idle_check(&mut self, conn: u64) {
+        let blocked =
+            (self.server.process_of(conn)).is_some_and(|p| self.blocked_writes(p).contains(&conn));
+        if blocked {
+            return;
+        }
         if self
             .server
             .idle_deadline(conn)

@@ -705,3 +705,54 @@ fn construction_rejects_host_lists_every_attempt_would_fail_on() {
         );
     }
 }
+
+/// Lease sessions carry `application_name` "lease" unless the configuration
+/// names one, so operators can tell them apart in `pg_stat_activity`.
+#[test]
+fn sessions_are_named_lease_unless_configured() {
+    rt::block_on(async {
+        init();
+        let other = rt::client().await;
+        for (config, expected) in [
+            (DB.to_string(), "lease"),
+            (
+                format!("{DB} application_name=billing-worker"),
+                "billing-worker",
+            ),
+        ] {
+            let locker = rt::connect(&config, opts()).expect("connect");
+            let (started, started_rx) = bounded::<()>(1);
+            let name = unique("appname");
+            let run = {
+                let (locker, name) = (locker.clone(), name.clone());
+                rt::spawn(async move {
+                    locker
+                        .run(&name, move |lease| {
+                            let started = started.clone();
+                            async move {
+                                let _ = started.try_send(());
+                                lease.cancelled().await;
+                                Ok::<(), String>(())
+                            }
+                        })
+                        .await
+                })
+            };
+            timeout(MS(3000), started_rx.recv()).await.unwrap().unwrap();
+            let SessionState::Ready { backend_pid } = locker.status().session else {
+                panic!("session not ready: {:?}", locker.status());
+            };
+            let found: String = other
+                .query_one(
+                    "SELECT application_name FROM pg_stat_activity WHERE pid = $1::int",
+                    &[&(backend_pid as i32)],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(found, expected, "for {config}");
+            locker.close().await;
+            assert_eq!(run.await, Ok(()));
+        }
+    })
+}

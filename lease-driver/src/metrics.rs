@@ -1,0 +1,453 @@
+//! Every metric of the crate, derived in this one module from what the drain
+//! rule routes (the core's events and run commands, the inputs fed to it) and
+//! from the driver's own statement timing. Built only with the `metrics`
+//! feature; without it every hook below is an empty inline function on a
+//! zero-sized type, and no clock is read for it.
+//!
+//! The set is documented in the crate docs ("Metrics") and in the README.
+
+pub(crate) use imp::{Metrics, Sent};
+
+#[cfg(feature = "metrics")]
+pub use imp::describe_metrics;
+
+#[cfg(feature = "metrics")]
+mod imp {
+    use std::collections::HashMap;
+    use std::time::Instant;
+
+    use ::metrics::{
+        counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+    };
+    use lease_proto::{DbError, Event, Input, Reason, Row, RunCommand, RunId, Statement};
+
+    use crate::shared::Clock;
+
+    /// Registers the name, unit and help text of every metric with the
+    /// installed recorder (an exporter prints them as `# HELP` lines).
+    ///
+    /// Every `Locker` constructor calls it; call it yourself if you install
+    /// the recorder after creating the locker.
+    pub fn describe_metrics() {
+        describe_gauge!(
+            "lease_leader",
+            "1 while this process holds the lease (acquired, not yet lost or released), else 0"
+        );
+        describe_gauge!(
+            "lease_fencing_token",
+            "Fencing token of this process's latest acquisition of the lease"
+        );
+        describe_counter!("lease_acquisitions_total", "Acquisitions of the lease");
+        describe_counter!(
+            "lease_losses_total",
+            "Leases lost while held (the job was cancelled), by reason"
+        );
+        describe_counter!(
+            "lease_releases_total",
+            "Leases released by this process after its job returned"
+        );
+        describe_histogram!(
+            "lease_standby_duration_seconds",
+            Unit::Seconds,
+            "Time from a run starting to contend (its start, or its job's return after a loss) to its acquisition"
+        );
+        describe_histogram!(
+            "lease_job_stop_duration_seconds",
+            Unit::Seconds,
+            "Time from a job's cancellation (loss detected, shutdown or close) to its return, by reason"
+        );
+        describe_counter!(
+            "lease_session_connects_total",
+            "Database sessions that connected and passed setup"
+        );
+        describe_counter!(
+            "lease_session_failures_total",
+            "Database sessions (or connection attempts) that ended unasked, by class"
+        );
+        describe_gauge!(
+            "lease_sessions_ready",
+            "Lease sessions of this process that are ready (1 per connected locker)"
+        );
+        describe_histogram!(
+            "lease_statement_duration_seconds",
+            Unit::Seconds,
+            "Time from sending a statement to its reply, by statement kind"
+        );
+        describe_counter!(
+            "lease_statement_errors_total",
+            "Statements answered with an error, by statement kind"
+        );
+    }
+
+    /// What the metrics remember of one live run.
+    #[derive(Default)]
+    struct RunTimes {
+        /// Known from the run's first acquisition.
+        lease: String,
+        /// Contending since (cleared at acquisition).
+        standby_since: Option<Instant>,
+        /// Cancelled at, and why (cleared when the job returns).
+        cancelled: Option<(Instant, &'static str)>,
+        /// Counted in `lease_leader` (acquired, not yet lost or released).
+        leading: bool,
+    }
+
+    /// Per-locker metric state, in the shared state.
+    #[derive(Default)]
+    pub(crate) struct Metrics {
+        runs: HashMap<RunId, RunTimes>,
+        /// The driver is ending: the session loss that follows is not a fault.
+        driver_stopped: bool,
+        /// Counted in `lease_sessions_ready`.
+        ready: bool,
+        /// Runs finished in this drain, forgotten at its end.
+        finished: Vec<RunId>,
+    }
+
+    impl Metrics {
+        /// At every locker's construction: describes the metrics to the
+        /// recorder installed now.
+        pub(crate) fn new() -> Metrics {
+            describe_metrics();
+            Metrics::default()
+        }
+
+        /// A run was registered with the core.
+        pub(crate) fn run_started(&mut self, run: RunId, now: Instant) {
+            let times = RunTimes {
+                standby_since: Some(now),
+                ..RunTimes::default()
+            };
+            self.runs.insert(run, times);
+        }
+
+        /// An input about to be fed to the core.
+        pub(crate) fn input(&mut self, clock: &Clock, input: &Input) {
+            let Input::JobExited { run, .. } = input else {
+                return;
+            };
+            let Some(times) = self.runs.get_mut(run) else {
+                return;
+            };
+            let now = clock();
+            if let Some((at, reason)) = times.cancelled.take() {
+                let lease = times.lease.clone();
+                histogram!("lease_job_stop_duration_seconds", "lease" => lease, "reason" => reason)
+                    .record(now.saturating_duration_since(at));
+            }
+            // After a loss the run contends again; otherwise it finishes and
+            // is forgotten.
+            times.standby_since = Some(now);
+        }
+
+        /// A run command the drain rule routed.
+        pub(crate) fn run_command(&mut self, clock: &Clock, command: &RunCommand) {
+            match command {
+                RunCommand::CancelJob { run, reason } => {
+                    if let Some(times) = self.runs.get_mut(run) {
+                        let reason = reason_label(reason, self.driver_stopped);
+                        times.cancelled.get_or_insert((clock(), reason));
+                    }
+                }
+                // Its last event (a release) comes later in this drain.
+                RunCommand::Finish { run, .. } => self.finished.push(*run),
+                RunCommand::StartJob { .. } => {}
+            }
+        }
+
+        /// An event the drain rule routed. The gauges move by increments, so
+        /// that several lockers of one process add up (one's late loss
+        /// detection cannot zero another's acquisition of the same lease).
+        pub(crate) fn event(&mut self, clock: &Clock, event: &Event) {
+            match event {
+                Event::Acquired { run, lease, token } => {
+                    let name = lease.name().to_owned();
+                    counter!("lease_acquisitions_total", "lease" => name.clone()).increment(1);
+                    // Tokens are transaction ids: exact in an f64 below 2^53.
+                    gauge!("lease_fencing_token", "lease" => name.clone()).set(*token as f64);
+                    if let Some(times) = self.runs.get_mut(run) {
+                        if !times.leading {
+                            times.leading = true;
+                            gauge!("lease_leader", "lease" => name.clone()).increment(1.0);
+                        }
+                        if let Some(since) = times.standby_since.take() {
+                            histogram!("lease_standby_duration_seconds", "lease" => name.clone())
+                                .record(clock().saturating_duration_since(since));
+                        }
+                        times.lease = name;
+                    }
+                }
+                Event::Lost { run, lease, reason } => {
+                    let name = lease.name().to_owned();
+                    let reason = reason_label(reason, self.driver_stopped);
+                    counter!("lease_losses_total", "lease" => name.clone(), "reason" => reason)
+                        .increment(1);
+                    self.not_leading(*run, name);
+                }
+                Event::Released { run, lease } => {
+                    let name = lease.name().to_owned();
+                    counter!("lease_releases_total", "lease" => name.clone()).increment(1);
+                    self.not_leading(*run, name);
+                }
+                Event::SessionReady { .. } => {
+                    counter!("lease_session_connects_total").increment(1);
+                    if !self.ready {
+                        self.ready = true;
+                        gauge!("lease_sessions_ready").increment(1.0);
+                    }
+                }
+                Event::SessionLost { reason, .. } => {
+                    self.not_ready();
+                    if !self.driver_stopped {
+                        let class = session_class(reason);
+                        counter!("lease_session_failures_total", "class" => class).increment(1);
+                    }
+                }
+                Event::SessionIdle { .. } => self.not_ready(),
+                _ => {}
+            }
+        }
+
+        /// The drain routed everything.
+        pub(crate) fn drained(&mut self) {
+            for run in self.finished.drain(..) {
+                self.runs.remove(&run);
+            }
+        }
+
+        fn not_leading(&mut self, run: RunId, name: String) {
+            if let Some(times) = self.runs.get_mut(&run) {
+                if std::mem::take(&mut times.leading) {
+                    gauge!("lease_leader", "lease" => name).decrement(1.0);
+                }
+            }
+        }
+
+        fn not_ready(&mut self) {
+            if std::mem::take(&mut self.ready) {
+                gauge!("lease_sessions_ready").decrement(1.0);
+            }
+        }
+
+        /// The driver is ending; the session loss it feeds next is its own doing.
+        pub(crate) fn driver_stopped(&mut self) {
+            self.driver_stopped = true;
+        }
+    }
+
+    /// A statement in flight: its kind and when it was sent.
+    pub(crate) struct Sent {
+        kind: &'static str,
+        at: Instant,
+    }
+
+    impl Sent {
+        /// The driver sends `statement` now.
+        pub(crate) fn new(clock: &Clock, statement: &Statement) -> Sent {
+            let kind = match statement {
+                Statement::Setup { .. } => "setup",
+                Statement::Listen => "listen",
+                Statement::TryLock { .. } => "try",
+                Statement::Heartbeat => "heartbeat",
+                Statement::Release { .. } => "release",
+            };
+            Sent { kind, at: clock() }
+        }
+
+        /// Its reply arrived.
+        pub(crate) fn replied(self, clock: &Clock, result: &Result<Vec<Row>, DbError>) {
+            let elapsed = clock().saturating_duration_since(self.at);
+            histogram!("lease_statement_duration_seconds", "statement" => self.kind)
+                .record(elapsed);
+            if result.is_err() {
+                counter!("lease_statement_errors_total", "statement" => self.kind).increment(1);
+            }
+        }
+    }
+
+    /// The fixed label set for a [`Reason`].
+    fn reason_label(reason: &Reason, driver_stopped: bool) -> &'static str {
+        match reason {
+            Reason::SessionLost(_) if driver_stopped => "driver_stopped",
+            // The server ended the session: its FATAL error reaches the
+            // statement in flight if there is one, else the connection.
+            Reason::SessionLost(Some(e)) | Reason::QueryFailed(e) if terminated(e) => "terminated",
+            Reason::SessionLost(_) => "session_lost",
+            Reason::QueryTimeout => "query_timeout",
+            Reason::ValidityExpired => "validity_expired",
+            Reason::NotHeld => "not_held",
+            Reason::QueryFailed(_) => "query_failed",
+            Reason::Shutdown => "shutdown",
+            Reason::Closed => "closed",
+            Reason::Refused(_) => "refused",
+            _ => "other",
+        }
+    }
+
+    /// The fixed class set for why a session ended.
+    fn session_class(reason: &Reason) -> &'static str {
+        match reason {
+            Reason::SessionLost(None) => "network",
+            Reason::SessionLost(Some(e)) => match e.code.as_deref() {
+                // No SQLSTATE: I/O (refused, reset, EOF), TLS, protocol.
+                None => "network",
+                // The server is starting up or shutting down.
+                Some("57P03") => "unavailable",
+                Some(_) if terminated(e) => "terminated",
+                Some(code) => match code.get(..2) {
+                    Some("08") => "network",
+                    Some("28") => "auth",
+                    // Unknown database, bad startup parameter, unsupported feature.
+                    Some("3D" | "22" | "42" | "0A") => "config",
+                    // Too many connections, out of memory or disk.
+                    Some("53") => "unavailable",
+                    _ => "other",
+                },
+            },
+            Reason::QueryFailed(e) if terminated(e) => "terminated",
+            Reason::QueryTimeout => "timeout",
+            Reason::ValidityExpired => "validity_expired",
+            Reason::QueryFailed(_) => "query_failed",
+            Reason::Refused(_) => "refused",
+            _ => "other",
+        }
+    }
+
+    /// The server ended the session (SQLSTATE 57P01 admin shutdown or
+    /// `pg_terminate_backend`, 57P02 crash, 57P04 database dropped, 57P05
+    /// `idle_session_timeout`).
+    fn terminated(e: &DbError) -> bool {
+        e.code.as_deref().is_some_and(|c| c.starts_with("57P"))
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod imp {
+    //! The `metrics` feature is off: nothing is kept, read or recorded.
+
+    use std::time::Instant;
+
+    use lease_proto::{DbError, Event, Input, Row, RunCommand, RunId, Statement};
+
+    use crate::shared::Clock;
+
+    pub(crate) struct Metrics;
+
+    impl Metrics {
+        #[inline(always)]
+        pub(crate) fn new() -> Metrics {
+            Metrics
+        }
+        #[inline(always)]
+        pub(crate) fn run_started(&mut self, _: RunId, _: Instant) {}
+        #[inline(always)]
+        pub(crate) fn input(&mut self, _: &Clock, _: &Input) {}
+        #[inline(always)]
+        pub(crate) fn run_command(&mut self, _: &Clock, _: &RunCommand) {}
+        #[inline(always)]
+        pub(crate) fn event(&mut self, _: &Clock, _: &Event) {}
+        #[inline(always)]
+        pub(crate) fn drained(&mut self) {}
+        #[inline(always)]
+        pub(crate) fn driver_stopped(&mut self) {}
+    }
+
+    pub(crate) struct Sent;
+
+    // Nothing is kept per statement or per locker.
+    const _: () = assert!(std::mem::size_of::<Sent>() == 0 && std::mem::size_of::<Metrics>() == 0);
+
+    impl Sent {
+        #[inline(always)]
+        pub(crate) fn new(_: &Clock, _: &Statement) -> Sent {
+            Sent
+        }
+        #[inline(always)]
+        pub(crate) fn replied(self, _: &Clock, _: &Result<Vec<Row>, DbError>) {}
+    }
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod bench {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    use ::metrics::{
+        Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString,
+        Unit,
+    };
+    use lease_proto::Statement;
+
+    use super::Sent;
+    use crate::shared::Clock;
+
+    /// A registry like an exporter's: one lookup per record, an atomic per series.
+    #[derive(Default)]
+    struct Registry(Mutex<HashMap<Key, Arc<Sum>>>);
+
+    #[derive(Default)]
+    struct Sum(AtomicU64);
+
+    impl HistogramFn for Sum {
+        fn record(&self, v: f64) {
+            self.0.fetch_add(v.to_bits() & 1, Ordering::Relaxed);
+        }
+    }
+
+    impl Recorder for Registry {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            Histogram::from_arc(map.entry(key.clone()).or_default().clone())
+        }
+    }
+
+    fn per_statement_ns(n: u32) -> f64 {
+        let clock: Clock = Arc::new(Instant::now);
+        let ok = Ok(Vec::new());
+        let start = Instant::now();
+        for _ in 0..n {
+            let sent = Sent::new(&clock, std::hint::black_box(&Statement::Heartbeat));
+            sent.replied(&clock, std::hint::black_box(&ok));
+        }
+        start.elapsed().as_nanos() as f64 / f64::from(n)
+    }
+
+    /// The two clock reads alone.
+    fn clock_ns(n: u32) -> f64 {
+        let clock: Clock = Arc::new(Instant::now);
+        let start = Instant::now();
+        for _ in 0..n {
+            let sent = std::hint::black_box(clock());
+            std::hint::black_box(clock().saturating_duration_since(sent));
+        }
+        start.elapsed().as_nanos() as f64 / f64::from(n)
+    }
+
+    /// What the metrics add to each statement: the two hooks the driver calls
+    /// around it. `cargo test -p lease-driver --features metrics --release --lib
+    /// -- --ignored --nocapture statement_overhead`
+    #[test]
+    #[ignore = "a microbenchmark; run it in release"]
+    fn statement_overhead() {
+        const N: u32 = 1_000_000;
+        let clock = clock_ns(N);
+        let none = per_statement_ns(N);
+        let registry = Registry::default();
+        let recorded = ::metrics::with_local_recorder(&registry, || per_statement_ns(N));
+        println!(
+            "per statement: {none:.0} ns without a recorder, {recorded:.0} ns with a registry \
+             ({clock:.0} ns of it the two clock reads)"
+        );
+    }
+}
