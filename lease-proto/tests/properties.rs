@@ -27,7 +27,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lease_proto::sim::{Fault, Mutation, Report, ServerConfig, Sim, SimConfig, TraceEvent};
+use lease_proto::sim::{
+    DriverBug, Fault, Mutation, Report, ServerConfig, Sim, SimConfig, TraceEvent,
+};
 use lease_proto::{Event, Options};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -757,13 +759,16 @@ fn a_round_trip_longer_than_the_heartbeat_does_not_starve_standbys() {
 
 /// Blocked server writes: a backend writing a reply too large for its socket
 /// buffer to a partitioned holder is not idle, so the guard does not end its
-/// session and nobody else leads until the partition heals (the real server
-/// ends it only when TCP gives up). With every reply fitting, the guard frees
-/// the keys during the partition.
+/// session. Without the session's own TCP settings nobody else leads until
+/// the partition heals (the real server ends it only when TCP gives up); with
+/// them (`tcp_user_timeout` = guard, the default) the server gives up on the
+/// blocked write at the guard, during the partition, and safely. With every
+/// reply fitting, the guard frees the keys during the partition.
 #[test]
 fn a_backend_blocked_writing_a_large_reply_is_not_idle() {
-    let takeover = |send_buffer_rows: Option<usize>, partition_at: Duration| {
+    let takeover = |send_buffer_rows: Option<usize>, partition_at: Duration, tcp: bool| {
         let cfg = SimConfig {
+            bug: (!tcp).then_some(DriverBug::NoTcpSettings),
             processes: 2,
             leases: (0..50).map(|i| format!("job-{i}")).collect(),
             options: Options {
@@ -813,10 +818,15 @@ fn a_backend_blocked_writing_a_large_reply_is_not_idle() {
     for step in 0..6 {
         let at = ms(2000 + 100 * step);
         let heal = at + ms(6000);
-        let fits = takeover(None, at).expect("the standby takes over");
+        let fits = takeover(None, at, false).expect("the standby takes over");
         assert!(fits < heal, "with every reply fitting: {fits:?}");
-        let blocked = takeover(Some(10), at).expect("the standby takes over after the heal");
+        let blocked = takeover(Some(10), at, false).expect("the standby takes over after the heal");
         assert!(blocked >= fits, "{blocked:?} < {fits:?}");
+        let given_up = takeover(Some(10), at, true).expect("the standby takes over");
+        assert!(
+            given_up < heal,
+            "the session's tcp_user_timeout gives up on the blocked write: {given_up:?}"
+        );
         eprintln!("partition at {at:?}: the standby leads at {fits:?} if replies fit, {blocked:?} if not (heal at {heal:?})");
         if blocked > heal {
             held_until_heal += 1;
