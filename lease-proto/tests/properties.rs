@@ -69,6 +69,10 @@ struct Knobs {
     /// Replies of more rows block the backend's write to a partitioned
     /// client ([`ServerConfig::send_buffer_rows`]).
     send_buffer_rows: Option<usize>,
+    /// The server's own TCP give-up on silent clients (role, database or
+    /// server `tcp_keepalives_*` / `tcp_user_timeout`,
+    /// [`ServerConfig::tcp_give_up`]), often below the guard.
+    tcp_give_up_ms: Option<u64>,
 }
 
 impl Knobs {
@@ -116,12 +120,22 @@ fn knobs(guard: impl Strategy<Value = bool>) -> impl Strategy<Value = Knobs> {
             proptest::collection::vec(prop_oneof![3 => Just(0u64), 1 => 10_000..120_000u64], 4),
             0.0..0.8f64,
             proptest::option::of(1..4usize),
+            prop_oneof![1 => Just(None), 2 => (50..2000u64).prop_map(Some)],
         ),
     )
         .prop_map(
             |(
                 (heartbeat_ms, query_slack_ms, validity_slack_ms, margin_ms, retry_ms),
-                (guard, notify, latency_us, jitter_us, link_us, drift_share, send_buffer_rows),
+                (
+                    guard,
+                    notify,
+                    latency_us,
+                    jitter_us,
+                    link_us,
+                    drift_share,
+                    send_buffer_rows,
+                    tcp_give_up_ms,
+                ),
             )| Knobs {
                 heartbeat_ms,
                 query_slack_ms,
@@ -135,6 +149,7 @@ fn knobs(guard: impl Strategy<Value = bool>) -> impl Strategy<Value = Knobs> {
                 link_us,
                 drift_share,
                 send_buffer_rows,
+                tcp_give_up_ms,
             },
         )
 }
@@ -183,6 +198,7 @@ impl Case {
             job_lifetime: ms(3000),
             server: ServerConfig {
                 send_buffer_rows: self.knobs.send_buffer_rows,
+                tcp_give_up: self.knobs.tcp_give_up_ms.map(ms),
                 ..ServerConfig::default()
             },
             ..SimConfig::default()
@@ -324,6 +340,8 @@ fn any_fault(processes: usize) -> impl Strategy<Value = Fault> {
         4 => client_fault(processes),
         1 => p.prop_map(|process| Fault::Terminate { process }),
         1 => (1..2000u64).prop_map(|d| Fault::ServerRestart { downtime: ms(d) }),
+        1 => (1..2000u64).prop_map(|d| Fault::ServerCrash { downtime: ms(d) }),
+        1 => (0..4u32, 1..2000u64).prop_map(|(lag, d)| Fault::Promote { lag, downtime: ms(d) }),
     ]
 }
 
@@ -381,7 +399,17 @@ fn explain(cfg: &SimConfig, r: &Report) -> String {
 
 /// Strong safety, the contract and no leaks, for one case.
 fn strong_safety(case: &Case, mutation: Option<Mutation>) -> Result<(), TestCaseError> {
-    let cfg = case.config(mutation);
+    strong_safety_with(case, mutation, |_| {})
+}
+
+/// [`strong_safety`] with a broken variant planted in the configuration.
+fn strong_safety_with(
+    case: &Case,
+    mutation: Option<Mutation>,
+    broken: impl Fn(&mut SimConfig),
+) -> Result<(), TestCaseError> {
+    let mut cfg = case.config(mutation);
+    broken(&mut cfg);
     let r = run(&cfg, &case.faults);
     prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
     Ok(())
@@ -493,23 +521,124 @@ proptest! {
     /// one-way latency when the holder can hear the server.
     #[test]
     fn bounded_overlap_when_the_server_ends_sessions(case in case(guard(), any_fault(4).boxed())) {
-        let cfg = case.config(None);
-        let validity = cfg.options.validity_window().mul_f64(1.0 / (1.0 - cfg.drift));
-        let hears = case.faults.iter().all(|(_, f)| {
-            f.server_ends_sessions()
-                || matches!(f, Fault::Crash { .. } | Fault::FlakyStatements { .. })
-        });
-        let latency = one_way(&cfg) + cfg.job_reaction;
-        let r = run(&cfg, &case.faults);
-        let contract: Vec<_> = r.violations.iter().filter(|v| !v.is_safety()).collect();
-        prop_assert!(contract.is_empty(), "{}", explain(&cfg, &r));
-        for (lease, overlap) in &r.max_overlap {
-            prop_assert!(*overlap <= validity, "{lease}: overlap {overlap:?} > validity {validity:?}\n{}", explain(&cfg, &r));
-            if hears {
-                prop_assert!(*overlap <= latency, "{lease}: overlap {overlap:?} > {latency:?} with the holder hearing the server\n{}", explain(&cfg, &r));
-            }
+        bounded_overlap(&case, |_| {})?;
+    }
+}
+
+/// Bounded safety when the server ends sessions itself, for one case, with
+/// an optional broken variant planted: every contract check holds (fencing
+/// tokens strictly increasing across crashes and promotions among them), and
+/// the overlap stays within its bound.
+fn bounded_overlap(case: &Case, broken: impl Fn(&mut SimConfig)) -> Result<(), TestCaseError> {
+    let mut cfg = case.config(None);
+    broken(&mut cfg);
+    let validity = cfg
+        .options
+        .validity_window()
+        .mul_f64(1.0 / (1.0 - cfg.drift));
+    let hears = case.faults.iter().all(|(_, f)| {
+        f.server_ends_sessions() || matches!(f, Fault::Crash { .. } | Fault::FlakyStatements { .. })
+    });
+    let latency = one_way(&cfg) + cfg.job_reaction;
+    let r = run(&cfg, &case.faults);
+    let contract: Vec<_> = r.violations.iter().filter(|v| !v.is_safety()).collect();
+    prop_assert!(contract.is_empty(), "{}", explain(&cfg, &r));
+    for (lease, overlap) in &r.max_overlap {
+        prop_assert!(
+            *overlap <= validity,
+            "{lease}: overlap {overlap:?} > validity {validity:?}\n{}",
+            explain(&cfg, &r)
+        );
+        if hears {
+            prop_assert!(
+                *overlap <= latency,
+                "{lease}: overlap {overlap:?} > {latency:?} with the holder hearing the server\n{}",
+                explain(&cfg, &r)
+            );
         }
     }
+    Ok(())
+}
+
+/// Runs `check` as a property over `strategy` on a fixed random seed and
+/// asserts it FAILS with a violation whose text names `expected`: a broken
+/// variant the generated cases must find. Prints the rate over 100 cases.
+fn assert_caught(
+    what: &str,
+    strategy: impl Strategy<Value = Case>,
+    expected: &str,
+    check: impl Fn(&Case) -> Result<(), TestCaseError>,
+) {
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let total = 100;
+    let broken = (0..total)
+        .filter(|_| {
+            let case = strategy.new_tree(&mut runner).expect("a case").current();
+            check(&case).is_err()
+        })
+        .count();
+    eprintln!("{what}: {broken} of {total} generated cases break");
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: CASES,
+            max_shrink_iters: 100,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    match runner.run(&strategy, |case| check(&case)) {
+        Err(TestError::Fail(reason, case)) => {
+            let reason = reason.to_string();
+            assert!(
+                reason.contains(expected),
+                "{what} broke something else: {reason}"
+            );
+            eprintln!(
+                "{what}: shrunk to {:?}\n{}",
+                case.faults,
+                reason.lines().take(6).collect::<Vec<_>>().join("\n")
+            );
+        }
+        Err(e) => panic!("unexpected: {e}"),
+        Ok(()) => panic!("the properties did not catch {what}"),
+    }
+}
+
+/// Issue 11 hole 1 as a broken variant: sessions that neither set nor verify
+/// their TCP settings, on servers whose generated TCP give-up may be below
+/// the guard, break strong safety, and the property finds it.
+#[test]
+fn broken_sessions_without_tcp_settings_are_caught_by_the_property() {
+    assert_caught(
+        "sessions without their TCP settings",
+        case(guard(), client_fault(4).boxed()),
+        "TwoLeaders",
+        |case| {
+            strong_safety_with(case, None, |cfg| {
+                cfg.bug = Some(DriverBug::NoTcpSettings);
+            })
+        },
+    );
+}
+
+/// Issue 11 hole 2 as a broken variant: tokens without the WAL record and the
+/// timeline bits repeat after a crash or go backwards after a promotion, and
+/// the property over server faults finds it.
+#[test]
+fn broken_tokens_without_wal_record_or_timeline_are_caught_by_the_property() {
+    assert_caught(
+        "tokens without WAL record or timeline",
+        case(guard(), any_fault(4).boxed()),
+        "TokenNotIncreasing",
+        |case| bounded_overlap(case, |cfg| cfg.server.legacy_tokens = true),
+    );
 }
 
 /// Liveness: once every fault has healed, some live process leads every
