@@ -214,7 +214,11 @@ impl Statement {
             // the last lock of the batch was granted, and only if one was; the
             // WAL record (making the commit wait for its flush) likewise. The
             // timeline is the first 8 hex digits of the current WAL file name.
-            // CASE fixes the order of the checks before each try.
+            // CASE fixes the order of the checks before each try. The keys this
+            // backend already holds (another client's, behind a transaction
+            // pooler) are read once, by an uncorrelated subquery (an init
+            // plan, evaluated before the first try): a per-key `EXISTS` over
+            // pg_locks made the try quadratic in the number of keys.
             Statement::TryLock {
                 keys,
                 backend_pid,
@@ -223,8 +227,8 @@ impl Statement {
                 "WITH t AS (SELECT array_agg(k) AS won FROM unnest({a}) k \
                  WHERE CASE WHEN pg_backend_pid() <> {backend_pid} \
                  OR current_setting('{NONCE_SETTING}', true) IS DISTINCT FROM '{nonce}' THEN false \
-                 WHEN EXISTS (SELECT 1 FROM ({THIS_DATABASE_ADVISORY_LOCKS}) o \
-                 WHERE o.k = k.k AND o.pid = pg_backend_pid()) THEN false \
+                 WHEN k = ANY (ARRAY(SELECT o.k \
+                 FROM ({THIS_DATABASE_ADVISORY_LOCKS}) o WHERE o.pid = pg_backend_pid())) THEN false \
                  ELSE pg_try_advisory_lock(k) END), \
                  x AS (SELECT t.won, CASE WHEN t.won IS NOT NULL THEN (SELECT \
                  (('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 \
