@@ -280,10 +280,7 @@ type Setting<'a> = dyn Fn(&str, &'static str) -> Option<(String, String)> + 'a;
 
 /// The TLS settings: each from the string, else its variable, else libpq's
 /// default (`prefer`; the files in `~/.postgresql` when they exist).
-fn tls_settings(
-    setting: &Setting<'_>,
-    home: Option<&Path>,
-) -> Result<tls::Settings, String> {
+fn tls_settings(setting: &Setting<'_>, home: Option<&Path>) -> Result<tls::Settings, String> {
     let dot = |file: &str| home.map(|h| h.join(".postgresql").join(file));
     let roots = match setting("sslrootcert", "PGSSLROOTCERT") {
         Some((v, _)) if v == "system" => Some(tls::Roots::System),
