@@ -365,9 +365,9 @@ impl Verifier {
             "sslmode={}: the server's certificate is rejected: {why}",
             self.mode
         );
-        rustls::Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(Arc::new(
-            Rejected(text),
-        ))))
+        // `Other`: its Display is the text alone (a certificate error's
+        // would be its Debug form).
+        rustls::Error::Other(rustls::OtherError(Arc::new(Rejected(text))))
     }
 }
 

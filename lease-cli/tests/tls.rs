@@ -355,3 +355,33 @@ fn a_password_from_the_password_file_works_and_is_never_printed() {
         assert!(!line.contains(&t.password), "password printed: {line}");
     }
 }
+
+#[test]
+fn verify_ca_checks_the_chain_but_not_the_host_name() {
+    let t = tls();
+    // The socket goes to hostaddr; TLS checks the name `host` gives.
+    let url = |mode: &str| {
+        format!(
+            "host=elsewhere.invalid hostaddr=127.0.0.1 port={} user=postgres dbname=postgres \
+             sslmode={mode} sslrootcert={}",
+            t.cluster.port(),
+            t.certs.ca.display()
+        )
+    };
+    let (found, lines) = lines_until(
+        run(t.certs.dir(), &url("verify-ca"), &unique("ca"), &[]),
+        |l| l.starts_with("start"),
+    );
+    found.unwrap_or_else(|e| panic!("verify-ca: {e}: {lines:#?}"));
+    let (found, lines) = lines_until(
+        run(t.certs.dir(), &url("verify-full"), &unique("full"), &[]),
+        |l| l.contains("sslmode=verify-full") && l.contains("rejected"),
+    );
+    let line = found.unwrap_or_else(|e| panic!("verify-full: {e}: {lines:#?}"));
+    eprintln!("verify-full, wrong name: {line}");
+    assert!(
+        line.contains("not valid for name \"elsewhere.invalid\""),
+        "{line}"
+    );
+    assert!(!lines.iter().any(|l| l.starts_with("start")), "{lines:#?}");
+}
