@@ -72,7 +72,9 @@
 //!   `connect_timeout` well below it;
 //! - TCP sockets get no-delay, the `keepalives*` settings and, on Linux,
 //!   `tcp_user_timeout`;
-//! - TLS goes through [`MakeTls`], asked for a connector per host name;
+//! - TLS goes through [`MakeTls`], asked for a connector per host name; the
+//!   `rustls` feature adds a ready one, `rustls::MakeRustls` (no tokio
+//!   runtime);
 //! - `target_session_attrs` is **not** applied: connect to the primary. The
 //!   core checks every session at setup and refuses a hot standby
 //!   ([`Refusal::Standby`]), which fails every run.
@@ -82,6 +84,8 @@
 
 mod connect;
 mod runtime;
+#[cfg(feature = "rustls")]
+pub mod rustls;
 
 use tokio_postgres::NoTls;
 
