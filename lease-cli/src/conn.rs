@@ -98,7 +98,8 @@ fn env(name: &str) -> Option<String> {
 
 /// The libpq keywords taken out of the string before tokio-postgres parses
 /// it: it does not know them, or not all of their values.
-const TAKEN: [&str; 6] = [
+const TAKEN: [&str; 7] = [
+    "keepalives_count",
     "sslmode",
     "sslrootcert",
     "sslcert",
@@ -148,6 +149,45 @@ pub fn resolve_from(
             config.application_name(name);
         }
     }
+    if config.get_options().is_none() {
+        if let Some(options) = lookup("PGOPTIONS") {
+            config.options(options);
+        }
+    }
+    // Variables tokio-postgres parses as keywords: applied when the string
+    // does not give them (the string's values are not readable back for
+    // every keyword, so the string is re-parsed with the variable first).
+    for (var, key) in [
+        ("PGCHANNELBINDING", "channel_binding"),
+        ("PGLOADBALANCEHOSTS", "load_balance_hosts"),
+        ("PGSSLNEGOTIATION", "sslnegotiation"),
+    ] {
+        let in_string = string.is_some_and(|s| mentions(s, key));
+        if let (false, Some(value)) = (in_string, lookup(var)) {
+            let one: Config = format!("{key}={value}")
+                .parse()
+                .map_err(|_| format!("invalid {var} {value:?}"))?;
+            match key {
+                "channel_binding" => {
+                    config.channel_binding(one.get_channel_binding());
+                }
+                "load_balance_hosts" => {
+                    config.load_balance_hosts(one.get_load_balance_hosts());
+                }
+                _ => {
+                    config.ssl_negotiation(one.get_ssl_negotiation());
+                }
+            }
+        }
+    }
+    // libpq's name for tokio-postgres's keepalives_retries (no variable).
+    if let Some((_, count)) = taken.iter().rev().find(|(k, _)| k == "keepalives_count") {
+        let n = count
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| format!("invalid keepalives_count {count:?} in {origin}"))?;
+        config.keepalives_retries(n);
+    }
     if config.get_connect_timeout().is_none() {
         if let Some(t) = lookup("PGCONNECT_TIMEOUT") {
             let secs = t
@@ -183,7 +223,16 @@ pub fn resolve_from(
     }
 
     if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+        let addrs = lookup("PGHOSTADDR");
+        for addr in addrs.iter().flat_map(|a| a.split(',')) {
+            let ip = addr
+                .trim()
+                .parse()
+                .map_err(|_| format!("invalid address {addr:?} in PGHOSTADDR"))?;
+            config.hostaddr(ip);
+        }
         match lookup("PGHOST") {
+            None if addrs.is_some() => {}
             Some(hosts) => {
                 for host in hosts.split(',') {
                     if host.is_empty() {
@@ -341,6 +390,14 @@ fn tls_settings(setting: &Setting<'_>, home: Option<&Path>) -> Result<tls::Setti
         roots,
         client,
     })
+}
+
+/// Whether the connection string names `key` (as a `key=` parameter or a
+/// URL query parameter); a rough check, enough to let the string win.
+fn mentions(s: &str, key: &str) -> bool {
+    let needle = format!("{key}=");
+    s.match_indices(&needle)
+        .any(|(i, _)| i == 0 || matches!(s.as_bytes()[i - 1], b' ' | b'\t' | b'?' | b'&'))
 }
 
 /// libpq's default: the Unix socket in `/var/run/postgresql`, then `/tmp`
@@ -782,6 +839,29 @@ mod tests {
         assert_eq!(
             t.config.get_connect_timeout(),
             Some(&Duration::from_secs(7))
+        );
+        let env2 = with_env(&[
+            ("USER", "u"),
+            ("PGHOSTADDR", "127.0.0.1"),
+            ("PGOPTIONS", "-c work_mem=8MB"),
+            ("PGCHANNELBINDING", "disable"),
+        ]);
+        let t = resolve_from(Some("keepalives_count=4"), &env2).unwrap();
+        assert_eq!(
+            t.config.get_hostaddrs(),
+            ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]
+        );
+        assert!(t.config.get_hosts().is_empty());
+        assert_eq!(t.config.get_options(), Some("-c work_mem=8MB"));
+        assert_eq!(t.config.get_keepalives_retries(), Some(4));
+        assert_eq!(
+            t.config.get_channel_binding(),
+            tokio_postgres::config::ChannelBinding::Disable
+        );
+        let t = resolve_from(Some("host=h channel_binding=require"), &env2).unwrap();
+        assert_eq!(
+            t.config.get_channel_binding(),
+            tokio_postgres::config::ChannelBinding::Require
         );
         let e = resolve_from(Some("host=h target_session_attrs=standby"), &env)
             .err()
