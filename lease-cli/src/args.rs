@@ -158,9 +158,11 @@ pub struct ConnArgs {
     /// PostgreSQL connection: a URL or a key=value string [default: $DATABASE_URL, else PG*]
     ///
     /// A URL (postgres://user:password@host:port/dbname) or a key=value string ("host=db1
-    /// user=app dbname=app"); default $DATABASE_URL, else the libpq environment (PGHOST,
-    /// PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE), which also fills in what the string
-    /// leaves out.
+    /// user=app dbname=app sslmode=verify-full sslrootcert=ca.pem"); default $DATABASE_URL,
+    /// else the libpq environment (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGPASSFILE/~/.pgpass,
+    /// PGDATABASE, PGAPPNAME, PGSSLMODE, PGSSLROOTCERT, PGSSLCERT, PGSSLKEY, ...), which also
+    /// fills in what the string leaves out. TLS: rustls, libpq's sslmode (disable to
+    /// verify-full).
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
 }

@@ -1,21 +1,26 @@
 //! The connection: `--database-url`, `DATABASE_URL` or the libpq environment,
-//! resolved into a [`tokio_postgres::Config`]; and the redaction of passwords
-//! from everything `lease` prints.
+//! resolved into a [`tokio_postgres::Config`] and a TLS connector; and the
+//! redaction of passwords from everything `lease` prints.
 //!
 //! Resolution follows libpq where tokio-postgres allows it: the string (URL or
 //! `key=value`) wins, the `PG*` environment fills in what it leaves out, then
 //! libpq's defaults (Unix socket in `/var/run/postgresql`, then `/tmp`; port
-//! 5432; user = the OS user; dbname = the user). TLS is not compiled in:
-//! `sslmode` `disable`, `allow` and `prefer` connect without it, `require` and
-//! stronger are refused up front.
+//! 5432; user = the OS user; dbname = the user; `sslmode=prefer`; the password
+//! from `~/.pgpass`). The keywords tokio-postgres does not know (`sslrootcert`,
+//! `sslcert`, `sslkey`, `passfile`, libpq's `sslmode` and
+//! `target_session_attrs` values) are taken out of the string and applied
+//! here. TLS: see [`crate::tls`]. lease-cli/README.md has the table of every
+//! libpq variable and keyword.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
-use tokio_postgres::config::{Host, SslMode, SslNegotiation};
+use tokio_postgres::config::{Host, SslMode, SslNegotiation, TargetSessionAttrs};
 use tokio_postgres::Config;
 
 use crate::args::ConnArgs;
+use crate::{pgpass, tls};
 
 /// Passwords shorter than this are not redacted from output: replacing every
 /// occurrence of a one- or two-character string would garble every line, and
@@ -51,21 +56,37 @@ pub fn redact(text: &str) -> String {
 }
 
 /// A resolved connection.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Target {
-    /// The configuration to connect with (no TLS: `sslmode` is `disable` or
-    /// `prefer`).
+    /// The configuration to connect with.
     pub config: Config,
-    /// Where it points, for log lines: hosts, ports, database, user. Never the
-    /// password.
+    /// The TLS connector to connect with (whatever the mode: tokio-postgres
+    /// does not call it for `disable`).
+    pub tls: tls::Connector,
+    /// Where it points, for log lines: hosts, ports, database, user, and
+    /// whether TLS is used and what it verifies. Never the password.
     pub summary: String,
+    /// What the user should know but that does not stop `lease` (a password
+    /// file with group or world access, ignored as libpq does): to log.
+    pub warnings: Vec<String>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The summary, not the config: nothing that could hold a secret.
+        f.debug_struct("Target")
+            .field("summary", &self.summary)
+            .field("warnings", &self.warnings)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Resolves the connection from the arguments and the process environment.
 ///
 /// # Errors
 /// A one-line message (never containing the password) for an unparsable
-/// string, an unsupported `sslmode`, or inconsistent hosts and ports.
+/// string, an unsupported setting, an unreadable certificate or key, or
+/// inconsistent hosts and ports.
 pub fn resolve(args: &ConnArgs) -> Result<Target, String> {
     resolve_from(args.database_url.as_deref(), &env)
 }
@@ -74,6 +95,18 @@ pub fn resolve(args: &ConnArgs) -> Result<Target, String> {
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
+
+/// The libpq keywords taken out of the string before tokio-postgres parses
+/// it: it does not know them, or not all of their values.
+const TAKEN: [&str; 7] = [
+    "keepalives_count",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "passfile",
+    "target_session_attrs",
+];
 
 /// [`resolve`] with an explicit environment (`lookup` returns non-empty values
 /// only), for tests.
@@ -92,47 +125,114 @@ pub fn resolve_from(
             (from_env.as_deref(), "DATABASE_URL")
         }
     };
-    let (mut config, sslmode) = match string {
+    let (mut config, taken) = match string {
         Some(s) => parse(s, origin)?,
-        None => (Config::new(), None),
+        None => (Config::new(), Vec::new()),
     };
+    // A keyword from the string, else its environment variable: the value
+    // and where it came from.
+    let setting = |key: &str, var: &'static str| -> Option<(String, String)> {
+        match taken.iter().rev().find(|(k, _)| k == key) {
+            Some((_, v)) => Some((v.clone(), format!("{key} in {origin}"))),
+            None => lookup(var).map(|v| (v, var.to_owned())),
+        }
+    };
+    let mut warnings = Vec::new();
     if let Some(password) = lookup("PGPASSWORD") {
         add_secret(&password);
         if config.get_password().is_none() {
             config.password(password);
         }
     }
-
-    // sslmode: the string's, else PGSSLMODE, else libpq's default (prefer).
-    let (sslmode, sslmode_origin) = match sslmode {
-        Some(mode) => (Some(mode), origin),
-        None => (lookup("PGSSLMODE"), "PGSSLMODE"),
-    };
-    let mode = match sslmode.as_deref() {
-        None | Some("prefer") => SslMode::Prefer,
-        Some("disable" | "allow") => SslMode::Disable,
-        Some(m @ ("require" | "verify-ca" | "verify-full")) => {
-            return Err(format!(
-                "sslmode={m} (from {sslmode_origin}) needs TLS, which this build of lease does not \
-                 have; use sslmode=disable or prefer, or reach the server over a trusted network"
-            ))
+    if config.get_application_name().is_none() {
+        if let Some(name) = lookup("PGAPPNAME") {
+            config.application_name(name);
         }
-        Some(other) => {
-            return Err(format!(
-                "invalid sslmode {other:?} in {sslmode_origin}: expected disable, allow, prefer, \
-                 require, verify-ca or verify-full"
-            ))
+    }
+    if config.get_options().is_none() {
+        if let Some(options) = lookup("PGOPTIONS") {
+            config.options(options);
         }
-    };
-    config.ssl_mode(mode);
-    if config.get_ssl_negotiation() == SslNegotiation::Direct {
-        return Err(format!(
-            "sslnegotiation=direct (in {origin}) needs TLS, which this build of lease does not have"
-        ));
+    }
+    // Variables tokio-postgres parses as keywords: applied when the string
+    // does not give them (the string's values are not readable back for
+    // every keyword, so the string is re-parsed with the variable first).
+    for (var, key) in [
+        ("PGCHANNELBINDING", "channel_binding"),
+        ("PGLOADBALANCEHOSTS", "load_balance_hosts"),
+        ("PGSSLNEGOTIATION", "sslnegotiation"),
+    ] {
+        let in_string = string.is_some_and(|s| mentions(s, key));
+        if let (false, Some(value)) = (in_string, lookup(var)) {
+            let one: Config = format!("{key}={value}")
+                .parse()
+                .map_err(|_| format!("invalid {var} {value:?}"))?;
+            match key {
+                "channel_binding" => {
+                    config.channel_binding(one.get_channel_binding());
+                }
+                "load_balance_hosts" => {
+                    config.load_balance_hosts(one.get_load_balance_hosts());
+                }
+                _ => {
+                    config.ssl_negotiation(one.get_ssl_negotiation());
+                }
+            }
+        }
+    }
+    // libpq's name for tokio-postgres's keepalives_retries (no variable).
+    if let Some((_, count)) = taken.iter().rev().find(|(k, _)| k == "keepalives_count") {
+        let n = count
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| format!("invalid keepalives_count {count:?} in {origin}"))?;
+        config.keepalives_retries(n);
+    }
+    if config.get_connect_timeout().is_none() {
+        if let Some(t) = lookup("PGCONNECT_TIMEOUT") {
+            let secs = t
+                .trim()
+                .parse::<i64>()
+                .map_err(|_| format!("invalid PGCONNECT_TIMEOUT {t:?}: expected seconds"))?;
+            // libpq: zero or less waits forever; 1 means 2.
+            if secs > 0 {
+                config.connect_timeout(Duration::from_secs(secs.max(2) as u64));
+            }
+        }
+    }
+    if let Some((attrs, attrs_origin)) = setting("target_session_attrs", "PGTARGETSESSIONATTRS") {
+        config.target_session_attrs(match attrs.as_str() {
+            "any" => TargetSessionAttrs::Any,
+            // A primary is what the core needs anyway (it refuses a standby);
+            // read-write also skips a primary with default_transaction_read_only.
+            "read-write" | "primary" => TargetSessionAttrs::ReadWrite,
+            "read-only" | "standby" | "prefer-standby" => {
+                return Err(format!(
+                    "target_session_attrs={attrs} (from {attrs_origin}): a lease needs the \
+                     primary (a standby cannot take advisory locks); use any, read-write or \
+                     primary"
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "invalid target_session_attrs {other:?} in {attrs_origin}: expected any, \
+                     read-write, primary, read-only, standby or prefer-standby"
+                ))
+            }
+        });
     }
 
     if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+        let addrs = lookup("PGHOSTADDR");
+        for addr in addrs.iter().flat_map(|a| a.split(',')) {
+            let ip = addr
+                .trim()
+                .parse()
+                .map_err(|_| format!("invalid address {addr:?} in PGHOSTADDR"))?;
+            config.hostaddr(ip);
+        }
         match lookup("PGHOST") {
+            None if addrs.is_some() => {}
             Some(hosts) => {
                 for host in hosts.split(',') {
                     if host.is_empty() {
@@ -187,8 +287,117 @@ pub fn resolve_from(
             config.dbname(dbname);
         }
     }
-    let summary = summary(&config);
-    Ok(Target { config, summary })
+    let home = lookup("HOME").map(PathBuf::from);
+    if config.get_password().is_none() {
+        let passfile = setting("passfile", "PGPASSFILE")
+            .map(|(p, _)| PathBuf::from(p))
+            .or_else(|| home.as_ref().map(|h| h.join(".pgpass")));
+        if let Some(path) = passfile {
+            match pgpass::lookup(&path, &config) {
+                Ok(Some(password)) => {
+                    add_secret(&password);
+                    config.password(password);
+                }
+                Ok(None) => {}
+                Err(pgpass::Skipped(why)) => warnings.push(why),
+            }
+        }
+    }
+
+    let tls = tls_settings(&setting, home.as_deref())?;
+    config.ssl_mode(tls.mode.ssl_mode());
+    if config.get_ssl_negotiation() == SslNegotiation::Direct
+        && tls.mode.ssl_mode() != SslMode::Require
+    {
+        return Err(format!(
+            "sslnegotiation=direct (in {origin}) needs sslmode=require, verify-ca or verify-full"
+        ));
+    }
+    let connector = tls.connector()?;
+    let summary = format!("{}; {}", summary(&config), tls.describe());
+    Ok(Target {
+        config,
+        tls: connector,
+        summary,
+        warnings,
+    })
+}
+
+/// A keyword's value and where it came from, given the keyword and its
+/// environment variable.
+type Setting<'a> = dyn Fn(&str, &'static str) -> Option<(String, String)> + 'a;
+
+/// The TLS settings: each from the string, else its variable, else libpq's
+/// default (`prefer`; the files in `~/.postgresql` when they exist).
+fn tls_settings(setting: &Setting<'_>, home: Option<&Path>) -> Result<tls::Settings, String> {
+    let dot = |file: &str| home.map(|h| h.join(".postgresql").join(file));
+    let roots = match setting("sslrootcert", "PGSSLROOTCERT") {
+        Some((v, _)) if v == "system" => Some(tls::Roots::System),
+        Some((v, _)) => Some(tls::Roots::File(PathBuf::from(v))),
+        None => dot("root.crt")
+            .filter(|p| p.is_file())
+            .map(tls::Roots::File),
+    };
+    let mode = match setting("sslmode", "PGSSLMODE") {
+        Some((m, mode_origin)) => {
+            let mode = tls::Mode::parse(&m).ok_or_else(|| {
+                format!(
+                    "invalid sslmode {m:?} in {mode_origin}: expected disable, allow, prefer, \
+                     require, verify-ca or verify-full"
+                )
+            })?;
+            // libpq: the whole public web's CAs prove nothing without the
+            // host name check.
+            if roots == Some(tls::Roots::System) && mode != tls::Mode::VerifyFull {
+                return Err(format!(
+                    "weak sslmode={m} (from {mode_origin}) may not be used with \
+                     sslrootcert=system (use verify-full)"
+                ));
+            }
+            mode
+        }
+        None if roots == Some(tls::Roots::System) => tls::Mode::VerifyFull,
+        None => tls::Mode::Prefer,
+    };
+    let cert = setting("sslcert", "PGSSLCERT");
+    let key = setting("sslkey", "PGSSLKEY");
+    let client = match (cert, key) {
+        (Some((c, _)), Some((k, _))) => Some((PathBuf::from(c), PathBuf::from(k))),
+        (Some((c, _)), None) => {
+            let k = dot("postgresql.key").ok_or_else(|| {
+                "sslcert is given without sslkey, and there is no home directory for the \
+                 default ~/.postgresql/postgresql.key"
+                    .to_owned()
+            })?;
+            Some((PathBuf::from(c), k))
+        }
+        (None, Some((k, key_origin))) => match dot("postgresql.crt").filter(|p| p.is_file()) {
+            Some(c) => Some((c, PathBuf::from(k))),
+            None => {
+                return Err(format!(
+                    "sslkey (from {key_origin}) is given without sslcert"
+                ))
+            }
+        },
+        // libpq's default: used when the certificate exists.
+        (None, None) => match (dot("postgresql.crt"), dot("postgresql.key")) {
+            (Some(c), Some(k)) if c.is_file() => Some((c, k)),
+            _ => None,
+        },
+    };
+    Ok(tls::Settings {
+        mode,
+        roots,
+        client,
+    })
+}
+
+/// Whether the connection string names `key` (as a `key=` parameter or a
+/// URL query parameter); a rough check, enough to let the string win.
+fn mentions(s: &str, key: &str) -> bool {
+    let needle = format!("{key}=");
+    s.match_indices(&needle)
+        .any(|(i, _)| i == 0 || matches!(s.as_bytes()[i - 1], b' ' | b'\t' | b'?' | b'&'))
 }
 
 /// libpq's default: the Unix socket in `/var/run/postgresql`, then `/tmp`
@@ -198,14 +407,13 @@ fn default_hosts(config: &mut Config) {
     config.host_path(PathBuf::from("/tmp"));
 }
 
-/// Parses a URL or `key=value` string; returns the config and the `sslmode`
-/// it named (taken out of the string: tokio-postgres does not know `allow`
-/// and `verify-*`, and the mode is applied by the caller).
-fn parse(s: &str, origin: &str) -> Result<(Config, Option<String>), String> {
+/// Parses a URL or `key=value` string; returns the config and the
+/// [`TAKEN`] keywords it named (taken out of the string, in order).
+fn parse(s: &str, origin: &str) -> Result<(Config, Vec<(String, String)>), String> {
     for secret in raw_passwords(s) {
         add_secret(&secret);
     }
-    let (rest, sslmode) = take_sslmode(s);
+    let (rest, taken) = take_params(s, &TAKEN);
     let config = rest.parse::<Config>().map_err(|e| {
         // The error never quotes the string; redact anyway, and keep one line.
         let mut msg = redact(&error_chain(&e)).replace(['\r', '\n'], " ");
@@ -219,7 +427,7 @@ fn parse(s: &str, origin: &str) -> Result<(Config, Option<String>), String> {
     if let Some(p) = config.get_password() {
         add_secret(&String::from_utf8_lossy(p));
     }
-    Ok((config, sslmode))
+    Ok((config, taken))
 }
 
 /// An error and its sources, `: `-separated.
@@ -281,19 +489,20 @@ fn url_query_start(rest: &str) -> Option<usize> {
     rest[start..].find('?').map(|q| q + start)
 }
 
-/// Removes every `sslmode` parameter from `s` and returns the last value.
-fn take_sslmode(s: &str) -> (String, Option<String>) {
+/// Removes every parameter named in `keys` from `s`; returns the rest and
+/// the removed `(key, value)` pairs in order.
+fn take_params(s: &str, keys: &[&str]) -> (String, Vec<(String, String)>) {
+    let mut taken = Vec::new();
     if let Some(rest) = strip_url_prefix(s) {
         let Some(q) = url_query_start(rest) else {
-            return (s.to_owned(), None);
+            return (s.to_owned(), taken);
         };
         let prefix_len = s.len() - rest.len();
-        let mut mode = None;
         let kept: Vec<&str> = rest[q + 1..]
             .split('&')
             .filter(|param| match param.split_once('=') {
-                Some((k, v)) if percent_decode(k) == "sslmode" => {
-                    mode = Some(percent_decode(v));
+                Some((k, v)) if keys.contains(&percent_decode(k).as_str()) => {
+                    taken.push((percent_decode(k), percent_decode(v)));
                     false
                 }
                 _ => true,
@@ -305,22 +514,24 @@ fn take_sslmode(s: &str) -> (String, Option<String>) {
         } else {
             format!("{head}?{}", kept.join("&"))
         };
-        (out, mode)
+        (out, taken)
     } else {
         // Unparsable strings are left to tokio-postgres, which explains why.
         let Some(params) = kv_params(s) else {
-            return (s.to_owned(), None);
+            return (s.to_owned(), taken);
         };
         let mut out = String::new();
         let mut last = 0;
-        let mut mode = None;
-        for p in params.into_iter().filter(|p| p.key == "sslmode") {
+        for p in params
+            .into_iter()
+            .filter(|p| keys.contains(&p.key.as_str()))
+        {
             out.push_str(&s[last..p.span.0]);
             last = p.span.1;
-            mode = Some(p.value);
+            taken.push((p.key, p.value));
         }
         out.push_str(&s[last..]);
-        (out, mode)
+        (out, taken)
     }
 }
 
@@ -561,12 +772,33 @@ mod tests {
     #[test]
     fn sslmode_is_checked() {
         let none = with_env(&[("USER", "u")]);
-        let e = resolve_from(Some("host=h sslmode=require"), &none).unwrap_err();
-        assert!(e.contains("needs TLS"), "{e}");
-        let e = resolve_from(Some("postgres://h/db?sslmode=verify-full"), &none).unwrap_err();
-        assert!(e.contains("needs TLS"), "{e}");
-        let e = resolve_from(None, &with_env(&[("PGSSLMODE", "require")])).unwrap_err();
+        let t = resolve_from(Some("host=h sslmode=require"), &none).unwrap();
+        assert_eq!(t.config.get_ssl_mode(), SslMode::Require);
+        assert!(
+            t.summary
+                .contains("TLS required (sslmode=require), server certificate not verified"),
+            "{}",
+            t.summary
+        );
+        let e = resolve_from(Some("postgres://h/db?sslmode=verify-full"), &none)
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("sslmode=verify-full needs root certificates"),
+            "{e}"
+        );
+        let e = resolve_from(None, &with_env(&[("PGSSLMODE", "bogus")]))
+            .err()
+            .unwrap();
         assert!(e.contains("PGSSLMODE"), "{e}");
+        let e = resolve_from(Some("host=h sslmode=require sslrootcert=system"), &none)
+            .err()
+            .unwrap();
+        assert!(e.contains("weak sslmode=require"), "{e}");
+        let e = resolve_from(Some("host=h sslrootcert=/nonexistent/ca.pem"), &none)
+            .err()
+            .unwrap();
+        assert!(e.starts_with("sslrootcert /nonexistent/ca.pem"), "{e}");
         let t = resolve_from(
             Some("postgres://h/db?sslmode=allow&application_name=x"),
             &none,
@@ -577,6 +809,94 @@ mod tests {
         let t = resolve_from(Some("host=h sslmode='disable' user=z"), &none).unwrap();
         assert_eq!(t.config.get_ssl_mode(), SslMode::Disable);
         assert_eq!(t.config.get_user(), Some("z"));
+        assert!(
+            t.summary.ends_with("; no TLS (sslmode=disable)"),
+            "{}",
+            t.summary
+        );
+    }
+
+    #[test]
+    fn libpq_variables_fill_in() {
+        let env = with_env(&[
+            ("USER", "u"),
+            ("PGAPPNAME", "mine"),
+            ("PGCONNECT_TIMEOUT", "1"),
+            ("PGTARGETSESSIONATTRS", "primary"),
+        ]);
+        let t = resolve_from(Some("host=h"), &env).unwrap();
+        assert_eq!(t.config.get_application_name(), Some("mine"));
+        assert_eq!(
+            t.config.get_connect_timeout(),
+            Some(&Duration::from_secs(2))
+        );
+        assert_eq!(
+            t.config.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        let t = resolve_from(Some("host=h application_name=s connect_timeout=7"), &env).unwrap();
+        assert_eq!(t.config.get_application_name(), Some("s"));
+        assert_eq!(
+            t.config.get_connect_timeout(),
+            Some(&Duration::from_secs(7))
+        );
+        let env2 = with_env(&[
+            ("USER", "u"),
+            ("PGHOSTADDR", "127.0.0.1"),
+            ("PGOPTIONS", "-c work_mem=8MB"),
+            ("PGCHANNELBINDING", "disable"),
+        ]);
+        let t = resolve_from(Some("keepalives_count=4"), &env2).unwrap();
+        assert_eq!(
+            t.config.get_hostaddrs(),
+            ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]
+        );
+        assert!(t.config.get_hosts().is_empty());
+        assert_eq!(t.config.get_options(), Some("-c work_mem=8MB"));
+        assert_eq!(t.config.get_keepalives_retries(), Some(4));
+        assert_eq!(
+            t.config.get_channel_binding(),
+            tokio_postgres::config::ChannelBinding::Disable
+        );
+        let t = resolve_from(Some("host=h channel_binding=require"), &env2).unwrap();
+        assert_eq!(
+            t.config.get_channel_binding(),
+            tokio_postgres::config::ChannelBinding::Require
+        );
+        let e = resolve_from(Some("host=h target_session_attrs=standby"), &env)
+            .err()
+            .unwrap();
+        assert!(e.contains("needs the primary"), "{e}");
+    }
+
+    #[test]
+    fn the_password_file_is_read_when_no_password_is_given() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("lease-conn-pgpass-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pass");
+        std::fs::write(&path, "h:5432:d:u:FromPassFile\\1\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let file = path.display().to_string();
+        let env = with_env(&[("PGPASSFILE", &file)]);
+        let t = resolve_from(Some("host=h user=u dbname=d"), &env).unwrap();
+        assert_eq!(t.config.get_password(), Some(&b"FromPassFile1"[..]));
+        assert_eq!(redact("x FromPassFile1"), "x ***");
+        let t = resolve_from(Some("host=h user=u dbname=d password=given"), &env).unwrap();
+        assert_eq!(t.config.get_password(), Some(&b"given"[..]));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let t = resolve_from(
+            Some(&format!("host=h user=u dbname=d passfile={file}")),
+            &with_env(&[]),
+        )
+        .unwrap();
+        assert_eq!(t.config.get_password(), None);
+        assert!(
+            t.warnings[0].contains("group or world access"),
+            "{:?}",
+            t.warnings
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

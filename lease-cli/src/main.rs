@@ -23,8 +23,10 @@ mod args;
 mod child;
 mod conn;
 mod log;
+mod pgpass;
 mod run;
 mod status;
+mod tls;
 mod watchdog;
 
 use std::io::Write;

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
-use tokio_postgres::{Config, NoTls};
+use tokio_postgres::Config;
 
 use crate::args::{LogFormat, RunArgs};
 use crate::child::{exit_code, ChildSpec, Job};
 use crate::conn::{self, Target};
+use crate::tls::Connector;
 use crate::watchdog::Watchdog;
 use crate::{log, usage_error, EXIT_FAILURE};
 
@@ -39,6 +40,9 @@ pub fn main(args: RunArgs) -> i32 {
         Err((code, message)) => return usage_error(code, &message),
     };
     log::init(plan.quiet, plan.format);
+    for warning in &plan.target.warnings {
+        tracing::warn!("{warning}");
+    }
     warn_about_grace(&plan);
     // One thread: the child's PR_SET_PDEATHSIG is tied to the thread that
     // spawns it, which must live as long as the process (see `child`).
@@ -77,9 +81,11 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
         return Err((2, "--grace must be greater than zero".to_owned()));
     }
     let mut target = conn::resolve(&args.conn).map_err(|e| (2, e))?;
-    target
-        .config
-        .application_name(application_name(lease.name()));
+    if target.config.get_application_name().is_none() {
+        target
+            .config
+            .application_name(application_name(lease.name()));
+    }
     spec.check()?;
     let after_validity = if options.server_guard {
         options
@@ -227,7 +233,11 @@ async fn contend(plan: Plan) -> i32 {
             return EXIT_FAILURE;
         }
     };
-    let locker = match Locker::new(plan.target.config.clone(), NoTls, plan.options.clone()) {
+    let locker = match Locker::new(
+        plan.target.config.clone(),
+        plan.target.tls.clone(),
+        plan.options.clone(),
+    ) {
         Ok((locker, driver)) => {
             tokio::spawn(driver);
             locker
@@ -252,6 +262,7 @@ async fn contend(plan: Plan) -> i32 {
     ));
     let lookups = tokio::spawn(describe_holders(
         plan.target.config.clone(),
+        plan.target.tls.clone(),
         plan.options.query_timeout,
         plan.lease.clone(),
         holders,
@@ -587,6 +598,7 @@ async fn monitor(locker: Locker, summary: String, holders: Option<mpsc::Unbounde
 /// Failures are logged at debug level and otherwise ignored.
 async fn describe_holders(
     mut config: Config,
+    tls: Connector,
     timeout: Duration,
     lease: LeaseId,
     mut pids: mpsc::UnboundedReceiver<i64>,
@@ -602,7 +614,7 @@ async fn describe_holders(
             continue;
         }
         last = Some(pid);
-        match tokio::time::timeout(timeout, lookup_holder(&config, pid)).await {
+        match tokio::time::timeout(timeout, lookup_holder(&config, &tls, pid)).await {
             Ok(Ok(Some(h))) => tracing::info!(
                 lease = lease.name(),
                 holder_pid = pid,
@@ -625,10 +637,14 @@ struct HolderInfo {
     since: String,
 }
 
-async fn lookup_holder(config: &Config, pid: i64) -> Result<Option<HolderInfo>, String> {
+async fn lookup_holder(
+    config: &Config,
+    tls: &Connector,
+    pid: i64,
+) -> Result<Option<HolderInfo>, String> {
     let pid = i32::try_from(pid).map_err(|_| format!("pid {pid} out of range"))?;
     let (client, connection) = config
-        .connect(NoTls)
+        .connect(tls.clone())
         .await
         .map_err(|e| conn::error_chain(&e))?;
     let connection = tokio::spawn(connection);

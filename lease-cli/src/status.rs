@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use lease_proto::{key_for_name, HolderRow, LeaseId, HOLDERS_SQL};
 use serde_json::json;
-use tokio_postgres::NoTls;
 
 use crate::args::{KeyArgs, StatusArgs};
 use crate::{conn, usage_error, EXIT_FAILURE};
@@ -44,6 +43,9 @@ pub fn main(args: StatusArgs) -> i32 {
         Ok(t) => t,
         Err(e) => return usage_error(2, &e),
     };
+    for warning in &target.warnings {
+        eprintln!("lease: warning: {warning}");
+    }
     target.config.application_name("lease status");
     target.config.connect_timeout(args.timeout);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -51,7 +53,7 @@ pub fn main(args: StatusArgs) -> i32 {
         .build();
     let held = match runtime {
         Ok(rt) => rt.block_on(async {
-            match tokio::time::timeout(args.timeout, query(&target.config)).await {
+            match tokio::time::timeout(args.timeout, query(&target)).await {
                 Ok(result) => result,
                 Err(_) => Err(format!(
                     "no answer within {}",
@@ -79,9 +81,10 @@ pub fn main(args: StatusArgs) -> i32 {
     0
 }
 
-async fn query(config: &tokio_postgres::Config) -> Result<Vec<HolderRow>, String> {
-    let (client, connection) = config
-        .connect(NoTls)
+async fn query(target: &conn::Target) -> Result<Vec<HolderRow>, String> {
+    let (client, connection) = target
+        .config
+        .connect(target.tls.clone())
         .await
         .map_err(|e| conn::error_chain(&e))?;
     let connection = tokio::spawn(connection);

@@ -56,6 +56,15 @@ fn lease() -> Command {
         "PGPASSWORD",
         "PGDATABASE",
         "PGSSLMODE",
+        "PGSSLROOTCERT",
+        "PGSSLCERT",
+        "PGSSLKEY",
+        "PGPASSFILE",
+        "PGAPPNAME",
+        "PGCONNECT_TIMEOUT",
+        "PGTARGETSESSIONATTRS",
+        "PGHOSTADDR",
+        "PGOPTIONS",
         "LEASE_LOG",
     ] {
         cmd.env_remove(var);
@@ -458,9 +467,19 @@ fn usage_errors_exit_2_on_one_line_without_touching_the_database() {
             None,
         ),
         (
-            "sslmode=require",
+            "verify-full without root certificates",
             vec!["run", "job", "--", "true"],
-            Some(("PGSSLMODE", "require")),
+            Some(("PGSSLMODE", "verify-full")),
+        ),
+        (
+            "a missing sslrootcert file",
+            vec!["run", "job", "--", "true"],
+            Some(("PGSSLROOTCERT", "/nonexistent/ca.pem")),
+        ),
+        (
+            "an invalid sslmode",
+            vec!["run", "job", "--", "true"],
+            Some(("PGSSLMODE", "verify_full")),
         ),
         ("status: empty name", vec!["status", ""], None),
         ("key: empty name", vec!["key", ""], None),

@@ -76,7 +76,9 @@
 //!   `connect_timeout` well below it;
 //! - TCP sockets get no-delay, the `keepalives*` settings and, on Linux,
 //!   `tcp_user_timeout`;
-//! - TLS goes through [`MakeTls`], asked for a connector per host name;
+//! - TLS goes through [`MakeTls`], asked for a connector per host name; the
+//!   `rustls` feature adds a ready one, `rustls::MakeRustls` (no tokio
+//!   runtime);
 //! - `target_session_attrs` is **not** applied: connect to the primary. The
 //!   core checks every session at setup and closes a session on a hot
 //!   standby, logs it as an error and tries again after a backoff.
@@ -86,6 +88,8 @@
 
 mod connect;
 mod runtime;
+#[cfg(feature = "rustls")]
+pub mod rustls;
 
 use tokio_postgres::NoTls;
 

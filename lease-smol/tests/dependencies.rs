@@ -3,7 +3,8 @@
 
 use std::process::Command;
 
-/// Fails if lease-smol's dependency graph (dev-dependencies included) ever
+/// Fails if lease-smol's dependency graph (dev-dependencies included; with and
+/// without the `rustls` feature) ever
 /// contains tokio's runtime, tokio-postgres's "runtime" feature (tokio's
 /// reactor) or async-compat (which starts a hidden tokio runtime).
 #[test]
@@ -20,20 +21,27 @@ fn the_dependency_graph_has_no_tokio_runtime() {
         assert!(out.status.success(), "cargo tree failed: {stderr}");
         String::from_utf8(out.stdout).expect("utf-8 from cargo tree")
     };
-    let tokio = tree(&["-i", "tokio"]);
-    println!("cargo tree -p lease-smol -e features -i tokio:\n{tokio}");
-    for line in tokio.lines() {
+    // Without features, and with the rustls connector.
+    for features in [&[][..], &["--features", "rustls"][..]] {
+        let tokio = tree(&[features, &["-i", "tokio"]].concat());
+        println!("cargo tree -p lease-smol {features:?} -e features -i tokio:\n{tokio}");
         assert!(
-            !line.contains(r#"tokio feature "rt"#),
-            "tokio's runtime is in the graph: {line}"
+            features.is_empty() || tokio.contains("tokio-rustls"),
+            "the rustls feature does not bring tokio-rustls: {tokio}"
         );
-    }
-    let all = tree(&["--prefix", "none"]);
-    for line in all.lines() {
-        assert!(
-            !line.starts_with("async-compat ")
-                && !line.contains(r#"tokio-postgres feature "runtime""#),
-            "{line}"
-        );
+        for line in tokio.lines() {
+            assert!(
+                !line.contains(r#"tokio feature "rt"#),
+                "tokio's runtime is in the graph ({features:?}): {line}"
+            );
+        }
+        let all = tree(&[features, &["--prefix", "none"]].concat());
+        for line in all.lines() {
+            assert!(
+                !line.starts_with("async-compat ")
+                    && !line.contains(r#"tokio-postgres feature "runtime""#),
+                "{features:?}: {line}"
+            );
+        }
     }
 }

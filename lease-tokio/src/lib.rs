@@ -55,6 +55,54 @@
 //! first is refused for good (the refusal is final for the locker): set
 //! `target_session_attrs=read-write` so tokio-postgres skips standbys.
 
+//! ## TLS
+//!
+//! [`Locker::new`](lease_driver::Locker::new) takes any tokio-postgres TLS
+//! connector ([`MakeTls`]); `Locker::connect` has none. With rustls, through
+//! [tokio-postgres-rustls](https://docs.rs/tokio-postgres-rustls)
+//! (`tokio-postgres-rustls = { version = "0.14", features = ["ring"] }`,
+//! `rustls = "0.23"`, and `rustls-native-certs = "0.8"` for the system's
+//! roots); `sslmode=require` so that a server without TLS is refused, and
+//! rustls's default verifier checks the chain and the host name (libpq's
+//! `verify-full`):
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut roots = rustls::RootCertStore::empty();
+//! // The system's roots; or a PEM file (`CertificateDer::pem_file_iter`).
+//! roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+//! let tls = rustls::ClientConfig::builder_with_provider(
+//!     rustls::crypto::ring::default_provider().into(),
+//! )
+//! .with_safe_default_protocol_versions()?
+//! .with_root_certificates(roots)
+//! .with_no_client_auth();
+//! let locker = lease_tokio::Locker::spawn(
+//!     "host=db.example.com user=app dbname=app sslmode=require".parse()?,
+//!     tokio_postgres_rustls::MakeRustlsConnect::new(tls),
+//!     lease_tokio::Options::default(),
+//! )?;
+//! # drop(locker); Ok(()) }
+//! ```
+//!
+//! With the platform's TLS library (OpenSSL on Linux), through
+//! [postgres-native-tls](https://docs.rs/postgres-native-tls)
+//! (`postgres-native-tls = "0.5"`, `native-tls = "0.2"`):
+//!
+//! ```ignore
+//! let connector = native_tls::TlsConnector::builder()
+//!     // .add_root_certificate(native_tls::Certificate::from_pem(&std::fs::read("ca.pem")?)?)
+//!     .build()?;
+//! let locker = lease_tokio::Locker::spawn(
+//!     "host=db.example.com user=app dbname=app sslmode=require".parse()?,
+//!     postgres_native_tls::MakeTlsConnector::new(connector),
+//!     lease_tokio::Options::default(),
+//! )?;
+//! ```
+//!
+//! The `lease` command does the same with libpq's `sslmode`, `sslrootcert`,
+//! `sslcert` and `sslkey` (see its README).
+
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

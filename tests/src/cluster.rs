@@ -62,9 +62,33 @@ impl Cluster {
         )
     }
 
+    /// Like [`Cluster::start`], with TLS (`ssl = on`, the server certificate and key of
+    /// `certs`, its CA for client certificates) and `hba` as the whole `pg_hba.conf`
+    /// (e.g. `hostssl` lines only, `cert` authentication). The kit's own `psql` connects
+    /// over TCP with libpq's `sslmode=prefer`, so `hostssl ... postgres ... trust` must be
+    /// among the lines for [`Cluster::sql`] to work.
+    pub fn start_tls(certs: &crate::Certs, hba: &str) -> Result<Cluster, KitError> {
+        Cluster::start_inner(
+            "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n\
+             ssl_ca_file = 'ca.crt'\n",
+            hba,
+            Some(certs),
+        )
+    }
+
     /// Creates and starts a cluster with `conf` appended to `postgresql.conf` (after
     /// [`CONFIG`]) and `hba` to `pg_hba.conf`.
     fn start_with(conf: &str, hba: &str) -> Result<Cluster, KitError> {
+        Cluster::start_inner(conf, hba, None)
+    }
+
+    /// [`Cluster::start_with`]; with `certs`, their server files are copied into the data
+    /// directory and `hba` replaces `pg_hba.conf` instead of extending it.
+    fn start_inner(
+        conf: &str,
+        hba: &str,
+        certs: Option<&crate::Certs>,
+    ) -> Result<Cluster, KitError> {
         let bindir = find_bindir()?;
         if !bindir.join("psql").is_file() {
             return Err(KitError::Missing(format!(
@@ -92,10 +116,28 @@ impl Cluster {
         ] {
             let path = data.join(file);
             File::options()
-                .append(true)
+                .append(certs.is_none() || file != "pg_hba.conf")
+                .write(true)
+                .truncate(certs.is_some() && file == "pg_hba.conf")
                 .open(&path)
                 .and_then(|mut f| f.write_all(text.as_bytes()))
-                .map_err(io_err(format!("appending settings to {}", path.display())))?;
+                .map_err(io_err(format!("writing settings to {}", path.display())))?;
+        }
+        if let Some(certs) = certs {
+            for (from, to, mode) in [
+                (&certs.server_cert, "server.crt", 0o644),
+                (&certs.server_key, "server.key", 0o600),
+                (&certs.ca, "ca.crt", 0o644),
+            ] {
+                let path = data.join(to);
+                let text = fs::read_to_string(from)
+                    .map_err(io_err(format!("reading {}", from.display())))?;
+                crate::tls::write(&path, &text, mode)?;
+                if let Some(o) = user {
+                    std::os::unix::fs::chown(&path, Some(o.uid), Some(o.gid))
+                        .map_err(io_err(format!("chown {}", path.display())))?;
+                }
+            }
         }
         let mut cluster = Cluster {
             dir,

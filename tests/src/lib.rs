@@ -24,12 +24,14 @@ pub mod pgbouncer;
 pub mod process;
 pub mod proxy;
 pub mod scenario;
+pub mod tls;
 
 pub use cluster::Cluster;
 pub use netns::NetNs;
 pub use pgbouncer::{PgBouncer, PoolMode, Settings as PgBouncerSettings};
 pub use process::{monotonic_nanos, pid_alive, Line, Replica, Stream};
 pub use proxy::{FaultProxy, Mode};
+pub use tls::Certs;
 
 /// The workspace README's Rust blocks, compiled as doctests (`cargo test -p lease-tests
 /// --doc`), so the README cannot drift from the API.
