@@ -1,6 +1,7 @@
 //! The command line: every subcommand, option and help text (clap derive).
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -252,6 +253,17 @@ pub struct RunArgs {
     /// a graceful release instead of at once.
     #[arg(long)]
     pub no_notify: bool,
+
+    /// Serve /metrics, /healthz and /leader over HTTP on ADDR (IP:PORT) [default: off]
+    ///
+    /// GET /metrics: the lease metrics in the Prometheus text format. GET /healthz: 200 while
+    /// the database session is ready or has been within --query-timeout + --retry-interval (a
+    /// reconnect), 503 with a one-line reason otherwise. GET /leader: 200 only while COMMAND
+    /// runs under a lease that is valid right now, 503 otherwise: point a readiness probe or a
+    /// load balancer at it to reach the leader alone. Binds exactly ADDR (no host names; port 0
+    /// picks a free port, logged at startup); served by `lease run` itself, no thread of its own.
+    #[arg(long, value_name = "ADDR", value_parser = crate::serve::parse_addr)]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Options of `lease status`.
@@ -268,6 +280,18 @@ pub struct StatusArgs {
     /// How long connecting and querying may take
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
+
+    /// Query again every --interval and redraw the table until Ctrl-C
+    ///
+    /// On a terminal the table is redrawn in place; otherwise (a pipe, a file) a new table,
+    /// headed by its time, is printed each interval. A failed query is reported and retried.
+    #[arg(long, short)]
+    pub watch: bool,
+
+    /// How often --watch queries
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration,
+          requires = "watch")]
+    pub interval: Duration,
 
     #[command(flatten)]
     pub conn: ConnArgs,
