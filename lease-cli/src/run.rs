@@ -316,12 +316,13 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     };
     monitor.abort();
     lookups.abort();
-    if let Some(endpoint) = endpoint {
-        endpoint.abort();
-    }
     if code == 0 || code > 2 {
         // Ends the session politely; exiting would end it anyway.
         let _ = tokio::time::timeout(Duration::from_secs(1), locker.close()).await;
+    }
+    // Served until the session is closed: a last scrape may see the release.
+    if let Some(endpoint) = endpoint {
+        endpoint.abort();
     }
     code
 }
