@@ -82,9 +82,19 @@ An unreachable database is not fatal: `lease run` keeps retrying and says so on 
 that cannot give mutual exclusion is: a hot standby, a transaction pooler, or PostgreSQL older
 than 14 (than 13 with --no-server-guard) ends `lease run` with exit status 1.
 
+--metrics-addr IP:PORT (off by default) serves three HTTP paths from `lease run` itself (no thread
+of its own; nothing answers while the runner is frozen or dead):
+  /metrics  the lease metrics in the Prometheus text format
+  /healthz  200 while the database session is ready, or was within --query-timeout +
+            --retry-interval (a reconnect); 503 with a one-line reason otherwise
+  /leader   200 only while COMMAND runs under a lease that is valid right now; 503 otherwise.
+            For a readiness probe or a load balancer that must reach the leader alone: it turns
+            503 as soon as the lease is cancelled, and 200 on a new leader only after it holds
+            the lease, so two replicas never answer 200 at once.
+
 EXIT STATUS: COMMAND's status; 0 after a shutdown by signal; 1 when the server is refused or
-another error stops the run; 2 for bad usage (nothing is sent to the database); 126 or 127 when
-COMMAND cannot be executed or is not found.";
+another error stops the run; 2 for bad usage, a --metrics-addr that cannot be bound included
+(nothing is sent to the database); 126 or 127 when COMMAND cannot be executed or is not found.";
 
 /// `lease`: the top-level parser.
 #[derive(Debug, Parser)]
@@ -119,8 +129,10 @@ pub enum Cmd {
                       single-bigint advisory lock held in the database): whether it is held, its \
                       key, and the holder's backend pid, application_name (`lease:NAME` for \
                       `lease run`), client address, backend start and last state change. \
-                      Exit status 0 when the query ran, 1 when the database could not be \
-                      queried, 2 for bad usage.",
+                      With --watch, queries again every --interval until Ctrl-C: redrawn in \
+                      place on a terminal, a new table per interval otherwise. \
+                      Exit status 0 when the query ran (with --watch: on Ctrl-C or SIGTERM), \
+                      1 when the database could not be queried, 2 for bad usage.",
         after_long_help = CONNECTION_HELP
     )]
     Status(StatusArgs),

@@ -491,9 +491,9 @@ fn leader_endpoint_answers_200_on_one_replica_at_most() {
     // 1. Graceful handover: SIGTERM to the leader; restart it as a standby.
     let leader = index(wait_leader(addrs[0], addrs[1], MS(1_000)));
     let fault = Instant::now();
-    replicas[leader]
-        .as_ref()
-        .map(|r| r.sigterm().expect("SIGTERM"));
+    if let Some(r) = &replicas[leader] {
+        r.sigterm().expect("SIGTERM");
+    }
     wait_code(addrs[1 - leader], "/leader", 200, MS(5_000));
     let settled = Instant::now();
     if let Some(mut r) = replicas[leader].take() {
@@ -511,9 +511,9 @@ fn leader_endpoint_answers_200_on_one_replica_at_most() {
     let leader = 1 - leader;
     assert_eq!(code(addrs[leader], "/leader"), Some(200));
     let fault = Instant::now();
-    replicas[leader]
-        .as_ref()
-        .map(|r| r.kill9().expect("SIGKILL"));
+    if let Some(r) = &replicas[leader] {
+        r.kill9().expect("SIGKILL");
+    }
     wait_code(addrs[1 - leader], "/leader", 200, MS(10_000));
     let settled = Instant::now();
     if let Some(mut r) = replicas[leader].take() {
