@@ -619,3 +619,70 @@ fn status_watch_prints_a_table_per_interval_until_sigint() {
     );
     drop(leader);
 }
+
+/// A bad `--metrics-addr`, or one already bound, is bad usage: exit 2 before
+/// any database contact (the database URL points at a port nothing listens
+/// on, and nothing waits for it).
+#[test]
+fn a_bad_or_busy_metrics_addr_exits_2_at_once() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let busy = taken.local_addr().expect("its address").to_string();
+    let nobody = free_addr();
+    for addr in ["localhost:9187", "127.0.0.1", busy.as_str()] {
+        let start = Instant::now();
+        let out = lease()
+            .args(["run", "--database-url"])
+            .arg(format!("postgres://u:sekrit@{nobody}/db"))
+            .args(["--metrics-addr", addr, "job", "--", "true"])
+            .output()
+            .expect("run lease");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{addr}: {err}");
+        assert!(err.contains("--metrics-addr"), "{addr}: {err}");
+        assert!(!err.contains("sekrit"), "{addr}: {err}");
+        assert!(start.elapsed() < MS(2_000), "{addr}: {:?}", start.elapsed());
+    }
+}
+
+/// `/healthz` is 200 while the session is ready, stays 200 within the
+/// tolerance (--query-timeout + --retry-interval = 1.05 s) of a lost server,
+/// then turns 503 with a one-line reason; `/leader` is 503 meanwhile. Unknown
+/// paths are 404.
+#[test]
+fn healthz_turns_503_once_the_database_is_gone_for_longer_than_a_reconnect() {
+    let _serial = serial();
+    let c = cluster();
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], c.port()))).expect("proxy");
+    let url = format!(
+        "postgres://postgres:sekrit@127.0.0.1:{}/postgres",
+        proxy.port()
+    );
+    let name = unique("healthz");
+    let addr = free_addr();
+    let r = runner(&url, &name, addr);
+    wait_code(addr, "/leader", 200, MS(10_000));
+    let (code_ok, body_ok) = get(addr, "/healthz").expect("healthz");
+    assert_eq!(code_ok, 200, "{body_ok}");
+    assert_eq!(code(addr, "/nope"), Some(404));
+    let cut = Instant::now();
+    proxy.set_mode(Mode::BlackHole);
+    wait_code(addr, "/leader", 503, MS(5_000));
+    let leader_off = cut.elapsed();
+    let off = wait_code(addr, "/healthz", 503, MS(10_000));
+    let (_, body) = get(addr, "/healthz").expect("healthz");
+    eprintln!(
+        "black hole: /leader 503 after {leader_off:?}, /healthz 503 after {:?}: {body:?} \
+         (was {body_ok:?})",
+        off - cut
+    );
+    assert!(
+        off - cut >= MS(1_000),
+        "503 within the tolerance: {:?}",
+        off - cut
+    );
+    assert_eq!(body.trim_end().lines().count(), 1, "{body:?}");
+    assert!(!body.contains("sekrit"), "{body:?}");
+    proxy.set_mode(Mode::Pass);
+    wait_code(addr, "/healthz", 200, MS(15_000));
+    drop(r);
+}
