@@ -603,7 +603,7 @@ fn leader_endpoint_answers_200_on_one_replica_at_most() {
     }
     let all = sampler.since(start);
     drop(sampler);
-    let whole = Phase::of("whole test", start, &all);
+    let whole = Phase::of("whole test (times from its start)", start, &all);
     eprintln!("{}", whole.report());
 
     let mut failed = Vec::new();
