@@ -1,6 +1,7 @@
 //! The command line: every subcommand, option and help text (clap derive).
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -82,9 +83,19 @@ that cannot give mutual exclusion is: a transaction pooler, or PostgreSQL older 
 with --no-server-guard) ends `lease run` with exit status 1. A hot standby (a failover in
 progress) is logged as an error and retried.
 
+--metrics-addr IP:PORT (off by default) serves three HTTP paths from `lease run` itself (no thread
+of its own; nothing answers while the runner is frozen or dead):
+  /metrics  the lease metrics in the Prometheus text format
+  /healthz  200 while the database session is ready, or was within --query-timeout +
+            --retry-interval (a reconnect); 503 with a one-line reason otherwise
+  /leader   200 only while COMMAND runs under a lease that is valid right now; 503 otherwise.
+            For a readiness probe or a load balancer that must reach the leader alone: it turns
+            503 as soon as the lease is cancelled, and 200 on a new leader only after it holds
+            the lease, so two replicas never answer 200 at once.
+
 EXIT STATUS: COMMAND's status; 0 after a shutdown by signal; 1 when the server is refused or
-another error stops the run; 2 for bad usage (nothing is sent to the database); 126 or 127 when
-COMMAND cannot be executed or is not found.";
+another error stops the run; 2 for bad usage, a --metrics-addr that cannot be bound included
+(nothing is sent to the database); 126 or 127 when COMMAND cannot be executed or is not found.";
 
 /// `lease`: the top-level parser.
 #[derive(Debug, Parser)]
@@ -119,8 +130,10 @@ pub enum Cmd {
                       single-bigint advisory lock held in the database): whether it is held, its \
                       key, and the holder's backend pid, application_name (`lease:NAME` for \
                       `lease run`), client address, backend start and last state change. \
-                      Exit status 0 when the query ran, 1 when the database could not be \
-                      queried, 2 for bad usage.",
+                      With --watch, queries again every --interval until Ctrl-C: redrawn in \
+                      place on a terminal, a new table per interval otherwise. \
+                      Exit status 0 when the query ran (with --watch: on Ctrl-C or SIGTERM), \
+                      1 when the database could not be queried, 2 for bad usage.",
         after_long_help = CONNECTION_HELP
     )]
     Status(StatusArgs),
@@ -255,6 +268,17 @@ pub struct RunArgs {
     /// a graceful release instead of at once.
     #[arg(long)]
     pub no_notify: bool,
+
+    /// Serve /metrics, /healthz and /leader over HTTP on ADDR (IP:PORT) [default: off]
+    ///
+    /// GET /metrics: the lease metrics in the Prometheus text format. GET /healthz: 200 while
+    /// the database session is ready or has been within --query-timeout + --retry-interval (a
+    /// reconnect), 503 with a one-line reason otherwise. GET /leader: 200 only while COMMAND
+    /// runs under a lease that is valid right now, 503 otherwise: point a readiness probe or a
+    /// load balancer at it to reach the leader alone. Binds exactly ADDR (no host names; port 0
+    /// picks a free port, logged at startup); served by `lease run` itself, no thread of its own.
+    #[arg(long, value_name = "ADDR", value_parser = crate::serve::parse_addr)]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Options of `lease status`.
@@ -271,6 +295,18 @@ pub struct StatusArgs {
     /// How long connecting and querying may take
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
+
+    /// Query again every --interval and redraw the table until Ctrl-C
+    ///
+    /// On a terminal the table is redrawn in place; otherwise (a pipe, a file) a new table,
+    /// headed by its time, is printed each interval. A failed query is reported and retried.
+    #[arg(long, short)]
+    pub watch: bool,
+
+    /// How often --watch queries
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration,
+          requires = "watch")]
+    pub interval: Duration,
 
     #[command(flatten)]
     pub conn: ConnArgs,

@@ -3,7 +3,10 @@
 //!
 //! - `lease run NAME -- COMMAND...`: contend for NAME and run COMMAND while
 //!   leading ([`run`], [`child`]).
-//! - `lease status [NAME...]`: who holds which lease ([`status`]).
+//!   With `--metrics-addr`, also serves `/metrics`, `/healthz` and `/leader`
+//!   ([`serve`]).
+//! - `lease status [NAME...]`: who holds which lease ([`status`]); `--watch`
+//!   redraws it until Ctrl-C.
 //! - `lease key NAME`: the advisory-lock key of a name.
 //! - `lease __watchdog` (hidden): started by `lease run` beside each command;
 //!   kills the command's group when the runner stops renewing its deadline
@@ -25,6 +28,7 @@ mod conn;
 mod log;
 mod pgpass;
 mod run;
+mod serve;
 mod status;
 mod tls;
 mod watchdog;

@@ -14,6 +14,7 @@ use tokio_postgres::Config;
 use crate::args::{LogFormat, RunArgs};
 use crate::child::{exit_code, ChildSpec, Job};
 use crate::conn::{self, Target};
+use crate::serve::{self, Current, Endpoints, Health};
 use crate::tls::Connector;
 use crate::watchdog::Watchdog;
 use crate::{log, usage_error, EXIT_FAILURE};
@@ -31,6 +32,8 @@ struct Plan {
     after_validity: Duration,
     quiet: bool,
     format: LogFormat,
+    /// `--metrics-addr`.
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Runs `lease run`; returns the process exit status.
@@ -38,6 +41,12 @@ pub fn main(args: RunArgs) -> i32 {
     let plan = match validate(args) {
         Ok(plan) => plan,
         Err((code, message)) => return usage_error(code, &message),
+    };
+    // Before the locker exists (its metric descriptions go to the recorder)
+    // and before any database contact: a bad address is bad usage.
+    let endpoints = match plan.metrics_addr.map(Endpoints::bind).transpose() {
+        Ok(endpoints) => endpoints,
+        Err(message) => return usage_error(2, &message),
     };
     log::init(plan.quiet, plan.format);
     for warning in &plan.target.warnings {
@@ -50,7 +59,7 @@ pub fn main(args: RunArgs) -> i32 {
         .enable_all()
         .build();
     match runtime {
-        Ok(rt) => rt.block_on(contend(plan)),
+        Ok(rt) => rt.block_on(contend(plan, endpoints)),
         Err(e) => {
             tracing::error!("cannot start the async runtime: {e}");
             EXIT_FAILURE
@@ -103,6 +112,7 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
         after_validity,
         quiet: args.quiet,
         format: args.log_format,
+        metrics_addr: args.metrics_addr,
     })
 }
 
@@ -223,9 +233,11 @@ struct Ctx<'a> {
     signals: &'a Signals,
     /// A child runs (or is being stopped).
     leading: &'a Cell<bool>,
+    /// The lease the child runs under, for `/leader`.
+    current: &'a Current,
 }
 
-async fn contend(plan: Plan) -> i32 {
+async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     let signals = match Signals::install() {
         Ok(s) => s,
         Err(e) => {
@@ -253,6 +265,21 @@ async fn contend(plan: Plan) -> i32 {
         "contending for the lease at {}",
         plan.target.summary
     );
+    let current = Current::default();
+    let endpoint = endpoints.map(|endpoints| {
+        let addr = endpoints.local_addr();
+        let addr = addr.map_or_else(|| "?".to_owned(), |a| a.to_string());
+        tracing::info!("serving /metrics, /healthz and /leader on http://{addr}");
+        let health = Health {
+            tolerance: plan.options.query_timeout + plan.options.retry_interval,
+        };
+        tokio::spawn(serve::serve(
+            endpoints,
+            locker.clone(),
+            current.clone(),
+            health,
+        ))
+    });
     let (holders_tx, holders) = mpsc::unbounded_channel();
     let holders_tx = (!plan.quiet).then_some(holders_tx);
     let monitor = tokio::spawn(monitor(
@@ -278,6 +305,7 @@ async fn contend(plan: Plan) -> i32 {
         format: plan.format,
         signals: &signals,
         leading: &leading,
+        current: &current,
     };
     let ctx = &ctx;
     let run = locker.run_lease(plan.lease.clone(), signals.at_least(1), move |lease| {
@@ -302,6 +330,10 @@ async fn contend(plan: Plan) -> i32 {
     if code == 0 || code > 2 {
         // Ends the session politely; exiting would end it anyway.
         let _ = tokio::time::timeout(Duration::from_secs(1), locker.close()).await;
+    }
+    // Served until the session is closed: a last scrape may see the release.
+    if let Some(endpoint) = endpoint {
+        endpoint.abort();
     }
     code
 }
@@ -387,6 +419,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
         }
     };
     ctx.leading.set(true);
+    ctx.current.set(&lease);
     let armed = dog.arm(job.pid(), deadline);
     tracing::info!(
         pid = job.pid(),
@@ -446,6 +479,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
             Err(JobEnd::Watchdog(message))
         }
     };
+    ctx.current.clear();
     dog.finish().await;
     ctx.leading.set(false);
     result

@@ -51,34 +51,107 @@ pub fn main(args: StatusArgs) -> i32 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
-    let held = match runtime {
-        Ok(rt) => rt.block_on(async {
-            match tokio::time::timeout(args.timeout, query(&target)).await {
-                Ok(result) => result,
-                Err(_) => Err(format!(
-                    "no answer within {}",
-                    humantime::format_duration(args.timeout)
-                )),
-            }
-        }),
-        Err(e) => Err(format!("cannot start the async runtime: {e}")),
-    };
-    let held = match held {
-        Ok(held) => held,
+    let runtime = match runtime {
+        Ok(rt) => rt,
         Err(e) => {
-            let msg = conn::redact(&e).replace(['\r', '\n'], " ");
-            eprintln!("lease: error: cannot query {}: {msg}", target.summary);
+            eprintln!("lease: error: cannot start the async runtime: {e}");
             return EXIT_FAILURE;
         }
     };
-    let entries = entries(&ids, held);
-    let out = if args.json {
+    if args.watch {
+        return runtime.block_on(watch(&args, &ids, &target));
+    }
+    match runtime.block_on(render(&args, &ids, &target)) {
+        Ok(out) => {
+            print!("{out}");
+            0
+        }
+        Err(e) => {
+            eprintln!("lease: error: cannot query {}: {e}", target.summary);
+            EXIT_FAILURE
+        }
+    }
+}
+
+/// One query, rendered as `lease status` prints it (a table or JSON lines).
+/// `Err` is a one-line, redacted message.
+async fn render(
+    args: &StatusArgs,
+    ids: &[LeaseId],
+    target: &conn::Target,
+) -> Result<String, String> {
+    let held = match tokio::time::timeout(args.timeout, query(target)).await {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "no answer within {}",
+            humantime::format_duration(args.timeout)
+        )),
+    };
+    let held = held.map_err(|e| conn::redact(&e).replace(['\r', '\n'], " "))?;
+    let entries = entries(ids, held);
+    Ok(if args.json {
         entries.iter().map(|e| json_line(e) + "\n").collect()
     } else {
         table(&entries, ids.is_empty())
+    })
+}
+
+/// `--watch`: queries every `--interval` until SIGINT or SIGTERM (exit 0).
+/// On a terminal each table replaces the last (ANSI clear and home);
+/// otherwise each is printed after the last, headed by its time. A failed
+/// query is shown in place of the table and retried at the next interval.
+async fn watch(args: &StatusArgs, ids: &[LeaseId], target: &conn::Target) -> i32 {
+    use std::io::{IsTerminal, Write};
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut int, mut term) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(int), Ok(term)) => (int, term),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("lease: error: cannot install signal handlers: {e}");
+            return EXIT_FAILURE;
+        }
     };
-    print!("{out}");
-    0
+    let tty = std::io::stdout().is_terminal();
+    let every = humantime::format_duration(args.interval);
+    let mut tick = tokio::time::interval(args.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = int.recv() => return 0,
+            _ = term.recv() => return 0,
+        }
+        let body = tokio::select! {
+            r = render(args, ids, target) => r,
+            _ = int.recv() => return 0,
+            _ = term.recv() => return 0,
+        };
+        let body = body.unwrap_or_else(|e| format!("cannot query {}: {e}\n", target.summary));
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+        // JSON lines stay JSON lines: no heading.
+        let head = if args.json {
+            String::new()
+        } else {
+            format!("every {every} at {now} (Ctrl-C to stop)\n")
+        };
+        let frame = if tty {
+            // Home, then the table, clearing what the last frame left below.
+            format!("\x1b[H\x1b[2J{head}{body}")
+        } else {
+            format!("{head}{body}{}", if args.json { "" } else { "\n" })
+        };
+        let mut out = std::io::stdout().lock();
+        if out
+            .write_all(frame.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
+            // The reader went away (a closed pipe): nothing left to show.
+            return 0;
+        }
+    }
 }
 
 async fn query(target: &conn::Target) -> Result<Vec<HolderRow>, String> {
