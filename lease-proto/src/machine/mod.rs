@@ -144,8 +144,9 @@ pub struct Machine {
     held_lost: BTreeSet<i64>,
     /// An obligation, not a state: a try's outcome is unknown (it failed, or
     /// its reply broke the rules), so the next statement on this session is
-    /// a heartbeat, before any release or try. It holds whatever statement is
-    /// in flight, and ends with the heartbeat's reply or the session.
+    /// a verify (a heartbeat that reads `pg_locks`), before any release or
+    /// try. It holds whatever statement is in flight, and ends with the
+    /// verify's reply or the session.
     verify: bool,
     /// An obligation, not a state: try the standbys at the next chance,
     /// without waiting for [`Timer::Retry`] (a new run, a session just
