@@ -717,7 +717,10 @@ mod tests {
             backend_pid: Some(42),
             nonce: Some(3),
         };
-        assert_eq!(HeartbeatReply::parse(&heartbeat.to_rows()), Ok(heartbeat.clone()));
+        assert_eq!(
+            HeartbeatReply::parse(&heartbeat.to_rows()),
+            Ok(heartbeat.clone())
+        );
         let verify = VerifyReply {
             session: heartbeat,
             held: [1, -5].into(),

@@ -811,15 +811,24 @@ fn statements_per_interval(
 }
 
 /// One locker runs 1,000 leases: all are acquired, and it sends the same number of
-/// statements per heartbeat interval as a locker with one lease.
+/// statements per heartbeat interval as a locker with one lease. A standby at rest (its
+/// one lease held by a plain session) sends only its tries: one per jittered retry wait,
+/// at most `1 / (1 - RETRY_JITTER)` per retry interval (it also heartbeated before issue
+/// 12: about 2 per interval).
 fn thousand_leases(driver: Driver) -> Res {
     let cluster = Cluster::start()?;
     // Autovacuum workers would commit transactions in the measured databases.
     cluster.sql("ALTER SYSTEM SET autovacuum = off")?;
     cluster.sql("SELECT pg_reload_conf()")?;
-    for db in ["one", "many", "probe"] {
+    for db in ["one", "many", "probe", "standby"] {
         cluster.create_database(db)?;
     }
+    // The standby's lease, held by a session that then stays idle.
+    let blocker = Admin::connect(&conn(cluster.port(), "standby"))?;
+    blocker.rows(&format!(
+        "SELECT pg_advisory_lock({})",
+        lease_proto::key_for_name("bulk")
+    ))?;
     let admin = Admin::connect(&cluster.conn_string())?;
     let heartbeat = ms(100);
     let base = |db: &str, leases: usize| ReplicaConfig {
@@ -831,6 +840,12 @@ fn thousand_leases(driver: Driver) -> Res {
     let t0 = monotonic_nanos();
     let many = base("many", 1000).spawn(bin(), "M")?;
     let one = base("one", 1).spawn(bin(), "O")?;
+    // Retry = heartbeat, as with the library defaults.
+    let standby = ReplicaConfig {
+        retry: heartbeat,
+        ..base("standby", 1)
+    }
+    .spawn(bin(), "S")?;
     let all = many.wait_starts(1000, WAIT)?;
     one.wait_starts(1, WAIT)?;
     let first = many
@@ -854,8 +869,21 @@ fn thousand_leases(driver: Driver) -> Res {
     ))?;
     assert_eq!(held, vec![1000], "keys held by the 1,000-lease session");
 
-    let rates = statements_per_interval(&admin, &["one", "many"], ms(4500), heartbeat)?;
-    let (one_rate, many_rate) = (rates[0], rates[1]);
+    let rates = statements_per_interval(&admin, &["one", "many", "standby"], ms(4500), heartbeat)?;
+    let (one_rate, many_rate, standby_rate) = (rates[0], rates[1], rates[2]);
+    figure(
+        driver.name(),
+        "standby at rest: statements per retry interval (= heartbeat interval)",
+        format!(
+            "{:.3} ({} in {:.0} ms)",
+            standby_rate.0, standby_rate.1, standby_rate.2
+        ),
+    );
+    assert!(
+        standby_rate.0 <= 1.0 / (1.0 - lease_proto::RETRY_JITTER) + 0.1,
+        "a standby at rest sends more than its tries: {standby_rate:?}"
+    );
+    assert!(standby.terms().is_empty(), "{}", standby.tail());
     figure(
         driver.name(),
         "1 lease: statements per heartbeat interval",
@@ -880,42 +908,50 @@ fn thousand_leases(driver: Driver) -> Res {
     assert_eq!(many.terms().len(), 1000);
     assert!(many.cancels().is_empty(), "{}", many.tail());
 
-    // The heartbeat statement's cost (it reads all of pg_locks, server-wide): with the
-    // probing session holding 1 key while M holds 1,000, then alone with 1 and 1,000 keys.
+    // The cost of the steady heartbeat (backend pid and nonce) and of the verify (that
+    // plus pg_locks, server-wide): with the probing session holding 1 key while M holds
+    // 1,000, then alone with 1 and 1,000 keys.
     let probe = Admin::connect(&conn(cluster.port(), "probe"))?;
-    let heartbeat_sql = lease_proto::Statement::Heartbeat.sql();
+    let forms = [
+        ("heartbeat", lease_proto::Statement::Heartbeat.sql(), 0),
+        ("verify", lease_proto::Statement::Verify.sql(), 1),
+    ];
     let time_heartbeat = |keys: i64, what: &str| -> Res {
         probe.rows("SELECT pg_advisory_unlock_all()")?;
         probe.rows(&format!(
             "SELECT count(pg_advisory_lock(k)) FROM generate_series(1, {keys}) k"
         ))?;
-        let mut times: Vec<f64> = Vec::new();
-        for _ in 0..30 {
-            let t = Instant::now();
-            let rows = probe.rows(&heartbeat_sql)?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-            // The backend pid, the session nonce, one row per key.
-            assert_eq!(rows.len() as i64, keys + 2, "heartbeat rows");
+        for (name, sql, per_key) in &forms {
+            let mut times: Vec<f64> = Vec::new();
+            for _ in 0..30 {
+                let t = Instant::now();
+                let rows = probe.rows(sql)?;
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+                // The backend pid, the session nonce, (verify) one row per key.
+                assert_eq!(rows.len() as i64, 2 + per_key * keys, "{name} rows");
+            }
+            times.sort_by(f64::total_cmp);
+            figure(
+                driver.name(),
+                &format!("{name} statement, {what}"),
+                format!(
+                    "min {:.2} ms, median {:.2} ms, max {:.2} ms",
+                    times[0],
+                    times[times.len() / 2],
+                    times[times.len() - 1]
+                ),
+            );
         }
-        times.sort_by(f64::total_cmp);
-        figure(
-            driver.name(),
-            &format!("heartbeat statement, {what}"),
-            format!(
-                "min {:.2} ms, median {:.2} ms, max {:.2} ms",
-                times[0],
-                times[times.len() / 2],
-                times[times.len() - 1]
-            ),
-        );
         Ok(())
     };
     time_heartbeat(1, "1 key held (and 1,000 by another session)")?;
-    let (mut many, mut one) = (many, one);
+    let (mut many, mut one, mut standby) = (many, one, standby);
     many.kill9()?;
     one.kill9()?;
+    standby.kill9()?;
     many.wait_exit(WAIT)?;
     one.wait_exit(WAIT)?;
+    standby.wait_exit(WAIT)?;
     let deadline = Instant::now() + WAIT;
     while admin.ints(&format!(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = {many_pid}"

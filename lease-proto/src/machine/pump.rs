@@ -89,7 +89,9 @@ impl Machine {
         // locker holding nothing heartbeats only to keep its session alive,
         // and a try does that too: it goes instead.
         let heartbeat_first = holding || !try_due;
-        if heartbeat_due && heartbeat_first && !(try_due && self.heartbeat_last && self.any_waiting())
+        if heartbeat_due
+            && heartbeat_first
+            && !(try_due && self.heartbeat_last && self.any_waiting())
         {
             self.heartbeat_last = true;
             return Some(What::Heartbeat);

@@ -136,12 +136,11 @@ fn error_for(statement: &Statement) -> DbError {
                       max_locks_per_transaction.)"
                 .into(),
         },
-        Statement::Setup { .. }
-            | Statement::Listen
-            | Statement::Heartbeat
-            | Statement::Verify => DbError {
-            code: Some("57014".into()),
-            message: "canceling statement due to user request".into(),
-        },
+        Statement::Setup { .. } | Statement::Listen | Statement::Heartbeat | Statement::Verify => {
+            DbError {
+                code: Some("57014".into()),
+                message: "canceling statement due to user request".into(),
+            }
+        }
     }
 }
