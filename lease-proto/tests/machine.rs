@@ -391,6 +391,44 @@ fn a_verify_without_the_key_cancels_the_job() {
     )));
 }
 
+/// Every `VERIFY_EVERY`th heartbeat reads `pg_locks`: a key freed behind the
+/// session's back (a foreign client on a shared pooled backend) is found
+/// within that many heartbeat intervals.
+#[test]
+fn every_twelfth_heartbeat_is_a_verify() {
+    let mut h = harness(opts());
+    let run = started(&mut h, "a", 900);
+    let mut kinds = Vec::new();
+    for _ in 0..2 * VERIFY_EVERY {
+        h.advance(ms(200));
+        let s = h.statement();
+        kinds.push(matches!(s, Statement::Verify));
+        h.heartbeat(7, &[key("a")]);
+    }
+    let verifies: Vec<usize> = (kinds.iter().enumerate())
+        .filter_map(|(i, v)| v.then_some(i + 1))
+        .collect();
+    let n = VERIFY_EVERY as usize;
+    assert_eq!(verifies, vec![n, 2 * n]);
+    assert!(h.machine().is_valid(run, h.now()));
+    // One that no longer shows the key cancels the job.
+    for _ in 1..VERIFY_EVERY {
+        h.advance(ms(200));
+        assert_eq!(h.statement(), Statement::Heartbeat);
+        h.heartbeat(7, &[]);
+    }
+    h.advance(ms(200));
+    assert_eq!(h.statement(), Statement::Verify);
+    let cmds = h.heartbeat(7, &[]);
+    assert!(has(&cmds, |c| matches!(
+        c,
+        Command::CancelJob {
+            reason: Reason::NotHeld,
+            ..
+        }
+    )));
+}
+
 /// Answers every statement of a standby that holds nothing and wins
 /// nothing for `d`; returns the statements sent.
 fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {
@@ -403,7 +441,7 @@ fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {
                 h.advance(ms(1));
                 h.lose(Some(99));
             }
-            Some(s @ Statement::Heartbeat) => {
+            Some(s @ (Statement::Heartbeat | Statement::Verify)) => {
                 sent.push(s);
                 h.advance(ms(1));
                 h.heartbeat(7, &[]);

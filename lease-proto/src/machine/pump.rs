@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::state::{Release, RunState, Session, Stage, StandbyStep, Stopping, What};
-use super::{Machine, Phase, Timer, RECONNECT_BASE};
+use super::{Machine, Phase, Timer, RECONNECT_BASE, VERIFY_EVERY};
 use crate::io::{Reason, SessionId};
 use crate::options::RETRY_JITTER;
 
@@ -94,6 +94,10 @@ impl Machine {
             && !(try_due && self.heartbeat_last && self.any_waiting())
         {
             self.heartbeat_last = true;
+            self.unverified_heartbeats += 1;
+            if self.unverified_heartbeats >= VERIFY_EVERY {
+                return Some(What::Verify);
+            }
             return Some(What::Heartbeat);
         }
         self.heartbeat_last = false;

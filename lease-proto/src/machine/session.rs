@@ -320,6 +320,7 @@ impl Machine {
             return;
         }
         self.verify = false;
+        self.unverified_heartbeats = 0;
         let held = reply.held;
         let mut lost = Vec::new();
         for (id, r) in &mut self.runs {
