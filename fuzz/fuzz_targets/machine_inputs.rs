@@ -566,6 +566,12 @@ impl Fuzz {
             }
             Some(Statement::Heartbeat) => {
                 let pid_row = vec![Some(0), Some(pid)];
+                if pick(0) % 4 != 3 {
+                    rows.push(pid_row);
+                }
+            }
+            Some(Statement::Verify) => {
+                let pid_row = vec![Some(0), Some(pid)];
                 let first = pick(0) % 4;
                 if first != 3 {
                     rows.push(pid_row.clone());

@@ -210,8 +210,9 @@ pub struct RunArgs {
 
     /// How often the holder verifies that its session still holds the lease
     ///
-    /// The check reads pg_locks; it also keeps the session from looking idle to the server
-    /// guard.
+    /// The check proves the session is the same live one (backend pid and session nonce): a
+    /// live session keeps its advisory locks. It also keeps the session from looking idle to
+    /// the server guard; a runner holding nothing sends only its tries.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
 

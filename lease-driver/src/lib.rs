@@ -154,7 +154,7 @@
 //!   `08*`), `terminated` (`57P*` but `57P03`), `unavailable` (`57P03`,
 //!   `53*`: starting up, too many connections), `timeout` (connect or
 //!   statement), `validity_expired`, `query_failed`, `refused`, `other`.
-//! - `statement`: `setup`, `listen`, `try`, `heartbeat`, `release`.
+//! - `statement`: `setup`, `listen`, `try`, `heartbeat`, `verify`, `release`.
 //!
 //! Session and statement metrics carry no lease label (one session serves
 //! every lease of a locker; a try statement tries several keys at once).

@@ -249,6 +249,7 @@ mod imp {
                 Statement::Listen => "listen",
                 Statement::TryLock { .. } => "try",
                 Statement::Heartbeat => "heartbeat",
+                Statement::Verify => "verify",
                 Statement::Release { .. } => "release",
             };
             Sent { kind, at: clock() }

@@ -130,7 +130,8 @@ pub enum Reason {
     /// The lease was not confirmed within its validity window; the session is
     /// given up on (closed once the cancelled jobs returned).
     ValidityExpired,
-    /// A heartbeat did not find the key in `pg_locks` for this session.
+    /// A verify (after a failed or partly answered try) did not find the key
+    /// in `pg_locks` for this session.
     NotHeld,
     /// A statement failed, or its reply broke the rules; the session is given
     /// up on (closed once the cancelled jobs returned) because its state

@@ -103,7 +103,7 @@
 //!   [`Input::Reply`]. Report notifications as [`Input::Notification`].
 //!   What the rows mean is the machine's business: each statement's reply
 //!   has one type with its one parser ([`SetupReply`], [`TryReply`],
-//!   [`HeartbeatReply`], [`ReleaseReply`]); a simulated server answers with
+//!   [`HeartbeatReply`], [`VerifyReply`], [`ReleaseReply`]); a simulated server answers with
 //!   their `to_rows`.
 //! - [`SessionCommand::Close`]: drop the connection.
 //! - [`RunCommand::StartJob`], [`RunCommand::CancelJob`]: start or cancel the
@@ -144,7 +144,7 @@ pub use io::{
 pub use key::{key_for_name, LeaseId, NameError};
 pub use machine::{
     LeaseState, LeaseStatus, Machine, RunError, SessionState, Status, Timer, MIN_SERVER_VERSION,
-    MIN_SERVER_VERSION_GUARD, RECONNECT_BASE,
+    MIN_SERVER_VERSION_GUARD, RECONNECT_BASE, VERIFY_EVERY,
 };
 pub use options::{
     Options, OptionsError, DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_MAX_LEASES,
@@ -153,7 +153,7 @@ pub use options::{
 };
 pub use sql::{
     decode_text_row, DecodeError, HeartbeatReply, HolderRow, ReleaseReply, ReplyError, Row,
-    SetupReply, Statement, TryReply, ADVISORY_KEY_SQL, HANDOVER_CHANNEL, HOLDERS_SQL,
+    SetupReply, Statement, TryReply, VerifyReply, ADVISORY_KEY_SQL, HANDOVER_CHANNEL, HOLDERS_SQL,
     NONCE_SETTING, TCP_SETTINGS, TOKEN_XID_BITS,
 };
 

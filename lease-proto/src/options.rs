@@ -8,7 +8,8 @@ use std::time::Instant;
 /// Default standby poll interval: how often a standby tries a lease it does not
 /// hold. Each wait is jittered down by up to [`RETRY_JITTER`].
 pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(5);
-/// Default heartbeat interval: how often the session re-checks, in `pg_locks`,
+/// Default heartbeat interval: how often the session proves it is the same live
+/// session (backend pid and nonce), which confirms
 /// the leases it holds.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
 /// Default query timeout: how long one statement (or a connection attempt with
@@ -58,9 +59,13 @@ pub struct Options {
     /// holder crashed, frozen or partitioned). It is also the cap of the
     /// reconnect backoff.
     pub retry_interval: Duration,
-    /// How often the holder checks in `pg_locks` that its session still owns
-    /// its leases (default 5 s). Also keeps the session from looking idle to
-    /// the server guard.
+    /// How often the holder proves that its session is the same live one
+    /// (backend pid and nonce: a live session keeps its advisory locks),
+    /// which confirms its leases (default 5 s). Also keeps the session from
+    /// looking idle to the server guard. A locker holding nothing sends only
+    /// its tries while `retry_interval + query_timeout` is below the guard
+    /// (validity + margin; so with the defaults), and heartbeats in between
+    /// otherwise.
     pub heartbeat_interval: Duration,
     /// How long one statement may take, and how long connecting plus setup may
     /// take (default 10 s). A statement past it cannot be abandoned politely:

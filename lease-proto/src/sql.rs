@@ -52,7 +52,7 @@ mod setup_tag {
     pub const APPLIED: i64 = 0;
 }
 
-/// The tags of the heartbeat statement's `(tag, value)` rows.
+/// The tags of the heartbeat and verify statements' `(tag, value)` rows.
 mod heartbeat_tag {
     pub const BACKEND_PID: i64 = 0;
     pub const HELD_KEY: i64 = 1;
@@ -134,11 +134,25 @@ pub enum Statement {
         /// The nonce the setup set.
         nonce: i64,
     },
-    /// Verifies the session: a `(0, pg_backend_pid())` row, a `(2, nonce)`
-    /// row ([`NONCE_SETTING`], NULL when unset), then one `(1, key)` row per
-    /// advisory key this session holds in this database according to
-    /// `pg_locks`.
+    /// The steady heartbeat: proves the session is the same one and alive.
+    /// A `(0, pg_backend_pid())` row and a `(2, nonce)` row
+    /// ([`NONCE_SETTING`], NULL when unset); see [`HeartbeatReply`].
+    ///
+    /// It reads no `pg_locks`, so its cost does not grow with the locks the
+    /// server holds: a live session loses a session-level advisory lock only
+    /// by its own unlock or by ending, and an answer from the same backend
+    /// with the same nonce proves it did neither (the machine unlocks only
+    /// by [`Statement::Release`], whose failure ends the session, and the
+    /// nonce tells another lease client on the same backend). What a failed,
+    /// unanswered or malformed statement may have left on the server is
+    /// read by [`Statement::Verify`] instead.
     Heartbeat,
+    /// Verifies the session after a statement whose effect is unknown (a
+    /// try that failed or was answered only in part): what
+    /// [`Statement::Heartbeat`] answers, then one `(1, key)` row per
+    /// advisory key this session holds in this database according to
+    /// `pg_locks`; see [`VerifyReply`].
+    Verify,
     /// Unlocks keys: one `(key, 1 or 0)` row per key, 1 when it was held.
     /// With `notify`, each key actually unlocked is announced on
     /// [`HANDOVER_CHANNEL`].
@@ -249,11 +263,15 @@ impl Statement {
             ),
             Statement::Heartbeat => format!(
                 "SELECT {}::int8, pg_backend_pid()::int8 UNION ALL \
-                 SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8 UNION ALL \
-                 SELECT {}, s.k FROM ({THIS_DATABASE_ADVISORY_LOCKS}) s \
-                 WHERE s.pid = pg_backend_pid()",
+                 SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8",
                 heartbeat_tag::BACKEND_PID,
                 heartbeat_tag::NONCE,
+            ),
+            Statement::Verify => format!(
+                "{} UNION ALL \
+                 SELECT {}, s.k FROM ({THIS_DATABASE_ADVISORY_LOCKS}) s \
+                 WHERE s.pid = pg_backend_pid()",
+                Statement::Heartbeat.sql(),
                 heartbeat_tag::HELD_KEY,
             ),
             Statement::Release { keys, notify } => {
@@ -324,7 +342,8 @@ pub enum ReplyError {
         /// What is missing: `"server_version"`, `"in_recovery"` or `"backend_pid"`.
         missing: &'static str,
     },
-    /// A heartbeat row is neither `(0, pid)` nor `(1, key)`.
+    /// A heartbeat row is not `(0, pid)` or `(2, nonce)`, or a verify row
+    /// none of those nor `(1, key)`.
     HeartbeatRow(Row),
     /// A release row is not `(key, 0 or 1)`.
     ReleaseRow(Row),
@@ -491,30 +510,33 @@ impl TryReply {
 pub struct HeartbeatReply {
     /// `pg_backend_pid()` of the session that answered; `None` if no row had it.
     pub backend_pid: Option<i64>,
-    /// Every advisory key that session holds in this database.
-    pub held: BTreeSet<i64>,
     /// [`NONCE_SETTING`] of that session; `None` if no row had it or it was unset.
     pub nonce: Option<i64>,
 }
 
 impl HeartbeatReply {
-    /// Parses the `(0, pid)` and `(1, key)` rows.
+    /// Parses the `(0, pid)` and `(2, nonce)` rows.
     ///
     /// # Errors
     /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
     pub fn parse(rows: &[Row]) -> Result<HeartbeatReply, ReplyError> {
         let mut reply = HeartbeatReply::default();
         for row in rows {
-            match row.as_slice() {
-                [Some(heartbeat_tag::BACKEND_PID), Some(p)] => reply.backend_pid = Some(*p),
-                [Some(heartbeat_tag::NONCE), n] => reply.nonce = *n,
-                [Some(heartbeat_tag::HELD_KEY), Some(k)] => {
-                    reply.held.insert(*k);
-                }
-                _ => return Err(ReplyError::HeartbeatRow(row.clone())),
+            if !reply.parse_row(row) {
+                return Err(ReplyError::HeartbeatRow(row.clone()));
             }
         }
         Ok(reply)
+    }
+
+    /// Takes in a `(0, pid)` or `(2, nonce)` row; false for any other.
+    fn parse_row(&mut self, row: &Row) -> bool {
+        match row.as_slice() {
+            [Some(heartbeat_tag::BACKEND_PID), Some(p)] => self.backend_pid = Some(*p),
+            [Some(heartbeat_tag::NONCE), n] => self.nonce = *n,
+            _ => return false,
+        }
+        true
     }
 
     /// The rows a server sends for this reply.
@@ -523,8 +545,42 @@ impl HeartbeatReply {
             .backend_pid
             .map(|p| vec![Some(heartbeat_tag::BACKEND_PID), Some(p)]);
         let nonce = vec![Some(heartbeat_tag::NONCE), self.nonce];
+        pid.into_iter().chain([nonce]).collect()
+    }
+}
+
+/// The reply to [`Statement::Verify`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VerifyReply {
+    /// The session that answered, as for [`Statement::Heartbeat`].
+    pub session: HeartbeatReply,
+    /// Every advisory key that session holds in this database.
+    pub held: BTreeSet<i64>,
+}
+
+impl VerifyReply {
+    /// Parses the `(0, pid)`, `(2, nonce)` and `(1, key)` rows.
+    ///
+    /// # Errors
+    /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
+    pub fn parse(rows: &[Row]) -> Result<VerifyReply, ReplyError> {
+        let mut reply = VerifyReply::default();
+        for row in rows {
+            match row.as_slice() {
+                [Some(heartbeat_tag::HELD_KEY), Some(k)] => {
+                    reply.held.insert(*k);
+                }
+                _ if reply.session.parse_row(row) => {}
+                _ => return Err(ReplyError::HeartbeatRow(row.clone())),
+            }
+        }
+        Ok(reply)
+    }
+
+    /// The rows a server sends for this reply.
+    pub fn to_rows(&self) -> Vec<Row> {
         let held = (self.held.iter()).map(|k| vec![Some(heartbeat_tag::HELD_KEY), Some(*k)]);
-        pid.into_iter().chain([nonce]).chain(held).collect()
+        self.session.to_rows().into_iter().chain(held).collect()
     }
 }
 
@@ -663,10 +719,19 @@ mod tests {
         assert_eq!(TryReply::parse(&[1, 2, 3], &try_reply.to_rows()), try_reply);
         let heartbeat = HeartbeatReply {
             backend_pid: Some(42),
-            held: [1, -5].into(),
             nonce: Some(3),
         };
-        assert_eq!(HeartbeatReply::parse(&heartbeat.to_rows()), Ok(heartbeat));
+        assert_eq!(
+            HeartbeatReply::parse(&heartbeat.to_rows()),
+            Ok(heartbeat.clone())
+        );
+        let verify = VerifyReply {
+            session: heartbeat,
+            held: [1, -5].into(),
+        };
+        assert_eq!(VerifyReply::parse(&verify.to_rows()), Ok(verify.clone()));
+        // A held key is no part of a heartbeat's reply.
+        assert!(HeartbeatReply::parse(&verify.to_rows()).is_err());
         let release = ReleaseReply {
             unlocked: vec![(1, true), (2, false)],
         };
@@ -697,13 +762,17 @@ mod tests {
             })
         );
         assert!(HeartbeatReply::parse(&[vec![Some(3), Some(1)]]).is_err());
+        assert!(VerifyReply::parse(&[vec![Some(3), Some(1)]]).is_err());
         assert!(ReleaseReply::parse(&[vec![Some(1), Some(2)]]).is_err());
     }
 
     #[test]
     fn the_key_expression_is_shared() {
         assert!(HOLDERS_SQL.contains(ADVISORY_KEY_SQL));
-        assert!(Statement::Heartbeat.sql().contains(ADVISORY_KEY_SQL));
+        assert!(Statement::Verify.sql().contains(ADVISORY_KEY_SQL));
+        // The steady heartbeat reads no pg_locks: its cost does not grow
+        // with the locks other sessions hold.
+        assert!(!Statement::Heartbeat.sql().contains("pg_locks"));
         assert!(Statement::TryLock {
             keys: vec![1],
             backend_pid: 7,

@@ -108,11 +108,34 @@ fn not_won(d: &mut Harness) {
     }
 }
 
-/// `machine_inputs` finding 2: a heartbeat that does not show key `a` cancels
+/// Fails every try until a verify is in flight (a failed try obliges the
+/// machine to verify, the only statement that reads `pg_locks`); answers
+/// heartbeats on the way.
+fn fail_tries_until_verify(d: &mut Harness) {
+    for _ in 0..1000 {
+        match d.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Verify) => return,
+            Some(Statement::TryLock { .. }) => {
+                d.fail(DbError::other("out of shared memory"));
+            }
+            Some(Statement::Heartbeat) => {
+                d.heartbeat(PID, &[]);
+            }
+            _ => {
+                d.advance(ms(50));
+            }
+        }
+    }
+    panic!("no verify: {:?}", d.in_flight());
+}
+
+/// `machine_inputs` finding 2: a verify that does not show key `a` cancels
 /// its job (`NotHeld`, the run drains until the job returns); a standby run
-/// `b` keeps the session; the next heartbeat shows `a` held again. The
-/// machine unlocks `a` at once, before the cancelled job has returned,
-/// breaking "a key is released only after its job returned".
+/// `b` keeps the session; the next verify shows `a` held again. The
+/// machine unlocked `a` at once, before the cancelled job had returned,
+/// breaking "a key is released only after its job returned". (Found with
+/// heartbeats that read `pg_locks`; since only a verify does, a failed try
+/// of `b` brings each one about.)
 #[test]
 fn a_key_found_held_again_waits_for_its_cancelled_job() {
     let mut d = driver(opts());
@@ -121,12 +144,10 @@ fn a_key_found_held_again_waits_for_its_cancelled_job() {
     let cmds = d.win(900);
     assert!(started(&cmds, run), "{cmds:?}");
     d.run(b());
-    not_won(&mut d);
-    d.advance(ms(200));
+    fail_tries_until_verify(&mut d);
     let cmds = d.heartbeat(PID, &[a().key()]);
     assert!(!cmds.iter().any(|c| matches!(c, Command::CancelJob { .. })));
-    not_won(&mut d);
-    d.advance(ms(200));
+    fail_tries_until_verify(&mut d);
     let cmds = d.heartbeat(PID, &[]);
     assert!(
         cmds.iter().any(|c| matches!(
@@ -138,8 +159,7 @@ fn a_key_found_held_again_waits_for_its_cancelled_job() {
         )),
         "{cmds:?}"
     );
-    not_won(&mut d);
-    d.advance(ms(200));
+    fail_tries_until_verify(&mut d);
     // Was: `Query { Release { keys: [a] } }` while the cancelled job still runs.
     d.heartbeat(PID, &[a().key()]);
     assert!(!d.machine().is_valid(run, d.now()));
@@ -463,18 +483,11 @@ fn replay_a_close_delayed_past_the_horizon_is_no_leak() {
     let cfg = || fuzz_config(0x082c_4929_b9b9_b9b9, 3, 3, 27, 172);
     let r = sim_replay(cfg(), &faults);
     assert!(r.violations.is_empty(), "{:#?}", r.violations);
-    // A fixed 3 s settle is too short for this schedule: the lock is still held then.
-    let mut sim = Sim::new(cfg(), Instant::now());
-    for (at, f) in &faults {
-        sim.schedule(ms(*at), f.clone());
-    }
-    let early = sim.finish(ms(10_000), ms(3000));
-    assert!(
-        early
-            .violations
-            .iter()
-            .any(|v| matches!(v, Violation::LockLeaked { .. })),
-        "{:#?}",
-        early.violations
-    );
+    // With heartbeats that read `pg_locks`, a fixed 3 s settle was too short
+    // for this schedule (the lock was still held then). Standbys at rest no
+    // longer heartbeat, so p2's statements, and which of them the faults
+    // slow down, differ: the late release is not reproduced, and what stays
+    // pinned is that the schedule breaks no property.
+    let settled = sim_replay(cfg(), &faults);
+    assert!(settled.violations.is_empty(), "{:#?}", settled.violations);
 }

@@ -358,10 +358,29 @@ fn a_doubtful_session_takes_no_new_work() {
 }
 
 #[test]
-fn heartbeat_without_the_key_cancels_the_job() {
+fn the_steady_heartbeat_confirms_without_reading_pg_locks() {
+    let mut h = harness(opts());
+    let run = started(&mut h, "a", 900);
+    h.advance(ms(200));
+    assert_eq!(h.statement(), Statement::Heartbeat);
+    assert!(!h.statement().sql().contains("pg_locks"));
+    let sent = h.now();
+    h.advance(ms(5));
+    let cmds = h.heartbeat(7, &[]);
+    assert!(!has(&cmds, |c| matches!(c, Command::CancelJob { .. })));
+    let validity = opts().validity_window();
+    assert_eq!(h.machine().valid_until(run), Some(sent + validity));
+}
+
+#[test]
+fn a_verify_without_the_key_cancels_the_job() {
     let mut h = harness(opts());
     started(&mut h, "a", 900);
-    h.advance(ms(200));
+    h.run(lease("b"));
+    h.advance(Duration::ZERO);
+    assert!(matches!(h.statement(), Statement::TryLock { .. }));
+    h.fail(boom("53200"));
+    assert_eq!(h.statement(), Statement::Verify);
     let cmds = h.heartbeat(7, &[]);
     assert!(has(&cmds, |c| matches!(
         c,
@@ -370,6 +389,118 @@ fn heartbeat_without_the_key_cancels_the_job() {
             ..
         }
     )));
+}
+
+/// Every `VERIFY_EVERY`th heartbeat reads `pg_locks`: a key freed behind the
+/// session's back (a foreign client on a shared pooled backend) is found
+/// within that many heartbeat intervals.
+#[test]
+fn every_twelfth_heartbeat_is_a_verify() {
+    let mut h = harness(opts());
+    let run = started(&mut h, "a", 900);
+    let mut kinds = Vec::new();
+    for _ in 0..2 * VERIFY_EVERY {
+        h.advance(ms(200));
+        let s = h.statement();
+        kinds.push(matches!(s, Statement::Verify));
+        h.heartbeat(7, &[key("a")]);
+    }
+    let verifies: Vec<usize> = (kinds.iter().enumerate())
+        .filter_map(|(i, v)| v.then_some(i + 1))
+        .collect();
+    let n = VERIFY_EVERY as usize;
+    assert_eq!(verifies, vec![n, 2 * n]);
+    assert!(h.machine().is_valid(run, h.now()));
+    // One that no longer shows the key cancels the job.
+    for _ in 1..VERIFY_EVERY {
+        h.advance(ms(200));
+        assert_eq!(h.statement(), Statement::Heartbeat);
+        h.heartbeat(7, &[]);
+    }
+    h.advance(ms(200));
+    assert_eq!(h.statement(), Statement::Verify);
+    let cmds = h.heartbeat(7, &[]);
+    assert!(has(&cmds, |c| matches!(
+        c,
+        Command::CancelJob {
+            reason: Reason::NotHeld,
+            ..
+        }
+    )));
+}
+
+/// Answers every statement of a standby that holds nothing and wins
+/// nothing for `d`; returns the statements sent.
+fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {
+    let end = h.now() + d;
+    let mut sent = Vec::new();
+    while h.now() < end {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(s @ Statement::TryLock { .. }) => {
+                sent.push(s);
+                h.advance(ms(1));
+                h.lose(Some(99));
+            }
+            Some(s @ (Statement::Heartbeat | Statement::Verify)) => {
+                sent.push(s);
+                h.advance(ms(1));
+                h.heartbeat(7, &[]);
+            }
+            Some(s) => panic!("{s:?}"),
+            None => {
+                h.advance(ms(1));
+            }
+        }
+    }
+    sent
+}
+
+#[test]
+fn a_standby_at_rest_sends_only_its_tries() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.connect(7);
+    let sent = standby_at_rest(&mut h, ms(10_000));
+    assert!(sent.iter().all(|s| matches!(s, Statement::TryLock { .. })));
+    // One try per jittered retry wait (200 ms, down by up to 20 %).
+    assert!((50..=64).contains(&sent.len()), "{}", sent.len());
+    // Once it leads, it heartbeats an interval after the winning try.
+    h.advance(ms(200));
+    let won = h.now();
+    h.win(900);
+    h.advance(ms(199));
+    assert!(h.in_flight().is_none());
+    h.advance(ms(1));
+    assert_eq!(h.statement(), Statement::Heartbeat);
+    assert_eq!(h.now(), won + ms(200));
+}
+
+/// With a retry interval so long that tries alone would let the server
+/// guard end the session (retry + query timeout not below the guard), a
+/// standby keeps heartbeating in between, each try pushing the heartbeat
+/// back.
+#[test]
+fn a_standby_with_a_long_retry_still_keeps_its_session_alive() {
+    let o = Options {
+        retry_interval: ms(2000),
+        ..opts()
+    };
+    assert!(o.retry_interval + o.query_timeout >= o.guard_timeout());
+    let mut h = harness(o.clone());
+    h.run(lease("a"));
+    h.connect(7);
+    let sent = standby_at_rest(&mut h, ms(10_000));
+    let tries = sent
+        .iter()
+        .filter(|s| matches!(s, Statement::TryLock { .. }))
+        .count();
+    let heartbeats = sent.len() - tries;
+    assert!((5..=7).contains(&tries), "{sent:?}");
+    assert!(heartbeats >= 30, "{sent:?}");
+    assert!(!h
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::SessionLost { .. })));
 }
 
 #[test]

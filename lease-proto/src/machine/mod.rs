@@ -40,6 +40,16 @@ pub const MIN_SERVER_VERSION_GUARD: i64 = 140_000;
 /// First reconnect delay; it doubles per consecutive failure up to the retry
 /// interval, and each delay is jittered to between half and all of it.
 pub const RECONNECT_BASE: Duration = Duration::from_millis(50);
+/// Every this many heartbeats, the heartbeat sent is a
+/// [`Statement::Verify`](crate::Statement::Verify) (a read of `pg_locks`).
+/// The steady heartbeat proves the session is the same live one, which is
+/// enough unless a client that is not a lease client shares the backend
+/// (a transaction pooler with one server connection) and unlocks the keys
+/// (`pg_advisory_unlock_all()`): nothing else shows that. The periodic
+/// verify bounds how long a holder keeps leading then (to this many
+/// heartbeat intervals, 1 min with the defaults), while the median
+/// heartbeat stays independent of the locks on the server.
+pub const VERIFY_EVERY: u32 = 12;
 
 /// Why [`Machine::run`] refused a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,8 +154,9 @@ pub struct Machine {
     held_lost: BTreeSet<i64>,
     /// An obligation, not a state: a try's outcome is unknown (it failed, or
     /// its reply broke the rules), so the next statement on this session is
-    /// a heartbeat, before any release or try. It holds whatever statement is
-    /// in flight, and ends with the heartbeat's reply or the session.
+    /// a verify (a heartbeat that reads `pg_locks`), before any release or
+    /// try. It holds whatever statement is in flight, and ends with the
+    /// verify's reply or the session.
     verify: bool,
     /// An obligation, not a state: try the standbys at the next chance,
     /// without waiting for [`Timer::Retry`] (a new run, a session just
@@ -162,6 +173,8 @@ pub struct Machine {
     /// first next, so a round trip longer than the heartbeat interval cannot
     /// starve the standbys (the heartbeat is due again at every reply).
     heartbeat_last: bool,
+    /// Heartbeats since the last verify (see [`VERIFY_EVERY`]).
+    unverified_heartbeats: u32,
     /// Send time of the last statement, on any session: a doubtful
     /// session's [`Timer::DeferredClose`] counts from it.
     last_sent: Option<Instant>,
@@ -201,6 +214,7 @@ impl Machine {
             settings_by_statement: false,
             tcp_settings_off: false,
             heartbeat_last: false,
+            unverified_heartbeats: 0,
             last_sent: None,
             close_doubtful_at_once: false,
             session_out: VecDeque::new(),

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::state::{Release, RunState, Session, Stage, StandbyStep, Stopping, What};
-use super::{Machine, Phase, Timer, RECONNECT_BASE};
+use super::{Machine, Phase, Timer, RECONNECT_BASE, VERIFY_EVERY};
 use crate::io::{Reason, SessionId};
 use crate::options::RETRY_JITTER;
 
@@ -67,7 +67,7 @@ impl Machine {
     /// heartbeat, then the standby try.
     fn next_statement(&mut self, now: Instant) -> Option<What> {
         if self.verify {
-            return Some(What::Heartbeat);
+            return Some(What::Verify);
         }
         let mut release: Vec<i64> = std::mem::take(&mut self.orphans).into_iter().collect();
         for r in self.runs.values_mut() {
@@ -81,12 +81,23 @@ impl Machine {
         if !release.is_empty() {
             return Some(What::Release(release));
         }
-        let heartbeat_due = self.timers.expired(Timer::Heartbeat, now);
+        let holding = self.holding();
+        let heartbeat_due = self.heartbeat_needed() && self.timers.expired(Timer::Heartbeat, now);
         let retry_due = self.timers.get(Timer::Retry).is_none_or(|t| t <= now);
         let try_due = (self.try_now || retry_due) && self.phase == Phase::Open;
-        // Heartbeat first, but never twice in a row while a try is due.
-        if heartbeat_due && !(try_due && self.heartbeat_last && self.any_waiting()) {
+        // Heartbeat first, but never twice in a row while a try is due. A
+        // locker holding nothing heartbeats only to keep its session alive,
+        // and a try does that too: it goes instead.
+        let heartbeat_first = holding || !try_due;
+        if heartbeat_due
+            && heartbeat_first
+            && !(try_due && self.heartbeat_last && self.any_waiting())
+        {
             self.heartbeat_last = true;
+            self.unverified_heartbeats += 1;
+            if self.unverified_heartbeats >= VERIFY_EVERY {
+                return Some(What::Verify);
+            }
             return Some(What::Heartbeat);
         }
         self.heartbeat_last = false;
@@ -102,10 +113,36 @@ impl Machine {
             }
             self.try_now = false;
             if !keys.is_empty() {
+                if !holding {
+                    // The try proves the session alive as a heartbeat does
+                    // (it checks the backend pid and the nonce), and a key
+                    // it wins counts from its send time: the next heartbeat
+                    // is due an interval after it.
+                    let next = now + self.opts.heartbeat_interval;
+                    self.timers.set(Timer::Heartbeat, next);
+                }
                 return Some(What::Try(keys));
             }
         }
         None
+    }
+
+    /// Whether the session holds a lease whose validity heartbeats renew.
+    fn holding(&self) -> bool {
+        self.runs.values().any(|r| r.state.held().is_some())
+    }
+
+    /// Whether heartbeats are due at all. A locker holding nothing needs no
+    /// confirmation, only a session kept from looking idle to the server
+    /// guard (`idle_session_timeout`): its tries do that when the longest
+    /// gap between two tries' send times, a query timeout (a reply later
+    /// than that ends the session) plus a retry interval (jittered down,
+    /// never up), is shorter than the guard. With the defaults (5 s + 10 s
+    /// against 16 s) a standby sends its tries and nothing else; otherwise
+    /// it also heartbeats, each try pushing the heartbeat back.
+    fn heartbeat_needed(&self) -> bool {
+        self.holding()
+            || self.opts.retry_interval + self.opts.query_timeout >= self.opts.guard_timeout()
     }
 
     /// Whether any run needs the session: a standby, a leader, or a release.
@@ -131,7 +168,7 @@ impl Machine {
             Timer::Connect | Timer::Query | Timer::Validity => true,
             Timer::DeferredClose => matches!(self.session, Session::Doubtful { .. }),
             // Only a ready session with nothing in flight sends.
-            Timer::Heartbeat => idle_ready,
+            Timer::Heartbeat => idle_ready && self.heartbeat_needed(),
             Timer::Retry => idle_ready && self.any_waiting(),
             Timer::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),
         })

@@ -5,7 +5,7 @@ use std::time::Instant;
 use super::state::{InFlight, Release, RunState, Session, Stage, StandbyStep, Stopping, Up, What};
 use super::{Machine, Phase, Timer, MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD};
 use crate::io::*;
-use crate::sql::{HeartbeatReply, Row, SetupReply, Statement, TryReply};
+use crate::sql::{HeartbeatReply, Row, SetupReply, Statement, TryReply, VerifyReply};
 
 impl Machine {
     /// Asks the driver for a new connection.
@@ -116,6 +116,10 @@ impl Machine {
                 Ok(heartbeat) => self.heartbeat_done(now, q.sent, heartbeat),
                 Err(e) => self.lose_session(now, malformed(e), true),
             },
+            (What::Verify, Ok(rows)) => match VerifyReply::parse(&rows) {
+                Ok(verify) => self.verify_done(now, q.sent, verify),
+                Err(e) => self.lose_session(now, malformed(e), true),
+            },
             // The rows do not matter: see `ReleaseReply`.
             (What::Release(keys), Ok(_)) => {
                 for key in keys {
@@ -132,7 +136,10 @@ impl Machine {
                     }
                 }
             }
-            (What::Setup | What::Listen | What::Heartbeat | What::Release(_), Err(error)) => {
+            (
+                What::Setup | What::Listen | What::Heartbeat | What::Verify | What::Release(_),
+                Err(error),
+            ) => {
                 // State on the server unknown: drop the session, which releases everything.
                 self.lose_session(now, Reason::QueryFailed(error), true)
             }
@@ -263,10 +270,12 @@ impl Machine {
         self.timers.set(Timer::Retry, retry);
     }
 
-    fn heartbeat_done(&mut self, now: Instant, sent: Instant, reply: HeartbeatReply) {
-        let expected = match &self.session {
-            Session::Up(up) => up.stage.backend_pid(),
-            _ => None,
+    /// Whether the session that answered a heartbeat or verify is this
+    /// one (same backend pid, same nonce); refuses the locker if not.
+    fn same_session(&mut self, now: Instant, reply: &HeartbeatReply) -> bool {
+        let (expected, nonce) = match &self.session {
+            Session::Up(up) => (up.stage.backend_pid(), up.nonce),
+            _ => return false,
         };
         let pid = reply.backend_pid;
         if pid.is_none() || pid != expected {
@@ -274,16 +283,44 @@ impl Machine {
                 was: expected.unwrap_or(0),
                 now: pid.unwrap_or(0),
             };
-            return self.refuse(now, refusal);
+            self.refuse(now, refusal);
+            return false;
         }
-        let nonce = match &self.session {
-            Session::Up(up) => up.nonce,
-            _ => return,
-        };
         if reply.nonce != Some(nonce) {
-            return self.refuse(now, shared(nonce, reply.nonce));
+            self.refuse(now, shared(nonce, reply.nonce));
+            return false;
+        }
+        true
+    }
+
+    /// The steady heartbeat: the same live session answered, so it still
+    /// holds every key it held when the statement was sent (a live session
+    /// loses a session-level advisory lock only by its own unlock, which the
+    /// machine sends only as a [`Statement::Release`] that ends the run or
+    /// the session, or by ending). Every held lease is confirmed from `sent`.
+    fn heartbeat_done(&mut self, now: Instant, sent: Instant, reply: HeartbeatReply) {
+        if !self.same_session(now, &reply) {
+            return;
+        }
+        for r in self.runs.values_mut() {
+            if let RunState::Leading(h) | RunState::Stopping(Stopping::Held { held: h, .. }) =
+                &mut r.state
+            {
+                h.confirmed = sent;
+            }
+        }
+        self.update_validity();
+        self.heartbeat_again(now, sent);
+    }
+
+    /// The verify: what the session holds according to `pg_locks`. A held
+    /// lease not in it is lost; a key in it that no run holds is unlocked.
+    fn verify_done(&mut self, now: Instant, sent: Instant, reply: VerifyReply) {
+        if !self.same_session(now, &reply.session) {
+            return;
         }
         self.verify = false;
+        self.unverified_heartbeats = 0;
         let held = reply.held;
         let mut lost = Vec::new();
         for (id, r) in &mut self.runs {
@@ -324,6 +361,11 @@ impl Machine {
                 self.event(Event::UnknownKeyReleased { key });
             }
         }
+        self.heartbeat_again(now, sent);
+    }
+
+    /// The next heartbeat is due a heartbeat interval after `sent`.
+    fn heartbeat_again(&mut self, now: Instant, sent: Instant) {
         let next = (sent + self.opts.heartbeat_interval).max(now);
         self.timers.set(Timer::Heartbeat, next);
     }
@@ -437,6 +479,7 @@ impl Machine {
                 nonce,
             },
             What::Heartbeat => Statement::Heartbeat,
+            What::Verify => Statement::Verify,
             What::Release(keys) => Statement::Release {
                 keys: keys.clone(),
                 notify: self.opts.notify_handover,

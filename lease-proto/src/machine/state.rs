@@ -201,5 +201,6 @@ pub(super) enum What {
     Listen,
     Try(Vec<i64>),
     Heartbeat,
+    Verify,
     Release(Vec<i64>),
 }

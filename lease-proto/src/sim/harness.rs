@@ -323,14 +323,18 @@ impl Harness {
         self.reply(rows)
     }
 
-    /// Answers the heartbeat in flight: backend `pid`, holding `keys`.
+    /// Answers the heartbeat or verify in flight: backend `pid`, holding
+    /// `keys` (which only a verify's reply lists).
     ///
     /// # Panics
-    /// The query in flight is not a heartbeat, or the observer objects.
+    /// The query in flight is neither, or the observer objects.
     pub fn heartbeat(&mut self, pid: i64, keys: &[i64]) -> Vec<Command> {
-        assert_eq!(self.statement(), Statement::Heartbeat);
         let nonce = self.nonce;
-        self.reply(reply::heartbeat(pid, nonce, keys.iter().copied()))
+        match self.statement() {
+            Statement::Heartbeat => self.reply(reply::heartbeat(pid, nonce)),
+            Statement::Verify => self.reply(reply::verify(pid, nonce, keys.iter().copied())),
+            other => panic!("expected a heartbeat or verify, got {other:?}"),
+        }
     }
 
     /// Answers the release in flight: every key was held and is unlocked.

@@ -51,7 +51,10 @@ impl Sim {
         let malformed = either(|f| f.malformed, &self.flaky);
         let keys = match statement {
             Statement::TryLock { keys, .. } | Statement::Release { keys, .. } => keys.len(),
-            Statement::Setup { .. } | Statement::Listen | Statement::Heartbeat => 1,
+            Statement::Setup { .. }
+            | Statement::Listen
+            | Statement::Heartbeat
+            | Statement::Verify => 1,
         };
         if self.chance(error) {
             let ran = self.below(keys);
@@ -72,8 +75,8 @@ impl Sim {
 
 impl Injected {
     /// What of `statement` runs on the server. A statement that fails
-    /// before it did anything runs as a read of `pg_locks` (a heartbeat),
-    /// which changes nothing and costs the server what a statement does.
+    /// before it did anything runs as a heartbeat, which changes nothing
+    /// and costs the server what a statement does.
     pub(super) fn ran(self, statement: Statement) -> Statement {
         let Injected::Error { ran } = self else {
             return statement;
@@ -133,9 +136,11 @@ fn error_for(statement: &Statement) -> DbError {
                       max_locks_per_transaction.)"
                 .into(),
         },
-        Statement::Setup { .. } | Statement::Listen | Statement::Heartbeat => DbError {
-            code: Some("57014".into()),
-            message: "canceling statement due to user request".into(),
-        },
+        Statement::Setup { .. } | Statement::Listen | Statement::Heartbeat | Statement::Verify => {
+            DbError {
+                code: Some("57014".into()),
+                message: "canceling statement due to user request".into(),
+            }
+        }
     }
 }

@@ -17,7 +17,7 @@ use crate::{DbError, Row, Statement};
 /// The rows the server answers each statement with (the wire shapes of
 /// `sql.rs`), and the errors it sends.
 pub(super) mod reply {
-    use crate::{DbError, HeartbeatReply, ReleaseReply, Row, SetupReply, TryReply};
+    use crate::{DbError, HeartbeatReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply};
 
     /// `Setup`: version, recovery, backend pid, `idle_session_timeout` (ms),
     /// the TCP settings (in the order of `TCP_SETTINGS`) and the nonce.
@@ -63,16 +63,27 @@ pub(super) mod reply {
         reply.to_rows().remove(0)
     }
 
-    /// `Heartbeat`: the backend pid, the nonce, then every key the session holds.
-    pub(crate) fn heartbeat(
+    /// `Heartbeat`: the backend pid and the nonce.
+    pub(crate) fn heartbeat(pid: i64, nonce: Option<i64>) -> Vec<Row> {
+        HeartbeatReply {
+            backend_pid: Some(pid),
+            nonce,
+        }
+        .to_rows()
+    }
+
+    /// `Verify`: the backend pid, the nonce, then every key the session holds.
+    pub(crate) fn verify(
         pid: i64,
         nonce: Option<i64>,
         keys: impl IntoIterator<Item = i64>,
     ) -> Vec<Row> {
-        HeartbeatReply {
-            backend_pid: Some(pid),
+        VerifyReply {
+            session: HeartbeatReply {
+                backend_pid: Some(pid),
+                nonce,
+            },
             held: keys.into_iter().collect(),
-            nonce,
         }
         .to_rows()
     }
@@ -404,14 +415,19 @@ impl Server {
                 }
                 rows
             }
+            // No pg_locks read: what the session holds is not asked.
             Statement::Heartbeat => {
+                let nonce = if shared { self.backend_nonce } else { s.nonce };
+                reply::heartbeat(pid, nonce)
+            }
+            Statement::Verify => {
                 let held = self
                     .locks
                     .iter()
                     .filter(|(_, (o, _))| *o == owner)
                     .map(|(k, _)| *k);
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
-                reply::heartbeat(pid, nonce, held)
+                reply::verify(pid, nonce, held)
             }
             Statement::Release { keys, notify: n } => {
                 let mut rows = Vec::new();

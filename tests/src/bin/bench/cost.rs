@@ -82,22 +82,23 @@ pub struct Cost {
     pub window_s: f64,
 }
 
-/// Round trips of the heartbeat statement on a session holding `keys` keys.
+/// Round trips of a heartbeat statement on a session holding `keys` keys.
 #[derive(Clone, Debug)]
 pub struct HeartbeatTiming {
+    /// `heartbeat` (backend pid + nonce) or `verify` (that plus `pg_locks`).
+    pub statement: &'static str,
     pub keys: usize,
     /// Keys held by another session meanwhile.
     pub others: usize,
     pub times_ns: Vec<u64>,
 }
 
-/// Times `Statement::Heartbeat` `reps` times on one tokio-postgres session holding `own`
-/// advisory keys while another session holds `other` keys, for each pair of
-/// [`HEARTBEAT_KEYS`].
+/// Times `Statement::Heartbeat` and `Statement::Verify` `reps` times each on one
+/// tokio-postgres session holding `own` advisory keys while another session holds
+/// `other` keys, for each pair of [`HEARTBEAT_KEYS`].
 pub fn heartbeat(cluster: &Cluster, reps: usize) -> R<Vec<HeartbeatTiming>> {
     let pg = Pg::connect(cluster.port(), FAILOVER_DB, "bench-heartbeat")?;
     let other = Pg::connect(cluster.port(), FAILOVER_DB, "bench-heartbeat-other")?;
-    let sql = Statement::Heartbeat.sql();
     let lock = |pg: &Pg, from: usize, n: usize| -> R<()> {
         let got = pg.one(&format!(
             "SELECT count(*) FROM generate_series({from}, {}) k WHERE pg_try_advisory_lock(k)",
@@ -109,27 +110,37 @@ pub fn heartbeat(cluster: &Cluster, reps: usize) -> R<Vec<HeartbeatTiming>> {
         Ok(())
     };
     wait_unlocked(&pg)?;
-    pg.time(&sql, 200)?;
+    let statements = [
+        ("heartbeat", Statement::Heartbeat.sql(), 0),
+        ("verify", Statement::Verify.sql(), 1),
+    ];
+    for (_, sql, _) in &statements {
+        pg.time(sql, 200)?;
+    }
     let mut out = Vec::new();
     for (own, others) in HEARTBEAT_KEYS {
         lock(&pg, 1, own)?;
         if others > 0 {
             lock(&other, 1_000_000, others)?;
         }
-        pg.time(&sql, reps.min(50))?;
-        let (times_ns, rows) = pg.time(&sql, reps)?;
-        if rows != own + 1 {
-            return Err(format!(
-                "the heartbeat on a session holding {own} keys returned {rows} rows"
-            ));
+        for (statement, sql, per_key) in &statements {
+            pg.time(sql, reps.min(50))?;
+            let (times_ns, rows) = pg.time(sql, reps)?;
+            // The pid and nonce rows, then (verify) one row per key held.
+            if rows != 2 + per_key * own {
+                return Err(format!(
+                    "the {statement} on a session holding {own} keys returned {rows} rows"
+                ));
+            }
+            out.push(HeartbeatTiming {
+                statement,
+                keys: own,
+                others,
+                times_ns,
+            });
         }
         pg.rows("SELECT pg_advisory_unlock_all()")?;
         other.rows("SELECT pg_advisory_unlock_all()")?;
-        out.push(HeartbeatTiming {
-            keys: own,
-            others,
-            times_ns,
-        });
     }
     Ok(out)
 }

@@ -376,9 +376,12 @@ fn cost_markdown(r: &Results, s: &mut String) {
 
     s.push_str(
         "\n## Heartbeat duration against keys held (µs)\n\n\
-         `lease_proto::Statement::Heartbeat` on a separate tokio-postgres session holding that \
-         many advisory keys while another session holds the keys of the second column (and \
-         nothing else any), round trip on one thread, simple-query protocol.\n\n",
+         `lease_proto::Statement::Heartbeat` (the steady heartbeat: backend pid and nonce) and \
+         `Statement::Verify` (that plus the session's keys from `pg_locks`: the verification \
+         after a failed try, and the heartbeat before issue 12) on a separate tokio-postgres \
+         session holding that many advisory keys while another session holds the keys of the \
+         second column (and nothing else any), round trip on one thread, simple-query \
+         protocol.\n\n",
     );
     let rows = r
         .heartbeat
@@ -387,6 +390,7 @@ fn cost_markdown(r: &Results, s: &mut String) {
             let us: Vec<f64> = h.times_ns.iter().map(|&t| t as f64 / 1e3).collect();
             let d = dist(&us)?;
             Some(vec![
+                h.statement.to_string(),
                 h.keys.to_string(),
                 h.others.to_string(),
                 d.n.to_string(),
@@ -398,6 +402,7 @@ fn cost_markdown(r: &Results, s: &mut String) {
         })
         .collect();
     let header = [
+        "statement",
         "keys held",
         "by another session",
         "n",
@@ -568,6 +573,7 @@ fn json(r: &Results) -> J {
     let heartbeat = r.heartbeat.iter().map(|h| {
         let us: Vec<f64> = h.times_ns.iter().map(|&t| t as f64 / 1e3).collect();
         J::Obj(vec![
+            ("statement", s(h.statement)),
             ("keys", J::Num(h.keys as f64)),
             ("keys_of_another_session", J::Num(h.others as f64)),
             ("us", dist_json(&us)),
