@@ -96,6 +96,7 @@ pub(super) mod reply {
         DbError {
             code: Some("25006".into()),
             message: "cannot execute LISTEN during recovery".into(),
+            config: false,
         }
     }
 }
@@ -253,6 +254,7 @@ impl Server {
         let refuse = |code: &str, m: &str| DbError {
             code: Some(code.into()),
             message: m.into(),
+            config: false,
         };
         if !self.up {
             return Err(refuse("08006", "connection refused"));
@@ -629,6 +631,7 @@ impl Sim {
             let error = DbError {
                 code: Some(code.into()),
                 message: message.into(),
+                config: false,
             };
             self.send(p, Ev::AtClient(p, ToClient::Ended { conn, error }));
         }
