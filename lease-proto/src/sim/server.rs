@@ -160,6 +160,9 @@ pub(super) struct Server {
     backend_nonce: Option<i64>,
     /// Added processing time of every statement now.
     pub(super) slow: Duration,
+    /// [`Fault::AuthFailing`](super::Fault::AuthFailing) windows in force:
+    /// connection attempts fail authentication.
+    pub(super) auth_failing: u32,
 }
 
 impl Server {
@@ -175,6 +178,7 @@ impl Server {
             timeline: 1,
             backend_nonce: None,
             slow: Duration::ZERO,
+            auth_failing: 0,
         }
     }
 
@@ -258,6 +262,12 @@ impl Server {
         };
         if !self.up {
             return Err(refuse("08006", "connection refused"));
+        }
+        if self.auth_failing > 0 {
+            return Err(refuse(
+                "28P01",
+                "password authentication failed for user \"sim\"",
+            ));
         }
         if self.cfg.pooler && self.cfg.pooler_rejects_options && !settings.is_empty() {
             return Err(refuse("08P01", "unsupported startup parameter: options"));
