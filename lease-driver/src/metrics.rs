@@ -203,11 +203,9 @@ mod imp {
                         counter!("lease_session_failures_total", "class" => class).increment(1);
                     }
                 }
-                Event::ConnectFailed { error, .. } => {
-                    if !self.driver_stopped {
-                        let class = connect_class(error);
-                        counter!("lease_session_failures_total", "class" => class).increment(1);
-                    }
+                Event::ConnectFailed { error, .. } if !self.driver_stopped => {
+                    let class = connect_class(error);
+                    counter!("lease_session_failures_total", "class" => class).increment(1);
                 }
                 Event::SessionIdle { .. } => self.not_ready(),
                 _ => {}

@@ -207,3 +207,19 @@ fn tokio_closed_port_keeps_retrying() {
 fn smol_closed_port_keeps_retrying() {
     closed_port::<Smol>();
 }
+
+/// Without a TLS connector, `sslmode=require` cannot be met: a configuration
+/// error the driver marks itself (no SQLSTATE), returned at once.
+fn tls_required<D: Driver>() {
+    fails_at_once::<D>(&format!("{DB} sslmode=require"), "TLS");
+}
+
+#[test]
+fn tokio_tls_required_without_a_connector() {
+    tls_required::<Tokio>();
+}
+
+#[test]
+fn smol_tls_required_without_a_connector() {
+    tls_required::<Smol>();
+}

@@ -162,7 +162,7 @@ pub enum Fault {
     /// sessions go on. Processes that had a session retry and lead again
     /// afterwards; a process that never had one (started, or restarted by
     /// [`Fault::Crash`], inside the window) finishes its runs with
-    /// [`Outcome::Config`](crate::Outcome::Config), which the checks count
+    /// [`Outcome::Config`], which the checks count
     /// as a violation: do not combine the two.
     AuthFailing {
         /// How long.
