@@ -57,7 +57,7 @@ impl Driver for Tokio {
                 lease.cancelled().await;
                 Ok::<(), std::io::Error>(())
             });
-            ran(run, wait, || locker.status(), tokio::time::sleep(wait)).await
+            ran(run, || locker.status(), tokio::time::sleep(wait)).await
         })
     }
 }
@@ -75,14 +75,13 @@ impl Driver for Smol {
             let timer = async {
                 smol::Timer::after(wait).await;
             };
-            ran(run, wait, || locker.status(), timer).await
+            ran(run, || locker.status(), timer).await
         })
     }
 }
 
 async fn ran<E: std::fmt::Display>(
     run: impl Future<Output = Result<(), lease_tokio::RunError<E>>>,
-    _wait: Duration,
     status: impl Fn() -> lease_proto::Status,
     timer: impl Future<Output = ()>,
 ) -> Ran {
