@@ -180,7 +180,11 @@ impl Error {
             Message::StartupRejected => "unsupported startup parameter: options".to_string(),
             Message::Other(s) => s.clone(),
         };
-        DbError { code, message }
+        DbError {
+            code,
+            message,
+            config: false,
+        }
     }
 }
 

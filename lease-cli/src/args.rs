@@ -78,8 +78,12 @@ those. Nothing in `lease run` can act while it is frozen together with the watch
 (a VM pause, a cgroup freeze): check LEASE_TOKEN where the job writes. COMMAND runs in the
 background process group of a terminal: it cannot read the terminal.
 
-An unreachable database is not fatal: `lease run` keeps retrying and says so on stderr. A server
-that cannot give mutual exclusion is: a transaction pooler, or PostgreSQL older than 14 (than 13
+An unreachable database is not fatal: `lease run` keeps retrying and says so, with the cause, on
+stderr. A configuration error before the first session is: a wrong password, an unknown role or
+database, or a failed TLS verification ends `lease run` at once with exit status 1 and one line
+(`cannot connect: password authentication failed for user ...`); once the session worked, it is
+retried like a network error (a rotated password), logged as an error. A server that cannot give
+mutual exclusion is fatal too: a transaction pooler, or PostgreSQL older than 14 (than 13
 with --no-server-guard) ends `lease run` with exit status 1. A hot standby (a failover in
 progress) is logged as an error and retried.
 
@@ -93,8 +97,8 @@ of its own; nothing answers while the runner is frozen or dead):
             503 as soon as the lease is cancelled, and 200 on a new leader only after it holds
             the lease, so two replicas never answer 200 at once.
 
-EXIT STATUS: COMMAND's status; 0 after a shutdown by signal; 1 when the server is refused or
-another error stops the run; 2 for bad usage, a --metrics-addr that cannot be bound included
+EXIT STATUS: COMMAND's status; 0 after a shutdown by signal; 1 when the server is refused, the
+configuration is wrong (cannot connect) or another error stops the run; 2 for bad usage, a --metrics-addr that cannot be bound included
 (nothing is sent to the database); 126 or 127 when COMMAND cannot be executed or is not found.";
 
 /// `lease`: the top-level parser.

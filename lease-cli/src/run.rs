@@ -349,6 +349,11 @@ fn outcome(result: Result<(), RunError<JobEnd>>) -> i32 {
             tracing::error!("refused: {r}");
             EXIT_FAILURE
         }
+        // "cannot connect: password authentication failed for user ..."
+        Err(e @ RunError::Config(_)) => {
+            tracing::error!("{e}");
+            EXIT_FAILURE
+        }
         Err(RunError::Name(e)) => {
             tracing::error!("{e}");
             2
@@ -611,10 +616,28 @@ async fn monitor(locker: Locker, summary: String, holders: Option<mpsc::Unbounde
             SessionState::Backoff { failures, .. } if failures >= 2 => {
                 let due = reported.is_none_or(|at| at.elapsed() >= Duration::from_secs(30));
                 if due {
-                    tracing::warn!(
-                        failures,
-                        "cannot reach the database ({summary}); still retrying (not fatal)"
+                    // The cause in its own words: "connection refused",
+                    // "timed out", "password authentication failed".
+                    let cause = status.last_error.as_ref().map_or_else(
+                        || "no error reported".to_owned(),
+                        |last| last.error.to_string(),
                     );
+                    let configuration = (status.last_error.as_ref())
+                        .is_some_and(|last| last.error.is_configuration());
+                    if configuration {
+                        tracing::error!(
+                            failures,
+                            "cannot connect to the database ({summary}): {cause}; still retrying \
+                             (the lease session worked before: a changed password, role or \
+                             certificate?)"
+                        );
+                    } else {
+                        tracing::warn!(
+                            failures,
+                            "cannot reach the database ({summary}): {cause}; still retrying \
+                             (not fatal)"
+                        );
+                    }
                     reported = Some(tokio::time::Instant::now());
                 }
             }

@@ -82,7 +82,11 @@
 //! Construction fails only on bad [`Options`] or configuration ([`Error`]).
 //! A run returns `Ok(())` when its job completed, or on shutdown or close,
 //! and a [`RunError`] for the job's own error, a bad name, a lease already
-//! run by this locker, too many leases, a refused setup, or a stopped driver.
+//! run by this locker, too many leases, a refused setup, a configuration
+//! error before the first session ([`RunError::Config`]: a wrong password,
+//! an unknown role or database, a TLS verification failure), or a stopped
+//! driver. Network errors are retried with backoff, never returned;
+//! [`Locker::status`]'s [`Status::last_error`] says what the last one was.
 //!
 //! ## The job span
 //!
@@ -198,8 +202,8 @@ use tokio_postgres::{Config, NoTls};
 pub use driver::Driver;
 pub use lease_proto;
 pub use lease_proto::{
-    DbError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason, Refusal,
-    SessionState, Status,
+    DbError, LastError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason,
+    Refusal, SessionState, Status,
 };
 #[cfg(feature = "metrics")]
 pub use metrics::describe_metrics;
@@ -251,6 +255,14 @@ pub enum RunError<E> {
     },
     /// The server or the connection cannot give mutual exclusion.
     Refused(Refusal),
+    /// The locker never had a session and its connection attempt failed
+    /// with a configuration error ([`DbError::is_configuration`]: a wrong
+    /// password, an unknown role or database, a TLS verification failure):
+    /// the server's words, e.g. `password authentication failed for user
+    /// "app" (SQLSTATE 28P01)`. Displays as `cannot connect: <error>`.
+    /// Once a locker has had a session, such errors are retried (logged at
+    /// `ERROR`) instead: a rotated password must not stop a running fleet.
+    Config(DbError),
     /// The [`Driver`] was dropped or ended while the run was pending.
     DriverStopped,
 }
@@ -263,6 +275,7 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
             RunError::AlreadyRunning(l) => write!(f, "lease {l} is already running on this locker"),
             RunError::TooManyLeases { cap } => write!(f, "this locker already runs {cap} leases"),
             RunError::Refused(r) => r.fmt(f),
+            RunError::Config(e) => write!(f, "cannot connect: {e}"),
             RunError::DriverStopped => f.write_str("the lease driver stopped"),
         }
     }

@@ -29,6 +29,42 @@ pub(crate) fn log_event(event: &Event) {
                 "lease session ready"
             )
         }
+        Event::ConnectFailed {
+            session: s,
+            error,
+            configuration: true,
+            retried: false,
+            ..
+        } => debug!(
+            session = s.0,
+            %error,
+            "cannot connect: configuration error (password, role, database or TLS); \
+             every run returns it"
+        ),
+        Event::ConnectFailed {
+            session: s,
+            error,
+            configuration: true,
+            failures,
+            ..
+        } => error!(
+            session = s.0,
+            failures,
+            %error,
+            "cannot connect: configuration error (password, role, database or TLS); \
+             retrying after a backoff because this locker had sessions before"
+        ),
+        Event::ConnectFailed {
+            session: s,
+            error,
+            failures,
+            ..
+        } => warn!(
+            session = s.0,
+            failures,
+            %error,
+            "cannot reach the database; retrying after a backoff"
+        ),
         Event::SessionLost { session: s, reason } => {
             warn!(session = s.0, %reason, "lease session lost")
         }

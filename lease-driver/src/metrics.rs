@@ -203,6 +203,10 @@ mod imp {
                         counter!("lease_session_failures_total", "class" => class).increment(1);
                     }
                 }
+                Event::ConnectFailed { error, .. } if !self.driver_stopped => {
+                    let class = connect_class(error);
+                    counter!("lease_session_failures_total", "class" => class).increment(1);
+                }
                 Event::SessionIdle { .. } => self.not_ready(),
                 _ => {}
             }
@@ -283,6 +287,19 @@ mod imp {
             Reason::Refused(_) => "refused",
             _ => "other",
         }
+    }
+
+    /// The class of a failed connection attempt ([`Event::ConnectFailed`]).
+    fn connect_class(error: &DbError) -> &'static str {
+        // The machine's own words when the attempt outlived the query timeout.
+        if error.code.is_none() && error.message.starts_with("connection attempt timed out") {
+            return "timeout";
+        }
+        // Marked by the driver: TLS verification and the like.
+        if error.config {
+            return "config";
+        }
+        session_class(&Reason::SessionLost(Some(error.clone())))
     }
 
     /// The fixed class set for why a session ended.

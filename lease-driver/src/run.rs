@@ -196,6 +196,7 @@ where
         None => Err(RunError::DriverStopped),
         Some(Outcome::Failed) => error.map_or(Ok(()), |e| Err(RunError::Job(e))),
         Some(Outcome::Refused(refusal)) => Err(RunError::Refused(refusal)),
+        Some(Outcome::Config(error)) => Err(RunError::Config(error)),
         Some(Outcome::Completed | Outcome::Cancelled | Outcome::Closed | Outcome::Abandoned) => {
             Ok(())
         }

@@ -71,7 +71,10 @@ where
 }
 
 /// A tokio-postgres error as the machine wants it: the SQLSTATE and a
-/// one-line message, never the connection config.
+/// one-line message, never the connection config. A TLS failure that is not
+/// the network's (a certificate that fails verification, a server without
+/// TLS under `sslmode=require`) is marked as configuration
+/// ([`DbError::config`]).
 pub fn db_error(e: &tokio_postgres::Error) -> DbError {
     let message = match e.as_db_error() {
         Some(db) => db.message().to_owned(),
@@ -89,5 +92,40 @@ pub fn db_error(e: &tokio_postgres::Error) -> DbError {
     DbError {
         code: e.code().map(|c| c.code().to_owned()),
         message: message.replace(['\r', '\n'], " "),
+        config: tls_config_error(e),
     }
+}
+
+/// A TLS error (tokio-postgres renders those as "error performing TLS
+/// handshake") whose causes include no network I/O error.
+fn tls_config_error(e: &tokio_postgres::Error) -> bool {
+    if e.as_db_error().is_some() || !e.to_string().starts_with("error performing TLS handshake") {
+        return false;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if network(io.kind()) {
+                return false;
+            }
+        }
+        source = cause.source();
+    }
+    true
+}
+
+/// I/O error kinds that mean the network, not the configuration.
+fn network(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        kind,
+        ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | NotConnected
+            | BrokenPipe
+            | TimedOut
+            | UnexpectedEof
+            | Interrupted
+    )
 }

@@ -27,12 +27,21 @@ pub struct QueryId(pub u64);
 /// primary message, not a wrapper's rendering): the machine recognises a
 /// pooler that rejects startup options by the server's words
 /// "unsupported startup parameter".
+///
+/// [`DbError::is_configuration`] classifies a failed connection attempt:
+/// a configuration error (authentication, unknown database, TLS
+/// verification, ...) or a transient one (the network, a restart).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbError {
     /// The SQLSTATE code, when the server sent one (`"57P01"`, `"53200"`, ...).
     pub code: Option<String>,
     /// A one-line message.
     pub message: String,
+    /// The driver found the connection configuration unusable on its own
+    /// side, without a SQLSTATE: a TLS certificate that fails verification,
+    /// a server without TLS under `sslmode=require`, an unusable TLS setup.
+    /// Set it with [`DbError::config`]; see [`DbError::is_configuration`].
+    pub config: bool,
 }
 
 impl DbError {
@@ -41,6 +50,66 @@ impl DbError {
         DbError {
             code: None,
             message: message.into(),
+            config: false,
+        }
+    }
+
+    /// An error the server sent, with its SQLSTATE.
+    pub fn server(code: impl Into<String>, message: impl Into<String>) -> DbError {
+        DbError {
+            code: Some(code.into()),
+            message: message.into(),
+            config: false,
+        }
+    }
+
+    /// A configuration error the driver found without the server's word
+    /// (no SQLSTATE): TLS verification failed, the server has no TLS under
+    /// `sslmode=require`, a TLS connector could not be built. Trying again
+    /// cannot help until the configuration changes.
+    pub fn config(message: impl Into<String>) -> DbError {
+        DbError {
+            code: None,
+            message: message.into(),
+            config: true,
+        }
+    }
+
+    /// Whether this error, from a connection attempt, means the
+    /// configuration is wrong rather than the network or the server being
+    /// away: trying again cannot help until someone changes the password,
+    /// the role, the database name or the TLS setup.
+    ///
+    /// Configuration errors are
+    /// - SQLSTATE class `28` (invalid authorization: a wrong password,
+    ///   an unknown role, no `pg_hba.conf` entry);
+    /// - `3D000` (the database does not exist);
+    /// - `42501` (insufficient privilege: no `CONNECT` on the database);
+    /// - `0A000` (feature not supported, e.g. a protocol or an
+    ///   authentication method the client lacks);
+    /// - `22023` and `42704` (an invalid value or an unknown parameter in
+    ///   a startup option);
+    /// - errors a driver marked with [`DbError::config`] (TLS verification).
+    ///
+    /// Everything else is transient (refused or timed-out connections, a
+    /// server starting up or shutting down, too many connections) and is
+    /// retried with backoff.
+    ///
+    /// The machine applies it only to a failed connection attempt: before
+    /// the machine has ever had a ready session, every run finishes with
+    /// [`Outcome::Config`]; after, the attempt is retried with backoff and
+    /// reported loudly ([`Event::ConnectFailed`] with `configuration`).
+    #[must_use]
+    pub fn is_configuration(&self) -> bool {
+        if self.config {
+            return true;
+        }
+        match self.code.as_deref() {
+            Some(code) => {
+                code.starts_with("28")
+                    || matches!(code, "3D000" | "42501" | "0A000" | "22023" | "42704")
+            }
+            None => false,
         }
     }
 }
@@ -227,8 +296,8 @@ impl fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
-/// How a run finished. Drivers map every outcome but `Failed` and `Refused`
-/// to `Ok(())`.
+/// How a run finished. Drivers map every outcome but `Failed`, `Refused` and
+/// `Config` to `Ok(())`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// The job returned `Ok` while leading: it is finished; the lease was released.
@@ -244,6 +313,12 @@ pub enum Outcome {
     Abandoned,
     /// The setup cannot give mutual exclusion.
     Refused(Refusal),
+    /// Before the machine ever had a ready session, a connection attempt
+    /// failed with a configuration error ([`DbError::is_configuration`]:
+    /// a wrong password, an unknown role or database, a TLS verification
+    /// failure): retrying would not help. The machine stays usable; a later
+    /// run connects again.
+    Config(DbError),
 }
 
 /// Session parameters the machine asks a driver to connect with.
@@ -367,6 +442,26 @@ pub enum Event {
         backend_pid: i64,
         /// The server's `server_version_num`.
         server_version: i64,
+    },
+    /// A connection attempt failed (the session never opened). The machine
+    /// tries again after a backoff, unless `configuration` is set before it
+    /// ever had a ready session: then every run finishes with
+    /// [`Outcome::Config`].
+    ConnectFailed {
+        /// The session asked for.
+        session: SessionId,
+        /// What the driver saw (a timeout: "connection attempt timed out").
+        error: DbError,
+        /// [`DbError::is_configuration`]: a wrong password, role, database
+        /// or TLS setup. After a ready session this is retried; log it
+        /// loudly (a rotated password, a dropped role).
+        configuration: bool,
+        /// Consecutive failed attempts, this one included.
+        failures: u32,
+        /// The machine tries again after a backoff; `false`: a configuration
+        /// error before any ready session, every run finished with
+        /// [`Outcome::Config`].
+        retried: bool,
     },
     /// The session ended or was closed; every lease on it is lost.
     SessionLost {

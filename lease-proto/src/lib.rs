@@ -143,8 +143,8 @@ pub use io::{
 };
 pub use key::{key_for_name, LeaseId, NameError};
 pub use machine::{
-    LeaseState, LeaseStatus, Machine, RunError, SessionState, Status, Timer, MIN_SERVER_VERSION,
-    MIN_SERVER_VERSION_GUARD, RECONNECT_BASE, VERIFY_EVERY,
+    LastError, LeaseState, LeaseStatus, Machine, RunError, SessionState, Status, Timer,
+    MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD, RECONNECT_BASE, VERIFY_EVERY,
 };
 pub use options::{
     Options, OptionsError, DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_MAX_LEASES,

@@ -241,6 +241,7 @@ fn hole3_failed_heartbeat_keeps_the_session_until_the_job_exits() {
     h.reply(Err(DbError {
         code: Some("XX000".into()),
         message: "internal error".into(),
+        config: false,
     }));
     assert!(
         matches!(h.cancel(run), Some((_, Reason::QueryFailed(_)))),

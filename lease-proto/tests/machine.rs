@@ -33,6 +33,7 @@ fn boom(code: &str) -> DbError {
     DbError {
         code: Some(code.into()),
         message: "boom".into(),
+        config: false,
     }
 }
 
@@ -214,6 +215,7 @@ fn session_loss_cancels_at_once_and_the_job_restarts_on_the_next_win() {
         error: Some(DbError {
             code: Some("57P01".into()),
             message: "terminating".into(),
+            config: false,
         }),
     });
     assert!(has(&cmds, |c| matches!(
@@ -662,6 +664,7 @@ fn rejected_startup_options_go_into_the_setup_statement() {
     let rejected = || DbError {
         code: Some("08P01".into()),
         message: "unsupported startup parameter: options".into(),
+        config: false,
     };
     let mut h = harness(opts());
     let run = h.run(lease("a"));

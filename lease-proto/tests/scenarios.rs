@@ -556,3 +556,37 @@ fn clients_sharing_one_backend_are_refused_by_the_nonce() {
         .count();
     assert!(shared >= 2, "{:?}\n{}", r.outcomes, r.trace_text());
 }
+
+#[test]
+fn a_rotated_password_does_not_stop_a_fleet_that_had_sessions() {
+    let mut sim = Sim::new(cfg(), Instant::now());
+    sim.run_until(ms(1_000));
+    let first = leader(&sim, 3).expect("a leader");
+    // Authentication fails for 3 s; meanwhile the server restarts, so every
+    // process reconnects into the failures.
+    sim.schedule(
+        ms(1_000),
+        Fault::AuthFailing {
+            duration: ms(3_000),
+        },
+    );
+    sim.schedule(ms(1_200), Fault::ServerRestart { downtime: ms(100) });
+    sim.run_until(ms(3_900));
+    assert!(
+        (0..3).all(|p| !sim.leads(p, "job")),
+        "nobody leads while no session can open"
+    );
+    let (next, at) = takeover(&mut sim, usize::MAX, ms(3_000)).expect("leads again");
+    eprintln!("after the password works again: process {next} leads at {at:?} (first {first})");
+    let r = sim.finish(ms(8_000), ms(2_000));
+    // No run finished with a configuration error (the checks would say so).
+    assert_clean(&r);
+    for outcomes in &r.outcomes {
+        assert!(
+            outcomes
+                .iter()
+                .all(|(_, o)| !matches!(o, Outcome::Config(_))),
+            "{outcomes:?}"
+        );
+    }
+}

@@ -115,7 +115,7 @@ pub(crate) async fn connect<T: MakeTls>(config: Config, mut tls: T) -> Connected
         for target in targets {
             let tls = tls.make_tls_connect(name).map_err(|e| {
                 let e = e.into();
-                DbError::other(format!("error performing TLS handshake: {e}"))
+                DbError::config(format!("error performing TLS handshake: {e}"))
             });
             let attempt = async {
                 let socket = target

@@ -95,8 +95,8 @@ use tokio_postgres::NoTls;
 
 pub use connect::{MakeTls, Socket};
 pub use lease_driver::{
-    DbError, Error, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError,
-    Reason, Refusal, RunError, Runtime, SessionState, Status,
+    DbError, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
+    OptionsError, Reason, Refusal, RunError, Runtime, SessionState, Status,
 };
 pub use runtime::{Smol, SmolAdapter};
 

@@ -111,8 +111,8 @@ mod runtime;
 use tokio_postgres::NoTls;
 
 pub use lease_driver::{
-    DbError, Error, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError,
-    Reason, Refusal, RunError, Runtime, SessionState, Status,
+    DbError, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
+    OptionsError, Reason, Refusal, RunError, Runtime, SessionState, Status,
 };
 pub use runtime::{MakeTls, Tokio, TokioAdapter};
 

@@ -76,6 +76,26 @@ impl Cluster {
         )
     }
 
+    /// Like [`Cluster::start`], but TCP connections of every role except
+    /// `postgres` authenticate with a `scram-sha-256` password (`postgres`
+    /// stays trusted, so [`Cluster::sql`] works). Create roles with
+    /// `CREATE ROLE name LOGIN PASSWORD '...'` through [`Cluster::sql`].
+    pub fn start_password_auth() -> Result<Cluster, KitError> {
+        let cluster = Cluster::start()?;
+        let path = cluster.data_dir().join("pg_hba.conf");
+        std::fs::write(
+            &path,
+            "local all all trust\n\
+             host all postgres 127.0.0.1/32 trust\n\
+             host all all 127.0.0.1/32 scram-sha-256\n",
+        )
+        .map_err(io_err(format!("writing {}", path.display())))?;
+        cluster.sql("SELECT pg_reload_conf()")?;
+        // The postmaster rereads pg_hba.conf on the signal, asynchronously.
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(cluster)
+    }
+
     /// Creates and starts a cluster with `conf` appended to `postgresql.conf` (after
     /// [`CONFIG`]) and `hba` to `pg_hba.conf`.
     fn start_with(conf: &str, hba: &str) -> Result<Cluster, KitError> {

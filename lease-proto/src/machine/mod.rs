@@ -30,7 +30,7 @@ mod timer;
 use state::{Phase, Run, RunState, Session, Standby};
 use timer::TimerTable;
 
-pub use status::{LeaseState, LeaseStatus, SessionState, Status};
+pub use status::{LastError, LeaseState, LeaseStatus, SessionState, Status};
 pub use timer::Timer;
 
 /// Least `server_version_num` without the server guard (`pg_current_xact_id`).
@@ -147,6 +147,12 @@ pub struct Machine {
     timers: TimerTable,
     /// Consecutive failed connection attempts.
     failures: u32,
+    /// A session of this machine passed setup at least once: from then on
+    /// configuration errors at connect are retried, not final for runs.
+    ever_ready: bool,
+    /// The last error that failed a connection attempt or ended a session,
+    /// and when ([`Status::last_error`]).
+    last_error: Option<LastError>,
     /// Keys to unlock at the next release: held without a run that holds them.
     orphans: BTreeSet<i64>,
     /// Keys found held whose run lost them (stopping): unlocked once its job
@@ -207,6 +213,8 @@ impl Machine {
             session: Session::Idle,
             timers: TimerTable::default(),
             failures: 0,
+            ever_ready: false,
+            last_error: None,
             orphans: BTreeSet::new(),
             held_lost: BTreeSet::new(),
             verify: false,

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use super::state::{InFlight, Release, RunState, Session, Stage, StandbyStep, Stopping, Up, What};
-use super::{Machine, Phase, Timer, MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD};
+use super::{LastError, Machine, Phase, Timer, MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD};
 use crate::io::*;
 use crate::sql::{HeartbeatReply, Row, SetupReply, Statement, TryReply, VerifyReply};
 
@@ -65,7 +65,27 @@ impl Machine {
                 self.session = Session::Idle;
             }
             Some(refusal) => self.refuse(now, refusal),
-            None => self.lose_session(now, Reason::SessionLost(error), false),
+            None => {
+                let connecting = matches!(self.session, Session::Connecting { .. });
+                let config = error.clone().filter(DbError::is_configuration);
+                self.lose_session(now, Reason::SessionLost(error), false);
+                match config {
+                    // Never had a session: the configuration is wrong, not
+                    // the network. Say so to every run instead of retrying
+                    // in silence.
+                    Some(e) if connecting && !self.ever_ready => {
+                        let ids: Vec<RunId> = self.runs.keys().copied().collect();
+                        for id in ids {
+                            self.stop_run(
+                                id,
+                                Outcome::Config(e.clone()),
+                                Reason::SessionLost(Some(e.clone())),
+                            );
+                        }
+                    }
+                    _ => {}
+                }
+            }
         }
     }
 
@@ -213,6 +233,7 @@ impl Machine {
             Stage::Ready { backend_pid }
         };
         self.failures = 0;
+        self.ever_ready = true;
         self.event(Event::SessionReady {
             session,
             backend_pid,
@@ -383,8 +404,26 @@ impl Machine {
         if close {
             self.session_command(SessionCommand::Close { session });
         }
-        // A doubtful session's loss was reported when the machine gave up on it.
-        if !matches!(self.session, Session::Doubtful { .. }) {
+        let connecting = matches!(self.session, Session::Connecting { .. });
+        if let Some(error) = reason_error(&reason, connecting, self.opts.query_timeout) {
+            if connecting {
+                self.event(Event::ConnectFailed {
+                    session,
+                    error: error.clone(),
+                    configuration: error.is_configuration(),
+                    failures: self.failures.saturating_add(1),
+                    retried: self.ever_ready || !error.is_configuration(),
+                });
+            }
+            self.last_error = Some(LastError {
+                at: now,
+                error,
+                connecting,
+            });
+        }
+        // A doubtful session's loss was reported when the machine gave up
+        // on it; a session that never opened was not lost.
+        if !matches!(self.session, Session::Doubtful { .. }) && !connecting {
             self.event(Event::SessionLost {
                 session,
                 reason: reason.clone(),
@@ -544,6 +583,27 @@ impl Machine {
 /// A reply that breaks its statement's rules: the session's state is unknown.
 fn malformed(e: crate::sql::ReplyError) -> Reason {
     Reason::QueryFailed(DbError::other(e.to_string()))
+}
+
+/// The error a session loss (or a failed connection attempt) records as the
+/// last error; `None` for the machine's own choices (shutdown, close).
+fn reason_error(
+    reason: &Reason,
+    connecting: bool,
+    timeout: std::time::Duration,
+) -> Option<DbError> {
+    Some(match reason {
+        Reason::SessionLost(Some(e)) | Reason::QueryFailed(e) => e.clone(),
+        Reason::SessionLost(None) if connecting => {
+            DbError::other("the connection closed during startup")
+        }
+        Reason::QueryTimeout if connecting => DbError::other(format!(
+            "connection attempt timed out after {} ms",
+            timeout.as_millis()
+        )),
+        Reason::Shutdown | Reason::Closed => return None,
+        other => DbError::other(other.to_string()),
+    })
 }
 
 /// Another nonce than this session's was read back.

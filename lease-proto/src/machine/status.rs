@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use super::state::{Phase, RunState, Session, Stage};
 use super::{Machine, Timer};
-use crate::io::{Refusal, RunId};
+use crate::io::{DbError, Refusal, RunId};
 use crate::key::LeaseId;
 
 /// The state of the session, for [`Status`].
@@ -81,13 +81,33 @@ pub struct LeaseStatus {
     pub state: LeaseState,
 }
 
+/// The last error that failed a connection attempt or ended a session, for
+/// [`Status::last_error`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastError {
+    /// When the machine learnt of it.
+    pub at: Instant,
+    /// What it was: the driver's or the server's error, or the machine's own
+    /// words for a timeout or a broken rule.
+    pub error: DbError,
+    /// Whether it came from a connection attempt (the session never opened)
+    /// rather than ending an open session.
+    pub connecting: bool,
+}
+
 /// A snapshot of the machine, from [`Machine::status`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Status {
     /// The session.
     pub session: SessionState,
     /// Every run, in run order.
     pub leases: Vec<LeaseStatus>,
+    /// The last error that failed a connection attempt or ended a session,
+    /// and when; `None` before any. Kept after the next session is ready
+    /// (compare `at` with the time of the [`SessionState::Ready`] you saw):
+    /// while [`SessionState::Backoff`] counts failures, this says why.
+    pub last_error: Option<LastError>,
 }
 
 impl Machine {
@@ -136,6 +156,10 @@ impl Machine {
                 },
             })
             .collect();
-        Status { session, leases }
+        Status {
+            session,
+            leases,
+            last_error: self.last_error.clone(),
+        }
     }
 }

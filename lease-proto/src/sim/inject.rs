@@ -135,11 +135,13 @@ fn error_for(statement: &Statement) -> DbError {
             message: "out of shared memory (HINT: You might need to increase \
                       max_locks_per_transaction.)"
                 .into(),
+            config: false,
         },
         Statement::Setup { .. } | Statement::Listen | Statement::Heartbeat | Statement::Verify => {
             DbError {
                 code: Some("57014".into()),
                 message: "canceling statement due to user request".into(),
+                config: false,
             }
         }
     }

@@ -157,6 +157,17 @@ pub enum Fault {
         /// How long.
         duration: Duration,
     },
+    /// For `duration`, every connection attempt fails with `28P01 password
+    /// authentication failed` (a rotated password, a dropped role); open
+    /// sessions go on. Processes that had a session retry and lead again
+    /// afterwards; a process that never had one (started, or restarted by
+    /// [`Fault::Crash`], inside the window) finishes its runs with
+    /// [`Outcome::Config`], which the checks count
+    /// as a violation: do not combine the two.
+    AuthFailing {
+        /// How long.
+        duration: Duration,
+    },
 }
 
 impl Fault {
@@ -180,7 +191,8 @@ impl Fault {
             | Fault::Freeze { duration, .. }
             | Fault::Delay { duration, .. }
             | Fault::SlowServer { duration, .. }
-            | Fault::FlakyStatements { duration, .. } => Some(*duration),
+            | Fault::FlakyStatements { duration, .. }
+            | Fault::AuthFailing { duration } => Some(*duration),
             Fault::Crash { restart_after, .. } => *restart_after,
             Fault::Terminate { .. } => Some(Duration::ZERO),
             Fault::ServerRestart { downtime }
@@ -406,6 +418,7 @@ enum Heal {
     Flaky(inject::Flaky),
     Restart(usize),
     ServerUp,
+    AuthWorks,
 }
 
 /// A running simulation.
@@ -698,6 +711,11 @@ impl Sim {
                 let ev = Ev::Heal(Heal::Flaky(flaky));
                 self.queue.push(self.now + duration, ev);
             }
+            Fault::AuthFailing { duration } => {
+                self.server.auth_failing += 1;
+                self.queue
+                    .push(self.now + duration, Ev::Heal(Heal::AuthWorks));
+            }
             Fault::Terminate { process } => self.terminate(Some(process)),
             Fault::ServerRestart { downtime } => {
                 self.terminate(None);
@@ -777,6 +795,7 @@ impl Sim {
                 self.start_runs(p);
             }
             Heal::ServerUp => self.server.up = true,
+            Heal::AuthWorks => self.server.auth_failing -= 1,
         }
     }
 }

@@ -107,6 +107,7 @@ pub(super) mod reply {
         DbError {
             code: Some("25006".into()),
             message: "cannot execute LISTEN during recovery".into(),
+            config: false,
         }
     }
 }
@@ -170,6 +171,9 @@ pub(super) struct Server {
     backend_nonce: Option<i64>,
     /// Added processing time of every statement now.
     pub(super) slow: Duration,
+    /// [`Fault::AuthFailing`](super::Fault::AuthFailing) windows in force:
+    /// connection attempts fail authentication.
+    pub(super) auth_failing: u32,
 }
 
 impl Server {
@@ -185,6 +189,7 @@ impl Server {
             timeline: 1,
             backend_nonce: None,
             slow: Duration::ZERO,
+            auth_failing: 0,
         }
     }
 
@@ -264,9 +269,16 @@ impl Server {
         let refuse = |code: &str, m: &str| DbError {
             code: Some(code.into()),
             message: m.into(),
+            config: false,
         };
         if !self.up {
             return Err(refuse("08006", "connection refused"));
+        }
+        if self.auth_failing > 0 {
+            return Err(refuse(
+                "28P01",
+                "password authentication failed for user \"sim\"",
+            ));
         }
         if self.cfg.pooler && self.cfg.pooler_rejects_options && !settings.is_empty() {
             return Err(refuse("08P01", "unsupported startup parameter: options"));
@@ -645,6 +657,7 @@ impl Sim {
             let error = DbError {
                 code: Some(code.into()),
                 message: message.into(),
+                config: false,
             };
             self.send(p, Ev::AtClient(p, ToClient::Ended { conn, error }));
         }
