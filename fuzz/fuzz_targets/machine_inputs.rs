@@ -430,7 +430,7 @@ impl Fuzz {
                     }
                 }
                 Command::Query { statement, .. } => {
-                    if let Statement::TryLock { keys } | Statement::Release { keys, .. } =
+                    if let Statement::TryLock { keys, .. } | Statement::Release { keys, .. } =
                         &statement
                     {
                         for k in keys {
@@ -526,7 +526,7 @@ impl Fuzz {
         };
         let mut rows: Vec<Row> = Vec::new();
         match self.h.last_query().map(|q| &q.1) {
-            Some(Statement::Setup) => {
+            Some(Statement::Setup { .. }) => {
                 let version = [150_000, 140_000, 139_999, 130_000, 120_000, 170_002]
                     [usize::from(pick(0)) % 6];
                 let recovery = i64::from(pick(1) % 4 == 3);
@@ -553,7 +553,7 @@ impl Fuzz {
                 }
             }
             Some(Statement::Listen) | None => {}
-            Some(Statement::TryLock { keys }) => {
+            Some(Statement::TryLock { keys, .. }) => {
                 for (i, &k) in keys.iter().enumerate() {
                     match pick(i) % 8 {
                         0..=2 => rows.push(vec![Some(k), Some(p.token), None]),
