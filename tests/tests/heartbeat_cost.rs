@@ -99,8 +99,12 @@ async fn heartbeat_cost_does_not_grow_with_foreign_locks() {
         "verify (pg_locks, the heartbeat before), 1 key: {verify_alone:.0} µs; \
          with {FOREIGN} foreign locks: {verify_foreign:.0} µs (x{verify_ratio:.2})"
     );
+    // Behaviour, not a speed target (the benchmark holds those): a heartbeat
+    // that read pg_locks would grow like the verify (x6-x12 here); the loose
+    // bound only tolerates the shared machine's noise.
     assert!(
-        ratio < 1.25,
-        "the heartbeat costs {hb_foreign:.0} µs with {FOREIGN} foreign locks, {hb_alone:.0} µs without"
+        ratio < 3.0 && ratio < verify_ratio / 2.0,
+        "the heartbeat costs {hb_foreign:.0} µs with {FOREIGN} foreign locks, {hb_alone:.0} µs \
+         without (x{ratio:.2}; the verify x{verify_ratio:.2})"
     );
 }
