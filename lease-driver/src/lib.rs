@@ -158,7 +158,9 @@
 //!   `08*`), `terminated` (`57P*` but `57P03`), `unavailable` (`57P03`,
 //!   `53*`: starting up, too many connections), `timeout` (connect or
 //!   statement), `validity_expired`, `query_failed`, `refused`, `other`.
-//! - `statement`: `setup`, `listen`, `try`, `heartbeat`, `verify`, `release`.
+//! - `statement`: `setup`, `listen`, `try`, `heartbeat`, `verify`, `release`, `wait`
+//!   (a standby's wait on the server: its duration is how long it blocked; one
+//!   ended by its lock timeout is not an error).
 //!
 //! Session and statement metrics carry no lease label (one session serves
 //! every lease of a locker; a try statement tries several keys at once).

@@ -101,6 +101,15 @@ pub(crate) fn log_event(event: &Event) {
             "the server (a pooler) rejected startup options; applying the session settings \
              by statement and verifying them"
         ),
+        Event::KeyFreed { key } => debug!(key, "a wanted key was freed; trying"),
+        Event::WaitInterrupted { session: s } => debug!(
+            session = s.0,
+            "the session was waiting on the server and is needed now; reconnecting"
+        ),
+        Event::WaitFailed { error } => warn!(
+            %error,
+            "waiting on the server failed; this session polls every retry interval instead"
+        ),
         other => debug!(event = ?other, "lease event"),
     }
 }

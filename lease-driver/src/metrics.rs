@@ -255,6 +255,7 @@ mod imp {
                 Statement::Heartbeat => "heartbeat",
                 Statement::Verify => "verify",
                 Statement::Release { .. } => "release",
+                Statement::Wait { .. } => "wait",
             };
             Sent { kind, at: clock() }
         }
@@ -264,7 +265,12 @@ mod imp {
             let elapsed = clock().saturating_duration_since(self.at);
             histogram!("lease_statement_duration_seconds", "statement" => self.kind)
                 .record(elapsed);
-            if result.is_err() {
+            // A wait that ends by its lock timeout did its job: the key
+            // stayed held.
+            let timed_out = |e: &DbError| {
+                self.kind == "wait" && e.code.as_deref() == Some(lease_proto::LOCK_TIMEOUT_SQLSTATE)
+            };
+            if result.as_ref().is_err_and(|e| !timed_out(e)) {
                 counter!("lease_statement_errors_total", "statement" => self.kind).increment(1);
             }
         }

@@ -510,6 +510,25 @@ pub enum Event {
         /// The holder's backend pid, when `pg_locks` showed it.
         holder_pid: Option<i64>,
     },
+    /// A standby's wait on the server woke: the key was freed (see
+    /// [`Statement::Wait`](crate::Statement::Wait)); a try follows.
+    KeyFreed {
+        /// The key.
+        key: i64,
+    },
+    /// A wait failed otherwise than by its lock timeout; the session polls
+    /// from now on.
+    WaitFailed {
+        /// The error.
+        error: DbError,
+    },
+    /// A wait blocked the session while something else needed it (a new
+    /// run, a notification for another key, no run left): the session was
+    /// closed, holding nothing.
+    WaitInterrupted {
+        /// The session.
+        session: SessionId,
+    },
     /// A try statement failed; held keys are verified before anything else.
     TryFailed {
         /// The error.

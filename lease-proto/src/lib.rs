@@ -144,17 +144,18 @@ pub use io::{
 pub use key::{key_for_name, LeaseId, NameError};
 pub use machine::{
     LastError, LeaseState, LeaseStatus, Machine, RunError, SessionState, Status, Timer,
-    MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD, RECONNECT_BASE, VERIFY_EVERY,
+    MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD, MIN_WAIT, RECONNECT_BASE, VERIFY_EVERY,
+    WAKE_BUDGET,
 };
 pub use options::{
-    Options, OptionsError, DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_MAX_LEASES,
-    DEFAULT_QUERY_TIMEOUT, DEFAULT_RETRY_INTERVAL, MAX_GUARD_TIMEOUT,
+    Options, OptionsError, DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LOCK_DELAY,
+    DEFAULT_MAX_LEASES, DEFAULT_QUERY_TIMEOUT, DEFAULT_RETRY_INTERVAL, MAX_GUARD_TIMEOUT,
     MAX_HEARTBEAT_PER_QUERY_TIMEOUT, MAX_MAX_LEASES, MIN_QUERY_TIMEOUT, RETRY_JITTER,
 };
 pub use sql::{
     decode_text_row, DecodeError, HeartbeatReply, HolderRow, ReleaseReply, ReplyError, Row,
     SetupReply, Statement, TryReply, VerifyReply, ADVISORY_KEY_SQL, HANDOVER_CHANNEL, HOLDERS_SQL,
-    NONCE_SETTING, TCP_SETTINGS, TOKEN_XID_BITS,
+    LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING, TCP_SETTINGS, TOKEN_XID_BITS,
 };
 
 // Drivers move the machine into the task that owns the connection and may

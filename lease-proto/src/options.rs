@@ -24,6 +24,8 @@ pub const DEFAULT_GUARD_MARGIN: Duration = Duration::from_secs(1);
 /// slots with the defaults); one session that fills it makes every new
 /// connection to the server fail, so the cap stays well below that.
 pub const DEFAULT_MAX_LEASES: usize = 1_000;
+/// Default [`Options::lock_delay`]: 20 ms.
+pub const DEFAULT_LOCK_DELAY: Duration = Duration::from_millis(20);
 /// Largest accepted [`Options::max_leases`].
 pub const MAX_MAX_LEASES: usize = 100_000;
 /// Each standby wait is `retry_interval * (1 - RETRY_JITTER * u)`, `u` uniform
@@ -101,6 +103,20 @@ pub struct Options {
     /// `NOTIFY`, and standbys that want that key try at once instead of at
     /// their next poll. Off: a standby takes over within one retry interval.
     pub notify_handover: bool,
+    /// Wait on the server (default on): while a locker holds nothing, its
+    /// idle session waits for a wanted key to be freed
+    /// ([`Statement::Wait`](crate::Statement::Wait), one key at a time)
+    /// and tries the moment it is, instead of at its next poll. Off: a
+    /// standby polls every `retry_interval`. Either way the poll stays as
+    /// the fallback.
+    pub wait_on_server: bool,
+    /// How long a standby woken by a freed key waits before it tries, when
+    /// no handover notification says the release was graceful (default 0:
+    /// see [`DEFAULT_LOCK_DELAY`]). Chubby's lock-delay: a key freed because
+    /// the server ended its holder's session (`pg_terminate_backend`, a
+    /// reset connection) is freed the moment the old holder learns of it,
+    /// so its job may still be stopping.
+    pub lock_delay: Duration,
     /// Most runs one locker may have at once (default 1,000, at most 100,000).
     /// A run past it fails with [`RunError::TooManyLeases`](crate::RunError).
     pub max_leases: usize,
@@ -137,6 +153,8 @@ impl Default for Options {
             guard_margin: DEFAULT_GUARD_MARGIN,
             notify_handover: true,
             max_leases: DEFAULT_MAX_LEASES,
+            wait_on_server: true,
+            lock_delay: DEFAULT_LOCK_DELAY,
             #[cfg(feature = "sim")]
             mutation: None,
         }
@@ -171,6 +189,13 @@ pub enum OptionsError {
     },
     /// The guard timeout (validity plus margin) is above [`MAX_GUARD_TIMEOUT`].
     GuardTooLong(Duration),
+    /// The lock delay is longer than the retry interval.
+    LockDelayAboveRetry {
+        /// The lock delay.
+        lock_delay: Duration,
+        /// The retry interval.
+        retry: Duration,
+    },
 }
 
 impl fmt::Display for OptionsError {
@@ -205,6 +230,10 @@ impl fmt::Display for OptionsError {
             OptionsError::GuardTooLong(d) => write!(
                 f,
                 "validity plus guard margin ({d:?}) must be at most {MAX_GUARD_TIMEOUT:?}: a TCP connection with unacknowledged data is dropped after about 15 minutes with Linux defaults, freeing the locks early"
+            ),
+            OptionsError::LockDelayAboveRetry { lock_delay, retry } => write!(
+                f,
+                "lock delay ({lock_delay:?}) must be at most the retry interval ({retry:?}): a standby polls at least that often anyway"
             ),
         }
     }
@@ -321,6 +350,12 @@ impl Options {
         }
         if self.guard_timeout() > MAX_GUARD_TIMEOUT {
             return Err(OptionsError::GuardTooLong(self.guard_timeout()));
+        }
+        if self.lock_delay > self.retry_interval {
+            return Err(OptionsError::LockDelayAboveRetry {
+                lock_delay: self.lock_delay,
+                retry: self.retry_interval,
+            });
         }
         Ok(())
     }

@@ -74,6 +74,10 @@ pub const TCP_SETTINGS: [&str; 4] = [
 /// backend (a transaction pooler).
 pub const NONCE_SETTING: &str = "lease.nonce";
 
+/// The SQLSTATE of a [`Statement::Wait`] that ended by its `lock_timeout`
+/// (`lock_not_available`): the key was held the whole time.
+pub const LOCK_TIMEOUT_SQLSTATE: &str = "55P03";
+
 /// Low 48 bits of a fencing token: the transaction id's.
 pub const TOKEN_XID_BITS: u32 = 48;
 
@@ -153,6 +157,31 @@ pub enum Statement {
     /// advisory key this session holds in this database according to
     /// `pg_locks`; see [`VerifyReply`].
     Verify,
+    /// Waits on the server until `key` is free, without taking it: a shared
+    /// transaction-level lock on the key (`pg_advisory_xact_lock_shared`)
+    /// queues behind the holder's exclusive lock, is granted the moment the
+    /// holder unlocks it or its session ends, and is gone when the
+    /// statement's transaction ends, before the reply is read. Nothing is
+    /// left on the server whatever happens to the statement (an error, a
+    /// cancel, a closed connection: a transaction-level lock cannot
+    /// outlive its transaction), and a waiter never delays a winner by more
+    /// than the few microseconds between its grant and its commit.
+    ///
+    /// Bounded on the server by a statement-local `lock_timeout` of
+    /// `timeout_ms`: the wait ends with SQLSTATE [`LOCK_TIMEOUT_SQLSTATE`]
+    /// if the key stayed held all along. Answers what
+    /// [`Statement::Heartbeat`] answers ([`HeartbeatReply`]), read after the
+    /// wait, so a reply also proves the session.
+    ///
+    /// A standby waits only while its session holds nothing, and a wait
+    /// never acquires: a freed key is taken by the [`Statement::TryLock`]
+    /// sent next, whose send time confirms it like any other try.
+    Wait {
+        /// The key to wait for.
+        key: i64,
+        /// The statement's `lock_timeout`, in ms (at least 1).
+        timeout_ms: u64,
+    },
     /// Unlocks keys: one `(key, 1 or 0)` row per key, 1 when it was held.
     /// With `notify`, each key actually unlocked is announced on
     /// [`HANDOVER_CHANNEL`].
@@ -266,6 +295,19 @@ impl Statement {
                  SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8",
                 heartbeat_tag::BACKEND_PID,
                 heartbeat_tag::NONCE,
+            ),
+            // The lateral subquery makes the set_config run first, so the wait
+            // reads the statement-local lock_timeout; UNION ALL runs its arms
+            // in order, so the nonce row is read after the wait too.
+            Statement::Wait { key, timeout_ms } => format!(
+                "SELECT {}::int8, pg_backend_pid()::int8 \
+                 FROM (SELECT set_config('lock_timeout', '{ms}', true) AS s) c, \
+                 LATERAL (SELECT pg_advisory_xact_lock_shared({key}) AS l WHERE c.s IS NOT NULL) w \
+                 UNION ALL \
+                 SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8",
+                heartbeat_tag::BACKEND_PID,
+                heartbeat_tag::NONCE,
+                ms = (*timeout_ms).max(1),
             ),
             Statement::Verify => format!(
                 "{} UNION ALL \

@@ -448,6 +448,11 @@ fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {
                 h.advance(ms(1));
                 h.heartbeat(7, &[]);
             }
+            Some(s @ Statement::Wait { timeout_ms, .. }) => {
+                sent.push(s);
+                h.advance(ms(timeout_ms));
+                h.lock_timeout();
+            }
             Some(s) => panic!("{s:?}"),
             None => {
                 h.advance(ms(1));
@@ -457,9 +462,148 @@ fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {
     sent
 }
 
+/// A standby that polls (waiting on the server off).
+fn polling() -> Options {
+    Options {
+        wait_on_server: false,
+        ..opts()
+    }
+}
+
+/// Waiting on the server, an idle standby sends one statement per retry
+/// interval as when it polled: after its first try, only waits, each ended
+/// by its lock timeout at the (jittered) retry deadline and counting as that
+/// interval's try.
+#[test]
+fn a_standby_at_rest_waits_once_per_retry_interval() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.connect(7);
+    let sent = standby_at_rest(&mut h, ms(10_000));
+    assert!(matches!(sent[0], Statement::TryLock { .. }), "{sent:?}");
+    assert!(
+        sent[1..]
+            .iter()
+            .all(|s| matches!(s, Statement::Wait { key, .. } if *key == lease("a").key())),
+        "{sent:?}"
+    );
+    assert!((50..=64).contains(&sent.len()), "{}", sent.len());
+}
+
+/// Woken, a standby tries at once when a handover notification says the
+/// release was graceful, and after the lock delay otherwise; a try that
+/// loses sends it back to waiting within the same step.
+#[test]
+fn a_woken_standby_tries_after_the_lock_delay_or_at_a_notification() {
+    let o = Options {
+        lock_delay: ms(20),
+        ..opts()
+    };
+    let mut h = harness(o);
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    // Freed without a notification (the holder's session ended): the lock delay.
+    h.advance(ms(50));
+    h.wake(7);
+    assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
+    h.advance(ms(19));
+    assert!(h.in_flight().is_none());
+    h.advance(ms(1));
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    // Someone else won: back to waiting at once.
+    h.lose(Some(98));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    // Freed by a graceful release: its notification cuts the delay short.
+    h.advance(ms(10));
+    h.wake(7);
+    assert!(h.in_flight().is_none());
+    h.input(Input::Notification {
+        channel: HANDOVER_CHANNEL.into(),
+        payload: key("a").to_string(),
+    });
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    h.win(901);
+    assert!(h.machine().is_valid(RunId(0), h.now()));
+}
+
+/// Wakes whose try loses (a lock the wait does not conflict with, a herd
+/// that keeps colliding) stop the waiting after `WAKE_BUDGET` in a row: the
+/// standby polls until its next periodic try, never spins.
+#[test]
+fn wakes_that_keep_losing_fall_back_to_polling() {
+    let o = Options {
+        lock_delay: Duration::ZERO,
+        ..opts()
+    };
+    let mut h = harness(o);
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    for _ in 0..lease_proto::WAKE_BUDGET {
+        h.advance(ms(1));
+        h.wake(7);
+        h.advance(ms(1));
+        h.lose(Some(99));
+    }
+    assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
+    // The periodic try comes at its deadline, then waiting starts over.
+    h.advance(ms(200));
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+}
+
+/// A new run while a wait blocks the session closes the session (holding
+/// nothing) and opens a new one at once, so the new run tries without
+/// waiting out the lock timeout.
+#[test]
+fn a_new_run_interrupts_a_wait() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    let first = h.session().unwrap();
+    h.run(lease("b"));
+    assert!(h
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::WaitInterrupted { session } if *session == first)));
+    let second = h.session().unwrap();
+    assert_ne!(first, second);
+    h.connect(8);
+    let mut keys = h.try_keys();
+    keys.sort();
+    let mut want = vec![key("a"), key("b")];
+    want.sort();
+    assert_eq!(keys, want);
+}
+
+/// A wait that fails otherwise than by its lock timeout turns waiting off
+/// for the session: the standby tries at once and polls from then on.
+#[test]
+fn a_failed_wait_falls_back_to_polling() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    h.fail(boom("57014"));
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    h.lose(Some(99));
+    assert!(h.in_flight().is_none());
+    let sent = standby_at_rest(&mut h, ms(2_000));
+    assert!(
+        sent.iter().all(|s| matches!(s, Statement::TryLock { .. })),
+        "{sent:?}"
+    );
+}
+
 #[test]
 fn a_standby_at_rest_sends_only_its_tries() {
-    let mut h = harness(opts());
+    let mut h = harness(polling());
     h.run(lease("a"));
     h.connect(7);
     let sent = standby_at_rest(&mut h, ms(10_000));
@@ -485,7 +629,7 @@ fn a_standby_at_rest_sends_only_its_tries() {
 fn a_standby_with_a_long_retry_still_keeps_its_session_alive() {
     let o = Options {
         retry_interval: ms(2000),
-        ..opts()
+        ..polling()
     };
     assert!(o.retry_interval + o.query_timeout >= o.guard_timeout());
     let mut h = harness(o.clone());
@@ -568,7 +712,7 @@ fn a_new_backend_pid_is_refused_as_a_pooler() {
 
 #[test]
 fn a_notification_triggers_an_immediate_try() {
-    let mut h = harness(opts());
+    let mut h = harness(polling());
     h.run(lease("a"));
     h.connect(7);
     assert_eq!(h.try_keys(), vec![key("a")]);

@@ -777,11 +777,13 @@ fn statement_faults_exercise_the_maybe_acquired_path() {
 
 /// Efficiency: statements per heartbeat interval do not grow with the number
 /// of leases, for a holder and for a standby; the holder sends one heartbeat
-/// per interval and nothing else, and a standby at rest only its tries (its
-/// tries are its heartbeat): one per jittered retry wait, so at most
-/// `1 / (1 - RETRY_JITTER)` per retry interval. Measured (seed 7, retry =
-/// heartbeat = 200 ms): 1.00 (holder) and 1.10 (standby) at 1 to 1,000
-/// leases; 1.00 and 2.10 while standbys also heartbeated.
+/// per interval and nothing else. A standby at rest with one lease sends one
+/// statement per jittered retry wait (its wait on the server, which counts
+/// as that interval's try), so at most `1 / (1 - RETRY_JITTER)` per retry
+/// interval; with several, one try of every key plus one wait for one of
+/// them, at most twice that. Measured (seed 7, retry = heartbeat = 200 ms):
+/// holder 1.00 at 1 to 1,000 leases; standby 1.10 per retry interval at 1
+/// lease and 2.16 at 10 to 1,000 (1.10 at every count while it polled).
 #[test]
 fn statements_per_interval_are_constant_in_the_number_of_leases() {
     let mut per_interval = Vec::new();
@@ -806,14 +808,15 @@ fn statements_per_interval_are_constant_in_the_number_of_leases() {
              {standby:.2} (p1, standby), {standby_per_retry:.2}/retry interval (p1)"
         );
         assert!((holder - 1.0).abs() < 0.05, "{n} leases: holder {holder}");
+        let per_retry = if n == 1 { 1.0 } else { 2.0 };
         assert!(
-            standby_per_retry <= 1.0 / (1.0 - RETRY_JITTER) + 0.02,
+            standby_per_retry <= per_retry / (1.0 - RETRY_JITTER) + 0.02,
             "{n} leases: standby {standby_per_retry} statements per retry interval"
         );
         per_interval.push((n, holder, standby));
     }
-    let (_, h1, s1) = per_interval[0];
-    for (n, h, s) in &per_interval {
+    let (_, h1, s1) = per_interval[1];
+    for (n, h, s) in &per_interval[1..] {
         assert!(
             (h - h1).abs() < 0.3 && (s - s1).abs() < 0.3,
             "{n} leases: {h}/{s} vs {h1}/{s1} statements per interval"

@@ -26,12 +26,14 @@ mod session;
 mod state;
 mod status;
 mod timer;
+mod wait;
 
 use state::{Phase, Run, RunState, Session, Standby};
 use timer::TimerTable;
 
 pub use status::{LastError, LeaseState, LeaseStatus, SessionState, Status};
 pub use timer::Timer;
+pub use wait::{MIN_WAIT, WAKE_BUDGET};
 
 /// Least `server_version_num` without the server guard (`pg_current_xact_id`).
 pub const MIN_SERVER_VERSION: i64 = 130_000;
@@ -184,6 +186,15 @@ pub struct Machine {
     /// Send time of the last statement, on any session: a doubtful
     /// session's [`Timer::DeferredClose`] counts from it.
     last_sent: Option<Instant>,
+    /// Waiting on the server (see `wait`): the last key waited for, so the
+    /// next wait takes the next one.
+    wait_cursor: Option<i64>,
+    /// The last wait was woken (its key freed) and no try has answered since.
+    woken: bool,
+    /// Wakes in a row whose following try won nothing (see [`WAKE_BUDGET`]).
+    wake_losses: u32,
+    /// A wait failed otherwise than by its lock timeout: this session polls.
+    waits_off: bool,
     /// Test knob: the old behaviour (issue 11 hole 3), closing a session
     /// given up on at once while its cancelled jobs still run.
     close_doubtful_at_once: bool,
@@ -225,6 +236,10 @@ impl Machine {
             unverified_heartbeats: 0,
             last_sent: None,
             close_doubtful_at_once: false,
+            wait_cursor: None,
+            woken: false,
+            wake_losses: 0,
+            waits_off: false,
             session_out: VecDeque::new(),
             run_out: VecDeque::new(),
             events: VecDeque::new(),
@@ -593,6 +608,23 @@ mod tests {
                 holder_pid: Some(4242)
             }
         );
-        assert_eq!(m.timeout_reason(), Some(Timer::Retry));
+        // Holding nothing, it waits on the server for the key until the
+        // retry deadline, instead of sitting idle.
+        let (_, wait) = query(&mut m);
+        let Statement::Wait { key, timeout_ms } = wait else {
+            panic!("expected a wait, got {wait:?}");
+        };
+        assert_eq!(key, keys[0]);
+        let retry = opts.retry_interval.as_millis() as u64;
+        assert!(
+            (retry * 4 / 5..=retry).contains(&timeout_ms),
+            "the wait ends by the (jittered) retry deadline: {timeout_ms} ms"
+        );
+        assert_eq!(m.timeout_reason(), Some(Timer::Query));
+        // Its query timer allows for the block: the lock timeout plus the
+        // query timeout (the statement's text rounds the former down to ms).
+        let at = m.poll_timeout().unwrap() - opts.query_timeout;
+        let ms = Duration::from_millis(timeout_ms);
+        assert!(t + ms <= at && at < t + ms + Duration::from_millis(1));
     }
 }

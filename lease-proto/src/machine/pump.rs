@@ -24,6 +24,7 @@ impl Machine {
             self.lose_session(now, Reason::QueryTimeout, true);
         }
         self.close_doubtful_when_done(now);
+        self.interrupt_wait_if_needed();
         let needed = self.needs_session();
         match &self.session {
             Session::Idle => {
@@ -112,6 +113,10 @@ impl Machine {
                 }
             }
             self.try_now = false;
+            if retry_due {
+                // The periodic try: waiting may start over.
+                self.wake_losses = 0;
+            }
             if !keys.is_empty() {
                 if !holding {
                     // The try proves the session alive as a heartbeat does
@@ -124,11 +129,12 @@ impl Machine {
                 return Some(What::Try(keys));
             }
         }
-        None
+        let (key, timeout) = self.next_wait(now)?;
+        Some(What::Wait { key, timeout })
     }
 
     /// Whether the session holds a lease whose validity heartbeats renew.
-    fn holding(&self) -> bool {
+    pub(super) fn holding(&self) -> bool {
         self.runs.values().any(|r| r.state.held().is_some())
     }
 

@@ -140,6 +140,7 @@ impl Machine {
                 Ok(verify) => self.verify_done(now, q.sent, verify),
                 Err(e) => self.lose_session(now, malformed(e), true),
             },
+            (What::Wait { key, .. }, result) => self.wait_done(now, key, result),
             // The rows do not matter: see `ReleaseReply`.
             (What::Release(keys), Ok(_)) => {
                 for key in keys {
@@ -275,6 +276,7 @@ impl Machine {
             let detail = format!("key {key} is held by this session's own backend");
             return self.refuse(now, Refusal::BackendShared { detail });
         }
+        self.after_wake_try(!reply.won.is_empty());
         for &(key, token) in &reply.won {
             self.won(now, sent, key, token);
         }
@@ -291,9 +293,9 @@ impl Machine {
         self.timers.set(Timer::Retry, retry);
     }
 
-    /// Whether the session that answered a heartbeat or verify is this
-    /// one (same backend pid, same nonce); refuses the locker if not.
-    fn same_session(&mut self, now: Instant, reply: &HeartbeatReply) -> bool {
+    /// Whether the session that answered a heartbeat, verify or wait is
+    /// this one (same backend pid, same nonce); refuses the locker if not.
+    pub(super) fn same_session(&mut self, now: Instant, reply: &HeartbeatReply) -> bool {
         let (expected, nonce) = match &self.session {
             Session::Up(up) => (up.stage.backend_pid(), up.nonce),
             _ => return false,
@@ -480,11 +482,22 @@ impl Machine {
         self.timers.stop(Timer::Backoff);
     }
 
+    /// Closes a session that holds nothing and blocks in a wait, for a new
+    /// one that opens at once (see `wait`).
+    pub(super) fn close_for_new_session(&mut self, session: SessionId) {
+        self.session_command(SessionCommand::Close { session });
+        self.session_down();
+        self.session = Session::Idle;
+        self.timers.stop(Timer::Backoff);
+    }
+
     /// What ends with any session.
     fn session_down(&mut self) {
         self.orphans.clear();
         self.held_lost.clear();
         self.verify = false;
+        self.woken = false;
+        self.waits_off = false;
         self.timers.stop(Timer::Connect);
         self.timers.stop(Timer::Query);
         self.timers.stop(Timer::Heartbeat);
@@ -519,12 +532,21 @@ impl Machine {
             },
             What::Heartbeat => Statement::Heartbeat,
             What::Verify => Statement::Verify,
+            What::Wait { key, timeout } => Statement::Wait {
+                key: *key,
+                timeout_ms: timeout.as_millis().max(1) as u64,
+            },
             What::Release(keys) => Statement::Release {
                 keys: keys.clone(),
                 notify: self.opts.notify_handover,
             },
         };
-        let deadline = now + self.opts.query_timeout;
+        // A wait blocks by design, up to its lock timeout.
+        let blocks = match &what {
+            What::Wait { timeout, .. } => *timeout,
+            _ => std::time::Duration::ZERO,
+        };
+        let deadline = now + blocks + self.opts.query_timeout;
         let Session::Up(up) = &mut self.session else {
             return;
         };

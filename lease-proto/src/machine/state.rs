@@ -203,4 +203,10 @@ pub(super) enum What {
     Heartbeat,
     Verify,
     Release(Vec<i64>),
+    /// A [`Statement::Wait`](crate::Statement::Wait) for `key`, ended by the
+    /// server after `timeout` at the latest.
+    Wait {
+        key: i64,
+        timeout: std::time::Duration,
+    },
 }

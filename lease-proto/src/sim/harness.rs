@@ -337,6 +337,35 @@ impl Harness {
         }
     }
 
+    /// Answers the wait in flight: the key was freed (the rows of the
+    /// session [`Harness::connect`] set up, backend `pid`).
+    ///
+    /// # Panics
+    /// The query in flight is not a wait, or the observer objects.
+    pub fn wake(&mut self, pid: i64) -> Vec<Command> {
+        let Statement::Wait { .. } = self.statement() else {
+            panic!("expected a wait, got {:?}", self.statement())
+        };
+        let nonce = self.nonce;
+        self.reply(reply::heartbeat(pid, nonce))
+    }
+
+    /// Answers the wait in flight with its lock timeout (SQLSTATE 55P03):
+    /// the key stayed held.
+    ///
+    /// # Panics
+    /// The query in flight is not a wait, or the observer objects.
+    pub fn lock_timeout(&mut self) -> Vec<Command> {
+        let Statement::Wait { .. } = self.statement() else {
+            panic!("expected a wait, got {:?}", self.statement())
+        };
+        self.fail(DbError {
+            code: Some(crate::sql::LOCK_TIMEOUT_SQLSTATE.into()),
+            message: "canceling statement due to lock timeout".into(),
+            config: false,
+        })
+    }
+
     /// Answers the release in flight: every key was held and is unlocked.
     ///
     /// # Panics

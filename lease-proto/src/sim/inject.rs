@@ -54,7 +54,8 @@ impl Sim {
             Statement::Setup { .. }
             | Statement::Listen
             | Statement::Heartbeat
-            | Statement::Verify => 1,
+            | Statement::Verify
+            | Statement::Wait { .. } => 1,
         };
         if self.chance(error) {
             let ran = self.below(keys);
@@ -137,12 +138,14 @@ fn error_for(statement: &Statement) -> DbError {
                 .into(),
             config: false,
         },
-        Statement::Setup { .. } | Statement::Listen | Statement::Heartbeat | Statement::Verify => {
-            DbError {
-                code: Some("57014".into()),
-                message: "canceling statement due to user request".into(),
-                config: false,
-            }
-        }
+        Statement::Setup { .. }
+        | Statement::Listen
+        | Statement::Heartbeat
+        | Statement::Verify
+        | Statement::Wait { .. } => DbError {
+            code: Some("57014".into()),
+            message: "canceling statement due to user request".into(),
+            config: false,
+        },
     }
 }

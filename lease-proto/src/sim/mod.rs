@@ -65,7 +65,7 @@ pub use harness::Harness;
 pub use observer::{drain, Command, Observer, ObserverViolation};
 pub use trace::{TraceEvent, TraceLine};
 
-use crate::{JobExit, Machine, Options, Outcome, RunId};
+use crate::{JobExit, Machine, Options, Outcome, QueryId, RunId};
 use net::{Direction, Net, Queue, ToClient, ToServer};
 use process::Proc;
 use server::Server;
@@ -403,6 +403,11 @@ enum Ev {
     },
     IdleCheck(u64),
     TcpCheck(u64),
+    /// A queued wait's lock timeout.
+    LockTimeout {
+        conn: u64,
+        query: QueryId,
+    },
     FaultStart(Fault),
     Heal(Heal),
     Close,
@@ -643,6 +648,7 @@ impl Sim {
             } => self.job_exit(p, incarnation, run, exit, job),
             Ev::IdleCheck(conn) => self.idle_check(conn),
             Ev::TcpCheck(conn) => self.tcp_check(conn),
+            Ev::LockTimeout { conn, query } => self.lock_timeout(conn, query),
             Ev::FaultStart(f) => self.fault(f),
             Ev::Heal(h) => self.heal(h),
             Ev::Close => {

@@ -1,8 +1,15 @@
 //! The PostgreSQL model: sessions, re-entrant advisory locks (one database),
 //! `pg_locks`, `idle_session_timeout` (asked for by the session, or imposed
 //! by the server on silent sessions), `pg_terminate_backend`, restarts,
-//! `LISTEN/NOTIFY`, hot-standby mode and a transaction pooler that moves
-//! statements between backends and drops (or rejects) startup options.
+//! `LISTEN/NOTIFY`, hot-standby mode, lock waits (a [`Statement::Wait`]
+//! queues while its key is held by another owner and answers when the key
+//! is freed, or with SQLSTATE 55P03 at its `lock_timeout`) and a
+//! transaction pooler that moves statements between backends and drops (or
+//! rejects) startup options.
+//!
+//! Not modelled: the microseconds in which a woken waiter's shared lock is
+//! granted before its transaction ends (a try arriving then loses; the
+//! real-server herd test covers it).
 //!
 //! The rows of every reply are built in one place, [`reply`], also used by
 //! the [`Harness`](super::Harness).
@@ -10,9 +17,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::inject::Injected;
 use super::net::{Direction, ToClient, ToServer};
 use super::{Ev, ServerConfig, Sim, TraceEvent};
-use crate::{DbError, Row, Statement};
+use crate::{DbError, QueryId, Row, Statement};
 
 /// The rows the server answers each statement with (the wire shapes of
 /// `sql.rs`), and the errors it sends.
@@ -120,6 +128,19 @@ struct Executed {
     result: Result<Vec<Row>, DbError>,
     /// Keys whose release notifies listeners, in order.
     notify: Vec<i64>,
+    /// A wait that blocks: its key and lock timeout; no reply yet.
+    blocks: Option<(i64, Duration)>,
+}
+
+/// A [`Statement::Wait`] queued behind a held key.
+#[derive(Debug)]
+pub(super) struct Waiter {
+    conn: u64,
+    p: usize,
+    query: QueryId,
+    key: i64,
+    /// The fault drawn for the statement, applied to its reply.
+    injected: Injected,
 }
 
 /// The lock owner of the shared backend of [`ServerConfig::pooler_one_backend`].
@@ -160,6 +181,8 @@ pub(super) struct Server {
     sessions: BTreeMap<u64, SrvSession>,
     /// key → (owner conn, re-entrancy count)
     locks: BTreeMap<i64, (u64, u32)>,
+    /// Waits queued behind held keys, in arrival order.
+    waiters: Vec<Waiter>,
     next_pid: i64,
     /// The last transaction id assigned.
     next_xid: i64,
@@ -183,6 +206,7 @@ impl Server {
             up: true,
             sessions: BTreeMap::new(),
             locks: BTreeMap::new(),
+            waiters: Vec::new(),
             next_pid: 1000,
             next_xid: 700,
             flushed_xid: 700,
@@ -387,6 +411,7 @@ impl Server {
                         done,
                         result,
                         notify,
+                        blocks: None,
                     });
                 }
                 s.listening = true;
@@ -424,6 +449,20 @@ impl Server {
                 for (k, owner) in lost {
                     let holder = owner.and_then(|o| self.owner_pid(o));
                     rows.push(reply::try_held(k, holder));
+                }
+                rows
+            }
+            Statement::Wait { key, timeout_ms } => {
+                let nonce = if shared { self.backend_nonce } else { s.nonce };
+                let rows = reply::heartbeat(pid, nonce);
+                if self.locks.get(key).is_some_and(|(o, _)| *o != owner) {
+                    let timeout = Duration::from_millis(*timeout_ms);
+                    return Some(Executed {
+                        done,
+                        result: Ok(rows),
+                        notify,
+                        blocks: Some((*key, timeout)),
+                    });
                 }
                 rows
             }
@@ -466,7 +505,42 @@ impl Server {
             done,
             result: Ok(rows),
             notify,
+            blocks: None,
         })
+    }
+
+    /// Waits whose key is free now (or held by their own owner), removed
+    /// from the queue, with the reply each gets: the rows of its session.
+    fn woken(&mut self) -> Vec<(Waiter, Vec<Row>)> {
+        let mut woken = Vec::new();
+        let mut i = 0;
+        while i < self.waiters.len() {
+            let w = &self.waiters[i];
+            let owner = self.owner(w.conn);
+            if self.locks.get(&w.key).is_some_and(|(o, _)| *o != owner) {
+                i += 1;
+                continue;
+            }
+            let w = self.waiters.remove(i);
+            let Some(s) = self.sessions.get(&w.conn) else {
+                continue;
+            };
+            let nonce = if self.cfg.pooler_one_backend {
+                self.backend_nonce
+            } else {
+                s.nonce
+            };
+            let rows = reply::heartbeat(s.pid, nonce);
+            woken.push((w, rows));
+        }
+        woken
+    }
+
+    /// The wait of `query` on `conn`, if still queued, ended by its lock
+    /// timeout.
+    fn timed_out(&mut self, conn: u64, query: QueryId) -> Option<Waiter> {
+        let i = (self.waiters.iter()).position(|w| w.conn == conn && w.query == query)?;
+        Some(self.waiters.remove(i))
     }
 
     /// Listening sessions and their processes.
@@ -486,10 +560,18 @@ impl Server {
         }
     }
 
+    /// A wait of `conn` ended at `at`: the backend is idle from then.
+    fn unblocked(&mut self, conn: u64, at: Duration) {
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            s.busy_until = at;
+        }
+    }
+
     /// Ends a session: it and its locks are gone.
     fn end(&mut self, conn: u64) -> Option<SrvSession> {
         let s = self.sessions.remove(&conn)?;
         self.locks.retain(|_, (owner, _)| *owner != conn);
+        self.waiters.retain(|w| w.conn != conn);
         // The pooler's one server connection outlives its clients; it is
         // closed (its locks with it) when no client is left.
         if self.cfg.pooler_one_backend && self.sessions.is_empty() {
@@ -529,9 +611,29 @@ impl Sim {
                     done,
                     result,
                     notify,
+                    blocks,
                 } = executed;
-                let (result, notify) = injected.reply(&statement, result, notify);
                 self.report.statements[p] += 1;
+                if let (Some((key, timeout)), Injected::Nothing | Injected::Malformed { .. }) =
+                    (blocks, injected)
+                {
+                    // Not idle while it blocks.
+                    if let Some(s) = self.server.sessions.get_mut(&conn) {
+                        s.busy_until = done + timeout;
+                    }
+                    (self.server.waiters).push(Waiter {
+                        conn,
+                        p,
+                        query,
+                        key,
+                        injected,
+                    });
+                    self.queue
+                        .push(done + timeout, Ev::LockTimeout { conn, query });
+                    self.arm_idle(conn);
+                    return;
+                }
+                let (result, notify) = injected.reply(&statement, result, notify);
                 for key in notify {
                     for (conn, p) in self.server.listeners() {
                         let payload = key.to_string();
@@ -539,19 +641,61 @@ impl Sim {
                     }
                 }
                 self.arm_idle(conn);
-                let reply = ToClient::Reply {
-                    conn,
-                    query,
-                    result,
-                };
-                // The reply leaves when the statement is done.
-                let latency = self.link_latency(p);
-                let ev = Ev::AtClient(p, reply);
-                if let Some((at, ev)) = self.net.send(p, Direction::ToClient, done, latency, ev) {
-                    self.queue.push(at, ev);
-                }
+                self.reply_at(p, conn, query, done, result);
+                self.wake_waiters();
             }
         }
+    }
+
+    /// Sends a statement's reply, leaving the server at `done`.
+    fn reply_at(
+        &mut self,
+        p: usize,
+        conn: u64,
+        query: QueryId,
+        done: Duration,
+        result: Result<Vec<Row>, DbError>,
+    ) {
+        let reply = ToClient::Reply {
+            conn,
+            query,
+            result,
+        };
+        let latency = self.link_latency(p);
+        let ev = Ev::AtClient(p, reply);
+        if let Some((at, ev)) = self.net.send(p, Direction::ToClient, done, latency, ev) {
+            self.queue.push(at, ev);
+        }
+    }
+
+    /// Answers every queued wait whose key is free now.
+    fn wake_waiters(&mut self) {
+        for (w, rows) in self.server.woken() {
+            let wait = Statement::Wait {
+                key: w.key,
+                timeout_ms: 0,
+            };
+            let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
+            let done = self.now + self.server.slow;
+            self.server.unblocked(w.conn, done);
+            self.arm_idle(w.conn);
+            self.reply_at(w.p, w.conn, w.query, done, result);
+        }
+    }
+
+    /// A wait's lock timeout: it fails with SQLSTATE 55P03 if still queued.
+    pub(super) fn lock_timeout(&mut self, conn: u64, query: QueryId) {
+        let Some(w) = self.server.timed_out(conn, query) else {
+            return;
+        };
+        let error = DbError {
+            code: Some(crate::sql::LOCK_TIMEOUT_SQLSTATE.into()),
+            message: "canceling statement due to lock timeout".into(),
+            config: false,
+        };
+        self.server.unblocked(conn, self.now);
+        self.arm_idle(conn);
+        self.reply_at(w.p, conn, query, self.now, Err(error));
     }
 
     /// Schedules the idle check of a session, if it can be ended as idle,
@@ -641,6 +785,7 @@ impl Sim {
         if let Some(s) = self.server.end(conn) {
             self.trace(Some(s.p), TraceEvent::SessionEnded { pid: s.pid });
         }
+        self.wake_waiters();
     }
 
     /// Ends a session actively, telling its client.

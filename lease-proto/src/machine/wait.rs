@@ -1,0 +1,175 @@
+//! Waiting on the server: how a standby learns that a key is free the moment
+//! the server frees it, instead of at its next poll.
+//!
+//! The rule, in one place:
+//!
+//! - **When.** While the session holds nothing and owes nothing (every run
+//!   is a standby, nothing to release or verify) and a try of a wanted key
+//!   answered "held", the idle session sends a [`Statement::Wait`] for one
+//!   wanted key instead of sitting idle until [`Timer::Retry`]. Its
+//!   `lock_timeout` ends it at the retry deadline, so the periodic try of
+//!   every other wanted key still goes on time; a locker that holds a lease
+//!   polls as before (its session must stay free for heartbeats).
+//! - **Which key.** One at a time, rotating: each wait takes the next wanted
+//!   key after the last one waited for. With one wanted key the wait is
+//!   instant takeover; with *n*, a key is waited for one retry interval in
+//!   *n* and polled every retry interval otherwise.
+//! - **Woken** (the key was freed): the next statement is a
+//!   [`Statement::TryLock`] of every wanted key, at once, or after
+//!   [`Options::lock_delay`](crate::Options::lock_delay) unless a handover
+//!   notification for a wanted key comes first (a graceful release). A wait
+//!   never acquires: the try does, and its send time confirms the lease as
+//!   for any try.
+//! - **Timed out** (SQLSTATE 55P03: the key was held the whole time): that
+//!   counts as a try of that key; with one wanted key the retry deadline
+//!   moves an interval on, so an idle standby sends one statement per
+//!   retry interval, as when it polled.
+//! - **No spin.** A wake followed by a try that wins nothing counts; after
+//!   [`WAKE_BUDGET`] such wakes in a row the locker waits no more until its
+//!   next periodic try (a lock the wait does not conflict with, a herd that
+//!   keeps colliding). A wait that fails otherwise turns waiting off for the
+//!   rest of the session: the poll is the fallback, so a misbehaving wait
+//!   costs speed, never correctness.
+//! - **Interrupted.** Anything that needs the session while a wait blocks it
+//!   (a new run, a notification for another key, no run left) closes the
+//!   session at once; holding nothing, that loses nothing, and a new
+//!   session opens at once when one is needed. The server ends the orphaned
+//!   wait by its `lock_timeout`.
+
+use std::time::{Duration, Instant};
+
+use super::state::{RunState, Session, StandbyStep, What};
+use super::{Machine, Phase, Timer};
+use crate::io::{DbError, Event};
+use crate::sql::{HeartbeatReply, Row, LOCK_TIMEOUT_SQLSTATE};
+
+/// Wakes in a row whose following try won nothing before a locker stops
+/// waiting until its next periodic try.
+pub const WAKE_BUDGET: u32 = 3;
+/// Shortest wait worth sending: with less left before the retry deadline,
+/// the try is as good.
+pub const MIN_WAIT: Duration = Duration::from_millis(20);
+
+impl Machine {
+    /// The wait to send now, if any: the key and its `lock_timeout`.
+    pub(super) fn next_wait(&self, now: Instant) -> Option<(i64, Duration)> {
+        if !self.opts.wait_on_server
+            || self.phase != Phase::Open
+            || self.waits_off
+            || self.woken
+            || self.wake_losses >= WAKE_BUDGET
+            || self.verify
+            || !self.orphans.is_empty()
+            || !self.held_lost.is_empty()
+        {
+            return None;
+        }
+        let mut wanted = Vec::new();
+        for r in self.runs.values() {
+            match &r.state {
+                RunState::Standby(s) if s.step == StandbyStep::Waiting && s.holder.is_some() => {
+                    wanted.push(r.lease.key())
+                }
+                RunState::Standby(_) => {}
+                // Holding or owing something: the session stays free.
+                _ => return None,
+            }
+        }
+        let retry = self.timers.get(Timer::Retry)?;
+        let left = retry.checked_duration_since(now)?;
+        if left < MIN_WAIT {
+            return None;
+        }
+        let after = self.wait_cursor;
+        let key = (wanted.iter().copied())
+            .find(|k| after.is_some_and(|a| *k > a))
+            .or_else(|| wanted.first().copied())?;
+        Some((key, left))
+    }
+
+    /// A wait's reply: woken, timed out, or failed.
+    pub(super) fn wait_done(&mut self, now: Instant, key: i64, result: Result<Vec<Row>, DbError>) {
+        self.wait_cursor = Some(key);
+        if !self.holding() {
+            self.timers
+                .set(Timer::Heartbeat, now + self.opts.heartbeat_interval);
+        }
+        match result {
+            Ok(rows) => match HeartbeatReply::parse(&rows) {
+                Ok(reply) => {
+                    if !self.same_session(now, &reply) {
+                        return;
+                    }
+                    self.event(Event::KeyFreed { key });
+                    self.woken = true;
+                    let delay = self.opts.lock_delay;
+                    if delay.is_zero() {
+                        self.try_now = true;
+                    } else {
+                        // A notification (graceful release) sets `try_now`
+                        // meanwhile; the retry deadline is the delay's end.
+                        self.timers.set(Timer::Retry, now + delay);
+                    }
+                }
+                Err(e) => {
+                    let e = DbError::other(e.to_string());
+                    self.lose_session(now, crate::io::Reason::QueryFailed(e), true)
+                }
+            },
+            Err(e) if e.code.as_deref() == Some(LOCK_TIMEOUT_SQLSTATE) => {
+                // Held all along: as good as a try of this key that lost.
+                self.wake_losses = 0;
+                if self.wanted_keys() <= 1 {
+                    let retry = now + self.jittered_retry();
+                    self.timers.set(Timer::Retry, retry);
+                }
+            }
+            Err(error) => {
+                self.event(Event::WaitFailed { error });
+                self.waits_off = true;
+                self.try_now = true;
+            }
+        }
+    }
+
+    /// The try that followed a wake won nothing (`won` false) or something.
+    pub(super) fn after_wake_try(&mut self, won: bool) {
+        if std::mem::take(&mut self.woken) {
+            self.wake_losses = if won { 0 } else { self.wake_losses + 1 };
+        }
+    }
+
+    /// While a wait blocks the session: closes the session if something
+    /// else needs it (see the module docs). Returns whether it did.
+    pub(super) fn interrupt_wait_if_needed(&mut self) -> bool {
+        let Session::Up(up) = &self.session else {
+            return false;
+        };
+        let Some(What::Wait { key: waited, .. }) = up.inflight.as_ref().map(|q| &q.what) else {
+            return false;
+        };
+        let (id, waited) = (up.id, *waited);
+        let other_wanted = self.runs.values().any(|r| {
+            matches!(r.state, RunState::Standby(_))
+                && r.lease.key() != waited
+                && r.state.is_waiting()
+        });
+        let needed = self.needs_session();
+        if needed && !(self.try_now && other_wanted) && self.phase == Phase::Open {
+            return false;
+        }
+        self.event(Event::WaitInterrupted { session: id });
+        if needed {
+            self.close_for_new_session(id);
+        } else {
+            self.close_idle(id);
+        }
+        true
+    }
+
+    fn wanted_keys(&self) -> usize {
+        (self.runs.values())
+            .filter(|r| matches!(r.state, RunState::Standby(_)))
+            .count()
+    }
+}
