@@ -274,6 +274,24 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_notify: bool,
 
+    /// How long a standby woken by a freed lease waits before taking it
+    ///
+    /// A standby waits on the server for the lease and learns the moment it is freed. When
+    /// the holder's session was ended by the server (pg_terminate_backend, a reset
+    /// connection), the old COMMAND learns at the same moment and may still be stopping: the
+    /// new one starts no sooner than this after the lease was freed. A graceful release
+    /// (with its notification) is taken at once. Must not exceed --retry-interval.
+    #[arg(long, value_name = "DURATION", default_value = "20ms", value_parser = parse_duration)]
+    pub lock_delay: Duration,
+
+    /// Poll for the lease every --retry-interval instead of waiting on the server
+    ///
+    /// Waiting on the server takes over within milliseconds of the lease being freed and
+    /// costs one statement per --retry-interval, as polling does; turn it off only where a
+    /// blocked statement is a problem (a pooler with very few server connections).
+    #[arg(long)]
+    pub no_wait_on_server: bool,
+
     /// Serve /metrics, /healthz and /leader over HTTP on ADDR (IP:PORT) [default: off]
     ///
     /// GET /metrics: the lease metrics in the Prometheus text format. GET /healthz: 200 while

@@ -78,6 +78,8 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
         query_timeout: args.query_timeout,
         server_guard: !args.no_server_guard,
         notify_handover: !args.no_notify,
+        wait_on_server: !args.no_wait_on_server,
+        lock_delay: args.lock_delay,
         ..Options::default()
     };
     if let Some(margin) = args.guard_margin {

@@ -73,6 +73,10 @@ pub struct ReplicaConfig {
     pub guard: bool,
     /// Handover notifications on.
     pub notify: bool,
+    /// Waiting on the server ([`lease_proto::Options::wait_on_server`]) on.
+    pub wait: bool,
+    /// [`lease_proto::Options::lock_delay`]; `None`: the default.
+    pub lock_delay: Option<Duration>,
     /// `application_name`.
     pub app_name: Option<String>,
     /// The job returns after this long.
@@ -99,6 +103,8 @@ impl ReplicaConfig {
             guard_margin: ms(200),
             guard: true,
             notify: true,
+            wait: true,
+            lock_delay: None,
             app_name: None,
             job_exit_after: None,
             tick: ms(50),
@@ -148,6 +154,12 @@ impl ReplicaConfig {
         }
         if !self.notify {
             cmd.arg("--no-notify");
+        }
+        if !self.wait {
+            cmd.arg("--no-wait");
+        }
+        if let Some(d) = self.lock_delay {
+            cmd.args(["--lock-delay", &ms(d)]);
         }
         if let Some(name) = &self.app_name {
             cmd.args(["--app-name", name]);
@@ -705,16 +717,27 @@ impl Admin {
     /// Waits until backend `pid` has run a statement starting with `prefix`; returns when
     /// that was first seen.
     pub fn wait_query(&self, pid: i32, prefix: &str, timeout: Duration) -> Result<u64, KitError> {
+        self.wait_query_any(pid, &[prefix], timeout)
+    }
+
+    /// Like [`Admin::wait_query`], for a statement starting with any of `prefixes`.
+    pub fn wait_query_any(
+        &self,
+        pid: i32,
+        prefixes: &[&str],
+        timeout: Duration,
+    ) -> Result<u64, KitError> {
         let deadline = monotonic_nanos() + timeout.as_nanos() as u64;
         loop {
             let query = self.last_query(pid)?;
             let t = monotonic_nanos();
-            if query.as_deref().is_some_and(|q| q.starts_with(prefix)) {
+            let seen = |q: &str| prefixes.iter().any(|p| q.starts_with(p));
+            if query.as_deref().is_some_and(seen) {
                 return Ok(t);
             }
             if t > deadline {
                 return Err(KitError::Timeout {
-                    context: format!("backend {pid} never ran a statement starting {prefix:?}"),
+                    context: format!("backend {pid} never ran a statement starting {prefixes:?}"),
                     detail: format!("last statement: {query:?}"),
                 });
             }
@@ -725,3 +748,7 @@ impl Admin {
 
 /// The prefix of the standby try statement (`lease_proto::Statement::TryLock`).
 pub const TRY_PREFIX: &str = "WITH t AS (SELECT array_agg(k) AS won";
+/// The prefix of a standby's wait on the server (`lease_proto::Statement::Wait`), sent
+/// only after a try that lost.
+pub const WAIT_PREFIX: &str =
+    "SELECT 0::int8, pg_backend_pid()::int8 FROM (SELECT set_config('lock_timeout'";

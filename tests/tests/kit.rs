@@ -457,3 +457,22 @@ fn netns_reaches_the_cluster_until_partitioned() -> Result<(), KitError> {
     assert!(!rules.contains(&name), "rules left behind:\n{rules}");
     Ok(())
 }
+
+/// The statement prefixes the scenarios look for in `pg_stat_activity` are those of the
+/// statements the core sends.
+#[test]
+fn statement_prefixes_match_the_core() {
+    use lease_proto::Statement;
+    use lease_tests::scenario::{TRY_PREFIX, WAIT_PREFIX};
+    let try_lock = Statement::TryLock {
+        keys: vec![1, 2],
+        backend_pid: 3,
+        nonce: 4,
+    };
+    assert!(try_lock.sql().starts_with(TRY_PREFIX), "{}", try_lock.sql());
+    let wait = Statement::Wait {
+        key: 1,
+        timeout_ms: 5,
+    };
+    assert!(wait.sql().starts_with(WAIT_PREFIX), "{}", wait.sql());
+}

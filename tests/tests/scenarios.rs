@@ -11,7 +11,7 @@
 
 use lease_tests::scenario::{
     diff, ms, ms_f, nanos, worst_overlap, Admin, Driver, Event, Node, ReplicaConfig, Term,
-    TRY_PREFIX,
+    TRY_PREFIX, WAIT_PREFIX,
 };
 use lease_tests::{
     monotonic_nanos, Cluster, FaultProxy, KitError, Mode, PgBouncer, PgBouncerSettings, PoolMode,
@@ -158,7 +158,91 @@ both_drivers!(
     thousand_leases,
     refused_setups,
     unreachable_at_start,
+    herd_of_ten,
 );
+
+/// Ten standbys wait on the server for one key; the holder is killed with SIGKILL. Exactly
+/// one standby leads, within milliseconds; the other nine go back to waiting (visible in
+/// `pg_locks` as requests not granted) and send a few statements each, not a storm.
+fn herd_of_ten(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let url = cluster.conn_string();
+    let mut holder = replica(driver, &url).spawn(bin(), "holder")?;
+    holder.wait_start(0, WAIT)?;
+    let standby = ReplicaConfig {
+        tick: Duration::ZERO,
+        ..slow_standby(driver, &url)
+    };
+    let mut herd = Vec::new();
+    for i in 0..10 {
+        let node = standby.spawn(bin(), &format!("S{i}"))?;
+        herd.push(node);
+    }
+    let waiting_sql = format!(
+        "SELECT count(*)::int8 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+         AND NOT granted AND {} = {}",
+        lease_proto::ADVISORY_KEY_SQL,
+        key("job")
+    );
+    let deadline = Instant::now() + WAIT;
+    while admin.ints(&waiting_sql)?.first() != Some(&10) {
+        assert!(
+            Instant::now() < deadline,
+            "the ten standbys never all waited"
+        );
+        std::thread::sleep(ms(20));
+    }
+    log_statements(&cluster)?;
+    let log = || -> Result<Vec<u8>, KitError> {
+        std::fs::read(cluster.log_path()).map_err(|e| KitError::Failed {
+            context: "reading the server log".into(),
+            detail: e.to_string(),
+        })
+    };
+    let from = log()?.len();
+    let t_kill = holder.kill9()?;
+    let nodes: Vec<&Node> = herd.iter().collect();
+    let (who, _, start) = wait_any_start(&nodes, t_kill, WAIT);
+    let takeover = diff(t_kill, start);
+    fig_ms(
+        driver,
+        "herd of 10: kill -9 -> first standby start",
+        takeover,
+    );
+    assert!(
+        takeover < nanos(ms(1000)),
+        "takeover took {:.1} ms: the waits did not wake",
+        ms_f(takeover)
+    );
+    // Give a second (wrong) leader every chance, and the herd time to settle.
+    std::thread::sleep(ms(1000));
+    let text = log()?;
+    let sent = (String::from_utf8_lossy(&text[from..]).lines())
+        .filter(|l| l.contains("LOG:  statement: "))
+        .count();
+    let leaders: Vec<&str> = (herd.iter())
+        .filter(|n| !n.terms().is_empty())
+        .map(|n| n.label.as_str())
+        .collect();
+    assert_eq!(leaders, vec![herd[who].label.as_str()], "{}", tails(&nodes));
+    let waiting = admin.ints(&waiting_sql)?.first().copied().unwrap_or(0);
+    figure(
+        driver.name(),
+        "herd of 10: statements in the 1 s after the kill",
+        format!("{sent} (standbys waiting again: {waiting})"),
+    );
+    assert_eq!(waiting, 9, "the nine losers are not all waiting again");
+    // Per loser: the wake's try and the next wait; the winner: its try and a heartbeat or
+    // seven. A storm would be hundreds.
+    assert!(sent <= 40, "{sent} statements in the second after the kill");
+    assert_no_overlap(&nodes);
+    assert_one_leader(&admin, &nodes, "job")?;
+    for node in &mut herd {
+        let _ = node.kill9();
+    }
+    Ok(())
+}
 
 /// Standby settings under which a takeover by polling is impossible for 8 s after a
 /// try: retry every 10 s (jittered down to at least 8 s). The heartbeat runs every 2 s, so
@@ -174,8 +258,9 @@ fn slow_standby(driver: Driver, url: &str) -> ReplicaConfig {
     }
 }
 
-/// Spawns a standby and waits until its first try has run (and lost): when that was seen.
-/// Its next poll comes at least `0.8 * retry` after that.
+/// Spawns a standby and waits until its first try has run (and lost): when that was seen
+/// (the try, or the wait on the server that follows a lost try). Its next poll comes at
+/// least `0.8 * retry` after that.
 fn spawn_standby(
     admin: &Admin,
     config: &ReplicaConfig,
@@ -183,7 +268,7 @@ fn spawn_standby(
 ) -> Result<(Node, u64), KitError> {
     let node = config.spawn(bin(), label)?;
     let (pid, _) = node.wait_pid(0, WAIT)?;
-    let tried = admin.wait_query(pid, TRY_PREFIX, WAIT)?;
+    let tried = admin.wait_query_any(pid, &[TRY_PREFIX, WAIT_PREFIX], WAIT)?;
     Ok((node, tried))
 }
 
@@ -269,8 +354,11 @@ fn graceful_handover(driver: Driver) -> Res {
     Ok(())
 }
 
-/// The holder is killed with SIGKILL: the server notices the closed socket at once and
-/// the standby leads at its next poll, within about one retry interval.
+/// The holder is killed with SIGKILL: the server notices the closed socket at once, frees
+/// the key, and the standby waiting on the server for it is woken and leads within
+/// milliseconds (its lock delay, a try), long before its next poll could come
+/// ([`slow_standby`]). Then the same with waiting off: the standby leads at its next poll,
+/// within about one retry interval.
 fn kill9_takeover(driver: Driver) -> Res {
     let cluster = Cluster::start()?;
     let admin = Admin::connect(&cluster.conn_string())?;
@@ -278,19 +366,51 @@ fn kill9_takeover(driver: Driver) -> Res {
     let config = replica(driver, &url);
     let mut a = config.spawn(bin(), "A")?;
     a.wait_start(0, WAIT)?;
-    let (b, _) = spawn_standby(&admin, &config, "B")?;
+    let standby = slow_standby(driver, &url);
+    let (mut b, b_tried) = spawn_standby(&admin, &standby, "B")?;
     let t_kill = a.kill9()?;
     let (_, _, b_start) = b.wait_start(0, WAIT)?;
     let takeover = diff(t_kill, b_start);
-    fig_ms(driver, "kill -9 -> standby start", takeover);
+    fig_ms(
+        driver,
+        "kill -9 -> standby start (waiting on the server)",
+        takeover,
+    );
     assert!(takeover > 0);
+    assert!(
+        diff(b_tried, b_start) < nanos(NO_POLL_WINDOW),
+        "B started {:.1} ms after its try: a poll could explain it",
+        ms_f(diff(b_tried, b_start))
+    );
+    assert!(
+        takeover < nanos(ms(1000)),
+        "takeover took {:.1} ms: the wait on the server did not wake the standby\n{}",
+        ms_f(takeover),
+        tails(&[&a, &b])
+    );
+    assert_eq!(a.wait_exit(WAIT)?.signal(), Some(libc::SIGKILL));
+    assert_no_overlap(&[&a, &b]);
+    assert_one_leader(&admin, &[&a, &b], "job")?;
+
+    // Waiting off: the poll is the fallback.
+    let polling = ReplicaConfig {
+        wait: false,
+        ..config.clone()
+    };
+    let (c, _) = spawn_standby(&admin, &polling, "C")?;
+    let t_kill = b.kill9()?;
+    let (_, _, c_start) = c.wait_start(t_kill, WAIT)?;
+    let takeover = diff(t_kill, c_start);
+    fig_ms(driver, "kill -9 -> standby start (polling)", takeover);
     assert!(
         takeover < nanos(config.retry + ms(300)),
         "takeover took {:.1} ms, more than about one retry interval ({:?})\n{}",
         ms_f(takeover),
         config.retry,
-        tails(&[&a, &b])
+        tails(&[&b, &c])
     );
+    let mut a = b;
+    let b = c;
     assert_eq!(a.wait_exit(WAIT)?.signal(), Some(libc::SIGKILL));
     assert_no_overlap(&[&a, &b]);
     assert_one_leader(&admin, &[&a, &b], "job")?;
@@ -332,6 +452,15 @@ fn terminated_backend(driver: Driver) -> Res {
         &format!("pg_terminate_backend -> new leader ({})", nodes[who].label),
         diff(t_term, start),
     );
+    if who == 1 {
+        // The old job's end against the new one's start: negative is a gap.
+        let a_stop = a.wait_stop(t_term, WAIT)?;
+        fig_ms(
+            driver,
+            "pg_terminate_backend: old job's end - new job's start",
+            diff(start, a_stop),
+        );
+    }
     assert!(token > a_token, "token {token} not above {a_token}");
     // Leave time for a second (wrong) leader to appear: several polls of both replicas.
     std::thread::sleep(config.retry * 5);
@@ -558,7 +687,7 @@ fn partition(driver: Driver) -> Res {
         "partition: healed -> old holder's new session ready",
         diff(t_heal, a_back),
     );
-    admin.wait_query(a_pid2, TRY_PREFIX, WAIT)?;
+    admin.wait_query_any(a_pid2, &[TRY_PREFIX, WAIT_PREFIX], WAIT)?;
     std::thread::sleep(config_a.retry * 5);
     assert_eq!(a.terms().len(), 1, "A led again\n{}", a.tail());
     assert!(b.cancels().is_empty(), "B lost the lease\n{}", b.tail());
@@ -647,7 +776,7 @@ fn freeze(driver: Driver) -> Res {
     );
     // A stands by again and does not lead while B holds.
     let (a_pid2, _) = a.wait_pid(t_cont, WAIT)?;
-    admin.wait_query(a_pid2, TRY_PREFIX, WAIT)?;
+    admin.wait_query_any(a_pid2, &[TRY_PREFIX, WAIT_PREFIX], WAIT)?;
     std::thread::sleep(config.retry * 5);
     assert_eq!(a.terms().len(), 1, "A led again\n{}", a.tail());
     assert!(b.cancels().is_empty(), "B lost the lease\n{}", b.tail());

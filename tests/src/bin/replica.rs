@@ -3,7 +3,7 @@
 //! ```text
 //! replica --driver tokio|smol --url CONNSTR --lease NAME [--leases N] [--retry MS]
 //!         [--heartbeat MS] [--query-timeout MS] [--guard-margin MS] [--no-guard]
-//!         [--no-notify] [--app-name NAME] [--job-exit-after MS] [--tick MS]
+//!         [--no-notify] [--no-wait] [--lock-delay MS] [--app-name NAME] [--job-exit-after MS] [--tick MS]
 //!         [--status-poll MS]
 //! ```
 //!
@@ -70,6 +70,8 @@ struct Args {
     guard_margin: Duration,
     guard: bool,
     notify: bool,
+    wait: bool,
+    lock_delay: Duration,
     app_name: String,
     /// How often to poll `Locker::status()` for `pid`/`valid` lines; `None`: no poller.
     status_poll: Option<Duration>,
@@ -103,6 +105,8 @@ fn parse_args() -> Result<Args, String> {
         guard_margin: Duration::from_millis(200),
         guard: true,
         notify: true,
+        wait: true,
+        lock_delay: lease_proto::DEFAULT_LOCK_DELAY,
         app_name: "lease-replica".to_owned(),
         status_poll: Some(Duration::from_millis(20)),
         job: JobConfig {
@@ -143,6 +147,8 @@ fn parse_args() -> Result<Args, String> {
             "--guard-margin" => args.guard_margin = ms(value()?)?,
             "--no-guard" => args.guard = false,
             "--no-notify" => args.notify = false,
+            "--no-wait" => args.wait = false,
+            "--lock-delay" => args.lock_delay = ms(value()?)?,
             "--app-name" => args.app_name = value()?,
             "--job-exit-after" => args.job.exit_after = Some(ms(value()?)?),
             "--tick" => args.job.tick = Some(ms(value()?)?).filter(|d| !d.is_zero()),
@@ -167,6 +173,8 @@ impl Args {
             guard_margin: self.guard_margin,
             server_guard: self.guard,
             notify_handover: self.notify,
+            wait_on_server: self.wait,
+            lock_delay: self.lock_delay,
             max_leases: self.leases.max(lease_proto::DEFAULT_MAX_LEASES),
             ..Options::default()
         }

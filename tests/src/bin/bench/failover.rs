@@ -9,7 +9,7 @@
 
 use crate::pg::Pg;
 use crate::{failed, replica, Design, Intervals, Plan, DRIVERS, FAILOVER_DB, R};
-use lease_tests::scenario::{overlap, Driver, Event, Node, TRY_PREFIX};
+use lease_tests::scenario::{overlap, Driver, Event, Node, TRY_PREFIX, WAIT_PREFIX};
 use lease_tests::{monotonic_nanos, Cluster, FaultProxy, Mode};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -261,7 +261,9 @@ pub fn wait_tried(admin: &Pg, pid: i32, timeout: Duration) -> R<()> {
     loop {
         let rows = admin.rows(&sql)?;
         let query = rows.first().and_then(|r| r.first().cloned().flatten());
-        if query.as_deref().is_some_and(|q| q.starts_with(TRY_PREFIX)) {
+        // A try, or the wait on the server that follows a try that lost.
+        let stands_by = |q: &str| q.starts_with(TRY_PREFIX) || q.starts_with(WAIT_PREFIX);
+        if query.as_deref().is_some_and(stands_by) {
             return Ok(());
         }
         if monotonic_nanos() > deadline {

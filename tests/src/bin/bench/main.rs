@@ -43,9 +43,9 @@ pub const DRIVERS: [Driver; 2] = [Driver::Tokio, Driver::Smol];
 /// The two configurations compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Design {
-    /// Library defaults: server guard and NOTIFY handover on.
+    /// Library defaults: server guard, NOTIFY handover and waiting on the server on.
     Default,
-    /// As close to the Go package as the options allow: `--no-guard --no-notify`.
+    /// As close to the Go package as the options allow: `--no-guard --no-notify --no-wait`.
     Reference,
 }
 
@@ -59,7 +59,7 @@ impl Design {
         }
     }
 
-    /// Server guard and NOTIFY handover on?
+    /// Server guard, NOTIFY handover and waiting on the server on?
     pub fn additions(self) -> bool {
         self == Design::Default
     }
@@ -105,6 +105,7 @@ pub fn replica(
     rc.guard_margin = iv.guard_margin;
     rc.guard = design.additions();
     rc.notify = design.additions();
+    rc.wait = design.additions();
     rc.tick = Duration::ZERO;
     rc.app_name = Some(format!("bench-{lease}"));
     rc
