@@ -13,10 +13,11 @@
 //! the lease name `nightly-sweeper` a unique one. Everything else is the
 //! README's text.
 //!
-//! Two copies run; once the leader prints "sweeping" and the standby has
-//! lost its first try (the library's default retry interval is 5 s, so only
-//! the release notification can wake it in time), the leader gets SIGINT (what
-//! Ctrl-C sends to the foreground process group). Timings are printed
+//! Two copies run; once the leader prints "sweeping" and the standby stands
+//! by (its try has lost, or it waits on the key), the leader gets SIGINT (what
+//! Ctrl-C sends to the foreground process group). The library's default retry
+//! interval is 5 s: only the server can wake the standby in time (the release
+//! notification, or the freed key it waits on). Timings are printed
 //! (`-- --nocapture`).
 
 use std::fs;
@@ -149,25 +150,30 @@ fn the_readme_example_compiles_as_pasted_and_hands_over_on_ctrl_c_within_100ms()
     let a_pid = admin.holders(key).expect("pg_locks");
     assert_eq!(a_pid.len(), 1, "one holder: {a_pid:?}");
     let mut b = Replica::spawn(Command::new(&bin)).expect("spawn the second copy");
-    // The standby's session (the library's default application_name), once its
-    // first try has run and lost.
+    // The standby's session (the library's default application_name) stands by:
+    // its last statement is the lost try, or it waits on the leader's key.
     let deadline = Instant::now() + MS(15_000);
-    let b_pid = loop {
-        let pids = admin
-            .ints(&format!(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = 'lease' AND pid <> {}",
+    loop {
+        let rows = admin
+            .rows(&format!(
+                "SELECT query, wait_event_type FROM pg_stat_activity \
+                 WHERE application_name = 'lease' AND pid <> {}",
                 a_pid[0]
             ))
             .expect("pg_stat_activity");
-        if let [pid] = pids[..] {
-            break pid as i32;
+        let standing_by = |r: &Vec<Option<String>>| {
+            r[0].as_deref().is_some_and(|q| q.starts_with(TRY_PREFIX))
+                || r[1].as_deref() == Some("Lock")
+        };
+        if rows.len() == 1 && standing_by(&rows[0]) {
+            break;
         }
-        assert!(Instant::now() < deadline, "no standby session: {pids:?}");
-        std::thread::sleep(MS(5));
-    };
-    admin
-        .wait_query(b_pid, TRY_PREFIX, MS(15_000))
-        .expect("the standby tried");
+        assert!(
+            Instant::now() < deadline,
+            "no standby standing by: {rows:?}"
+        );
+        std::thread::sleep(MS(2));
+    }
     assert_eq!(
         sweeping(&b),
         None,
