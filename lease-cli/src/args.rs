@@ -24,12 +24,15 @@ stops the leader in turn while you watch failover happen.";
 const CONNECTION_HELP: &str = "\
 CONNECTION (every subcommand):
   --database-url URL, else $DATABASE_URL, else the libpq environment: PGHOST, PGPORT, PGUSER,
-  PGPASSWORD, PGDATABASE, PGSSLMODE. Both postgres://user:password@host:port/dbname URLs and
-  key=value strings (\"host=db1 user=app dbname=app\") are accepted; environment variables fill in
-  whatever the string leaves out. Defaults as libpq: host = the Unix socket in /var/run/postgresql,
-  then /tmp; port 5432; user = the OS user; dbname = the user. This build has no TLS: sslmode
-  disable, allow and prefer connect without it; require, verify-ca and verify-full are refused.
-  ~/.pgpass is not read. Passwords are never printed.";
+  PGPASSWORD, PGPASSFILE (~/.pgpass), PGDATABASE, PGAPPNAME, PGSSLMODE, PGSSLROOTCERT, PGSSLCERT,
+  PGSSLKEY, PGCONNECT_TIMEOUT, PGTARGETSESSIONATTRS, ... Both
+  postgres://user:password@host:port/dbname URLs and key=value strings (\"host=db1 user=app
+  dbname=app\") are accepted; environment variables fill in whatever the string leaves out.
+  Defaults as libpq: host = the Unix socket in /var/run/postgresql, then /tmp; port 5432; user =
+  the OS user; dbname = the user; sslmode=prefer. TLS is rustls with libpq's sslmode (disable to
+  verify-full); sslrootcert is a PEM file or `system`. One difference: with several hosts and no
+  target_session_attrs, only read-write sessions are taken (libpq: any), so that a standby early
+  in the list is skipped for the primary; an explicit value wins. Passwords are never printed.";
 
 const RUN_LONG_ABOUT: &str = "\
 Contend for the lease NAME and, while holding it, run COMMAND.

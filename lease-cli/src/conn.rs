@@ -11,6 +11,11 @@
 //! `target_session_attrs` values) are taken out of the string and applied
 //! here. TLS: see [`crate::tls`]. lease-cli/README.md has the table of every
 //! libpq variable and keyword.
+//!
+//! One deliberate difference: with several hosts named and no
+//! `target_session_attrs`, sessions are `read-write` (libpq: `any`), so that a
+//! standby early in a failover list is skipped for the primary instead of
+//! being retried forever; an explicit value wins.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
@@ -200,7 +205,8 @@ pub fn resolve_from(
             }
         }
     }
-    if let Some((attrs, attrs_origin)) = setting("target_session_attrs", "PGTARGETSESSIONATTRS") {
+    let attrs = setting("target_session_attrs", "PGTARGETSESSIONATTRS");
+    if let Some((attrs, attrs_origin)) = &attrs {
         config.target_session_attrs(match attrs.as_str() {
             "any" => TargetSessionAttrs::Any,
             // A primary is what the core needs anyway (it refuses a standby);
@@ -222,6 +228,8 @@ pub fn resolve_from(
         });
     }
 
+    // Whether no host was named at all (libpq's default sockets).
+    let mut default_host = false;
     if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
         let addrs = lookup("PGHOSTADDR");
         for addr in addrs.iter().flat_map(|a| a.split(',')) {
@@ -242,7 +250,10 @@ pub fn resolve_from(
                     }
                 }
             }
-            None => default_hosts(&mut config),
+            None => {
+                default_host = true;
+                default_hosts(&mut config);
+            }
         }
     }
     if config.get_ports().is_empty() {
@@ -266,6 +277,14 @@ pub fn resolve_from(
         }
     }
     let hosts = config.get_hosts().len().max(config.get_hostaddrs().len());
+    // Several hosts named and no target_session_attrs: read-write, not libpq's
+    // `any`. With `any` a standby listed first (or a demoted old primary)
+    // would be connected to and retried forever while the primary is down the
+    // list; read-write moves on to the next host. An explicit value wins.
+    let several = hosts > 1 && !default_host;
+    if attrs.is_none() && several {
+        config.target_session_attrs(TargetSessionAttrs::ReadWrite);
+    }
     let ports = config.get_ports().len();
     if ports != 1 && ports != hosts {
         return Err(format!(
@@ -314,7 +333,14 @@ pub fn resolve_from(
         ));
     }
     let connector = tls.connector()?;
-    let summary = format!("{}; {}", summary(&config), tls.describe());
+    let mut summary = summary(&config);
+    if config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite {
+        summary.push_str(match attrs {
+            Some(_) => ", read-write sessions only",
+            None => ", read-write sessions only (the default with several hosts)",
+        });
+    }
+    let summary = format!("{summary}; {}", tls.describe());
     Ok(Target {
         config,
         tls: connector,
@@ -813,6 +839,61 @@ mod tests {
             t.summary.ends_with("; no TLS (sslmode=disable)"),
             "{}",
             t.summary
+        );
+    }
+
+    #[test]
+    fn several_hosts_default_to_read_write_unless_told() {
+        let env = with_env(&[("USER", "u")]);
+        let attrs = |s: &str, env: &dyn Fn(&str) -> Option<String>| {
+            let t = resolve_from(Some(s), env).unwrap();
+            (t.config.get_target_session_attrs(), t.summary)
+        };
+        for s in [
+            "host=a,b",
+            "host=a,b port=1,2",
+            "postgresql://a:1,b:2/db",
+            "hostaddr=10.0.0.1,10.0.0.2",
+            "host=a,b target_session_attrs=read-write",
+            "host=a,b target_session_attrs=primary",
+        ] {
+            let (a, summary) = attrs(s, &env);
+            assert_eq!(a, TargetSessionAttrs::ReadWrite, "{s}");
+            assert!(
+                summary.contains("read-write sessions only"),
+                "{s}: {summary}"
+            );
+            assert_eq!(
+                summary.contains("(the default with several hosts)"),
+                !s.contains("target_session_attrs"),
+                "{s}: {summary}"
+            );
+        }
+        // One host, libpq's default sockets, or an explicit value: as given
+        // (libpq's default `any`).
+        for s in [
+            "host=a",
+            "user=u",
+            "host=a,b target_session_attrs=any",
+            "postgresql://a,b/db?target_session_attrs=any",
+        ] {
+            let (a, summary) = attrs(s, &env);
+            assert_eq!(a, TargetSessionAttrs::Any, "{s}");
+            assert!(!summary.contains("read-write"), "{s}: {summary}");
+        }
+        // The variables: hosts from PGHOST count; PGTARGETSESSIONATTRS wins.
+        let env = with_env(&[("USER", "u"), ("PGHOST", "a,b")]);
+        assert_eq!(attrs("", &env).0, TargetSessionAttrs::ReadWrite);
+        let env = with_env(&[
+            ("USER", "u"),
+            ("PGHOST", "a,b"),
+            ("PGTARGETSESSIONATTRS", "any"),
+        ]);
+        assert_eq!(attrs("", &env).0, TargetSessionAttrs::Any);
+        // The string's keyword wins over the variable.
+        assert_eq!(
+            attrs("target_session_attrs=read-write", &env).0,
+            TargetSessionAttrs::ReadWrite
         );
     }
 

@@ -665,10 +665,24 @@ fn key_matches_the_core() {
     }
 }
 
-#[test]
-fn a_hot_standby_is_logged_and_retried() {
+/// A hot standby of the shared server, shared like it.
+fn standby() -> Arc<(Arc<Cluster>, Cluster)> {
+    static SHARED: Mutex<Weak<(Arc<Cluster>, Cluster)>> = Mutex::new(Weak::new());
+    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = shared.upgrade() {
+        return s;
+    }
     let c = cluster();
     let standby = c.start_standby().expect("start a hot standby");
+    let s = Arc::new((c, standby));
+    *shared = Arc::downgrade(&s);
+    s
+}
+
+#[test]
+fn a_hot_standby_is_logged_and_retried() {
+    let pair = standby();
+    let standby = &pair.1;
     let mut cmd = lease();
     cmd.arg("run")
         .args(["--database-url", &standby.conn_string()])
@@ -685,4 +699,78 @@ fn a_hot_standby_is_logged_and_retried() {
     let tries = err.lines().filter(|l| l.contains("hot standby")).count();
     assert!(tries >= 2, "retried {tries} time(s): {err}");
     r.kill9().expect("kill lease");
+}
+
+/// Several hosts and no `target_session_attrs`: read-write sessions only (not
+/// libpq's `any`), so a standby listed first is skipped for the primary after
+/// it; an explicit `any` wins and stays on the standby (retried, never leads).
+#[test]
+fn several_hosts_default_to_read_write_and_an_explicit_value_wins() {
+    let pair = standby();
+    let (primary, standby) = (&pair.0, &pair.1);
+    let url = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres",
+        standby.port(),
+        primary.port()
+    );
+    let name = unique("several-hosts");
+    let script = r#"echo "start token=$LEASE_TOKEN"; exec sleep 1000"#;
+    let mut cmd = lease();
+    cmd.arg("run")
+        .args(["--database-url", &url])
+        .args(FAST)
+        .args([&name, "--", "sh", "-c", script]);
+    let started = Instant::now();
+    let mut r = Replica::spawn(cmd).expect("spawn lease");
+    let (_, line) = r
+        .wait_for_line(|l| l.contains("contending for the lease"), MS(10_000))
+        .expect("the connection line");
+    assert!(
+        line.contains("read-write sessions only (the default with several hosts)"),
+        "{line}"
+    );
+    r.wait_for_line(|l| l.starts_with("start"), MS(10_000))
+        .unwrap_or_else(|e| panic!("the primary down the list leads: {e}\n{:?}", texts(&r)));
+    let led = started.elapsed();
+    assert!(
+        held(primary, key_for_name(&name)),
+        "not held on the primary"
+    );
+    let (_, err) = texts(&r);
+    assert!(!err.contains("hot standby"), "{err}");
+    r.sigterm().expect("SIGTERM");
+    assert_eq!(r.wait_exit(MS(5_000)).expect("exits").code(), Some(0));
+
+    // An explicit `any` (the string's keyword, or the variable) wins: the
+    // standby first in the list is taken, logged and retried.
+    for (url, var) in [
+        (format!("{url} target_session_attrs=any"), None),
+        (url.clone(), Some(("PGTARGETSESSIONATTRS", "any"))),
+    ] {
+        let mut cmd = lease();
+        cmd.arg("run")
+            .args(["--database-url", &url])
+            .args(FAST)
+            .args([&unique("several-any"), "--", "echo", "ran"]);
+        if let Some((k, v)) = var {
+            cmd.env(k, v);
+        }
+        let mut r = Replica::spawn(cmd).expect("spawn lease");
+        let (_, line) = r
+            .wait_for_line(|l| l.contains("contending for the lease"), MS(10_000))
+            .expect("the connection line");
+        assert!(!line.contains("read-write"), "{line}");
+        r.wait_for_line(|l| l.contains("hot standby"), MS(10_000))
+            .unwrap_or_else(|e| panic!("{var:?}: on the standby: {e}\n{:?}", texts(&r)));
+        assert!(r.is_alive(), "{:?}", texts(&r));
+        let (out, _) = texts(&r);
+        assert!(
+            out.is_empty(),
+            "the command ran on a standby session: {out}"
+        );
+        r.kill9().expect("kill lease");
+    }
+    eprintln!(
+        "several hosts (standby first, primary second): led on the primary {led:?} after the start"
+    );
 }

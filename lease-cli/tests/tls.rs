@@ -105,6 +105,10 @@ fn lease(home: &std::path::Path) -> Command {
 const ANNOUNCE: &str = r#"echo "start token=$LEASE_TOKEN"; trap "echo stop; exit 0" TERM; while :; do sleep 0.02; done"#;
 
 fn run(home: &std::path::Path, url: &str, name: &str, extra: &[&str]) -> Command {
+    run_sh(home, url, name, extra, ANNOUNCE)
+}
+
+fn run_sh(home: &std::path::Path, url: &str, name: &str, extra: &[&str], script: &str) -> Command {
     let mut cmd = lease(home);
     let fast = FAST
         .chunks(2)
@@ -115,56 +119,134 @@ fn run(home: &std::path::Path, url: &str, name: &str, extra: &[&str]) -> Command
         .args(fast)
         .args(extra)
         .arg(name)
-        .args(["--", "sh", "-c", ANNOUNCE]);
+        .args(["--", "sh", "-c", script]);
     cmd
 }
 
-/// Leads with A, stands by with B (polling only every 5 s), SIGTERMs A:
-/// the time from the signal to B's command starting. Returns it and A's
-/// connection line.
-fn handover(home: &std::path::Path, url: &str, what: &str) -> (Duration, String) {
-    let name = unique("tls-handover");
-    let a = Replica::spawn(run(home, url, &name, &[])).expect("spawn a");
-    let (_, contending) = a
-        .wait_for_line(|l| l.contains("contending for the lease"), MS(10_000))
-        .expect("a's connection line");
-    a.wait_for_line(|l| l.starts_with("start"), MS(10_000))
-        .unwrap_or_else(|e| panic!("a leads over {what}: {e}\n{:#?}", a.lines()));
-    let b = Replica::spawn(run(home, url, &name, &["--retry-interval", "5s"])).expect("spawn b");
-    b.wait_for_line(|l| l.contains("standing by"), MS(10_000))
-        .expect("b stands by");
+/// The token of a `start token=N` line.
+fn token(line: &str) -> i64 {
+    line.strip_prefix("start token=")
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("not a start line: {line:?}"))
+}
+
+/// What [`lead_fail_over_exit`] measured.
+struct Failover {
+    /// The first runner's connection line.
+    line: String,
+    /// SIGTERM to the leader -> the standby's command started.
+    handover: Duration,
+    /// kill -9 of the leader -> the standby's command started.
+    takeover: Duration,
+    /// SIGTERM to the last leader -> it exited.
+    exit: Duration,
+}
+
+/// `lease run` leads, fails over and exits, with the same bounds whatever
+/// the transport: A leads; B stands by, polling only every 5 s; SIGTERM to A
+/// hands over to B at once (the release notification) and A exits 0; C
+/// stands by (polling every 50 ms); kill -9 of B: C leads at its next poll;
+/// SIGTERM to C: it exits 0 at once and the lease is free; a command's exit
+/// status is `lease run`'s. The token grows at every change of leader.
+fn lead_fail_over_exit(home: &std::path::Path, c: &Cluster, url: &str, what: &str) -> Failover {
+    let name = unique("tls-failover");
+    let wait = |r: &Replica, who: &str, pred: &dyn Fn(&str) -> bool| {
+        r.wait_for_line(pred, MS(10_000))
+            .unwrap_or_else(|e| panic!("{what}: {who}: {e}\n{:#?}", r.lines()))
+    };
+    let mut a = Replica::spawn(run(home, url, &name, &[])).expect("spawn a");
+    let (_, line) = wait(&a, "a's connection line", &|l| {
+        l.contains("contending for the lease")
+    });
+    let (_, started) = wait(&a, "a leads", &|l| l.starts_with("start"));
+    let token_a = token(&started);
+    let mut b =
+        Replica::spawn(run(home, url, &name, &["--retry-interval", "5s"])).expect("spawn b");
+    wait(&b, "b stands by", &|l| l.contains("standing by"));
+
+    // 1. SIGTERM: a graceful handover.
     let signalled = Instant::now();
     a.sigterm().expect("SIGTERM a");
-    let (started, _) = b
-        .wait_for_line(|l| l.starts_with("start"), MS(10_000))
-        .expect("b takes over");
-    b.sigterm().expect("SIGTERM b");
-    (started.saturating_duration_since(signalled), contending)
+    let (b_started, line_b) = wait(&b, "b takes over", &|l| l.starts_with("start"));
+    let handover = b_started.saturating_duration_since(signalled);
+    let status = a.wait_exit(MS(5_000)).expect("a exits");
+    assert_eq!(status.code(), Some(0), "{what}: a: {:#?}", a.lines());
+    let token_b = token(&line_b);
+    assert!(token_b > token_a, "{what}: {token_b} <= {token_a}");
+    assert!(handover < MS(1_000), "{what}: handover {handover:?}");
+
+    // 2. kill -9 of the leader: the standby leads at its next poll.
+    let mut c_run = Replica::spawn(run(home, url, &name, &[])).expect("spawn c");
+    wait(&c_run, "c stands by", &|l| l.contains("standing by"));
+    let killed = Instant::now();
+    b.kill9().expect("SIGKILL b");
+    let (c_started, line_c) = wait(&c_run, "c takes over", &|l| l.starts_with("start"));
+    let takeover = c_started.saturating_duration_since(killed);
+    let _ = b.wait_exit(MS(5_000));
+    let token_c = token(&line_c);
+    assert!(token_c > token_b, "{what}: {token_c} <= {token_b}");
+    // FAST's retry interval, 50 ms, plus the time to notice and start the command.
+    assert!(
+        takeover < MS(50 + 300),
+        "{what}: kill -9 takeover {takeover:?}"
+    );
+
+    // 3. SIGTERM to the last leader: it exits 0 at once and releases.
+    let signalled = Instant::now();
+    c_run.sigterm().expect("SIGTERM c");
+    let status = c_run.wait_exit(MS(5_000)).expect("c exits");
+    let exit = signalled.elapsed();
+    assert_eq!(status.code(), Some(0), "{what}: c: {:#?}", c_run.lines());
+    assert!(exit < MS(1_000), "{what}: exit {exit:?}");
+    let key = lease_proto::key_for_name(&name);
+    let held = c.held_advisory_keys().expect("pg_locks");
+    assert!(!held.iter().any(|&(k, _)| k == key), "{what}: still held");
+
+    // 4. A command's exit status is lease run's.
+    let mut r = Replica::spawn(run_sh(home, url, &name, &[], "exit 7")).expect("spawn");
+    let status = r.wait_exit(MS(10_000)).expect("exits");
+    assert_eq!(status.code(), Some(7), "{what}: {:#?}", r.lines());
+    Failover {
+        line,
+        handover,
+        takeover,
+        exit,
+    }
 }
 
 #[test]
-fn verify_full_leads_and_hands_over_as_fast_as_plaintext() {
+fn verify_full_against_hostssl_only_leads_fails_over_and_exits_as_plaintext() {
     let t = tls();
     let url = format!(
         "host=localhost port={} user=postgres dbname=postgres sslmode=verify-full sslrootcert={}",
         t.cluster.port(),
         t.certs.ca.display()
     );
-    let (over_tls, line) = handover(t.certs.dir(), &url, "TLS");
+    let over_tls = lead_fail_over_exit(t.certs.dir(), &t.cluster, &url, "TLS");
     assert!(
-        line.contains(&format!(
+        over_tls.line.contains(&format!(
             "TLS required (sslmode=verify-full), certificate chain verified against {} and host \
              name checked",
             t.certs.ca.display()
         )),
-        "{line}"
+        "{}",
+        over_tls.line
     );
     let plain = Cluster::start().expect("start a plaintext PostgreSQL");
     let url = format!("{} sslmode=disable", plain.conn_string());
-    let (plaintext, line) = handover(t.certs.dir(), &url, "plaintext");
-    assert!(line.contains("no TLS (sslmode=disable)"), "{line}");
-    eprintln!("SIGTERM handover (leader signalled -> standby's command started): TLS verify-full {over_tls:?}, plaintext {plaintext:?}");
-    assert!(over_tls < MS(1_000), "{over_tls:?}");
+    let plaintext = lead_fail_over_exit(t.certs.dir(), &plain, &url, "plaintext");
+    assert!(
+        plaintext.line.contains("no TLS (sslmode=disable)"),
+        "{}",
+        plaintext.line
+    );
+    for (what, f) in [("TLS verify-full", &over_tls), ("plaintext", &plaintext)] {
+        eprintln!(
+            "{what}: SIGTERM handover (leader signalled -> standby's command started) {:?}, \
+             kill -9 -> standby's command started {:?}, SIGTERM -> exit {:?}",
+            f.handover, f.takeover, f.exit
+        );
+    }
 }
 
 /// Runs `lease run` until a line matching `pred` appears (or 15 s), then

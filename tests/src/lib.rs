@@ -31,7 +31,7 @@ pub use netns::NetNs;
 pub use pgbouncer::{PgBouncer, PoolMode, Settings as PgBouncerSettings};
 pub use process::{monotonic_nanos, pid_alive, Line, Replica, Stream};
 pub use proxy::{FaultProxy, Mode};
-pub use tls::Certs;
+pub use tls::{client_config, Certs};
 
 /// The workspace README's Rust blocks, compiled as doctests (`cargo test -p lease-tests
 /// --doc`), so the README cannot drift from the API.
@@ -118,6 +118,19 @@ impl std::error::Error for KitError {
 pub(crate) fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> KitError {
     let context = context.into();
     move |source| KitError::Io { context, source }
+}
+
+/// An error and its sources, `: `-separated (tokio-postgres puts the cause of a failed
+/// connection, such as a TLS verification error, in the source).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 /// The last `n` lines of `text`.

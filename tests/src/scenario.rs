@@ -6,7 +6,7 @@
 //! print their own readings, so the events of different processes share one timeline.
 
 use crate::{io_err, monotonic_nanos, KitError, Replica, Stream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
@@ -86,6 +86,9 @@ pub struct ReplicaConfig {
     /// Status poll period, the source of the `pid` and `valid` lines (`ZERO`: no poller,
     /// no such lines: [`Node::wait_pid`] then never returns a pid).
     pub status_poll: Duration,
+    /// TLS required and verified in full (chain and host name, libpq's `verify-full`)
+    /// against the CA certificates in this PEM file; `None`: no TLS.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl ReplicaConfig {
@@ -109,6 +112,7 @@ impl ReplicaConfig {
             job_exit_after: None,
             tick: ms(50),
             status_poll: ms(20),
+            tls_ca: None,
         }
     }
 
@@ -166,6 +170,9 @@ impl ReplicaConfig {
         }
         if let Some(after) = self.job_exit_after {
             cmd.args(["--job-exit-after", &ms(after)]);
+        }
+        if let Some(ca) = &self.tls_ca {
+            cmd.arg("--tls-ca").arg(ca);
         }
         cmd
     }
@@ -635,21 +642,43 @@ pub struct Admin {
 }
 
 impl Admin {
-    /// Connects with a key-value connection string.
+    /// Connects with a key-value connection string, without TLS.
     pub fn connect(conn: &str) -> Result<Admin, KitError> {
+        Admin::connect_tls(conn, None)
+    }
+
+    /// Connects with a key-value connection string; with `ca`, over TLS (required) verified
+    /// in full against the CA certificates in that PEM file ([`crate::tls::client_config`]).
+    pub fn connect_tls(conn: &str, ca: Option<&Path>) -> Result<Admin, KitError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .map_err(io_err("building the admin runtime"))?;
         let conn = format!("{conn} application_name=lease-tests-scenario-admin");
-        let (client, connection) =
-            rt.block_on(tokio_postgres::connect(&conn, NoTls))
-                .map_err(|e| KitError::Failed {
-                    context: "admin connection".into(),
-                    detail: e.to_string(),
-                })?;
-        rt.spawn(connection);
+        let failed = |e: tokio_postgres::Error| KitError::Failed {
+            context: "admin connection".into(),
+            detail: crate::error_chain(&e),
+        };
+        let client = match ca {
+            None => {
+                let (client, connection) = rt
+                    .block_on(tokio_postgres::connect(&conn, NoTls))
+                    .map_err(failed)?;
+                rt.spawn(connection);
+                client
+            }
+            Some(ca) => {
+                let tls =
+                    tokio_postgres_rustls::MakeRustlsConnect::new(crate::tls::client_config(ca)?);
+                let conn = format!("{conn} sslmode=require");
+                let (client, connection) = rt
+                    .block_on(tokio_postgres::connect(&conn, tls))
+                    .map_err(failed)?;
+                rt.spawn(connection);
+                client
+            }
+        };
         Ok(Admin { rt, client })
     }
 

@@ -108,3 +108,35 @@ pub(crate) fn write(path: &Path, text: &str, mode: u32) -> Result<(), KitError> 
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .map_err(io_err(format!("chmod {}", path.display())))
 }
+
+/// A rustls client configuration (ring) that verifies in full, like libpq's
+/// `sslmode=verify-full`: the chain against the CA certificates in the PEM
+/// file `ca`, and the host name. For the kit's admin connection
+/// ([`crate::scenario::Admin::connect_tls`]) and the `replica` binary's
+/// `--tls-ca`.
+pub fn client_config(ca: &Path) -> Result<rustls::ClientConfig, KitError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let failed = |detail: String| KitError::Failed {
+        context: format!("reading the CA certificates in {}", ca.display()),
+        detail,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).map_err(|e| failed(e.to_string()))? {
+        roots
+            .add(cert.map_err(|e| failed(e.to_string()))?)
+            .map_err(|e| failed(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(failed("no certificate in the file".into()));
+    }
+    let provider = rustls::crypto::ring::default_provider();
+    Ok(rustls::ClientConfig::builder_with_provider(provider.into())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| KitError::Failed {
+            context: "rustls protocol versions".into(),
+            detail: e.to_string(),
+        })?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}

@@ -3,7 +3,10 @@
 //!
 //! Every scenario is one function taking the [`Driver`]; `both_drivers!` generates a
 //! `scenario::tokio` and a `scenario::smol` test for it. `mixed_fleet` runs both drivers
-//! against each other. Each test has its own throw-away cluster.
+//! against each other. Each test has its own throw-away cluster. `over_tls` runs the
+//! graceful, kill -9 and partition scenarios again on one cluster that takes TCP
+//! connections over TLS only, every connection verified in full (chain and host name):
+//! the same functions, so the same bounds.
 //!
 //! Figures are printed as `FIGURE <driver> <what>: <value>` lines on stderr (run with
 //! `--nocapture` to see them) and appear in assertion messages. Bounds are asserted only
@@ -14,7 +17,8 @@ use lease_tests::scenario::{
     TRY_PREFIX, WAIT_PREFIX,
 };
 use lease_tests::{
-    monotonic_nanos, Cluster, FaultProxy, KitError, Mode, PgBouncer, PgBouncerSettings, PoolMode,
+    monotonic_nanos, Certs, Cluster, FaultProxy, KitError, Mode, PgBouncer, PgBouncerSettings,
+    PoolMode,
 };
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
@@ -37,7 +41,7 @@ fn key(name: &str) -> i64 {
 }
 
 fn figure(driver: &str, what: &str, value: String) {
-    eprintln!("FIGURE {driver:5} {what}: {value}");
+    eprintln!("FIGURE {driver:9} {what}: {value}");
 }
 
 fn fig_ms(driver: Driver, what: &str, nanos: i128) {
@@ -52,6 +56,94 @@ fn conn(port: u16, db: &str) -> String {
 /// The standard replica on `url`, lease `job`.
 fn replica(driver: Driver, url: &str) -> ReplicaConfig {
     ReplicaConfig::new(driver, url, "job")
+}
+
+/// Where a scenario runs: a cluster of its own, reached over plaintext, or over TLS only.
+struct Env {
+    cluster: Cluster,
+    /// TLS: the server takes TCP connections over TLS only (`hostssl`), and the replicas
+    /// and the admin connection verify it in full (chain and host name) against this CA.
+    certs: Option<Certs>,
+}
+
+/// TCP over TLS only; the Unix socket (no TLS there) is for the kit's own tools.
+const TLS_HBA: &str = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
+
+impl Env {
+    fn plain() -> Result<Env, KitError> {
+        Ok(Env {
+            cluster: Cluster::start()?,
+            certs: None,
+        })
+    }
+
+    fn tls() -> Result<Env, KitError> {
+        let certs = Certs::generate("nobody")?;
+        Ok(Env {
+            cluster: Cluster::start_tls(&certs, TLS_HBA)?,
+            certs: Some(certs),
+        })
+    }
+
+    fn ca(&self) -> Option<&Path> {
+        self.certs.as_ref().map(|c| c.ca.as_path())
+    }
+
+    /// The admin connection, over TLS for a TLS cluster.
+    fn admin(&self) -> Result<Admin, KitError> {
+        Admin::connect_tls(&self.cluster.conn_string(), self.ca())
+    }
+
+    /// A replica for `lease` that connects through `port` (the cluster's, or a proxy's in
+    /// front of it), over TLS for a TLS cluster.
+    fn replica_via(&self, driver: Driver, port: u16, lease: &str) -> ReplicaConfig {
+        ReplicaConfig {
+            tls_ca: self.ca().map(Path::to_owned),
+            ..ReplicaConfig::new(driver, conn(port, "postgres"), lease)
+        }
+    }
+
+    /// A replica for `lease` on the cluster.
+    fn replica(&self, driver: Driver, lease: &str) -> ReplicaConfig {
+        self.replica_via(driver, self.cluster.port(), lease)
+    }
+
+    /// [`slow_standby`] for `lease` on the cluster.
+    fn slow_standby(&self, driver: Driver, lease: &str) -> ReplicaConfig {
+        ReplicaConfig {
+            retry: ms(10_000),
+            heartbeat: ms(2000),
+            ..self.replica(driver, lease)
+        }
+    }
+
+    /// [`fig_ms`], the driver labelled `DRIVER/tls` for a TLS cluster.
+    fn fig(&self, driver: Driver, what: &str, nanos: i128) {
+        let label = match self.certs {
+            Some(_) => format!("{}/tls", driver.name()),
+            None => driver.name().to_owned(),
+        };
+        figure(&label, what, format!("{:.1} ms", ms_f(nanos)));
+    }
+
+    /// Asserts that the server runs every replica session (of any lease) over TLS for a
+    /// TLS cluster and over plaintext otherwise, and that there is at least one.
+    fn assert_transport(&self, admin: &Admin) -> Res {
+        let rows = admin.rows(
+            "SELECT s.ssl::text, count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a \
+             USING (pid) WHERE a.application_name = 'lease-replica' GROUP BY s.ssl",
+        )?;
+        let want = if self.certs.is_some() {
+            "true"
+        } else {
+            "false"
+        };
+        assert!(
+            rows.len() == 1 && rows[0][0].as_deref() == Some(want),
+            "replica sessions by ssl (want all {want}): {rows:?}"
+        );
+        Ok(())
+    }
 }
 
 /// Every term of every node.
@@ -150,6 +242,7 @@ macro_rules! both_drivers {
 both_drivers!(
     graceful_handover,
     kill9_takeover,
+    over_tls,
     terminated_backend,
     server_restart,
     partition,
@@ -258,6 +351,31 @@ fn slow_standby(driver: Driver, url: &str) -> ReplicaConfig {
     }
 }
 
+/// The graceful handover, kill -9 and partition scenarios over TLS (one cluster, a lease
+/// each), with the bounds they assert over plaintext. Plaintext TCP is refused.
+fn over_tls(driver: Driver) -> Res {
+    let t0 = Instant::now();
+    let env = Env::tls()?;
+    let plain = Admin::connect(&env.cluster.conn_string());
+    match plain {
+        Err(KitError::Failed { detail, .. }) => {
+            assert!(detail.contains("no encryption"), "{detail}")
+        }
+        Err(e) => return Err(e),
+        Ok(_) => panic!("a plaintext TCP connection was accepted"),
+    }
+    let started = t0.elapsed();
+    graceful_handover_in(&env, driver, "tls-graceful")?;
+    kill9_takeover_in(&env, driver, "tls-kill9")?;
+    partition_in(&env, driver, "tls-partition")?;
+    figure(
+        &format!("{}/tls", driver.name()),
+        "cluster start, then the three scenarios",
+        format!("{started:.1?}, {:.1?}", t0.elapsed() - started),
+    );
+    Ok(())
+}
+
 /// Spawns a standby and waits until its first try has run (and lost): when that was seen
 /// (the try, or the wait on the server that follows a lost try). Its next poll comes at
 /// least `0.8 * retry` after that.
@@ -275,16 +393,19 @@ fn spawn_standby(
 /// A graceful release wakes a standby through NOTIFY: it leads within tens of ms, long
 /// before its next poll could come (see [`slow_standby`]). Twice: the job returns; SIGTERM.
 fn graceful_handover(driver: Driver) -> Res {
-    let cluster = Cluster::start()?;
-    let admin = Admin::connect(&cluster.conn_string())?;
-    let url = cluster.conn_string();
+    graceful_handover_in(&Env::plain()?, driver, "job")
+}
+
+fn graceful_handover_in(env: &Env, driver: Driver, lease: &str) -> Res {
+    let admin = env.admin()?;
     let leader = ReplicaConfig {
         job_exit_after: Some(ms(2500)),
-        ..replica(driver, &url)
+        ..env.replica(driver, lease)
     };
     let mut a = leader.spawn(bin(), "A")?;
     let (_, a_token, _) = a.wait_start(0, WAIT)?;
-    let (mut b, b_tried) = spawn_standby(&admin, &slow_standby(driver, &url), "B")?;
+    let (mut b, b_tried) = spawn_standby(&admin, &env.slow_standby(driver, lease), "B")?;
+    env.assert_transport(&admin)?;
 
     // 1. The leader's job returns: the run completes and releases with NOTIFY.
     let a_stop = a.wait_stop(0, WAIT)?;
@@ -295,7 +416,7 @@ fn graceful_handover(driver: Driver) -> Res {
     );
     let (_, b_token, b_start) = b.wait_start(0, WAIT)?;
     let handover = diff(a_stop, b_start);
-    fig_ms(
+    env.fig(
         driver,
         "graceful handover (job returned -> standby start)",
         handover,
@@ -315,10 +436,10 @@ fn graceful_handover(driver: Driver) -> Res {
     assert!(b_token > a_token, "token {b_token} not above {a_token}");
     let status = a.wait_exit(WAIT)?;
     assert!(status.success(), "A exited with {status}\n{}", a.tail());
-    assert_eq!(a.finished(), vec![("job".to_owned(), Ok(()))]);
+    assert_eq!(a.finished(), vec![(lease.to_owned(), Ok(()))]);
 
     // 2. SIGTERM on the leader: graceful shutdown (run_until), release with NOTIFY.
-    let (c, c_tried) = spawn_standby(&admin, &slow_standby(driver, &url), "C")?;
+    let (c, c_tried) = spawn_standby(&admin, &env.slow_standby(driver, lease), "C")?;
     let t_term = monotonic_nanos();
     b.replica().sigterm()?;
     let (kind, b_cancel) = b.wait_cancel(t_term, WAIT)?;
@@ -326,13 +447,13 @@ fn graceful_handover(driver: Driver) -> Res {
     let b_stop = b.wait_stop(t_term, WAIT)?;
     let (_, c_token, c_start) = c.wait_start(0, WAIT)?;
     let handover = diff(b_stop, c_start);
-    fig_ms(driver, "SIGTERM -> job cancelled", diff(t_term, b_cancel));
-    fig_ms(
+    env.fig(driver, "SIGTERM -> job cancelled", diff(t_term, b_cancel));
+    env.fig(
         driver,
         "graceful handover (SIGTERM'd job returned -> standby start)",
         handover,
     );
-    fig_ms(driver, "SIGTERM -> standby start", diff(t_term, c_start));
+    env.fig(driver, "SIGTERM -> standby start", diff(t_term, c_start));
     assert!(handover > 0, "C started before B's job returned");
     assert!(
         handover < nanos(ms(200)),
@@ -348,9 +469,9 @@ fn graceful_handover(driver: Driver) -> Res {
     assert!(c_token > b_token, "token {c_token} not above {b_token}");
     let status = b.wait_exit(WAIT)?;
     assert!(status.success(), "B exited with {status}\n{}", b.tail());
-    assert_eq!(b.finished(), vec![("job".to_owned(), Ok(()))]);
+    assert_eq!(b.finished(), vec![(lease.to_owned(), Ok(()))]);
     assert_no_overlap(&[&a, &b, &c]);
-    assert_one_leader(&admin, &[&a, &b, &c], "job")?;
+    assert_one_leader(&admin, &[&a, &b, &c], lease)?;
     Ok(())
 }
 
@@ -360,18 +481,21 @@ fn graceful_handover(driver: Driver) -> Res {
 /// ([`slow_standby`]). Then the same with waiting off: the standby leads at its next poll,
 /// within about one retry interval.
 fn kill9_takeover(driver: Driver) -> Res {
-    let cluster = Cluster::start()?;
-    let admin = Admin::connect(&cluster.conn_string())?;
-    let url = cluster.conn_string();
-    let config = replica(driver, &url);
+    kill9_takeover_in(&Env::plain()?, driver, "job")
+}
+
+fn kill9_takeover_in(env: &Env, driver: Driver, lease: &str) -> Res {
+    let admin = env.admin()?;
+    let config = env.replica(driver, lease);
     let mut a = config.spawn(bin(), "A")?;
     a.wait_start(0, WAIT)?;
-    let standby = slow_standby(driver, &url);
+    let standby = env.slow_standby(driver, lease);
     let (mut b, b_tried) = spawn_standby(&admin, &standby, "B")?;
+    env.assert_transport(&admin)?;
     let t_kill = a.kill9()?;
     let (_, _, b_start) = b.wait_start(0, WAIT)?;
     let takeover = diff(t_kill, b_start);
-    fig_ms(
+    env.fig(
         driver,
         "kill -9 -> standby start (waiting on the server)",
         takeover,
@@ -390,7 +514,7 @@ fn kill9_takeover(driver: Driver) -> Res {
     );
     assert_eq!(a.wait_exit(WAIT)?.signal(), Some(libc::SIGKILL));
     assert_no_overlap(&[&a, &b]);
-    assert_one_leader(&admin, &[&a, &b], "job")?;
+    assert_one_leader(&admin, &[&a, &b], lease)?;
 
     // Waiting off: the poll is the fallback.
     let polling = ReplicaConfig {
@@ -401,7 +525,7 @@ fn kill9_takeover(driver: Driver) -> Res {
     let t_kill = b.kill9()?;
     let (_, _, c_start) = c.wait_start(t_kill, WAIT)?;
     let takeover = diff(t_kill, c_start);
-    fig_ms(driver, "kill -9 -> standby start (polling)", takeover);
+    env.fig(driver, "kill -9 -> standby start (polling)", takeover);
     assert!(
         takeover < nanos(config.retry + ms(300)),
         "takeover took {:.1} ms, more than about one retry interval ({:?})\n{}",
@@ -413,7 +537,7 @@ fn kill9_takeover(driver: Driver) -> Res {
     let b = c;
     assert_eq!(a.wait_exit(WAIT)?.signal(), Some(libc::SIGKILL));
     assert_no_overlap(&[&a, &b]);
-    assert_one_leader(&admin, &[&a, &b], "job")?;
+    assert_one_leader(&admin, &[&a, &b], lease)?;
     Ok(())
 }
 
@@ -552,11 +676,14 @@ fn server_restart(driver: Driver) -> Res {
 /// its session later; only then does the standby lead. After healing, the old holder
 /// stands by.
 fn partition(driver: Driver) -> Res {
-    let cluster = Cluster::start()?;
-    let admin = Admin::connect(&cluster.conn_string())?;
-    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], cluster.port())))?;
-    let config_a = replica(driver, &conn(proxy.port(), "postgres"));
-    let config_b = replica(driver, &cluster.conn_string());
+    partition_in(&Env::plain()?, driver, "job")
+}
+
+fn partition_in(env: &Env, driver: Driver, lease: &str) -> Res {
+    let admin = env.admin()?;
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], env.cluster.port())))?;
+    let config_a = env.replica_via(driver, proxy.port(), lease);
+    let config_b = env.replica(driver, lease);
     let (validity, guard, heartbeat) = (
         config_a.validity(),
         config_a.guard_timeout(),
@@ -567,6 +694,7 @@ fn partition(driver: Driver) -> Res {
     let (a_pid, _) = a.wait_pid(0, WAIT)?;
     let b = config_b.spawn(bin(), "B")?;
     b.wait_pid(0, WAIT)?;
+    env.assert_transport(&admin)?;
     // Heartbeats flow: valid_until has moved at least twice.
     let mut valid = 0;
     a.wait_event(
@@ -578,7 +706,7 @@ fn partition(driver: Driver) -> Res {
         },
         WAIT,
     )?;
-    assert_eq!(admin.holders(key("job"))?, vec![a_pid]);
+    assert_eq!(admin.holders(key(lease))?, vec![a_pid]);
 
     let t_part = monotonic_nanos();
     proxy.set_mode(Mode::BlackHole);
@@ -586,7 +714,7 @@ fn partition(driver: Driver) -> Res {
     let (mut last_seen, mut gone) = (t_part, None);
     let deadline = Instant::now() + WAIT;
     while b.events().iter().all(|e| !matches!(e, Event::Start { .. })) {
-        let holders = admin.holders(key("job"))?;
+        let holders = admin.holders(key(lease))?;
         let t = monotonic_nanos();
         if holders.contains(&a_pid) {
             last_seen = t;
@@ -605,28 +733,28 @@ fn partition(driver: Driver) -> Res {
     let a_term = a.terms().into_iter().next().expect("A's term");
     let a_until = a_term.valid_until.expect("A printed valid_until");
     let gone = gone.expect("the old session ended");
-    fig_ms(
+    env.fig(
         driver,
         "partition: last confirmed validity deadline",
         diff(t_part, a_until),
     );
-    fig_ms(
+    env.fig(
         driver,
         "partition: job cancelled at",
         diff(t_part, a_cancel),
     );
-    fig_ms(
+    env.fig(
         driver,
         "partition: cancel - validity deadline",
         diff(a_until, a_cancel),
     );
-    fig_ms(
+    env.fig(
         driver,
         "partition: server guard ended the old session at",
         diff(t_part, gone),
     );
-    fig_ms(driver, "partition: standby start at", diff(t_part, b_start));
-    fig_ms(
+    env.fig(driver, "partition: standby start at", diff(t_part, b_start));
+    env.fig(
         driver,
         "partition: gap old cancel -> new start (overlap if < 0)",
         diff(a_cancel, b_start),
@@ -682,7 +810,7 @@ fn partition(driver: Driver) -> Res {
     let t_heal = monotonic_nanos();
     proxy.set_mode(Mode::Pass);
     let (a_pid2, a_back) = a.wait_pid(t_heal, WAIT)?;
-    fig_ms(
+    env.fig(
         driver,
         "partition: healed -> old holder's new session ready",
         diff(t_heal, a_back),
@@ -691,7 +819,7 @@ fn partition(driver: Driver) -> Res {
     std::thread::sleep(config_a.retry * 5);
     assert_eq!(a.terms().len(), 1, "A led again\n{}", a.tail());
     assert!(b.cancels().is_empty(), "B lost the lease\n{}", b.tail());
-    assert_one_leader(&admin, &[&a, &b], "job")?;
+    assert_one_leader(&admin, &[&a, &b], lease)?;
     assert_no_overlap(&[&a, &b]);
     Ok(())
 }

@@ -11,8 +11,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lease_proto::Options;
 use lease_tests::{Certs, Cluster};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 const HBA: &str = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
@@ -44,17 +42,7 @@ fn init() {
 /// rustls's default verification (chain and host name: libpq's
 /// verify-full) against the test CA.
 fn client_config(ca: &std::path::Path) -> rustls::ClientConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca).expect("read the CA") {
-        roots
-            .add(cert.expect("a PEM certificate"))
-            .expect("add the CA");
-    }
-    rustls::ClientConfig::builder_with_provider(rustls::crypto::ring::default_provider().into())
-        .with_safe_default_protocol_versions()
-        .expect("protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth()
+    lease_tests::client_config(ca).expect("a client configuration")
 }
 
 fn config(c: &Cluster, host: &str, app: &str) -> tokio_postgres::Config {
@@ -77,17 +65,6 @@ fn assert_over_tls(c: &Cluster, apps: &[&str]) {
             .expect("query pg_stat_ssl");
         assert_eq!(ssl, "t", "session {app}: ssl = {ssl:?}");
     }
-}
-
-/// An error and its sources.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    out
 }
 
 /// A wrong CA: rustls refuses the server's certificate.
@@ -173,7 +150,7 @@ fn tokio_verify_full_leads_and_hands_over() {
             .connect(tls)
             .await
             .err()
-            .map(|e| chain(&e))
+            .map(|e| lease_tests::error_chain(&e))
     });
     wrong_ca_message(&err.expect("the wrong CA is refused"));
 }

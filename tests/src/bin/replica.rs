@@ -3,8 +3,8 @@
 //! ```text
 //! replica --driver tokio|smol --url CONNSTR --lease NAME [--leases N] [--retry MS]
 //!         [--heartbeat MS] [--query-timeout MS] [--guard-margin MS] [--no-guard]
-//!         [--no-notify] [--no-wait] [--lock-delay MS] [--app-name NAME] [--job-exit-after MS] [--tick MS]
-//!         [--status-poll MS]
+//!         [--no-notify] [--no-wait] [--lock-delay MS] [--app-name NAME] [--job-exit-after MS]
+//!         [--tick MS] [--status-poll MS] [--tls-ca PEM]
 //! ```
 //!
 //! With `--leases N` (N > 1) it runs the leases `NAME-0` .. `NAME-{N-1}`, else `NAME`.
@@ -12,7 +12,10 @@
 //! guard margin 200 ms, a tick every 50 ms (`--tick 0`: no tick lines). The `pid` and
 //! `valid` lines come from polling `Locker::status()` every `--status-poll` ms (default
 //! 20); `--status-poll 0` runs no poller at all, so neither line is printed (to measure
-//! the process at rest without the poller's cost).
+//! the process at rest without the poller's cost). `--tls-ca PEM`: TLS required
+//! (`sslmode=require`) and verified in full, chain and host name (libpq's `verify-full`),
+//! against the CA certificates in that file, with rustls (tokio: tokio-postgres-rustls;
+//! smol: lease-smol's `rustls` connector); without it, no TLS.
 //!
 //! Standard output carries one machine-readable line per event; `T` is
 //! `CLOCK_MONOTONIC` in nanoseconds ([`lease_tests::monotonic_nanos`]), comparable across
@@ -75,6 +78,8 @@ struct Args {
     app_name: String,
     /// How often to poll `Locker::status()` for `pid`/`valid` lines; `None`: no poller.
     status_poll: Option<Duration>,
+    /// `--tls-ca`: TLS verified in full against these CA certificates.
+    tls_ca: Option<std::path::PathBuf>,
     job: JobConfig,
 }
 
@@ -89,7 +94,10 @@ struct JobConfig {
 
 const USAGE: &str = "usage: replica --driver tokio|smol --url CONNSTR --lease NAME [--leases N] \
 [--retry MS] [--heartbeat MS] [--query-timeout MS] [--guard-margin MS] [--no-guard] \
-[--no-notify] [--app-name NAME] [--job-exit-after MS] [--tick MS] [--status-poll MS]
+[--no-notify] [--app-name NAME] [--job-exit-after MS] [--tick MS] [--status-poll MS] \
+[--tls-ca PEM]
+  --tls-ca PEM      TLS required, verified in full (chain and host name) against the CA
+                    certificates in PEM
   --status-poll MS  poll the locker's status every MS ms (default 20) to print `pid` and
                     `valid` lines; 0: no poller, no such lines";
 
@@ -109,6 +117,7 @@ fn parse_args() -> Result<Args, String> {
         lock_delay: lease_proto::DEFAULT_LOCK_DELAY,
         app_name: "lease-replica".to_owned(),
         status_poll: Some(Duration::from_millis(20)),
+        tls_ca: None,
         job: JobConfig {
             tick: Some(Duration::from_millis(50)),
             exit_after: None,
@@ -153,6 +162,7 @@ fn parse_args() -> Result<Args, String> {
             "--job-exit-after" => args.job.exit_after = Some(ms(value()?)?),
             "--tick" => args.job.tick = Some(ms(value()?)?).filter(|d| !d.is_zero()),
             "--status-poll" => args.status_poll = Some(ms(value()?)?).filter(|d| !d.is_zero()),
+            "--tls-ca" => args.tls_ca = Some(value()?.into()),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
@@ -178,6 +188,22 @@ impl Args {
             max_leases: self.leases.max(lease_proto::DEFAULT_MAX_LEASES),
             ..Options::default()
         }
+    }
+
+    /// The connection config: `--url`, the application name, and with `--tls-ca`
+    /// `sslmode=require` (TLS or nothing), plus the rustls configuration to connect with.
+    fn config(&self) -> Result<(tokio_postgres::Config, Option<rustls::ClientConfig>), String> {
+        let mut config: tokio_postgres::Config =
+            self.url.parse().map_err(|e| format!("--url: {e}"))?;
+        config.application_name(&self.app_name);
+        let tls = match &self.tls_ca {
+            None => None,
+            Some(ca) => {
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                Some(lease_tests::client_config(ca).map_err(|e| format!("--tls-ca: {e}"))?)
+            }
+        };
+        Ok((config, tls))
     }
 
     fn names(&self) -> Vec<String> {
@@ -396,11 +422,16 @@ fn tokio_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Stri
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
     rt.block_on(async {
-        let mut config: tokio_postgres::Config =
-            args.url.parse().map_err(|e| format!("--url: {e}"))?;
-        config.application_name(&args.app_name);
-        let locker = lease_tokio::Locker::spawn(config, tokio_postgres::NoTls, args.options())
-            .map_err(|e| e.to_string())?;
+        let (config, tls) = args.config()?;
+        let locker = match tls {
+            None => lease_tokio::Locker::spawn(config, tokio_postgres::NoTls, args.options()),
+            Some(tls) => lease_tokio::Locker::spawn(
+                config,
+                tokio_postgres_rustls::MakeRustlsConnect::new(tls),
+                args.options(),
+            ),
+        }
+        .map_err(|e| e.to_string())?;
         out(format_args!("ready {}", monotonic_nanos()));
         let poller = args.status_poll.map(|every| {
             let locker = locker.clone();
@@ -448,13 +479,17 @@ fn tokio_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Stri
 /// run failed.
 fn smol_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, String> {
     smol::block_on(async {
-        let mut config: tokio_postgres::Config =
-            args.url.parse().map_err(|e| format!("--url: {e}"))?;
-        config.application_name(&args.app_name);
-        let (locker, driver) =
-            lease_smol::Locker::new(config, tokio_postgres::NoTls, args.options())
-                .map_err(|e| e.to_string())?;
-        let driver = smol::spawn(driver);
+        let (config, tls) = args.config()?;
+        let (locker, driver) = match tls {
+            None => lease_smol::Locker::new(config, tokio_postgres::NoTls, args.options())
+                .map(|(locker, driver)| (locker, smol::spawn(driver))),
+            Some(tls) => {
+                let tls = lease_smol::rustls::MakeRustls::new(tls);
+                lease_smol::Locker::new(config, tls, args.options())
+                    .map(|(locker, driver)| (locker, smol::spawn(driver)))
+            }
+        }
+        .map_err(|e| e.to_string())?;
         out(format_args!("ready {}", monotonic_nanos()));
         let poller = args.status_poll.map(|every| {
             let locker = locker.clone();
