@@ -140,6 +140,10 @@ pub enum Mutation {
     /// validity window then starts up to a round trip later than the server
     /// guard's idle clock, and the margin no longer covers it.
     ConfirmAtArrival,
+    /// Take a woken wait for an acquisition: every waiting standby leads
+    /// when its wait wakes, without the try (and its confirmation and
+    /// token) that must follow.
+    WakeIsAcquisition,
 }
 
 impl Default for Options {
@@ -300,7 +304,7 @@ impl Options {
     pub fn confirm_time(&self, sent: Instant, arrived: Instant) -> Instant {
         match self.mutation {
             Some(Mutation::ConfirmAtArrival) => arrived,
-            None => sent,
+            Some(Mutation::WakeIsAcquisition) | None => sent,
         }
     }
 

@@ -101,6 +101,10 @@ impl Machine {
                         return;
                     }
                     self.event(Event::KeyFreed { key });
+                    #[cfg(feature = "sim")]
+                    if self.opts.mutation == Some(crate::options::Mutation::WakeIsAcquisition) {
+                        return self.wake_is_acquisition(now, key);
+                    }
                     self.woken = true;
                     let delay = self.opts.lock_delay;
                     if delay.is_zero() {
@@ -129,6 +133,19 @@ impl Machine {
                 self.waits_off = true;
                 self.try_now = true;
             }
+        }
+    }
+
+    /// The broken variant [`Mutation::WakeIsAcquisition`](crate::options::Mutation).
+    #[cfg(feature = "sim")]
+    fn wake_is_acquisition(&mut self, now: Instant, key: i64) {
+        let Some(id) = self.keys.get(&key).copied() else {
+            return;
+        };
+        if let Some(RunState::Standby(s)) = self.runs.get_mut(&id).map(|r| &mut r.state) {
+            s.step = StandbyStep::Trying;
+            let token = i64::MAX / 2 + self.next_query as i64;
+            self.won(now, now, key, token);
         }
     }
 
