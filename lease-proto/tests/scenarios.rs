@@ -169,6 +169,27 @@ fn terminated_holder_learns_at_once() {
     eprintln!("overlap after terminate: {:?}", r.max_overlap);
 }
 
+/// The lock delay: the standby waiting on the server is woken the moment the
+/// terminated holder's key is freed, which is when the holder learns of it;
+/// its job (stopping within `job_reaction`, 5 ms) would still run beside the
+/// new one if the standby tried at once. Without the delay, two leaders.
+#[test]
+fn without_the_lock_delay_a_terminated_holders_job_overlaps_the_next() {
+    let mut c = cfg();
+    c.options.lock_delay = Duration::ZERO;
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(1000));
+    let holder = leader(&sim, 3).unwrap();
+    sim.schedule(ms(1000), Fault::Terminate { process: holder });
+    let r = sim.finish(ms(3000), ms(2000));
+    eprintln!("lock delay 0: overlap after terminate {:?}", r.max_overlap);
+    assert!(
+        (r.violations.iter()).any(|v| matches!(v, Violation::TwoLeaders { .. })),
+        "{:?}",
+        r.violations
+    );
+}
+
 #[test]
 fn crashed_holder_is_replaced_within_a_retry_interval() {
     let mut sim = Sim::new(cfg(), Instant::now());
