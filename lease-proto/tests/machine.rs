@@ -581,6 +581,34 @@ fn a_new_run_interrupts_a_wait() {
     assert_eq!(keys, want);
 }
 
+/// Shutting down the only standby while its wait blocks the session closes
+/// the session at once: nothing waits out the lock timeout.
+#[test]
+fn a_shutdown_during_a_wait_closes_the_session_at_once() {
+    let mut h = harness(opts());
+    let run = h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    let session = h.session().unwrap();
+    let cmds = h.input(Input::Shutdown { run });
+    assert!(has(&cmds, |c| matches!(
+        c,
+        Command::FinishRun {
+            outcome: Outcome::Cancelled,
+            ..
+        }
+    )));
+    assert!(
+        has(
+            &cmds,
+            |c| matches!(c, Command::CloseSession { session: s } if *s == session)
+        ),
+        "{cmds:?}"
+    );
+    assert_eq!(h.machine().poll_timeout(), None);
+}
+
 /// A wait that fails otherwise than by its lock timeout turns waiting off
 /// for the session: the standby tries at once and polls from then on.
 #[test]

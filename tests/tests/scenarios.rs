@@ -252,7 +252,53 @@ both_drivers!(
     refused_setups,
     unreachable_at_start,
     herd_of_ten,
+    vanished_waiter,
 );
+
+/// A standby killed with SIGKILL while it waits on the server leaves nothing queued for
+/// long: its backend does not read the socket while blocked, but the wait's
+/// `lock_timeout` (the time left to its retry deadline, 500 ms here) ends it, and the
+/// backend exits on the closed connection.
+fn vanished_waiter(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let url = cluster.conn_string();
+    let holder = replica(driver, &url).spawn(bin(), "holder")?;
+    holder.wait_start(0, WAIT)?;
+    let standby = ReplicaConfig {
+        retry: ms(500),
+        ..replica(driver, &url)
+    };
+    let mut s = standby.spawn(bin(), "standby")?;
+    let (pid, _) = s.wait_pid(0, WAIT)?;
+    let waiting = format!(
+        "SELECT count(*)::int8 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+         AND pid = {pid}"
+    );
+    let alive = format!("SELECT count(*)::int8 FROM pg_stat_activity WHERE pid = {pid}");
+    let until = |sql: &str, want: i64, what: &str| -> Result<u64, KitError> {
+        let deadline = Instant::now() + WAIT;
+        while admin.ints(sql)?.first() != Some(&want) {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(ms(5));
+        }
+        Ok(monotonic_nanos())
+    };
+    until(&waiting, 1, "the standby never waited on the server")?;
+    let t_kill = s.kill9()?;
+    let gone = until(&alive, 0, "the killed standby's backend stayed")?;
+    fig_ms(
+        driver,
+        "standby killed while waiting -> its backend gone",
+        diff(t_kill, gone),
+    );
+    assert!(
+        diff(t_kill, gone) < nanos(standby.retry + ms(500)),
+        "the backend outlived its wait's lock timeout by {:.1} ms",
+        ms_f(diff(t_kill, gone)) - ms_f(nanos(standby.retry))
+    );
+    Ok(())
+}
 
 /// Ten standbys wait on the server for one key; the holder is killed with SIGKILL. Exactly
 /// one standby leads, within milliseconds; the other nine go back to waiting (visible in

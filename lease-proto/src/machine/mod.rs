@@ -8,6 +8,8 @@
 //! - `pump`: after every input, acting on deadlines and picking the next
 //!   statement;
 //! - `timer`: the one deadline table behind [`Machine::poll_timeout`];
+//! - `wait`: standbys waiting on the server for a key to be freed;
+//! - `doubtful`: a session given up on while its cancelled jobs still run;
 //! - `status`: the public snapshot.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -131,8 +133,14 @@ impl std::error::Error for RunError {}
 ///   is gone at once;
 /// - a key held by the session is never locked again (no re-entrant stacking),
 ///   and any key found held without the machine's knowledge is unlocked;
-/// - one statement per heartbeat and one per standby tick, however many
-///   leases; at most one statement in flight.
+/// - a standby that holds nothing waits on the server for a wanted key and
+///   tries the moment it is freed (after [`Options::lock_delay`] unless a
+///   handover notification came); a wait never acquires, the try after it
+///   does (see `wait` for the rule);
+/// - one statement per heartbeat and one per standby tick (a try, or a
+///   wait that ends by its lock timeout), however many leases, plus one
+///   wait per tick for a standby of several; at most one statement in
+///   flight.
 #[derive(Debug)]
 pub struct Machine {
     opts: Options,

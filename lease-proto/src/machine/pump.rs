@@ -65,7 +65,7 @@ impl Machine {
     }
 
     /// Picks the next statement: verification, then releases, then the
-    /// heartbeat, then the standby try.
+    /// heartbeat, then the standby try, then a wait on the server (`wait`).
     fn next_statement(&mut self, now: Instant) -> Option<What> {
         if self.verify {
             return Some(What::Verify);
