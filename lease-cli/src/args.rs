@@ -133,12 +133,22 @@ pub enum Cmd {
     Run(RunArgs),
     /// Show who holds leases: the named ones, or every advisory key held in the database
     #[command(
-        long_about = "Show who holds leases.\n\nFor each NAME (or, with no NAME, for every \
-                      single-bigint advisory lock held in the database): whether it is held, its \
-                      key, and the holder's backend pid, application_name (`lease:NAME` for \
-                      `lease run`), client address, backend start and last state change. \
-                      With --watch, queries again every --interval until Ctrl-C: redrawn in \
-                      place on a terminal, a new table per interval otherwise. \
+        long_about = "Show who holds leases and who waits for them.\n\nFor each NAME (or, with no \
+                      NAME, for every single-bigint advisory lock held or waited for in the \
+                      database): its key, then a line per session: the holder (ROLE holder; \
+                      free when nobody holds it) and the sessions waiting for it on the server \
+                      (ROLE standby, in queue order: lease standbys waiting on the server, or any \
+                      other client blocked on the key; APPLICATION tells), each with its backend \
+                      pid, application_name (`lease:NAME` for `lease run`), client address, \
+                      SINCE (the session's backend start: a standby stands by since then; a \
+                      holder took the key at or after it, the server records no grant time) and \
+                      WAIT START (when a standby's current wait began). --json prints one object \
+                      per lease and holder with a `standbys` array. The holder's fencing token \
+                      is not shown: the server keeps no record of it. \
+                      With --watch, queries again every --interval on one session until Ctrl-C, \
+                      a line per lease (holder, HELD SINCE as this watch saw it, the standbys' \
+                      count and pids): redrawn in place on a terminal, a new table per interval \
+                      otherwise. \
                       Exit status 0 when the query ran (with --watch: on Ctrl-C or SIGTERM), \
                       1 when the database could not be queried, 2 for bad usage.",
         after_long_help = CONNECTION_HELP
@@ -310,7 +320,8 @@ pub struct RunArgs {
 /// Options of `lease status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// Lease names to show (default: every advisory bigint key held in this database)
+    /// Lease names to show (default: every advisory bigint key held or waited for in this
+    /// database)
     #[arg(value_name = "NAME")]
     pub names: Vec<String>,
 
@@ -324,8 +335,14 @@ pub struct StatusArgs {
 
     /// Query again every --interval and redraw the table until Ctrl-C
     ///
-    /// On a terminal the table is redrawn in place; otherwise (a pipe, a file) a new table,
-    /// headed by its time, is printed each interval. A failed query is reported and retried.
+    /// One line per lease: NAME, KEY, HELD, the holder's PID, APPLICATION and CLIENT, HELD SINCE
+    /// (the time of the first refresh that showed this holder: it took the key after the
+    /// refresh before; `before T` when it already held at the first refresh T) and STANDBYS (how many
+    /// sessions wait for the key on the server, and their pids). On a terminal the table is
+    /// redrawn in place; otherwise (a pipe, a file) a new table, headed by its time, is printed
+    /// each interval. The queries share one session; a failed query is retried on a new one at
+    /// once, then reported and retried at the next interval. JSON lines are those of a single
+    /// query.
     #[arg(long, short)]
     pub watch: bool,
 

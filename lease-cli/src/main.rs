@@ -5,8 +5,8 @@
 //!   leading ([`run`], [`child`]).
 //!   With `--metrics-addr`, also serves `/metrics`, `/healthz` and `/leader`
 //!   ([`serve`]).
-//! - `lease status [NAME...]`: who holds which lease ([`status`]); `--watch`
-//!   redraws it until Ctrl-C.
+//! - `lease status [NAME...]`: who holds which lease and who waits for it on
+//!   the server ([`status`]); `--watch` redraws it until Ctrl-C.
 //! - `lease key NAME`: the advisory-lock key of a name.
 //! - `lease __watchdog` (hidden): started by `lease run` beside each command;
 //!   kills the command's group when the runner stops renewing its deadline

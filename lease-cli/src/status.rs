@@ -8,12 +8,14 @@ use serde_json::json;
 use crate::args::{KeyArgs, StatusArgs};
 use crate::{conn, usage_error, EXIT_FAILURE};
 
-/// One line of output: a lease (named or not) and its holder, if any.
+/// One lease (named or not), one of its holders if any (a key held in a
+/// shared mode can have several), and the sessions waiting for it.
 #[derive(Debug, Clone, PartialEq)]
 struct Entry {
     name: Option<String>,
     key: i64,
     holder: Option<HolderRow>,
+    standbys: Vec<HolderRow>,
 }
 
 /// Runs `lease key`.
@@ -73,22 +75,91 @@ pub fn main(args: StatusArgs) -> i32 {
     }
 }
 
-/// One query, rendered as `lease status` prints it (a table or JSON lines).
-/// `Err` is a one-line, redacted message.
-async fn render(
+/// A `lease status` session, kept open across `--watch` refreshes.
+struct Session {
+    client: tokio_postgres::Client,
+    connection: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+}
+
+impl Session {
+    async fn connect(target: &conn::Target) -> Result<Session, String> {
+        let (client, connection) = target
+            .config
+            .connect(target.tls.clone())
+            .await
+            .map_err(|e| conn::error_chain(&e))?;
+        Ok(Session {
+            client,
+            connection: tokio::spawn(connection),
+        })
+    }
+
+    /// Every advisory lock request of the database ([`HOLDERS_SQL`]).
+    async fn locks(&self) -> Result<Vec<HolderRow>, String> {
+        use tokio_postgres::SimpleQueryMessage;
+        let messages =
+            (self.client.simple_query(HOLDERS_SQL).await).map_err(|e| conn::error_chain(&e))?;
+        let mut rows = Vec::new();
+        for message in messages {
+            if let SimpleQueryMessage::Row(row) = message {
+                let columns = (0..row.len()).map(|i| row.get(i));
+                rows.push(HolderRow::parse(columns).map_err(|e| e.to_string())?);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Ends the session (a Terminate message, then the socket closes).
+    async fn close(self) {
+        drop(self.client);
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.connection).await;
+    }
+}
+
+/// Reads the lock table on `session`, connecting first when there is none
+/// (or when the one kept from the last refresh fails: the server may have
+/// closed it meanwhile), all within `--timeout`. `Err` is a one-line,
+/// redacted message.
+async fn lookup(
     args: &StatusArgs,
-    ids: &[LeaseId],
     target: &conn::Target,
-) -> Result<String, String> {
-    let held = match tokio::time::timeout(args.timeout, query(target)).await {
+    session: &mut Option<Session>,
+) -> Result<Vec<HolderRow>, String> {
+    let attempt = async {
+        if let Some(kept) = session.take() {
+            if let Ok(rows) = kept.locks().await {
+                *session = Some(kept);
+                return Ok(rows);
+            }
+            kept.close().await;
+        }
+        let fresh = Session::connect(target).await?;
+        let rows = fresh.locks().await;
+        *session = Some(fresh);
+        rows
+    };
+    let rows = match tokio::time::timeout(args.timeout, attempt).await {
         Ok(result) => result,
         Err(_) => Err(format!(
             "no answer within {}",
             humantime::format_duration(args.timeout)
         )),
     };
-    let held = held.map_err(|e| conn::redact(&e).replace(['\r', '\n'], " "))?;
-    let entries = entries(ids, held);
+    rows.map_err(|e| conn::redact(&e).replace(['\r', '\n'], " "))
+}
+
+/// One query, rendered as `lease status` prints it (a table or JSON lines).
+async fn render(
+    args: &StatusArgs,
+    ids: &[LeaseId],
+    target: &conn::Target,
+) -> Result<String, String> {
+    let mut session = None;
+    let rows = lookup(args, target, &mut session).await;
+    if let Some(s) = session {
+        s.close().await;
+    }
+    let entries = entries(ids, rows?);
     Ok(if args.json {
         entries.iter().map(|e| json_line(e) + "\n").collect()
     } else {
@@ -96,10 +167,14 @@ async fn render(
     })
 }
 
-/// `--watch`: queries every `--interval` until SIGINT or SIGTERM (exit 0).
-/// On a terminal each table replaces the last (ANSI clear and home);
-/// otherwise each is printed after the last, headed by its time. A failed
-/// query is shown in place of the table and retried at the next interval.
+/// `--watch`: queries every `--interval` on one session (reconnecting when
+/// it fails) until SIGINT or SIGTERM (exit 0). On a terminal each table
+/// replaces the last (ANSI clear and home); otherwise each is printed after
+/// the last, headed by its time. A failed query is shown in place of the
+/// table and retried at the next interval.
+///
+/// The table has one line per lease ([`watch_table`]); JSON lines are those
+/// of a single query.
 async fn watch(args: &StatusArgs, ids: &[LeaseId], target: &conn::Target) -> i32 {
     use std::io::{IsTerminal, Write};
     use tokio::signal::unix::{signal, SignalKind};
@@ -117,19 +192,32 @@ async fn watch(args: &StatusArgs, ids: &[LeaseId], target: &conn::Target) -> i32
     let every = humantime::format_duration(args.interval);
     let mut tick = tokio::time::interval(args.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    let mut session = None;
+    let mut seen = Seen::default();
+    let status = loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = int.recv() => return 0,
-            _ = term.recv() => return 0,
+            _ = int.recv() => break 0,
+            _ = term.recv() => break 0,
         }
-        let body = tokio::select! {
-            r = render(args, ids, target) => r,
-            _ = int.recv() => return 0,
-            _ = term.recv() => return 0,
+        let rows = tokio::select! {
+            r = lookup(args, target, &mut session) => r,
+            _ = int.recv() => break 0,
+            _ = term.recv() => break 0,
         };
-        let body = body.unwrap_or_else(|e| format!("cannot query {}: {e}\n", target.summary));
-        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let body = match rows {
+            Ok(rows) => {
+                let entries = entries(ids, rows);
+                if args.json {
+                    entries.iter().map(|e| json_line(e) + "\n").collect()
+                } else {
+                    seen.update(&entries, &now);
+                    watch_table(&entries, &seen, ids.is_empty())
+                }
+            }
+            Err(e) => format!("cannot query {}: {e}\n", target.summary),
+        };
         // JSON lines stay JSON lines: no heading.
         let head = if args.json {
             String::new()
@@ -149,77 +237,92 @@ async fn watch(args: &StatusArgs, ids: &[LeaseId], target: &conn::Target) -> i32
             .is_err()
         {
             // The reader went away (a closed pipe): nothing left to show.
-            return 0;
+            break 0;
+        }
+    };
+    if let Some(s) = session {
+        s.close().await;
+    }
+    status
+}
+
+/// A holder as `--watch` tells it from another: `(key, pid, backend start)`
+/// (a pid can be reused by a later backend).
+type HolderId = (i64, Option<i32>, Option<String>);
+
+/// What `--watch` has seen of each lease's holders: when a holder first
+/// appeared, for the HELD SINCE column.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Refreshes so far.
+    refreshes: u64,
+    /// `(key, holder pid, holder backend start)` → (the time of the first
+    /// refresh that showed it, whether an earlier refresh showed the key
+    /// without it).
+    holders: std::collections::HashMap<HolderId, (String, bool)>,
+}
+
+impl Seen {
+    fn update(&mut self, entries: &[Entry], now: &str) {
+        let first = self.refreshes == 0;
+        self.refreshes += 1;
+        let mut current = std::collections::HashMap::new();
+        for e in entries {
+            if let Some(h) = &e.holder {
+                let id = (e.key, h.pid, h.backend_start.clone());
+                let known = self.holders.remove(&id);
+                current.insert(id, known.unwrap_or_else(|| (now.to_owned(), !first)));
+            }
+        }
+        // A holder that went away is forgotten: if it comes back, it took
+        // the key again.
+        self.holders = current;
+    }
+
+    /// HELD SINCE of a holder: the refresh that first showed it (it took the
+    /// key after the refresh before), or `before` the first refresh.
+    fn since(&self, key: i64, h: &HolderRow) -> String {
+        match self.holders.get(&(key, h.pid, h.backend_start.clone())) {
+            Some((at, true)) => at.clone(),
+            Some((at, false)) => format!("before {at}"),
+            None => "-".to_owned(),
         }
     }
 }
 
-async fn query(target: &conn::Target) -> Result<Vec<HolderRow>, String> {
-    let (client, connection) = target
-        .config
-        .connect(target.tls.clone())
-        .await
-        .map_err(|e| conn::error_chain(&e))?;
-    let connection = tokio::spawn(connection);
-    let rows = client
-        .query(HOLDERS_SQL, &[])
-        .await
-        .map_err(|e| conn::error_chain(&e))?;
-    drop(client);
-    let _ = tokio::time::timeout(Duration::from_secs(1), connection).await;
-    let mut held = Vec::with_capacity(rows.len());
-    for row in rows {
-        let holder = HolderRow {
-            key: row.try_get(0).map_err(|e| conn::error_chain(&e))?,
-            pid: row.try_get(1).map_err(|e| conn::error_chain(&e))?,
-            mode: row.try_get(2).map_err(|e| conn::error_chain(&e))?,
-            application_name: row.try_get(3).map_err(|e| conn::error_chain(&e))?,
-            client_addr: row.try_get(4).map_err(|e| conn::error_chain(&e))?,
-            client_port: row.try_get(5).map_err(|e| conn::error_chain(&e))?,
-            backend_start: row.try_get(6).map_err(|e| conn::error_chain(&e))?,
-            state_change: row.try_get(7).map_err(|e| conn::error_chain(&e))?,
-            state: row.try_get(8).map_err(|e| conn::error_chain(&e))?,
+/// The named leases (held or not), or every key in the lock table when none
+/// is named, each with its standbys (its waiting requests, in queue order).
+fn entries(ids: &[LeaseId], rows: Vec<HolderRow>) -> Vec<Entry> {
+    let lease = |key: i64, name: Option<String>| {
+        let of_key = || rows.iter().filter(move |r| r.key == key);
+        let standbys: Vec<HolderRow> = of_key().filter(|r| !r.granted).cloned().collect();
+        let name = name.or_else(|| of_key().find_map(guess_name));
+        let holders: Vec<HolderRow> = of_key().filter(|r| r.granted).cloned().collect();
+        let entry = |holder| Entry {
+            name: name.clone(),
+            key,
+            holder,
+            standbys: standbys.clone(),
         };
-        held.push(holder);
-    }
-    Ok(held)
-}
-
-/// The named leases (held or not), or every held key when none is named.
-fn entries(ids: &[LeaseId], held: Vec<HolderRow>) -> Vec<Entry> {
+        if holders.is_empty() {
+            vec![entry(None)]
+        } else {
+            holders.into_iter().map(|h| entry(Some(h))).collect()
+        }
+    };
     if ids.is_empty() {
-        return held
-            .into_iter()
-            .map(|h| Entry {
-                name: guess_name(&h),
-                key: h.key,
-                holder: Some(h),
-            })
-            .collect();
+        // The rows are ordered by key.
+        let mut keys: Vec<i64> = rows.iter().map(|r| r.key).collect();
+        keys.dedup();
+        keys.into_iter().flat_map(|k| lease(k, None)).collect()
+    } else {
+        (ids.iter())
+            .flat_map(|id| lease(id.key(), Some(id.name().to_owned())))
+            .collect()
     }
-    let mut out = Vec::new();
-    for id in ids {
-        let mut found = false;
-        for h in held.iter().filter(|h| h.key == id.key()) {
-            found = true;
-            out.push(Entry {
-                name: Some(id.name().to_owned()),
-                key: id.key(),
-                holder: Some(h.clone()),
-            });
-        }
-        if !found {
-            out.push(Entry {
-                name: Some(id.name().to_owned()),
-                key: id.key(),
-                holder: None,
-            });
-        }
-    }
-    out
 }
 
-/// The lease name of a holder that runs `lease run` (application_name
+/// The lease name of a session that runs `lease run` (application_name
 /// `lease:NAME`, confirmed by the key).
 fn guess_name(h: &HolderRow) -> Option<String> {
     let name = h.application_name.as_deref()?.strip_prefix("lease:")?;
@@ -237,6 +340,20 @@ fn client(h: &HolderRow) -> Option<String> {
 
 fn json_line(e: &Entry) -> String {
     let h = e.holder.as_ref();
+    let standbys: Vec<serde_json::Value> = (e.standbys.iter())
+        .map(|s| {
+            json!({
+                "pid": s.pid,
+                "mode": s.mode,
+                "application_name": s.application_name,
+                "client_addr": s.client_addr,
+                "client_port": s.client_port,
+                "backend_start": s.backend_start,
+                "wait_start": s.wait_start,
+                "state": s.state,
+            })
+        })
+        .collect();
     json!({
         "name": e.name,
         "key": e.key,
@@ -249,52 +366,29 @@ fn json_line(e: &Entry) -> String {
         "backend_start": h.and_then(|h| h.backend_start.clone()),
         "state_change": h.and_then(|h| h.state_change.clone()),
         "state": h.and_then(|h| h.state.clone()),
+        "standbys": standbys,
     })
     .to_string()
 }
 
-/// An aligned table with a header; a note when nothing is held.
-fn table(entries: &[Entry], all: bool) -> String {
-    if entries.is_empty() && all {
-        return "no advisory locks are held in this database\n".to_owned();
+/// An RFC 3339 time of [`HOLDERS_SQL`] cut to whole seconds, for tables.
+fn seconds(t: &str) -> String {
+    match t.split_once('.') {
+        Some((s, _)) if t.ends_with('Z') => format!("{s}Z"),
+        _ => t.to_owned(),
     }
-    let dash = || "-".to_owned();
-    let mut rows = vec![[
-        "NAME",
-        "KEY",
-        "HELD",
-        "PID",
-        "APPLICATION",
-        "CLIENT",
-        "BACKEND START",
-        "STATE CHANGE",
-    ]
-    .map(str::to_owned)];
-    for e in entries {
-        let h = e.holder.as_ref();
-        let name = e.name.clone().unwrap_or_else(dash);
-        let name = name.replace(char::is_whitespace, " ");
-        rows.push([
-            name,
-            e.key.to_string(),
-            if h.is_some() { "yes" } else { "no" }.to_owned(),
-            h.and_then(|h| h.pid).map_or_else(dash, |p| p.to_string()),
-            h.and_then(|h| h.application_name.clone())
-                .filter(|a| !a.is_empty())
-                .unwrap_or_else(dash),
-            h.and_then(client).unwrap_or_else(dash),
-            h.and_then(|h| h.backend_start.clone()).unwrap_or_else(dash),
-            h.and_then(|h| h.state_change.clone()).unwrap_or_else(dash),
-        ]);
-    }
-    let mut widths = [0; 8];
-    for row in &rows {
+}
+
+/// Aligns rows of cells into lines, the first row the header.
+fn align<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0; N];
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in &rows {
+    for row in rows {
         let cells: Vec<String> = row
             .iter()
             .zip(widths)
@@ -306,6 +400,113 @@ fn table(entries: &[Entry], all: bool) -> String {
     out
 }
 
+const NOTHING: &str = "no advisory locks are held or waited for in this database\n";
+
+fn dash() -> String {
+    "-".to_owned()
+}
+
+fn name_cell(e: &Entry) -> String {
+    (e.name.clone().unwrap_or_else(dash)).replace(char::is_whitespace, " ")
+}
+
+/// The table of a single query: a line per session, the holder's (ROLE
+/// `holder`, or `free` when nobody holds the lease) then its standbys' in
+/// queue order (ROLE `standby`). SINCE is the session's backend start: when
+/// a standby began standing by on its current session, and for a holder the
+/// earliest it can have taken the key (the server records no grant time).
+/// WAIT START is when a standby's current wait began (a standby that waits
+/// with a lock timeout starts a new wait at each timeout).
+fn table(entries: &[Entry], all: bool) -> String {
+    if entries.is_empty() && all {
+        return NOTHING.to_owned();
+    }
+    let mut rows = vec![[
+        "NAME",
+        "KEY",
+        "ROLE",
+        "PID",
+        "APPLICATION",
+        "CLIENT",
+        "SINCE",
+        "WAIT START",
+    ]
+    .map(str::to_owned)];
+    let line = |e: &Entry, role: &str, s: Option<&HolderRow>| {
+        [
+            name_cell(e),
+            e.key.to_string(),
+            role.to_owned(),
+            s.and_then(|s| s.pid).map_or_else(dash, |p| p.to_string()),
+            s.and_then(|s| s.application_name.clone())
+                .filter(|a| !a.is_empty())
+                .unwrap_or_else(dash),
+            s.and_then(client).unwrap_or_else(dash),
+            s.and_then(|s| s.backend_start.as_deref().map(seconds))
+                .unwrap_or_else(dash),
+            s.and_then(|s| s.wait_start.as_deref().map(seconds))
+                .unwrap_or_else(dash),
+        ]
+    };
+    for (i, e) in entries.iter().enumerate() {
+        let role = if e.holder.is_some() { "holder" } else { "free" };
+        rows.push(line(e, role, e.holder.as_ref()));
+        // The standbys once per lease, after its last holder (a lease's
+        // entries are consecutive).
+        if entries.get(i + 1).is_none_or(|n| n.key != e.key) {
+            for s in &e.standbys {
+                rows.push(line(e, "standby", Some(s)));
+            }
+        }
+    }
+    align(&rows)
+}
+
+/// The `--watch` table: a line per lease with its holder and, as pids, its
+/// standbys. HELD SINCE is what this watch saw ([`Seen::since`]): the
+/// holder's fencing token is not shown because no one but the holder can
+/// know it (the server keeps no record of it).
+fn watch_table(entries: &[Entry], seen: &Seen, all: bool) -> String {
+    if entries.is_empty() && all {
+        return NOTHING.to_owned();
+    }
+    let mut rows = vec![[
+        "NAME",
+        "KEY",
+        "HELD",
+        "PID",
+        "APPLICATION",
+        "CLIENT",
+        "HELD SINCE",
+        "STANDBYS",
+    ]
+    .map(str::to_owned)];
+    for e in entries {
+        let h = e.holder.as_ref();
+        let standbys = (e.standbys.iter())
+            .map(|s| s.pid.map_or_else(|| "?".to_owned(), |p| p.to_string()))
+            .collect::<Vec<_>>();
+        let standbys = if standbys.is_empty() {
+            "0".to_owned()
+        } else {
+            format!("{}: {}", standbys.len(), standbys.join(","))
+        };
+        rows.push([
+            name_cell(e),
+            e.key.to_string(),
+            if h.is_some() { "yes" } else { "no" }.to_owned(),
+            h.and_then(|h| h.pid).map_or_else(dash, |p| p.to_string()),
+            h.and_then(|h| h.application_name.clone())
+                .filter(|a| !a.is_empty())
+                .unwrap_or_else(dash),
+            h.and_then(client).unwrap_or_else(dash),
+            h.map_or_else(dash, |h| seen.since(e.key, h)),
+            standbys,
+        ]);
+    }
+    align(&rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,10 +515,25 @@ mod tests {
         HolderRow {
             key,
             pid: Some(42),
+            mode: Some("ExclusiveLock".to_owned()),
             application_name: Some(app.to_owned()),
             client_addr: Some("127.0.0.1".to_owned()),
             client_port: Some(5000),
+            backend_start: Some("2026-12-01T10:00:00.123456Z".to_owned()),
+            granted: true,
             ..HolderRow::default()
+        }
+    }
+
+    fn standby(key: i64, pid: i32, app: &str) -> HolderRow {
+        HolderRow {
+            pid: Some(pid),
+            mode: Some("ShareLock".to_owned()),
+            client_port: Some(-1),
+            client_addr: None,
+            granted: false,
+            wait_start: Some("2026-12-01T10:05:00.5Z".to_owned()),
+            ..holder(key, app)
         }
     }
 
@@ -330,12 +546,108 @@ mod tests {
         assert!(e[0].holder.is_some());
         assert!(e[1].holder.is_none());
         let text = table(&e, false);
-        assert!(text.contains("yes") && text.contains("no"), "{text}");
+        assert!(
+            text.contains(" holder ") && text.contains(" free"),
+            "{text}"
+        );
         assert!(text.contains("127.0.0.1:5000"), "{text}");
+        assert!(text.contains("2026-12-01T10:00:00Z"), "{text}");
         let line: serde_json::Value = serde_json::from_str(&json_line(&e[0])).unwrap();
         assert_eq!(line["held"], true);
         assert_eq!(line["pid"], 42);
         assert_eq!(line["key"], a.key());
+        assert_eq!(line["standbys"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn standbys_follow_their_holder_in_queue_order() {
+        let a = LeaseId::named("a").unwrap();
+        let b = LeaseId::named("b").unwrap();
+        let rows = vec![
+            holder(a.key(), "lease:a"),
+            standby(a.key(), 50, "lease:a"),
+            standby(a.key(), 49, "psql"),
+            // A waiter with nobody holding (the instant after a release).
+            standby(b.key(), 60, "lease:b"),
+        ];
+        let e = entries(&[a.clone(), b.clone()], rows.clone());
+        assert_eq!(e.len(), 2);
+        let pids = |e: &Entry| e.standbys.iter().map(|s| s.pid).collect::<Vec<_>>();
+        assert_eq!(pids(&e[0]), [Some(50), Some(49)]);
+        assert_eq!(pids(&e[1]), [Some(60)]);
+        assert!(e[1].holder.is_none());
+
+        let text = table(&e, false);
+        let roles: Vec<(&str, &str)> = (text.lines().skip(1))
+            .map(|l| {
+                let c: Vec<&str> = l.split_whitespace().collect();
+                (c[2], c[3])
+            })
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                ("holder", "42"),
+                ("standby", "50"),
+                ("standby", "49"),
+                ("free", "-"),
+                ("standby", "60")
+            ],
+            "{text}"
+        );
+        let standby_line = text.lines().nth(3).unwrap();
+        assert!(standby_line.contains(" psql "), "{text}");
+        assert!(standby_line.contains(" local "), "{text}");
+        assert!(standby_line.ends_with("2026-12-01T10:05:00Z"), "{text}");
+
+        let v: serde_json::Value = serde_json::from_str(&json_line(&e[0])).unwrap();
+        assert_eq!(v["pid"], 42);
+        let s = v["standbys"].as_array().unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0]["pid"], 50);
+        assert_eq!(s[0]["mode"], "ShareLock");
+        assert_eq!(s[0]["wait_start"], "2026-12-01T10:05:00.5Z");
+        assert_eq!(s[1]["application_name"], "psql");
+        let v: serde_json::Value = serde_json::from_str(&json_line(&e[1])).unwrap();
+        assert_eq!(
+            (v["held"].clone(), v["standbys"][0]["pid"].clone()),
+            (false.into(), 60.into())
+        );
+
+        // Unnamed: a key with only waiters is listed too, named from them.
+        let all = entries(&[], rows);
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].name.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn watch_lines_count_standbys_and_date_holders() {
+        let a = LeaseId::named("a").unwrap();
+        let ids = [a.clone()];
+        let mut seen = Seen::default();
+        let first = entries(&ids, vec![holder(a.key(), "lease:a")]);
+        seen.update(&first, "T0");
+        let text = watch_table(&first, &seen, false);
+        assert!(text.contains(" before T0 "), "{text}");
+        assert!(text.trim_end().ends_with(" 0"), "{text}");
+        // Another holder, seen first at T1, and two standbys.
+        let mut next = holder(a.key(), "lease:a");
+        next.pid = Some(43);
+        let rows = vec![
+            next,
+            standby(a.key(), 50, "lease:a"),
+            standby(a.key(), 51, "x"),
+        ];
+        let second = entries(&ids, rows);
+        seen.update(&second, "T1");
+        let text = watch_table(&second, &seen, false);
+        let line = text.lines().nth(1).unwrap();
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[2..4], ["yes", "43"], "{text}");
+        assert_eq!(cells[6..], ["T1", "2:", "50,51"], "{text}");
+        // Still the same holder later: still since T1.
+        seen.update(&second, "T2");
+        assert!(watch_table(&second, &seen, false).contains(" T1 "));
     }
 
     #[test]
@@ -347,9 +659,11 @@ mod tests {
         );
         assert_eq!(e[0].name.as_deref(), Some("sweeper"));
         assert_eq!(e[1].name, None);
+        assert_eq!(table(&[], true), NOTHING);
         assert_eq!(
-            table(&[], true),
-            "no advisory locks are held in this database\n"
+            seconds("2026-12-01T10:00:00.123456Z"),
+            "2026-12-01T10:00:00Z"
         );
+        assert_eq!(seconds("odd"), "odd");
     }
 }

@@ -636,8 +636,8 @@ fn leader_endpoint_answers_200_on_one_replica_at_most() {
     assert!(failed.is_empty(), "{failed:?}");
 }
 
-/// `lease status --watch` off a terminal prints a table per interval and
-/// exits 0 on SIGINT.
+/// `lease status --watch` off a terminal prints a table per interval on one
+/// session, reconnects when the server ends it, and exits 0 on SIGINT.
 #[test]
 fn status_watch_prints_a_table_per_interval_until_sigint() {
     let _serial = serial();
@@ -661,6 +661,26 @@ fn status_watch_prints_a_table_per_interval_until_sigint() {
             MS(10_000),
         )
         .expect("four tables");
+    // One session across refreshes; when the server ends it, the next
+    // refresh connects again instead of showing an error.
+    let sessions = c
+        .backends_by_application_name("lease status")
+        .expect("backends");
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    assert_eq!(
+        c.terminate_by_application_name("lease status").ok(),
+        Some(1)
+    );
+    let mut after = 0;
+    watch
+        .wait_for_line(
+            |l| {
+                after += usize::from(l.starts_with("every 100ms at "));
+                after >= 7
+            },
+            MS(10_000),
+        )
+        .expect("three more tables");
     watch.sigint().expect("SIGINT");
     let status = watch.wait_exit(MS(5_000)).expect("exits on SIGINT");
     let lines: Vec<String> = watch.lines().into_iter().map(|l| l.text).collect();
@@ -669,7 +689,11 @@ fn status_watch_prints_a_table_per_interval_until_sigint() {
         .filter(|l| l.starts_with(&name) && l.contains(" yes "))
         .count();
     assert_eq!(status.code(), Some(0), "{lines:#?}");
-    assert!(rows >= 4, "a held row per table: {lines:#?}");
+    assert!(rows >= 7, "a held row per table: {lines:#?}");
+    assert!(
+        !lines.iter().any(|l| l.contains("cannot query")),
+        "a terminated session is replaced: {lines:#?}"
+    );
     assert!(
         !lines.iter().any(|l| l.contains('\x1b')),
         "no ANSI off a terminal"

@@ -116,7 +116,8 @@
 //! ## Reading the lock table yourself
 //!
 //! [`ADVISORY_KEY_SQL`] is the `pg_locks` expression of a lease's key, and
-//! [`HOLDERS_SQL`] lists who holds which key (rows of [`HolderRow`]), as
+//! [`HOLDERS_SQL`] lists who holds which key and which sessions wait for it (the
+//! standbys waiting on the server; rows of [`HolderRow`]), as
 //! `lease status` shows it.
 //!
 //! ## Simulator

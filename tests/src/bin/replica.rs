@@ -44,6 +44,9 @@
 //! run contends again) or until `--job-exit-after` ms have passed since its start (then
 //! it returns `Ok`, the run completes and releases the lease). The process exits when
 //! every run has returned. Logs (`tracing`, `RUST_LOG`, default `info`) go to stderr.
+//!
+//! Built with the crate's `metrics` feature, it installs a Prometheus recorder (never
+//! scraped) and its drivers record their metrics into it.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -400,6 +403,14 @@ fn main() -> ExitCode {
         }
     };
     tracing::info!(?args, "replica starting");
+    // With the `metrics` feature (the bench's metrics-on build): a recorder as `lease run
+    // --metrics-addr` installs it, before the locker exists so that it gets the
+    // descriptions. Nothing scrapes it.
+    #[cfg(feature = "metrics")]
+    if let Err(e) = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+        eprintln!("replica: metrics recorder: {e}");
+        return ExitCode::from(2);
+    }
     let failed = match args.driver {
         DriverKind::Tokio => tokio_main(&args, shutdown),
         DriverKind::Smol => smol_main(&args, shutdown),

@@ -17,7 +17,9 @@
 //!   process's CPU and memory at rest ([`cost`]).
 //!
 //! `--only failover` or `--only cost` runs one of the two phases (the report then leaves
-//! the other's sections out).
+//! the other's sections out). Built with `--features metrics`, the bench builds its
+//! replicas with the drivers' `metrics` feature and a Prometheus recorder installed (the
+//! report's header says which): run it both ways to see what the feature costs a client.
 //!
 //! Writes `DIR/results.md`, `DIR/results.json` and `DIR/failover.svg` ([`report`]).
 
@@ -31,6 +33,9 @@ use lease_tests::Cluster;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
+
+/// Built with the `metrics` feature: the replicas record the drivers' metrics.
+pub const METRICS: bool = cfg!(feature = "metrics");
 
 /// Errors are readable sentences; the bench prints them and exits 1.
 pub type R<T> = Result<T, String>;
@@ -220,7 +225,11 @@ fn parse_args() -> R<Option<Plan>> {
             guard_margin: lease_proto::DEFAULT_GUARD_MARGIN,
         }
     };
-    let mut command = String::from("cargo run --release -p lease-tests --bin bench --");
+    let mut command = String::from(if METRICS {
+        "cargo run --release -p lease-tests --features metrics --bin bench --"
+    } else {
+        "cargo run --release -p lease-tests --bin bench --"
+    });
     for a in &args {
         command.push(' ');
         command.push_str(a);
@@ -246,6 +255,14 @@ fn replica_binary() -> R<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.args(["build", "--quiet", "-p", "lease-tests", "--bin", "replica"])
+        // The replica measured is built as this binary was: with the drivers' metrics
+        // (and a recorder) or without.
+        .args(
+            METRICS
+                .then_some(["--features", "metrics"])
+                .into_iter()
+                .flatten(),
+        )
         .arg("--manifest-path")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
     match dir.file_name().and_then(|n| n.to_str()) {

@@ -210,6 +210,7 @@ fn markdown(r: &Results) -> String {
          - Machine: {nproc} CPUs ({cpu}), PostgreSQL {pg}, {date}; load average {load} at the \
          start (the machine is shared: other work adds noise)\n\
          - Run time: {run_time}\n\
+         - Metrics: {metrics}\n\
          - Intervals ({which}): retry {retry}, heartbeat {hb}, query timeout {qt}, guard margin \
          {gm}; validity {validity}, server guard (`idle_session_timeout`) {guard}\n\
          - Repetitions: {reps} per fast scenario (graceful, kill, terminate), {slow} per slow \
@@ -222,6 +223,12 @@ fn markdown(r: &Results) -> String {
          the noise of few repetitions.\n\n",
         mode = if p.quick { "quick" } else { "full" },
         cmd = p.command,
+        metrics = if crate::METRICS {
+            "on (`--features metrics`: the drivers' `metrics` feature, a Prometheus recorder \
+             installed in each replica, nothing scraping it)"
+        } else {
+            "off (the drivers built without their `metrics` feature)"
+        },
         nproc = m.nproc,
         cpu = m.cpu,
         pg = m.postgres,
@@ -582,6 +589,7 @@ fn json(r: &Results) -> J {
     J::Obj(vec![
         ("mode", s(if p.quick { "quick" } else { "full" })),
         ("command", s(&p.command)),
+        ("metrics_feature", J::Bool(crate::METRICS)),
         (
             "machine",
             J::Obj(vec![
