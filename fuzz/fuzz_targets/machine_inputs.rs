@@ -85,6 +85,8 @@ impl OptionBytes {
             guard_margin: self.guard_margin.get(),
             notify_handover: self.notify_handover,
             max_leases: usize::from(self.max_leases),
+            wait_on_server: true,
+            lock_delay: lease_proto::DEFAULT_LOCK_DELAY,
             mutation: None,
         }
     }
@@ -552,7 +554,7 @@ impl Fuzz {
                     rows.reverse();
                 }
             }
-            Some(Statement::Listen) | None => {}
+            Some(Statement::Listen | Statement::Wait { .. }) | None => {}
             Some(Statement::TryLock { keys, .. }) => {
                 for (i, &k) in keys.iter().enumerate() {
                     match pick(i) % 8 {
