@@ -23,6 +23,12 @@
 //! - a lease the machine calls valid belongs to a running job, was won on the
 //!   session that is still current, and is valid no longer than the validity
 //!   window past the last statement sent.
+//!
+//! With `LEASE_FUZZ_STATS` set in its environment the target also counts how
+//! far inputs get (sessions ready, jobs started, waits woken...) and prints
+//! the counts when the process exits, e.g. after
+//! `LEASE_FUZZ_STATS=1 cargo fuzz run --sanitizer none machine_inputs CORPUS -- -runs=0`
+//! (every input of CORPUS once). Off, it costs one atomic load per input.
 
 #![no_main]
 
@@ -36,6 +42,105 @@ use lease_proto::{
     Statement, HANDOVER_CHANNEL,
 };
 use libfuzzer_sys::fuzz_target;
+
+/// Counts of how far inputs get, for one-off runs with `LEASE_FUZZ_STATS` set.
+mod stats {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::OnceLock;
+
+    /// What is counted: the index of each in [`NAMES`].
+    #[derive(Clone, Copy)]
+    pub enum Mark {
+        Ready,
+        Refused,
+        Try,
+        StartJob,
+        Heartbeat,
+        Verify,
+        CancelJob,
+        Release,
+        Released,
+        Wait,
+        Woken,
+        WaitTimedOut,
+        WaitFailed,
+        WaitInterrupted,
+    }
+
+    pub const N: usize = 14;
+    const NAMES: [&str; N] = [
+        "session ready",
+        "refused",
+        "try sent",
+        "job started",
+        "heartbeat sent",
+        "verify sent",
+        "job cancelled",
+        "release sent",
+        "lease released",
+        "wait sent",
+        "wait woken",
+        "wait timed out (55P03)",
+        "wait failed",
+        "wait interrupted",
+    ];
+
+    /// One input's counts.
+    #[derive(Default)]
+    pub struct Seen([u32; N]);
+
+    impl Seen {
+        pub fn mark(&mut self, m: Mark) {
+            self.0[m as usize] += 1;
+        }
+    }
+
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    static INPUTS: AtomicU64 = AtomicU64::new(0);
+    static HIT: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+    static TOTAL: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+
+    extern "C" {
+        fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+    }
+
+    extern "C" fn print() {
+        let inputs = INPUTS.load(Relaxed);
+        eprintln!("machine_inputs stats: {inputs} inputs (inputs with it / total)");
+        for (i, name) in NAMES.iter().enumerate() {
+            let (hit, total) = (HIT[i].load(Relaxed), TOTAL[i].load(Relaxed));
+            let pct = 100.0 * hit as f64 / inputs.max(1) as f64;
+            eprintln!("  {name:<24} {hit:>9} ({pct:5.1} %) / {total:>10}");
+        }
+    }
+
+    fn enabled() -> bool {
+        *ENABLED.get_or_init(|| {
+            let on = std::env::var_os("LEASE_FUZZ_STATS").is_some();
+            // SAFETY: `print` only reads atomics and writes to stderr.
+            if on && unsafe { atexit(print) } != 0 {
+                eprintln!("machine_inputs stats: atexit failed, no counts will be printed");
+            }
+            on
+        })
+    }
+
+    /// Adds one input's counts, if counting is on.
+    pub fn add(seen: &Seen) {
+        if !enabled() {
+            return;
+        }
+        INPUTS.fetch_add(1, Relaxed);
+        for (i, &n) in seen.0.iter().enumerate() {
+            if n > 0 {
+                HIT[i].fetch_add(1, Relaxed);
+                TOTAL[i].fetch_add(u64::from(n), Relaxed);
+            }
+        }
+    }
+}
+
+use stats::Mark;
 
 /// Most steps of one input; longer inputs are cut.
 const MAX_STEPS: usize = 400;
@@ -257,6 +362,8 @@ struct Fuzz {
     keys: Vec<i64>,
     /// Jobs running (started, exit not yet reported), with their keys.
     running: BTreeMap<RunId, i64>,
+    /// How far this input got.
+    seen: stats::Seen,
 }
 
 fn named_key(i: u8) -> i64 {
@@ -278,6 +385,7 @@ impl Fuzz {
             job_session: BTreeMap::new(),
             keys: (0..4).map(named_key).collect(),
             running: BTreeMap::new(),
+            seen: stats::Seen::default(),
         })
     }
 
@@ -413,14 +521,34 @@ impl Fuzz {
                 self.current = None;
             }
         }
+        if let Some(Input::Reply {
+            query,
+            result: Err(e),
+        }) = &input
+        {
+            let waiting =
+                matches!(self.h.in_flight(), Some((q, Statement::Wait { .. })) if q == query);
+            if waiting && e.code.as_deref() == Some(lease_proto::LOCK_TIMEOUT_SQLSTATE) {
+                self.seen.mark(Mark::WaitTimedOut);
+            }
+        }
         self.h.set_now(self.now());
         let commands = self
             .h
             .step(input)
             .unwrap_or_else(|e| panic!("observer: {e}"));
         for e in self.h.events() {
-            if let Event::SessionReady { backend_pid, .. } = e {
-                self.pid = *backend_pid;
+            match e {
+                Event::SessionReady { backend_pid, .. } => {
+                    self.pid = *backend_pid;
+                    self.seen.mark(Mark::Ready);
+                }
+                Event::Refused { .. } => self.seen.mark(Mark::Refused),
+                Event::Released { .. } => self.seen.mark(Mark::Released),
+                Event::KeyFreed { .. } => self.seen.mark(Mark::Woken),
+                Event::WaitFailed { .. } => self.seen.mark(Mark::WaitFailed),
+                Event::WaitInterrupted { .. } => self.seen.mark(Mark::WaitInterrupted),
+                _ => {}
             }
         }
         for c in commands {
@@ -441,6 +569,17 @@ impl Fuzz {
                             }
                         }
                     }
+                    let mark = match statement {
+                        Statement::TryLock { .. } => Some(Mark::Try),
+                        Statement::Heartbeat => Some(Mark::Heartbeat),
+                        Statement::Verify => Some(Mark::Verify),
+                        Statement::Release { .. } => Some(Mark::Release),
+                        Statement::Wait { .. } => Some(Mark::Wait),
+                        Statement::Setup { .. } | Statement::Listen => None,
+                    };
+                    if let Some(m) = mark {
+                        self.seen.mark(m);
+                    }
                     self.last_sent = Some(self.latest);
                 }
                 Command::StartJob {
@@ -454,10 +593,12 @@ impl Fuzz {
                         valid_until <= self.base + self.latest + validity,
                         "job of {run:?} started valid for more than the validity window"
                     );
+                    self.seen.mark(Mark::StartJob);
                     self.job_session.insert(run, self.current);
                     self.running.insert(run, lease.key());
                 }
-                Command::CancelJob { .. } | Command::FinishRun { .. } => {}
+                Command::CancelJob { .. } => self.seen.mark(Mark::CancelJob),
+                Command::FinishRun { .. } => {}
             }
         }
     }
@@ -615,4 +756,5 @@ fuzz_target!(|case: Case| {
     for step in case.steps.into_iter().take(MAX_STEPS) {
         h.step(step);
     }
+    stats::add(&h.seen);
 });
