@@ -6,11 +6,23 @@
 //! fail [`Options::validate`] are skipped), a jitter seed, and a sequence of
 //! steps: runs by one of a few names, by a raw key or by an arbitrary name;
 //! job exits, shutdowns and closes for run ids near the real ones; sessions
-//! opened or lost with ids near the current one; replies and errors for query
-//! ids near the current one, with arbitrary rows or plausible rows built from
-//! the statement in flight (the keys it asked about, the backend pid the setup
-//! reported); notifications; time moving forward by zero or more, jumping
-//! exactly onto the machine's deadline, or handing in a stale instant.
+//! opened or lost with ids near (mostly equal to) the current one; replies and
+//! errors for query ids near the current one, with plausible rows built from
+//! the statement in flight; notifications; time moving forward by zero or
+//! more, jumping exactly onto the machine's deadline, or handing in a stale
+//! instant.
+//!
+//! Plausible rows are what a server would answer, built with the typed
+//! encoders (`SetupReply::to_rows` and the others): most of the time from the
+//! session the machine set up (the nonce its setup statement carries, the
+//! backend pid the setup reported, the backend pid and nonce its try carries,
+//! the TCP settings and guard the options ask for), so inputs get past setup
+//! to tries, jobs, heartbeats, releases and waits; sometimes with another
+//! pid, a wrong or missing nonce, a missing setting, a row left out or
+//! doubled, or with `extra` rows of any width appended or alone, so malformed
+//! replies stay reachable. A wait is answered with the heartbeat's rows
+//! (woken), or failed with its lock timeout (SQLSTATE 55P03) or any other
+//! error.
 //!
 //! After every step it checks:
 //! - no panic;
@@ -22,7 +34,17 @@
 //!   ticks at that same instant the deadline moves on;
 //! - a lease the machine calls valid belongs to a running job, was won on the
 //!   session that is still current, and is valid no longer than the validity
-//!   window past the last statement sent.
+//!   window past the last statement sent;
+//! - a job starts only in the step that answers the try in flight, valid no
+//!   longer than the validity window past that try's send time: in
+//!   particular after a woken wait no job starts before a try was sent and
+//!   answered (a wait never acquires).
+//!
+//! With `LEASE_FUZZ_STATS` set in its environment the target also counts how
+//! far inputs get (sessions ready, jobs started, waits woken...) and prints
+//! the counts when the process exits, e.g. after
+//! `LEASE_FUZZ_STATS=1 cargo fuzz run --sanitizer none machine_inputs CORPUS -- -runs=0`
+//! (every input of CORPUS once). Off, it costs one atomic load per input.
 
 #![no_main]
 
@@ -32,10 +54,110 @@ use std::time::{Duration, Instant};
 use arbitrary::Arbitrary;
 use lease_proto::sim::{Command, Harness};
 use lease_proto::{
-    key_for_name, DbError, Event, Input, JobExit, LeaseId, Options, QueryId, Row, RunId, SessionId,
-    Statement, HANDOVER_CHANNEL,
+    key_for_name, DbError, Event, HeartbeatReply, Input, JobExit, LeaseId, Options, QueryId,
+    ReleaseReply, Row, RunId, SessionId, SetupReply, Statement, TryReply, VerifyReply,
+    DEFAULT_LOCK_DELAY, HANDOVER_CHANNEL, LOCK_TIMEOUT_SQLSTATE,
 };
 use libfuzzer_sys::fuzz_target;
+
+/// Counts of how far inputs get, for one-off runs with `LEASE_FUZZ_STATS` set.
+mod stats {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::OnceLock;
+
+    /// What is counted: the index of each in [`NAMES`].
+    #[derive(Clone, Copy)]
+    pub enum Mark {
+        Ready,
+        Refused,
+        Try,
+        StartJob,
+        Heartbeat,
+        Verify,
+        CancelJob,
+        Release,
+        Released,
+        Wait,
+        Woken,
+        WaitTimedOut,
+        WaitFailed,
+        WaitInterrupted,
+    }
+
+    pub const N: usize = 14;
+    const NAMES: [&str; N] = [
+        "session ready",
+        "refused",
+        "try sent",
+        "job started",
+        "heartbeat sent",
+        "verify sent",
+        "job cancelled",
+        "release sent",
+        "lease released",
+        "wait sent",
+        "wait woken",
+        "wait timed out (55P03)",
+        "wait failed",
+        "wait interrupted",
+    ];
+
+    /// One input's counts.
+    #[derive(Default)]
+    pub struct Seen([u32; N]);
+
+    impl Seen {
+        pub fn mark(&mut self, m: Mark) {
+            self.0[m as usize] += 1;
+        }
+    }
+
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    static INPUTS: AtomicU64 = AtomicU64::new(0);
+    static HIT: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+    static TOTAL: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+
+    extern "C" {
+        fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+    }
+
+    extern "C" fn print() {
+        let inputs = INPUTS.load(Relaxed);
+        eprintln!("machine_inputs stats: {inputs} inputs (inputs with it / total)");
+        for (i, name) in NAMES.iter().enumerate() {
+            let (hit, total) = (HIT[i].load(Relaxed), TOTAL[i].load(Relaxed));
+            let pct = 100.0 * hit as f64 / inputs.max(1) as f64;
+            eprintln!("  {name:<24} {hit:>9} ({pct:5.1} %) / {total:>10}");
+        }
+    }
+
+    fn enabled() -> bool {
+        *ENABLED.get_or_init(|| {
+            let on = std::env::var_os("LEASE_FUZZ_STATS").is_some();
+            // SAFETY: `print` only reads atomics and writes to stderr.
+            if on && unsafe { atexit(print) } != 0 {
+                eprintln!("machine_inputs stats: atexit failed, no counts will be printed");
+            }
+            on
+        })
+    }
+
+    /// Adds one input's counts, if counting is on.
+    pub fn add(seen: &Seen) {
+        if !enabled() {
+            return;
+        }
+        INPUTS.fetch_add(1, Relaxed);
+        for (i, &n) in seen.0.iter().enumerate() {
+            if n > 0 {
+                HIT[i].fetch_add(1, Relaxed);
+                TOTAL[i].fetch_add(u64::from(n), Relaxed);
+            }
+        }
+    }
+}
+
+use stats::Mark;
 
 /// Most steps of one input; longer inputs are cut.
 const MAX_STEPS: usize = 400;
@@ -61,6 +183,12 @@ struct OptionBytes {
     guard_margin: Dur,
     notify_handover: bool,
     max_leases: u8,
+    /// `wait_on_server` off for 192 and above (one in four; an exhausted
+    /// input, all zeros, waits).
+    poll: u8,
+    /// 0: the default lock delay, 1: none, otherwise `n / 255` of the retry
+    /// interval (never above it: those options are refused).
+    lock_delay: u8,
 }
 
 /// A duration of up to about 33 s, with sub-millisecond precision (the guard
@@ -76,8 +204,9 @@ impl Dur {
 
 impl OptionBytes {
     fn options(&self) -> Options {
+        let retry_interval = self.retry_interval.get();
         Options {
-            retry_interval: self.retry_interval.get(),
+            retry_interval,
             heartbeat_interval: self.heartbeat_interval.get(),
             query_timeout: self.query_timeout.get(),
             validity: self.validity.map(Dur::get),
@@ -85,6 +214,12 @@ impl OptionBytes {
             guard_margin: self.guard_margin.get(),
             notify_handover: self.notify_handover,
             max_leases: usize::from(self.max_leases),
+            wait_on_server: self.poll < 192,
+            lock_delay: match self.lock_delay {
+                0 => DEFAULT_LOCK_DELAY.min(retry_interval),
+                1 => Duration::ZERO,
+                n => retry_interval * u32::from(n) / 255,
+            },
             mutation: None,
         }
     }
@@ -152,6 +287,8 @@ struct Error {
 #[derive(Arbitrary, Debug)]
 enum Code {
     None,
+    /// SQLSTATE 55P03: how a wait's lock timeout ends it.
+    LockTimeout,
     /// One of the SQLSTATEs a lease session sees.
     Known(u8),
     Other(String),
@@ -166,6 +303,8 @@ const SQLSTATES: &[&str] = &[
 enum Message {
     /// What PgBouncer says when it rejects the `options` startup parameter.
     StartupRejected,
+    /// What PostgreSQL says when a statement's `lock_timeout` ends it.
+    LockTimeout,
     Other(String),
 }
 
@@ -173,11 +312,13 @@ impl Error {
     fn db_error(&self) -> DbError {
         let code = match &self.code {
             Code::None => None,
+            Code::LockTimeout => Some(LOCK_TIMEOUT_SQLSTATE.to_string()),
             Code::Known(i) => Some(SQLSTATES[usize::from(*i) % SQLSTATES.len()].to_string()),
             Code::Other(s) => Some(s.clone()),
         };
         let message = match &self.message {
             Message::StartupRejected => "unsupported startup parameter: options".to_string(),
+            Message::LockTimeout => "canceling statement due to lock timeout".to_string(),
             Message::Other(s) => s.clone(),
         };
         DbError {
@@ -188,30 +329,66 @@ impl Error {
     }
 }
 
-/// The rows of a reply.
+/// The rows of a reply: for `shape` below 208 (13 in 16, and an exhausted
+/// input) the plausible rows alone, up to 239 with `extra` appended, from
+/// 240 `extra` alone.
 #[derive(Arbitrary, Debug)]
-enum Rows {
+struct Rows {
+    shape: u8,
+    plausible: Plausible,
     /// Anything, of any width.
-    Raw(Vec<Vec<Option<i64>>>),
-    /// Rows shaped after the statement in flight.
-    Plausible(Plausible),
-}
-
-/// A reply shaped like the last statement's: `picks` choose, per row, between
-/// the plausible variants; `extra` rows are appended.
-#[derive(Arbitrary, Debug)]
-struct Plausible {
-    picks: Vec<u8>,
-    pid: Pid,
-    token: i64,
     extra: Vec<Vec<Option<i64>>>,
 }
 
+/// A reply shaped like the last statement's: `who` says which session it
+/// claims to come from, `picks` choose per value or row between the faithful
+/// answer (0, what an exhausted input gives, is always faithful) and its
+/// variants.
+#[derive(Arbitrary, Debug)]
+struct Plausible {
+    who: Who,
+    picks: Vec<u8>,
+    token: i64,
+}
+
+/// Which session a reply says it comes from: `wrong` below 224 (seven in
+/// eight) the session the machine set up; otherwise another backend pid, a
+/// wrong or missing nonce, or no pid at all.
 #[derive(Arbitrary, Debug, Clone, Copy)]
-enum Pid {
-    /// The pid of the last session that passed setup.
-    Current,
-    Other(i64),
+struct Who {
+    wrong: u8,
+    pid: i64,
+    nonce: Option<i64>,
+}
+
+/// What a [`Who`] claims.
+#[derive(Debug, Clone, Copy)]
+enum Claim {
+    Real,
+    OtherPid(i64),
+    OtherNonce(Option<i64>),
+    NoPid,
+}
+
+impl Who {
+    fn claim(self) -> Claim {
+        match self.wrong {
+            0..=223 => Claim::Real,
+            224..=239 => Claim::OtherPid(self.pid),
+            240..=251 => Claim::OtherNonce(self.nonce),
+            _ => Claim::NoPid,
+        }
+    }
+
+    /// `(pid, nonce)` as claimed, for a session whose real ones are these.
+    fn session(self, pid: i64, nonce: Option<i64>) -> (Option<i64>, Option<i64>) {
+        match self.claim() {
+            Claim::Real => (Some(pid), nonce),
+            Claim::OtherPid(p) => (Some(p), nonce),
+            Claim::OtherNonce(n) => (Some(pid), n),
+            Claim::NoPid => (None, nonce),
+        }
+    }
 }
 
 #[derive(Arbitrary, Debug)]
@@ -249,12 +426,20 @@ struct Fuzz {
     last_sent: Option<Duration>,
     /// The backend pid of the last session that passed setup.
     pid: i64,
+    /// The nonce of the last setup sent.
+    nonce: Option<i64>,
+    /// When the try in flight (if the statement in flight is one) was sent.
+    try_sent: Option<Duration>,
+    /// A wait woke and no try was answered since.
+    woken: bool,
     /// The session each job was started on.
     job_session: BTreeMap<RunId, Option<SessionId>>,
     /// Every key seen in a statement, and the named ones.
     keys: Vec<i64>,
     /// Jobs running (started, exit not yet reported), with their keys.
     running: BTreeMap<RunId, i64>,
+    /// How far this input got.
+    seen: stats::Seen,
 }
 
 fn named_key(i: u8) -> i64 {
@@ -273,9 +458,13 @@ impl Fuzz {
             current: None,
             last_sent: None,
             pid: 4242,
+            nonce: None,
+            try_sent: None,
+            woken: false,
             job_session: BTreeMap::new(),
             keys: (0..4).map(named_key).collect(),
             running: BTreeMap::new(),
+            seen: stats::Seen::default(),
         })
     }
 
@@ -288,8 +477,15 @@ impl Fuzz {
         RunId(u64::from(r) % (self.runs + 1))
     }
 
+    /// An id near `id`: `id` itself for `delta` within ±95 (about 5 in 6
+    /// with the rest), otherwise up to 2 off.
     fn near(id: Option<u64>, delta: i8) -> Option<u64> {
-        id.map(|i| i.wrapping_add_signed(i64::from(delta % 3)))
+        let off = if delta.unsigned_abs() < 96 {
+            0
+        } else {
+            delta % 3
+        };
+        id.map(|i| i.wrapping_add_signed(i64::from(off)))
     }
 
     fn step(&mut self, step: Step) {
@@ -334,9 +530,14 @@ impl Fuzz {
                 })
             }
             Step::Reply { delta, rows } => {
-                let rows = match rows {
-                    Rows::Raw(rows) => rows,
-                    Rows::Plausible(p) => self.plausible(p),
+                let rows = match rows.shape {
+                    0..=207 => self.plausible(rows.plausible),
+                    208..=239 => {
+                        let mut plausible = self.plausible(rows.plausible);
+                        plausible.extend(rows.extra);
+                        plausible
+                    }
+                    _ => rows.extra,
                 };
                 let query = Self::near(self.h.last_query().map(|q| q.0 .0), delta);
                 query.map(|q| Input::Reply {
@@ -411,14 +612,55 @@ impl Fuzz {
                 self.current = None;
             }
         }
+        if let Some(Input::Reply {
+            query,
+            result: Err(e),
+        }) = &input
+        {
+            let waiting =
+                matches!(self.h.in_flight(), Some((q, Statement::Wait { .. })) if q == query);
+            if waiting && e.code.as_deref() == Some(lease_proto::LOCK_TIMEOUT_SQLSTATE) {
+                self.seen.mark(Mark::WaitTimedOut);
+            }
+        }
+        // A job may start only in the step that answers the try in flight.
+        let answers_try = match (&input, self.h.in_flight()) {
+            (
+                Some(Input::Reply {
+                    query,
+                    result: Ok(_),
+                }),
+                Some((q, Statement::TryLock { .. })),
+            ) if query == q => self.try_sent,
+            _ => None,
+        };
+        if let (Some(Input::Reply { query, .. }), Some((q, Statement::TryLock { .. }))) =
+            (&input, self.h.in_flight())
+        {
+            if query == q {
+                self.woken = false;
+            }
+        }
         self.h.set_now(self.now());
         let commands = self
             .h
             .step(input)
             .unwrap_or_else(|e| panic!("observer: {e}"));
         for e in self.h.events() {
-            if let Event::SessionReady { backend_pid, .. } = e {
-                self.pid = *backend_pid;
+            match e {
+                Event::SessionReady { backend_pid, .. } => {
+                    self.pid = *backend_pid;
+                    self.seen.mark(Mark::Ready);
+                }
+                Event::Refused { .. } => self.seen.mark(Mark::Refused),
+                Event::Released { .. } => self.seen.mark(Mark::Released),
+                Event::KeyFreed { .. } => {
+                    self.woken = true;
+                    self.seen.mark(Mark::Woken);
+                }
+                Event::WaitFailed { .. } => self.seen.mark(Mark::WaitFailed),
+                Event::WaitInterrupted { .. } => self.seen.mark(Mark::WaitInterrupted),
+                _ => {}
             }
         }
         for c in commands {
@@ -430,6 +672,12 @@ impl Fuzz {
                     }
                 }
                 Command::Query { statement, .. } => {
+                    self.try_sent = None;
+                    match &statement {
+                        Statement::Setup { nonce, .. } => self.nonce = Some(*nonce),
+                        Statement::TryLock { .. } => self.try_sent = Some(self.latest),
+                        _ => {}
+                    }
                     if let Statement::TryLock { keys, .. } | Statement::Release { keys, .. } =
                         &statement
                     {
@@ -438,6 +686,17 @@ impl Fuzz {
                                 self.keys.push(*k);
                             }
                         }
+                    }
+                    let mark = match statement {
+                        Statement::TryLock { .. } => Some(Mark::Try),
+                        Statement::Heartbeat => Some(Mark::Heartbeat),
+                        Statement::Verify => Some(Mark::Verify),
+                        Statement::Release { .. } => Some(Mark::Release),
+                        Statement::Wait { .. } => Some(Mark::Wait),
+                        Statement::Setup { .. } | Statement::Listen => None,
+                    };
+                    if let Some(m) = mark {
+                        self.seen.mark(m);
                     }
                     self.last_sent = Some(self.latest);
                 }
@@ -448,14 +707,26 @@ impl Fuzz {
                     ..
                 } => {
                     let validity = self.h.machine().options().validity_window();
+                    let Some(sent) = answers_try else {
+                        panic!(
+                            "job of {run:?} started in a step that answered no try{}",
+                            if self.woken {
+                                " (after a woken wait: a wait never acquires)"
+                            } else {
+                                ""
+                            }
+                        )
+                    };
                     assert!(
-                        valid_until <= self.base + self.latest + validity,
-                        "job of {run:?} started valid for more than the validity window"
+                        valid_until <= self.base + sent + validity,
+                        "job of {run:?} started valid for more than the validity window past its try"
                     );
+                    self.seen.mark(Mark::StartJob);
                     self.job_session.insert(run, self.current);
                     self.running.insert(run, lease.key());
                 }
-                Command::CancelJob { .. } | Command::FinishRun { .. } => {}
+                Command::CancelJob { .. } => self.seen.mark(Mark::CancelJob),
+                Command::FinishRun { .. } => {}
             }
         }
     }
@@ -517,91 +788,147 @@ impl Fuzz {
         }
     }
 
-    /// Rows shaped like the reply to the last statement.
+    /// Rows shaped like the reply to the last statement: see [`Plausible`].
     fn plausible(&self, p: Plausible) -> Vec<Row> {
         let pick = |i: usize| p.picks.get(i).copied().unwrap_or(0);
-        let pid = match p.pid {
-            Pid::Current => self.pid,
-            Pid::Other(x) => x,
-        };
-        let mut rows: Vec<Row> = Vec::new();
+        let opts = self.h.machine().options();
         match self.h.last_query().map(|q| &q.1) {
-            Some(Statement::Setup { .. }) => {
-                let version = [150_000, 140_000, 139_999, 130_000, 120_000, 170_002]
-                    [usize::from(pick(0)) % 6];
-                let recovery = i64::from(pick(1) % 4 == 3);
-                let ist = match pick(2) % 4 {
-                    0 | 1 => self.h.machine().options().guard_timeout().as_millis() as i64,
-                    2 => 0,
-                    _ => p.token,
+            Some(Statement::Setup { nonce, .. }) => {
+                let (pid, nonce) = p.who.session(self.pid, Some(*nonce));
+                let server_version = match variant(pick(0), 5) {
+                    None => 150_000,
+                    Some(v) => [170_002, 140_000, 139_999, 130_000, 120_000][usize::from(v)],
                 };
-                let omit = pick(3);
-                let all = [
-                    vec![Some(1), Some(version)],
-                    vec![Some(2), Some(recovery)],
-                    vec![Some(3), Some(pid)],
-                    vec![Some(4), Some(ist)],
-                ];
-                for (i, row) in all.into_iter().enumerate() {
-                    // Omit a row only when the pick's high bit says so.
-                    if omit & 0x80 == 0 || omit & (1 << i) == 0 {
-                        rows.push(row);
+                let idle_session_timeout_ms = match variant(pick(2), 3) {
+                    None => Some(opts.guard_timeout().as_millis() as i64),
+                    Some(0) => Some(0),
+                    Some(1) => None,
+                    Some(_) => Some(p.token),
+                };
+                let unix_socket = variant(pick(4), 1).is_some();
+                let mut tcp_settings = opts.tcp_settings().map(|(_, v)| Some(v));
+                match variant(pick(3), 3) {
+                    None if !unix_socket => {}
+                    // Over a Unix socket the server reads back 0.
+                    None | Some(0) => tcp_settings = [Some(0); 4],
+                    Some(1) => tcp_settings = [None; 4],
+                    Some(_) => tcp_settings[p.token.rem_euclid(4) as usize] = Some(p.token),
+                }
+                let mut rows = SetupReply {
+                    server_version,
+                    in_recovery: variant(pick(1), 1).is_some(),
+                    backend_pid: pid.unwrap_or(p.who.pid),
+                    idle_session_timeout_ms,
+                    tcp_settings,
+                    unix_socket,
+                    nonce,
+                }
+                .to_rows();
+                let at = usize::from(pick(6)) % rows.len();
+                match variant(pick(5), 3) {
+                    None => {}
+                    Some(0) => {
+                        rows.remove(at);
+                    }
+                    Some(1) => rows.reverse(),
+                    // The first row of a tag counts: an earlier one with
+                    // another value wins.
+                    Some(_) => {
+                        let shadow = vec![rows[at][0], Some(p.token)];
+                        rows.insert(0, shadow);
                     }
                 }
-                if pick(4) % 2 == 1 {
-                    rows.reverse();
-                }
+                rows
             }
-            Some(Statement::Listen) | None => {}
-            Some(Statement::TryLock { keys, .. }) => {
+            Some(Statement::Listen) | None => Vec::new(),
+            Some(Statement::TryLock {
+                keys,
+                backend_pid,
+                nonce,
+            }) => {
+                let (pid, nonce) = p.who.session(*backend_pid, Some(*nonce));
+                let mut reply = TryReply {
+                    session: pid.map(|pid| (pid, nonce)),
+                    ..TryReply::default()
+                };
+                let mut doubled = Vec::new();
                 for (i, &k) in keys.iter().enumerate() {
-                    match pick(i) % 8 {
-                        0..=2 => rows.push(vec![Some(k), Some(p.token), None]),
-                        3 => rows.push(vec![Some(k), None, Some(pid)]),
-                        4 => rows.push(vec![Some(k), None, None]),
-                        5 => {}
-                        6 => rows.push(vec![Some(k), Some(p.token), Some(pid)]),
-                        _ => {
-                            rows.push(vec![Some(k), Some(p.token), None]);
-                            rows.push(vec![Some(k), None, Some(pid)]);
+                    let b = pick(i);
+                    // Another backend, never this one.
+                    let other = backend_pid.wrapping_add(1 + i64::from(b >> 3));
+                    match (b % 8, (b >> 3) % 4) {
+                        (0..=3, _) => reply.won.push((k, p.token)),
+                        (4..=6, _) => reply.not_won.push((k, Some(other))),
+                        (_, 0) => reply.not_won.push((k, None)),
+                        // Held by this session's own backend: another
+                        // client shares it.
+                        (_, 1) => reply.not_won.push((k, Some(*backend_pid))),
+                        // Unanswered.
+                        (_, 2) => {}
+                        // Answered twice: untrusted.
+                        (_, _) => {
+                            reply.won.push((k, p.token));
+                            doubled.push(vec![Some(k), None, Some(other)]);
                         }
                     }
                 }
+                let mut rows = reply.to_rows();
+                rows.extend(doubled);
+                rows
             }
-            Some(Statement::Heartbeat) => {
-                let pid_row = vec![Some(0), Some(pid)];
-                if pick(0) % 4 != 3 {
-                    rows.push(pid_row);
+            // A woken wait answers what a heartbeat answers.
+            Some(Statement::Heartbeat | Statement::Wait { .. }) => {
+                let mut rows = self.heartbeat_reply(p.who).to_rows();
+                if variant(pick(0), 1).is_some() {
+                    rows.reverse();
                 }
+                rows
             }
             Some(Statement::Verify) => {
-                let pid_row = vec![Some(0), Some(pid)];
-                let first = pick(0) % 4;
-                if first != 3 {
-                    rows.push(pid_row.clone());
+                // Faithful: the server holds the keys of the running jobs;
+                // a pick may flip any key seen (a lost lease, an orphan).
+                let held = (self.keys.iter().enumerate())
+                    .filter(|&(i, k)| {
+                        let running = self.running.values().any(|r| r == k);
+                        running != variant(pick(i + 1), 1).is_some()
+                    })
+                    .map(|(_, &k)| k)
+                    .collect();
+                let mut rows = VerifyReply {
+                    session: self.heartbeat_reply(p.who),
+                    held,
                 }
-                for (i, &k) in self.keys.iter().enumerate() {
-                    if pick(i + 1) % 2 == 1 {
-                        rows.push(vec![Some(1), Some(k)]);
-                    }
+                .to_rows();
+                if variant(pick(0), 1).is_some() {
+                    rows.reverse();
                 }
-                if first == 2 {
-                    rows.push(pid_row);
-                }
+                rows
             }
             Some(Statement::Release { keys, .. }) => {
+                let mut unlocked = Vec::new();
                 for (i, &k) in keys.iter().enumerate() {
-                    match pick(i) % 4 {
-                        0 | 1 => rows.push(vec![Some(k), Some(1)]),
-                        2 => rows.push(vec![Some(k), Some(0)]),
-                        _ => {}
+                    match variant(pick(i), 2) {
+                        None => unlocked.push((k, true)),
+                        Some(0) => unlocked.push((k, false)),
+                        Some(_) => {}
                     }
                 }
+                ReleaseReply { unlocked }.to_rows()
             }
         }
-        rows.extend(p.extra);
-        rows
     }
+
+    /// The heartbeat reply `who` claims for the current session.
+    fn heartbeat_reply(&self, who: Who) -> HeartbeatReply {
+        let (backend_pid, nonce) = who.session(self.pid, self.nonce);
+        HeartbeatReply { backend_pid, nonce }
+    }
+}
+
+/// `None` (the faithful value) for a pick below 240, so 15 in 16 random
+/// picks and every pick of an exhausted input; otherwise one of `n` variants.
+fn variant(pick: u8, n: u8) -> Option<u8> {
+    pick.checked_sub(240).map(|v| v % n)
 }
 
 fuzz_target!(|case: Case| {
@@ -613,4 +940,5 @@ fuzz_target!(|case: Case| {
     for step in case.steps.into_iter().take(MAX_STEPS) {
         h.step(step);
     }
+    stats::add(&h.seen);
 });
