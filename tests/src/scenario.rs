@@ -193,7 +193,7 @@ impl ReplicaConfig {
         let replica = Replica::spawn(wrap(self.command(bin)))?;
         Ok(Node {
             label: format!("{label}({})", self.driver.name()),
-            config: self.clone(),
+            config: Some(self.clone()),
             replica,
             killed: None,
         })
@@ -398,18 +398,32 @@ pub fn worst_overlap(terms: &[Term], now: u64) -> (u64, Option<(Term, Term)>) {
     worst
 }
 
-/// A running `replica` process.
+/// A running `replica` process, or another process that prints its line protocol
+/// ([`Node::adopt`]).
 pub struct Node {
-    /// `LABEL(driver)`.
+    /// `LABEL(driver)`, or the label given to [`Node::adopt`].
     pub label: String,
-    /// How it was started.
-    pub config: ReplicaConfig,
+    /// How it was started; `None` for an adopted process.
+    pub config: Option<ReplicaConfig>,
     replica: Replica,
     /// When [`Node::kill9`] sent SIGKILL: the process did nothing after that.
     killed: Option<u64>,
 }
 
 impl Node {
+    /// Treats `replica`, a process that is no `replica` binary, as a node: its stdout
+    /// lines in the `replica` format ([`Event`]; a job's `start` and `stop` lines at
+    /// least) make its events and terms. For example `lease run` with a child that prints
+    /// them.
+    pub fn adopt(replica: Replica, label: impl Into<String>) -> Node {
+        Node {
+            label: label.into(),
+            config: None,
+            replica,
+            killed: None,
+        }
+    }
+
     /// The kit's process handle (signals, exit status, raw lines).
     pub fn replica(&self) -> &Replica {
         &self.replica

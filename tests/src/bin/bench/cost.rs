@@ -21,7 +21,7 @@
 //!
 //! The heartbeat's duration is timed separately: [`heartbeat`].
 
-use crate::failover::wait_tried;
+use crate::duel::wait_tried;
 use crate::pg::Pg;
 use crate::{failed, replica, Design, Plan, DRIVERS, FAILOVER_DB, R};
 use lease_proto::{key_for_name, Statement};

@@ -1,32 +1,41 @@
-//! `bench`: the failover and cost benchmark of `lease`.
+//! `bench`: the failover, takeover and cost benchmark of `lease`.
 //!
 //! ```text
 //! cargo run --release -p lease-tests --bin bench -- [--quick] [--reps N] [--out DIR]
-//!     [--only failover|cost]
+//!     [--only failover|takeover|cost]
 //! ```
 //!
 //! Starts an ephemeral PostgreSQL server ([`Cluster`]), runs `replica` processes (the
-//! binary next to this one, built on demand) for both drivers and measures, in two
-//! configurations (the defaults, and a "reference design" close to the Go package:
-//! `--no-guard --no-notify`):
-//! - the failover gap after a graceful release, SIGKILL, `pg_terminate_backend`, a
-//!   partition, a freeze (SIGSTOP) and a server restart, and how long old and new jobs
-//!   overlapped ([`failover`]);
+//! binary next to this one, built on demand) for both drivers and measures:
+//! - in two configurations (the defaults, and a "reference design" close to the Go
+//!   package: `--no-guard --no-notify --no-wait`), the failover gap after a graceful
+//!   release, SIGKILL, `pg_terminate_backend`, a partition, a freeze (SIGSTOP) and a
+//!   server restart, and how long old and new jobs overlapped ([`failover`]);
+//! - at the library defaults, instant takeover: SIGKILL of the holder → the standby's
+//!   job start, a herd of ten standbys on one key, and `pg_terminate_backend` of the
+//!   holder at lock-delays 0, 5 and 20 ms for `replica` processes and for `lease run`
+//!   (the lease-cli binary, built on demand like `replica`) ([`takeover`]);
 //! - statements/s and server CPU per locker holding or standing by for 1, 100, 1,000
 //!   leases, the heartbeat's duration against the number of keys held, and the client
 //!   process's CPU and memory at rest ([`cost`]).
 //!
-//! `--only failover` or `--only cost` runs one of the two phases (the report then leaves
-//! the other's sections out). Built with `--features metrics`, the bench builds its
-//! replicas with the drivers' `metrics` feature and a Prometheus recorder installed (the
-//! report's header says which): run it both ways to see what the feature costs a client.
+//! `--only failover`, `--only takeover` or `--only cost` runs one of the three phases
+//! (the report then leaves the others' sections out). Built with `--features metrics`,
+//! the bench builds its replicas with the drivers' `metrics` feature and a Prometheus
+//! recorder installed (the report's header says which): run it both ways to see what the
+//! feature costs a client.
 //!
 //! Writes `DIR/results.md`, `DIR/results.json` and `DIR/failover.svg` ([`report`]).
+//!
+//! `bench --stamp-child` ([`STAMP_CHILD`]) is not for people: it is the command the
+//! takeover phase runs under `lease run` ([`takeover::stamp_child`]).
 
 mod cost;
+mod duel;
 mod failover;
 mod pg;
 mod report;
+mod takeover;
 
 use lease_tests::scenario::{Driver, Node, ReplicaConfig};
 use lease_tests::Cluster;
@@ -126,11 +135,13 @@ pub fn failed(what: &str, error: impl std::fmt::Display, nodes: &[&Node]) -> Str
     msg
 }
 
-/// The two phases of a run.
+/// The phases of a run, in the order they run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// The failover scenarios ([`failover`]).
     Failover,
+    /// Instant takeover, the herd and the lock-delay study ([`takeover`]).
+    Takeover,
     /// The heartbeat timing and the database and client cost ([`cost`]).
     Cost,
 }
@@ -139,9 +150,24 @@ impl Phase {
     pub fn name(self) -> &'static str {
         match self {
             Phase::Failover => "failover",
+            Phase::Takeover => "takeover",
             Phase::Cost => "cost",
         }
     }
+}
+
+/// The first argument that makes this binary the stamping child of `lease run`.
+pub const STAMP_CHILD: &str = "--stamp-child";
+
+/// The programs a run starts.
+#[derive(Clone, Debug)]
+pub struct Bins {
+    /// `replica`.
+    pub replica: PathBuf,
+    /// `lease` (lease-cli), built only when the takeover phase runs.
+    pub lease: Option<PathBuf>,
+    /// This binary: the child `lease run` runs (`bench --stamp-child`).
+    pub bench: PathBuf,
 }
 
 /// Everything the command line decides.
@@ -151,10 +177,16 @@ pub struct Plan {
     /// Run only this phase (`--only`); `None`: both.
     pub only: Option<Phase>,
     pub intervals: Intervals,
-    /// Repetitions of the fast scenarios (graceful, kill, terminate).
+    /// Repetitions of the fast failover scenarios (graceful, kill, terminate).
     pub reps: usize,
     /// Repetitions of the slow ones (partition, freeze, restart).
     pub slow_reps: usize,
+    /// Takeover phase: repetitions of the kill per driver.
+    pub takeover_reps: usize,
+    /// Takeover phase: repetitions of the terminate per lock-delay and contender.
+    pub delay_reps: usize,
+    /// Takeover phase: repetitions of the herd per driver.
+    pub herd_reps: usize,
     /// Length of each cost measurement window.
     pub cost_window: Duration,
     /// Timed heartbeats per lease count.
@@ -164,22 +196,26 @@ pub struct Plan {
 }
 
 const USAGE: &str = concat!(
-    "usage: bench [--quick] [--reps N] [--out DIR] [--only failover|cost]\n",
+    "usage: bench [--quick] [--reps N] [--out DIR] [--only failover|takeover|cost]\n",
     "  --quick    short intervals (retry 200 ms, heartbeat 200 ms, query timeout 500 ms,\n",
-    "             guard margin 200 ms) and few repetitions: about 2.5 minutes\n",
-    "  --reps N   repetitions of the fast scenarios (default 8); the slow ones\n",
-    "             (partition, freeze, restart) get N / 3 rounded up\n",
+    "             guard margin 200 ms) and few repetitions\n",
+    "  --reps N   repetitions: of the fast failover scenarios (default 8; the slow ones,\n",
+    "             partition, freeze, restart, get N / 3 rounded up) and of the takeover\n",
+    "             phase's kill (default 40, with --quick 10; its pg_terminate_backend\n",
+    "             per lock-delay gets N / 2 rounded up, its herd N / 8 rounded up)\n",
     "  --out DIR  where results.md, results.json and failover.svg go (default bench/)\n",
-    "  --only failover|cost\n",
-    "             run one phase only: the failover scenarios, or the heartbeat timing and\n",
-    "             the database and client cost (the report leaves the other phase out;\n",
-    "             without failover scenarios no failover.svg is written)",
+    "  --only failover|takeover|cost\n",
+    "             run one phase only: the failover scenarios; instant takeover (kill -9,\n",
+    "             a herd of ten, pg_terminate_backend at lock-delays 0, 5, 20 ms, also\n",
+    "             with lease run); or the heartbeat timing and the database and client\n",
+    "             cost (the report leaves the other phases out; without failover\n",
+    "             scenarios no failover.svg is written)",
 );
 
 /// The plan, or `None` after `--help`.
 fn parse_args() -> R<Option<Plan>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut quick, mut reps, mut out) = (false, 8usize, PathBuf::from("bench"));
+    let (mut quick, mut reps, mut out) = (false, None, PathBuf::from("bench"));
     let mut only = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -187,19 +223,23 @@ fn parse_args() -> R<Option<Plan>> {
             "--quick" => quick = true,
             "--reps" => {
                 let v = it.next().ok_or("--reps needs a number")?;
-                reps = v
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or(format!("--reps: not a positive number: {v}"))?;
+                reps = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|&n: &usize| n > 0)
+                        .ok_or(format!("--reps: not a positive number: {v}"))?,
+                );
             }
             "--out" => out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
             "--only" => {
                 only = Some(match it.next().map(String::as_str) {
                     Some("failover") => Phase::Failover,
+                    Some("takeover") => Phase::Takeover,
                     Some("cost") => Phase::Cost,
-                    Some(other) => return Err(format!("--only: failover or cost, not {other}")),
-                    None => return Err("--only needs failover or cost".into()),
+                    Some(other) => {
+                        return Err(format!("--only: failover, takeover or cost, not {other}"))
+                    }
+                    None => return Err("--only needs failover, takeover or cost".into()),
                 })
             }
             "-h" | "--help" => {
@@ -234,12 +274,17 @@ fn parse_args() -> R<Option<Plan>> {
         command.push(' ');
         command.push_str(a);
     }
+    let fast = reps.unwrap_or(8);
+    let takeover = reps.unwrap_or(if quick { 10 } else { 40 });
     Ok(Some(Plan {
         quick,
         only,
         intervals,
-        reps,
-        slow_reps: reps.div_ceil(3),
+        reps: fast,
+        slow_reps: fast.div_ceil(3),
+        takeover_reps: takeover,
+        delay_reps: takeover.div_ceil(2),
+        herd_reps: takeover.div_ceil(8),
         cost_window: if quick { ms(3_000) } else { ms(15_000) },
         heartbeat_reps: if quick { 300 } else { 2_000 },
         out,
@@ -247,45 +292,43 @@ fn parse_args() -> R<Option<Plan>> {
     }))
 }
 
-/// Builds `replica` with the profile this binary was built with (`cargo run --bin bench`
-/// builds only `bench`) and returns its path.
-fn replica_binary() -> R<PathBuf> {
+/// Builds binary `bin` of package `package` with the profile this binary was built with
+/// (`cargo run --bin bench` builds only `bench`) and returns its path.
+fn build(package: &str, bin: &str) -> R<PathBuf> {
     let exe = std::env::current_exe().map_err(|e| format!("locating the bench binary: {e}"))?;
     let dir = exe.parent().ok_or("the bench binary has no directory")?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "lease-tests", "--bin", "replica"])
+    cmd.args(["build", "--quiet", "-p", package, "--bin", bin])
         // The replica measured is built as this binary was: with the drivers' metrics
         // (and a recorder) or without.
         .args(
-            METRICS
+            (METRICS && package == "lease-tests")
                 .then_some(["--features", "metrics"])
                 .into_iter()
                 .flatten(),
         )
         .arg("--manifest-path")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+    let mut flag = String::new();
     match dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") => {}
-        Some("release") => {
-            cmd.arg("--release");
-        }
-        Some(profile) => {
-            cmd.args(["--profile", profile]);
-        }
+        Some("release") => flag = " --release".into(),
+        Some(profile) => flag = format!(" --profile {profile}"),
         None => return Err(format!("unexpected binary location {}", exe.display())),
     }
+    cmd.args(flag.split_whitespace());
     let status = cmd
         .status()
-        .map_err(|e| format!("running cargo to build the replica binary: {e}"))?;
-    let bin = dir.join("replica");
-    if !status.success() || !bin.is_file() {
+        .map_err(|e| format!("running cargo to build the {bin} binary: {e}"))?;
+    let path = dir.join(bin);
+    if !status.success() || !path.is_file() {
         return Err(format!(
-            "building the replica binary failed ({status}); try: \
-             cargo build --release -p lease-tests --bin replica"
+            "building the {bin} binary failed ({status}); try: \
+             cargo build{flag} -p {package} --bin {bin}"
         ));
     }
-    Ok(bin)
+    Ok(path)
 }
 
 /// The machine, for the report header.
@@ -331,7 +374,16 @@ fn machine(cluster: &Cluster) -> Machine {
 
 fn run(plan: &Plan) -> R<()> {
     let began = Instant::now();
-    let bin = replica_binary()?;
+    let runs = |phase: Phase| plan.only.is_none_or(|only| only == phase);
+    let bins = Bins {
+        replica: build("lease-tests", "replica")?,
+        lease: if runs(Phase::Takeover) {
+            Some(build("lease-cli", "lease")?)
+        } else {
+            None
+        },
+        bench: std::env::current_exe().map_err(|e| format!("locating the bench binary: {e}"))?,
+    };
     eprintln!("bench: starting an ephemeral PostgreSQL server");
     let mut cluster = Cluster::start().map_err(|e| format!("starting PostgreSQL: {e}"))?;
     // Autovacuum workers commit transactions in the databases they visit, which would
@@ -345,7 +397,8 @@ fn run(plan: &Plan) -> R<()> {
     let iv = plan.intervals;
     eprintln!(
         "bench: {} mode, retry {:?}, heartbeat {:?}, query timeout {:?}, guard margin {:?}, \
-         window {:?}, {} / {} reps",
+         window {:?}, {} / {} failover reps, {} / {} / {} takeover reps (kill / terminate / \
+         herd)",
         if plan.quick { "quick" } else { "full" },
         iv.retry,
         iv.heartbeat,
@@ -353,19 +406,29 @@ fn run(plan: &Plan) -> R<()> {
         iv.guard_margin,
         iv.window(),
         plan.reps,
-        plan.slow_reps
+        plan.slow_reps,
+        plan.takeover_reps,
+        plan.delay_reps,
+        plan.herd_reps
     );
-    let runs = |phase: Phase| plan.only.is_none_or(|only| only == phase);
+    let mut bench = duel::Bench::new(&mut cluster, &bins, iv)?;
     let cells = if runs(Phase::Failover) {
-        failover::run_all(&mut cluster, &bin, plan)?
+        failover::run_all(&mut bench, plan)?
     } else {
         Vec::new()
     };
     let failover_secs = began.elapsed().as_secs_f64();
+    let takeover = if runs(Phase::Takeover) {
+        Some(takeover::run_all(&mut bench, plan)?)
+    } else {
+        None
+    };
+    let takeover_secs = began.elapsed().as_secs_f64() - failover_secs;
+    drop(bench);
     let (heartbeat, costs) = if runs(Phase::Cost) {
         eprintln!("bench: heartbeat duration against lease count");
         let heartbeat = cost::heartbeat(&cluster, plan.heartbeat_reps)?;
-        (heartbeat, cost::run_all(&cluster, &bin, plan)?)
+        (heartbeat, cost::run_all(&cluster, &bins.replica, plan)?)
     } else {
         (Vec::new(), Vec::new())
     };
@@ -373,15 +436,20 @@ fn run(plan: &Plan) -> R<()> {
         plan: plan.clone(),
         machine,
         cells,
+        takeover,
         heartbeat,
         costs,
         failover_secs,
+        takeover_secs,
         total_secs: began.elapsed().as_secs_f64(),
     };
     report::write(&results)
 }
 
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some(STAMP_CHILD) {
+        return takeover::stamp_child();
+    }
     let plan = match parse_args() {
         Ok(Some(plan)) => plan,
         Ok(None) => return ExitCode::SUCCESS,

@@ -1,7 +1,9 @@
 //! Results as Markdown, JSON and an SVG strip plot, all written by hand.
 
 use crate::cost::{clock_ticks_per_s, Cost, HeartbeatTiming, Role, LEASE_COUNTS};
+use crate::duel::Rep;
 use crate::failover::{Cell, Scenario};
+use crate::takeover::{Takeover, HERD};
 use crate::{Design, Machine, Plan, DRIVERS, R};
 use lease_tests::scenario::Driver;
 use std::fmt::Write as _;
@@ -11,9 +13,12 @@ pub struct Results {
     pub plan: Plan,
     pub machine: Machine,
     pub cells: Vec<Cell>,
+    /// `None`: the takeover phase did not run.
+    pub takeover: Option<Takeover>,
     pub heartbeat: Vec<HeartbeatTiming>,
     pub costs: Vec<Cost>,
     pub failover_secs: f64,
+    pub takeover_secs: f64,
     pub total_secs: f64,
 }
 
@@ -213,14 +218,7 @@ fn markdown(r: &Results) -> String {
          - Metrics: {metrics}\n\
          - Intervals ({which}): retry {retry}, heartbeat {hb}, query timeout {qt}, guard margin \
          {gm}; validity {validity}, server guard (`idle_session_timeout`) {guard}\n\
-         - Repetitions: {reps} per fast scenario (graceful, kill, terminate), {slow} per slow \
-         one (partition, freeze, restart: each waits out the server guard or a restart); \
-         observation window after each fault {window}\n\
-         - Designs: **default** = server guard + NOTIFY handover (library defaults); \
-         **reference** = `--no-guard --no-notify` (poll-only handover, no server guard), the \
-         closest the options come to the Go package. Gain = reference median / default \
-         median; kill, terminate and restart involve neither addition, so there it is 1 up to \
-         the noise of few repetitions.\n\n",
+         - Observation window after each fault: {window}\n\n",
         mode = if p.quick { "quick" } else { "full" },
         cmd = p.command,
         metrics = if crate::METRICS {
@@ -236,8 +234,8 @@ fn markdown(r: &Results) -> String {
         load = m.load,
         run_time = match p.only {
             None => format!(
-                "{:.0} s in all, {:.0} s of it failover scenarios",
-                r.total_secs, r.failover_secs
+                "{:.0} s in all, {:.0} s of it failover scenarios, {:.0} s takeover",
+                r.total_secs, r.failover_secs, r.takeover_secs
             ),
             Some(phase) => format!(
                 "{:.0} s, only the {} phase (`--only {}`)",
@@ -257,13 +255,14 @@ fn markdown(r: &Results) -> String {
         gm = secs(iv.guard_margin),
         validity = secs(iv.heartbeat + iv.query_timeout),
         guard = secs(iv.guard_timeout()),
-        reps = p.reps,
-        slow = p.slow_reps,
         window = secs(iv.window()),
     );
 
     if !r.cells.is_empty() {
         failover_markdown(r, &mut s);
+    }
+    if let Some(t) = &r.takeover {
+        takeover_markdown(r, t, &mut s);
     }
     if !r.costs.is_empty() || !r.heartbeat.is_empty() {
         cost_markdown(r, &mut s);
@@ -273,7 +272,18 @@ fn markdown(r: &Results) -> String {
 
 /// The failover gap and overlap sections.
 fn failover_markdown(r: &Results, s: &mut String) {
-    let iv = &r.plan.intervals;
+    let (p, iv) = (&r.plan, &r.plan.intervals);
+    let _ = write!(
+        s,
+        "Failover scenarios: {} repetitions per fast scenario (graceful, kill, terminate), {} \
+         per slow one (partition, freeze, restart: each waits out the server guard or a \
+         restart), the fault a random fraction of the retry interval after the standby stood \
+         by. Designs: **default** = server guard + NOTIFY handover + waiting on the server \
+         (library defaults); **reference** = `--no-guard --no-notify --no-wait` (poll-only \
+         takeover and handover, no server guard), the closest the options come to the Go \
+         package. Gain = reference median / default median.\n\n",
+        p.reps, p.slow_reps
+    );
     s.push_str(
         "## Failover gap (ms)\n\nFrom the fault to the first `start` of a job on any replica \
          (CLOCK_MONOTONIC). Cells: n: median / p90 / p99 / max (nearest rank; with n < 100, \
@@ -325,6 +335,164 @@ fn failover_markdown(r: &Results, s: &mut String) {
     ];
     table(s, &header, rows);
     s.push('\n');
+}
+
+/// "n: median / p90 / p99 / max" of `values` (empty without values).
+fn dist_text(values: &[f64]) -> String {
+    dist(values).map_or(String::new(), |d| {
+        format!(
+            "{}: {} / {} / {} / {}",
+            d.n,
+            num(d.median),
+            num(d.p90),
+            num(d.p99),
+            num(d.max)
+        )
+    })
+}
+
+/// "k/n" of the repetitions `pred` accepts.
+fn count<T>(reps: &[T], pred: impl Fn(&T) -> bool) -> String {
+    format!("{}/{}", reps.iter().filter(|r| pred(r)).count(), reps.len())
+}
+
+fn rep_gaps(reps: &[Rep]) -> Vec<f64> {
+    reps.iter().filter_map(|r| r.gap_ns.map(ms)).collect()
+}
+
+fn handovers(reps: &[Rep]) -> Vec<f64> {
+    (reps.iter())
+        .filter_map(|r| r.handover_ns.map(|h| h as f64 / 1e6))
+        .collect()
+}
+
+/// The takeover, herd and lock-delay sections.
+fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
+    let p = &r.plan;
+    let phase = secs(p.intervals.retry.min(Duration::from_secs(1)));
+    let missed = |reps: &[Rep]| {
+        let none = reps.iter().filter(|x| x.gap_ns.is_none()).count();
+        if none == 0 {
+            String::new()
+        } else {
+            format!("; {none}×: none within {}", secs(p.intervals.window()))
+        }
+    };
+    let _ = write!(
+        s,
+        "## Instant takeover: SIGKILL of the holder → the standby's job start (ms)\n\n\
+         Library defaults (server guard, NOTIFY handover, waiting on the server, lock-delay \
+         {delay}), two `replica` processes per repetition, the SIGKILL a random fraction of \
+         {phase} after the standby stood by (its try, or the wait on the server after it). \
+         From the SIGKILL to the standby's `start` (CLOCK_MONOTONIC). Cells: n: median / \
+         p90 / p99 / max (nearest rank; with n < 100, p99 = max).\n\n",
+        delay = ms_text(lease_proto::DEFAULT_LOCK_DELAY),
+    );
+    let rows = (t.kill.iter())
+        .map(|(driver, reps)| {
+            let overlap = reps.iter().map(|x| x.overlap_ns).max().unwrap_or(0);
+            vec![
+                driver.name().to_string(),
+                dist_text(&rep_gaps(reps)) + &missed(reps),
+                format!(
+                    "{} ({})",
+                    num(ms(overlap)),
+                    count(reps, |x| x.overlap_ns > 0)
+                ),
+            ]
+        })
+        .collect();
+    table(
+        s,
+        &["driver", "kill -9 → job started", "overlap max (reps > 0)"],
+        rows,
+    );
+
+    let _ = write!(
+        s,
+        "\n## Herd: {HERD} standbys on one key, SIGKILL of the holder\n\nA holder and \
+         {HERD} standbys (library defaults), the SIGKILL a random fraction of {phase} after all \
+         {HERD} waited on the server (`pg_locks.granted = false`). First start: SIGKILL → the \
+         first standby's `start` (ms). Leaders: standbys that started a job in the second \
+         after the SIGKILL, and backends holding the key at its end. Statements: what the \
+         {HERD} standbys sent in that second, counted in the server log (`log_statement = \
+         all`). Waiting: requests for the key not granted at its end.\n\n"
+    );
+    let rows = (t.herd.iter())
+        .map(|(driver, reps)| {
+            let first: Vec<f64> = reps.iter().filter_map(|x| x.first_ns.map(ms)).collect();
+            let stmts: Vec<f64> = reps.iter().map(|x| x.statements as f64).collect();
+            let waiting: Vec<usize> = reps.iter().map(|x| x.waiting).collect();
+            vec![
+                driver.name().to_string(),
+                dist_text(&first),
+                count(reps, |x| x.leaders == 1 && x.holders == 1),
+                dist(&stmts).map_or(String::new(), |d| format!("{} / {}", d.median, d.max)),
+                format!(
+                    "{}–{}",
+                    waiting.iter().min().unwrap_or(&0),
+                    waiting.iter().max().unwrap_or(&0)
+                ),
+            ]
+        })
+        .collect();
+    let header = [
+        "driver",
+        "first start (ms)",
+        "exactly one leader and holder",
+        "statements in the second after: median / max",
+        "waiting after",
+    ];
+    table(s, &header, rows);
+
+    s.push_str(
+        "\n## Lock-delay: `pg_terminate_backend` of the holder's backend (ms)\n\nThe old \
+         holder learns of the loss when its connection ends, the standby when its wait on \
+         the server wakes; the standby then tries after the lock-delay (no handover \
+         notification: the release was not graceful), while the old holder reconnects and \
+         tries too. `replica`: a cooperative job that returns when cancelled (its end: the \
+         `cancel` line). `lease run`: its child (`bench --stamp-child`) prints its start and \
+         exits on SIGTERM at once (its end: the moment SIGTERM arrived). First: fault → the \
+         first `start` on either side. Standby first: repetitions where the standby's job \
+         started first (else the old holder won its key back). Old end: fault → the old \
+         job's end. End − start: the old job's end minus the new job's start, over the \
+         repetitions the standby came first (positive: both jobs ran at once; negative: a \
+         gap). Cells: n: median / p90 / p99 / max.\n\n",
+    );
+    let rows = (t.delay.iter())
+        .map(|c| {
+            let old_end: Vec<f64> = c.reps.iter().filter_map(|x| x.old_end_ns.map(ms)).collect();
+            let hand = handovers(&c.reps);
+            vec![
+                ms_text(c.lock_delay),
+                c.who.name().to_string(),
+                count(&c.reps, |x| x.gap_ns.is_some() && !x.old_won),
+                dist_text(&rep_gaps(&c.reps)) + &missed(&c.reps),
+                dist_text(&old_end),
+                dist_text(&hand),
+                format!(
+                    "{}/{}",
+                    hand.iter().filter(|&&h| h > 0.0).count(),
+                    hand.len()
+                ),
+            ]
+        })
+        .collect();
+    let header = [
+        "lock-delay",
+        "contender",
+        "standby first",
+        "first start",
+        "old end",
+        "end − start",
+        "overlap > 0",
+    ];
+    table(s, &header, rows);
+    s.push('\n');
+}
+
+fn ms_text(d: Duration) -> String {
+    format!("{} ms", d.as_millis())
 }
 
 /// The database cost, heartbeat duration and client cost sections.
@@ -525,6 +693,83 @@ fn dist_json(values: &[f64]) -> J {
     }
 }
 
+fn reps_json(reps: &[Rep]) -> J {
+    let opt = |x: Option<f64>| x.map_or(J::Null, J::Num);
+    J::Arr(
+        reps.iter()
+            .map(|x| {
+                J::Obj(vec![
+                    ("gap_ms", opt(x.gap_ns.map(ms))),
+                    ("overlap_ms", J::Num(ms(x.overlap_ns))),
+                    ("old_holder_won", J::Bool(x.old_won)),
+                    ("old_job_end_ms", opt(x.old_end_ns.map(ms))),
+                    (
+                        "old_end_minus_new_start_ms",
+                        opt(x.handover_ns.map(|h| h as f64 / 1e6)),
+                    ),
+                ])
+            })
+            .collect(),
+    )
+}
+
+fn takeover_json(t: &Takeover) -> J {
+    let kill = t.kill.iter().map(|(driver, reps)| {
+        J::Obj(vec![
+            ("driver", s(driver.name())),
+            ("kill_to_start_ms", dist_json(&rep_gaps(reps))),
+            ("reps", reps_json(reps)),
+        ])
+    });
+    let herd = t.herd.iter().map(|(driver, reps)| {
+        let reps = reps.iter().map(|x| {
+            J::Obj(vec![
+                (
+                    "first_start_ms",
+                    x.first_ns.map_or(J::Null, |g| J::Num(ms(g))),
+                ),
+                ("leaders", J::Num(x.leaders as f64)),
+                ("holders", J::Num(x.holders as f64)),
+                ("waiting", J::Num(x.waiting as f64)),
+                (
+                    "statements_in_the_second_after",
+                    J::Num(x.statements as f64),
+                ),
+            ])
+        });
+        J::Obj(vec![
+            ("driver", s(driver.name())),
+            ("standbys", J::Num(HERD as f64)),
+            ("reps", J::Arr(reps.collect())),
+        ])
+    });
+    let delay = t.delay.iter().map(|c| {
+        let old_end: Vec<f64> = c.reps.iter().filter_map(|x| x.old_end_ns.map(ms)).collect();
+        J::Obj(vec![
+            ("lock_delay_ms", J::Num(c.lock_delay.as_secs_f64() * 1e3)),
+            ("contender", s(c.who.name())),
+            ("first_start_ms", dist_json(&rep_gaps(&c.reps))),
+            ("old_job_end_ms", dist_json(&old_end)),
+            ("old_end_minus_new_start_ms", dist_json(&handovers(&c.reps))),
+            (
+                "standby_first",
+                J::Num(
+                    c.reps
+                        .iter()
+                        .filter(|x| x.gap_ns.is_some() && !x.old_won)
+                        .count() as f64,
+                ),
+            ),
+            ("reps", reps_json(&c.reps)),
+        ])
+    });
+    J::Obj(vec![
+        ("kill", J::Arr(kill.collect())),
+        ("herd", J::Arr(herd.collect())),
+        ("terminate_by_lock_delay", J::Arr(delay.collect())),
+    ])
+}
+
 fn json(r: &Results) -> J {
     let (p, iv, m) = (&r.plan, &r.plan.intervals, &r.machine);
     let msj = |d: Duration| J::Num(d.as_secs_f64() * 1e3);
@@ -538,21 +783,7 @@ fn json(r: &Results) -> J {
                 "no_failover_within_window",
                 J::Num(c.reps.iter().filter(|x| x.gap_ns.is_none()).count() as f64),
             ),
-            (
-                "reps",
-                J::Arr(
-                    c.reps
-                        .iter()
-                        .map(|x| {
-                            J::Obj(vec![
-                                ("gap_ms", x.gap_ns.map_or(J::Null, |g| J::Num(ms(g)))),
-                                ("overlap_ms", J::Num(ms(x.overlap_ns))),
-                                ("old_holder_won", J::Bool(x.old_won)),
-                            ])
-                        })
-                        .collect(),
-                ),
-            ),
+            ("reps", reps_json(&c.reps)),
         ])
     });
     let costs = r.costs.iter().map(|c| {
@@ -613,10 +844,18 @@ fn json(r: &Results) -> J {
         ),
         ("reps", J::Num(p.reps as f64)),
         ("slow_reps", J::Num(p.slow_reps as f64)),
+        ("takeover_reps", J::Num(p.takeover_reps as f64)),
+        ("lock_delay_reps", J::Num(p.delay_reps as f64)),
+        ("herd_reps", J::Num(p.herd_reps as f64)),
         ("failover", J::Arr(cells.collect())),
+        (
+            "takeover",
+            r.takeover.as_ref().map_or(J::Null, takeover_json),
+        ),
         ("database_and_client_cost", J::Arr(costs.collect())),
         ("heartbeat", J::Arr(heartbeat.collect())),
         ("failover_seconds", J::Num(r.failover_secs)),
+        ("takeover_seconds", J::Num(r.takeover_secs)),
         ("total_seconds", J::Num(r.total_secs)),
     ])
 }
@@ -669,7 +908,7 @@ fn svg(r: &Results) -> String {
          <text x=\"10\" y=\"18\" font-size=\"14\">lease failover gap ({} mode; retry {}, \
          heartbeat {}, query timeout {}): each dot one repetition, bar = median</text>\n\
          <text x=\"10\" y=\"36\"><tspan fill=\"#1f77b4\">● default (guard + NOTIFY)</tspan>  \
-         <tspan fill=\"#e6550d\">● reference (--no-guard --no-notify)</tspan>  \
+         <tspan fill=\"#e6550d\">● reference (--no-guard --no-notify --no-wait)</tspan>  \
          ▶ = no failover within the window</text>",
         if r.plan.quick { "quick" } else { "full" },
         secs(r.plan.intervals.retry),

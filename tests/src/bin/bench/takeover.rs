@@ -1,0 +1,299 @@
+//! Instant takeover (issue 12): how soon a standby that waits on the server leads after
+//! its holder dies, a herd of standbys on one key, and the lock-delay's effect on the
+//! overlap when the server ends the holder's session.
+//!
+//! Every repetition has a lease name of its own and fresh processes, at the bench's
+//! intervals (without `--quick`: the library defaults) and the library's default design
+//! (server guard, NOTIFY handover, waiting on the server); the fault falls a random
+//! fraction of min(retry interval, 1 s) after the standby (or the whole herd) stands by.
+//! The cells of one part run round-robin, repetition by repetition, so that a change of
+//! the machine's load spreads over all of them.
+//! - **kill**: [`Bench::rep`] of [`Scenario::Kill`] between two `replica` processes at
+//!   the default lock-delay, per driver: SIGKILL of the holder → the standby's job
+//!   started.
+//! - **herd**: a holder and ten standbys on one key, SIGKILL of the holder: the first
+//!   start, how many standbys led (one is right), and the statements the standbys sent
+//!   in the second after the kill, counted in the server log (`log_statement = all` for
+//!   this part; the log line prefix names each session's `application_name`).
+//! - **lock-delay**: [`Bench::rep`] of [`Scenario::Terminate`] (`pg_terminate_backend`
+//!   of the holder's backend) for each of [`LOCK_DELAYS`], between two `replica`
+//!   processes of each driver (a cooperative job: it returns when cancelled) and between
+//!   two `lease run` processes whose child is [`stamp_child`] (it exits on SIGTERM at
+//!   once). Measured: fault → first start, who started first (the old holder
+//!   reconnecting, or the standby), fault → the old job's end, and, when the standby
+//!   came first, the old job's end − the new job's start (positive: both ran at once).
+
+use crate::duel::{first_start, Bench, Contender, Rep};
+use crate::failover::Scenario;
+use crate::{failed, Design, Plan, DRIVERS, FAILOVER_DB, R};
+use lease_tests::monotonic_nanos;
+use lease_tests::scenario::{Driver, Node};
+use std::io::Write as _;
+use std::process::ExitCode;
+use std::thread::sleep;
+use std::time::Duration;
+
+/// The lock-delays compared (20 ms is [`lease_proto::DEFAULT_LOCK_DELAY`]).
+pub const LOCK_DELAYS: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_millis(5),
+    Duration::from_millis(20),
+];
+
+/// Standbys in the herd.
+pub const HERD: usize = 10;
+
+/// The `pg_terminate_backend` repetitions of one lock-delay and contender.
+#[derive(Clone, Debug)]
+pub struct DelayCell {
+    pub lock_delay: Duration,
+    pub who: Contender,
+    pub reps: Vec<Rep>,
+}
+
+/// One herd repetition.
+#[derive(Clone, Debug)]
+pub struct HerdRep {
+    /// SIGKILL of the holder → the first standby's job start; `None`: none in the window.
+    pub first_ns: Option<u64>,
+    /// Standbys that started a job after the kill (by the end of the second after it).
+    pub leaders: usize,
+    /// Backends holding the key at the end of that second.
+    pub holders: usize,
+    /// Requests for the key waiting (`pg_locks.granted = false`) at the end.
+    pub waiting: usize,
+    /// Statements the standbys sent in the second after the kill (the holder is dead).
+    pub statements: usize,
+}
+
+/// Everything this phase measured.
+#[derive(Clone, Debug, Default)]
+pub struct Takeover {
+    /// Per driver: SIGKILL of the holder → the standby's job start.
+    pub kill: Vec<(Driver, Vec<Rep>)>,
+    /// Per driver: the herd.
+    pub herd: Vec<(Driver, Vec<HerdRep>)>,
+    pub delay: Vec<DelayCell>,
+}
+
+/// The default design with a lock-delay of `lock_delay` (`None`: the default).
+fn library(driver: Driver, lock_delay: Option<Duration>) -> Contender {
+    Contender::Replica {
+        driver,
+        design: Design::Default,
+        lock_delay,
+    }
+}
+
+pub fn run_all(bench: &mut Bench, plan: &Plan) -> R<Takeover> {
+    let phase = bench.iv.retry.min(Duration::from_secs(1));
+    let mut out = Takeover::default();
+
+    eprintln!(
+        "bench: takeover: kill -9 of the holder, {} reps",
+        plan.takeover_reps
+    );
+    out.kill = DRIVERS.iter().map(|&d| (d, Vec::new())).collect();
+    for i in 0..plan.takeover_reps {
+        for (driver, reps) in &mut out.kill {
+            let lease = format!("takeover-kill-{}-{i}", driver.name());
+            let who = library(*driver, None);
+            reps.push(bench.rep(Scenario::Kill, who, &lease, phase)?);
+        }
+    }
+    for (driver, reps) in &out.kill {
+        eprintln!(
+            "bench: takeover kill {:<5} gaps ms [{}]",
+            driver.name(),
+            gaps(reps)
+        );
+    }
+
+    eprintln!("bench: takeover: a herd of {HERD}, {} reps", plan.herd_reps);
+    set_log_statement(bench, "all")?;
+    out.herd = DRIVERS.iter().map(|&d| (d, Vec::new())).collect();
+    for i in 0..plan.herd_reps {
+        for (driver, reps) in &mut out.herd {
+            let lease = format!("takeover-herd-{}-{i}", driver.name());
+            reps.push(herd_rep(bench, *driver, &lease, phase)?);
+        }
+    }
+    set_log_statement(bench, "none")?;
+
+    eprintln!(
+        "bench: takeover: pg_terminate_backend at lock-delays {:?}, {} reps",
+        LOCK_DELAYS, plan.delay_reps
+    );
+    for lock_delay in LOCK_DELAYS {
+        let kinds = DRIVERS.map(|d| library(d, Some(lock_delay)));
+        for who in kinds.into_iter().chain([Contender::Cli { lock_delay }]) {
+            out.delay.push(DelayCell {
+                lock_delay,
+                who,
+                reps: Vec::new(),
+            });
+        }
+    }
+    for i in 0..plan.delay_reps {
+        for (c, cell) in out.delay.iter_mut().enumerate() {
+            let lease = format!(
+                "takeover-delay-{}-{}ms-{c}-{i}",
+                cell.who.name().replace(' ', "-"),
+                cell.lock_delay.as_millis()
+            );
+            cell.reps
+                .push(bench.rep(Scenario::Terminate, cell.who, &lease, phase)?);
+        }
+    }
+    for cell in &out.delay {
+        eprintln!(
+            "bench: takeover terminate {:<9} lock-delay {:>2} ms gaps ms [{}]",
+            cell.who.name(),
+            cell.lock_delay.as_millis(),
+            gaps(&cell.reps)
+        );
+    }
+    Ok(out)
+}
+
+/// The gaps of `reps` in ms, for the progress lines.
+fn gaps(reps: &[Rep]) -> String {
+    let text: Vec<String> = (reps.iter())
+        .map(|r| {
+            r.gap_ns
+                .map_or("-".into(), |g| format!("{:.1}", g as f64 / 1e6))
+        })
+        .collect();
+    text.join(" ")
+}
+
+/// `log_statement` server-wide (the ephemeral server only).
+fn set_log_statement(bench: &Bench, value: &str) -> R<()> {
+    let cluster = &bench.cluster;
+    cluster
+        .sql(&format!("ALTER SYSTEM SET log_statement = '{value}'"))
+        .and_then(|_| cluster.sql("SELECT pg_reload_conf()"))
+        .map(drop)
+        .map_err(|e| format!("setting log_statement = {value}: {e}"))
+}
+
+/// `pg_locks` rows of `lease`'s key, granted or waiting.
+fn key_rows(bench: &Bench, lease: &str, granted: bool) -> R<usize> {
+    let sql = format!(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+         AND granted = {granted} AND {} = {}",
+        lease_proto::ADVISORY_KEY_SQL,
+        lease_proto::key_for_name(lease)
+    );
+    let n = bench.admin.one(&sql)?;
+    n.parse().map_err(|_| format!("count(*) gave {n:?}"))
+}
+
+fn herd_rep(bench: &mut Bench, driver: Driver, lease: &str, phase: Duration) -> R<HerdRep> {
+    let setup = bench.setup_timeout();
+    let url = bench.cluster.url(FAILOVER_DB);
+    let who = library(driver, None);
+    let mut holder = bench.spawn(who, &url, lease, "holder")?;
+    holder
+        .wait_start(0, setup)
+        .map_err(|e| failed("the herd's holder did not start its job", e, &[&holder]))?;
+    let herd = (0..HERD)
+        .map(|i| bench.spawn(who, &url, lease, &format!("S{i}")))
+        .collect::<R<Vec<Node>>>()?;
+    let nodes: Vec<&Node> = herd.iter().collect();
+    let deadline = monotonic_nanos() + setup.as_nanos() as u64;
+    while key_rows(bench, lease, false)? < HERD {
+        if monotonic_nanos() > deadline {
+            return Err(failed("the herd never all waited", "", &nodes));
+        }
+        sleep(Duration::from_millis(20));
+    }
+    sleep(phase.mul_f64(bench.random()));
+    let log_path = bench.cluster.log_path();
+    let log_len = || std::fs::metadata(&log_path).map_or(0, |m| m.len() as usize);
+    let from = log_len();
+    let t0 = holder
+        .kill9()
+        .map_err(|e| failed("killing the herd's holder", e, &[&holder]))?;
+    let second = t0 + 1_000_000_000;
+    let deadline = t0 + bench.iv.window().as_nanos() as u64;
+    let first = loop {
+        let now = monotonic_nanos();
+        if let Some((_, t)) = first_start(&nodes, t0) {
+            break Some(t - t0);
+        }
+        if now >= deadline {
+            break None;
+        }
+        sleep(Duration::from_millis(5));
+    };
+    // The rest of the second after the kill: a second (wrong) leader or a storm of
+    // statements would show there.
+    if let Some(left) = second.checked_sub(monotonic_nanos()) {
+        sleep(Duration::from_nanos(left));
+    }
+    let text = std::fs::read(&log_path).map_err(|e| format!("reading the server log: {e}"))?;
+    let mark = format!(" bench-{lease} LOG:  statement: ");
+    let statements = (String::from_utf8_lossy(text.get(from..).unwrap_or_default()).lines())
+        .filter(|l| l.contains(&mark))
+        .count();
+    let leaders = (herd.iter())
+        .filter(|n| n.terms().iter().any(|t| t.start >= t0))
+        .count();
+    let rep = HerdRep {
+        first_ns: first,
+        leaders,
+        holders: key_rows(bench, lease, true)?,
+        waiting: key_rows(bench, lease, false)?,
+        statements,
+    };
+    eprintln!(
+        "bench: takeover herd {:<5} first start {} ms, {} leader(s), {} holder(s), {} waiting, \
+         {} statements in the second after the kill",
+        driver.name(),
+        rep.first_ns
+            .map_or("-".into(), |g| format!("{:.1}", g as f64 / 1e6)),
+        rep.leaders,
+        rep.holders,
+        rep.waiting,
+        rep.statements
+    );
+    Ok(rep)
+}
+
+/// `bench --stamp-child` ([`crate::STAMP_CHILD`]): the command `lease run` runs in the
+/// lock-delay study. Prints `start LEASE_NAME LEASE_TOKEN T` when it runs and `stop
+/// LEASE_NAME T` the moment SIGTERM arrives, then exits 0; `T` is `CLOCK_MONOTONIC` in
+/// nanoseconds, as the `replica` lines (stdout is `lease run`'s, inherited).
+pub fn stamp_child() -> ExitCode {
+    // SAFETY: plain libc calls on a local, initialised signal set, before any thread
+    // exists; SIGTERM is blocked (so it stays pending until `sigwait` takes it) with
+    // its default disposition.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| "-".into());
+    let (name, token) = (var("LEASE_NAME"), var("LEASE_TOKEN"));
+    let line = |text: String| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
+    };
+    if !line(format!("start {name} {token} {}", monotonic_nanos())) {
+        return ExitCode::FAILURE;
+    }
+    let mut sig = 0;
+    // SAFETY: `set` is a valid signal set and `sig` a valid out-pointer.
+    if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+        return ExitCode::FAILURE;
+    }
+    if line(format!("stop {name} {}", monotonic_nanos())) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
