@@ -332,6 +332,16 @@ fn herd_of_ten(driver: Driver) -> Res {
         );
         std::thread::sleep(ms(20));
     }
+    // One connection per single-lease process, leading or waiting.
+    let connections = admin.ints(
+        "SELECT count(*)::int8 FROM pg_stat_activity WHERE application_name = 'lease-replica'",
+    )?;
+    figure(
+        driver.name(),
+        "herd of 10: connections of the 11 replica processes",
+        format!("{connections:?}"),
+    );
+    assert_eq!(connections, vec![11], "one connection per process");
     log_statements(&cluster)?;
     let log = || -> Result<Vec<u8>, KitError> {
         std::fs::read(cluster.log_path()).map_err(|e| KitError::Failed {

@@ -22,8 +22,8 @@
 //!   for any try.
 //! - **Timed out** (SQLSTATE 55P03: the key was held the whole time): that
 //!   counts as a try of that key; with one wanted key the retry deadline
-//!   moves an interval on, so an idle standby sends one statement per
-//!   retry interval, as when it polled.
+//!   moves a whole retry interval on (no jitter: waits do not poll in
+//!   lockstep), so an idle standby sends one statement per retry interval.
 //! - **No spin.** A wake followed by a try that wins nothing counts; after
 //!   [`WAKE_BUDGET`] such wakes in a row the locker waits no more until its
 //!   next periodic try (a lock the wait does not conflict with, a herd that
@@ -122,9 +122,11 @@ impl Machine {
             },
             Err(e) if e.code.as_deref() == Some(LOCK_TIMEOUT_SQLSTATE) => {
                 // Held all along: as good as a try of this key that lost.
+                // Not jittered: jitter spreads the polls of replicas started
+                // together, and waits on the server do not poll.
                 self.wake_losses = 0;
                 if self.wanted_keys() <= 1 {
-                    let retry = now + self.jittered_retry();
+                    let retry = now + self.opts.retry_interval;
                     self.timers.set(Timer::Retry, retry);
                 }
             }

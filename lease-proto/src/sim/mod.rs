@@ -255,6 +255,12 @@ pub struct ServerConfig {
     /// flushed, so a crash hands it out again) and no timeline bits (a
     /// promoted lagging replica hands out smaller ones).
     pub legacy_tokens: bool,
+    /// Broken variant: a [`Statement::Wait`](crate::Statement::Wait) that
+    /// keeps its shared lock after it returns (a session-level
+    /// `pg_advisory_lock_shared` instead of the transaction-level lock that
+    /// ends with its statement): the waiter blocks every other session's
+    /// exclusive try of the key for as long as it lives.
+    pub wait_keeps_shared_lock: bool,
     /// Replies of more rows than this do not fit in the server's socket send
     /// buffer (`None`: every reply fits). A backend writing one to a client
     /// whose link is partitioned stays blocked in the write: it is not idle,
@@ -275,6 +281,7 @@ impl Default for ServerConfig {
             silent_session_kill: None,
             tcp_give_up: None,
             legacy_tokens: false,
+            wait_keeps_shared_lock: false,
             send_buffer_rows: None,
         }
     }

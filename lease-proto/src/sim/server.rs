@@ -183,6 +183,9 @@ pub(super) struct Server {
     locks: BTreeMap<i64, (u64, u32)>,
     /// Waits queued behind held keys, in arrival order.
     waiters: Vec<Waiter>,
+    /// key → owners of shared locks kept by waits (only with
+    /// [`ServerConfig::wait_keeps_shared_lock`]).
+    shared: BTreeMap<i64, std::collections::BTreeSet<u64>>,
     next_pid: i64,
     /// The last transaction id assigned.
     next_xid: i64,
@@ -207,6 +210,7 @@ impl Server {
             sessions: BTreeMap::new(),
             locks: BTreeMap::new(),
             waiters: Vec::new(),
+            shared: BTreeMap::new(),
             next_pid: 1000,
             next_xid: 700,
             flushed_xid: 700,
@@ -429,7 +433,10 @@ impl Server {
                 let mut won = Vec::new();
                 let mut lost = Vec::new();
                 for &k in keys {
+                    let shared_by_other = (self.shared.get(&k))
+                        .is_some_and(|owners| owners.iter().any(|o| *o != owner));
                     match self.locks.get(&k) {
+                        None if shared_by_other => lost.push((k, None)),
                         None if ok => {
                             self.locks.insert(k, (owner, 1));
                             won.push(k);
@@ -463,6 +470,9 @@ impl Server {
                         notify,
                         blocks: Some((*key, timeout)),
                     });
+                }
+                if self.cfg.wait_keeps_shared_lock {
+                    self.shared.entry(*key).or_default().insert(owner);
                 }
                 rows
             }
@@ -525,6 +535,9 @@ impl Server {
             let Some(s) = self.sessions.get(&w.conn) else {
                 continue;
             };
+            if self.cfg.wait_keeps_shared_lock {
+                self.shared.entry(w.key).or_default().insert(owner);
+            }
             let nonce = if self.cfg.pooler_one_backend {
                 self.backend_nonce
             } else {
@@ -572,6 +585,9 @@ impl Server {
         let s = self.sessions.remove(&conn)?;
         self.locks.retain(|_, (owner, _)| *owner != conn);
         self.waiters.retain(|w| w.conn != conn);
+        for owners in self.shared.values_mut() {
+            owners.remove(&conn);
+        }
         // The pooler's one server connection outlives its clients; it is
         // closed (its locks with it) when no client is left.
         if self.cfg.pooler_one_backend && self.sessions.is_empty() {
