@@ -80,10 +80,13 @@ impl Machine {
         if left < MIN_WAIT {
             return None;
         }
+        // In key order (runs are kept in run order): the least wanted key
+        // after the last one waited for, else the least.
         let after = self.wait_cursor;
         let key = (wanted.iter().copied())
-            .find(|k| after.is_some_and(|a| *k > a))
-            .or_else(|| wanted.first().copied())?;
+            .filter(|k| after.is_some_and(|a| *k > a))
+            .min()
+            .or_else(|| wanted.iter().copied().min())?;
         Some((key, left))
     }
 

@@ -1,0 +1,131 @@
+//! Issue 12's wait on the server, attacked (branch attack12): each test is
+//! a hole found, failing before its fix.
+
+use std::time::Duration;
+
+use lease_proto::sim::Harness;
+use lease_proto::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn opts() -> Options {
+    Options {
+        retry_interval: ms(200),
+        heartbeat_interval: ms(200),
+        query_timeout: ms(500),
+        guard_margin: ms(200),
+        ..Options::default()
+    }
+}
+
+fn lease(name: &str) -> LeaseId {
+    LeaseId::named(name).unwrap()
+}
+
+/// A client that is not a lease client holds the key SHARED
+/// (`pg_advisory_lock_shared`): every wait is granted at once, every try
+/// after it loses. With the default lock delay the woken try is sent by the
+/// retry timer, which counted as "the periodic try" and reset the wake
+/// budget, so the standby spun: a wait and a try every lock delay.
+#[test]
+fn a_shared_holder_does_not_make_a_standby_spin_at_the_default_lock_delay() {
+    let o = opts();
+    assert!(!o.lock_delay.is_zero(), "the default has a lock delay");
+    let mut h = Harness::new(o.clone(), 1).unwrap();
+    h.run(lease("a"));
+    h.connect(7);
+    let start = h.now();
+    let end = start + ms(2_000);
+    let (mut waits, mut tries) = (0u32, 0u32);
+    while h.now() < end {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::TryLock { .. }) => {
+                tries += 1;
+                h.advance(ms(1));
+                h.lose(Some(99));
+            }
+            Some(Statement::Wait { .. }) => {
+                waits += 1;
+                h.advance(ms(1));
+                h.wake(7);
+            }
+            Some(s @ (Statement::Heartbeat | Statement::Verify)) => {
+                h.advance(ms(1));
+                let _ = s;
+                h.heartbeat(7, &[]);
+            }
+            Some(s) => panic!("{s:?}"),
+            None => {
+                h.advance(ms(1));
+            }
+        }
+    }
+    let per_interval = f64::from(waits + tries) / 10.0;
+    println!(
+        "2 s, retry 200 ms, lock delay {:?}: {waits} waits, {tries} tries ({per_interval:.1} statements per retry interval)",
+        o.lock_delay
+    );
+    // At most WAKE_BUDGET wakes (a wait and a try each) plus the periodic
+    // try per retry interval.
+    let bound = 10 * (2 * WAKE_BUDGET + 2);
+    assert!(
+        waits + tries <= bound,
+        "{waits} waits + {tries} tries in 2 s > {bound}: the standby spins"
+    );
+}
+
+/// Several wanted keys: each wait takes "the next wanted key after the
+/// last one waited for". The runs were scanned in run order, not key order,
+/// so with runs started as (lowest, highest, middle) key the middle key was
+/// never waited for: it was only polled, against the documented one
+/// interval in n.
+#[test]
+fn rotation_waits_for_every_wanted_key() {
+    let mut names = ["a", "b", "c"];
+    names.sort_by_key(|n| lease(n).key());
+    // Start them as lowest, highest, middle.
+    let order = [names[0], names[2], names[1]];
+    let mut h = Harness::new(opts(), 1).unwrap();
+    for n in order {
+        h.run(lease(n));
+    }
+    h.connect(7);
+    let end = h.now() + ms(4_000);
+    let mut waited = Vec::new();
+    while h.now() < end {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::TryLock { .. }) => {
+                h.advance(ms(1));
+                h.lose(Some(99));
+            }
+            Some(Statement::Wait { key, timeout_ms }) => {
+                waited.push(key);
+                h.advance(ms(timeout_ms));
+                h.lock_timeout();
+            }
+            Some(Statement::Heartbeat | Statement::Verify) => {
+                h.advance(ms(1));
+                h.heartbeat(7, &[]);
+            }
+            Some(s) => panic!("{s:?}"),
+            None => {
+                h.advance(ms(1));
+            }
+        }
+    }
+    let count = |n: &str| waited.iter().filter(|k| **k == lease(n).key()).count();
+    println!(
+        "4 s, retry 200 ms, runs started {order:?}: waits per key {:?}",
+        order.map(count)
+    );
+    for n in order {
+        assert!(
+            count(n) >= waited.len() / 3 - 1,
+            "key of {n:?} waited for {} times of {}",
+            count(n),
+            waited.len()
+        );
+    }
+}
