@@ -78,6 +78,28 @@ pub const NONCE_SETTING: &str = "lease.nonce";
 /// (`lock_not_available`): the key was held the whole time.
 pub const LOCK_TIMEOUT_SQLSTATE: &str = "55P03";
 
+/// How often the server checks, while a [`Statement::Wait`] blocks, that
+/// the client is still connected (`client_connection_check_interval`, in
+/// ms): a waiting backend reads nothing from its client, so without it a
+/// standby that vanished (killed, or a session closed to interrupt its wait)
+/// left its backend queued, holding a connection slot, until the lock
+/// timeout (up to a retry interval).
+pub const WAIT_CONNECTION_CHECK_MS: u64 = 250;
+
+/// The statement a [`Statement::Wait`] starts with, in the same simple query
+/// (one implicit transaction, no rows): transaction-local settings that the
+/// server reads when the next statement starts, so a `set_config` inside the
+/// wait itself would come too late. `statement_timeout` off (a role's or
+/// database's shorter one would cancel every wait before its lock timeout,
+/// which bounds it, and turn waiting off), and the client connection check
+/// ([`WAIT_CONNECTION_CHECK_MS`]; Linux servers only: elsewhere the server
+/// rejects it, and the wait goes on without it).
+pub const WAIT_PRELUDE_SQL: &str = concat!(
+    "DO $lease$BEGIN PERFORM set_config('statement_timeout', '0', true); ",
+    "BEGIN PERFORM set_config('client_connection_check_interval', '250', true); ",
+    "EXCEPTION WHEN OTHERS THEN NULL; END; END$lease$; "
+);
+
 /// Low 48 bits of a fencing token: the transaction id's.
 pub const TOKEN_XID_BITS: u32 = 48;
 
@@ -298,9 +320,11 @@ impl Statement {
             ),
             // The lateral subquery makes the set_config run first, so the wait
             // reads the statement-local lock_timeout; UNION ALL runs its arms
-            // in order, so the nonce row is read after the wait too.
+            // in order, so the nonce row is read after the wait too. The `DO`
+            // before it (same implicit transaction, no rows) sets what the
+            // server arms when a statement starts: see `WAIT_PRELUDE_SQL`.
             Statement::Wait { key, timeout_ms } => format!(
-                "SELECT {}::int8, pg_backend_pid()::int8 \
+                "{WAIT_PRELUDE_SQL}SELECT {}::int8, pg_backend_pid()::int8 \
                  FROM (SELECT set_config('lock_timeout', '{ms}', true) AS s) c, \
                  LATERAL (SELECT pg_advisory_xact_lock_shared({key}) AS l WHERE c.s IS NOT NULL) w \
                  UNION ALL \
@@ -843,6 +867,23 @@ mod tests {
         );
         assert!(decode_text_row([Some("9223372036854775808")]).is_err());
         assert_eq!(decode_text_row([]), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_wait_starts_with_its_prelude_and_checks_the_client() {
+        let sql = Statement::Wait {
+            key: -5,
+            timeout_ms: 0,
+        }
+        .sql();
+        assert!(sql.starts_with(WAIT_PRELUDE_SQL), "{sql}");
+        let check = format!("'client_connection_check_interval', '{WAIT_CONNECTION_CHECK_MS}'");
+        assert!(WAIT_PRELUDE_SQL.contains(&check), "{WAIT_PRELUDE_SQL}");
+        assert!(
+            sql.contains("set_config('lock_timeout', '1', true)"),
+            "{sql}"
+        );
+        assert!(sql.contains("pg_advisory_xact_lock_shared(-5)"), "{sql}");
     }
 
     #[test]
