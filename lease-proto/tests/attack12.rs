@@ -129,3 +129,42 @@ fn rotation_waits_for_every_wanted_key() {
         );
     }
 }
+
+/// The cause in the simulator: a client that is not a lease client holds
+/// the key SHARED for the whole run (`ServerConfig::foreign_shared_keys`).
+/// Nobody may lead, and no process may send more than the wake budget
+/// allows: per retry interval, `WAKE_BUDGET` wakes (a wait and a try each)
+/// and the periodic try. Before the fix each process sent a wait and a try
+/// every lock delay.
+#[test]
+fn simulated_shared_holder_costs_a_bounded_number_of_statements() {
+    use lease_proto::sim::{ServerConfig, Sim, SimConfig};
+    let mut c = SimConfig::default();
+    c.server = ServerConfig {
+        foreign_shared_keys: vec![lease("job").key()],
+        ..ServerConfig::default()
+    };
+    let retry = c.options.retry_interval;
+    let mut sim = Sim::new(c, std::time::Instant::now());
+    let run = ms(10_000);
+    sim.run_until(run);
+    assert!((0..3).all(|p| !sim.leads(p, "job")));
+    let r = sim.finish(run, ms(1000));
+    assert!(r.violations.is_empty(), "{:#?}", r.violations);
+    let intervals = (run.as_millis() / retry.as_millis()) as u64;
+    let per_interval: Vec<f64> = (r.statements.iter())
+        .map(|s| *s as f64 / intervals as f64)
+        .collect();
+    println!(
+        "statements per process per retry interval (foreign shared holder): {per_interval:.1?}"
+    );
+    // Setup, LISTEN and the first try once; then the bound per interval, and
+    // the periodic try may fall early (jitter).
+    let bound = 2 * u64::from(WAKE_BUDGET) + 2;
+    for s in &r.statements {
+        assert!(
+            *s <= 3 + bound * (intervals + 1),
+            "{s} statements in {intervals} retry intervals: a spin"
+        );
+    }
+}

@@ -262,6 +262,11 @@ pub struct ServerConfig {
     /// and it holds its locks until the partition heals and the write
     /// completes; its idle clock starts then.
     pub send_buffer_rows: Option<usize>,
+    /// Keys a client that is not a lease client holds SHARED
+    /// (`pg_advisory_lock_shared`) the whole run: every try of them loses
+    /// (the holder shown is that client), and a wait for one is granted at
+    /// once, as a shared lock does not conflict with a shared wait.
+    pub foreign_shared_keys: Vec<i64>,
 }
 
 impl Default for ServerConfig {
@@ -276,6 +281,7 @@ impl Default for ServerConfig {
             tcp_give_up: None,
             legacy_tokens: false,
             send_buffer_rows: None,
+            foreign_shared_keys: Vec::new(),
         }
     }
 }

@@ -7,6 +7,10 @@
 //! transaction pooler that moves statements between backends and drops (or
 //! rejects) startup options.
 //!
+//! A client that is not a lease client may hold keys SHARED
+//! ([`ServerConfig::foreign_shared_keys`]): tries of them lose, waits for
+//! them are granted at once.
+//!
 //! Not modelled: the microseconds in which a woken waiter's shared lock is
 //! granted before its transaction ends (a try arriving then loses; the
 //! real-server herd test covers it).
@@ -142,6 +146,9 @@ pub(super) struct Waiter {
     /// The fault drawn for the statement, applied to its reply.
     injected: Injected,
 }
+
+/// The backend pid of the client of [`ServerConfig::foreign_shared_keys`].
+const FOREIGN_SHARED_PID: i64 = 998;
 
 /// The lock owner of the shared backend of [`ServerConfig::pooler_one_backend`].
 const SHARED_BACKEND: u64 = u64::MAX;
@@ -428,7 +435,13 @@ impl Server {
                 let ok = pid == *backend_pid && nonce_now == Some(*nonce);
                 let mut won = Vec::new();
                 let mut lost = Vec::new();
+                let mut foreign = Vec::new();
                 for &k in keys {
+                    if self.cfg.foreign_shared_keys.contains(&k) {
+                        // Held shared by a foreign client: an exclusive try loses.
+                        foreign.push(k);
+                        continue;
+                    }
                     match self.locks.get(&k) {
                         None if ok => {
                             self.locks.insert(k, (owner, 1));
@@ -449,6 +462,9 @@ impl Server {
                 for (k, owner) in lost {
                     let holder = owner.and_then(|o| self.owner_pid(o));
                     rows.push(reply::try_held(k, holder));
+                }
+                for k in foreign {
+                    rows.push(reply::try_held(k, Some(FOREIGN_SHARED_PID)));
                 }
                 rows
             }
