@@ -139,10 +139,12 @@ fn rotation_waits_for_every_wanted_key() {
 #[test]
 fn simulated_shared_holder_costs_a_bounded_number_of_statements() {
     use lease_proto::sim::{ServerConfig, Sim, SimConfig};
-    let mut c = SimConfig::default();
-    c.server = ServerConfig {
-        foreign_shared_keys: vec![lease("job").key()],
-        ..ServerConfig::default()
+    let c = SimConfig {
+        server: ServerConfig {
+            foreign_shared_keys: vec![lease("job").key()],
+            ..ServerConfig::default()
+        },
+        ..SimConfig::default()
     };
     let retry = c.options.retry_interval;
     let mut sim = Sim::new(c, std::time::Instant::now());
@@ -167,4 +169,82 @@ fn simulated_shared_holder_costs_a_bounded_number_of_statements() {
             "{s} statements in {intervals} retry intervals: a spin"
         );
     }
+}
+
+fn notify(h: &mut Harness, name: &str) {
+    h.input(Input::Notification {
+        channel: HANDOVER_CHANNEL.into(),
+        payload: lease(name).key().to_string(),
+    });
+}
+
+/// A handover notification that reaches a standby while its wait blocks on
+/// the server is one of two things: the graceful release that is waking
+/// this very wait (the driver reads the connection's notifications before
+/// the reply of the statement it is waiting for, so it comes just ahead of
+/// the wake), or a release older than the wait, after which another
+/// standby took the key (the wait stays queued behind it). The machine took
+/// both for the former and set "try at once" for good: when the key was
+/// later freed by the server ending that other holder's session (no
+/// notification), the standby tried without the lock delay, against the
+/// documented rule.
+#[test]
+fn a_stale_notification_does_not_cut_a_later_lock_delay_short() {
+    let o = Options {
+        lock_delay: ms(20),
+        ..opts()
+    };
+    let mut h = Harness::new(o, 1).unwrap();
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    // 99 released gracefully before this wait reached the server; 98 won
+    // meanwhile and the wait queues behind 98. The notification arrives now.
+    h.advance(ms(1));
+    notify(&mut h, "a");
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    // 98's session is terminated 100 ms later: the wait wakes, no notification.
+    h.advance(ms(100));
+    h.wake(7);
+    assert!(
+        h.in_flight().is_none(),
+        "tried at once, without the lock delay: {:?}",
+        h.in_flight()
+    );
+    h.advance(ms(20));
+    assert_eq!(h.try_keys(), vec![lease("a").key()]);
+}
+
+/// The notification of the graceful release that wakes the wait comes just
+/// ahead of the wake: the standby tries at once, on the same session. With
+/// several wanted keys the machine took it for "a notification for another
+/// key" and closed the session for a new one (a reconnect on a graceful
+/// handover, and an orphaned backend).
+#[test]
+fn the_notification_of_the_release_that_wakes_a_wait_keeps_the_session() {
+    let o = Options {
+        lock_delay: ms(20),
+        ..opts()
+    };
+    let mut h = Harness::new(o, 1).unwrap();
+    h.run(lease("a"));
+    h.run(lease("b"));
+    h.connect(7);
+    h.lose(Some(99));
+    let Statement::Wait { key, .. } = h.statement() else {
+        panic!("expected a wait, got {:?}", h.statement());
+    };
+    let waited = if key == lease("a").key() { "a" } else { "b" };
+    let session = h.session();
+    h.advance(ms(50));
+    notify(&mut h, waited);
+    assert_eq!(h.session(), session, "the session was closed for a new one");
+    h.wake(7);
+    assert_eq!(h.session(), session);
+    let mut keys = h.try_keys();
+    keys.sort();
+    let mut want = vec![lease("a").key(), lease("b").key()];
+    want.sort();
+    assert_eq!(keys, want, "the try goes at once");
 }

@@ -87,7 +87,6 @@ fn log_len(cluster: &Cluster) -> usize {
 /// wakes (a wait and a try each) and the periodic try per retry interval.
 fn a_shared_holder_does_not_make_a_standby_spin(driver: Driver) -> Res {
     let cluster = Cluster::start()?;
-    let admin = Admin::connect(&cluster.conn_string())?;
     let foreign = Admin::connect(&cluster.conn_string())?;
     foreign.rows(&format!("SELECT pg_advisory_lock_shared({})", key("job")))?;
     cluster.sql("ALTER SYSTEM SET log_statement = 'all'")?;

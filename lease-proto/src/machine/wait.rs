@@ -17,7 +17,11 @@
 //! - **Woken** (the key was freed): the next statement is a
 //!   [`Statement::TryLock`] of every wanted key, at once, or after
 //!   [`Options::lock_delay`](crate::Options::lock_delay) unless a handover
-//!   notification for a wanted key comes first (a graceful release). A wait
+//!   notification for a wanted key comes first (a graceful release). One for
+//!   the waited key that arrives while the wait blocks counts only if the
+//!   wake follows within the lock delay (the driver may read it just ahead
+//!   of the wake it belongs to); older, it was another release, after which
+//!   someone else took the key. A wait
 //!   never acquires: the try does, and its send time confirms the lease as
 //!   for any try.
 //! - **Timed out** (SQLSTATE 55P03: the key was held the whole time): that
@@ -93,6 +97,7 @@ impl Machine {
     /// A wait's reply: woken, timed out, or failed.
     pub(super) fn wait_done(&mut self, now: Instant, key: i64, result: Result<Vec<Row>, DbError>) {
         self.wait_cursor = Some(key);
+        let notified = self.wait_notified.take();
         if !self.holding() {
             self.timers
                 .set(Timer::Heartbeat, now + self.opts.heartbeat_interval);
@@ -110,7 +115,10 @@ impl Machine {
                     }
                     self.woken = true;
                     let delay = self.opts.lock_delay;
-                    if delay.is_zero() {
+                    // The notification of the release that woke it came
+                    // just ahead; an older one is stale (see `wait_notified`).
+                    let graceful = notified.is_some_and(|at| now.duration_since(at) <= delay);
+                    if delay.is_zero() || graceful {
                         self.try_now = true;
                     } else {
                         // A notification (graceful release) sets `try_now`
@@ -185,6 +193,17 @@ impl Machine {
             self.close_idle(id);
         }
         true
+    }
+
+    /// The key of the wait in flight, if one is.
+    pub(super) fn waiting_for(&self) -> Option<i64> {
+        let Session::Up(up) = &self.session else {
+            return None;
+        };
+        match up.inflight.as_ref().map(|q| &q.what) {
+            Some(What::Wait { key, .. }) => Some(*key),
+            _ => None,
+        }
     }
 
     fn wanted_keys(&self) -> usize {
