@@ -248,3 +248,31 @@ fn the_notification_of_the_release_that_wakes_a_wait_keeps_the_session() {
     want.sort();
     assert_eq!(keys, want, "the try goes at once");
 }
+
+/// The wait catches its lock timeout and says so in its reply (no `ERROR` in
+/// the server's log): a standby at rest still sends one wait per retry
+/// interval, each counting as that interval's try.
+#[test]
+fn a_wait_that_answers_held_counts_as_the_intervals_try() {
+    let mut h = Harness::new(opts(), 1).unwrap();
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    let end = h.now() + ms(10_000);
+    let mut waits = 0;
+    while h.now() < end {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Wait { timeout_ms, .. }) => {
+                waits += 1;
+                h.advance(ms(timeout_ms));
+                h.held_all_along(7);
+            }
+            Some(s) => panic!("only waits at rest, got {s:?}"),
+            None => {
+                h.advance(ms(1));
+            }
+        }
+    }
+    assert!((50..=64).contains(&waits), "{waits}");
+    assert!(h.session().is_some());
+}

@@ -24,7 +24,8 @@
 //!   someone else took the key. A wait
 //!   never acquires: the try does, and its send time confirms the lease as
 //!   for any try.
-//! - **Timed out** (SQLSTATE 55P03: the key was held the whole time): that
+//! - **Timed out** (the key was held the whole time; the statement catches
+//!   its lock timeout, SQLSTATE 55P03, and says so in its reply): that
 //!   counts as a try of that key; with one wanted key the retry deadline
 //!   moves an interval on, so an idle standby sends one statement per
 //!   retry interval, as when it polled.
@@ -45,7 +46,7 @@ use std::time::{Duration, Instant};
 use super::state::{RunState, Session, StandbyStep, What};
 use super::{Machine, Phase, Timer};
 use crate::io::{DbError, Event};
-use crate::sql::{HeartbeatReply, Row, LOCK_TIMEOUT_SQLSTATE};
+use crate::sql::{Row, WaitReply, LOCK_TIMEOUT_SQLSTATE};
 
 /// Wakes in a row whose following try won nothing before a locker stops
 /// waiting until its next periodic try.
@@ -103,10 +104,16 @@ impl Machine {
                 .set(Timer::Heartbeat, now + self.opts.heartbeat_interval);
         }
         match result {
-            Ok(rows) => match HeartbeatReply::parse(&rows) {
-                Ok(reply) => {
-                    if !self.same_session(now, &reply) {
+            Ok(rows) => match WaitReply::parse(&rows) {
+                Ok(WaitReply {
+                    session,
+                    freed: Some(freed),
+                }) => {
+                    if !self.same_session(now, &session) {
                         return;
+                    }
+                    if !freed {
+                        return self.held_all_along(now);
                     }
                     self.event(Event::KeyFreed { key });
                     #[cfg(feature = "sim")]
@@ -126,19 +133,16 @@ impl Machine {
                         self.timers.set(Timer::Retry, now + delay);
                     }
                 }
+                Ok(WaitReply { freed: None, .. }) => {
+                    let e = DbError::other("malformed wait reply: no outcome row");
+                    self.lose_session(now, crate::io::Reason::QueryFailed(e), true)
+                }
                 Err(e) => {
                     let e = DbError::other(e.to_string());
                     self.lose_session(now, crate::io::Reason::QueryFailed(e), true)
                 }
             },
-            Err(e) if e.code.as_deref() == Some(LOCK_TIMEOUT_SQLSTATE) => {
-                // Held all along: as good as a try of this key that lost.
-                self.wake_losses = 0;
-                if self.wanted_keys() <= 1 {
-                    let retry = now + self.jittered_retry();
-                    self.timers.set(Timer::Retry, retry);
-                }
-            }
+            Err(e) if e.code.as_deref() == Some(LOCK_TIMEOUT_SQLSTATE) => self.held_all_along(now),
             Err(error) => {
                 self.event(Event::WaitFailed { error });
                 self.waits_off = true;
@@ -157,6 +161,16 @@ impl Machine {
             s.step = StandbyStep::Trying;
             let token = i64::MAX / 2 + self.next_query as i64;
             self.won(now, now, key, token);
+        }
+    }
+
+    /// The wait ended by its lock timeout: the key was held all along, as
+    /// good as a try of this key that lost.
+    fn held_all_along(&mut self, now: Instant) {
+        self.wake_losses = 0;
+        if self.wanted_keys() <= 1 {
+            let retry = now + self.jittered_retry();
+            self.timers.set(Timer::Retry, retry);
         }
     }
 

@@ -75,6 +75,18 @@ pub(super) mod reply {
         reply.to_rows().remove(0)
     }
 
+    /// `Wait`: the backend pid, the nonce and whether the key was freed.
+    pub(crate) fn wait(pid: i64, nonce: Option<i64>, freed: bool) -> Vec<Row> {
+        crate::WaitReply {
+            session: HeartbeatReply {
+                backend_pid: Some(pid),
+                nonce,
+            },
+            freed: Some(freed),
+        }
+        .to_rows()
+    }
+
     /// `Heartbeat`: the backend pid and the nonce.
     pub(crate) fn heartbeat(pid: i64, nonce: Option<i64>) -> Vec<Row> {
         HeartbeatReply {
@@ -470,7 +482,7 @@ impl Server {
             }
             Statement::Wait { key, timeout_ms } => {
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
-                let rows = reply::heartbeat(pid, nonce);
+                let rows = reply::wait(pid, nonce, true);
                 if self.locks.get(key).is_some_and(|(o, _)| *o != owner) {
                     let timeout = Duration::from_millis(*timeout_ms);
                     return Some(Executed {
@@ -546,7 +558,7 @@ impl Server {
             } else {
                 s.nonce
             };
-            let rows = reply::heartbeat(s.pid, nonce);
+            let rows = reply::wait(s.pid, nonce, true);
             woken.push((w, rows));
         }
         woken
@@ -699,19 +711,29 @@ impl Sim {
         }
     }
 
-    /// A wait's lock timeout: it fails with SQLSTATE 55P03 if still queued.
+    /// A wait's lock timeout, if still queued: the statement catches it
+    /// (SQLSTATE 55P03) and answers that the key stayed held.
     pub(super) fn lock_timeout(&mut self, conn: u64, query: QueryId) {
         let Some(w) = self.server.timed_out(conn, query) else {
             return;
         };
-        let error = DbError {
-            code: Some(crate::sql::LOCK_TIMEOUT_SQLSTATE.into()),
-            message: "canceling statement due to lock timeout".into(),
-            config: false,
+        let Some(s) = self.server.sessions.get(&conn) else {
+            return;
         };
+        let nonce = if self.server.cfg.pooler_one_backend {
+            self.server.backend_nonce
+        } else {
+            s.nonce
+        };
+        let rows = reply::wait(s.pid, nonce, false);
+        let wait = Statement::Wait {
+            key: w.key,
+            timeout_ms: 0,
+        };
+        let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
         self.server.unblocked(conn, self.now);
         self.arm_idle(conn);
-        self.reply_at(w.p, conn, query, self.now, Err(error));
+        self.reply_at(w.p, conn, query, self.now, result);
     }
 
     /// Schedules the idle check of a session, if it can be ended as idle,
