@@ -39,7 +39,9 @@
 //!   (a new run, a notification for another key, no run left) closes the
 //!   session at once; holding nothing, that loses nothing, and a new
 //!   session opens at once when one is needed. The server ends the orphaned
-//!   wait by its `lock_timeout`.
+//!   wait at its next client connection check
+//!   ([`WAIT_CONNECTION_CHECK_MS`](crate::WAIT_CONNECTION_CHECK_MS), Linux
+//!   servers), or by its `lock_timeout`.
 
 use std::time::{Duration, Instant};
 

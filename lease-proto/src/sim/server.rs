@@ -3,7 +3,7 @@
 //! by the server on silent sessions), `pg_terminate_backend`, restarts,
 //! `LISTEN/NOTIFY`, hot-standby mode, lock waits (a [`Statement::Wait`]
 //! queues while its key is held by another owner and answers when the key
-//! is freed, or with SQLSTATE 55P03 at its `lock_timeout`) and a
+//! is freed, or with "held" at its `lock_timeout`) and a
 //! transaction pooler that moves statements between backends and drops (or
 //! rejects) startup options.
 //!
