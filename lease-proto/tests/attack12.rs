@@ -276,3 +276,62 @@ fn a_wait_that_answers_held_counts_as_the_intervals_try() {
     assert!((50..=64).contains(&waits), "{waits}");
     assert!(h.session().is_some());
 }
+
+/// A standby of two keys waits on one; every handover notification for the
+/// other key closed its session for a new one (a reconnect: TCP, startup,
+/// setup, LISTEN, try, wait). Notifications come as often as that other key
+/// changes hands, or as often as any client sends `NOTIFY` on the channel
+/// (any client may), so the reconnects had no bound. Now at most
+/// `WAKE_BUDGET` per retry interval; past it the key is tried at the
+/// periodic try, as the keys not waited for are.
+#[test]
+fn notifications_for_another_key_reconnect_a_bounded_number_of_times() {
+    let mut h = Harness::new(opts(), 1).unwrap();
+    h.run(lease("a"));
+    h.run(lease("b"));
+    h.connect(7);
+    h.lose(Some(99));
+    let mut sessions = 1;
+    let end = h.now() + ms(1_000);
+    let mut pid = 7;
+    while h.now() < end {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Wait { key, .. }) => {
+                h.advance(ms(20));
+                let other = if key == lease("a").key() { "b" } else { "a" };
+                let before = h.session();
+                notify(&mut h, other);
+                if h.session() != before {
+                    sessions += 1;
+                    pid += 1;
+                    h.connect(pid);
+                }
+                if matches!(h.in_flight(), Some((_, Statement::Wait { .. }))) {
+                    // Not interrupted: the wait ends by its lock timeout.
+                    let Some((_, Statement::Wait { timeout_ms, .. })) = h.in_flight().cloned()
+                    else {
+                        unreachable!()
+                    };
+                    h.advance(ms(timeout_ms.saturating_sub(20)));
+                    if matches!(h.in_flight(), Some((_, Statement::Wait { .. }))) {
+                        h.held_all_along(pid);
+                    }
+                }
+            }
+            Some(Statement::TryLock { .. }) => {
+                h.advance(ms(1));
+                h.lose(Some(99));
+            }
+            Some(s) => panic!("{s:?}"),
+            None => {
+                h.advance(ms(1));
+            }
+        }
+    }
+    println!("1 s, retry 200 ms, a notification for the other key 20 ms into each wait: {sessions} sessions");
+    let bound = 1 + 6 * WAKE_BUDGET;
+    assert!(
+        sessions <= bound,
+        "{sessions} sessions in 1 s (bound {bound})"
+    );
+}

@@ -118,6 +118,7 @@ impl Machine {
                 // after a wake's lock delay, which the retry deadline also
                 // sends: it must count against the wake budget.
                 self.wake_losses = 0;
+                self.notify_interrupts = 0;
             }
             if !keys.is_empty() {
                 if !holding {

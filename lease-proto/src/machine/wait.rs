@@ -37,7 +37,9 @@
 //!   costs speed, never correctness.
 //! - **Interrupted.** Anything that needs the session while a wait blocks it
 //!   (a new run, a notification for another key, no run left) closes the
-//!   session at once; holding nothing, that loses nothing, and a new
+//!   session at once (notifications: at most [`WAKE_BUDGET`] times between
+//!   two periodic tries, since any client may send them; past that the key
+//!   is tried at the periodic try, as the keys not waited for are); holding nothing, that loses nothing, and a new
 //!   session opens at once when one is needed. The server ends the orphaned
 //!   wait at its next client connection check
 //!   ([`WAIT_CONNECTION_CHECK_MS`](crate::WAIT_CONNECTION_CHECK_MS), Linux
@@ -51,7 +53,9 @@ use crate::io::{DbError, Event};
 use crate::sql::{Row, WaitReply, LOCK_TIMEOUT_SQLSTATE};
 
 /// Wakes in a row whose following try won nothing before a locker stops
-/// waiting until its next periodic try.
+/// waiting until its next periodic try; also the most waits a handover
+/// notification for another key interrupts (a reconnect each) between two
+/// periodic tries.
 pub const WAKE_BUDGET: u32 = 3;
 /// Shortest wait worth sending: with less left before the retry deadline,
 /// the try is as good.
