@@ -20,9 +20,9 @@
 //! to tries, jobs, heartbeats, releases and waits; sometimes with another
 //! pid, a wrong or missing nonce, a missing setting, a row left out or
 //! doubled, or with `extra` rows of any width appended or alone, so malformed
-//! replies stay reachable. A wait is answered with the heartbeat's rows
-//! (woken), or failed with its lock timeout (SQLSTATE 55P03) or any other
-//! error.
+//! replies stay reachable. A wait is answered with the heartbeat's rows and
+//! its outcome (woken, or held at its lock timeout), or failed with SQLSTATE
+//! 55P03 (a server that does not catch the lock timeout) or any other error.
 //!
 //! After every step it checks:
 //! - no panic;
@@ -97,7 +97,7 @@ mod stats {
         "lease released",
         "wait sent",
         "wait woken",
-        "wait timed out (55P03)",
+        "wait timed out (held)",
         "wait failed",
         "wait interrupted",
     ];
@@ -623,6 +623,18 @@ impl Fuzz {
                 self.seen.mark(Mark::WaitTimedOut);
             }
         }
+        if let Some(Input::Reply {
+            query,
+            result: Ok(rows),
+        }) = &input
+        {
+            let waiting =
+                matches!(self.h.in_flight(), Some((q, Statement::Wait { .. })) if q == query);
+            let held = lease_proto::WaitReply::parse(rows).is_ok_and(|r| r.freed == Some(false));
+            if waiting && held {
+                self.seen.mark(Mark::WaitTimedOut);
+            }
+        }
         // A job may start only in the step that answers the try in flight.
         let answers_try = match (&input, self.h.in_flight()) {
             (
@@ -876,8 +888,23 @@ impl Fuzz {
                 rows.extend(doubled);
                 rows
             }
-            // A woken wait answers what a heartbeat answers.
-            Some(Statement::Heartbeat | Statement::Wait { .. }) => {
+            // A wait answers what a heartbeat answers and whether the key
+            // was freed (mostly woken; held at its lock timeout; the row
+            // left out).
+            Some(Statement::Wait { .. }) => {
+                let freed = match pick(1) % 4 {
+                    0 | 1 => Some(true),
+                    2 => Some(false),
+                    _ => None,
+                };
+                let session = self.heartbeat_reply(p.who);
+                let mut rows = lease_proto::WaitReply { session, freed }.to_rows();
+                if variant(pick(0), 1).is_some() {
+                    rows.reverse();
+                }
+                rows
+            }
+            Some(Statement::Heartbeat) => {
                 let mut rows = self.heartbeat_reply(p.who).to_rows();
                 if variant(pick(0), 1).is_some() {
                     rows.reverse();

@@ -57,7 +57,13 @@ mod heartbeat_tag {
     pub const BACKEND_PID: i64 = 0;
     pub const HELD_KEY: i64 = 1;
     pub const NONCE: i64 = 2;
+    /// A wait's outcome: 1 when the key was freed, 0 at its lock timeout.
+    pub const FREED: i64 = 3;
 }
+
+/// The transaction-local custom setting in which a [`Statement::Wait`]
+/// leaves its outcome for its last statement to read.
+pub const WAIT_SETTING: &str = "lease.freed";
 
 /// The server-side TCP settings the setup reads back, in the order of
 /// [`Options::tcp_settings`](crate::Options::tcp_settings) and of
@@ -77,6 +83,28 @@ pub const NONCE_SETTING: &str = "lease.nonce";
 /// The SQLSTATE of a [`Statement::Wait`] that ended by its `lock_timeout`
 /// (`lock_not_available`): the key was held the whole time.
 pub const LOCK_TIMEOUT_SQLSTATE: &str = "55P03";
+
+/// How often the server checks, while a [`Statement::Wait`] blocks, that
+/// the client is still connected (`client_connection_check_interval`, in
+/// ms): a waiting backend reads nothing from its client, so without it a
+/// standby that vanished (killed, or a session closed to interrupt its wait)
+/// left its backend queued, holding a connection slot, until the lock
+/// timeout (up to a retry interval).
+pub const WAIT_CONNECTION_CHECK_MS: u64 = 250;
+
+/// The statement a [`Statement::Wait`] starts with, in the same simple query
+/// (one implicit transaction, no rows): transaction-local settings that the
+/// server reads when the next statement starts, so a `set_config` inside the
+/// wait itself would come too late. `statement_timeout` off (a role's or
+/// database's shorter one would cancel every wait before its lock timeout,
+/// which bounds it, and turn waiting off), and the client connection check
+/// ([`WAIT_CONNECTION_CHECK_MS`]; Linux servers only: elsewhere the server
+/// rejects it, and the wait goes on without it).
+pub const WAIT_PRELUDE_SQL: &str = concat!(
+    "DO $lease$BEGIN PERFORM set_config('statement_timeout', '0', true); ",
+    "BEGIN PERFORM set_config('client_connection_check_interval', '250', true); ",
+    "EXCEPTION WHEN OTHERS THEN NULL; END; END$lease$; "
+);
 
 /// Low 48 bits of a fencing token: the transaction id's.
 pub const TOKEN_XID_BITS: u32 = 48;
@@ -167,11 +195,14 @@ pub enum Statement {
     /// outlive its transaction), and a waiter never delays a winner by more
     /// than the few microseconds between its grant and its commit.
     ///
-    /// Bounded on the server by a statement-local `lock_timeout` of
-    /// `timeout_ms`: the wait ends with SQLSTATE [`LOCK_TIMEOUT_SQLSTATE`]
-    /// if the key stayed held all along. Answers what
-    /// [`Statement::Heartbeat`] answers ([`HeartbeatReply`]), read after the
-    /// wait, so a reply also proves the session.
+    /// Bounded on the server by a transaction-local `lock_timeout` of
+    /// `timeout_ms`. The wait runs in a `DO` block that catches its lock
+    /// timeout (`lock_not_available`), so a wait that times out is no
+    /// `ERROR` in the server's log (one per standby per retry interval
+    /// otherwise), and answers what [`Statement::Heartbeat`] answers plus
+    /// whether the key was freed ([`WaitReply`]), read after the wait, so a
+    /// reply also proves the session. (A server that sends SQLSTATE
+    /// [`LOCK_TIMEOUT_SQLSTATE`] instead means the same: held all along.)
     ///
     /// A standby waits only while its session holds nothing, and a wait
     /// never acquires: a freed key is taken by the [`Statement::TryLock`]
@@ -296,17 +327,24 @@ impl Statement {
                 heartbeat_tag::BACKEND_PID,
                 heartbeat_tag::NONCE,
             ),
-            // The lateral subquery makes the set_config run first, so the wait
-            // reads the statement-local lock_timeout; UNION ALL runs its arms
-            // in order, so the nonce row is read after the wait too.
+            // Three statements, one implicit transaction: the prelude (see
+            // `WAIT_PRELUDE_SQL`), the wait, whose lock timeout is caught and
+            // recorded in `WAIT_SETTING`, and the reply, read after the wait.
             Statement::Wait { key, timeout_ms } => format!(
-                "SELECT {}::int8, pg_backend_pid()::int8 \
-                 FROM (SELECT set_config('lock_timeout', '{ms}', true) AS s) c, \
-                 LATERAL (SELECT pg_advisory_xact_lock_shared({key}) AS l WHERE c.s IS NOT NULL) w \
+                "{WAIT_PRELUDE_SQL}\
+                 DO $lease$BEGIN PERFORM set_config('lock_timeout', '{ms}', true); \
+                 PERFORM pg_advisory_xact_lock_shared({key}); \
+                 PERFORM set_config('{WAIT_SETTING}', '1', true); \
+                 EXCEPTION WHEN lock_not_available THEN \
+                 PERFORM set_config('{WAIT_SETTING}', '0', true); END$lease$; \
+                 SELECT {}::int8, pg_backend_pid()::int8 \
                  UNION ALL \
-                 SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8",
+                 SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8 \
+                 UNION ALL \
+                 SELECT {}, current_setting('{WAIT_SETTING}')::int8",
                 heartbeat_tag::BACKEND_PID,
                 heartbeat_tag::NONCE,
+                heartbeat_tag::FREED,
                 ms = (*timeout_ms).max(1),
             ),
             Statement::Verify => format!(
@@ -601,6 +639,40 @@ impl HeartbeatReply {
     }
 }
 
+/// The reply to [`Statement::Wait`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WaitReply {
+    /// The session that answered, as for [`Statement::Heartbeat`].
+    pub session: HeartbeatReply,
+    /// Whether the key was freed (else the wait ended by its lock timeout,
+    /// the key held all along); `None`: no such row.
+    pub freed: Option<bool>,
+}
+
+impl WaitReply {
+    /// Parses the `(0, pid)`, `(2, nonce)` and `(3, 1 or 0)` rows.
+    ///
+    /// # Errors
+    /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
+    pub fn parse(rows: &[Row]) -> Result<WaitReply, ReplyError> {
+        let mut reply = WaitReply::default();
+        for row in rows {
+            match row.as_slice() {
+                [Some(heartbeat_tag::FREED), Some(f @ (0 | 1))] => reply.freed = Some(*f == 1),
+                _ if reply.session.parse_row(row) => {}
+                _ => return Err(ReplyError::HeartbeatRow(row.clone())),
+            }
+        }
+        Ok(reply)
+    }
+
+    /// The rows a server sends for this reply.
+    pub fn to_rows(&self) -> Vec<Row> {
+        let freed = (self.freed).map(|f| vec![Some(heartbeat_tag::FREED), Some(i64::from(f))]);
+        self.session.to_rows().into_iter().chain(freed).collect()
+    }
+}
+
 /// The reply to [`Statement::Verify`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct VerifyReply {
@@ -843,6 +915,36 @@ mod tests {
         );
         assert!(decode_text_row([Some("9223372036854775808")]).is_err());
         assert_eq!(decode_text_row([]), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_wait_starts_with_its_prelude_and_checks_the_client() {
+        let sql = Statement::Wait {
+            key: -5,
+            timeout_ms: 0,
+        }
+        .sql();
+        assert!(sql.starts_with(WAIT_PRELUDE_SQL), "{sql}");
+        let check = format!("'client_connection_check_interval', '{WAIT_CONNECTION_CHECK_MS}'");
+        assert!(WAIT_PRELUDE_SQL.contains(&check), "{WAIT_PRELUDE_SQL}");
+        assert!(
+            sql.contains("set_config('lock_timeout', '1', true)"),
+            "{sql}"
+        );
+        assert!(sql.contains("pg_advisory_xact_lock_shared(-5)"), "{sql}");
+        assert!(sql.contains("EXCEPTION WHEN lock_not_available"), "{sql}");
+        for freed in [None, Some(false), Some(true)] {
+            let reply = WaitReply {
+                session: HeartbeatReply {
+                    backend_pid: Some(7),
+                    nonce: Some(9),
+                },
+                freed,
+            };
+            assert_eq!(WaitReply::parse(&reply.to_rows()), Ok(reply));
+        }
+        let bad = vec![vec![Some(3), Some(2)]];
+        assert!(WaitReply::parse(&bad).is_err());
     }
 
     #[test]

@@ -793,5 +793,4 @@ impl Admin {
 pub const TRY_PREFIX: &str = "WITH t AS (SELECT array_agg(k) AS won";
 /// The prefix of a standby's wait on the server (`lease_proto::Statement::Wait`), sent
 /// only after a try that lost.
-pub const WAIT_PREFIX: &str =
-    "SELECT 0::int8, pg_backend_pid()::int8 FROM (SELECT set_config('lock_timeout'";
+pub const WAIT_PREFIX: &str = lease_proto::WAIT_PRELUDE_SQL;

@@ -256,9 +256,10 @@ both_drivers!(
 );
 
 /// A standby killed with SIGKILL while it waits on the server leaves nothing queued for
-/// long: its backend does not read the socket while blocked, but the wait's
-/// `lock_timeout` (the time left to its retry deadline, 500 ms here) ends it, and the
-/// backend exits on the closed connection.
+/// long: its backend does not read the socket while blocked, but it checks the connection
+/// every `lease_proto::WAIT_CONNECTION_CHECK_MS` during the wait (and the wait's
+/// `lock_timeout`, the time left to its retry deadline, 500 ms here, would end it anyway),
+/// and the backend exits on the closed connection.
 fn vanished_waiter(driver: Driver) -> Res {
     let cluster = Cluster::start()?;
     let admin = Admin::connect(&cluster.conn_string())?;
@@ -612,7 +613,10 @@ fn terminated_backend(driver: Driver) -> Res {
     let (_, a_token, _) = a.wait_start(0, WAIT)?;
     let (a_pid, _) = a.wait_pid(0, WAIT)?;
     let b = config.spawn(bin(), "B")?;
-    b.wait_pid(0, WAIT)?;
+    let (b_pid, _) = b.wait_pid(0, WAIT)?;
+    // B waits on the server: its first try, sent right after the terminate, would win
+    // without the lock delay (a poll), and overlap the old job's stopping.
+    admin.wait_query(b_pid, WAIT_PREFIX, WAIT)?;
     let t_term = monotonic_nanos();
     assert!(admin.terminate(a_pid)?, "backend {a_pid} was not signalled");
     let (kind, a_cancel) = a.wait_cancel(t_term, WAIT)?;

@@ -203,6 +203,16 @@ pub struct Machine {
     wake_losses: u32,
     /// A wait failed otherwise than by its lock timeout: this session polls.
     waits_off: bool,
+    /// When a handover notification for the key of the wait in flight
+    /// arrived. Either the release that is waking the wait (the driver reads
+    /// notifications ahead of the reply it waits for): the wake follows
+    /// within moments, and the try goes at once; or an older release, after
+    /// which someone else took the key: the wake comes later, from another
+    /// end of that holder, and gets the lock delay. Ends with the wait.
+    wait_notified: Option<Instant>,
+    /// Waits interrupted by a notification for another key since the last
+    /// periodic try (see [`WAKE_BUDGET`]).
+    notify_interrupts: u32,
     /// Test knob: the old behaviour (issue 11 hole 3), closing a session
     /// given up on at once while its cancelled jobs still run.
     close_doubtful_at_once: bool,
@@ -248,6 +258,8 @@ impl Machine {
             woken: false,
             wake_losses: 0,
             waits_off: false,
+            wait_notified: None,
+            notify_interrupts: 0,
             session_out: VecDeque::new(),
             run_out: VecDeque::new(),
             events: VecDeque::new(),
@@ -329,8 +341,19 @@ impl Machine {
                 if channel == HANDOVER_CHANNEL {
                     if let Ok(key) = payload.trim().parse::<i64>() {
                         if let Some(run) = self.keys.get(&key).and_then(|id| self.runs.get(id)) {
-                            if run.state.is_waiting() {
-                                self.try_now = true;
+                            match self.waiting_for() {
+                                // See `wait_notified`.
+                                Some(waited) if waited == key => self.wait_notified = Some(now),
+                                // It interrupts the wait (a reconnect): at most
+                                // `WAKE_BUDGET` times per retry interval, then
+                                // the key waits for the periodic try.
+                                Some(_) if self.notify_interrupts >= wait::WAKE_BUDGET => {}
+                                Some(_) if run.state.is_waiting() => {
+                                    self.notify_interrupts += 1;
+                                    self.try_now = true;
+                                }
+                                _ if run.state.is_waiting() => self.try_now = true,
+                                _ => {}
                             }
                         }
                     }

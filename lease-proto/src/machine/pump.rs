@@ -113,9 +113,12 @@ impl Machine {
                 }
             }
             self.try_now = false;
-            if retry_due {
-                // The periodic try: waiting may start over.
+            if retry_due && !self.woken {
+                // The periodic try: waiting may start over. Not the try
+                // after a wake's lock delay, which the retry deadline also
+                // sends: it must count against the wake budget.
                 self.wake_losses = 0;
+                self.notify_interrupts = 0;
             }
             if !keys.is_empty() {
                 if !holding {

@@ -498,6 +498,7 @@ impl Machine {
         self.verify = false;
         self.woken = false;
         self.waits_off = false;
+        self.wait_notified = None;
         self.timers.stop(Timer::Connect);
         self.timers.stop(Timer::Query);
         self.timers.stop(Timer::Heartbeat);

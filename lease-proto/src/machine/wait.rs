@@ -17,10 +17,15 @@
 //! - **Woken** (the key was freed): the next statement is a
 //!   [`Statement::TryLock`] of every wanted key, at once, or after
 //!   [`Options::lock_delay`](crate::Options::lock_delay) unless a handover
-//!   notification for a wanted key comes first (a graceful release). A wait
+//!   notification for a wanted key comes first (a graceful release). One for
+//!   the waited key that arrives while the wait blocks counts only if the
+//!   wake follows within the lock delay (the driver may read it just ahead
+//!   of the wake it belongs to); older, it was another release, after which
+//!   someone else took the key. A wait
 //!   never acquires: the try does, and its send time confirms the lease as
 //!   for any try.
-//! - **Timed out** (SQLSTATE 55P03: the key was held the whole time): that
+//! - **Timed out** (the key was held the whole time; the statement catches
+//!   its lock timeout, SQLSTATE 55P03, and says so in its reply): that
 //!   counts as a try of that key; with one wanted key the retry deadline
 //!   moves a whole retry interval on (no jitter: waits do not poll in
 //!   lockstep), so an idle standby sends one statement per retry interval.
@@ -32,19 +37,25 @@
 //!   costs speed, never correctness.
 //! - **Interrupted.** Anything that needs the session while a wait blocks it
 //!   (a new run, a notification for another key, no run left) closes the
-//!   session at once; holding nothing, that loses nothing, and a new
+//!   session at once (notifications: at most [`WAKE_BUDGET`] times between
+//!   two periodic tries, since any client may send them; past that the key
+//!   is tried at the periodic try, as the keys not waited for are); holding nothing, that loses nothing, and a new
 //!   session opens at once when one is needed. The server ends the orphaned
-//!   wait by its `lock_timeout`.
+//!   wait at its next client connection check
+//!   ([`WAIT_CONNECTION_CHECK_MS`](crate::WAIT_CONNECTION_CHECK_MS), Linux
+//!   servers), or by its `lock_timeout`.
 
 use std::time::{Duration, Instant};
 
 use super::state::{RunState, Session, StandbyStep, What};
 use super::{Machine, Phase, Timer};
 use crate::io::{DbError, Event};
-use crate::sql::{HeartbeatReply, Row, LOCK_TIMEOUT_SQLSTATE};
+use crate::sql::{Row, WaitReply, LOCK_TIMEOUT_SQLSTATE};
 
 /// Wakes in a row whose following try won nothing before a locker stops
-/// waiting until its next periodic try.
+/// waiting until its next periodic try; also the most waits a handover
+/// notification for another key interrupts (a reconnect each) between two
+/// periodic tries.
 pub const WAKE_BUDGET: u32 = 3;
 /// Shortest wait worth sending: with less left before the retry deadline,
 /// the try is as good.
@@ -80,25 +91,35 @@ impl Machine {
         if left < MIN_WAIT {
             return None;
         }
+        // In key order (runs are kept in run order): the least wanted key
+        // after the last one waited for, else the least.
         let after = self.wait_cursor;
         let key = (wanted.iter().copied())
-            .find(|k| after.is_some_and(|a| *k > a))
-            .or_else(|| wanted.first().copied())?;
+            .filter(|k| after.is_some_and(|a| *k > a))
+            .min()
+            .or_else(|| wanted.iter().copied().min())?;
         Some((key, left))
     }
 
     /// A wait's reply: woken, timed out, or failed.
     pub(super) fn wait_done(&mut self, now: Instant, key: i64, result: Result<Vec<Row>, DbError>) {
         self.wait_cursor = Some(key);
+        let notified = self.wait_notified.take();
         if !self.holding() {
             self.timers
                 .set(Timer::Heartbeat, now + self.opts.heartbeat_interval);
         }
         match result {
-            Ok(rows) => match HeartbeatReply::parse(&rows) {
-                Ok(reply) => {
-                    if !self.same_session(now, &reply) {
+            Ok(rows) => match WaitReply::parse(&rows) {
+                Ok(WaitReply {
+                    session,
+                    freed: Some(freed),
+                }) => {
+                    if !self.same_session(now, &session) {
                         return;
+                    }
+                    if !freed {
+                        return self.held_all_along(now);
                     }
                     self.event(Event::KeyFreed { key });
                     #[cfg(feature = "sim")]
@@ -107,7 +128,10 @@ impl Machine {
                     }
                     self.woken = true;
                     let delay = self.opts.lock_delay;
-                    if delay.is_zero() {
+                    // The notification of the release that woke it came
+                    // just ahead; an older one is stale (see `wait_notified`).
+                    let graceful = notified.is_some_and(|at| now.duration_since(at) <= delay);
+                    if delay.is_zero() || graceful {
                         self.try_now = true;
                     } else {
                         // A notification (graceful release) sets `try_now`
@@ -115,21 +139,16 @@ impl Machine {
                         self.timers.set(Timer::Retry, now + delay);
                     }
                 }
+                Ok(WaitReply { freed: None, .. }) => {
+                    let e = DbError::other("malformed wait reply: no outcome row");
+                    self.lose_session(now, crate::io::Reason::QueryFailed(e), true)
+                }
                 Err(e) => {
                     let e = DbError::other(e.to_string());
                     self.lose_session(now, crate::io::Reason::QueryFailed(e), true)
                 }
             },
-            Err(e) if e.code.as_deref() == Some(LOCK_TIMEOUT_SQLSTATE) => {
-                // Held all along: as good as a try of this key that lost.
-                // Not jittered: jitter spreads the polls of replicas started
-                // together, and waits on the server do not poll.
-                self.wake_losses = 0;
-                if self.wanted_keys() <= 1 {
-                    let retry = now + self.opts.retry_interval;
-                    self.timers.set(Timer::Retry, retry);
-                }
-            }
+            Err(e) if e.code.as_deref() == Some(LOCK_TIMEOUT_SQLSTATE) => self.held_all_along(now),
             Err(error) => {
                 self.event(Event::WaitFailed { error });
                 self.waits_off = true;
@@ -148,6 +167,18 @@ impl Machine {
             s.step = StandbyStep::Trying;
             let token = i64::MAX / 2 + self.next_query as i64;
             self.won(now, now, key, token);
+        }
+    }
+
+    /// The wait ended by its lock timeout: the key was held all along, as
+    /// good as a try of this key that lost.
+    fn held_all_along(&mut self, now: Instant) {
+        // Not jittered: jitter spreads the polls of replicas started
+        // together, and waits on the server do not poll.
+        self.wake_losses = 0;
+        if self.wanted_keys() <= 1 {
+            let retry = now + self.opts.retry_interval;
+            self.timers.set(Timer::Retry, retry);
         }
     }
 
@@ -184,6 +215,17 @@ impl Machine {
             self.close_idle(id);
         }
         true
+    }
+
+    /// The key of the wait in flight, if one is.
+    pub(super) fn waiting_for(&self) -> Option<i64> {
+        let Session::Up(up) = &self.session else {
+            return None;
+        };
+        match up.inflight.as_ref().map(|q| &q.what) {
+            Some(What::Wait { key, .. }) => Some(*key),
+            _ => None,
+        }
     }
 
     fn wanted_keys(&self) -> usize {

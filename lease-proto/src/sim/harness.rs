@@ -347,11 +347,12 @@ impl Harness {
             panic!("expected a wait, got {:?}", self.statement())
         };
         let nonce = self.nonce;
-        self.reply(reply::heartbeat(pid, nonce))
+        self.reply(reply::wait(pid, nonce, true))
     }
 
-    /// Answers the wait in flight with its lock timeout (SQLSTATE 55P03):
-    /// the key stayed held.
+    /// Answers the wait in flight with its lock timeout (SQLSTATE 55P03, as
+    /// a server that does not catch it would; the statement's own reply for
+    /// it is [`Harness::held_all_along`]): the key stayed held.
     ///
     /// # Panics
     /// The query in flight is not a wait, or the observer objects.
@@ -364,6 +365,19 @@ impl Harness {
             message: "canceling statement due to lock timeout".into(),
             config: false,
         })
+    }
+
+    /// Answers the wait in flight as the statement does at its lock
+    /// timeout: the key stayed held (session rows of backend `pid`).
+    ///
+    /// # Panics
+    /// The query in flight is not a wait, or the observer objects.
+    pub fn held_all_along(&mut self, pid: i64) -> Vec<Command> {
+        let Statement::Wait { .. } = self.statement() else {
+            panic!("expected a wait, got {:?}", self.statement())
+        };
+        let nonce = self.nonce;
+        self.reply(reply::wait(pid, nonce, false))
     }
 
     /// Answers the release in flight: every key was held and is unlocked.

@@ -268,6 +268,11 @@ pub struct ServerConfig {
     /// and it holds its locks until the partition heals and the write
     /// completes; its idle clock starts then.
     pub send_buffer_rows: Option<usize>,
+    /// Keys a client that is not a lease client holds SHARED
+    /// (`pg_advisory_lock_shared`) the whole run: every try of them loses
+    /// (the holder shown is that client), and a wait for one is granted at
+    /// once, as a shared lock does not conflict with a shared wait.
+    pub foreign_shared_keys: Vec<i64>,
 }
 
 impl Default for ServerConfig {
@@ -283,6 +288,7 @@ impl Default for ServerConfig {
             legacy_tokens: false,
             wait_keeps_shared_lock: false,
             send_buffer_rows: None,
+            foreign_shared_keys: Vec::new(),
         }
     }
 }

@@ -3,9 +3,13 @@
 //! by the server on silent sessions), `pg_terminate_backend`, restarts,
 //! `LISTEN/NOTIFY`, hot-standby mode, lock waits (a [`Statement::Wait`]
 //! queues while its key is held by another owner and answers when the key
-//! is freed, or with SQLSTATE 55P03 at its `lock_timeout`) and a
+//! is freed, or with "held" at its `lock_timeout`) and a
 //! transaction pooler that moves statements between backends and drops (or
 //! rejects) startup options.
+//!
+//! A client that is not a lease client may hold keys SHARED
+//! ([`ServerConfig::foreign_shared_keys`]): tries of them lose, waits for
+//! them are granted at once.
 //!
 //! Not modelled: the microseconds in which a woken waiter's shared lock is
 //! granted before its transaction ends (a try arriving then loses; the
@@ -69,6 +73,18 @@ pub(super) mod reply {
             session: None,
         };
         reply.to_rows().remove(0)
+    }
+
+    /// `Wait`: the backend pid, the nonce and whether the key was freed.
+    pub(crate) fn wait(pid: i64, nonce: Option<i64>, freed: bool) -> Vec<Row> {
+        crate::WaitReply {
+            session: HeartbeatReply {
+                backend_pid: Some(pid),
+                nonce,
+            },
+            freed: Some(freed),
+        }
+        .to_rows()
     }
 
     /// `Heartbeat`: the backend pid and the nonce.
@@ -142,6 +158,9 @@ pub(super) struct Waiter {
     /// The fault drawn for the statement, applied to its reply.
     injected: Injected,
 }
+
+/// The backend pid of the client of [`ServerConfig::foreign_shared_keys`].
+const FOREIGN_SHARED_PID: i64 = 998;
 
 /// The lock owner of the shared backend of [`ServerConfig::pooler_one_backend`].
 const SHARED_BACKEND: u64 = u64::MAX;
@@ -432,7 +451,13 @@ impl Server {
                 let ok = pid == *backend_pid && nonce_now == Some(*nonce);
                 let mut won = Vec::new();
                 let mut lost = Vec::new();
+                let mut foreign = Vec::new();
                 for &k in keys {
+                    if self.cfg.foreign_shared_keys.contains(&k) {
+                        // Held shared by a foreign client: an exclusive try loses.
+                        foreign.push(k);
+                        continue;
+                    }
                     let shared_by_other = (self.shared.get(&k))
                         .is_some_and(|owners| owners.iter().any(|o| *o != owner));
                     match self.locks.get(&k) {
@@ -457,11 +482,14 @@ impl Server {
                     let holder = owner.and_then(|o| self.owner_pid(o));
                     rows.push(reply::try_held(k, holder));
                 }
+                for k in foreign {
+                    rows.push(reply::try_held(k, Some(FOREIGN_SHARED_PID)));
+                }
                 rows
             }
             Statement::Wait { key, timeout_ms } => {
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
-                let rows = reply::heartbeat(pid, nonce);
+                let rows = reply::wait(pid, nonce, true);
                 if self.locks.get(key).is_some_and(|(o, _)| *o != owner) {
                     let timeout = Duration::from_millis(*timeout_ms);
                     return Some(Executed {
@@ -543,7 +571,7 @@ impl Server {
             } else {
                 s.nonce
             };
-            let rows = reply::heartbeat(s.pid, nonce);
+            let rows = reply::wait(s.pid, nonce, true);
             woken.push((w, rows));
         }
         woken
@@ -699,19 +727,29 @@ impl Sim {
         }
     }
 
-    /// A wait's lock timeout: it fails with SQLSTATE 55P03 if still queued.
+    /// A wait's lock timeout, if still queued: the statement catches it
+    /// (SQLSTATE 55P03) and answers that the key stayed held.
     pub(super) fn lock_timeout(&mut self, conn: u64, query: QueryId) {
         let Some(w) = self.server.timed_out(conn, query) else {
             return;
         };
-        let error = DbError {
-            code: Some(crate::sql::LOCK_TIMEOUT_SQLSTATE.into()),
-            message: "canceling statement due to lock timeout".into(),
-            config: false,
+        let Some(s) = self.server.sessions.get(&conn) else {
+            return;
         };
+        let nonce = if self.server.cfg.pooler_one_backend {
+            self.server.backend_nonce
+        } else {
+            s.nonce
+        };
+        let rows = reply::wait(s.pid, nonce, false);
+        let wait = Statement::Wait {
+            key: w.key,
+            timeout_ms: 0,
+        };
+        let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
         self.server.unblocked(conn, self.now);
         self.arm_idle(conn);
-        self.reply_at(w.p, conn, query, self.now, Err(error));
+        self.reply_at(w.p, conn, query, self.now, result);
     }
 
     /// Schedules the idle check of a session, if it can be ended as idle,

@@ -1,0 +1,337 @@
+//! Issue 12's wait on the server, attacked (branch attack12): each test is
+//! a hole found, failing before its fix.
+
+use std::time::Duration;
+
+use lease_proto::sim::Harness;
+use lease_proto::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn opts() -> Options {
+    Options {
+        retry_interval: ms(200),
+        heartbeat_interval: ms(200),
+        query_timeout: ms(500),
+        guard_margin: ms(200),
+        ..Options::default()
+    }
+}
+
+fn lease(name: &str) -> LeaseId {
+    LeaseId::named(name).unwrap()
+}
+
+/// A client that is not a lease client holds the key SHARED
+/// (`pg_advisory_lock_shared`): every wait is granted at once, every try
+/// after it loses. With the default lock delay the woken try is sent by the
+/// retry timer, which counted as "the periodic try" and reset the wake
+/// budget, so the standby spun: a wait and a try every lock delay.
+#[test]
+fn a_shared_holder_does_not_make_a_standby_spin_at_the_default_lock_delay() {
+    let o = opts();
+    assert!(!o.lock_delay.is_zero(), "the default has a lock delay");
+    let mut h = Harness::new(o.clone(), 1).unwrap();
+    h.run(lease("a"));
+    h.connect(7);
+    let start = h.now();
+    let end = start + ms(2_000);
+    let (mut waits, mut tries) = (0u32, 0u32);
+    while h.now() < end {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::TryLock { .. }) => {
+                tries += 1;
+                h.advance(ms(1));
+                h.lose(Some(99));
+            }
+            Some(Statement::Wait { .. }) => {
+                waits += 1;
+                h.advance(ms(1));
+                h.wake(7);
+            }
+            Some(s @ (Statement::Heartbeat | Statement::Verify)) => {
+                h.advance(ms(1));
+                let _ = s;
+                h.heartbeat(7, &[]);
+            }
+            Some(s) => panic!("{s:?}"),
+            None => {
+                h.advance(ms(1));
+            }
+        }
+    }
+    let per_interval = f64::from(waits + tries) / 10.0;
+    println!(
+        "2 s, retry 200 ms, lock delay {:?}: {waits} waits, {tries} tries ({per_interval:.1} statements per retry interval)",
+        o.lock_delay
+    );
+    // At most WAKE_BUDGET wakes (a wait and a try each) plus the periodic
+    // try per retry interval.
+    let bound = 10 * (2 * WAKE_BUDGET + 2);
+    assert!(
+        waits + tries <= bound,
+        "{waits} waits + {tries} tries in 2 s > {bound}: the standby spins"
+    );
+}
+
+/// Several wanted keys: each wait takes "the next wanted key after the
+/// last one waited for". The runs were scanned in run order, not key order,
+/// so with runs started as (lowest, highest, middle) key the middle key was
+/// never waited for: it was only polled, against the documented one
+/// interval in n.
+#[test]
+fn rotation_waits_for_every_wanted_key() {
+    let mut names = ["a", "b", "c"];
+    names.sort_by_key(|n| lease(n).key());
+    // Start them as lowest, highest, middle.
+    let order = [names[0], names[2], names[1]];
+    let mut h = Harness::new(opts(), 1).unwrap();
+    for n in order {
+        h.run(lease(n));
+    }
+    h.connect(7);
+    let end = h.now() + ms(4_000);
+    let mut waited = Vec::new();
+    while h.now() < end {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::TryLock { .. }) => {
+                h.advance(ms(1));
+                h.lose(Some(99));
+            }
+            Some(Statement::Wait { key, timeout_ms }) => {
+                waited.push(key);
+                h.advance(ms(timeout_ms));
+                h.lock_timeout();
+            }
+            Some(Statement::Heartbeat | Statement::Verify) => {
+                h.advance(ms(1));
+                h.heartbeat(7, &[]);
+            }
+            Some(s) => panic!("{s:?}"),
+            None => {
+                h.advance(ms(1));
+            }
+        }
+    }
+    let count = |n: &str| waited.iter().filter(|k| **k == lease(n).key()).count();
+    println!(
+        "4 s, retry 200 ms, runs started {order:?}: waits per key {:?}",
+        order.map(count)
+    );
+    for n in order {
+        assert!(
+            count(n) >= waited.len() / 3 - 1,
+            "key of {n:?} waited for {} times of {}",
+            count(n),
+            waited.len()
+        );
+    }
+}
+
+/// The cause in the simulator: a client that is not a lease client holds
+/// the key SHARED for the whole run (`ServerConfig::foreign_shared_keys`).
+/// Nobody may lead, and no process may send more than the wake budget
+/// allows: per retry interval, `WAKE_BUDGET` wakes (a wait and a try each)
+/// and the periodic try. Before the fix each process sent a wait and a try
+/// every lock delay.
+#[test]
+fn simulated_shared_holder_costs_a_bounded_number_of_statements() {
+    use lease_proto::sim::{ServerConfig, Sim, SimConfig};
+    let c = SimConfig {
+        server: ServerConfig {
+            foreign_shared_keys: vec![lease("job").key()],
+            ..ServerConfig::default()
+        },
+        ..SimConfig::default()
+    };
+    let retry = c.options.retry_interval;
+    let mut sim = Sim::new(c, std::time::Instant::now());
+    let run = ms(10_000);
+    sim.run_until(run);
+    assert!((0..3).all(|p| !sim.leads(p, "job")));
+    let r = sim.finish(run, ms(1000));
+    assert!(r.violations.is_empty(), "{:#?}", r.violations);
+    let intervals = (run.as_millis() / retry.as_millis()) as u64;
+    let per_interval: Vec<f64> = (r.statements.iter())
+        .map(|s| *s as f64 / intervals as f64)
+        .collect();
+    println!(
+        "statements per process per retry interval (foreign shared holder): {per_interval:.1?}"
+    );
+    // Setup, LISTEN and the first try once; then the bound per interval, and
+    // the periodic try may fall early (jitter).
+    let bound = 2 * u64::from(WAKE_BUDGET) + 2;
+    for s in &r.statements {
+        assert!(
+            *s <= 3 + bound * (intervals + 1),
+            "{s} statements in {intervals} retry intervals: a spin"
+        );
+    }
+}
+
+fn notify(h: &mut Harness, name: &str) {
+    h.input(Input::Notification {
+        channel: HANDOVER_CHANNEL.into(),
+        payload: lease(name).key().to_string(),
+    });
+}
+
+/// A handover notification that reaches a standby while its wait blocks on
+/// the server is one of two things: the graceful release that is waking
+/// this very wait (the driver reads the connection's notifications before
+/// the reply of the statement it is waiting for, so it comes just ahead of
+/// the wake), or a release older than the wait, after which another
+/// standby took the key (the wait stays queued behind it). The machine took
+/// both for the former and set "try at once" for good: when the key was
+/// later freed by the server ending that other holder's session (no
+/// notification), the standby tried without the lock delay, against the
+/// documented rule.
+#[test]
+fn a_stale_notification_does_not_cut_a_later_lock_delay_short() {
+    let o = Options {
+        lock_delay: ms(20),
+        ..opts()
+    };
+    let mut h = Harness::new(o, 1).unwrap();
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    // 99 released gracefully before this wait reached the server; 98 won
+    // meanwhile and the wait queues behind 98. The notification arrives now.
+    h.advance(ms(1));
+    notify(&mut h, "a");
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    // 98's session is terminated 100 ms later: the wait wakes, no notification.
+    h.advance(ms(100));
+    h.wake(7);
+    assert!(
+        h.in_flight().is_none(),
+        "tried at once, without the lock delay: {:?}",
+        h.in_flight()
+    );
+    h.advance(ms(20));
+    assert_eq!(h.try_keys(), vec![lease("a").key()]);
+}
+
+/// The notification of the graceful release that wakes the wait comes just
+/// ahead of the wake: the standby tries at once, on the same session. With
+/// several wanted keys the machine took it for "a notification for another
+/// key" and closed the session for a new one (a reconnect on a graceful
+/// handover, and an orphaned backend).
+#[test]
+fn the_notification_of_the_release_that_wakes_a_wait_keeps_the_session() {
+    let o = Options {
+        lock_delay: ms(20),
+        ..opts()
+    };
+    let mut h = Harness::new(o, 1).unwrap();
+    h.run(lease("a"));
+    h.run(lease("b"));
+    h.connect(7);
+    h.lose(Some(99));
+    let Statement::Wait { key, .. } = h.statement() else {
+        panic!("expected a wait, got {:?}", h.statement());
+    };
+    let waited = if key == lease("a").key() { "a" } else { "b" };
+    let session = h.session();
+    h.advance(ms(50));
+    notify(&mut h, waited);
+    assert_eq!(h.session(), session, "the session was closed for a new one");
+    h.wake(7);
+    assert_eq!(h.session(), session);
+    let mut keys = h.try_keys();
+    keys.sort();
+    let mut want = vec![lease("a").key(), lease("b").key()];
+    want.sort();
+    assert_eq!(keys, want, "the try goes at once");
+}
+
+/// The wait catches its lock timeout and says so in its reply (no `ERROR` in
+/// the server's log): a standby at rest still sends one wait per retry
+/// interval, each counting as that interval's try.
+#[test]
+fn a_wait_that_answers_held_counts_as_the_intervals_try() {
+    let mut h = Harness::new(opts(), 1).unwrap();
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    let end = h.now() + ms(10_000);
+    let mut waits = 0;
+    while h.now() < end {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Wait { timeout_ms, .. }) => {
+                waits += 1;
+                h.advance(ms(timeout_ms));
+                h.held_all_along(7);
+            }
+            Some(s) => panic!("only waits at rest, got {s:?}"),
+            None => {
+                h.advance(ms(1));
+            }
+        }
+    }
+    assert!((50..=64).contains(&waits), "{waits}");
+    assert!(h.session().is_some());
+}
+
+/// A standby of two keys waits on one; every handover notification for the
+/// other key closed its session for a new one (a reconnect: TCP, startup,
+/// setup, LISTEN, try, wait). Notifications come as often as that other key
+/// changes hands, or as often as any client sends `NOTIFY` on the channel
+/// (any client may), so the reconnects had no bound. Now at most
+/// `WAKE_BUDGET` per retry interval; past it the key is tried at the
+/// periodic try, as the keys not waited for are.
+#[test]
+fn notifications_for_another_key_reconnect_a_bounded_number_of_times() {
+    let mut h = Harness::new(opts(), 1).unwrap();
+    h.run(lease("a"));
+    h.run(lease("b"));
+    h.connect(7);
+    h.lose(Some(99));
+    let mut sessions = 1;
+    let end = h.now() + ms(1_000);
+    let mut pid = 7;
+    while h.now() < end {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Wait { key, .. }) => {
+                h.advance(ms(20));
+                let other = if key == lease("a").key() { "b" } else { "a" };
+                let before = h.session();
+                notify(&mut h, other);
+                if h.session() != before {
+                    sessions += 1;
+                    pid += 1;
+                    h.connect(pid);
+                }
+                if matches!(h.in_flight(), Some((_, Statement::Wait { .. }))) {
+                    // Not interrupted: the wait ends by its lock timeout.
+                    let Some((_, Statement::Wait { timeout_ms, .. })) = h.in_flight().cloned()
+                    else {
+                        unreachable!()
+                    };
+                    h.advance(ms(timeout_ms.saturating_sub(20)));
+                    if matches!(h.in_flight(), Some((_, Statement::Wait { .. }))) {
+                        h.held_all_along(pid);
+                    }
+                }
+            }
+            Some(Statement::TryLock { .. }) => {
+                h.advance(ms(1));
+                h.lose(Some(99));
+            }
+            Some(s) => panic!("{s:?}"),
+            None => {
+                h.advance(ms(1));
+            }
+        }
+    }
+    println!("1 s, retry 200 ms, a notification for the other key 20 ms into each wait: {sessions} sessions");
+    let bound = 1 + 6 * WAKE_BUDGET;
+    assert!(
+        sessions <= bound,
+        "{sessions} sessions in 1 s (bound {bound})"
+    );
+}

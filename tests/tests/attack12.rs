@@ -1,0 +1,311 @@
+//! Issue 12's wait on the server, attacked against a real PostgreSQL (branch attack12).
+//! Each test shows a hole that the branch fixes; figures are printed as `FIGURE` lines
+//! (run with `--nocapture`).
+
+use lease_tests::scenario::{diff, ms, ms_f, nanos, Admin, Driver, Node, ReplicaConfig};
+use lease_tests::{monotonic_nanos, Cluster, KitError};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+type Res = Result<(), KitError>;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_replica"))
+}
+
+fn key(name: &str) -> i64 {
+    lease_proto::LeaseId::named(name)
+        .expect("valid lease name")
+        .key()
+}
+
+fn figure(driver: Driver, what: &str, value: String) {
+    eprintln!("FIGURE {:9} {what}: {value}", driver.name());
+}
+
+/// A standby at the library's standby defaults (retry 10 s, the default lock delay).
+fn standby(driver: Driver, cluster: &Cluster) -> ReplicaConfig {
+    ReplicaConfig {
+        retry: ms(10_000),
+        heartbeat: ms(2000),
+        ..ReplicaConfig::new(driver, cluster.conn_string(), "job")
+    }
+}
+
+/// Backends of `lease-replica` sessions, and how many of them wait on a lock.
+fn replica_backends(admin: &Admin) -> Result<(i64, i64), KitError> {
+    let row = admin.ints(
+        "SELECT count(*)::int8 FROM pg_stat_activity WHERE application_name = 'lease-replica' \
+         UNION ALL SELECT count(*) FILTER (WHERE wait_event_type = 'Lock')::int8 \
+         FROM pg_stat_activity WHERE application_name = 'lease-replica'",
+    )?;
+    Ok((row[0], row[1]))
+}
+
+/// Waits until `n` replica backends wait on a lock.
+fn until_waiting(admin: &Admin, n: i64) -> Res {
+    let deadline = Instant::now() + WAIT;
+    while replica_backends(admin)?.1 != n {
+        if Instant::now() > deadline {
+            return Err(KitError::Invalid(format!("never {n} waiting replicas")));
+        }
+        std::thread::sleep(ms(20));
+    }
+    Ok(())
+}
+
+/// The lease statements (tries and waits) of replica sessions in the server log since
+/// byte `from`.
+fn lease_statements(cluster: &Cluster, from: usize) -> Result<(usize, usize), KitError> {
+    let text = std::fs::read(cluster.log_path()).map_err(|e| KitError::Failed {
+        context: "reading the server log".into(),
+        detail: e.to_string(),
+    })?;
+    let text = String::from_utf8_lossy(&text[from.min(text.len())..]).into_owned();
+    let lines = text.lines().filter(|l| l.contains("LOG:  statement: "));
+    let (mut tries, mut waits) = (0, 0);
+    for l in lines {
+        if l.contains("pg_try_advisory_lock(") {
+            tries += 1;
+        } else if l.contains("pg_advisory_xact_lock_shared(") {
+            waits += 1;
+        }
+    }
+    Ok((tries, waits))
+}
+
+fn log_len(cluster: &Cluster) -> usize {
+    std::fs::metadata(cluster.log_path()).map_or(0, |m| m.len() as usize)
+}
+
+/// A client that is not a lease client holds the lease's key SHARED. Every wait of the
+/// standby is granted at once, and every try after it loses. At the default lock delay
+/// the standby spun: a wait and a try every ~20 ms, ~90 statements a second against one
+/// per retry interval at rest. Bounded now by the wake budget: at most `WAKE_BUDGET`
+/// wakes (a wait and a try each) and the periodic try per retry interval.
+fn a_shared_holder_does_not_make_a_standby_spin(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let foreign = Admin::connect(&cluster.conn_string())?;
+    foreign.rows(&format!("SELECT pg_advisory_lock_shared({})", key("job")))?;
+    cluster.sql("ALTER SYSTEM SET log_statement = 'all'")?;
+    cluster.sql("SELECT pg_reload_conf()")?;
+    std::thread::sleep(ms(200));
+    let from = log_len(&cluster);
+    let node = standby(driver, &cluster).spawn(bin(), "S")?;
+    node.wait_pid(0, WAIT)?;
+    let t0 = Instant::now();
+    std::thread::sleep(ms(3000));
+    let (tries, waits) = lease_statements(&cluster, from)?;
+    let secs = t0.elapsed().as_secs_f64();
+    figure(
+        driver,
+        "foreign shared holder: standby statements in ~3 s (retry 10 s)",
+        format!("{tries} tries, {waits} waits ({secs:.1} s)"),
+    );
+    assert!(
+        node.terms().is_empty(),
+        "the standby led beside a shared holder"
+    );
+    let budget = lease_proto::WAKE_BUDGET as usize;
+    assert!(
+        tries + waits <= 2 * (2 * budget + 2),
+        "{tries} tries and {waits} waits in {secs:.1} s: the standby spins"
+    );
+    Ok(())
+}
+
+/// Standbys that vanish while they wait (kill -9, or a process that closes its
+/// connection) leave their backends queued on the key, holding a connection slot each,
+/// until the wait's lock timeout, up to a retry interval (10 s by default): the server
+/// reads nothing from the client while a statement blocks. A rolling restart of a fleet of
+/// standbys thus needs twice its connections for that long. The wait now has the server
+/// check the client connection while it blocks (`client_connection_check_interval`).
+fn a_vanished_waiter_leaves_no_backend(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let holder = ReplicaConfig::new(driver, cluster.conn_string(), "job").spawn(bin(), "H")?;
+    holder.wait_start(0, WAIT)?;
+    let mut herd: Vec<Node> = Vec::new();
+    for i in 0..5 {
+        herd.push(standby(driver, &cluster).spawn(bin(), &format!("S{i}"))?);
+    }
+    until_waiting(&admin, 5)?;
+    let t_kill = monotonic_nanos();
+    for node in &mut herd {
+        node.kill9()?;
+    }
+    for node in &mut herd {
+        node.wait_exit(WAIT)?;
+    }
+    let deadline = Instant::now() + ms(12_000);
+    let gone = loop {
+        let (_, waiting) = replica_backends(&admin)?;
+        if waiting == 0 {
+            break monotonic_nanos();
+        }
+        assert!(Instant::now() < deadline, "the orphaned waits never ended");
+        std::thread::sleep(ms(20));
+    };
+    let lasted = diff(t_kill, gone);
+    figure(
+        driver,
+        "5 waiting standbys killed -> their backends gone",
+        format!("{:.1} ms", ms_f(lasted)),
+    );
+    assert!(
+        lasted < nanos(ms(2000)),
+        "the killed standbys' backends stayed queued for {:.1} ms",
+        ms_f(lasted)
+    );
+    Ok(())
+}
+
+/// A `statement_timeout` set for the role (common in production: here 3 s) shorter than
+/// the retry interval ended every wait with 57014 before its lock timeout; a wait that
+/// fails so turns waiting off for the session, and the standby silently went back to
+/// polling: a kill -9 was taken over at the next poll, up to 10 s later. The wait now
+/// sets its own statement timeout (its lock timeout bounds it).
+fn a_role_statement_timeout_keeps_the_wait(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    cluster.sql("ALTER ROLE postgres SET statement_timeout = '3s'")?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let mut holder = ReplicaConfig::new(driver, cluster.conn_string(), "job").spawn(bin(), "H")?;
+    holder.wait_start(0, WAIT)?;
+    let node = standby(driver, &cluster).spawn(bin(), "S")?;
+    until_waiting(&admin, 1)?;
+    // Past the role's statement timeout, well before the standby's next poll.
+    std::thread::sleep(ms(4000));
+    let t_kill = holder.kill9()?;
+    let (_, _, start) = node.wait_start(t_kill, WAIT)?;
+    let takeover = diff(t_kill, start);
+    figure(
+        driver,
+        "role statement_timeout 3 s: kill -9 -> standby start",
+        format!("{:.1} ms", ms_f(takeover)),
+    );
+    assert!(
+        takeover < nanos(ms(1000)),
+        "takeover took {:.1} ms: the standby was polling",
+        ms_f(takeover)
+    );
+    Ok(())
+}
+
+/// A standby at rest waits on the server, each wait ending by its lock timeout at the
+/// retry deadline. Each such end was an `ERROR:  canceling statement due to lock timeout`
+/// with the statement's text in the server's log (at the server's default
+/// `log_min_error_statement`): one per standby per retry interval, forever (10 standbys at
+/// the default 5 s: 172,800 a day), which error-rate alerts and log volume notice. The
+/// wait now catches its lock timeout and says so in its reply.
+fn a_standby_at_rest_logs_no_errors(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let holder = ReplicaConfig::new(driver, cluster.conn_string(), "job").spawn(bin(), "H")?;
+    holder.wait_start(0, WAIT)?;
+    let from = log_len(&cluster);
+    let node = ReplicaConfig {
+        retry: ms(300),
+        ..ReplicaConfig::new(driver, cluster.conn_string(), "job")
+    }
+    .spawn(bin(), "S")?;
+    until_waiting(&admin, 1)?;
+    std::thread::sleep(ms(3000));
+    let text = std::fs::read(cluster.log_path()).map_err(|e| KitError::Failed {
+        context: "reading the server log".into(),
+        detail: e.to_string(),
+    })?;
+    let text = String::from_utf8_lossy(&text[from.min(text.len())..]).into_owned();
+    let errors = text.lines().filter(|l| l.contains("ERROR:")).count();
+    figure(
+        driver,
+        "standby at rest, retry 300 ms: ERROR lines in the server log in 3 s",
+        errors.to_string(),
+    );
+    assert!(node.terms().is_empty());
+    let (_, waiting) = replica_backends(&admin)?;
+    assert_eq!(waiting, 1, "the standby does not wait on the server");
+    assert_eq!(
+        errors,
+        0,
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("ERROR:"))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Ok(())
+}
+
+macro_rules! both_drivers {
+    ($($name:ident),* $(,)?) => {
+        mod tokio_driver {
+            $(#[test] fn $name() -> super::Res { super::$name(super::Driver::Tokio) })*
+        }
+        mod smol_driver {
+            $(#[test] fn $name() -> super::Res { super::$name(super::Driver::Smol) })*
+        }
+    };
+}
+
+both_drivers!(
+    a_shared_holder_does_not_make_a_standby_spin,
+    a_vanished_waiter_leaves_no_backend,
+    a_role_statement_timeout_keeps_the_wait,
+    a_standby_at_rest_logs_no_errors,
+);
+
+/// Known, not fixed (see the report): behind a transaction pooler with ONE server
+/// connection shared only with clients that are not lease clients (the case the lease
+/// cannot detect: same backend pid, same nonce), a waiting standby occupies that server
+/// connection back to back, each wait up to a retry interval, so every other client's
+/// statement waits in the pooler's queue for up to that long (measured: 1,990 ms at a 2 s
+/// retry; polling instead, `wait: false`: 8.5 ms).
+fn pooled_waiter_starves_other_clients(driver: Driver) -> Res {
+    use lease_tests::{PgBouncer, PgBouncerSettings, PoolMode};
+    let cluster = Cluster::start()?;
+    let one = PgBouncerSettings {
+        pool_size: 1,
+        ..PgBouncerSettings::default()
+    };
+    let bouncer = PgBouncer::start_with(&cluster, PoolMode::Transaction, &one)?;
+    let holder = ReplicaConfig::new(driver, cluster.conn_string(), "job").spawn(bin(), "H")?;
+    holder.wait_start(0, WAIT)?;
+    let retry = ms(2000);
+    let node = ReplicaConfig {
+        retry,
+        ..ReplicaConfig::new(driver, bouncer.conn_string(), "job")
+    }
+    .spawn(bin(), "S")?;
+    node.wait_pid(0, WAIT)?;
+    let other = Admin::connect(&bouncer.conn_string())?;
+    let t0 = Instant::now();
+    let mut worst = Duration::ZERO;
+    while t0.elapsed() < ms(6000) {
+        let t = Instant::now();
+        other.rows("SELECT 1")?;
+        worst = worst.max(t.elapsed());
+        std::thread::sleep(ms(50));
+    }
+    figure(
+        driver,
+        "transaction pooler, one server connection: another client's worst SELECT 1 (retry 2 s)",
+        format!("{:.1} ms", worst.as_secs_f64() * 1000.0),
+    );
+    assert!(node.terms().is_empty());
+    assert!(
+        worst < retry / 4,
+        "another client of the pooler waited {worst:?} for the waiting standby's server connection"
+    );
+    Ok(())
+}
+
+mod known {
+    #[test]
+    #[ignore = "known hole, not fixed: a waiting standby behind an undetected transaction pooler"]
+    fn pooled_waiter_starves_other_clients() -> super::Res {
+        super::pooled_waiter_starves_other_clients(super::Driver::Tokio)
+    }
+}
