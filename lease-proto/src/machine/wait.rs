@@ -21,9 +21,8 @@
 //!   the waited key that arrives while the wait blocks counts only if the
 //!   wake follows within the lock delay (the driver may read it just ahead
 //!   of the wake it belongs to); older, it was another release, after which
-//!   someone else took the key. A wait
-//!   never acquires: the try does, and its send time confirms the lease as
-//!   for any try.
+//!   someone else took the key. A wait never acquires: the try does, and
+//!   its send time confirms the lease as for any try.
 //! - **Timed out** (the key was held the whole time; the statement catches
 //!   its lock timeout, SQLSTATE 55P03, and says so in its reply): that
 //!   counts as a try of that key; with one wanted key the retry deadline
@@ -37,10 +36,11 @@
 //!   costs speed, never correctness.
 //! - **Interrupted.** Anything that needs the session while a wait blocks it
 //!   (a new run, a notification for another key, no run left) closes the
-//!   session at once (notifications: at most [`WAKE_BUDGET`] times between
-//!   two periodic tries, since any client may send them; past that the key
-//!   is tried at the periodic try, as the keys not waited for are); holding nothing, that loses nothing, and a new
-//!   session opens at once when one is needed. The server ends the orphaned
+//!   session at once; holding nothing, that loses nothing, and a new session
+//!   opens at once when one is needed. Notifications interrupt at most
+//!   [`WAKE_BUDGET`] times between two periodic tries, since any client may
+//!   send them; past that their key is tried at the periodic try, as the
+//!   keys not waited for are. The server ends the orphaned
 //!   wait at its next client connection check
 //!   ([`WAIT_CONNECTION_CHECK_MS`](crate::WAIT_CONNECTION_CHECK_MS), Linux
 //!   servers), or by its `lock_timeout`.
