@@ -611,6 +611,33 @@ fn a_shutdown_during_a_wait_closes_the_session_at_once() {
     assert_eq!(h.machine().poll_timeout(), None);
 }
 
+/// Behind a pooler (it rejected the startup options), a standby polls: a
+/// wait would hold one of the pooler's server connections for its whole
+/// length.
+#[test]
+fn behind_a_pooler_a_standby_polls() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    let session = h.session().unwrap();
+    h.input(Input::SessionLost {
+        session,
+        error: Some(DbError {
+            code: Some("08P01".into()),
+            message: "unsupported startup parameter: options".into(),
+            config: false,
+        }),
+    });
+    h.connect(7);
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    h.lose(Some(99));
+    assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
+    let sent = standby_at_rest(&mut h, ms(1_000));
+    assert!(
+        sent.iter().all(|s| matches!(s, Statement::TryLock { .. })),
+        "{sent:?}"
+    );
+}
+
 /// A wait that fails otherwise than by its lock timeout turns waiting off
 /// for the session: the standby tries at once and polls from then on.
 #[test]

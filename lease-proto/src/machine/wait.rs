@@ -9,7 +9,10 @@
 //!   wanted key instead of sitting idle until [`Timer::Retry`]. Its
 //!   `lock_timeout` ends it at the retry deadline, so the periodic try of
 //!   every other wanted key still goes on time; a locker that holds a lease
-//!   polls as before (its session must stay free for heartbeats).
+//!   polls as before (its session must stay free for heartbeats), and so
+//!   does one behind a pooler that rejected the startup options (a blocked
+//!   statement would hold one of its server connections for the whole
+//!   wait, starving its other clients).
 //! - **Which key.** One at a time, rotating: each wait takes the next wanted
 //!   key after the last one waited for. With one wanted key the wait is
 //!   instant takeover; with *n*, a key is waited for one retry interval in
@@ -65,6 +68,9 @@ impl Machine {
     /// The wait to send now, if any: the key and its `lock_timeout`.
     pub(super) fn next_wait(&self, now: Instant) -> Option<(i64, Duration)> {
         if !self.opts.wait_on_server
+            // Behind a pooler (it rejected the startup options), a blocked
+            // statement would hold a pooled server connection all along.
+            || self.settings_by_statement
             || self.phase != Phase::Open
             || self.waits_off
             || self.woken
