@@ -99,10 +99,14 @@ pub const WAIT_CONNECTION_CHECK_MS: u64 = 250;
 /// database's shorter one would cancel every wait before its lock timeout,
 /// which bounds it, and turn waiting off), and the client connection check
 /// ([`WAIT_CONNECTION_CHECK_MS`]; Linux servers only: elsewhere the server
-/// rejects it, and the wait goes on without it).
+/// rejects it, and the wait goes on without it), and PostgreSQL 17's
+/// `transaction_timeout` off for the same reason as `statement_timeout`
+/// (older servers reject the name: nothing to turn off there).
 pub const WAIT_PRELUDE_SQL: &str = concat!(
     "DO $lease$BEGIN PERFORM set_config('statement_timeout', '0', true); ",
     "BEGIN PERFORM set_config('client_connection_check_interval', '250', true); ",
+    "EXCEPTION WHEN OTHERS THEN NULL; END; ",
+    "BEGIN PERFORM set_config('transaction_timeout', '0', true); ",
     "EXCEPTION WHEN OTHERS THEN NULL; END; END$lease$; "
 );
 
