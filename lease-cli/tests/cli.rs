@@ -6,10 +6,13 @@ use std::io::ErrorKind;
 use std::net::TcpListener;
 use std::process::{Command, ExitStatus};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use lease_proto::key_for_name;
 use lease_tests::{pid_alive, Cluster, Replica, Stream};
+
+mod common;
+use common::{cluster, lease, unique};
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 /// Fast lease intervals for the tests.
@@ -23,54 +26,6 @@ const FAST: [&str; 8] = [
     "--grace",
     "300ms",
 ];
-
-/// One server shared by the tests that run at the same time; stopped when
-/// the last of them is done.
-fn cluster() -> Arc<Cluster> {
-    static SHARED: Mutex<Weak<Cluster>> = Mutex::new(Weak::new());
-    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = shared.upgrade() {
-        return c;
-    }
-    let c = Arc::new(Cluster::start().expect("start an ephemeral PostgreSQL"));
-    *shared = Arc::downgrade(&c);
-    c
-}
-
-/// A lease name no other test (or earlier run) uses.
-fn unique(name: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
-/// `lease` with a clean environment (no database or log settings inherited).
-fn lease() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lease"));
-    for var in [
-        "DATABASE_URL",
-        "PGHOST",
-        "PGPORT",
-        "PGUSER",
-        "PGPASSWORD",
-        "PGDATABASE",
-        "PGSSLMODE",
-        "PGSSLROOTCERT",
-        "PGSSLCERT",
-        "PGSSLKEY",
-        "PGPASSFILE",
-        "PGAPPNAME",
-        "PGCONNECT_TIMEOUT",
-        "PGTARGETSESSIONATTRS",
-        "PGHOSTADDR",
-        "PGOPTIONS",
-        "LEASE_LOG",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd
-}
 
 /// `lease run --database-url <cluster> FAST... extra... NAME -- sh -c SCRIPT`.
 fn run_sh(c: &Cluster, name: &str, extra: &[&str], script: &str) -> Command {

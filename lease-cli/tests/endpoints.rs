@@ -5,14 +5,16 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use lease_proto::key_for_name;
 use lease_tests::{Cluster, FaultProxy, Mode, Replica};
+
+mod common;
+use common::{cluster, lease, unique};
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 /// Fast lease intervals: validity 1.1 s, guard deadline 300 ms later.
@@ -31,17 +33,6 @@ const FAST: [&str; 10] = [
 /// The sampling period of `/leader` (the figure).
 const SAMPLE: Duration = Duration::from_millis(10);
 
-fn cluster() -> Arc<Cluster> {
-    static SHARED: Mutex<Weak<Cluster>> = Mutex::new(Weak::new());
-    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = shared.upgrade() {
-        return c;
-    }
-    let c = Arc::new(Cluster::start().expect("start an ephemeral PostgreSQL"));
-    *shared = Arc::downgrade(&c);
-    c
-}
-
 /// The tests of this file run one at a time: each measures timings (a flip
 /// within 100 ms, gaps at 10 ms resolution) that a second test's processes
 /// starting beside it on a small machine would blur.
@@ -59,34 +50,10 @@ fn stderr_of(r: &Replica) -> String {
         .collect()
 }
 
-fn unique(name: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
 /// A loopback address with a port free right now.
 fn free_addr() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     l.local_addr().expect("its address")
-}
-
-fn lease() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lease"));
-    for var in [
-        "DATABASE_URL",
-        "PGHOST",
-        "PGPORT",
-        "PGUSER",
-        "PGPASSWORD",
-        "PGDATABASE",
-        "PGSSLMODE",
-        "LEASE_LOG",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd
 }
 
 /// `lease run` of `sleep 1000` with the endpoint on `addr`.

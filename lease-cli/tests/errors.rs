@@ -9,25 +9,15 @@ use std::time::{Duration, Instant};
 
 use lease_tests::{Cluster, Replica, Stream};
 
+mod common;
+
 const MS: fn(u64) -> Duration = Duration::from_millis;
 const PASSWORD: &str = "right-Secret-7781";
 const WRONG: &str = "wrong-Secret-4410";
 
 /// `lease run` with a clean environment.
 fn lease_run(url: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lease"));
-    for var in [
-        "DATABASE_URL",
-        "PGHOST",
-        "PGPORT",
-        "PGUSER",
-        "PGPASSWORD",
-        "PGDATABASE",
-        "PGSSLMODE",
-        "LEASE_LOG",
-    ] {
-        cmd.env_remove(var);
-    }
+    let mut cmd = common::lease();
     cmd.args(["run", "--database-url", url])
         .args(["--retry-interval", "50ms", "--query-timeout", "1s"])
         .args(["job", "--", "sleep", "30"]);

@@ -15,13 +15,15 @@ use std::fs;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
-use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lease_proto::{key_for_name, Options};
 use lease_tests::{
     pid_alive, Cluster, FaultProxy, Mode, PgBouncer, PgBouncerSettings, PoolMode, Replica, Stream,
 };
+
+mod common;
+use common::{cluster, lease, unique};
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
@@ -48,27 +50,10 @@ const SHORT: [&str; 8] = [
     "300ms",
 ];
 
-/// One server shared by the tests that run at the same time.
-fn cluster() -> Arc<Cluster> {
-    static SHARED: Mutex<Weak<Cluster>> = Mutex::new(Weak::new());
-    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = shared.upgrade() {
-        return c;
-    }
-    let c = Arc::new(Cluster::start().expect("start an ephemeral PostgreSQL"));
-    *shared = Arc::downgrade(&c);
-    c
-}
-
 fn now_nanos() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
-}
-
-/// A lease name no other test (or earlier run) uses.
-fn unique(name: &str) -> String {
-    format!("{name}-{}-{}", std::process::id(), now_nanos())
 }
 
 /// A fresh directory for the stamp files; removed on drop.
@@ -90,24 +75,6 @@ impl Drop for Dir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
     }
-}
-
-/// `lease` with a clean environment (no database or log settings inherited).
-fn lease() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lease"));
-    for var in [
-        "DATABASE_URL",
-        "PGHOST",
-        "PGPORT",
-        "PGUSER",
-        "PGPASSWORD",
-        "PGDATABASE",
-        "PGSSLMODE",
-        "LEASE_LOG",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd
 }
 
 /// `lease run --database-url URL TIMING... NAME -- sh -c SCRIPT`.

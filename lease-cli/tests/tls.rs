@@ -8,6 +8,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lease_tests::{Certs, Cluster, Replica};
 
+mod common;
+use common::unique;
+
 const MS: fn(u64) -> Duration = Duration::from_millis;
 const FAST: [&str; 8] = [
     "--retry-interval",
@@ -70,33 +73,10 @@ fn nanos() -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
-fn unique(name: &str) -> String {
-    format!("{name}-{}-{}", std::process::id(), nanos())
-}
-
 /// `lease` with a clean environment; HOME points at the certificates'
 /// directory, so no `~/.pgpass` or `~/.postgresql` of the machine counts.
 fn lease(home: &std::path::Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lease"));
-    for var in [
-        "DATABASE_URL",
-        "PGHOST",
-        "PGPORT",
-        "PGUSER",
-        "PGPASSWORD",
-        "PGDATABASE",
-        "PGSSLMODE",
-        "PGSSLROOTCERT",
-        "PGSSLCERT",
-        "PGSSLKEY",
-        "PGPASSFILE",
-        "PGAPPNAME",
-        "PGCONNECT_TIMEOUT",
-        "PGTARGETSESSIONATTRS",
-        "LEASE_LOG",
-    ] {
-        cmd.env_remove(var);
-    }
+    let mut cmd = common::lease();
     cmd.env("HOME", home);
     cmd
 }
