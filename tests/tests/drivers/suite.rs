@@ -30,6 +30,27 @@ async fn holders(key: i64) -> i64 {
     holders_seen_by(&rt::client().await, key).await
 }
 
+/// Spawns a run of `name` on `locker` whose job returns `Ok` when cancelled,
+/// and waits until the job has started: the run's task.
+async fn spawn_leading(locker: &Locker, name: &str) -> rt::Task<Result<(), RunError<String>>> {
+    let (started, started_rx) = unbounded();
+    let (locker, name) = (locker.clone(), name.to_owned());
+    let run = rt::spawn(async move {
+        locker
+            .run(&name, move |lease| {
+                let started = started.clone();
+                async move {
+                    started.try_send(()).unwrap();
+                    lease.cancelled().await;
+                    Res::Ok(())
+                }
+            })
+            .await
+    });
+    started_rx.recv().await.unwrap();
+    run
+}
+
 /// Waits until `f` holds, at most `limit`.
 async fn eventually<F: Future<Output = bool>>(limit: Duration, f: impl Fn() -> F) {
     let start = Instant::now();
@@ -171,23 +192,7 @@ fn one_locker_refuses_a_second_run_of_a_lease_and_bad_names() {
         };
         let locker = locker(options);
         let name = unique("twice");
-        let (started, started_rx) = unbounded();
-        let first = {
-            let (locker, name) = (locker.clone(), name.clone());
-            rt::spawn(async move {
-                locker
-                    .run(&name, move |lease| {
-                        let started = started.clone();
-                        async move {
-                            started.try_send(()).unwrap();
-                            lease.cancelled().await;
-                            Ok::<(), String>(())
-                        }
-                    })
-                    .await
-            })
-        };
-        started_rx.recv().await.unwrap();
+        let first = spawn_leading(&locker, &name).await;
         let second = locker.run(&name, |_| async { Ok::<(), String>(()) }).await;
         assert_eq!(
             second,
@@ -456,23 +461,7 @@ fn run_until_shuts_down_gracefully() {
         assert_eq!(*returned.lock().unwrap(), Some(Reason::Shutdown));
         assert_eq!(holders(key(&name)).await, 0);
         // A signal that fires while standing by ends the run without a job.
-        let (holder_started, holder_started_rx) = unbounded();
-        let holder = {
-            let (locker, name) = (locker.clone(), name.clone());
-            rt::spawn(async move {
-                locker
-                    .run(&name, move |lease| {
-                        let holder_started = holder_started.clone();
-                        async move {
-                            holder_started.try_send(()).unwrap();
-                            lease.cancelled().await;
-                            Res::Ok(())
-                        }
-                    })
-                    .await
-            })
-        };
-        holder_started_rx.recv().await.unwrap();
+        let holder = spawn_leading(&locker, &name).await;
         let standby = self::locker(opts());
         let r = standby.run_until(&name, sleep(MS(200)), |_| async {
             panic!("standby ran") as Res
@@ -557,23 +546,7 @@ fn dropping_the_leaders_driver_cancels_its_job() {
         init();
         let name = unique("driver-drop-leader");
         let (locker, driver) = rt::new(opts());
-        let (started, started_rx) = unbounded();
-        let run = {
-            let (locker, name) = (locker.clone(), name.clone());
-            rt::spawn(async move {
-                locker
-                    .run(&name, move |lease| {
-                        let started = started.clone();
-                        async move {
-                            started.try_send(()).unwrap();
-                            lease.cancelled().await;
-                            Res::Ok(())
-                        }
-                    })
-                    .await
-            })
-        };
-        started_rx.recv().await.unwrap();
+        let run = spawn_leading(&locker, &name).await;
         driver.cancel().await;
         assert_eq!(
             timeout(MS(1000), run).await.unwrap(),
