@@ -92,68 +92,7 @@ async fn hole4_locker_on_a_hot_standby_leads_once_promoted() {
 /// two lockers through it must never both lead.
 #[tokio::test]
 async fn hole4_two_lockers_through_transaction_pgbouncer_never_both_lead() {
-    let c = Cluster::start().expect("start an ephemeral PostgreSQL");
-    let guard = fast().guard_timeout().as_millis();
-    c.sql(&format!(
-        "ALTER ROLE postgres SET idle_session_timeout = {guard}"
-    ))
-    .expect("ALTER ROLE");
-    let settings = PgBouncerSettings {
-        pool_size: 1,
-        ignore_startup_parameters: vec!["extra_float_digits".into(), "options".into()],
-    };
-    let pgb = PgBouncer::start_with(&c, PoolMode::Transaction, &settings).expect("pgbouncer");
-    let name = unique("hole4-txn");
-    let leading = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
-    let tokens = Arc::new(Mutex::new(Vec::new()));
-    let mut runs = Vec::new();
-    for _ in 0..2 {
-        let (locker, driver) = Locker::connect(&pgb.conn_string(), fast()).expect("locker");
-        tokio::spawn(driver);
-        let (name, leading, most, tokens) =
-            (name.clone(), leading.clone(), most.clone(), tokens.clone());
-        runs.push(tokio::spawn(async move {
-            let job = |lease: lease_tokio::Lease| {
-                let (leading, most, tokens) = (leading.clone(), most.clone(), tokens.clone());
-                async move {
-                    let now = leading.fetch_add(1, Ordering::SeqCst) + 1;
-                    most.fetch_max(now, Ordering::SeqCst);
-                    tokens
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(lease.token());
-                    tokio::select! {
-                        _ = lease.cancelled() => {}
-                        () = tokio::time::sleep(MS(2_000)) => {}
-                    }
-                    leading.fetch_sub(1, Ordering::SeqCst);
-                    Ok::<(), Infallible>(())
-                }
-            };
-            tokio::time::timeout(MS(8_000), locker.run(&name, job)).await
-        }));
-    }
-    let mut results: Vec<Result<Result<(), RunError<Infallible>>, String>> = Vec::new();
-    for run in runs {
-        results.push(match run.await {
-            Ok(Ok(r)) => Ok(r),
-            Ok(Err(_)) => Err("timed out".into()),
-            Err(e) => Err(e.to_string()),
-        });
-    }
-    let most = most.load(Ordering::SeqCst);
-    let tokens = tokens.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    eprintln!(
-        "transaction-mode PgBouncer (options ignored, ALTER ROLE idle_session_timeout = \
-         {guard}, pool size 1): at most {most} leading at once, tokens {tokens:?}, results \
-         {results:?}"
-    );
-    assert!(
-        most <= 1,
-        "{most} lockers led at once through a transaction-mode PgBouncer with one server \
-         connection: tokens {tokens:?}, results {results:?}"
-    );
+    two_lockers_through_transaction_pgbouncer(false).await;
 }
 
 /// Hole 4, every check of the setup passed: as above, and the role also sets
@@ -161,15 +100,23 @@ async fn hole4_two_lockers_through_transaction_pgbouncer_never_both_lead() {
 /// every try and heartbeat) and the try's own-backend check are left.
 #[tokio::test]
 async fn hole4_two_lockers_through_transaction_pgbouncer_with_every_setting_by_role() {
+    two_lockers_through_transaction_pgbouncer(true).await;
+}
+
+/// The two hole-4 PgBouncer cases; `tcp_by_role`: the role also sets the TCP
+/// settings.
+async fn two_lockers_through_transaction_pgbouncer(tcp_by_role: bool) {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
     let guard = fast().guard_timeout().as_millis();
     c.sql(&format!(
         "ALTER ROLE postgres SET idle_session_timeout = {guard}"
     ))
     .expect("ALTER ROLE");
-    for (name, value) in fast().tcp_settings() {
-        c.sql(&format!("ALTER ROLE postgres SET {name} = {value}"))
-            .expect("ALTER ROLE");
+    if tcp_by_role {
+        for (name, value) in fast().tcp_settings() {
+            c.sql(&format!("ALTER ROLE postgres SET {name} = {value}"))
+                .expect("ALTER ROLE");
+        }
     }
     let settings = PgBouncerSettings {
         pool_size: 1,
@@ -219,7 +166,7 @@ async fn hole4_two_lockers_through_transaction_pgbouncer_with_every_setting_by_r
     let tokens = tokens.lock().unwrap_or_else(|e| e.into_inner()).clone();
     eprintln!(
         "transaction-mode PgBouncer (options ignored, ALTER ROLE idle_session_timeout = \
-         {guard}, pool size 1): at most {most} leading at once, tokens {tokens:?}, results \
+         {guard}, TCP settings by role: {tcp_by_role}, pool size 1): at most {most} leading at once, tokens {tokens:?}, results \
          {results:?}"
     );
     assert!(
