@@ -482,6 +482,20 @@ mod tests {
     use super::*;
     use crate::sql::{SetupReply, Statement, TryReply};
 
+    /// A PostgreSQL 17 primary's setup reply, backend 7, with what `opts` asked for.
+    fn setup_rows(opts: &Options, nonce: i64) -> Vec<crate::sql::Row> {
+        SetupReply {
+            server_version: 170_000,
+            in_recovery: false,
+            backend_pid: 7,
+            idle_session_timeout_ms: Some(opts.guard_timeout().as_millis() as i64),
+            tcp_settings: opts.tcp_settings().map(|(_, v)| Some(v)),
+            unix_socket: false,
+            nonce: Some(nonce),
+        }
+        .to_rows()
+    }
+
     fn query(m: &mut Machine) -> (QueryId, Statement) {
         while m.poll_run().is_some() || m.poll_event().is_some() {}
         let mut last = None;
@@ -512,16 +526,7 @@ mod tests {
         let (q, Statement::Setup { nonce, .. }) = query(&mut m) else {
             panic!("expected the setup");
         };
-        let setup = SetupReply {
-            server_version: 170_000,
-            in_recovery: false,
-            backend_pid: 7,
-            idle_session_timeout_ms: Some(opts.guard_timeout().as_millis() as i64),
-            tcp_settings: opts.tcp_settings().map(|(_, v)| Some(v)),
-            unix_socket: false,
-            nonce: Some(nonce),
-        };
-        let result = Ok(setup.to_rows());
+        let result = Ok(setup_rows(&opts, nonce));
         m.handle_input(t, Input::Reply { query: q, result });
         let (q, listen) = query(&mut m);
         assert_eq!(listen, Statement::Listen);
@@ -592,20 +597,11 @@ mod tests {
         let (q, Statement::Setup { nonce, .. }) = query(&mut m) else {
             panic!("expected the setup");
         };
-        let setup = SetupReply {
-            server_version: 170_000,
-            in_recovery: false,
-            backend_pid: 7,
-            idle_session_timeout_ms: Some(opts.guard_timeout().as_millis() as i64),
-            tcp_settings: opts.tcp_settings().map(|(_, v)| Some(v)),
-            unix_socket: false,
-            nonce: Some(nonce),
-        };
         m.handle_input(
             t,
             Input::Reply {
                 query: q,
-                result: Ok(setup.to_rows()),
+                result: Ok(setup_rows(&opts, nonce)),
             },
         );
         let standby = |m: &Machine| m.status().leases[0].state.clone();
