@@ -80,8 +80,8 @@ pub const TCP_SETTINGS: [&str; 4] = [
 /// backend (a transaction pooler).
 pub const NONCE_SETTING: &str = "lease.nonce";
 
-/// The SQLSTATE of a [`Statement::Wait`] that ended by its `lock_timeout`
-/// (`lock_not_available`): the key was held the whole time.
+/// The SQLSTATE of a lock timeout (`lock_not_available`), which a
+/// [`Statement::Wait`] catches and answers as "held all along".
 pub const LOCK_TIMEOUT_SQLSTATE: &str = "55P03";
 
 /// How often the server checks, while a [`Statement::Wait`] blocks, that
@@ -205,8 +205,10 @@ pub enum Statement {
     /// `ERROR` in the server's log (one per standby per retry interval
     /// otherwise), and answers what [`Statement::Heartbeat`] answers plus
     /// whether the key was freed ([`WaitReply`]), read after the wait, so a
-    /// reply also proves the session. (A server that sends SQLSTATE
-    /// [`LOCK_TIMEOUT_SQLSTATE`] instead means the same: held all along.)
+    /// reply also proves the session. Any error reply, SQLSTATE
+    /// [`LOCK_TIMEOUT_SQLSTATE`] included (the statement catches it, so only
+    /// a server or proxy that does not run it as sent could send it), turns
+    /// waiting off for the session.
     ///
     /// A standby waits only while its session holds nothing, and a wait
     /// never acquires: a freed key is taken by the [`Statement::TryLock`]

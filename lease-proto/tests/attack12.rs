@@ -103,7 +103,7 @@ fn rotation_waits_for_every_wanted_key() {
             Some(Statement::Wait { key, timeout_ms }) => {
                 waited.push(key);
                 h.advance(ms(timeout_ms));
-                h.lock_timeout();
+                h.held_all_along(7);
             }
             Some(Statement::Heartbeat | Statement::Verify) => {
                 h.advance(ms(1));

@@ -451,7 +451,7 @@ fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {
             Some(s @ Statement::Wait { timeout_ms, .. }) => {
                 sent.push(s);
                 h.advance(ms(timeout_ms));
-                h.lock_timeout();
+                h.held_all_along(7);
             }
             Some(s) => panic!("{s:?}"),
             None => {

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use super::state::{RunState, Session, StandbyStep, What};
 use super::{Machine, Phase, Timer};
 use crate::io::{DbError, Event};
-use crate::sql::{Row, WaitReply, LOCK_TIMEOUT_SQLSTATE};
+use crate::sql::{Row, WaitReply};
 
 /// Wakes in a row whose following try won nothing before a locker stops
 /// waiting until its next periodic try; also the most waits a handover
@@ -154,7 +154,6 @@ impl Machine {
                     self.lose_session(now, crate::io::Reason::QueryFailed(e), true)
                 }
             },
-            Err(e) if e.code.as_deref() == Some(LOCK_TIMEOUT_SQLSTATE) => self.held_all_along(now),
             Err(error) => {
                 self.event(Event::WaitFailed { error });
                 self.waits_off = true;

@@ -350,23 +350,6 @@ impl Harness {
         self.reply(reply::wait(pid, nonce, true))
     }
 
-    /// Answers the wait in flight with its lock timeout (SQLSTATE 55P03, as
-    /// a server that does not catch it would; the statement's own reply for
-    /// it is [`Harness::held_all_along`]): the key stayed held.
-    ///
-    /// # Panics
-    /// The query in flight is not a wait, or the observer objects.
-    pub fn lock_timeout(&mut self) -> Vec<Command> {
-        let Statement::Wait { .. } = self.statement() else {
-            panic!("expected a wait, got {:?}", self.statement())
-        };
-        self.fail(DbError {
-            code: Some(crate::sql::LOCK_TIMEOUT_SQLSTATE.into()),
-            message: "canceling statement due to lock timeout".into(),
-            config: false,
-        })
-    }
-
     /// Answers the wait in flight as the statement does at its lock
     /// timeout: the key stayed held (session rows of backend `pid`).
     ///
