@@ -195,23 +195,16 @@ impl Machine {
     }
 
     /// While a wait blocks the session: closes the session if something
-    /// else needs it (see the module docs). Returns whether it did.
-    pub(super) fn interrupt_wait_if_needed(&mut self) -> bool {
-        let Session::Up(up) = &self.session else {
-            return false;
+    /// else needs it (see the module docs).
+    pub(super) fn interrupt_wait_if_needed(&mut self) {
+        let (Some(waited), Some(id)) = (self.waiting_for(), self.session_id()) else {
+            return;
         };
-        let Some(What::Wait { key: waited, .. }) = up.inflight.as_ref().map(|q| &q.what) else {
-            return false;
-        };
-        let (id, waited) = (up.id, *waited);
-        let other_wanted = self.runs.values().any(|r| {
-            matches!(r.state, RunState::Standby(_))
-                && r.lease.key() != waited
-                && r.state.is_waiting()
-        });
+        let other_wanted =
+            (self.runs.values()).any(|r| r.lease.key() != waited && r.state.is_waiting());
         let needed = self.needs_session();
         if needed && !(self.try_now && other_wanted) && self.phase == Phase::Open {
-            return false;
+            return;
         }
         self.event(Event::WaitInterrupted { session: id });
         if needed {
@@ -219,7 +212,6 @@ impl Machine {
         } else {
             self.close_idle(id);
         }
-        true
     }
 
     /// The key of the wait in flight, if one is.
