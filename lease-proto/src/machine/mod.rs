@@ -340,22 +340,7 @@ impl Machine {
             Input::Notification { channel, payload } => {
                 if channel == HANDOVER_CHANNEL {
                     if let Ok(key) = payload.trim().parse::<i64>() {
-                        if let Some(run) = self.keys.get(&key).and_then(|id| self.runs.get(id)) {
-                            match self.waiting_for() {
-                                // See `wait_notified`.
-                                Some(waited) if waited == key => self.wait_notified = Some(now),
-                                // It interrupts the wait (a reconnect): at most
-                                // `WAKE_BUDGET` times per retry interval, then
-                                // the key waits for the periodic try.
-                                Some(_) if self.notify_interrupts >= wait::WAKE_BUDGET => {}
-                                Some(_) if run.state.is_waiting() => {
-                                    self.notify_interrupts += 1;
-                                    self.try_now = true;
-                                }
-                                _ if run.state.is_waiting() => self.try_now = true,
-                                _ => {}
-                            }
-                        }
+                        self.handover_notified(now, key);
                     }
                 }
             }

@@ -214,6 +214,28 @@ impl Machine {
         }
     }
 
+    /// A handover notification for `key` (a graceful release): a standby
+    /// that wants it tries at once. During a wait for that key, the wake
+    /// follows and the notification only tells it the release was graceful
+    /// (see `wait_notified`); during a wait for another key, it interrupts
+    /// the wait (a reconnect), at most [`WAKE_BUDGET`] times per periodic
+    /// try, after which the key waits for the periodic try.
+    pub(super) fn handover_notified(&mut self, now: Instant, key: i64) {
+        let wanted = (self.keys.get(&key))
+            .and_then(|id| self.runs.get(id))
+            .is_some_and(|r| r.state.is_waiting());
+        match self.waiting_for() {
+            Some(waited) if waited == key => self.wait_notified = Some(now),
+            Some(_) if self.notify_interrupts >= WAKE_BUDGET => {}
+            Some(_) if wanted => {
+                self.notify_interrupts += 1;
+                self.try_now = true;
+            }
+            _ if wanted => self.try_now = true,
+            _ => {}
+        }
+    }
+
     /// The key of the wait in flight, if one is.
     pub(super) fn waiting_for(&self) -> Option<i64> {
         let Session::Up(up) = &self.session else {
