@@ -161,7 +161,10 @@ impl<R: Runtime> Driver<R> {
                     tracing::debug!(session = session.0, notice = n.message(), "server notice");
                 }
                 Poll::Ready(Some(Ok(_))) => {}
-                // Any end of the connection: the session and its keys are gone.
+                // Any end of the connection: the session and its keys are
+                // gone. Polled before the query, and `close` drops it: a
+                // reply read with the end (a "won" the server sent just
+                // before terminating the session) is never fed.
                 Poll::Ready(end) => {
                     self.close();
                     let error = end.and_then(Result::err).map(|e| db_error(&e));

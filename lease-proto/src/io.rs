@@ -162,6 +162,12 @@ pub enum Input {
     },
     /// The connection failed to open, or ended (for any reason: the server
     /// ended it, the socket closed, the connection future completed).
+    ///
+    /// Feed it as soon as the end is read, before any reply of that session
+    /// not fed yet, and drop that reply: a server may send a reply just
+    /// before it ends the session (a try's "won" answered just before a
+    /// `pg_terminate_backend`), and a job must not start on a session whose
+    /// end the driver already knows (issue 18 hole 9).
     SessionLost {
         /// The session from [`SessionCommand::Open`].
         session: SessionId,

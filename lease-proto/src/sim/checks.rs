@@ -17,7 +17,9 @@
 //! - no leaks ([`Violation::LockLeaked`]);
 //! - fencing tokens: every acquisition's token is above every earlier one
 //!   of its lease ([`Violation::TokenNotIncreasing`]), across server crashes
-//!   and promotions;
+//!   and promotions, in the order the server granted them (not the order
+//!   jobs start: a holder that hears of its grant late starts after a later
+//!   grant's job, with the smaller token, which is what fences it out);
 //! - progress: the simulated driver never spins on a deadline that does not
 //!   move ([`Violation::Stalled`]).
 //!
@@ -123,12 +125,13 @@ pub enum Violation {
         /// The advisory keys held.
         keys: Vec<i64>,
     },
-    /// A fencing token not above every earlier token of its lease (across
-    /// every process, session, server crash and promotion).
+    /// A fencing token not above every token granted earlier for its lease
+    /// (across every process, session, server crash and promotion), checked
+    /// when the server grants it.
     TokenNotIncreasing {
-        /// When.
+        /// When the server granted it.
         at: Duration,
-        /// The process whose job started with it.
+        /// The process whose try was granted it.
         process: usize,
         /// The lease name.
         lease: String,
@@ -221,7 +224,7 @@ impl Violation {
                 previous,
                 ..
             } => format!(
-                "p{process} leads {lease} with token {token}, not above the earlier {previous}"
+                "p{process} granted {lease} with token {token}, not above the earlier {previous}"
             ),
             Violation::Stalled {
                 process, wakeups, ..
@@ -272,7 +275,8 @@ enum Acting {
 
 impl Sim {
     /// Records a breach: in the trace, and in the report (the first 50).
-    /// The token check of an acquisition.
+    /// The token check of a grant by the server (see
+    /// [`Violation::TokenNotIncreasing`]).
     pub(super) fn check_token(&mut self, process: usize, lease: &str, token: i64) {
         let previous = self.max_token.get(lease).copied();
         if let Some(previous) = previous.filter(|p| token <= *p) {

@@ -191,6 +191,18 @@ impl<T> Queue<T> {
         self.order.push(Reverse((at, self.seq)));
     }
 
+    /// Removes and returns the first event due at or before `now` that
+    /// `wanted` picks, if any (one already arrived, not yet dispatched).
+    pub(super) fn take_due(&mut self, now: Duration, wanted: impl Fn(&T) -> bool) -> Option<T> {
+        let seq = (self.order.iter())
+            .filter(|Reverse((t, _))| *t <= now)
+            .map(|Reverse((_, seq))| *seq)
+            .filter(|seq| self.events.get(seq).is_some_and(&wanted))
+            .min()?;
+        // Its heap entry stays: `pop_until` skips entries without an event.
+        self.events.remove(&seq)
+    }
+
     /// The next event due at or before `until`, with its time.
     pub(super) fn pop_until(&mut self, until: Duration) -> Option<(Duration, T)> {
         loop {

@@ -274,7 +274,6 @@ impl Sim {
                 self.procs[p].expect.remove(&run);
                 let name = lease.name().to_string();
                 *self.report.acquisitions.entry(name.clone()).or_default() += 1;
-                self.check_token(p, &name, token);
                 let valid_for = valid_until.saturating_duration_since(self.local(p));
                 self.trace(
                     Some(p),
@@ -454,7 +453,22 @@ impl Sim {
                 conn: c,
                 query,
                 result,
-            } if c == conn => Input::Reply { query, result },
+            } if c == conn => match self.take_arrived_end(p, conn) {
+                // The driver reads the session's end before any reply it
+                // has not fed yet, and drops that reply (as `lease-driver`
+                // does: its connection is polled before its query): a
+                // reply the server sent just before it ended the session
+                // (a "won" of a try answered before a terminate) must not
+                // start a job on a session already known to be gone.
+                Some(error) => {
+                    self.procs[p].conn = None;
+                    Input::SessionLost {
+                        session,
+                        error: Some(error),
+                    }
+                }
+                None => Input::Reply { query, result },
+            },
             ToClient::Notify { conn: c, payload } if c == conn => Input::Notification {
                 channel: HANDOVER_CHANNEL.to_string(),
                 payload,
@@ -462,5 +476,20 @@ impl Sim {
             _ => return,
         };
         self.input(p, input);
+    }
+
+    /// The end of session `conn` if it has already arrived at process `p`
+    /// (due now, or deferred while `p` was frozen), taken out of the queue.
+    fn take_arrived_end(&mut self, p: usize, conn: u64) -> Option<crate::DbError> {
+        let is_end = |ev: &Ev| matches!(ev, Ev::AtClient(q, ToClient::Ended { conn: c, .. }) if *q == p && *c == conn);
+        let deferred = &mut self.procs[p].deferred;
+        let ev = match deferred.iter().position(is_end) {
+            Some(i) => deferred.remove(i),
+            None => self.queue.take_due(self.now, is_end),
+        }?;
+        match ev {
+            Ev::AtClient(_, ToClient::Ended { error, .. }) => Some(error),
+            _ => None,
+        }
     }
 }

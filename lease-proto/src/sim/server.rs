@@ -146,6 +146,9 @@ struct Executed {
     notify: Vec<i64>,
     /// A wait that blocks: its key and lock timeout; no reply yet.
     blocks: Option<(i64, Duration)>,
+    /// Keys a try was granted, with the fencing token (the order in which
+    /// tokens must increase: see [`Violation::TokenNotIncreasing`](super::Violation)).
+    granted: Vec<(i64, i64)>,
 }
 
 /// A [`Statement::Wait`] queued behind a held key.
@@ -406,6 +409,7 @@ impl Server {
             s.pid
         };
         let mut notify = Vec::new();
+        let mut granted = Vec::new();
         let rows = match statement {
             Statement::Setup { nonce, settings } => {
                 s.nonce = Some(*nonce);
@@ -435,6 +439,7 @@ impl Server {
                         result,
                         notify,
                         blocks: None,
+                        granted: Vec::new(),
                     });
                 }
                 s.listening = true;
@@ -476,6 +481,7 @@ impl Server {
                     self.next_xid += 1;
                     token = self.token(self.next_xid);
                 }
+                granted.extend(won.iter().map(|k| (*k, token)));
                 let mut rows = vec![reply::try_session(pid, nonce)];
                 rows.extend(won.into_iter().map(|k| reply::try_won(k, token)));
                 for (k, owner) in lost {
@@ -497,6 +503,7 @@ impl Server {
                         result: Ok(rows),
                         notify,
                         blocks: Some((*key, timeout)),
+                        granted: Vec::new(),
                     });
                 }
                 if self.cfg.wait_keeps_shared_lock {
@@ -544,6 +551,7 @@ impl Server {
             result: Ok(rows),
             notify,
             blocks: None,
+            granted,
         })
     }
 
@@ -656,8 +664,14 @@ impl Sim {
                     result,
                     notify,
                     blocks,
+                    granted,
                 } = executed;
                 self.report.statements[p] += 1;
+                for (key, token) in granted {
+                    if let Some(name) = self.key_names.get(&key).cloned() {
+                        self.check_token(p, &name, token);
+                    }
+                }
                 if let (Some((key, timeout)), Injected::Nothing | Injected::Malformed { .. }) =
                     (blocks, injected)
                 {
