@@ -244,8 +244,13 @@ enum Step {
     Reply { delta: i8, rows: Rows },
     /// A statement error for a query near the current one.
     Failed { delta: i8, error: Error },
-    /// A notification.
-    Notify { channel: Channel, payload: Payload },
+    /// A notification, from backend `self.pid + 1 + sender / 8`: the range
+    /// the holders of the try replies come from.
+    Notify {
+        channel: Channel,
+        payload: Payload,
+        sender: u8,
+    },
     /// Time moves forward by this many milliseconds (zero included), then a tick.
     Advance { ms: u16 },
     /// Time moves forward by this many microseconds, then a tick.
@@ -550,7 +555,12 @@ impl Fuzz {
                     query: QueryId(q),
                     result: Err(error.db_error()),
                 }),
-            Step::Notify { channel, payload } => Some(Input::Notification {
+            Step::Notify {
+                channel,
+                payload,
+                sender,
+            } => Some(Input::Notification {
+                sender_pid: self.pid.wrapping_add(1 + i64::from(sender >> 3)),
                 channel: match channel {
                     Channel::Handover => HANDOVER_CHANNEL.to_string(),
                     Channel::Other(c) => c,

@@ -155,7 +155,14 @@ impl<R: Runtime> Driver<R> {
                 Poll::Pending => break,
                 Poll::Ready(Some(Ok(AsyncMessage::Notification(n)))) => {
                     let (channel, payload) = (n.channel().to_owned(), n.payload().to_owned());
-                    self.inner.input(Input::Notification { channel, payload });
+                    // The sender's backend: the machine counts a handover
+                    // notification only from the holder its standby saw.
+                    let sender_pid = i64::from(n.process_id());
+                    self.inner.input(Input::Notification {
+                        channel,
+                        payload,
+                        sender_pid,
+                    });
                 }
                 Poll::Ready(Some(Ok(AsyncMessage::Notice(n)))) => {
                     tracing::debug!(session = session.0, notice = n.message(), "server notice");

@@ -110,6 +110,16 @@ pub(crate) fn log_event(event: &Event) {
             %error,
             "waiting on the server failed; this session polls every retry interval instead"
         ),
+        Event::NotificationIgnored {
+            key,
+            sender_pid,
+            holder_pid,
+        } => debug!(
+            key,
+            sender_pid,
+            holder_pid,
+            "a handover notification from another backend than the holder seen; ignored"
+        ),
         other => debug!(event = ?other, "lease event"),
     }
 }

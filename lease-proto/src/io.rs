@@ -187,6 +187,11 @@ pub enum Input {
         channel: String,
         /// The payload.
         payload: String,
+        /// The backend pid of the session that sent it (the process id of
+        /// the server's NotificationResponse). Any role may `NOTIFY` on any
+        /// channel: the machine counts a handover notification only from
+        /// the holder its standby last saw (issue 18 hole 10).
+        sender_pid: i64,
     },
     /// Time passed (a timer from [`Machine::poll_timeout`](crate::Machine::poll_timeout)
     /// fired, or any wake-up). The machine checks every deadline against `now`.
@@ -514,6 +519,19 @@ pub enum Event {
         /// The lease.
         lease: LeaseId,
         /// The holder's backend pid, when `pg_locks` showed it.
+        holder_pid: Option<i64>,
+    },
+    /// A handover notification for a wanted key came from another backend
+    /// than the holder the standby last saw (`pg_locks` in its last try):
+    /// not a graceful release of that holder (any role may `NOTIFY`, and a
+    /// late one may come from an earlier holder), so it was ignored; a key
+    /// freed meanwhile is tried after the lock delay or at the next poll.
+    NotificationIgnored {
+        /// The key named in the payload.
+        key: i64,
+        /// The backend that sent it.
+        sender_pid: i64,
+        /// The holder the standby last saw, if `pg_locks` showed one.
         holder_pid: Option<i64>,
     },
     /// A standby's wait on the server woke: the key was freed (see

@@ -147,6 +147,11 @@ pub enum Mutation {
     /// when its wait wakes, without the try (and its confirmation and
     /// token) that must follow.
     WakeIsAcquisition,
+    /// Count a handover notification as a graceful release whoever sent
+    /// it, as before issue 18 hole 10: a forged `NOTIFY` (any role may send
+    /// one) just before the holder's session is terminated, or a late one
+    /// from an earlier holder, cuts the lock delay short.
+    NotifyFromAnyone,
 }
 
 impl Default for Options {
@@ -307,7 +312,7 @@ impl Options {
     pub fn confirm_time(&self, sent: Instant, arrived: Instant) -> Instant {
         match self.mutation {
             Some(Mutation::ConfirmAtArrival) => arrived,
-            Some(Mutation::WakeIsAcquisition) | None => sent,
+            Some(Mutation::WakeIsAcquisition | Mutation::NotifyFromAnyone) | None => sent,
         }
     }
 

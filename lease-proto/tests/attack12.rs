@@ -171,10 +171,12 @@ fn simulated_shared_holder_costs_a_bounded_number_of_statements() {
     }
 }
 
+/// A handover notification from backend 99, the holder the tries saw.
 fn notify(h: &mut Harness, name: &str) {
     h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
         payload: lease(name).key().to_string(),
+        sender_pid: 99,
     });
 }
 

@@ -524,6 +524,7 @@ fn a_woken_standby_tries_after_the_lock_delay_or_at_a_notification() {
     h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
         payload: key("a").to_string(),
+        sender_pid: 98,
     });
     assert_eq!(h.try_keys(), vec![key("a")]);
     h.win(901);
@@ -778,6 +779,7 @@ fn a_notification_triggers_an_immediate_try() {
     let cmds = h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
         payload: key("a").to_string(),
+        sender_pid: 99,
     });
     assert!(has(&cmds, |c| matches!(
         c,
@@ -1063,6 +1065,7 @@ fn feed(h: &mut Harness, s: Step) -> Result<(), ObserverViolation> {
         Step::Notify(i) => Some(Input::Notification {
             channel: HANDOVER_CHANNEL.into(),
             payload: key(&format!("k{i}")).to_string(),
+            sender_pid: 99,
         }),
         Step::Advance(n) => {
             h.set_now(h.now() + ms(u64::from(n)));

@@ -1217,3 +1217,157 @@ fn broken_waits_that_keep_their_shared_lock_are_caught_by_liveness() {
         |case| liveness_with(case, |cfg| cfg.server.wait_keeps_shared_lock = true).map(drop),
     );
 }
+
+/// One case of [`the_lock_delay_holds_against_forged_and_late_notifications`].
+#[derive(Debug, Clone)]
+struct NotifyCase {
+    processes: usize,
+    seed: u64,
+    /// Jobs return by themselves (graceful releases, each with its
+    /// notification) as well as being terminated.
+    exits: bool,
+    /// [`ServerConfig::notify_delay`], ms.
+    notify_delay_ms: u64,
+    /// Terminates of a process, each with a forged notification this many
+    /// microseconds before it (`None`: no forged one).
+    terminates: Vec<(Duration, usize, Option<u64>)>,
+}
+
+fn notify_cases() -> impl Strategy<Value = NotifyCase> {
+    (
+        2..5usize,
+        any::<u64>(),
+        any::<bool>(),
+        prop_oneof![Just(0u64), 1..40u64],
+        proptest::collection::vec(
+            (
+                (300..HORIZON / 2).prop_map(ms),
+                0..4usize,
+                prop_oneof![1 => Just(None), 4 => (0..3000u64).prop_map(Some)],
+            ),
+            1..4,
+        ),
+    )
+        .prop_map(
+            |(processes, seed, exits, notify_delay_ms, terminates)| NotifyCase {
+                processes,
+                seed,
+                exits,
+                notify_delay_ms,
+                terminates: (terminates.into_iter())
+                    .map(|(at, p, forged)| (at, p % processes, forged))
+                    .collect(),
+            },
+        )
+}
+
+/// The lock delay in force for [`notify_case`], and how long a cancelled
+/// job takes to return: half of it, so that the delay, not luck, keeps a
+/// terminated holder's job and the next one apart.
+const NOTIFY_LOCK_DELAY: Duration = Duration::from_millis(20);
+
+/// Strong safety when the holder's session is terminated, with forged
+/// notifications just before the terminate and real ones delivered late:
+/// the lock delay (20 ms) outlasts the terminated holder's hearing of it
+/// (a one-way latency) plus its job's stopping (10 ms, every time), so no
+/// woken standby may start within it — unless a notification it took for
+/// a graceful release let it skip the delay.
+fn notify_case(case: &NotifyCase, mutation: Option<Mutation>) -> Result<(), TestCaseError> {
+    let reaction = NOTIFY_LOCK_DELAY / 2;
+    let cfg = SimConfig {
+        seed: case.seed,
+        processes: case.processes,
+        options: Options {
+            lock_delay: NOTIFY_LOCK_DELAY,
+            mutation,
+            ..SimConfig::default().options
+        },
+        job_reaction: reaction,
+        job_reaction_min: reaction,
+        job_exit_probability: if case.exits { 0.5 } else { 0.0 },
+        job_lifetime: ms(2000),
+        server: ServerConfig {
+            notify_delay: ms(case.notify_delay_ms),
+            ..ServerConfig::default()
+        },
+        ..SimConfig::default()
+    };
+    let mut faults = Vec::new();
+    for (at, process, forged) in &case.terminates {
+        if let Some(us) = forged {
+            let before = Duration::from_micros(*us);
+            faults.push((at.saturating_sub(before), Fault::ForgedNotify { lease: 0 }));
+        }
+        faults.push((*at, Fault::Terminate { process: *process }));
+    }
+    let r = run(&cfg, &faults);
+    prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
+    Ok(())
+}
+
+/// Issue 18 hole 10: any role may `NOTIFY lease_handover_v1`, and a real
+/// notification may arrive late (PostgreSQL delivers it at the releasing
+/// transaction's commit, after the unlock woke the waiters). The machine
+/// counts a handover notification as a graceful release only from the
+/// holder its standby last saw, so neither a forged one sent just before
+/// the holder's terminate nor a late one from an earlier holder cuts the
+/// lock delay short: strong safety holds with jobs that take half the lock
+/// delay to stop.
+#[test]
+fn the_lock_delay_holds_against_forged_and_late_notifications() {
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: CASES,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    if let Err(e) = runner.run(&notify_cases(), |case| notify_case(&case, None)) {
+        panic!("{e}");
+    }
+}
+
+/// Broken variant: a machine that counts a handover notification from any
+/// backend as a graceful release (the code before issue 18 hole 10) lets
+/// a forged one skip the lock delay, and the property finds two leaders.
+#[test]
+fn broken_notifications_from_anyone_are_caught() {
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let total = 100;
+    let broken = (0..total)
+        .filter(|_| {
+            let case = notify_cases()
+                .new_tree(&mut runner)
+                .expect("a case")
+                .current();
+            notify_case(&case, Some(Mutation::NotifyFromAnyone)).is_err()
+        })
+        .count();
+    eprintln!("notifications from anyone: {broken} of {total} generated cases break");
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: CASES,
+            max_shrink_iters: 100,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    match runner.run(&notify_cases(), |case| {
+        notify_case(&case, Some(Mutation::NotifyFromAnyone))
+    }) {
+        Err(TestError::Fail(reason, case)) => {
+            let reason = reason.to_string();
+            assert!(
+                reason.contains("TwoLeaders"),
+                "broke something else: {reason}"
+            );
+            eprintln!("shrunk to {case:?}");
+        }
+        other => panic!("the property did not catch notifications from anyone: {other:?}"),
+    }
+}

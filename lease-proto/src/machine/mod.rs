@@ -337,10 +337,14 @@ impl Machine {
             Input::SessionOpened { session } => self.session_opened(now, session),
             Input::SessionLost { session, error } => self.session_lost(now, session, error),
             Input::Reply { query, result } => self.reply(now, query, result),
-            Input::Notification { channel, payload } => {
+            Input::Notification {
+                channel,
+                payload,
+                sender_pid,
+            } => {
                 if channel == HANDOVER_CHANNEL {
                     if let Ok(key) = payload.trim().parse::<i64>() {
-                        self.handover_notified(now, key);
+                        self.handover_notified(now, key, sender_pid);
                     }
                 }
             }

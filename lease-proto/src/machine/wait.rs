@@ -214,16 +214,39 @@ impl Machine {
         }
     }
 
-    /// A handover notification for `key` (a graceful release): a standby
+    /// A handover notification for `key` from backend `sender` (a graceful
+    /// release, if `sender` is the holder this standby last saw): a standby
     /// that wants it tries at once. During a wait for that key, the wake
     /// follows and the notification only tells it the release was graceful
     /// (see `wait_notified`); during a wait for another key, it interrupts
     /// the wait (a reconnect), at most [`WAKE_BUDGET`] times per periodic
     /// try, after which the key waits for the periodic try.
-    pub(super) fn handover_notified(&mut self, now: Instant, key: i64) {
-        let wanted = (self.keys.get(&key))
-            .and_then(|id| self.runs.get(id))
-            .is_some_and(|r| r.state.is_waiting());
+    ///
+    /// From any other backend it is ignored: any role may `NOTIFY` on the
+    /// channel (a forged one sent just before the holder's session is
+    /// terminated would skip the lock delay), and a late one from an
+    /// earlier holder may reach a standby that lost the herd and waits
+    /// again behind the new holder.
+    pub(super) fn handover_notified(&mut self, now: Instant, key: i64, sender: i64) {
+        let Some(run) = (self.keys.get(&key)).and_then(|id| self.runs.get(id)) else {
+            return;
+        };
+        let wanted = run.state.is_waiting();
+        if let RunState::Standby(s) = &run.state {
+            let holder = s.holder.flatten();
+            #[cfg(feature = "sim")]
+            let anyone = self.opts.mutation == Some(crate::options::Mutation::NotifyFromAnyone);
+            #[cfg(not(feature = "sim"))]
+            let anyone = false;
+            if holder != Some(sender) && !anyone {
+                self.event(Event::NotificationIgnored {
+                    key,
+                    sender_pid: sender,
+                    holder_pid: holder,
+                });
+                return;
+            }
+        }
         match self.waiting_for() {
             Some(waited) if waited == key => self.wait_notified = Some(now),
             Some(_) if self.notify_interrupts >= WAKE_BUDGET => {}

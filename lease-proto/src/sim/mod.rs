@@ -157,6 +157,15 @@ pub enum Fault {
         /// How long.
         duration: Duration,
     },
+    /// A client that is not a lease client (any role may) sends
+    /// `NOTIFY lease_handover_v1, '<key>'` for the key of lease number
+    /// `lease` of [`SimConfig::leases`], from its own backend: every
+    /// listening session gets it at once. Sent just before a terminate of
+    /// the holder, it is what issue 18 hole 10 used to skip the lock delay.
+    ForgedNotify {
+        /// The index of the lease in [`SimConfig::leases`] (modulo their number).
+        lease: usize,
+    },
     /// For `duration`, every connection attempt fails with `28P01 password
     /// authentication failed` (a rotated password, a dropped role); open
     /// sessions go on. Processes that had a session retry and lead again
@@ -194,7 +203,7 @@ impl Fault {
             | Fault::FlakyStatements { duration, .. }
             | Fault::AuthFailing { duration } => Some(*duration),
             Fault::Crash { restart_after, .. } => *restart_after,
-            Fault::Terminate { .. } => Some(Duration::ZERO),
+            Fault::Terminate { .. } | Fault::ForgedNotify { .. } => Some(Duration::ZERO),
             Fault::ServerRestart { downtime }
             | Fault::ServerCrash { downtime }
             | Fault::Promote { downtime, .. } => Some(*downtime),
@@ -273,6 +282,13 @@ pub struct ServerConfig {
     /// (the holder shown is that client), and a wait for one is granted at
     /// once, as a shared lock does not conflict with a shared wait.
     pub foreign_shared_keys: Vec<i64>,
+    /// A graceful release's notification leaves the server this long after
+    /// the release (default 0). PostgreSQL unlocks a session-level advisory
+    /// lock at once, waking its waiters, but delivers a `NOTIFY` only at
+    /// its transaction's commit, which may wait (a WAL flush, a synchronous
+    /// standby): the notification may reach a standby after its woken try
+    /// lost the herd and it waits again behind the new holder.
+    pub notify_delay: Duration,
 }
 
 impl Default for ServerConfig {
@@ -289,6 +305,7 @@ impl Default for ServerConfig {
             wait_keeps_shared_lock: false,
             send_buffer_rows: None,
             foreign_shared_keys: Vec::new(),
+            notify_delay: Duration::ZERO,
         }
     }
 }
@@ -422,6 +439,8 @@ enum Ev {
         query: QueryId,
     },
     FaultStart(Fault),
+    /// A message that leaves the server now for process `p` (a late notification).
+    Deliver(usize, ToClient),
     Heal(Heal),
     Close,
 }
@@ -663,6 +682,7 @@ impl Sim {
             Ev::TcpCheck(conn) => self.tcp_check(conn),
             Ev::LockTimeout { conn, query } => self.lock_timeout(conn, query),
             Ev::FaultStart(f) => self.fault(f),
+            Ev::Deliver(p, msg) => self.send(p, Ev::AtClient(p, msg)),
             Ev::Heal(h) => self.heal(h),
             Ev::Close => {
                 self.closing = true;
@@ -736,6 +756,13 @@ impl Sim {
                     .push(self.now + duration, Ev::Heal(Heal::AuthWorks));
             }
             Fault::Terminate { process } => self.terminate(Some(process)),
+            Fault::ForgedNotify { lease } => {
+                if !self.cfg.leases.is_empty() {
+                    let name = &self.cfg.leases[lease % self.cfg.leases.len()];
+                    let key = crate::key_for_name(name);
+                    self.notify_listeners(key, server::FORGER_PID, Duration::ZERO);
+                }
+            }
             Fault::ServerRestart { downtime } => {
                 self.terminate(None);
                 self.server.up = false;

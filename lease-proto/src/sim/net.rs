@@ -48,6 +48,7 @@ pub(super) enum ToClient {
     Notify {
         conn: u64,
         payload: String,
+        sender_pid: i64,
     },
     Ended {
         conn: u64,

@@ -469,9 +469,14 @@ impl Sim {
                 }
                 None => Input::Reply { query, result },
             },
-            ToClient::Notify { conn: c, payload } if c == conn => Input::Notification {
+            ToClient::Notify {
+                conn: c,
+                payload,
+                sender_pid,
+            } if c == conn => Input::Notification {
                 channel: HANDOVER_CHANNEL.to_string(),
                 payload,
+                sender_pid,
             },
             _ => return,
         };

@@ -164,6 +164,8 @@ pub(super) struct Waiter {
 
 /// The backend pid of the client of [`ServerConfig::foreign_shared_keys`].
 const FOREIGN_SHARED_PID: i64 = 998;
+/// The backend pid of the client that sends [`Fault::ForgedNotify`](super::Fault::ForgedNotify).
+pub(super) const FORGER_PID: i64 = 997;
 
 /// The lock owner of the shared backend of [`ServerConfig::pooler_one_backend`].
 const SHARED_BACKEND: u64 = u64::MAX;
@@ -692,15 +694,35 @@ impl Sim {
                     return;
                 }
                 let (result, notify) = injected.reply(&statement, result, notify);
+                let sender = self.server.sessions.get(&conn).map(|s| s.pid);
                 for key in notify {
-                    for (conn, p) in self.server.listeners() {
-                        let payload = key.to_string();
-                        self.send(p, Ev::AtClient(p, ToClient::Notify { conn, payload }));
-                    }
+                    self.notify_listeners(
+                        key,
+                        sender.unwrap_or_default(),
+                        self.server.cfg.notify_delay,
+                    );
                 }
                 self.arm_idle(conn);
                 self.reply_at(p, conn, query, done, result);
                 self.wake_waiters();
+            }
+        }
+    }
+
+    /// `NOTIFY lease_handover_v1, '<key>'` from backend `sender`: every
+    /// listening session gets it, `after` from now.
+    pub(super) fn notify_listeners(&mut self, key: i64, sender: i64, after: Duration) {
+        for (conn, p) in self.server.listeners() {
+            let payload = key.to_string();
+            let msg = ToClient::Notify {
+                conn,
+                payload,
+                sender_pid: sender,
+            };
+            if after.is_zero() {
+                self.send(p, Ev::AtClient(p, msg));
+            } else {
+                self.queue.push(self.now + after, Ev::Deliver(p, msg));
             }
         }
     }
