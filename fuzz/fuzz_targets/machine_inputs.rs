@@ -908,7 +908,19 @@ impl Fuzz {
                     _ => None,
                 };
                 let session = self.heartbeat_reply(p.who);
-                let mut rows = lease_proto::WaitReply { session, freed }.to_rows();
+                // The server's deadlock_timeout: mostly the default, else
+                // anything from 1 ms (the wait limit below the shortest wait).
+                let deadlock_timeout_ms = match pick(2) % 4 {
+                    0 | 1 => Some(1000),
+                    2 => Some(i64::from(pick(3)) * 8 + 1),
+                    _ => None,
+                };
+                let reply = lease_proto::WaitReply {
+                    session,
+                    freed,
+                    deadlock_timeout_ms,
+                };
+                let mut rows = reply.to_rows();
                 if variant(pick(0), 1).is_some() {
                     rows.reverse();
                 }

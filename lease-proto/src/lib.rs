@@ -154,10 +154,10 @@ pub use options::{
     MAX_HEARTBEAT_PER_QUERY_TIMEOUT, MAX_MAX_LEASES, MIN_QUERY_TIMEOUT, RETRY_JITTER,
 };
 pub use sql::{
-    decode_text_row, DecodeError, HeartbeatReply, HolderRow, ReleaseReply, ReplyError, Row,
-    SetupReply, Statement, TryReply, VerifyReply, WaitReply, ADVISORY_KEY_SQL, HANDOVER_CHANNEL,
-    HOLDERS_SQL, LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING, TCP_SETTINGS, TOKEN_XID_BITS,
-    WAIT_CONNECTION_CHECK_MS, WAIT_PRELUDE_SQL, WAIT_SETTING,
+    decode_text_row, wait_limit_ms, DecodeError, HeartbeatReply, HolderRow, ReleaseReply,
+    ReplyError, Row, SetupReply, Statement, TryReply, VerifyReply, WaitReply, ADVISORY_KEY_SQL,
+    HANDOVER_CHANNEL, HOLDERS_SQL, LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING, TCP_SETTINGS,
+    TOKEN_XID_BITS, WAIT_CONNECTION_CHECK_MS, WAIT_PRELUDE_SQL, WAIT_SETTING,
 };
 
 // Drivers move the machine into the task that owns the connection and may

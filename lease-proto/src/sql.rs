@@ -59,6 +59,23 @@ mod heartbeat_tag {
     pub const NONCE: i64 = 2;
     /// A wait's outcome: 1 when the key was freed, 0 at its lock timeout.
     pub const FREED: i64 = 3;
+    /// The session's `deadlock_timeout` in ms, read by a wait.
+    pub const DEADLOCK_TIMEOUT_MS: i64 = 4;
+}
+
+/// The longest `lock_timeout` a [`Statement::Wait`] runs with under a
+/// server `deadlock_timeout` of `deadlock_timeout_ms`: that less a tenth,
+/// at least 10 ms (and at least 1 ms in all). A lock wait that reaches
+/// `deadlock_timeout` runs the deadlock detector, and with
+/// `log_lock_waits = on` writes "still waiting" to the server log (LOG,
+/// DETAIL, CONTEXT and the statement), again at every client connection
+/// check ([`WAIT_CONNECTION_CHECK_MS`]) until it ends. Both timers start
+/// when the lock wait begins, so a lock timeout this much shorter always
+/// fires first. The statement computes the same on the server, from the
+/// session's own `deadlock_timeout` when the wait starts.
+pub fn wait_limit_ms(deadlock_timeout_ms: i64) -> i64 {
+    let margin = (deadlock_timeout_ms / 10).max(10);
+    deadlock_timeout_ms.saturating_sub(margin).max(1)
 }
 
 /// The transaction-local custom setting in which a [`Statement::Wait`]
@@ -200,7 +217,13 @@ pub enum Statement {
     /// than the few microseconds between its grant and its commit.
     ///
     /// Bounded on the server by a transaction-local `lock_timeout` of
-    /// `timeout_ms`. The wait runs in a `DO` block that catches its lock
+    /// `timeout_ms`, cut to [`wait_limit_ms`] of the session's
+    /// `deadlock_timeout` (read by the statement itself, so a reload that
+    /// changes it counts at the next wait): the wait never reaches the
+    /// deadlock detector nor, with `log_lock_waits = on`, the server log; a
+    /// standby waits a retry interval in such chunks. The reply also
+    /// carries the `deadlock_timeout` it read ([`WaitReply`]), so the machine
+    /// sizes its next waits. The wait runs in a `DO` block that catches its lock
     /// timeout (`lock_not_available`), so a wait that times out is no
     /// `ERROR` in the server's log (one per standby per retry interval
     /// otherwise), and answers what [`Statement::Heartbeat`] answers plus
@@ -336,9 +359,14 @@ impl Statement {
             // Three statements, one implicit transaction: the prelude (see
             // `WAIT_PRELUDE_SQL`), the wait, whose lock timeout is caught and
             // recorded in `WAIT_SETTING`, and the reply, read after the wait.
+            // The lock timeout: the one asked for, cut to `wait_limit_ms` of
+            // the session's deadlock_timeout (ms).
             Statement::Wait { key, timeout_ms } => format!(
                 "{WAIT_PRELUDE_SQL}\
-                 DO $lease$BEGIN PERFORM set_config('lock_timeout', '{ms}', true); \
+                 DO $lease$BEGIN PERFORM set_config('lock_timeout', \
+                 (SELECT least({ms}, greatest(d - greatest(d / 10, 10), 1))::text \
+                 FROM (SELECT setting::int8 AS d FROM pg_settings WHERE name = 'deadlock_timeout') s), \
+                 true); \
                  PERFORM pg_advisory_xact_lock_shared({key}); \
                  PERFORM set_config('{WAIT_SETTING}', '1', true); \
                  EXCEPTION WHEN lock_not_available THEN \
@@ -347,10 +375,13 @@ impl Statement {
                  UNION ALL \
                  SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8 \
                  UNION ALL \
-                 SELECT {}, current_setting('{WAIT_SETTING}')::int8",
+                 SELECT {}, current_setting('{WAIT_SETTING}')::int8 \
+                 UNION ALL \
+                 SELECT {}, (SELECT setting::int8 FROM pg_settings WHERE name = 'deadlock_timeout')",
                 heartbeat_tag::BACKEND_PID,
                 heartbeat_tag::NONCE,
                 heartbeat_tag::FREED,
+                heartbeat_tag::DEADLOCK_TIMEOUT_MS,
                 ms = (*timeout_ms).max(1),
             ),
             Statement::Verify => format!(
@@ -653,10 +684,14 @@ pub struct WaitReply {
     /// Whether the key was freed (else the wait ended by its lock timeout,
     /// the key held all along); `None`: no such row.
     pub freed: Option<bool>,
+    /// The session's `deadlock_timeout` in ms, as the wait read it (see
+    /// [`wait_limit_ms`]); `None`: no such row.
+    pub deadlock_timeout_ms: Option<i64>,
 }
 
 impl WaitReply {
-    /// Parses the `(0, pid)`, `(2, nonce)` and `(3, 1 or 0)` rows.
+    /// Parses the `(0, pid)`, `(2, nonce)`, `(3, 1 or 0)` and
+    /// `(4, deadlock_timeout in ms)` rows.
     ///
     /// # Errors
     /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
@@ -665,6 +700,9 @@ impl WaitReply {
         for row in rows {
             match row.as_slice() {
                 [Some(heartbeat_tag::FREED), Some(f @ (0 | 1))] => reply.freed = Some(*f == 1),
+                [Some(heartbeat_tag::DEADLOCK_TIMEOUT_MS), Some(d)] => {
+                    reply.deadlock_timeout_ms = Some(*d)
+                }
                 _ if reply.session.parse_row(row) => {}
                 _ => return Err(ReplyError::HeartbeatRow(row.clone())),
             }
@@ -675,7 +713,12 @@ impl WaitReply {
     /// The rows a server sends for this reply.
     pub fn to_rows(&self) -> Vec<Row> {
         let freed = (self.freed).map(|f| vec![Some(heartbeat_tag::FREED), Some(i64::from(f))]);
-        self.session.to_rows().into_iter().chain(freed).collect()
+        let deadlock = (self.deadlock_timeout_ms)
+            .map(|d| vec![Some(heartbeat_tag::DEADLOCK_TIMEOUT_MS), Some(d)]);
+        (self.session.to_rows().into_iter())
+            .chain(freed)
+            .chain(deadlock)
+            .collect()
     }
 }
 
@@ -934,23 +977,36 @@ mod tests {
         let check = format!("'client_connection_check_interval', '{WAIT_CONNECTION_CHECK_MS}'");
         assert!(WAIT_PRELUDE_SQL.contains(&check), "{WAIT_PRELUDE_SQL}");
         assert!(
-            sql.contains("set_config('lock_timeout', '1', true)"),
+            sql.contains("set_config('lock_timeout', (SELECT least(1, greatest(d - greatest(d / 10, 10), 1))::text"),
             "{sql}"
         );
+        assert!(sql.contains("name = 'deadlock_timeout'"), "{sql}");
         assert!(sql.contains("pg_advisory_xact_lock_shared(-5)"), "{sql}");
         assert!(sql.contains("EXCEPTION WHEN lock_not_available"), "{sql}");
         for freed in [None, Some(false), Some(true)] {
-            let reply = WaitReply {
-                session: HeartbeatReply {
-                    backend_pid: Some(7),
-                    nonce: Some(9),
-                },
-                freed,
-            };
-            assert_eq!(WaitReply::parse(&reply.to_rows()), Ok(reply));
+            for deadlock_timeout_ms in [None, Some(1000)] {
+                let reply = WaitReply {
+                    session: HeartbeatReply {
+                        backend_pid: Some(7),
+                        nonce: Some(9),
+                    },
+                    freed,
+                    deadlock_timeout_ms,
+                };
+                assert_eq!(WaitReply::parse(&reply.to_rows()), Ok(reply));
+            }
         }
         let bad = vec![vec![Some(3), Some(2)]];
         assert!(WaitReply::parse(&bad).is_err());
+    }
+
+    #[test]
+    fn a_wait_stays_a_tenth_below_deadlock_timeout() {
+        assert_eq!(wait_limit_ms(1000), 900);
+        assert_eq!(wait_limit_ms(50), 40);
+        assert_eq!(wait_limit_ms(10), 1);
+        assert_eq!(wait_limit_ms(1), 1);
+        assert_eq!(wait_limit_ms(2_147_483_647), 1_932_735_283);
     }
 
     #[test]

@@ -210,6 +210,10 @@ pub struct Machine {
     /// which someone else took the key: the wake comes later, from another
     /// end of that holder, and gets the lock delay. Ends with the wait.
     wait_notified: Option<Instant>,
+    /// The longest wait the session's `deadlock_timeout` allows
+    /// ([`wait_limit_ms`](crate::wait_limit_ms)), from the last wait's
+    /// reply; `None` before one answered on this session.
+    wait_limit: Option<Duration>,
     /// Waits interrupted by a notification for another key since the last
     /// periodic try (see [`WAKE_BUDGET`]).
     notify_interrupts: u32,
@@ -259,6 +263,7 @@ impl Machine {
             wake_losses: 0,
             waits_off: false,
             wait_notified: None,
+            wait_limit: None,
             notify_interrupts: 0,
             session_out: VecDeque::new(),
             run_out: VecDeque::new(),

@@ -499,6 +499,7 @@ impl Machine {
         self.woken = false;
         self.waits_off = false;
         self.wait_notified = None;
+        self.wait_limit = None;
         self.timers.stop(Timer::Connect);
         self.timers.stop(Timer::Query);
         self.timers.stop(Timer::Heartbeat);

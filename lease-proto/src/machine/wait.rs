@@ -26,11 +26,25 @@
 //!   of the wake it belongs to); older, it was another release, after which
 //!   someone else took the key. A wait never acquires: the try does, and
 //!   its send time confirms the lease as for any try.
+//! - **Below `deadlock_timeout`.** No wait blocks as long as the server's
+//!   `deadlock_timeout` (1 s by default; any role can read it): one that
+//!   does runs the deadlock detector and, with `log_lock_waits = on`,
+//!   writes "still waiting" to the server log, again every client
+//!   connection check, until it ends (issue 18 hole 8). The statement cuts
+//!   its lock timeout to [`wait_limit_ms`](crate::wait_limit_ms) of the
+//!   session's `deadlock_timeout` and reports the value; the machine sizes
+//!   its waits by it, so a standby waits out a retry interval in chunks of
+//!   at most that (a wait ended by the cut, before the retry deadline, is
+//!   followed at once by the next one for the same key). Under a
+//!   `deadlock_timeout` so short that the limit is below [`MIN_WAIT`], the
+//!   standby polls instead.
 //! - **Timed out** (the key was held the whole time; the statement catches
-//!   its lock timeout, SQLSTATE 55P03, and says so in its reply): that
-//!   counts as a try of that key; with one wanted key the retry deadline
-//!   moves a whole retry interval on (no jitter: waits do not poll in
-//!   lockstep), so an idle standby sends one statement per retry interval.
+//!   its lock timeout, SQLSTATE 55P03, and says so in its reply): at the
+//!   retry deadline, that counts as a try of that key; with one wanted key
+//!   the retry deadline moves a whole retry interval on (no jitter: waits
+//!   do not poll in lockstep), so an idle standby sends one statement per
+//!   retry interval, or one per chunk (`ceil(retry / limit)`, 4 at a 3 s
+//!   retry under the default 1 s `deadlock_timeout`).
 //! - **No spin.** A wake followed by a try that wins nothing counts; after
 //!   [`WAKE_BUDGET`] such wakes in a row the locker waits no more until its
 //!   next periodic try (a lock the wait does not conflict with, a herd that
@@ -93,7 +107,12 @@ impl Machine {
             }
         }
         let retry = self.timers.get(Timer::Retry)?;
-        let left = retry.checked_duration_since(now)?;
+        let mut left = retry.checked_duration_since(now)?;
+        // Below the server's deadlock_timeout (the statement cuts it there
+        // too): a wait until the retry deadline goes in such chunks.
+        if let Some(limit) = self.wait_limit {
+            left = left.min(limit);
+        }
         if left < MIN_WAIT {
             return None;
         }
@@ -109,7 +128,7 @@ impl Machine {
 
     /// A wait's reply: woken, timed out, or failed.
     pub(super) fn wait_done(&mut self, now: Instant, key: i64, result: Result<Vec<Row>, DbError>) {
-        self.wait_cursor = Some(key);
+        let cursor = self.wait_cursor.replace(key);
         let notified = self.wait_notified.take();
         if !self.holding() {
             self.timers
@@ -120,11 +139,23 @@ impl Machine {
                 Ok(WaitReply {
                     session,
                     freed: Some(freed),
+                    deadlock_timeout_ms,
                 }) => {
                     if !self.same_session(now, &session) {
                         return;
                     }
+                    if let Some(d) = deadlock_timeout_ms {
+                        let limit = crate::sql::wait_limit_ms(d).max(0) as u64;
+                        self.wait_limit = Some(Duration::from_millis(limit));
+                    }
                     if !freed {
+                        // Cut short by the deadlock_timeout limit, before the
+                        // retry deadline: the same key's wait goes on.
+                        if self.timers.get(Timer::Retry).is_some_and(|at| at > now) {
+                            self.wait_cursor = cursor;
+                            self.wake_losses = 0;
+                            return;
+                        }
                         return self.held_all_along(now);
                     }
                     self.event(Event::KeyFreed { key });

@@ -347,7 +347,7 @@ impl Harness {
             panic!("expected a wait, got {:?}", self.statement())
         };
         let nonce = self.nonce;
-        self.reply(reply::wait(pid, nonce, true))
+        self.reply(reply::wait(pid, nonce, true, Some(1000)))
     }
 
     /// Answers the wait in flight as the statement does at its lock
@@ -360,7 +360,7 @@ impl Harness {
             panic!("expected a wait, got {:?}", self.statement())
         };
         let nonce = self.nonce;
-        self.reply(reply::wait(pid, nonce, false))
+        self.reply(reply::wait(pid, nonce, false, Some(1000)))
     }
 
     /// Answers the release in flight: every key was held and is unlocked.

@@ -289,6 +289,16 @@ pub struct ServerConfig {
     /// standby): the notification may reach a standby after its woken try
     /// lost the herd and it waits again behind the new holder.
     pub notify_delay: Duration,
+    /// The session's `deadlock_timeout` (default 1 s, PostgreSQL's): a
+    /// [`Statement::Wait`](crate::Statement::Wait) cuts its lock timeout to
+    /// [`wait_limit_ms`](crate::wait_limit_ms) of it, as the statement does,
+    /// and reports it; a lock wait that lasts it is counted in
+    /// [`Report::lock_waits_past_deadlock_timeout`].
+    pub deadlock_timeout: Duration,
+    /// Broken variant: a wait whose lock timeout is not cut below
+    /// `deadlock_timeout` and whose reply does not report it (the statement
+    /// before issue 18 hole 8).
+    pub wait_ignores_deadlock_timeout: bool,
 }
 
 impl Default for ServerConfig {
@@ -306,6 +316,8 @@ impl Default for ServerConfig {
             send_buffer_rows: None,
             foreign_shared_keys: Vec::new(),
             notify_delay: Duration::ZERO,
+            deadlock_timeout: Duration::from_secs(1),
+            wait_ignores_deadlock_timeout: false,
         }
     }
 }
@@ -407,6 +419,10 @@ pub struct Report {
     pub outcomes: Vec<Vec<(String, Outcome)>>,
     /// The trace (the last 400 lines unless `full_trace`).
     pub trace: Vec<TraceLine>,
+    /// Lock waits that lasted the server's `deadlock_timeout`
+    /// ([`ServerConfig::deadlock_timeout`]): each ran the deadlock detector
+    /// and, with `log_lock_waits = on`, wrote "still waiting" to the log.
+    pub lock_waits_past_deadlock_timeout: u64,
 }
 
 impl Report {

@@ -75,14 +75,21 @@ pub(super) mod reply {
         reply.to_rows().remove(0)
     }
 
-    /// `Wait`: the backend pid, the nonce and whether the key was freed.
-    pub(crate) fn wait(pid: i64, nonce: Option<i64>, freed: bool) -> Vec<Row> {
+    /// `Wait`: the backend pid, the nonce, whether the key was freed and
+    /// the session's `deadlock_timeout` (ms).
+    pub(crate) fn wait(
+        pid: i64,
+        nonce: Option<i64>,
+        freed: bool,
+        deadlock_ms: Option<i64>,
+    ) -> Vec<Row> {
         crate::WaitReply {
             session: HeartbeatReply {
                 backend_pid: Some(pid),
                 nonce,
             },
             freed: Some(freed),
+            deadlock_timeout_ms: deadlock_ms,
         }
         .to_rows()
     }
@@ -160,6 +167,8 @@ pub(super) struct Waiter {
     key: i64,
     /// The fault drawn for the statement, applied to its reply.
     injected: Injected,
+    /// When its lock wait began (see [`ServerConfig::deadlock_timeout`]).
+    since: Duration,
 }
 
 /// The backend pid of the client of [`ServerConfig::foreign_shared_keys`].
@@ -289,6 +298,13 @@ impl Server {
         }
         self.flushed_xid = self.flushed_xid.max(xid);
         (self.timeline << crate::sql::TOKEN_XID_BITS) | xid
+    }
+
+    /// The `deadlock_timeout` a wait's reply reports (ms): none from the
+    /// statement before the fix.
+    fn reported_deadlock_timeout(&self) -> Option<i64> {
+        (!self.cfg.wait_ignores_deadlock_timeout)
+            .then_some(self.cfg.deadlock_timeout.as_millis() as i64)
     }
 
     /// The advisory keys held now.
@@ -497,9 +513,17 @@ impl Server {
             }
             Statement::Wait { key, timeout_ms } => {
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
-                let rows = reply::wait(pid, nonce, true);
+                let deadlock_ms = self.cfg.deadlock_timeout.as_millis() as i64;
+                let rows = reply::wait(pid, nonce, true, self.reported_deadlock_timeout());
                 if self.locks.get(key).is_some_and(|(o, _)| *o != owner) {
-                    let timeout = Duration::from_millis(*timeout_ms);
+                    // The statement's lock timeout: cut below deadlock_timeout.
+                    let limit = crate::sql::wait_limit_ms(deadlock_ms) as u64;
+                    let ms = if self.cfg.wait_ignores_deadlock_timeout {
+                        *timeout_ms
+                    } else {
+                        (*timeout_ms).min(limit)
+                    };
+                    let timeout = Duration::from_millis(ms);
                     return Some(Executed {
                         done,
                         result: Ok(rows),
@@ -581,7 +605,7 @@ impl Server {
             } else {
                 s.nonce
             };
-            let rows = reply::wait(s.pid, nonce, true);
+            let rows = reply::wait(s.pid, nonce, true, self.reported_deadlock_timeout());
             woken.push((w, rows));
         }
         woken
@@ -687,6 +711,7 @@ impl Sim {
                         query,
                         key,
                         injected,
+                        since: done,
                     });
                     self.queue
                         .push(done + timeout, Ev::LockTimeout { conn, query });
@@ -727,6 +752,14 @@ impl Sim {
         }
     }
 
+    /// A lock wait ends: one that lasted `deadlock_timeout` ran the deadlock
+    /// detector and, with `log_lock_waits = on`, was logged.
+    fn lock_wait_ended(&mut self, w: &Waiter) {
+        if self.now.saturating_sub(w.since) >= self.server.cfg.deadlock_timeout {
+            self.report.lock_waits_past_deadlock_timeout += 1;
+        }
+    }
+
     /// Sends a statement's reply, leaving the server at `done`.
     fn reply_at(
         &mut self,
@@ -751,6 +784,7 @@ impl Sim {
     /// Answers every queued wait whose key is free now.
     fn wake_waiters(&mut self) {
         for (w, rows) in self.server.woken() {
+            self.lock_wait_ended(&w);
             let wait = Statement::Wait {
                 key: w.key,
                 timeout_ms: 0,
@@ -769,6 +803,7 @@ impl Sim {
         let Some(w) = self.server.timed_out(conn, query) else {
             return;
         };
+        self.lock_wait_ended(&w);
         let Some(s) = self.server.sessions.get(&conn) else {
             return;
         };
@@ -777,7 +812,7 @@ impl Sim {
         } else {
             s.nonce
         };
-        let rows = reply::wait(s.pid, nonce, false);
+        let rows = reply::wait(s.pid, nonce, false, self.server.reported_deadlock_timeout());
         let wait = Statement::Wait {
             key: w.key,
             timeout_ms: 0,
