@@ -132,8 +132,12 @@ impl Machine {
                 return Some(What::Try(keys));
             }
         }
-        let (key, timeout) = self.next_wait(now)?;
-        Some(What::Wait { key, timeout })
+        let (key, timeout, chunk) = self.next_wait(now)?;
+        Some(What::Wait {
+            key,
+            timeout,
+            chunk,
+        })
     }
 
     /// Whether the session holds a lease whose validity heartbeats renew.

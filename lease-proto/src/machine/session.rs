@@ -140,7 +140,7 @@ impl Machine {
                 Ok(verify) => self.verify_done(now, q.sent, verify),
                 Err(e) => self.lose_session(now, malformed(e), true),
             },
-            (What::Wait { key, .. }, result) => self.wait_done(now, key, result),
+            (What::Wait { key, chunk, .. }, result) => self.wait_done(now, key, chunk, result),
             // The rows do not matter: see `ReleaseReply`.
             (What::Release(keys), Ok(_)) => {
                 for key in keys {
@@ -534,7 +534,7 @@ impl Machine {
             },
             What::Heartbeat => Statement::Heartbeat,
             What::Verify => Statement::Verify,
-            What::Wait { key, timeout } => Statement::Wait {
+            What::Wait { key, timeout, .. } => Statement::Wait {
                 key: *key,
                 timeout_ms: timeout.as_millis().max(1) as u64,
             },

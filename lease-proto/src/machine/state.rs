@@ -208,5 +208,8 @@ pub(super) enum What {
     Wait {
         key: i64,
         timeout: std::time::Duration,
+        /// Its timeout was cut below the retry deadline by the server's
+        /// `deadlock_timeout` (see `wait`): a chunk of the retry interval.
+        chunk: bool,
     },
 }

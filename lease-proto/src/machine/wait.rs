@@ -79,8 +79,9 @@ pub const WAKE_BUDGET: u32 = 3;
 pub const MIN_WAIT: Duration = Duration::from_millis(20);
 
 impl Machine {
-    /// The wait to send now, if any: the key and its `lock_timeout`.
-    pub(super) fn next_wait(&self, now: Instant) -> Option<(i64, Duration)> {
+    /// The wait to send now, if any: the key, its `lock_timeout`, and
+    /// whether that was cut below the retry deadline (a chunk).
+    pub(super) fn next_wait(&self, now: Instant) -> Option<(i64, Duration, bool)> {
         if !self.opts.wait_on_server
             // Behind a pooler (it rejected the startup options), a blocked
             // statement would hold a pooled server connection all along.
@@ -107,12 +108,11 @@ impl Machine {
             }
         }
         let retry = self.timers.get(Timer::Retry)?;
-        let mut left = retry.checked_duration_since(now)?;
+        let until_retry = retry.checked_duration_since(now)?;
         // Below the server's deadlock_timeout (the statement cuts it there
         // too): a wait until the retry deadline goes in such chunks.
-        if let Some(limit) = self.wait_limit {
-            left = left.min(limit);
-        }
+        let left = self.wait_limit.map_or(until_retry, |l| l.min(until_retry));
+        let chunk = left < until_retry;
         if left < MIN_WAIT {
             return None;
         }
@@ -123,11 +123,17 @@ impl Machine {
             .filter(|k| after.is_some_and(|a| *k > a))
             .min()
             .or_else(|| wanted.iter().copied().min())?;
-        Some((key, left))
+        Some((key, left, chunk))
     }
 
     /// A wait's reply: woken, timed out, or failed.
-    pub(super) fn wait_done(&mut self, now: Instant, key: i64, result: Result<Vec<Row>, DbError>) {
+    pub(super) fn wait_done(
+        &mut self,
+        now: Instant,
+        key: i64,
+        chunk: bool,
+        result: Result<Vec<Row>, DbError>,
+    ) {
         let cursor = self.wait_cursor.replace(key);
         let notified = self.wait_notified.take();
         if !self.holding() {
@@ -151,8 +157,11 @@ impl Machine {
                     if !freed {
                         // Cut short by the deadlock_timeout limit, before the
                         // retry deadline: the same key's wait goes on.
-                        if self.timers.get(Timer::Retry).is_some_and(|at| at > now) {
+                        // A notification read meanwhile still counts for
+                        // the next one (within the lock delay).
+                        if chunk {
                             self.wait_cursor = cursor;
+                            self.wait_notified = notified;
                             self.wake_losses = 0;
                             return;
                         }
