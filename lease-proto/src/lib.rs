@@ -97,10 +97,12 @@
 //! - [`SessionCommand::Open`]: connect with [`SessionParams::options_string`]
 //!   appended to the startup `options`; report [`Input::SessionOpened`] or
 //!   [`Input::SessionLost`]. Watch the connection: any end of it is
-//!   [`Input::SessionLost`], reported at once.
+//!   [`Input::SessionLost`], reported at once, before any reply of that
+//!   session not reported yet (drop that reply).
 //! - [`SessionCommand::Query`]: send [`Statement::sql`] with the simple-query
 //!   protocol, decode every row with [`decode_text_row`], report
-//!   [`Input::Reply`]. Report notifications as [`Input::Notification`].
+//!   [`Input::Reply`]. Report notifications as [`Input::Notification`],
+//!   with the sender's backend pid from the server's NotificationResponse.
 //!   What the rows mean is the machine's business: each statement's reply
 //!   has one type with its one parser ([`SetupReply`], [`TryReply`],
 //!   [`HeartbeatReply`], [`VerifyReply`], [`ReleaseReply`]); a simulated server answers with

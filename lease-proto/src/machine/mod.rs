@@ -135,7 +135,8 @@ impl std::error::Error for RunError {}
 ///   and any key found held without the machine's knowledge is unlocked;
 /// - a standby that holds nothing waits on the server for a wanted key and
 ///   tries the moment it is freed (after [`Options::lock_delay`] unless a
-///   handover notification came); a wait never acquires, the try after it
+///   handover notification came from the holder its last try saw); no wait
+///   lasts the server's `deadlock_timeout`; a wait never acquires, the try after it
 ///   does (see `wait` for the rule);
 /// - one statement per heartbeat and one per standby tick (a try, or a
 ///   wait that ends by its lock timeout), however many leases, plus one

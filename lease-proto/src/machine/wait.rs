@@ -20,7 +20,10 @@
 //! - **Woken** (the key was freed): the next statement is a
 //!   [`Statement::TryLock`] of every wanted key, at once, or after
 //!   [`Options::lock_delay`](crate::Options::lock_delay) unless a handover
-//!   notification for a wanted key comes first (a graceful release). One for
+//!   notification for a wanted key comes first (a graceful release) from
+//!   the holder the standby's last try saw (its sender's backend pid against
+//!   the try's `holder_pid`; any other is ignored: any role may `NOTIFY`,
+//!   and a late one may come from an earlier holder). One for
 //!   the waited key that arrives while the wait blocks counts only if the
 //!   wake follows within the lock delay (the driver may read it just ahead
 //!   of the wake it belongs to); older, it was another release, after which
