@@ -236,6 +236,36 @@ fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
     assert!(releases(&cmds, a().key()), "{cmds:?}");
 }
 
+/// Issue 18 hole 9, the machine's side: a driver that read the session's end
+/// reports it before any reply of that session it has not fed (and drops the
+/// reply); if a late "won" reply is fed anyway, after the end, the machine
+/// ignores it: no job starts on a session known to be gone.
+#[test]
+fn a_won_reply_fed_after_the_sessions_end_starts_no_job() {
+    let mut d = driver(opts());
+    let run = d.run(a());
+    d.connect(PID);
+    let k = a().key();
+    assert_eq!(d.try_keys(), vec![k]);
+    let (query, _) = d.in_flight().cloned().expect("the try in flight");
+    let mut rows = d.try_session_row();
+    rows.push(vec![Some(k), Some(900), None]);
+    let session = d.session().expect("a session");
+    d.input(Input::SessionLost {
+        session,
+        error: Some(DbError::server(
+            "57P01",
+            "terminating connection due to administrator command",
+        )),
+    });
+    let cmds = d.input(Input::Reply {
+        query,
+        result: Ok(rows),
+    });
+    assert!(!started(&cmds, run), "{cmds:?}");
+    assert!(!d.machine().is_valid(run, d.now()));
+}
+
 // ---- replays -----------------------------------------------------------------
 
 /// The configuration the `sim_schedule` target builds from its input.
