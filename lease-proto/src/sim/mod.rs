@@ -33,8 +33,11 @@
 //!   they heal (TCP ends stay open) — and the delivery queue;
 //! - `server`: the PostgreSQL model — sessions, re-entrant advisory locks (one
 //!   database), `pg_locks`, `idle_session_timeout`, `pg_terminate_backend`,
-//!   restarts, `LISTEN/NOTIFY`, hot-standby mode and a transaction pooler that
-//!   moves statements between backends;
+//!   restarts, `LISTEN/NOTIFY` (with the sender's backend pid, notifications
+//!   a non-lease client forges, [`Fault::ForgedNotify`], and late ones,
+//!   [`ServerConfig::notify_delay`]), `deadlock_timeout` (which no wait may
+//!   reach), hot-standby mode and a transaction pooler that moves statements
+//!   between backends;
 //! - `process`: processes, their drifting clocks, freezes (nothing runs,
 //!   clocks go on), crashes (the kernel closes the socket) and restarts, and
 //!   the simulated driver that follows the drain rule;
