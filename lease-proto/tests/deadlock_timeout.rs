@@ -82,6 +82,27 @@ fn a_waiting_standby_stays_below_deadlock_timeout() {
     assert!(took < ms(100), "takeover took {took:?}");
 }
 
+/// The cost at the library's defaults (retry 5 s): ceil(5000 / 900) = 6 waits
+/// per retry interval instead of 1.
+#[test]
+fn the_cost_at_the_library_defaults() {
+    let mut c = cfg(ms(1000), false);
+    c.options.retry_interval = lease_proto::DEFAULT_RETRY_INTERVAL;
+    let (per_retry, logged, took) = standby_at_rest(c.clone());
+    c.server.wait_ignores_deadlock_timeout = true;
+    let (before, _, _) = standby_at_rest(c);
+    eprintln!(
+        "FIGURE defaults (retry 5 s), deadlock_timeout 1 s: {per_retry:.2} statements per retry \
+         interval ({before:.2} before the fix), {logged} lock waits reached deadlock_timeout, \
+         takeover {took:?}"
+    );
+    assert_eq!(logged, 0);
+    assert!(
+        per_retry <= 6.2,
+        "{per_retry} statements per retry interval"
+    );
+}
+
 /// The broken variant, the wait before the fix: one lock wait per retry
 /// interval reaches `deadlock_timeout` (each one logged with `log_lock_waits`).
 #[test]
