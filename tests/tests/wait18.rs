@@ -153,7 +153,23 @@ fn the_holders_own_notification_skips_the_lock_delay(driver: Driver) -> Res {
 /// now stays below the server's `deadlock_timeout` (in chunks) and is never logged.
 /// Also measured: the standby's statements per retry interval.
 fn a_waiting_standby_does_not_flood_log_lock_waits(driver: Driver) -> Res {
+    standby_under_log_lock_waits(driver, None)
+}
+
+/// The same under a server `deadlock_timeout` of 200 ms, changed by a reload: the wait
+/// reads it itself, so its chunks shrink with it (180 ms), and nothing is logged.
+fn a_shorter_deadlock_timeout_shortens_the_waits(driver: Driver) -> Res {
+    standby_under_log_lock_waits(driver, Some(ms(200)))
+}
+
+fn standby_under_log_lock_waits(driver: Driver, deadlock_timeout: Option<Duration>) -> Res {
     let cluster = Cluster::start()?;
+    if let Some(d) = deadlock_timeout {
+        cluster.sql(&format!(
+            "ALTER SYSTEM SET deadlock_timeout = '{}ms'",
+            d.as_millis()
+        ))?;
+    }
     cluster.sql("ALTER SYSTEM SET log_lock_waits = on")?;
     cluster.sql("ALTER SYSTEM SET log_statement = 'all'")?;
     cluster.sql("SELECT pg_reload_conf()")?;
@@ -185,7 +201,10 @@ fn a_waiting_standby_does_not_flood_log_lock_waits(driver: Driver) -> Res {
     let per_retry = waits as f64 * retry.as_secs_f64() / secs;
     figure(
         driver,
-        "log_lock_waits on, standby waiting (retry 3 s): \"still waiting\" entries, waits",
+        &format!(
+            "log_lock_waits on, deadlock_timeout {}, standby waiting (retry 3 s): \"still waiting\" entries, waits",
+            deadlock_timeout.map_or("1 s (default)".to_string(), |d| format!("{d:?}"))
+        ),
         format!(
             "{} entries, {waits} waits in {secs:.1} s ({per_retry:.2} waits per retry interval; {statements} statements logged in all)",
             still_waiting.len()
@@ -226,4 +245,5 @@ both_drivers!(
     a_forged_notification_does_not_skip_the_lock_delay,
     the_holders_own_notification_skips_the_lock_delay,
     a_waiting_standby_does_not_flood_log_lock_waits,
+    a_shorter_deadlock_timeout_shortens_the_waits,
 );
