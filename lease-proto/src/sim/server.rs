@@ -48,6 +48,7 @@ pub(super) mod reply {
             idle_session_timeout_ms: Some(idle_ms),
             tcp_settings,
             unix_socket: false,
+            search_path_catalog: true,
             nonce,
         }
         .to_rows()
