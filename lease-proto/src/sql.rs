@@ -129,8 +129,12 @@ pub const WAIT_PRELUDE_SQL: &str = concat!(
     "EXCEPTION WHEN OTHERS THEN NULL; END; END$lease$; "
 );
 
-/// Low 48 bits of a fencing token: the transaction id's.
-pub const TOKEN_XID_BITS: u32 = 48;
+/// What a fencing token adds to the server's clock (microseconds since
+/// 1970): 2^56, above every token of the scheme before it (`timeline << 48 |
+/// xid`, below 2^56 for timelines below 256), so a fleet upgraded replica
+/// by replica never sees a new token below an old one; 2^63 - 2^56 leaves
+/// room for about 290,000 years of microseconds. See [`Statement::TryLock`].
+pub const TOKEN_CLOCK_OFFSET: i64 = 1 << 56;
 
 /// The expression of an advisory lock's `bigint` key over the `pg_locks`
 /// columns (`pg_advisory_lock(bigint)` stores the key's high half in
@@ -172,16 +176,18 @@ pub enum Statement {
     /// pooler another client's lock on the same backend would otherwise be
     /// "won" again (advisory locks are re-entrant).
     ///
-    /// The fencing token is `timeline << 48 | (xid & (2^48 - 1))`: `xid` is
-    /// the transaction id (`pg_current_xact_id()`) assigned after every lock
-    /// of the batch was granted, so later than any earlier holder's, and
-    /// `timeline` the server's current WAL timeline, which grows at every
-    /// promotion. Only when a key was won, the statement also writes a
-    /// transactional WAL record (`pg_logical_emit_message(true, 'lease',
-    /// '')`): without one the transaction's commit is not flushed whatever
-    /// `synchronous_commit` says, and a crash hands the same xid out again.
-    /// Assumes fewer than 2^48 transactions per cluster and timelines below
-    /// 2^15 (the token stays positive).
+    /// The fencing token is [`TOKEN_CLOCK_OFFSET`] plus the server's clock
+    /// (`clock_timestamp()`) in microseconds, read after every lock of the
+    /// batch was granted: after the previous holder's unlock, which came at
+    /// least a round trip after that holder's own reading (its client got
+    /// the reply, then sent the unlock). The statement assigns no
+    /// transaction id and writes no WAL, so it waits for no flush and no
+    /// synchronous standby, and nothing a crash, a promotion, `pg_upgrade`
+    /// or a move into a new cluster resets enters the token. The condition:
+    /// the clock of the server that grants a key must not be behind the
+    /// clock that made the key's previous token by the time between the two
+    /// acquisitions or more (a clock stepped back, or a promoted replica
+    /// whose clock is behind the old primary's).
     TryLock {
         /// Keys to try, none of them held by this session.
         keys: Vec<i64>,
@@ -340,11 +346,9 @@ impl Statement {
                 sql
             }
             // The aggregate consumes every try before the outer query runs, so
-            // pg_current_xact_id() is first called (and the xid assigned) after
-            // the last lock of the batch was granted, and only if one was; the
-            // WAL record (making the commit wait for its flush) likewise. The
-            // timeline is the first 8 hex digits of the current WAL file name.
-            // CASE fixes the order of the checks before each try. The keys this
+            // clock_timestamp() is read after the last lock of the batch was
+            // granted, and only if one was (`extract` is grammar, which
+            // qualifies it itself). CASE fixes the order of the checks before each try. The keys this
             // backend already holds (another client's, behind a transaction
             // pooler) are read once, by an uncorrelated subquery (an init
             // plan, evaluated before the first try): a per-key `EXISTS` over
@@ -362,14 +366,10 @@ impl Statement {
                  FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS o \
                  WHERE o.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())) THEN false \
                  ELSE pg_catalog.pg_try_advisory_lock(k) END), \
-                 x AS (SELECT t.won, CASE WHEN t.won IS NOT NULL THEN (SELECT \
-                 ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(\
-                 pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 \
-                 OPERATOR(pg_catalog.<<) {bits}) OPERATOR(pg_catalog.|) \
-                 (pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8 \
-                 OPERATOR(pg_catalog.&) {mask})) \
-                 WHERE pg_catalog.pg_logical_emit_message(true, 'lease', '') IS NOT NULL) END AS token \
-                 FROM t) \
+                 x AS (SELECT t.won, CASE WHEN t.won IS NOT NULL THEN \
+                 {TOKEN_CLOCK_OFFSET}::pg_catalog.int8 OPERATOR(pg_catalog.+) \
+                 (extract(epoch FROM pg_catalog.clock_timestamp()) \
+                 OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 END AS token FROM t) \
                  SELECT NULL::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8, \
                  {NONCE_VALUE} \
                  UNION ALL \
@@ -380,8 +380,6 @@ impl Statement {
                  LEFT JOIN ({THIS_DATABASE_ADVISORY_LOCKS}) AS h ON h.k OPERATOR(pg_catalog.=) l.k \
                  WHERE NOT (l.k OPERATOR(pg_catalog.=) ANY (coalesce(x.won, '{{}}')))",
                 a = KeyArray(keys),
-                bits = TOKEN_XID_BITS,
-                mask = (1i64 << TOKEN_XID_BITS) - 1,
             ),
             Statement::Heartbeat => format!(
                 "SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
@@ -1074,6 +1072,8 @@ mod tests {
             "select", "from", "where", "and", "or", "not", "then", "else", "when", "as", "any",
             "all", "array", "exists", "join", "on", "coalesce", "values", "union", "end", "with",
             "perform", "begin", "is", "null",
+            // Grammar, which calls pg_catalog.extract (date_part before 14).
+            "extract",
         ];
         const LOOKUPS: &[&str] = &[
             "nullif", "distinct", "in", "between", "like", "ilike", "similar",
@@ -1115,6 +1115,34 @@ mod tests {
             }
         }
         found
+    }
+
+    #[test]
+    fn clock_tokens_are_above_every_token_of_the_scheme_before() {
+        // `timeline << 48 | xid` with 48-bit xids, timelines below 256.
+        let old_max = (255i64 << 48) | ((1 << 48) - 1);
+        assert!(TOKEN_CLOCK_OFFSET > old_max);
+        // Room for the clock: 2026 in microseconds, and in 200,000 years.
+        let now_us = 1_800_000_000_000_000i64;
+        let year_us = 31_557_600_000_000i64;
+        assert!(TOKEN_CLOCK_OFFSET
+            .checked_add(now_us + 200_000 * year_us)
+            .is_some());
+        let sql = Statement::TryLock {
+            keys: vec![1],
+            backend_pid: 7,
+            nonce: 9,
+        }
+        .sql();
+        assert!(sql.contains("pg_catalog.clock_timestamp()"), "{sql}");
+        // No transaction id, no WAL record: no flush, no synchronous standby.
+        for writes in [
+            "pg_current_xact_id",
+            "txid_current",
+            "pg_logical_emit_message",
+        ] {
+            assert!(!sql.contains(writes), "{sql}");
+        }
     }
 
     #[test]

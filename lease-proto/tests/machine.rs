@@ -894,7 +894,6 @@ fn rejected_startup_options_go_into_the_setup_statement() {
     assert_eq!(
         names,
         [
-            "synchronous_commit",
             "search_path",
             "idle_session_timeout",
             "tcp_user_timeout",
@@ -1022,7 +1021,7 @@ fn the_session_asks_for_the_guard() {
         if let SessionCommand::Open { params, .. } = o {
             assert_eq!(
                 params.options_string(),
-                "-c synchronous_commit=on -c search_path=pg_catalog -c idle_session_timeout=900 -c tcp_user_timeout=900 \
+                "-c search_path=pg_catalog -c idle_session_timeout=900 -c tcp_user_timeout=900 \
                  -c tcp_keepalives_idle=1 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=10"
             );
             found = true;
