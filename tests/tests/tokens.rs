@@ -3,9 +3,9 @@
 //!
 //! - Hole 4: tokens must grow per key across a `pg_upgrade` of a cluster that was once
 //!   promoted (the upgrade starts a new cluster on WAL timeline 1) and across a migration
-//!   into a new cluster (transaction ids restart). Immediate-mode crashes and the
-//!   promotion of a lagging asynchronous standby are `hole2a_*` and `hole2b_*` in
-//!   holes_server.rs.
+//!   into a new cluster (transaction ids restart), and across the promotion of a
+//!   synchronous standby. Immediate-mode crashes and the promotion of a lagging
+//!   asynchronous standby are `hole2a_*` and `hole2b_*` in holes_server.rs.
 //! - Hole 5: with `synchronous_standby_names` naming a standby that is down, a winning
 //!   try that writes WAL waits in `SyncRep` holding its key, its session is given up, and
 //!   every other lease of that session is lost with it.
@@ -125,6 +125,45 @@ fn hole4_tokens_grow_across_a_migration_into_a_new_cluster() -> Res {
         after > before,
         "the new cluster's token {after} is not above the old cluster's {before} (xids: \
          old {old_xid}, new {new_xid})"
+    );
+    Ok(())
+}
+
+/// Item 2 of issue 18: promotion under synchronous replication. A primary whose every
+/// commit waits for its streaming standby (`synchronous_standby_names = '*'`) hands out
+/// tokens, crashes, and the standby is promoted: its first token is above them.
+#[test]
+fn tokens_grow_across_promotion_of_a_synchronous_standby() -> Res {
+    let mut primary = Cluster::start()?;
+    let standby = primary.start_standby()?;
+    primary.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")?;
+    primary.sql("SELECT pg_reload_conf()")?;
+    let deadline = Instant::now() + WAIT;
+    while primary.sql("SELECT string_agg(sync_state, ',') FROM pg_stat_replication")? != "sync" {
+        assert!(
+            Instant::now() < deadline,
+            "the standby did not become synchronous"
+        );
+        std::thread::sleep(ms(50));
+    }
+    let before: Vec<i64> = (0..3)
+        .map(|i| acquire_once(&primary, &format!("A{i}")))
+        .collect::<Result<_, _>>()?;
+    primary.crash()?;
+    standby.promote()?;
+    let after = acquire_once(&standby, "C")?;
+    figure(
+        "synchronous promotion: tokens",
+        format!(
+            "{before:?} on the primary, {after} on the promoted standby (timeline {})",
+            timeline(&standby)?
+        ),
+    );
+    let mut all = before.clone();
+    all.push(after);
+    assert!(
+        all.windows(2).all(|w| w[1] > w[0]),
+        "tokens do not grow: {before:?} on the primary, then {after} on the promoted standby"
     );
     Ok(())
 }
