@@ -174,7 +174,10 @@ pub enum Statement {
     /// the setup, and a key this backend already holds is not tried again
     /// (it answers with this backend as the holder): behind a transaction
     /// pooler another client's lock on the same backend would otherwise be
-    /// "won" again (advisory locks are re-entrant).
+    /// "won" again (advisory locks are re-entrant). Nor is anything tried
+    /// on a server in recovery (a hot standby grants advisory locks
+    /// independently of its primary; the setup refuses one, and the try
+    /// checks again, as the transaction id the token once needed did).
     ///
     /// The fencing token is [`TOKEN_CLOCK_OFFSET`] plus the server's clock
     /// (`clock_timestamp()`) in microseconds, read after every lock of the
@@ -361,7 +364,8 @@ impl Statement {
                 "WITH t AS (SELECT pg_catalog.array_agg(k) AS won FROM pg_catalog.unnest({a}) AS k \
                  WHERE CASE WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.<>) {backend_pid} \
                  OR coalesce(pg_catalog.current_setting('{NONCE_SETTING}', true) \
-                 OPERATOR(pg_catalog.<>) '{nonce}', true) THEN false \
+                 OPERATOR(pg_catalog.<>) '{nonce}', true) \
+                 OR pg_catalog.pg_is_in_recovery() THEN false \
                  WHEN k OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.k \
                  FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS o \
                  WHERE o.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())) THEN false \
@@ -1135,6 +1139,10 @@ mod tests {
         }
         .sql();
         assert!(sql.contains("pg_catalog.clock_timestamp()"), "{sql}");
+        assert!(
+            sql.contains("OR pg_catalog.pg_is_in_recovery() THEN false"),
+            "{sql}"
+        );
         // No transaction id, no WAL record: no flush, no synchronous standby.
         for writes in [
             "pg_current_xact_id",

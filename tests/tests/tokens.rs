@@ -12,7 +12,7 @@
 //!
 //! Figures are printed as `FIGURE <what>: <value>` lines on stderr (`--nocapture`).
 
-use lease_tests::scenario::{ms, Driver, Event, Node, ReplicaConfig};
+use lease_tests::scenario::{ms, Admin, Driver, Event, Node, ReplicaConfig};
 use lease_tests::{Cluster, KitError};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -164,6 +164,47 @@ fn tokens_grow_across_promotion_of_a_synchronous_standby() -> Res {
     assert!(
         all.windows(2).all(|w| w[1] > w[0]),
         "tokens do not grow: {before:?} on the primary, then {after} on the promoted standby"
+    );
+    Ok(())
+}
+
+/// The winning try made a transaction id before issue 18, which a hot standby refuses
+/// (`cannot assign TransactionIds during recovery`): a try that reached a standby past
+/// the setup's recovery check failed. The clock token needs no xid, so the try checks
+/// recovery itself: on a hot standby it wins nothing and takes nothing.
+#[test]
+fn a_try_on_a_hot_standby_takes_nothing() -> Res {
+    let primary = Cluster::start()?;
+    let standby = primary.start_standby()?;
+    let session = Admin::connect(&standby.conn_string())?;
+    let nonce = 77;
+    let rows = session.rows(&format!(
+        "SELECT pg_catalog.set_config('{}', '{nonce}', false), pg_catalog.pg_backend_pid()",
+        lease_proto::NONCE_SETTING
+    ))?;
+    let pid: i64 = rows[0][1]
+        .as_deref()
+        .and_then(|p| p.parse().ok())
+        .expect("pid");
+    let key = 4242;
+    let sql = lease_proto::Statement::TryLock {
+        keys: vec![key],
+        backend_pid: pid,
+        nonce,
+    }
+    .sql();
+    let reply = session.rows(&sql)?;
+    let held = standby.held_advisory_keys()?;
+    figure(
+        "a try on a hot standby",
+        format!("rows {reply:?}, advisory locks {held:?}"),
+    );
+    let won = reply
+        .iter()
+        .any(|r| r[0].as_deref() == Some("4242") && r[1].is_some());
+    assert!(
+        !won && held.is_empty(),
+        "the try won on a hot standby: rows {reply:?}, advisory locks there {held:?}"
     );
     Ok(())
 }
