@@ -357,6 +357,30 @@ async fn figure_winning_try_latency() {
                 .expect("unlock");
         }
     }
+    // Where the clock try's time goes, on the server.
+    let mut summary = Vec::new();
+    for sql in [&try_sql, &xid_try_sql] {
+        let explained = client
+            .simple_query(&format!("EXPLAIN (ANALYZE, TIMING OFF, SUMMARY ON) {sql}"))
+            .await
+            .expect("explain");
+        client
+            .simple_query(&format!("SELECT pg_catalog.pg_advisory_unlock({key})"))
+            .await
+            .expect("unlock");
+        summary.push(
+            explained
+                .iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                    _ => None,
+                })
+                .filter(|l| l.contains(" Time: "))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+    }
+    figure("winning try on the server (clock; xid)", summary.join("; "));
     let settings = client
         .simple_query("SELECT current_setting('fsync'), current_setting('wal_sync_method')")
         .await
