@@ -80,18 +80,17 @@ pub const TCP_SETTINGS: [&str; 4] = [
     "tcp_keepalives_count",
 ];
 
-/// The custom setting holding the session's nonce: set by the setup, read
-/// by every heartbeat. Another value means another client shares the
-/// backend (a transaction pooler).
-pub const NONCE_SETTING: &str = nonce_setting!();
-
 /// [`NONCE_SETTING`] as a literal, for `concat!`.
 macro_rules! nonce_setting {
     () => {
         "lease.nonce"
     };
 }
-use nonce_setting;
+
+/// The custom setting holding the session's nonce: set by the setup, read
+/// by every heartbeat. Another value means another client shares the
+/// backend (a transaction pooler).
+pub const NONCE_SETTING: &str = nonce_setting!();
 
 /// The `search_path` of every lease session: only `pg_catalog`, so no
 /// object of the role's own can shadow a name the statements use (they
