@@ -844,6 +844,7 @@ impl Fuzz {
                     tcp_settings,
                     unix_socket,
                     nonce,
+                    search_path_catalog: true,
                 }
                 .to_rows();
                 let at = usize::from(pick(6)) % rows.len();

@@ -116,6 +116,7 @@ impl H {
             idle_session_timeout_ms: Some(ist),
             tcp_settings: self.m.options().tcp_settings().map(|(_, v)| Some(v)),
             unix_socket: false,
+            search_path_catalog: true,
             nonce: Some(nonce),
         }
         .to_rows()));

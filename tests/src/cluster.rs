@@ -327,6 +327,60 @@ impl Cluster {
         Ok(())
     }
 
+    /// Stops this server (fast mode) and upgrades its data with `pg_upgrade` (copy mode)
+    /// into a new cluster (`initdb` as [`Cluster::start`] does, same binaries: an upgrade
+    /// within one major version, which does what a major upgrade does to the WAL: a new
+    /// cluster on timeline 1, transaction ids carried over), started on a new port. This
+    /// cluster stays stopped.
+    pub fn pg_upgrade(&mut self) -> Result<Cluster, KitError> {
+        self.shutdown(libc::SIGINT)?;
+        let dir = TempDir::new("lease-pg-upgraded", self.user)?;
+        dir.subdir("sock", self.user)?;
+        let data = dir.path().join("data");
+        run(
+            command_as(&self.bindir.join("initdb"), self.user, dir.path())
+                .arg("-D")
+                .arg(&data)
+                .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+                .args(["--no-locale", "--no-instructions"]),
+            "initdb",
+            COMMAND_TIMEOUT,
+        )?;
+        let (old_port, new_port) = (free_port()?, free_port()?);
+        run(
+            command_as(&self.bindir.join("pg_upgrade"), self.user, dir.path())
+                .arg("-b")
+                .arg(&self.bindir)
+                .arg("-B")
+                .arg(&self.bindir)
+                .arg("-d")
+                .arg(self.data_dir())
+                .arg("-D")
+                .arg(&data)
+                .args(["-U", "postgres", "-p", &old_port.to_string()])
+                .args(["-P", &new_port.to_string(), "-s"])
+                .arg(dir.path().join("sock"))
+                .arg("--no-sync"),
+            "pg_upgrade",
+            COMMAND_TIMEOUT,
+        )?;
+        let conf = data.join("postgresql.conf");
+        File::options()
+            .append(true)
+            .open(&conf)
+            .and_then(|mut f| f.write_all(CONFIG.as_bytes()))
+            .map_err(io_err(format!("writing settings to {}", conf.display())))?;
+        let mut upgraded = Cluster {
+            dir,
+            bindir: self.bindir.clone(),
+            user: self.user,
+            port: free_port()?,
+            postmaster: None,
+        };
+        upgraded.launch()?;
+        Ok(upgraded)
+    }
+
     /// Runs `query` with `psql` as `postgres` in database `postgres` over TCP and returns
     /// its trimmed unaligned, tuples-only output (`|` between columns, one row a line).
     pub fn sql(&self, query: &str) -> Result<String, KitError> {

@@ -486,6 +486,7 @@ mod tests {
             idle_session_timeout_ms: Some(opts.guard_timeout().as_millis() as i64),
             tcp_settings: opts.tcp_settings().map(|(_, v)| Some(v)),
             unix_socket: false,
+            search_path_catalog: true,
             nonce: Some(nonce),
         }
         .to_rows()

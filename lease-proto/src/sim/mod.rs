@@ -267,6 +267,13 @@ pub struct ServerConfig {
     /// flushed, so a crash hands it out again) and no timeline bits (a
     /// promoted lagging replica hands out smaller ones).
     pub legacy_tokens: bool,
+    /// At every [`Fault::ServerCrash`] and [`Fault::Promote`] the server's
+    /// clock, which makes the fencing tokens, comes back this much behind
+    /// where it was (an NTP step at boot; a promoted replica on a machine
+    /// whose clock is behind the old primary's). Tokens keep increasing
+    /// while it is below the time between the last acquisition before and
+    /// the first after (the downtime at least); more is the broken variant.
+    pub clock_step_back: Duration,
     /// Broken variant: a [`Statement::Wait`](crate::Statement::Wait) that
     /// keeps its shared lock after it returns (a session-level
     /// `pg_advisory_lock_shared` instead of the transaction-level lock that
@@ -315,6 +322,7 @@ impl Default for ServerConfig {
             silent_session_kill: None,
             tcp_give_up: None,
             legacy_tokens: false,
+            clock_step_back: Duration::ZERO,
             wait_keeps_shared_lock: false,
             send_buffer_rows: None,
             foreign_shared_keys: Vec::new(),

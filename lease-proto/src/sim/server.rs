@@ -48,6 +48,7 @@ pub(super) mod reply {
             idle_session_timeout_ms: Some(idle_ms),
             tcp_settings,
             unix_socket: false,
+            search_path_catalog: true,
             nonce,
         }
         .to_rows()
@@ -220,12 +221,17 @@ pub(super) struct Server {
     /// [`ServerConfig::wait_keeps_shared_lock`]).
     shared: BTreeMap<i64, std::collections::BTreeSet<u64>>,
     next_pid: i64,
-    /// The last transaction id assigned.
+    /// The last transaction id assigned (only the broken
+    /// [`ServerConfig::legacy_tokens`] assign any).
     next_xid: i64,
     /// The last transaction id flushed to the WAL: a crash goes back to it.
     flushed_xid: i64,
-    /// The WAL timeline: one more at every promotion.
-    timeline: i64,
+    /// The server's clock minus the simulation's, in microseconds: stepped
+    /// back by [`ServerConfig::clock_step_back`] at every crash and promotion.
+    clock_skew_us: i64,
+    /// The last clock reading of a winning try since the clock was last
+    /// stepped (see [`Server::clock_token`]).
+    last_clock_us: Option<i64>,
     /// `lease.nonce` of the one backend of [`ServerConfig::pooler_one_backend`].
     backend_nonce: Option<i64>,
     /// Added processing time of every statement now.
@@ -247,7 +253,8 @@ impl Server {
             next_pid: 1000,
             next_xid: 700,
             flushed_xid: 700,
-            timeline: 1,
+            clock_skew_us: 0,
+            last_clock_us: None,
             backend_nonce: None,
             slow: Duration::ZERO,
             auth_failing: 0,
@@ -272,32 +279,46 @@ impl Server {
         self.sessions.get(&owner).map(|s| s.pid)
     }
 
-    /// A crash: the server goes down and forgets unflushed transaction ids.
+    /// A crash: the server goes down and forgets unflushed transaction ids;
+    /// its clock may come back behind ([`ServerConfig::clock_step_back`]).
     pub(super) fn crash(&mut self) {
         self.up = false;
         self.next_xid = self.flushed_xid;
+        self.step_clock();
     }
 
-    /// A promotion of a replica that missed the last `lag` transaction ids:
-    /// a new timeline; a hot standby becomes the primary.
+    /// A promotion of a replica that missed the last `lag` transaction ids,
+    /// on another machine whose clock may be behind
+    /// ([`ServerConfig::clock_step_back`]); a hot standby becomes the primary.
     pub(super) fn promote(&mut self, lag: u32) {
         self.up = false;
         let replicated = (self.flushed_xid - i64::from(lag)).max(0);
         self.next_xid = replicated;
         self.flushed_xid = replicated;
-        self.timeline += 1;
+        self.step_clock();
         self.cfg.standby = false;
     }
 
-    /// The fencing token of a try that assigned `xid` (see
-    /// [`Statement::TryLock`]); with the fix's WAL record the xid is flushed
-    /// before the reply.
-    fn token(&mut self, xid: i64) -> i64 {
-        if self.cfg.legacy_tokens {
-            return xid;
+    fn step_clock(&mut self) {
+        self.clock_skew_us -= self.cfg.clock_step_back.as_micros() as i64;
+        self.last_clock_us = None;
+    }
+
+    /// The fencing token of a try that won at `now` (see
+    /// [`Statement::TryLock`]): [`crate::TOKEN_CLOCK_OFFSET`] plus the
+    /// server's clock in microseconds. Two winning tries of one key are
+    /// causally ordered (the first holder's unlock, after its client got the
+    /// reply, comes between them), so a real clock that is not stepped reads
+    /// at least a round trip later at the second; the simulation's latency
+    /// may be zero, which no network has, so a reading is at least one
+    /// microsecond above the previous one since the clock was last stepped.
+    fn clock_token(&mut self, now: Duration) -> i64 {
+        let mut us = now.as_micros() as i64 + self.clock_skew_us;
+        if let Some(last) = self.last_clock_us {
+            us = us.max(last + 1);
         }
-        self.flushed_xid = self.flushed_xid.max(xid);
-        (self.timeline << crate::sql::TOKEN_XID_BITS) | xid
+        self.last_clock_us = Some(us);
+        crate::sql::TOKEN_CLOCK_OFFSET + us
     }
 
     /// The `deadlock_timeout` a wait's reply reports (ms): none from the
@@ -496,8 +517,12 @@ impl Server {
                 let nonce = nonce_now;
                 let mut token = 0;
                 if !won.is_empty() {
-                    self.next_xid += 1;
-                    token = self.token(self.next_xid);
+                    token = if self.cfg.legacy_tokens {
+                        self.next_xid += 1;
+                        self.next_xid
+                    } else {
+                        self.clock_token(now)
+                    };
                 }
                 granted.extend(won.iter().map(|k| (*k, token)));
                 let mut rows = vec![reply::try_session(pid, nonce)];
