@@ -834,6 +834,7 @@ impl Fuzz {
                     tcp_settings,
                     unix_socket,
                     nonce,
+                    promotion: Default::default(),
                 }
                 .to_rows();
                 let at = usize::from(pick(6)) % rows.len();

@@ -133,6 +133,7 @@ mod io;
 mod key;
 mod machine;
 mod options;
+mod promotion;
 mod sql;
 
 #[cfg(feature = "sim")]
@@ -153,6 +154,7 @@ pub use options::{
     DEFAULT_MAX_LEASES, DEFAULT_QUERY_TIMEOUT, DEFAULT_RETRY_INTERVAL, MAX_GUARD_TIMEOUT,
     MAX_HEARTBEAT_PER_QUERY_TIMEOUT, MAX_MAX_LEASES, MIN_QUERY_TIMEOUT, RETRY_JITTER,
 };
+pub use promotion::PromotionState;
 pub use sql::{
     decode_text_row, DecodeError, HeartbeatReply, HolderRow, ReleaseReply, ReplyError, Row,
     SetupReply, Statement, TryReply, VerifyReply, WaitReply, ADVISORY_KEY_SQL, HANDOVER_CHANNEL,

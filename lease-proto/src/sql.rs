@@ -50,7 +50,30 @@ mod setup_tag {
     pub const NONCE: i64 = 10;
     /// The row of the statement that applies settings; ignored.
     pub const APPLIED: i64 = 0;
+    /// Tags 40 to 43: [`crate::PromotionState`]'s fields, in order.
+    pub const REPLAYED_SINCE_START: i64 = 40;
+    pub const WAL_TIMELINE: i64 = 41;
+    pub const CHECKPOINT_TIMELINE: i64 = 42;
+    pub const CHECKPOINT_AGE_MS: i64 = 43;
 }
+
+/// The setup's rows of [`crate::PromotionState`] (see `promotion.rs`): WAL
+/// received or a transaction replayed since the server started, the current
+/// WAL timeline (NULL in recovery, where `pg_current_wal_lsn()` errors), and
+/// the latest checkpoint's timeline and age on the server's clock, in ms.
+/// Every function is public (`pg_control_checkpoint()` included: measured
+/// with a role without privileges on PostgreSQL 15).
+const SETUP_PROMOTION_SQL: &str = concat!(
+    " UNION ALL SELECT 40, (pg_catalog.pg_last_wal_receive_lsn() IS NOT NULL \
+     OR pg_catalog.pg_last_xact_replay_timestamp() IS NOT NULL)::int::int8",
+    " UNION ALL SELECT 41, CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL \
+     ELSE ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), \
+     1, 8))::bit(32)::int8 END",
+    " UNION ALL SELECT 42, c.timeline_id::int8 FROM pg_catalog.pg_control_checkpoint() c",
+    " UNION ALL SELECT 43, pg_catalog.floor(1000 * pg_catalog.date_part('epoch', \
+     pg_catalog.clock_timestamp() - c.checkpoint_time))::int8 \
+     FROM pg_catalog.pg_control_checkpoint() c",
+);
 
 /// The tags of the heartbeat and verify statements' `(tag, value)` rows.
 mod heartbeat_tag {
@@ -287,6 +310,7 @@ impl Statement {
                     let tag = setup_tag::TCP_FIRST + i as i64;
                     write!(sql, " UNION ALL SELECT {tag}, {}", setting(name)).ok();
                 }
+                sql.push_str(SETUP_PROMOTION_SQL);
                 sql
             }
             // The aggregate consumes every try before the outer query runs, so
@@ -478,6 +502,9 @@ pub struct SetupReply {
     pub unix_socket: bool,
     /// [`NONCE_SETTING`] read back (`None`: unset).
     pub nonce: Option<i64>,
+    /// What the server shows of a recent promotion (missing rows: never
+    /// promoted).
+    pub promotion: crate::PromotionState,
 }
 
 impl SetupReply {
@@ -504,6 +531,12 @@ impl SetupReply {
             tcp_settings: std::array::from_fn(|i| get(setup_tag::TCP_FIRST + i as i64)),
             unix_socket: get(setup_tag::UNIX_SOCKET).is_some_and(|u| u != 0),
             nonce: get(setup_tag::NONCE),
+            promotion: crate::PromotionState {
+                replayed_since_start: get(setup_tag::REPLAYED_SINCE_START).is_some_and(|r| r != 0),
+                wal_timeline: get(setup_tag::WAL_TIMELINE),
+                checkpoint_timeline: get(setup_tag::CHECKPOINT_TIMELINE),
+                checkpoint_age_ms: get(setup_tag::CHECKPOINT_AGE_MS),
+            },
         })
     }
 
@@ -525,6 +558,19 @@ impl SetupReply {
                 Some(i64::from(self.unix_socket)),
             ],
             vec![Some(setup_tag::NONCE), self.nonce],
+            vec![
+                Some(setup_tag::REPLAYED_SINCE_START),
+                Some(i64::from(self.promotion.replayed_since_start)),
+            ],
+            vec![Some(setup_tag::WAL_TIMELINE), self.promotion.wal_timeline],
+            vec![
+                Some(setup_tag::CHECKPOINT_TIMELINE),
+                self.promotion.checkpoint_timeline,
+            ],
+            vec![
+                Some(setup_tag::CHECKPOINT_AGE_MS),
+                self.promotion.checkpoint_age_ms,
+            ],
         ]
         .into_iter()
         .chain(
@@ -973,6 +1019,12 @@ mod tests {
             tcp_settings: [Some(1900), Some(2), Some(1), Some(10)],
             unix_socket: false,
             nonce: Some(-7),
+            promotion: crate::PromotionState {
+                replayed_since_start: true,
+                wal_timeline: Some(3),
+                checkpoint_timeline: Some(2),
+                checkpoint_age_ms: Some(-12),
+            },
         };
         assert_eq!(SetupReply::parse(&setup.to_rows()), Ok(setup));
         let try_reply = TryReply {

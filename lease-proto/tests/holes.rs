@@ -117,6 +117,7 @@ impl H {
             tcp_settings: self.m.options().tcp_settings().map(|(_, v)| Some(v)),
             unix_socket: false,
             nonce: Some(nonce),
+            promotion: Default::default(),
         }
         .to_rows()));
         assert_eq!(self.statement(), Statement::Listen);

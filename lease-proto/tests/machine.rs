@@ -935,6 +935,7 @@ fn a_standby_is_retried_after_a_backoff() {
             tcp_settings: o.tcp_settings().map(|(_, v)| Some(v)),
             unix_socket: false,
             nonce: Some(nonce),
+            promotion: Default::default(),
         }
         .to_rows(),
     );
