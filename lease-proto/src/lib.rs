@@ -157,9 +157,9 @@ pub use options::{
 pub use promotion::PromotionState;
 pub use sql::{
     decode_text_row, DecodeError, HeartbeatReply, HolderRow, ReleaseReply, ReplyError, Row,
-    SetupReply, Statement, TryReply, VerifyReply, WaitReply, ADVISORY_KEY_SQL, HANDOVER_CHANNEL,
-    HOLDERS_SQL, LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING, TCP_SETTINGS, TOKEN_XID_BITS,
-    WAIT_CONNECTION_CHECK_MS, WAIT_PRELUDE_SQL, WAIT_SETTING,
+    SetupReply, Statement, TryReply, VerifyReply, WaitReply, ADVISORY_KEY_SQL, CHECKPOINT_SETTING,
+    HANDOVER_CHANNEL, HOLDERS_SQL, LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING, TCP_SETTINGS,
+    TOKEN_XID_BITS, WAIT_CONNECTION_CHECK_MS, WAIT_PRELUDE_SQL, WAIT_SETTING,
 };
 
 // Drivers move the machine into the task that owns the connection and may

@@ -57,22 +57,42 @@ mod setup_tag {
     pub const CHECKPOINT_AGE_MS: i64 = 43;
 }
 
+/// The transaction-local custom setting in which the setup's first
+/// statement leaves the latest checkpoint's timeline and age (ms), as
+/// `timeline,age`, for its rows to read.
+pub const CHECKPOINT_SETTING: &str = "lease.checkpoint";
+
+/// The setup's first statement: reads `pg_control_checkpoint()` into
+/// [`CHECKPOINT_SETTING`]. PUBLIC may execute it by default (measured with a
+/// role without privileges on PostgreSQL 15), but a DBA or a managed service
+/// may revoke that, and a function the role may not execute fails the whole
+/// statement that names it (the check is made when the plan starts, whatever
+/// a `CASE` says): the `DO` block catches `insufficient_privilege` and
+/// leaves the setting unset (the checkpoint unknown: see
+/// `PromotionState::hold`).
+const SETUP_CHECKPOINT_PRELUDE: &str = concat!(
+    "DO $lease$BEGIN PERFORM pg_catalog.set_config('lease.checkpoint', \
+     (SELECT c.timeline_id::text || ',' || pg_catalog.floor(1000 * pg_catalog.date_part('epoch', \
+     pg_catalog.clock_timestamp() - c.checkpoint_time))::int8::text \
+     FROM pg_catalog.pg_control_checkpoint() c), true); \
+     EXCEPTION WHEN insufficient_privilege THEN NULL; END$lease$; "
+);
+
 /// The setup's rows of [`crate::PromotionState`] (see `promotion.rs`): WAL
 /// received or a transaction replayed since the server started, the current
 /// WAL timeline (NULL in recovery, where `pg_current_wal_lsn()` errors), and
-/// the latest checkpoint's timeline and age on the server's clock, in ms.
-/// Every function is public (`pg_control_checkpoint()` included: measured
-/// with a role without privileges on PostgreSQL 15).
+/// the latest checkpoint's timeline and age on the server's clock, in ms,
+/// from [`SETUP_CHECKPOINT_PRELUDE`] (NULL when it could not read them).
 const SETUP_PROMOTION_SQL: &str = concat!(
     " UNION ALL SELECT 40, (pg_catalog.pg_last_wal_receive_lsn() IS NOT NULL \
      OR pg_catalog.pg_last_xact_replay_timestamp() IS NOT NULL)::int::int8",
     " UNION ALL SELECT 41, CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL \
      ELSE ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), \
      1, 8))::bit(32)::int8 END",
-    " UNION ALL SELECT 42, c.timeline_id::int8 FROM pg_catalog.pg_control_checkpoint() c",
-    " UNION ALL SELECT 43, pg_catalog.floor(1000 * pg_catalog.date_part('epoch', \
-     pg_catalog.clock_timestamp() - c.checkpoint_time))::int8 \
-     FROM pg_catalog.pg_control_checkpoint() c",
+    " UNION ALL SELECT 42, NULLIF(pg_catalog.split_part(\
+     pg_catalog.current_setting('lease.checkpoint', true), ',', 1), '')::int8",
+    " UNION ALL SELECT 43, NULLIF(pg_catalog.split_part(\
+     pg_catalog.current_setting('lease.checkpoint', true), ',', 2), '')::int8",
 );
 
 /// The tags of the heartbeat and verify statements' `(tag, value)` rows.
@@ -153,7 +173,9 @@ pub enum Statement {
     /// the session's startup options could not carry them), then answers
     /// `(tag, value)` rows with the server version, recovery state, backend
     /// pid, `idle_session_timeout` in ms, the [`TCP_SETTINGS`], whether the
-    /// client is on a Unix socket, and the nonce read back: see [`SetupReply`].
+    /// client is on a Unix socket, the nonce read back, and what the server
+    /// shows of a recent promotion ([`crate::PromotionState`], read first
+    /// into [`CHECKPOINT_SETTING`]): see [`SetupReply`].
     Setup {
         /// The session's nonce.
         nonce: i64,
@@ -310,8 +332,7 @@ impl Statement {
                     let tag = setup_tag::TCP_FIRST + i as i64;
                     write!(sql, " UNION ALL SELECT {tag}, {}", setting(name)).ok();
                 }
-                sql.push_str(SETUP_PROMOTION_SQL);
-                sql
+                format!("{SETUP_CHECKPOINT_PRELUDE}{sql}{SETUP_PROMOTION_SQL}")
             }
             // The aggregate consumes every try before the outer query runs, so
             // pg_current_xact_id() is first called (and the xid assigned) after
@@ -997,6 +1018,30 @@ mod tests {
         }
         let bad = vec![vec![Some(3), Some(2)]];
         assert!(WaitReply::parse(&bad).is_err());
+    }
+
+    #[test]
+    fn the_setup_reads_the_promotion_state() {
+        let sql = Statement::Setup {
+            nonce: 1,
+            settings: vec![],
+        }
+        .sql();
+        assert!(sql.starts_with(SETUP_CHECKPOINT_PRELUDE), "{sql}");
+        assert!(sql.ends_with(SETUP_PROMOTION_SQL), "{sql}");
+        for tag in [
+            setup_tag::REPLAYED_SINCE_START,
+            setup_tag::WAL_TIMELINE,
+            setup_tag::CHECKPOINT_TIMELINE,
+            setup_tag::CHECKPOINT_AGE_MS,
+        ] {
+            assert!(
+                SETUP_PROMOTION_SQL.contains(&format!("SELECT {tag}, ")),
+                "{tag}"
+            );
+        }
+        assert!(SETUP_CHECKPOINT_PRELUDE.contains(&format!("'{CHECKPOINT_SETTING}'")));
+        assert!(SETUP_PROMOTION_SQL.contains(&format!("'{CHECKPOINT_SETTING}'")));
     }
 
     #[test]

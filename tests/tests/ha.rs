@@ -201,3 +201,53 @@ fn control_crash_recovery_holds_nothing_back() -> Res {
     );
     Ok(())
 }
+
+/// `pg_control_checkpoint()` revoked from PUBLIC (a DBA's or a managed service's choice):
+/// the setup still succeeds for a role without privileges. On a primary never promoted
+/// nothing is held back; on a promoted one the checkpoint is unknown, so every session
+/// waits the whole hold from its setup.
+#[test]
+fn control_revoked_control_functions_still_lead() -> Res {
+    let primary = Cluster::start()?;
+    primary.sql(
+        "CREATE ROLE app LOGIN; \
+         REVOKE EXECUTE ON FUNCTION pg_catalog.pg_control_checkpoint() FROM PUBLIC",
+    )?;
+    let standby = primary.start_standby()?;
+    let as_app = |c: &Cluster| {
+        format!(
+            "host={} port={} user=app dbname=postgres",
+            c.host(),
+            c.port()
+        )
+    };
+    let a = replica(as_app(&primary)).spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    let holds = logged_holds(&a);
+    assert!(
+        holds.is_empty(),
+        "held on a primary: {holds:?}\n{}",
+        a.tail()
+    );
+    standby.sql("SELECT 1")?;
+    std::thread::sleep(ms(500));
+    standby.promote()?;
+    // Long after the promotion's checkpoint: still the whole hold, the checkpoint unread.
+    std::thread::sleep(ms(3000));
+    let t = monotonic_nanos();
+    let c = replica(as_app(&standby)).spawn(bin(), "C")?;
+    let (_, _, c_start) = c.wait_start(0, WAIT)?;
+    let holds = logged_holds(&c);
+    figure(
+        "revoked pg_control_checkpoint, promoted: spawn -> C's job start",
+        format!("{:.1} ms, holds {holds:?}", ms_f(diff(t, c_start))),
+    );
+    let hold = replica(String::new()).guard_timeout() + ms(500);
+    assert_eq!(
+        holds,
+        vec![format!("hold_ms={}", hold.as_millis())],
+        "{}",
+        c.tail()
+    );
+    Ok(())
+}
