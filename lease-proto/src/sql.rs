@@ -70,13 +70,12 @@ pub const CHECKPOINT_SETTING: &str = "lease.checkpoint";
 /// a `CASE` says): the `DO` block catches `insufficient_privilege` and
 /// leaves the setting unset (the checkpoint unknown: see
 /// `PromotionState::hold`).
-const SETUP_CHECKPOINT_PRELUDE: &str = concat!(
+const SETUP_CHECKPOINT_PRELUDE: &str =
     "DO $lease$BEGIN PERFORM pg_catalog.set_config('lease.checkpoint', \
      (SELECT c.timeline_id::text || ',' || pg_catalog.floor(1000 * pg_catalog.date_part('epoch', \
      pg_catalog.clock_timestamp() - c.checkpoint_time))::int8::text \
      FROM pg_catalog.pg_control_checkpoint() c), true); \
-     EXCEPTION WHEN insufficient_privilege THEN NULL; END$lease$; "
-);
+     EXCEPTION WHEN insufficient_privilege THEN NULL; END$lease$; ";
 
 /// The setup's rows of [`crate::PromotionState`] (see `promotion.rs`): WAL
 /// received or a transaction replayed since the server started, the current
