@@ -90,7 +90,10 @@
 //! the guard). A pooler that rejects startup options gets the settings in the
 //! setup statement instead ([`Event::StartupOptionsRejected`]), verified the
 //! same way. A hot standby is not final ([`Event::InRecovery`]): the session is
-//! closed and the machine tries again after a backoff.
+//! closed and the machine tries again after a backoff. A newly promoted
+//! primary is not tried until every holder of the old primary must have
+//! stopped ([`Event::PromotionHold`], [`PromotionState`],
+//! [`Options::promotion_hold`]): advisory locks are not replicated.
 //!
 //! ## Carrying out the commands
 //!
