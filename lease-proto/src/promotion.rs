@@ -11,19 +11,26 @@
 //! has passed since the promotion, measured on the promoted server's clock.
 //!
 //! What a role without any privilege can read (measured on PostgreSQL 15):
-//! - `pg_last_wal_receive_lsn()` is non-NULL on a server whose WAL receiver
-//!   was started since the server started (a streaming standby, also after
-//!   its promotion), and `pg_last_xact_replay_timestamp()` on one that
-//!   replayed a commit in archive recovery or streaming. Both stay NULL
-//!   after crash recovery (a crash restart, or a backend crash that makes the
-//!   postmaster reinitialise), so a crash costs nothing: it ended every
-//!   holder's session anyway.
+//! - `pg_last_wal_receive_lsn()` is non-NULL on a server that asked for
+//!   streaming since it started (a standby with `primary_conninfo`, also
+//!   after its promotion; it is set when streaming is requested, so also on
+//!   a standby restarted while its primary was frozen or gone), and
+//!   `pg_last_xact_replay_timestamp()` on one that replayed a commit in
+//!   archive recovery or streaming. Both stay NULL after crash recovery (a
+//!   crash restart, or a backend crash that makes the postmaster
+//!   reinitialise), so a crash costs nothing: it ended every holder's
+//!   session anyway. Not covered: a standby fed only by `restore_command`
+//!   that replayed no commit since its start, once its promotion's
+//!   checkpoint is done.
 //! - `pg_control_checkpoint()` gives the latest checkpoint's timeline and
 //!   `checkpoint_time` (whole seconds, when the checkpoint started). A
 //!   promotion (fast promotion, the default) writes an end-of-recovery WAL
 //!   record and then requests a checkpoint; until that checkpoint is done
 //!   the latest checkpoint is still the standby's last restartpoint, on the
-//!   old timeline (about 0.5 s on an idle server). Every checkpoint on the
+//!   old timeline (about 0.5 s on an idle server; the checkpoint is not an
+//!   immediate one, so with many buffers dirtied by replay it can take up to
+//!   `checkpoint_completion_target` x `checkpoint_timeout`: measured more
+//!   than 1.5 s after a standby's restart). Every checkpoint on the
 //!   new timeline started after the promotion, so its `checkpoint_time + 1 s`
 //!   is an upper bound of the promotion instant. (Its `prev_timeline_id`
 //!   equals its `timeline_id`: only a non-fast end-of-recovery checkpoint
