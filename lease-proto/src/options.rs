@@ -147,6 +147,9 @@ pub enum Mutation {
     /// when its wait wakes, without the try (and its confirmation and
     /// token) that must follow.
     WakeIsAcquisition,
+    /// Ignore what the setup shows of a recent promotion: try on a newly
+    /// promoted primary at once, while the old primary's holders still act.
+    IgnorePromotion,
 }
 
 impl Default for Options {
@@ -272,6 +275,22 @@ impl Options {
         Duration::from_millis(ms as u64)
     }
 
+    /// How long a session on a newly promoted primary tries nothing after
+    /// the promotion (see [`PromotionState`](crate::PromotionState)):
+    /// [`Options::guard_timeout`] plus [`Options::guard_margin_in_force`].
+    ///
+    /// A holder on the old primary acts until its last confirming
+    /// statement's send time plus its validity (its cancelled job until the
+    /// guard deadline, `lease run`'s command until SIGKILL there), and that
+    /// statement was answered before the old primary stopped answering,
+    /// which (the HA tool's part) was before the promotion. The second
+    /// margin absorbs clock-rate drift between that holder and the promoted
+    /// server, as the first does for the guard. Covers holders whose
+    /// validity and margin are not larger than this locker's.
+    pub fn promotion_hold(&self) -> Duration {
+        self.guard_timeout() + self.guard_margin_in_force()
+    }
+
     /// The server-side TCP settings the lease session is opened with, as
     /// `(name, value)` in the server's units, so that the server cannot give
     /// up on a silent client before [`Options::guard_timeout`] `G`, whatever
@@ -307,7 +326,7 @@ impl Options {
     pub fn confirm_time(&self, sent: Instant, arrived: Instant) -> Instant {
         match self.mutation {
             Some(Mutation::ConfirmAtArrival) => arrived,
-            Some(Mutation::WakeIsAcquisition) | None => sent,
+            Some(Mutation::WakeIsAcquisition | Mutation::IgnorePromotion) | None => sent,
         }
     }
 
