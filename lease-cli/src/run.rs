@@ -27,8 +27,9 @@ struct Plan {
     target: Target,
     grace: Duration,
     /// The kill deadline after a lost lease is the lease's validity end plus
-    /// this: the guard margin with the server guard (the guard deadline, when
-    /// the server may hand the lease over), `grace` without it.
+    /// this: with the server guard, the guard margin less the drift allowance
+    /// (just before the guard deadline, when the server may hand the lease
+    /// over: see [`after_validity`]), `grace` without it.
     after_validity: Duration,
     quiet: bool,
     format: LogFormat,
@@ -98,13 +99,7 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
             .application_name(application_name(lease.name()));
     }
     spec.check()?;
-    let after_validity = if options.server_guard {
-        options
-            .guard_timeout()
-            .saturating_sub(options.validity_window())
-    } else {
-        args.grace
-    };
+    let after_validity = after_validity(&options, args.grace);
     Ok(Plan {
         lease,
         spec,
@@ -118,11 +113,29 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
     })
 }
 
+/// How long after the lease's validity end (`valid_until`) the command's group
+/// gets SIGKILL after a lost lease (see [`Plan::after_validity`]).
+///
+/// With the server guard: the guard timeout measured on this runner's clock,
+/// shortened by the drift the guarantee allows ([`Options::drift_bound`]), so
+/// that a clock running that much slow still kills before the server may free
+/// the key; floored to the microsecond (early, never late). It stays after the
+/// validity end: `guard (1 - drift) - validity = margin validity / (2
+/// validity + margin) > 0`.
+fn after_validity(options: &Options, grace: Duration) -> Duration {
+    if options.server_guard {
+        let guard = options.guard_timeout().mul_f64(1.0 - options.drift_bound());
+        let guard = Duration::from_micros(guard.as_micros() as u64);
+        guard.saturating_sub(options.validity_window())
+    } else {
+        grace
+    }
+}
+
 /// One line at startup when `--grace` cannot be given in full after a lost
 /// lease (or, without the server guard, what bounds the command instead).
 fn warn_about_grace(plan: &Plan) {
     let grace = humantime::format_duration(plan.grace);
-    let bound = humantime::format_duration(plan.after_validity);
     if !plan.options.server_guard {
         tracing::warn!(
             "--no-server-guard: the server frees a silent holder's lease only when it ends the \
@@ -131,11 +144,16 @@ fn warn_about_grace(plan: &Plan) {
              validity ended, whatever the server does meanwhile"
         );
     } else if plan.grace > plan.after_validity {
+        let bound = humantime::format_duration(Duration::from_millis(
+            plan.after_validity.as_millis() as u64,
+        ));
+        let delay = humantime::format_duration(plan.options.lock_delay);
         tracing::warn!(
-            "--grace {grace} is longer than the guard margin {bound}: after a lost lease the \
-             command is killed at the guard deadline (when the server may hand the lease to \
-             another replica), as little as {bound} after SIGTERM; --grace applies in full \
-             only to graceful stops"
+            "--grace {grace} is longer than the guard margin less the drift allowance \
+             ({bound}): after a lost lease the command is killed at the guard deadline (before \
+             the server may hand the lease to another replica), as little as {bound} after \
+             SIGTERM, and {delay} (--lock-delay) after SIGTERM when the server ended the \
+             session; --grace applies in full only to graceful stops"
         );
     }
 }
@@ -228,6 +246,9 @@ struct Ctx<'a> {
     grace: Duration,
     /// See [`Plan::after_validity`].
     after_validity: Duration,
+    /// [`Options::lock_delay`]: how soon a command gets SIGKILL after SIGTERM
+    /// once its session ended (see [`freed_with_the_session`]).
+    lock_delay: Duration,
     /// How often the lease's validity is read to renew the watchdog.
     poll: Duration,
     quiet: bool,
@@ -302,6 +323,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         spec: &plan.spec,
         grace: plan.grace,
         after_validity: plan.after_validity,
+        lock_delay: plan.options.lock_delay,
         poll: (plan.options.heartbeat_interval / 4).clamp(RENEW_MIN, RENEW_MAX),
         quiet: plan.quiet,
         format: plan.format,
@@ -383,10 +405,13 @@ enum Ended {
 ///
 /// The kill deadline is the lease's validity end plus
 /// [`Ctx::after_validity`]: with the server guard, the last confirming
-/// statement's send time + `idle_session_timeout`, the first moment the
-/// server could hand the lease to another session. It moves with every
+/// statement's send time + `idle_session_timeout` less the drift allowance,
+/// just before the first moment the server could hand the lease to another
+/// session. It moves with every
 /// confirmed heartbeat. A lost lease: SIGTERM at once, SIGKILL at the kill
-/// deadline or after `--grace`, whichever is first. A graceful stop
+/// deadline or after `--grace`, whichever is first; after `--lock-delay` if
+/// the session ended (the server freed the key: [`freed_with_the_session`]).
+/// A graceful stop
 /// (shutdown, or the command's own exit with leftovers in its group): the
 /// full `--grace`, the key being held until the group is gone.
 async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
@@ -457,6 +482,19 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                     humantime::format_duration(ctx.grace)
                 );
                 stop(&mut job, ctx.grace, ctx).await;
+            } else if freed_with_the_session(&reason) {
+                // The server may hand the key over now: a standby woken by
+                // its release tries after the lock delay.
+                let wait = ctx.lock_delay.min(kill_wait(deadline, ctx.grace));
+                let _ = dog.arm(job.pid(), Instant::now() + wait);
+                tracing::warn!(
+                    pid = job.pid(),
+                    %reason,
+                    "lease lost with its session (the server has freed it): stopping the \
+                     command's process group (SIGTERM, SIGKILL in {}, the lock delay)",
+                    humantime::format_duration(wait)
+                );
+                stop(&mut job, wait, ctx).await;
             } else {
                 let wait = kill_wait(deadline, ctx.grace);
                 tracing::warn!(
@@ -546,6 +584,17 @@ async fn stop(job: &mut Job, wait: Duration, ctx: &Ctx<'_>) {
     let status = job.terminate(wait, ctx.signals.at_least(2)).await;
     let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
     tracing::info!("the command stopped ({status})");
+}
+
+/// Whether a lease was lost because its key is known free on the server now:
+/// the session ended (terminated, reset, server restart: the server released
+/// its locks) or a verify found the key not held. Another session may take it
+/// after the lock delay, not at the guard deadline. The other losses (a
+/// statement timed out or failed, the validity ran out, a refusal) leave the
+/// session open, its key held, until the command has stopped or the guard
+/// deadline has come (the machine's doubtful session).
+fn freed_with_the_session(reason: &Reason) -> bool {
+    matches!(reason, Reason::SessionLost(_) | Reason::NotHeld)
 }
 
 /// How long a command may take after SIGTERM on a lost lease: until the kill
@@ -739,6 +788,47 @@ async fn lookup_holder(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Suspected (c) of issue 18: the kill deadline is `confirmed + guard` on
+    /// the runner's clock. A runner whose clock runs slow by the drift the
+    /// guarantee allows (`margin / (2 validity + margin)`) measures that
+    /// offset later in real time than the server frees the key.
+    #[test]
+    fn the_kill_deadline_allows_for_the_drift_bound() {
+        let cases = [
+            Options::default(),
+            Options {
+                heartbeat_interval: Duration::from_millis(200),
+                query_timeout: Duration::from_millis(500),
+                guard_margin: Duration::from_millis(300),
+                ..Options::default()
+            },
+            Options {
+                validity: Some(Duration::from_secs(500)),
+                ..Options::default()
+            },
+        ];
+        for o in cases {
+            let v = o.validity_window().as_secs_f64();
+            let m = o.guard_margin_in_force().as_secs_f64();
+            let drift = m / (2.0 * v + m);
+            assert_eq!(drift, o.drift_bound());
+            // Client-clock offset from the confirming statement's send time.
+            let offset = o.validity_window() + after_validity(&o, Duration::from_secs(10));
+            // Real time that offset takes on a clock slow by `drift`.
+            let real = offset.as_secs_f64() / (1.0 - drift);
+            let guard = o.guard_timeout().as_secs_f64();
+            assert!(
+                real <= guard,
+                "validity {v} s, margin {m} s: SIGKILL {offset:?} after the confirming statement \
+                 on the runner's clock is {real:.4} s of real time on a clock {:.2} % slow, \
+                 after the server may free the key ({guard} s)",
+                drift * 100.0
+            );
+            // Still after the validity end: SIGTERM comes first.
+            assert!(offset > o.validity_window());
+        }
+    }
 
     #[test]
     fn application_names_fit_the_server() {

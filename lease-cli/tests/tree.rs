@@ -1,0 +1,236 @@
+//! Issue 18, reproduced first: `lease run` and its command tree, with real
+//! `lease run` processes against ephemeral PostgreSQL servers. Run them with
+//! `cargo test -p lease-cli --test tree -- --nocapture` (the timings are
+//! printed).
+//!
+//! - Hole 2: after `pg_terminate_backend` of the holder's session or a server
+//!   restart, the server has freed the key at once; a command that ignores
+//!   SIGTERM must be dead before the standby's command starts.
+//! - Hole 6: a descendant that leaves the command's process group (`setsid`)
+//!   must not outlive a graceful stop, a lost lease, or a kill -9 of the
+//!   runner.
+//!
+//! Each command writes `date +%s%N` stamps to a file named by its own pid
+//! every 10 ms, so every command instance is one interval [first, last] and
+//! overlap is checked between all of them, whichever runner led when.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use lease_proto::key_for_name;
+use lease_tests::{pid_alive, Cluster, Replica, Stream};
+
+mod common;
+use common::{lease, unique};
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// A fresh directory for the stamp files; removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let path = std::env::temp_dir().join(unique(name));
+        fs::create_dir(&path).expect("create a temporary directory");
+        Dir(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `lease run --database-url URL EXTRA... NAME -- sh -c SCRIPT`.
+fn run_sh(url: &str, extra: &[&str], name: &str, script: &str) -> Command {
+    let mut cmd = lease();
+    cmd.arg("run")
+        .args(["--database-url", url])
+        .args(extra)
+        .arg(name)
+        .args(["--", "sh", "-c", script]);
+    cmd
+}
+
+/// A command that prints `pid=$$ token=$LEASE_TOKEN`, ignores SIGTERM, and
+/// stamps `DIR/$$` every 10 ms.
+fn stubborn_stamper(dir: &Path) -> String {
+    format!(
+        r#"echo "pid=$$ token=$LEASE_TOKEN"; trap "" TERM; while :; do date +%s%N >> {}/$$; sleep 0.01; done"#,
+        dir.display()
+    )
+}
+
+/// Each command's stamps (nanoseconds since the epoch) by its pid.
+fn intervals(dir: &Path) -> BTreeMap<i32, (u128, u128)> {
+    let mut out = BTreeMap::new();
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let stamps: Vec<u128> = fs::read_to_string(entry.path())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if let (Some(&first), Some(&last)) = (stamps.first(), stamps.last()) {
+            out.insert(pid, (first, last));
+        }
+    }
+    out
+}
+
+/// The longest time (ms) two commands' intervals overlapped (negative: the
+/// smallest gap between one's last and the next one's first stamp), with the
+/// pair.
+fn worst_overlap(dir: &Path) -> Option<(f64, i32, i32)> {
+    let all: Vec<(i32, (u128, u128))> = intervals(dir).into_iter().collect();
+    let mut worst: Option<(f64, i32, i32)> = None;
+    for (i, &(p, (f1, l1))) in all.iter().enumerate() {
+        for &(q, (f2, l2)) in &all[i + 1..] {
+            let overlap = (l1.min(l2) as f64 - f1.max(f2) as f64) / 1e6;
+            if worst.is_none_or(|(w, _, _)| overlap > w) {
+                worst = Some((overlap, p, q));
+            }
+        }
+    }
+    worst
+}
+
+/// The value of `key=` in a line of `key=value` words.
+fn field(line: &str, key: &str) -> Option<i64> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+}
+
+/// The pids of the commands a runner started so far (its `pid=` lines).
+fn commands(r: &Replica) -> Vec<i32> {
+    r.lines()
+        .iter()
+        .filter(|l| l.stream == Stream::Stdout && l.text.starts_with("pid="))
+        .filter_map(|l| field(&l.text, "pid").map(|p| p as i32))
+        .collect()
+}
+
+/// Waits until the runners together started `n` commands.
+fn wait_commands(rs: &[&Replica], n: usize, limit: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if rs.iter().map(|r| commands(r).len()).sum::<usize>() >= n {
+            return true;
+        }
+        std::thread::sleep(MS(5));
+    }
+    false
+}
+
+/// Waits until `pid` is gone; whether it went within `limit`.
+fn wait_gone(pid: i32, limit: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if !pid_alive(pid) {
+            return true;
+        }
+        std::thread::sleep(MS(1));
+    }
+    false
+}
+
+fn stderr_of(r: &Replica) -> String {
+    r.lines()
+        .iter()
+        .filter(|l| l.stream == Stream::Stderr)
+        .map(|l| l.text.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// How the holder's session ends in a hole-2 test.
+enum SessionEnd {
+    Terminate,
+    Restart,
+}
+
+/// Hole 2: two runners at the default intervals and `--grace` (10 s), both
+/// commands ignoring SIGTERM; the holder's session is ended by the server.
+/// No two commands may ever have run at once.
+fn session_end_leaves_no_overlap(c: &mut Cluster, how: SessionEnd) {
+    let label = match how {
+        SessionEnd::Terminate => "pg_terminate_backend",
+        SessionEnd::Restart => "pg_ctl restart -m fast",
+    };
+    let dir = Dir::new("hole2");
+    let name = unique("hole2");
+    let url = c.url("postgres");
+    let a = Replica::spawn(run_sh(&url, &[], &name, &stubborn_stamper(dir.path()))).expect("a");
+    assert!(wait_commands(&[&a], 1, MS(10_000)), "a did not lead");
+    let pid_a = commands(&a)[0];
+    let b = Replica::spawn(run_sh(&url, &[], &name, &stubborn_stamper(dir.path()))).expect("b");
+    b.wait_for_line(|l| l.contains("standing by"), MS(10_000))
+        .expect("b stands by");
+    std::thread::sleep(MS(300));
+
+    let start = Instant::now();
+    match how {
+        SessionEnd::Terminate => {
+            let key = key_for_name(&name);
+            let holder = c.held_advisory_keys().expect("pg_locks");
+            let holder = holder.iter().find(|&&(k, _)| k == key).expect("a holds");
+            assert!(c.terminate_backend(holder.1).expect("terminate"));
+        }
+        SessionEnd::Restart => c.restart().expect("restart"),
+    }
+    let next = wait_commands(&[&a, &b], 2, MS(30_000));
+    let a_gone = wait_gone(pid_a, MS(15_000));
+    std::thread::sleep(MS(200));
+    let all = intervals(dir.path());
+    let (first_a, last_a) = all.get(&pid_a).copied().unwrap_or((0, 0));
+    let worst = worst_overlap(dir.path());
+    eprintln!(
+        "{label} of the holder's session, SIGTERM-ignoring commands, default --grace: a new \
+         command started: {next}; a's first command (pid {pid_a}) gone: {a_gone}, last stamp \
+         {:.0} ms after the {label} call started (it stamped for {:.0} ms in all); commands {:?}; \
+         worst overlap {:?} ms",
+        (last_a as f64 - now_nanos_at(start) as f64) / 1e6,
+        (last_a as f64 - first_a as f64) / 1e6,
+        all.keys().collect::<Vec<_>>(),
+        worst.map(|(w, p, q)| format!("{w:.1} ({p}, {q})")),
+    );
+    assert!(next, "no command started after the {label}");
+    let (overlap, p, q) = worst.expect("two commands stamped");
+    assert!(
+        overlap < 0.0,
+        "after {label}, commands {p} and {q} ran at once for {overlap:.1} ms (the old one \
+         ignores SIGTERM; default --grace 10s)\n--- a's stderr ---\n{}\n--- b's stderr ---\n{}",
+        stderr_of(&a),
+        stderr_of(&b),
+    );
+}
+
+/// The wall clock (nanoseconds since the epoch) at `at`, a moment in the past.
+fn now_nanos_at(at: Instant) -> u128 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    now - at.elapsed().as_nanos()
+}
+
+#[test]
+fn hole2_terminated_holder_ignoring_sigterm_is_dead_before_the_standby_starts() {
+    let mut c = Cluster::start().expect("start PostgreSQL");
+    session_end_leaves_no_overlap(&mut c, SessionEnd::Terminate);
+}
+
+#[test]
+fn hole2_restarted_server_leaves_no_overlap_with_a_sigterm_ignoring_command() {
+    let mut c = Cluster::start().expect("start PostgreSQL");
+    session_end_leaves_no_overlap(&mut c, SessionEnd::Restart);
+}
