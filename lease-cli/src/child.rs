@@ -124,8 +124,16 @@ pub fn signal_group(pgid: i32, sig: libc::c_int) -> bool {
 /// Whether any live process is left in group `pgid`. Zombies do not count:
 /// an orphaned member that exited waits for its new parent (init, or a
 /// container's PID 1, which may be slow) to reap it, and is gone already.
+/// A group whose members all run under another uid (the command ran `sudo`)
+/// cannot be signalled (EPERM) but is there all the same.
 pub fn group_alive(pgid: i32) -> bool {
-    if !signal_group(pgid, 0) {
+    if pgid <= 1 {
+        return false;
+    }
+    // SAFETY: as in signal_group; signal 0 only checks.
+    let exists = unsafe { libc::kill(-pgid, 0) } == 0
+        || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    if !exists {
         return false;
     }
     live_members(pgid).is_none_or(|n| n > 0)
@@ -300,5 +308,74 @@ impl Job {
             signal_group(self.pgid, libc::SIGKILL);
         }
         self.wait().await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    /// Suspected (b) of issue 18: `kill(-pgid, 0)` fails with EPERM when every
+    /// member of the group runs under another uid (a command that ran `sudo`,
+    /// or `su`), and `group_alive` must still say the group is there. Needs
+    /// root (to start the group as root and ask as the unprivileged user
+    /// `leasetest`); skipped otherwise.
+    #[test]
+    fn a_group_of_another_user_is_alive() {
+        // SAFETY: geteuid has no preconditions; getpwnam returns a pointer
+        // into static storage or null, read at once.
+        let uid = unsafe {
+            if libc::geteuid() != 0 {
+                eprintln!("skipped: not root");
+                return;
+            }
+            let pw = libc::getpwnam(c"leasetest".as_ptr());
+            if pw.is_null() {
+                eprintln!("skipped: no user leasetest");
+                return;
+            }
+            ((*pw).pw_uid, (*pw).pw_gid)
+        };
+        let mut group = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .expect("spawn sleep");
+        let pgid = group.id() as i32;
+        // Asked from a process running as leasetest: its exit status is the
+        // answer (1: alive, 0: gone, 2: could not switch users).
+        let mut ask = std::process::Command::new("true");
+        // SAFETY: the closure runs in the forked child before exec; it calls
+        // setgid/setuid, the function under test (which reads /proc) and
+        // _exit. glibc's malloc is usable after fork.
+        unsafe {
+            ask.pre_exec(move || {
+                if libc::setgid(uid.1) != 0 || libc::setuid(uid.0) != 0 {
+                    libc::_exit(2);
+                }
+                let errno_eperm = libc::kill(-pgid, 0) != 0
+                    && io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+                if !errno_eperm {
+                    libc::_exit(3);
+                }
+                libc::_exit(i32::from(group_alive(pgid)));
+            });
+        }
+        let status = ask.status().expect("run the question as leasetest");
+        let _ = group.kill();
+        let _ = group.wait();
+        assert_ne!(status.code(), Some(2), "cannot switch to leasetest");
+        assert_ne!(
+            status.code(),
+            Some(3),
+            "kill(-pgid, 0) did not fail with EPERM"
+        );
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "group_alive says the group {pgid} of root's `sleep 30` is gone when asked by \
+             another user (kill(-pgid, 0) fails with EPERM)"
+        );
     }
 }
