@@ -180,6 +180,18 @@ pub struct WatchdogArgs {
     /// Log format on stderr
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// An inherited descriptor to give the command as its stdin (the runner's)
+    #[arg(long, value_name = "FD")]
+    pub stdin_fd: Option<i32>,
+
+    /// An inherited descriptor to give the command as its stdout (the runner's)
+    #[arg(long, value_name = "FD")]
+    pub stdout_fd: Option<i32>,
+
+    /// The command the watchdog starts on `spawn`, after `--`
+    #[arg(value_name = "COMMAND", last = true, allow_hyphen_values = true)]
+    pub command: Vec<OsString>,
 }
 
 /// How to reach the database; shared by every subcommand that connects.

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_postgres::Config;
 
 use crate::args::{LogFormat, RunArgs};
-use crate::child::{exit_code, ChildSpec, Job};
+use crate::child::{self, exit_code, ChildSpec, Job};
 use crate::conn::{self, Target};
 use crate::serve::{self, Current, Endpoints, Health};
 use crate::tls::Connector;
@@ -54,6 +54,12 @@ pub fn main(args: RunArgs) -> i32 {
         tracing::warn!("{warning}");
     }
     warn_about_grace(&plan);
+    // Orphans of a command's tree whose watchdog died become this runner's
+    // children, still in reach (see `child::Job`).
+    if let Err(e) = child::become_subreaper() {
+        tracing::error!("cannot become the subreaper of the command's tree: {e}");
+        return EXIT_FAILURE;
+    }
     // One thread: the child's PR_SET_PDEATHSIG is tied to the thread that
     // spawns it, which must live as long as the process (see `child`).
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -419,7 +425,12 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
     if lease.is_cancelled() {
         return Ok(());
     }
-    let mut dog = match Watchdog::start(ctx.quiet, ctx.format).await {
+    let env = [
+        ("LEASE_NAME", lease.name().to_owned()),
+        ("LEASE_KEY", lease.key().to_string()),
+        ("LEASE_TOKEN", token.to_string()),
+    ];
+    let mut dog = match Watchdog::start(ctx.quiet, ctx.format, ctx.spec, &env).await {
         Ok(dog) => dog,
         Err(e) => {
             let message = format!("cannot start the watchdog: {e}");
@@ -432,13 +443,15 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
         return Ok(());
     };
     let mut deadline = valid_until + ctx.after_validity;
-    let env = [
-        ("LEASE_NAME", lease.name().to_owned()),
-        ("LEASE_KEY", lease.key().to_string()),
-        ("LEASE_TOKEN", token.to_string()),
-    ];
-    let mut job = match Job::spawn(ctx.spec, &env) {
+    // The watchdog starts the command (it is its parent and subreaper).
+    let mut job = match dog.spawn(deadline).await {
         Ok(job) => job,
+        Err(e) if e.raw_os_error().is_none() => {
+            dog.finish().await;
+            let message = format!("the watchdog cannot start the command: {e}");
+            tracing::error!("{message}; releasing the lease");
+            return Err(JobEnd::Watchdog(message));
+        }
         Err(e) => {
             dog.finish().await;
             let code = match e.kind() {

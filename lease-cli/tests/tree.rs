@@ -234,3 +234,187 @@ fn hole2_restarted_server_leaves_no_overlap_with_a_sigterm_ignoring_command() {
     let mut c = Cluster::start().expect("start PostgreSQL");
     session_end_leaves_no_overlap(&mut c, SessionEnd::Restart);
 }
+
+/// Fast lease intervals and a 1 s `--grace` for the hole-6 tests.
+const FAST: [&str; 8] = [
+    "--retry-interval",
+    "50ms",
+    "--heartbeat-interval",
+    "100ms",
+    "--query-timeout",
+    "1s",
+    "--grace",
+    "1s",
+];
+
+/// A command that starts a writer that leaves its process group and session
+/// (`setsid`) and ignores SIGTERM, then prints `pid=$$ token=$LEASE_TOKEN`
+/// and waits. The writer appends a line to `DIR/esc-PID` every 10 ms and
+/// writes its own pid to `DIR/esc-PID.pid` (PID: the command's).
+fn escaper(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"setsid bash -c 'echo $$ > {d}/esc-$1.pid; trap "" TERM; while :; do echo x >> {d}/esc-$1; sleep 0.01; done' esc $$ & echo "pid=$$ token=$LEASE_TOKEN"; while :; do sleep 0.05; done"#
+    )
+}
+
+/// Every live process whose environment has `LEASE_TOKEN=token`: the
+/// command's whole tree, wherever it moved (setsid, double fork), unless it
+/// cleared its environment.
+fn tree_by_token(token: i64) -> Vec<(i32, String)> {
+    let needle = format!("LEASE_TOKEN={token}");
+    let mut out = Vec::new();
+    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(env) = fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let has = env.split(|&b| b == 0).any(|v| v == needle.as_bytes());
+        let stat = fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .is_some_and(|s| s == "Z" || s == "X");
+        if has && !zombie {
+            let cmd = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            out.push((pid, cmd.trim().to_owned()));
+        }
+    }
+    out
+}
+
+/// Waits until no process of the token's tree is left; what is left.
+fn wait_tree_gone(token: i64, limit: Duration) -> Vec<(i32, String)> {
+    let start = Instant::now();
+    loop {
+        let left = tree_by_token(token);
+        if left.is_empty() || start.elapsed() >= limit {
+            return left;
+        }
+        std::thread::sleep(MS(10));
+    }
+}
+
+/// Lines in `file` now and 300 ms later.
+fn growth(file: &Path) -> (usize, usize) {
+    let n = || fs::read_to_string(file).map_or(0, |s| s.lines().count());
+    let before = n();
+    std::thread::sleep(MS(300));
+    (before, n())
+}
+
+/// How a hole-6 test stops the command.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// SIGTERM to `lease run`: a graceful stop.
+    Graceful,
+    /// `pg_terminate_backend` of the holder's session: a lost lease.
+    LostLease,
+    /// `kill -9` of `lease run`.
+    RunnerKilled,
+}
+
+/// Hole 6: after `stop`, no process of the command's tree may be alive, the
+/// escaped writer included, and the writer's file stops growing.
+fn escaped_descendant_dies_with_the_command(stop: Stop) {
+    let c = common::cluster();
+    let dir = Dir::new("hole6");
+    let name = unique("hole6");
+    let mut r = Replica::spawn(run_sh(
+        &c.url("postgres"),
+        &FAST,
+        &name,
+        &escaper(dir.path()),
+    ))
+    .expect("spawn lease run");
+    let (_, line) = r
+        .wait_for_line(|l| l.starts_with("pid="), MS(10_000))
+        .expect("the command started");
+    let pid = field(&line, "pid").expect("pid") as i32;
+    let token = field(&line, "token").expect("token");
+    let esc_file = dir.path().join(format!("esc-{pid}"));
+    let pid_file = dir.path().join(format!("esc-{pid}.pid"));
+    let start = Instant::now();
+    let esc = loop {
+        let p = fs::read_to_string(&pid_file).ok();
+        if let Some(p) = p.and_then(|s| s.trim().parse::<i32>().ok()) {
+            if fs::metadata(&esc_file).is_ok_and(|m| m.len() > 0) {
+                break p;
+            }
+        }
+        assert!(
+            start.elapsed() < MS(5_000),
+            "the escaped writer did not start"
+        );
+        std::thread::sleep(MS(10));
+    };
+    let before = tree_by_token(token);
+    let stopped = Instant::now();
+    match stop {
+        Stop::Graceful => {
+            r.sigterm().expect("SIGTERM");
+            let status = r.wait_exit(MS(15_000));
+            eprintln!(
+                "graceful stop: lease run exited {status:?} after {:?}",
+                stopped.elapsed()
+            );
+        }
+        Stop::LostLease => {
+            let key = key_for_name(&name);
+            let holder = c.held_advisory_keys().expect("pg_locks");
+            let holder = holder.iter().find(|&&(k, _)| k == key).expect("held");
+            assert!(c.terminate_backend(holder.1).expect("terminate"));
+            r.wait_for_line(|l| l.contains("the command stopped"), MS(10_000))
+                .expect("the runner stopped its command");
+        }
+        Stop::RunnerKilled => {
+            r.kill9().expect("kill -9");
+            let _ = r.wait_exit(MS(5_000));
+        }
+    }
+    let left = wait_tree_gone(token, MS(3_000));
+    let took = stopped.elapsed();
+    let (n1, n2) = growth(&esc_file);
+    eprintln!(
+        "{stop:?}: the command's tree before the stop: {before:?}; {:?} after the stop: left \
+         {left:?}; the escaped writer (pid {esc}, alive: {}) wrote {n1} -> {n2} lines in the \
+         next 300 ms",
+        took,
+        pid_alive(esc),
+    );
+    let escaped = pid_alive(esc);
+    // Nothing of a failed run may keep writing after the test.
+    for &(p, _) in &left {
+        // SAFETY: kill of a process of this test's command tree.
+        unsafe { libc::kill(p, libc::SIGKILL) };
+    }
+    assert!(
+        left.is_empty() && !escaped && n1 == n2,
+        "{stop:?}: processes of the command's tree (LEASE_TOKEN={token}) outlived the stop: \
+         {left:?}; the escaped writer (pid {esc}) wrote {n1} -> {n2} lines in 300 ms\n--- \
+         stderr ---\n{}",
+        stderr_of(&r)
+    );
+}
+
+#[test]
+fn hole6_escaped_descendant_dies_at_a_graceful_stop() {
+    escaped_descendant_dies_with_the_command(Stop::Graceful);
+}
+
+#[test]
+fn hole6_escaped_descendant_dies_at_a_lost_lease() {
+    escaped_descendant_dies_with_the_command(Stop::LostLease);
+}
+
+#[test]
+fn hole6_escaped_descendant_dies_with_a_killed_runner() {
+    escaped_descendant_dies_with_the_command(Stop::RunnerKilled);
+}
