@@ -161,6 +161,21 @@ pub enum Cmd {
                       pg_advisory_lock(bigint) or pg_locks. No database is contacted."
     )]
     Key(KeyArgs),
+    /// From inside COMMAND of `lease run`: is its lease valid now, and until when
+    #[command(
+        long_about = "From inside COMMAND of `lease run`: ask the runner whether the lease \
+                      COMMAND runs under is valid now, and until when. Connects to the runner's \
+                      Unix socket named by $LEASE_SOCKET (set for COMMAND and everything it \
+                      starts) and prints its one-line answer: `valid remaining_ms=MS \
+                      until_monotonic_ns=NS token=TOKEN` (NS on CLOCK_MONOTONIC, system-wide) \
+                      or `invalid reason=...`. Takes a few milliseconds, no database contact. \
+                      Ask before each side effect that must not overlap another replica's, and \
+                      act only on exit status 0; the fencing token ($LEASE_TOKEN) remains the \
+                      protection for what a pause after the answer may let through. \
+                      Exit status 0 valid, 1 not valid (lost, expired, or stopping), 2 for an \
+                      error (no $LEASE_SOCKET, no answer within --timeout: a frozen runner)."
+    )]
+    Valid(ValidArgs),
     /// Internal: the watchdog `lease run` starts beside each command (see watchdog.rs)
     #[command(name = "__watchdog", hide = true)]
     Watchdog(WatchdogArgs),
@@ -365,6 +380,22 @@ pub struct StatusArgs {
 
     #[command(flatten)]
     pub conn: ConnArgs,
+}
+
+/// Options of `lease valid`.
+#[derive(Debug, Args)]
+pub struct ValidArgs {
+    /// The runner's socket [default: $LEASE_SOCKET]
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<std::path::PathBuf>,
+
+    /// How long to wait for the runner's answer
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub timeout: Duration,
+
+    /// Print nothing; only the exit status tells
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 /// Options of `lease key`.

@@ -17,7 +17,7 @@ use crate::conn::{self, Target};
 use crate::serve::{self, Current, Endpoints, Health};
 use crate::tls::Connector;
 use crate::watchdog::Watchdog;
-use crate::{log, usage_error, EXIT_FAILURE};
+use crate::{log, usage_error, valid, EXIT_FAILURE};
 
 /// Everything `lease run` needs once the input is validated.
 struct Plan {
@@ -425,11 +425,26 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
     if lease.is_cancelled() {
         return Ok(());
     }
-    let env = [
+    // `lease valid` from inside the command: answered until the tree is gone
+    // (dropped at the end of this function).
+    let answerer = match valid::Answerer::start(&lease) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            tracing::warn!(
+                "cannot listen for `lease valid` ({e}): {} is not set for the command",
+                valid::SOCKET_VAR
+            );
+            None
+        }
+    };
+    let mut env = vec![
         ("LEASE_NAME", lease.name().to_owned()),
         ("LEASE_KEY", lease.key().to_string()),
         ("LEASE_TOKEN", token.to_string()),
     ];
+    if let Some(a) = &answerer {
+        env.push((valid::SOCKET_VAR, a.path().to_string_lossy().into_owned()));
+    }
     let mut dog = match Watchdog::start(ctx.quiet, ctx.format, ctx.spec, &env).await {
         Ok(dog) => dog,
         Err(e) => {
