@@ -61,7 +61,7 @@ every heartbeat. A lost lease is noticed by the end of its validity at the lates
 at least margin x validity / (2 validity + margin) between SIGTERM and SIGKILL (484ms by
 default); a --grace longer than that is announced at startup by a warning. When the session
 itself ended (terminated, reset, server restarted), the server has freed the lease already and a
-standby takes it after its --lock-delay: SIGKILL comes --lock-delay (20ms) after SIGTERM.
+standby takes it after its --lock-delay: SIGKILL comes half of --lock-delay (10ms) after SIGTERM.
 Without the server guard (--no-server-guard) there is no such deadline: SIGKILL comes --grace
 after SIGTERM, at the latest --grace after the validity ended.
 
@@ -283,8 +283,8 @@ pub struct RunArgs {
     /// the lease is held until the tree is gone. After a lost lease, SIGKILL comes at the
     /// kill deadline if that is sooner (just before the server may hand the lease over; the
     /// guard margin less the drift allowance after the validity ended, at the least): a --grace
-    /// longer than that gets a warning at startup; after the session ended, --lock-delay after
-    /// SIGTERM. Make COMMAND exit promptly on SIGTERM.
+    /// longer than that gets a warning at startup; after the session ended, half of --lock-delay
+    /// after SIGTERM. Make COMMAND exit promptly on SIGTERM.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
 
@@ -331,9 +331,9 @@ pub struct RunArgs {
     /// new one starts no sooner than this after the lease was freed. A graceful release
     /// (with its notification) is taken at once. Must not exceed --retry-interval.
     ///
-    /// It is also how long COMMAND gets between SIGTERM and SIGKILL when this runner's own
-    /// session ends: use the same value on every replica (a holder's longer one is time a
-    /// standby's shorter one does not wait for).
+    /// It also bounds how long COMMAND gets between SIGTERM and SIGKILL when this runner's own
+    /// session ends (half of it): use the same value on every replica (a holder's longer one
+    /// is time a standby's shorter one does not wait for).
     #[arg(long, value_name = "DURATION", default_value = "20ms", value_parser = parse_duration)]
     pub lock_delay: Duration,
 

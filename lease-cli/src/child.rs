@@ -204,13 +204,15 @@ fn live_members(pgid: i32) -> Option<usize> {
 /// one of the nearest subreaper's (`PR_SET_CHILD_SUBREAPER`): that is how
 /// `lease run` and its watchdog find every process of a command's tree.
 pub fn descendants(root: i32, except: &[i32]) -> Vec<(i32, i32)> {
-    let Some(all) = processes() else {
-        return Vec::new();
-    };
+    processes().map_or_else(Vec::new, |all| descendants_in(&all, root, except))
+}
+
+/// [`descendants`] in a table read by [`processes`].
+fn descendants_in(all: &[(i32, i32, i32, bool)], root: i32, except: &[i32]) -> Vec<(i32, i32)> {
     let mut out = Vec::new();
     let mut frontier = vec![root];
     while let Some(parent) = frontier.pop() {
-        for &(pid, ppid, pgrp, zombie) in &all {
+        for &(pid, ppid, pgrp, zombie) in all {
             if ppid == parent && pid != root {
                 frontier.push(pid);
                 if !zombie && !except.contains(&pid) {
@@ -310,16 +312,26 @@ impl Job {
         signal_tree(own_pid(), &[self.watchdog], self.pgid, sig)
     }
 
-    /// Whether a live process is left in the command's tree.
+    /// Whether a live process is left in the command's tree (one read of
+    /// `/proc`; the group's signal check if `/proc` cannot be read).
     fn tree_alive(&self) -> bool {
-        !descendants(own_pid(), &[self.watchdog]).is_empty() || group_alive(self.pgid)
+        match processes() {
+            Some(all) => !descendants_in(&all, own_pid(), &[self.watchdog]).is_empty(),
+            None => group_alive(self.pgid),
+        }
     }
 
-    /// SIGKILL to the tree until nothing of it is left.
-    async fn kill_tree(&self) {
+    /// SIGKILL to the tree until nothing of it is left: the first at once,
+    /// without a check before it. Returns whether anything was there.
+    async fn kill_tree(&self) -> bool {
         let mut rounds = 0u32;
-        while self.tree_alive() {
-            self.signal(libc::SIGKILL);
+        let mut found = false;
+        loop {
+            let n = self.signal(libc::SIGKILL);
+            if n == 0 && !group_alive(self.pgid) {
+                return found;
+            }
+            found = true;
             rounds += 1;
             if rounds % 1000 == 0 {
                 tracing::warn!(
@@ -375,9 +387,12 @@ impl Job {
     }
 
     /// After the child exited by itself: stops whatever it left behind in its
-    /// tree, in its group or not (SIGTERM, SIGKILL after `grace`). Returns
-    /// whether anything was left.
-    pub async fn reap_group(&mut self, grace: Duration) -> bool {
+    /// tree, in its group or not (SIGTERM, SIGKILL after `grace` or when
+    /// `hurry` resolves). Returns whether anything was left.
+    pub async fn reap_group<H>(&mut self, grace: Duration, hurry: H) -> bool
+    where
+        H: std::future::Future<Output = ()>,
+    {
         if !self.tree_alive() {
             return false;
         }
@@ -387,7 +402,7 @@ impl Job {
         );
         self.signal(libc::SIGTERM);
         self.signal(libc::SIGCONT);
-        self.drain_group(grace, std::future::pending()).await;
+        self.drain_group(grace, hurry).await;
         true
     }
 
@@ -414,13 +429,12 @@ impl Job {
                 () = &mut hurry => break,
             }
         }
-        if self.tree_alive() {
+        if self.kill_tree().await {
             tracing::warn!(
                 pgid = self.pgid,
                 grace = ?grace,
-                "the command's tree did not exit in time; sending SIGKILL"
+                "the command's tree did not exit in time (or the lease was lost): sent SIGKILL"
             );
-            self.kill_tree().await;
         }
         self.wait().await.ok()
     }

@@ -158,8 +158,8 @@ fn warn_about_grace(plan: &Plan) {
             "--grace {grace} is longer than the guard margin less the drift allowance \
              ({bound}): after a lost lease the command is killed at the guard deadline (before \
              the server may hand the lease to another replica), as little as {bound} after \
-             SIGTERM, and {delay} (--lock-delay) after SIGTERM when the server ended the \
-             session; --grace applies in full only to graceful stops"
+             SIGTERM, and half of --lock-delay ({delay}) after SIGTERM when the server \
+             ended the session; --grace applies in full only to graceful stops"
         );
     }
 }
@@ -252,8 +252,8 @@ struct Ctx<'a> {
     grace: Duration,
     /// See [`Plan::after_validity`].
     after_validity: Duration,
-    /// [`Options::lock_delay`]: how soon a command gets SIGKILL after SIGTERM
-    /// once its session ended (see [`freed_with_the_session`]).
+    /// [`Options::lock_delay`]: a command gets SIGKILL within it after SIGTERM
+    /// once its session ended (see [`session_end_wait`]).
     lock_delay: Duration,
     /// How often the lease's validity is read to renew the watchdog.
     poll: Duration,
@@ -415,8 +415,9 @@ enum Ended {
 /// just before the first moment the server could hand the lease to another
 /// session. It moves with every
 /// confirmed heartbeat. A lost lease: SIGTERM at once, SIGKILL at the kill
-/// deadline or after `--grace`, whichever is first; after `--lock-delay` if
-/// the session ended (the server freed the key: [`freed_with_the_session`]).
+/// deadline or after `--grace`, whichever is first; within `--lock-delay`
+/// (half of it) if the session ended (the server freed the key:
+/// [`freed_with_the_session`], [`session_end_wait`]).
 /// A graceful stop
 /// (shutdown, or the command's own exit with leftovers in its group): the
 /// full `--grace`, the key being held until the group is gone.
@@ -513,13 +514,13 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
             } else if freed_with_the_session(&reason) {
                 // The server may hand the key over now: a standby woken by
                 // its release tries after the lock delay.
-                let wait = ctx.lock_delay.min(kill_wait(deadline, ctx.grace));
+                let wait = session_end_wait(ctx, deadline);
                 let _ = dog.arm(job.pid(), Instant::now() + wait);
                 tracing::warn!(
                     pid = job.pid(),
                     %reason,
                     "lease lost with its session (the server has freed it): stopping the \
-                     command's process group (SIGTERM, SIGKILL in {}, the lock delay)",
+                     command's tree (SIGTERM, SIGKILL in {}, within the lock delay)",
                     humantime::format_duration(wait)
                 );
                 stop(&mut job, wait, ctx).await;
@@ -579,15 +580,34 @@ async fn exited(
             pid = job.pid(),
             "the watchdog killed the command at the lease's deadline (this runner was late)"
         );
-        job.reap_group(Duration::ZERO).await;
+        job.reap_group(Duration::ZERO, pending()).await;
         let _ = tokio::time::timeout(ctx.grace, lease.cancelled()).await;
         return Ok(());
     }
     let code = status.map_or(EXIT_FAILURE, exit_code);
     // Leftovers get the full grace (the key is held meanwhile); the watchdog
-    // stays armed in case the lease is lost in between.
+    // stays armed in case the lease is lost in between, and a loss meanwhile
+    // hurries the kill as it would for the command itself.
     {
-        let reap = job.reap_group(ctx.grace);
+        let snapshot = *deadline;
+        let hurry = async {
+            let reason = lease.cancelled().await;
+            if reason == Reason::Shutdown {
+                pending::<()>().await;
+            }
+            let wait = if freed_with_the_session(&reason) {
+                session_end_wait(ctx, snapshot)
+            } else {
+                kill_wait(snapshot, ctx.grace)
+            };
+            tracing::warn!(
+                %reason,
+                "lease lost while stopping what the command left running: SIGKILL in {}",
+                humantime::format_duration(Duration::from_millis(wait.as_millis() as u64))
+            );
+            tokio::time::sleep(wait).await;
+        };
+        let reap = job.reap_group(ctx.grace, hurry);
         tokio::pin!(reap);
         tokio::select! {
             _ = &mut reap => {}
@@ -623,6 +643,17 @@ async fn stop(job: &mut Job, wait: Duration, ctx: &Ctx<'_>) {
 /// deadline has come (the machine's doubtful session).
 fn freed_with_the_session(reason: &Reason) -> bool {
     matches!(reason, Reason::SessionLost(_) | Reason::NotHeld)
+}
+
+/// How long a command may take after SIGTERM once its session ended: half the
+/// lock delay (never more than [`kill_wait`]). A standby woken by the release
+/// tries `lock_delay` after its wake, and this runner learns of the end at
+/// about that moment (or later); the other half is room for this runner's
+/// own latency (a timer's wake on a busy machine, a read of `/proc`) before
+/// the SIGKILL lands, and the standby still needs its try's round trip and
+/// its own command's start after the delay.
+fn session_end_wait(ctx: &Ctx<'_>, deadline: Instant) -> Duration {
+    (ctx.lock_delay / 2).min(kill_wait(deadline, ctx.grace))
 }
 
 /// How long a command may take after SIGTERM on a lost lease: until the kill

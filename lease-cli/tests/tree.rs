@@ -418,3 +418,71 @@ fn hole6_escaped_descendant_dies_at_a_lost_lease() {
 fn hole6_escaped_descendant_dies_with_a_killed_runner() {
     escaped_descendant_dies_with_the_command(Stop::RunnerKilled);
 }
+
+/// Hole 2 for leftovers: the command exits at once, leaving a `setsid`
+/// writer that ignores SIGTERM; `lease run` holds the key while it stops the
+/// leftover (`--grace` 10 s). The holder's session is terminated meanwhile:
+/// the server frees the key, so the leftover must die before the standby's
+/// command starts, not at the end of `--grace`.
+#[test]
+fn hole2_leftover_of_an_exited_command_is_dead_before_the_standby_starts() {
+    let c = common::cluster();
+    let dir = Dir::new("hole2-leftover");
+    let name = unique("hole2-leftover");
+    let d = dir.path().display();
+    let leaver = format!(
+        r#"setsid bash -c 'trap "" TERM; while :; do date +%s%N >> {d}/leftover; sleep 0.01; done' & echo "pid=$$ token=$LEASE_TOKEN"; sleep 0.3; exit 0"#
+    );
+    let url = c.url("postgres");
+    let a = Replica::spawn(run_sh(&url, &["--grace", "10s"], &name, &leaver)).expect("a");
+    assert!(wait_commands(&[&a], 1, MS(10_000)), "a did not lead");
+    a.wait_for_line(
+        |l| l.contains("processes left in the command's tree"),
+        MS(5_000),
+    )
+    .expect("a stops the leftover");
+    let b = Replica::spawn(run_sh(&url, &[], &name, &stubborn_stamper(dir.path()))).expect("b");
+    b.wait_for_line(|l| l.contains("standing by"), MS(10_000))
+        .expect("b stands by");
+    let key = key_for_name(&name);
+    let holder = c.held_advisory_keys().expect("pg_locks");
+    let holder = holder.iter().find(|&&(k, _)| k == key).expect("a holds");
+    let start = Instant::now();
+    assert!(c.terminate_backend(holder.1).expect("terminate"));
+    assert!(wait_commands(&[&b], 1, MS(15_000)), "b did not lead");
+    let pid_b = commands(&b)[0];
+    let first_b = loop {
+        if let Some(&(first, _)) = intervals(dir.path()).get(&pid_b) {
+            break first;
+        }
+        assert!(start.elapsed() < MS(15_000), "b's command did not stamp");
+        std::thread::sleep(MS(5));
+    };
+    // Wait for the leftover to stop writing (at most --grace).
+    let mut last = 0;
+    for _ in 0..120 {
+        std::thread::sleep(MS(100));
+        let now = fs::read_to_string(dir.path().join("leftover")).map_or(0, |s| s.lines().count());
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let last_leftover = fs::read_to_string(dir.path().join("leftover"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse::<u128>().ok())
+        .next_back()
+        .unwrap_or(0);
+    let overlap = (last_leftover as f64 - first_b as f64) / 1e6;
+    eprintln!(
+        "pg_terminate_backend while `lease run` stops a SIGTERM-ignoring leftover (--grace \
+         10s): the leftover's last stamp is {overlap:.1} ms after b's command's first"
+    );
+    assert!(
+        overlap < 0.0,
+        "the leftover of a's exited command ran {overlap:.1} ms into b's command\n--- a's \
+         stderr ---\n{}",
+        stderr_of(&a)
+    );
+}
