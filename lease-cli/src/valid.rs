@@ -146,6 +146,22 @@ fn ask(socket: &Path, timeout: std::time::Duration) -> io::Result<String> {
     let stream = UnixStream::connect(socket)?;
     stream.set_read_timeout(Some(timeout))?;
     let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line)?;
-    Ok(line.trim_end().to_owned())
+    match BufReader::new(stream).read_line(&mut line) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "timed out after {} (the runner is stopped or starved)",
+                    humantime::format_duration(timeout)
+                ),
+            ))
+        }
+        Err(e) => Err(e),
+        Ok(_) => Ok(line.trim_end().to_owned()),
+    }
 }

@@ -848,6 +848,10 @@ mod tests {
         assert_eq!(w.apply("disarm"), Ok(Step::Continue));
         assert_eq!(w.deadline, None);
         assert_eq!(w.apply("done"), Ok(Step::Exit));
+        let mut fresh = Watch::default();
+        assert_eq!(fresh.apply("spawn 7000"), Ok(Step::Spawn(7000)));
+        assert!(fresh.apply("spawn soon").is_err());
+        assert!(w.apply("spawn 7000").is_err(), "a second command");
         assert!(w.apply("reboot").is_err());
         assert!(w.apply("").is_err());
     }

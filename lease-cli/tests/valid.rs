@@ -98,6 +98,22 @@ while :; do sleep 0.05; done"#;
          ms, p99 {trip_p99:.3} ms"
     );
 
+    // A frozen runner answers nothing: an error, never "valid".
+    r.sigstop().expect("SIGSTOP the runner");
+    let start = Instant::now();
+    let frozen = lease()
+        .args(["valid", "--timeout", "300ms", "--socket", &socket])
+        .output()
+        .expect("run lease valid");
+    let took = start.elapsed();
+    r.sigcont().expect("SIGCONT the runner");
+    eprintln!(
+        "against a stopped runner: exit {:?} after {took:?}: {}",
+        frozen.status.code(),
+        String::from_utf8_lossy(&frozen.stderr).trim()
+    );
+    assert_eq!(frozen.status.code(), Some(2));
+
     // Lose the lease: the command's SIGTERM trap asks again.
     let key = key_for_name(&name);
     let holder = c.held_advisory_keys().expect("pg_locks");

@@ -390,6 +390,8 @@ mod tests {
         o.validate().unwrap();
         assert_eq!(o.validity_window(), Duration::from_secs(15));
         assert_eq!(o.guard_timeout(), Duration::from_secs(16));
+        // 1 s / (2 x 15 s + 1 s): the "3 %" of the docs.
+        assert!((o.drift_bound() - 1.0 / 31.0).abs() < 1e-12);
     }
 
     #[test]
