@@ -260,7 +260,9 @@ fn escaper(dir: &Path) -> String {
 
 /// Every live process whose environment has `LEASE_TOKEN=token`: the
 /// command's whole tree, wherever it moved (setsid, double fork), unless it
-/// cleared its environment.
+/// cleared its environment. The watchdog (`lease __watchdog`, which passes
+/// the variables on to the command) is not part of it: after a deadline
+/// kill it waits for its frozen runner.
 fn tree_by_token(token: i64) -> Vec<(i32, String)> {
     let needle = format!("LEASE_TOKEN={token}");
     let mut out = Vec::new();
@@ -284,7 +286,9 @@ fn tree_by_token(token: i64) -> Vec<(i32, String)> {
         if has && !zombie {
             let cmd = fs::read(entry.path().join("cmdline")).unwrap_or_default();
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            out.push((pid, cmd.trim().to_owned()));
+            if !cmd.contains(" __watchdog ") {
+                out.push((pid, cmd.trim().to_owned()));
+            }
         }
     }
     out
@@ -319,6 +323,9 @@ enum Stop {
     LostLease,
     /// `kill -9` of `lease run`.
     RunnerKilled,
+    /// SIGSTOP of `lease run` (its command and watchdog run on): the
+    /// watchdog's deadline.
+    RunnerFrozen,
 }
 
 /// Hole 6: after `stop`, no process of the command's tree may be alive, the
@@ -378,8 +385,10 @@ fn escaped_descendant_dies_with_the_command(stop: Stop) {
             r.kill9().expect("kill -9");
             let _ = r.wait_exit(MS(5_000));
         }
+        // The watchdog kills at the kill deadline, within the guard (2.1 s).
+        Stop::RunnerFrozen => r.sigstop().expect("SIGSTOP"),
     }
-    let left = wait_tree_gone(token, MS(3_000));
+    let left = wait_tree_gone(token, MS(5_000));
     let took = stopped.elapsed();
     let (n1, n2) = growth(&esc_file);
     eprintln!(
@@ -417,6 +426,11 @@ fn hole6_escaped_descendant_dies_at_a_lost_lease() {
 #[test]
 fn hole6_escaped_descendant_dies_with_a_killed_runner() {
     escaped_descendant_dies_with_the_command(Stop::RunnerKilled);
+}
+
+#[test]
+fn hole6_escaped_descendant_dies_at_the_watchdog_deadline_of_a_frozen_runner() {
+    escaped_descendant_dies_with_the_command(Stop::RunnerFrozen);
 }
 
 /// Hole 2 for leftovers: the command exits at once, leaving a `setsid`
