@@ -153,12 +153,12 @@ fn warn_about_grace(plan: &Plan) {
         let bound = humantime::format_duration(Duration::from_millis(
             plan.after_validity.as_millis() as u64,
         ));
-        let delay = humantime::format_duration(plan.options.lock_delay);
+        let delay = humantime::format_duration(plan.options.lock_delay / 2);
         tracing::warn!(
             "--grace {grace} is longer than the guard margin less the drift allowance \
              ({bound}): after a lost lease the command is killed at the guard deadline (before \
              the server may hand the lease to another replica), as little as {bound} after \
-             SIGTERM, and half of --lock-delay ({delay}) after SIGTERM when the server \
+             SIGTERM, and {delay} (half of --lock-delay) after SIGTERM when the server \
              ended the session; --grace applies in full only to graceful stops"
         );
     }
