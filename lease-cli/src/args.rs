@@ -78,7 +78,9 @@ when killed by signal S. Whatever COMMAND left running (in its group or not) is 
 SIGTERM or SIGINT to `lease run`: when leading, COMMAND's tree gets SIGTERM (SIGKILL after the
 full --grace, or at once on a second signal; the lease is held until the tree is gone), the lease
 is released (standbys are notified at once) and `lease run` exits 0; when standing by, it exits 0
-at once.
+at once. If the session holding the lease ends during that stop, SIGKILL comes half of
+--lock-delay later; if it is given up on (a partition), just before its close at the guard
+deadline.
 
 Nothing of COMMAND's tree outlives `lease run`, even a descendant that left its process group
 and session (setsid, a double fork): the watchdog, COMMAND's parent, is a subreaper

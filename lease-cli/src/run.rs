@@ -255,6 +255,11 @@ struct Ctx<'a> {
     /// [`Options::lock_delay`]: a command gets SIGKILL within it after SIGTERM
     /// once its session ended (see [`session_end_wait`]).
     lock_delay: Duration,
+    /// `guard_timeout × drift_bound`: how much earlier than a doubtful
+    /// session's `close_by` (on this runner's clock) a command must be dead.
+    drift_allowance: Duration,
+    /// For the session's state during a graceful stop ([`session_watch`]).
+    locker: &'a Locker,
     /// How often the lease's validity is read to renew the watchdog.
     poll: Duration,
     quiet: bool,
@@ -330,6 +335,11 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         grace: plan.grace,
         after_validity: plan.after_validity,
         lock_delay: plan.options.lock_delay,
+        drift_allowance: plan
+            .options
+            .guard_timeout()
+            .mul_f64(plan.options.drift_bound()),
+        locker: &locker,
         poll: (plan.options.heartbeat_interval / 4).clamp(RENEW_MIN, RENEW_MAX),
         quiet: plan.quiet,
         format: plan.format,
@@ -503,14 +513,23 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
         }
         Ended::Cancelled(reason) => {
             if reason == Reason::Shutdown {
-                // Graceful: the key is held until the group is gone.
+                // Graceful: the key is held until the tree is gone, unless
+                // the session ends meanwhile.
                 let _ = dog.disarm();
                 tracing::info!(
                     pid = job.pid(),
-                    "stopping the command's process group (SIGTERM, SIGKILL after {})",
+                    "stopping the command's tree (SIGTERM, SIGKILL after {})",
                     humantime::format_duration(ctx.grace)
                 );
-                stop(&mut job, ctx.grace, ctx).await;
+                let hurry = async {
+                    tokio::select! {
+                        () = ctx.signals.at_least(2) => {}
+                        () = session_watch(ctx) => {}
+                    }
+                };
+                let status = job.terminate(ctx.grace, hurry).await;
+                let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
+                tracing::info!("the command stopped ({status})");
             } else if freed_with_the_session(&reason) {
                 // The server may hand the key over now: a standby woken by
                 // its release tries after the lock delay.
@@ -593,7 +612,9 @@ async fn exited(
         let hurry = async {
             let reason = lease.cancelled().await;
             if reason == Reason::Shutdown {
-                pending::<()>().await;
+                // The key is held while the leftovers stop, unless the
+                // session ends meanwhile.
+                return session_watch(ctx).await;
             }
             let wait = if freed_with_the_session(&reason) {
                 session_end_wait(ctx, snapshot)
@@ -643,6 +664,52 @@ async fn stop(job: &mut Job, wait: Duration, ctx: &Ctx<'_>) {
 /// deadline has come (the machine's doubtful session).
 fn freed_with_the_session(reason: &Reason) -> bool {
     matches!(reason, Reason::SessionLost(_) | Reason::NotHeld)
+}
+
+/// During a graceful stop (the key held until the command's tree is gone):
+/// resolves when the tree must be killed because the session holding the key
+/// cannot hold it that long any more. The session ended (another backend, or
+/// none): half the lock delay after this runner sees it, as after a loss with
+/// the session ([`session_end_wait`]). The session became doubtful (a
+/// statement timed out or failed): the machine closes it at `close_by` at the
+/// latest, so the drift allowance before that. Polled every quarter of the
+/// lock delay (1 to 5 ms).
+async fn session_watch(ctx: &Ctx<'_>) {
+    let poll = (ctx.lock_delay / 4).clamp(Duration::from_millis(1), Duration::from_millis(5));
+    let held_by = match ctx.locker.status().session {
+        SessionState::Ready { backend_pid } => Some(backend_pid),
+        _ => None,
+    };
+    loop {
+        match ctx.locker.status().session {
+            SessionState::Ready { backend_pid } if Some(backend_pid) == held_by => {}
+            SessionState::Doubtful { close_by } => {
+                let at = close_by
+                    .checked_sub(ctx.drift_allowance)
+                    .unwrap_or(close_by);
+                tracing::warn!(
+                    "the session holding the lease was given up on during the graceful stop: \
+                     SIGKILL to the command's tree in {} (before the session's close)",
+                    humantime::format_duration(Duration::from_millis(
+                        at.saturating_duration_since(Instant::now()).as_millis() as u64
+                    ))
+                );
+                tokio::time::sleep_until(at.into()).await;
+                return;
+            }
+            _ => {
+                let wait = ctx.lock_delay / 2;
+                tracing::warn!(
+                    "the session holding the lease ended during the graceful stop (the server \
+                     has freed the lease): SIGKILL to the command's tree in {}",
+                    humantime::format_duration(wait)
+                );
+                tokio::time::sleep(wait).await;
+                return;
+            }
+        }
+        tokio::time::sleep(poll).await;
+    }
 }
 
 /// How long a command may take after SIGTERM once its session ended: half the

@@ -157,6 +157,10 @@ fn stderr_of(r: &Replica) -> String {
 enum SessionEnd {
     Terminate,
     Restart,
+    /// `pg_terminate_backend` while the holder's runner stops its command
+    /// gracefully (SIGTERM to `lease run`: the key is held until the command
+    /// is gone, up to `--grace`).
+    TerminateDuringGracefulStop,
 }
 
 /// Hole 2: two runners at the default intervals and `--grace` (10 s), both
@@ -166,6 +170,7 @@ fn session_end_leaves_no_overlap(c: &mut Cluster, how: SessionEnd) {
     let label = match how {
         SessionEnd::Terminate => "pg_terminate_backend",
         SessionEnd::Restart => "pg_ctl restart -m fast",
+        SessionEnd::TerminateDuringGracefulStop => "pg_terminate_backend during a graceful stop",
     };
     let dir = Dir::new("hole2");
     let name = unique("hole2");
@@ -178,9 +183,15 @@ fn session_end_leaves_no_overlap(c: &mut Cluster, how: SessionEnd) {
         .expect("b stands by");
     std::thread::sleep(MS(300));
 
+    if let SessionEnd::TerminateDuringGracefulStop = how {
+        a.sigterm().expect("SIGTERM to a");
+        a.wait_for_line(|l| l.contains("stopping the command"), MS(5_000))
+            .expect("a stops its command");
+        std::thread::sleep(MS(200));
+    }
     let start = Instant::now();
     match how {
-        SessionEnd::Terminate => {
+        SessionEnd::Terminate | SessionEnd::TerminateDuringGracefulStop => {
             let key = key_for_name(&name);
             let holder = c.held_advisory_keys().expect("pg_locks");
             let holder = holder.iter().find(|&&(k, _)| k == key).expect("a holds");
@@ -227,6 +238,12 @@ fn now_nanos_at(at: Instant) -> u128 {
 fn hole2_terminated_holder_ignoring_sigterm_is_dead_before_the_standby_starts() {
     let mut c = Cluster::start().expect("start PostgreSQL");
     session_end_leaves_no_overlap(&mut c, SessionEnd::Terminate);
+}
+
+#[test]
+fn hole2_terminate_during_a_graceful_stop_leaves_no_overlap() {
+    let mut c = Cluster::start().expect("start PostgreSQL");
+    session_end_leaves_no_overlap(&mut c, SessionEnd::TerminateDuringGracefulStop);
 }
 
 #[test]
@@ -497,6 +514,78 @@ fn hole2_leftover_of_an_exited_command_is_dead_before_the_standby_starts() {
         overlap < 0.0,
         "the leftover of a's exited command ran {overlap:.1} ms into b's command\n--- a's \
          stderr ---\n{}",
+        stderr_of(&a)
+    );
+}
+
+/// Hole 2's sibling: a graceful stop (the key held until the command is
+/// gone, `--grace` 10 s) whose session goes silent (a partition: the holder's
+/// heartbeat times out, the session is given up on and closed at the guard
+/// deadline, and the server frees the key by then too). The SIGTERM-ignoring
+/// command must be dead before the standby's command starts.
+#[test]
+fn graceful_stop_on_a_partitioned_session_ends_before_the_standby_starts() {
+    let c = common::cluster();
+    let proxy =
+        lease_tests::FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], c.port())))
+            .expect("proxy");
+    let dir = Dir::new("graceful-partition");
+    let name = unique("graceful-partition");
+    // Validity 700 ms, guard 1 s, --grace 10 s.
+    let short = [
+        "--retry-interval",
+        "100ms",
+        "--heartbeat-interval",
+        "200ms",
+        "--query-timeout",
+        "500ms",
+        "--guard-margin",
+        "300ms",
+    ];
+    let via_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    let a = Replica::spawn(run_sh(
+        &via_proxy,
+        &short,
+        &name,
+        &stubborn_stamper(dir.path()),
+    ))
+    .expect("a");
+    assert!(wait_commands(&[&a], 1, MS(10_000)), "a did not lead");
+    let pid_a = commands(&a)[0];
+    let b = Replica::spawn(run_sh(
+        &c.url("postgres"),
+        &short,
+        &name,
+        &stubborn_stamper(dir.path()),
+    ))
+    .expect("b");
+    b.wait_for_line(|l| l.contains("standing by"), MS(10_000))
+        .expect("b stands by");
+    a.sigterm().expect("SIGTERM to a");
+    a.wait_for_line(|l| l.contains("stopping the command"), MS(5_000))
+        .expect("a stops its command");
+    std::thread::sleep(MS(100));
+    proxy.set_mode(lease_tests::Mode::BlackHole);
+    assert!(wait_commands(&[&b], 1, MS(15_000)), "b did not lead");
+    let a_gone = wait_gone(pid_a, MS(15_000));
+    std::thread::sleep(MS(200));
+    let worst = worst_overlap(dir.path());
+    let said: Vec<String> = a
+        .lines()
+        .iter()
+        .filter(|l| l.text.contains("during the graceful stop"))
+        .map(|l| l.text.clone())
+        .collect();
+    eprintln!(
+        "partition during a graceful stop (--grace 10s, guard 1s): a's command gone: {a_gone}; \
+         worst overlap {:?} ms; a said: {said:?}",
+        worst.map(|(w, p, q)| format!("{w:.1} ({p}, {q})"))
+    );
+    let (overlap, p, q) = worst.expect("two commands stamped");
+    assert!(
+        overlap < 0.0,
+        "a partition during a graceful stop: commands {p} and {q} ran at once for {overlap:.1} \
+         ms\n--- a's stderr ---\n{}",
         stderr_of(&a)
     );
 }
