@@ -266,6 +266,18 @@ impl Options {
         self.guard_margin.max(self.validity_window() / 50)
     }
 
+    /// The clock-rate drift between holder and server the guarantee allows:
+    /// `margin / (2 * validity + margin)` with the margin in force (3.2 %
+    /// with the defaults). The one definition of the bound the docs state;
+    /// a holder-side deadline measured on the holder's clock from a
+    /// confirming statement must come early enough by this share of its
+    /// length (see `lease run`'s kill deadline).
+    pub fn drift_bound(&self) -> f64 {
+        let v = self.validity_window().as_secs_f64();
+        let m = self.guard_margin_in_force().as_secs_f64();
+        m / (2.0 * v + m)
+    }
+
     /// The `idle_session_timeout` the session is opened with when the server
     /// guard is on: `validity_window + guard_margin_in_force`, rounded up to
     /// whole milliseconds (the server's unit).
@@ -397,6 +409,8 @@ mod tests {
         o.validate().unwrap();
         assert_eq!(o.validity_window(), Duration::from_secs(15));
         assert_eq!(o.guard_timeout(), Duration::from_secs(16));
+        // 1 s / (2 x 15 s + 1 s): the "3 %" of the docs.
+        assert!((o.drift_bound() - 1.0 / 31.0).abs() < 1e-12);
     }
 
     #[test]
