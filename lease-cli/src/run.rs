@@ -884,9 +884,11 @@ async fn lookup_holder(
     let connection = tokio::spawn(connection);
     let row = client
         .query_opt(
-            "SELECT application_name, host(client_addr), client_port, \
-             to_char(backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') \
-             FROM pg_stat_activity WHERE pid = $1",
+            // Qualified like every lease statement (a role's search_path may shadow names).
+            "SELECT application_name, pg_catalog.host(client_addr), client_port, \
+             pg_catalog.to_char(pg_catalog.timezone('UTC', backend_start), \
+             'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') \
+             FROM pg_catalog.pg_stat_activity WHERE pid OPERATOR(pg_catalog.=) $1",
             &[&pid],
         )
         .await
