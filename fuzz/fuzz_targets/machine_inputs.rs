@@ -845,6 +845,7 @@ impl Fuzz {
                     unix_socket,
                     nonce,
                     search_path_catalog: true,
+                    promotion: Default::default(),
                 }
                 .to_rows();
                 let at = usize::from(pick(6)) % rows.len();

@@ -569,6 +569,17 @@ pub enum Event {
         /// The session.
         session: SessionId,
     },
+    /// The server was promoted recently (see
+    /// [`PromotionState`](crate::PromotionState)): the session tries no key
+    /// for `hold`, until every holder of the old primary must have stopped
+    /// ([`Options::promotion_hold`](crate::Options::promotion_hold) after
+    /// the promotion). It heartbeats meanwhile.
+    PromotionHold {
+        /// The session.
+        session: SessionId,
+        /// How long from the setup's reply.
+        hold: std::time::Duration,
+    },
     /// A pooler rejected the `options` startup parameter: the machine
     /// connects again without it and applies the settings by statement.
     StartupOptionsRejected {

@@ -55,7 +55,64 @@ mod setup_tag {
     pub const SEARCH_PATH: i64 = 11;
     /// The row of the statement that applies settings; ignored.
     pub const APPLIED: i64 = 0;
+    /// Tags 40 to 43: [`crate::PromotionState`]'s fields, in order.
+    pub const REPLAYED_SINCE_START: i64 = 40;
+    pub const WAL_TIMELINE: i64 = 41;
+    pub const CHECKPOINT_TIMELINE: i64 = 42;
+    pub const CHECKPOINT_AGE_MS: i64 = 43;
 }
+
+/// The transaction-local custom setting in which the setup's first
+/// statement leaves the latest checkpoint's timeline and age (ms), as
+/// `timeline,age`, for its rows to read.
+pub const CHECKPOINT_SETTING: &str = "lease.checkpoint";
+
+/// The setup's first statement: reads `pg_control_checkpoint()` into
+/// [`CHECKPOINT_SETTING`]. PUBLIC may execute it by default (measured with a
+/// role without privileges on PostgreSQL 15), but a DBA or a managed service
+/// may revoke that, and a function the role may not execute fails the whole
+/// statement that names it (the check is made when the plan starts, whatever
+/// a `CASE` says): the `DO` block catches `insufficient_privilege` and
+/// leaves the setting unset (the checkpoint unknown: see
+/// `PromotionState::hold`).
+const SETUP_CHECKPOINT_PRELUDE: &str =
+    "DO $lease$BEGIN PERFORM pg_catalog.set_config('lease.checkpoint', \
+     (SELECT pg_catalog.concat(c.timeline_id, ',', pg_catalog.floor(1000 OPERATOR(pg_catalog.*) \
+     pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) \
+     c.checkpoint_time))::pg_catalog.int8) \
+     FROM pg_catalog.pg_control_checkpoint() c), true); \
+     EXCEPTION WHEN insufficient_privilege THEN NULL; END$lease$; ";
+
+/// Field `n` (1 or 2) of [`CHECKPOINT_SETTING`] as an `int8`, NULL when the
+/// setting is unset or empty.
+macro_rules! checkpoint_field {
+    ($n:literal) => {
+        concat!(
+            "(SELECT CASE WHEN s OPERATOR(pg_catalog.<>) '' THEN s::pg_catalog.int8 END \
+             FROM pg_catalog.split_part(pg_catalog.current_setting('lease.checkpoint', true), \
+             ',', ",
+            $n,
+            ") AS s)"
+        )
+    };
+}
+
+/// The setup's rows of [`crate::PromotionState`] (see `promotion.rs`): WAL
+/// received or a transaction replayed since the server started, the current
+/// WAL timeline (NULL in recovery, where `pg_current_wal_lsn()` errors), and
+/// the latest checkpoint's timeline and age on the server's clock, in ms,
+/// from [`SETUP_CHECKPOINT_PRELUDE`] (NULL when it could not read them).
+const SETUP_PROMOTION_SQL: &str = concat!(
+    " UNION ALL SELECT 40, (pg_catalog.pg_last_wal_receive_lsn() IS NOT NULL \
+     OR pg_catalog.pg_last_xact_replay_timestamp() IS NOT NULL)::pg_catalog.int4::pg_catalog.int8",
+    " UNION ALL SELECT 41, CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL \
+     ELSE pg_catalog.concat('x', pg_catalog.substr(pg_catalog.pg_walfile_name(\
+     pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 END",
+    " UNION ALL SELECT 42, ",
+    checkpoint_field!(1),
+    " UNION ALL SELECT 43, ",
+    checkpoint_field!(2),
+);
 
 /// The tags of the heartbeat and verify statements' `(tag, value)` rows.
 mod heartbeat_tag {
@@ -175,8 +232,10 @@ pub enum Statement {
     /// the session's startup options could not carry them), then answers
     /// `(tag, value)` rows with the server version, recovery state, backend
     /// pid, `idle_session_timeout` in ms, the [`TCP_SETTINGS`], whether the
-    /// client is on a Unix socket, the nonce read back, and whether
-    /// `search_path` reads back as [`SEARCH_PATH`]: see [`SetupReply`].
+    /// client is on a Unix socket, the nonce read back, whether
+    /// `search_path` reads back as [`SEARCH_PATH`], and what the server
+    /// shows of a recent promotion ([`crate::PromotionState`], read first
+    /// into [`CHECKPOINT_SETTING`]): see [`SetupReply`].
     Setup {
         /// The session's nonce.
         nonce: i64,
@@ -374,7 +433,7 @@ impl Statement {
                     let tag = setup_tag::TCP_FIRST + i as i64;
                     write!(sql, " UNION ALL SELECT {tag}, {}", setting(name)).ok();
                 }
-                sql
+                format!("{SETUP_CHECKPOINT_PRELUDE}{sql}{SETUP_PROMOTION_SQL}")
             }
             // The aggregate consumes every try before the outer query runs, so
             // clock_timestamp() is read after the last lock of the batch was
@@ -580,6 +639,9 @@ pub struct SetupReply {
     /// `search_path` reads back as [`SEARCH_PATH`] (false also when the
     /// row is missing).
     pub search_path_catalog: bool,
+    /// What the server shows of a recent promotion (missing rows: never
+    /// promoted).
+    pub promotion: crate::PromotionState,
 }
 
 impl SetupReply {
@@ -607,6 +669,12 @@ impl SetupReply {
             unix_socket: get(setup_tag::UNIX_SOCKET).is_some_and(|u| u != 0),
             nonce: get(setup_tag::NONCE),
             search_path_catalog: get(setup_tag::SEARCH_PATH) == Some(1),
+            promotion: crate::PromotionState {
+                replayed_since_start: get(setup_tag::REPLAYED_SINCE_START).is_some_and(|r| r != 0),
+                wal_timeline: get(setup_tag::WAL_TIMELINE),
+                checkpoint_timeline: get(setup_tag::CHECKPOINT_TIMELINE),
+                checkpoint_age_ms: get(setup_tag::CHECKPOINT_AGE_MS),
+            },
         })
     }
 
@@ -631,6 +699,19 @@ impl SetupReply {
             vec![
                 Some(setup_tag::SEARCH_PATH),
                 Some(i64::from(self.search_path_catalog)),
+            ],
+            vec![
+                Some(setup_tag::REPLAYED_SINCE_START),
+                Some(i64::from(self.promotion.replayed_since_start)),
+            ],
+            vec![Some(setup_tag::WAL_TIMELINE), self.promotion.wal_timeline],
+            vec![
+                Some(setup_tag::CHECKPOINT_TIMELINE),
+                self.promotion.checkpoint_timeline,
+            ],
+            vec![
+                Some(setup_tag::CHECKPOINT_AGE_MS),
+                self.promotion.checkpoint_age_ms,
             ],
         ]
         .into_iter()
@@ -1360,6 +1441,30 @@ mod tests {
     }
 
     #[test]
+    fn the_setup_reads_the_promotion_state() {
+        let sql = Statement::Setup {
+            nonce: 1,
+            settings: vec![],
+        }
+        .sql();
+        assert!(sql.starts_with(SETUP_CHECKPOINT_PRELUDE), "{sql}");
+        assert!(sql.ends_with(SETUP_PROMOTION_SQL), "{sql}");
+        for tag in [
+            setup_tag::REPLAYED_SINCE_START,
+            setup_tag::WAL_TIMELINE,
+            setup_tag::CHECKPOINT_TIMELINE,
+            setup_tag::CHECKPOINT_AGE_MS,
+        ] {
+            assert!(
+                SETUP_PROMOTION_SQL.contains(&format!("SELECT {tag}, ")),
+                "{tag}"
+            );
+        }
+        assert!(SETUP_CHECKPOINT_PRELUDE.contains(&format!("'{CHECKPOINT_SETTING}'")));
+        assert!(SETUP_PROMOTION_SQL.contains(&format!("'{CHECKPOINT_SETTING}'")));
+    }
+
+    #[test]
     fn key_arrays_render_negative_and_extreme_keys() {
         let sql = Statement::Release {
             keys: vec![i64::MIN, -1, 0, i64::MAX],
@@ -1382,6 +1487,12 @@ mod tests {
             unix_socket: false,
             nonce: Some(-7),
             search_path_catalog: true,
+            promotion: crate::PromotionState {
+                replayed_since_start: true,
+                wal_timeline: Some(3),
+                checkpoint_timeline: Some(2),
+                checkpoint_age_ms: Some(-12),
+            },
         };
         assert_eq!(SetupReply::parse(&setup.to_rows()), Ok(setup));
         let try_reply = TryReply {

@@ -118,6 +118,7 @@ impl H {
             unix_socket: false,
             search_path_catalog: true,
             nonce: Some(nonce),
+            promotion: Default::default(),
         }
         .to_rows()));
         assert_eq!(self.statement(), Statement::Listen);

@@ -938,6 +938,7 @@ fn a_standby_is_retried_after_a_backoff() {
             unix_socket: false,
             search_path_catalog: true,
             nonce: Some(nonce),
+            promotion: Default::default(),
         }
         .to_rows(),
     );
@@ -980,6 +981,7 @@ fn a_search_path_other_than_pg_catalog_is_refused() {
             unix_socket: false,
             nonce: Some(nonce),
             search_path_catalog: false,
+            promotion: Default::default(),
         }
         .to_rows(),
     );

@@ -381,6 +381,37 @@ impl Cluster {
         Ok(upgraded)
     }
 
+    /// Freezes the server: SIGSTOP to the postmaster, then to each of its children (the
+    /// postmaster first, so it cannot fork while they are listed), waiting until every one
+    /// is stopped. Connections stay open (the kernel still accepts and acknowledges) but
+    /// nothing answers, as on a paused VM or a hung host. The server resumes (SIGCONT, to
+    /// the same processes) when the returned guard is dropped, also on a panic.
+    pub fn freeze(&self) -> Result<Frozen, KitError> {
+        let Some(postmaster) = &self.postmaster else {
+            return Err(KitError::Invalid(
+                "freeze: the server is not running".into(),
+            ));
+        };
+        let pid = postmaster.id() as i32;
+        let mut frozen = Frozen { pids: vec![pid] };
+        signal(pid, libc::SIGSTOP).map_err(io_err("SIGSTOP to the postmaster"))?;
+        let stopped = |pid: i32| matches!(stat(pid), None | Some(('T' | 't' | 'Z', _)));
+        poll(Duration::from_secs(5), || Ok(stopped(pid).then_some(())))?;
+        for kid in children(pid) {
+            if signal(kid, libc::SIGSTOP).is_ok() {
+                frozen.pids.push(kid);
+            }
+        }
+        let all = poll(Duration::from_secs(5), || {
+            Ok(frozen.pids.iter().all(|&p| stopped(p)).then_some(()))
+        })?;
+        all.ok_or_else(|| KitError::Timeout {
+            context: format!("the server's processes {:?} did not all stop", frozen.pids),
+            detail: String::new(),
+        })?;
+        Ok(frozen)
+    }
+
     /// Runs `query` with `psql` as `postgres` in database `postgres` over TCP and returns
     /// its trimmed unaligned, tuples-only output (`|` between columns, one row a line).
     pub fn sql(&self, query: &str) -> Result<String, KitError> {
@@ -569,6 +600,29 @@ impl Drop for Cluster {
             let _ = self.shutdown(libc::SIGQUIT);
         } else {
             self.remove_crashed_shmem();
+        }
+    }
+}
+
+/// A server frozen by [`Cluster::freeze`]: dropping it resumes every process that was
+/// stopped.
+#[must_use = "dropping it resumes the server at once"]
+pub struct Frozen {
+    pids: Vec<i32>,
+}
+
+impl Frozen {
+    /// The stopped processes: the postmaster first, then its children.
+    pub fn pids(&self) -> &[i32] {
+        &self.pids
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // Children first, the postmaster last: it must not see children it cannot reach.
+        for &pid in self.pids.iter().rev() {
+            let _ = signal(pid, libc::SIGCONT);
         }
     }
 }

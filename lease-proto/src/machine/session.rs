@@ -230,6 +230,21 @@ impl Machine {
                 }
             }
         }
+        // A newly promoted primary: the old primary's holders may still act.
+        #[cfg(feature = "sim")] // Test-only: the broken variant.
+        let setup = SetupReply {
+            promotion: match self.opts.mutation {
+                Some(crate::options::Mutation::IgnorePromotion) => Default::default(),
+                _ => setup.promotion,
+            },
+            ..setup
+        };
+        if let Some(hold) = setup.promotion.hold(self.opts.promotion_hold()) {
+            self.promotion_hold = Some(now + hold);
+            if let Some(session) = self.session_id() {
+                self.event(Event::PromotionHold { session, hold });
+            }
+        }
         let Session::Up(up) = &mut self.session else {
             return;
         };
@@ -507,6 +522,7 @@ impl Machine {
         self.waits_off = false;
         self.wait_notified = None;
         self.wait_limit = None;
+        self.promotion_hold = None;
         self.timers.stop(Timer::Connect);
         self.timers.stop(Timer::Query);
         self.timers.stop(Timer::Heartbeat);

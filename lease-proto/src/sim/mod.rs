@@ -72,6 +72,7 @@ use crate::{JobExit, Machine, Options, Outcome, QueryId, RunId};
 use net::{Direction, Net, Queue, ToClient, ToServer};
 use process::Proc;
 use server::Server;
+pub use server::PROMOTION_CHECKPOINT;
 
 /// A fault to inject at a point in virtual time.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,6 +144,20 @@ pub enum Fault {
         /// How long no server answers.
         downtime: Duration,
     },
+    /// Fail over while the primary is frozen or cut off from every client
+    /// (SIGSTOP, a hung host): an asynchronous replica that missed the last
+    /// `lag` transaction ids is promoted at once (a new timeline). Every
+    /// session open on the old primary stays open and silent: its
+    /// statements are never answered, nothing ends it (the old server's
+    /// guard does not run), and its locks are not on the promoted server,
+    /// whose lock table is empty; new connections reach the promoted server.
+    /// Its setup shows the promotion ([`crate::PromotionState`]; its first
+    /// checkpoint is done [`PROMOTION_CHECKPOINT`] later). Strong safety
+    /// must hold: it is no fault of the server ending sessions.
+    PromoteFrozenPrimary {
+        /// Transaction ids the replica had not received.
+        lag: u32,
+    },
     /// For `duration`, each statement the server runs answers, with
     /// probability `error`, with an error after it ran in part or in whole
     /// (or not at all): a try may have taken some of its keys, an unlock
@@ -206,7 +221,9 @@ impl Fault {
             | Fault::FlakyStatements { duration, .. }
             | Fault::AuthFailing { duration } => Some(*duration),
             Fault::Crash { restart_after, .. } => *restart_after,
-            Fault::Terminate { .. } | Fault::ForgedNotify { .. } => Some(Duration::ZERO),
+            Fault::Terminate { .. }
+            | Fault::ForgedNotify { .. }
+            | Fault::PromoteFrozenPrimary { .. } => Some(Duration::ZERO),
             Fault::ServerRestart { downtime }
             | Fault::ServerCrash { downtime }
             | Fault::Promote { downtime, .. } => Some(*downtime),
@@ -802,9 +819,10 @@ impl Sim {
                 self.queue
                     .push(self.now + downtime, Ev::Heal(Heal::ServerUp));
             }
+            Fault::PromoteFrozenPrimary { lag } => self.server.promote_frozen(lag, self.now),
             Fault::Promote { lag, downtime } => {
                 self.terminate(None);
-                self.server.promote(lag);
+                self.server.promote(lag, self.now);
                 self.queue
                     .push(self.now + downtime, Ev::Heal(Heal::ServerUp));
             }

@@ -41,6 +41,27 @@ pub(super) mod reply {
         tcp_settings: [Option<i64>; 4],
         nonce: Option<i64>,
     ) -> Vec<Row> {
+        setup_promoted(
+            version,
+            standby,
+            pid,
+            idle_ms,
+            tcp_settings,
+            nonce,
+            Default::default(),
+        )
+    }
+
+    /// [`setup`], with what the server shows of its promotion.
+    pub(crate) fn setup_promoted(
+        version: i64,
+        standby: bool,
+        pid: i64,
+        idle_ms: i64,
+        tcp_settings: [Option<i64>; 4],
+        nonce: Option<i64>,
+        promotion: crate::PromotionState,
+    ) -> Vec<Row> {
         SetupReply {
             server_version: version,
             in_recovery: standby,
@@ -50,6 +71,7 @@ pub(super) mod reply {
             unix_socket: false,
             search_path_catalog: true,
             nonce,
+            promotion,
         }
         .to_rows()
     }
@@ -172,6 +194,14 @@ pub(super) struct Waiter {
     since: Duration,
 }
 
+/// How long after a promotion the promoted server's first checkpoint is done
+/// (about 0.5 s measured on an idle PostgreSQL 15).
+pub const PROMOTION_CHECKPOINT: Duration = Duration::from_millis(500);
+
+/// How far the server's wall clock is ahead of the simulation's time, for
+/// the whole seconds of `checkpoint_time`.
+pub(crate) const WALL_OFFSET: Duration = Duration::from_millis(370);
+
 /// The backend pid of the client of [`ServerConfig::foreign_shared_keys`].
 const FOREIGN_SHARED_PID: i64 = 998;
 /// The backend pid of the client that sends [`Fault::ForgedNotify`](super::Fault::ForgedNotify).
@@ -232,6 +262,11 @@ pub(super) struct Server {
     /// The last clock reading of a winning try since the clock was last
     /// stepped (see [`Server::clock_token`]).
     last_clock_us: Option<i64>,
+    /// The WAL timeline: one more at every promotion.
+    timeline: i64,
+    /// When the server was last promoted (it has run since as that
+    /// promoted standby: see [`crate::PromotionState`]).
+    promoted_at: Option<Duration>,
     /// `lease.nonce` of the one backend of [`ServerConfig::pooler_one_backend`].
     backend_nonce: Option<i64>,
     /// Added processing time of every statement now.
@@ -255,6 +290,8 @@ impl Server {
             flushed_xid: 700,
             clock_skew_us: 0,
             last_clock_us: None,
+            timeline: 1,
+            promoted_at: None,
             backend_nonce: None,
             slow: Duration::ZERO,
             auth_failing: 0,
@@ -289,14 +326,65 @@ impl Server {
 
     /// A promotion of a replica that missed the last `lag` transaction ids,
     /// on another machine whose clock may be behind
-    /// ([`ServerConfig::clock_step_back`]); a hot standby becomes the primary.
-    pub(super) fn promote(&mut self, lag: u32) {
+    /// ([`ServerConfig::clock_step_back`]): a new timeline; a hot standby
+    /// becomes the primary.
+    pub(super) fn promote(&mut self, lag: u32, now: Duration) {
         self.up = false;
+        self.timeline += 1;
+        self.promoted_at = Some(now);
         let replicated = (self.flushed_xid - i64::from(lag)).max(0);
         self.next_xid = replicated;
         self.flushed_xid = replicated;
         self.step_clock();
         self.cfg.standby = false;
+    }
+
+    /// A promotion while the old primary is frozen or cut off from every
+    /// client ([`Fault::PromoteFrozenPrimary`](super::Fault::PromoteFrozenPrimary)):
+    /// this server becomes the replica promoted at `now`. The old primary's
+    /// sessions are forgotten without a word (their clients' connections
+    /// stay open, nothing answers on them, no timeout of the old server ends
+    /// them), its locks are not here (advisory locks are not replicated),
+    /// and new connections reach the promoted server at once.
+    pub(super) fn promote_frozen(&mut self, lag: u32, now: Duration) {
+        self.sessions.clear();
+        self.locks.clear();
+        self.waiters.clear();
+        self.shared.clear();
+        self.backend_nonce = None;
+        self.promote(lag, now);
+        self.up = true;
+    }
+
+    /// What the setup reads of the server's promotion at `now` (see
+    /// [`crate::PromotionState`]): a promoted server's checkpoint on its new
+    /// timeline is done [`PROMOTION_CHECKPOINT`] after the promotion (until
+    /// then the latest checkpoint is on the old timeline);
+    /// `checkpoint_time` has whole seconds of a wall clock
+    /// [`WALL_OFFSET`] ahead of the simulation's.
+    fn promotion_state(&self, now: Duration) -> crate::PromotionState {
+        let Some(at) = self.promoted_at else {
+            return crate::PromotionState {
+                wal_timeline: Some(self.timeline),
+                checkpoint_timeline: Some(self.timeline),
+                checkpoint_age_ms: Some(0),
+                ..Default::default()
+            };
+        };
+        let done = at + PROMOTION_CHECKPOINT;
+        let (timeline, started) = if now >= done {
+            (self.timeline, done)
+        } else {
+            (self.timeline - 1, Duration::ZERO)
+        };
+        let wall = |d: Duration| (d + WALL_OFFSET).as_millis() as i64;
+        let started_s = wall(started) / 1000 * 1000;
+        crate::PromotionState {
+            replayed_since_start: true,
+            wal_timeline: Some(self.timeline),
+            checkpoint_timeline: Some(timeline),
+            checkpoint_age_ms: Some(wall(now) - started_s),
+        }
     }
 
     fn step_clock(&mut self) {
@@ -468,7 +556,10 @@ impl Server {
                     let own = s.settings.get(name).and_then(|v| v.parse().ok());
                     Some(own.unwrap_or(defaults[i]))
                 });
-                reply::setup(self.cfg.version, self.cfg.standby, pid, ist, tcp, s.nonce)
+                let promotion = self.promotion_state(now);
+                let s = self.sessions.get(&conn)?;
+                let standby = self.cfg.standby;
+                reply::setup_promoted(self.cfg.version, standby, pid, ist, tcp, s.nonce, promotion)
             }
             Statement::Listen => {
                 if self.cfg.standby {
