@@ -17,8 +17,9 @@ use std::time::Instant;
 use lease_proto::{decode_text_row, DbError, Input, QueryId, Row, SessionCommand, SessionId};
 use tokio_postgres::{AsyncMessage, Client, Config, SimpleQueryMessage};
 
+use crate::hosts::{self, Opened};
 use crate::metrics::Sent;
-use crate::runtime::{db_error, BoxFuture, Connected, Connection, Runtime, Timer};
+use crate::runtime::{db_error, BoxFuture, Connection, Runtime, Timer};
 use crate::shared::Inner;
 
 type Reply = BoxFuture<Result<Vec<Row>, DbError>>;
@@ -65,7 +66,7 @@ impl<R: Runtime> fmt::Debug for Driver<R> {
 
 enum Conn {
     Down,
-    Opening(SessionId, BoxFuture<Connected>),
+    Opening(SessionId, BoxFuture<Result<Opened, DbError>>),
     Up(SessionId, Arc<Client>, Box<dyn Connection>),
 }
 
@@ -96,10 +97,16 @@ impl<R: Runtime> Driver<R> {
                     config.options(options);
                 }
                 self.query = None;
-                self.conn = Conn::Opening(session, self.runtime.connect(config));
+                // Each host in turn, each within its share of the attempt.
+                let hosts = hosts::split(&config, crate::shared::seed());
+                let attempt = self.inner.lock().machine.options().query_timeout;
+                let connect_timeout = config.get_connect_timeout().copied();
+                let share = hosts::share(connect_timeout, hosts.len(), attempt);
+                let opening = hosts::open(self.runtime.clone(), hosts, share);
+                self.conn = Conn::Opening(session, Box::pin(opening));
             }
             SessionCommand::Query { query, statement } => match &self.conn {
-                Conn::Up(_, client, _) => {
+                Conn::Up(_, client, ..) => {
                     let (client, sql) = (client.clone(), statement.sql());
                     let reply = async move { rows(client.simple_query(&sql).await) };
                     let sent = Sent::new(self.inner.clock(), &statement);
@@ -137,7 +144,7 @@ impl<R: Runtime> Driver<R> {
             if let Poll::Ready(result) = connecting.as_mut().poll(cx) {
                 let session = *session;
                 match result {
-                    Ok((client, connection)) => {
+                    Ok((_host, client, connection)) => {
                         self.conn = Conn::Up(session, Arc::new(client), connection);
                         self.inner.input(Input::SessionOpened { session });
                     }

@@ -297,6 +297,34 @@ impl Cluster {
         })
     }
 
+    /// Freezes the server, like a paused VM or a stopped container: SIGSTOP to the
+    /// postmaster (first, so that it cannot fork meanwhile), then to every child of it
+    /// (backends, walsenders, checkpointer, ...). The kernel still completes TCP handshakes
+    /// on its port (the listen backlog) but nothing answers: a client's startup message
+    /// waits forever. Everything resumes (SIGCONT) when the returned guard drops.
+    pub fn freeze(&self) -> Result<Frozen<'_>, KitError> {
+        let Some(postmaster) = &self.postmaster else {
+            return Err(KitError::Invalid(
+                "freeze: the server is not running".into(),
+            ));
+        };
+        let pid = postmaster.id() as i32;
+        signal(pid, libc::SIGSTOP).map_err(io_err("SIGSTOP to the postmaster"))?;
+        let mut frozen = Frozen {
+            pids: vec![pid],
+            _cluster: self,
+        };
+        poll(Duration::from_secs(5), || {
+            Ok(matches!(stat(pid), None | Some(('T' | 'Z', _))).then_some(()))
+        })?;
+        for kid in children(pid) {
+            if signal(kid, libc::SIGSTOP).is_ok() {
+                frozen.pids.push(kid);
+            }
+        }
+        Ok(frozen)
+    }
+
     /// Starts the server again after [`Cluster::crash`] or [`Cluster::stop`], on the same
     /// port; after a crash PostgreSQL runs crash recovery first.
     pub fn start_again(&mut self) -> Result<(), KitError> {
@@ -568,4 +596,28 @@ fn find_bindir() -> Result<PathBuf, KitError> {
                     .into(),
             )
         })
+}
+
+/// A server frozen by [`Cluster::freeze`]: resumed (SIGCONT to the children, then the
+/// postmaster) when dropped.
+#[must_use = "the server resumes when the guard drops"]
+pub struct Frozen<'a> {
+    /// The postmaster first, then its children.
+    pids: Vec<i32>,
+    _cluster: &'a Cluster,
+}
+
+impl Frozen<'_> {
+    /// The processes stopped: the postmaster first, then its children.
+    pub fn pids(&self) -> &[i32] {
+        &self.pids
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        for &pid in self.pids.iter().rev() {
+            let _ = signal(pid, libc::SIGCONT);
+        }
+    }
 }
