@@ -35,8 +35,9 @@ pub trait Runtime: Send + Sync + Debug + 'static {
     /// Opens a session with `config`: one host (the driver walks a host list
     /// itself, see the crate docs, "Several hosts"), the lease session's
     /// startup options included, `target_session_attrs` always `any` (the
-    /// driver checks it after). The driver bounds the attempt; honour
-    /// `connect_timeout` per address if the runtime can.
+    /// driver checks it after). Also called for the core's pooler probe, a
+    /// second short connection to the session's host. The driver bounds the
+    /// attempt; honour `connect_timeout` per address if the runtime can.
     fn connect(&self, config: Config) -> BoxFuture<Connected>;
 }
 

@@ -269,6 +269,15 @@ pub enum Refusal {
         /// What was found.
         detail: String,
     },
+    /// A second connection through the same address, opened while the
+    /// session was idle, read the session's nonce: it was served by the
+    /// session's own server backend, which a transaction-mode pooler hands
+    /// to whichever client sends the next statement (the session's locks
+    /// and settings stay on that backend, also after the client is gone).
+    TransactionPooler {
+        /// What the second connection found.
+        detail: String,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -289,6 +298,10 @@ impl fmt::Display for Refusal {
             Refusal::BackendShared { detail } => write!(
                 f,
                 "another client shares this session's backend ({detail}): a transaction pooler is in between; connect directly or through a session-mode pool"
+            ),
+            Refusal::TransactionPooler { detail } => write!(
+                f,
+                "a second connection landed on this session's server backend ({detail}): a transaction-mode pooler is in between; connect directly or through a session-mode pool"
             ),
         }
     }
@@ -363,6 +376,21 @@ pub enum SessionCommand {
     /// Send a statement on the session, then report [`Input::Reply`]. The
     /// machine times it out itself (by closing the session).
     Query {
+        /// Echo in the reply.
+        query: QueryId,
+        /// The statement; send [`Statement::sql`].
+        statement: Statement,
+    },
+    /// Open a second, short connection exactly like the session's (the same
+    /// host, the same parameters), send the statement on it, report its
+    /// rows as [`Input::Reply`], then close that connection. The session
+    /// itself stays open and idle meanwhile. The machine times it out
+    /// itself (by closing the session); a session's close or loss drops it.
+    /// Sent once per session, after the setup, when the pooler in between
+    /// rejected the startup options: a second client connection that reads
+    /// this session's nonce shares its server backend (a transaction
+    /// pooler, [`Refusal::TransactionPooler`]).
+    Probe {
         /// Echo in the reply.
         query: QueryId,
         /// The statement; send [`Statement::sql`].

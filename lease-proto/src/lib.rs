@@ -89,7 +89,10 @@
 //! client's session nonce on the backend), servers older than 14 (13 without
 //! the guard). A pooler that rejects startup options gets the settings in the
 //! setup statement instead ([`Event::StartupOptionsRejected`]), verified the
-//! same way. A hot standby is not final ([`Event::InRecovery`]): the session is
+//! same way, and then the pooler probe ([`SessionCommand::Probe`]): a second
+//! connection, opened while the session is idle, that reads the session's
+//! nonce was handed the session's own server backend, as a transaction
+//! pooler does ([`Refusal::TransactionPooler`]). A hot standby is not final ([`Event::InRecovery`]): the session is
 //! closed and the machine tries again after a backoff.
 //!
 //! ## Carrying out the commands
@@ -105,6 +108,9 @@
 //!   has one type with its one parser ([`SetupReply`], [`TryReply`],
 //!   [`HeartbeatReply`], [`VerifyReply`], [`ReleaseReply`]); a simulated server answers with
 //!   their `to_rows`.
+//! - [`SessionCommand::Probe`]: as `Query`, but on a second connection opened
+//!   like the session's (same host, same parameters) and closed after its
+//!   reply.
 //! - [`SessionCommand::Close`]: drop the connection.
 //! - [`RunCommand::StartJob`], [`RunCommand::CancelJob`]: start or cancel the
 //!   job; report [`Input::JobExited`] when it returns.

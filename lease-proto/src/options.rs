@@ -147,6 +147,10 @@ pub enum Mutation {
     /// when its wait wakes, without the try (and its confirmation and
     /// token) that must follow.
     WakeIsAcquisition,
+    /// Skip the pooler probe after a setup whose settings went by statement
+    /// (the startup options were rejected): a lone client behind a
+    /// transaction pooler leads.
+    NoPoolerProbe,
 }
 
 impl Default for Options {
@@ -307,7 +311,7 @@ impl Options {
     pub fn confirm_time(&self, sent: Instant, arrived: Instant) -> Instant {
         match self.mutation {
             Some(Mutation::ConfirmAtArrival) => arrived,
-            Some(Mutation::WakeIsAcquisition) | None => sent,
+            Some(Mutation::WakeIsAcquisition | Mutation::NoPoolerProbe) | None => sent,
         }
     }
 

@@ -359,6 +359,39 @@ impl Server {
         Ok(())
     }
 
+    /// A second, short connection that runs `statement` (a
+    /// [`Statement::Heartbeat`]: pid and nonce) and closes: on a fresh
+    /// backend, or behind [`ServerConfig::pooler_one_backend`] on the one
+    /// shared backend, whose nonce is whatever a setup set last.
+    fn probe(&mut self, statement: &Statement) -> Result<Vec<Row>, DbError> {
+        let refuse = |code: &str, m: &str| DbError {
+            code: Some(code.into()),
+            message: m.into(),
+            config: false,
+        };
+        if !self.up {
+            return Err(refuse("08006", "connection refused"));
+        }
+        if self.auth_failing > 0 {
+            return Err(refuse(
+                "28P01",
+                "password authentication failed for user \"sim\"",
+            ));
+        }
+        if !matches!(statement, Statement::Heartbeat) {
+            return Err(refuse(
+                "0A000",
+                "the simulator probes with a heartbeat only",
+            ));
+        }
+        self.next_pid += 1;
+        Ok(if self.cfg.pooler_one_backend {
+            reply::heartbeat(SHARED_BACKEND_PID, self.backend_nonce)
+        } else {
+            reply::heartbeat(self.next_pid, None)
+        })
+    }
+
     /// When the session is ended as idle if nothing else happens: the
     /// session's own timeout or the server's silent-session kill, whichever
     /// is shorter.
@@ -400,7 +433,8 @@ impl Server {
         let stmt_no = s.statements;
         let done = now.max(s.busy_until) + self.slow;
         s.busy_until = done;
-        let pid = if self.cfg.pooler {
+        // One server connection cannot move statements between backends.
+        let pid = if self.cfg.pooler && !shared {
             s.pid + (stmt_no % 2) as i64 * 7919
         } else {
             s.pid
@@ -640,6 +674,16 @@ impl Sim {
                 }
             }
             ToServer::Close { conn } => self.end_session_quietly(conn),
+            ToServer::Probe {
+                conn,
+                query,
+                statement,
+            } => {
+                let result = self.server.probe(&statement);
+                let done = self.now + self.server.slow;
+                self.report.statements[p] += 1;
+                self.reply_at(p, conn, query, done, result);
+            }
             ToServer::Query {
                 conn,
                 query,
