@@ -917,3 +917,30 @@ fn several_hosts_default_to_read_write_and_an_explicit_value_wins() {
         "several hosts (standby first, primary second): led on the primary {led:?} after the start"
     );
 }
+
+/// Issue 18 hole 11 for `lease status` (its own connection, not the lease driver's): with
+/// `host=A,B`, A frozen (SIGSTOP of its postmaster and children: TCP connects, nothing
+/// answers) and B its promoted standby, the status comes from B within `--timeout`:
+/// each host gets its share. Before the fix the whole `--timeout` went to A.
+#[test]
+fn status_moves_on_from_a_frozen_first_host() {
+    let a = Cluster::start().expect("primary A");
+    let b = a.start_standby().expect("hot standby B");
+    b.promote().expect("promote B");
+    let frozen = a.freeze().expect("freeze A");
+    let url = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres",
+        a.port(),
+        b.port()
+    );
+    let mut cmd = lease();
+    cmd.args(["status", "--database-url", &url, "--timeout", "4s"])
+        .arg(unique("frozen-first"));
+    let (st, out, err, took) = output(cmd, MS(20_000));
+    eprintln!("lease status, first host frozen: {st} after {took:?}\n{out}{err}");
+    drop(frozen);
+    assert!(
+        st.success() && out.contains("free"),
+        "lease status did not answer from the second host: {st} after {took:?}: {err}"
+    );
+}

@@ -569,6 +569,21 @@ impl<A> Locker<A> {
     }
 }
 
+/// The hosts of `config` in the order a locker tries them, each as a one-host
+/// configuration with the bound of its share of an `attempt` (`None`: one host
+/// without `connect_timeout`): see "Several hosts" in the crate docs. For
+/// connections of your own that should fail over like the lease session
+/// (tokio-postgres's `Config::connect` on each, within its bound, runs the
+/// `target_session_attrs` check itself).
+pub fn hosts(
+    config: &Config,
+    attempt: std::time::Duration,
+) -> Vec<(Config, Option<std::time::Duration>)> {
+    let each = hosts::split(config, shared::seed());
+    let share = hosts::share(config.get_connect_timeout().copied(), each.len(), attempt);
+    each.into_iter().map(|c| (c, share)).collect()
+}
+
 /// The `application_name` of lease sessions whose configuration names none.
 pub const DEFAULT_APPLICATION_NAME: &str = "lease";
 
