@@ -944,3 +944,33 @@ fn status_moves_on_from_a_frozen_first_host() {
         "lease status did not answer from the second host: {st} after {took:?}: {err}"
     );
 }
+
+/// Issue 18 hole 11 with `lease run`, as it was reported: `host=A,B` (read-write by
+/// default with several hosts), B promoted, A frozen. The runner must lead on B: A
+/// costs one share of the attempt (here `--query-timeout 2s` over two hosts). Before
+/// the fix every attempt timed out on A ("connection attempt timed out after 2000 ms")
+/// and nobody led.
+#[test]
+fn run_leads_on_the_next_host_when_the_first_is_frozen() {
+    let a = Cluster::start().expect("primary A");
+    let b = a.start_standby().expect("hot standby B");
+    b.promote().expect("promote B");
+    let frozen = a.freeze().expect("freeze A");
+    let url = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres",
+        a.port(),
+        b.port()
+    );
+    let mut cmd = lease();
+    cmd.args(["run", "--database-url", &url, "--query-timeout", "2s"])
+        .args(["--retry-interval", "100ms", "--heartbeat-interval", "200ms"])
+        .arg(unique("frozen-first"))
+        .args(["--", "sh", "-c", "echo started"]);
+    let (st, out, err, took) = output(cmd, MS(20_000));
+    eprintln!("lease run, first host frozen: {st} after {took:?}");
+    drop(frozen);
+    assert!(
+        st.success() && out.contains("started"),
+        "lease run did not lead on the second host: {st} after {took:?}:\n{err}"
+    );
+}
