@@ -1104,33 +1104,12 @@ fn behind_a_pooler_the_probe_refuses_a_shared_backend() {
             config: false,
         }),
     };
-    let setup = |h: &mut Harness, pid: i64| {
-        let session = h.session().unwrap();
-        h.input(Input::SessionOpened { session });
-        let Statement::Setup { nonce, .. } = h.statement() else {
-            panic!("expected the setup, got {:?}", h.statement())
-        };
-        let opts = h.machine().options();
-        let ist = opts.guard_timeout().as_millis() as i64;
-        let tcp = opts.tcp_settings().map(|(_, v)| Some(v));
-        let reply = SetupReply {
-            server_version: 150_000,
-            in_recovery: false,
-            backend_pid: pid,
-            idle_session_timeout_ms: Some(ist),
-            tcp_settings: tcp,
-            unix_socket: false,
-            nonce: Some(nonce),
-        };
-        h.reply(reply.to_rows());
-        nonce
-    };
 
     // The probe reads this session's nonce: refused.
     let mut h = harness(opts());
     let run = h.run(lease("a"));
     h.input(rejected());
-    let nonce = setup(&mut h, 7);
+    let nonce = h.setup(7);
     assert!(h.probing(), "no probe after the setup: {:?}", h.in_flight());
     assert_eq!(h.statement(), Statement::Heartbeat);
     let probe = HeartbeatReply {
@@ -1153,7 +1132,7 @@ fn behind_a_pooler_the_probe_refuses_a_shared_backend() {
     let mut h = harness(opts());
     h.run(lease("a"));
     h.input(rejected());
-    setup(&mut h, 7);
+    h.setup(7);
     assert!(h.probing());
     let cmds = h.fail(boom("53300"));
     assert!(

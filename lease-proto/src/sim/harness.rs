@@ -258,15 +258,15 @@ impl Harness {
         self.answer(Err(error))
     }
 
-    /// Opens the session asked for and answers setup (PostgreSQL 15, a
-    /// primary, backend `pid`, the guard the session asked for), the pooler
-    /// probe if one follows (a backend of its own: `pid + 1`, no nonce) and
-    /// LISTEN. Returns the commands after LISTEN's reply.
+    /// Opens the session asked for and answers its setup only (PostgreSQL 15,
+    /// a primary, backend `pid`, the guard the session asked for): next in
+    /// flight is the pooler probe ([`Harness::probing`]) or LISTEN. Returns
+    /// the nonce the setup set.
     ///
     /// # Panics
-    /// No session was asked for, the statements are not setup then LISTEN, or
-    /// the observer objects.
-    pub fn connect(&mut self, pid: i64) -> Vec<Command> {
+    /// No session was asked for, the statement is not the setup, or the
+    /// observer objects.
+    pub fn setup(&mut self, pid: i64) -> i64 {
         let Some(session) = self.session else {
             panic!("no session asked for")
         };
@@ -279,6 +279,19 @@ impl Harness {
         let ist = opts.guard_timeout().as_millis() as i64;
         let tcp = opts.tcp_settings().map(|(_, v)| Some(v));
         self.reply(reply::setup(150_000, false, pid, ist, tcp, Some(nonce)));
+        nonce
+    }
+
+    /// Opens the session asked for and answers setup (PostgreSQL 15, a
+    /// primary, backend `pid`, the guard the session asked for), the pooler
+    /// probe if one follows (a backend of its own: `pid + 1`, no nonce) and
+    /// LISTEN. Returns the commands after LISTEN's reply.
+    ///
+    /// # Panics
+    /// No session was asked for, the statements are not setup then LISTEN, or
+    /// the observer objects.
+    pub fn connect(&mut self, pid: i64) -> Vec<Command> {
+        self.setup(pid);
         if self.probing {
             // Behind a pooler that rejected the startup options: the second
             // connection gets a backend of its own.
