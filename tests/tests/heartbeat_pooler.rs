@@ -47,7 +47,10 @@ async fn a_foreign_unlock_on_a_shared_pooled_backend_is_found_by_the_periodic_ve
         ..lease_proto::Options::default()
     };
     let guard = options.guard_timeout().as_millis();
-    let mut role = vec![format!("idle_session_timeout = {guard}")];
+    let mut role = vec![
+        "search_path = pg_catalog".to_owned(),
+        format!("idle_session_timeout = {guard}"),
+    ];
     for (name, value) in options.tcp_settings() {
         role.push(format!("{name} = {value}"));
     }
