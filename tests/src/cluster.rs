@@ -112,7 +112,22 @@ impl Cluster {
         hba: &str,
         certs: Option<&crate::Certs>,
     ) -> Result<Cluster, KitError> {
-        let bindir = find_bindir()?;
+        Cluster::start_in(find_bindir()?, conf, hba, certs)
+    }
+
+    /// Like [`Cluster::start`], with the server of PostgreSQL major version `major` as
+    /// `.ci/install-deps` fetches it ([`fetched_bindir`]), whatever [`BINDIR_VAR`] says: for
+    /// tests of one version (e.g. that PostgreSQL 13 is refused).
+    pub fn start_version(major: u32) -> Result<Cluster, KitError> {
+        Cluster::start_in(fetched_bindir(major)?, "", "", None)
+    }
+
+    fn start_in(
+        bindir: PathBuf,
+        conf: &str,
+        hba: &str,
+        certs: Option<&crate::Certs>,
+    ) -> Result<Cluster, KitError> {
         let clients = find_clients(&bindir)?;
         let user = run_as()?;
         let dir = TempDir::new("lease-pg", user)?;
@@ -123,7 +138,7 @@ impl Cluster {
                 .arg("-D")
                 .arg(&data)
                 .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-                .args(["--no-locale", "--no-instructions"]),
+                .arg("--no-locale"),
             "initdb",
             COMMAND_TIMEOUT,
         )?;
@@ -616,6 +631,25 @@ fn backends_query(name: &str) -> String {
 /// against (`initdb`, `postgres`), e.g. `/opt/lease-pg/17/bin` as `.ci/install-deps`
 /// fetches it. Unset: the system's server (see [`find_bindir`]).
 pub const BINDIR_VAR: &str = "LEASE_PG_BINDIR";
+
+/// Where `.ci/install-deps` puts the server of PostgreSQL major version `major`:
+/// `$LEASE_PG_CACHE/<major>/bin`, by default `/opt/lease-pg/<major>/bin`; an error naming
+/// the script if it is not there.
+pub fn fetched_bindir(major: u32) -> Result<PathBuf, KitError> {
+    let cache = env::var_os("LEASE_PG_CACHE")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from("/opt/lease-pg"), PathBuf::from);
+    let dir = cache.join(major.to_string()).join("bin");
+    if dir.join("initdb").is_file() && dir.join("postgres").is_file() {
+        Ok(dir)
+    } else {
+        Err(KitError::Missing(format!(
+            "PostgreSQL {major} not found in {}: run .ci/install-deps (it fetches every \
+             version the tests use)",
+            dir.display()
+        )))
+    }
+}
 
 /// Finds the directory holding `initdb` and `postgres`: [`BINDIR_VAR`] if set (an error if it
 /// names no directory whose `postgres` runs), else `pg_config --bindir`, then `PATH`, then
