@@ -230,6 +230,16 @@ impl Cluster {
     /// `cp -a` as the server's user, then the WAL written meanwhile, the backup label, and
     /// what `pg_basebackup -R` writes (`standby.signal`, `primary_conninfo`).
     fn copy_for_standby(&self, home: &Path, data: &Path) -> Result<(), KitError> {
+        // On a thread of its own: the admin connection blocks on a runtime of its own,
+        // which must not be entered from an async test's runtime thread.
+        std::thread::scope(|s| {
+            s.spawn(|| self.copy_for_standby_blocking(home, data))
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    fn copy_for_standby_blocking(&self, home: &Path, data: &Path) -> Result<(), KitError> {
         let admin = crate::scenario::Admin::connect(&self.conn_string())?;
         let value = |sql: &str| -> Result<Option<String>, KitError> {
             Ok(admin
