@@ -372,9 +372,9 @@ fn cluster_runs_the_server_of_its_bindir() -> Result<(), KitError> {
         .arg("--version")
         .output()
         .expect("postgres --version");
-    // "postgres (PostgreSQL) 17.10"
+    // "postgres (PostgreSQL) 17.10", "postgres (PostgreSQL) 15.20 (Debian 15.20-0+deb12u1)"
     let binary = String::from_utf8_lossy(&out.stdout);
-    let binary = binary.split_whitespace().last().unwrap_or_default();
+    let binary = binary.split_whitespace().nth(2).unwrap_or_default();
     let standby = primary.start_standby()?;
     for cluster in [&primary, &standby] {
         assert_eq!(
