@@ -639,7 +639,8 @@ fn backends_query(name: &str) -> String {
 
 /// The environment variable naming the directory of the PostgreSQL server binaries to test
 /// against (`initdb`, `postgres`), e.g. `/opt/lease-pg/17/bin` as `.ci/install-deps`
-/// fetches it. Unset: the system's server (see [`find_bindir`]).
+/// fetches it. Unset: the system's server (`pg_config --bindir`, `PATH`, the newest
+/// `/usr/lib/postgresql/*/bin`).
 pub const BINDIR_VAR: &str = "LEASE_PG_BINDIR";
 
 /// Where `.ci/install-deps` puts the server of PostgreSQL major version `major`:
