@@ -272,6 +272,20 @@ impl Cluster {
                 "cp -a (standby base backup)",
                 COMMAND_TIMEOUT,
             )
+            .map(drop)
+            .or_else(|e| match e {
+                // A file the server removed during the copy (a temporary file, a
+                // recycled WAL segment): the backup does not need it, as with
+                // pg_basebackup.
+                KitError::Failed { ref detail, .. }
+                    if detail.lines().all(|l| {
+                        l.trim().is_empty() || l.contains("No such file or directory")
+                    }) =>
+                {
+                    Ok(())
+                }
+                e => Err(e),
+            })
         };
         let copied = copy(self.data_dir(), data);
         let label = value(stop)?;
