@@ -278,9 +278,10 @@ impl Cluster {
                 // recycled WAL segment): the backup does not need it, as with
                 // pg_basebackup.
                 KitError::Failed { ref detail, .. }
-                    if detail.lines().all(|l| {
-                        l.trim().is_empty() || l.contains("No such file or directory")
-                    }) =>
+                    if detail.contains("No such file or directory")
+                        && detail.lines().all(|l| {
+                            l.trim().is_empty() || l.contains("No such file or directory")
+                        }) =>
                 {
                     Ok(())
                 }
