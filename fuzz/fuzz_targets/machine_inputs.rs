@@ -834,6 +834,8 @@ impl Fuzz {
                     tcp_settings,
                     unix_socket,
                     nonce,
+                    search_path_catalog: true,
+                    promotion: Default::default(),
                 }
                 .to_rows();
                 let at = usize::from(pick(6)) % rows.len();

@@ -38,47 +38,57 @@ const RUN_LONG_ABOUT: &str = "\
 Contend for the lease NAME and, while holding it, run COMMAND.
 
 COMMAND is executed directly (no shell), in a new process group, with stdin, stdout and stderr
-inherited and three variables added to its environment:
+inherited and four variables added to its environment:
   LEASE_NAME   the lease name
   LEASE_KEY    the 64-bit advisory-lock key (see `lease key`)
   LEASE_TOKEN  the fencing token of this acquisition: larger than every earlier holder's token for
                this key on this server. Pass it to what the job writes to so that a stale leader's
                writes can be rejected.
+  LEASE_SOCKET where `lease valid` asks whether the lease is valid now and until when (exit 0
+               valid, 1 not, in a few milliseconds): ask before each side effect.
 
 While another replica holds the lease, this one stands by and says on stderr who holds it.
 
 When the lease is lost (session terminated, server restarted, network partition, or the lease not
-confirmed within heartbeat-interval + query-timeout), the whole process group of COMMAND gets
-SIGTERM at once and SIGKILL after --grace or at the lease's guard deadline, whichever is first;
-once it is gone, `lease run` contends again and starts a fresh COMMAND on its next win. The guard
-deadline is the moment the server may hand the lease to another replica: the send time of the
-last statement that confirmed the lease + idle_session_timeout (heartbeat-interval +
-query-timeout + the guard margin), moved forward by every heartbeat. A lost lease is noticed by
-the end of its validity at the latest, so COMMAND gets the guard margin (1s by default) at least
-between SIGTERM and SIGKILL; a --grace longer than that is announced at startup by a warning.
+confirmed within heartbeat-interval + query-timeout), COMMAND's whole tree (its process group
+and every other descendant) gets SIGTERM at once and SIGKILL after --grace or at the lease's
+kill deadline, whichever is first; once it is gone, `lease run` contends again and starts a fresh
+COMMAND on its next win. The kill deadline comes just before the moment the server may hand the
+lease to another replica: the send time of the last statement that confirmed the lease +
+idle_session_timeout (heartbeat-interval + query-timeout + the guard margin), less the clock
+drift the guarantee allows (margin / (2 validity + margin), 3.2% by default), moved forward by
+every heartbeat. A lost lease is noticed by the end of its validity at the latest, so COMMAND gets
+at least margin x validity / (2 validity + margin) between SIGTERM and SIGKILL (484ms by
+default); a --grace longer than that is announced at startup by a warning. When the session
+itself ended (terminated, reset, server restarted), the server has freed the lease already and a
+standby takes it after its --lock-delay: SIGKILL comes half of --lock-delay (10ms) after SIGTERM.
 Without the server guard (--no-server-guard) there is no such deadline: SIGKILL comes --grace
 after SIGTERM, at the latest --grace after the validity ended.
 
-The deadline is enforced from outside `lease run` too: before COMMAND starts, `lease run` starts
-a small watchdog process (`lease __watchdog`, in a process group of its own) that it renews over a
-pipe at every heartbeat. If the renewals stop (`lease run` frozen, starved or deadlocked), the
-watchdog sends SIGKILL to COMMAND's process group at the guard deadline; if `lease run` dies, at
-once. The watchdog exits with its runner.
+The deadline is enforced from outside `lease run` too: a small watchdog process (`lease
+__watchdog`, in a process group of its own) starts COMMAND and is renewed over a pipe at every
+heartbeat. If the renewals stop (`lease run` frozen, starved or deadlocked), the watchdog kills
+COMMAND's tree at the kill deadline; if `lease run` dies, at once. The watchdog exits with its
+runner.
 
 COMMAND exiting by itself releases the lease and ends `lease run` with its status: 0, N, or 128+S
-when killed by signal S. Whatever COMMAND left running in its process group is stopped first
+when killed by signal S. Whatever COMMAND left running (in its group or not) is stopped first
 (SIGTERM, SIGKILL after --grace, the lease held meanwhile): nothing of the job outlives the lease.
 
-SIGTERM or SIGINT to `lease run`: when leading, COMMAND's group gets SIGTERM (SIGKILL after the
-full --grace, or at once on a second signal; the lease is held until the group is gone), the lease
+SIGTERM or SIGINT to `lease run`: when leading, COMMAND's tree gets SIGTERM (SIGKILL after the
+full --grace, or at once on a second signal; the lease is held until the tree is gone), the lease
 is released (standbys are notified at once) and `lease run` exits 0; when standing by, it exits 0
-at once.
+at once. If the session holding the lease ends during that stop, SIGKILL comes half of
+--lock-delay later; if it is given up on (a partition), just before its close at the guard
+deadline.
 
-The child never outlives `lease run`: it gets SIGKILL when `lease run` dies, even by SIGKILL
-(Linux PR_SET_PDEATHSIG), and the watchdog then kills the rest of its process group. A
-descendant that leaves the group (setsid) escapes both; use a cgroup (systemd, a container) for
-those. Nothing in `lease run` can act while it is frozen together with the watchdog and COMMAND
-(a VM pause, a cgroup freeze): check LEASE_TOKEN where the job writes. COMMAND runs in the
+Nothing of COMMAND's tree outlives `lease run`, even a descendant that left its process group
+and session (setsid, a double fork): the watchdog, COMMAND's parent, is a subreaper
+(PR_SET_CHILD_SUBREAPER) so every orphan of the tree becomes its child, and it kills the whole
+tree when `lease run` dies, even by SIGKILL; `lease run` is a subreaper too, and COMMAND gets
+SIGKILL when the watchdog dies (PR_SET_PDEATHSIG). Only SIGKILL of both leaves escaped
+descendants to init. Nothing in `lease run` can act while it is frozen together with the watchdog
+and COMMAND (a VM pause, a cgroup freeze): check LEASE_TOKEN where the job writes. COMMAND runs in the
 background process group of a terminal: it cannot read the terminal.
 
 An unreachable database is not fatal: `lease run` keeps retrying and says so, with the cause, on
@@ -161,6 +171,21 @@ pub enum Cmd {
                       pg_advisory_lock(bigint) or pg_locks. No database is contacted."
     )]
     Key(KeyArgs),
+    /// From inside COMMAND of `lease run`: is its lease valid now, and until when
+    #[command(
+        long_about = "From inside COMMAND of `lease run`: ask the runner whether the lease \
+                      COMMAND runs under is valid now, and until when. Connects to the runner's \
+                      Unix socket named by $LEASE_SOCKET (set for COMMAND and everything it \
+                      starts) and prints its one-line answer: `valid remaining_ms=MS \
+                      until_monotonic_ns=NS token=TOKEN` (NS on CLOCK_MONOTONIC, system-wide) \
+                      or `invalid reason=...`. Takes a few milliseconds, no database contact. \
+                      Ask before each side effect that must not overlap another replica's, and \
+                      act only on exit status 0; the fencing token ($LEASE_TOKEN) remains the \
+                      protection for what a pause after the answer may let through. \
+                      Exit status 0 valid, 1 not valid (lost, expired, or stopping), 2 for an \
+                      error (no $LEASE_SOCKET, no answer within --timeout: a frozen runner)."
+    )]
+    Valid(ValidArgs),
     /// Internal: the watchdog `lease run` starts beside each command (see watchdog.rs)
     #[command(name = "__watchdog", hide = true)]
     Watchdog(WatchdogArgs),
@@ -180,6 +205,18 @@ pub struct WatchdogArgs {
     /// Log format on stderr
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// An inherited descriptor to give the command as its stdin (the runner's)
+    #[arg(long, value_name = "FD")]
+    pub stdin_fd: Option<i32>,
+
+    /// An inherited descriptor to give the command as its stdout (the runner's)
+    #[arg(long, value_name = "FD")]
+    pub stdout_fd: Option<i32>,
+
+    /// The command the watchdog starts on `spawn`, after `--`
+    #[arg(value_name = "COMMAND", last = true, allow_hyphen_values = true)]
+    pub command: Vec<OsString>,
 }
 
 /// How to reach the database; shared by every subcommand that connects.
@@ -242,13 +279,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub query_timeout: Duration,
 
-    /// How long COMMAND's process group may take to exit after SIGTERM before SIGKILL
+    /// How long COMMAND's tree may take to exit after SIGTERM before SIGKILL
     ///
     /// In full for graceful stops (a signal to `lease run`, leftovers after COMMAND exited):
-    /// the lease is held until the group is gone. After a lost lease, SIGKILL comes at the
-    /// guard deadline if that is sooner (when the server may hand the lease over; the guard
-    /// margin after the validity ended, at the least): a --grace longer than the guard margin
-    /// gets a warning at startup. Make COMMAND exit promptly on SIGTERM.
+    /// the lease is held until the tree is gone. After a lost lease, SIGKILL comes at the
+    /// kill deadline if that is sooner (just before the server may hand the lease over; the
+    /// guard margin less the drift allowance after the validity ended, at the least): a --grace
+    /// longer than that gets a warning at startup; after the session ended, half of --lock-delay
+    /// after SIGTERM. Make COMMAND exit promptly on SIGTERM.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
 
@@ -294,6 +332,10 @@ pub struct RunArgs {
     /// connection), the old COMMAND learns at the same moment and may still be stopping: the
     /// new one starts no sooner than this after the lease was freed. A graceful release
     /// (with its notification) is taken at once. Must not exceed --retry-interval.
+    ///
+    /// It also bounds how long COMMAND gets between SIGTERM and SIGKILL when this runner's own
+    /// session ends (half of it): use the same value on every replica (a holder's longer one
+    /// is time a standby's shorter one does not wait for).
     #[arg(long, value_name = "DURATION", default_value = "20ms", value_parser = parse_duration)]
     pub lock_delay: Duration,
 
@@ -353,6 +395,22 @@ pub struct StatusArgs {
 
     #[command(flatten)]
     pub conn: ConnArgs,
+}
+
+/// Options of `lease valid`.
+#[derive(Debug, Args)]
+pub struct ValidArgs {
+    /// The runner's socket [default: $LEASE_SOCKET]
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<std::path::PathBuf>,
+
+    /// How long to wait for the runner's answer
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub timeout: Duration,
+
+    /// Print nothing; only the exit status tells
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 /// Options of `lease key`.

@@ -1,17 +1,34 @@
-//! The job's process: spawned directly (no shell) in a new process group,
-//! tied to the runner's life, and stopped as a whole group.
+//! The job's process tree: the command is spawned directly (no shell) in a
+//! new process group by the watchdog ([`crate::watchdog`]), tied to the
+//! watchdog's life, and stopped as a whole tree.
+//!
+//! # The tree
+//! The command's tree is every descendant of the runner but the watchdog:
+//! the watchdog is the command's parent and a subreaper
+//! (`PR_SET_CHILD_SUBREAPER`), so a descendant that left the command's group
+//! and session (`setsid`, a daemon's double fork, `nohup ... &`) and lost its
+//! parent becomes the watchdog's child, not init's; the runner is a subreaper
+//! too, for a tree whose watchdog died. Every stop signals the command's group
+//! and each other process of the tree, and SIGKILL is repeated until nothing
+//! of the tree is left. When the runner dies (even by SIGKILL) the watchdog
+//! kills the tree; when the watchdog dies, the command gets SIGKILL from the
+//! kernel (`PR_SET_PDEATHSIG`) and the runner kills the rest.
+//!
+//! # Limits
+//! No descendant escapes by leaving its group or session: only the death of both the runner and its watchdog (both SIGKILLed) leaves
+//! an escaped process to init. A process under another uid (a setuid
+//! program) cannot be signalled by a runner that is not root; it is waited
+//! for (its group counts as alive, [`group_alive`]) but not killed. A pid read
+//! from `/proc` can in theory be reused between the read and the kill.
 //!
 //! # Linux only
-//! The child asks the kernel for SIGKILL when its parent dies
-//! (`prctl(PR_SET_PDEATHSIG)`), then checks `getppid()` to close the race with
-//! a parent that died before the call. The signal fires when the *thread*
-//! that spawned the child exits, so `lease run` spawns from the thread that
-//! lives as long as the process (the single-threaded runtime's main thread).
-//! Only the direct child is covered: descendants are stopped through the
-//! process group on a lost lease or a shutdown, but survive a SIGKILL of the
-//! runner. On other Unixes the crate does not build (the prctl call).
+//! The parent-death signal fires when the *thread* that spawned the child
+//! exits; the watchdog is single-threaded, and `lease run` starts the watchdog
+//! from the thread that lives as long as the process (the single-threaded
+//! runtime's main thread). On other Unixes the crate does not build (the prctl
+//! calls).
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
@@ -20,6 +37,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use tokio::io::{BufReader, Lines};
+use tokio::process::ChildStdout;
 use tokio::time::{sleep, Instant};
 
 /// How often the group is checked for members while waiting for it to go.
@@ -124,20 +143,28 @@ pub fn signal_group(pgid: i32, sig: libc::c_int) -> bool {
 /// Whether any live process is left in group `pgid`. Zombies do not count:
 /// an orphaned member that exited waits for its new parent (init, or a
 /// container's PID 1, which may be slow) to reap it, and is gone already.
+/// A group whose members all run under another uid (the command ran `sudo`)
+/// cannot be signalled (EPERM) but is there all the same.
 pub fn group_alive(pgid: i32) -> bool {
-    if !signal_group(pgid, 0) {
+    if pgid <= 1 {
+        return false;
+    }
+    // SAFETY: as in signal_group; signal 0 only checks.
+    let exists = unsafe { libc::kill(-pgid, 0) } == 0
+        || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    if !exists {
         return false;
     }
     live_members(pgid).is_none_or(|n| n > 0)
 }
 
-/// How many processes of group `pgid` are not zombies, from `/proc`; `None`
-/// if `/proc` cannot be read.
-fn live_members(pgid: i32) -> Option<usize> {
-    let mut n = 0;
+/// `/proc/PID/stat` of every process: (pid, ppid, pgrp, zombie); `None` if
+/// `/proc` cannot be read.
+fn processes() -> Option<Vec<(i32, i32, i32, bool)>> {
+    let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = name.to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -149,124 +176,233 @@ fn live_members(pgid: i32) -> Option<usize> {
             continue;
         };
         let mut fields = rest.split_whitespace();
-        let state = fields.next();
-        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
-        if pgrp == Some(pgid) && !matches!(state, Some("Z" | "X")) {
-            n += 1;
+        let zombie = matches!(fields.next(), Some("Z" | "X"));
+        let ppid = fields.next().and_then(|p| p.parse::<i32>().ok());
+        let pgrp = fields.next().and_then(|p| p.parse::<i32>().ok());
+        if let (Some(ppid), Some(pgrp)) = (ppid, pgrp) {
+            out.push((pid, ppid, pgrp, zombie));
         }
     }
-    Some(n)
+    Some(out)
 }
 
-/// A running job process and its group.
-#[derive(Debug)]
+/// How many processes of group `pgid` are not zombies, from `/proc`; `None`
+/// if `/proc` cannot be read.
+fn live_members(pgid: i32) -> Option<usize> {
+    let all = processes()?;
+    Some(
+        all.iter()
+            .filter(|&&(_, _, pgrp, zombie)| pgrp == pgid && !zombie)
+            .count(),
+    )
+}
+
+/// The live (not zombie) descendants of `root`, as (pid, pgrp), leaving out
+/// the processes in `except` themselves (not their descendants). A process
+/// that left its group and session (`setsid`, a daemon's double fork) is
+/// still a descendant while its ancestors live, and after they died it is
+/// one of the nearest subreaper's (`PR_SET_CHILD_SUBREAPER`): that is how
+/// `lease run` and its watchdog find every process of a command's tree.
+pub fn descendants(root: i32, except: &[i32]) -> Vec<(i32, i32)> {
+    processes().map_or_else(Vec::new, |all| descendants_in(&all, root, except))
+}
+
+/// [`descendants`] in a table read by [`processes`].
+fn descendants_in(all: &[(i32, i32, i32, bool)], root: i32, except: &[i32]) -> Vec<(i32, i32)> {
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for &(pid, ppid, pgrp, zombie) in all {
+            if ppid == parent && pid != root {
+                frontier.push(pid);
+                if !zombie && !except.contains(&pid) {
+                    out.push((pid, pgrp));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Sends `sig` to group `pgid` (all at once) and to every other live
+/// descendant of `root` (but the `except` ones); how many descendants there
+/// were.
+pub fn signal_tree(root: i32, except: &[i32], pgid: i32, sig: libc::c_int) -> usize {
+    signal_group(pgid, sig);
+    let tree = descendants(root, except);
+    for &(pid, pgrp) in &tree {
+        if pgrp != pgid && pid > 1 {
+            // SAFETY: kill has no memory-safety preconditions; `pid` is a
+            // live descendant of `root` as of the read of /proc just now.
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+    tree.len()
+}
+
+/// Becomes the subreaper of its descendants: an orphan among them is
+/// reparented to this process instead of init, so it stays in reach of
+/// [`descendants`].
+pub fn become_subreaper() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// This process's pid.
+fn own_pid() -> i32 {
+    std::process::id() as i32
+}
+
+/// A running command, started by the watchdog (see [`crate::watchdog`]):
+/// its pid (also its process group), the watchdog's, and the watchdog's
+/// reports of the command's exit.
+///
+/// The command's tree is every live descendant of this runner except the
+/// watchdog itself: the watchdog is the command's parent and a subreaper
+/// (orphans of the tree become its children), and this runner is a subreaper
+/// too (for a tree whose watchdog died).
 pub struct Job {
-    child: tokio::process::Child,
     pgid: i32,
+    watchdog: i32,
+    events: Lines<BufReader<ChildStdout>>,
     status: Option<ExitStatus>,
 }
 
-/// Kills the group if the job is dropped while it may still run (an early
-/// return, a panic): nothing of it may outlive the lease.
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("pgid", &self.pgid)
+            .field("watchdog", &self.watchdog)
+            .field("status", &self.status)
+            .finish()
+    }
+}
+
+/// Kills the tree if the job is dropped while it may still run (an early
+/// return, a panic): nothing of it may outlive the lease. (The watchdog kills
+/// it too when its pipe closes.)
 impl Drop for Job {
     fn drop(&mut self) {
-        signal_group(self.pgid, libc::SIGKILL);
+        self.signal(libc::SIGKILL);
     }
 }
 
 impl Job {
-    /// Spawns `spec` in a new process group with `env` added, stdio
-    /// inherited, and SIGKILL on the death of the calling thread (see the
-    /// module docs).
-    ///
-    /// # Errors
-    /// The spawn's error (not found, permission denied, ...).
-    pub fn spawn(spec: &ChildSpec, env: &[(&str, String)]) -> io::Result<Job> {
-        let mut cmd = tokio::process::Command::new(&spec.program);
-        cmd.args(&spec.args)
-            .envs(env.iter().map(|(k, v)| (OsStr::new(k), OsStr::new(v))))
-            .process_group(0)
-            .kill_on_drop(true);
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: the closure runs in the forked child before exec and only
-        // makes async-signal-safe calls (prctl, getppid); it allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                // The parent died before prctl: the signal will never come.
-                if libc::getppid() != parent {
-                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn()?;
-        let pgid = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .unwrap_or(0);
-        Ok(Job {
-            child,
-            pgid,
+    /// The job of command `pid`, started by watchdog `watchdog`, whose
+    /// reports come on `events`.
+    pub fn new(pid: i32, watchdog: i32, events: Lines<BufReader<ChildStdout>>) -> Job {
+        Job {
+            pgid: pid,
+            watchdog,
+            events,
             status: None,
-        })
+        }
     }
 
-    /// The child's pid, which is also its process group id.
+    /// The command's pid, which is also its process group id.
     pub fn pid(&self) -> i32 {
         self.pgid
     }
 
-    /// Waits for the child itself to exit.
+    /// `sig` to the command's group and every other process of its tree.
+    fn signal(&self, sig: libc::c_int) -> usize {
+        signal_tree(own_pid(), &[self.watchdog], self.pgid, sig)
+    }
+
+    /// Whether a live process is left in the command's tree (one read of
+    /// `/proc`; the group's signal check if `/proc` cannot be read).
+    fn tree_alive(&self) -> bool {
+        match processes() {
+            Some(all) => !descendants_in(&all, own_pid(), &[self.watchdog]).is_empty(),
+            None => group_alive(self.pgid),
+        }
+    }
+
+    /// SIGKILL to the tree until nothing of it is left: the first at once,
+    /// without a check before it. Returns whether anything was there.
+    async fn kill_tree(&self) -> bool {
+        let mut rounds = 0u32;
+        let mut found = false;
+        loop {
+            let n = self.signal(libc::SIGKILL);
+            if n == 0 && !group_alive(self.pgid) {
+                return found;
+            }
+            found = true;
+            rounds += 1;
+            if rounds % 1000 == 0 {
+                tracing::warn!(
+                    pgid = self.pgid,
+                    "processes of the command's tree survive SIGKILL (uninterruptible sleep, \
+                     or under another user); still killing"
+                );
+            }
+            sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Waits for the command itself to exit, as the watchdog reports it.
+    /// Cancel-safe.
     ///
     /// # Errors
-    /// If waiting fails (it does not in practice).
+    /// If the watchdog is gone (its pipe closed): the command died with it
+    /// (its parent-death signal).
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         if let Some(status) = self.status {
             return Ok(status);
         }
-        let status = self.child.wait().await?;
-        self.status = Some(status);
-        Ok(status)
+        loop {
+            let line = self.events.next_line().await?.ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "the watchdog, the command's parent, is gone",
+                )
+            })?;
+            let raw = line
+                .strip_prefix("exited ")
+                .and_then(|w| w.trim().parse::<i32>().ok());
+            if let Some(raw) = raw {
+                let status = ExitStatus::from_raw(raw);
+                self.status = Some(status);
+                return Ok(status);
+            }
+        }
     }
 
-    /// Stops the whole group: SIGTERM (and SIGCONT, so that a stopped group
+    /// Stops the whole tree: SIGTERM (and SIGCONT, so that a stopped process
     /// sees it) at once, SIGKILL when `grace` has passed or `hurry` resolves,
-    /// whichever is first, unless the child has exited and the group is empty
-    /// by then. Returns the child's status once it has exited (and the group
-    /// got SIGKILL if members were still left).
+    /// whichever is first, unless the child has exited and the tree is empty
+    /// by then. Returns the child's status once it has exited (and the tree
+    /// got SIGKILL until empty if processes were still left).
     pub async fn terminate<H>(&mut self, grace: Duration, hurry: H) -> Option<ExitStatus>
     where
         H: std::future::Future<Output = ()>,
     {
-        signal_group(self.pgid, libc::SIGTERM);
-        signal_group(self.pgid, libc::SIGCONT);
+        self.signal(libc::SIGTERM);
+        self.signal(libc::SIGCONT);
         self.drain_group(grace, hurry).await
     }
 
     /// After the child exited by itself: stops whatever it left behind in its
-    /// group (SIGTERM, SIGKILL after `grace`). Returns whether anything was
-    /// left.
-    pub async fn reap_group(&mut self, grace: Duration) -> bool {
-        if !group_alive(self.pgid) {
+    /// tree, in its group or not (SIGTERM, SIGKILL after `grace` or when
+    /// `hurry` resolves). Returns whether anything was left.
+    pub async fn reap_group<H>(&mut self, grace: Duration, hurry: H) -> bool
+    where
+        H: std::future::Future<Output = ()>,
+    {
+        if !self.tree_alive() {
             return false;
         }
         tracing::info!(
             pgid = self.pgid,
-            "processes left in the command's process group; sending them SIGTERM"
+            "processes left in the command's tree; sending them SIGTERM"
         );
-        signal_group(self.pgid, libc::SIGTERM);
-        signal_group(self.pgid, libc::SIGCONT);
-        self.drain_group(grace, std::future::pending()).await;
+        self.signal(libc::SIGTERM);
+        self.signal(libc::SIGCONT);
+        self.drain_group(grace, hurry).await;
         true
     }
 
@@ -276,29 +412,99 @@ impl Job {
     {
         let deadline = Instant::now() + grace;
         let mut hurry = std::pin::pin!(hurry);
+        let mut gone = false;
         loop {
-            if self.status.is_some() && !group_alive(self.pgid) {
+            if (self.status.is_some() || gone) && !self.tree_alive() {
                 return self.status;
             }
-            let exited = self.status.is_some();
+            let exited = self.status.is_some() || gone;
             tokio::select! {
-                status = self.child.wait(), if !exited => match status {
-                    Ok(status) => self.status = Some(status),
-                    Err(_) => break,
-                },
+                status = self.wait(), if !exited => {
+                    if status.is_err() {
+                        gone = true;
+                    }
+                }
                 () = sleep(GROUP_POLL), if exited => {}
                 () = tokio::time::sleep_until(deadline) => break,
                 () = &mut hurry => break,
             }
         }
-        if group_alive(self.pgid) {
+        if self.kill_tree().await {
             tracing::warn!(
                 pgid = self.pgid,
                 grace = ?grace,
-                "the command's process group did not exit in time; sending SIGKILL"
+                "the command's tree did not exit in time (or the lease was lost): sent SIGKILL"
             );
-            signal_group(self.pgid, libc::SIGKILL);
         }
         self.wait().await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    /// Suspected (b) of issue 18: `kill(-pgid, 0)` fails with EPERM when every
+    /// member of the group runs under another uid (a command that ran `sudo`,
+    /// or `su`), and `group_alive` must still say the group is there. Needs
+    /// root (to start the group as root and ask as the unprivileged user
+    /// `leasetest`); skipped otherwise.
+    #[test]
+    fn a_group_of_another_user_is_alive() {
+        // SAFETY: geteuid has no preconditions; getpwnam returns a pointer
+        // into static storage or null, read at once.
+        let uid = unsafe {
+            if libc::geteuid() != 0 {
+                eprintln!("skipped: not root");
+                return;
+            }
+            let pw = libc::getpwnam(c"leasetest".as_ptr());
+            if pw.is_null() {
+                eprintln!("skipped: no user leasetest");
+                return;
+            }
+            ((*pw).pw_uid, (*pw).pw_gid)
+        };
+        let mut group = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .expect("spawn sleep");
+        let pgid = group.id() as i32;
+        // Asked from a process running as leasetest: its exit status is the
+        // answer (1: alive, 0: gone, 2: could not switch users).
+        let mut ask = std::process::Command::new("true");
+        // SAFETY: the closure runs in the forked child before exec; it calls
+        // setgid/setuid, the function under test (which reads /proc) and
+        // _exit. glibc's malloc is usable after fork.
+        unsafe {
+            ask.pre_exec(move || {
+                if libc::setgid(uid.1) != 0 || libc::setuid(uid.0) != 0 {
+                    libc::_exit(2);
+                }
+                let errno_eperm = libc::kill(-pgid, 0) != 0
+                    && io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+                if !errno_eperm {
+                    libc::_exit(3);
+                }
+                libc::_exit(i32::from(group_alive(pgid)));
+            });
+        }
+        let status = ask.status().expect("run the question as leasetest");
+        let _ = group.kill();
+        let _ = group.wait();
+        assert_ne!(status.code(), Some(2), "cannot switch to leasetest");
+        assert_ne!(
+            status.code(),
+            Some(3),
+            "kill(-pgid, 0) did not fail with EPERM"
+        );
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "group_alive says the group {pgid} of root's `sleep 30` is gone when asked by \
+             another user (kill(-pgid, 0) fails with EPERM)"
+        );
     }
 }

@@ -8,6 +8,9 @@
 //! - `lease status [NAME...]`: who holds which lease and who waits for it on
 //!   the server ([`status`]); `--watch` redraws it until Ctrl-C.
 //! - `lease key NAME`: the advisory-lock key of a name.
+//! - `lease valid`: from inside `lease run`'s command, whether its lease is
+//!   valid now and until when, asked of the runner over a Unix socket
+//!   ([`valid`]).
 //! - `lease __watchdog` (hidden): started by `lease run` beside each command;
 //!   kills the command's group when the runner stops renewing its deadline
 //!   ([`watchdog`]).
@@ -31,6 +34,7 @@ mod run;
 mod serve;
 mod status;
 mod tls;
+mod valid;
 mod watchdog;
 
 use std::io::Write;
@@ -57,6 +61,7 @@ fn dispatch(cli: Cli) -> i32 {
         Cmd::Run(args) => run::main(args),
         Cmd::Status(args) => status::main(args),
         Cmd::Key(args) => status::key(args),
+        Cmd::Valid(args) => valid::main(args),
         Cmd::Watchdog(args) => watchdog::main(args),
     }
 }

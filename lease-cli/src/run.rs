@@ -12,12 +12,12 @@ use tokio::sync::{mpsc, watch};
 use tokio_postgres::Config;
 
 use crate::args::{LogFormat, RunArgs};
-use crate::child::{exit_code, ChildSpec, Job};
+use crate::child::{self, exit_code, ChildSpec, Job};
 use crate::conn::{self, Target};
 use crate::serve::{self, Current, Endpoints, Health};
 use crate::tls::Connector;
 use crate::watchdog::Watchdog;
-use crate::{log, usage_error, EXIT_FAILURE};
+use crate::{log, usage_error, valid, EXIT_FAILURE};
 
 /// Everything `lease run` needs once the input is validated.
 struct Plan {
@@ -27,8 +27,9 @@ struct Plan {
     target: Target,
     grace: Duration,
     /// The kill deadline after a lost lease is the lease's validity end plus
-    /// this: the guard margin with the server guard (the guard deadline, when
-    /// the server may hand the lease over), `grace` without it.
+    /// this: with the server guard, the guard margin less the drift allowance
+    /// (just before the guard deadline, when the server may hand the lease
+    /// over: see [`after_validity`]), `grace` without it.
     after_validity: Duration,
     quiet: bool,
     format: LogFormat,
@@ -53,6 +54,12 @@ pub fn main(args: RunArgs) -> i32 {
         tracing::warn!("{warning}");
     }
     warn_about_grace(&plan);
+    // Orphans of a command's tree whose watchdog died become this runner's
+    // children, still in reach (see `child::Job`).
+    if let Err(e) = child::become_subreaper() {
+        tracing::error!("cannot become the subreaper of the command's tree: {e}");
+        return EXIT_FAILURE;
+    }
     // One thread: the child's PR_SET_PDEATHSIG is tied to the thread that
     // spawns it, which must live as long as the process (see `child`).
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -98,13 +105,7 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
             .application_name(application_name(lease.name()));
     }
     spec.check()?;
-    let after_validity = if options.server_guard {
-        options
-            .guard_timeout()
-            .saturating_sub(options.validity_window())
-    } else {
-        args.grace
-    };
+    let after_validity = after_validity(&options, args.grace);
     Ok(Plan {
         lease,
         spec,
@@ -118,11 +119,29 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
     })
 }
 
+/// How long after the lease's validity end (`valid_until`) the command's group
+/// gets SIGKILL after a lost lease (see [`Plan::after_validity`]).
+///
+/// With the server guard: the guard timeout measured on this runner's clock,
+/// shortened by the drift the guarantee allows ([`Options::drift_bound`]), so
+/// that a clock running that much slow still kills before the server may free
+/// the key; floored to the microsecond (early, never late). It stays after the
+/// validity end: `guard (1 - drift) - validity = margin validity / (2
+/// validity + margin) > 0`.
+fn after_validity(options: &Options, grace: Duration) -> Duration {
+    if options.server_guard {
+        let guard = options.guard_timeout().mul_f64(1.0 - options.drift_bound());
+        let guard = Duration::from_micros(guard.as_micros() as u64);
+        guard.saturating_sub(options.validity_window())
+    } else {
+        grace
+    }
+}
+
 /// One line at startup when `--grace` cannot be given in full after a lost
 /// lease (or, without the server guard, what bounds the command instead).
 fn warn_about_grace(plan: &Plan) {
     let grace = humantime::format_duration(plan.grace);
-    let bound = humantime::format_duration(plan.after_validity);
     if !plan.options.server_guard {
         tracing::warn!(
             "--no-server-guard: the server frees a silent holder's lease only when it ends the \
@@ -131,11 +150,16 @@ fn warn_about_grace(plan: &Plan) {
              validity ended, whatever the server does meanwhile"
         );
     } else if plan.grace > plan.after_validity {
+        let bound = humantime::format_duration(Duration::from_millis(
+            plan.after_validity.as_millis() as u64,
+        ));
+        let delay = humantime::format_duration(plan.options.lock_delay / 2);
         tracing::warn!(
-            "--grace {grace} is longer than the guard margin {bound}: after a lost lease the \
-             command is killed at the guard deadline (when the server may hand the lease to \
-             another replica), as little as {bound} after SIGTERM; --grace applies in full \
-             only to graceful stops"
+            "--grace {grace} is longer than the guard margin less the drift allowance \
+             ({bound}): after a lost lease the command is killed at the guard deadline (before \
+             the server may hand the lease to another replica), as little as {bound} after \
+             SIGTERM, and {delay} (half of --lock-delay) after SIGTERM when the server \
+             ended the session; --grace applies in full only to graceful stops"
         );
     }
 }
@@ -228,6 +252,14 @@ struct Ctx<'a> {
     grace: Duration,
     /// See [`Plan::after_validity`].
     after_validity: Duration,
+    /// [`Options::lock_delay`]: a command gets SIGKILL within it after SIGTERM
+    /// once its session ended (see [`session_end_wait`]).
+    lock_delay: Duration,
+    /// `guard_timeout × drift_bound`: how much earlier than a doubtful
+    /// session's `close_by` (on this runner's clock) a command must be dead.
+    drift_allowance: Duration,
+    /// For the session's state during a graceful stop ([`session_watch`]).
+    locker: &'a Locker,
     /// How often the lease's validity is read to renew the watchdog.
     poll: Duration,
     quiet: bool,
@@ -302,6 +334,12 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         spec: &plan.spec,
         grace: plan.grace,
         after_validity: plan.after_validity,
+        lock_delay: plan.options.lock_delay,
+        drift_allowance: plan
+            .options
+            .guard_timeout()
+            .mul_f64(plan.options.drift_bound()),
+        locker: &locker,
         poll: (plan.options.heartbeat_interval / 4).clamp(RENEW_MIN, RENEW_MAX),
         quiet: plan.quiet,
         format: plan.format,
@@ -383,10 +421,14 @@ enum Ended {
 ///
 /// The kill deadline is the lease's validity end plus
 /// [`Ctx::after_validity`]: with the server guard, the last confirming
-/// statement's send time + `idle_session_timeout`, the first moment the
-/// server could hand the lease to another session. It moves with every
+/// statement's send time + `idle_session_timeout` less the drift allowance,
+/// just before the first moment the server could hand the lease to another
+/// session. It moves with every
 /// confirmed heartbeat. A lost lease: SIGTERM at once, SIGKILL at the kill
-/// deadline or after `--grace`, whichever is first. A graceful stop
+/// deadline or after `--grace`, whichever is first; within `--lock-delay`
+/// (half of it) if the session ended (the server freed the key:
+/// [`freed_with_the_session`], [`session_end_wait`]).
+/// A graceful stop
 /// (shutdown, or the command's own exit with leftovers in its group): the
 /// full `--grace`, the key being held until the group is gone.
 async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
@@ -394,7 +436,27 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
     if lease.is_cancelled() {
         return Ok(());
     }
-    let mut dog = match Watchdog::start(ctx.quiet, ctx.format).await {
+    // `lease valid` from inside the command: answered until the tree is gone
+    // (dropped at the end of this function).
+    let answerer = match valid::Answerer::start(&lease) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            tracing::warn!(
+                "cannot listen for `lease valid` ({e}): {} is not set for the command",
+                valid::SOCKET_VAR
+            );
+            None
+        }
+    };
+    let mut env = vec![
+        ("LEASE_NAME", lease.name().to_owned()),
+        ("LEASE_KEY", lease.key().to_string()),
+        ("LEASE_TOKEN", token.to_string()),
+    ];
+    if let Some(a) = &answerer {
+        env.push((valid::SOCKET_VAR, a.path().to_string_lossy().into_owned()));
+    }
+    let mut dog = match Watchdog::start(ctx.quiet, ctx.format, ctx.spec, &env).await {
         Ok(dog) => dog,
         Err(e) => {
             let message = format!("cannot start the watchdog: {e}");
@@ -407,13 +469,15 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
         return Ok(());
     };
     let mut deadline = valid_until + ctx.after_validity;
-    let env = [
-        ("LEASE_NAME", lease.name().to_owned()),
-        ("LEASE_KEY", lease.key().to_string()),
-        ("LEASE_TOKEN", token.to_string()),
-    ];
-    let mut job = match Job::spawn(ctx.spec, &env) {
+    // The watchdog starts the command (it is its parent and subreaper).
+    let mut job = match dog.spawn(deadline).await {
         Ok(job) => job,
+        Err(e) if e.raw_os_error().is_none() => {
+            dog.finish().await;
+            let message = format!("the watchdog cannot start the command: {e}");
+            tracing::error!("{message}; releasing the lease");
+            return Err(JobEnd::Watchdog(message));
+        }
         Err(e) => {
             dog.finish().await;
             let code = match e.kind() {
@@ -449,14 +513,36 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
         }
         Ended::Cancelled(reason) => {
             if reason == Reason::Shutdown {
-                // Graceful: the key is held until the group is gone.
+                // Graceful: the key is held until the tree is gone, unless
+                // the session ends meanwhile.
                 let _ = dog.disarm();
                 tracing::info!(
                     pid = job.pid(),
-                    "stopping the command's process group (SIGTERM, SIGKILL after {})",
+                    "stopping the command's tree (SIGTERM, SIGKILL after {})",
                     humantime::format_duration(ctx.grace)
                 );
-                stop(&mut job, ctx.grace, ctx).await;
+                let hurry = async {
+                    tokio::select! {
+                        () = ctx.signals.at_least(2) => {}
+                        () = session_watch(ctx) => {}
+                    }
+                };
+                let status = job.terminate(ctx.grace, hurry).await;
+                let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
+                tracing::info!("the command stopped ({status})");
+            } else if freed_with_the_session(&reason) {
+                // The server may hand the key over now: a standby woken by
+                // its release tries after the lock delay.
+                let wait = session_end_wait(ctx, deadline);
+                let _ = dog.arm(job.pid(), Instant::now() + wait);
+                tracing::warn!(
+                    pid = job.pid(),
+                    %reason,
+                    "lease lost with its session (the server has freed it): stopping the \
+                     command's tree (SIGTERM, SIGKILL in {}, within the lock delay)",
+                    humantime::format_duration(wait)
+                );
+                stop(&mut job, wait, ctx).await;
             } else {
                 let wait = kill_wait(deadline, ctx.grace);
                 tracing::warn!(
@@ -513,15 +599,36 @@ async fn exited(
             pid = job.pid(),
             "the watchdog killed the command at the lease's deadline (this runner was late)"
         );
-        job.reap_group(Duration::ZERO).await;
+        job.reap_group(Duration::ZERO, pending()).await;
         let _ = tokio::time::timeout(ctx.grace, lease.cancelled()).await;
         return Ok(());
     }
     let code = status.map_or(EXIT_FAILURE, exit_code);
     // Leftovers get the full grace (the key is held meanwhile); the watchdog
-    // stays armed in case the lease is lost in between.
+    // stays armed in case the lease is lost in between, and a loss meanwhile
+    // hurries the kill as it would for the command itself.
     {
-        let reap = job.reap_group(ctx.grace);
+        let snapshot = *deadline;
+        let hurry = async {
+            let reason = lease.cancelled().await;
+            if reason == Reason::Shutdown {
+                // The key is held while the leftovers stop, unless the
+                // session ends meanwhile.
+                return session_watch(ctx).await;
+            }
+            let wait = if freed_with_the_session(&reason) {
+                session_end_wait(ctx, snapshot)
+            } else {
+                kill_wait(snapshot, ctx.grace)
+            };
+            tracing::warn!(
+                %reason,
+                "lease lost while stopping what the command left running: SIGKILL in {}",
+                humantime::format_duration(Duration::from_millis(wait.as_millis() as u64))
+            );
+            tokio::time::sleep(wait).await;
+        };
+        let reap = job.reap_group(ctx.grace, hurry);
         tokio::pin!(reap);
         tokio::select! {
             _ = &mut reap => {}
@@ -546,6 +653,74 @@ async fn stop(job: &mut Job, wait: Duration, ctx: &Ctx<'_>) {
     let status = job.terminate(wait, ctx.signals.at_least(2)).await;
     let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
     tracing::info!("the command stopped ({status})");
+}
+
+/// Whether a lease was lost because its key is known free on the server now:
+/// the session ended (terminated, reset, server restart: the server released
+/// its locks) or a verify found the key not held. Another session may take it
+/// after the lock delay, not at the guard deadline. The other losses (a
+/// statement timed out or failed, the validity ran out, a refusal) leave the
+/// session open, its key held, until the command has stopped or the guard
+/// deadline has come (the machine's doubtful session).
+fn freed_with_the_session(reason: &Reason) -> bool {
+    matches!(reason, Reason::SessionLost(_) | Reason::NotHeld)
+}
+
+/// During a graceful stop (the key held until the command's tree is gone):
+/// resolves when the tree must be killed because the session holding the key
+/// cannot hold it that long any more. The session ended (another backend, or
+/// none): half the lock delay after this runner sees it, as after a loss with
+/// the session ([`session_end_wait`]). The session became doubtful (a
+/// statement timed out or failed): the machine closes it at `close_by` at the
+/// latest, so the drift allowance before that. Polled every quarter of the
+/// lock delay (1 to 5 ms).
+async fn session_watch(ctx: &Ctx<'_>) {
+    let poll = (ctx.lock_delay / 4).clamp(Duration::from_millis(1), Duration::from_millis(5));
+    let held_by = match ctx.locker.status().session {
+        SessionState::Ready { backend_pid } => Some(backend_pid),
+        _ => None,
+    };
+    loop {
+        match ctx.locker.status().session {
+            SessionState::Ready { backend_pid } if Some(backend_pid) == held_by => {}
+            SessionState::Doubtful { close_by } => {
+                let at = close_by
+                    .checked_sub(ctx.drift_allowance)
+                    .unwrap_or(close_by);
+                tracing::warn!(
+                    "the session holding the lease was given up on during the graceful stop: \
+                     SIGKILL to the command's tree in {} (before the session's close)",
+                    humantime::format_duration(Duration::from_millis(
+                        at.saturating_duration_since(Instant::now()).as_millis() as u64
+                    ))
+                );
+                tokio::time::sleep_until(at.into()).await;
+                return;
+            }
+            _ => {
+                let wait = ctx.lock_delay / 2;
+                tracing::warn!(
+                    "the session holding the lease ended during the graceful stop (the server \
+                     has freed the lease): SIGKILL to the command's tree in {}",
+                    humantime::format_duration(wait)
+                );
+                tokio::time::sleep(wait).await;
+                return;
+            }
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// How long a command may take after SIGTERM once its session ended: half the
+/// lock delay (never more than [`kill_wait`]). A standby woken by the release
+/// tries `lock_delay` after its wake, and this runner learns of the end at
+/// about that moment (or later); the other half is room for this runner's
+/// own latency (a timer's wake on a busy machine, a read of `/proc`) before
+/// the SIGKILL lands, and the standby still needs its try's round trip and
+/// its own command's start after the delay.
+fn session_end_wait(ctx: &Ctx<'_>, deadline: Instant) -> Duration {
+    (ctx.lock_delay / 2).min(kill_wait(deadline, ctx.grace))
 }
 
 /// How long a command may take after SIGTERM on a lost lease: until the kill
@@ -709,9 +884,11 @@ async fn lookup_holder(
     let connection = tokio::spawn(connection);
     let row = client
         .query_opt(
-            "SELECT application_name, host(client_addr), client_port, \
-             to_char(backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') \
-             FROM pg_stat_activity WHERE pid = $1",
+            // Qualified like every lease statement (a role's search_path may shadow names).
+            "SELECT application_name, pg_catalog.host(client_addr), client_port, \
+             pg_catalog.to_char(pg_catalog.timezone('UTC', backend_start), \
+             'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') \
+             FROM pg_catalog.pg_stat_activity WHERE pid OPERATOR(pg_catalog.=) $1",
             &[&pid],
         )
         .await
@@ -739,6 +916,47 @@ async fn lookup_holder(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Suspected (c) of issue 18: the kill deadline is `confirmed + guard` on
+    /// the runner's clock. A runner whose clock runs slow by the drift the
+    /// guarantee allows (`margin / (2 validity + margin)`) measures that
+    /// offset later in real time than the server frees the key.
+    #[test]
+    fn the_kill_deadline_allows_for_the_drift_bound() {
+        let cases = [
+            Options::default(),
+            Options {
+                heartbeat_interval: Duration::from_millis(200),
+                query_timeout: Duration::from_millis(500),
+                guard_margin: Duration::from_millis(300),
+                ..Options::default()
+            },
+            Options {
+                validity: Some(Duration::from_secs(500)),
+                ..Options::default()
+            },
+        ];
+        for o in cases {
+            let v = o.validity_window().as_secs_f64();
+            let m = o.guard_margin_in_force().as_secs_f64();
+            let drift = m / (2.0 * v + m);
+            assert_eq!(drift, o.drift_bound());
+            // Client-clock offset from the confirming statement's send time.
+            let offset = o.validity_window() + after_validity(&o, Duration::from_secs(10));
+            // Real time that offset takes on a clock slow by `drift`.
+            let real = offset.as_secs_f64() / (1.0 - drift);
+            let guard = o.guard_timeout().as_secs_f64();
+            assert!(
+                real <= guard,
+                "validity {v} s, margin {m} s: SIGKILL {offset:?} after the confirming statement \
+                 on the runner's clock is {real:.4} s of real time on a clock {:.2} % slow, \
+                 after the server may free the key ({guard} s)",
+                drift * 100.0
+            );
+            // Still after the validity end: SIGTERM comes first.
+            assert!(offset > o.validity_window());
+        }
+    }
 
     #[test]
     fn application_names_fit_the_server() {

@@ -95,6 +95,12 @@ pub(crate) fn log_event(event: &Event) {
             "the server is a hot standby (in recovery): no lease can be taken there; \
              retrying after a backoff (a failover in progress, or the wrong host)"
         ),
+        Event::PromotionHold { session: s, hold } => warn!(
+            session = s.0,
+            hold_ms = hold.as_millis() as u64,
+            "the server was promoted recently: no lease is taken there until the old \
+             primary's holders must have stopped"
+        ),
         Event::StartupOptionsRejected { session: s, error } => warn!(
             session = s.0,
             %error,

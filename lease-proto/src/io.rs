@@ -424,21 +424,19 @@ pub enum RunCommand {
         run: RunId,
         /// Its lease.
         lease: LeaseId,
-        /// The fencing token of this acquisition: `timeline << 48 | xid`,
-        /// the server's WAL timeline and a transaction id assigned after the
-        /// lock was granted (see [`Statement::TryLock`]). Promised: larger
-        /// than every earlier acquisition's token for this key
-        ///
-        /// - on the same server, also across crashes and restarts (the try
-        ///   writes a WAL record and the session runs with
-        ///   `synchronous_commit=on`, so the xid is flushed before the reply);
-        /// - across promotions: a promoted standby's new timeline makes every
-        ///   token it gives out larger than any of the old timeline, whether
-        ///   replication was synchronous or asynchronous (a lagging
-        ///   asynchronous standby lost xids, but not the order). Two servers
-        ///   promoted from one timeline to the same timeline number (two
-        ///   standbys promoted without an archive between them) are two
-        ///   primaries: nothing holds then.
+        /// The fencing token of this acquisition:
+        /// [`TOKEN_CLOCK_OFFSET`](crate::TOKEN_CLOCK_OFFSET) plus the
+        /// server's clock in microseconds, read after the lock was granted
+        /// (see [`Statement::TryLock`]). Promised: larger than every earlier
+        /// acquisition's token for this key, across server crashes and
+        /// restarts, promotions (synchronous or asynchronous replication),
+        /// `pg_upgrade` and a move into a new cluster, and larger than every
+        /// token of the `timeline << 48 | xid` scheme before it, while the
+        /// clock of the server that grants the key is not behind the clock
+        /// that made the previous token by the time between the two
+        /// acquisitions (at least a round trip and the lock delay; across a
+        /// failover, the time from the last acquisition on the old primary
+        /// to the first on the new one) or more.
         ///
         /// Keys won by one batched try share the same token: tokens order
         /// acquisitions of one key, they do not identify a lease across keys.
@@ -585,6 +583,17 @@ pub enum Event {
     InRecovery {
         /// The session.
         session: SessionId,
+    },
+    /// The server was promoted recently (see
+    /// [`PromotionState`](crate::PromotionState)): the session tries no key
+    /// for `hold`, until every holder of the old primary must have stopped
+    /// ([`Options::promotion_hold`](crate::Options::promotion_hold) after
+    /// the promotion). It heartbeats meanwhile.
+    PromotionHold {
+        /// The session.
+        session: SessionId,
+        /// How long from the setup's reply.
+        hold: std::time::Duration,
     },
     /// A pooler rejected the `options` startup parameter: the machine
     /// connects again without it and applies the settings by statement.

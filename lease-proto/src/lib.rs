@@ -90,7 +90,10 @@
 //! the guard). A pooler that rejects startup options gets the settings in the
 //! setup statement instead ([`Event::StartupOptionsRejected`]), verified the
 //! same way. A hot standby is not final ([`Event::InRecovery`]): the session is
-//! closed and the machine tries again after a backoff.
+//! closed and the machine tries again after a backoff. A newly promoted
+//! primary is not tried until every holder of the old primary must have
+//! stopped ([`Event::PromotionHold`], [`PromotionState`],
+//! [`Options::promotion_hold`]): advisory locks are not replicated.
 //!
 //! ## Carrying out the commands
 //!
@@ -133,6 +136,7 @@ mod io;
 mod key;
 mod machine;
 mod options;
+mod promotion;
 mod sql;
 
 #[cfg(feature = "sim")]
@@ -153,11 +157,12 @@ pub use options::{
     DEFAULT_MAX_LEASES, DEFAULT_QUERY_TIMEOUT, DEFAULT_RETRY_INTERVAL, MAX_GUARD_TIMEOUT,
     MAX_HEARTBEAT_PER_QUERY_TIMEOUT, MAX_MAX_LEASES, MIN_QUERY_TIMEOUT, RETRY_JITTER,
 };
+pub use promotion::PromotionState;
 pub use sql::{
     decode_text_row, DecodeError, HeartbeatReply, HolderRow, ReleaseReply, ReplyError, Row,
-    SetupReply, Statement, TryReply, VerifyReply, WaitReply, ADVISORY_KEY_SQL, HANDOVER_CHANNEL,
-    HOLDERS_SQL, LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING, TCP_SETTINGS, TOKEN_XID_BITS,
-    WAIT_CONNECTION_CHECK_MS, WAIT_PRELUDE_SQL, WAIT_SETTING,
+    SetupReply, Statement, TryReply, VerifyReply, WaitReply, ADVISORY_KEY_SQL, CHECKPOINT_SETTING,
+    HANDOVER_CHANNEL, HOLDERS_SQL, LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING, TCP_SETTINGS,
+    TOKEN_CLOCK_OFFSET, WAIT_CONNECTION_CHECK_MS, WAIT_PRELUDE_SQL, WAIT_SETTING,
 };
 
 // Drivers move the machine into the task that owns the connection and may

@@ -147,6 +147,9 @@ pub enum Mutation {
     /// when its wait wakes, without the try (and its confirmation and
     /// token) that must follow.
     WakeIsAcquisition,
+    /// Ignore what the setup shows of a recent promotion: try on a newly
+    /// promoted primary at once, while the old primary's holders still act.
+    IgnorePromotion,
 }
 
 impl Default for Options {
@@ -263,6 +266,18 @@ impl Options {
         self.guard_margin.max(self.validity_window() / 50)
     }
 
+    /// The clock-rate drift between holder and server the guarantee allows:
+    /// `margin / (2 * validity + margin)` with the margin in force (3.2 %
+    /// with the defaults). The one definition of the bound the docs state;
+    /// a holder-side deadline measured on the holder's clock from a
+    /// confirming statement must come early enough by this share of its
+    /// length (see `lease run`'s kill deadline).
+    pub fn drift_bound(&self) -> f64 {
+        let v = self.validity_window().as_secs_f64();
+        let m = self.guard_margin_in_force().as_secs_f64();
+        m / (2.0 * v + m)
+    }
+
     /// The `idle_session_timeout` the session is opened with when the server
     /// guard is on: `validity_window + guard_margin_in_force`, rounded up to
     /// whole milliseconds (the server's unit).
@@ -270,6 +285,22 @@ impl Options {
         let d = self.validity_window() + self.guard_margin_in_force();
         let ms = d.as_nanos().div_ceil(1_000_000);
         Duration::from_millis(ms as u64)
+    }
+
+    /// How long a session on a newly promoted primary tries nothing after
+    /// the promotion (see [`PromotionState`](crate::PromotionState)):
+    /// [`Options::guard_timeout`] plus [`Options::guard_margin_in_force`].
+    ///
+    /// A holder on the old primary acts until its last confirming
+    /// statement's send time plus its validity (its cancelled job until the
+    /// guard deadline, `lease run`'s command until SIGKILL there), and that
+    /// statement was answered before the old primary stopped answering,
+    /// which (the HA tool's part) was before the promotion. The second
+    /// margin absorbs clock-rate drift between that holder and the promoted
+    /// server, as the first does for the guard. Covers holders whose
+    /// validity and margin are not larger than this locker's.
+    pub fn promotion_hold(&self) -> Duration {
+        self.guard_timeout() + self.guard_margin_in_force()
     }
 
     /// The server-side TCP settings the lease session is opened with, as
@@ -307,7 +338,7 @@ impl Options {
     pub fn confirm_time(&self, sent: Instant, arrived: Instant) -> Instant {
         match self.mutation {
             Some(Mutation::ConfirmAtArrival) => arrived,
-            Some(Mutation::WakeIsAcquisition) | None => sent,
+            Some(Mutation::WakeIsAcquisition | Mutation::IgnorePromotion) | None => sent,
         }
     }
 
@@ -378,6 +409,8 @@ mod tests {
         o.validate().unwrap();
         assert_eq!(o.validity_window(), Duration::from_secs(15));
         assert_eq!(o.guard_timeout(), Duration::from_secs(16));
+        // 1 s / (2 x 15 s + 1 s): the "3 %" of the docs.
+        assert!((o.drift_bound() - 1.0 / 31.0).abs() < 1e-12);
     }
 
     #[test]

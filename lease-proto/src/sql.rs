@@ -13,7 +13,8 @@ use std::fmt::{self, Write};
 /// The `pg_locks` key expression as a literal, for `concat!`.
 macro_rules! advisory_key {
     () => {
-        "((classid::bigint << 32) | objid::bigint)"
+        "((classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) \
+         OPERATOR(pg_catalog.|) objid::pg_catalog.int8)"
     };
 }
 
@@ -24,9 +25,11 @@ macro_rules! this_database_advisory_locks {
         concat!(
             "SELECT ",
             advisory_key!(),
-            " AS k, pid FROM pg_locks \
-             WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
-             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AS k, pid FROM pg_catalog.pg_locks \
+             WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
+             AND objsubid OPERATOR(pg_catalog.=) 1 AND granted \
+             AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+             WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())"
         )
     };
 }
@@ -48,9 +51,68 @@ mod setup_tag {
     pub const TCP_FIRST: i64 = 5;
     pub const UNIX_SOCKET: i64 = 9;
     pub const NONCE: i64 = 10;
+    /// 1 when `search_path` reads back as [`super::SEARCH_PATH`].
+    pub const SEARCH_PATH: i64 = 11;
     /// The row of the statement that applies settings; ignored.
     pub const APPLIED: i64 = 0;
+    /// Tags 40 to 43: [`crate::PromotionState`]'s fields, in order.
+    pub const REPLAYED_SINCE_START: i64 = 40;
+    pub const WAL_TIMELINE: i64 = 41;
+    pub const CHECKPOINT_TIMELINE: i64 = 42;
+    pub const CHECKPOINT_AGE_MS: i64 = 43;
 }
+
+/// The transaction-local custom setting in which the setup's first
+/// statement leaves the latest checkpoint's timeline and age (ms), as
+/// `timeline,age`, for its rows to read.
+pub const CHECKPOINT_SETTING: &str = "lease.checkpoint";
+
+/// The setup's first statement: reads `pg_control_checkpoint()` into
+/// [`CHECKPOINT_SETTING`]. PUBLIC may execute it by default (measured with a
+/// role without privileges on PostgreSQL 15), but a DBA or a managed service
+/// may revoke that, and a function the role may not execute fails the whole
+/// statement that names it (the check is made when the plan starts, whatever
+/// a `CASE` says): the `DO` block catches `insufficient_privilege` and
+/// leaves the setting unset (the checkpoint unknown: see
+/// `PromotionState::hold`).
+const SETUP_CHECKPOINT_PRELUDE: &str =
+    "DO $lease$BEGIN PERFORM pg_catalog.set_config('lease.checkpoint', \
+     (SELECT pg_catalog.concat(c.timeline_id, ',', pg_catalog.floor(1000 OPERATOR(pg_catalog.*) \
+     pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) \
+     c.checkpoint_time))::pg_catalog.int8) \
+     FROM pg_catalog.pg_control_checkpoint() c), true); \
+     EXCEPTION WHEN insufficient_privilege THEN NULL; END$lease$; ";
+
+/// Field `n` (1 or 2) of [`CHECKPOINT_SETTING`] as an `int8`, NULL when the
+/// setting is unset or empty.
+macro_rules! checkpoint_field {
+    ($n:literal) => {
+        concat!(
+            "(SELECT CASE WHEN s OPERATOR(pg_catalog.<>) '' THEN s::pg_catalog.int8 END \
+             FROM pg_catalog.split_part(pg_catalog.current_setting('lease.checkpoint', true), \
+             ',', ",
+            $n,
+            ") AS s)"
+        )
+    };
+}
+
+/// The setup's rows of [`crate::PromotionState`] (see `promotion.rs`): WAL
+/// received or a transaction replayed since the server started, the current
+/// WAL timeline (NULL in recovery, where `pg_current_wal_lsn()` errors), and
+/// the latest checkpoint's timeline and age on the server's clock, in ms,
+/// from [`SETUP_CHECKPOINT_PRELUDE`] (NULL when it could not read them).
+const SETUP_PROMOTION_SQL: &str = concat!(
+    " UNION ALL SELECT 40, (pg_catalog.pg_last_wal_receive_lsn() IS NOT NULL \
+     OR pg_catalog.pg_last_xact_replay_timestamp() IS NOT NULL)::pg_catalog.int4::pg_catalog.int8",
+    " UNION ALL SELECT 41, CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL \
+     ELSE pg_catalog.concat('x', pg_catalog.substr(pg_catalog.pg_walfile_name(\
+     pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 END",
+    " UNION ALL SELECT 42, ",
+    checkpoint_field!(1),
+    " UNION ALL SELECT 43, ",
+    checkpoint_field!(2),
+);
 
 /// The tags of the heartbeat and verify statements' `(tag, value)` rows.
 mod heartbeat_tag {
@@ -75,10 +137,23 @@ pub const TCP_SETTINGS: [&str; 4] = [
     "tcp_keepalives_count",
 ];
 
+/// [`NONCE_SETTING`] as a literal, for `concat!`.
+macro_rules! nonce_setting {
+    () => {
+        "lease.nonce"
+    };
+}
+
 /// The custom setting holding the session's nonce: set by the setup, read
 /// by every heartbeat. Another value means another client shares the
 /// backend (a transaction pooler).
-pub const NONCE_SETTING: &str = "lease.nonce";
+pub const NONCE_SETTING: &str = nonce_setting!();
+
+/// The `search_path` of every lease session: only `pg_catalog`, so no
+/// object of the role's own can shadow a name the statements use (they
+/// qualify every name too: see [`Statement::sql`]). Set at startup (or by
+/// the setup) with the other settings and read back by the setup.
+pub const SEARCH_PATH: &str = "pg_catalog";
 
 /// The SQLSTATE of a lock timeout (`lock_not_available`), which a
 /// [`Statement::Wait`] catches and answers as "held all along".
@@ -103,15 +178,19 @@ pub const WAIT_CONNECTION_CHECK_MS: u64 = 250;
 /// `transaction_timeout` off for the same reason as `statement_timeout`
 /// (older servers reject the name: nothing to turn off there).
 pub const WAIT_PRELUDE_SQL: &str = concat!(
-    "DO $lease$BEGIN PERFORM set_config('statement_timeout', '0', true); ",
-    "BEGIN PERFORM set_config('client_connection_check_interval', '250', true); ",
+    "DO $lease$BEGIN PERFORM pg_catalog.set_config('statement_timeout', '0', true); ",
+    "BEGIN PERFORM pg_catalog.set_config('client_connection_check_interval', '250', true); ",
     "EXCEPTION WHEN OTHERS THEN NULL; END; ",
-    "BEGIN PERFORM set_config('transaction_timeout', '0', true); ",
+    "BEGIN PERFORM pg_catalog.set_config('transaction_timeout', '0', true); ",
     "EXCEPTION WHEN OTHERS THEN NULL; END; END$lease$; "
 );
 
-/// Low 48 bits of a fencing token: the transaction id's.
-pub const TOKEN_XID_BITS: u32 = 48;
+/// What a fencing token adds to the server's clock (microseconds since
+/// 1970): 2^56, above every token of the scheme before it (`timeline << 48 |
+/// xid`, below 2^56 for timelines below 256), so a fleet upgraded replica
+/// by replica never sees a new token below an old one; 2^63 - 2^56 leaves
+/// room for about 290,000 years of microseconds. See [`Statement::TryLock`].
+pub const TOKEN_CLOCK_OFFSET: i64 = 1 << 56;
 
 /// The expression of an advisory lock's `bigint` key over the `pg_locks`
 /// columns (`pg_advisory_lock(bigint)` stores the key's high half in
@@ -130,7 +209,10 @@ pub enum Statement {
     /// the session's startup options could not carry them), then answers
     /// `(tag, value)` rows with the server version, recovery state, backend
     /// pid, `idle_session_timeout` in ms, the [`TCP_SETTINGS`], whether the
-    /// client is on a Unix socket, and the nonce read back: see [`SetupReply`].
+    /// client is on a Unix socket, the nonce read back, whether
+    /// `search_path` reads back as [`SEARCH_PATH`], and what the server
+    /// shows of a recent promotion ([`crate::PromotionState`], read first
+    /// into [`CHECKPOINT_SETTING`]): see [`SetupReply`].
     Setup {
         /// The session's nonce.
         nonce: i64,
@@ -150,18 +232,23 @@ pub enum Statement {
     /// the setup, and a key this backend already holds is not tried again
     /// (it answers with this backend as the holder): behind a transaction
     /// pooler another client's lock on the same backend would otherwise be
-    /// "won" again (advisory locks are re-entrant).
+    /// "won" again (advisory locks are re-entrant). Nor is anything tried
+    /// on a server in recovery (a hot standby grants advisory locks
+    /// independently of its primary; the setup refuses one, and the try
+    /// checks again, as the transaction id the token once needed did).
     ///
-    /// The fencing token is `timeline << 48 | (xid & (2^48 - 1))`: `xid` is
-    /// the transaction id (`pg_current_xact_id()`) assigned after every lock
-    /// of the batch was granted, so later than any earlier holder's, and
-    /// `timeline` the server's current WAL timeline, which grows at every
-    /// promotion. Only when a key was won, the statement also writes a
-    /// transactional WAL record (`pg_logical_emit_message(true, 'lease',
-    /// '')`): without one the transaction's commit is not flushed whatever
-    /// `synchronous_commit` says, and a crash hands the same xid out again.
-    /// Assumes fewer than 2^48 transactions per cluster and timelines below
-    /// 2^15 (the token stays positive).
+    /// The fencing token is [`TOKEN_CLOCK_OFFSET`] plus the server's clock
+    /// (`clock_timestamp()`) in microseconds, read after every lock of the
+    /// batch was granted: after the previous holder's unlock, which came at
+    /// least a round trip after that holder's own reading (its client got
+    /// the reply, then sent the unlock). The statement assigns no
+    /// transaction id and writes no WAL, so it waits for no flush and no
+    /// synchronous standby, and nothing a crash, a promotion, `pg_upgrade`
+    /// or a move into a new cluster resets enters the token. The condition:
+    /// the clock of the server that grants a key must not be behind the
+    /// clock that made the key's previous token by the time between the two
+    /// acquisitions or more (a clock stepped back, or a promoted replica
+    /// whose clock is behind the old primary's).
     TryLock {
         /// Keys to try, none of them held by this session.
         keys: Vec<i64>,
@@ -243,12 +330,33 @@ impl fmt::Display for KeyArray<'_> {
             }
             write!(f, "{k}")?;
         }
-        f.write_str("}'::int8[]")
+        f.write_str("}'::pg_catalog.int8[]")
     }
 }
 
+/// [`NONCE_SETTING`] as an `int8`, NULL when unset or empty (a placeholder
+/// reset by `RESET ALL` reads as the empty string).
+const NONCE_VALUE: &str = concat!(
+    "(SELECT CASE WHEN s OPERATOR(pg_catalog.<>) '' THEN s::pg_catalog.int8 END \
+     FROM pg_catalog.current_setting('",
+    nonce_setting!(),
+    "', true) AS s)"
+);
+
 impl Statement {
     /// The SQL text to send with the simple-query protocol.
+    ///
+    /// Every function, relation, type and operator in it is qualified with
+    /// `pg_catalog.` (operators as `OPERATOR(pg_catalog.=)`), and none of the
+    /// constructs that look an operator up by its bare name (`NULLIF`, `IS
+    /// DISTINCT FROM`, `IN`, a simple `CASE`) is used: a role may own a
+    /// schema with objects named like `pg_catalog`'s and put it first in its
+    /// `search_path` (`pg_catalog` comes first only when the path does not
+    /// name it). The session's `search_path` is also forced to `pg_catalog`
+    /// ([`SEARCH_PATH`], a startup option or the setup's `set_config`) and
+    /// read back by the setup, so a statement that slipped would still
+    /// resolve there; a unit test scans every statement for unqualified
+    /// names.
     pub fn sql(&self) -> String {
         match self {
             Statement::Listen => format!("LISTEN {HANDOVER_CHANNEL}"),
@@ -256,24 +364,32 @@ impl Statement {
                 // Settings first, in a statement of their own (one simple
                 // query, one round trip): the read-back below sees them.
                 let mut sql = format!(
-                    "SELECT {}::int8, length(concat(set_config('{NONCE_SETTING}', '{nonce}', false)",
+                    "SELECT {}::pg_catalog.int8, pg_catalog.length(pg_catalog.concat(\
+                     pg_catalog.set_config('{NONCE_SETTING}', '{nonce}', false)",
                     setup_tag::APPLIED
                 );
                 for (name, value) in settings {
-                    write!(sql, ", set_config('{name}', '{value}', false)").ok();
+                    write!(sql, ", pg_catalog.set_config('{name}', '{value}', false)").ok();
                 }
-                sql.push_str("))::int8; ");
+                sql.push_str("))::pg_catalog.int8; ");
                 let setting = |name: &str| {
-                    format!("(SELECT setting::int8 FROM pg_settings WHERE name = '{name}')")
+                    format!(
+                        "(SELECT setting::pg_catalog.int8 FROM pg_catalog.pg_settings \
+                         WHERE name OPERATOR(pg_catalog.=) '{name}')"
+                    )
                 };
                 write!(
                     sql,
-                    "SELECT {}::int8, current_setting('server_version_num')::int8 \
-                     UNION ALL SELECT {}, pg_is_in_recovery()::int::int8 \
-                     UNION ALL SELECT {}, pg_backend_pid()::int8 \
+                    "SELECT {}::pg_catalog.int8, \
+                     pg_catalog.current_setting('server_version_num')::pg_catalog.int8 \
+                     UNION ALL SELECT {}, pg_catalog.pg_is_in_recovery()::pg_catalog.int4::pg_catalog.int8 \
+                     UNION ALL SELECT {}, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
                      UNION ALL SELECT {}, {} \
-                     UNION ALL SELECT {}, (inet_client_addr() IS NULL)::int::int8 \
-                     UNION ALL SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8",
+                     UNION ALL SELECT {}, \
+                     (pg_catalog.inet_client_addr() IS NULL)::pg_catalog.int4::pg_catalog.int8 \
+                     UNION ALL SELECT {}, {NONCE_VALUE} \
+                     UNION ALL SELECT {}, (pg_catalog.current_setting('search_path') \
+                     OPERATOR(pg_catalog.=) '{SEARCH_PATH}')::pg_catalog.int4::pg_catalog.int8",
                     setup_tag::SERVER_VERSION,
                     setup_tag::IN_RECOVERY,
                     setup_tag::BACKEND_PID,
@@ -281,20 +397,19 @@ impl Statement {
                     setting("idle_session_timeout"),
                     setup_tag::UNIX_SOCKET,
                     setup_tag::NONCE,
+                    setup_tag::SEARCH_PATH,
                 )
                 .ok();
                 for (i, name) in TCP_SETTINGS.iter().enumerate() {
                     let tag = setup_tag::TCP_FIRST + i as i64;
                     write!(sql, " UNION ALL SELECT {tag}, {}", setting(name)).ok();
                 }
-                sql
+                format!("{SETUP_CHECKPOINT_PRELUDE}{sql}{SETUP_PROMOTION_SQL}")
             }
             // The aggregate consumes every try before the outer query runs, so
-            // pg_current_xact_id() is first called (and the xid assigned) after
-            // the last lock of the batch was granted, and only if one was; the
-            // WAL record (making the commit wait for its flush) likewise. The
-            // timeline is the first 8 hex digits of the current WAL file name.
-            // CASE fixes the order of the checks before each try. The keys this
+            // clock_timestamp() is read after the last lock of the batch was
+            // granted, and only if one was (`extract` is grammar, which
+            // qualifies it itself). CASE fixes the order of the checks before each try. The keys this
             // backend already holds (another client's, behind a transaction
             // pooler) are read once, by an uncorrelated subquery (an init
             // plan, evaluated before the first try): a per-key `EXISTS` over
@@ -304,32 +419,33 @@ impl Statement {
                 backend_pid,
                 nonce,
             } => format!(
-                "WITH t AS (SELECT array_agg(k) AS won FROM unnest({a}) k \
-                 WHERE CASE WHEN pg_backend_pid() <> {backend_pid} \
-                 OR current_setting('{NONCE_SETTING}', true) IS DISTINCT FROM '{nonce}' THEN false \
-                 WHEN k = ANY (ARRAY(SELECT o.k \
-                 FROM ({THIS_DATABASE_ADVISORY_LOCKS}) o WHERE o.pid = pg_backend_pid())) THEN false \
-                 ELSE pg_try_advisory_lock(k) END), \
-                 x AS (SELECT t.won, CASE WHEN t.won IS NOT NULL THEN (SELECT \
-                 (('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 \
-                 << {bits}) | (pg_current_xact_id()::text::int8 & {mask}) \
-                 WHERE pg_logical_emit_message(true, 'lease', '') IS NOT NULL) END AS token \
-                 FROM t) \
-                 SELECT NULL::int8, pg_backend_pid()::int8, \
-                 nullif(current_setting('{NONCE_SETTING}', true), '')::int8 \
+                "WITH t AS (SELECT pg_catalog.array_agg(k) AS won FROM pg_catalog.unnest({a}) AS k \
+                 WHERE CASE WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.<>) {backend_pid} \
+                 OR coalesce(pg_catalog.current_setting('{NONCE_SETTING}', true) \
+                 OPERATOR(pg_catalog.<>) '{nonce}', true) \
+                 OR pg_catalog.pg_is_in_recovery() THEN false \
+                 WHEN k OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.k \
+                 FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS o \
+                 WHERE o.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())) THEN false \
+                 ELSE pg_catalog.pg_try_advisory_lock(k) END), \
+                 x AS (SELECT t.won, CASE WHEN t.won IS NOT NULL THEN \
+                 {TOKEN_CLOCK_OFFSET}::pg_catalog.int8 OPERATOR(pg_catalog.+) \
+                 (extract(epoch FROM pg_catalog.clock_timestamp()) \
+                 OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 END AS token FROM t) \
+                 SELECT NULL::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8, \
+                 {NONCE_VALUE} \
                  UNION ALL \
-                 SELECT w.k, x.token, NULL FROM x, unnest(x.won) w(k) \
+                 SELECT w.k, x.token, NULL FROM x, pg_catalog.unnest(x.won) AS w(k) \
                  UNION ALL \
-                 SELECT l.k, NULL, h.pid::int8 FROM x CROSS JOIN unnest({a}) l(k) \
-                 LEFT JOIN ({THIS_DATABASE_ADVISORY_LOCKS}) h ON h.k = l.k \
-                 WHERE NOT (l.k = ANY (coalesce(x.won, '{{}}')))",
+                 SELECT l.k, NULL, h.pid::pg_catalog.int8 FROM x \
+                 CROSS JOIN pg_catalog.unnest({a}) AS l(k) \
+                 LEFT JOIN ({THIS_DATABASE_ADVISORY_LOCKS}) AS h ON h.k OPERATOR(pg_catalog.=) l.k \
+                 WHERE NOT (l.k OPERATOR(pg_catalog.=) ANY (coalesce(x.won, '{{}}')))",
                 a = KeyArray(keys),
-                bits = TOKEN_XID_BITS,
-                mask = (1i64 << TOKEN_XID_BITS) - 1,
             ),
             Statement::Heartbeat => format!(
-                "SELECT {}::int8, pg_backend_pid()::int8 UNION ALL \
-                 SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8",
+                "SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
+                 UNION ALL SELECT {}, {NONCE_VALUE}",
                 heartbeat_tag::BACKEND_PID,
                 heartbeat_tag::NONCE,
             ),
@@ -338,16 +454,16 @@ impl Statement {
             // recorded in `WAIT_SETTING`, and the reply, read after the wait.
             Statement::Wait { key, timeout_ms } => format!(
                 "{WAIT_PRELUDE_SQL}\
-                 DO $lease$BEGIN PERFORM set_config('lock_timeout', '{ms}', true); \
-                 PERFORM pg_advisory_xact_lock_shared({key}); \
-                 PERFORM set_config('{WAIT_SETTING}', '1', true); \
+                 DO $lease$BEGIN PERFORM pg_catalog.set_config('lock_timeout', '{ms}', true); \
+                 PERFORM pg_catalog.pg_advisory_xact_lock_shared({key}); \
+                 PERFORM pg_catalog.set_config('{WAIT_SETTING}', '1', true); \
                  EXCEPTION WHEN lock_not_available THEN \
-                 PERFORM set_config('{WAIT_SETTING}', '0', true); END$lease$; \
-                 SELECT {}::int8, pg_backend_pid()::int8 \
+                 PERFORM pg_catalog.set_config('{WAIT_SETTING}', '0', true); END$lease$; \
+                 SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
                  UNION ALL \
-                 SELECT {}, nullif(current_setting('{NONCE_SETTING}', true), '')::int8 \
+                 SELECT {}, {NONCE_VALUE} \
                  UNION ALL \
-                 SELECT {}, current_setting('{WAIT_SETTING}')::int8",
+                 SELECT {}, pg_catalog.current_setting('{WAIT_SETTING}')::pg_catalog.int8",
                 heartbeat_tag::BACKEND_PID,
                 heartbeat_tag::NONCE,
                 heartbeat_tag::FREED,
@@ -355,20 +471,23 @@ impl Statement {
             ),
             Statement::Verify => format!(
                 "{} UNION ALL \
-                 SELECT {}, s.k FROM ({THIS_DATABASE_ADVISORY_LOCKS}) s \
-                 WHERE s.pid = pg_backend_pid()",
+                 SELECT {}, s.k FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS s \
+                 WHERE s.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()",
                 Statement::Heartbeat.sql(),
                 heartbeat_tag::HELD_KEY,
             ),
             Statement::Release { keys, notify } => {
                 let won = if *notify {
-                    format!("(SELECT 1::int8 FROM pg_notify('{HANDOVER_CHANNEL}', k::text))")
+                    format!(
+                        "(SELECT 1::pg_catalog.int8 FROM \
+                         pg_catalog.pg_notify('{HANDOVER_CHANNEL}', k::pg_catalog.text))"
+                    )
                 } else {
-                    "1::int8".to_string()
+                    "1::pg_catalog.int8".to_string()
                 };
                 format!(
-                    "SELECT k, CASE WHEN pg_advisory_unlock(k) THEN {won} ELSE 0 END \
-                     FROM unnest({}) k",
+                    "SELECT k, CASE WHEN pg_catalog.pg_advisory_unlock(k) THEN {won} ELSE 0 END \
+                     FROM pg_catalog.unnest({}) AS k",
                     KeyArray(keys)
                 )
             }
@@ -478,6 +597,12 @@ pub struct SetupReply {
     pub unix_socket: bool,
     /// [`NONCE_SETTING`] read back (`None`: unset).
     pub nonce: Option<i64>,
+    /// `search_path` reads back as [`SEARCH_PATH`] (false also when the
+    /// row is missing).
+    pub search_path_catalog: bool,
+    /// What the server shows of a recent promotion (missing rows: never
+    /// promoted).
+    pub promotion: crate::PromotionState,
 }
 
 impl SetupReply {
@@ -504,6 +629,13 @@ impl SetupReply {
             tcp_settings: std::array::from_fn(|i| get(setup_tag::TCP_FIRST + i as i64)),
             unix_socket: get(setup_tag::UNIX_SOCKET).is_some_and(|u| u != 0),
             nonce: get(setup_tag::NONCE),
+            search_path_catalog: get(setup_tag::SEARCH_PATH) == Some(1),
+            promotion: crate::PromotionState {
+                replayed_since_start: get(setup_tag::REPLAYED_SINCE_START).is_some_and(|r| r != 0),
+                wal_timeline: get(setup_tag::WAL_TIMELINE),
+                checkpoint_timeline: get(setup_tag::CHECKPOINT_TIMELINE),
+                checkpoint_age_ms: get(setup_tag::CHECKPOINT_AGE_MS),
+            },
         })
     }
 
@@ -525,6 +657,23 @@ impl SetupReply {
                 Some(i64::from(self.unix_socket)),
             ],
             vec![Some(setup_tag::NONCE), self.nonce],
+            vec![
+                Some(setup_tag::SEARCH_PATH),
+                Some(i64::from(self.search_path_catalog)),
+            ],
+            vec![
+                Some(setup_tag::REPLAYED_SINCE_START),
+                Some(i64::from(self.promotion.replayed_since_start)),
+            ],
+            vec![Some(setup_tag::WAL_TIMELINE), self.promotion.wal_timeline],
+            vec![
+                Some(setup_tag::CHECKPOINT_TIMELINE),
+                self.promotion.checkpoint_timeline,
+            ],
+            vec![
+                Some(setup_tag::CHECKPOINT_AGE_MS),
+                self.promotion.checkpoint_age_ms,
+            ],
         ]
         .into_iter()
         .chain(
@@ -752,7 +901,7 @@ impl ReleaseReply {
 macro_rules! utc_text {
     ($e:literal) => {
         concat!(
-            "to_char((",
+            "pg_catalog.to_char((",
             $e,
             ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
         )
@@ -787,7 +936,7 @@ macro_rules! utc_text {
 /// and parse each row's text columns with [`HolderRow::parse`].
 pub const HOLDERS_SQL: &str = concat!(
     "SELECT h.k AS key, h.pid, h.mode, \
-     a.application_name, host(a.client_addr), a.client_port, ",
+     a.application_name, pg_catalog.host(a.client_addr), a.client_port, ",
     utc_text!("a.backend_start"),
     ", ",
     utc_text!("a.state_change"),
@@ -796,10 +945,12 @@ pub const HOLDERS_SQL: &str = concat!(
     " FROM (SELECT ",
     advisory_key!(),
     " AS k, l.pid, l.mode, l.granted, \
-     (to_jsonb(l) ->> 'waitstart')::timestamptz AS waitstart FROM pg_locks l \
-     WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
-     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())) h \
-     LEFT JOIN pg_stat_activity a ON a.pid = h.pid \
+     (pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart')::pg_catalog.timestamptz \
+     AS waitstart FROM pg_catalog.pg_locks AS l \
+     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.objsubid OPERATOR(pg_catalog.=) 1 \
+     AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+     WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())) AS h \
+     LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) h.pid \
      ORDER BY h.k, h.granted DESC, h.waitstart NULLS FIRST, h.pid"
 );
 
@@ -906,6 +1057,278 @@ impl HolderRow {
 mod tests {
     use super::*;
 
+    /// Every name in `sql` that PostgreSQL would look up through the
+    /// session's `search_path`: unqualified function calls, casts to
+    /// unqualified types, unqualified `pg_*` relations, bare operators, and
+    /// the constructs that look up `=` by its bare name (`NULLIF`, `IS
+    /// DISTINCT FROM`, `IN`, `BETWEEN`, `LIKE`, a simple `CASE`).
+    /// String literals are skipped; a dollar-quoted body is scanned as SQL.
+    fn unqualified_names(sql: &str) -> Vec<String> {
+        #[derive(Debug, PartialEq)]
+        enum Tok {
+            Name(Vec<String>),
+            Op(String),
+            Punct(char),
+            Number,
+            Str,
+        }
+        let chars: Vec<char> = sql.chars().collect();
+        let mut toks = Vec::new();
+        let mut i = 0;
+        let op_char = |c: char| "+-*/<>=~!@#%^&|`?".contains(c);
+        while i < chars.len() {
+            let c = chars[i];
+            if c.is_whitespace() {
+                i += 1;
+            } else if c == '\'' {
+                i += 1;
+                while i < chars.len() {
+                    if chars[i] == '\'' && chars.get(i + 1) == Some(&'\'') {
+                        i += 2;
+                    } else if chars[i] == '\'' {
+                        break;
+                    } else {
+                        i += 1;
+                    }
+                }
+                i += 1;
+                toks.push(Tok::Str);
+            } else if c == '$' {
+                // A dollar-quote delimiter: its body is SQL (a DO block).
+                i += 1;
+                while i < chars.len() && chars[i] != '$' {
+                    i += 1;
+                }
+                i += 1;
+            } else if c.is_ascii_alphabetic() || c == '_' {
+                let mut parts = Vec::new();
+                loop {
+                    let start = i;
+                    while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_') {
+                        i += 1;
+                    }
+                    parts.push(chars[start..i].iter().collect::<String>().to_lowercase());
+                    let more = chars.get(i) == Some(&'.')
+                        && chars
+                            .get(i + 1)
+                            .is_some_and(|c| c.is_ascii_alphabetic() || *c == '_');
+                    if !more {
+                        break;
+                    }
+                    i += 1;
+                }
+                // `pg_catalog.` before an operator: `OPERATOR(pg_catalog.=)`.
+                if chars.get(i) == Some(&'.') && chars.get(i + 1).is_some_and(|c| op_char(*c)) {
+                    i += 1;
+                    let start = i;
+                    while i < chars.len() && op_char(chars[i]) {
+                        i += 1;
+                    }
+                    let op: String = chars[start..i].iter().collect();
+                    parts.push(op);
+                }
+                toks.push(Tok::Name(parts));
+            } else if c.is_ascii_digit()
+                || (c == '-'
+                    && chars.get(i + 1).is_some_and(char::is_ascii_digit)
+                    && !matches!(toks.last(), Some(Tok::Name(_) | Tok::Number | Tok::Str)))
+            {
+                i += 1;
+                while i < chars.len() && chars[i].is_ascii_digit() {
+                    i += 1;
+                }
+                toks.push(Tok::Number);
+            } else if c == ':' && chars.get(i + 1) == Some(&':') {
+                i += 2;
+                toks.push(Tok::Op("::".into()));
+            } else if op_char(c) {
+                let start = i;
+                while i < chars.len() && op_char(chars[i]) {
+                    i += 1;
+                }
+                toks.push(Tok::Op(chars[start..i].iter().collect()));
+            } else {
+                i += 1;
+                toks.push(Tok::Punct(c));
+            }
+        }
+        const KEYWORDS: &[&str] = &[
+            "select", "from", "where", "and", "or", "not", "then", "else", "when", "as", "any",
+            "all", "array", "exists", "join", "on", "coalesce", "values", "union", "end", "with",
+            "perform", "begin", "is", "null",
+            // Grammar, which calls pg_catalog.extract (date_part before 14).
+            "extract",
+        ];
+        const LOOKUPS: &[&str] = &[
+            "nullif", "distinct", "in", "between", "like", "ilike", "similar",
+        ];
+        let catalog = |p: &[String]| p.len() >= 2 && p[0] == "pg_catalog";
+        let mut found = Vec::new();
+        for (n, tok) in toks.iter().enumerate() {
+            let prev = n.checked_sub(1).map(|p| &toks[p]);
+            let next = toks.get(n + 1);
+            match tok {
+                Tok::Name(parts) if catalog(parts) => {}
+                Tok::Name(parts) => {
+                    let name = parts.join(".");
+                    let after_as = matches!(prev, Some(Tok::Name(p)) if p == &["as"]);
+                    if matches!(prev, Some(Tok::Op(o)) if o == "::") {
+                        found.push(format!("type {name}"));
+                    } else if LOOKUPS.contains(&name.as_str()) {
+                        found.push(format!("{name} (looks up = by name)"));
+                    } else if name == "case"
+                        && !matches!(next, Some(Tok::Name(p)) if p == &["when"])
+                    {
+                        found.push("simple CASE (looks up = by name)".into());
+                    } else if name == "operator" {
+                        let inner = toks.get(n + 2);
+                        if !matches!(inner, Some(Tok::Name(p)) if catalog(p)) {
+                            found.push(format!("operator {inner:?}"));
+                        }
+                    } else if name.starts_with("pg_") {
+                        found.push(format!("name {name}"));
+                    } else if next == Some(&Tok::Punct('('))
+                        && !after_as
+                        && !KEYWORDS.contains(&name.as_str())
+                    {
+                        found.push(format!("function {name}"));
+                    }
+                }
+                Tok::Op(o) if o != "::" => found.push(format!("operator {o}")),
+                _ => {}
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn clock_tokens_are_above_every_token_of_the_scheme_before() {
+        // `timeline << 48 | xid` with 48-bit xids, timelines below 256.
+        let old_max = (255i64 << 48) | ((1 << 48) - 1);
+        assert!(TOKEN_CLOCK_OFFSET > old_max);
+        // Room for the clock: 2026 in microseconds, and in 200,000 years.
+        let now_us = 1_800_000_000_000_000i64;
+        let year_us = 31_557_600_000_000i64;
+        assert!(TOKEN_CLOCK_OFFSET
+            .checked_add(now_us + 200_000 * year_us)
+            .is_some());
+        let sql = Statement::TryLock {
+            keys: vec![1],
+            backend_pid: 7,
+            nonce: 9,
+        }
+        .sql();
+        assert!(sql.contains("pg_catalog.clock_timestamp()"), "{sql}");
+        assert!(
+            sql.contains("OR pg_catalog.pg_is_in_recovery() THEN false"),
+            "{sql}"
+        );
+        // No transaction id, no WAL record: no flush, no synchronous standby.
+        for writes in [
+            "pg_current_xact_id",
+            "txid_current",
+            "pg_logical_emit_message",
+        ] {
+            assert!(!sql.contains(writes), "{sql}");
+        }
+    }
+
+    #[test]
+    fn the_scanner_finds_unqualified_names() {
+        for (sql, what) in [
+            (
+                "SELECT pg_try_advisory_lock(1)",
+                "name pg_try_advisory_lock",
+            ),
+            ("SELECT length('x')", "function length"),
+            ("SELECT 1::int8", "type int8"),
+            ("SELECT 1 FROM pg_locks", "name pg_locks"),
+            ("SELECT 1 WHERE 1 = 1", "operator ="),
+            ("SELECT a | b", "operator |"),
+            ("SELECT 1 WHERE 1 OPERATOR(evil.=) 1", "operator"),
+            ("SELECT nullif(a, '')", "nullif"),
+            ("SELECT a IS DISTINCT FROM b", "distinct"),
+            ("SELECT 1 WHERE a IN (1, 2)", "in"),
+            ("SELECT CASE a WHEN 1 THEN 2 END", "simple CASE"),
+            (
+                "DO $x$BEGIN PERFORM set_config('a', 'b', true); END$x$",
+                "function set_config",
+            ),
+        ] {
+            let found = unqualified_names(sql);
+            assert!(
+                found.iter().any(|f| f.starts_with(what)),
+                "{sql}: {found:?}"
+            );
+        }
+        let clean = "SELECT pg_catalog.length('a = b'), -5, x::pg_catalog.bit(32) \
+                     OPERATOR(pg_catalog.|) 1 FROM pg_catalog.unnest(a) AS w(k) \
+                     WHERE k OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT 1)) AND coalesce(a, b)";
+        assert_eq!(unqualified_names(clean), Vec::<String>::new(), "{clean}");
+    }
+
+    /// Every statement, once per variant (the match has no wildcard: a new
+    /// variant does not compile until it is listed here).
+    fn every_statement() -> Vec<Statement> {
+        let all = [
+            Statement::Setup {
+                nonce: -42,
+                settings: vec![
+                    ("search_path", SEARCH_PATH.into()),
+                    ("idle_session_timeout", "900".into()),
+                ],
+            },
+            Statement::Setup {
+                nonce: 1,
+                settings: vec![],
+            },
+            Statement::Listen,
+            Statement::TryLock {
+                keys: vec![i64::MIN, -1, 7],
+                backend_pid: 99,
+                nonce: -3,
+            },
+            Statement::Heartbeat,
+            Statement::Verify,
+            Statement::Wait {
+                key: -5,
+                timeout_ms: 2000,
+            },
+            Statement::Release {
+                keys: vec![-1, 2],
+                notify: true,
+            },
+            Statement::Release {
+                keys: vec![3],
+                notify: false,
+            },
+        ];
+        for s in &all {
+            match s {
+                Statement::Setup { .. }
+                | Statement::Listen
+                | Statement::TryLock { .. }
+                | Statement::Heartbeat
+                | Statement::Verify
+                | Statement::Wait { .. }
+                | Statement::Release { .. } => {}
+            }
+        }
+        all.into()
+    }
+
+    #[test]
+    fn every_statement_qualifies_every_name() {
+        let texts = (every_statement().iter())
+            .map(Statement::sql)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .chain([HOLDERS_SQL, WAIT_PRELUDE_SQL, ADVISORY_KEY_SQL].map(String::from));
+        for sql in texts {
+            assert_eq!(unqualified_names(&sql), Vec::<String>::new(), "{sql}");
+        }
+    }
+
     #[test]
     fn decodes_ints_and_nulls() {
         assert_eq!(
@@ -954,13 +1377,39 @@ mod tests {
     }
 
     #[test]
+    fn the_setup_reads_the_promotion_state() {
+        let sql = Statement::Setup {
+            nonce: 1,
+            settings: vec![],
+        }
+        .sql();
+        assert!(sql.starts_with(SETUP_CHECKPOINT_PRELUDE), "{sql}");
+        assert!(sql.ends_with(SETUP_PROMOTION_SQL), "{sql}");
+        for tag in [
+            setup_tag::REPLAYED_SINCE_START,
+            setup_tag::WAL_TIMELINE,
+            setup_tag::CHECKPOINT_TIMELINE,
+            setup_tag::CHECKPOINT_AGE_MS,
+        ] {
+            assert!(
+                SETUP_PROMOTION_SQL.contains(&format!("SELECT {tag}, ")),
+                "{tag}"
+            );
+        }
+        assert!(SETUP_CHECKPOINT_PRELUDE.contains(&format!("'{CHECKPOINT_SETTING}'")));
+        assert!(SETUP_PROMOTION_SQL.contains(&format!("'{CHECKPOINT_SETTING}'")));
+    }
+
+    #[test]
     fn key_arrays_render_negative_and_extreme_keys() {
         let sql = Statement::Release {
             keys: vec![i64::MIN, -1, 0, i64::MAX],
             notify: false,
         }
         .sql();
-        assert!(sql.contains("'{-9223372036854775808,-1,0,9223372036854775807}'::int8[]"));
+        assert!(
+            sql.contains("'{-9223372036854775808,-1,0,9223372036854775807}'::pg_catalog.int8[]")
+        );
     }
 
     #[test]
@@ -973,6 +1422,13 @@ mod tests {
             tcp_settings: [Some(1900), Some(2), Some(1), Some(10)],
             unix_socket: false,
             nonce: Some(-7),
+            search_path_catalog: true,
+            promotion: crate::PromotionState {
+                replayed_since_start: true,
+                wal_timeline: Some(3),
+                checkpoint_timeline: Some(2),
+                checkpoint_age_ms: Some(-12),
+            },
         };
         assert_eq!(SetupReply::parse(&setup.to_rows()), Ok(setup));
         let try_reply = TryReply {

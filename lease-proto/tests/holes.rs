@@ -116,7 +116,9 @@ impl H {
             idle_session_timeout_ms: Some(ist),
             tcp_settings: self.m.options().tcp_settings().map(|(_, v)| Some(v)),
             unix_socket: false,
+            search_path_catalog: true,
             nonce: Some(nonce),
+            promotion: Default::default(),
         }
         .to_rows()));
         assert_eq!(self.statement(), Statement::Listen);

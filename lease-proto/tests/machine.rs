@@ -894,7 +894,7 @@ fn rejected_startup_options_go_into_the_setup_statement() {
     assert_eq!(
         names,
         [
-            "synchronous_commit",
+            "search_path",
             "idle_session_timeout",
             "tcp_user_timeout",
             "tcp_keepalives_idle",
@@ -934,7 +934,9 @@ fn a_standby_is_retried_after_a_backoff() {
             idle_session_timeout_ms: Some(o.guard_timeout().as_millis() as i64),
             tcp_settings: o.tcp_settings().map(|(_, v)| Some(v)),
             unix_socket: false,
+            search_path_catalog: true,
             nonce: Some(nonce),
+            promotion: Default::default(),
         }
         .to_rows(),
     );
@@ -953,6 +955,50 @@ fn a_standby_is_retried_after_a_backoff() {
     h.connect(8);
     let cmds = h.win(800);
     assert!(has(&cmds, |c| matches!(c, Command::StartJob { .. })));
+}
+
+/// Hole 3 of issue 18: a session whose `search_path` does not read back as
+/// `pg_catalog` (startup options dropped on the way) is refused, not used.
+#[test]
+fn a_search_path_other_than_pg_catalog_is_refused() {
+    let o = opts();
+    let mut h = harness(o.clone());
+    h.run(lease("a"));
+    let s = h.session().unwrap();
+    h.input(Input::SessionOpened { session: s });
+    let Statement::Setup { nonce, .. } = h.statement() else {
+        panic!("expected the setup")
+    };
+    let cmds = h.reply(
+        SetupReply {
+            server_version: 150_000,
+            in_recovery: false,
+            backend_pid: 7,
+            idle_session_timeout_ms: Some(o.guard_timeout().as_millis() as i64),
+            tcp_settings: o.tcp_settings().map(|(_, v)| Some(v)),
+            unix_socket: false,
+            nonce: Some(nonce),
+            search_path_catalog: false,
+            promotion: Default::default(),
+        }
+        .to_rows(),
+    );
+    let refused = cmds.iter().find_map(|c| match c {
+        Command::FinishRun {
+            outcome: Outcome::Refused(r),
+            ..
+        } => Some(r.to_string()),
+        _ => None,
+    });
+    let refused = refused.expect("the run is refused");
+    assert!(
+        refused.contains("search_path is not pg_catalog"),
+        "{refused}"
+    );
+    assert!(!h
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::SessionReady { .. })));
 }
 
 #[test]
@@ -977,7 +1023,7 @@ fn the_session_asks_for_the_guard() {
         if let SessionCommand::Open { params, .. } = o {
             assert_eq!(
                 params.options_string(),
-                "-c synchronous_commit=on -c idle_session_timeout=900 -c tcp_user_timeout=900 \
+                "-c search_path=pg_catalog -c idle_session_timeout=900 -c tcp_user_timeout=900 \
                  -c tcp_keepalives_idle=1 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=10"
             );
             found = true;

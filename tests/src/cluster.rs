@@ -451,6 +451,91 @@ impl Cluster {
         Ok(())
     }
 
+    /// Stops this server (fast mode) and upgrades its data with `pg_upgrade` (copy mode)
+    /// into a new cluster (`initdb` as [`Cluster::start`] does, same binaries: an upgrade
+    /// within one major version, which does what a major upgrade does to the WAL: a new
+    /// cluster on timeline 1, transaction ids carried over), started on a new port. This
+    /// cluster stays stopped.
+    pub fn pg_upgrade(&mut self) -> Result<Cluster, KitError> {
+        self.shutdown(libc::SIGINT)?;
+        let dir = TempDir::new("lease-pg-upgraded", self.user)?;
+        dir.subdir("sock", self.user)?;
+        let data = dir.path().join("data");
+        run(
+            command_as(&self.bindir.join("initdb"), self.user, dir.path())
+                .arg("-D")
+                .arg(&data)
+                .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+                .args(["--no-locale", "--no-instructions"]),
+            "initdb",
+            COMMAND_TIMEOUT,
+        )?;
+        let (old_port, new_port) = (free_port()?, free_port()?);
+        run(
+            command_as(&self.bindir.join("pg_upgrade"), self.user, dir.path())
+                .arg("-b")
+                .arg(&self.bindir)
+                .arg("-B")
+                .arg(&self.bindir)
+                .arg("-d")
+                .arg(self.data_dir())
+                .arg("-D")
+                .arg(&data)
+                .args(["-U", "postgres", "-p", &old_port.to_string()])
+                .args(["-P", &new_port.to_string(), "-s"])
+                .arg(dir.path().join("sock"))
+                .arg("--no-sync"),
+            "pg_upgrade",
+            COMMAND_TIMEOUT,
+        )?;
+        let conf = data.join("postgresql.conf");
+        File::options()
+            .append(true)
+            .open(&conf)
+            .and_then(|mut f| f.write_all(CONFIG.as_bytes()))
+            .map_err(io_err(format!("writing settings to {}", conf.display())))?;
+        let mut upgraded = Cluster {
+            dir,
+            bindir: self.bindir.clone(),
+            user: self.user,
+            port: free_port()?,
+            postmaster: None,
+        };
+        upgraded.launch()?;
+        Ok(upgraded)
+    }
+
+    /// Freezes the server: SIGSTOP to the postmaster, then to each of its children (the
+    /// postmaster first, so it cannot fork while they are listed), waiting until every one
+    /// is stopped. Connections stay open (the kernel still accepts and acknowledges) but
+    /// nothing answers, as on a paused VM or a hung host. The server resumes (SIGCONT, to
+    /// the same processes) when the returned guard is dropped, also on a panic.
+    pub fn freeze(&self) -> Result<Frozen, KitError> {
+        let Some(postmaster) = &self.postmaster else {
+            return Err(KitError::Invalid(
+                "freeze: the server is not running".into(),
+            ));
+        };
+        let pid = postmaster.id() as i32;
+        let mut frozen = Frozen { pids: vec![pid] };
+        signal(pid, libc::SIGSTOP).map_err(io_err("SIGSTOP to the postmaster"))?;
+        let stopped = |pid: i32| matches!(stat(pid), None | Some(('T' | 't' | 'Z', _)));
+        poll(Duration::from_secs(5), || Ok(stopped(pid).then_some(())))?;
+        for kid in children(pid) {
+            if signal(kid, libc::SIGSTOP).is_ok() {
+                frozen.pids.push(kid);
+            }
+        }
+        let all = poll(Duration::from_secs(5), || {
+            Ok(frozen.pids.iter().all(|&p| stopped(p)).then_some(()))
+        })?;
+        all.ok_or_else(|| KitError::Timeout {
+            context: format!("the server's processes {:?} did not all stop", frozen.pids),
+            detail: String::new(),
+        })?;
+        Ok(frozen)
+    }
+
     /// Runs `query` with `psql` as `postgres` in database `postgres` over TCP and returns
     /// its trimmed unaligned, tuples-only output (`|` between columns, one row a line).
     pub fn sql(&self, query: &str) -> Result<String, KitError> {
@@ -639,6 +724,29 @@ impl Drop for Cluster {
             let _ = self.shutdown(libc::SIGQUIT);
         } else {
             self.remove_crashed_shmem();
+        }
+    }
+}
+
+/// A server frozen by [`Cluster::freeze`]: dropping it resumes every process that was
+/// stopped.
+#[must_use = "dropping it resumes the server at once"]
+pub struct Frozen {
+    pids: Vec<i32>,
+}
+
+impl Frozen {
+    /// The stopped processes: the postmaster first, then its children.
+    pub fn pids(&self) -> &[i32] {
+        &self.pids
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // Children first, the postmaster last: it must not see children it cannot reach.
+        for &pid in self.pids.iter().rev() {
+            let _ = signal(pid, libc::SIGCONT);
         }
     }
 }

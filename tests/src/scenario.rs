@@ -790,7 +790,7 @@ impl Admin {
 }
 
 /// The prefix of the standby try statement (`lease_proto::Statement::TryLock`).
-pub const TRY_PREFIX: &str = "WITH t AS (SELECT array_agg(k) AS won";
+pub const TRY_PREFIX: &str = "WITH t AS (SELECT pg_catalog.array_agg(k) AS won";
 /// The prefix of a standby's wait on the server (`lease_proto::Statement::Wait`), sent
 /// only after a try that lost.
 pub const WAIT_PREFIX: &str = lease_proto::WAIT_PRELUDE_SQL;

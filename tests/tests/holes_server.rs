@@ -1,8 +1,8 @@
 //! Issue 11, holes 1 and 2, reproduced on a real PostgreSQL: each `hole_*` test failed on
 //! the code it was written against (its output is in the issue's note) and passes since
-//! the fix (the session sets and verifies its own TCP settings; tokens are
-//! `timeline << 48 | xid` with a WAL record in the winning try); the `control_*` tests
-//! passed before too.
+//! the fix (the session sets and verifies its own TCP settings; tokens were
+//! `timeline << 48 | xid` with a WAL record in the winning try, and since issue 18 are the
+//! server's clock: see tests/tests/tokens.rs); the `control_*` tests passed before too.
 //!
 //! - Hole 1: server-side TCP settings (`tcp_keepalives_*`, `tcp_user_timeout`) of the
 //!   lease's role end a partitioned holder's session before the server guard, and the

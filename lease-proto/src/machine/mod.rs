@@ -213,6 +213,9 @@ pub struct Machine {
     /// Waits interrupted by a notification for another key since the last
     /// periodic try (see [`WAKE_BUDGET`]).
     notify_interrupts: u32,
+    /// The session's server was promoted recently: no try (nor wait) before
+    /// this instant (see `PromotionState::hold`). Ends with the session.
+    promotion_hold: Option<Instant>,
     /// Test knob: the old behaviour (issue 11 hole 3), closing a session
     /// given up on at once while its cancelled jobs still run.
     close_doubtful_at_once: bool,
@@ -255,6 +258,7 @@ impl Machine {
             last_sent: None,
             close_doubtful_at_once: false,
             wait_cursor: None,
+            promotion_hold: None,
             woken: false,
             wake_losses: 0,
             waits_off: false,
@@ -476,7 +480,9 @@ mod tests {
             idle_session_timeout_ms: Some(opts.guard_timeout().as_millis() as i64),
             tcp_settings: opts.tcp_settings().map(|(_, v)| Some(v)),
             unix_socket: false,
+            search_path_catalog: true,
             nonce: Some(nonce),
+            promotion: Default::default(),
         }
         .to_rows()
     }

@@ -83,9 +83,16 @@ impl Machine {
             return Some(What::Release(release));
         }
         let holding = self.holding();
+        // On a newly promoted primary nothing is tried (nor waited for: a
+        // wait would be granted at once, the key being free there) before
+        // the hold ends; the retry deadline wakes the machine then.
+        let held = self.promotion_hold.filter(|&until| until > now);
+        if held.is_none() {
+            self.promotion_hold = None;
+        }
         let heartbeat_due = self.heartbeat_needed() && self.timers.expired(Timer::Heartbeat, now);
         let retry_due = self.timers.get(Timer::Retry).is_none_or(|t| t <= now);
-        let try_due = (self.try_now || retry_due) && self.phase == Phase::Open;
+        let try_due = (self.try_now || retry_due) && self.phase == Phase::Open && held.is_none();
         // Heartbeat first, but never twice in a row while a try is due. A
         // locker holding nothing heartbeats only to keep its session alive,
         // and a try does that too: it goes instead.
@@ -102,6 +109,12 @@ impl Machine {
             return Some(What::Heartbeat);
         }
         self.heartbeat_last = false;
+        if let Some(until) = held {
+            if self.timers.get(Timer::Retry).is_none_or(|t| t < until) {
+                self.timers.set(Timer::Retry, until);
+            }
+            return None;
+        }
         if try_due {
             let mut keys = Vec::new();
             for r in self.runs.values_mut() {
@@ -150,7 +163,10 @@ impl Machine {
     /// against 16 s) a standby sends its tries and nothing else; otherwise
     /// it also heartbeats, each try pushing the heartbeat back.
     fn heartbeat_needed(&self) -> bool {
+        // A hold after a promotion is longer than the guard: heartbeats keep
+        // the session from looking idle meanwhile.
         self.holding()
+            || self.promotion_hold.is_some()
             || self.opts.retry_interval + self.opts.query_timeout >= self.opts.guard_timeout()
     }
 

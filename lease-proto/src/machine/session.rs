@@ -207,6 +207,13 @@ impl Machine {
             );
             return self.refuse(now, Refusal::StartupOptionsIgnored { detail });
         }
+        if !setup.search_path_catalog {
+            let detail = format!(
+                "search_path is not {}, as was asked for",
+                crate::sql::SEARCH_PATH
+            );
+            return self.refuse(now, Refusal::StartupOptionsIgnored { detail });
+        }
         if self.opts.server_guard {
             let expected = self.opts.guard_timeout().as_millis() as i64;
             let found = setup.idle_session_timeout_ms;
@@ -230,6 +237,21 @@ impl Machine {
                     );
                     return self.refuse(now, Refusal::StartupOptionsIgnored { detail });
                 }
+            }
+        }
+        // A newly promoted primary: the old primary's holders may still act.
+        #[cfg(feature = "sim")] // Test-only: the broken variant.
+        let setup = SetupReply {
+            promotion: match self.opts.mutation {
+                Some(crate::options::Mutation::IgnorePromotion) => Default::default(),
+                _ => setup.promotion,
+            },
+            ..setup
+        };
+        if let Some(hold) = setup.promotion.hold(self.opts.promotion_hold()) {
+            self.promotion_hold = Some(now + hold);
+            if let Some(session) = self.session_id() {
+                self.event(Event::PromotionHold { session, hold });
             }
         }
         let Session::Up(up) = &mut self.session else {
@@ -509,6 +531,7 @@ impl Machine {
         self.woken = false;
         self.waits_off = false;
         self.wait_notified = None;
+        self.promotion_hold = None;
         self.timers.stop(Timer::Connect);
         self.timers.stop(Timer::Query);
         self.timers.stop(Timer::Heartbeat);
@@ -585,11 +608,10 @@ impl Machine {
 
     /// The settings of every lease session, as `(name, value)`.
     fn settings(&self) -> Vec<(&'static str, String)> {
-        // Fencing tokens are transaction ids: make the transaction that takes
-        // them durable before its reply (with the WAL record of the try), so
-        // a server crash cannot hand the same or a smaller id to the next
-        // holder.
-        let mut settings = vec![("synchronous_commit", "on".to_string())];
+        // Nothing of the role's own may shadow a name of the statements. (No
+        // `synchronous_commit`: no statement writes WAL, fencing tokens come
+        // from the server's clock; see `Statement::TryLock`.)
+        let mut settings = vec![("search_path", crate::sql::SEARCH_PATH.to_string())];
         if self.opts.server_guard {
             let ms = self.opts.guard_timeout().as_millis();
             settings.push(("idle_session_timeout", format!("{ms}")));

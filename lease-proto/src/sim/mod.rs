@@ -69,6 +69,7 @@ use crate::{JobExit, Machine, Options, Outcome, QueryId, RunId};
 use net::{Direction, Net, Queue, ToClient, ToServer};
 use process::Proc;
 use server::Server;
+pub use server::PROMOTION_CHECKPOINT;
 
 /// A fault to inject at a point in virtual time.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,6 +141,20 @@ pub enum Fault {
         /// How long no server answers.
         downtime: Duration,
     },
+    /// Fail over while the primary is frozen or cut off from every client
+    /// (SIGSTOP, a hung host): an asynchronous replica that missed the last
+    /// `lag` transaction ids is promoted at once (a new timeline). Every
+    /// session open on the old primary stays open and silent: its
+    /// statements are never answered, nothing ends it (the old server's
+    /// guard does not run), and its locks are not on the promoted server,
+    /// whose lock table is empty; new connections reach the promoted server.
+    /// Its setup shows the promotion ([`crate::PromotionState`]; its first
+    /// checkpoint is done [`PROMOTION_CHECKPOINT`] later). Strong safety
+    /// must hold: it is no fault of the server ending sessions.
+    PromoteFrozenPrimary {
+        /// Transaction ids the replica had not received.
+        lag: u32,
+    },
     /// For `duration`, each statement the server runs answers, with
     /// probability `error`, with an error after it ran in part or in whole
     /// (or not at all): a try may have taken some of its keys, an unlock
@@ -194,7 +209,7 @@ impl Fault {
             | Fault::FlakyStatements { duration, .. }
             | Fault::AuthFailing { duration } => Some(*duration),
             Fault::Crash { restart_after, .. } => *restart_after,
-            Fault::Terminate { .. } => Some(Duration::ZERO),
+            Fault::Terminate { .. } | Fault::PromoteFrozenPrimary { .. } => Some(Duration::ZERO),
             Fault::ServerRestart { downtime }
             | Fault::ServerCrash { downtime }
             | Fault::Promote { downtime, .. } => Some(*downtime),
@@ -255,6 +270,13 @@ pub struct ServerConfig {
     /// flushed, so a crash hands it out again) and no timeline bits (a
     /// promoted lagging replica hands out smaller ones).
     pub legacy_tokens: bool,
+    /// At every [`Fault::ServerCrash`] and [`Fault::Promote`] the server's
+    /// clock, which makes the fencing tokens, comes back this much behind
+    /// where it was (an NTP step at boot; a promoted replica on a machine
+    /// whose clock is behind the old primary's). Tokens keep increasing
+    /// while it is below the time between the last acquisition before and
+    /// the first after (the downtime at least); more is the broken variant.
+    pub clock_step_back: Duration,
     /// Broken variant: a [`Statement::Wait`](crate::Statement::Wait) that
     /// keeps its shared lock after it returns (a session-level
     /// `pg_advisory_lock_shared` instead of the transaction-level lock that
@@ -286,6 +308,7 @@ impl Default for ServerConfig {
             silent_session_kill: None,
             tcp_give_up: None,
             legacy_tokens: false,
+            clock_step_back: Duration::ZERO,
             wait_keeps_shared_lock: false,
             send_buffer_rows: None,
             foreign_shared_keys: Vec::new(),
@@ -748,9 +771,10 @@ impl Sim {
                 self.queue
                     .push(self.now + downtime, Ev::Heal(Heal::ServerUp));
             }
+            Fault::PromoteFrozenPrimary { lag } => self.server.promote_frozen(lag, self.now),
             Fault::Promote { lag, downtime } => {
                 self.terminate(None);
-                self.server.promote(lag);
+                self.server.promote(lag, self.now);
                 self.queue
                     .push(self.now + downtime, Ev::Heal(Heal::ServerUp));
             }

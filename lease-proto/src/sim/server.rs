@@ -41,6 +41,27 @@ pub(super) mod reply {
         tcp_settings: [Option<i64>; 4],
         nonce: Option<i64>,
     ) -> Vec<Row> {
+        setup_promoted(
+            version,
+            standby,
+            pid,
+            idle_ms,
+            tcp_settings,
+            nonce,
+            Default::default(),
+        )
+    }
+
+    /// [`setup`], with what the server shows of its promotion.
+    pub(crate) fn setup_promoted(
+        version: i64,
+        standby: bool,
+        pid: i64,
+        idle_ms: i64,
+        tcp_settings: [Option<i64>; 4],
+        nonce: Option<i64>,
+        promotion: crate::PromotionState,
+    ) -> Vec<Row> {
         SetupReply {
             server_version: version,
             in_recovery: standby,
@@ -48,7 +69,9 @@ pub(super) mod reply {
             idle_session_timeout_ms: Some(idle_ms),
             tcp_settings,
             unix_socket: false,
+            search_path_catalog: true,
             nonce,
+            promotion,
         }
         .to_rows()
     }
@@ -159,6 +182,14 @@ pub(super) struct Waiter {
     injected: Injected,
 }
 
+/// How long after a promotion the promoted server's first checkpoint is done
+/// (about 0.5 s measured on an idle PostgreSQL 15).
+pub const PROMOTION_CHECKPOINT: Duration = Duration::from_millis(500);
+
+/// How far the server's wall clock is ahead of the simulation's time, for
+/// the whole seconds of `checkpoint_time`.
+pub(crate) const WALL_OFFSET: Duration = Duration::from_millis(370);
+
 /// The backend pid of the client of [`ServerConfig::foreign_shared_keys`].
 const FOREIGN_SHARED_PID: i64 = 998;
 
@@ -206,12 +237,22 @@ pub(super) struct Server {
     /// [`ServerConfig::wait_keeps_shared_lock`]).
     shared: BTreeMap<i64, std::collections::BTreeSet<u64>>,
     next_pid: i64,
-    /// The last transaction id assigned.
+    /// The last transaction id assigned (only the broken
+    /// [`ServerConfig::legacy_tokens`] assign any).
     next_xid: i64,
     /// The last transaction id flushed to the WAL: a crash goes back to it.
     flushed_xid: i64,
+    /// The server's clock minus the simulation's, in microseconds: stepped
+    /// back by [`ServerConfig::clock_step_back`] at every crash and promotion.
+    clock_skew_us: i64,
+    /// The last clock reading of a winning try since the clock was last
+    /// stepped (see [`Server::clock_token`]).
+    last_clock_us: Option<i64>,
     /// The WAL timeline: one more at every promotion.
     timeline: i64,
+    /// When the server was last promoted (it has run since as that
+    /// promoted standby: see [`crate::PromotionState`]).
+    promoted_at: Option<Duration>,
     /// `lease.nonce` of the one backend of [`ServerConfig::pooler_one_backend`].
     backend_nonce: Option<i64>,
     /// Added processing time of every statement now.
@@ -233,7 +274,10 @@ impl Server {
             next_pid: 1000,
             next_xid: 700,
             flushed_xid: 700,
+            clock_skew_us: 0,
+            last_clock_us: None,
             timeline: 1,
+            promoted_at: None,
             backend_nonce: None,
             slow: Duration::ZERO,
             auth_failing: 0,
@@ -258,32 +302,97 @@ impl Server {
         self.sessions.get(&owner).map(|s| s.pid)
     }
 
-    /// A crash: the server goes down and forgets unflushed transaction ids.
+    /// A crash: the server goes down and forgets unflushed transaction ids;
+    /// its clock may come back behind ([`ServerConfig::clock_step_back`]).
     pub(super) fn crash(&mut self) {
         self.up = false;
         self.next_xid = self.flushed_xid;
+        self.step_clock();
     }
 
-    /// A promotion of a replica that missed the last `lag` transaction ids:
-    /// a new timeline; a hot standby becomes the primary.
-    pub(super) fn promote(&mut self, lag: u32) {
+    /// A promotion of a replica that missed the last `lag` transaction ids,
+    /// on another machine whose clock may be behind
+    /// ([`ServerConfig::clock_step_back`]): a new timeline; a hot standby
+    /// becomes the primary.
+    pub(super) fn promote(&mut self, lag: u32, now: Duration) {
         self.up = false;
+        self.timeline += 1;
+        self.promoted_at = Some(now);
         let replicated = (self.flushed_xid - i64::from(lag)).max(0);
         self.next_xid = replicated;
         self.flushed_xid = replicated;
-        self.timeline += 1;
+        self.step_clock();
         self.cfg.standby = false;
     }
 
-    /// The fencing token of a try that assigned `xid` (see
-    /// [`Statement::TryLock`]); with the fix's WAL record the xid is flushed
-    /// before the reply.
-    fn token(&mut self, xid: i64) -> i64 {
-        if self.cfg.legacy_tokens {
-            return xid;
+    /// A promotion while the old primary is frozen or cut off from every
+    /// client ([`Fault::PromoteFrozenPrimary`](super::Fault::PromoteFrozenPrimary)):
+    /// this server becomes the replica promoted at `now`. The old primary's
+    /// sessions are forgotten without a word (their clients' connections
+    /// stay open, nothing answers on them, no timeout of the old server ends
+    /// them), its locks are not here (advisory locks are not replicated),
+    /// and new connections reach the promoted server at once.
+    pub(super) fn promote_frozen(&mut self, lag: u32, now: Duration) {
+        self.sessions.clear();
+        self.locks.clear();
+        self.waiters.clear();
+        self.shared.clear();
+        self.backend_nonce = None;
+        self.promote(lag, now);
+        self.up = true;
+    }
+
+    /// What the setup reads of the server's promotion at `now` (see
+    /// [`crate::PromotionState`]): a promoted server's checkpoint on its new
+    /// timeline is done [`PROMOTION_CHECKPOINT`] after the promotion (until
+    /// then the latest checkpoint is on the old timeline);
+    /// `checkpoint_time` has whole seconds of a wall clock
+    /// [`WALL_OFFSET`] ahead of the simulation's.
+    fn promotion_state(&self, now: Duration) -> crate::PromotionState {
+        let Some(at) = self.promoted_at else {
+            return crate::PromotionState {
+                wal_timeline: Some(self.timeline),
+                checkpoint_timeline: Some(self.timeline),
+                checkpoint_age_ms: Some(0),
+                ..Default::default()
+            };
+        };
+        let done = at + PROMOTION_CHECKPOINT;
+        let (timeline, started) = if now >= done {
+            (self.timeline, done)
+        } else {
+            (self.timeline - 1, Duration::ZERO)
+        };
+        let wall = |d: Duration| (d + WALL_OFFSET).as_millis() as i64;
+        let started_s = wall(started) / 1000 * 1000;
+        crate::PromotionState {
+            replayed_since_start: true,
+            wal_timeline: Some(self.timeline),
+            checkpoint_timeline: Some(timeline),
+            checkpoint_age_ms: Some(wall(now) - started_s),
         }
-        self.flushed_xid = self.flushed_xid.max(xid);
-        (self.timeline << crate::sql::TOKEN_XID_BITS) | xid
+    }
+
+    fn step_clock(&mut self) {
+        self.clock_skew_us -= self.cfg.clock_step_back.as_micros() as i64;
+        self.last_clock_us = None;
+    }
+
+    /// The fencing token of a try that won at `now` (see
+    /// [`Statement::TryLock`]): [`crate::TOKEN_CLOCK_OFFSET`] plus the
+    /// server's clock in microseconds. Two winning tries of one key are
+    /// causally ordered (the first holder's unlock, after its client got the
+    /// reply, comes between them), so a real clock that is not stepped reads
+    /// at least a round trip later at the second; the simulation's latency
+    /// may be zero, which no network has, so a reading is at least one
+    /// microsecond above the previous one since the clock was last stepped.
+    fn clock_token(&mut self, now: Duration) -> i64 {
+        let mut us = now.as_micros() as i64 + self.clock_skew_us;
+        if let Some(last) = self.last_clock_us {
+            us = us.max(last + 1);
+        }
+        self.last_clock_us = Some(us);
+        crate::sql::TOKEN_CLOCK_OFFSET + us
     }
 
     /// The advisory keys held now.
@@ -442,7 +551,10 @@ impl Server {
                     let own = s.settings.get(name).and_then(|v| v.parse().ok());
                     Some(own.unwrap_or(defaults[i]))
                 });
-                reply::setup(self.cfg.version, self.cfg.standby, pid, ist, tcp, s.nonce)
+                let promotion = self.promotion_state(now);
+                let s = self.sessions.get(&conn)?;
+                let standby = self.cfg.standby;
+                reply::setup_promoted(self.cfg.version, standby, pid, ist, tcp, s.nonce, promotion)
             }
             Statement::Listen => {
                 if self.cfg.standby {
@@ -490,8 +602,12 @@ impl Server {
                 let nonce = nonce_now;
                 let mut token = 0;
                 if !won.is_empty() {
-                    self.next_xid += 1;
-                    token = self.token(self.next_xid);
+                    token = if self.cfg.legacy_tokens {
+                        self.next_xid += 1;
+                        self.next_xid
+                    } else {
+                        self.clock_token(now)
+                    };
                 }
                 let mut rows = vec![reply::try_session(pid, nonce)];
                 rows.extend(won.into_iter().map(|k| reply::try_won(k, token)));
