@@ -457,6 +457,13 @@ impl Cluster {
     /// cluster on timeline 1, transaction ids carried over), started on a new port. This
     /// cluster stays stopped.
     pub fn pg_upgrade(&mut self) -> Result<Cluster, KitError> {
+        if !self.bindir.join("pg_upgrade").is_file() {
+            return Err(KitError::Missing(format!(
+                "pg_upgrade not found in {}: the npm server builds of {BINDIR_VAR} have \
+                 none; run this test on the system's PostgreSQL (unset {BINDIR_VAR})",
+                self.bindir.display()
+            )));
+        }
         self.shutdown(libc::SIGINT)?;
         let dir = TempDir::new("lease-pg-upgraded", self.user)?;
         dir.subdir("sock", self.user)?;
@@ -466,7 +473,7 @@ impl Cluster {
                 .arg("-D")
                 .arg(&data)
                 .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-                .args(["--no-locale", "--no-instructions"]),
+                .arg("--no-locale"),
             "initdb",
             COMMAND_TIMEOUT,
         )?;
@@ -497,6 +504,7 @@ impl Cluster {
         let mut upgraded = Cluster {
             dir,
             bindir: self.bindir.clone(),
+            clients: self.clients.clone(),
             user: self.user,
             port: free_port()?,
             postmaster: None,
