@@ -612,7 +612,7 @@ fn status_shows_the_holder() {
 
 /// `psql -c SQL` on the cluster as `application_name` `app`, in the background.
 fn psql(c: &Cluster, app: &str, sql: &str) -> Replica {
-    let mut cmd = Command::new(c.bindir().join("psql"));
+    let mut cmd = Command::new(c.psql());
     cmd.args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
         .args(["-h", c.host(), "-p", &c.port().to_string()])
         .args(["-U", "postgres", "-d", "postgres", "-c", sql])

@@ -50,6 +50,10 @@ impl Machine {
         if self.session_id() != Some(session) {
             return;
         }
+        // PostgreSQL 13 and older do not know the server guard's setting.
+        if let Some(refusal) = error.as_ref().and_then(guard_unsupported) {
+            return self.refuse(now, refusal);
+        }
         match error.as_ref().and_then(startup_refusal) {
             // A session-mode pooler: the settings go into the setup statement
             // (verified there like startup options); try again at once.
@@ -116,6 +120,11 @@ impl Machine {
                 Ok(probe) => self.probe_done(now, probe),
                 Err(e) => self.lose_session(now, malformed(e), true),
             },
+            // The settings by statement (behind a pooler): the same as at startup.
+            (What::Setup, Err(error)) if guard_unsupported(&error).is_some() => {
+                let refusal = guard_unsupported(&error).expect("just matched");
+                self.refuse(now, refusal)
+            }
             (What::Listen, Ok(_)) => {
                 if let Session::Up(up) = &mut self.session {
                     if let Stage::Listening { backend_pid } = up.stage {
@@ -185,7 +194,7 @@ impl Machine {
             MIN_SERVER_VERSION
         };
         if setup.server_version < needed {
-            let found = setup.server_version;
+            let found = Some(setup.server_version);
             return self.refuse(now, Refusal::ServerTooOld { found, needed });
         }
         if setup.in_recovery {
@@ -504,7 +513,8 @@ impl Machine {
         }
         let connecting = matches!(self.session, Session::Connecting { .. });
         if let Some(error) = reason_error(&reason, connecting, self.opts.query_timeout) {
-            if connecting {
+            // A refusal is final and has its own event: not a failed attempt to retry.
+            if connecting && !matches!(reason, Reason::Refused(_)) {
                 self.event(Event::ConnectFailed {
                     session,
                     error: error.clone(),
@@ -741,6 +751,17 @@ fn shared(nonce: i64, found: Option<i64>) -> Refusal {
     Refusal::BackendShared {
         detail: format!("{} is {found}, {nonce} was set", crate::sql::NONCE_SETTING),
     }
+}
+
+/// The server rejected the server guard's `idle_session_timeout` as an unknown setting
+/// (SQLSTATE 42704, in the startup packet or in the setup's `set_config`): it is older than
+/// PostgreSQL 14, which brought the setting. Final, like the setup's version check.
+fn guard_unsupported(e: &DbError) -> Option<Refusal> {
+    (e.code.as_deref() == Some("42704") && e.message.contains("\"idle_session_timeout\""))
+        .then_some(Refusal::ServerTooOld {
+            found: None,
+            needed: super::MIN_SERVER_VERSION_GUARD,
+        })
 }
 
 /// Connection errors that mean "a pooler rejected our startup options".

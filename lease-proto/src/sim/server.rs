@@ -439,6 +439,13 @@ impl Server {
         if self.cfg.pooler && self.cfg.pooler_rejects_options && !settings.is_empty() {
             return Err(refuse("08P01", "unsupported startup parameter: options"));
         }
+        // PostgreSQL 13 and older reject the server guard's setting (new in 14) in the
+        // startup packet; a pooler drops startup options instead (below).
+        if !self.cfg.pooler {
+            if let Some(name) = unknown_setting(self.cfg.version, settings) {
+                return Err(unrecognized(name));
+            }
+        }
         // A pooler drops startup options.
         let settings: BTreeMap<&'static str, String> = if self.cfg.pooler {
             BTreeMap::new()
@@ -551,6 +558,16 @@ impl Server {
         let mut notify = Vec::new();
         let rows = match statement {
             Statement::Setup { nonce, settings } => {
+                // Its first statement sets the settings: one the server does not know
+                // fails the whole setup, as `set_config` does.
+                if let Some(name) = unknown_setting(self.cfg.version, settings) {
+                    return Some(Executed {
+                        done,
+                        result: Err(unrecognized(name)),
+                        notify,
+                        blocks: None,
+                    });
+                }
                 s.nonce = Some(*nonce);
                 if shared {
                     self.backend_nonce = s.nonce;
@@ -1031,5 +1048,23 @@ impl Sim {
                 "terminating connection due to administrator command",
             );
         }
+    }
+}
+
+/// The first of `settings` that a server of `version` (`server_version_num`) does not
+/// know: `idle_session_timeout` before PostgreSQL 14.
+fn unknown_setting(version: i64, settings: &[(&'static str, String)]) -> Option<&'static str> {
+    settings
+        .iter()
+        .map(|(name, _)| *name)
+        .find(|name| *name == "idle_session_timeout" && version < 140_000)
+}
+
+/// PostgreSQL's error for a setting it does not know, at startup or in `set_config`.
+fn unrecognized(name: &str) -> DbError {
+    DbError {
+        code: Some("42704".into()),
+        message: format!("unrecognized configuration parameter \"{name}\""),
+        config: false,
     }
 }
