@@ -168,7 +168,7 @@ pub use promotion::PromotionState;
 pub use sql::{
     decode_text_row, DecodeError, HeartbeatReply, HolderRow, ReleaseReply, ReplyError, Row,
     SetupReply, Statement, TryReply, VerifyReply, WaitReply, ADVISORY_KEY_SQL, CHECKPOINT_SETTING,
-    HANDOVER_CHANNEL, HOLDERS_SQL, LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING, TCP_SETTINGS,
+    HANDOVER_CHANNEL, HOLDERS_SQL, LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING, SEARCH_PATH, TCP_SETTINGS,
     TOKEN_CLOCK_OFFSET, WAIT_CONNECTION_CHECK_MS, WAIT_PRELUDE_SQL, WAIT_SETTING,
 };
 
