@@ -693,7 +693,7 @@ impl Fuzz {
                         self.current = None;
                     }
                 }
-                Command::Query { statement, .. } => {
+                Command::Query { statement, .. } | Command::Probe { statement, .. } => {
                     self.try_sent = None;
                     match &statement {
                         Statement::Setup { nonce, .. } => self.nonce = Some(*nonce),

@@ -86,6 +86,43 @@ impl std::fmt::Debug for Target {
     }
 }
 
+/// Connects to `target` like the lease session does: each host in turn, each
+/// within its share of `timeout` (lease-driver's docs, "Several hosts"), so a
+/// host that accepts connections but never answers costs only its share.
+/// The connection runs on a spawned task; its handle comes back with the
+/// client. `Err` is the last host's error chain (not yet redacted).
+pub async fn connect(
+    target: &Target,
+    timeout: Duration,
+) -> Result<
+    (
+        tokio_postgres::Client,
+        tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+    ),
+    String,
+> {
+    let hosts = lease_driver::hosts(&target.config, timeout);
+    let mut error = "no host given".to_owned();
+    for (host, share) in hosts {
+        let attempt = host.connect(target.tls.clone());
+        let result = match share {
+            Some(share) => match tokio::time::timeout(share, attempt).await {
+                Ok(r) => r.map_err(|e| error_chain(&e)),
+                Err(_) => Err(format!(
+                    "connection attempt timed out after {} ms",
+                    share.as_millis()
+                )),
+            },
+            None => attempt.await.map_err(|e| error_chain(&e)),
+        };
+        match result {
+            Ok((client, connection)) => return Ok((client, tokio::spawn(connection))),
+            Err(e) => error = e,
+        }
+    }
+    Err(error)
+}
+
 /// Resolves the connection from the arguments and the process environment.
 ///
 /// # Errors

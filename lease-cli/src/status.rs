@@ -82,16 +82,9 @@ struct Session {
 }
 
 impl Session {
-    async fn connect(target: &conn::Target) -> Result<Session, String> {
-        let (client, connection) = target
-            .config
-            .connect(target.tls.clone())
-            .await
-            .map_err(|e| conn::error_chain(&e))?;
-        Ok(Session {
-            client,
-            connection: tokio::spawn(connection),
-        })
+    async fn connect(target: &conn::Target, timeout: Duration) -> Result<Session, String> {
+        let (client, connection) = conn::connect(target, timeout).await?;
+        Ok(Session { client, connection })
     }
 
     /// Every advisory lock request of the database ([`HOLDERS_SQL`]).
@@ -133,7 +126,7 @@ async fn lookup(
             }
             kept.close().await;
         }
-        let fresh = Session::connect(target).await?;
+        let fresh = Session::connect(target, args.timeout).await?;
         let rows = fresh.locks().await;
         *session = Some(fresh);
         rows

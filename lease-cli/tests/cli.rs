@@ -612,7 +612,7 @@ fn status_shows_the_holder() {
 
 /// `psql -c SQL` on the cluster as `application_name` `app`, in the background.
 fn psql(c: &Cluster, app: &str, sql: &str) -> Replica {
-    let mut cmd = Command::new(c.bindir().join("psql"));
+    let mut cmd = Command::new(c.psql());
     cmd.args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
         .args(["-h", c.host(), "-p", &c.port().to_string()])
         .args(["-U", "postgres", "-d", "postgres", "-c", sql])
@@ -915,5 +915,62 @@ fn several_hosts_default_to_read_write_and_an_explicit_value_wins() {
     }
     eprintln!(
         "several hosts (standby first, primary second): led on the primary {led:?} after the start"
+    );
+}
+
+/// Issue 18 hole 11 for `lease status` (its own connection, not the lease driver's): with
+/// `host=A,B`, A frozen (SIGSTOP of its postmaster and children: TCP connects, nothing
+/// answers) and B its promoted standby, the status comes from B within `--timeout`:
+/// each host gets its share. Before the fix the whole `--timeout` went to A.
+#[test]
+fn status_moves_on_from_a_frozen_first_host() {
+    let a = Cluster::start().expect("primary A");
+    let b = a.start_standby().expect("hot standby B");
+    b.promote().expect("promote B");
+    let frozen = a.freeze().expect("freeze A");
+    let url = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres",
+        a.port(),
+        b.port()
+    );
+    let mut cmd = lease();
+    cmd.args(["status", "--database-url", &url, "--timeout", "4s"])
+        .arg(unique("frozen-first"));
+    let (st, out, err, took) = output(cmd, MS(20_000));
+    eprintln!("lease status, first host frozen: {st} after {took:?}\n{out}{err}");
+    drop(frozen);
+    assert!(
+        st.success() && out.contains("free"),
+        "lease status did not answer from the second host: {st} after {took:?}: {err}"
+    );
+}
+
+/// Issue 18 hole 11 with `lease run`, as it was reported: `host=A,B` (read-write by
+/// default with several hosts), B promoted, A frozen. The runner must lead on B: A
+/// costs one share of the attempt (here `--query-timeout 2s` over two hosts). Before
+/// the fix every attempt timed out on A ("connection attempt timed out after 2000 ms")
+/// and nobody led.
+#[test]
+fn run_leads_on_the_next_host_when_the_first_is_frozen() {
+    let a = Cluster::start().expect("primary A");
+    let b = a.start_standby().expect("hot standby B");
+    b.promote().expect("promote B");
+    let frozen = a.freeze().expect("freeze A");
+    let url = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres",
+        a.port(),
+        b.port()
+    );
+    let mut cmd = lease();
+    cmd.args(["run", "--database-url", &url, "--query-timeout", "2s"])
+        .args(["--retry-interval", "100ms", "--heartbeat-interval", "200ms"])
+        .arg(unique("frozen-first"))
+        .args(["--", "sh", "-c", "echo started"]);
+    let (st, out, err, took) = output(cmd, MS(20_000));
+    eprintln!("lease run, first host frozen: {st} after {took:?}");
+    drop(frozen);
+    assert!(
+        st.success() && out.contains("started"),
+        "lease run did not lead on the second host: {st} after {took:?}:\n{err}"
     );
 }

@@ -106,3 +106,44 @@ fn a_closed_port_keeps_retrying_and_names_the_cause() {
         assert!(!l.text.contains(WRONG), "{}", l.text);
     }
 }
+
+/// PostgreSQL 13 (fetched by .ci/install-deps) rejects the server guard's
+/// `idle_session_timeout` at startup: `lease run` exits 1 at once with the
+/// version it needs, not a "cannot connect" nor a retry; with
+/// `--no-server-guard` the command runs.
+#[test]
+fn postgres_13_exits_1_naming_the_version_needed() {
+    let c = Cluster::start_version(13).expect("start PostgreSQL 13");
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", c.port());
+    let start = Instant::now();
+    let mut r = Replica::spawn(lease_run(&url)).expect("spawn lease");
+    let status = r.wait_exit(MS(5_000)).expect("lease exits");
+    let took = start.elapsed();
+    let _ = r.wait_for_line(|_| false, MS(200));
+    let lines: Vec<String> = r.lines().into_iter().map(|l| l.text).collect();
+    eprintln!("exit {status} after {took:?}: {lines:#?}");
+    assert_eq!(status.code(), Some(1), "{lines:?}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let last = lines.last().expect("a line");
+    assert!(
+        last.contains("ERROR") && last.contains("lease needs PostgreSQL 14 or newer"),
+        "{lines:?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("cannot connect") || l.contains("retrying")),
+        "{lines:?}"
+    );
+
+    let mut cmd = common::lease();
+    cmd.args(["run", "--database-url", &url, "--no-server-guard"])
+        .args(["--retry-interval", "50ms", "--query-timeout", "1s"])
+        .args(["job", "--", "echo", "led-on-13"]);
+    let mut r = Replica::spawn(cmd).expect("spawn lease");
+    let status = r.wait_exit(MS(10_000)).expect("lease exits");
+    let _ = r.wait_for_line(|_| false, MS(200));
+    let lines: Vec<String> = r.lines().into_iter().map(|l| l.text).collect();
+    assert_eq!(status.code(), Some(0), "{lines:?}");
+    assert!(lines.iter().any(|l| l == "led-on-13"), "{lines:?}");
+}

@@ -527,3 +527,31 @@ fn hole4_absurd_intervals_are_a_usage_error() {
         &lines[..lines.len().min(3)]
     );
 }
+
+/// Issue 18 hole 7: a lone `lease run` through a transaction-mode PgBouncer with its
+/// default settings (it rejects `options`; the settings go by statement and the setup
+/// passes; nobody shares its backend) must not run its command: it exits 1, its last
+/// line naming the transaction pooler. Before the fix it led and ran the command.
+#[test]
+fn hole7_lone_lease_run_through_transaction_pgbouncer_is_refused() {
+    let c = cluster();
+    let pgb = PgBouncer::start(&c, PoolMode::Transaction).expect("start pgbouncer");
+    let name = unique("hole7-lone");
+    let cmd = run_sh(&pgb.url(), &FAST, &name, "echo started");
+    let (status, out, err, took) = output(cmd, MS(15_000));
+    let status_text = exit_text(status);
+    let errors: Vec<&str> = err.lines().filter(|l| l.contains("ERROR")).collect();
+    eprintln!(
+        "a lone lease run through a transaction-mode PgBouncer: {status_text} after {took:?}; \
+         stdout {out:?}; error lines: {errors:?}"
+    );
+    assert!(
+        status.and_then(|s| s.code()) == Some(1)
+            && !out.contains("started")
+            && errors
+                .last()
+                .is_some_and(|l| l.contains("transaction-mode pooler")),
+        "through a transaction-mode PgBouncer a lone `lease run` ended ({status_text}) after \
+         {took:?}, stdout {out:?}, error lines {errors:?}; stderr:\n{err}"
+    );
+}

@@ -15,10 +15,12 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use lease_proto::{decode_text_row, DbError, Input, QueryId, Row, SessionCommand, SessionId};
+use tokio_postgres::config::TargetSessionAttrs;
 use tokio_postgres::{AsyncMessage, Client, Config, SimpleQueryMessage};
 
+use crate::hosts::{self, Opened};
 use crate::metrics::Sent;
-use crate::runtime::{db_error, BoxFuture, Connected, Connection, Runtime, Timer};
+use crate::runtime::{db_error, BoxFuture, Connection, Runtime, Timer};
 use crate::shared::Inner;
 
 type Reply = BoxFuture<Result<Vec<Row>, DbError>>;
@@ -46,6 +48,8 @@ pub struct Driver<R: Runtime> {
     conn: Conn,
     /// The one statement in flight, when it was sent (for the metrics).
     query: Option<(QueryId, Sent, Reply)>,
+    /// The one probe in flight: a statement on a second connection.
+    probe: Option<(QueryId, Reply)>,
     /// Made at the first deadline.
     timer: Option<Armed>,
     closing: bool,
@@ -65,8 +69,10 @@ impl<R: Runtime> fmt::Debug for Driver<R> {
 
 enum Conn {
     Down,
-    Opening(SessionId, BoxFuture<Connected>),
-    Up(SessionId, Arc<Client>, Box<dyn Connection>),
+    Opening(SessionId, BoxFuture<Result<Opened, DbError>>),
+    /// The session, and the host (one host's configuration, the session's
+    /// startup options included) it opened on.
+    Up(SessionId, Arc<Client>, Box<dyn Connection>, Box<Config>),
 }
 
 impl<R: Runtime> Driver<R> {
@@ -77,6 +83,7 @@ impl<R: Runtime> Driver<R> {
             config,
             conn: Conn::Down,
             query: None,
+            probe: None,
             timer: None,
             closing: false,
         }
@@ -96,14 +103,41 @@ impl<R: Runtime> Driver<R> {
                     config.options(options);
                 }
                 self.query = None;
-                self.conn = Conn::Opening(session, self.runtime.connect(config));
+                self.probe = None;
+                // Each host in turn, each within its share of the attempt.
+                let hosts = hosts::split(&config, crate::shared::seed());
+                let attempt = self.inner.lock().machine.options().query_timeout;
+                let connect_timeout = config.get_connect_timeout().copied();
+                let share = hosts::share(connect_timeout, hosts.len(), attempt);
+                let opening = hosts::open(self.runtime.clone(), hosts, share);
+                self.conn = Conn::Opening(session, Box::pin(opening));
             }
             SessionCommand::Query { query, statement } => match &self.conn {
-                Conn::Up(_, client, _) => {
+                Conn::Up(_, client, ..) => {
                     let (client, sql) = (client.clone(), statement.sql());
                     let reply = async move { rows(client.simple_query(&sql).await) };
                     let sent = Sent::new(self.inner.clock(), &statement);
                     self.query = Some((query, sent, Box::pin(reply)));
+                }
+                _ => {
+                    let result = Err(DbError::other("no open session"));
+                    self.inner.input(Input::Reply { query, result });
+                }
+            },
+            SessionCommand::Probe { query, statement } => match &self.conn {
+                Conn::Up(.., host) => {
+                    let (runtime, mut host, sql) =
+                        (self.runtime.clone(), (**host).clone(), statement.sql());
+                    // The host passed its check when the session opened.
+                    host.target_session_attrs(TargetSessionAttrs::Any);
+                    let reply = async move {
+                        // The session's own host and parameters; the machine
+                        // times the whole probe out.
+                        let (_, client, mut connection) =
+                            hosts::open(runtime, vec![host], None).await?;
+                        rows(Ok(hosts::query(&client, &mut *connection, &sql).await?))
+                    };
+                    self.probe = Some((query, Box::pin(reply)));
                 }
                 _ => {
                     let result = Err(DbError::other("no open session"));
@@ -127,6 +161,7 @@ impl<R: Runtime> Driver<R> {
 
     fn close(&mut self) {
         self.query = None;
+        self.probe = None;
         self.conn = Conn::Down;
     }
 
@@ -137,8 +172,8 @@ impl<R: Runtime> Driver<R> {
             if let Poll::Ready(result) = connecting.as_mut().poll(cx) {
                 let session = *session;
                 match result {
-                    Ok((client, connection)) => {
-                        self.conn = Conn::Up(session, Arc::new(client), connection);
+                    Ok((host, client, connection)) => {
+                        self.conn = Conn::Up(session, Arc::new(client), connection, Box::new(host));
                         self.inner.input(Input::SessionOpened { session });
                     }
                     Err(error) => {
@@ -149,7 +184,7 @@ impl<R: Runtime> Driver<R> {
                 }
             }
         }
-        while let Conn::Up(session, _, connection) = &mut self.conn {
+        while let Conn::Up(session, _, connection, _) = &mut self.conn {
             let session = *session;
             match connection.poll_message(cx) {
                 Poll::Pending => break,
@@ -176,6 +211,13 @@ impl<R: Runtime> Driver<R> {
                     self.close();
                     let error = end.and_then(Result::err).map(|e| db_error(&e));
                     self.inner.input(Input::SessionLost { session, error });
+                }
+            }
+        }
+        if let Some((_, reply)) = &mut self.probe {
+            if let Poll::Ready(result) = reply.as_mut().poll(cx) {
+                if let Some((query, _)) = self.probe.take() {
+                    self.inner.input(Input::Reply { query, result });
                 }
             }
         }

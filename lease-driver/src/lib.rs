@@ -88,6 +88,28 @@
 //! driver. Network errors are retried with backoff, never returned;
 //! [`Locker::status`]'s [`Status::last_error`] says what the last one was.
 //!
+//! ## Several hosts
+//!
+//! With a host list (`host=a,b`, several `hostaddr`s, a multi-host URL) the
+//! driver tries the hosts in order (shuffled with `load_balance_hosts=random`),
+//! one at a time, as libpq does, and gives each its own share of the attempt:
+//! `connect_timeout` if set, at most [`Options::query_timeout`] divided by the
+//! number of hosts (the machine bounds the whole attempt by the query
+//! timeout), so every host is tried within one attempt. The share covers the
+//! whole of a host's attempt — socket, TLS, startup and authentication, and
+//! the `target_session_attrs` check, which the driver runs itself
+//! (`SHOW transaction_read_only`, on every runtime) — so a host that accepts
+//! TCP connections but never answers (a frozen server: the kernel's listen
+//! backlog completes the handshake) costs one share and the next host is
+//! tried. The first host that opens wins; else the attempt fails with the
+//! last host's error, every host's error in its message. A host whose name
+//! resolves to several addresses shares its one share among them. Set
+//! `target_session_attrs=read-write` so that a standby or a read-only
+//! primary in the list is skipped rather than connected to (the core only
+//! finds a standby at setup and retries from the first host after a
+//! backoff). Test: `a_frozen_first_host_does_not_block_failover_to_the_next`
+//! and `read_write_skips_a_standby_listed_first` in `tests/tests/drivers`.
+//!
 //! ## The job span
 //!
 //! Each call of a job runs inside a `tracing` span named `job` with the fields
@@ -175,6 +197,7 @@
 //!
 //! - [`runtime`]: the [`Runtime`], [`Timer`] and [`Connection`] traits.
 //! - `driver`: the [`Driver`] future and its poll order.
+//! - `hosts`: opening a session over a host list.
 //! - `shared`: the state shared by the driver and the runs, and the drain
 //!   rule that routes the core's outputs.
 //! - `run`: the run future and the [`Lease`] handle.
@@ -186,6 +209,7 @@
 
 mod cancel;
 mod driver;
+mod hosts;
 mod log;
 mod metrics;
 mod run;
@@ -543,6 +567,21 @@ impl<A> Locker<A> {
     pub fn status(&self) -> Status {
         self.inner().lock().machine.status()
     }
+}
+
+/// The hosts of `config` in the order a locker tries them, each as a one-host
+/// configuration with the bound of its share of an `attempt` (`None`: one host
+/// without `connect_timeout`): see "Several hosts" in the crate docs. For
+/// connections of your own that should fail over like the lease session
+/// (tokio-postgres's `Config::connect` on each, within its bound, runs the
+/// `target_session_attrs` check itself).
+pub fn hosts(
+    config: &Config,
+    attempt: std::time::Duration,
+) -> Vec<(Config, Option<std::time::Duration>)> {
+    let each = hosts::split(config, shared::seed());
+    let share = hosts::share(config.get_connect_timeout().copied(), each.len(), attempt);
+    each.into_iter().map(|c| (c, share)).collect()
 }
 
 /// The `application_name` of lease sessions whose configuration names none.

@@ -32,9 +32,12 @@ pub trait Runtime: Send + Sync + Debug + 'static {
     /// A timer that fires at `at`.
     fn timer(&self, at: Instant) -> Pin<Box<dyn Timer>>;
 
-    /// Opens a session with `config` (which already carries the lease
-    /// session's startup options). Bounding the attempt is the machine's job;
-    /// honour `connect_timeout` per address if the runtime can.
+    /// Opens a session with `config`: one host (the driver walks a host list
+    /// itself, see the crate docs, "Several hosts"), the lease session's
+    /// startup options included, `target_session_attrs` always `any` (the
+    /// driver checks it after). Also called for the core's pooler probe, a
+    /// second short connection to the session's host. The driver bounds the
+    /// attempt; honour `connect_timeout` per address if the runtime can.
     fn connect(&self, config: Config) -> BoxFuture<Connected>;
 }
 

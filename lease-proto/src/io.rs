@@ -253,10 +253,17 @@ impl fmt::Display for Reason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Refusal {
-    /// The server is older than needed.
+    /// The server is older than needed: its `server_version_num` is below
+    /// [`MIN_SERVER_VERSION_GUARD`](crate::MIN_SERVER_VERSION_GUARD) (14) with
+    /// the server guard on, below
+    /// [`MIN_SERVER_VERSION`](crate::MIN_SERVER_VERSION) (13) with it off; or
+    /// it rejected the guard's `idle_session_timeout` as an unknown setting
+    /// (SQLSTATE 42704: PostgreSQL 13 does so at connection startup, before
+    /// the setup could read the version).
     ServerTooOld {
-        /// `server_version_num` found.
-        found: i64,
+        /// `server_version_num` found; `None` when the server rejected
+        /// `idle_session_timeout` before its version could be read.
+        found: Option<i64>,
         /// Least `server_version_num` needed.
         needed: i64,
     },
@@ -280,15 +287,41 @@ pub enum Refusal {
         /// What was found.
         detail: String,
     },
+    /// A second connection through the same address, opened while the
+    /// session was idle, read the session's nonce: it was served by the
+    /// session's own server backend, which a transaction-mode pooler hands
+    /// to whichever client sends the next statement (the session's locks
+    /// and settings stay on that backend, also after the client is gone).
+    TransactionPooler {
+        /// What the second connection found.
+        detail: String,
+    },
 }
 
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refusal::ServerTooOld { found, needed } => write!(
-                f,
-                "PostgreSQL server_version_num {found} is too old: {needed} or later is needed"
-            ),
+            Refusal::ServerTooOld { found, needed } => {
+                match found {
+                    Some(found) => write!(f, "PostgreSQL {} is not supported", version(*found))?,
+                    None => write!(
+                        f,
+                        "PostgreSQL older than 14 is not supported (the server does not know \
+                         idle_session_timeout, which the server guard sets)"
+                    )?,
+                }
+                write!(f, ": lease needs PostgreSQL {} or newer", version(*needed))?;
+                if *needed >= crate::MIN_SERVER_VERSION_GUARD
+                    && found.is_none_or(|v| v >= crate::MIN_SERVER_VERSION)
+                {
+                    write!(
+                        f,
+                        " (PostgreSQL {} with the server guard off)",
+                        version(crate::MIN_SERVER_VERSION)
+                    )?;
+                }
+                Ok(())
+            }
             Refusal::BackendChanged { was, now } => write!(
                 f,
                 "the backend pid changed from {was} to {now} within one session: a transaction pooler is in between; connect directly or through a session-mode pool"
@@ -301,11 +334,30 @@ impl fmt::Display for Refusal {
                 f,
                 "another client shares this session's backend ({detail}): a transaction pooler is in between; connect directly or through a session-mode pool"
             ),
+            Refusal::TransactionPooler { detail } => write!(
+                f,
+                "a second connection landed on this session's server backend ({detail}): a transaction-mode pooler is in between; connect directly or through a session-mode pool"
+            ),
         }
     }
 }
 
 impl std::error::Error for Refusal {}
+
+/// A `server_version_num` as people write it: 130023 is `13.23`, 140000 `14`,
+/// 90624 `9.6.24`.
+fn version(num: i64) -> String {
+    let (major, minor) = if num >= 100_000 {
+        (format!("{}", num / 10_000), num % 10_000)
+    } else {
+        (format!("{}.{}", num / 10_000, num / 100 % 100), num % 100)
+    };
+    if minor == 0 {
+        major
+    } else {
+        format!("{major}.{minor}")
+    }
+}
 
 /// How a run finished. Drivers map every outcome but `Failed`, `Refused` and
 /// `Config` to `Ok(())`.
@@ -374,6 +426,21 @@ pub enum SessionCommand {
     /// Send a statement on the session, then report [`Input::Reply`]. The
     /// machine times it out itself (by closing the session).
     Query {
+        /// Echo in the reply.
+        query: QueryId,
+        /// The statement; send [`Statement::sql`].
+        statement: Statement,
+    },
+    /// Open a second, short connection exactly like the session's (the same
+    /// host, the same parameters), send the statement on it, report its
+    /// rows as [`Input::Reply`], then close that connection. The session
+    /// itself stays open and idle meanwhile. The machine times it out
+    /// itself (by closing the session); a session's close or loss drops it.
+    /// Sent once per session, after the setup, when the pooler in between
+    /// rejected the startup options: a second client connection that reads
+    /// this session's nonce shares its server backend (a transaction
+    /// pooler, [`Refusal::TransactionPooler`]).
+    Probe {
         /// Echo in the reply.
         query: QueryId,
         /// The statement; send [`Statement::sql`].

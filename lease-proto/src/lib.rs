@@ -89,11 +89,15 @@
 //! client's session nonce on the backend), servers older than 14 (13 without
 //! the guard). A pooler that rejects startup options gets the settings in the
 //! setup statement instead ([`Event::StartupOptionsRejected`]), verified the
-//! same way. A hot standby is not final ([`Event::InRecovery`]): the session is
-//! closed and the machine tries again after a backoff. A newly promoted
-//! primary is not tried until every holder of the old primary must have
-//! stopped ([`Event::PromotionHold`], [`PromotionState`],
-//! [`Options::promotion_hold`]): advisory locks are not replicated.
+//! same way, and then the pooler probe ([`SessionCommand::Probe`]): a second
+//! connection, opened while the session is idle, that reads the session's
+//! nonce was handed the session's own server backend, as a transaction
+//! pooler does ([`Refusal::TransactionPooler`]). A hot standby is not final
+//! ([`Event::InRecovery`]): the session is closed and the machine tries again
+//! after a backoff. A newly promoted primary is not tried until every holder
+//! of the old primary must have stopped ([`Event::PromotionHold`],
+//! [`PromotionState`], [`Options::promotion_hold`]): advisory locks are not
+//! replicated.
 //!
 //! ## Carrying out the commands
 //!
@@ -110,6 +114,9 @@
 //!   has one type with its one parser ([`SetupReply`], [`TryReply`],
 //!   [`HeartbeatReply`], [`VerifyReply`], [`ReleaseReply`]); a simulated server answers with
 //!   their `to_rows`.
+//! - [`SessionCommand::Probe`]: as `Query`, but on a second connection opened
+//!   like the session's (same host, same parameters) and closed after its
+//!   reply.
 //! - [`SessionCommand::Close`]: drop the connection.
 //! - [`RunCommand::StartJob`], [`RunCommand::CancelJob`]: start or cancel the
 //!   job; report [`Input::JobExited`] when it returns.
@@ -164,7 +171,8 @@ pub use sql::{
     decode_text_row, wait_limit_ms, DecodeError, HeartbeatReply, HolderRow, ReleaseReply,
     ReplyError, Row, SetupReply, Statement, TryReply, VerifyReply, WaitReply, ADVISORY_KEY_SQL,
     CHECKPOINT_SETTING, HANDOVER_CHANNEL, HOLDERS_SQL, LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING,
-    TCP_SETTINGS, TOKEN_CLOCK_OFFSET, WAIT_CONNECTION_CHECK_MS, WAIT_PRELUDE_SQL, WAIT_SETTING,
+    SEARCH_PATH, TCP_SETTINGS, TOKEN_CLOCK_OFFSET, WAIT_CONNECTION_CHECK_MS, WAIT_PRELUDE_SQL,
+    WAIT_SETTING,
 };
 
 // Drivers move the machine into the task that owns the connection and may

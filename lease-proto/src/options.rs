@@ -152,6 +152,10 @@ pub enum Mutation {
     /// one) just before the holder's session is terminated, or a late one
     /// from an earlier holder, cuts the lock delay short.
     NotifyFromAnyone,
+    /// Skip the pooler probe after a setup whose settings went by statement
+    /// (the startup options were rejected): a lone client behind a
+    /// transaction pooler leads.
+    NoPoolerProbe,
     /// Ignore what the setup shows of a recent promotion: try on a newly
     /// promoted primary at once, while the old primary's holders still act.
     IgnorePromotion,
@@ -346,6 +350,7 @@ impl Options {
             Some(
                 Mutation::WakeIsAcquisition
                 | Mutation::NotifyFromAnyone
+                | Mutation::NoPoolerProbe
                 | Mutation::IgnorePromotion,
             )
             | None => sent,

@@ -197,3 +197,25 @@ fn a_connection_attempt_that_times_out_says_so() {
     assert!(!configuration && retried);
     assert!(h.machine().status().last_error.is_some());
 }
+
+#[test]
+fn a_server_too_old_says_which_version_lease_needs() {
+    let text = |found, needed| Refusal::ServerTooOld { found, needed }.to_string();
+    assert_eq!(
+        text(Some(130_023), MIN_SERVER_VERSION_GUARD),
+        "PostgreSQL 13.23 is not supported: lease needs PostgreSQL 14 or newer \
+         (PostgreSQL 13 with the server guard off)"
+    );
+    assert_eq!(
+        text(Some(120_005), MIN_SERVER_VERSION),
+        "PostgreSQL 12.5 is not supported: lease needs PostgreSQL 13 or newer"
+    );
+    assert_eq!(
+        text(Some(90_624), MIN_SERVER_VERSION_GUARD),
+        "PostgreSQL 9.6.24 is not supported: lease needs PostgreSQL 14 or newer"
+    );
+    assert!(text(None, MIN_SERVER_VERSION_GUARD).starts_with(
+        "PostgreSQL older than 14 is not supported (the server does not know \
+         idle_session_timeout"
+    ));
+}

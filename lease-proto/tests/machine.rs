@@ -1138,3 +1138,58 @@ proptest! {
         }
     }
 }
+
+/// The startup options rejected (the settings go into the setup): after the setup the
+/// machine probes on a second connection. One that reads this session's nonce shares
+/// its backend: refused as a transaction pooler (final). One that fails proves nothing:
+/// the session is closed and retried, not refused.
+#[test]
+fn behind_a_pooler_the_probe_refuses_a_shared_backend() {
+    let rejected = || Input::SessionLost {
+        session: SessionId(0),
+        error: Some(DbError {
+            code: Some("08P01".into()),
+            message: "unsupported startup parameter: options".into(),
+            config: false,
+        }),
+    };
+
+    // The probe reads this session's nonce: refused.
+    let mut h = harness(opts());
+    let run = h.run(lease("a"));
+    h.input(rejected());
+    let nonce = h.setup(7);
+    assert!(h.probing(), "no probe after the setup: {:?}", h.in_flight());
+    assert_eq!(h.statement(), Statement::Heartbeat);
+    let probe = HeartbeatReply {
+        backend_pid: Some(7),
+        nonce: Some(nonce),
+    };
+    let cmds = h.reply(probe.to_rows());
+    assert!(
+        has(&cmds, |c| matches!(
+            c,
+            Command::FinishRun {
+                run: r,
+                outcome: Outcome::Refused(Refusal::TransactionPooler { .. }),
+            } if *r == run
+        )),
+        "{cmds:?}"
+    );
+
+    // The probe fails: not refused; the session is closed and opened again later.
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.input(rejected());
+    h.setup(7);
+    assert!(h.probing());
+    let cmds = h.fail(boom("53300"));
+    assert!(
+        has(&cmds, |c| matches!(c, Command::CloseSession { .. })),
+        "{cmds:?}"
+    );
+    assert!(
+        !has(&cmds, |c| matches!(c, Command::FinishRun { .. })),
+        "{cmds:?}"
+    );
+}

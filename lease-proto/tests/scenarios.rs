@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use lease_proto::sim::{
-    DriverBug, Fault, Report, ServerConfig, Sim, SimConfig, TraceEvent, Violation,
+    DriverBug, Fault, Mutation, Report, ServerConfig, Sim, SimConfig, TraceEvent, Violation,
 };
 use lease_proto::{Options, Outcome, Refusal};
 
@@ -269,8 +269,29 @@ fn pooler_and_old_server_are_refused() {
             |o: &Outcome| matches!(o, Outcome::Refused(Refusal::BackendChanged { .. })),
         ),
         (
+            // PostgreSQL 13 rejects the server guard's idle_session_timeout in the
+            // startup packet (SQLSTATE 42704): refused as too old, not a wrong password.
             ServerConfig {
                 version: 130_000,
+                ..ServerConfig::default()
+            },
+            |o: &Outcome| matches!(o, Outcome::Refused(Refusal::ServerTooOld { .. })),
+        ),
+        (
+            // PostgreSQL 12 the same.
+            ServerConfig {
+                version: 120_000,
+                ..ServerConfig::default()
+            },
+            |o: &Outcome| matches!(o, Outcome::Refused(Refusal::ServerTooOld { .. })),
+        ),
+        (
+            // Behind a pooler that rejects startup options, the settings go into
+            // the setup statement, whose set_config fails the same way.
+            ServerConfig {
+                version: 130_000,
+                pooler: true,
+                pooler_rejects_options: true,
                 ..ServerConfig::default()
             },
             |o: &Outcome| matches!(o, Outcome::Refused(Refusal::ServerTooOld { .. })),
@@ -280,7 +301,7 @@ fn pooler_and_old_server_are_refused() {
         // Settings applied by statement pass the setup; the statements
         // after it find the pooler (a lease may be won on the way, never
         // by two at once: the properties check that).
-        let by_statement = server.pooler_rejects_options;
+        let by_statement = server.pooler_rejects_options && server.version >= 140_000;
         c.server = server;
         let mut sim = Sim::new(c, Instant::now());
         sim.run_until(ms(1000));
@@ -610,4 +631,45 @@ fn a_rotated_password_does_not_stop_a_fleet_that_had_sessions() {
             "{outcomes:?}"
         );
     }
+}
+
+/// Issue 18 hole 7 in the simulator: a LONE client behind a transaction pooler that
+/// rejects the startup options (the settings go by statement, so the setup passes) and
+/// runs everything on one server connection. No other client overwrites the nonce and
+/// the pid never changes, so nothing on the session itself shows the pooler; the pooler
+/// probe does: a second connection, opened while the session is idle, lands on the same
+/// backend and reads this session's nonce. The client is refused and never leads.
+fn lone_client_behind_a_one_backend_pooler(mutation: Option<Mutation>) -> Report {
+    let mut c = cfg();
+    c.processes = 1;
+    c.server.pooler = true;
+    c.server.pooler_rejects_options = true;
+    c.server.pooler_one_backend = true;
+    c.options.mutation = mutation;
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(2000));
+    sim.finish(ms(2000), ms(1000))
+}
+
+#[test]
+fn a_lone_client_behind_a_one_backend_pooler_is_refused_by_the_probe() {
+    let r = lone_client_behind_a_one_backend_pooler(None);
+    assert_clean(&r);
+    assert_eq!(r.acquisitions.get("job"), None, "{}", r.trace_text());
+    let refused = (r.outcomes.iter().flatten())
+        .filter(|(_, o)| matches!(o, Outcome::Refused(Refusal::TransactionPooler { .. })))
+        .count();
+    assert_eq!(refused, 1, "{:?}\n{}", r.outcomes, r.trace_text());
+}
+
+/// The broken variant: without the probe the lone client leads behind the pooler.
+#[test]
+fn broken_without_the_pooler_probe_a_lone_client_leads_behind_a_transaction_pooler() {
+    let r = lone_client_behind_a_one_backend_pooler(Some(Mutation::NoPoolerProbe));
+    assert!(
+        r.acquisitions.get("job").is_some_and(|n| *n > 0),
+        "{:?}\n{}",
+        r.outcomes,
+        r.trace_text()
+    );
 }

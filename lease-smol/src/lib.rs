@@ -60,28 +60,22 @@
 //! tokio-postgres's `Config::connect` needs tokio's reactor, so the driver
 //! opens the socket itself and hands it to `Config::connect_raw`. It follows
 //! `Config::connect` where it can:
-//! - hosts are tried in order, the first that connects wins (else the last
-//!   error counts); `load_balance_hosts=random` is not applied;
+//! - a host list is walked by the driver, one host at a time, each within
+//!   its share of the attempt (lease-driver's crate docs, "Several hosts");
 //! - each host uses its `hostaddr` if given (no name resolution), else its
 //!   name: IP literals are used as they are, other names are resolved with the
 //!   system resolver (`getaddrinfo`), which **blocks the thread polling the
 //!   driver** for the lookup; give IP addresses or `hostaddr` to avoid it;
 //! - one port for every host, or one per host (default 5432); a Unix socket
 //!   host (a path) connects to `<dir>/.s.PGSQL.<port>`;
-//! - `connect_timeout` bounds the attempt at each address, socket, TLS and
-//!   startup included, as libpq does (tokio-postgres bounds only the socket
-//!   connect), so a host that accepts but never answers does not stall
-//!   failover to the next. The core bounds the whole attempt, every host
-//!   included, by [`Options::query_timeout`]: with several hosts, keep
-//!   `connect_timeout` well below it;
+//! - `connect_timeout` (at most the host's share) bounds the attempt at each
+//!   address, socket, TLS and startup included, as libpq does;
 //! - TCP sockets get no-delay, the `keepalives*` settings and, on Linux,
 //!   `tcp_user_timeout`;
 //! - TLS goes through [`MakeTls`], asked for a connector per host name; the
 //!   `rustls` feature adds a ready one, `rustls::MakeRustls` (no tokio
 //!   runtime);
-//! - `target_session_attrs` is **not** applied: connect to the primary. The
-//!   core checks every session at setup and closes a session on a hot
-//!   standby, logs it as an error and tries again after a backoff.
+//! - `target_session_attrs` is checked by the driver, as for every runtime.
 //!
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -48,12 +48,11 @@
 //! The cargo feature `metrics` (off by default) turns on lease-driver's
 //! metrics; its crate docs ("Metrics") list them.
 //!
-//! With several hosts in the configuration, tokio-postgres tries them in
-//! order, and its `connect_timeout` covers only the TCP connect: a first host
-//! that accepts connections but never answers holds every attempt until the
-//! query timeout, and the next attempt starts from it again. A standby listed
-//! first is refused for good (the refusal is final for the locker): set
-//! `target_session_attrs=read-write` so tokio-postgres skips standbys.
+//! With several hosts in the configuration, each host gets its own share of
+//! the attempt, from the socket to the read-write check, and a host that
+//! never answers costs only its share: see lease-driver's crate docs,
+//! "Several hosts". Set `target_session_attrs=read-write` so that a standby
+//! in the list is skipped.
 
 //! ## TLS
 //!

@@ -41,6 +41,9 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct Cluster {
     dir: TempDir,
     bindir: PathBuf,
+    /// Where `psql` (and `pg_basebackup`, if any) are: `bindir` when it has them, else the
+    /// system's client programs (the npm server builds of `LEASE_PG_BINDIR` have none).
+    clients: PathBuf,
     user: Option<RunAs>,
     port: u16,
     postmaster: Option<Child>,
@@ -109,14 +112,23 @@ impl Cluster {
         hba: &str,
         certs: Option<&crate::Certs>,
     ) -> Result<Cluster, KitError> {
-        let bindir = find_bindir()?;
-        if !bindir.join("psql").is_file() {
-            return Err(KitError::Missing(format!(
-                "psql not found in {}: install the PostgreSQL client: \
-                 apt-get install postgresql-client (or run .ci/install-deps)",
-                bindir.display()
-            )));
-        }
+        Cluster::start_in(find_bindir()?, conf, hba, certs)
+    }
+
+    /// Like [`Cluster::start`], with the server of PostgreSQL major version `major` as
+    /// `.ci/install-deps` fetches it ([`fetched_bindir`]), whatever [`BINDIR_VAR`] says: for
+    /// tests of one version (e.g. that PostgreSQL 13 is refused).
+    pub fn start_version(major: u32) -> Result<Cluster, KitError> {
+        Cluster::start_in(fetched_bindir(major)?, "", "", None)
+    }
+
+    fn start_in(
+        bindir: PathBuf,
+        conf: &str,
+        hba: &str,
+        certs: Option<&crate::Certs>,
+    ) -> Result<Cluster, KitError> {
+        let clients = find_clients(&bindir)?;
         let user = run_as()?;
         let dir = TempDir::new("lease-pg", user)?;
         dir.subdir("sock", user)?;
@@ -126,7 +138,7 @@ impl Cluster {
                 .arg("-D")
                 .arg(&data)
                 .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-                .args(["--no-locale", "--no-instructions"]),
+                .arg("--no-locale"),
             "initdb",
             COMMAND_TIMEOUT,
         )?;
@@ -162,6 +174,7 @@ impl Cluster {
         let mut cluster = Cluster {
             dir,
             bindir,
+            clients,
             user,
             port: free_port()?,
             postmaster: None,
@@ -171,35 +184,140 @@ impl Cluster {
     }
 
     /// Starts a hot standby of this cluster (`pg_basebackup -R` into a new temporary
-    /// directory, own port), waiting until it accepts read-only connections.
+    /// directory, own port), waiting until it accepts read-only connections. Without a
+    /// `pg_basebackup` of the server's own version (the npm server builds have none, and an
+    /// older one refuses a newer server), the kit copies the data directory itself between
+    /// `pg_backup_start` and `pg_backup_stop`, as PostgreSQL's low-level backup API allows.
     pub fn start_standby(&self) -> Result<Cluster, KitError> {
         let dir = TempDir::new("lease-pg-standby", self.user)?;
         dir.subdir("sock", self.user)?;
-        run(
-            command_as(&self.bindir.join("pg_basebackup"), self.user, dir.path())
-                .args([
-                    "-h",
-                    self.host(),
-                    "-p",
-                    &self.port.to_string(),
-                    "-U",
-                    "postgres",
-                ])
-                .arg("-D")
-                .arg(dir.path().join("data"))
-                .args(["-R", "-X", "stream", "-c", "fast", "--no-sync"]),
-            "pg_basebackup",
-            COMMAND_TIMEOUT,
-        )?;
+        let data = dir.path().join("data");
+        if self.bindir.join("pg_basebackup").is_file() {
+            run(
+                command_as(&self.bindir.join("pg_basebackup"), self.user, dir.path())
+                    .args([
+                        "-h",
+                        self.host(),
+                        "-p",
+                        &self.port.to_string(),
+                        "-U",
+                        "postgres",
+                    ])
+                    .arg("-D")
+                    .arg(&data)
+                    .args(["-R", "-X", "stream", "-c", "fast", "--no-sync"]),
+                "pg_basebackup",
+                COMMAND_TIMEOUT,
+            )?;
+        } else {
+            self.copy_for_standby(dir.path(), &data)?;
+        }
         let mut standby = Cluster {
             dir,
             bindir: self.bindir.clone(),
+            clients: self.clients.clone(),
             user: self.user,
             port: free_port()?,
             postmaster: None,
         };
         standby.launch()?;
         Ok(standby)
+    }
+
+    /// A base backup of this running cluster into `data`, set up as a streaming standby of
+    /// it, without `pg_basebackup`: a non-exclusive low-level backup on one admin session
+    /// (`pg_start_backup`/`pg_stop_backup` before PostgreSQL 15), the files copied with
+    /// `cp -a` as the server's user, then the WAL written meanwhile, the backup label, and
+    /// what `pg_basebackup -R` writes (`standby.signal`, `primary_conninfo`).
+    fn copy_for_standby(&self, home: &Path, data: &Path) -> Result<(), KitError> {
+        // On a thread of its own: the admin connection blocks on a runtime of its own,
+        // which must not be entered from an async test's runtime thread.
+        std::thread::scope(|s| {
+            s.spawn(|| self.copy_for_standby_blocking(home, data))
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    fn copy_for_standby_blocking(&self, home: &Path, data: &Path) -> Result<(), KitError> {
+        let admin = crate::scenario::Admin::connect(&self.conn_string())?;
+        let value = |sql: &str| -> Result<Option<String>, KitError> {
+            Ok(admin
+                .rows(sql)?
+                .into_iter()
+                .next()
+                .and_then(|r| r.into_iter().next().flatten()))
+        };
+        let version: i64 = value("SHOW server_version_num")?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let (start, stop) = if version >= 150_000 {
+            (
+                "SELECT pg_backup_start('lease-tests standby', true)",
+                "SELECT labelfile FROM pg_backup_stop(false)",
+            )
+        } else {
+            (
+                "SELECT pg_start_backup('lease-tests standby', true, false)",
+                "SELECT labelfile FROM pg_stop_backup(false, false)",
+            )
+        };
+        admin.rows(start)?;
+        let copy = |from: PathBuf, to: &Path| {
+            run(
+                command_as(Path::new("cp"), self.user, home)
+                    .arg("-a")
+                    .arg(from)
+                    .arg(to),
+                "cp -a (standby base backup)",
+                COMMAND_TIMEOUT,
+            )
+            .map(drop)
+            .or_else(|e| match e {
+                // A file the server removed during the copy (a temporary file, a
+                // recycled WAL segment): the backup does not need it, as with
+                // pg_basebackup.
+                KitError::Failed { ref detail, .. }
+                    if detail.contains("No such file or directory")
+                        && detail.lines().all(|l| {
+                            l.trim().is_empty() || l.contains("No such file or directory")
+                        }) =>
+                {
+                    Ok(())
+                }
+                e => Err(e),
+            })
+        };
+        let copied = copy(self.data_dir(), data);
+        let label = value(stop)?;
+        copied?;
+        copy(self.data_dir().join("pg_wal/."), &data.join("pg_wal"))?;
+        let label = label.ok_or_else(|| KitError::Failed {
+            context: "pg_backup_stop returned no backup label".into(),
+            detail: String::new(),
+        })?;
+        for gone in ["postmaster.pid", "postmaster.opts"] {
+            let _ = fs::remove_file(data.join(gone));
+        }
+        let conninfo = format!(
+            "\nprimary_conninfo = 'host={} port={} user=postgres'\n",
+            self.host(),
+            self.port
+        );
+        let auto_conf = fs::read_to_string(data.join("postgresql.auto.conf")).unwrap_or_default();
+        for (file, text) in [
+            ("backup_label", label),
+            ("standby.signal", String::new()),
+            ("postgresql.auto.conf", format!("{auto_conf}{conninfo}")),
+        ] {
+            let path = data.join(file);
+            crate::tls::write(&path, &text, 0o600)?;
+            if let Some(o) = self.user {
+                std::os::unix::fs::chown(&path, Some(o.uid), Some(o.gid))
+                    .map_err(io_err(format!("chown {}", path.display())))?;
+            }
+        }
+        Ok(())
     }
 
     /// The TCP port, on [`Cluster::host`].
@@ -231,9 +349,15 @@ impl Cluster {
         )
     }
 
-    /// The directory of the PostgreSQL binaries in use.
+    /// The directory of the PostgreSQL server binaries in use (`LEASE_PG_BINDIR` if set).
     pub fn bindir(&self) -> &Path {
         &self.bindir
+    }
+
+    /// The `psql` the kit uses: the server's own, else the system's (any `psql` from 14 on
+    /// talks to servers 13 to 18).
+    pub fn psql(&self) -> PathBuf {
+        self.clients.join("psql")
     }
 
     /// The data directory.
@@ -333,6 +457,13 @@ impl Cluster {
     /// cluster on timeline 1, transaction ids carried over), started on a new port. This
     /// cluster stays stopped.
     pub fn pg_upgrade(&mut self) -> Result<Cluster, KitError> {
+        if !self.bindir.join("pg_upgrade").is_file() {
+            return Err(KitError::Missing(format!(
+                "pg_upgrade not found in {}: the npm server builds of {BINDIR_VAR} have \
+                 none; run this test on the system's PostgreSQL (unset {BINDIR_VAR})",
+                self.bindir.display()
+            )));
+        }
         self.shutdown(libc::SIGINT)?;
         let dir = TempDir::new("lease-pg-upgraded", self.user)?;
         dir.subdir("sock", self.user)?;
@@ -342,7 +473,7 @@ impl Cluster {
                 .arg("-D")
                 .arg(&data)
                 .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-                .args(["--no-locale", "--no-instructions"]),
+                .arg("--no-locale"),
             "initdb",
             COMMAND_TIMEOUT,
         )?;
@@ -373,6 +504,7 @@ impl Cluster {
         let mut upgraded = Cluster {
             dir,
             bindir: self.bindir.clone(),
+            clients: self.clients.clone(),
             user: self.user,
             port: free_port()?,
             postmaster: None,
@@ -416,7 +548,7 @@ impl Cluster {
     /// its trimmed unaligned, tuples-only output (`|` between columns, one row a line).
     pub fn sql(&self, query: &str) -> Result<String, KitError> {
         run(
-            Command::new(self.bindir.join("psql"))
+            Command::new(self.psql())
                 .args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1"])
                 .args(["-h", self.host(), "-p", &self.port.to_string()])
                 .args(["-U", "postgres", "-d", "postgres", "-c", query])
@@ -636,9 +768,96 @@ fn backends_query(name: &str) -> String {
     )
 }
 
-/// Finds the directory holding `initdb` and `postgres`: `pg_config --bindir`, then `PATH`,
-/// then the newest `/usr/lib/postgresql/*/bin`.
+/// The environment variable naming the directory of the PostgreSQL server binaries to test
+/// against (`initdb`, `postgres`), e.g. `/opt/lease-pg/17/bin` as `.ci/install-deps`
+/// fetches it. Unset: the system's server (`pg_config --bindir`, `PATH`, the newest
+/// `/usr/lib/postgresql/*/bin`).
+pub const BINDIR_VAR: &str = "LEASE_PG_BINDIR";
+
+/// Where `.ci/install-deps` puts the server of PostgreSQL major version `major`:
+/// `$LEASE_PG_CACHE/<major>/bin`, by default `/opt/lease-pg/<major>/bin`; an error naming
+/// the script if it is not there.
+pub fn fetched_bindir(major: u32) -> Result<PathBuf, KitError> {
+    let cache = env::var_os("LEASE_PG_CACHE")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from("/opt/lease-pg"), PathBuf::from);
+    let dir = cache.join(major.to_string()).join("bin");
+    if dir.join("initdb").is_file() && dir.join("postgres").is_file() {
+        Ok(dir)
+    } else {
+        Err(KitError::Missing(format!(
+            "PostgreSQL {major} not found in {}: run .ci/install-deps (it fetches every \
+             version the tests use)",
+            dir.display()
+        )))
+    }
+}
+
+/// Finds the directory holding `initdb` and `postgres`: [`BINDIR_VAR`] if set (an error if it
+/// names no directory whose `postgres` runs), else `pg_config --bindir`, then `PATH`, then
+/// the newest `/usr/lib/postgresql/*/bin`.
 fn find_bindir() -> Result<PathBuf, KitError> {
+    if let Some(dir) = env::var_os(BINDIR_VAR).filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        let missing: Vec<&str> = ["initdb", "postgres"]
+            .into_iter()
+            .filter(|p| !dir.join(p).is_file())
+            .collect();
+        if !missing.is_empty() {
+            return Err(KitError::Missing(format!(
+                "{BINDIR_VAR}={} has no {}: point it at the bin directory of a PostgreSQL \
+                 server build (.ci/install-deps fetches them into /opt/lease-pg/<major>/bin), \
+                 or unset it to use the system's server",
+                dir.display(),
+                missing.join(" and ")
+            )));
+        }
+        let postgres = dir.join("postgres");
+        run(
+            Command::new(&postgres).arg("--version"),
+            &format!("{} --version ({BINDIR_VAR})", postgres.display()),
+            COMMAND_TIMEOUT,
+        )
+        .map_err(|e| {
+            KitError::Missing(format!(
+                "{BINDIR_VAR}={}: its postgres does not run ({e}): a build for another \
+                 platform, or its libraries (../lib) are missing",
+                dir.display()
+            ))
+        })?;
+        return Ok(dir);
+    }
+    system_dirs()
+        .find(|dir| dir.join("initdb").is_file() && dir.join("postgres").is_file())
+        .ok_or_else(|| {
+            KitError::Missing(
+                "PostgreSQL server binaries (initdb, postgres) not found via `pg_config --bindir`, \
+                 PATH or /usr/lib/postgresql/*/bin: install the PostgreSQL server binaries: \
+                 apt-get install postgresql (or run .ci/install-deps)"
+                    .into(),
+            )
+        })
+}
+
+/// The directory of the client programs for a server in `bindir`: `bindir` itself if it has
+/// `psql`, else the first system directory that has one.
+fn find_clients(bindir: &Path) -> Result<PathBuf, KitError> {
+    std::iter::once(bindir.to_owned())
+        .chain(system_dirs())
+        .find(|dir| dir.join("psql").is_file())
+        .ok_or_else(|| {
+            KitError::Missing(format!(
+                "psql not found in {} nor via `pg_config --bindir`, PATH or \
+                 /usr/lib/postgresql/*/bin: install the PostgreSQL client: \
+                 apt-get install postgresql-client (or run .ci/install-deps)",
+                bindir.display()
+            ))
+        })
+}
+
+/// Where the system's PostgreSQL programs may be, in order: `pg_config --bindir`, `PATH`,
+/// `/usr/lib/postgresql/*/bin` newest first.
+fn system_dirs() -> impl Iterator<Item = PathBuf> {
     let pg_config = Command::new("pg_config")
         .arg("--bindir")
         .output()
@@ -667,13 +886,4 @@ fn find_bindir() -> Result<PathBuf, KitError> {
         .into_iter()
         .chain(path)
         .chain(debian.into_iter().rev().map(|(_, dir)| dir))
-        .find(|dir| dir.join("initdb").is_file() && dir.join("postgres").is_file())
-        .ok_or_else(|| {
-            KitError::Missing(
-                "PostgreSQL server binaries (initdb, postgres) not found via `pg_config --bindir`, \
-                 PATH or /usr/lib/postgresql/*/bin: install the PostgreSQL server binaries: \
-                 apt-get install postgresql (or run .ci/install-deps)"
-                    .into(),
-            )
-        })
 }

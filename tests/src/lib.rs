@@ -5,7 +5,9 @@
 //! It hands out connection parameters, never clients.
 //!
 //! - [`Cluster`]: an ephemeral PostgreSQL server (plus hot standbys of it) with blocking
-//!   admin helpers that run `psql`.
+//!   admin helpers that run `psql`. The server is the system's, or the one in the directory
+//!   that `LEASE_PG_BINDIR` names ([`cluster::BINDIR_VAR`]: how `.ci/run` tests every
+//!   PostgreSQL version); a directory without client programs borrows the system's `psql`.
 //! - [`FaultProxy`]: a loopback TCP proxy that can pass, black-hole, reset or delay traffic.
 //! - [`Replica`]: a child process whose output lines are timestamped on arrival.
 //! - [`PgBouncer`]: a pgbouncer in front of a [`Cluster`].

@@ -27,16 +27,29 @@ fn opts() -> lease_proto::Options {
 /// What one run against `conn` came to within `wait`.
 #[derive(Debug)]
 enum Ran {
-    /// The run returned this error after this long.
-    Failed(String, Duration, bool),
+    /// The run returned this error after this long, of this kind.
+    Failed(String, Duration, Kind),
     /// Still running at `wait`; the status's last error then.
     Running(Option<String>),
+}
+
+/// The kind of a run's error.
+#[derive(Debug, PartialEq)]
+enum Kind {
+    /// `RunError::Config`.
+    Config,
+    /// `RunError::Refused`.
+    Refused,
+    Other,
 }
 
 /// One driver's way to run a lease whose job never returns.
 trait Driver {
     const NAME: &'static str;
-    fn run(conn: &str, wait: Duration) -> Ran;
+    fn run(conn: &str, wait: Duration) -> Ran {
+        Self::run_with(conn, wait, opts())
+    }
+    fn run_with(conn: &str, wait: Duration, opts: lease_proto::Options) -> Ran;
 }
 
 struct Tokio;
@@ -44,14 +57,14 @@ struct Smol;
 
 impl Driver for Tokio {
     const NAME: &'static str = "tokio";
-    fn run(conn: &str, wait: Duration) -> Ran {
+    fn run_with(conn: &str, wait: Duration, opts: lease_proto::Options) -> Ran {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("a tokio runtime");
         rt.block_on(async {
-            let (locker, driver) = lease_tokio::Locker::connect(conn, opts()).expect("connect");
+            let (locker, driver) = lease_tokio::Locker::connect(conn, opts).expect("connect");
             tokio::spawn(driver);
             let run = locker.run("errors", |lease| async move {
                 lease.cancelled().await;
@@ -64,9 +77,9 @@ impl Driver for Tokio {
 
 impl Driver for Smol {
     const NAME: &'static str = "smol";
-    fn run(conn: &str, wait: Duration) -> Ran {
+    fn run_with(conn: &str, wait: Duration, opts: lease_proto::Options) -> Ran {
         smol::block_on(async {
-            let (locker, driver) = lease_smol::Locker::connect(conn, opts()).expect("connect");
+            let (locker, driver) = lease_smol::Locker::connect(conn, opts).expect("connect");
             smol::spawn(driver).detach();
             let run = locker.run("errors", |lease| async move {
                 lease.cancelled().await;
@@ -93,19 +106,29 @@ async fn ran<E: std::fmt::Display>(
     };
     match futures_lite::future::or(run, timer).await {
         Some(Err(e)) => {
-            let config = matches!(e, lease_tokio::RunError::Config(_));
-            Ran::Failed(e.to_string(), start.elapsed(), config)
+            let kind = match e {
+                lease_tokio::RunError::Config(_) => Kind::Config,
+                lease_tokio::RunError::Refused(_) => Kind::Refused,
+                _ => Kind::Other,
+            };
+            Ran::Failed(e.to_string(), start.elapsed(), kind)
         }
         Some(Ok(())) => panic!("the run returned Ok"),
+        // Still running: the last error, or (none) whether the lease is held.
         None => Ran::Running(status().last_error.map(|l| l.error.to_string())),
     }
 }
 
 fn fails_at_once<D: Driver>(conn: &str, words: &str) {
     match D::run(conn, Duration::from_secs(5)) {
-        Ran::Failed(message, took, config) => {
+        Ran::Failed(message, took, kind) => {
             eprintln!("{}: {message} after {took:?}", D::NAME);
-            assert!(config, "{}: a configuration error: {message}", D::NAME);
+            assert_eq!(
+                kind,
+                Kind::Config,
+                "{}: a configuration error: {message}",
+                D::NAME
+            );
             assert!(took < BOUND, "{}: took {took:?}", D::NAME);
             assert!(message.starts_with("cannot connect: "), "{message}");
             assert!(message.contains(words), "{}: {message}", D::NAME);
@@ -221,4 +244,85 @@ fn tokio_tls_required_without_a_connector() {
 #[test]
 fn smol_tls_required_without_a_connector() {
     tls_required::<Smol>();
+}
+
+/// PostgreSQL 13 (fetched by .ci/install-deps) rejects the server guard's
+/// `idle_session_timeout` in the startup packet (SQLSTATE 42704): the run
+/// returns the refusal naming the version lease needs, at once, instead of a
+/// "cannot connect" that reads like a wrong setting. With the guard off, 13
+/// is supported and the lease is held.
+fn postgres_13<D: Driver>() {
+    let cluster = Cluster::start_version(13).expect("start PostgreSQL 13");
+    let conn = format!("{DB} port={}", cluster.port());
+    match D::run(&conn, Duration::from_secs(5)) {
+        Ran::Failed(message, took, kind) => {
+            eprintln!("{}: {message} after {took:?}", D::NAME);
+            assert_eq!(kind, Kind::Refused, "{}: a refusal: {message}", D::NAME);
+            assert!(took < BOUND, "{}: took {took:?}", D::NAME);
+            assert!(
+                message.contains("lease needs PostgreSQL 14 or newer"),
+                "{}: {message}",
+                D::NAME
+            );
+        }
+        Ran::Running(last) => panic!("{}: still retrying; last error {last:?}", D::NAME),
+    }
+    assert!(cluster.held_advisory_keys().expect("pg_locks").is_empty());
+    // Behind a session-mode pgbouncer, which rejects the startup options, the
+    // settings go into the setup statement: its set_config fails the same way.
+    let bouncer = lease_tests::PgBouncer::start(&cluster, lease_tests::PoolMode::Session)
+        .expect("start pgbouncer");
+    match D::run(&bouncer.conn_string(), Duration::from_secs(5)) {
+        Ran::Failed(message, took, kind) => {
+            eprintln!("{} via pgbouncer: {message} after {took:?}", D::NAME);
+            assert_eq!(kind, Kind::Refused, "{}: a refusal: {message}", D::NAME);
+            assert!(took < BOUND, "{}: took {took:?}", D::NAME);
+            assert!(message.contains("lease needs PostgreSQL 14 or newer"));
+        }
+        Ran::Running(last) => panic!(
+            "{} via pgbouncer: still retrying; last error {last:?}",
+            D::NAME
+        ),
+    }
+    let no_guard = lease_proto::Options {
+        server_guard: false,
+        ..opts()
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let watch = std::thread::spawn({
+        let cluster_port = cluster.port();
+        move || {
+            // The lease shows in pg_locks while the run below goes on.
+            let admin = lease_tests::scenario::Admin::connect(&format!("{DB} port={cluster_port}"))
+                .expect("admin connection");
+            let held = (0..40).any(|_| {
+                std::thread::sleep(Duration::from_millis(50));
+                let rows = admin
+                    .rows("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+                    .expect("pg_locks");
+                rows[0][0].as_deref() != Some("0")
+            });
+            tx.send(held).expect("send");
+        }
+    });
+    match D::run_with(&conn, Duration::from_millis(2500), no_guard) {
+        Ran::Running(None) => {}
+        other => panic!("{}: PostgreSQL 13 without the guard: {other:?}", D::NAME),
+    }
+    watch.join().expect("watcher");
+    assert!(
+        rx.recv().expect("watcher's answer"),
+        "{}: never held",
+        D::NAME
+    );
+}
+
+#[test]
+fn tokio_postgres_13_is_refused_with_the_version_needed() {
+    postgres_13::<Tokio>();
+}
+
+#[test]
+fn smol_postgres_13_is_refused_with_the_version_needed() {
+    postgres_13::<Smol>();
 }

@@ -175,3 +175,53 @@ async fn two_lockers_through_transaction_pgbouncer(tcp_by_role: bool) {
          connection: tokens {tokens:?}, results {results:?}"
     );
 }
+
+/// Issue 18 hole 7: a LONE locker through a transaction-mode PgBouncer with its default
+/// settings (it rejects the `options` startup parameter, so the settings go by
+/// statement and the setup passes; nobody else shares the backend, so no nonce is
+/// overwritten and the pid never changes). It must be refused as a transaction pooler
+/// before it leads, and no key of it may stay on the pooled backend. Before the fix it
+/// led (the job ran) and its key stayed on the pooled server connection.
+#[tokio::test]
+async fn hole7_a_lone_locker_through_transaction_pgbouncer_is_refused() {
+    let c = Cluster::start().expect("start an ephemeral PostgreSQL");
+    let pgb = PgBouncer::start(&c, PoolMode::Transaction).expect("pgbouncer");
+    let (locker, driver) = Locker::connect(&pgb.conn_string(), fast()).expect("locker");
+    let driver = tokio::spawn(driver);
+    let name = unique("hole7-lone");
+    let key = lease_proto::key_for_name(&name);
+    let led = Arc::new(AtomicUsize::new(0));
+    let job = {
+        let led = led.clone();
+        move |_lease: lease_tokio::Lease| {
+            led.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<(), Infallible>(()) }
+        }
+    };
+    let result = tokio::time::timeout(MS(10_000), locker.run(&name, job)).await;
+    let led = led.load(Ordering::SeqCst);
+    drop(locker);
+    let _ = tokio::time::timeout(MS(5_000), driver).await;
+    let holders: Vec<i32> = c
+        .held_advisory_keys()
+        .expect("pg_locks")
+        .into_iter()
+        .filter(|&(k, _)| k == key)
+        .map(|(_, pid)| pid)
+        .collect();
+    eprintln!(
+        "a lone locker through a transaction-mode PgBouncer: {result:?}, the job ran {led} \
+         times, backends holding the key afterwards: {holders:?}"
+    );
+    assert!(
+        matches!(
+            result,
+            Ok(Err(RunError::Refused(
+                lease_tokio::Refusal::TransactionPooler { .. }
+            )))
+        ) && led == 0,
+        "a lone locker through a transaction-mode PgBouncer was not refused as a \
+         transaction pooler: {result:?}, the job ran {led} times"
+    );
+    assert!(holders.is_empty(), "the key stayed on backends {holders:?}");
+}

@@ -336,7 +336,7 @@ fn pgbouncer_transaction_and_session_mode() -> Result<(), KitError> {
             format!("postgres://postgres@127.0.0.1:{}/postgres", bouncer.port())
         );
         let psql = |db: &str, query: &str| {
-            let out = Command::new(cluster.bindir().join("psql"))
+            let out = Command::new(cluster.psql())
                 .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
                 .args([
                     "-p",
@@ -357,6 +357,32 @@ fn pgbouncer_transaction_and_session_mode() -> Result<(), KitError> {
         let wanted = format!("pool_mode|{name}|");
         assert!(config.lines().any(|l| l.starts_with(&wanted)), "{config}");
     }
+    Ok(())
+}
+
+/// With `LEASE_PG_BINDIR` set (as `.ci/run` does for every version but the default), the
+/// cluster and its standby are that directory's server, whatever `psql` the kit uses.
+#[test]
+fn cluster_runs_the_server_of_its_bindir() -> Result<(), KitError> {
+    let primary = Cluster::start()?;
+    if let Some(dir) = std::env::var_os(lease_tests::cluster::BINDIR_VAR) {
+        assert_eq!(primary.bindir(), std::path::Path::new(&dir));
+    }
+    let out = Command::new(primary.bindir().join("postgres"))
+        .arg("--version")
+        .output()
+        .expect("postgres --version");
+    // "postgres (PostgreSQL) 17.10", "postgres (PostgreSQL) 15.20 (Debian 15.20-0+deb12u1)"
+    let binary = String::from_utf8_lossy(&out.stdout);
+    let binary = binary.split_whitespace().nth(2).unwrap_or_default();
+    let standby = primary.start_standby()?;
+    for cluster in [&primary, &standby] {
+        assert_eq!(
+            cluster.sql("SHOW server_version")?.split(' ').next(),
+            Some(binary)
+        );
+    }
+    eprintln!("server {binary}, psql {}", primary.psql().display());
     Ok(())
 }
 
@@ -404,7 +430,7 @@ fn stopped_standby_lags_and_is_promoted() -> Result<(), KitError> {
 /// `SELECT 1` by `psql` run inside `ns` against `cluster` on the veth address, with a
 /// 2 s connect timeout: whether it worked.
 fn psql_from_netns(ns: &lease_tests::NetNs, cluster: &Cluster) -> bool {
-    ns.command(cluster.bindir().join("psql"))
+    ns.command(cluster.psql())
         .args(["-X", "-A", "-t", "-c", "SELECT 1"])
         .args([
             "-h",

@@ -50,6 +50,10 @@ impl Machine {
         if self.session_id() != Some(session) {
             return;
         }
+        // PostgreSQL 13 and older do not know the server guard's setting.
+        if let Some(refusal) = error.as_ref().and_then(guard_unsupported) {
+            return self.refuse(now, refusal);
+        }
         match error.as_ref().and_then(startup_refusal) {
             // A session-mode pooler: the settings go into the setup statement
             // (verified there like startup options); try again at once.
@@ -112,6 +116,15 @@ impl Machine {
                 Ok(setup) => self.setup_done(now, setup),
                 Err(e) => self.lose_session(now, malformed(e), true),
             },
+            (What::Probe, Ok(rows)) => match HeartbeatReply::parse(&rows) {
+                Ok(probe) => self.probe_done(now, probe),
+                Err(e) => self.lose_session(now, malformed(e), true),
+            },
+            // The settings by statement (behind a pooler): the same as at startup.
+            (What::Setup, Err(error)) if guard_unsupported(&error).is_some() => {
+                let refusal = guard_unsupported(&error).expect("just matched");
+                self.refuse(now, refusal)
+            }
             (What::Listen, Ok(_)) => {
                 if let Session::Up(up) = &mut self.session {
                     if let Stage::Listening { backend_pid } = up.stage {
@@ -157,8 +170,15 @@ impl Machine {
                     }
                 }
             }
+            // A probe that failed proves nothing: the session is not used;
+            // the next one probes again after a backoff.
             (
-                What::Setup | What::Listen | What::Heartbeat | What::Verify | What::Release(_),
+                What::Setup
+                | What::Probe
+                | What::Listen
+                | What::Heartbeat
+                | What::Verify
+                | What::Release(_),
                 Err(error),
             ) => {
                 // State on the server unknown: drop the session, which releases everything.
@@ -174,7 +194,7 @@ impl Machine {
             MIN_SERVER_VERSION
         };
         if setup.server_version < needed {
-            let found = setup.server_version;
+            let found = Some(setup.server_version);
             return self.refuse(now, Refusal::ServerTooOld { found, needed });
         }
         if setup.in_recovery {
@@ -245,10 +265,73 @@ impl Machine {
                 self.event(Event::PromotionHold { session, hold });
             }
         }
+        let (backend_pid, server_version) = (setup.backend_pid, setup.server_version);
+        let probe = self.settings_by_statement && self.probes_for_pooler();
         let Session::Up(up) = &mut self.session else {
             return;
         };
-        let (session, backend_pid) = (up.id, setup.backend_pid);
+        if probe {
+            // Behind a pooler: is it a transaction pooler? See `probe_done`.
+            up.stage = Stage::Probing {
+                backend_pid,
+                server_version,
+            };
+            return self.send(now, What::Probe);
+        }
+        self.session_ready(now, backend_pid, server_version);
+    }
+
+    /// Whether a setup whose settings went by statement is followed by the
+    /// pooler probe (always, but under the test-only mutation).
+    fn probes_for_pooler(&self) -> bool {
+        #[cfg(feature = "sim")]
+        if self.opts.mutation == Some(crate::sim::Mutation::NoPoolerProbe) {
+            return false;
+        }
+        true
+    }
+
+    /// The pooler probe's answer: the backend pid and the nonce a second
+    /// connection through the same pooler read while this session was idle.
+    /// A session-mode pooler gives it a server connection of its own (nonce
+    /// unset); a transaction-mode pooler hands it the server connection this
+    /// session's setup just returned to the pool, where this session's nonce
+    /// is set (its locks would be there too, for every client to take or
+    /// free). The nonce is random per session: reading it back is decisive.
+    /// Another backend (a busy pool) proves nothing either way; the pid and
+    /// nonce checks of every later statement refuse a pooler that moves
+    /// this session's statements between backends.
+    fn probe_done(&mut self, now: Instant, reply: HeartbeatReply) {
+        let Session::Up(up) = &self.session else {
+            return;
+        };
+        let Stage::Probing {
+            backend_pid,
+            server_version,
+        } = up.stage
+        else {
+            return;
+        };
+        if reply.nonce == Some(up.nonce) {
+            let pid = reply
+                .backend_pid
+                .map_or("unknown".into(), |p| p.to_string());
+            let detail = format!(
+                "it read {} {} on backend pid {pid}; this session's pid is {backend_pid}",
+                crate::sql::NONCE_SETTING,
+                up.nonce
+            );
+            return self.refuse(now, Refusal::TransactionPooler { detail });
+        }
+        self.session_ready(now, backend_pid, server_version);
+    }
+
+    /// Every check of the setup passed: the session is in use.
+    fn session_ready(&mut self, now: Instant, backend_pid: i64, server_version: i64) {
+        let Session::Up(up) = &mut self.session else {
+            return;
+        };
+        let session = up.id;
         let listen = self.opts.notify_handover;
         up.stage = if listen {
             Stage::Listening { backend_pid }
@@ -260,7 +343,7 @@ impl Machine {
         self.event(Event::SessionReady {
             session,
             backend_pid,
-            server_version: setup.server_version,
+            server_version,
         });
         self.timers
             .set(Timer::Heartbeat, now + self.opts.heartbeat_interval);
@@ -430,7 +513,8 @@ impl Machine {
         }
         let connecting = matches!(self.session, Session::Connecting { .. });
         if let Some(error) = reason_error(&reason, connecting, self.opts.query_timeout) {
-            if connecting {
+            // A refusal is final and has its own event: not a failed attempt to retry.
+            if connecting && !matches!(reason, Reason::Refused(_)) {
                 self.event(Event::ConnectFailed {
                     session,
                     error: error.clone(),
@@ -547,6 +631,8 @@ impl Machine {
                 },
             },
             What::Listen => Statement::Listen,
+            // The backend pid and the nonce, read on the second connection.
+            What::Probe => Statement::Heartbeat,
             What::Try(keys) => Statement::TryLock {
                 keys: keys.clone(),
                 backend_pid: match &self.session {
@@ -575,6 +661,7 @@ impl Machine {
         let Session::Up(up) = &mut self.session else {
             return;
         };
+        let probe = matches!(what, What::Probe);
         up.inflight = Some(InFlight {
             id,
             sent: now,
@@ -582,9 +669,16 @@ impl Machine {
         });
         self.timers.set(Timer::Query, deadline);
         self.last_sent = Some(now);
-        self.session_command(SessionCommand::Query {
-            query: id,
-            statement,
+        self.session_command(if probe {
+            SessionCommand::Probe {
+                query: id,
+                statement,
+            }
+        } else {
+            SessionCommand::Query {
+                query: id,
+                statement,
+            }
         });
     }
 
@@ -658,6 +752,17 @@ fn shared(nonce: i64, found: Option<i64>) -> Refusal {
     Refusal::BackendShared {
         detail: format!("{} is {found}, {nonce} was set", crate::sql::NONCE_SETTING),
     }
+}
+
+/// The server rejected the server guard's `idle_session_timeout` as an unknown setting
+/// (SQLSTATE 42704, in the startup packet or in the setup's `set_config`): it is older than
+/// PostgreSQL 14, which brought the setting. Final, like the setup's version check.
+fn guard_unsupported(e: &DbError) -> Option<Refusal> {
+    (e.code.as_deref() == Some("42704") && e.message.contains("\"idle_session_timeout\""))
+        .then_some(Refusal::ServerTooOld {
+            found: None,
+            needed: super::MIN_SERVER_VERSION_GUARD,
+        })
 }
 
 /// Connection errors that mean "a pooler rejected our startup options".

@@ -171,6 +171,12 @@ pub(super) struct Up {
 pub(super) enum Stage {
     /// The setup statement runs.
     SettingUp,
+    /// Setup passed (its settings went by statement: a pooler rejected the
+    /// startup options); the pooler probe runs on a second connection.
+    Probing {
+        backend_pid: i64,
+        server_version: i64,
+    },
     /// Setup passed; `LISTEN` runs.
     Listening { backend_pid: i64 },
     /// In use: heartbeats, tries and releases.
@@ -181,7 +187,9 @@ impl Stage {
     pub(super) fn backend_pid(self) -> Option<i64> {
         match self {
             Stage::SettingUp => None,
-            Stage::Listening { backend_pid } | Stage::Ready { backend_pid } => Some(backend_pid),
+            Stage::Probing { backend_pid, .. }
+            | Stage::Listening { backend_pid }
+            | Stage::Ready { backend_pid } => Some(backend_pid),
         }
     }
 }
@@ -198,6 +206,8 @@ pub(super) struct InFlight {
 #[derive(Debug)]
 pub(super) enum What {
     Setup,
+    /// The pooler probe ([`SessionCommand::Probe`](crate::SessionCommand::Probe)).
+    Probe,
     Listen,
     Try(Vec<i64>),
     Heartbeat,

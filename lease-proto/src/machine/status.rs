@@ -133,7 +133,9 @@ impl Machine {
                 }),
             (_, Session::Up(up)) => match up.stage {
                 Stage::Ready { backend_pid } => SessionState::Ready { backend_pid },
-                Stage::SettingUp | Stage::Listening { .. } => SessionState::SettingUp,
+                Stage::SettingUp | Stage::Probing { .. } | Stage::Listening { .. } => {
+                    SessionState::SettingUp
+                }
             },
         };
         let leases = self

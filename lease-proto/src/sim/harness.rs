@@ -44,6 +44,8 @@ pub struct Harness {
     events: Vec<Event>,
     /// The nonce of the last setup answered by [`Harness::connect`].
     nonce: Option<i64>,
+    /// The query in flight is a [`Command::Probe`] (on a second connection).
+    probing: bool,
 }
 
 impl Harness {
@@ -57,6 +59,7 @@ impl Harness {
             machine: Machine::new(options, seed)?,
             observer: Observer::new(),
             nonce: None,
+            probing: false,
             now: Instant::now(),
             session: None,
             in_flight: None,
@@ -159,6 +162,12 @@ impl Harness {
                 Command::Query { query, statement } => {
                     self.in_flight = Some((*query, statement.clone()));
                     self.last_query = self.in_flight.clone();
+                    self.probing = false;
+                }
+                Command::Probe { query, statement } => {
+                    self.in_flight = Some((*query, statement.clone()));
+                    self.last_query = self.in_flight.clone();
+                    self.probing = true;
                 }
                 _ => {}
             }
@@ -209,6 +218,12 @@ impl Harness {
         self.input(Input::Tick)
     }
 
+    /// Whether the query in flight is a [`Command::Probe`] (a statement on a
+    /// second connection).
+    pub fn probing(&self) -> bool {
+        self.in_flight.is_some() && self.probing
+    }
+
     /// The statement in flight.
     ///
     /// # Panics
@@ -243,14 +258,15 @@ impl Harness {
         self.answer(Err(error))
     }
 
-    /// Opens the session asked for and answers setup (PostgreSQL 15, a
-    /// primary, backend `pid`, the guard the session asked for) and LISTEN.
-    /// Returns the commands after LISTEN's reply.
+    /// Opens the session asked for and answers its setup only (PostgreSQL 15,
+    /// a primary, backend `pid`, the guard the session asked for): next in
+    /// flight is the pooler probe ([`Harness::probing`]) or LISTEN. Returns
+    /// the nonce the setup set.
     ///
     /// # Panics
-    /// No session was asked for, the statements are not setup then LISTEN, or
-    /// the observer objects.
-    pub fn connect(&mut self, pid: i64) -> Vec<Command> {
+    /// No session was asked for, the statement is not the setup, or the
+    /// observer objects.
+    pub fn setup(&mut self, pid: i64) -> i64 {
         let Some(session) = self.session else {
             panic!("no session asked for")
         };
@@ -263,6 +279,24 @@ impl Harness {
         let ist = opts.guard_timeout().as_millis() as i64;
         let tcp = opts.tcp_settings().map(|(_, v)| Some(v));
         self.reply(reply::setup(150_000, false, pid, ist, tcp, Some(nonce)));
+        nonce
+    }
+
+    /// Opens the session asked for and answers setup (PostgreSQL 15, a
+    /// primary, backend `pid`, the guard the session asked for), the pooler
+    /// probe if one follows (a backend of its own: `pid + 1`, no nonce) and
+    /// LISTEN. Returns the commands after LISTEN's reply.
+    ///
+    /// # Panics
+    /// No session was asked for, the statements are not setup then LISTEN, or
+    /// the observer objects.
+    pub fn connect(&mut self, pid: i64) -> Vec<Command> {
+        self.setup(pid);
+        if self.probing {
+            // Behind a pooler that rejected the startup options: the second
+            // connection gets a backend of its own.
+            self.reply(reply::heartbeat(pid + 1, None));
+        }
         assert_eq!(self.statement(), Statement::Listen);
         self.reply(vec![])
     }

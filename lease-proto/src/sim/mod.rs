@@ -267,7 +267,12 @@ pub struct ServerConfig {
     /// A transaction pooler with ONE server connection that every client
     /// shares (same backend pid, same locks, same `lease.nonce`), with every
     /// setting the sessions ask for set by `ALTER ROLE`: setup passes, only
-    /// the session nonce and the try's own-backend check can find it.
+    /// the session nonce and the try's own-backend check can find it. With
+    /// [`ServerConfig::pooler`] and [`ServerConfig::pooler_rejects_options`]
+    /// too: a pooler that rejects the startup options (the settings go by
+    /// statement) and runs every statement on its one backend, where a
+    /// second connection of a lone client reads that client's nonce (the
+    /// pooler probe, [`SessionCommand::Probe`](crate::SessionCommand::Probe)).
     pub pooler_one_backend: bool,
     /// The server ends any session silent for this long, whatever the session
     /// asked for (a DBA's `idle_session_timeout`, or TCP keepalives).

@@ -25,6 +25,14 @@ pub(super) enum ToServer {
         query: QueryId,
         statement: Statement,
     },
+    /// A second connection of the client of `conn` ([`SessionCommand::Probe`]
+    /// (crate::SessionCommand::Probe)): connects, runs the statement, answers
+    /// on `conn`'s link with `conn`'s id (the process routes it), closes.
+    Probe {
+        conn: u64,
+        query: QueryId,
+        statement: Statement,
+    },
     Close {
         conn: u64,
     },

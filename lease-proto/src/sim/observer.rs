@@ -214,6 +214,18 @@ impl Observer {
                     self.inflight = None;
                 }
             }
+            SessionCommand::Probe { query, .. } => {
+                if self.session.is_none() {
+                    return Err(ObserverViolation::QueryWithoutSession { query: *query });
+                }
+                if let Some(q) = self.inflight {
+                    return Err(ObserverViolation::QueryInFlight {
+                        query: *query,
+                        in_flight: q,
+                    });
+                }
+                self.inflight = Some(*query);
+            }
             SessionCommand::Query { query, statement } => {
                 if self.session.is_none() {
                     return Err(ObserverViolation::QueryWithoutSession { query: *query });
@@ -316,6 +328,13 @@ pub enum Command {
         /// The statement.
         statement: Statement,
     },
+    /// [`SessionCommand::Probe`].
+    Probe {
+        /// The query.
+        query: QueryId,
+        /// The statement.
+        statement: Statement,
+    },
     /// [`SessionCommand::Close`].
     CloseSession {
         /// The session.
@@ -353,6 +372,7 @@ impl From<SessionCommand> for Command {
         match c {
             SessionCommand::Open { session, params } => Command::OpenSession { session, params },
             SessionCommand::Query { query, statement } => Command::Query { query, statement },
+            SessionCommand::Probe { query, statement } => Command::Probe { query, statement },
             SessionCommand::Close { session } => Command::CloseSession { session },
         }
     }

@@ -241,6 +241,17 @@ impl Sim {
                 };
                 self.send(p, Ev::AtServer(p, msg));
             }
+            SessionCommand::Probe { query, statement } => {
+                let Some((_, conn)) = self.procs[p].conn else {
+                    return;
+                };
+                let msg = ToServer::Probe {
+                    conn,
+                    query,
+                    statement,
+                };
+                self.send(p, Ev::AtServer(p, msg));
+            }
             SessionCommand::Close { .. } => {
                 if self.cfg.bug == Some(DriverBug::IgnoreCloseSession) {
                     return;

@@ -460,6 +460,13 @@ impl Server {
         if self.cfg.pooler && self.cfg.pooler_rejects_options && !settings.is_empty() {
             return Err(refuse("08P01", "unsupported startup parameter: options"));
         }
+        // PostgreSQL 13 and older reject the server guard's setting (new in 14) in the
+        // startup packet; a pooler drops startup options instead (below).
+        if !self.cfg.pooler {
+            if let Some(name) = unknown_setting(self.cfg.version, settings) {
+                return Err(unrecognized(name));
+            }
+        }
         // A pooler drops startup options.
         let settings: BTreeMap<&'static str, String> = if self.cfg.pooler {
             BTreeMap::new()
@@ -487,6 +494,39 @@ impl Server {
             },
         );
         Ok(())
+    }
+
+    /// A second, short connection that runs `statement` (a
+    /// [`Statement::Heartbeat`]: pid and nonce) and closes: on a fresh
+    /// backend, or behind [`ServerConfig::pooler_one_backend`] on the one
+    /// shared backend, whose nonce is whatever a setup set last.
+    fn probe(&mut self, statement: &Statement) -> Result<Vec<Row>, DbError> {
+        let refuse = |code: &str, m: &str| DbError {
+            code: Some(code.into()),
+            message: m.into(),
+            config: false,
+        };
+        if !self.up {
+            return Err(refuse("08006", "connection refused"));
+        }
+        if self.auth_failing > 0 {
+            return Err(refuse(
+                "28P01",
+                "password authentication failed for user \"sim\"",
+            ));
+        }
+        if !matches!(statement, Statement::Heartbeat) {
+            return Err(refuse(
+                "0A000",
+                "the simulator probes with a heartbeat only",
+            ));
+        }
+        self.next_pid += 1;
+        Ok(if self.cfg.pooler_one_backend {
+            reply::heartbeat(SHARED_BACKEND_PID, self.backend_nonce)
+        } else {
+            reply::heartbeat(self.next_pid, None)
+        })
     }
 
     /// When the session is ended as idle if nothing else happens: the
@@ -530,7 +570,8 @@ impl Server {
         let stmt_no = s.statements;
         let done = now.max(s.busy_until) + self.slow;
         s.busy_until = done;
-        let pid = if self.cfg.pooler {
+        // One server connection cannot move statements between backends.
+        let pid = if self.cfg.pooler && !shared {
             s.pid + (stmt_no % 2) as i64 * 7919
         } else {
             s.pid
@@ -539,6 +580,17 @@ impl Server {
         let mut granted = Vec::new();
         let rows = match statement {
             Statement::Setup { nonce, settings } => {
+                // Its first statement sets the settings: one the server does not know
+                // fails the whole setup, as `set_config` does.
+                if let Some(name) = unknown_setting(self.cfg.version, settings) {
+                    return Some(Executed {
+                        done,
+                        result: Err(unrecognized(name)),
+                        notify,
+                        blocks: None,
+                        granted,
+                    });
+                }
                 s.nonce = Some(*nonce);
                 if shared {
                     self.backend_nonce = s.nonce;
@@ -790,6 +842,16 @@ impl Sim {
                 }
             }
             ToServer::Close { conn } => self.end_session_quietly(conn),
+            ToServer::Probe {
+                conn,
+                query,
+                statement,
+            } => {
+                let result = self.server.probe(&statement);
+                let done = self.now + self.server.slow;
+                self.report.statements[p] += 1;
+                self.reply_at(p, conn, query, done, result);
+            }
             ToServer::Query {
                 conn,
                 query,
@@ -1058,5 +1120,23 @@ impl Sim {
                 "terminating connection due to administrator command",
             );
         }
+    }
+}
+
+/// The first of `settings` that a server of `version` (`server_version_num`) does not
+/// know: `idle_session_timeout` before PostgreSQL 14.
+fn unknown_setting(version: i64, settings: &[(&'static str, String)]) -> Option<&'static str> {
+    settings
+        .iter()
+        .map(|(name, _)| *name)
+        .find(|name| *name == "idle_session_timeout" && version < 140_000)
+}
+
+/// PostgreSQL's error for a setting it does not know, at startup or in `set_config`.
+fn unrecognized(name: &str) -> DbError {
+    DbError {
+        code: Some("42704".into()),
+        message: format!("unrecognized configuration parameter \"{name}\""),
+        config: false,
     }
 }

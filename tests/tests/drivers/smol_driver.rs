@@ -1,12 +1,7 @@
 //! The suite on lease-smol, each test on `smol::block_on` with smol's global executor,
 //! without tokio's runtime.
 
-use std::time::Instant;
-
 pub use lease_smol as lease;
-use lease_smol::Options;
-
-use crate::{init, opts, Res, MS};
 
 // Included by both drivers' files on purpose: the suite compiles once per driver.
 #[allow(clippy::duplicate_mod)]
@@ -123,38 +118,4 @@ pub mod rt {
         smol::spawn(connection).detach();
         client
     }
-}
-
-// lease-smol alone: it opens its sockets itself (`connect_raw`), while lease-tokio uses
-// tokio-postgres's `Config::connect`, which bounds only the TCP connect by
-// `connect_timeout`.
-
-/// `connect_timeout` bounds each host's whole attempt (as in libpq): a first host
-/// that accepts connections but never answers does not stall failover.
-#[test]
-fn connect_timeout_moves_on_from_a_host_that_never_answers() {
-    rt::block_on(async {
-        init();
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = silent.local_addr().unwrap().port();
-        let config = format!(
-            "host=127.0.0.1,127.0.0.1 port={port},5432 connect_timeout=1 \
-             user=postgres dbname=postgres"
-        );
-        let options = Options {
-            query_timeout: MS(3000),
-            ..opts()
-        };
-        let locker = rt::connect(&config, options).unwrap();
-        let t0 = Instant::now();
-        let run = locker.run(&crate::unique(rt::NAME, "silent"), |_| async {
-            Res::Ok(())
-        });
-        assert_eq!(rt::timeout(MS(2500), run).await, Ok(Ok(())));
-        println!(
-            "silent first host -> led on the second: {:.0} ms",
-            t0.elapsed().as_secs_f64() * 1e3
-        );
-        assert!(t0.elapsed() >= MS(1000), "the silent host answered?");
-    })
 }

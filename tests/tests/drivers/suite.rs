@@ -729,3 +729,105 @@ fn sessions_are_named_lease_unless_configured() {
         }
     })
 }
+
+/// Issue 18 hole 11: a frozen first host in a multi-host configuration must not block
+/// failover. Primary A, hot standby B; B is promoted, then A's server is frozen (SIGSTOP
+/// of its postmaster and every child: the kernel still accepts TCP connections on A's
+/// port, nothing answers the startup). A locker on `host=A,B target_session_attrs=
+/// read-write` with no `connect_timeout` must give A only its share of the attempt and
+/// lead on B. Before the fix every attempt spent the whole query timeout on A (tokio:
+/// `connect_timeout` bounds only the TCP connect; smol: no bound without it) and B was
+/// never tried.
+#[test]
+fn a_frozen_first_host_does_not_block_failover_to_the_next() {
+    rt::block_on(async {
+        init();
+        let a = lease_tests::Cluster::start().expect("primary A");
+        let b = a.start_standby().expect("hot standby B");
+        b.promote().expect("promote B");
+        let frozen = a.freeze().expect("freeze A");
+        let config = format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
+             target_session_attrs=read-write",
+            a.port(),
+            b.port()
+        );
+        let options = Options {
+            query_timeout: MS(2_000),
+            ..opts()
+        };
+        let locker = rt::connect(&config, options).expect("a locker");
+        let t0 = Instant::now();
+        let run = locker.run(&unique("frozen-first-host"), |_| async { Res::Ok(()) });
+        let result = timeout(MS(15_000), run).await;
+        let took = t0.elapsed();
+        let last_error = locker.status().last_error.map(|e| e.error.to_string());
+        println!(
+            "frozen first host, promoted second: {result:?} after {:.0} ms (last error: \
+             {last_error:?})",
+            took.as_secs_f64() * 1e3
+        );
+        assert_eq!(
+            result,
+            Ok(Ok(())),
+            "no lead on the promoted second host while the first is frozen; last error: \
+             {last_error:?}"
+        );
+        drop(frozen);
+    })
+}
+
+/// `target_session_attrs=read-write` skips a hot standby listed first, on every runtime
+/// (the driver runs the check itself; lease-smol's `connect_raw` never did, so a standby
+/// first in the list was connected to, found in recovery and retried forever).
+#[test]
+fn read_write_skips_a_standby_listed_first() {
+    rt::block_on(async {
+        init();
+        let primary = lease_tests::Cluster::start().expect("a primary");
+        let standby = primary.start_standby().expect("a hot standby");
+        let config = format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
+             target_session_attrs=read-write",
+            standby.port(),
+            primary.port()
+        );
+        let locker = rt::connect(&config, opts()).expect("a locker");
+        let run = locker.run(&unique("standby-first"), |_| async { Res::Ok(()) });
+        let result = timeout(MS(10_000), run).await;
+        let last_error = locker.status().last_error.map(|e| e.error.to_string());
+        assert_eq!(
+            result,
+            Ok(Ok(())),
+            "no lead on the primary listed after a standby; last error: {last_error:?}"
+        );
+    })
+}
+
+/// `connect_timeout` bounds each host's whole attempt (as in libpq), on every runtime: a
+/// first host that accepts connections but never answers does not stall failover.
+#[test]
+fn connect_timeout_moves_on_from_a_host_that_never_answers() {
+    rt::block_on(async {
+        init();
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let config = format!(
+            "host=127.0.0.1,127.0.0.1 port={port},5432 connect_timeout=1 \
+             user=postgres dbname=postgres"
+        );
+        let options = Options {
+            query_timeout: MS(3000),
+            ..opts()
+        };
+        let locker = rt::connect(&config, options).unwrap();
+        let t0 = Instant::now();
+        let run = locker.run(&unique("silent"), |_| async { Res::Ok(()) });
+        assert_eq!(rt::timeout(MS(2500), run).await, Ok(Ok(())));
+        println!(
+            "silent first host -> led on the second: {:.0} ms",
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        assert!(t0.elapsed() >= MS(1000), "the silent host answered?");
+    })
+}

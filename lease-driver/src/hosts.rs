@@ -1,0 +1,359 @@
+//! Opening a session over a host list, as libpq does: each host in turn, each
+//! with its own bounded share of the attempt, the read-write check included.
+//!
+//! tokio-postgres's `Config::connect` bounds only the TCP connect by
+//! `connect_timeout`: a first host that accepts connections but never answers
+//! the startup (a frozen server: the kernel's listen backlog completes the
+//! handshake) holds the whole attempt, and the next host is never tried. So
+//! the driver walks the list itself: it hands [`Runtime::connect`] one host at
+//! a time and bounds each by its share ([`share`]), from the socket to the
+//! end of the `target_session_attrs` check, which the driver runs itself
+//! ([`check_attrs`]) so that every runtime gets it and it is bounded too.
+
+use std::fmt::Write as _;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use lease_proto::DbError;
+use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
+use tokio_postgres::{Client, Config, SimpleQueryMessage};
+
+use crate::runtime::{db_error, Connection, Runtime};
+
+/// An open session: the host's configuration (one host), the client and the
+/// connection.
+pub(crate) type Opened = (Config, Client, Box<dyn Connection>);
+
+/// One configuration per host of `config`, in the order to try them
+/// (shuffled with `load_balance_hosts=random`): its host, its `hostaddr` and
+/// its port, every other setting as in `config`. A single host comes back
+/// as it is.
+pub(crate) fn split(config: &Config, seed: u64) -> Vec<Config> {
+    let (hosts, addrs, ports) = (
+        config.get_hosts(),
+        config.get_hostaddrs(),
+        config.get_ports(),
+    );
+    let n = hosts.len().max(addrs.len());
+    if n <= 1 {
+        return vec![config.clone()];
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
+        let mut x = seed | 1;
+        for i in (1..n).rev() {
+            // xorshift64: enough to spread replicas over the list.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+    }
+    order
+        .into_iter()
+        .map(|i| {
+            let mut one = without_hosts(config);
+            match hosts.get(i) {
+                Some(Host::Tcp(name)) => {
+                    one.host(name);
+                }
+                #[cfg(unix)]
+                Some(Host::Unix(path)) => {
+                    one.host_path(path);
+                }
+                None => {}
+            }
+            if let Some(addr) = addrs.get(i) {
+                one.hostaddr(*addr);
+            }
+            if let Some(port) = ports.get(i).or(ports.first()) {
+                one.port(*port);
+            }
+            one
+        })
+        .collect()
+}
+
+/// `config` without its hosts, `hostaddr`s and ports (tokio-postgres has no
+/// way to remove them: every other setting is copied; the unit test compares
+/// the result field by field through `Config`'s `PartialEq`).
+fn without_hosts(config: &Config) -> Config {
+    let mut c = Config::new();
+    if let Some(user) = config.get_user() {
+        c.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        c.password(password);
+    }
+    if let Some(dbname) = config.get_dbname() {
+        c.dbname(dbname);
+    }
+    if let Some(options) = config.get_options() {
+        c.options(options);
+    }
+    if let Some(name) = config.get_application_name() {
+        c.application_name(name);
+    }
+    c.ssl_mode(config.get_ssl_mode());
+    c.ssl_negotiation(config.get_ssl_negotiation());
+    if let Some(t) = config.get_connect_timeout() {
+        c.connect_timeout(*t);
+    }
+    if let Some(t) = config.get_tcp_user_timeout() {
+        c.tcp_user_timeout(*t);
+    }
+    c.keepalives(config.get_keepalives());
+    c.keepalives_idle(config.get_keepalives_idle());
+    if let Some(i) = config.get_keepalives_interval() {
+        c.keepalives_interval(i);
+    }
+    if let Some(r) = config.get_keepalives_retries() {
+        c.keepalives_retries(r);
+    }
+    c.target_session_attrs(config.get_target_session_attrs());
+    c.channel_binding(config.get_channel_binding());
+    c.load_balance_hosts(config.get_load_balance_hosts());
+    c
+}
+
+/// How long each of `hosts` hosts may take, from the socket to the
+/// read-write check: `connect_timeout` if given (libpq: per host), at most
+/// the attempt's bound (`attempt`, the machine's query timeout) divided among
+/// the hosts, so that every host is tried within one attempt. `None`: one
+/// host and no `connect_timeout` (the machine's bound alone).
+pub(crate) fn share(
+    connect_timeout: Option<Duration>,
+    hosts: usize,
+    attempt: Duration,
+) -> Option<Duration> {
+    let fair = (hosts > 1).then(|| attempt / hosts as u32);
+    match (connect_timeout, fair) {
+        (Some(t), Some(f)) => Some(t.min(f)),
+        (t, f) => t.or(f),
+    }
+}
+
+/// A host's name for messages: `host:port`, `hostaddr:port` or the socket path.
+pub(crate) fn label(config: &Config) -> String {
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    match (config.get_hosts().first(), config.get_hostaddrs().first()) {
+        (_, Some(addr)) => format!("{addr}:{port}"),
+        (Some(Host::Tcp(name)), None) => format!("{name}:{port}"),
+        #[cfg(unix)]
+        (Some(Host::Unix(dir)), None) => format!("{}/.s.PGSQL.{port}", dir.display()),
+        (None, None) => "?".to_owned(),
+    }
+}
+
+/// A session on the first of `hosts` that opens (and passes its
+/// `target_session_attrs` check) within `share` each, with that host's
+/// configuration; else the last host's error, with every host's error in its
+/// message when there are several.
+pub(crate) async fn open<R: Runtime>(
+    runtime: Arc<R>,
+    hosts: Vec<Config>,
+    share: Option<Duration>,
+) -> Result<Opened, DbError> {
+    let several = hosts.len() > 1;
+    let mut errors: Vec<(String, DbError)> = Vec::new();
+    for host in hosts {
+        let label = label(&host);
+        let attempt = one(&*runtime, host.clone(), share);
+        let result = match share {
+            None => attempt.await,
+            Some(share) => {
+                let expired = DbError::other(format!(
+                    "connection attempt timed out after {} ms",
+                    share.as_millis()
+                ));
+                bounded(&*runtime, share, attempt)
+                    .await
+                    .unwrap_or(Err(expired))
+            }
+        };
+        match result {
+            Ok((client, connection)) => return Ok((host, client, connection)),
+            Err(e) => errors.push((label, e)),
+        }
+    }
+    let Some((last_label, mut last)) = errors.pop() else {
+        return Err(DbError::other("no host given"));
+    };
+    if several {
+        // The last error first: it classifies the attempt.
+        let mut message = format!("{} (at {last_label}", last.message);
+        for (label, e) in &errors {
+            let _ = write!(message, "; {label}: {}", e.message);
+        }
+        message.push(')');
+        last.message = message;
+    }
+    Err(last)
+}
+
+/// One host: the runtime's connection (without `target_session_attrs`: the
+/// driver checks it, bounded with the rest), then the check.
+async fn one<R: Runtime>(
+    runtime: &R,
+    mut host: Config,
+    share: Option<Duration>,
+) -> Result<(Client, Box<dyn Connection>), DbError> {
+    let attrs = host.get_target_session_attrs();
+    host.target_session_attrs(TargetSessionAttrs::Any);
+    if let Some(share) = share {
+        // The runtime's own per-address bound, where it has one, within the share.
+        let t = host
+            .get_connect_timeout()
+            .map_or(share, |t| (*t).min(share));
+        host.connect_timeout(t);
+    }
+    let (client, mut connection) = runtime.connect(host).await?;
+    check_attrs(&client, &mut *connection, attrs).await?;
+    Ok((client, connection))
+}
+
+/// `f`, or `None` once `limit` has passed on the runtime's timer.
+async fn bounded<R: Runtime, T>(
+    runtime: &R,
+    limit: Duration,
+    f: impl Future<Output = T>,
+) -> Option<T> {
+    let mut timer = runtime.timer(runtime.now() + limit);
+    let mut f = pin!(f);
+    poll_fn(|cx| {
+        if let Poll::Ready(out) = f.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        timer.as_mut().poll(cx).map(|()| None)
+    })
+    .await
+}
+
+/// libpq's `target_session_attrs` check, as tokio-postgres does it:
+/// `SHOW transaction_read_only`; `read-write` refuses `on` (a standby, or a
+/// primary with `default_transaction_read_only`), `read-only` refuses `off`.
+async fn check_attrs(
+    client: &Client,
+    connection: &mut dyn Connection,
+    attrs: TargetSessionAttrs,
+) -> Result<(), DbError> {
+    if attrs == TargetSessionAttrs::Any {
+        return Ok(());
+    }
+    let rows = query(client, connection, "SHOW transaction_read_only").await?;
+    let read_only = rows.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "on"),
+        _ => None,
+    });
+    match (attrs, read_only) {
+        (TargetSessionAttrs::ReadWrite, Some(true)) => {
+            Err(DbError::other("database does not allow writes"))
+        }
+        (TargetSessionAttrs::ReadOnly, Some(false)) => {
+            Err(DbError::other("database is not read-only"))
+        }
+        (_, None) => Err(DbError::other("no answer to SHOW transaction_read_only")),
+        _ => Ok(()),
+    }
+}
+
+/// `sql` on `client`, polling `connection` meanwhile (nobody else polls it
+/// yet): its end is an error.
+pub(crate) async fn query(
+    client: &Client,
+    connection: &mut dyn Connection,
+    sql: &str,
+) -> Result<Vec<SimpleQueryMessage>, DbError> {
+    let mut reply = pin!(client.simple_query(sql));
+    poll_fn(|cx| {
+        if let Poll::Ready(result) = reply.as_mut().poll(cx) {
+            return Poll::Ready(result.map_err(|e| db_error(&e)));
+        }
+        loop {
+            match connection.poll_message(cx) {
+                Poll::Pending => return Poll::Pending,
+                // Notices and notifications: not for this statement.
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(db_error(&e))),
+                Poll::Ready(None) => {
+                    return Poll::Ready(Err(DbError::other("the connection closed during startup")))
+                }
+            }
+        }
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_host_keeps_every_other_setting() {
+        let every = "user=u password=p dbname=d options='-c a=b' application_name=n \
+                     sslmode=require sslnegotiation=direct connect_timeout=7 \
+                     tcp_user_timeout=3 keepalives=0 keepalives_idle=11 \
+                     keepalives_interval=12 keepalives_retries=4 \
+                     target_session_attrs=read-write channel_binding=require \
+                     load_balance_hosts=disable";
+        let config: Config =
+            format!("host=a,/tmp/s,c hostaddr=10.0.0.1,10.0.0.2,10.0.0.3 port=1,2,3 {every}")
+                .parse()
+                .unwrap();
+        let each = split(&config, 0);
+        let expected = [
+            "host=a hostaddr=10.0.0.1 port=1",
+            "host=/tmp/s hostaddr=10.0.0.2 port=2",
+            "host=c hostaddr=10.0.0.3 port=3",
+        ];
+        assert_eq!(each.len(), 3);
+        for (one, want) in each.iter().zip(expected) {
+            let want: Config = format!("{want} {every}").parse().unwrap();
+            assert_eq!(one, &want);
+        }
+        // One port for every host.
+        let config: Config = "host=a,b port=9 user=u".parse().unwrap();
+        let ports: Vec<_> = split_ports(&config);
+        assert_eq!(ports, [vec![9], vec![9]]);
+        // No port: tokio-postgres's default applies to each.
+        let config: Config = "host=a,b user=u".parse().unwrap();
+        assert_eq!(split_ports(&config), [Vec::<u16>::new(), Vec::new()]);
+        // One host: as it is.
+        let config: Config = "host=a port=1 user=u".parse().unwrap();
+        assert_eq!(split(&config, 0), [config]);
+    }
+
+    fn split_ports(config: &Config) -> Vec<Vec<u16>> {
+        split(config, 0)
+            .iter()
+            .map(|c| c.get_ports().to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn random_load_balancing_shuffles_the_hosts() {
+        let config: Config = "host=a,b,c,d load_balance_hosts=random user=u"
+            .parse()
+            .unwrap();
+        let firsts: std::collections::BTreeSet<String> = (0..64u64)
+            .map(|seed| label(&split(&config, seed.wrapping_mul(0x9e37_79b9_7f4a_7c15))[0]))
+            .collect();
+        assert!(firsts.len() > 1, "{firsts:?}");
+        let mut all: Vec<String> = split(&config, 42).iter().map(label).collect();
+        all.sort();
+        assert_eq!(all, ["a:5432", "b:5432", "c:5432", "d:5432"]);
+    }
+
+    #[test]
+    fn each_host_gets_its_share_of_the_attempt() {
+        let s = Duration::from_secs;
+        assert_eq!(share(None, 1, s(10)), None);
+        assert_eq!(share(Some(s(2)), 1, s(10)), Some(s(2)));
+        assert_eq!(share(None, 2, s(10)), Some(s(5)));
+        assert_eq!(share(Some(s(2)), 2, s(10)), Some(s(2)));
+        assert_eq!(share(Some(s(9)), 2, s(10)), Some(s(5)));
+    }
+}
