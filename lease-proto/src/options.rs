@@ -114,8 +114,8 @@ pub struct Options {
     /// the fallback.
     pub wait_on_server: bool,
     /// How long a standby woken by a freed key waits before it tries, when
-    /// no handover notification says the release was graceful (default 0:
-    /// see [`DEFAULT_LOCK_DELAY`]). Chubby's lock-delay: a key freed because
+    /// no handover notification from the holder says the release was
+    /// graceful (default [`DEFAULT_LOCK_DELAY`]). Chubby's lock-delay: a key freed because
     /// the server ended its holder's session (`pg_terminate_backend`, a
     /// reset connection) is freed the moment the old holder learns of it,
     /// so its job may still be stopping.
