@@ -121,7 +121,10 @@ fn main() {
             sim.schedule(at, f);
         }
         let report = sim.finish(Duration::from_secs(10), Duration::from_secs(4));
-        println!("==== case {case}: {processes} processes, {leases} leases, seed {}", cfg.seed);
+        println!(
+            "==== case {case}: {processes} processes, {leases} leases, seed {}",
+            cfg.seed
+        );
         println!("schedule {schedule:?}");
         println!("{}", report.trace_text());
         println!(

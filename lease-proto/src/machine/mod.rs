@@ -1,37 +1,52 @@
-//! The lease state machine, split by concern:
+//! The lease state machine: one dispatch over owned sub-states.
 //!
-//! - this file: the [`Machine`] and its public methods, by class;
-//! - `state`: the internal states of a run and of the session, named as
-//!   their public [`Status`] counterparts;
-//! - `runs`: what happens to runs (start, win, loss, job exit, release);
-//! - `session`: what happens to the session (open, replies, loss, refusal);
-//! - `pump`: after every input, acting on deadlines and picking the next
-//!   statement;
+//! [`Machine`] keeps what ties the concerns together (options, phase, the
+//! session, the clock, the output queues) and routes every input to the
+//! sub-state that owns its rule; each sub-state is a type with its state
+//! and its methods, and nothing else touches its fields:
+//!
+//! - `runs`: the [`RunTable`]: every run by id and key, their states and
+//!   transitions, the keys held without a run;
+//! - `session`: the [`Session`] (idle, connecting, up, doubtful), the
+//!   [`Connector`] that opens one after another (failures, backoff, settings
+//!   by statement, the last error) and the setup's checks;
+//! - `plan`: the [`SendPlan`] (a verify or a try owed, the heartbeat's
+//!   turn) and the [`Jitter`];
+//! - `wait`: the [`ServerWait`], standbys waiting on the server for a key
+//!   to be freed (the rule, in one place);
+//! - `doubtful`: the rule for a session given up on while its cancelled jobs
+//!   still run;
 //! - `timer`: the one deadline table behind [`Machine::poll_timeout`];
-//! - `wait`: standbys waiting on the server for a key to be freed;
-//! - `doubtful`: a session given up on while its cancelled jobs still run;
-//! - `status`: the public snapshot.
+//! - `status`: the public snapshot's types.
+//!
+//! The dispatch below reads in the order of the machine's classes: inputs,
+//! outputs, timer, queries, then what the inputs do (session, replies,
+//! runs), then the pump that acts on deadlines and sends what is due.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::io::*;
 use crate::key::LeaseId;
 use crate::options::{Options, OptionsError};
-use crate::sql::HANDOVER_CHANNEL;
+use crate::sql::{
+    HeartbeatReply, Row, SetupReply, TryReply, VerifyReply, WaitReply, HANDOVER_CHANNEL,
+};
 
 mod doubtful;
-mod pump;
+mod plan;
 mod runs;
 mod session;
-mod state;
 mod status;
 mod timer;
 mod wait;
 
-use state::{Phase, Run, RunState, Session, Standby};
+use plan::{Beat, Jitter, SendPlan};
+use runs::{RunState, RunTable};
+use session::{check_setup, Connector, InFlight, Session, SetupProblem, Stage, Up, What};
 use timer::TimerTable;
+use wait::{NotFreed, ServerWait};
 
 pub use status::{LastError, LeaseState, LeaseStatus, SessionState, Status};
 pub use timer::Timer;
@@ -145,88 +160,63 @@ impl std::error::Error for RunError {}
 #[derive(Debug)]
 pub struct Machine {
     opts: Options,
-    rng: u64,
+    /// The simulator's broken variants; all off in production.
+    knobs: Knobs,
+    jitter: Jitter,
+    /// The latest time fed in (time never goes backwards inside).
     now: Option<Instant>,
     phase: Phase,
-    runs: BTreeMap<RunId, Run>,
-    keys: BTreeMap<i64, RunId>,
-    next_run: u64,
-    next_session: u64,
-    next_query: u64,
+    runs: RunTable,
     session: Session,
+    connector: Connector,
+    plan: SendPlan,
+    wait: ServerWait,
     /// Every deadline; see [`Timer`].
     timers: TimerTable,
-    /// Consecutive failed connection attempts.
-    failures: u32,
-    /// A session of this machine passed setup at least once: from then on
-    /// configuration errors at connect are retried, not final for runs.
-    ever_ready: bool,
-    /// The last error that failed a connection attempt or ended a session,
-    /// and when ([`Status::last_error`]).
-    last_error: Option<LastError>,
-    /// Keys to unlock at the next release: held without a run that holds them.
-    orphans: BTreeSet<i64>,
-    /// Keys found held whose run lost them (stopping): unlocked once its job
-    /// returned.
-    held_lost: BTreeSet<i64>,
-    /// An obligation, not a state: a try's outcome is unknown (it failed, or
-    /// its reply broke the rules), so the next statement on this session is
-    /// a verify (a heartbeat that reads `pg_locks`), before any release or
-    /// try. It holds whatever statement is in flight, and ends with the
-    /// verify's reply or the session.
-    verify: bool,
-    /// An obligation, not a state: try the standbys at the next chance,
-    /// without waiting for [`Timer::Retry`] (a new run, a session just
-    /// ready, a handover notification). Kept apart from the retry deadline,
-    /// which it must not move.
-    try_now: bool,
-    /// A pooler rejected the `options` startup parameter: later sessions
-    /// connect without startup options and the setup applies the settings
-    /// by statement (and verifies them like any other session's).
-    settings_by_statement: bool,
-    /// The simulator's broken variant: no TCP settings set or verified.
+    out: Outputs,
+}
+
+/// Whether the machine takes new work.
+#[derive(Debug, Clone, PartialEq)]
+enum Phase {
+    Open,
+    /// [`Input::Close`] came: runs are stopped, new ones finish at once.
+    Closing,
+    /// Final: the setup cannot give mutual exclusion.
+    Refused(Refusal),
+}
+
+/// Test knobs: the simulator's broken variants. All off in production.
+#[derive(Debug, Clone, Default)]
+struct Knobs {
+    /// Sessions neither set nor verify the server-side TCP settings.
     tcp_settings_off: bool,
-    /// The last statement chosen by the pump was a heartbeat: a due try goes
-    /// first next, so a round trip longer than the heartbeat interval cannot
-    /// starve the standbys (the heartbeat is due again at every reply).
-    heartbeat_last: bool,
-    /// Heartbeats since the last verify (see [`VERIFY_EVERY`]).
-    unverified_heartbeats: u32,
-    /// Send time of the last statement, on any session: a doubtful
-    /// session's [`Timer::DeferredClose`] counts from it.
-    last_sent: Option<Instant>,
-    /// Waiting on the server (see `wait`): the last key waited for, so the
-    /// next wait takes the next one.
-    wait_cursor: Option<i64>,
-    /// The last wait was woken (its key freed) and no try has answered since.
-    woken: bool,
-    /// Wakes in a row whose following try won nothing (see [`WAKE_BUDGET`]).
-    wake_losses: u32,
-    /// A wait failed otherwise than by its lock timeout: this session polls.
-    waits_off: bool,
-    /// When a handover notification for the key of the wait in flight
-    /// arrived. Either the release that is waking the wait (the driver reads
-    /// notifications ahead of the reply it waits for): the wake follows
-    /// within moments, and the try goes at once; or an older release, after
-    /// which someone else took the key: the wake comes later, from another
-    /// end of that holder, and gets the lock delay. Ends with the wait.
-    wait_notified: Option<Instant>,
-    /// The longest wait the session's `deadlock_timeout` allows
-    /// ([`wait_limit_ms`](crate::wait_limit_ms)), from the last wait's
-    /// reply; `None` before one answered on this session.
-    wait_limit: Option<Duration>,
-    /// Waits interrupted by a notification for another key since the last
-    /// periodic try (see [`WAKE_BUDGET`]).
-    notify_interrupts: u32,
-    /// The session's server was promoted recently: no try (nor wait) before
-    /// this instant (see `PromotionState::hold`). Ends with the session.
-    promotion_hold: Option<Instant>,
-    /// Test knob: the old behaviour (issue 11 hole 3), closing a session
-    /// given up on at once while its cancelled jobs still run.
+    /// A session given up on is closed at once, while its cancelled jobs may
+    /// still run.
     close_doubtful_at_once: bool,
-    session_out: VecDeque<SessionCommand>,
-    run_out: VecDeque<RunCommand>,
+}
+
+/// The three output queues, drained by [`Machine::poll_run`],
+/// [`Machine::poll_session`] and [`Machine::poll_event`].
+#[derive(Debug, Default)]
+struct Outputs {
+    run: VecDeque<RunCommand>,
+    session: VecDeque<SessionCommand>,
     events: VecDeque<Event>,
+}
+
+impl Outputs {
+    fn run(&mut self, c: RunCommand) {
+        self.run.push_back(c);
+    }
+
+    fn session(&mut self, c: SessionCommand) {
+        self.session.push_back(c);
+    }
+
+    fn event(&mut self, e: Event) {
+        self.events.push_back(e);
+    }
 }
 
 impl Machine {
@@ -239,48 +229,34 @@ impl Machine {
         opts.validate()?;
         Ok(Machine {
             opts,
-            rng: seed,
+            knobs: Knobs::default(),
+            jitter: Jitter::new(seed),
             now: None,
             phase: Phase::Open,
-            runs: BTreeMap::new(),
-            keys: BTreeMap::new(),
-            next_run: 0,
-            next_session: 0,
-            next_query: 0,
+            runs: RunTable::default(),
             session: Session::Idle,
+            connector: Connector::default(),
+            plan: SendPlan::default(),
+            wait: ServerWait::default(),
             timers: TimerTable::default(),
-            failures: 0,
-            ever_ready: false,
-            last_error: None,
-            orphans: BTreeSet::new(),
-            held_lost: BTreeSet::new(),
-            verify: false,
-            try_now: false,
-            settings_by_statement: false,
-            tcp_settings_off: false,
-            heartbeat_last: false,
-            unverified_heartbeats: 0,
-            last_sent: None,
-            close_doubtful_at_once: false,
-            wait_cursor: None,
-            promotion_hold: None,
-            woken: false,
-            wake_losses: 0,
-            waits_off: false,
-            wait_notified: None,
-            wait_limit: None,
-            notify_interrupts: 0,
-            session_out: VecDeque::new(),
-            run_out: VecDeque::new(),
-            events: VecDeque::new(),
+            out: Outputs::default(),
         })
     }
 
-    /// The simulator's broken variant of issue 11 hole 1: sessions neither
-    /// set nor verify the server-side TCP settings.
+    /// The simulator's broken variant: sessions neither set nor verify the
+    /// server-side TCP settings.
     #[cfg(feature = "sim")]
     pub(crate) fn without_tcp_settings(&mut self) {
-        self.tcp_settings_off = true;
+        self.knobs.tcp_settings_off = true;
+    }
+
+    /// Test knob, for broken-variant tests only: a session the machine gives
+    /// up on is closed at once, while its cancelled jobs may still run.
+    /// Never use it otherwise.
+    #[cfg(feature = "sim")]
+    #[doc(hidden)]
+    pub fn close_doubtful_sessions_at_once(&mut self) {
+        self.knobs.close_doubtful_at_once = true;
     }
 
     // ---- inputs -------------------------------------------------------
@@ -298,7 +274,7 @@ impl Machine {
         if let Phase::Refused(r) = &self.phase {
             return Err(RunError::Refused(r.clone()));
         }
-        if self.keys.contains_key(&lease.key()) {
+        if self.runs.has_key(lease.key()) {
             return Err(RunError::AlreadyRunning(lease));
         }
         if self.runs.len() >= self.opts.max_leases {
@@ -306,24 +282,16 @@ impl Machine {
                 cap: self.opts.max_leases,
             });
         }
-        let id = RunId(self.next_run);
-        self.next_run += 1;
+        let id = self.runs.next_id();
         if self.phase == Phase::Closing {
-            self.run_command(RunCommand::Finish {
+            self.out.run(RunCommand::Finish {
                 run: id,
                 outcome: Outcome::Closed,
             });
             return Ok(id);
         }
-        self.keys.insert(lease.key(), id);
-        self.runs.insert(
-            id,
-            Run {
-                lease,
-                state: RunState::Standby(Standby::new()),
-            },
-        );
-        self.try_now = true;
+        self.runs.insert(id, lease);
+        self.plan.try_soon();
         self.pump(now);
         Ok(id)
     }
@@ -333,15 +301,16 @@ impl Machine {
     pub fn handle_input(&mut self, now: Instant, input: Input) {
         let now = self.clock(now);
         match input {
-            Input::JobExited { run, exit } => self.job_exited(run, exit),
-            Input::Shutdown { run } => self.stop_run(run, Outcome::Cancelled, Reason::Shutdown),
+            Input::JobExited { run, exit } => self.runs.job_exited(run, exit, &mut self.out),
+            Input::Shutdown { run } => {
+                (self.runs).stop(run, Outcome::Cancelled, Reason::Shutdown, &mut self.out)
+            }
             Input::Close => {
                 if self.phase == Phase::Open {
                     self.phase = Phase::Closing;
                 }
-                let ids: Vec<RunId> = self.runs.keys().copied().collect();
-                for id in ids {
-                    self.stop_run(id, Outcome::Closed, Reason::Closed);
+                for id in self.runs.ids() {
+                    (self.runs).stop(id, Outcome::Closed, Reason::Closed, &mut self.out);
                 }
             }
             Input::SessionOpened { session } => self.session_opened(now, session),
@@ -371,21 +340,21 @@ impl Machine {
     /// before a session command could close the session it was won on.
     #[must_use]
     pub fn poll_run(&mut self) -> Option<RunCommand> {
-        self.run_out.pop_front()
+        self.out.run.pop_front()
     }
 
     /// Output 2: the next command for the connection (open, query, close),
     /// or `None`. Drain it after every input, after [`Machine::poll_run`].
     #[must_use]
     pub fn poll_session(&mut self) -> Option<SessionCommand> {
-        self.session_out.pop_front()
+        self.out.session.pop_front()
     }
 
     /// Output 3: the next event for logs and metrics, or `None`. Events never
     /// ask for an action; a driver may drop them.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        self.out.events.pop_front()
     }
 
     // ---- timer --------------------------------------------------------
@@ -420,7 +389,7 @@ impl Machine {
     /// A job must not act past it.
     #[must_use]
     pub fn valid_until(&self, run: RunId) -> Option<Instant> {
-        match &self.runs.get(&run)?.state {
+        match &self.runs.get(run)?.state {
             RunState::Leading(held) => Some(held.confirmed + self.opts.validity_window()),
             _ => None,
         }
@@ -441,31 +410,60 @@ impl Machine {
         self.phase != Phase::Open
             && self.runs.is_empty()
             && matches!(self.session, Session::Idle | Session::Backoff)
-            && self.session_out.is_empty()
-            && self.run_out.is_empty()
+            && self.out.session.is_empty()
+            && self.out.run.is_empty()
     }
 
-    /// Test knob, for broken-variant tests only: restores the behaviour of
-    /// issue 11 hole 3, closing a session the machine gives up on at once,
-    /// while its cancelled jobs may still run. Never use it otherwise.
-    #[cfg(feature = "sim")]
-    #[doc(hidden)]
-    pub fn close_doubtful_sessions_at_once(&mut self) {
-        self.close_doubtful_at_once = true;
-    }
-
-    // ---- output queues ------------------------------------------------
-
-    fn session_command(&mut self, c: SessionCommand) {
-        self.session_out.push_back(c);
-    }
-
-    fn run_command(&mut self, c: RunCommand) {
-        self.run_out.push_back(c);
-    }
-
-    fn event(&mut self, e: Event) {
-        self.events.push_back(e);
+    /// Query: a snapshot of the session and every run.
+    #[must_use]
+    pub fn status(&self) -> Status {
+        let session = match (&self.phase, &self.session) {
+            (Phase::Refused(r), _) => SessionState::Refused(r.clone()),
+            (_, Session::Backoff) if self.needs_session() => {
+                match self.timers.get(Timer::Backoff) {
+                    Some(until) => SessionState::Backoff {
+                        until,
+                        failures: self.connector.failures(),
+                    },
+                    None => SessionState::Idle,
+                }
+            }
+            (_, Session::Idle | Session::Backoff) => SessionState::Idle,
+            (_, Session::Connecting { .. }) => SessionState::Connecting,
+            (_, Session::Doubtful { .. }) => (self.timers.get(Timer::DeferredClose))
+                .map_or(SessionState::Idle, |close_by| SessionState::Doubtful {
+                    close_by,
+                }),
+            (_, Session::Up(up)) => match up.stage {
+                Stage::Ready { backend_pid } => SessionState::Ready { backend_pid },
+                Stage::SettingUp | Stage::Probing { .. } | Stage::Listening { .. } => {
+                    SessionState::SettingUp
+                }
+            },
+        };
+        let leases = (self.runs.iter())
+            .map(|(id, r)| LeaseStatus {
+                run: *id,
+                lease: r.lease.clone(),
+                state: match &r.state {
+                    RunState::Standby(standby) => LeaseState::Standby {
+                        holder_pid: standby.holder.flatten(),
+                    },
+                    RunState::Leading(held) => LeaseState::Leading {
+                        token: held.token,
+                        since: held.since,
+                        valid_until: held.confirmed + self.opts.validity_window(),
+                    },
+                    RunState::Stopping(_) => LeaseState::Stopping,
+                    RunState::Releasing { .. } => LeaseState::Releasing,
+                },
+            })
+            .collect();
+        Status {
+            session,
+            leases,
+            last_error: self.connector.last_error().cloned(),
+        }
     }
 
     /// Time never goes backwards inside the machine.
@@ -473,6 +471,844 @@ impl Machine {
         let now = self.now.map_or(now, |t| t.max(now));
         self.now = Some(now);
         now
+    }
+
+    // ---- the session --------------------------------------------------
+
+    /// Asks the driver for a new connection.
+    fn open(&mut self, now: Instant) {
+        let id = self.connector.next_session();
+        self.out.event(Event::SessionOpening {
+            session: id,
+            failures: self.connector.failures(),
+        });
+        self.out.session(SessionCommand::Open {
+            session: id,
+            params: self.connector.params(&self.opts, &self.knobs),
+        });
+        self.session = Session::Connecting { id };
+        self.timers.stop(Timer::Backoff);
+        self.timers
+            .set(Timer::Connect, now + self.opts.query_timeout);
+    }
+
+    fn session_opened(&mut self, now: Instant, session: SessionId) {
+        if !matches!(self.session, Session::Connecting { id } if id == session) {
+            return;
+        }
+        self.timers.stop(Timer::Connect);
+        let nonce = self.jitter.nonce(session);
+        self.session = Session::Up(Up::new(session, nonce));
+        self.send(now, What::Setup);
+    }
+
+    fn session_lost(&mut self, now: Instant, session: SessionId, error: Option<DbError>) {
+        if self.session.id() != Some(session) {
+            return;
+        }
+        // PostgreSQL 13 and older do not know the server guard's setting.
+        if let Some(refusal) = error.as_ref().and_then(session::guard_unsupported) {
+            return self.refuse(now, refusal);
+        }
+        match error.as_ref().and_then(session::startup_refusal) {
+            // A session-mode pooler: the settings go into the setup statement
+            // (verified there like startup options); try again at once.
+            Some(_) if !self.connector.settings_by_statement() => {
+                self.connector.fall_back_to_statements();
+                self.out.event(Event::StartupOptionsRejected {
+                    session,
+                    error: error.clone().unwrap_or_else(|| DbError::other("")),
+                });
+                self.lose_session(now, Reason::SessionLost(error), false);
+                self.connector.clear_failures();
+                self.timers.stop(Timer::Backoff);
+                self.session = Session::Idle;
+            }
+            Some(refusal) => self.refuse(now, refusal),
+            None => {
+                let connecting = matches!(self.session, Session::Connecting { .. });
+                let config = error.clone().filter(DbError::is_configuration);
+                self.lose_session(now, Reason::SessionLost(error), false);
+                // Never had a session: the configuration is wrong, not the
+                // network. Say so to every run instead of retrying in silence.
+                if let Some(e) = config.filter(|_| connecting && !self.connector.ever_ready()) {
+                    for id in self.runs.ids() {
+                        let reason = Reason::SessionLost(Some(e.clone()));
+                        (self.runs).stop(id, Outcome::Config(e.clone()), reason, &mut self.out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The session is gone (or is being closed by us): every lease on it is lost.
+    /// With `close`, the machine gives up on it itself: if jobs on it still
+    /// run, it is kept open instead (see `doubtful`) and closed later.
+    fn lose_session(&mut self, now: Instant, reason: Reason, close: bool) {
+        let Some(session) = self.session.id() else {
+            return;
+        };
+        if close && self.keep_doubtful(now, session, &reason) {
+            return;
+        }
+        if close {
+            self.out.session(SessionCommand::Close { session });
+        }
+        let connecting = matches!(self.session, Session::Connecting { .. });
+        if let Some(error) = session::reason_error(&reason, connecting, self.opts.query_timeout) {
+            // A refusal is final and has its own event: not a failed attempt to retry.
+            if connecting && !matches!(reason, Reason::Refused(_)) {
+                self.out.event(Event::ConnectFailed {
+                    session,
+                    error: error.clone(),
+                    configuration: error.is_configuration(),
+                    failures: self.connector.failures().saturating_add(1),
+                    retried: self.connector.ever_ready() || !error.is_configuration(),
+                });
+            }
+            self.connector.record_error(LastError {
+                at: now,
+                error,
+                connecting,
+            });
+        }
+        // A doubtful session's loss was reported when the machine gave up
+        // on it; a session that never opened was not lost.
+        if !matches!(self.session, Session::Doubtful { .. }) && !connecting {
+            self.out.event(Event::SessionLost {
+                session,
+                reason: reason.clone(),
+            });
+        }
+        self.runs.session_gone(&reason, &mut self.out);
+        self.session_down();
+        self.connector.failed();
+        self.session = Session::Backoff;
+        let backoff = self.connector.backoff(&self.opts, self.jitter.random());
+        self.timers.set(Timer::Backoff, now + backoff);
+    }
+
+    /// The machine gives up on `session` for `reason`. Returns whether the
+    /// session is kept as doubtful (see `doubtful`); if not, the caller
+    /// closes it at once.
+    fn keep_doubtful(&mut self, now: Instant, session: SessionId, reason: &Reason) -> bool {
+        let Some(close_by) = doubtful::keep_until(
+            &self.knobs,
+            &self.session,
+            self.runs.any_job_running(),
+            self.connector.last_sent(),
+            now,
+            self.opts.guard_timeout(),
+        ) else {
+            return false;
+        };
+        self.out.event(Event::SessionLost {
+            session,
+            reason: reason.clone(),
+        });
+        self.session = Session::Doubtful {
+            id: session,
+            reason: reason.clone(),
+        };
+        self.plan.session_down();
+        self.timers.stop(Timer::Query);
+        self.timers.stop(Timer::Heartbeat);
+        self.timers.set(Timer::DeferredClose, close_by);
+        // A try in flight is never answered now; standbys wait for the next
+        // session.
+        self.runs.doubt_session(reason, &mut self.out);
+        true
+    }
+
+    /// Closes the doubtful session once no job is left running or its
+    /// deadline has passed. Called by the pump after every input.
+    fn close_doubtful_when_done(&mut self, now: Instant) {
+        let Session::Doubtful { reason, .. } = &self.session else {
+            return;
+        };
+        if self.runs.any_job_running() && !self.timers.expired(Timer::DeferredClose, now) {
+            return;
+        }
+        let reason = reason.clone();
+        self.lose_session(now, reason, true);
+    }
+
+    fn refuse(&mut self, now: Instant, refusal: Refusal) {
+        self.out.event(Event::Refused {
+            refusal: refusal.clone(),
+        });
+        self.phase = Phase::Refused(refusal.clone());
+        self.lose_session(now, Reason::Refused(refusal.clone()), true);
+        for id in self.runs.ids() {
+            let (outcome, reason) = (
+                Outcome::Refused(refusal.clone()),
+                Reason::Refused(refusal.clone()),
+            );
+            self.runs.stop(id, outcome, reason, &mut self.out);
+        }
+    }
+
+    /// Closes the session because no run needs it.
+    fn close_idle(&mut self, session: SessionId) {
+        self.out.session(SessionCommand::Close { session });
+        self.out.event(Event::SessionIdle { session });
+        self.session_down();
+        self.session = Session::Idle;
+        self.connector.clear_failures();
+        self.timers.stop(Timer::Backoff);
+    }
+
+    /// Closes a session that holds nothing and blocks in a wait, for a new
+    /// one that opens at once (see `wait`).
+    fn close_for_new_session(&mut self, session: SessionId) {
+        self.out.session(SessionCommand::Close { session });
+        self.session_down();
+        self.session = Session::Idle;
+        self.timers.stop(Timer::Backoff);
+    }
+
+    /// What ends with any session (the caller replaces it).
+    fn session_down(&mut self) {
+        self.runs.session_down();
+        self.plan.session_down();
+        self.wait.session_down();
+        self.timers.stop(Timer::Connect);
+        self.timers.stop(Timer::Query);
+        self.timers.stop(Timer::Heartbeat);
+        self.timers.stop(Timer::DeferredClose);
+    }
+
+    /// Sends a statement on the session that is up.
+    fn send(&mut self, now: Instant, what: What) {
+        let settings = match what {
+            What::Setup => self.connector.setup_settings(&self.opts, &self.knobs),
+            _ => Vec::new(),
+        };
+        let Some(up) = self.session.up_mut() else {
+            return;
+        };
+        let statement = what.statement(up, settings, self.opts.notify_handover);
+        let query = self.connector.next_query(now);
+        self.timers
+            .set(Timer::Query, now + what.blocks() + self.opts.query_timeout);
+        let probe = matches!(what, What::Probe);
+        up.inflight = Some(InFlight {
+            id: query,
+            sent: now,
+            what,
+        });
+        self.out.session(if probe {
+            SessionCommand::Probe { query, statement }
+        } else {
+            SessionCommand::Query { query, statement }
+        });
+    }
+
+    // ---- replies ------------------------------------------------------
+
+    /// A reply: routed by what its statement was, to the sub-state that owns
+    /// its rule.
+    fn reply(&mut self, now: Instant, query: QueryId, result: Result<Vec<Row>, DbError>) {
+        let Some(up) = self.session.up_mut() else {
+            return;
+        };
+        let Some(q) = up.inflight.take_if(|q| q.id == query) else {
+            return;
+        };
+        #[cfg(feature = "sim")] // Test-only: `Options::mutation`; `sent` otherwise.
+        let q = InFlight {
+            sent: self.opts.confirm_time(q.sent, now),
+            ..q
+        };
+        self.timers.stop(Timer::Query);
+        let lost = |e| Reason::QueryFailed(e);
+        match (q.what, result) {
+            (What::Setup, Ok(rows)) => match SetupReply::parse(&rows) {
+                Ok(setup) => self.setup_done(now, setup),
+                Err(e) => self.lose_session(now, session::malformed(e), true),
+            },
+            (What::Probe, Ok(rows)) => match HeartbeatReply::parse(&rows) {
+                Ok(probe) => self.probe_done(now, probe),
+                Err(e) => self.lose_session(now, session::malformed(e), true),
+            },
+            // The settings by statement (behind a pooler): the same as at startup.
+            (What::Setup, Err(error)) if session::guard_unsupported(&error).is_some() => {
+                let refusal = session::guard_unsupported(&error).expect("just matched");
+                self.refuse(now, refusal)
+            }
+            (What::Listen, Ok(_)) => {
+                if let Some(up) = self.session.up_mut() {
+                    if let Stage::Listening { backend_pid } = up.stage {
+                        up.stage = Stage::Ready { backend_pid };
+                    }
+                    self.plan.try_soon();
+                }
+            }
+            (What::Try(keys), Ok(rows)) => {
+                let reply = TryReply::parse(&keys, &rows);
+                self.try_done(now, q.sent, &keys, reply)
+            }
+            (What::Try(keys), Err(error)) => {
+                // "Maybe acquired": the statement may have taken some locks.
+                self.out.event(Event::TryFailed { error });
+                self.runs.try_back(&keys);
+                self.plan.owe_verify();
+                let retry = now + self.jitter.retry(self.opts.retry_interval);
+                self.timers.set(Timer::Retry, retry);
+            }
+            (What::Heartbeat, Ok(rows)) => match HeartbeatReply::parse(&rows) {
+                Ok(heartbeat) => self.heartbeat_done(now, q.sent, heartbeat),
+                Err(e) => self.lose_session(now, session::malformed(e), true),
+            },
+            (What::Verify, Ok(rows)) => match VerifyReply::parse(&rows) {
+                Ok(verify) => self.verify_done(now, q.sent, verify),
+                Err(e) => self.lose_session(now, session::malformed(e), true),
+            },
+            (What::Wait { key, chunk, .. }, result) => self.wait_done(now, key, chunk, result),
+            // The rows do not matter: see `ReleaseReply`.
+            (What::Release(keys), Ok(_)) => self.runs.release_answered(keys, &mut self.out),
+            // A probe that failed proves nothing: the session is not used;
+            // the next one probes again after a backoff.
+            (
+                What::Setup
+                | What::Probe
+                | What::Listen
+                | What::Heartbeat
+                | What::Verify
+                | What::Release(_),
+                Err(error),
+            ) => {
+                // State on the server unknown: drop the session, which releases everything.
+                self.lose_session(now, lost(error), true)
+            }
+        }
+    }
+
+    fn setup_done(&mut self, now: Instant, setup: SetupReply) {
+        let Some(up) = self.session.up() else {
+            return;
+        };
+        let session = up.id;
+        match check_setup(&self.opts, &self.knobs, up.nonce, &setup) {
+            Ok(()) => {}
+            Err(SetupProblem::Refuse(refusal)) => return self.refuse(now, refusal),
+            // Often a failover in progress: not final. Back off and try again
+            // (the driver's host list may lead elsewhere next time).
+            Err(SetupProblem::InRecovery) => {
+                self.out.event(Event::InRecovery { session });
+                return self.lose_session(now, Reason::InRecovery, true);
+            }
+        }
+        // A newly promoted primary: the old primary's holders may still act.
+        #[cfg(feature = "sim")] // Test-only: the broken variant.
+        let setup = SetupReply {
+            promotion: match self.opts.mutation {
+                Some(crate::options::Mutation::IgnorePromotion) => Default::default(),
+                _ => setup.promotion,
+            },
+            ..setup
+        };
+        let hold = setup.promotion.hold(self.opts.promotion_hold());
+        let (backend_pid, server_version) = (setup.backend_pid, setup.server_version);
+        let probe = self.connector.settings_by_statement() && self.probes_for_pooler();
+        let Some(up) = self.session.up_mut() else {
+            return;
+        };
+        if let Some(hold) = hold {
+            up.promotion_hold = Some(now + hold);
+            self.out.event(Event::PromotionHold { session, hold });
+        }
+        if probe {
+            // Behind a pooler: is it a transaction pooler? See `probe_done`.
+            up.stage = Stage::Probing {
+                backend_pid,
+                server_version,
+            };
+            return self.send(now, What::Probe);
+        }
+        self.session_ready(now, backend_pid, server_version);
+    }
+
+    /// Whether a setup whose settings went by statement is followed by the
+    /// pooler probe (always, but under the test-only mutation).
+    fn probes_for_pooler(&self) -> bool {
+        #[cfg(feature = "sim")]
+        if self.opts.mutation == Some(crate::sim::Mutation::NoPoolerProbe) {
+            return false;
+        }
+        true
+    }
+
+    /// The pooler probe's answer: the backend pid and the nonce a second
+    /// connection through the same pooler read while this session was idle.
+    /// A session-mode pooler gives it a server connection of its own (nonce
+    /// unset); a transaction-mode pooler hands it the server connection this
+    /// session's setup just returned to the pool, where this session's nonce
+    /// is set (its locks would be there too, for every client to take or
+    /// free). The nonce is random per session: reading it back is decisive.
+    /// Another backend (a busy pool) proves nothing either way; the pid and
+    /// nonce checks of every later statement refuse a pooler that moves
+    /// this session's statements between backends.
+    fn probe_done(&mut self, now: Instant, reply: HeartbeatReply) {
+        let Some(up) = self.session.up() else {
+            return;
+        };
+        let Stage::Probing {
+            backend_pid,
+            server_version,
+        } = up.stage
+        else {
+            return;
+        };
+        if reply.nonce == Some(up.nonce) {
+            let pid = reply
+                .backend_pid
+                .map_or("unknown".into(), |p| p.to_string());
+            let detail = format!(
+                "it read {} {} on backend pid {pid}; this session's pid is {backend_pid}",
+                crate::sql::NONCE_SETTING,
+                up.nonce
+            );
+            return self.refuse(now, Refusal::TransactionPooler { detail });
+        }
+        self.session_ready(now, backend_pid, server_version);
+    }
+
+    /// Every check of the setup passed: the session is in use.
+    fn session_ready(&mut self, now: Instant, backend_pid: i64, server_version: i64) {
+        let Some(up) = self.session.up_mut() else {
+            return;
+        };
+        let session = up.id;
+        let listen = self.opts.notify_handover;
+        up.stage = if listen {
+            Stage::Listening { backend_pid }
+        } else {
+            Stage::Ready { backend_pid }
+        };
+        self.connector.ready();
+        self.out.event(Event::SessionReady {
+            session,
+            backend_pid,
+            server_version,
+        });
+        self.timers
+            .set(Timer::Heartbeat, now + self.opts.heartbeat_interval);
+        if listen {
+            self.send(now, What::Listen);
+        } else {
+            self.plan.try_soon();
+        }
+    }
+
+    fn try_done(&mut self, now: Instant, sent: Instant, tried: &[i64], reply: TryReply) {
+        let Some(up) = self.session.up() else {
+            return;
+        };
+        let (nonce, pid) = (up.nonce, up.stage.backend_pid());
+        match reply.session {
+            None => {
+                let e = DbError::other("malformed try reply: no session row");
+                return self.lose_session(now, Reason::QueryFailed(e), true);
+            }
+            Some((found, _)) if Some(found) != pid => {
+                let was = pid.unwrap_or(0);
+                return self.refuse(now, Refusal::BackendChanged { was, now: found });
+            }
+            Some((_, found)) if found != Some(nonce) => {
+                return self.refuse(now, session::shared(nonce, found));
+            }
+            Some(_) => {}
+        }
+        // This session never tries a key it holds (orphans aside): if its
+        // own backend holds one, another client does.
+        let own = (reply.not_won.iter())
+            .find(|(key, holder)| *holder == pid && !self.runs.is_orphan(*key));
+        if let Some((key, _)) = own {
+            let detail = format!("key {key} is held by this session's own backend");
+            return self.refuse(now, Refusal::BackendShared { detail });
+        }
+        self.wait.after_try(!reply.won.is_empty());
+        let window = self.opts.validity_window();
+        for &won in &reply.won {
+            self.runs.won(now, sent, won, window, &mut self.out);
+        }
+        for &(key, holder) in &reply.not_won {
+            self.runs.not_won(key, holder, &mut self.out);
+        }
+        let unanswered = reply.unanswered(tried);
+        if reply.untrusted || !unanswered.is_empty() {
+            // A key without an answer may have been taken: verify.
+            self.runs.try_back(&unanswered);
+            self.plan.owe_verify();
+        }
+        let retry = now + self.jitter.retry(self.opts.retry_interval);
+        self.timers.set(Timer::Retry, retry);
+    }
+
+    /// Whether the session that answered a heartbeat, verify or wait is
+    /// this one (same backend pid, same nonce); refuses the locker if not.
+    fn same_session(&mut self, now: Instant, reply: &HeartbeatReply) -> bool {
+        let Some(up) = self.session.up() else {
+            return false;
+        };
+        let (expected, nonce) = (up.stage.backend_pid(), up.nonce);
+        let pid = reply.backend_pid;
+        if pid.is_none() || pid != expected {
+            let refusal = Refusal::BackendChanged {
+                was: expected.unwrap_or(0),
+                now: pid.unwrap_or(0),
+            };
+            self.refuse(now, refusal);
+            return false;
+        }
+        if reply.nonce != Some(nonce) {
+            self.refuse(now, session::shared(nonce, reply.nonce));
+            return false;
+        }
+        true
+    }
+
+    /// The steady heartbeat: the same live session answered, so it still
+    /// holds every key it held when the statement was sent (a live session
+    /// loses a session-level advisory lock only by its own unlock, which the
+    /// machine sends only as a [`Statement::Release`](crate::Statement::Release)
+    /// that ends the run or the session, or by ending). Every held lease is
+    /// confirmed from `sent`.
+    fn heartbeat_done(&mut self, now: Instant, sent: Instant, reply: HeartbeatReply) {
+        if !self.same_session(now, &reply) {
+            return;
+        }
+        self.runs.confirm_all(sent);
+        self.heartbeat_again(now, sent);
+    }
+
+    /// The verify: what the session holds according to `pg_locks`. A held
+    /// lease not in it is lost; a key in it that no run holds is unlocked.
+    fn verify_done(&mut self, now: Instant, sent: Instant, reply: VerifyReply) {
+        if !self.same_session(now, &reply.session) {
+            return;
+        }
+        self.plan.verified();
+        self.runs.verified(sent, reply.held, &mut self.out);
+        self.heartbeat_again(now, sent);
+    }
+
+    /// The next heartbeat is due a heartbeat interval after `sent`.
+    fn heartbeat_again(&mut self, now: Instant, sent: Instant) {
+        let next = (sent + self.opts.heartbeat_interval).max(now);
+        self.timers.set(Timer::Heartbeat, next);
+    }
+
+    /// A wait's reply: woken, timed out, or failed (see `wait`).
+    fn wait_done(
+        &mut self,
+        now: Instant,
+        key: i64,
+        chunk: bool,
+        result: Result<Vec<Row>, DbError>,
+    ) {
+        let answered = self.wait.answered(key);
+        if !self.runs.holding() {
+            self.timers
+                .set(Timer::Heartbeat, now + self.opts.heartbeat_interval);
+        }
+        let rows = match result {
+            Ok(rows) => rows,
+            Err(error) => {
+                self.out.event(Event::WaitFailed { error });
+                self.wait.failed();
+                return self.plan.try_soon();
+            }
+        };
+        let (session, freed, deadlock_timeout_ms) = match WaitReply::parse(&rows) {
+            Ok(WaitReply {
+                session,
+                freed: Some(freed),
+                deadlock_timeout_ms,
+            }) => (session, freed, deadlock_timeout_ms),
+            Ok(WaitReply { freed: None, .. }) => {
+                let e = DbError::other("malformed wait reply: no outcome row");
+                return self.lose_session(now, Reason::QueryFailed(e), true);
+            }
+            Err(e) => return self.lose_session(now, session::malformed(e), true),
+        };
+        if !self.same_session(now, &session) {
+            return;
+        }
+        self.wait.limit_from(deadlock_timeout_ms);
+        if !freed {
+            return match self.wait.not_freed(answered, chunk) {
+                NotFreed::Chunk => {}
+                // As good as a try of this key that lost. Not jittered:
+                // jitter spreads the polls of replicas started together, and
+                // waits on the server do not poll.
+                NotFreed::HeldAllAlong => {
+                    if self.runs.standbys() <= 1 {
+                        let retry = now + self.opts.retry_interval;
+                        self.timers.set(Timer::Retry, retry);
+                    }
+                }
+            };
+        }
+        self.out.event(Event::KeyFreed { key });
+        #[cfg(feature = "sim")] // The broken variant: a wake taken as the win.
+        if self.opts.mutation == Some(crate::options::Mutation::WakeIsAcquisition) {
+            let token = i64::MAX / 2 + self.connector.peek_query() as i64;
+            let window = self.opts.validity_window();
+            return self.runs.wake_won(now, (key, token), window, &mut self.out);
+        }
+        let delay = self.opts.lock_delay;
+        if self.wait.freed(now, answered, delay) || delay.is_zero() {
+            self.plan.try_soon();
+        } else {
+            // A notification (graceful release) asks for the try meanwhile;
+            // the retry deadline is the delay's end.
+            self.timers.set(Timer::Retry, now + delay);
+        }
+    }
+
+    /// A handover notification for `key` from backend `sender`: a graceful
+    /// release, if `sender` is the holder this standby last saw; then a
+    /// standby that wants it tries at once (see `wait` for a wait in flight).
+    ///
+    /// From any other backend it is ignored: any role may `NOTIFY` on the
+    /// channel (a forged one sent just before the holder's session is
+    /// terminated would skip the lock delay), and a late one from an
+    /// earlier holder may reach a standby that lost the herd and waits
+    /// again behind the new holder.
+    fn handover_notified(&mut self, now: Instant, key: i64, sender: i64) {
+        let Some((wanted, holder)) = self.runs.standby_of(key) else {
+            return;
+        };
+        if let Some(holder) = holder {
+            #[cfg(feature = "sim")]
+            let anyone = self.opts.mutation == Some(crate::options::Mutation::NotifyFromAnyone);
+            #[cfg(not(feature = "sim"))]
+            let anyone = false;
+            if holder != Some(sender) && !anyone {
+                self.out.event(Event::NotificationIgnored {
+                    key,
+                    sender_pid: sender,
+                    holder_pid: holder,
+                });
+                return;
+            }
+        }
+        if (self.wait).notified(now, key, self.session.waiting_for(), wanted) {
+            self.plan.try_soon();
+        }
+    }
+
+    // ---- the pump -----------------------------------------------------
+
+    /// After every input: enforce deadlines against `now`, then start what
+    /// is due. The validity timer is the earliest validity end of a held
+    /// key, read from the runs before and after.
+    fn pump(&mut self, now: Instant) {
+        self.sync_validity();
+        self.act(now);
+        self.sync_validity();
+    }
+
+    fn sync_validity(&mut self) {
+        let end = self.runs.earliest_validity_end(self.opts.validity_window());
+        self.timers.put(Timer::Validity, end);
+    }
+
+    fn act(&mut self, now: Instant) {
+        // Check the clock rather than trust that a timer fired.
+        if self.timers.expired(Timer::Validity, now) {
+            self.lose_session(now, Reason::ValidityExpired, true);
+        }
+        if self.timers.expired(Timer::Connect, now) || self.timers.expired(Timer::Query, now) {
+            self.lose_session(now, Reason::QueryTimeout, true);
+        }
+        self.close_doubtful_when_done(now);
+        self.interrupt_wait_if_needed();
+        let needed = self.needs_session();
+        match &self.session {
+            Session::Idle => {
+                if needed {
+                    self.open(now);
+                }
+            }
+            Session::Backoff => {
+                let waiting = self.timers.get(Timer::Backoff).is_some_and(|t| t > now);
+                if needed && !waiting {
+                    self.open(now);
+                }
+            }
+            Session::Connecting { id } => {
+                if !needed {
+                    let id = *id;
+                    self.close_idle(id);
+                }
+            }
+            // Nothing is sent on it; it closes by itself (above).
+            Session::Doubtful { .. } => {}
+            Session::Up(up) => {
+                if up.inflight.is_some() {
+                    return;
+                }
+                if !needed && !self.runs.has_orphans() {
+                    let id = up.id;
+                    return self.close_idle(id);
+                }
+                if !matches!(up.stage, Stage::Ready { .. }) {
+                    return;
+                }
+                if let Some(what) = self.next_statement(now) {
+                    self.send(now, what);
+                }
+            }
+        }
+    }
+
+    /// While a wait blocks the session: closes the session if something
+    /// else needs it (see `wait`).
+    fn interrupt_wait_if_needed(&mut self) {
+        let (Some(waited), Some(id)) = (self.session.waiting_for(), self.session.id()) else {
+            return;
+        };
+        let other_wanted = self.runs.other_waiting(waited);
+        let needed = self.needs_session();
+        if needed && !(self.plan.try_owed() && other_wanted) && self.phase == Phase::Open {
+            return;
+        }
+        self.out.event(Event::WaitInterrupted { session: id });
+        if needed {
+            self.close_for_new_session(id);
+        } else {
+            self.close_idle(id);
+        }
+    }
+
+    /// Picks the next statement on the ready, idle session: verification,
+    /// then releases, then the heartbeat, then the standby try, then a wait
+    /// on the server (`wait`).
+    fn next_statement(&mut self, now: Instant) -> Option<What> {
+        if self.plan.verify_owed() {
+            return Some(What::Verify);
+        }
+        let release = self.runs.take_release();
+        if !release.is_empty() {
+            return Some(What::Release(release));
+        }
+        let holding = self.runs.holding();
+        // On a newly promoted primary nothing is tried (nor waited for: a
+        // wait would be granted at once, the key being free there) before
+        // the hold ends; the retry deadline wakes the machine then.
+        let up = self.session.up_mut()?;
+        let held = up.promotion_hold.filter(|&until| until > now);
+        if held.is_none() {
+            up.promotion_hold = None;
+        }
+        let heartbeat_due = self.heartbeat_needed() && self.timers.expired(Timer::Heartbeat, now);
+        let retry_due = self.timers.get(Timer::Retry).is_none_or(|t| t <= now);
+        let try_due =
+            (self.plan.try_owed() || retry_due) && self.phase == Phase::Open && held.is_none();
+        // Heartbeat first, but never twice in a row while a try is due. A
+        // locker holding nothing heartbeats only to keep its session alive,
+        // and a try does that too: it goes instead.
+        let heartbeat_first = holding || !try_due;
+        if heartbeat_due
+            && heartbeat_first
+            && self.plan.heartbeat_may_go(try_due, self.runs.any_waiting())
+        {
+            return Some(match self.plan.heartbeat() {
+                Beat::Verify => What::Verify,
+                Beat::Heartbeat => What::Heartbeat,
+            });
+        }
+        self.plan.not_heartbeat();
+        if let Some(until) = held {
+            if self.timers.get(Timer::Retry).is_none_or(|t| t < until) {
+                self.timers.set(Timer::Retry, until);
+            }
+            return None;
+        }
+        if try_due {
+            let keys = self.runs.take_try();
+            self.plan.tried();
+            if retry_due && !self.wait.woken() {
+                // The periodic try: waiting may start over. Not the try
+                // after a wake's lock delay, which the retry deadline also
+                // sends: it must count against the wake budget.
+                self.wait.periodic_try();
+            }
+            if !keys.is_empty() {
+                if !holding {
+                    // The try proves the session alive as a heartbeat does
+                    // (it checks the backend pid and the nonce), and a key
+                    // it wins counts from its send time: the next heartbeat
+                    // is due an interval after it.
+                    let next = now + self.opts.heartbeat_interval;
+                    self.timers.set(Timer::Heartbeat, next);
+                }
+                return Some(What::Try(keys));
+            }
+        }
+        let (key, timeout, chunk) = self.next_wait(now)?;
+        Some(What::Wait {
+            key,
+            timeout,
+            chunk,
+        })
+    }
+
+    /// The wait to send now, if any (see `wait` for when).
+    fn next_wait(&self, now: Instant) -> Option<(i64, Duration, bool)> {
+        if !self.opts.wait_on_server
+            // Behind a pooler (it rejected the startup options), a blocked
+            // statement would hold a pooled server connection all along.
+            || self.connector.settings_by_statement()
+            || self.phase != Phase::Open
+            || self.wait.paused()
+            || self.plan.verify_owed()
+        {
+            return None;
+        }
+        let wanted = self.runs.wait_candidates()?;
+        self.wait.next(now, &wanted, self.timers.get(Timer::Retry))
+    }
+
+    /// Whether heartbeats are due at all. A locker holding nothing needs no
+    /// confirmation, only a session kept from looking idle to the server
+    /// guard (`idle_session_timeout`): its tries do that when the longest
+    /// gap between two tries' send times, a query timeout (a reply later
+    /// than that ends the session) plus a retry interval (jittered down,
+    /// never up), is shorter than the guard. With the defaults (5 s + 10 s
+    /// against 16 s) a standby sends its tries and nothing else; otherwise
+    /// it also heartbeats, each try pushing the heartbeat back.
+    fn heartbeat_needed(&self) -> bool {
+        // A hold after a promotion is longer than the guard: heartbeats keep
+        // the session from looking idle meanwhile.
+        self.runs.holding()
+            || self
+                .session
+                .up()
+                .is_some_and(|up| up.promotion_hold.is_some())
+            || self.opts.retry_interval + self.opts.query_timeout >= self.opts.guard_timeout()
+    }
+
+    /// Whether any run needs the session: a standby, a leader, or a release.
+    fn needs_session(&self) -> bool {
+        !matches!(self.phase, Phase::Refused(_))
+            && self.runs.need_session(self.phase == Phase::Open)
+    }
+
+    /// The earliest deadline that can make progress, and which one it is.
+    fn next_timer(&self) -> Option<(Timer, Instant)> {
+        // Only a ready session with nothing in flight sends.
+        let idle_ready = self.session.idle_ready();
+        self.timers.next(|timer| match timer {
+            Timer::Connect | Timer::Query | Timer::Validity => true,
+            Timer::DeferredClose => matches!(self.session, Session::Doubtful { .. }),
+            Timer::Heartbeat => idle_ready && self.heartbeat_needed(),
+            Timer::Retry => idle_ready && self.runs.any_waiting(),
+            Timer::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),
+        })
     }
 }
 

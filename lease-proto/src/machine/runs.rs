@@ -1,13 +1,494 @@
-//! What happens to runs: job exits, stops, wins, losses, releases.
+//! The run table: every run of the machine, by id and by key, and the keys
+//! the session holds without a run that holds them. It owns the key-index
+//! invariant (each run's key maps back to it, and nothing else is in the
+//! index) and every transition of a run's state; the machine's dispatch
+//! calls it with what happened and it says, through [`Outputs`], what the
+//! run futures and the logs must hear.
+//!
+//! A run's states are named as their public [`LeaseState`](super::LeaseState)
+//! counterparts; where one public state covers several, the internal ones are
+//! its sub-states.
 
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
-use super::state::{Held, Release, RunState, Standby, StandbyStep, Stopping};
-use super::{Machine, Timer};
-use crate::io::*;
+use super::Outputs;
+use crate::io::{Event, JobExit, Outcome, Reason, RunCommand, RunId};
+use crate::key::LeaseId;
 
-impl Machine {
-    pub(super) fn job_exited(&mut self, id: RunId, exit: JobExit) {
+#[derive(Debug)]
+pub(super) struct Run {
+    pub(super) lease: LeaseId,
+    pub(super) state: RunState,
+}
+
+/// What one run is doing.
+#[derive(Debug)]
+pub(super) enum RunState {
+    /// Not held, no job.
+    Standby(Standby),
+    /// Held; the job runs.
+    Leading(Held),
+    /// The job was cancelled; waiting for it to return.
+    Stopping(Stopping),
+    /// The job returned; the key is held until the unlock answers.
+    Releasing {
+        /// What the run finishes with once released.
+        outcome: Outcome,
+        release: Release,
+    },
+}
+
+impl RunState {
+    /// In standby and not in the try in flight: the next try includes it.
+    fn is_waiting(&self) -> bool {
+        matches!(
+            self,
+            RunState::Standby(Standby {
+                step: StandbyStep::Waiting,
+                ..
+            })
+        )
+    }
+
+    /// The key's confirmation, while the session holds it for this run and
+    /// its job has not returned.
+    pub(super) fn held(&self) -> Option<&Held> {
+        match self {
+            RunState::Leading(held) | RunState::Stopping(Stopping::Held { held, .. }) => Some(held),
+            _ => None,
+        }
+    }
+
+    fn held_mut(&mut self) -> Option<&mut Held> {
+        match self {
+            RunState::Leading(held) | RunState::Stopping(Stopping::Held { held, .. }) => Some(held),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Standby {
+    step: StandbyStep,
+    /// The holder the last answered try of this standby reported (`None`:
+    /// no try answered yet; `Some(None)`: `pg_locks` did not show it).
+    pub(super) holder: Option<Option<i64>>,
+}
+
+impl Standby {
+    fn new() -> Standby {
+        Standby {
+            step: StandbyStep::Waiting,
+            holder: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StandbyStep {
+    /// The next try includes this key.
+    Waiting,
+    /// In the try in flight.
+    Trying,
+}
+
+/// A key the session holds for a run.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub(super) token: i64,
+    /// The reply's arrival.
+    pub(super) since: Instant,
+    /// Send time of the last statement that confirmed the key.
+    pub(super) confirmed: Instant,
+}
+
+#[derive(Debug)]
+pub(super) enum Stopping {
+    /// Shutdown, close or refusal while leading: the key is still held (and
+    /// confirmed by heartbeats, and timed by its validity) until the job
+    /// returns; then it is released and the run finishes with `outcome`.
+    Held { held: Held, outcome: Outcome },
+    /// The lease was lost: the key is not held. When the job returns the run
+    /// finishes with `outcome`, or stands by again if there is none.
+    Lost { outcome: Option<Outcome> },
+}
+
+/// The unlock of a releasing run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Release {
+    /// Goes into the next release statement.
+    Queued,
+    /// In the release statement in flight.
+    Sent,
+}
+
+/// Every run, and the keys to unlock that no run holds.
+#[derive(Debug, Default)]
+pub(super) struct RunTable {
+    runs: BTreeMap<RunId, Run>,
+    /// Each run's key, to its run.
+    keys: BTreeMap<i64, RunId>,
+    next_run: u64,
+    /// Keys to unlock at the next release: held without a run that holds them.
+    orphans: BTreeSet<i64>,
+    /// Keys found held whose run lost them (stopping): unlocked once its job
+    /// returned.
+    held_lost: BTreeSet<i64>,
+}
+
+impl RunTable {
+    // ---- membership ----------------------------------------------------
+
+    pub(super) fn len(&self) -> usize {
+        self.runs.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    pub(super) fn has_key(&self, key: i64) -> bool {
+        self.keys.contains_key(&key)
+    }
+
+    /// The id of the next run.
+    pub(super) fn next_id(&mut self) -> RunId {
+        let id = RunId(self.next_run);
+        self.next_run += 1;
+        id
+    }
+
+    /// A new run of `lease`, in standby.
+    pub(super) fn insert(&mut self, id: RunId, lease: LeaseId) {
+        self.keys.insert(lease.key(), id);
+        self.runs.insert(
+            id,
+            Run {
+                lease,
+                state: RunState::Standby(Standby::new()),
+            },
+        );
+        self.check();
+    }
+
+    pub(super) fn ids(&self) -> Vec<RunId> {
+        self.runs.keys().copied().collect()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&RunId, &Run)> {
+        self.runs.iter()
+    }
+
+    pub(super) fn get(&self, id: RunId) -> Option<&Run> {
+        self.runs.get(&id)
+    }
+
+    fn by_key(&self, key: i64) -> Option<&Run> {
+        self.keys.get(&key).and_then(|id| self.runs.get(id))
+    }
+
+    fn by_key_mut(&mut self, key: i64) -> Option<(RunId, &mut Run)> {
+        let id = *self.keys.get(&key)?;
+        self.runs.get_mut(&id).map(|r| (id, r))
+    }
+
+    /// The key-index invariant.
+    fn check(&self) {
+        debug_assert_eq!(self.runs.len(), self.keys.len(), "one key per run");
+        debug_assert!(
+            (self.keys.iter())
+                .all(|(k, id)| self.runs.get(id).is_some_and(|r| r.lease.key() == *k)),
+            "every key maps to the run of that key"
+        );
+    }
+
+    // ---- questions -----------------------------------------------------
+
+    /// Whether the session holds a lease whose validity heartbeats renew.
+    pub(super) fn holding(&self) -> bool {
+        self.runs.values().any(|r| r.state.held().is_some())
+    }
+
+    /// Whether a standby is not in the try in flight: the next try has work.
+    pub(super) fn any_waiting(&self) -> bool {
+        self.runs.values().any(|r| r.state.is_waiting())
+    }
+
+    /// Whether a job has not returned: leading, or cancelled and stopping.
+    pub(super) fn any_job_running(&self) -> bool {
+        self.runs
+            .values()
+            .any(|r| matches!(r.state, RunState::Leading(_) | RunState::Stopping(_)))
+    }
+
+    /// Standbys, in the try in flight or not.
+    pub(super) fn standbys(&self) -> usize {
+        (self.runs.values())
+            .filter(|r| matches!(r.state, RunState::Standby(_)))
+            .count()
+    }
+
+    /// Whether any run needs the session: a standby (while the machine takes
+    /// new work, `open`), a leader, or a release.
+    pub(super) fn need_session(&self, open: bool) -> bool {
+        self.runs.values().any(|r| match &r.state {
+            RunState::Stopping(Stopping::Lost { .. }) => false,
+            RunState::Standby(s) if s.step == StandbyStep::Waiting => open,
+            RunState::Standby(_)
+            | RunState::Leading(_)
+            | RunState::Stopping(Stopping::Held { .. })
+            | RunState::Releasing { .. } => true,
+        })
+    }
+
+    /// The earliest end of validity of a key held for a job that has not
+    /// returned: its confirmation plus the validity `window`.
+    pub(super) fn earliest_validity_end(&self, window: Duration) -> Option<Instant> {
+        let confirmed = self.runs.values().filter_map(|r| r.state.held());
+        let earliest = confirmed.map(|held| held.confirmed).min()?;
+        Some(earliest + window)
+    }
+
+    /// The keys a wait may be for, if the session holds and owes nothing:
+    /// every run a standby, no key to unlock; the keys of the standbys not in
+    /// the try in flight whose last try answered.
+    pub(super) fn wait_candidates(&self) -> Option<Vec<i64>> {
+        if !self.orphans.is_empty() || !self.held_lost.is_empty() {
+            return None;
+        }
+        let mut wanted = Vec::new();
+        for r in self.runs.values() {
+            match &r.state {
+                RunState::Standby(s) if s.step == StandbyStep::Waiting && s.holder.is_some() => {
+                    wanted.push(r.lease.key())
+                }
+                RunState::Standby(_) => {}
+                // Holding or owing something: the session stays free.
+                _ => return None,
+            }
+        }
+        Some(wanted)
+    }
+
+    /// Whether a standby of another key than `key` is not in the try in flight.
+    pub(super) fn other_waiting(&self, key: i64) -> bool {
+        (self.runs.values()).any(|r| r.lease.key() != key && r.state.is_waiting())
+    }
+
+    /// For a standby of `key`: whether it is not in the try in flight, and the
+    /// holder its last try saw. `None` if `key` is no run's, or its run is not
+    /// a standby (a standby's flag `false` then too).
+    pub(super) fn standby_of(&self, key: i64) -> Option<(bool, Option<Option<i64>>)> {
+        let run = self.by_key(key)?;
+        Some(match &run.state {
+            RunState::Standby(s) => (s.step == StandbyStep::Waiting, Some(s.holder.flatten())),
+            _ => (false, None),
+        })
+    }
+
+    /// Whether `key` is to be unlocked without a run.
+    pub(super) fn is_orphan(&self, key: i64) -> bool {
+        self.orphans.contains(&key)
+    }
+
+    pub(super) fn has_orphans(&self) -> bool {
+        !self.orphans.is_empty()
+    }
+
+    // ---- the session's statements ----------------------------------------
+
+    /// The keys of the next try: every standby not in the try in flight
+    /// joins it.
+    pub(super) fn take_try(&mut self) -> Vec<i64> {
+        let mut keys = Vec::new();
+        for r in self.runs.values_mut() {
+            if let RunState::Standby(standby) = &mut r.state {
+                if standby.step == StandbyStep::Waiting {
+                    standby.step = StandbyStep::Trying;
+                    keys.push(r.lease.key());
+                }
+            }
+        }
+        keys
+    }
+
+    /// The keys of the next release: every orphan, then every releasing run
+    /// not in a release yet.
+    pub(super) fn take_release(&mut self) -> Vec<i64> {
+        let mut release: Vec<i64> = std::mem::take(&mut self.orphans).into_iter().collect();
+        for r in self.runs.values_mut() {
+            if let RunState::Releasing { release: step, .. } = &mut r.state {
+                if *step == Release::Queued {
+                    *step = Release::Sent;
+                    release.push(r.lease.key());
+                }
+            }
+        }
+        release
+    }
+
+    /// A try won `key` with `token`; the try was sent at `sent`: the run's
+    /// job starts, valid for `window` from `sent`. Won for a run that is gone
+    /// (shut down or closed while trying): the key is unlocked.
+    pub(super) fn won(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        (key, token): (i64, i64),
+        window: Duration,
+        out: &mut Outputs,
+    ) {
+        let Some((id, r)) = self.by_key_mut(key).filter(|(_, r)| {
+            matches!(
+                r.state,
+                RunState::Standby(Standby {
+                    step: StandbyStep::Trying,
+                    ..
+                })
+            )
+        }) else {
+            self.orphans.insert(key);
+            return;
+        };
+        r.state = RunState::Leading(Held {
+            token,
+            since: now,
+            confirmed: sent,
+        });
+        let lease = r.lease.clone();
+        out.event(Event::Acquired {
+            run: id,
+            lease: lease.clone(),
+            token,
+        });
+        out.run(RunCommand::StartJob {
+            run: id,
+            lease,
+            token,
+            valid_until: sent + window,
+        });
+    }
+
+    /// The broken variant [`Mutation::WakeIsAcquisition`](crate::options::Mutation):
+    /// a wake taken as the win of `key`, with `token`.
+    #[cfg(feature = "sim")]
+    pub(super) fn wake_won(
+        &mut self,
+        now: Instant,
+        (key, token): (i64, i64),
+        window: Duration,
+        out: &mut Outputs,
+    ) {
+        let Some((_, r)) = self.by_key_mut(key) else {
+            return;
+        };
+        if let RunState::Standby(s) = &mut r.state {
+            s.step = StandbyStep::Trying;
+            self.won(now, now, (key, token), window, out);
+        }
+    }
+
+    /// A try did not win `key`; `holder` is who holds it, if `pg_locks` said.
+    pub(super) fn not_won(&mut self, key: i64, holder: Option<i64>, out: &mut Outputs) {
+        let Some((id, r)) = self.by_key_mut(key) else {
+            return;
+        };
+        if let RunState::Standby(standby) = &mut r.state {
+            if standby.step == StandbyStep::Trying {
+                standby.step = StandbyStep::Waiting;
+                if standby.holder != Some(holder) {
+                    standby.holder = Some(holder);
+                    let lease = r.lease.clone();
+                    out.event(Event::Waiting {
+                        run: id,
+                        lease,
+                        holder_pid: holder,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Runs whose try got no usable answer go back to waiting.
+    pub(super) fn try_back(&mut self, keys: &[i64]) {
+        for &key in keys {
+            if let Some((_, r)) = self.by_key_mut(key) {
+                if let RunState::Standby(standby) = &mut r.state {
+                    standby.step = StandbyStep::Waiting;
+                }
+            }
+        }
+    }
+
+    /// The steady heartbeat sent at `sent` answered: every held lease is
+    /// confirmed from then.
+    pub(super) fn confirm_all(&mut self, sent: Instant) {
+        for r in self.runs.values_mut() {
+            if let Some(h) = r.state.held_mut() {
+                h.confirmed = sent;
+            }
+        }
+    }
+
+    /// The verify sent at `sent` answered that the session holds `held`: a
+    /// held lease in it is confirmed, one not in it is lost; a key in it that
+    /// no run holds is unlocked (after its run's job returned, if its run
+    /// lost it).
+    pub(super) fn verified(&mut self, sent: Instant, held: BTreeSet<i64>, out: &mut Outputs) {
+        let mut lost = Vec::new();
+        for (id, r) in &mut self.runs {
+            let in_reply = held.contains(&r.lease.key());
+            match r.state.held_mut() {
+                Some(h) if in_reply => h.confirmed = sent,
+                Some(_) => lost.push(*id),
+                None => {}
+            }
+        }
+        for id in lost {
+            self.lose(id, Reason::NotHeld, out);
+        }
+        for key in held {
+            match self.by_key(key).map(|r| &r.state) {
+                Some(
+                    RunState::Leading(_)
+                    | RunState::Stopping(Stopping::Held { .. })
+                    | RunState::Releasing { .. },
+                ) => continue,
+                // Held, but its run lost it and its cancelled job still runs:
+                // unlock only after the job has returned.
+                Some(RunState::Stopping(Stopping::Lost { .. })) => {
+                    self.held_lost.insert(key);
+                    continue;
+                }
+                Some(RunState::Standby(_)) | None => {}
+            }
+            if self.orphans.insert(key) {
+                out.event(Event::UnknownKeyReleased { key });
+            }
+        }
+    }
+
+    /// A release statement of `keys` answered: their releasing runs finish.
+    pub(super) fn release_answered(&mut self, keys: Vec<i64>, out: &mut Outputs) {
+        for key in keys {
+            let Some(&id) = self.keys.get(&key) else {
+                continue;
+            };
+            if let Some(RunState::Releasing {
+                outcome,
+                release: Release::Sent,
+            }) = self.runs.get(&id).map(|r| &r.state)
+            {
+                let outcome = outcome.clone();
+                self.released(id, outcome, out);
+            }
+        }
+    }
+
+    // ---- the runs' own events ---------------------------------------------
+
+    pub(super) fn job_exited(&mut self, id: RunId, exit: JobExit, out: &mut Outputs) {
         let Some(run) = self.runs.get_mut(&id) else {
             return;
         };
@@ -24,12 +505,11 @@ impl Machine {
                     outcome,
                     release: Release::Queued,
                 };
-                self.update_validity();
             }
             RunState::Stopping(Stopping::Lost { outcome }) => {
                 match (exit, outcome.clone()) {
-                    (JobExit::Abandoned, _) => self.finish(id, Outcome::Abandoned),
-                    (_, Some(outcome)) => self.finish(id, outcome),
+                    (JobExit::Abandoned, _) => self.finish(id, Outcome::Abandoned, out),
+                    (_, Some(outcome)) => self.finish(id, outcome, out),
                     // Lost, and the job returned: contend again, restart on the next win.
                     (_, None) => run.state = RunState::Standby(Standby::new()),
                 }
@@ -40,7 +520,7 @@ impl Machine {
                 }
             }
             RunState::Standby(_) if exit == JobExit::Abandoned => {
-                self.finish(id, Outcome::Abandoned)
+                self.finish(id, Outcome::Abandoned, out)
             }
             RunState::Standby(_) | RunState::Releasing { .. } => {}
         }
@@ -48,18 +528,18 @@ impl Machine {
 
     /// Shutdown, close or refusal of one run: it ends with `outcome` once its
     /// job (if any) returned. The first stop of a run decides its outcome.
-    pub(super) fn stop_run(&mut self, id: RunId, outcome: Outcome, reason: Reason) {
+    pub(super) fn stop(&mut self, id: RunId, outcome: Outcome, reason: Reason, out: &mut Outputs) {
         let Some(run) = self.runs.get_mut(&id) else {
             return;
         };
         match &mut run.state {
             // A try in flight that wins for a finished run leaves an unknown
             // key: the reply handler unlocks it.
-            RunState::Standby(_) => self.finish(id, outcome),
+            RunState::Standby(_) => self.finish(id, outcome, out),
             RunState::Leading(held) => {
                 let held = held.clone();
                 run.state = RunState::Stopping(Stopping::Held { held, outcome });
-                self.run_command(RunCommand::CancelJob { run: id, reason });
+                out.run(RunCommand::CancelJob { run: id, reason });
             }
             RunState::Stopping(Stopping::Lost { outcome: then }) => {
                 then.get_or_insert(outcome);
@@ -68,77 +548,9 @@ impl Machine {
         }
     }
 
-    /// A try won `key` with `token`; the try was sent at `sent`.
-    pub(super) fn won(&mut self, now: Instant, sent: Instant, key: i64, token: i64) {
-        let validity = self.opts.validity_window();
-        let run = self.keys.get(&key).copied();
-        match run.and_then(|id| self.runs.get_mut(&id).map(|r| (id, r))) {
-            Some((id, r)) if r.state.is_trying() => {
-                r.state = RunState::Leading(Held {
-                    token,
-                    since: now,
-                    confirmed: sent,
-                });
-                let lease = r.lease.clone();
-                self.event(Event::Acquired {
-                    run: id,
-                    lease: lease.clone(),
-                    token,
-                });
-                self.run_command(RunCommand::StartJob {
-                    run: id,
-                    lease,
-                    token,
-                    valid_until: sent + validity,
-                });
-                self.update_validity();
-            }
-            // Won for a run that is gone (shut down or closed while trying):
-            // unlock it.
-            _ => {
-                self.orphans.insert(key);
-            }
-        }
-    }
-
-    /// A try did not win `key`; `holder` is who holds it, if `pg_locks` said.
-    pub(super) fn not_won(&mut self, key: i64, holder: Option<i64>) {
-        let Some(&id) = self.keys.get(&key) else {
-            return;
-        };
-        let Some(r) = self.runs.get_mut(&id) else {
-            return;
-        };
-        if let RunState::Standby(standby) = &mut r.state {
-            if standby.step == StandbyStep::Trying {
-                standby.step = StandbyStep::Waiting;
-                if standby.holder != Some(holder) {
-                    standby.holder = Some(holder);
-                    let lease = r.lease.clone();
-                    self.event(Event::Waiting {
-                        run: id,
-                        lease,
-                        holder_pid: holder,
-                    });
-                }
-            }
-        }
-    }
-
-    /// Runs whose try got no usable answer go back to waiting.
-    pub(super) fn try_back(&mut self, keys: &[i64]) {
-        for key in keys {
-            if let Some(r) = self.keys.get(key).and_then(|id| self.runs.get_mut(id)) {
-                if let RunState::Standby(standby) = &mut r.state {
-                    standby.step = StandbyStep::Waiting;
-                }
-            }
-        }
-    }
-
     /// The key of `id` is lost (or suspected lost): its job is cancelled,
     /// unless a stop cancelled it already.
-    pub(super) fn lose_lease(&mut self, id: RunId, reason: Reason) {
+    pub(super) fn lose(&mut self, id: RunId, reason: Reason, out: &mut Outputs) {
         let Some(r) = self.runs.get_mut(&id) else {
             return;
         };
@@ -155,47 +567,71 @@ impl Machine {
             _ => return,
         };
         let lease = r.lease.clone();
-        self.event(Event::Lost {
+        out.event(Event::Lost {
             run: id,
             lease,
             reason: reason.clone(),
         });
         if cancel {
-            self.run_command(RunCommand::CancelJob { run: id, reason });
+            out.run(RunCommand::CancelJob { run: id, reason });
         }
-        self.update_validity();
     }
 
-    pub(super) fn released(&mut self, id: RunId, outcome: Outcome) {
+    /// The machine gives up on the session while jobs run on it: every
+    /// standby in the try in flight waits for the next session, every lease
+    /// is lost.
+    pub(super) fn doubt_session(&mut self, reason: &Reason, out: &mut Outputs) {
+        for id in self.ids() {
+            if let Some(r) = self.runs.get_mut(&id) {
+                if let RunState::Standby(standby) = &mut r.state {
+                    standby.step = StandbyStep::Waiting;
+                }
+            }
+            self.lose(id, reason.clone(), out);
+        }
+    }
+
+    /// The session is gone: every lease on it is lost, every release done
+    /// (the session's end released the key), every standby waits for the
+    /// next one.
+    pub(super) fn session_gone(&mut self, reason: &Reason, out: &mut Outputs) {
+        for id in self.ids() {
+            let Some(r) = self.runs.get_mut(&id) else {
+                continue;
+            };
+            match &mut r.state {
+                RunState::Standby(standby) => standby.step = StandbyStep::Waiting,
+                RunState::Leading(_) | RunState::Stopping(Stopping::Held { .. }) => {
+                    self.lose(id, reason.clone(), out)
+                }
+                RunState::Releasing { outcome, .. } => {
+                    let outcome = outcome.clone();
+                    self.released(id, outcome, out);
+                }
+                RunState::Stopping(Stopping::Lost { .. }) => {}
+            }
+        }
+    }
+
+    /// What ends with any session: the keys it held without a run.
+    pub(super) fn session_down(&mut self) {
+        self.orphans.clear();
+        self.held_lost.clear();
+    }
+
+    fn released(&mut self, id: RunId, outcome: Outcome, out: &mut Outputs) {
         if let Some(r) = self.runs.get(&id) {
             let lease = r.lease.clone();
-            self.event(Event::Released { run: id, lease });
-            self.finish(id, outcome);
+            out.event(Event::Released { run: id, lease });
+            self.finish(id, outcome, out);
         }
     }
 
-    pub(super) fn finish(&mut self, id: RunId, outcome: Outcome) {
+    fn finish(&mut self, id: RunId, outcome: Outcome, out: &mut Outputs) {
         if let Some(r) = self.runs.remove(&id) {
             self.keys.remove(&r.lease.key());
-            self.run_command(RunCommand::Finish { run: id, outcome });
+            out.run(RunCommand::Finish { run: id, outcome });
         }
-    }
-
-    /// Sets [`Timer::Validity`] to the earliest validity end of a key held
-    /// for a job that has not returned. Called wherever such a key is won,
-    /// confirmed, lost or released.
-    pub(super) fn update_validity(&mut self) {
-        let end = self.earliest_validity_end();
-        self.timers.put(Timer::Validity, end);
-    }
-
-    pub(super) fn earliest_validity_end(&self) -> Option<Instant> {
-        let confirmed = self.runs.values().filter_map(|r| r.state.held());
-        let earliest = confirmed.map(|held| held.confirmed).min()?;
-        Some(earliest + self.opts.validity_window())
-    }
-
-    pub(super) fn any_waiting(&self) -> bool {
-        self.runs.values().any(|r| r.state.is_waiting())
+        self.check();
     }
 }

@@ -1,9 +1,7 @@
-//! The public snapshot of the machine: [`Machine::status`].
+//! The public snapshot of the machine: [`Machine::status`](super::Machine::status).
 
 use std::time::Instant;
 
-use super::state::{Phase, RunState, Session, Stage};
-use super::{Machine, Timer};
 use crate::io::{DbError, Refusal, RunId};
 use crate::key::LeaseId;
 
@@ -95,7 +93,7 @@ pub struct LastError {
     pub connecting: bool,
 }
 
-/// A snapshot of the machine, from [`Machine::status`].
+/// A snapshot of the machine, from [`Machine::status`](super::Machine::status).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Status {
@@ -108,60 +106,4 @@ pub struct Status {
     /// (compare `at` with the time of the [`SessionState::Ready`] you saw):
     /// while [`SessionState::Backoff`] counts failures, this says why.
     pub last_error: Option<LastError>,
-}
-
-impl Machine {
-    /// Query: a snapshot of the session and every run.
-    #[must_use]
-    pub fn status(&self) -> Status {
-        let session = match (&self.phase, &self.session) {
-            (Phase::Refused(r), _) => SessionState::Refused(r.clone()),
-            (_, Session::Backoff) if self.needs_session() => {
-                match self.timers.get(Timer::Backoff) {
-                    Some(until) => SessionState::Backoff {
-                        until,
-                        failures: self.failures,
-                    },
-                    None => SessionState::Idle,
-                }
-            }
-            (_, Session::Idle | Session::Backoff) => SessionState::Idle,
-            (_, Session::Connecting { .. }) => SessionState::Connecting,
-            (_, Session::Doubtful { .. }) => (self.timers.get(Timer::DeferredClose))
-                .map_or(SessionState::Idle, |close_by| SessionState::Doubtful {
-                    close_by,
-                }),
-            (_, Session::Up(up)) => match up.stage {
-                Stage::Ready { backend_pid } => SessionState::Ready { backend_pid },
-                Stage::SettingUp | Stage::Probing { .. } | Stage::Listening { .. } => {
-                    SessionState::SettingUp
-                }
-            },
-        };
-        let leases = self
-            .runs
-            .iter()
-            .map(|(id, r)| LeaseStatus {
-                run: *id,
-                lease: r.lease.clone(),
-                state: match &r.state {
-                    RunState::Standby(standby) => LeaseState::Standby {
-                        holder_pid: standby.holder.flatten(),
-                    },
-                    RunState::Leading(held) => LeaseState::Leading {
-                        token: held.token,
-                        since: held.since,
-                        valid_until: held.confirmed + self.opts.validity_window(),
-                    },
-                    RunState::Stopping(_) => LeaseState::Stopping,
-                    RunState::Releasing { .. } => LeaseState::Releasing,
-                },
-            })
-            .collect();
-        Status {
-            session,
-            leases,
-            last_error: self.last_error.clone(),
-        }
-    }
 }

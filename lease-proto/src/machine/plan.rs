@@ -1,0 +1,140 @@
+//! What the session sends next: the obligations (a verify owed, a try owed
+//! now) and the heartbeat's turn (never twice in a row while a try is due;
+//! every [`VERIFY_EVERY`]th one a verify). The order itself is the
+//! machine's `next_statement`: verification, then releases, then the
+//! heartbeat, then the standby try, then a wait on the server. Also the
+//! machine's one source of randomness ([`Jitter`]).
+
+use std::time::Duration;
+
+use super::VERIFY_EVERY;
+use crate::io::SessionId;
+use crate::options::RETRY_JITTER;
+
+/// The obligations and turns of the statements to come.
+#[derive(Debug, Default)]
+pub(super) struct SendPlan {
+    /// An obligation, not a state: a try's outcome is unknown (it failed, or
+    /// its reply broke the rules), so the next statement on this session is
+    /// a verify (a heartbeat that reads `pg_locks`), before any release or
+    /// try. It holds whatever statement is in flight, and ends with the
+    /// verify's reply or the session.
+    verify: bool,
+    /// An obligation, not a state: try the standbys at the next chance,
+    /// without waiting for [`Timer::Retry`](super::Timer::Retry) (a new run,
+    /// a session just ready, a handover notification). Kept apart from the
+    /// retry deadline, which it must not move.
+    try_now: bool,
+    /// The last statement chosen was a heartbeat: a due try goes first next,
+    /// so a round trip longer than the heartbeat interval cannot starve the
+    /// standbys (the heartbeat is due again at every reply).
+    heartbeat_last: bool,
+    /// Heartbeats since the last verify (see [`VERIFY_EVERY`]).
+    unverified: u32,
+}
+
+/// A heartbeat's kind, on its turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Beat {
+    /// The steady heartbeat: the same live session answers.
+    Heartbeat,
+    /// The periodic verify: what `pg_locks` shows the session holds.
+    Verify,
+}
+
+impl SendPlan {
+    /// A try's outcome is unknown: verify first.
+    pub(super) fn owe_verify(&mut self) {
+        self.verify = true;
+    }
+
+    pub(super) fn verify_owed(&self) -> bool {
+        self.verify
+    }
+
+    /// A verify answered.
+    pub(super) fn verified(&mut self) {
+        self.verify = false;
+        self.unverified = 0;
+    }
+
+    /// Try the standbys at the next chance.
+    pub(super) fn try_soon(&mut self) {
+        self.try_now = true;
+    }
+
+    pub(super) fn try_owed(&self) -> bool {
+        self.try_now
+    }
+
+    /// The try goes out (or had nothing to try).
+    pub(super) fn tried(&mut self) {
+        self.try_now = false;
+    }
+
+    /// Whether the heartbeat may go before a due try: not twice in a row
+    /// while standbys wait for one.
+    pub(super) fn heartbeat_may_go(&self, try_due: bool, standbys_wait: bool) -> bool {
+        !(try_due && self.heartbeat_last && standbys_wait)
+    }
+
+    /// The heartbeat's turn: which one it is.
+    pub(super) fn heartbeat(&mut self) -> Beat {
+        self.heartbeat_last = true;
+        self.unverified += 1;
+        if self.unverified >= VERIFY_EVERY {
+            Beat::Verify
+        } else {
+            Beat::Heartbeat
+        }
+    }
+
+    /// Anything but a heartbeat was chosen (or nothing).
+    pub(super) fn not_heartbeat(&mut self) {
+        self.heartbeat_last = false;
+    }
+
+    /// What ends with any session, and with a session given up on.
+    pub(super) fn session_down(&mut self) {
+        self.verify = false;
+    }
+}
+
+/// The seeded jitter of retries and backoffs, and the sessions' nonces.
+#[derive(Debug)]
+pub(super) struct Jitter {
+    state: u64,
+}
+
+impl Jitter {
+    pub(super) fn new(seed: u64) -> Jitter {
+        Jitter { state: seed }
+    }
+
+    /// Uniform in [0, 1).
+    pub(super) fn random(&mut self) -> f64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        (mix(self.state) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A session's nonce: a function of the jitter state and the session,
+    /// drawn without advancing the jitter sequence. Non-negative, so it reads
+    /// back as the same `int8` text.
+    pub(super) fn nonce(&self, session: SessionId) -> i64 {
+        let z = mix(self.state ^ mix(session.0.wrapping_add(0x6c65_6173_655f_6e6f)));
+        (z >> 1) as i64
+    }
+
+    /// A retry interval, jittered down by up to [`RETRY_JITTER`] of it.
+    pub(super) fn retry(&mut self, interval: Duration) -> Duration {
+        let f = 1.0 - RETRY_JITTER * self.random();
+        interval.mul_f64(f)
+    }
+}
+
+/// SplitMix64's output function.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
