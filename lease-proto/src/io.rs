@@ -167,7 +167,7 @@ pub enum Input {
     /// not fed yet, and drop that reply: a server may send a reply just
     /// before it ends the session (a try's "won" answered just before a
     /// `pg_terminate_backend`), and a job must not start on a session whose
-    /// end the driver already knows (issue 18 hole 9).
+    /// end the driver already knows.
     SessionLost {
         /// The session from [`SessionCommand::Open`].
         session: SessionId,
@@ -190,7 +190,7 @@ pub enum Input {
         /// The backend pid of the session that sent it (the process id of
         /// the server's NotificationResponse). Any role may `NOTIFY` on any
         /// channel: the machine counts a handover notification only from
-        /// the holder its standby last saw (issue 18 hole 10).
+        /// the holder its standby last saw (see [`Options::lock_delay`](crate::Options::lock_delay)).
         sender_pid: i64,
     },
     /// Time passed (a timer from [`Machine::poll_timeout`](crate::Machine::poll_timeout)
@@ -210,8 +210,10 @@ pub enum Reason {
     /// The lease was not confirmed within its validity window; the session is
     /// given up on (closed once the cancelled jobs returned).
     ValidityExpired,
-    /// A verify (after a failed or partly answered try) did not find the key
-    /// in `pg_locks` for this session.
+    /// A verify did not find the key in `pg_locks` for this session. The
+    /// verify is sent after a failed or partly answered try, and in place of
+    /// every [`VERIFY_EVERY`](crate::VERIFY_EVERY)-th heartbeat (the steady
+    /// heartbeat proves only that the session is the same live one).
     NotHeld,
     /// A statement failed, or its reply broke the rules; the session is given
     /// up on (closed once the cancelled jobs returned) because its state
