@@ -95,9 +95,9 @@ impl DbError {
     /// server starting up or shutting down, too many connections) and is
     /// retried with backoff.
     ///
-    /// The machine applies it only to a failed connection attempt: before
-    /// the machine has ever had a ready session, every run finishes with
-    /// [`Outcome::Config`]; after, the attempt is retried with backoff and
+    /// The locker (its machine) applies it only to a failed connection
+    /// attempt: before it has ever had a ready session, every run finishes
+    /// with [`Outcome::Config`] (a driver's `RunError::Config`); after, the attempt is retried with backoff and
     /// reported loudly ([`Event::ConnectFailed`] with `configuration`).
     #[must_use]
     pub fn is_configuration(&self) -> bool {
@@ -221,12 +221,12 @@ pub enum Reason {
     QueryFailed(DbError),
     /// Graceful shutdown of this run was asked.
     Shutdown,
-    /// The machine is closing.
+    /// The locker is closing (`close()`).
     Closed,
     /// The server or connection cannot give mutual exclusion.
     Refused(Refusal),
     /// The server is a hot standby (`pg_is_in_recovery()`), often a failover
-    /// in progress: the session was closed and the machine tries again after
+    /// in progress: the session was closed and the locker tries again after
     /// a backoff.
     InRecovery,
 }
@@ -250,8 +250,9 @@ impl fmt::Display for Reason {
     }
 }
 
-/// A setup that cannot give mutual exclusion. Final for the machine: every run
-/// finishes with [`Outcome::Refused`] and later runs are refused.
+/// A setup that cannot give mutual exclusion. Final for the locker (the
+/// machine): every run finishes with [`Outcome::Refused`] (a driver's
+/// `RunError::Refused`) and later runs are refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Refusal {
