@@ -86,7 +86,7 @@
 //! driver tries the hosts in order (shuffled with `load_balance_hosts=random`),
 //! one at a time, as libpq does, and gives each its own share of the attempt:
 //! `connect_timeout` if set, at most [`Options::query_timeout`] divided by the
-//! number of hosts (the machine bounds the whole attempt by the query
+//! number of hosts (the locker bounds the whole attempt by the query
 //! timeout), so every host is tried within one attempt. The share covers the
 //! whole of a host's attempt — socket, TLS, startup and authentication, and
 //! the `target_session_attrs` check, which the driver runs itself
