@@ -1,7 +1,7 @@
 //! `lease run --metrics-addr ADDR`: a small HTTP/1.1 endpoint beside the run.
 //!
 //! - `GET /metrics`: the lease metrics of this process (lease-driver's set, see
-//!   the README) in the Prometheus text format, rendered by
+//!   docs/metrics.md) in the Prometheus text format, rendered by
 //!   `metrics-exporter-prometheus`'s recorder.
 //! - `GET /healthz`: 200 while the runner's database session is ready, or has
 //!   been ready within [`Health::tolerance`] (a reconnect in progress); 503

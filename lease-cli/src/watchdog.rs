@@ -46,7 +46,7 @@
 //! A process group id can be reused once every member is gone: the runner
 //! sends `done` as soon as it has seen the tree empty, and the watchdog
 //! kills only before that. A watchdog frozen together with its runner (a
-//! cgroup freeze, a VM pause) cannot act either: see the README. Killing both
+//! cgroup freeze, a VM pause) cannot act either: see docs/fencing.md. Killing both
 //! the runner and the watchdog with SIGKILL leaves the command's escaped
 //! descendants (not its group: the command dies with the watchdog) to init.
 

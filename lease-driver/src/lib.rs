@@ -47,20 +47,12 @@
 //! # drop((locker, driver)); Ok(()) }
 //! ```
 //!
-//! ## Guarantees
+//! ## Guarantees and defaults
 //!
-//! Every rule lives in the sans-IO core, [`lease_proto`]; see its crate docs
-//! for the bounds. In short: a job starts only after the server granted the
-//! key to this locker's session, the key is released only after the job
-//! returned, the job is cancelled at once when the session ends and at the
-//! latest at [`Lease::valid_until`] when the locker cannot confirm the lease,
-//! and each acquisition gets a fencing token ([`Lease::token`]) larger than
-//! every earlier one for the key.
-//!
-//! [`Options::default()`] is production-ready: standbys poll every 5 s (a
-//! graceful release notifies them at once), the holder verifies its keys every
-//! 5 s, a statement may take 10 s, a lease is valid 15 s past its last
-//! confirmation and the server ends a silent session 1 s after that.
+//! Every rule lives in the sans-IO core, [`lease_proto`]. What a lease
+//! promises, with its bound, its conditions and the tests behind it, is in
+//! `docs/guarantees.md` of the repository (the guide, `docs/README.md`,
+//! links every page); every option's default is in the docs of [`Options`].
 //!
 //! ## Cancellation
 //!
@@ -94,7 +86,7 @@
 //! driver tries the hosts in order (shuffled with `load_balance_hosts=random`),
 //! one at a time, as libpq does, and gives each its own share of the attempt:
 //! `connect_timeout` if set, at most [`Options::query_timeout`] divided by the
-//! number of hosts (the machine bounds the whole attempt by the query
+//! number of hosts (the locker bounds the whole attempt by the query
 //! timeout), so every host is tried within one attempt. The share covers the
 //! whole of a host's attempt — socket, TLS, startup and authentication, and
 //! the `target_session_attrs` check, which the driver runs itself
@@ -110,88 +102,16 @@
 //! backoff). Test: `a_frozen_first_host_does_not_block_failover_to_the_next`
 //! and `read_write_skips_a_standby_listed_first` in `tests/tests/drivers`.
 //!
-//! ## The job span
+//! ## Logs, the job span and metrics
 //!
-//! Each call of a job runs inside a `tracing` span named `job` with the fields
-//! `lease` (name), `key`, `run` (the run's id within the locker) and `token`
-//! (the fencing token of this acquisition). The span is entered for the call
-//! of the job closure, for every poll of the job future and for its drop, so
-//! every line the job logs carries the lease context:
-//!
-//! ```no_run
-//! # async fn example(locker: lease_driver::Locker) -> Result<(), lease_driver::RunError<std::io::Error>> {
-//! locker
-//!     .run("nightly-report", |lease| async move {
-//!         // With tracing-subscriber's fmt layer this logs
-//!         // INFO job{lease="nightly-report" key=7437057697089824013 run=0 token=1638}: app: report sent
-//!         tracing::info!("report sent");
-//!         lease.cancelled().await;
-//!         Ok::<(), std::io::Error>(())
-//!     })
-//!     .await
-//! # }
-//! ```
-//!
-//! The span is at `INFO` level with the target `lease_driver::run`: under a
-//! stricter filter (`RUST_LOG=warn`), add `lease_driver::run=info` so that
-//! the job's warnings still carry it. The locker's own lines (one per event
-//! of the core) carry `lease`, `key` and `run` as fields instead.
-//!
-//! ## Metrics
-//!
-//! With the cargo feature `metrics` (off by default; `lease-tokio` and
-//! `lease-smol` forward it under the same name), the locker records metrics
-//! through the [`metrics`](https://docs.rs/metrics) facade: install any
-//! recorder or exporter (for example `metrics-exporter-prometheus`) in the
-//! application. Without the feature the `metrics` crate is not in the
-//! dependency graph and no metric state is kept. Every metric is derived in
-//! one module from the core's events and run commands, as the drain rule
-//! routes them, and from the driver's timing of its statements. The locker's
-//! constructors register each metric's unit and help text with the recorder
-//! installed at that time (`describe_metrics()`, present with the feature,
-//! does it again).
-//!
-//! | Name | Type | Labels | Meaning |
-//! |---|---|---|---|
-//! | `lease_leader` | gauge | `lease` | 1 while this process holds the lease (from its acquisition to its loss or release), else 0 |
-//! | `lease_fencing_token` | gauge | `lease` | fencing token of the latest acquisition ([`Lease::token`]) |
-//! | `lease_acquisitions_total` | counter | `lease` | acquisitions (each starts a call of the job) |
-//! | `lease_losses_total` | counter | `lease`, `reason` | leases lost while held (the job is cancelled and the run stands by again) |
-//! | `lease_releases_total` | counter | `lease` | leases released after the job returned (completed, failed, shutdown, close) |
-//! | `lease_standby_duration_seconds` | histogram | `lease` | from the run's start, or its job's return after a loss, to its acquisition |
-//! | `lease_job_stop_duration_seconds` | histogram | `lease`, `reason` | from the job's cancellation ([`Lease::cancelled`] fires) to the job's return |
-//! | `lease_session_connects_total` | counter | — | sessions that connected and passed setup (first connect and every reconnect) |
-//! | `lease_session_failures_total` | counter | `class` | sessions or connection attempts that ended unasked |
-//! | `lease_sessions_ready` | gauge | — | lease sessions of this process that are ready (1 per connected locker) |
-//! | `lease_statement_duration_seconds` | histogram | `statement` | from sending a statement to its reply (error replies included) |
-//! | `lease_statement_errors_total` | counter | `statement` | statements answered with an error |
-//!
-//! Label values form small fixed sets:
-//!
-//! - `lease`: the lease name (`key:<key>` for raw keys).
-//! - `reason` ([`Reason`]): `terminated` (the server ended the session:
-//!   SQLSTATE `57P*`, such as `pg_terminate_backend`, a server shutdown or
-//!   `idle_session_timeout`), `session_lost` (the connection ended
-//!   otherwise), `query_timeout`, `validity_expired`, `not_held` (a heartbeat
-//!   did not find the key), `query_failed`, `refused`, `driver_stopped` (the
-//!   [`Driver`] was dropped); for job stops also `shutdown` and `closed`.
-//! - `class`: `auth` (SQLSTATE `28*`), `config` (`3D*`, `22*`, `42*`,
-//!   `0A*`), `network` (no SQLSTATE: refused, reset, end of stream; or
-//!   `08*`), `terminated` (`57P*` but `57P03`), `unavailable` (`57P03`,
-//!   `53*`: starting up, too many connections), `timeout` (connect or
-//!   statement), `validity_expired`, `query_failed`, `refused`, `other`.
-//! - `statement`: `setup`, `listen`, `try`, `heartbeat`, `verify`, `release`, `wait`
-//!   (a standby's wait on the server: its duration is how long it blocked; one
-//!   ended by its lock timeout is not an error).
-//!
-//! Session and statement metrics carry no lease label (one session serves
-//! every lease of a locker; a try statement tries several keys at once).
-//! Series of several lockers in one process add up (the gauges move by
-//! increments, so `lease_leader` stays right when two lockers of one process
-//! run the same lease). What the driver cannot
-//! see is not measured: the time between a fault and its detection (bounded
-//! by the options), and a job that never returns (its stop is recorded only
-//! when it does).
+//! The locker logs one `tracing` line per event of the core, and every call
+//! of a job runs inside a `tracing` span `job` (the lease, its key, the run
+//! and the fencing token), so every line the job logs carries them. With the
+//! cargo feature `metrics` (off by default; `lease-tokio` and `lease-smol`
+//! forward it under the same name) the locker records metrics through the
+//! [`metrics`](https://docs.rs/metrics) facade. The span's level and target,
+//! every metric with its type, labels and meaning, and what to alert on:
+//! `docs/metrics.md` of the repository.
 //!
 //! ## Layout
 //!

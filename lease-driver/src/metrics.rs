@@ -4,7 +4,7 @@
 //! feature; without it every hook below is an empty inline function on a
 //! zero-sized type, and no clock is read for it.
 //!
-//! The set is documented in the crate docs ("Metrics") and in the README.
+//! The set is documented in docs/metrics.md.
 
 pub(crate) use imp::{Metrics, Sent};
 

@@ -95,9 +95,9 @@ impl DbError {
     /// server starting up or shutting down, too many connections) and is
     /// retried with backoff.
     ///
-    /// The machine applies it only to a failed connection attempt: before
-    /// the machine has ever had a ready session, every run finishes with
-    /// [`Outcome::Config`]; after, the attempt is retried with backoff and
+    /// The locker (its machine) applies it only to a failed connection
+    /// attempt: before it has ever had a ready session, every run finishes
+    /// with [`Outcome::Config`] (a driver's `RunError::Config`); after, the attempt is retried with backoff and
     /// reported loudly ([`Event::ConnectFailed`] with `configuration`).
     #[must_use]
     pub fn is_configuration(&self) -> bool {
@@ -167,7 +167,7 @@ pub enum Input {
     /// not fed yet, and drop that reply: a server may send a reply just
     /// before it ends the session (a try's "won" answered just before a
     /// `pg_terminate_backend`), and a job must not start on a session whose
-    /// end the driver already knows (issue 18 hole 9).
+    /// end the driver already knows.
     SessionLost {
         /// The session from [`SessionCommand::Open`].
         session: SessionId,
@@ -190,7 +190,7 @@ pub enum Input {
         /// The backend pid of the session that sent it (the process id of
         /// the server's NotificationResponse). Any role may `NOTIFY` on any
         /// channel: the machine counts a handover notification only from
-        /// the holder its standby last saw (issue 18 hole 10).
+        /// the holder its standby last saw (see [`Options::lock_delay`](crate::Options::lock_delay)).
         sender_pid: i64,
     },
     /// Time passed (a timer from [`Machine::poll_timeout`](crate::Machine::poll_timeout)
@@ -210,8 +210,10 @@ pub enum Reason {
     /// The lease was not confirmed within its validity window; the session is
     /// given up on (closed once the cancelled jobs returned).
     ValidityExpired,
-    /// A verify (after a failed or partly answered try) did not find the key
-    /// in `pg_locks` for this session.
+    /// A verify did not find the key in `pg_locks` for this session. The
+    /// verify is sent after a failed or partly answered try, and in place of
+    /// every [`VERIFY_EVERY`](crate::VERIFY_EVERY)-th heartbeat (the steady
+    /// heartbeat proves only that the session is the same live one).
     NotHeld,
     /// A statement failed, or its reply broke the rules; the session is given
     /// up on (closed once the cancelled jobs returned) because its state
@@ -219,12 +221,12 @@ pub enum Reason {
     QueryFailed(DbError),
     /// Graceful shutdown of this run was asked.
     Shutdown,
-    /// The machine is closing.
+    /// The locker is closing (`close()`).
     Closed,
     /// The server or connection cannot give mutual exclusion.
     Refused(Refusal),
     /// The server is a hot standby (`pg_is_in_recovery()`), often a failover
-    /// in progress: the session was closed and the machine tries again after
+    /// in progress: the session was closed and the locker tries again after
     /// a backoff.
     InRecovery,
 }
@@ -248,8 +250,9 @@ impl fmt::Display for Reason {
     }
 }
 
-/// A setup that cannot give mutual exclusion. Final for the machine: every run
-/// finishes with [`Outcome::Refused`] and later runs are refused.
+/// A setup that cannot give mutual exclusion. Final for the locker (the
+/// machine): every run finishes with [`Outcome::Refused`] (a driver's
+/// `RunError::Refused`) and later runs are refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Refusal {

@@ -71,18 +71,10 @@
 //!
 //! ## Guarantees
 //!
-//! | promise | bound |
-//! |---|---|
-//! | a job runs only after the server granted its key to this session | always |
-//! | a key is released only after its job returned | always |
-//! | a session the machine gives up on itself (statement timeout, failed or malformed reply, validity end) keeps its locks until every cancelled job has returned, then closes ([`SessionState::Doubtful`]) | at the latest at the send time of its last statement + `idle_session_timeout` (the first moment the server could free the keys anyway): a cancelled job that returns within the guard margin of its validity's end never runs beside the next holder |
-//! | frozen, partitioned or slow holder: the job is cancelled at `valid_until` = send time of the last confirming statement + validity window (`heartbeat + query_timeout` by default), without any reply | by the holder's own clock |
-//! | ...and the server ends its session (releasing the key) no earlier than `idle_session_timeout = validity + guard_margin` after its last statement | zero overlap while clock-rate drift < `margin / (2 validity + margin)` |
-//! | ...nor does the server's TCP give up on it earlier: the session sets and verifies `tcp_user_timeout` = guard and `tcp_keepalives_idle` ≥ guard ([`Options::tcp_settings`]) | guard ≤ 10 min ([`MAX_GUARD_TIMEOUT`]), below the ~15 min retransmission give-up of sockets the session cannot configure (a pooler's) |
-//! | session lost (terminated, restart, connection closed) | every job on it cancelled on that input, not at the next heartbeat |
-//! | graceful release | standbys wanting the key are notified and try at once |
-//! | fencing token | strictly larger than every earlier acquisition's for the key, on the same server across crashes and across promotions (synchronous or asynchronous replication): see [`RunCommand::StartJob`] |
-//! | statements | one heartbeat per interval and one standby try per tick, however many leases |
+//! What the machine promises, each promise with its bound, its conditions and
+//! the tests behind it, is in `docs/guarantees.md` of the repository (the one
+//! home of every guarantee; how the fencing token is made:
+//! [`RunCommand::StartJob`]).
 //!
 //! Setups that cannot give mutual exclusion are refused with a [`Refusal`]:
 //! transaction poolers (backend pid changes, settings not applied, another

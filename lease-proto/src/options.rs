@@ -53,7 +53,10 @@ pub const MAX_HEARTBEAT_PER_QUERY_TIMEOUT: u32 = 100;
 /// keeps a third of that as room.
 pub const MAX_GUARD_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Tunes a [`Machine`](crate::Machine). `Options::default()` is production-ready.
+/// Tunes a locker: every lease of one session, their timing and their limits
+/// (in this crate, a [`Machine`](crate::Machine)). `Options::default()` is
+/// production-ready; each field below states its default, and the methods
+/// below what the timings add up to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Options {
     /// Standby poll interval (default 5 s, jittered down by up to 20 %). With
@@ -75,7 +78,7 @@ pub struct Options {
     /// How long one statement may take, and how long connecting plus setup may
     /// take (default 10 s). A statement past it cannot be abandoned politely:
     /// every lease on the session is lost and the session is closed (once the
-    /// cancelled jobs have returned, see [`Machine`](crate::Machine)). Keep it well above
+    /// cancelled jobs have returned). Keep it well above
     /// the worst round trip a healthy server and a busy process produce; it is
     /// independent of the heartbeat interval.
     pub query_timeout: Duration,
@@ -98,8 +101,8 @@ pub struct Options {
     pub server_guard: bool,
     /// How much longer the server guard waits than the validity window
     /// (default 1 s). Absorbs clock-rate drift between holder and server: the
-    /// guarantee holds while `drift < margin / (2 * validity + margin)`
-    /// (3 % with the defaults). The margin in force is never below
+    /// guarantee holds while the drift stays below [`Options::drift_bound`].
+    /// The margin in force is never below
     /// `validity / 50` (1 % drift): see [`Options::guard_margin_in_force`].
     pub guard_margin: Duration,
     /// Handover notification (default on): a graceful release sends
@@ -108,7 +111,7 @@ pub struct Options {
     pub notify_handover: bool,
     /// Wait on the server (default on): while a locker holds nothing, its
     /// idle session waits for a wanted key to be freed
-    /// ([`Statement::Wait`](crate::Statement::Wait), one key at a time)
+    /// (one key at a time, under a lock timeout of at most `retry_interval`)
     /// and tries the moment it is, instead of at its next poll. Off: a
     /// standby polls every `retry_interval`. Either way the poll stays as
     /// the fallback.
@@ -148,7 +151,7 @@ pub enum Mutation {
     /// token) that must follow.
     WakeIsAcquisition,
     /// Count a handover notification as a graceful release whoever sent
-    /// it, as before issue 18 hole 10: a forged `NOTIFY` (any role may send
+    /// it, as the machine once did: a forged `NOTIFY` (any role may send
     /// one) just before the holder's session is terminated, or a late one
     /// from an earlier holder, cuts the lock delay short.
     NotifyFromAnyone,
@@ -262,7 +265,7 @@ impl std::error::Error for OptionsError {}
 
 impl Options {
     /// The validity window in force: [`Options::validity`] or
-    /// `heartbeat_interval + query_timeout`.
+    /// `heartbeat_interval + query_timeout` (15 s with the defaults).
     pub fn validity_window(&self) -> Duration {
         self.validity
             .unwrap_or(self.heartbeat_interval + self.query_timeout)
@@ -289,7 +292,7 @@ impl Options {
 
     /// The `idle_session_timeout` the session is opened with when the server
     /// guard is on: `validity_window + guard_margin_in_force`, rounded up to
-    /// whole milliseconds (the server's unit).
+    /// whole milliseconds (the server's unit): 16 s with the defaults.
     pub fn guard_timeout(&self) -> Duration {
         let d = self.validity_window() + self.guard_margin_in_force();
         let ms = d.as_nanos().div_ceil(1_000_000);
@@ -298,7 +301,8 @@ impl Options {
 
     /// How long a session on a newly promoted primary tries nothing after
     /// the promotion (see [`PromotionState`](crate::PromotionState)):
-    /// [`Options::guard_timeout`] plus [`Options::guard_margin_in_force`].
+    /// [`Options::guard_timeout`] plus [`Options::guard_margin_in_force`]
+    /// (17 s with the defaults).
     ///
     /// A holder on the old primary acts until its last confirming
     /// statement's send time plus its validity (its cancelled job until the

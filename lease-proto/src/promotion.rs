@@ -90,8 +90,8 @@ impl PromotionState {
     /// timeline, else (pending, or the checkpoint unreadable) the setup
     /// itself. A checkpoint after the first one on the new timeline only
     /// moves the bound later: on a server promoted since its start every
-    /// checkpoint holds tries back for up to `hold` (see the README's
-    /// guarantees for what that costs). Never more than `hold`: the
+    /// checkpoint holds tries back for up to `hold` (docs/guarantees.md says
+    /// what that costs). Never more than `hold`: the
     /// promotion happened before the setup read the server's state.
     pub fn hold(&self, hold: Duration) -> Option<Duration> {
         if !self.promoted() {

@@ -53,7 +53,7 @@
 //!
 //! Every job runs inside a `tracing` span with its lease, key, run and token.
 //! The cargo feature `metrics` (off by default) turns on lease-driver's
-//! metrics; its crate docs ("Metrics") list them.
+//! metrics; `docs/metrics.md` of the repository lists them.
 //!
 //! ## Connecting without tokio
 //!

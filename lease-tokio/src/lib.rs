@@ -46,7 +46,7 @@
 //!
 //! Every job runs inside a `tracing` span with its lease, key, run and token.
 //! The cargo feature `metrics` (off by default) turns on lease-driver's
-//! metrics; its crate docs ("Metrics") list them.
+//! metrics; `docs/metrics.md` of the repository lists them.
 //!
 //! With several hosts in the configuration, each host gets its own share of
 //! the attempt, from the socket to the read-write check, and a host that

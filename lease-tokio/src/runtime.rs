@@ -55,7 +55,7 @@ impl Spawn for TokioAdapter {
 
 /// The driver core's [`Runtime`] on tokio, connecting with `T`.
 ///
-/// Time is tokio's: under `tokio::time::pause()` the machine's clock and its
+/// Time is tokio's: under `tokio::time::pause()` the locker's clock and its
 /// timer move together.
 pub struct Tokio<T> {
     tls: T,

@@ -41,6 +41,17 @@ pub use tls::{client_config, Certs};
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
+/// The Rust blocks of the guide's pages (docs/), compiled as doctests like the README's.
+#[cfg(doctest)]
+pub mod guide_doctests {
+    #[doc = include_str!("../../docs/library.md")]
+    pub struct Library;
+    #[doc = include_str!("../../docs/metrics.md")]
+    pub struct Metrics;
+    #[doc = include_str!("../../docs/simulator.md")]
+    pub struct Simulator;
+}
+
 use std::fmt;
 use std::fs;
 use std::io;

@@ -1,4 +1,4 @@
-//! The fencing recipe of the README, run as written against the PostgreSQL on
+//! The fencing recipe of docs/fencing.md, run as written against the PostgreSQL on
 //! 127.0.0.1:5432: the resource rejects every write carrying a token older than
 //! the newest it has seen, whichever leader writes first.
 
@@ -6,13 +6,13 @@ use tokio_postgres::{Client, NoTls};
 
 const DB: &str = "host=127.0.0.1 user=postgres dbname=postgres";
 
-/// The SQL block after the `fencing-recipe` marker in README.md: the table, then
+/// The SQL block after the `fencing-recipe` marker in docs/fencing.md: the table, then
 /// the fence statement.
 fn recipe() -> (String, String) {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/fencing.md");
     let start = readme
         .find("<!-- fencing-recipe")
-        .expect("the README has the recipe");
+        .expect("docs/fencing.md has the recipe");
     let block = &readme[start..];
     let body = block
         .split("```sql\n")

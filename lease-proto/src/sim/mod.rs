@@ -179,7 +179,8 @@ pub enum Fault {
     /// `NOTIFY lease_handover_v1, '<key>'` for the key of lease number
     /// `lease` of [`SimConfig::leases`], from its own backend: every
     /// listening session gets it at once. Sent just before a terminate of
-    /// the holder, it is what issue 18 hole 10 used to skip the lock delay.
+    /// the holder, it would skip the lock delay if the machine counted a
+    /// notification from anyone as a graceful release.
     ForgedNotify {
         /// The index of the lease in [`SimConfig::leases`] (modulo their number).
         lease: usize,
@@ -246,8 +247,8 @@ pub enum DriverBug {
     /// time pass and returns the same deadline: the simulator reports
     /// [`Violation::Stalled`].
     FrozenClock,
-    /// Not a driver's bug but the machine's broken variant of issue 11 hole
-    /// 1: sessions neither set nor verify the server-side TCP settings, so
+    /// Not a driver's bug but the machine's broken variant of the TCP
+    /// settings: sessions neither set nor verify the server-side TCP settings, so
     /// [`ServerConfig::tcp_give_up`] applies to them.
     NoTcpSettings,
 }
@@ -284,7 +285,7 @@ pub struct ServerConfig {
     /// and `tcp_keepalives_idle` (then the larger of those). A client that
     /// is merely frozen still answers (its kernel does): not ended.
     pub tcp_give_up: Option<Duration>,
-    /// The broken variant of issue 11 hole 2: tokens as the try made them
+    /// The broken variant of the fencing token: tokens as the try made them
     /// before the fix, the bare transaction id with no WAL record (never
     /// flushed, so a crash hands it out again) and no timeline bits (a
     /// promoted lagging replica hands out smaller ones).
@@ -328,8 +329,8 @@ pub struct ServerConfig {
     /// [`Report::lock_waits_past_deadlock_timeout`].
     pub deadlock_timeout: Duration,
     /// Broken variant: a wait whose lock timeout is not cut below
-    /// `deadlock_timeout` and whose reply does not report it (the statement
-    /// before issue 18 hole 8).
+    /// `deadlock_timeout` and whose reply does not report it (the wait
+    /// statement as it once was).
     pub wait_ignores_deadlock_timeout: bool,
 }
 
@@ -388,8 +389,8 @@ pub struct SimConfig {
     /// `job_reaction`, which wins if smaller).
     pub job_reaction_min: Duration,
     /// Broken variant for tests: every machine closes a session it gives up
-    /// on at once, while its cancelled jobs may still run (the behaviour of
-    /// issue 11 hole 3). The strong-safety check must catch it.
+    /// on at once, while its cancelled jobs may still run (the machine's
+    /// behaviour before doubtful sessions were kept). The strong-safety check must catch it.
     #[doc(hidden)]
     pub close_doubtful_at_once: bool,
     /// Each started job returns by itself (Ok or Err, even odds) with this

@@ -30,7 +30,8 @@ pub(super) struct Job {
     /// Set when the (buggy) driver already reported it.
     pub(super) reported: bool,
     /// Its process was frozen past the job's validity: on resume it acts
-    /// until it has stopped, and no core can prevent that (issue 11 hole 5;
+    /// until it has stopped, and no core can prevent that (a pause no client
+    /// can beat;
     /// the fencing token is the remedy). Strong safety does not count it;
     /// the overlap measure does.
     pub(super) stale: bool,

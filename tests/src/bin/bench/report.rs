@@ -553,7 +553,7 @@ fn cost_markdown(r: &Results, s: &mut String) {
         "\n## Heartbeat duration against keys held (µs)\n\n\
          `lease_proto::Statement::Heartbeat` (the steady heartbeat: backend pid and nonce) and \
          `Statement::Verify` (that plus the session's keys from `pg_locks`: the verification \
-         after a failed try, and the heartbeat before issue 12) on a separate tokio-postgres \
+         after a failed try, and once the heartbeat itself) on a separate tokio-postgres \
          session holding that many advisory keys while another session holds the keys of the \
          second column (and nothing else any), round trip on one thread, simple-query \
          protocol.\n\n",

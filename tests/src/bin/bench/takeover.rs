@@ -1,4 +1,4 @@
-//! Instant takeover (issue 12): how soon a standby that waits on the server leads after
+//! Instant takeover (waiting on the server): how soon a standby that waits on the server leads after
 //! its holder dies, a herd of standbys on one key, and the lock-delay's effect on the
 //! overlap when the server ends the holder's session.
 //!
