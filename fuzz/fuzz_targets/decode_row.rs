@@ -1,4 +1,4 @@
-//! Fuzz target `decode_row`: [`lease_proto::decode_text_row`] on arbitrary
+//! Fuzz target `decode_row`: [`lease_proto::reply::decode_text_row`] on arbitrary
 //! columns.
 //!
 //! Drivers decode every row of every reply with it, and PostgreSQL (or a
@@ -15,7 +15,7 @@
 
 #![no_main]
 
-use lease_proto::{decode_text_row, DecodeError};
+use lease_proto::reply::{decode_text_row, DecodeError};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|columns: Vec<Option<&str>>| {

@@ -53,11 +53,7 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use lease_proto::sim::{Command, Harness};
-use lease_proto::{
-    key_for_name, DbError, Event, HeartbeatReply, Input, JobExit, LeaseId, Options, QueryId,
-    ReleaseReply, Row, RunId, SessionId, SetupReply, Statement, TryReply, VerifyReply,
-    DEFAULT_LOCK_DELAY, HANDOVER_CHANNEL, LOCK_TIMEOUT_SQLSTATE,
-};
+use lease_proto::{key_for_name, DbError, Event, Input, JobExit, LeaseId, Options, QueryId, RunId, SessionId, Statement, reply::{HeartbeatReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply}, limits::DEFAULT_LOCK_DELAY, server::{HANDOVER_CHANNEL, LOCK_TIMEOUT_SQLSTATE}};
 use libfuzzer_sys::fuzz_target;
 
 /// Counts of how far inputs get, for one-off runs with `LEASE_FUZZ_STATS` set.
@@ -629,7 +625,7 @@ impl Fuzz {
         {
             let waiting =
                 matches!(self.h.in_flight(), Some((q, Statement::Wait { .. })) if q == query);
-            if waiting && e.code.as_deref() == Some(lease_proto::LOCK_TIMEOUT_SQLSTATE) {
+            if waiting && e.code.as_deref() == Some(lease_proto::server::LOCK_TIMEOUT_SQLSTATE) {
                 self.seen.mark(Mark::WaitTimedOut);
             }
         }
@@ -640,7 +636,7 @@ impl Fuzz {
         {
             let waiting =
                 matches!(self.h.in_flight(), Some((q, Statement::Wait { .. })) if q == query);
-            let held = lease_proto::WaitReply::parse(rows).is_ok_and(|r| r.freed == Some(false));
+            let held = lease_proto::reply::WaitReply::parse(rows).is_ok_and(|r| r.freed == Some(false));
             if waiting && held {
                 self.seen.mark(Mark::WaitTimedOut);
             }
@@ -917,7 +913,7 @@ impl Fuzz {
                     2 => Some(i64::from(pick(3)) * 8 + 1),
                     _ => None,
                 };
-                let reply = lease_proto::WaitReply {
+                let reply = lease_proto::reply::WaitReply {
                     session,
                     freed,
                     deadlock_timeout_ms,

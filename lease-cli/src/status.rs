@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use lease_proto::{key_for_name, HolderRow, LeaseId, HOLDERS_SQL};
+use lease_proto::{
+    inspect::{HolderRow, HOLDERS_SQL},
+    key_for_name, LeaseId,
+};
 use serde_json::json;
 
 use crate::args::{KeyArgs, StatusArgs};

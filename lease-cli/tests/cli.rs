@@ -626,7 +626,7 @@ fn waiting(c: &Cluster, key: i64) -> Vec<i32> {
         .sql(&format!(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
              AND NOT granted AND {} = {key} ORDER BY waitstart",
-            lease_proto::ADVISORY_KEY_SQL
+            lease_proto::server::ADVISORY_KEY_SQL
         ))
         .expect("query pg_locks");
     out.lines().map(|l| l.parse().expect("a pid")).collect()

@@ -14,7 +14,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use lease_proto::{decode_text_row, DbError, Input, QueryId, Row, SessionCommand, SessionId};
+use lease_proto::{
+    reply::{decode_text_row, Row},
+    DbError, Input, QueryId, SessionCommand, SessionId,
+};
 use tokio_postgres::config::TargetSessionAttrs;
 use tokio_postgres::{AsyncMessage, Client, Config, SimpleQueryMessage};
 

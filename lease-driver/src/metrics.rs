@@ -19,7 +19,7 @@ mod imp {
     use ::metrics::{
         counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
     };
-    use lease_proto::{DbError, Event, Input, Reason, Row, RunCommand, RunId, Statement};
+    use lease_proto::{reply::Row, DbError, Event, Input, Reason, RunCommand, RunId, Statement};
 
     use crate::shared::Clock;
 
@@ -346,7 +346,7 @@ mod imp {
 
     use std::time::Instant;
 
-    use lease_proto::{DbError, Event, Input, Row, RunCommand, RunId, Statement};
+    use lease_proto::{reply::Row, DbError, Event, Input, RunCommand, RunId, Statement};
 
     use crate::shared::Clock;
 

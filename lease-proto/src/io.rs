@@ -212,7 +212,7 @@ pub enum Reason {
     ValidityExpired,
     /// A verify did not find the key in `pg_locks` for this session. The
     /// verify is sent after a failed or partly answered try, and in place of
-    /// every [`VERIFY_EVERY`](crate::VERIFY_EVERY)-th heartbeat (the steady
+    /// every [`VERIFY_EVERY`](crate::limits::VERIFY_EVERY)-th heartbeat (the steady
     /// heartbeat proves only that the session is the same live one).
     NotHeld,
     /// A statement failed, or its reply broke the rules; the session is given
@@ -257,9 +257,9 @@ impl fmt::Display for Reason {
 #[non_exhaustive]
 pub enum Refusal {
     /// The server is older than needed: its `server_version_num` is below
-    /// [`MIN_SERVER_VERSION_GUARD`](crate::MIN_SERVER_VERSION_GUARD) (14) with
+    /// [`MIN_SERVER_VERSION_GUARD`](crate::limits::MIN_SERVER_VERSION_GUARD) (14) with
     /// the server guard on, below
-    /// [`MIN_SERVER_VERSION`](crate::MIN_SERVER_VERSION) (13) with it off; or
+    /// [`MIN_SERVER_VERSION`](crate::limits::MIN_SERVER_VERSION) (13) with it off; or
     /// it rejected the guard's `idle_session_timeout` as an unknown setting
     /// (SQLSTATE 42704: PostgreSQL 13 does so at connection startup, before
     /// the setup could read the version).
@@ -314,13 +314,13 @@ impl fmt::Display for Refusal {
                     )?,
                 }
                 write!(f, ": lease needs PostgreSQL {} or newer", version(*needed))?;
-                if *needed >= crate::MIN_SERVER_VERSION_GUARD
-                    && found.is_none_or(|v| v >= crate::MIN_SERVER_VERSION)
+                if *needed >= crate::limits::MIN_SERVER_VERSION_GUARD
+                    && found.is_none_or(|v| v >= crate::limits::MIN_SERVER_VERSION)
                 {
                     write!(
                         f,
                         " (PostgreSQL {} with the server guard off)",
-                        version(crate::MIN_SERVER_VERSION)
+                        version(crate::limits::MIN_SERVER_VERSION)
                     )?;
                 }
                 Ok(())
@@ -467,7 +467,7 @@ pub enum RunCommand {
         /// Its lease.
         lease: LeaseId,
         /// The fencing token of this acquisition:
-        /// [`TOKEN_CLOCK_OFFSET`](crate::TOKEN_CLOCK_OFFSET) plus the
+        /// [`TOKEN_CLOCK_OFFSET`](crate::server::TOKEN_CLOCK_OFFSET) plus the
         /// server's clock in microseconds, read after the lock was granted
         /// (see [`Statement::TryLock`]). Promised: larger than every earlier
         /// acquisition's token for this key, across server crashes and
@@ -640,7 +640,7 @@ pub enum Event {
         session: SessionId,
     },
     /// The server was promoted recently (see
-    /// [`PromotionState`](crate::PromotionState)): the session tries no key
+    /// [`PromotionState`](crate::reply::PromotionState)): the session tries no key
     /// for `hold`, until every holder of the old primary must have stopped
     /// ([`Options::promotion_hold`](crate::Options::promotion_hold) after
     /// the promotion). It heartbeats meanwhile.

@@ -88,7 +88,7 @@
 //! ([`Event::InRecovery`]): the session is closed and the machine tries again
 //! after a backoff. A newly promoted primary is not tried until every holder
 //! of the old primary must have stopped ([`Event::PromotionHold`],
-//! [`PromotionState`], [`Options::promotion_hold`]): advisory locks are not
+//! [`PromotionState`](reply::PromotionState), [`Options::promotion_hold`]): advisory locks are not
 //! replicated.
 //!
 //! ## Carrying out the commands
@@ -99,12 +99,12 @@
 //!   [`Input::SessionLost`], reported at once, before any reply of that
 //!   session not reported yet (drop that reply).
 //! - [`SessionCommand::Query`]: send [`Statement::sql`] with the simple-query
-//!   protocol, decode every row with [`decode_text_row`], report
+//!   protocol, decode every row with [`decode_text_row`](reply::decode_text_row), report
 //!   [`Input::Reply`]. Report notifications as [`Input::Notification`],
 //!   with the sender's backend pid from the server's NotificationResponse.
 //!   What the rows mean is the machine's business: each statement's reply
-//!   has one type with its one parser ([`SetupReply`], [`TryReply`],
-//!   [`HeartbeatReply`], [`VerifyReply`], [`ReleaseReply`]); a simulated server answers with
+//!   has one type with its one parser ([`SetupReply`](reply::SetupReply), [`TryReply`](reply::TryReply),
+//!   [`HeartbeatReply`](reply::HeartbeatReply), [`VerifyReply`](reply::VerifyReply), [`ReleaseReply`](reply::ReleaseReply)); a simulated server answers with
 //!   their `to_rows`.
 //! - [`SessionCommand::Probe`]: as `Query`, but on a second connection opened
 //!   like the session's (same host, same parameters) and closed after its
@@ -119,9 +119,9 @@
 //!
 //! ## Reading the lock table yourself
 //!
-//! [`ADVISORY_KEY_SQL`] is the `pg_locks` expression of a lease's key, and
-//! [`HOLDERS_SQL`] lists who holds which key and which sessions wait for it (the
-//! standbys waiting on the server; rows of [`HolderRow`]), as
+//! [`ADVISORY_KEY_SQL`](server::ADVISORY_KEY_SQL) is the `pg_locks` expression of a lease's key, and
+//! [`HOLDERS_SQL`](inspect::HOLDERS_SQL) lists who holds which key and which sessions wait for it (the
+//! standbys waiting on the server; rows of [`HolderRow`](inspect::HolderRow)), as
 //! `lease status` shows it.
 //!
 //! ## Simulator
@@ -138,8 +138,10 @@ mod key;
 mod machine;
 mod options;
 mod promotion;
+#[macro_use]
 mod sql;
 
+pub mod inspect;
 #[cfg(feature = "sim")]
 pub mod sim;
 
@@ -150,22 +152,47 @@ pub use io::{
 pub use key::{key_for_name, LeaseId, NameError};
 pub use machine::{
     LastError, LeaseState, LeaseStatus, Machine, RunError, SessionState, Status, Timer,
-    MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD, MIN_WAIT, RECONNECT_BASE, VERIFY_EVERY,
-    WAKE_BUDGET,
 };
-pub use options::{
-    Options, OptionsError, DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LOCK_DELAY,
-    DEFAULT_MAX_LEASES, DEFAULT_QUERY_TIMEOUT, DEFAULT_RETRY_INTERVAL, MAX_GUARD_TIMEOUT,
-    MAX_HEARTBEAT_PER_QUERY_TIMEOUT, MAX_MAX_LEASES, MIN_QUERY_TIMEOUT, RETRY_JITTER,
-};
-pub use promotion::PromotionState;
-pub use sql::{
-    decode_text_row, wait_limit_ms, DecodeError, HeartbeatReply, HolderRow, ReleaseReply,
-    ReplyError, Row, SetupReply, Statement, TryReply, VerifyReply, WaitReply, ADVISORY_KEY_SQL,
-    CHECKPOINT_SETTING, HANDOVER_CHANNEL, HOLDERS_SQL, LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING,
-    SEARCH_PATH, TCP_SETTINGS, TOKEN_CLOCK_OFFSET, WAIT_CONNECTION_CHECK_MS, WAIT_PRELUDE_SQL,
-    WAIT_SETTING,
-};
+pub use options::{Options, OptionsError};
+pub use sql::Statement;
+
+/// Every statement's reply: one type each, with its one parser (`parse`)
+/// and its encoder for simulated servers (`to_rows`), and the text decoding
+/// of a row. What the rows mean is the machine's business; a driver only
+/// decodes them ([`decode_text_row`](reply::decode_text_row)).
+pub mod reply {
+    pub use crate::promotion::PromotionState;
+    pub use crate::sql::{
+        decode_text_row, DecodeError, HeartbeatReply, ReleaseReply, ReplyError, Row, SetupReply,
+        TryReply, VerifyReply, WaitReply,
+    };
+}
+
+/// The machine's bounds and defaults, in one place: what [`Options`]
+/// defaults to, what it accepts, and the fixed constants of the rules.
+pub mod limits {
+    pub use crate::machine::{
+        MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD, MIN_WAIT, RECONNECT_BASE, VERIFY_EVERY,
+        WAKE_BUDGET,
+    };
+    pub use crate::options::{
+        DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LOCK_DELAY, DEFAULT_MAX_LEASES,
+        DEFAULT_QUERY_TIMEOUT, DEFAULT_RETRY_INTERVAL, MAX_GUARD_TIMEOUT,
+        MAX_HEARTBEAT_PER_QUERY_TIMEOUT, MAX_MAX_LEASES, MIN_QUERY_TIMEOUT, RETRY_JITTER,
+    };
+}
+
+/// What the statements name and read on the server: settings, the
+/// notification channel, the key expression, SQLSTATEs, the token's clock
+/// offset, the wait's connection check. For drivers, tools and simulated
+/// servers; a lease user needs none of it.
+pub mod server {
+    pub use crate::sql::{
+        wait_limit_ms, ADVISORY_KEY_SQL, CHECKPOINT_SETTING, HANDOVER_CHANNEL,
+        LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING, SEARCH_PATH, TCP_SETTINGS, TOKEN_CLOCK_OFFSET,
+        WAIT_CONNECTION_CHECK_MS, WAIT_PRELUDE_SQL, WAIT_SETTING,
+    };
+}
 
 // Drivers move the machine into the task that owns the connection and may
 // share it behind a mutex between threads (tokio's multi-threaded runtime):
@@ -179,4 +206,5 @@ static_assertions::assert_impl_all!(Timer: Send, Sync, Copy, Ord);
 // Errors go into `Box<dyn Error + Send + Sync>` and anyhow-style wrappers.
 static_assertions::assert_impl_all!(RunError: Send, Sync, std::error::Error);
 static_assertions::assert_impl_all!(Refusal: Send, Sync, std::error::Error);
-static_assertions::assert_impl_all!(ReplyError: Send, Sync, std::error::Error);
+static_assertions::assert_impl_all!(reply::ReplyError: Send, Sync, std::error::Error);
+static_assertions::assert_impl_all!(inspect::InspectError: Send, Sync, std::error::Error);

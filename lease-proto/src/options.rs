@@ -300,7 +300,7 @@ impl Options {
     }
 
     /// How long a session on a newly promoted primary tries nothing after
-    /// the promotion (see [`PromotionState`](crate::PromotionState)):
+    /// the promotion (see [`PromotionState`](crate::reply::PromotionState)):
     /// [`Options::guard_timeout`] plus [`Options::guard_margin_in_force`]
     /// (17 s with the defaults).
     ///

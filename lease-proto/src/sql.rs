@@ -55,7 +55,7 @@ mod setup_tag {
     pub const SEARCH_PATH: i64 = 11;
     /// The row of the statement that applies settings; ignored.
     pub const APPLIED: i64 = 0;
-    /// Tags 40 to 43: [`crate::PromotionState`]'s fields, in order.
+    /// Tags 40 to 43: [`crate::reply::PromotionState`]'s fields, in order.
     pub const REPLAYED_SINCE_START: i64 = 40;
     pub const WAL_TIMELINE: i64 = 41;
     pub const CHECKPOINT_TIMELINE: i64 = 42;
@@ -97,7 +97,7 @@ macro_rules! checkpoint_field {
     };
 }
 
-/// The setup's rows of [`crate::PromotionState`] (see `promotion.rs`): WAL
+/// The setup's rows of [`crate::reply::PromotionState`] (see `promotion.rs`): WAL
 /// received or a transaction replayed since the server started, the current
 /// WAL timeline (NULL in recovery, where `pg_current_wal_lsn()` errors), and
 /// the latest checkpoint's timeline and age on the server's clock, in ms,
@@ -234,7 +234,7 @@ pub enum Statement {
     /// pid, `idle_session_timeout` in ms, the [`TCP_SETTINGS`], whether the
     /// client is on a Unix socket, the nonce read back, whether
     /// `search_path` reads back as [`SEARCH_PATH`], and what the server
-    /// shows of a recent promotion ([`crate::PromotionState`], read first
+    /// shows of a recent promotion ([`crate::reply::PromotionState`], read first
     /// into [`CHECKPOINT_SETTING`]): see [`SetupReply`].
     Setup {
         /// The session's nonce.
@@ -591,13 +591,6 @@ pub enum ReplyError {
     HeartbeatRow(Row),
     /// A release row is not `(key, 0 or 1)`.
     ReleaseRow(Row),
-    /// A [`HOLDERS_SQL`] row lacks a column or has one of the wrong type.
-    HolderColumn {
-        /// The zero-based column (the row's length when columns are missing).
-        column: usize,
-        /// Its text (at most 64 characters), `None` for NULL or missing.
-        text: Option<String>,
-    },
 }
 
 impl fmt::Display for ReplyError {
@@ -608,9 +601,6 @@ impl fmt::Display for ReplyError {
             }
             ReplyError::HeartbeatRow(row) => write!(f, "malformed heartbeat reply: row {row:?}"),
             ReplyError::ReleaseRow(row) => write!(f, "malformed release reply: row {row:?}"),
-            ReplyError::HolderColumn { column, text } => {
-                write!(f, "malformed lock table row: column {column} is {text:?}")
-            }
         }
     }
 }
@@ -641,7 +631,7 @@ pub struct SetupReply {
     pub search_path_catalog: bool,
     /// What the server shows of a recent promotion (missing rows: never
     /// promoted).
-    pub promotion: crate::PromotionState,
+    pub promotion: crate::reply::PromotionState,
 }
 
 impl SetupReply {
@@ -669,7 +659,7 @@ impl SetupReply {
             unix_socket: get(setup_tag::UNIX_SOCKET).is_some_and(|u| u != 0),
             nonce: get(setup_tag::NONCE),
             search_path_catalog: get(setup_tag::SEARCH_PATH) == Some(1),
-            promotion: crate::PromotionState {
+            promotion: crate::reply::PromotionState {
                 replayed_since_start: get(setup_tag::REPLAYED_SINCE_START).is_some_and(|r| r != 0),
                 wal_timeline: get(setup_tag::WAL_TIMELINE),
                 checkpoint_timeline: get(setup_tag::CHECKPOINT_TIMELINE),
@@ -948,162 +938,6 @@ impl ReleaseReply {
     }
 }
 
-/// `to_char` of a `timestamptz` expression as UTC RFC 3339 with microseconds.
-macro_rules! utc_text {
-    ($e:literal) => {
-        concat!(
-            "pg_catalog.to_char((",
-            $e,
-            ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
-        )
-    };
-}
-
-/// Who holds and who waits for which advisory key in the current database:
-/// one row per single-`bigint` advisory lock request in `pg_locks`, granted
-/// (a holder) or not (a waiter: a standby waiting on the server, or any
-/// other client blocked in `pg_advisory_lock`-like calls), with its session
-/// from `pg_stat_activity` (NULLs when it is gone or not visible to the
-/// querying role).
-///
-/// Rows are ordered by key, then granted before waiting, then waiters by
-/// `waitstart` (the server's queue order as far as `pg_locks` shows it: a
-/// waiter whose `lock_timeout` ran out and that waits again joins the end),
-/// then pid. Columns, in order, as [`HolderRow`]'s fields: `key int8, pid
-/// int4, mode text, application_name text, client_addr text, client_port
-/// int4, backend_start text, state_change text, state text, granted bool,
-/// wait_start text`; the times are UTC in RFC 3339 with microseconds.
-///
-/// What the server does not record, this cannot show: when a granted lock
-/// was granted (`pg_locks.waitstart` is NULL once a lock is held; the
-/// holder's `backend_start` is only a lower bound), nor a holder's fencing
-/// token (the transaction that made it ended long ago; only the holder's
-/// process knows it). `wait_start` needs PostgreSQL 14 or later (NULL
-/// before; the statement reads it through `to_jsonb`, so it runs on older
-/// servers too).
-///
-/// Unlike [`Statement`]s this one is for people and tools (`lease status`):
-/// its columns are not all `int8`. Send it with the simple-query protocol
-/// and parse each row's text columns with [`HolderRow::parse`].
-pub const HOLDERS_SQL: &str = concat!(
-    "SELECT h.k AS key, h.pid, h.mode, \
-     a.application_name, pg_catalog.host(a.client_addr), a.client_port, ",
-    utc_text!("a.backend_start"),
-    ", ",
-    utc_text!("a.state_change"),
-    ", a.state, h.granted, ",
-    utc_text!("h.waitstart"),
-    " FROM (SELECT ",
-    advisory_key!(),
-    " AS k, l.pid, l.mode, l.granted, \
-     (pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart')::pg_catalog.timestamptz \
-     AS waitstart FROM pg_catalog.pg_locks AS l \
-     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.objsubid OPERATOR(pg_catalog.=) 1 \
-     AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-     WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())) AS h \
-     LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) h.pid \
-     ORDER BY h.k, h.granted DESC, h.waitstart NULLS FIRST, h.pid"
-);
-
-/// The number of columns of [`HOLDERS_SQL`].
-const HOLDER_COLUMNS: usize = 11;
-
-/// One row of [`HOLDERS_SQL`]: an advisory lock request on a key, granted
-/// (its holder) or waiting (a standby, or another client), and the session
-/// that made it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HolderRow {
-    /// The advisory key.
-    pub key: i64,
-    /// The session's backend pid (`None` for a prepared transaction's lock).
-    pub pid: Option<i32>,
-    /// The lock mode: `ExclusiveLock` for `pg_advisory_lock` (a lease
-    /// holder), `ShareLock` for the `_shared` forms (a standby waiting on
-    /// the server asks for one).
-    pub mode: Option<String>,
-    /// The session's `application_name` (`lease:NAME` for `lease run`).
-    pub application_name: Option<String>,
-    /// The session's client address.
-    pub client_addr: Option<String>,
-    /// The session's client port (-1: a Unix socket).
-    pub client_port: Option<i32>,
-    /// When the session's backend started (UTC, RFC 3339): for a holder a
-    /// lower bound of when it took the key, for a standby when it started
-    /// standing by (as far as its current session goes).
-    pub backend_start: Option<String>,
-    /// When the session last changed state (UTC, RFC 3339).
-    pub state_change: Option<String>,
-    /// The session's state (`idle`, `active`, ...).
-    pub state: Option<String>,
-    /// The lock is held (`false`: the session waits for it).
-    pub granted: bool,
-    /// When the session's current wait for this lock began (UTC, RFC
-    /// 3339); `None` for a granted lock, and before PostgreSQL 14.
-    pub wait_start: Option<String>,
-}
-
-impl HolderRow {
-    /// Parses one row of [`HOLDERS_SQL`] as the simple-query protocol
-    /// returns it: each column's text, `None` for NULL.
-    ///
-    /// # Errors
-    /// [`ReplyError::HolderColumn`] for a missing column, a key or pid that
-    /// is not an integer, or a `granted` that is not `t` or `f`.
-    pub fn parse<'a>(
-        columns: impl IntoIterator<Item = Option<&'a str>>,
-    ) -> Result<HolderRow, ReplyError> {
-        let columns: Vec<Option<&str>> = columns.into_iter().collect();
-        let bad = |column: usize| ReplyError::HolderColumn {
-            column,
-            text: (columns.get(column).copied().flatten()).map(|t| t.chars().take(64).collect()),
-        };
-        if columns.len() != HOLDER_COLUMNS {
-            return Err(bad(columns.len().min(HOLDER_COLUMNS)));
-        }
-        let text = |i: usize| columns[i].map(str::to_owned);
-        let int = |i: usize| -> Result<Option<i32>, ReplyError> {
-            columns[i]
-                .map(|t| t.parse::<i32>().map_err(|_| bad(i)))
-                .transpose()
-        };
-        Ok(HolderRow {
-            key: (columns[0].and_then(|t| t.parse::<i64>().ok())).ok_or_else(|| bad(0))?,
-            pid: int(1)?,
-            mode: text(2),
-            application_name: text(3),
-            client_addr: text(4),
-            client_port: int(5)?,
-            backend_start: text(6),
-            state_change: text(7),
-            state: text(8),
-            granted: match columns[9] {
-                Some("t") => true,
-                Some("f") => false,
-                _ => return Err(bad(9)),
-            },
-            wait_start: text(10),
-        })
-    }
-
-    /// The columns a server sends for this row, as text (for tests and
-    /// simulated servers).
-    pub fn to_text(&self) -> Vec<Option<String>> {
-        vec![
-            Some(self.key.to_string()),
-            self.pid.map(|p| p.to_string()),
-            self.mode.clone(),
-            self.application_name.clone(),
-            self.client_addr.clone(),
-            self.client_port.map(|p| p.to_string()),
-            self.backend_start.clone(),
-            self.state_change.clone(),
-            self.state.clone(),
-            Some(if self.granted { "t" } else { "f" }.to_owned()),
-            self.wait_start.clone(),
-        ]
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1374,7 +1208,14 @@ mod tests {
             .map(Statement::sql)
             .collect::<Vec<_>>()
             .into_iter()
-            .chain([HOLDERS_SQL, WAIT_PRELUDE_SQL, ADVISORY_KEY_SQL].map(String::from));
+            .chain(
+                [
+                    crate::inspect::HOLDERS_SQL,
+                    WAIT_PRELUDE_SQL,
+                    ADVISORY_KEY_SQL,
+                ]
+                .map(String::from),
+            );
         for sql in texts {
             assert_eq!(unqualified_names(&sql), Vec::<String>::new(), "{sql}");
         }
@@ -1487,7 +1328,7 @@ mod tests {
             unix_socket: false,
             nonce: Some(-7),
             search_path_catalog: true,
-            promotion: crate::PromotionState {
+            promotion: crate::reply::PromotionState {
                 replayed_since_start: true,
                 wal_timeline: Some(3),
                 checkpoint_timeline: Some(2),
@@ -1552,107 +1393,7 @@ mod tests {
     }
 
     #[test]
-    fn holder_rows_parse_holders_and_waiters() {
-        // A holder and a standby waiting on the server, as the simple-query
-        // protocol returns them.
-        let holder = [
-            Some("-3074394522925186474"),
-            Some("81234"),
-            Some("ExclusiveLock"),
-            Some("lease:nightly"),
-            Some("127.0.0.1"),
-            Some("51234"),
-            Some("2026-12-01T10:00:00.123456Z"),
-            Some("2026-12-01T10:05:00.000001Z"),
-            Some("idle"),
-            Some("t"),
-            None,
-        ];
-        let h = HolderRow::parse(holder).unwrap();
-        assert_eq!(h.key, -3_074_394_522_925_186_474);
-        assert_eq!(h.pid, Some(81234));
-        assert!(h.granted && h.wait_start.is_none());
-        assert_eq!(h.client_port, Some(51234));
-        assert_eq!(h.state.as_deref(), Some("idle"));
-        let mut waiter = holder;
-        waiter[1] = Some("81240");
-        waiter[2] = Some("ShareLock");
-        waiter[8] = Some("active");
-        waiter[9] = Some("f");
-        waiter[10] = Some("2026-12-01T10:05:01.000000Z");
-        let w = HolderRow::parse(waiter).unwrap();
-        assert!(!w.granted);
-        assert_eq!(w.mode.as_deref(), Some("ShareLock"));
-        assert_eq!(w.wait_start.as_deref(), Some("2026-12-01T10:05:01.000000Z"));
-        // A session gone from pg_stat_activity: NULLs but the lock's own.
-        let gone = HolderRow::parse([
-            Some("7"),
-            None,
-            Some("ExclusiveLock"),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            Some("t"),
-            None,
-        ])
-        .unwrap();
-        assert_eq!((gone.key, gone.pid, gone.application_name), (7, None, None));
-        for row in [h, w] {
-            let text = row.to_text();
-            assert_eq!(HolderRow::parse(text.iter().map(|c| c.as_deref())), Ok(row));
-        }
-    }
-
-    #[test]
-    fn malformed_holder_rows_are_errors() {
-        let good = HolderRow {
-            key: 1,
-            granted: true,
-            ..HolderRow::default()
-        }
-        .to_text();
-        let with = |column: usize, text: Option<&str>| {
-            let mut row: Vec<Option<&str>> = good.iter().map(|c| c.as_deref()).collect();
-            row[column] = text;
-            HolderRow::parse(row)
-        };
-        assert!(with(0, Some("1")).is_ok());
-        assert_eq!(
-            with(0, Some("k")),
-            Err(ReplyError::HolderColumn {
-                column: 0,
-                text: Some("k".into())
-            })
-        );
-        assert!(with(0, None).is_err());
-        assert!(with(1, Some("99999999999")).is_err());
-        assert!(with(5, Some("-")).is_err());
-        assert!(with(9, Some("true")).is_err());
-        assert!(with(9, None).is_err());
-        // Too few or too many columns.
-        let short = good[..10].iter().map(|c| c.as_deref());
-        assert_eq!(
-            HolderRow::parse(short),
-            Err(ReplyError::HolderColumn {
-                column: 10,
-                text: None
-            })
-        );
-        let long = good.iter().map(|c| c.as_deref()).chain([Some("x")]);
-        assert!(HolderRow::parse(long).is_err());
-        // The text in the error is cut short.
-        let junk = "x".repeat(1000);
-        let err = with(0, Some(&junk)).unwrap_err();
-        assert!(err.to_string().len() < 120, "{err}");
-    }
-
-    #[test]
     fn the_key_expression_is_shared() {
-        assert!(HOLDERS_SQL.contains(ADVISORY_KEY_SQL));
-        assert_eq!(HolderRow::default().to_text().len(), HOLDER_COLUMNS);
         assert!(Statement::Verify.sql().contains(ADVISORY_KEY_SQL));
         // The steady heartbeat reads no pg_locks: its cost does not grow
         // with the locks other sessions hold.

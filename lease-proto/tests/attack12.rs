@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use lease_proto::limits::*;
+use lease_proto::server::*;
 use lease_proto::sim::Harness;
 use lease_proto::*;
 

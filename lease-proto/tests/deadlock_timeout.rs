@@ -87,7 +87,7 @@ fn a_waiting_standby_stays_below_deadlock_timeout() {
 #[test]
 fn the_cost_at_the_library_defaults() {
     let mut c = cfg(ms(1000), false);
-    c.options.retry_interval = lease_proto::DEFAULT_RETRY_INTERVAL;
+    c.options.retry_interval = lease_proto::limits::DEFAULT_RETRY_INTERVAL;
     let (per_retry, logged, took) = standby_at_rest(c.clone());
     c.server.wait_ignores_deadlock_timeout = true;
     let (before, _, _) = standby_at_rest(c);

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lease_proto::limits::*;
 use lease_proto::sim::{Command, Harness};
 use lease_proto::*;
 

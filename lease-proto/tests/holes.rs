@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use lease_proto::reply::*;
 use lease_proto::sim::Command;
 use lease_proto::*;
 

@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+use lease_proto::limits::*;
+use lease_proto::reply::*;
+use lease_proto::server::*;
 use lease_proto::sim::{Command, Harness, ObserverViolation};
 use lease_proto::*;
 use proptest::prelude::*;
@@ -544,7 +547,7 @@ fn wakes_that_keep_losing_fall_back_to_polling() {
     h.run(lease("a"));
     h.connect(7);
     h.lose(Some(99));
-    for _ in 0..lease_proto::WAKE_BUDGET {
+    for _ in 0..lease_proto::limits::WAKE_BUDGET {
         h.advance(ms(1));
         h.wake(7);
         h.advance(ms(1));

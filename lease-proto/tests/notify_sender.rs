@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use lease_proto::server::*;
 use lease_proto::sim::{Harness, Mutation};
 use lease_proto::*;
 

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use lease_proto::reply::*;
 use lease_proto::sim::{Command, Harness};
 use lease_proto::*;
 

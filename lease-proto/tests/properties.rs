@@ -31,7 +31,7 @@ use lease_proto::sim::{
     DriverBug, Fault, Mutation, Report, ServerConfig, Sim, SimConfig, TraceEvent,
     PROMOTION_CHECKPOINT,
 };
-use lease_proto::{Event, Options, RETRY_JITTER};
+use lease_proto::{limits::RETRY_JITTER, Event, Options};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{
@@ -1185,7 +1185,7 @@ fn takeover_case(
     };
     let cfg = case.config(None);
     let o = &cfg.options;
-    let local = (o.lock_delay.max(lease_proto::MIN_WAIT)).mul_f64(1.0 / (1.0 - cfg.drift));
+    let local = (o.lock_delay.max(lease_proto::limits::MIN_WAIT)).mul_f64(1.0 / (1.0 - cfg.drift));
     let bound = local + one_way(&cfg) * 6 + ms(2);
     let mut sim = Sim::new(cfg.clone(), Instant::now());
     // The crash comes `crash_ms` after someone first leads.

@@ -564,7 +564,7 @@ impl Cluster {
         let out = self.sql(&format!(
             "SELECT {}, pid FROM pg_locks \
              WHERE locktype = 'advisory' AND objsubid = 1 AND granted",
-            lease_proto::ADVISORY_KEY_SQL
+            lease_proto::server::ADVISORY_KEY_SQL
         ))?;
         out.lines()
             .map(|line| {

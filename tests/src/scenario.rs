@@ -733,7 +733,7 @@ impl Admin {
             .ints(&format!(
                 "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
                  AND granted AND {} = {key} ORDER BY pid",
-                lease_proto::ADVISORY_KEY_SQL
+                lease_proto::server::ADVISORY_KEY_SQL
             ))?
             .into_iter()
             .map(|p| p as i32)
@@ -793,4 +793,4 @@ impl Admin {
 pub const TRY_PREFIX: &str = "WITH t AS (SELECT pg_catalog.array_agg(k) AS won";
 /// The prefix of a standby's wait on the server (`lease_proto::Statement::Wait`), sent
 /// only after a try that lost.
-pub const WAIT_PREFIX: &str = lease_proto::WAIT_PRELUDE_SQL;
+pub const WAIT_PREFIX: &str = lease_proto::server::WAIT_PRELUDE_SQL;

@@ -108,7 +108,7 @@ fn a_shared_holder_does_not_make_a_standby_spin(driver: Driver) -> Res {
         node.terms().is_empty(),
         "the standby led beside a shared holder"
     );
-    let budget = lease_proto::WAKE_BUDGET as usize;
+    let budget = lease_proto::limits::WAKE_BUDGET as usize;
     assert!(
         tries + waits <= 2 * (2 * budget + 2),
         "{tries} tries and {waits} waits in {secs:.1} s: the standby spins"

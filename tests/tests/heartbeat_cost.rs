@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use lease_proto::{Statement, NONCE_SETTING};
+use lease_proto::{server::NONCE_SETTING, Statement};
 use lease_tests::cluster::Cluster;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 

@@ -90,7 +90,8 @@ async fn a_foreign_unlock_on_a_shared_pooled_backend_is_found_by_the_periodic_ve
         .unwrap_or_else(|e| panic!("the direct replica leads: {e}\n{}", direct.tail()));
     let both_since = Instant::now();
     // The replicas' heartbeat interval (ReplicaConfig::new): 150 ms.
-    let bound = Duration::from_millis(150) * lease_proto::VERIFY_EVERY + Duration::from_millis(500);
+    let bound =
+        Duration::from_millis(150) * lease_proto::limits::VERIFY_EVERY + Duration::from_millis(500);
     let cancelled = loop {
         if let Some(cancel) = pooled.cancels().into_iter().next() {
             break cancel;

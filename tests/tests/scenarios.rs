@@ -257,7 +257,7 @@ both_drivers!(
 
 /// A standby killed with SIGKILL while it waits on the server leaves nothing queued for
 /// long: its backend does not read the socket while blocked, but it checks the connection
-/// every `lease_proto::WAIT_CONNECTION_CHECK_MS` during the wait (and the wait's
+/// every `lease_proto::server::WAIT_CONNECTION_CHECK_MS` during the wait (and the wait's
 /// `lock_timeout`, the time left to its retry deadline, 500 ms here, would end it anyway),
 /// and the backend exits on the closed connection.
 fn vanished_waiter(driver: Driver) -> Res {
@@ -322,7 +322,7 @@ fn herd_of_ten(driver: Driver) -> Res {
     let waiting_sql = format!(
         "SELECT count(*)::int8 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
          AND NOT granted AND {} = {}",
-        lease_proto::ADVISORY_KEY_SQL,
+        lease_proto::server::ADVISORY_KEY_SQL,
         key("job")
     );
     let deadline = Instant::now() + WAIT;
@@ -1180,7 +1180,7 @@ fn thousand_leases(driver: Driver) -> Res {
         ),
     );
     assert!(
-        standby_rate.0 <= 1.0 / (1.0 - lease_proto::RETRY_JITTER) + 0.1,
+        standby_rate.0 <= 1.0 / (1.0 - lease_proto::limits::RETRY_JITTER) + 0.1,
         "a standby at rest sends more than its tries: {standby_rate:?}"
     );
     assert!(standby.terms().is_empty(), "{}", standby.tail());

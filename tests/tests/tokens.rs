@@ -180,7 +180,7 @@ fn a_try_on_a_hot_standby_takes_nothing() -> Res {
     let nonce = 77;
     let rows = session.rows(&format!(
         "SELECT pg_catalog.set_config('{}', '{nonce}', false), pg_catalog.pg_backend_pid()",
-        lease_proto::NONCE_SETTING
+        lease_proto::server::NONCE_SETTING
     ))?;
     let pid: i64 = rows[0][1]
         .as_deref()
@@ -333,7 +333,7 @@ async fn figure_winning_try_latency() {
     let clock = format!(
         "{}::pg_catalog.int8 OPERATOR(pg_catalog.+) (extract(epoch FROM \
          pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8",
-        lease_proto::TOKEN_CLOCK_OFFSET
+        lease_proto::server::TOKEN_CLOCK_OFFSET
     );
     assert!(try_sql.contains(&clock), "{try_sql}");
     let xid_try_sql = try_sql.replace(&clock, XID_TOKEN_SQL);

@@ -34,7 +34,7 @@
 //!   does runs the deadlock detector and, with `log_lock_waits = on`,
 //!   writes "still waiting" to the server log, again every client
 //!   connection check, until it ends. The statement cuts
-//!   its lock timeout to [`wait_limit_ms`](crate::wait_limit_ms) of the
+//!   its lock timeout to [`wait_limit_ms`](crate::server::wait_limit_ms) of the
 //!   session's `deadlock_timeout` and reports the value; the machine sizes
 //!   its waits by it, so a standby waits out a retry interval in chunks of
 //!   at most that (a wait ended by the cut, before the retry deadline, is
@@ -62,7 +62,7 @@
 //!   send them; past that their key is tried at the periodic try, as the
 //!   keys not waited for are. The server ends the orphaned
 //!   wait at its next client connection check
-//!   ([`WAIT_CONNECTION_CHECK_MS`](crate::WAIT_CONNECTION_CHECK_MS), Linux
+//!   ([`WAIT_CONNECTION_CHECK_MS`](crate::server::WAIT_CONNECTION_CHECK_MS), Linux
 //!   servers), or by its `lock_timeout`.
 
 use std::time::{Duration, Instant};
@@ -98,7 +98,7 @@ pub(super) struct ServerWait {
     /// end of that holder, and gets the lock delay. Ends with the wait.
     notified: Option<Instant>,
     /// The longest wait the session's `deadlock_timeout` allows
-    /// ([`wait_limit_ms`](crate::wait_limit_ms)), from the last wait's
+    /// ([`wait_limit_ms`](crate::server::wait_limit_ms)), from the last wait's
     /// reply; `None` before one answered on this session.
     limit: Option<Duration>,
     /// Waits interrupted by a notification for another key since the last

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use super::server::reply;
 use super::{drain, Command, Observer, ObserverViolation};
 use crate::{
-    DbError, Event, Input, LeaseId, Machine, Options, OptionsError, QueryId, Row, RunError, RunId,
-    SessionId, Statement,
+    reply::Row, DbError, Event, Input, LeaseId, Machine, Options, OptionsError, QueryId, RunError,
+    RunId, SessionId, Statement,
 };
 
 /// One [`Machine`] driven by hand, as a test (or a fuzz target) drives it:

@@ -5,7 +5,7 @@
 //! leaves of it, and sends what [`Injected::reply`] makes of its result.
 
 use super::{rand, Sim};
-use crate::{DbError, Row, Statement};
+use crate::{reply::Row, DbError, Statement};
 
 /// One statement fault in force.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -151,7 +151,7 @@ pub enum Fault {
     /// statements are never answered, nothing ends it (the old server's
     /// guard does not run), and its locks are not on the promoted server,
     /// whose lock table is empty; new connections reach the promoted server.
-    /// Its setup shows the promotion ([`crate::PromotionState`]; its first
+    /// Its setup shows the promotion ([`crate::reply::PromotionState`]; its first
     /// checkpoint is done [`PROMOTION_CHECKPOINT`] later). Strong safety
     /// must hold: it is no fault of the server ending sessions.
     PromoteFrozenPrimary {
@@ -324,7 +324,7 @@ pub struct ServerConfig {
     pub notify_delay: Duration,
     /// The session's `deadlock_timeout` (default 1 s, PostgreSQL's): a
     /// [`Statement::Wait`](crate::Statement::Wait) cuts its lock timeout to
-    /// [`wait_limit_ms`](crate::wait_limit_ms) of it, as the statement does,
+    /// [`wait_limit_ms`](crate::server::wait_limit_ms) of it, as the statement does,
     /// and reports it; a lock wait that lasts it is counted in
     /// [`Report::lock_waits_past_deadlock_timeout`].
     pub deadlock_timeout: Duration,

@@ -11,7 +11,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
-use crate::{DbError, QueryId, Row, Statement};
+use crate::{reply::Row, DbError, QueryId, Statement};
 
 /// A client's message to the server.
 #[derive(Debug, Clone)]

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use super::net::{ToClient, ToServer};
 use super::{DriverBug, Ev, Sim, TraceEvent, Violation};
 use crate::{
-    Input, JobExit, LeaseId, Machine, Outcome, RunCommand, RunId, SessionCommand, SessionId,
-    Statement, HANDOVER_CHANNEL,
+    server::HANDOVER_CHANNEL, Input, JobExit, LeaseId, Machine, Outcome, RunCommand, RunId,
+    SessionCommand, SessionId, Statement,
 };
 
 /// Wake-ups in a row that find the next deadline already due before the

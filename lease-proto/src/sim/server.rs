@@ -24,12 +24,15 @@ use std::time::Duration;
 use super::inject::Injected;
 use super::net::{Direction, ToClient, ToServer};
 use super::{Ev, ServerConfig, Sim, TraceEvent};
-use crate::{DbError, QueryId, Row, Statement};
+use crate::{reply::Row, DbError, QueryId, Statement};
 
 /// The rows the server answers each statement with (the wire shapes of
 /// `sql.rs`), and the errors it sends.
 pub(super) mod reply {
-    use crate::{DbError, HeartbeatReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply};
+    use crate::{
+        reply::{HeartbeatReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply},
+        DbError,
+    };
 
     /// `Setup`: version, recovery, backend pid, `idle_session_timeout` (ms),
     /// the TCP settings (in the order of `TCP_SETTINGS`) and the nonce.
@@ -60,7 +63,7 @@ pub(super) mod reply {
         idle_ms: i64,
         tcp_settings: [Option<i64>; 4],
         nonce: Option<i64>,
-        promotion: crate::PromotionState,
+        promotion: crate::reply::PromotionState,
     ) -> Vec<Row> {
         SetupReply {
             server_version: version,
@@ -106,7 +109,7 @@ pub(super) mod reply {
         freed: bool,
         deadlock_ms: Option<i64>,
     ) -> Vec<Row> {
-        crate::WaitReply {
+        crate::reply::WaitReply {
             session: HeartbeatReply {
                 backend_pid: Some(pid),
                 nonce,
@@ -265,7 +268,7 @@ pub(super) struct Server {
     /// The WAL timeline: one more at every promotion.
     timeline: i64,
     /// When the server was last promoted (it has run since as that
-    /// promoted standby: see [`crate::PromotionState`]).
+    /// promoted standby: see [`crate::reply::PromotionState`]).
     promoted_at: Option<Duration>,
     /// `lease.nonce` of the one backend of [`ServerConfig::pooler_one_backend`].
     backend_nonce: Option<i64>,
@@ -357,14 +360,14 @@ impl Server {
     }
 
     /// What the setup reads of the server's promotion at `now` (see
-    /// [`crate::PromotionState`]): a promoted server's checkpoint on its new
+    /// [`crate::reply::PromotionState`]): a promoted server's checkpoint on its new
     /// timeline is done [`PROMOTION_CHECKPOINT`] after the promotion (until
     /// then the latest checkpoint is on the old timeline);
     /// `checkpoint_time` has whole seconds of a wall clock
     /// [`WALL_OFFSET`] ahead of the simulation's.
-    fn promotion_state(&self, now: Duration) -> crate::PromotionState {
+    fn promotion_state(&self, now: Duration) -> crate::reply::PromotionState {
         let Some(at) = self.promoted_at else {
-            return crate::PromotionState {
+            return crate::reply::PromotionState {
                 wal_timeline: Some(self.timeline),
                 checkpoint_timeline: Some(self.timeline),
                 checkpoint_age_ms: Some(0),
@@ -379,7 +382,7 @@ impl Server {
         };
         let wall = |d: Duration| (d + WALL_OFFSET).as_millis() as i64;
         let started_s = wall(started) / 1000 * 1000;
-        crate::PromotionState {
+        crate::reply::PromotionState {
             replayed_since_start: true,
             wal_timeline: Some(self.timeline),
             checkpoint_timeline: Some(timeline),
@@ -393,7 +396,7 @@ impl Server {
     }
 
     /// The fencing token of a try that won at `now` (see
-    /// [`Statement::TryLock`]): [`crate::TOKEN_CLOCK_OFFSET`] plus the
+    /// [`Statement::TryLock`]): [`crate::server::TOKEN_CLOCK_OFFSET`] plus the
     /// server's clock in microseconds. Two winning tries of one key are
     /// causally ordered (the first holder's unlock, after its client got the
     /// reply, comes between them), so a real clock that is not stepped reads

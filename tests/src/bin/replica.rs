@@ -117,7 +117,7 @@ fn parse_args() -> Result<Args, String> {
         guard: true,
         notify: true,
         wait: true,
-        lock_delay: lease_proto::DEFAULT_LOCK_DELAY,
+        lock_delay: lease_proto::limits::DEFAULT_LOCK_DELAY,
         app_name: "lease-replica".to_owned(),
         status_poll: Some(Duration::from_millis(20)),
         tls_ca: None,
@@ -188,7 +188,7 @@ impl Args {
             notify_handover: self.notify,
             wait_on_server: self.wait,
             lock_delay: self.lock_delay,
-            max_leases: self.leases.max(lease_proto::DEFAULT_MAX_LEASES),
+            max_leases: self.leases.max(lease_proto::limits::DEFAULT_MAX_LEASES),
             ..Options::default()
         }
     }

@@ -251,7 +251,7 @@ pub fn holder(admin: &Pg, lease: &str, timeout: Duration) -> R<i32> {
     let sql = format!(
         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
          AND {} = {}",
-        lease_proto::ADVISORY_KEY_SQL,
+        lease_proto::server::ADVISORY_KEY_SQL,
         lease_proto::key_for_name(lease)
     );
     let deadline = monotonic_nanos() + timeout.as_nanos() as u64;

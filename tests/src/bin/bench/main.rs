@@ -259,10 +259,10 @@ fn parse_args() -> R<Option<Plan>> {
         }
     } else {
         Intervals {
-            retry: lease_proto::DEFAULT_RETRY_INTERVAL,
-            heartbeat: lease_proto::DEFAULT_HEARTBEAT_INTERVAL,
-            query_timeout: lease_proto::DEFAULT_QUERY_TIMEOUT,
-            guard_margin: lease_proto::DEFAULT_GUARD_MARGIN,
+            retry: lease_proto::limits::DEFAULT_RETRY_INTERVAL,
+            heartbeat: lease_proto::limits::DEFAULT_HEARTBEAT_INTERVAL,
+            query_timeout: lease_proto::limits::DEFAULT_QUERY_TIMEOUT,
+            guard_margin: lease_proto::limits::DEFAULT_GUARD_MARGIN,
         }
     };
     let mut command = String::from(if METRICS {

@@ -386,7 +386,7 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
          {phase} after the standby stood by (its try, or the wait on the server after it). \
          From the SIGKILL to the standby's `start` (CLOCK_MONOTONIC). Cells: n: median / \
          p90 / p99 / max (nearest rank; with n < 100, p99 = max).\n\n",
-        delay = ms_text(lease_proto::DEFAULT_LOCK_DELAY),
+        delay = ms_text(lease_proto::limits::DEFAULT_LOCK_DELAY),
     );
     let rows = (t.kill.iter())
         .map(|(driver, reps)| {

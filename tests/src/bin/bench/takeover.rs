@@ -33,7 +33,7 @@ use std::process::ExitCode;
 use std::thread::sleep;
 use std::time::Duration;
 
-/// The lock-delays compared (20 ms is [`lease_proto::DEFAULT_LOCK_DELAY`]).
+/// The lock-delays compared (20 ms is [`lease_proto::limits::DEFAULT_LOCK_DELAY`]).
 pub const LOCK_DELAYS: [Duration; 3] = [
     Duration::ZERO,
     Duration::from_millis(5),
@@ -182,7 +182,7 @@ fn key_rows(bench: &Bench, lease: &str, granted: bool) -> R<usize> {
     let sql = format!(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
          AND granted = {granted} AND {} = {}",
-        lease_proto::ADVISORY_KEY_SQL,
+        lease_proto::server::ADVISORY_KEY_SQL,
         lease_proto::key_for_name(lease)
     );
     let n = bench.admin.one(&sql)?;
