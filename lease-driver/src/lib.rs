@@ -185,6 +185,7 @@ impl std::error::Error for Error {
 }
 
 /// Why a run ended without success.
+#[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunError<E> {
     /// The job returned this error while leading; the key was released.

@@ -256,6 +256,7 @@ mod imp {
                 Statement::Verify => "verify",
                 Statement::Release { .. } => "release",
                 Statement::Wait { .. } => "wait",
+                _ => "other",
             };
             Sent { kind, at: clock() }
         }

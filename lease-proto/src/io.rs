@@ -125,6 +125,7 @@ impl fmt::Display for DbError {
 
 /// How a job ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum JobExit {
     /// The job returned successfully.
     Ok,
@@ -363,7 +364,9 @@ fn version(num: i64) -> String {
 }
 
 /// How a run finished. Drivers map every outcome but `Failed`, `Refused` and
-/// `Config` to `Ok(())`.
+/// `Config` to `Ok(())`. Exhaustive on purpose (see [`SessionCommand`]): a
+/// driver decides what each outcome means to its caller, so a new one must
+/// not compile against an old mapping.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// The job returned `Ok` while leading: it is finished; the lease was released.
@@ -415,6 +418,10 @@ impl SessionParams {
 
 /// A command for the driver's connection, from
 /// [`Machine::poll_session`](crate::Machine::poll_session).
+///
+/// Exhaustive on purpose, as [`RunCommand`] is: a driver must carry out
+/// every command, so a new one is a breaking change that a driver's `match`
+/// must fail to compile against, never an arm it could skip.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SessionCommand {
     /// Open a new connection (dropping any previous one) with these
@@ -457,7 +464,8 @@ pub enum SessionCommand {
 }
 
 /// A command for the runs (the futures that run jobs), from
-/// [`Machine::poll_run`](crate::Machine::poll_run).
+/// [`Machine::poll_run`](crate::Machine::poll_run). Exhaustive on purpose
+/// (see [`SessionCommand`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunCommand {
     /// Start (or restart) the job of `run`: it now leads.

@@ -185,6 +185,7 @@ impl Default for Options {
 
 /// Why [`Options`] were refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OptionsError {
     /// An interval is zero.
     Zero(&'static str),

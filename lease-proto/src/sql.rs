@@ -226,6 +226,7 @@ pub const ADVISORY_KEY_SQL: &str = advisory_key!();
 ///
 /// Drivers use only [`Statement::sql`]; the simulator interprets the structure.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Statement {
     /// First statement of every session. It sets [`NONCE_SETTING`] to
     /// `nonce` and each of `settings` (`set_config(name, value, false)`:

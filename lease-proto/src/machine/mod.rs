@@ -70,7 +70,8 @@ pub const RECONNECT_BASE: Duration = Duration::from_millis(50);
 /// heartbeat stays independent of the locks on the server.
 pub const VERIFY_EVERY: u32 = 12;
 
-/// Why [`Machine::run`] refused a run.
+/// Why [`Machine::run`] refused a run. Exhaustive on purpose, as
+/// [`Outcome`] is: a driver maps each case for its caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunError {
     /// This machine already runs a lease with that key. Advisory locks are
