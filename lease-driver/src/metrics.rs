@@ -21,7 +21,7 @@ mod imp {
     };
     use lease_proto::{reply::Row, DbError, Event, Input, Reason, RunCommand, RunId, Statement};
 
-    use crate::shared::Clock;
+    use crate::runtime::Clock;
 
     /// Registers the name, unit and help text of every metric with the
     /// installed recorder (an exporter prints them as `# HELP` lines).
@@ -349,7 +349,7 @@ mod imp {
 
     use lease_proto::{reply::Row, DbError, Event, Input, RunCommand, RunId, Statement};
 
-    use crate::shared::Clock;
+    use crate::runtime::Clock;
 
     pub(crate) struct Metrics;
 
@@ -401,7 +401,7 @@ mod bench {
     use lease_proto::Statement;
 
     use super::Sent;
-    use crate::shared::Clock;
+    use crate::runtime::Clock;
 
     /// A registry like an exporter's: one lookup per record, an atomic per series.
     #[derive(Default)]

@@ -7,12 +7,16 @@
 use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use lease_proto::DbError;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_postgres::{AsyncMessage, Client, Config};
+
+/// The runtime's clock, shared by the driver, the runs and their leases.
+pub(crate) type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
 
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;

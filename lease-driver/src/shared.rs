@@ -13,9 +13,7 @@ use lease_proto::{
 use crate::cancel::{Cancel, CancelTx};
 use crate::log::log_event;
 use crate::metrics::Metrics;
-
-/// The runtime's clock, shared by the driver, the runs and their leases.
-pub(crate) type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+use crate::runtime::Clock;
 
 /// Behind every `Locker`, `Lease` and `Driver`.
 pub(crate) struct Inner {
