@@ -201,23 +201,24 @@ impl Dur {
 impl OptionBytes {
     fn options(&self) -> Options {
         let retry_interval = self.retry_interval.get();
-        Options {
-            retry_interval,
-            heartbeat_interval: self.heartbeat_interval.get(),
-            query_timeout: self.query_timeout.get(),
-            validity: self.validity.map(Dur::get),
-            server_guard: self.server_guard,
-            guard_margin: self.guard_margin.get(),
-            notify_handover: self.notify_handover,
-            max_leases: usize::from(self.max_leases),
-            wait_on_server: self.poll < 192,
-            lock_delay: match self.lock_delay {
+        {
+let mut o = Options::default();
+o.retry_interval = retry_interval;
+o.heartbeat_interval = self.heartbeat_interval.get();
+o.query_timeout = self.query_timeout.get();
+o.validity = self.validity.map(Dur::get);
+o.server_guard = self.server_guard;
+o.guard_margin = self.guard_margin.get();
+o.notify_handover = self.notify_handover;
+o.max_leases = usize::from(self.max_leases);
+o.wait_on_server = self.poll < 192;
+o.lock_delay = match self.lock_delay {
                 0 => DEFAULT_LOCK_DELAY.min(retry_interval),
                 1 => Duration::ZERO,
                 n => retry_interval * u32::from(n) / 255,
-            },
-            mutation: None,
-        }
+            };
+o
+}
     }
 }
 

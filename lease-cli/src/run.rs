@@ -79,15 +79,16 @@ pub fn main(args: RunArgs) -> i32 {
 fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
     let lease = LeaseId::named(args.name.as_str()).map_err(|e| (2, e.to_string()))?;
     let spec = ChildSpec::new(args.command).ok_or((2, "missing COMMAND after `--`".to_owned()))?;
-    let mut options = Options {
-        retry_interval: args.retry_interval,
-        heartbeat_interval: args.heartbeat_interval,
-        query_timeout: args.query_timeout,
-        server_guard: !args.no_server_guard,
-        notify_handover: !args.no_notify,
-        wait_on_server: !args.no_wait_on_server,
-        lock_delay: args.lock_delay,
-        ..Options::default()
+    let mut options = {
+        let mut o = Options::default();
+        o.retry_interval = args.retry_interval;
+        o.heartbeat_interval = args.heartbeat_interval;
+        o.query_timeout = args.query_timeout;
+        o.server_guard = !args.no_server_guard;
+        o.notify_handover = !args.no_notify;
+        o.wait_on_server = !args.no_wait_on_server;
+        o.lock_delay = args.lock_delay;
+        o
     };
     if let Some(margin) = args.guard_margin {
         options.guard_margin = margin;
@@ -925,15 +926,17 @@ mod tests {
     fn the_kill_deadline_allows_for_the_drift_bound() {
         let cases = [
             Options::default(),
-            Options {
-                heartbeat_interval: Duration::from_millis(200),
-                query_timeout: Duration::from_millis(500),
-                guard_margin: Duration::from_millis(300),
-                ..Options::default()
+            {
+                let mut o = Options::default();
+                o.heartbeat_interval = Duration::from_millis(200);
+                o.query_timeout = Duration::from_millis(500);
+                o.guard_margin = Duration::from_millis(300);
+                o
             },
-            Options {
-                validity: Some(Duration::from_secs(500)),
-                ..Options::default()
+            {
+                let mut o = Options::default();
+                o.validity = Some(Duration::from_secs(500));
+                o
             },
         ];
         for o in cases {

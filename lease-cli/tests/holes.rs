@@ -395,11 +395,12 @@ fn hole4_session_mode_pgbouncer_leads() {
 fn hole4_transaction_pgbouncer_ignoring_options_never_gives_two_leaders() {
     // Its own server: the role setting must not leak to other tests.
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
-    let guard = Options {
-        retry_interval: MS(50),
-        heartbeat_interval: MS(100),
-        query_timeout: MS(1_000),
-        ..Options::default()
+    let guard = {
+        let mut o = Options::default();
+        o.retry_interval = MS(50);
+        o.heartbeat_interval = MS(100);
+        o.query_timeout = MS(1_000);
+        o
     }
     .guard_timeout()
     .as_millis();

@@ -256,7 +256,6 @@ mod imp {
                 Statement::Verify => "verify",
                 Statement::Release { .. } => "release",
                 Statement::Wait { .. } => "wait",
-                _ => "other",
             };
             Sent { kind, at: clock() }
         }

@@ -15,7 +15,6 @@
 use std::time::{Duration, Instant};
 
 use lease_proto::sim::{Fault, Sim, SimConfig};
-use lease_proto::Options;
 
 /// A small deterministic generator (xorshift64*), independent of the
 /// simulator's own randomness.
@@ -103,9 +102,10 @@ fn main() {
             seed: g.next(),
             processes,
             leases: (0..leases).map(|i| format!("job{i}")).collect(),
-            options: Options {
-                notify_handover: g.below(4) != 0,
-                ..defaults.options.clone()
+            options: {
+                let mut o = defaults.options.clone();
+                o.notify_handover = g.below(4) != 0;
+                o
             },
             drift: g.below(50) as f64 / 1_000.0,
             job_exit_probability: g.below(4) as f64 / 10.0,

@@ -2,8 +2,6 @@
 
 use std::fmt;
 use std::time::Duration;
-#[cfg(feature = "sim")]
-use std::time::Instant;
 
 /// Default standby poll interval: how often a standby tries a lease it does not
 /// hold. Each wait is jittered down by up to [`RETRY_JITTER`].
@@ -57,7 +55,18 @@ pub const MAX_GUARD_TIMEOUT: Duration = Duration::from_secs(600);
 /// (in this crate, a [`Machine`](crate::Machine)). `Options::default()` is
 /// production-ready; each field below states its default, and the methods
 /// below what the timings add up to.
+///
+/// Start from the default and set what you change, so that a field added
+/// later never breaks your code:
+///
+/// ```
+/// use std::time::Duration;
+/// let mut options = lease_proto::Options::default();
+/// options.retry_interval = Duration::from_secs(2);
+/// assert!(options.validate().is_ok());
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Options {
     /// Standby poll interval (default 5 s, jittered down by up to 20 %). With
     /// [`Options::wait_on_server`] (the default) a standby holding nothing
@@ -126,42 +135,6 @@ pub struct Options {
     /// Most runs one locker may have at once (default 1,000, at most 100,000).
     /// A run past it fails with [`RunError::TooManyLeases`](crate::RunError).
     pub max_leases: usize,
-    /// Test-only, with the `sim` feature: a deliberate bug planted in the
-    /// machine, to show that the simulator's properties catch it. Always
-    /// `None` outside such a test.
-    #[cfg(feature = "sim")]
-    #[doc(hidden)]
-    pub mutation: Option<Mutation>,
-}
-
-/// Test-only, with the `sim` feature: a deliberate machine bug
-/// ([`Options::mutation`]), for broken-variant tests of the simulator's
-/// properties. Each is consulted in exactly one place of the machine.
-#[cfg(feature = "sim")]
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mutation {
-    /// Confirm a lease's validity from the arrival of the reply that
-    /// confirms it, instead of from the send time of its statement: the
-    /// validity window then starts up to a round trip later than the server
-    /// guard's idle clock, and the margin no longer covers it.
-    ConfirmAtArrival,
-    /// Take a woken wait for an acquisition: every waiting standby leads
-    /// when its wait wakes, without the try (and its confirmation and
-    /// token) that must follow.
-    WakeIsAcquisition,
-    /// Count a handover notification as a graceful release whoever sent
-    /// it, as the machine once did: a forged `NOTIFY` (any role may send
-    /// one) just before the holder's session is terminated, or a late one
-    /// from an earlier holder, cuts the lock delay short.
-    NotifyFromAnyone,
-    /// Skip the pooler probe after a setup whose settings went by statement
-    /// (the startup options were rejected): a lone client behind a
-    /// transaction pooler leads.
-    NoPoolerProbe,
-    /// Ignore what the setup shows of a recent promotion: try on a newly
-    /// promoted primary at once, while the old primary's holders still act.
-    IgnorePromotion,
 }
 
 impl Default for Options {
@@ -177,8 +150,6 @@ impl Default for Options {
             max_leases: DEFAULT_MAX_LEASES,
             wait_on_server: true,
             lock_delay: DEFAULT_LOCK_DELAY,
-            #[cfg(feature = "sim")]
-            mutation: None,
         }
     }
 }
@@ -342,24 +313,6 @@ impl Options {
             ("tcp_keepalives_interval", 1),
             ("tcp_keepalives_count", 10),
         ]
-    }
-
-    /// Test-only, with the `sim` feature: the instant a reply that arrived
-    /// at `arrived` confirms a lease from, for a statement sent at `sent`:
-    /// `sent`, unless [`Mutation::ConfirmAtArrival`] is planted.
-    #[cfg(feature = "sim")]
-    #[doc(hidden)]
-    pub fn confirm_time(&self, sent: Instant, arrived: Instant) -> Instant {
-        match self.mutation {
-            Some(Mutation::ConfirmAtArrival) => arrived,
-            Some(
-                Mutation::WakeIsAcquisition
-                | Mutation::NotifyFromAnyone
-                | Mutation::NoPoolerProbe
-                | Mutation::IgnorePromotion,
-            )
-            | None => sent,
-        }
     }
 
     /// Checks the options.

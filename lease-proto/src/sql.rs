@@ -224,9 +224,10 @@ pub const ADVISORY_KEY_SQL: &str = advisory_key!();
 
 /// A statement of the machine, in structured form.
 ///
-/// Drivers use only [`Statement::sql`]; the simulator interprets the structure.
+/// Drivers use only [`Statement::sql`]; the simulator interprets the
+/// structure. Exhaustive on purpose, as the commands are: a server model
+/// must answer every statement, so a new one must fail to compile there.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Statement {
     /// First statement of every session. It sets [`NONCE_SETTING`] to
     /// `nonce` and each of `settings` (`set_config(name, value, false)`:

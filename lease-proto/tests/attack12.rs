@@ -13,13 +13,12 @@ fn ms(n: u64) -> Duration {
 }
 
 fn opts() -> Options {
-    Options {
-        retry_interval: ms(200),
-        heartbeat_interval: ms(200),
-        query_timeout: ms(500),
-        guard_margin: ms(200),
-        ..Options::default()
-    }
+    let mut o = Options::default();
+    o.retry_interval = ms(200);
+    o.heartbeat_interval = ms(200);
+    o.query_timeout = ms(500);
+    o.guard_margin = ms(200);
+    o
 }
 
 fn lease(name: &str) -> LeaseId {
@@ -194,9 +193,10 @@ fn notify(h: &mut Harness, name: &str) {
 /// documented rule.
 #[test]
 fn a_stale_notification_does_not_cut_a_later_lock_delay_short() {
-    let o = Options {
-        lock_delay: ms(20),
-        ..opts()
+    let o = {
+        let mut o = opts();
+        o.lock_delay = ms(20);
+        o
     };
     let mut h = Harness::new(o, 1).unwrap();
     h.run(lease("a"));
@@ -227,9 +227,10 @@ fn a_stale_notification_does_not_cut_a_later_lock_delay_short() {
 /// handover, and an orphaned backend).
 #[test]
 fn the_notification_of_the_release_that_wakes_a_wait_keeps_the_session() {
-    let o = Options {
-        lock_delay: ms(20),
-        ..opts()
+    let o = {
+        let mut o = opts();
+        o.lock_delay = ms(20);
+        o
     };
     let mut h = Harness::new(o, 1).unwrap();
     h.run(lease("a"));

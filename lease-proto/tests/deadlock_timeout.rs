@@ -21,9 +21,10 @@ fn ms(n: u64) -> Duration {
 fn cfg(deadlock_timeout: Duration, broken: bool) -> SimConfig {
     SimConfig {
         processes: 2,
-        options: Options {
-            retry_interval: ms(3000),
-            ..Options::default()
+        options: {
+            let mut o = Options::default();
+            o.retry_interval = ms(3000);
+            o
         },
         server: ServerConfig {
             deadlock_timeout,

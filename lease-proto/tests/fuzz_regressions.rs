@@ -19,13 +19,12 @@ fn ms(n: u64) -> Duration {
 
 /// The options of the hand-driven machine tests.
 fn opts() -> Options {
-    Options {
-        retry_interval: ms(200),
-        heartbeat_interval: ms(200),
-        query_timeout: ms(500),
-        guard_margin: ms(200),
-        ..Options::default()
-    }
+    let mut o = Options::default();
+    o.retry_interval = ms(200);
+    o.heartbeat_interval = ms(200);
+    o.query_timeout = ms(500);
+    o.guard_margin = ms(200);
+    o
 }
 
 const PID: i64 = 7;
@@ -179,9 +178,10 @@ fn a_key_found_held_again_waits_for_its_cancelled_job() {
 /// while the cancelled job still runs.
 #[test]
 fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
-    let mut d = driver(Options {
-        validity: Some(ms(2000)),
-        ..opts()
+    let mut d = driver({
+        let mut o = opts();
+        o.validity = Some(ms(2000));
+        o
     });
     let run = d.run(a());
     d.connect(PID);

@@ -35,13 +35,12 @@ const REACTION_MAX: u64 = 300;
 /// than usual makes the heartbeat time out while the lease is still valid
 /// (validity 500 ms), and the guard (900 ms) gives cancelled jobs 400 ms.
 fn options() -> Options {
-    Options {
-        retry_interval: ms(100),
-        heartbeat_interval: ms(200),
-        query_timeout: ms(300),
-        guard_margin: ms(400),
-        ..Options::default()
-    }
+    let mut o = Options::default();
+    o.retry_interval = ms(100);
+    o.heartbeat_interval = ms(200);
+    o.query_timeout = ms(300);
+    o.guard_margin = ms(400);
+    o
 }
 
 fn config(case: &Case, broken: bool) -> SimConfig {

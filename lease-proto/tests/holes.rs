@@ -205,14 +205,13 @@ fn assert_session_kept_until_the_job_exits(h: &mut H, run: RunId, how: &str) {
 
 /// Heartbeat 200 ms, margin 200 ms; query timeout and validity per case.
 fn opts(query_timeout: u64, validity: Option<u64>) -> Options {
-    Options {
-        retry_interval: ms(200),
-        heartbeat_interval: ms(200),
-        query_timeout: ms(query_timeout),
-        validity: validity.map(ms),
-        guard_margin: ms(200),
-        ..Options::default()
-    }
+    let mut o = Options::default();
+    o.retry_interval = ms(200);
+    o.heartbeat_interval = ms(200);
+    o.query_timeout = ms(query_timeout);
+    o.validity = validity.map(ms);
+    o.guard_margin = ms(200);
+    o
 }
 
 /// The heartbeat is sent at +200 ms and never answered; it times out at
@@ -302,10 +301,11 @@ fn hole3_validity_expiry_keeps_the_session_until_the_job_exits() {
 /// Options at the boundary (10 ms, and exactly 100 x) stay valid.
 #[test]
 fn hole4_absurd_timing_options_are_refused() {
-    let o = |heartbeat: Duration, query_timeout: Duration| Options {
-        heartbeat_interval: heartbeat,
-        query_timeout,
-        ..Options::default()
+    let o = |heartbeat: Duration, query_timeout: Duration| {
+        let mut o = Options::default();
+        o.heartbeat_interval = heartbeat;
+        o.query_timeout = query_timeout;
+        o
     };
     let hour = Duration::from_secs(3_600);
     let s = Duration::from_secs;

@@ -15,13 +15,12 @@ fn ms(n: u64) -> Duration {
 }
 
 fn opts() -> Options {
-    Options {
-        retry_interval: ms(200),
-        heartbeat_interval: ms(200),
-        query_timeout: ms(500),
-        guard_margin: ms(200),
-        ..Options::default()
-    }
+    let mut o = Options::default();
+    o.retry_interval = ms(200);
+    o.heartbeat_interval = ms(200);
+    o.query_timeout = ms(500);
+    o.guard_margin = ms(200);
+    o
 }
 
 fn harness(o: Options) -> Harness {
@@ -117,9 +116,10 @@ fn job_error_releases_and_finishes_failed() {
 
 #[test]
 fn already_running_cap_and_runs_after_close() {
-    let mut h = harness(Options {
-        max_leases: 2,
-        ..opts()
+    let mut h = harness({
+        let mut o = opts();
+        o.max_leases = 2;
+        o
     });
     h.run(lease("a"));
     assert!(matches!(
@@ -467,10 +467,9 @@ fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {
 
 /// A standby that polls (waiting on the server off).
 fn polling() -> Options {
-    Options {
-        wait_on_server: false,
-        ..opts()
-    }
+    let mut o = opts();
+    o.wait_on_server = false;
+    o
 }
 
 /// Waiting on the server, an idle standby sends one statement per retry
@@ -500,9 +499,10 @@ fn a_standby_at_rest_waits_once_per_retry_interval() {
 /// loses sends it back to waiting within the same step.
 #[test]
 fn a_woken_standby_tries_after_the_lock_delay_or_at_a_notification() {
-    let o = Options {
-        lock_delay: ms(20),
-        ..opts()
+    let o = {
+        let mut o = opts();
+        o.lock_delay = ms(20);
+        o
     };
     let mut h = harness(o);
     h.run(lease("a"));
@@ -539,9 +539,10 @@ fn a_woken_standby_tries_after_the_lock_delay_or_at_a_notification() {
 /// standby polls until its next periodic try, never spins.
 #[test]
 fn wakes_that_keep_losing_fall_back_to_polling() {
-    let o = Options {
-        lock_delay: Duration::ZERO,
-        ..opts()
+    let o = {
+        let mut o = opts();
+        o.lock_delay = Duration::ZERO;
+        o
     };
     let mut h = harness(o);
     h.run(lease("a"));
@@ -688,9 +689,10 @@ fn a_standby_at_rest_sends_only_its_tries() {
 /// back.
 #[test]
 fn a_standby_with_a_long_retry_still_keeps_its_session_alive() {
-    let o = Options {
-        retry_interval: ms(2000),
-        ..polling()
+    let o = {
+        let mut o = polling();
+        o.retry_interval = ms(2000);
+        o
     };
     assert!(o.retry_interval + o.query_timeout >= o.guard_timeout());
     let mut h = harness(o.clone());
@@ -796,9 +798,10 @@ fn a_notification_triggers_an_immediate_try() {
 #[test]
 fn a_query_timeout_closes_the_session_and_backs_off() {
     // A validity longer than heartbeat + query timeout, so the timeout comes first.
-    let mut h = harness(Options {
-        validity: Some(ms(2000)),
-        ..opts()
+    let mut h = harness({
+        let mut o = opts();
+        o.validity = Some(ms(2000));
+        o
     });
     let run = started(&mut h, "a", 900);
     h.advance(ms(200));
@@ -1011,9 +1014,10 @@ fn the_session_asks_for_the_guard() {
     let mut h = harness(opts());
     h.run(lease("a"));
     let m = Machine::new(
-        Options {
-            server_guard: false,
-            ..opts()
+        {
+            let mut o = opts();
+            o.server_guard = false;
+            o
         },
         1,
     )

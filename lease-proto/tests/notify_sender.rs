@@ -14,16 +14,14 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn opts(mutation: Option<Mutation>) -> Options {
-    Options {
-        retry_interval: ms(200),
-        heartbeat_interval: ms(200),
-        query_timeout: ms(500),
-        guard_margin: ms(200),
-        lock_delay: ms(20),
-        mutation,
-        ..Options::default()
-    }
+fn opts() -> Options {
+    let mut o = Options::default();
+    o.retry_interval = ms(200);
+    o.heartbeat_interval = ms(200);
+    o.query_timeout = ms(500);
+    o.guard_margin = ms(200);
+    o.lock_delay = ms(20);
+    o
 }
 
 fn key() -> i64 {
@@ -47,7 +45,7 @@ fn tried_at_once(h: &Harness) -> bool {
 /// (backend 997) notifies just before 99's session is terminated: the wake
 /// gets the lock delay.
 fn forged_before_a_terminate(mutation: Option<Mutation>) -> bool {
-    let mut h = Harness::new(opts(mutation), 1).unwrap();
+    let mut h = Harness::with_mutation(opts(), 1, mutation).unwrap();
     h.run(LeaseId::named("a").unwrap());
     h.connect(7);
     h.lose(Some(99));
@@ -64,7 +62,7 @@ fn forged_before_a_terminate(mutation: Option<Mutation>) -> bool {
 /// commit), arrives now, and 98's session is terminated a moment later: the
 /// wake gets the lock delay.
 fn late_from_an_earlier_holder(mutation: Option<Mutation>) -> bool {
-    let mut h = Harness::new(opts(mutation), 1).unwrap();
+    let mut h = Harness::with_mutation(opts(), 1, mutation).unwrap();
     h.run(LeaseId::named("a").unwrap());
     h.connect(7);
     h.lose(Some(99));
@@ -83,7 +81,7 @@ fn late_from_an_earlier_holder(mutation: Option<Mutation>) -> bool {
 
 /// The holder's own notification still cuts the delay short.
 fn from_the_holder(mutation: Option<Mutation>) -> bool {
-    let mut h = Harness::new(opts(mutation), 1).unwrap();
+    let mut h = Harness::with_mutation(opts(), 1, mutation).unwrap();
     h.run(LeaseId::named("a").unwrap());
     h.connect(7);
     h.lose(Some(99));
@@ -98,11 +96,12 @@ fn from_the_holder(mutation: Option<Mutation>) -> bool {
 /// terminate would otherwise make its try land right after the key is
 /// freed, without any delay.
 fn polling_standby_at_a_forged_notification(mutation: Option<Mutation>) -> bool {
-    let o = Options {
-        wait_on_server: false,
-        ..opts(mutation)
+    let o = {
+        let mut o = opts();
+        o.wait_on_server = false;
+        o
     };
-    let mut h = Harness::new(o, 1).unwrap();
+    let mut h = Harness::with_mutation(o, 1, mutation).unwrap();
     h.run(LeaseId::named("a").unwrap());
     h.connect(7);
     h.lose(Some(99));

@@ -13,13 +13,12 @@ fn ms(n: u64) -> Duration {
 }
 
 fn opts() -> Options {
-    Options {
-        retry_interval: ms(200),
-        heartbeat_interval: ms(200),
-        query_timeout: ms(500),
-        guard_margin: ms(200),
-        ..Options::default()
-    }
+    let mut o = Options::default();
+    o.retry_interval = ms(200);
+    o.heartbeat_interval = ms(200);
+    o.query_timeout = ms(500);
+    o.guard_margin = ms(200);
+    o
 }
 
 /// Starts a run and answers its setup with `promotion`, then LISTEN; returns the harness,

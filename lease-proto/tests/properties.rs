@@ -94,17 +94,18 @@ impl Knobs {
     fn options(&self) -> Options {
         let rtt = self.one_way() * 2;
         let heartbeat = rtt + ms(self.heartbeat_ms);
-        Options {
-            retry_interval: ms(self.retry_ms),
-            heartbeat_interval: heartbeat,
-            query_timeout: rtt + ms(self.query_slack_ms),
-            validity: self.validity_slack_ms.map(|v| heartbeat + rtt * 2 + ms(v)),
-            server_guard: self.guard,
-            guard_margin: ms(self.margin_ms),
-            notify_handover: self.notify,
-            wait_on_server: self.wait,
-            lock_delay: ms(self.lock_delay_ms.min(self.retry_ms)),
-            ..Options::default()
+        {
+            let mut o = Options::default();
+            o.retry_interval = ms(self.retry_ms);
+            o.heartbeat_interval = heartbeat;
+            o.query_timeout = rtt + ms(self.query_slack_ms);
+            o.validity = self.validity_slack_ms.map(|v| heartbeat + rtt * 2 + ms(v));
+            o.server_guard = self.guard;
+            o.guard_margin = ms(self.margin_ms);
+            o.notify_handover = self.notify;
+            o.wait_on_server = self.wait;
+            o.lock_delay = ms(self.lock_delay_ms.min(self.retry_ms));
+            o
         }
     }
 }
@@ -186,10 +187,7 @@ struct Case {
 
 impl Case {
     fn config(&self, mutation: Option<Mutation>) -> SimConfig {
-        let options = Options {
-            mutation,
-            ..self.knobs.options()
-        };
+        let options = self.knobs.options();
         options
             .validate()
             .expect("the generator makes valid options");
@@ -202,6 +200,7 @@ impl Case {
             processes: self.processes,
             leases: (0..self.leases).map(|i| format!("job-{i}")).collect(),
             options,
+            mutation,
             latency: Duration::from_micros(self.knobs.latency_us),
             jitter: Duration::from_micros(self.knobs.jitter_us),
             link_latency: (self.knobs.link_us.iter())
@@ -974,11 +973,12 @@ fn liveness_when_every_process_crashed_for_good_frees_every_key() {
 fn a_round_trip_longer_than_the_heartbeat_does_not_starve_standbys() {
     let cfg = SimConfig {
         processes: 2,
-        options: Options {
-            retry_interval: ms(100),
-            heartbeat_interval: ms(50),
-            query_timeout: ms(300),
-            ..Options::default()
+        options: {
+            let mut o = Options::default();
+            o.retry_interval = ms(100);
+            o.heartbeat_interval = ms(50);
+            o.query_timeout = ms(300);
+            o
         },
         latency: ms(30),
         jitter: Duration::ZERO,
@@ -1014,12 +1014,13 @@ fn a_backend_blocked_writing_a_large_reply_is_not_idle() {
             bug: (!tcp).then_some(DriverBug::NoTcpSettings),
             processes: 2,
             leases: (0..50).map(|i| format!("job-{i}")).collect(),
-            options: Options {
-                retry_interval: ms(100),
-                heartbeat_interval: ms(200),
-                query_timeout: ms(2000),
-                guard_margin: ms(100),
-                ..Options::default()
+            options: {
+                let mut o = Options::default();
+                o.retry_interval = ms(100);
+                o.heartbeat_interval = ms(200);
+                o.query_timeout = ms(2000);
+                o.guard_margin = ms(100);
+                o
             },
             server: ServerConfig {
                 send_buffer_rows,
@@ -1365,11 +1366,12 @@ fn notify_case(case: &NotifyCase, mutation: Option<Mutation>) -> Result<(), Test
     let cfg = SimConfig {
         seed: case.seed,
         processes: case.processes,
-        options: Options {
-            lock_delay: NOTIFY_LOCK_DELAY,
-            mutation,
-            ..SimConfig::default().options
+        options: {
+            let mut o = SimConfig::default().options;
+            o.lock_delay = NOTIFY_LOCK_DELAY;
+            o
         },
+        mutation,
         job_reaction: reaction,
         job_reaction_min: reaction,
         job_exit_probability: if case.exits { 0.5 } else { 0.0 },

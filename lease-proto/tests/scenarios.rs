@@ -645,7 +645,7 @@ fn lone_client_behind_a_one_backend_pooler(mutation: Option<Mutation>) -> Report
     c.server.pooler = true;
     c.server.pooler_rejects_options = true;
     c.server.pooler_one_backend = true;
-    c.options.mutation = mutation;
+    c.mutation = mutation;
     let mut sim = Sim::new(c, Instant::now());
     sim.run_until(ms(2000));
     sim.finish(ms(2000), ms(1000))

@@ -46,12 +46,13 @@ fn no_thread_but_async_io_while_leading_and_failing_over() {
         most = most.max(now.len());
         seen.extend(now);
     };
-    let options = Options {
-        retry_interval: MS(100),
-        heartbeat_interval: MS(100),
-        query_timeout: MS(400),
-        guard_margin: MS(200),
-        ..Options::default()
+    let options = {
+        let mut o = Options::default();
+        o.retry_interval = MS(100);
+        o.heartbeat_interval = MS(100);
+        o.query_timeout = MS(400);
+        o.guard_margin = MS(200);
+        o
     };
     let nanos = std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos();
     let name = format!("threads-{}-{nanos}", std::process::id());

@@ -15,13 +15,12 @@ const PASSWORD: &str = "right-Secret-7781";
 const WRONG: &str = "wrong-Secret-4410";
 
 fn opts() -> lease_proto::Options {
-    lease_proto::Options {
-        retry_interval: Duration::from_millis(100),
-        heartbeat_interval: Duration::from_millis(100),
-        query_timeout: Duration::from_millis(400),
-        guard_margin: Duration::from_millis(200),
-        ..lease_proto::Options::default()
-    }
+    let mut o = lease_proto::Options::default();
+    o.retry_interval = Duration::from_millis(100);
+    o.heartbeat_interval = Duration::from_millis(100);
+    o.query_timeout = Duration::from_millis(400);
+    o.guard_margin = Duration::from_millis(200);
+    o
 }
 
 /// What one run against `conn` came to within `wait`.
@@ -284,9 +283,10 @@ fn postgres_13<D: Driver>() {
             D::NAME
         ),
     }
-    let no_guard = lease_proto::Options {
-        server_guard: false,
-        ..opts()
+    let no_guard = {
+        let mut o = opts();
+        o.server_guard = false;
+        o
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let watch = std::thread::spawn({

@@ -39,12 +39,13 @@ fn bin() -> &'static Path {
 async fn a_foreign_unlock_on_a_shared_pooled_backend_is_found_by_the_periodic_verify() {
     let cluster = Cluster::start().expect("an ephemeral cluster");
     // The replicas' options (ReplicaConfig::new), for the settings the role sets.
-    let options = lease_proto::Options {
-        retry_interval: Duration::from_millis(200),
-        heartbeat_interval: Duration::from_millis(150),
-        query_timeout: Duration::from_millis(400),
-        guard_margin: Duration::from_millis(200),
-        ..lease_proto::Options::default()
+    let options = {
+        let mut o = lease_proto::Options::default();
+        o.retry_interval = Duration::from_millis(200);
+        o.heartbeat_interval = Duration::from_millis(150);
+        o.query_timeout = Duration::from_millis(400);
+        o.guard_margin = Duration::from_millis(200);
+        o
     };
     let guard = options.guard_timeout().as_millis();
     let mut role = vec![

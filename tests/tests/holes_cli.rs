@@ -18,12 +18,11 @@ use lease_tokio::{Locker, Options, RunError};
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
 fn fast() -> Options {
-    Options {
-        retry_interval: MS(50),
-        heartbeat_interval: MS(100),
-        query_timeout: MS(1_000),
-        ..Options::default()
-    }
+    let mut o = Options::default();
+    o.retry_interval = MS(50);
+    o.heartbeat_interval = MS(100);
+    o.query_timeout = MS(1_000);
+    o
 }
 
 /// A lease name no other test (or earlier run) uses.

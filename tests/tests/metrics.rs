@@ -149,13 +149,12 @@ fn unique(name: &str) -> String {
 }
 
 fn opts() -> Options {
-    Options {
-        retry_interval: MS(100),
-        heartbeat_interval: MS(100),
-        query_timeout: MS(400),
-        guard_margin: MS(200),
-        ..Options::default()
-    }
+    let mut o = Options::default();
+    o.retry_interval = MS(100);
+    o.heartbeat_interval = MS(100);
+    o.query_timeout = MS(400);
+    o.guard_margin = MS(200);
+    o
 }
 
 /// Polls `cond` every 10 ms until it holds, or fails after 10 s with `what`.

@@ -16,13 +16,12 @@ const MS: fn(u64) -> Duration = Duration::from_millis;
 const HBA: &str = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
 
 fn opts() -> Options {
-    Options {
-        retry_interval: MS(100),
-        heartbeat_interval: MS(100),
-        query_timeout: MS(400),
-        guard_margin: MS(200),
-        ..Options::default()
-    }
+    let mut o = Options::default();
+    o.retry_interval = MS(100);
+    o.heartbeat_interval = MS(100);
+    o.query_timeout = MS(400);
+    o.guard_margin = MS(200);
+    o
 }
 
 fn unique(name: &str) -> String {

@@ -187,14 +187,18 @@ enum Phase {
     Refused(Refusal),
 }
 
-/// Test knobs: the simulator's broken variants. All off in production.
+/// Test knobs: the simulator's broken variants, set only through
+/// [`Machine::with_knobs`] (the `sim` feature). All off in production.
 #[derive(Debug, Clone, Default)]
-struct Knobs {
+pub(crate) struct Knobs {
     /// Sessions neither set nor verify the server-side TCP settings.
-    tcp_settings_off: bool,
+    pub(crate) tcp_settings_off: bool,
     /// A session given up on is closed at once, while its cancelled jobs may
     /// still run.
-    close_doubtful_at_once: bool,
+    pub(crate) close_doubtful_at_once: bool,
+    /// A deliberate bug planted in the machine's rules.
+    #[cfg(feature = "sim")]
+    pub(crate) mutation: Option<crate::sim::Mutation>,
 }
 
 /// The three output queues, drained by [`Machine::poll_run`],
@@ -244,20 +248,16 @@ impl Machine {
         })
     }
 
-    /// The simulator's broken variant: sessions neither set nor verify the
-    /// server-side TCP settings.
+    /// A machine with the simulator's broken variants (`knobs`).
     #[cfg(feature = "sim")]
-    pub(crate) fn without_tcp_settings(&mut self) {
-        self.knobs.tcp_settings_off = true;
-    }
-
-    /// Test knob, for broken-variant tests only: a session the machine gives
-    /// up on is closed at once, while its cancelled jobs may still run.
-    /// Never use it otherwise.
-    #[cfg(feature = "sim")]
-    #[doc(hidden)]
-    pub fn close_doubtful_sessions_at_once(&mut self) {
-        self.knobs.close_doubtful_at_once = true;
+    pub(crate) fn with_knobs(
+        opts: Options,
+        seed: u64,
+        knobs: Knobs,
+    ) -> Result<Machine, OptionsError> {
+        let mut machine = Machine::new(opts, seed)?;
+        machine.knobs = knobs;
+        Ok(machine)
     }
 
     // ---- inputs -------------------------------------------------------
@@ -716,10 +716,10 @@ impl Machine {
         let Some(q) = up.inflight.take_if(|q| q.id == query) else {
             return;
         };
-        #[cfg(feature = "sim")] // Test-only: `Options::mutation`; `sent` otherwise.
-        let q = InFlight {
-            sent: self.opts.confirm_time(q.sent, now),
-            ..q
+        #[cfg(feature = "sim")] // The broken variant: confirm from the arrival.
+        let q = match self.knobs.mutation {
+            Some(crate::sim::Mutation::ConfirmAtArrival) => InFlight { sent: now, ..q },
+            _ => q,
         };
         self.timers.stop(Timer::Query);
         let lost = |e| Reason::QueryFailed(e);
@@ -803,8 +803,8 @@ impl Machine {
         // A newly promoted primary: the old primary's holders may still act.
         #[cfg(feature = "sim")] // Test-only: the broken variant.
         let setup = SetupReply {
-            promotion: match self.opts.mutation {
-                Some(crate::options::Mutation::IgnorePromotion) => Default::default(),
+            promotion: match self.knobs.mutation {
+                Some(crate::sim::Mutation::IgnorePromotion) => Default::default(),
                 _ => setup.promotion,
             },
             ..setup
@@ -834,7 +834,7 @@ impl Machine {
     /// pooler probe (always, but under the test-only mutation).
     fn probes_for_pooler(&self) -> bool {
         #[cfg(feature = "sim")]
-        if self.opts.mutation == Some(crate::sim::Mutation::NoPoolerProbe) {
+        if self.knobs.mutation == Some(crate::sim::Mutation::NoPoolerProbe) {
             return false;
         }
         true
@@ -1054,7 +1054,7 @@ impl Machine {
         }
         self.out.event(Event::KeyFreed { key });
         #[cfg(feature = "sim")] // The broken variant: a wake taken as the win.
-        if self.opts.mutation == Some(crate::options::Mutation::WakeIsAcquisition) {
+        if self.knobs.mutation == Some(crate::sim::Mutation::WakeIsAcquisition) {
             let token = i64::MAX / 2 + self.connector.peek_query() as i64;
             let window = self.opts.validity_window();
             return self.runs.wake_won(now, (key, token), window, &mut self.out);
@@ -1084,7 +1084,7 @@ impl Machine {
         };
         if let Some(holder) = holder {
             #[cfg(feature = "sim")]
-            let anyone = self.opts.mutation == Some(crate::options::Mutation::NotifyFromAnyone);
+            let anyone = self.knobs.mutation == Some(crate::sim::Mutation::NotifyFromAnyone);
             #[cfg(not(feature = "sim"))]
             let anyone = false;
             if holder != Some(sender) && !anyone {

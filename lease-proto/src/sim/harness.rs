@@ -55,8 +55,30 @@ impl Harness {
     /// # Errors
     /// The options are invalid.
     pub fn new(options: Options, seed: u64) -> Result<Harness, OptionsError> {
+        Harness::with_machine(Machine::new(options, seed)?)
+    }
+
+    /// As [`Harness::new`], with a deliberate bug planted in the machine
+    /// (a broken-variant test).
+    ///
+    /// # Errors
+    /// The options are invalid.
+    #[doc(hidden)]
+    pub fn with_mutation(
+        options: Options,
+        seed: u64,
+        mutation: Option<super::Mutation>,
+    ) -> Result<Harness, OptionsError> {
+        let knobs = crate::machine::Knobs {
+            mutation,
+            ..Default::default()
+        };
+        Harness::with_machine(Machine::with_knobs(options, seed, knobs)?)
+    }
+
+    fn with_machine(machine: Machine) -> Result<Harness, OptionsError> {
         Ok(Harness {
-            machine: Machine::new(options, seed)?,
+            machine,
             observer: Observer::new(),
             nonce: None,
             probing: false,

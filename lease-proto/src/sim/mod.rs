@@ -52,6 +52,7 @@
 mod checks;
 mod harness;
 mod inject;
+mod mutation;
 mod net;
 mod observer;
 mod process;
@@ -61,13 +62,14 @@ mod trace;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-#[doc(hidden)]
-pub use crate::options::Mutation;
 pub use checks::Violation;
 pub use harness::Harness;
+#[doc(hidden)]
+pub use mutation::Mutation;
 pub use observer::{drain, Command, Observer, ObserverViolation};
 pub use trace::{TraceEvent, TraceLine};
 
+use crate::machine::Knobs;
 use crate::{JobExit, Machine, Options, Outcome, QueryId, RunId};
 use net::{Direction, Net, Queue, ToClient, ToServer};
 use process::Proc;
@@ -393,6 +395,11 @@ pub struct SimConfig {
     /// behaviour before doubtful sessions were kept). The strong-safety check must catch it.
     #[doc(hidden)]
     pub close_doubtful_at_once: bool,
+    /// Broken variant for tests: a deliberate bug planted in every machine
+    /// ([`Mutation`]), to show that a property catches it. `None` (the
+    /// default) outside such a test.
+    #[doc(hidden)]
+    pub mutation: Option<Mutation>,
     /// Each started job returns by itself (Ok or Err, even odds) with this
     /// probability, after up to `job_lifetime`.
     pub job_exit_probability: f64,
@@ -426,6 +433,7 @@ impl Default for SimConfig {
             job_reaction: Duration::from_millis(5),
             job_reaction_min: Duration::ZERO,
             close_doubtful_at_once: false,
+            mutation: None,
             job_exit_probability: 0.0,
             job_lifetime: Duration::from_secs(2),
             server: ServerConfig::default(),
@@ -909,14 +917,12 @@ impl std::fmt::Debug for Sim {
 /// A process's machine, with the broken variants and test knobs the
 /// configuration asks for.
 fn new_machine(cfg: &SimConfig, seed: u64) -> Machine {
-    let mut machine = Machine::new(cfg.options.clone(), seed).expect("valid options");
-    if cfg.bug == Some(DriverBug::NoTcpSettings) {
-        machine.without_tcp_settings();
-    }
-    if cfg.close_doubtful_at_once {
-        machine.close_doubtful_sessions_at_once();
-    }
-    machine
+    let knobs = Knobs {
+        tcp_settings_off: cfg.bug == Some(DriverBug::NoTcpSettings),
+        close_doubtful_at_once: cfg.close_doubtful_at_once,
+        mutation: cfg.mutation,
+    };
+    Machine::with_knobs(cfg.options.clone(), seed, knobs).expect("valid options")
 }
 
 /// When the last fault of a schedule is over, or `None` if one never ends.

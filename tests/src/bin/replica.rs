@@ -179,17 +179,18 @@ fn parse_args() -> Result<Args, String> {
 
 impl Args {
     fn options(&self) -> Options {
-        Options {
-            retry_interval: self.retry,
-            heartbeat_interval: self.heartbeat,
-            query_timeout: self.query_timeout,
-            guard_margin: self.guard_margin,
-            server_guard: self.guard,
-            notify_handover: self.notify,
-            wait_on_server: self.wait,
-            lock_delay: self.lock_delay,
-            max_leases: self.leases.max(lease_proto::limits::DEFAULT_MAX_LEASES),
-            ..Options::default()
+        {
+            let mut o = Options::default();
+            o.retry_interval = self.retry;
+            o.heartbeat_interval = self.heartbeat;
+            o.query_timeout = self.query_timeout;
+            o.guard_margin = self.guard_margin;
+            o.server_guard = self.guard;
+            o.notify_handover = self.notify;
+            o.wait_on_server = self.wait;
+            o.lock_delay = self.lock_delay;
+            o.max_leases = self.leases.max(lease_proto::limits::DEFAULT_MAX_LEASES);
+            o
         }
     }
 

@@ -30,13 +30,12 @@ type Res = Result<(), String>;
 
 /// Short intervals: validity 500 ms (heartbeat + query timeout).
 fn opts() -> Options {
-    Options {
-        retry_interval: MS(100),
-        heartbeat_interval: MS(100),
-        query_timeout: MS(400),
-        guard_margin: MS(200),
-        ..Options::default()
-    }
+    let mut o = Options::default();
+    o.retry_interval = MS(100);
+    o.heartbeat_interval = MS(100);
+    o.query_timeout = MS(400);
+    o.guard_margin = MS(200);
+    o
 }
 
 fn init() {

@@ -186,9 +186,10 @@ fn standby_takes_over_by_notify_when_the_leader_returns() {
 fn one_locker_refuses_a_second_run_of_a_lease_and_bad_names() {
     rt::block_on(async {
         init();
-        let options = Options {
-            max_leases: 2,
-            ..opts()
+        let options = {
+            let mut o = opts();
+            o.max_leases = 2;
+            o
         };
         let locker = locker(options);
         let name = unique("twice");
@@ -362,9 +363,10 @@ fn terminated_backend_cancels_the_job_at_once_and_the_run_reacquires() {
         init();
         // Heartbeat every 2 s: a cancellation within tens of ms comes from the
         // connection's end, not from a heartbeat or the validity deadline.
-        let options = Options {
-            heartbeat_interval: MS(2000),
-            ..opts()
+        let options = {
+            let mut o = opts();
+            o.heartbeat_interval = MS(2000);
+            o
         };
         let locker = locker(options);
         let name = unique("terminate");
@@ -575,9 +577,10 @@ fn the_driver_ends_when_every_locker_is_dropped() {
 #[test]
 fn construction_errors_are_typed_and_hide_passwords() {
     rt::block_on(async {
-        let bad = Options {
-            retry_interval: Duration::ZERO,
-            ..opts()
+        let bad = {
+            let mut o = opts();
+            o.retry_interval = Duration::ZERO;
+            o
         };
         assert!(matches!(rt::connect(DB, bad), Err(Error::Options(_))));
         for s in [
@@ -752,9 +755,10 @@ fn a_frozen_first_host_does_not_block_failover_to_the_next() {
             a.port(),
             b.port()
         );
-        let options = Options {
-            query_timeout: MS(2_000),
-            ..opts()
+        let options = {
+            let mut o = opts();
+            o.query_timeout = MS(2_000);
+            o
         };
         let locker = rt::connect(&config, options).expect("a locker");
         let t0 = Instant::now();
@@ -816,9 +820,10 @@ fn connect_timeout_moves_on_from_a_host_that_never_answers() {
             "host=127.0.0.1,127.0.0.1 port={port},5432 connect_timeout=1 \
              user=postgres dbname=postgres"
         );
-        let options = Options {
-            query_timeout: MS(3000),
-            ..opts()
+        let options = {
+            let mut o = opts();
+            o.query_timeout = MS(3000);
+            o
         };
         let locker = rt::connect(&config, options).unwrap();
         let t0 = Instant::now();

@@ -117,7 +117,7 @@ pub mod rt {
 fn paused_tokio_time_expires_the_lease_in_virtual_time() {
     use std::time::{Duration, Instant};
 
-    use lease_tokio::{Options, Reason};
+    use lease_tokio::Reason;
 
     use crate::{init, opts};
 
@@ -127,11 +127,12 @@ fn paused_tokio_time_expires_the_lease_in_virtual_time() {
         .expect("a current-thread runtime")
         .block_on(async {
             init();
-            let options = Options {
-                retry_interval: Duration::from_secs(30),
-                heartbeat_interval: Duration::from_secs(30),
-                query_timeout: Duration::from_secs(30),
-                ..opts()
+            let options = {
+                let mut o = opts();
+                o.retry_interval = Duration::from_secs(30);
+                o.heartbeat_interval = Duration::from_secs(30);
+                o.query_timeout = Duration::from_secs(30);
+                o
             };
             let validity = options.validity_window();
             let locker = rt::connect(crate::DB, options).expect("connect");

@@ -1,0 +1,31 @@
+//! The broken variants of the machine, for tests that show a property catches them.
+
+/// A deliberate machine bug ([`SimConfig::mutation`](super::SimConfig::mutation),
+/// [`Harness::with_mutation`](super::Harness::with_mutation)), for
+/// broken-variant tests of the simulator's properties. Each is consulted in
+/// exactly one place of the machine.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// Confirm a lease's validity from the arrival of the reply that
+    /// confirms it, instead of from the send time of its statement: the
+    /// validity window then starts up to a round trip later than the server
+    /// guard's idle clock, and the margin no longer covers it.
+    ConfirmAtArrival,
+    /// Take a woken wait for an acquisition: every waiting standby leads
+    /// when its wait wakes, without the try (and its confirmation and
+    /// token) that must follow.
+    WakeIsAcquisition,
+    /// Count a handover notification as a graceful release whoever sent
+    /// it, as the machine once did: a forged `NOTIFY` (any role may send
+    /// one) just before the holder's session is terminated, or a late one
+    /// from an earlier holder, cuts the lock delay short.
+    NotifyFromAnyone,
+    /// Skip the pooler probe after a setup whose settings went by statement
+    /// (the startup options were rejected): a lone client behind a
+    /// transaction pooler leads.
+    NoPoolerProbe,
+    /// Ignore what the setup shows of a recent promotion: try on a newly
+    /// promoted primary at once, while the old primary's holders still act.
+    IgnorePromotion,
+}
