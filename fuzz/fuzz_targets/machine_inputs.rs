@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use lease_proto::sim::{Command, Harness};
-use lease_proto::{key_for_name, DbError, Event, Input, JobExit, LeaseId, Options, QueryId, RunId, SessionId, Statement, reply::{HeartbeatReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply}, limits::DEFAULT_LOCK_DELAY, server::{HANDOVER_CHANNEL, LOCK_TIMEOUT_SQLSTATE}};
+use lease_proto::{key_for_name, SessionError, Event, Input, JobExit, LeaseId, Options, QueryId, RunId, SessionId, Statement, reply::{HeartbeatReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply}, limits::DEFAULT_LOCK_DELAY, server::{HANDOVER_CHANNEL, LOCK_TIMEOUT_SQLSTATE}};
 use libfuzzer_sys::fuzz_target;
 
 /// Counts of how far inputs get, for one-off runs with `LEASE_FUZZ_STATS` set.
@@ -311,7 +311,7 @@ enum Message {
 }
 
 impl Error {
-    fn db_error(&self) -> DbError {
+    fn session_error(&self) -> SessionError {
         let code = match &self.code {
             Code::None => None,
             Code::LockTimeout => Some(LOCK_TIMEOUT_SQLSTATE.to_string()),
@@ -323,7 +323,7 @@ impl Error {
             Message::LockTimeout => "canceling statement due to lock timeout".to_string(),
             Message::Other(s) => s.clone(),
         };
-        DbError {
+        SessionError {
             code,
             message,
             config: false,
@@ -526,9 +526,9 @@ impl Fuzz {
                 })
             }
             Step::Lost { delta, error } => {
-                Self::near(self.h.session().map(|s| s.0), delta).map(|s| Input::SessionLost {
+                Self::near(self.h.session().map(|s| s.0), delta).map(|s| Input::SessionEnded {
                     session: SessionId(s),
-                    error: error.map(|e| e.db_error()),
+                    error: error.map(|e| e.session_error()),
                 })
             }
             Step::Reply { delta, rows } => {
@@ -550,7 +550,7 @@ impl Fuzz {
             Step::Failed { delta, error } => Self::near(self.h.last_query().map(|q| q.0 .0), delta)
                 .map(|q| Input::Reply {
                     query: QueryId(q),
-                    result: Err(error.db_error()),
+                    result: Err(error.session_error()),
                 }),
             Step::Notify {
                 channel,
@@ -614,7 +614,7 @@ impl Fuzz {
         if let Some(Input::JobExited { run, .. }) = &input {
             self.running.remove(run);
         }
-        if let Some(Input::SessionLost { session, .. }) = &input {
+        if let Some(Input::SessionEnded { session, .. }) = &input {
             if self.current == Some(*session) {
                 self.current = None;
             }

@@ -664,7 +664,7 @@ async fn stop(job: &mut Job, wait: Duration, ctx: &Ctx<'_>) {
 /// session open, its key held, until the command has stopped or the guard
 /// deadline has come (the machine's doubtful session).
 fn freed_with_the_session(reason: &Reason) -> bool {
-    matches!(reason, Reason::SessionLost(_) | Reason::NotHeld)
+    matches!(reason, Reason::SessionEnded(_) | Reason::NotHeld)
 }
 
 /// During a graceful stop (the key held until the command's tree is gone):

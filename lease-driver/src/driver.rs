@@ -16,17 +16,17 @@ use std::time::Instant;
 
 use lease_proto::{
     reply::{decode_text_row, Row},
-    DbError, Input, QueryId, SessionCommand, SessionId,
+    Input, QueryId, SessionCommand, SessionError, SessionId,
 };
 use tokio_postgres::config::TargetSessionAttrs;
 use tokio_postgres::{AsyncMessage, Client, Config, SimpleQueryMessage};
 
 use crate::hosts::{self, Opened};
 use crate::metrics::Sent;
-use crate::runtime::{db_error, BoxFuture, Connection, Runtime, Timer};
+use crate::runtime::{session_error, BoxFuture, Connection, Runtime, Timer};
 use crate::shared::Inner;
 
-type Reply = BoxFuture<Result<Vec<Row>, DbError>>;
+type Reply = BoxFuture<Result<Vec<Row>, SessionError>>;
 /// The one timer and the deadline it is armed for (`None`: fired).
 type Armed = (Pin<Box<dyn Timer>>, Option<Instant>);
 
@@ -72,7 +72,7 @@ impl<R: Runtime> fmt::Debug for Driver<R> {
 
 enum Conn {
     Down,
-    Opening(SessionId, BoxFuture<Result<Opened, DbError>>),
+    Opening(SessionId, BoxFuture<Result<Opened, SessionError>>),
     /// The session, and the host (one host's configuration, the session's
     /// startup options included) it opened on.
     Up(SessionId, Arc<Client>, Box<dyn Connection>, Box<Config>),
@@ -123,7 +123,7 @@ impl<R: Runtime> Driver<R> {
                     self.query = Some((query, sent, Box::pin(reply)));
                 }
                 _ => {
-                    let result = Err(DbError::other("no open session"));
+                    let result = Err(SessionError::other("no open session"));
                     self.inner.input(Input::Reply { query, result });
                 }
             },
@@ -143,7 +143,7 @@ impl<R: Runtime> Driver<R> {
                     self.probe = Some((query, Box::pin(reply)));
                 }
                 _ => {
-                    let result = Err(DbError::other("no open session"));
+                    let result = Err(SessionError::other("no open session"));
                     self.inner.input(Input::Reply { query, result });
                 }
             },
@@ -182,7 +182,7 @@ impl<R: Runtime> Driver<R> {
                     Err(error) => {
                         self.close();
                         let error = Some(error);
-                        self.inner.input(Input::SessionLost { session, error });
+                        self.inner.input(Input::SessionEnded { session, error });
                     }
                 }
             }
@@ -212,8 +212,8 @@ impl<R: Runtime> Driver<R> {
                 // before terminating the session) is never fed.
                 Poll::Ready(end) => {
                     self.close();
-                    let error = end.and_then(Result::err).map(|e| db_error(&e));
-                    self.inner.input(Input::SessionLost { session, error });
+                    let error = end.and_then(Result::err).map(|e| session_error(&e));
+                    self.inner.input(Input::SessionEnded { session, error });
                 }
             }
         }
@@ -263,8 +263,8 @@ impl<R: Runtime> Driver<R> {
         }
         s.metrics.driver_stopped();
         if let Conn::Opening(session, _) | Conn::Up(session, ..) = &self.conn {
-            let error = Some(DbError::other("the lease driver stopped"));
-            s.input(Input::SessionLost {
+            let error = Some(SessionError::other("the lease driver stopped"));
+            s.input(Input::SessionEnded {
                 session: *session,
                 error,
             });
@@ -322,12 +322,12 @@ impl<R: Runtime> Drop for Driver<R> {
 /// Every row of every result set, decoded.
 fn rows(
     reply: Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
-) -> Result<Vec<Row>, DbError> {
+) -> Result<Vec<Row>, SessionError> {
     let mut rows = Vec::new();
-    for message in reply.map_err(|e| db_error(&e))? {
+    for message in reply.map_err(|e| session_error(&e))? {
         if let SimpleQueryMessage::Row(row) = message {
             let row = decode_text_row((0..row.len()).map(|i| row.get(i)))
-                .map_err(|e| DbError::other(e.to_string()))?;
+                .map_err(|e| SessionError::other(e.to_string()))?;
             rows.push(row);
         }
     }

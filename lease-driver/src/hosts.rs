@@ -17,11 +17,11 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use lease_proto::DbError;
+use lease_proto::SessionError;
 use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
 use tokio_postgres::{Client, Config, SimpleQueryMessage};
 
-use crate::runtime::{db_error, Connection, Runtime};
+use crate::runtime::{session_error, Connection, Runtime};
 
 /// An open session: the host's configuration (one host), the client and the
 /// connection.
@@ -156,16 +156,16 @@ pub(crate) async fn open<R: Runtime>(
     runtime: Arc<R>,
     hosts: Vec<Config>,
     share: Option<Duration>,
-) -> Result<Opened, DbError> {
+) -> Result<Opened, SessionError> {
     let several = hosts.len() > 1;
-    let mut errors: Vec<(String, DbError)> = Vec::new();
+    let mut errors: Vec<(String, SessionError)> = Vec::new();
     for host in hosts {
         let label = label(&host);
         let attempt = one(&*runtime, host.clone(), share);
         let result = match share {
             None => attempt.await,
             Some(share) => {
-                let expired = DbError::other(format!(
+                let expired = SessionError::other(format!(
                     "connection attempt timed out after {} ms",
                     share.as_millis()
                 ));
@@ -180,7 +180,7 @@ pub(crate) async fn open<R: Runtime>(
         }
     }
     let Some((last_label, mut last)) = errors.pop() else {
-        return Err(DbError::other("no host given"));
+        return Err(SessionError::other("no host given"));
     };
     if several {
         // The last error first: it classifies the attempt.
@@ -200,7 +200,7 @@ async fn one<R: Runtime>(
     runtime: &R,
     mut host: Config,
     share: Option<Duration>,
-) -> Result<(Client, Box<dyn Connection>), DbError> {
+) -> Result<(Client, Box<dyn Connection>), SessionError> {
     let attrs = host.get_target_session_attrs();
     host.target_session_attrs(TargetSessionAttrs::Any);
     if let Some(share) = share {
@@ -239,7 +239,7 @@ async fn check_attrs(
     client: &Client,
     connection: &mut dyn Connection,
     attrs: TargetSessionAttrs,
-) -> Result<(), DbError> {
+) -> Result<(), SessionError> {
     if attrs == TargetSessionAttrs::Any {
         return Ok(());
     }
@@ -250,12 +250,14 @@ async fn check_attrs(
     });
     match (attrs, read_only) {
         (TargetSessionAttrs::ReadWrite, Some(true)) => {
-            Err(DbError::other("database does not allow writes"))
+            Err(SessionError::other("database does not allow writes"))
         }
         (TargetSessionAttrs::ReadOnly, Some(false)) => {
-            Err(DbError::other("database is not read-only"))
+            Err(SessionError::other("database is not read-only"))
         }
-        (_, None) => Err(DbError::other("no answer to SHOW transaction_read_only")),
+        (_, None) => Err(SessionError::other(
+            "no answer to SHOW transaction_read_only",
+        )),
         _ => Ok(()),
     }
 }
@@ -266,20 +268,22 @@ pub(crate) async fn query(
     client: &Client,
     connection: &mut dyn Connection,
     sql: &str,
-) -> Result<Vec<SimpleQueryMessage>, DbError> {
+) -> Result<Vec<SimpleQueryMessage>, SessionError> {
     let mut reply = pin!(client.simple_query(sql));
     poll_fn(|cx| {
         if let Poll::Ready(result) = reply.as_mut().poll(cx) {
-            return Poll::Ready(result.map_err(|e| db_error(&e)));
+            return Poll::Ready(result.map_err(|e| session_error(&e)));
         }
         loop {
             match connection.poll_message(cx) {
                 Poll::Pending => return Poll::Pending,
                 // Notices and notifications: not for this statement.
                 Poll::Ready(Some(Ok(_))) => {}
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(db_error(&e))),
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(session_error(&e))),
                 Poll::Ready(None) => {
-                    return Poll::Ready(Err(DbError::other("the connection closed during startup")))
+                    return Poll::Ready(Err(SessionError::other(
+                        "the connection closed during startup",
+                    )))
                 }
             }
         }

@@ -36,7 +36,7 @@
 //!     fn connect(&self, config: tokio_postgres::Config) -> BoxFuture<Connected> {
 //!         # let _ = config;
 //!         // open a socket, `config.connect_raw(socket, tls)`, box the connection
-//!         Box::pin(async { Err(lease_driver::DbError::other("not in this example")) })
+//!         Box::pin(async { Err(lease_driver::SessionError::other("not in this example")) })
 //!     }
 //! }
 //!
@@ -148,13 +148,13 @@ use tokio_postgres::{Config, NoTls};
 pub use driver::Driver;
 pub use lease_proto;
 pub use lease_proto::{
-    DbError, LastError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason,
-    Refusal, SessionState, Status,
+    LastError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason, Refusal,
+    SessionError, SessionState, Status,
 };
 #[cfg(feature = "metrics")]
 pub use metrics::describe_metrics;
 pub use run::Lease;
-pub use runtime::{db_error, BoxFuture, Connected, Connection, Runtime, Timer};
+pub use runtime::{session_error, BoxFuture, Connected, Connection, Runtime, Timer};
 use shared::Inner;
 
 /// Why a locker could not be created.
@@ -203,13 +203,13 @@ pub enum RunError<E> {
     /// The server or the connection cannot give mutual exclusion.
     Refused(Refusal),
     /// The locker never had a session and its connection attempt failed
-    /// with a configuration error ([`DbError::is_configuration`]: a wrong
+    /// with a configuration error ([`SessionError::is_configuration`]: a wrong
     /// password, an unknown role or database, a TLS verification failure):
     /// the server's words, e.g. `password authentication failed for user
     /// "app" (SQLSTATE 28P01)`. Displays as `cannot connect: <error>`.
     /// Once a locker has had a session, such errors are retried (logged at
     /// `ERROR`) instead: a rotated password must not stop a running fleet.
-    Config(DbError),
+    Config(SessionError),
     /// The [`Driver`] was dropped or ended while the run was pending.
     DriverStopped,
 }

@@ -74,7 +74,7 @@ pub(crate) fn log_event(event: &Event) {
         }
         Event::Lost { run, lease, reason } => lease_event!(warn, run, lease, %reason, "lease lost"),
         Event::Released { run, lease } => lease_event!(info, run, lease, "lease released"),
-        Event::Waiting {
+        Event::StandingBy {
             run,
             lease,
             holder_pid: pid,

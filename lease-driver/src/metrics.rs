@@ -19,7 +19,9 @@ mod imp {
     use ::metrics::{
         counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
     };
-    use lease_proto::{reply::Row, DbError, Event, Input, Reason, RunCommand, RunId, Statement};
+    use lease_proto::{
+        reply::Row, Event, Input, Reason, RunCommand, RunId, SessionError, Statement,
+    };
 
     use crate::runtime::Clock;
 
@@ -261,7 +263,7 @@ mod imp {
         }
 
         /// Its reply arrived.
-        pub(crate) fn replied(self, clock: &Clock, result: &Result<Vec<Row>, DbError>) {
+        pub(crate) fn replied(self, clock: &Clock, result: &Result<Vec<Row>, SessionError>) {
             let elapsed = clock().saturating_duration_since(self.at);
             histogram!("lease_statement_duration_seconds", "statement" => self.kind)
                 .record(elapsed);
@@ -274,11 +276,11 @@ mod imp {
     /// The fixed label set for a [`Reason`].
     fn reason_label(reason: &Reason, driver_stopped: bool) -> &'static str {
         match reason {
-            Reason::SessionLost(_) if driver_stopped => "driver_stopped",
+            Reason::SessionEnded(_) if driver_stopped => "driver_stopped",
             // The server ended the session: its FATAL error reaches the
             // statement in flight if there is one, else the connection.
-            Reason::SessionLost(Some(e)) | Reason::QueryFailed(e) if terminated(e) => "terminated",
-            Reason::SessionLost(_) => "session_lost",
+            Reason::SessionEnded(Some(e)) | Reason::QueryFailed(e) if terminated(e) => "terminated",
+            Reason::SessionEnded(_) => "session_lost",
             Reason::QueryTimeout => "query_timeout",
             Reason::ValidityExpired => "validity_expired",
             Reason::NotHeld => "not_held",
@@ -291,7 +293,7 @@ mod imp {
     }
 
     /// The class of a failed connection attempt ([`Event::ConnectFailed`]).
-    fn connect_class(error: &DbError) -> &'static str {
+    fn connect_class(error: &SessionError) -> &'static str {
         // The machine's own words when the attempt outlived the query timeout.
         if error.code.is_none() && error.message.starts_with("connection attempt timed out") {
             return "timeout";
@@ -300,14 +302,14 @@ mod imp {
         if error.config {
             return "config";
         }
-        session_class(&Reason::SessionLost(Some(error.clone())))
+        session_class(&Reason::SessionEnded(Some(error.clone())))
     }
 
     /// The fixed class set for why a session ended.
     fn session_class(reason: &Reason) -> &'static str {
         match reason {
-            Reason::SessionLost(None) => "network",
-            Reason::SessionLost(Some(e)) => match e.code.as_deref() {
+            Reason::SessionEnded(None) => "network",
+            Reason::SessionEnded(Some(e)) => match e.code.as_deref() {
                 // No SQLSTATE: I/O (refused, reset, EOF), TLS, protocol.
                 None => "network",
                 // The server is starting up or shutting down.
@@ -335,7 +337,7 @@ mod imp {
     /// The server ended the session (SQLSTATE 57P01 admin shutdown or
     /// `pg_terminate_backend`, 57P02 crash, 57P04 database dropped, 57P05
     /// `idle_session_timeout`).
-    fn terminated(e: &DbError) -> bool {
+    fn terminated(e: &SessionError) -> bool {
         e.code.as_deref().is_some_and(|c| c.starts_with("57P"))
     }
 }
@@ -346,7 +348,7 @@ mod imp {
 
     use std::time::Instant;
 
-    use lease_proto::{reply::Row, DbError, Event, Input, RunCommand, RunId, Statement};
+    use lease_proto::{reply::Row, Event, Input, RunCommand, RunId, SessionError, Statement};
 
     use crate::runtime::Clock;
 
@@ -382,7 +384,7 @@ mod imp {
             Sent
         }
         #[inline(always)]
-        pub(crate) fn replied(self, _: &Clock, _: &Result<Vec<Row>, DbError>) {}
+        pub(crate) fn replied(self, _: &Clock, _: &Result<Vec<Row>, SessionError>) {}
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
-use lease_proto::RunError as CoreError;
+use lease_proto::RunRejected;
 use lease_proto::{Input, JobExit, LeaseId, NameError, Outcome, Reason, RunId};
 
 use tracing::instrument::{Instrument, Instrumented};
@@ -127,9 +127,9 @@ where
     let lease = lease.map_err(RunError::Name)?;
     let inner = locker.inner();
     let run = inner.lock().register(lease).map_err(|e| match e {
-        CoreError::AlreadyRunning(lease) => RunError::AlreadyRunning(lease),
-        CoreError::TooManyLeases { cap } => RunError::TooManyLeases { cap },
-        CoreError::Refused(refusal) => RunError::Refused(refusal),
+        RunRejected::AlreadyRunning(lease) => RunError::AlreadyRunning(lease),
+        RunRejected::TooManyLeases { cap } => RunError::TooManyLeases { cap },
+        RunRejected::Refused(refusal) => RunError::Refused(refusal),
     })?;
     let mut guard = Guard {
         inner,

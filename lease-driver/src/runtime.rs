@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use lease_proto::DbError;
+use lease_proto::SessionError;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_postgres::{AsyncMessage, Client, Config};
 
@@ -22,7 +22,7 @@ pub(crate) type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The result of [`Runtime::connect`]: a client and its connection, or why not.
-pub type Connected = Result<(Client, Box<dyn Connection>), DbError>;
+pub type Connected = Result<(Client, Box<dyn Connection>), SessionError>;
 
 /// An async runtime, as the driver needs it.
 ///
@@ -81,8 +81,8 @@ where
 /// one-line message, never the connection config. A TLS failure that is not
 /// the network's (a certificate that fails verification, a server without
 /// TLS under `sslmode=require`) is marked as configuration
-/// ([`DbError::config`]).
-pub fn db_error(e: &tokio_postgres::Error) -> DbError {
+/// ([`SessionError::config`]).
+pub fn session_error(e: &tokio_postgres::Error) -> SessionError {
     let message = match e.as_db_error() {
         Some(db) => db.message().to_owned(),
         // "error connecting to server: Connection refused (os error 111)"
@@ -96,7 +96,7 @@ pub fn db_error(e: &tokio_postgres::Error) -> DbError {
             message
         }
     };
-    DbError {
+    SessionError {
         code: e.code().map(|c| c.code().to_owned()),
         message: message.replace(['\r', '\n'], " "),
         config: tls_config_error(e),

@@ -7,7 +7,7 @@ use std::task::Waker;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use lease_proto::{
-    Input, LeaseId, Machine, Outcome, RunCommand, RunError as CoreError, RunId, SessionCommand,
+    Input, LeaseId, Machine, Outcome, RunCommand, RunId, RunRejected, SessionCommand,
 };
 
 use crate::cancel::{Cancel, CancelTx};
@@ -109,7 +109,7 @@ impl Shared {
 
     /// Registers a run of `lease` with the core and gives it a slot, then
     /// routes what the core says.
-    pub(crate) fn register(&mut self, lease: LeaseId) -> Result<RunId, CoreError> {
+    pub(crate) fn register(&mut self, lease: LeaseId) -> Result<RunId, RunRejected> {
         let now = (self.clock)();
         let run = self.machine.run(now, lease)?;
         self.metrics.run_started(run, now);

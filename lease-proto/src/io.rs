@@ -11,7 +11,7 @@ use crate::sql::{Row, Statement};
 pub struct RunId(pub u64);
 
 /// Identifies one database session the machine asked for. A driver echoes it
-/// in [`Input::SessionOpened`] and [`Input::SessionLost`]; inputs naming an
+/// in [`Input::SessionOpened`] and [`Input::SessionEnded`]; inputs naming an
 /// older session are ignored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SessionId(pub u64);
@@ -28,11 +28,11 @@ pub struct QueryId(pub u64);
 /// pooler that rejects startup options by the server's words
 /// "unsupported startup parameter".
 ///
-/// [`DbError::is_configuration`] classifies a failed connection attempt:
+/// [`SessionError::is_configuration`] classifies a failed connection attempt:
 /// a configuration error (authentication, unknown database, TLS
 /// verification, ...) or a transient one (the network, a restart).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DbError {
+pub struct SessionError {
     /// The SQLSTATE code, when the server sent one (`"57P01"`, `"53200"`, ...).
     pub code: Option<String>,
     /// A one-line message.
@@ -40,14 +40,14 @@ pub struct DbError {
     /// The driver found the connection configuration unusable on its own
     /// side, without a SQLSTATE: a TLS certificate that fails verification,
     /// a server without TLS under `sslmode=require`, an unusable TLS setup.
-    /// Set it with [`DbError::config`]; see [`DbError::is_configuration`].
+    /// Set it with [`SessionError::config`]; see [`SessionError::is_configuration`].
     pub config: bool,
 }
 
-impl DbError {
+impl SessionError {
     /// An error without SQLSTATE (I/O, protocol, decoding).
-    pub fn other(message: impl Into<String>) -> DbError {
-        DbError {
+    pub fn other(message: impl Into<String>) -> SessionError {
+        SessionError {
             code: None,
             message: message.into(),
             config: false,
@@ -55,8 +55,8 @@ impl DbError {
     }
 
     /// An error the server sent, with its SQLSTATE.
-    pub fn server(code: impl Into<String>, message: impl Into<String>) -> DbError {
-        DbError {
+    pub fn server(code: impl Into<String>, message: impl Into<String>) -> SessionError {
+        SessionError {
             code: Some(code.into()),
             message: message.into(),
             config: false,
@@ -67,8 +67,8 @@ impl DbError {
     /// (no SQLSTATE): TLS verification failed, the server has no TLS under
     /// `sslmode=require`, a TLS connector could not be built. Trying again
     /// cannot help until the configuration changes.
-    pub fn config(message: impl Into<String>) -> DbError {
-        DbError {
+    pub fn config(message: impl Into<String>) -> SessionError {
+        SessionError {
             code: None,
             message: message.into(),
             config: true,
@@ -89,7 +89,7 @@ impl DbError {
     ///   authentication method the client lacks);
     /// - `22023` and `42704` (an invalid value or an unknown parameter in
     ///   a startup option);
-    /// - errors a driver marked with [`DbError::config`] (TLS verification).
+    /// - errors a driver marked with [`SessionError::config`] (TLS verification).
     ///
     /// Everything else is transient (refused or timed-out connections, a
     /// server starting up or shutting down, too many connections) and is
@@ -97,7 +97,7 @@ impl DbError {
     ///
     /// The locker (its machine) applies it only to a failed connection
     /// attempt: before it has ever had a ready session, every run finishes
-    /// with [`Outcome::Config`] (a driver's `RunError::Config`); after, the attempt is retried with backoff and
+    /// with [`Outcome::Config`] (a driver's `RunRejected::Config`); after, the attempt is retried with backoff and
     /// reported loudly ([`Event::ConnectFailed`] with `configuration`).
     #[must_use]
     pub fn is_configuration(&self) -> bool {
@@ -114,7 +114,7 @@ impl DbError {
     }
 }
 
-impl fmt::Display for DbError {
+impl fmt::Display for SessionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.code {
             Some(code) => write!(f, "{} (SQLSTATE {code})", self.message),
@@ -169,18 +169,18 @@ pub enum Input {
     /// before it ends the session (a try's "won" answered just before a
     /// `pg_terminate_backend`), and a job must not start on a session whose
     /// end the driver already knows.
-    SessionLost {
+    SessionEnded {
         /// The session from [`SessionCommand::Open`].
         session: SessionId,
         /// What the driver saw, if anything.
-        error: Option<DbError>,
+        error: Option<SessionError>,
     },
     /// The reply to [`SessionCommand::Query`]: every row of every result set, in order.
     Reply {
         /// The query from the command.
         query: QueryId,
         /// Rows, or the statement's error.
-        result: Result<Vec<Row>, DbError>,
+        result: Result<Vec<Row>, SessionError>,
     },
     /// A `NOTIFY` arrived on the session.
     Notification {
@@ -204,7 +204,7 @@ pub enum Input {
 #[non_exhaustive]
 pub enum Reason {
     /// The session ended (connection closed, server terminated it, restart).
-    SessionLost(Option<DbError>),
+    SessionEnded(Option<SessionError>),
     /// A statement did not answer within the query timeout; the session is
     /// given up on (closed once the cancelled jobs returned).
     QueryTimeout,
@@ -219,7 +219,7 @@ pub enum Reason {
     /// A statement failed, or its reply broke the rules; the session is given
     /// up on (closed once the cancelled jobs returned) because its state
     /// could not be verified.
-    QueryFailed(DbError),
+    QueryFailed(SessionError),
     /// Graceful shutdown of this run was asked.
     Shutdown,
     /// The locker is closing (`close()`).
@@ -235,8 +235,8 @@ pub enum Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Reason::SessionLost(Some(e)) => write!(f, "session lost: {e}"),
-            Reason::SessionLost(None) => f.write_str("session lost"),
+            Reason::SessionEnded(Some(e)) => write!(f, "session ended: {e}"),
+            Reason::SessionEnded(None) => f.write_str("session ended"),
             Reason::QueryTimeout => f.write_str("a statement timed out; session given up"),
             Reason::ValidityExpired => f.write_str("validity expired before confirmation"),
             Reason::NotHeld => f.write_str("key no longer held by this session"),
@@ -253,7 +253,7 @@ impl fmt::Display for Reason {
 
 /// A setup that cannot give mutual exclusion. Final for the locker (the
 /// machine): every run finishes with [`Outcome::Refused`] (a driver's
-/// `RunError::Refused`) and later runs are refused.
+/// `RunRejected::Refused`) and later runs are refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Refusal {
@@ -383,11 +383,11 @@ pub enum Outcome {
     /// The setup cannot give mutual exclusion.
     Refused(Refusal),
     /// Before the machine ever had a ready session, a connection attempt
-    /// failed with a configuration error ([`DbError::is_configuration`]:
+    /// failed with a configuration error ([`SessionError::is_configuration`]:
     /// a wrong password, an unknown role or database, a TLS verification
     /// failure): retrying would not help. The machine stays usable; a later
     /// run connects again.
-    Config(DbError),
+    Config(SessionError),
 }
 
 /// Session parameters the machine asks a driver to connect with.
@@ -426,7 +426,7 @@ impl SessionParams {
 pub enum SessionCommand {
     /// Open a new connection (dropping any previous one) with these
     /// parameters, then report [`Input::SessionOpened`] or
-    /// [`Input::SessionLost`]. The machine times the attempt out itself.
+    /// [`Input::SessionEnded`]. The machine times the attempt out itself.
     Open {
         /// Echo in the session inputs.
         session: SessionId,
@@ -538,8 +538,8 @@ pub enum Event {
         /// The session asked for.
         session: SessionId,
         /// What the driver saw (a timeout: "connection attempt timed out").
-        error: DbError,
-        /// [`DbError::is_configuration`]: a wrong password, role, database
+        error: SessionError,
+        /// [`SessionError::is_configuration`]: a wrong password, role, database
         /// or TLS setup. After a ready session this is retried; log it
         /// loudly (a rotated password, a dropped role).
         configuration: bool,
@@ -589,7 +589,7 @@ pub enum Event {
     },
     /// A run stands by: the key is held elsewhere. Emitted when the run starts
     /// waiting and when the holder changes.
-    Waiting {
+    StandingBy {
         /// The run.
         run: RunId,
         /// The lease.
@@ -620,7 +620,7 @@ pub enum Event {
     /// from now on.
     WaitFailed {
         /// The error.
-        error: DbError,
+        error: SessionError,
     },
     /// A wait blocked the session while something else needed it (a new
     /// run, a notification for another key, no run left): the session was
@@ -632,7 +632,7 @@ pub enum Event {
     /// A try statement failed; held keys are verified before anything else.
     TryFailed {
         /// The error.
-        error: DbError,
+        error: SessionError,
     },
     /// A key this session held without knowing (a lock statement that failed
     /// part-way) was found and is being unlocked.
@@ -664,7 +664,7 @@ pub enum Event {
         /// The session whose connection failed.
         session: SessionId,
         /// The error.
-        error: DbError,
+        error: SessionError,
     },
     /// The machine refuses this setup; see [`Refusal`].
     Refused {

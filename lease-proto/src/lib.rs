@@ -15,7 +15,7 @@
 //! [`Machine::poll_timeout`] or the next input, whichever comes first; when the
 //! timer fires, feed [`Input::Tick`]. The machine checks every deadline
 //! against the `now` it is given, so a late or spurious tick is harmless;
-//! [`Machine::timeout_reason`] tells which [`Timer`] the deadline is.
+//! [`Machine::timeout_reason`] tells which [`Deadline`] the deadline is.
 //! The whole loop of a driver, compiled:
 //!
 //! ```no_run
@@ -95,8 +95,8 @@
 //!
 //! - [`SessionCommand::Open`]: connect with [`SessionParams::options_string`]
 //!   appended to the startup `options`; report [`Input::SessionOpened`] or
-//!   [`Input::SessionLost`]. Watch the connection: any end of it is
-//!   [`Input::SessionLost`], reported at once, before any reply of that
+//!   [`Input::SessionEnded`]. Watch the connection: any end of it is
+//!   [`Input::SessionEnded`], reported at once, before any reply of that
 //!   session not reported yet (drop that reply).
 //! - [`SessionCommand::Query`]: send [`Statement::sql`] with the simple-query
 //!   protocol, decode every row with [`decode_text_row`](reply::decode_text_row), report
@@ -146,12 +146,12 @@ pub mod inspect;
 pub mod sim;
 
 pub use io::{
-    DbError, Event, Input, JobExit, Outcome, QueryId, Reason, Refusal, RunCommand, RunId,
-    SessionCommand, SessionId, SessionParams,
+    Event, Input, JobExit, Outcome, QueryId, Reason, Refusal, RunCommand, RunId, SessionCommand,
+    SessionError, SessionId, SessionParams,
 };
 pub use key::{key_for_name, LeaseId, NameError};
 pub use machine::{
-    LastError, LeaseState, LeaseStatus, Machine, RunError, SessionState, Status, Timer,
+    Deadline, LastError, LeaseState, LeaseStatus, Machine, RunRejected, SessionState, Status,
 };
 pub use options::{Options, OptionsError};
 pub use sql::Statement;
@@ -202,9 +202,9 @@ static_assertions::assert_impl_all!(SessionCommand: Send, Sync, Clone);
 static_assertions::assert_impl_all!(RunCommand: Send, Sync, Clone);
 static_assertions::assert_impl_all!(Event: Send, Sync, Clone);
 static_assertions::assert_impl_all!(Input: Send, Sync, Clone);
-static_assertions::assert_impl_all!(Timer: Send, Sync, Copy, Ord);
+static_assertions::assert_impl_all!(Deadline: Send, Sync, Copy, Ord);
 // Errors go into `Box<dyn Error + Send + Sync>` and anyhow-style wrappers.
-static_assertions::assert_impl_all!(RunError: Send, Sync, std::error::Error);
+static_assertions::assert_impl_all!(RunRejected: Send, Sync, std::error::Error);
 static_assertions::assert_impl_all!(Refusal: Send, Sync, std::error::Error);
 static_assertions::assert_impl_all!(reply::ReplyError: Send, Sync, std::error::Error);
 static_assertions::assert_impl_all!(inspect::InspectError: Send, Sync, std::error::Error);

@@ -133,7 +133,7 @@ pub struct Options {
     /// so its job may still be stopping.
     pub lock_delay: Duration,
     /// Most runs one locker may have at once (default 1,000, at most 100,000).
-    /// A run past it fails with [`RunError::TooManyLeases`](crate::RunError).
+    /// A run past it fails with [`RunRejected::TooManyLeases`](crate::RunRejected).
     pub max_leases: usize,
 }
 

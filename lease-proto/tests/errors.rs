@@ -24,30 +24,30 @@ fn lease(name: &str) -> LeaseId {
     LeaseId::named(name).unwrap()
 }
 
-fn wrong_password() -> DbError {
-    DbError::server(
+fn wrong_password() -> SessionError {
+    SessionError::server(
         "28P01",
         "password authentication failed for user \"nobody\"",
     )
 }
 
-fn refused() -> DbError {
-    DbError::other("error connecting to server: Connection refused (os error 111)")
+fn refused() -> SessionError {
+    SessionError::other("error connecting to server: Connection refused (os error 111)")
 }
 
 fn has(cmds: &[Command], f: impl Fn(&Command) -> bool) -> bool {
     cmds.iter().any(f)
 }
 
-fn connect_fails(h: &mut Harness, error: DbError) -> Vec<Command> {
+fn connect_fails(h: &mut Harness, error: SessionError) -> Vec<Command> {
     let session = h.session().expect("a connection attempt");
-    h.input(Input::SessionLost {
+    h.input(Input::SessionEnded {
         session,
         error: Some(error),
     })
 }
 
-fn connect_failed_event(h: &Harness) -> Option<(DbError, bool, bool)> {
+fn connect_failed_event(h: &Harness) -> Option<(SessionError, bool, bool)> {
     h.events().iter().find_map(|e| match e {
         Event::ConnectFailed {
             error,
@@ -64,14 +64,17 @@ fn the_classification_names_configuration_errors() {
     for code in [
         "28P01", "28000", "3D000", "42501", "0A000", "22023", "42704",
     ] {
-        assert!(DbError::server(code, "x").is_configuration(), "{code}");
+        assert!(SessionError::server(code, "x").is_configuration(), "{code}");
     }
     for code in ["57P01", "57P03", "53300", "08006", "08P01", "XX000"] {
-        assert!(!DbError::server(code, "x").is_configuration(), "{code}");
+        assert!(
+            !SessionError::server(code, "x").is_configuration(),
+            "{code}"
+        );
     }
     assert!(!refused().is_configuration());
     assert!(
-        DbError::config("error performing TLS handshake: invalid peer certificate")
+        SessionError::config("error performing TLS handshake: invalid peer certificate")
             .is_configuration()
     );
 }
@@ -125,9 +128,9 @@ fn a_configuration_error_after_a_ready_session_is_retried_loudly() {
     h.connect(7);
     h.win(900);
     let session = h.session().unwrap();
-    h.input(Input::SessionLost {
+    h.input(Input::SessionEnded {
         session,
-        error: Some(DbError::server("57P01", "terminating connection")),
+        error: Some(SessionError::server("57P01", "terminating connection")),
     });
     // The lost job returns: the run stands by again and needs a session.
     h.input(Input::JobExited {

@@ -115,7 +115,7 @@ fn fail_tries_until_verify(d: &mut Harness) {
         match d.in_flight().map(|(_, s)| s.clone()) {
             Some(Statement::Verify) => return,
             Some(Statement::TryLock { .. }) => {
-                d.fail(DbError::other("out of shared memory"));
+                d.fail(SessionError::other("out of shared memory"));
             }
             Some(Statement::Heartbeat) => {
                 d.heartbeat(PID, &[]);
@@ -225,7 +225,7 @@ fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
         .any(|c| matches!(c, Command::OpenSession { .. })));
     d.connect(PID);
     assert_eq!(d.try_keys(), vec![b().key()]);
-    d.fail(DbError::other("boom"));
+    d.fail(SessionError::other("boom"));
     // Verification; was: `Query { Release { keys: [a] } }` while a's job runs.
     d.heartbeat(PID, &[a().key()]);
     not_won(&mut d);
@@ -251,9 +251,9 @@ fn a_won_reply_fed_after_the_sessions_end_starts_no_job() {
     let mut rows = d.try_session_row();
     rows.push(vec![Some(k), Some(900), None]);
     let session = d.session().expect("a session");
-    d.input(Input::SessionLost {
+    d.input(Input::SessionEnded {
         session,
-        error: Some(DbError::server(
+        error: Some(SessionError::server(
             "57P01",
             "terminating connection due to administrator command",
         )),

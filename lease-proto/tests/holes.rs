@@ -91,7 +91,7 @@ impl H {
         self.query.as_ref().expect("a query in flight").1.clone()
     }
 
-    fn reply(&mut self, result: Result<Vec<Row>, DbError>) -> Vec<Command> {
+    fn reply(&mut self, result: Result<Vec<Row>, SessionError>) -> Vec<Command> {
         let (query, _, _) = self.query.take().expect("a query in flight");
         self.input(Input::Reply { query, result })
     }
@@ -240,7 +240,7 @@ fn hole3_failed_heartbeat_keeps_the_session_until_the_job_exits() {
     h.tick_until(h.t0 + ms(200), ms(10));
     assert_eq!(h.statement(), Statement::Heartbeat);
     h.t += ms(10);
-    h.reply(Err(DbError {
+    h.reply(Err(SessionError {
         code: Some("XX000".into()),
         message: "internal error".into(),
         config: false,

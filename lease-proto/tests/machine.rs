@@ -31,8 +31,8 @@ fn lease(name: &str) -> LeaseId {
     LeaseId::named(name).unwrap()
 }
 
-fn boom(code: &str) -> DbError {
-    DbError {
+fn boom(code: &str) -> SessionError {
+    SessionError {
         code: Some(code.into()),
         message: "boom".into(),
         config: false,
@@ -124,17 +124,17 @@ fn already_running_cap_and_runs_after_close() {
     h.run(lease("a"));
     assert!(matches!(
         h.start(LeaseId::named("a").unwrap()),
-        Err(RunError::AlreadyRunning(_))
+        Err(RunRejected::AlreadyRunning(_))
     ));
     // Same key under another name is the same lock.
     assert!(matches!(
         h.start(LeaseId::raw(key("a"))),
-        Err(RunError::AlreadyRunning(_))
+        Err(RunRejected::AlreadyRunning(_))
     ));
     h.run(lease("b"));
     assert_eq!(
         h.start(LeaseId::named("c").unwrap()),
-        Err(RunError::TooManyLeases { cap: 2 })
+        Err(RunRejected::TooManyLeases { cap: 2 })
     );
     h.input(Input::Close);
     let r = h.start(LeaseId::named("d").unwrap()).unwrap();
@@ -213,9 +213,9 @@ fn session_loss_cancels_at_once_and_the_job_restarts_on_the_next_win() {
     let mut h = harness(opts());
     let run = started(&mut h, "a", 900);
     let s = h.session().unwrap();
-    let cmds = h.input(Input::SessionLost {
+    let cmds = h.input(Input::SessionEnded {
         session: s,
-        error: Some(DbError {
+        error: Some(SessionError {
             code: Some("57P01".into()),
             message: "terminating".into(),
             config: false,
@@ -224,7 +224,7 @@ fn session_loss_cancels_at_once_and_the_job_restarts_on_the_next_win() {
     assert!(has(&cmds, |c| matches!(
         c,
         Command::CancelJob {
-            reason: Reason::SessionLost(_),
+            reason: Reason::SessionEnded(_),
             ..
         }
     )));
@@ -274,7 +274,7 @@ fn validity_expiry_cancels_without_any_reply() {
         h.machine().status().session,
         SessionState::Doubtful { close_by }
     );
-    assert_eq!(h.machine().timeout_reason(), Some(Timer::DeferredClose));
+    assert_eq!(h.machine().timeout_reason(), Some(Deadline::DeferredClose));
     assert_eq!(h.machine().poll_timeout(), Some(close_by));
     // A late heartbeat reply is ignored: nothing is sent on the session again.
     let cmds = h.heartbeat(7, &[lease("a").key()]);
@@ -624,9 +624,9 @@ fn behind_a_pooler_a_standby_polls() {
     let mut h = harness(opts());
     h.run(lease("a"));
     let session = h.session().unwrap();
-    h.input(Input::SessionLost {
+    h.input(Input::SessionEnded {
         session,
-        error: Some(DbError {
+        error: Some(SessionError {
             code: Some("08P01".into()),
             message: "unsupported startup parameter: options".into(),
             config: false,
@@ -769,7 +769,7 @@ fn a_new_backend_pid_is_refused_as_a_pooler() {
     )));
     assert!(matches!(
         h.start(LeaseId::named("z").unwrap()),
-        Err(RunError::Refused(_))
+        Err(RunRejected::Refused(_))
     ));
 }
 
@@ -870,7 +870,7 @@ fn dropping_a_run_releases_its_key() {
 
 #[test]
 fn rejected_startup_options_go_into_the_setup_statement() {
-    let rejected = || DbError {
+    let rejected = || SessionError {
         code: Some("08P01".into()),
         message: "unsupported startup parameter: options".into(),
         config: false,
@@ -878,7 +878,7 @@ fn rejected_startup_options_go_into_the_setup_statement() {
     let mut h = harness(opts());
     let run = h.run(lease("a"));
     let s = h.session().unwrap();
-    let cmds = h.input(Input::SessionLost {
+    let cmds = h.input(Input::SessionEnded {
         session: s,
         error: Some(rejected()),
     });
@@ -914,7 +914,7 @@ fn rejected_startup_options_go_into_the_setup_statement() {
         .sql()
         .contains("set_config('idle_session_timeout', '900', false)"));
     // Rejected again (the user's own options): final.
-    let cmds = h.input(Input::SessionLost {
+    let cmds = h.input(Input::SessionEnded {
         session: s2,
         error: Some(rejected()),
     });
@@ -1103,9 +1103,9 @@ fn feed(h: &mut Harness, s: Step) -> Result<(), ObserverViolation> {
         Step::Opened(d) => near(session, d).map(|s| Input::SessionOpened {
             session: SessionId(s),
         }),
-        Step::Lost(d, e) => near(session, d).map(|s| Input::SessionLost {
+        Step::Lost(d, e) => near(session, d).map(|s| Input::SessionEnded {
             session: SessionId(s),
-            error: e.then(|| DbError::other("x")),
+            error: e.then(|| SessionError::other("x")),
         }),
         Step::Reply(d, rows) => near(query, d).map(|q| Input::Reply {
             query: QueryId(q),
@@ -1113,7 +1113,7 @@ fn feed(h: &mut Harness, s: Step) -> Result<(), ObserverViolation> {
         }),
         Step::Error(d) => near(query, d).map(|q| Input::Reply {
             query: QueryId(q),
-            result: Err(DbError::other("x")),
+            result: Err(SessionError::other("x")),
         }),
         Step::Notify(i) => Some(Input::Notification {
             channel: HANDOVER_CHANNEL.into(),
@@ -1152,9 +1152,9 @@ proptest! {
 /// the session is closed and retried, not refused.
 #[test]
 fn behind_a_pooler_the_probe_refuses_a_shared_backend() {
-    let rejected = || Input::SessionLost {
+    let rejected = || Input::SessionEnded {
         session: SessionId(0),
-        error: Some(DbError {
+        error: Some(SessionError {
             code: Some("08P01".into()),
             message: "unsupported startup parameter: options".into(),
             config: false,

@@ -190,7 +190,7 @@ fn a_new_session_reads_the_hold_again() {
         checkpoint_age_ms: Some(0),
     });
     let s = h.session().unwrap();
-    let cmds = h.input(Input::SessionLost {
+    let cmds = h.input(Input::SessionEnded {
         session: s,
         error: None,
     });

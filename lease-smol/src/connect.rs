@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_io::{Async, Timer};
 use futures_lite::FutureExt as _;
-use lease_driver::{db_error, DbError};
+use lease_driver::{session_error, SessionError};
 use socket2::{SockRef, TcpKeepalive};
 use tokio_postgres::config::Host;
 use tokio_postgres::tls::TlsConnect;
@@ -60,7 +60,7 @@ impl MakeTls for NoTls {
 /// The stream a connection of `T` runs over.
 pub(crate) type TlsStream<T> = <<T as MakeTls>::TlsConnect as TlsConnect<Socket>>::Stream;
 
-pub(crate) type Connected<S> = Result<(Client, Connection<Socket, S>), DbError>;
+pub(crate) type Connected<S> = Result<(Client, Connection<Socket, S>), SessionError>;
 
 /// The byte stream the driver opens with async-io and hands to tokio-postgres
 /// (and to the TLS connector): a TCP connection, or a Unix socket's.
@@ -82,7 +82,7 @@ pub(crate) async fn connect<T: MakeTls>(config: Config, mut tls: T) -> Connected
         config.get_hostaddrs(),
         config.get_ports(),
     );
-    let mut error = DbError::other("no host given");
+    let mut error = SessionError::other("no host given");
     for i in 0..hosts.len().max(addrs.len()) {
         let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
         let targets = match (addrs.get(i), hosts.get(i)) {
@@ -100,12 +100,13 @@ pub(crate) async fn connect<T: MakeTls>(config: Config, mut tls: T) -> Connected
         let targets = match targets {
             Ok(targets) => targets,
             Err(e) => {
-                error = DbError::other(format!("error connecting to server: {e}"));
+                error = SessionError::other(format!("error connecting to server: {e}"));
                 continue;
             }
         };
         if targets.is_empty() {
-            error = DbError::other("error connecting to server: could not resolve any addresses");
+            error =
+                SessionError::other("error connecting to server: could not resolve any addresses");
         }
         // The host name, if any, is what TLS verifies.
         let name = match hosts.get(i) {
@@ -115,20 +116,20 @@ pub(crate) async fn connect<T: MakeTls>(config: Config, mut tls: T) -> Connected
         for target in targets {
             let tls = tls.make_tls_connect(name).map_err(|e| {
                 let e = e.into();
-                DbError::config(format!("error performing TLS handshake: {e}"))
+                SessionError::config(format!("error performing TLS handshake: {e}"))
             });
             let attempt = async {
                 let socket = target
                     .open(&config)
                     .await
-                    .map_err(|e| DbError::other(format!("error connecting to server: {e}")))?;
+                    .map_err(|e| SessionError::other(format!("error connecting to server: {e}")))?;
                 let connected = config.connect_raw(socket, tls?).await;
-                connected.map_err(|e| db_error(&e))
+                connected.map_err(|e| session_error(&e))
             };
             let expired = async {
                 let timeout = config.get_connect_timeout().copied();
                 Timer::after(timeout.unwrap_or(Duration::MAX)).await;
-                Err(DbError::other(
+                Err(SessionError::other(
                     "error connecting to server: connection timed out",
                 ))
             };

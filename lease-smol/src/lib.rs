@@ -89,8 +89,8 @@ use tokio_postgres::NoTls;
 
 pub use connect::{MakeTls, Socket};
 pub use lease_driver::{
-    DbError, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
-    OptionsError, Reason, Refusal, RunError, Runtime, SessionState, Status,
+    Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError,
+    Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status,
 };
 pub use runtime::{Smol, SmolAdapter};
 

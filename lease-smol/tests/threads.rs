@@ -90,7 +90,10 @@ fn no_thread_but_async_io_while_leading_and_failing_over() {
             .await
             .unwrap();
         let (_, reason) = events_rx.recv().await.unwrap();
-        assert!(matches!(reason, Some(Reason::SessionLost(_))), "{reason:?}");
+        assert!(
+            matches!(reason, Some(Reason::SessionEnded(_))),
+            "{reason:?}"
+        );
         sample();
         let (token2, _) = events_rx.recv().await.unwrap();
         assert!(token2 > token1, "{token1} then {token2}");

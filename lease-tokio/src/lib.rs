@@ -110,8 +110,8 @@ mod runtime;
 use tokio_postgres::NoTls;
 
 pub use lease_driver::{
-    DbError, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
-    OptionsError, Reason, Refusal, RunError, Runtime, SessionState, Status,
+    Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError,
+    Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status,
 };
 pub use runtime::{MakeTls, Tokio, TokioAdapter};
 

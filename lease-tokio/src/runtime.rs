@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use lease_driver::{
-    db_error, Adapter, BoxFuture, Connected, Connection, Driver, Runtime, Spawn, Timer,
+    session_error, Adapter, BoxFuture, Connected, Connection, Driver, Runtime, Spawn, Timer,
 };
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Config, Socket};
@@ -86,7 +86,7 @@ impl<T: MakeTls> Runtime for Tokio<T> {
     fn connect(&self, config: Config) -> BoxFuture<Connected> {
         let tls = self.tls.clone();
         Box::pin(async move {
-            let (client, connection) = config.connect(tls).await.map_err(|e| db_error(&e))?;
+            let (client, connection) = config.connect(tls).await.map_err(|e| session_error(&e))?;
             Ok((client, Box::new(connection) as Box<dyn Connection>))
         })
     }

@@ -268,7 +268,7 @@ async fn acquisition_loss_by_terminate_and_release_move_the_metrics() {
         .expect("cancelled within 10 s")
         .expect("a reason");
     assert!(
-        matches!(reason, Reason::SessionLost(_) | Reason::QueryFailed(_)),
+        matches!(reason, Reason::SessionEnded(_) | Reason::QueryFailed(_)),
         "{reason:?}"
     );
     let second = tokio::time::timeout(Duration::from_secs(10), tokens.recv())

@@ -15,7 +15,7 @@
 //! - no run acquires on it (no try is sent), and a new session for the
 //!   standbys opens only after it is closed;
 //! - it is closed as soon as no cancelled job is left running, and at the
-//!   latest at [`Timer::DeferredClose`](super::Timer::DeferredClose): the send time of its last statement
+//!   latest at [`Deadline::DeferredClose`](super::Deadline::DeferredClose): the send time of its last statement
 //!   plus [`Options::guard_timeout`](crate::Options::guard_timeout)
 //!   (`idle_session_timeout`), the first moment the server could free its
 //!   keys anyway. A job that outlives that deadline is not protected by the
@@ -30,7 +30,7 @@
 //! seen beside another holder.
 //!
 //! A session ended by the server or the connection
-//! ([`Input::SessionLost`](crate::Input::SessionLost)) is gone at once: it is
+//! ([`Input::SessionEnded`](crate::Input::SessionEnded)) is gone at once: it is
 //! never doubtful. Neither is one that holds no job: it is closed at once.
 
 use std::time::{Duration, Instant};

@@ -34,22 +34,22 @@ use crate::sql::{
     HeartbeatReply, Row, SetupReply, TryReply, VerifyReply, WaitReply, HANDOVER_CHANNEL,
 };
 
+mod deadline;
 mod doubtful;
 mod plan;
 mod runs;
 mod session;
 mod status;
-mod timer;
 mod wait;
 
+use deadline::DeadlineTable;
 use plan::{Beat, Jitter, SendPlan};
 use runs::{RunState, RunTable};
 use session::{check_setup, Connector, InFlight, Session, SetupProblem, Stage, Up, What};
-use timer::TimerTable;
 use wait::{NotFreed, ServerWait};
 
+pub use deadline::Deadline;
 pub use status::{LastError, LeaseState, LeaseStatus, SessionState, Status};
-pub use timer::Timer;
 pub use wait::{MIN_WAIT, WAKE_BUDGET};
 
 /// Least `server_version_num` without the server guard (`pg_current_xact_id`).
@@ -73,7 +73,7 @@ pub const VERIFY_EVERY: u32 = 12;
 /// Why [`Machine::run`] refused a run. Exhaustive on purpose, as
 /// [`Outcome`] is: a driver maps each case for its caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunError {
+pub enum RunRejected {
     /// This machine already runs a lease with that key. Advisory locks are
     /// re-entrant within a session, so two runs would both believe they lead.
     AlreadyRunning(LeaseId),
@@ -86,22 +86,22 @@ pub enum RunError {
     Refused(Refusal),
 }
 
-impl fmt::Display for RunError {
+impl fmt::Display for RunRejected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RunError::AlreadyRunning(l) => {
+            RunRejected::AlreadyRunning(l) => {
                 write!(f, "lease {l} is already running on this locker")
             }
-            RunError::TooManyLeases { cap } => write!(
+            RunRejected::TooManyLeases { cap } => write!(
                 f,
                 "this locker already runs {cap} leases (max_leases); the server's lock table is shared by every session"
             ),
-            RunError::Refused(r) => write!(f, "{r}"),
+            RunRejected::Refused(r) => write!(f, "{r}"),
         }
     }
 }
 
-impl std::error::Error for RunError {}
+impl std::error::Error for RunRejected {}
 
 /// The sans-IO lease state machine: one database session, many leases.
 ///
@@ -119,7 +119,7 @@ impl std::error::Error for RunError {}
 ///    [`Machine::poll_session`] (open, query, close), [`Machine::poll_event`]
 ///    (logs and metrics). Draining is what makes the machine act: an output
 ///    left queued is an action not taken.
-/// 3. **Timer**: [`Machine::poll_timeout`], read after draining: when to feed
+/// 3. **Deadline**: [`Machine::poll_timeout`], read after draining: when to feed
 ///    [`Input::Tick`] if no other input comes first;
 ///    [`Machine::timeout_reason`] says which deadline that is. One timer is
 ///    enough for a driver: the machine owns every deadline (connect, query,
@@ -140,12 +140,12 @@ impl std::error::Error for RunError {}
 ///   holding its locks, until every cancelled job has returned, or at the
 ///   latest until the send time of its last statement plus
 ///   [`Options::guard_timeout`] (`idle_session_timeout`), the first moment
-///   the server could free its keys anyway ([`Timer::DeferredClose`]). Nothing is sent on it
+///   the server could free its keys anyway ([`Deadline::DeferredClose`]). Nothing is sent on it
 ///   meanwhile and late replies are ignored; no run acquires on it; a new
 ///   session opens only once it is closed ([`SessionState::Doubtful`]). The
 ///   same deadline applies without the server guard, so that a job that
 ///   ignores its cancellation cannot keep the standbys without a session.
-///   A session ended by the server or the connection ([`Input::SessionLost`])
+///   A session ended by the server or the connection ([`Input::SessionEnded`])
 ///   is gone at once;
 /// - a key held by the session is never locked again (no re-entrant stacking),
 ///   and any key found held without the machine's knowledge is unlocked;
@@ -172,8 +172,8 @@ pub struct Machine {
     connector: Connector,
     plan: SendPlan,
     wait: ServerWait,
-    /// Every deadline; see [`Timer`].
-    timers: TimerTable,
+    /// Every deadline; see [`Deadline`].
+    timers: DeadlineTable,
     out: Outputs,
 }
 
@@ -243,7 +243,7 @@ impl Machine {
             connector: Connector::default(),
             plan: SendPlan::default(),
             wait: ServerWait::default(),
-            timers: TimerTable::default(),
+            timers: DeadlineTable::default(),
             out: Outputs::default(),
         })
     }
@@ -267,19 +267,19 @@ impl Machine {
     /// finishes at once with [`Outcome::Closed`].
     ///
     /// # Errors
-    /// [`RunError::AlreadyRunning`] if a run of this machine has the same key,
-    /// [`RunError::TooManyLeases`] past [`Options::max_leases`],
-    /// [`RunError::Refused`] after a refused setup.
-    pub fn run(&mut self, now: Instant, lease: LeaseId) -> Result<RunId, RunError> {
+    /// [`RunRejected::AlreadyRunning`] if a run of this machine has the same key,
+    /// [`RunRejected::TooManyLeases`] past [`Options::max_leases`],
+    /// [`RunRejected::Refused`] after a refused setup.
+    pub fn run(&mut self, now: Instant, lease: LeaseId) -> Result<RunId, RunRejected> {
         let now = self.clock(now);
         if let Phase::Refused(r) = &self.phase {
-            return Err(RunError::Refused(r.clone()));
+            return Err(RunRejected::Refused(r.clone()));
         }
         if self.runs.has_key(lease.key()) {
-            return Err(RunError::AlreadyRunning(lease));
+            return Err(RunRejected::AlreadyRunning(lease));
         }
         if self.runs.len() >= self.opts.max_leases {
-            return Err(RunError::TooManyLeases {
+            return Err(RunRejected::TooManyLeases {
                 cap: self.opts.max_leases,
             });
         }
@@ -315,7 +315,7 @@ impl Machine {
                 }
             }
             Input::SessionOpened { session } => self.session_opened(now, session),
-            Input::SessionLost { session, error } => self.session_lost(now, session, error),
+            Input::SessionEnded { session, error } => self.session_lost(now, session, error),
             Input::Reply { query, result } => self.reply(now, query, result),
             Input::Notification {
                 channel,
@@ -360,7 +360,7 @@ impl Machine {
 
     // ---- timer --------------------------------------------------------
 
-    /// Timer: when to feed [`Input::Tick`] next, if no other input comes
+    /// Deadline: when to feed [`Input::Tick`] next, if no other input comes
     /// first. `None`: nothing is scheduled. Only deadlines that can make
     /// progress count (no heartbeat or retry while a statement is in flight,
     /// no backoff when no run needs the session), so a driver never spins.
@@ -369,11 +369,11 @@ impl Machine {
         self.next_timer().map(|(_, at)| at)
     }
 
-    /// Timer: which deadline [`Machine::poll_timeout`] is (the first in
-    /// [`Timer`] order on ties), or `None` when nothing is scheduled. For
+    /// Deadline: which deadline [`Machine::poll_timeout`] is (the first in
+    /// [`Deadline`] order on ties), or `None` when nothing is scheduled. For
     /// logs, metrics and tests; a driver does not need it.
     #[must_use]
-    pub fn timeout_reason(&self) -> Option<Timer> {
+    pub fn timeout_reason(&self) -> Option<Deadline> {
         self.next_timer().map(|(timer, _)| timer)
     }
 
@@ -421,7 +421,7 @@ impl Machine {
         let session = match (&self.phase, &self.session) {
             (Phase::Refused(r), _) => SessionState::Refused(r.clone()),
             (_, Session::Backoff) if self.needs_session() => {
-                match self.timers.get(Timer::Backoff) {
+                match self.timers.get(Deadline::Backoff) {
                     Some(until) => SessionState::Backoff {
                         until,
                         failures: self.connector.failures(),
@@ -431,7 +431,7 @@ impl Machine {
             }
             (_, Session::Idle | Session::Backoff) => SessionState::Idle,
             (_, Session::Connecting { .. }) => SessionState::Connecting,
-            (_, Session::Doubtful { .. }) => (self.timers.get(Timer::DeferredClose))
+            (_, Session::Doubtful { .. }) => (self.timers.get(Deadline::DeferredClose))
                 .map_or(SessionState::Idle, |close_by| SessionState::Doubtful {
                     close_by,
                 }),
@@ -488,22 +488,22 @@ impl Machine {
             params: self.connector.params(&self.opts, &self.knobs),
         });
         self.session = Session::Connecting { id };
-        self.timers.stop(Timer::Backoff);
+        self.timers.stop(Deadline::Backoff);
         self.timers
-            .set(Timer::Connect, now + self.opts.query_timeout);
+            .set(Deadline::Connect, now + self.opts.query_timeout);
     }
 
     fn session_opened(&mut self, now: Instant, session: SessionId) {
         if !matches!(self.session, Session::Connecting { id } if id == session) {
             return;
         }
-        self.timers.stop(Timer::Connect);
+        self.timers.stop(Deadline::Connect);
         let nonce = self.jitter.nonce(session);
         self.session = Session::Up(Up::new(session, nonce));
         self.send(now, What::Setup);
     }
 
-    fn session_lost(&mut self, now: Instant, session: SessionId, error: Option<DbError>) {
+    fn session_lost(&mut self, now: Instant, session: SessionId, error: Option<SessionError>) {
         if self.session.id() != Some(session) {
             return;
         }
@@ -518,23 +518,23 @@ impl Machine {
                 self.connector.fall_back_to_statements();
                 self.out.event(Event::StartupOptionsRejected {
                     session,
-                    error: error.clone().unwrap_or_else(|| DbError::other("")),
+                    error: error.clone().unwrap_or_else(|| SessionError::other("")),
                 });
-                self.lose_session(now, Reason::SessionLost(error), false);
+                self.lose_session(now, Reason::SessionEnded(error), false);
                 self.connector.clear_failures();
-                self.timers.stop(Timer::Backoff);
+                self.timers.stop(Deadline::Backoff);
                 self.session = Session::Idle;
             }
             Some(refusal) => self.refuse(now, refusal),
             None => {
                 let connecting = matches!(self.session, Session::Connecting { .. });
-                let config = error.clone().filter(DbError::is_configuration);
-                self.lose_session(now, Reason::SessionLost(error), false);
+                let config = error.clone().filter(SessionError::is_configuration);
+                self.lose_session(now, Reason::SessionEnded(error), false);
                 // Never had a session: the configuration is wrong, not the
                 // network. Say so to every run instead of retrying in silence.
                 if let Some(e) = config.filter(|_| connecting && !self.connector.ever_ready()) {
                     for id in self.runs.ids() {
-                        let reason = Reason::SessionLost(Some(e.clone()));
+                        let reason = Reason::SessionEnded(Some(e.clone()));
                         (self.runs).stop(id, Outcome::Config(e.clone()), reason, &mut self.out);
                     }
                 }
@@ -586,7 +586,7 @@ impl Machine {
         self.connector.failed();
         self.session = Session::Backoff;
         let backoff = self.connector.backoff(&self.opts, self.jitter.random());
-        self.timers.set(Timer::Backoff, now + backoff);
+        self.timers.set(Deadline::Backoff, now + backoff);
     }
 
     /// The machine gives up on `session` for `reason`. Returns whether the
@@ -612,9 +612,9 @@ impl Machine {
             reason: reason.clone(),
         };
         self.plan.session_down();
-        self.timers.stop(Timer::Query);
-        self.timers.stop(Timer::Heartbeat);
-        self.timers.set(Timer::DeferredClose, close_by);
+        self.timers.stop(Deadline::Query);
+        self.timers.stop(Deadline::Heartbeat);
+        self.timers.set(Deadline::DeferredClose, close_by);
         // A try in flight is never answered now; standbys wait for the next
         // session.
         self.runs.doubt_session(reason, &mut self.out);
@@ -627,7 +627,7 @@ impl Machine {
         let Session::Doubtful { reason, .. } = &self.session else {
             return;
         };
-        if self.runs.any_job_running() && !self.timers.expired(Timer::DeferredClose, now) {
+        if self.runs.any_job_running() && !self.timers.expired(Deadline::DeferredClose, now) {
             return;
         }
         let reason = reason.clone();
@@ -656,7 +656,7 @@ impl Machine {
         self.session_down();
         self.session = Session::Idle;
         self.connector.clear_failures();
-        self.timers.stop(Timer::Backoff);
+        self.timers.stop(Deadline::Backoff);
     }
 
     /// Closes a session that holds nothing and blocks in a wait, for a new
@@ -665,7 +665,7 @@ impl Machine {
         self.out.session(SessionCommand::Close { session });
         self.session_down();
         self.session = Session::Idle;
-        self.timers.stop(Timer::Backoff);
+        self.timers.stop(Deadline::Backoff);
     }
 
     /// What ends with any session (the caller replaces it).
@@ -673,10 +673,10 @@ impl Machine {
         self.runs.session_down();
         self.plan.session_down();
         self.wait.session_down();
-        self.timers.stop(Timer::Connect);
-        self.timers.stop(Timer::Query);
-        self.timers.stop(Timer::Heartbeat);
-        self.timers.stop(Timer::DeferredClose);
+        self.timers.stop(Deadline::Connect);
+        self.timers.stop(Deadline::Query);
+        self.timers.stop(Deadline::Heartbeat);
+        self.timers.stop(Deadline::DeferredClose);
     }
 
     /// Sends a statement on the session that is up.
@@ -690,8 +690,10 @@ impl Machine {
         };
         let statement = what.statement(up, settings, self.opts.notify_handover);
         let query = self.connector.next_query(now);
-        self.timers
-            .set(Timer::Query, now + what.blocks() + self.opts.query_timeout);
+        self.timers.set(
+            Deadline::Query,
+            now + what.blocks() + self.opts.query_timeout,
+        );
         let probe = matches!(what, What::Probe);
         up.inflight = Some(InFlight {
             id: query,
@@ -709,7 +711,7 @@ impl Machine {
 
     /// A reply: routed by what its statement was, to the sub-state that owns
     /// its rule.
-    fn reply(&mut self, now: Instant, query: QueryId, result: Result<Vec<Row>, DbError>) {
+    fn reply(&mut self, now: Instant, query: QueryId, result: Result<Vec<Row>, SessionError>) {
         let Some(up) = self.session.up_mut() else {
             return;
         };
@@ -721,7 +723,7 @@ impl Machine {
             Some(crate::sim::Mutation::ConfirmAtArrival) => InFlight { sent: now, ..q },
             _ => q,
         };
-        self.timers.stop(Timer::Query);
+        self.timers.stop(Deadline::Query);
         let lost = |e| Reason::QueryFailed(e);
         match (q.what, result) {
             (What::Setup, Ok(rows)) => match SetupReply::parse(&rows) {
@@ -755,7 +757,7 @@ impl Machine {
                 self.runs.try_back(&keys);
                 self.plan.owe_verify();
                 let retry = now + self.jitter.retry(self.opts.retry_interval);
-                self.timers.set(Timer::Retry, retry);
+                self.timers.set(Deadline::Retry, retry);
             }
             (What::Heartbeat, Ok(rows)) => match HeartbeatReply::parse(&rows) {
                 Ok(heartbeat) => self.heartbeat_done(now, q.sent, heartbeat),
@@ -894,7 +896,7 @@ impl Machine {
             server_version,
         });
         self.timers
-            .set(Timer::Heartbeat, now + self.opts.heartbeat_interval);
+            .set(Deadline::Heartbeat, now + self.opts.heartbeat_interval);
         if listen {
             self.send(now, What::Listen);
         } else {
@@ -909,7 +911,7 @@ impl Machine {
         let (nonce, pid) = (up.nonce, up.stage.backend_pid());
         match reply.session {
             None => {
-                let e = DbError::other("malformed try reply: no session row");
+                let e = SessionError::other("malformed try reply: no session row");
                 return self.lose_session(now, Reason::QueryFailed(e), true);
             }
             Some((found, _)) if Some(found) != pid => {
@@ -944,7 +946,7 @@ impl Machine {
             self.plan.owe_verify();
         }
         let retry = now + self.jitter.retry(self.opts.retry_interval);
-        self.timers.set(Timer::Retry, retry);
+        self.timers.set(Deadline::Retry, retry);
     }
 
     /// Whether the session that answered a heartbeat, verify or wait is
@@ -998,7 +1000,7 @@ impl Machine {
     /// The next heartbeat is due a heartbeat interval after `sent`.
     fn heartbeat_again(&mut self, now: Instant, sent: Instant) {
         let next = (sent + self.opts.heartbeat_interval).max(now);
-        self.timers.set(Timer::Heartbeat, next);
+        self.timers.set(Deadline::Heartbeat, next);
     }
 
     /// A wait's reply: woken, timed out, or failed (see `wait`).
@@ -1007,12 +1009,12 @@ impl Machine {
         now: Instant,
         key: i64,
         chunk: bool,
-        result: Result<Vec<Row>, DbError>,
+        result: Result<Vec<Row>, SessionError>,
     ) {
         let answered = self.wait.answered(key);
         if !self.runs.holding() {
             self.timers
-                .set(Timer::Heartbeat, now + self.opts.heartbeat_interval);
+                .set(Deadline::Heartbeat, now + self.opts.heartbeat_interval);
         }
         let rows = match result {
             Ok(rows) => rows,
@@ -1029,7 +1031,7 @@ impl Machine {
                 deadlock_timeout_ms,
             }) => (session, freed, deadlock_timeout_ms),
             Ok(WaitReply { freed: None, .. }) => {
-                let e = DbError::other("malformed wait reply: no outcome row");
+                let e = SessionError::other("malformed wait reply: no outcome row");
                 return self.lose_session(now, Reason::QueryFailed(e), true);
             }
             Err(e) => return self.lose_session(now, session::malformed(e), true),
@@ -1047,7 +1049,7 @@ impl Machine {
                 NotFreed::HeldAllAlong => {
                     if self.runs.standbys() <= 1 {
                         let retry = now + self.opts.retry_interval;
-                        self.timers.set(Timer::Retry, retry);
+                        self.timers.set(Deadline::Retry, retry);
                     }
                 }
             };
@@ -1065,7 +1067,7 @@ impl Machine {
         } else {
             // A notification (graceful release) asks for the try meanwhile;
             // the retry deadline is the delay's end.
-            self.timers.set(Timer::Retry, now + delay);
+            self.timers.set(Deadline::Retry, now + delay);
         }
     }
 
@@ -1114,15 +1116,16 @@ impl Machine {
 
     fn sync_validity(&mut self) {
         let end = self.runs.earliest_validity_end(self.opts.validity_window());
-        self.timers.put(Timer::Validity, end);
+        self.timers.put(Deadline::Validity, end);
     }
 
     fn act(&mut self, now: Instant) {
         // Check the clock rather than trust that a timer fired.
-        if self.timers.expired(Timer::Validity, now) {
+        if self.timers.expired(Deadline::Validity, now) {
             self.lose_session(now, Reason::ValidityExpired, true);
         }
-        if self.timers.expired(Timer::Connect, now) || self.timers.expired(Timer::Query, now) {
+        if self.timers.expired(Deadline::Connect, now) || self.timers.expired(Deadline::Query, now)
+        {
             self.lose_session(now, Reason::QueryTimeout, true);
         }
         self.close_doubtful_when_done(now);
@@ -1135,7 +1138,7 @@ impl Machine {
                 }
             }
             Session::Backoff => {
-                let waiting = self.timers.get(Timer::Backoff).is_some_and(|t| t > now);
+                let waiting = self.timers.get(Deadline::Backoff).is_some_and(|t| t > now);
                 if needed && !waiting {
                     self.open(now);
                 }
@@ -1205,8 +1208,9 @@ impl Machine {
         if held.is_none() {
             up.promotion_hold = None;
         }
-        let heartbeat_due = self.heartbeat_needed() && self.timers.expired(Timer::Heartbeat, now);
-        let retry_due = self.timers.get(Timer::Retry).is_none_or(|t| t <= now);
+        let heartbeat_due =
+            self.heartbeat_needed() && self.timers.expired(Deadline::Heartbeat, now);
+        let retry_due = self.timers.get(Deadline::Retry).is_none_or(|t| t <= now);
         let try_due =
             (self.plan.try_owed() || retry_due) && self.phase == Phase::Open && held.is_none();
         // Heartbeat first, but never twice in a row while a try is due. A
@@ -1224,8 +1228,8 @@ impl Machine {
         }
         self.plan.not_heartbeat();
         if let Some(until) = held {
-            if self.timers.get(Timer::Retry).is_none_or(|t| t < until) {
-                self.timers.set(Timer::Retry, until);
+            if self.timers.get(Deadline::Retry).is_none_or(|t| t < until) {
+                self.timers.set(Deadline::Retry, until);
             }
             return None;
         }
@@ -1245,7 +1249,7 @@ impl Machine {
                     // it wins counts from its send time: the next heartbeat
                     // is due an interval after it.
                     let next = now + self.opts.heartbeat_interval;
-                    self.timers.set(Timer::Heartbeat, next);
+                    self.timers.set(Deadline::Heartbeat, next);
                 }
                 return Some(What::Try(keys));
             }
@@ -1271,7 +1275,8 @@ impl Machine {
             return None;
         }
         let wanted = self.runs.wait_candidates()?;
-        self.wait.next(now, &wanted, self.timers.get(Timer::Retry))
+        self.wait
+            .next(now, &wanted, self.timers.get(Deadline::Retry))
     }
 
     /// Whether heartbeats are due at all. A locker holding nothing needs no
@@ -1300,15 +1305,15 @@ impl Machine {
     }
 
     /// The earliest deadline that can make progress, and which one it is.
-    fn next_timer(&self) -> Option<(Timer, Instant)> {
+    fn next_timer(&self) -> Option<(Deadline, Instant)> {
         // Only a ready session with nothing in flight sends.
         let idle_ready = self.session.idle_ready();
         self.timers.next(|timer| match timer {
-            Timer::Connect | Timer::Query | Timer::Validity => true,
-            Timer::DeferredClose => matches!(self.session, Session::Doubtful { .. }),
-            Timer::Heartbeat => idle_ready && self.heartbeat_needed(),
-            Timer::Retry => idle_ready && self.runs.any_waiting(),
-            Timer::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),
+            Deadline::Connect | Deadline::Query | Deadline::Validity => true,
+            Deadline::DeferredClose => matches!(self.session, Session::Doubtful { .. }),
+            Deadline::Heartbeat => idle_ready && self.heartbeat_needed(),
+            Deadline::Retry => idle_ready && self.runs.any_waiting(),
+            Deadline::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),
         })
     }
 }
@@ -1352,7 +1357,7 @@ mod tests {
         let mut m = Machine::new(opts.clone(), 1).unwrap();
         assert_eq!(m.timeout_reason(), None);
         m.run(t, LeaseId::named("a").unwrap()).unwrap();
-        assert_eq!(m.timeout_reason(), Some(Timer::Connect));
+        assert_eq!(m.timeout_reason(), Some(Deadline::Connect));
         assert_eq!(m.poll_timeout(), Some(t + opts.query_timeout));
         m.handle_input(
             t,
@@ -1360,7 +1365,7 @@ mod tests {
                 session: SessionId(0),
             },
         );
-        assert_eq!(m.timeout_reason(), Some(Timer::Query));
+        assert_eq!(m.timeout_reason(), Some(Deadline::Query));
         let (q, Statement::Setup { nonce, .. }) = query(&mut m) else {
             panic!("expected the setup");
         };
@@ -1394,11 +1399,11 @@ mod tests {
         let result = Ok(won.to_rows());
         m.handle_input(t, Input::Reply { query: q, result });
         // Leading, nothing in flight: the heartbeat comes before validity ends.
-        assert_eq!(m.timeout_reason(), Some(Timer::Heartbeat));
+        assert_eq!(m.timeout_reason(), Some(Deadline::Heartbeat));
         assert_eq!(m.poll_timeout(), Some(t + opts.heartbeat_interval));
         m.handle_input(
             t,
-            Input::SessionLost {
+            Input::SessionEnded {
                 session: SessionId(0),
                 error: None,
             },
@@ -1413,7 +1418,7 @@ mod tests {
                 exit: JobExit::Ok,
             },
         );
-        assert_eq!(m.timeout_reason(), Some(Timer::Backoff));
+        assert_eq!(m.timeout_reason(), Some(Deadline::Backoff));
         assert!(matches!(m.status().session, SessionState::Backoff { .. }));
     }
 
@@ -1485,7 +1490,7 @@ mod tests {
             (retry * 4 / 5..=retry).contains(&timeout_ms),
             "the wait ends by the (jittered) retry deadline: {timeout_ms} ms"
         );
-        assert_eq!(m.timeout_reason(), Some(Timer::Query));
+        assert_eq!(m.timeout_reason(), Some(Deadline::Query));
         // Its query timer allows for the block: the lock timeout plus the
         // query timeout (the statement's text rounds the former down to ms).
         let at = m.poll_timeout().unwrap() - opts.query_timeout;

@@ -21,7 +21,7 @@ pub(super) struct SendPlan {
     /// verify's reply or the session.
     verify: bool,
     /// An obligation, not a state: try the standbys at the next chance,
-    /// without waiting for [`Timer::Retry`](super::Timer::Retry) (a new run,
+    /// without waiting for [`Deadline::Retry`](super::Deadline::Retry) (a new run,
     /// a session just ready, a handover notification). Kept apart from the
     /// retry deadline, which it must not move.
     try_now: bool,

@@ -400,7 +400,7 @@ impl RunTable {
                 if standby.holder != Some(holder) {
                     standby.holder = Some(holder);
                     let lease = r.lease.clone();
-                    out.event(Event::Waiting {
+                    out.event(Event::StandingBy {
                         run: id,
                         lease,
                         holder_pid: holder,

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use super::{Knobs, LastError, MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD, RECONNECT_BASE};
-use crate::io::{DbError, QueryId, Reason, Refusal, SessionId, SessionParams};
+use crate::io::{QueryId, Reason, Refusal, SessionError, SessionId, SessionParams};
 use crate::options::Options;
 use crate::sql::{SetupReply, Statement};
 
@@ -16,10 +16,10 @@ pub(super) enum Session {
     /// No connection, none asked for yet: the next one may start at once.
     Idle,
     /// No connection after a failure: the next attempt waits for
-    /// [`Timer::Backoff`](super::Timer::Backoff).
+    /// [`Deadline::Backoff`](super::Deadline::Backoff).
     Backoff,
     /// [`SessionCommand::Open`](crate::SessionCommand::Open) sent; timed by
-    /// [`Timer::Connect`](super::Timer::Connect).
+    /// [`Deadline::Connect`](super::Deadline::Connect).
     Connecting { id: SessionId },
     /// Connected.
     Up(Up),
@@ -27,7 +27,7 @@ pub(super) enum Session {
     /// its rules; a validity ended) while jobs on it had not returned: see
     /// `doubtful`. Nothing is sent on it and its replies are ignored; it is
     /// closed once every job has returned or at
-    /// [`Timer::DeferredClose`](super::Timer::DeferredClose).
+    /// [`Deadline::DeferredClose`](super::Deadline::DeferredClose).
     Doubtful {
         id: SessionId,
         /// Why the machine gave up on it.
@@ -82,7 +82,7 @@ pub(super) struct Up {
     /// expected back in every heartbeat.
     pub(super) nonce: i64,
     pub(super) stage: Stage,
-    /// The statement in flight, timed by [`Timer::Query`](super::Timer::Query).
+    /// The statement in flight, timed by [`Deadline::Query`](super::Deadline::Query).
     pub(super) inflight: Option<InFlight>,
     /// The session's server was promoted recently: no try (nor wait) before
     /// this instant (see `PromotionState::hold`).
@@ -221,7 +221,7 @@ pub(super) struct Connector {
     /// and when ([`Status::last_error`](super::Status::last_error)).
     last_error: Option<LastError>,
     /// Send time of the last statement, on any session: a doubtful
-    /// session's [`Timer::DeferredClose`](super::Timer::DeferredClose)
+    /// session's [`Deadline::DeferredClose`](super::Deadline::DeferredClose)
     /// counts from it.
     last_sent: Option<Instant>,
 }
@@ -427,7 +427,7 @@ pub(super) fn check_setup(
 
 /// A reply that breaks its statement's rules: the session's state is unknown.
 pub(super) fn malformed(e: crate::sql::ReplyError) -> Reason {
-    Reason::QueryFailed(DbError::other(e.to_string()))
+    Reason::QueryFailed(SessionError::other(e.to_string()))
 }
 
 /// The error a session loss (or a failed connection attempt) records as the
@@ -436,18 +436,18 @@ pub(super) fn reason_error(
     reason: &Reason,
     connecting: bool,
     timeout: Duration,
-) -> Option<DbError> {
+) -> Option<SessionError> {
     Some(match reason {
-        Reason::SessionLost(Some(e)) | Reason::QueryFailed(e) => e.clone(),
-        Reason::SessionLost(None) if connecting => {
-            DbError::other("the connection closed during startup")
+        Reason::SessionEnded(Some(e)) | Reason::QueryFailed(e) => e.clone(),
+        Reason::SessionEnded(None) if connecting => {
+            SessionError::other("the connection closed during startup")
         }
-        Reason::QueryTimeout if connecting => DbError::other(format!(
+        Reason::QueryTimeout if connecting => SessionError::other(format!(
             "connection attempt timed out after {} ms",
             timeout.as_millis()
         )),
         Reason::Shutdown | Reason::Closed => return None,
-        other => DbError::other(other.to_string()),
+        other => SessionError::other(other.to_string()),
     })
 }
 
@@ -462,7 +462,7 @@ pub(super) fn shared(nonce: i64, found: Option<i64>) -> Refusal {
 /// The server rejected the server guard's `idle_session_timeout` as an unknown setting
 /// (SQLSTATE 42704, in the startup packet or in the setup's `set_config`): it is older than
 /// PostgreSQL 14, which brought the setting. Final, like the setup's version check.
-pub(super) fn guard_unsupported(e: &DbError) -> Option<Refusal> {
+pub(super) fn guard_unsupported(e: &SessionError) -> Option<Refusal> {
     (e.code.as_deref() == Some("42704") && e.message.contains("\"idle_session_timeout\""))
         .then_some(Refusal::ServerTooOld {
             found: None,
@@ -471,7 +471,7 @@ pub(super) fn guard_unsupported(e: &DbError) -> Option<Refusal> {
 }
 
 /// Connection errors that mean "a pooler rejected our startup options".
-pub(super) fn startup_refusal(e: &DbError) -> Option<Refusal> {
+pub(super) fn startup_refusal(e: &SessionError) -> Option<Refusal> {
     e.message
         .contains("unsupported startup parameter")
         .then(|| Refusal::StartupOptionsIgnored {

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::io::{DbError, Refusal, RunId};
+use crate::io::{Refusal, RunId, SessionError};
 use crate::key::LeaseId;
 
 /// The state of the session, for [`Status`].
@@ -87,7 +87,7 @@ pub struct LastError {
     pub at: Instant,
     /// What it was: the driver's or the server's error, or the machine's own
     /// words for a timeout or a broken rule.
-    pub error: DbError,
+    pub error: SessionError,
     /// Whether it came from a connection attempt (the session never opened)
     /// rather than ending an open session.
     pub connecting: bool,

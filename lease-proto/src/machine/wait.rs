@@ -6,7 +6,7 @@
 //! - **When.** While the session holds nothing and owes nothing (every run
 //!   is a standby, nothing to release or verify) and a try of a wanted key
 //!   answered "held", the idle session sends a [`Statement::Wait`](crate::Statement::Wait) for one
-//!   wanted key instead of sitting idle until [`Timer::Retry`](super::Timer::Retry). Its
+//!   wanted key instead of sitting idle until [`Deadline::Retry`](super::Deadline::Retry). Its
 //!   `lock_timeout` ends it at the retry deadline, so the periodic try of
 //!   every other wanted key still goes on time; a locker that holds a lease
 //!   polls as before (its session must stay free for heartbeats), and so

@@ -31,7 +31,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::{Sim, TraceEvent};
-use crate::{Outcome, RunError, RunId};
+use crate::{Outcome, RunId, RunRejected};
 
 /// A property breach found by the simulator.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,7 +67,7 @@ pub enum Violation {
         /// The lease name.
         lease: String,
         /// Why.
-        error: RunError,
+        error: RunRejected,
     },
     /// A run the process never started was finished.
     UnknownRunFinished {

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use super::server::reply;
 use super::{drain, Command, Observer, ObserverViolation};
 use crate::{
-    reply::Row, DbError, Event, Input, LeaseId, Machine, Options, OptionsError, QueryId, RunError,
-    RunId, SessionId, Statement,
+    reply::Row, Event, Input, LeaseId, Machine, Options, OptionsError, QueryId, RunId, RunRejected,
+    SessionError, SessionId, Statement,
 };
 
 /// One [`Machine`] driven by hand, as a test (or a fuzz target) drives it:
@@ -142,7 +142,7 @@ impl Harness {
     ///
     /// # Errors
     /// The machine refused the run.
-    pub fn start(&mut self, lease: LeaseId) -> Result<RunId, RunError> {
+    pub fn start(&mut self, lease: LeaseId) -> Result<RunId, RunRejected> {
         let run = self.machine.run(self.now, lease)?;
         self.observer.run_started(run);
         Ok(run)
@@ -163,7 +163,7 @@ impl Harness {
                 {
                     self.in_flight = None;
                 }
-                Input::SessionLost { session, .. } if self.session == Some(*session) => {
+                Input::SessionEnded { session, .. } if self.session == Some(*session) => {
                     self.in_flight = None;
                 }
                 _ => {}
@@ -257,7 +257,7 @@ impl Harness {
         }
     }
 
-    fn answer(&mut self, result: Result<Vec<Row>, DbError>) -> Vec<Command> {
+    fn answer(&mut self, result: Result<Vec<Row>, SessionError>) -> Vec<Command> {
         let Some((query, _)) = self.in_flight.take() else {
             panic!("no query in flight")
         };
@@ -276,7 +276,7 @@ impl Harness {
     ///
     /// # Panics
     /// No query is in flight, or the observer objects.
-    pub fn fail(&mut self, error: DbError) -> Vec<Command> {
+    pub fn fail(&mut self, error: SessionError) -> Vec<Command> {
         self.answer(Err(error))
     }
 

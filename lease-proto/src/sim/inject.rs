@@ -5,7 +5,7 @@
 //! leaves of it, and sends what [`Injected::reply`] makes of its result.
 
 use super::{rand, Sim};
-use crate::{reply::Row, DbError, Statement};
+use crate::{reply::Row, SessionError, Statement};
 
 /// One statement fault in force.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -109,9 +109,9 @@ impl Injected {
     pub(super) fn reply(
         self,
         statement: &Statement,
-        result: Result<Vec<Row>, DbError>,
+        result: Result<Vec<Row>, SessionError>,
         notify: Vec<i64>,
-    ) -> (Result<Vec<Row>, DbError>, Vec<i64>) {
+    ) -> (Result<Vec<Row>, SessionError>, Vec<i64>) {
         match self {
             Injected::Nothing => (result, notify),
             Injected::Error { .. } => (Err(error_for(statement)), Vec::new()),
@@ -129,9 +129,9 @@ impl Injected {
 }
 
 /// The error a failed statement answers with.
-fn error_for(statement: &Statement) -> DbError {
+fn error_for(statement: &Statement) -> SessionError {
     match statement {
-        Statement::TryLock { .. } | Statement::Release { .. } => DbError {
+        Statement::TryLock { .. } | Statement::Release { .. } => SessionError {
             code: Some("53200".into()),
             message: "out of shared memory (HINT: You might need to increase \
                       max_locks_per_transaction.)"
@@ -142,7 +142,7 @@ fn error_for(statement: &Statement) -> DbError {
         | Statement::Listen
         | Statement::Heartbeat
         | Statement::Verify
-        | Statement::Wait { .. } => DbError {
+        | Statement::Wait { .. } => SessionError {
             code: Some("57014".into()),
             message: "canceling statement due to user request".into(),
             config: false,

@@ -481,7 +481,7 @@ impl Report {
 enum Ev {
     AtServer(usize, ToServer),
     AtClient(usize, ToClient),
-    Timer(usize, u64),
+    Deadline(usize, u64),
     JobExit {
         p: usize,
         incarnation: u32,
@@ -718,13 +718,13 @@ impl Sim {
     fn dispatch(&mut self, ev: Ev) {
         match ev {
             Ev::AtServer(p, msg) => self.at_server(p, msg),
-            Ev::AtClient(p, _) | Ev::Timer(p, _) | Ev::JobExit { p, .. }
+            Ev::AtClient(p, _) | Ev::Deadline(p, _) | Ev::JobExit { p, .. }
                 if self.procs[p].frozen =>
             {
                 self.procs[p].deferred.push_back(ev);
             }
             Ev::AtClient(p, msg) => self.at_client(p, msg),
-            Ev::Timer(p, gen) => {
+            Ev::Deadline(p, gen) => {
                 if self.procs[p].alive && gen == self.procs[p].timer_gen {
                     self.input(p, crate::Input::Tick);
                 }

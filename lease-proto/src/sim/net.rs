@@ -11,7 +11,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::Duration;
 
-use crate::{reply::Row, DbError, QueryId, Statement};
+use crate::{reply::Row, QueryId, SessionError, Statement};
 
 /// A client's message to the server.
 #[derive(Debug, Clone)]
@@ -46,12 +46,12 @@ pub(super) enum ToClient {
     },
     Failed {
         conn: u64,
-        error: DbError,
+        error: SessionError,
     },
     Reply {
         conn: u64,
         query: QueryId,
-        result: Result<Vec<Row>, DbError>,
+        result: Result<Vec<Row>, SessionError>,
     },
     Notify {
         conn: u64,
@@ -60,7 +60,7 @@ pub(super) enum ToClient {
     },
     Ended {
         conn: u64,
-        error: DbError,
+        error: SessionError,
     },
 }
 

@@ -184,7 +184,7 @@ impl Observer {
                 self.jobs.remove(run);
             }
             Input::Reply { query, .. } if self.inflight == Some(*query) => self.inflight = None,
-            Input::SessionLost { session, .. } if self.session == Some(*session) => {
+            Input::SessionEnded { session, .. } if self.session == Some(*session) => {
                 self.session = None;
                 self.inflight = None;
             }

@@ -207,7 +207,7 @@ impl Sim {
             return;
         }
         let gen = proc_.timer_gen;
-        self.queue.push(at, Ev::Timer(p, gen));
+        self.queue.push(at, Ev::Deadline(p, gen));
     }
 
     fn session_command(&mut self, p: usize, cmd: SessionCommand) {
@@ -456,7 +456,7 @@ impl Sim {
                 if c == conn =>
             {
                 self.procs[p].conn = None;
-                Input::SessionLost {
+                Input::SessionEnded {
                     session,
                     error: Some(error),
                 }
@@ -474,7 +474,7 @@ impl Sim {
                 // start a job on a session already known to be gone.
                 Some(error) => {
                     self.procs[p].conn = None;
-                    Input::SessionLost {
+                    Input::SessionEnded {
                         session,
                         error: Some(error),
                     }
@@ -497,7 +497,7 @@ impl Sim {
 
     /// The end of session `conn` if it has already arrived at process `p`
     /// (due now, or deferred while `p` was frozen), taken out of the queue.
-    fn take_arrived_end(&mut self, p: usize, conn: u64) -> Option<crate::DbError> {
+    fn take_arrived_end(&mut self, p: usize, conn: u64) -> Option<crate::SessionError> {
         let is_end = |ev: &Ev| matches!(ev, Ev::AtClient(q, ToClient::Ended { conn: c, .. }) if *q == p && *c == conn);
         let deferred = &mut self.procs[p].deferred;
         let ev = match deferred.iter().position(is_end) {

@@ -24,14 +24,14 @@ use std::time::Duration;
 use super::inject::Injected;
 use super::net::{Direction, ToClient, ToServer};
 use super::{Ev, ServerConfig, Sim, TraceEvent};
-use crate::{reply::Row, DbError, QueryId, Statement};
+use crate::{reply::Row, QueryId, SessionError, Statement};
 
 /// The rows the server answers each statement with (the wire shapes of
 /// `sql.rs`), and the errors it sends.
 pub(super) mod reply {
     use crate::{
         reply::{HeartbeatReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply},
-        DbError,
+        SessionError,
     };
 
     /// `Setup`: version, recovery, backend pid, `idle_session_timeout` (ms),
@@ -160,8 +160,8 @@ pub(super) mod reply {
     }
 
     /// `Listen` on a hot standby.
-    pub(crate) fn listen_in_recovery() -> DbError {
-        DbError {
+    pub(crate) fn listen_in_recovery() -> SessionError {
+        SessionError {
             code: Some("25006".into()),
             message: "cannot execute LISTEN during recovery".into(),
             config: false,
@@ -174,7 +174,7 @@ pub(super) mod reply {
 struct Executed {
     /// When it is done (the reply leaves then).
     done: Duration,
-    result: Result<Vec<Row>, DbError>,
+    result: Result<Vec<Row>, SessionError>,
     /// Keys whose release notifies listeners, in order.
     notify: Vec<i64>,
     /// A wait that blocks: its key and lock timeout; no reply yet.
@@ -445,8 +445,8 @@ impl Server {
         p: usize,
         settings: &[(&'static str, String)],
         now: Duration,
-    ) -> Result<(), DbError> {
-        let refuse = |code: &str, m: &str| DbError {
+    ) -> Result<(), SessionError> {
+        let refuse = |code: &str, m: &str| SessionError {
             code: Some(code.into()),
             message: m.into(),
             config: false,
@@ -503,8 +503,8 @@ impl Server {
     /// [`Statement::Heartbeat`]: pid and nonce) and closes: on a fresh
     /// backend, or behind [`ServerConfig::pooler_one_backend`] on the one
     /// shared backend, whose nonce is whatever a setup set last.
-    fn probe(&mut self, statement: &Statement) -> Result<Vec<Row>, DbError> {
-        let refuse = |code: &str, m: &str| DbError {
+    fn probe(&mut self, statement: &Statement) -> Result<Vec<Row>, SessionError> {
+        let refuse = |code: &str, m: &str| SessionError {
             code: Some(code.into()),
             message: m.into(),
             config: false,
@@ -948,7 +948,7 @@ impl Sim {
         conn: u64,
         query: QueryId,
         done: Duration,
-        result: Result<Vec<Row>, DbError>,
+        result: Result<Vec<Row>, SessionError>,
     ) {
         let reply = ToClient::Reply {
             conn,
@@ -1105,7 +1105,7 @@ impl Sim {
                     message: message.into(),
                 },
             );
-            let error = DbError {
+            let error = SessionError {
                 code: Some(code.into()),
                 message: message.into(),
                 config: false,
@@ -1136,8 +1136,8 @@ fn unknown_setting(version: i64, settings: &[(&'static str, String)]) -> Option<
 }
 
 /// PostgreSQL's error for a setting it does not know, at startup or in `set_config`.
-fn unrecognized(name: &str) -> DbError {
-    DbError {
+fn unrecognized(name: &str) -> SessionError {
+    SessionError {
         code: Some("42704".into()),
         message: format!("unrecognized configuration parameter \"{name}\""),
         config: false,

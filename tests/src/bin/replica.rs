@@ -230,7 +230,7 @@ fn out(line: impl Display) {
 
 fn kind(reason: &Reason) -> &'static str {
     match reason {
-        Reason::SessionLost(_) => "session-lost",
+        Reason::SessionEnded(_) => "session-lost",
         Reason::QueryTimeout => "query-timeout",
         Reason::ValidityExpired => "validity-expired",
         Reason::NotHeld => "not-held",

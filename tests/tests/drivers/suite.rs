@@ -417,7 +417,10 @@ fn terminated_backend_cancels_the_job_at_once_and_the_run_reacquires() {
             "terminate -> cancel: {:.2} ms ({reason:?})",
             cancel.as_secs_f64() * 1e3
         );
-        assert!(matches!(reason, Some(Reason::SessionLost(_))), "{reason:?}");
+        assert!(
+            matches!(reason, Some(Reason::SessionEnded(_))),
+            "{reason:?}"
+        );
         assert!(cancel < MS(100), "cancellation took {cancel:?}");
         let (what, token2, _, _) = timeout(MS(3000), events_rx.recv()).await.unwrap().unwrap();
         assert_eq!(what, "started");

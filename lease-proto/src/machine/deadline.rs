@@ -9,16 +9,16 @@ use std::time::Instant;
 /// [`Machine::timeout_reason`]: crate::Machine::timeout_reason
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
-pub enum Timer {
+pub enum Deadline {
     /// A connection attempt gives up (the query timeout after
     /// [`SessionCommand::Open`](crate::SessionCommand::Open)).
     Connect,
     /// The statement in flight times out; the session is given up on (see
-    /// [`Timer::DeferredClose`]).
+    /// [`Deadline::DeferredClose`]).
     Query,
     /// The earliest lease validity ends; every job is cancelled and the
     /// session given up on (closed once the jobs returned, see
-    /// [`Timer::DeferredClose`]).
+    /// [`Deadline::DeferredClose`]).
     Validity,
     /// A session the machine gave up on while jobs on it still ran is closed
     /// at the latest now: the send time of its last statement plus
@@ -33,52 +33,52 @@ pub enum Timer {
     Backoff,
 }
 
-impl Timer {
+impl Deadline {
     /// Every timer, in the order ties are broken.
-    pub(crate) const ALL: [Timer; 7] = [
-        Timer::Connect,
-        Timer::Query,
-        Timer::Validity,
-        Timer::DeferredClose,
-        Timer::Heartbeat,
-        Timer::Retry,
-        Timer::Backoff,
+    pub(crate) const ALL: [Deadline; 7] = [
+        Deadline::Connect,
+        Deadline::Query,
+        Deadline::Validity,
+        Deadline::DeferredClose,
+        Deadline::Heartbeat,
+        Deadline::Retry,
+        Deadline::Backoff,
     ];
 }
 
-/// One optional deadline per [`Timer`]. Entries are set and stopped where
+/// One optional deadline per [`Deadline`]. Entries are set and stopped where
 /// the state they time changes; the pump acts on the expired ones.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct TimerTable {
-    at: [Option<Instant>; Timer::ALL.len()],
+pub(crate) struct DeadlineTable {
+    at: [Option<Instant>; Deadline::ALL.len()],
 }
 
-impl TimerTable {
-    pub(crate) fn get(&self, timer: Timer) -> Option<Instant> {
+impl DeadlineTable {
+    pub(crate) fn get(&self, timer: Deadline) -> Option<Instant> {
         self.at[timer as usize]
     }
 
-    pub(crate) fn set(&mut self, timer: Timer, at: Instant) {
+    pub(crate) fn set(&mut self, timer: Deadline, at: Instant) {
         self.at[timer as usize] = Some(at);
     }
 
-    pub(crate) fn put(&mut self, timer: Timer, at: Option<Instant>) {
+    pub(crate) fn put(&mut self, timer: Deadline, at: Option<Instant>) {
         self.at[timer as usize] = at;
     }
 
-    pub(crate) fn stop(&mut self, timer: Timer) {
+    pub(crate) fn stop(&mut self, timer: Deadline) {
         self.at[timer as usize] = None;
     }
 
     /// Set and due at `now`.
-    pub(crate) fn expired(&self, timer: Timer, now: Instant) -> bool {
+    pub(crate) fn expired(&self, timer: Deadline, now: Instant) -> bool {
         self.get(timer).is_some_and(|at| at <= now)
     }
 
     /// The earliest deadline among the timers `armed` accepts, first in
-    /// [`Timer::ALL`] order on ties.
-    pub(crate) fn next(&self, armed: impl Fn(Timer) -> bool) -> Option<(Timer, Instant)> {
-        Timer::ALL
+    /// [`Deadline::ALL`] order on ties.
+    pub(crate) fn next(&self, armed: impl Fn(Deadline) -> bool) -> Option<(Deadline, Instant)> {
+        Deadline::ALL
             .into_iter()
             .filter_map(|t| Some((t, self.get(t)?)))
             .filter(|(t, _)| armed(*t))
@@ -92,7 +92,7 @@ mod tests {
 
     #[test]
     fn all_is_in_discriminant_order() {
-        for (i, t) in Timer::ALL.into_iter().enumerate() {
+        for (i, t) in Deadline::ALL.into_iter().enumerate() {
             assert_eq!(t as usize, i);
         }
     }
@@ -100,21 +100,21 @@ mod tests {
     #[test]
     fn next_is_the_earliest_armed_deadline() {
         let t = Instant::now();
-        let mut table = TimerTable::default();
+        let mut table = DeadlineTable::default();
         assert_eq!(table.next(|_| true), None);
-        table.set(Timer::Heartbeat, t);
-        table.set(Timer::Validity, t);
-        table.set(Timer::Backoff, t - std::time::Duration::from_secs(1));
+        table.set(Deadline::Heartbeat, t);
+        table.set(Deadline::Validity, t);
+        table.set(Deadline::Backoff, t - std::time::Duration::from_secs(1));
         assert_eq!(
             table.next(|_| true),
-            Some((Timer::Backoff, table.get(Timer::Backoff).unwrap()))
+            Some((Deadline::Backoff, table.get(Deadline::Backoff).unwrap()))
         );
         assert_eq!(
-            table.next(|x| x != Timer::Backoff),
-            Some((Timer::Validity, t))
+            table.next(|x| x != Deadline::Backoff),
+            Some((Deadline::Validity, t))
         );
-        table.stop(Timer::Validity);
-        assert!(table.expired(Timer::Heartbeat, t));
-        assert!(!table.expired(Timer::Validity, t));
+        table.stop(Deadline::Validity);
+        assert!(table.expired(Deadline::Heartbeat, t));
+        assert!(!table.expired(Deadline::Validity, t));
     }
 }
