@@ -594,8 +594,15 @@ pub const DEFAULT_APPLICATION_NAME: &str = "lease";
 /// [`Error::Config`] if it does not parse; the message never contains the
 /// string, nor any character of it.
 pub fn parse_config(s: &str) -> Result<Config, Error> {
-    s.parse::<Config>()
-        .map_err(|e| Error::Config(redact_parse_error(&e.to_string())))
+    s.parse::<Config>().map_err(|e| {
+        // "invalid connection string: unknown option `usr`": the cause names
+        // the keyword (tokio-postgres's own Display drops it).
+        let mut message = e.to_string();
+        if let Some(cause) = std::error::Error::source(&e) {
+            message.push_str(&format!(": {cause}"));
+        }
+        Error::Config(redact_parse_error(&message))
+    })
 }
 
 /// The checks tokio-postgres would fail every connection attempt on.
