@@ -223,7 +223,10 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use lease_proto::{Input, Machine};
-use tokio_postgres::{Config, NoTls};
+use tokio_postgres::NoTls;
+
+/// tokio-postgres's connection configuration, which [`Locker::new`] takes.
+pub use tokio_postgres::Config;
 
 pub use driver::Driver;
 pub use lease_proto;
@@ -329,6 +332,23 @@ pub trait Adapter<T>: 'static {
     fn runtime(tls: T) -> Self::Runtime;
 }
 
+/// An adapter that resolves connections as libpq does, for
+/// [`Locker::from_env`] and [`Locker::connect_libpq`]: the adapters
+/// implement it with lease-libpq (its crate docs have the rules) and their
+/// rustls connector.
+pub trait Resolve {
+    /// The TLS connector a resolved connection connects with.
+    type Tls;
+
+    /// Resolves `conn` (a URL or `key=value` string; `None`: the
+    /// environment alone), the `PG*` environment and the password file
+    /// filling in what it leaves out.
+    ///
+    /// # Errors
+    /// [`Error::Config`], naming the keyword or variable at fault.
+    fn resolve(conn: Option<&str>) -> Result<(Config, Self::Tls), Error>;
+}
+
 /// An adapter whose runtime can spawn the driver itself ([`Locker::spawn`]).
 pub trait Spawn {
     /// Spawns `driver` on the current runtime.
@@ -415,7 +435,8 @@ impl<A> Locker<A> {
     /// A locker without TLS over a libpq-style connection string, URL
     /// (`postgres://user:password@host/db`) or key-value
     /// (`host=... user=... dbname=...`), and its driver, which the caller must
-    /// run. Does not connect.
+    /// run. Does not connect. Only the string counts: no `PG*` variable, no
+    /// password file, no TLS ([`Locker::connect_libpq`] has them).
     ///
     /// # Errors
     /// [`Error::Config`] if the string does not parse (the message never
@@ -430,6 +451,47 @@ impl<A> Locker<A> {
         A: Adapter<NoTls>,
     {
         Locker::new(parse_config(config)?, NoTls, options)
+    }
+
+    /// A locker connecting as `psql` with no arguments does: the `PG*`
+    /// environment (`PGHOST`, `PGUSER`, `PGSSLMODE`, `PGSSLROOTCERT`, ...),
+    /// the password file (`PGPASSFILE`, `~/.pgpass`) and libpq's defaults,
+    /// with TLS as `sslmode` says (up to `verify-full`). Returns the locker
+    /// and its driver, which the caller must run. Does not connect; the
+    /// files it names (certificates, keys) are read now.
+    ///
+    /// # Errors
+    /// [`Error::Config`], naming the variable at fault, [`Error::Options`]
+    /// for inconsistent options.
+    #[allow(clippy::type_complexity)]
+    pub fn from_env(
+        options: Options,
+    ) -> Result<(Self, Driver<<A as Adapter<A::Tls>>::Runtime>), Error>
+    where
+        A: Resolve + Adapter<<A as Resolve>::Tls>,
+    {
+        let (config, tls) = A::resolve(None)?;
+        Locker::new(config, tls, options)
+    }
+
+    /// [`Locker::connect`] as `psql "conn"` does: the string (URL or
+    /// `key=value`) wins, the `PG*` environment and the password file fill
+    /// in what it leaves out, TLS as `sslmode` says. See
+    /// [`Locker::from_env`].
+    ///
+    /// # Errors
+    /// [`Error::Config`], naming the keyword or variable at fault (a typo
+    /// such as `usr=` too), [`Error::Options`] for inconsistent options.
+    #[allow(clippy::type_complexity)]
+    pub fn connect_libpq(
+        conn: &str,
+        options: Options,
+    ) -> Result<(Self, Driver<<A as Adapter<A::Tls>>::Runtime>), Error>
+    where
+        A: Resolve + Adapter<<A as Resolve>::Tls>,
+    {
+        let (config, tls) = A::resolve(Some(conn))?;
+        Locker::new(config, tls, options)
     }
 
     /// [`Locker::new`], with the driver spawned on the current runtime (for

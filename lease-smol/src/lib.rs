@@ -81,6 +81,8 @@
 #![warn(missing_docs)]
 
 mod connect;
+#[cfg(feature = "libpq")]
+mod libpq;
 mod runtime;
 #[cfg(feature = "rustls")]
 pub mod rustls;
@@ -89,9 +91,11 @@ use tokio_postgres::NoTls;
 
 pub use connect::{MakeTls, Socket};
 pub use lease_driver::{
-    DbError, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
+    Config, DbError, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
     OptionsError, Reason, Refusal, RunError, Runtime, SessionState, Status,
 };
+#[cfg(feature = "libpq")]
+pub use lease_libpq::{self, Conninfo, ConninfoError};
 pub use runtime::{Smol, SmolAdapter};
 
 /// The connection driver of a smol [`Locker`]: run it on any executor.
@@ -104,5 +108,11 @@ pub type Driver<T = NoTls> = lease_driver::Driver<Smol<T>>;
 ///
 /// - `Locker::new(config, tls, options)`: any [`MakeTls`]; returns the
 ///   locker and its [`Driver`], to run on any executor;
-/// - `Locker::connect(conn_str, options)`: the same without TLS.
+/// - `Locker::from_env(options)`: as `psql` connects, from the `PG*`
+///   environment and the password file, TLS as `sslmode` says (feature
+///   `libpq`, on by default); returns the locker and a
+///   `Driver<rustls::MakeRustls>`;
+/// - `Locker::connect_libpq(conn_str, options)`: the same, the string
+///   first, as `psql "conn_str"`;
+/// - `Locker::connect(conn_str, options)`: the string alone, without TLS.
 pub type Locker = lease_driver::Locker<SmolAdapter>;
