@@ -170,7 +170,7 @@ impl TlsServer {
 
     /// Calls `make` (a `from_env`) with the environment psql would need and
     /// nothing else of libpq's: no password in it.
-    fn from_env<T>(&self, make: impl FnOnce() -> T) -> T {
+    fn with_env<T>(&self, make: impl FnOnce() -> T) -> T {
         let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
         let vars = [
             ("PGHOST", "localhost".to_owned()),
@@ -224,7 +224,7 @@ impl Drop for TlsServer {
 fn tokio_from_env_verify_full_with_a_pgpass_password_acquires_a_lease() {
     init();
     let server = TlsServer::start();
-    let made = server.from_env(|| lease_tokio::Locker::from_env(opts()));
+    let made = server.with_env(|| lease_tokio::Locker::from_env(opts()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -254,7 +254,7 @@ fn tokio_from_env_verify_full_with_a_pgpass_password_acquires_a_lease() {
 fn smol_from_env_verify_full_with_a_pgpass_password_acquires_a_lease() {
     init();
     let server = TlsServer::start();
-    let made = server.from_env(|| lease_smol::Locker::from_env(opts()));
+    let made = server.with_env(|| lease_smol::Locker::from_env(opts()));
     let ran = smol::block_on(async {
         let (locker, driver) = made.expect("a locker");
         let driver = smol::spawn(driver);
@@ -284,7 +284,7 @@ fn from_env_verify_full_refuses_a_wrong_ca() {
     init();
     let server = TlsServer::start();
     let wrong = server.certs.wrong_ca.display().to_string();
-    let made = server.from_env(|| {
+    let made = server.with_env(|| {
         std::env::set_var("PGSSLROOTCERT", &wrong);
         lease_tokio::Locker::from_env(opts())
     });
@@ -321,14 +321,23 @@ fn no_password_fails_at_once() {
 /// A misspelt keyword is named in the error.
 #[test]
 fn a_bad_keyword_is_named() {
-    let e = lease_tokio::Locker::connect("host=127.0.0.1 usr=app", opts())
-        .err()
-        .expect("refused");
+    let Err(e) = lease_tokio::Locker::connect("host=127.0.0.1 usr=app", opts()) else {
+        panic!("accepted");
+    };
     assert!(e.to_string().contains("`usr`"), "{e}");
-    let e = lease_smol::Locker::connect("host=127.0.0.1 usr=app", opts())
-        .err()
-        .expect("refused");
+    let Err(e) = lease_smol::Locker::connect("host=127.0.0.1 usr=app", opts()) else {
+        panic!("accepted");
+    };
     assert!(e.to_string().contains("`usr`"), "{e}");
+    // The libpq constructors name it too, with the keyword meant.
+    let Err(e) = lease_tokio::Locker::connect_libpq("host=127.0.0.1 usr=app", opts()) else {
+        panic!("accepted");
+    };
+    assert_eq!(
+        e.to_string(),
+        "invalid connection configuration: unknown keyword `usr` in the connection string \
+         (did you mean `user`?)"
+    );
 }
 
 /// `sslmode=require` on a constructor without TLS: the error points to the
