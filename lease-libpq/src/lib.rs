@@ -25,33 +25,49 @@
 //! escapes); a keyword given twice takes its last value. The environment
 //! fills in what it leaves out, then libpq's defaults:
 //!
-//! | keyword | variable | default |
+//! | Variable | Keyword | Here |
 //! | --- | --- | --- |
-//! | `host` | `PGHOST` | the Unix socket in `/var/run/postgresql`, then `/tmp` |
-//! | `hostaddr` | `PGHOSTADDR` | - |
-//! | `port` | `PGPORT` | 5432 |
-//! | `user` | `PGUSER` | `$USER`, then the OS user |
-//! | `password` | `PGPASSWORD` | the password file |
-//! | `passfile` | `PGPASSFILE` | `~/.pgpass` |
-//! | `dbname` | `PGDATABASE` | the user name |
-//! | `application_name` | `PGAPPNAME` | `fallback_application_name` |
-//! | `options` | `PGOPTIONS` | - |
-//! | `connect_timeout` | `PGCONNECT_TIMEOUT` | none (libpq: 1 means 2, 0 or less none) |
-//! | `target_session_attrs` | `PGTARGETSESSIONATTRS` | `any`; `read-write` with several hosts |
-//! | `sslmode` | `PGSSLMODE` | `prefer`; `verify-full` with `sslrootcert=system` |
-//! | `sslrootcert` | `PGSSLROOTCERT` | `~/.postgresql/root.crt` if it exists |
-//! | `sslcert`, `sslkey` | `PGSSLCERT`, `PGSSLKEY` | `~/.postgresql/postgresql.crt` and `.key` if the certificate exists |
-//! | `sslnegotiation` | `PGSSLNEGOTIATION` | `postgres` |
-//! | `channel_binding` | `PGCHANNELBINDING` | `prefer` |
-//! | `load_balance_hosts` | `PGLOADBALANCEHOSTS` | `disable` |
+//! | `PGHOST` | `host` | yes (comma-separated list, tried in order; default `/var/run/postgresql`, then `/tmp`) |
+//! | `PGHOSTADDR` | `hostaddr` | yes |
+//! | `PGPORT` | `port` | yes (one, or one per host; default 5432) |
+//! | `PGDATABASE` | `dbname` | yes (default: the user) |
+//! | `PGUSER` | `user` | yes (default: `$USER`, then the OS user) |
+//! | `PGPASSWORD` | `password` | yes (never shown; registered for [`redact`]) |
+//! | `PGPASSFILE` | `passfile` | yes (default `~/.pgpass`; see below) |
+//! | `PGAPPNAME` | `application_name` | yes |
+//! | - | `fallback_application_name` | yes (when neither of the above is given) |
+//! | `PGCONNECT_TIMEOUT` | `connect_timeout` | yes (seconds; 1 means 2, 0 or less waits forever, as in libpq) |
+//! | `PGOPTIONS` | `options` | yes |
+//! | `PGSSLMODE` | `sslmode` | yes (default `prefer`; `verify-full` with `sslrootcert=system`), see "TLS" |
+//! | `PGREQUIRESSL` | `requiressl` | no (deprecated in libpq; use `sslmode=require`) |
+//! | `PGSSLNEGOTIATION` | `sslnegotiation` | yes (`postgres`, `direct`; `direct` needs `require` or stronger) |
+//! | `PGSSLROOTCERT` | `sslrootcert` | yes (a file or `system`; default `~/.postgresql/root.crt` if it exists) |
+//! | `PGSSLCERT` | `sslcert` | yes (default `~/.postgresql/postgresql.crt` if it exists) |
+//! | `PGSSLKEY` | `sslkey` | yes (PEM, unencrypted; default `~/.postgresql/postgresql.key`) |
+//! | - | `sslpassword` | no (encrypted keys are not supported) |
+//! | `PGSSLCERTMODE` | `sslcertmode` | no (a client certificate is sent when configured: libpq's `allow`) |
+//! | `PGSSLCRL`, `PGSSLCRLDIR` | `sslcrl`, `sslcrldir` | no |
+//! | `PGSSLSNI` | `sslsni` | no (SNI is sent for host names, never for IP addresses: libpq's default) |
+//! | `PGSSLCOMPRESSION` | `sslcompression` | no (ignored by libpq too) |
+//! | `PGSSLMINPROTOCOLVERSION`, `PGSSLMAXPROTOCOLVERSION` | `ssl_min_protocol_version`, `ssl_max_protocol_version` | no: TLS 1.2 and 1.3 (rustls's safe defaults) |
+//! | `PGREQUIREPEER` | `requirepeer` | no |
+//! | `PGCHANNELBINDING` | `channel_binding` | yes (`disable`, `prefer`, `require`) |
+//! | `PGREQUIREAUTH` | `require_auth` | no |
+//! | `PGTARGETSESSIONATTRS` | `target_session_attrs` | `any`, `read-write`, `primary` (as `read-write`); the standby values are refused; default `read-write` with several hosts (below) |
+//! | `PGLOADBALANCEHOSTS` | `load_balance_hosts` | yes (`disable`, `random`) |
+//! | - | `keepalives`, `keepalives_idle`, `keepalives_interval`, `keepalives_count` | yes |
+//! | - | `tcp_user_timeout` | yes |
+//! | `PGGSSENCMODE` | `gssencmode` | no (no GSSAPI) |
+//! | `PGKRBSRVNAME`, `PGGSSLIB`, `PGGSSDELEGATION` | `krbsrvname`, `gsslib`, `gssdelegation` | no (no Kerberos / GSSAPI) |
+//! | `PGSERVICE`, `PGSERVICEFILE` | `service` | no: `service=` and a set `PGSERVICE` are errors (no service files) |
+//! | `PGCLIENTENCODING` | `client_encoding` | no: always UTF8 (tokio-postgres) |
+//! | - | `replication` | no |
+//! | `PGDATESTYLE`, `PGTZ`, `PGGEQO`, `PGSYSCONFDIR`, `PGLOCALEDIR` | - | not read |
 //!
-//! `tcp_user_timeout`, `keepalives`, `keepalives_idle`,
-//! `keepalives_interval` and `keepalives_count` are taken as libpq takes
-//! them. Any other keyword is an error that names it ([`ErrorKind::UnknownKeyword`],
-//! with the likely keyword for a typo); libpq keywords without an
-//! equivalent here (`service`, `gssencmode`, `sslcrl`, ...) are refused
-//! ([`ErrorKind::Unsupported`]), and so is `PGSERVICE`: service files are
-//! not read.
+//! A keyword in the string wins over its variable. A keyword marked "no"
+//! is refused ([`ErrorKind::Unsupported`]) rather than ignored; any other
+//! unknown keyword is an error that names it ([`ErrorKind::UnknownKeyword`],
+//! with the likely keyword for a typo: `usr` gives "did you mean `user`?").
 //!
 //! Two deliberate differences from libpq: with several hosts and no
 //! `target_session_attrs`, sessions are `read-write` (libpq: `any`), so
@@ -77,11 +93,20 @@
 //! | `verify-ca` | always | chain checked against the roots, host name not |
 //! | `verify-full` | always | chain and host name checked |
 //!
+//! `verify-full` checks an IP host against the certificate's IP addresses.
 //! Roots: `sslrootcert=FILE` (PEM), `sslrootcert=system` (the platform's
-//! store; as in libpq only with `verify-full`), or `~/.postgresql/root.crt`.
-//! A client certificate (`sslcert`, `sslkey`, PEM) is sent when given; the
-//! key is refused if group or world can read it. Files are read when the
-//! connection is resolved, so a missing one is an error at once. The
+//! store, read with rustls-native-certs: `/etc/ssl/certs`, `SSL_CERT_FILE`,
+//! `SSL_CERT_DIR`; as in libpq it implies `verify-full` and refuses weaker
+//! modes), or `~/.postgresql/root.crt`. A client certificate (`sslcert`,
+//! `sslkey`, PEM) is sent when given; the key is refused if group or world
+//! can read it (libpq's rule: 0600, or 0640 if owned by root). A root
+//! certificate, client certificate or key that is named but cannot be read
+//! is an error when the connection is resolved, whatever the mode (libpq
+//! skips a missing root certificate below `verify-ca`). A rejected server
+//! certificate fails the attempt with one line naming the mode and the
+//! reason (`sslmode=verify-full: the server's certificate is rejected: it is
+//! not signed by a CA in ...`). The server never offers TLS over a Unix
+//! socket: use `disable` or `prefer` with a socket host. The
 //! [`rustls::ClientConfig`] offers ALPN `postgresql` (what
 //! `sslnegotiation=direct` needs).
 //!
