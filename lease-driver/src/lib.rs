@@ -286,7 +286,8 @@ pub enum RunError<E> {
     Refused(Refusal),
     /// The locker never had a session and its connection attempt failed
     /// with a configuration error ([`DbError::is_configuration`]: a wrong
-    /// password, an unknown role or database, a TLS verification failure):
+    /// password, no password for a server that asks for one, an unknown
+    /// role or database, a TLS verification failure):
     /// the server's words, e.g. `password authentication failed for user
     /// "app" (SQLSTATE 28P01)`. Displays as `cannot connect: <error>`.
     /// Once a locker has had a session, such errors are retried (logged at

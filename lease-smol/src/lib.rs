@@ -74,7 +74,9 @@
 //!   `tcp_user_timeout`;
 //! - TLS goes through [`MakeTls`], asked for a connector per host name; the
 //!   `rustls` feature adds a ready one, `rustls::MakeRustls` (no tokio
-//!   runtime);
+//!   runtime), which `Locker::from_env` and `Locker::connect_libpq` (feature
+//!   `libpq`, on by default) build from lease-libpq's resolution: the `PG*`
+//!   environment, `~/.pgpass` and `sslmode` up to `verify-full`;
 //! - `target_session_attrs` is checked by the driver, as for every runtime.
 //!
 #![forbid(unsafe_code)]
