@@ -78,8 +78,7 @@ pub(crate) fn resolve(
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Conninfo, ConninfoError> {
     let lookup = |name: &str| lookup(name).filter(|v| !v.is_empty());
-    if let Some(service) = lookup("PGSERVICE") {
-        let _ = service;
+    if lookup("PGSERVICE").is_some() {
         return Err(err(
             ErrorKind::Unsupported,
             "PGSERVICE",

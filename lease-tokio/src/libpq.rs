@@ -25,7 +25,7 @@ impl Resolve for TokioAdapter {
 }
 
 /// The configuration and connector of `conninfo`, its warnings logged.
-pub(crate) fn split(conninfo: Conninfo) -> (Config, Rustls) {
+fn split(conninfo: Conninfo) -> (Config, Rustls) {
     for warning in conninfo.warnings() {
         tracing::warn!("{warning}");
     }
