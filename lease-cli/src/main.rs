@@ -29,11 +29,9 @@ mod args;
 mod child;
 mod conn;
 mod log;
-mod pgpass;
 mod run;
 mod serve;
 mod status;
-mod tls;
 mod valid;
 mod watchdog;
 

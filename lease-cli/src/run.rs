@@ -13,9 +13,8 @@ use tokio_postgres::Config;
 
 use crate::args::{LogFormat, RunArgs};
 use crate::child::{self, exit_code, ChildSpec, Job};
-use crate::conn::{self, Target};
+use crate::conn::{self, Connector, Target};
 use crate::serve::{self, Current, Endpoints, Health};
-use crate::tls::Connector;
 use crate::watchdog::Watchdog;
 use crate::{log, usage_error, valid, EXIT_FAILURE};
 
@@ -99,7 +98,7 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
     if args.grace.is_zero() {
         return Err((2, "--grace must be greater than zero".to_owned()));
     }
-    let mut target = conn::resolve(&args.conn).map_err(|e| (2, e))?;
+    let mut target = conn::resolve(args.conn.database_url.as_deref()).map_err(|e| (2, e))?;
     if target.config.get_application_name().is_none() {
         target
             .config

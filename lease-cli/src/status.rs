@@ -44,7 +44,7 @@ pub fn main(args: StatusArgs) -> i32 {
     if args.timeout.is_zero() {
         return usage_error(2, "--timeout must be greater than zero");
     }
-    let mut target = match conn::resolve(&args.conn) {
+    let mut target = match conn::resolve(args.conn.database_url.as_deref()) {
         Ok(t) => t,
         Err(e) => return usage_error(2, &e),
     };

@@ -143,7 +143,10 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use lease_proto::{Input, Machine};
-use tokio_postgres::{Config, NoTls};
+use tokio_postgres::NoTls;
+
+/// tokio-postgres's connection configuration, which [`Locker::new`] takes.
+pub use tokio_postgres::Config;
 
 pub use driver::Driver;
 pub use lease_proto;
@@ -203,8 +206,9 @@ pub enum RunError<E> {
     /// The server or the connection cannot give mutual exclusion.
     Refused(Refusal),
     /// The locker never had a session and its connection attempt failed
-    /// with a configuration error ([`SessionError::is_configuration`]: a wrong
-    /// password, an unknown role or database, a TLS verification failure):
+    /// with a configuration error ([`DbError::is_configuration`]: a wrong
+    /// password, no password for a server that asks for one, an unknown
+    /// role or database, a TLS verification failure):
     /// the server's words, e.g. `password authentication failed for user
     /// "app" (SQLSTATE 28P01)`. Displays as `cannot connect: <error>`.
     /// Once a locker has had a session, such errors are retried (logged at
@@ -248,6 +252,23 @@ pub trait Adapter<T>: 'static {
 
     /// The runtime for `tls`.
     fn runtime(tls: T) -> Self::Runtime;
+}
+
+/// An adapter that resolves connections as libpq does, for
+/// [`Locker::from_env`] and [`Locker::connect_libpq`]: the adapters
+/// implement it with lease-libpq (its crate docs have the rules) and their
+/// rustls connector.
+pub trait Resolve {
+    /// The TLS connector a resolved connection connects with.
+    type Tls;
+
+    /// Resolves `conn` (a URL or `key=value` string; `None`: the
+    /// environment alone), the `PG*` environment and the password file
+    /// filling in what it leaves out.
+    ///
+    /// # Errors
+    /// [`Error::Config`], naming the keyword or variable at fault.
+    fn resolve(conn: Option<&str>) -> Result<(Config, Self::Tls), Error>;
 }
 
 /// An adapter whose runtime can spawn the driver itself ([`Locker::spawn`]).
@@ -336,7 +357,8 @@ impl<A> Locker<A> {
     /// A locker without TLS over a libpq-style connection string, URL
     /// (`postgres://user:password@host/db`) or key-value
     /// (`host=... user=... dbname=...`), and its driver, which the caller must
-    /// run. Does not connect.
+    /// run. Does not connect. Only the string counts: no `PG*` variable, no
+    /// password file, no TLS ([`Locker::connect_libpq`] has them).
     ///
     /// # Errors
     /// [`Error::Config`] if the string does not parse (the message never
@@ -351,6 +373,47 @@ impl<A> Locker<A> {
         A: Adapter<NoTls>,
     {
         Locker::new(parse_config(config)?, NoTls, options)
+    }
+
+    /// A locker connecting as `psql` with no arguments does: the `PG*`
+    /// environment (`PGHOST`, `PGUSER`, `PGSSLMODE`, `PGSSLROOTCERT`, ...),
+    /// the password file (`PGPASSFILE`, `~/.pgpass`) and libpq's defaults,
+    /// with TLS as `sslmode` says (up to `verify-full`). Returns the locker
+    /// and its driver, which the caller must run. Does not connect; the
+    /// files it names (certificates, keys) are read now.
+    ///
+    /// # Errors
+    /// [`Error::Config`], naming the variable at fault, [`Error::Options`]
+    /// for inconsistent options.
+    #[allow(clippy::type_complexity)]
+    pub fn from_env(
+        options: Options,
+    ) -> Result<(Self, Driver<<A as Adapter<A::Tls>>::Runtime>), Error>
+    where
+        A: Resolve + Adapter<<A as Resolve>::Tls>,
+    {
+        let (config, tls) = A::resolve(None)?;
+        Locker::new(config, tls, options)
+    }
+
+    /// [`Locker::connect`] as `psql "conn"` does: the string (URL or
+    /// `key=value`) wins, the `PG*` environment and the password file fill
+    /// in what it leaves out, TLS as `sslmode` says. See
+    /// [`Locker::from_env`].
+    ///
+    /// # Errors
+    /// [`Error::Config`], naming the keyword or variable at fault (a typo
+    /// such as `usr=` too), [`Error::Options`] for inconsistent options.
+    #[allow(clippy::type_complexity)]
+    pub fn connect_libpq(
+        conn: &str,
+        options: Options,
+    ) -> Result<(Self, Driver<<A as Adapter<A::Tls>>::Runtime>), Error>
+    where
+        A: Resolve + Adapter<<A as Resolve>::Tls>,
+    {
+        let (config, tls) = A::resolve(Some(conn))?;
+        Locker::new(config, tls, options)
     }
 
     /// [`Locker::new`], with the driver spawned on the current runtime (for
@@ -515,8 +578,15 @@ pub const DEFAULT_APPLICATION_NAME: &str = "lease";
 /// [`Error::Config`] if it does not parse; the message never contains the
 /// string, nor any character of it.
 pub fn parse_config(s: &str) -> Result<Config, Error> {
-    s.parse::<Config>()
-        .map_err(|e| Error::Config(redact_parse_error(&e.to_string())))
+    s.parse::<Config>().map_err(|e| {
+        // "invalid connection string: unknown option `usr`": the cause names
+        // the keyword (tokio-postgres's own Display drops it).
+        let mut message = e.to_string();
+        if let Some(cause) = std::error::Error::source(&e) {
+            message.push_str(&format!(": {cause}"));
+        }
+        Error::Config(redact_parse_error(&message))
+    })
 }
 
 /// The checks tokio-postgres would fail every connection attempt on.

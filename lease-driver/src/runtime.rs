@@ -78,11 +78,13 @@ where
 }
 
 /// A tokio-postgres error as the machine wants it: the SQLSTATE and a
-/// one-line message, never the connection config. A TLS failure that is not
-/// the network's (a certificate that fails verification, a server without
-/// TLS under `sslmode=require`) is marked as configuration
-/// ([`SessionError::config`]).
-pub fn session_error(e: &tokio_postgres::Error) -> SessionError {
+/// one-line message, never the connection config. Marked as configuration
+/// ([`DbError::config`]): a TLS failure that is not the network's (a
+/// certificate that fails verification, a server without TLS under
+/// `sslmode=require`, no TLS connector under `sslmode=require`), and
+/// tokio-postgres's "invalid configuration" (a server that asks for a
+/// password the configuration does not have).
+pub fn db_error(e: &tokio_postgres::Error) -> DbError {
     let message = match e.as_db_error() {
         Some(db) => db.message().to_owned(),
         // "error connecting to server: Connection refused (os error 111)"
@@ -96,11 +98,31 @@ pub fn session_error(e: &tokio_postgres::Error) -> SessionError {
             message
         }
     };
-    SessionError {
-        code: e.code().map(|c| c.code().to_owned()),
-        message: message.replace(['\r', '\n'], " "),
-        config: tls_config_error(e),
+    let mut message = message.replace(['\r', '\n'], " ");
+    if message.ends_with(NO_TLS) {
+        message.push_str(NO_TLS_HINT);
     }
+    DbError {
+        code: e.code().map(|c| c.code().to_owned()),
+        message,
+        config: tls_config_error(e) || client_config_error(e),
+    }
+}
+
+/// tokio-postgres's cause when `sslmode=require` meets the `NoTls` connector.
+const NO_TLS: &str = "no TLS implementation configured";
+
+/// Where to go from [`NO_TLS`].
+const NO_TLS_HINT: &str = " (sslmode=require, but this locker was made without TLS: make it with \
+    Locker::from_env or Locker::connect_libpq, which set TLS up as libpq does, or with \
+    Locker::new and a TLS connector)";
+
+/// tokio-postgres's configuration errors found while connecting (its
+/// `Kind::Config`, rendered "invalid configuration"; not public as a kind):
+/// "password missing" when the server asks for a password that the
+/// configuration does not have. Trying again cannot help.
+fn client_config_error(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_none() && e.to_string().starts_with("invalid configuration")
 }
 
 /// A TLS error (tokio-postgres renders those as "error performing TLS

@@ -74,13 +74,17 @@
 //!   `tcp_user_timeout`;
 //! - TLS goes through [`MakeTls`], asked for a connector per host name; the
 //!   `rustls` feature adds a ready one, `rustls::MakeRustls` (no tokio
-//!   runtime);
+//!   runtime), which `Locker::from_env` and `Locker::connect_libpq` (feature
+//!   `libpq`, on by default) build from lease-libpq's resolution: the `PG*`
+//!   environment, `~/.pgpass` and `sslmode` up to `verify-full`;
 //! - `target_session_attrs` is checked by the driver, as for every runtime.
 //!
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod connect;
+#[cfg(feature = "libpq")]
+mod libpq;
 mod runtime;
 #[cfg(feature = "rustls")]
 pub mod rustls;
@@ -89,9 +93,11 @@ use tokio_postgres::NoTls;
 
 pub use connect::{MakeTls, Socket};
 pub use lease_driver::{
-    Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError,
-    Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status,
+    Config, DbError, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
+    OptionsError, Reason, Refusal, RunError, Runtime, SessionState, Status,
 };
+#[cfg(feature = "libpq")]
+pub use lease_libpq::{self, Conninfo, ConninfoError};
 pub use runtime::{Smol, SmolAdapter};
 
 /// The connection driver of a smol [`Locker`]: run it on any executor.
@@ -104,5 +110,11 @@ pub type Driver<T = NoTls> = lease_driver::Driver<Smol<T>>;
 ///
 /// - `Locker::new(config, tls, options)`: any [`MakeTls`]; returns the
 ///   locker and its [`Driver`], to run on any executor;
-/// - `Locker::connect(conn_str, options)`: the same without TLS.
+/// - `Locker::from_env(options)`: as `psql` connects, from the `PG*`
+///   environment and the password file, TLS as `sslmode` says (feature
+///   `libpq`, on by default); returns the locker and a
+///   `Driver<rustls::MakeRustls>`;
+/// - `Locker::connect_libpq(conn_str, options)`: the same, the string
+///   first, as `psql "conn_str"`;
+/// - `Locker::connect(conn_str, options)`: the string alone, without TLS.
 pub type Locker = lease_driver::Locker<SmolAdapter>;

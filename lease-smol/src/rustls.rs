@@ -3,7 +3,9 @@
 //! [`MakeRustls`] implements [`MakeTls`] with tokio-rustls, which needs
 //! only tokio's io traits (the driver's [`Socket`] has them): build a
 //! rustls [`ClientConfig`] (roots, client certificate, crypto provider) and
-//! wrap it.
+//! wrap it. `Locker::from_env` and `Locker::connect_libpq` (feature
+//! `libpq`) wrap the one lease-libpq resolves from `sslmode`,
+//! `sslrootcert`, `sslcert` and `sslkey`; by hand:
 //!
 //! ```no_run
 //! # fn demo(ca_pem: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {

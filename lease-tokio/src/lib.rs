@@ -54,34 +54,46 @@
 //! "Several hosts". Set `target_session_attrs=read-write` so that a standby
 //! in the list is skipped.
 
-//! ## TLS
+//! ## Connecting as psql does, TLS and logging
 //!
-//! [`Locker::new`](lease_driver::Locker::new) takes any tokio-postgres TLS
-//! connector ([`MakeTls`]); `Locker::connect` has none. With rustls, through
-//! [tokio-postgres-rustls](https://docs.rs/tokio-postgres-rustls)
-//! (`tokio-postgres-rustls = { version = "0.14", features = ["ring"] }`,
-//! `rustls = "0.23"`, and `rustls-native-certs = "0.8"` for the system's
-//! roots); `sslmode=require` so that a server without TLS is refused, and
-//! rustls's default verifier checks the chain and the host name (libpq's
-//! `verify-full`):
+//! [`Locker::from_env`](lease_driver::Locker::from_env) connects as `psql`
+//! with no arguments: the `PG*` environment, the password file
+//! (`PGPASSFILE`, `~/.pgpass`), and TLS as `sslmode` says, up to
+//! `verify-full` (rustls with the ring provider; `sslrootcert` a PEM file
+//! or `system`; client certificates with `sslcert`/`sslkey`).
+//! [`Locker::connect_libpq`](lease_driver::Locker::connect_libpq) takes a
+//! string first, as `psql "..."`. Both are the `libpq` feature (on by
+//! default); lease-libpq's crate docs have every keyword and variable.
+//! `Locker::connect` reads the string alone, without TLS. Everything the
+//! driver has to say goes to `tracing`: install a subscriber to see it.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let mut roots = rustls::RootCertStore::empty();
-//! // The system's roots; or a PEM file (`CertificateDer::pem_file_iter`).
-//! roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-//! let tls = rustls::ClientConfig::builder_with_provider(
-//!     rustls::crypto::ring::default_provider().into(),
-//! )
-//! .with_safe_default_protocol_versions()?
-//! .with_root_certificates(roots)
-//! .with_no_client_auth();
-//! let locker = lease_tokio::Locker::spawn(
-//!     "host=db.example.com user=app dbname=app sslmode=require".parse()?,
-//!     tokio_postgres_rustls::MakeRustlsConnect::new(tls),
-//!     lease_tokio::Options::default(),
-//! )?;
-//! # drop(locker); Ok(()) }
+//! // PGHOST=db.example.com PGUSER=app PGDATABASE=app PGSSLMODE=verify-full
+//! // PGSSLROOTCERT=/etc/ssl/db-ca.pem (or system), the password in ~/.pgpass
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     tracing_subscriber::fmt().with_env_filter("info").init(); // connection setbacks, leases
+//!     let (locker, driver) = lease_tokio::Locker::from_env(lease_tokio::Options::default())?;
+//!     tokio::spawn(driver);
+//!     locker
+//!         .run("nightly-sweeper", |lease| async move {
+//!             tracing::info!(token = lease.token(), "leading");
+//!             lease.cancelled().await;
+//!             Ok::<(), std::io::Error>(())
+//!         })
+//!         .await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! [`Locker::new`](lease_driver::Locker::new) takes any tokio-postgres TLS
+//! connector ([`MakeTls`]) for a setup of your own, e.g. with
+//! [tokio-postgres-rustls](https://docs.rs/tokio-postgres-rustls) and rustls
+//! on ring alone (no aws-lc-sys, no cmake):
+//!
+//! ```toml
+//! tokio-postgres-rustls = { version = "0.14", features = ["ring"] }
+//! rustls = { version = "0.23", default-features = false, features = ["ring", "std", "tls12"] }
 //! ```
 //!
 //! With the platform's TLS library (OpenSSL on Linux), through
@@ -89,30 +101,31 @@
 //! (`postgres-native-tls = "0.5"`, `native-tls = "0.2"`):
 //!
 //! ```ignore
-//! let connector = native_tls::TlsConnector::builder()
-//!     // .add_root_certificate(native_tls::Certificate::from_pem(&std::fs::read("ca.pem")?)?)
-//!     .build()?;
+//! let connector = native_tls::TlsConnector::builder().build()?;
 //! let locker = lease_tokio::Locker::spawn(
 //!     "host=db.example.com user=app dbname=app sslmode=require".parse()?,
 //!     postgres_native_tls::MakeTlsConnector::new(connector),
 //!     lease_tokio::Options::default(),
 //! )?;
 //! ```
-//!
-//! The `lease` command does the same with libpq's `sslmode`, `sslrootcert`,
-//! `sslcert` and `sslkey` (see its README).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "libpq")]
+mod libpq;
 mod runtime;
 
 use tokio_postgres::NoTls;
 
 pub use lease_driver::{
-    Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError,
-    Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status,
+    Config, DbError, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
+    OptionsError, Reason, Refusal, RunError, Runtime, SessionState, Status,
 };
+#[cfg(feature = "libpq")]
+pub use lease_libpq::{self, Conninfo, ConninfoError};
+#[cfg(feature = "libpq")]
+pub use libpq::Rustls;
 pub use runtime::{MakeTls, Tokio, TokioAdapter};
 
 /// The connection driver of a tokio [`Locker`]: spawn it.
@@ -125,7 +138,12 @@ pub type Driver<T = NoTls> = lease_driver::Driver<Tokio<T>>;
 ///
 /// - `Locker::new(config, tls, options)`: any tokio-postgres TLS connector
 ///   ([`MakeTls`]); returns the locker and its [`Driver`], to spawn;
-/// - `Locker::connect(conn_str, options)`: the same without TLS;
+/// - `Locker::from_env(options)`: as `psql` connects, from the `PG*`
+///   environment and the password file, TLS as `sslmode` says (feature
+///   `libpq`, on by default); returns the locker and a `Driver<Rustls>`;
+/// - `Locker::connect_libpq(conn_str, options)`: the same, the string
+///   first, as `psql "conn_str"`;
+/// - `Locker::connect(conn_str, options)`: the string alone, without TLS;
 /// - `Locker::spawn(config, tls, options)`: `new`, with the driver spawned on
 ///   the current runtime.
 pub type Locker = lease_driver::Locker<TokioAdapter>;

@@ -17,7 +17,7 @@ use tokio_postgres::Config;
 
 /// The file was ignored: the warning to log.
 #[derive(Debug)]
-pub struct Skipped(pub String);
+pub(crate) struct Skipped(pub String);
 
 /// The socket directories libpq treats as "localhost" (its compiled-in
 /// default: Debian's, and upstream's).
@@ -28,7 +28,7 @@ const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
 ///
 /// # Errors
 /// [`Skipped`] when the file exists but is not used.
-pub fn lookup(path: &Path, config: &Config) -> Result<Option<String>, Skipped> {
+pub(crate) fn lookup(path: &Path, config: &Config) -> Result<Option<String>, Skipped> {
     let Ok(meta) = std::fs::metadata(path) else {
         return Ok(None);
     };

@@ -1,5 +1,5 @@
-//! TLS for `lease`: libpq's `sslmode`, `sslrootcert`, `sslcert` and `sslkey`
-//! over rustls (ring provider), through tokio-postgres-rustls.
+//! TLS: libpq's `sslmode`, `sslrootcert`, `sslcert` and `sslkey` over
+//! rustls (ring provider), as one `rustls::ClientConfig`.
 //!
 //! libpq's meaning of each mode, and how it is mapped onto tokio-postgres's
 //! three (`disable`, `prefer`, `require`):
@@ -36,66 +36,73 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 
-/// The connector `lease` connects with (every mode: tokio-postgres does not
-/// call it for `disable`).
-pub type Connector = tokio_postgres_rustls::MakeRustlsConnect;
+use crate::error::{err, ConninfoError, ErrorKind};
 
-/// libpq's `sslmode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+/// libpq's `sslmode` (the crate docs' table says what each one does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SslMode {
+    /// Never TLS.
     Disable,
+    /// Never TLS here (libpq would retry with TLS if the server refuses
+    /// plaintext).
     Allow,
+    /// TLS if the server offers it (the default).
     Prefer,
+    /// Always TLS; the certificate is checked only with a root certificate.
     Require,
+    /// Always TLS; the chain is checked against the roots.
     VerifyCa,
+    /// Always TLS; the chain and the host name are checked.
     VerifyFull,
 }
 
-impl Mode {
+impl SslMode {
     /// Parses a libpq `sslmode` value.
-    pub fn parse(s: &str) -> Option<Mode> {
+    pub fn parse(s: &str) -> Option<SslMode> {
         Some(match s {
-            "disable" => Mode::Disable,
-            "allow" => Mode::Allow,
-            "prefer" => Mode::Prefer,
-            "require" => Mode::Require,
-            "verify-ca" => Mode::VerifyCa,
-            "verify-full" => Mode::VerifyFull,
+            "disable" => SslMode::Disable,
+            "allow" => SslMode::Allow,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
             _ => return None,
         })
     }
 
     /// What tokio-postgres is told.
-    pub fn ssl_mode(self) -> tokio_postgres::config::SslMode {
-        use tokio_postgres::config::SslMode;
+    pub fn tokio_postgres(self) -> tokio_postgres::config::SslMode {
+        use tokio_postgres::config::SslMode as Pg;
         match self {
-            Mode::Disable | Mode::Allow => SslMode::Disable,
-            Mode::Prefer => SslMode::Prefer,
-            Mode::Require | Mode::VerifyCa | Mode::VerifyFull => SslMode::Require,
+            SslMode::Disable | SslMode::Allow => Pg::Disable,
+            SslMode::Prefer => Pg::Prefer,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => Pg::Require,
         }
     }
 
-    fn uses_tls(self) -> bool {
-        !matches!(self, Mode::Disable | Mode::Allow)
+    /// Whether TLS may be used at all.
+    pub fn uses_tls(self) -> bool {
+        !matches!(self, SslMode::Disable | SslMode::Allow)
     }
 }
 
-impl fmt::Display for Mode {
+impl fmt::Display for SslMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Mode::Disable => "disable",
-            Mode::Allow => "allow",
-            Mode::Prefer => "prefer",
-            Mode::Require => "require",
-            Mode::VerifyCa => "verify-ca",
-            Mode::VerifyFull => "verify-full",
+            SslMode::Disable => "disable",
+            SslMode::Allow => "allow",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
         })
     }
 }
 
 /// Where the root certificates come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Roots {
+pub(crate) enum Roots {
     /// A PEM file.
     File(PathBuf),
     /// The platform's store (`sslrootcert=system`).
@@ -114,8 +121,8 @@ impl fmt::Display for Roots {
 /// The TLS settings of a connection, resolved (string, then environment,
 /// then libpq's defaults).
 #[derive(Debug, Clone)]
-pub struct Settings {
-    pub mode: Mode,
+pub(crate) struct Settings {
+    pub mode: SslMode,
     pub roots: Option<Roots>,
     /// Client certificate and key files.
     pub client: Option<(PathBuf, PathBuf)>,
@@ -135,9 +142,9 @@ enum Check {
 impl Settings {
     fn check(&self) -> Check {
         match (self.mode, &self.roots) {
-            (Mode::VerifyFull, _) => Check::Full,
-            (Mode::VerifyCa, _) => Check::Chain,
-            (Mode::Prefer | Mode::Require, Some(_)) => Check::Chain,
+            (SslMode::VerifyFull, _) => Check::Full,
+            (SslMode::VerifyCa, _) => Check::Chain,
+            (SslMode::Prefer | SslMode::Require, Some(_)) => Check::Chain,
             _ => Check::Nothing,
         }
     }
@@ -146,11 +153,11 @@ impl Settings {
     /// verified. Paths only, never contents.
     pub fn describe(&self) -> String {
         let mut out = match self.mode {
-            Mode::Disable => return "no TLS (sslmode=disable)".to_owned(),
-            Mode::Allow => {
+            SslMode::Disable => return "no TLS (sslmode=disable)".to_owned(),
+            SslMode::Allow => {
                 return "no TLS (sslmode=allow: plaintext, not retried with TLS)".to_owned()
             }
-            Mode::Prefer => "TLS if the server offers it (sslmode=prefer)".to_owned(),
+            SslMode::Prefer => "TLS if the server offers it (sslmode=prefer)".to_owned(),
             m => format!("TLS required (sslmode={m})"),
         };
         let roots = self
@@ -173,12 +180,12 @@ impl Settings {
         out
     }
 
-    /// The rustls connector for these settings (files are read now: a
+    /// The rustls configuration for these settings (files are read now: a
     /// missing or unreadable one is an error here, not at connect time).
     ///
     /// # Errors
     /// One line naming the file or setting and the reason.
-    pub fn connector(&self) -> Result<Connector, String> {
+    pub fn client_config(&self) -> Result<Arc<ClientConfig>, ConninfoError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let check = if self.mode.uses_tls() {
             self.check()
@@ -191,14 +198,24 @@ impl Settings {
                 let verifier =
                     WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider.clone())
                         .build()
-                        .map_err(|e| format!("cannot use the root certificates in {roots}: {e}"))?;
+                        .map_err(|e| {
+                            err(
+                                ErrorKind::Tls,
+                                "sslrootcert",
+                                format!("cannot use the root certificates in {roots}: {e}"),
+                            )
+                        })?;
                 Some(verifier)
             }
             (None, Check::Chain | Check::Full) => {
-                return Err(format!(
-                    "sslmode={} needs root certificates: give sslrootcert=FILE (or \
-                     sslrootcert=system with verify-full), or PGSSLROOTCERT",
-                    self.mode
+                return Err(err(
+                    ErrorKind::Inconsistent,
+                    "sslrootcert",
+                    format!(
+                        "sslmode={} needs root certificates: give sslrootcert=FILE (or \
+                         sslrootcert=system with verify-full), or PGSSLROOTCERT",
+                        self.mode
+                    ),
                 ))
             }
             _ => None,
@@ -216,7 +233,7 @@ impl Settings {
         };
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("cannot set up TLS: {e}"))?
+            .map_err(|e| err(ErrorKind::Tls, "sslmode", format!("cannot set up TLS: {e}")))?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verifier));
         let mut config = match &self.client {
@@ -224,28 +241,36 @@ impl Settings {
                 let certs = load_certs(cert, "sslcert")?;
                 let key = load_key(key)?;
                 builder.with_client_auth_cert(certs, key).map_err(|e| {
-                    format!("cannot use the client certificate {}: {e}", cert.display())
+                    err(
+                        ErrorKind::Tls,
+                        "sslcert",
+                        format!("cannot use the client certificate {}: {e}", cert.display()),
+                    )
                 })?
             }
             _ => builder.with_no_client_auth(),
         };
         // What PostgreSQL 17's direct TLS negotiation requires; ignored before.
         config.alpn_protocols = vec![b"postgresql".to_vec()];
-        Ok(Connector::new(config))
+        Ok(Arc::new(config))
     }
 }
 
 /// The roots from `roots`.
-fn load_roots(roots: &Roots) -> Result<RootCertStore, String> {
+fn load_roots(roots: &Roots) -> Result<RootCertStore, ConninfoError> {
     let mut store = RootCertStore::empty();
     match roots {
         Roots::File(path) => {
             let certs = load_certs(path, "sslrootcert")?;
             let (_, ignored) = store.add_parsable_certificates(certs);
             if store.is_empty() {
-                return Err(format!(
-                    "sslrootcert {}: no usable certificate ({ignored} unparsable)",
-                    path.display()
+                return Err(err(
+                    ErrorKind::File,
+                    "sslrootcert",
+                    format!(
+                        "sslrootcert {}: no usable certificate ({ignored} unparsable)",
+                        path.display()
+                    ),
                 ));
             }
         }
@@ -257,8 +282,12 @@ fn load_roots(roots: &Roots) -> Result<RootCertStore, String> {
                     .errors
                     .first()
                     .map_or_else(|| "none found".to_owned(), ToString::to_string);
-                return Err(format!(
-                    "sslrootcert=system: cannot load the system's root certificates ({why})"
+                return Err(err(
+                    ErrorKind::File,
+                    "sslrootcert",
+                    format!(
+                        "sslrootcert=system: cannot load the system's root certificates ({why})"
+                    ),
                 ));
             }
         }
@@ -267,15 +296,16 @@ fn load_roots(roots: &Roots) -> Result<RootCertStore, String> {
 }
 
 /// Every certificate in a PEM file.
-fn load_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+fn load_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, ConninfoError> {
     let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
         .map_err(|e| pem_error(what, path, &e))?
         .collect();
     let certs = certs.map_err(|e| pem_error(what, path, &e))?;
     if certs.is_empty() {
-        return Err(format!(
-            "{what} {}: no PEM certificate in the file",
-            path.display()
+        return Err(err(
+            ErrorKind::File,
+            what,
+            format!("{what} {}: no PEM certificate in the file", path.display()),
         ));
     }
     Ok(certs)
@@ -284,31 +314,35 @@ fn load_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, S
 /// The private key in a PEM file, refused (like libpq) if group or world
 /// can read it: at most 0600 if owned by the current user, 0640 if owned by
 /// root.
-fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, ConninfoError> {
+    let file = |message: String| err(ErrorKind::File, "sslkey", message);
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
         let meta =
-            std::fs::metadata(path).map_err(|e| format!("sslkey {}: {e}", path.display()))?;
+            std::fs::metadata(path).map_err(|e| file(format!("sslkey {}: {e}", path.display())))?;
         if !meta.is_file() {
-            return Err(format!("sslkey {}: not a regular file", path.display()));
+            return Err(file(format!(
+                "sslkey {}: not a regular file",
+                path.display()
+            )));
         }
         let mode = meta.mode() & 0o777;
         let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
         if mode & !allowed != 0 {
-            return Err(format!(
+            return Err(file(format!(
                 "sslkey {}: the private key file has group or world access (mode {mode:o}); \
                  permissions should be u=rw (0600) or less, or u=rw,g=r (0640) or less if owned \
                  by root",
                 path.display()
-            ));
+            )));
         }
     }
     PrivateKeyDer::from_pem_file(path).map_err(|e| pem_error("sslkey", path, &e))
 }
 
 /// A PEM reading error, without the file's contents.
-fn pem_error(what: &str, path: &Path, e: &rustls::pki_types::pem::Error) -> String {
+fn pem_error(what: &str, path: &Path, e: &rustls::pki_types::pem::Error) -> ConninfoError {
     use rustls::pki_types::pem::Error;
     let why = match e {
         Error::Io(io) => io.to_string(),
@@ -319,7 +353,11 @@ fn pem_error(what: &str, path: &Path, e: &rustls::pki_types::pem::Error) -> Stri
         Error::Base64Decode(_) => "malformed PEM (bad base64)".to_owned(),
         _ => "unreadable PEM".to_owned(),
     };
-    format!("{what} {}: {why}", path.display())
+    err(
+        ErrorKind::File,
+        what,
+        format!("{what} {}: {why}", path.display()),
+    )
 }
 
 /// The server certificate check of one mode: rustls's WebPKI verifier for
@@ -329,7 +367,7 @@ fn pem_error(what: &str, path: &Path, e: &rustls::pki_types::pem::Error) -> Stri
 struct Verifier {
     webpki: Option<Arc<WebPkiServerVerifier>>,
     check: Check,
-    mode: Mode,
+    mode: SslMode,
     /// The roots, for messages.
     roots: String,
     provider: Arc<CryptoProvider>,
@@ -437,26 +475,26 @@ mod tests {
 
     #[test]
     fn modes_map_onto_tokio_postgres() {
-        use tokio_postgres::config::SslMode;
+        use tokio_postgres::config::SslMode as Pg;
         for (s, m) in [
-            ("disable", SslMode::Disable),
-            ("allow", SslMode::Disable),
-            ("prefer", SslMode::Prefer),
-            ("require", SslMode::Require),
-            ("verify-ca", SslMode::Require),
-            ("verify-full", SslMode::Require),
+            ("disable", Pg::Disable),
+            ("allow", Pg::Disable),
+            ("prefer", Pg::Prefer),
+            ("require", Pg::Require),
+            ("verify-ca", Pg::Require),
+            ("verify-full", Pg::Require),
         ] {
-            let mode = Mode::parse(s).unwrap();
-            assert_eq!(mode.ssl_mode(), m);
+            let mode = SslMode::parse(s).unwrap();
+            assert_eq!(mode.tokio_postgres(), m);
             assert_eq!(mode.to_string(), s);
         }
-        assert!(Mode::parse("verify_full").is_none());
+        assert!(SslMode::parse("verify_full").is_none());
     }
 
     #[test]
     fn require_with_roots_verifies_the_chain() {
         let s = Settings {
-            mode: Mode::Require,
+            mode: SslMode::Require,
             roots: Some(Roots::File("/x/ca.pem".into())),
             client: None,
         };
@@ -472,11 +510,11 @@ mod tests {
     #[test]
     fn verify_modes_need_roots() {
         let s = Settings {
-            mode: Mode::VerifyFull,
+            mode: SslMode::VerifyFull,
             roots: None,
             client: None,
         };
-        let e = s.connector().err().unwrap();
+        let e = s.client_config().err().unwrap().to_string();
         assert!(
             e.contains("sslmode=verify-full needs root certificates"),
             "{e}"
@@ -485,9 +523,10 @@ mod tests {
             roots: Some(Roots::File("/nonexistent/ca.pem".into())),
             ..s
         }
-        .connector()
+        .client_config()
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
         assert!(e.starts_with("sslrootcert /nonexistent/ca.pem: "), "{e}");
     }
 }
