@@ -206,7 +206,7 @@ pub enum RunError<E> {
     /// The server or the connection cannot give mutual exclusion.
     Refused(Refusal),
     /// The locker never had a session and its connection attempt failed
-    /// with a configuration error ([`DbError::is_configuration`]: a wrong
+    /// with a configuration error ([`SessionError::is_configuration`]: a wrong
     /// password, no password for a server that asks for one, an unknown
     /// role or database, a TLS verification failure):
     /// the server's words, e.g. `password authentication failed for user

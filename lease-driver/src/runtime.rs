@@ -79,12 +79,12 @@ where
 
 /// A tokio-postgres error as the machine wants it: the SQLSTATE and a
 /// one-line message, never the connection config. Marked as configuration
-/// ([`DbError::config`]): a TLS failure that is not the network's (a
+/// ([`SessionError::config`]): a TLS failure that is not the network's (a
 /// certificate that fails verification, a server without TLS under
 /// `sslmode=require`, no TLS connector under `sslmode=require`), and
 /// tokio-postgres's "invalid configuration" (a server that asks for a
 /// password the configuration does not have).
-pub fn db_error(e: &tokio_postgres::Error) -> DbError {
+pub fn session_error(e: &tokio_postgres::Error) -> SessionError {
     let message = match e.as_db_error() {
         Some(db) => db.message().to_owned(),
         // "error connecting to server: Connection refused (os error 111)"
@@ -102,7 +102,7 @@ pub fn db_error(e: &tokio_postgres::Error) -> DbError {
     if message.ends_with(NO_TLS) {
         message.push_str(NO_TLS_HINT);
     }
-    DbError {
+    SessionError {
         code: e.code().map(|c| c.code().to_owned()),
         message,
         config: tls_config_error(e) || client_config_error(e),

@@ -93,8 +93,8 @@ use tokio_postgres::NoTls;
 
 pub use connect::{MakeTls, Socket};
 pub use lease_driver::{
-    Config, DbError, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
-    OptionsError, Reason, Refusal, RunError, Runtime, SessionState, Status,
+    Config, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
+    OptionsError, Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status,
 };
 #[cfg(feature = "libpq")]
 pub use lease_libpq::{self, Conninfo, ConninfoError};

@@ -119,8 +119,8 @@ mod runtime;
 use tokio_postgres::NoTls;
 
 pub use lease_driver::{
-    Config, DbError, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
-    OptionsError, Reason, Refusal, RunError, Runtime, SessionState, Status,
+    Config, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
+    OptionsError, Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status,
 };
 #[cfg(feature = "libpq")]
 pub use lease_libpq::{self, Conninfo, ConninfoError};

@@ -23,13 +23,12 @@ const PASSWORD: &str = "libpq-Secret-5127";
 const BOUND: Duration = Duration::from_secs(5);
 
 fn opts() -> lease_proto::Options {
-    lease_proto::Options {
-        retry_interval: MS(100),
-        heartbeat_interval: MS(100),
-        query_timeout: MS(400),
-        guard_margin: MS(200),
-        ..lease_proto::Options::default()
-    }
+    let mut o = lease_proto::Options::default();
+    o.retry_interval = MS(100);
+    o.heartbeat_interval = MS(100);
+    o.query_timeout = MS(400);
+    o.guard_margin = MS(200);
+    o
 }
 
 fn init() {
