@@ -81,7 +81,10 @@ fn the_command_and_the_backend_have_one_labelled_pid_each() {
         .wait_for_line(|l| l.contains("lease session ready"), MS(2_000))
         .expect("the runner says its session is ready");
     assert_eq!(field(&started, "command_pid"), Some(own), "{started}");
-    assert!(field(&started, "pid").is_none(), "an unlabelled pid: {started}");
+    assert!(
+        field(&started, "pid").is_none(),
+        "an unlabelled pid: {started}"
+    );
     let backend = field(&ready, "backend_pid").expect("the session's backend pid");
     assert_ne!(backend, own);
     assert!(pid_alive(own as i32));
@@ -102,7 +105,13 @@ fn the_command_and_the_backend_have_one_labelled_pid_each() {
 
     // `lease status --json`: `backend_pid`, for the holder and for standbys.
     let mut status = lease();
-    status.args(["status", "--json", "--database-url", &c.url("postgres"), &name]);
+    status.args([
+        "status",
+        "--json",
+        "--database-url",
+        &c.url("postgres"),
+        &name,
+    ]);
     let (code, json) = stdout_of(status);
     assert_eq!(code, Some(0), "{json}");
     let v: serde_json::Value = serde_json::from_str(json.trim()).expect("one JSON line");
@@ -130,7 +139,10 @@ fn an_unreachable_server_is_reported_once_per_interval() {
     let port = free_addr().port();
     let mut cmd = lease();
     cmd.arg("run")
-        .args(["--database-url", &format!("postgres://app@127.0.0.1:{port}/postgres")])
+        .args([
+            "--database-url",
+            &format!("postgres://app@127.0.0.1:{port}/postgres"),
+        ])
         .args(["--retry-interval", "50ms", "--query-timeout", "1s"])
         .args(["unreachable", "--", "true"]);
     let mut r = Replica::spawn(cmd).expect("spawn lease run");

@@ -45,7 +45,9 @@ impl Repeats {
         self.unreported += 1;
         let due = match self.last_line {
             None => true,
-            Some((at, last)) => last != kind || now.saturating_duration_since(at) >= REPEAT_INTERVAL,
+            Some((at, last)) => {
+                last != kind || now.saturating_duration_since(at) >= REPEAT_INTERVAL
+            }
         };
         if !due {
             return None;
