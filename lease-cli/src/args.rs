@@ -484,4 +484,18 @@ mod tests {
         assert!(Cli::try_parse_from(["lease", "run", "job", "--"]).is_err());
         assert!(Cli::try_parse_from(["lease", "run", "job"]).is_err());
     }
+
+    /// `--grace` has no clap default (a given one is told apart from the
+    /// default, which never warns): its help states [`DEFAULT_GRACE`].
+    #[test]
+    fn the_grace_help_states_the_default() {
+        let mut cmd = Cli::command();
+        let run = cmd.find_subcommand_mut("run").expect("run");
+        let grace = (run.get_arguments())
+            .find(|a| a.get_id() == "grace")
+            .expect("--grace");
+        let help = grace.get_help().expect("help").to_string();
+        let default = humantime::format_duration(DEFAULT_GRACE).to_string();
+        assert!(help.contains(&format!("[default: {default}]")), "{help}");
+    }
 }
