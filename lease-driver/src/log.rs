@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use lease_proto::Event;
+use lease_proto::{Event, Reason};
 
 use crate::shared::Clock;
 
@@ -23,6 +23,17 @@ enum Failure {
     Configuration,
     /// The server is a hot standby.
     InRecovery,
+}
+
+impl Failure {
+    /// The words its report starts with.
+    fn what(self) -> &'static str {
+        match self {
+            Failure::Unreachable => "cannot reach the database",
+            Failure::Configuration => "cannot connect: configuration error",
+            Failure::InRecovery => "the server is a hot standby (in recovery)",
+        }
+    }
 }
 
 /// Decides which failed attempts of a streak get a line: the first at once,
@@ -85,17 +96,31 @@ impl EventLog {
             } => Some(Failure::Configuration),
             Event::ConnectFailed { .. } => Some(Failure::Unreachable),
             Event::InRecovery { .. } => Some(Failure::InRecovery),
+            // The session of that attempt, closed: its `InRecovery` said it.
+            Event::SessionLost {
+                session: s,
+                reason: Reason::InRecovery,
+            } => {
+                tracing::debug!(session = s.0, "lease session closed (a hot standby)");
+                return;
+            }
             _ => None,
         };
         match kind {
             None => log_event(event, 1),
             Some(kind) => match self.repeats.failed(clock(), kind) {
                 Some(n) => log_event(event, n),
-                None => tracing::debug!(
-                    event = ?event,
-                    "failed again (reported at most every {}s)",
-                    REPEAT_INTERVAL.as_secs()
-                ),
+                None => {
+                    let error = match event {
+                        Event::ConnectFailed { error, .. } => Some(error),
+                        _ => None,
+                    };
+                    tracing::debug!(
+                        error = error.map(tracing::field::display),
+                        "{} again; still retrying (the next report counts it)",
+                        kind.what()
+                    )
+                }
             },
         }
     }
