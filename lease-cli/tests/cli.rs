@@ -830,7 +830,9 @@ fn a_hot_standby_is_logged_and_retried() {
     cmd.arg("run")
         .args(["--database-url", &standby.conn_string()])
         .args(FAST)
-        .args([&unique("standby"), "--", "echo", "ran"]);
+        .args([&unique("standby"), "--", "echo", "ran"])
+        // Each attempt at DEBUG; the report itself comes at most every 30 s.
+        .env("LEASE_LOG", "info,lease_driver=debug");
     let mut r = Replica::spawn(cmd).expect("spawn lease");
     r.wait_for_line(|l| l.contains("hot standby"), MS(10_000))
         .expect("a hot-standby error line");
@@ -841,6 +843,10 @@ fn a_hot_standby_is_logged_and_retried() {
     assert!(out.is_empty(), "the command ran: {out}");
     let tries = err.lines().filter(|l| l.contains("hot standby")).count();
     assert!(tries >= 2, "retried {tries} time(s): {err}");
+    let reports = (err.lines())
+        .filter(|l| l.contains("hot standby") && !l.contains("DEBUG"))
+        .count();
+    assert_eq!(reports, 1, "{err}");
     r.kill9().expect("kill lease");
 }
 
