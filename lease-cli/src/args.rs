@@ -7,6 +7,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Shown under `lease --help`.
+/// `--grace` when not given.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
 const ABOUT: &str =
     "Run a command on exactly one replica at a time, using PostgreSQL advisory locks";
 
@@ -59,7 +62,8 @@ idle_session_timeout (heartbeat-interval + query-timeout + the guard margin), le
 drift the guarantee allows (margin / (2 validity + margin), 3.2% by default), moved forward by
 every heartbeat. A lost lease is noticed by the end of its validity at the latest, so COMMAND gets
 at least margin x validity / (2 validity + margin) between SIGTERM and SIGKILL (484ms by
-default); a --grace longer than that is announced at startup by a warning. When the session
+default); a --grace set longer than that (not the default) is announced at startup by a warning.
+When the session
 itself ended (terminated, reset, server restarted), the server has freed the lease already and a
 standby takes it after its --lock-delay: SIGKILL comes half of --lock-delay (10ms) after SIGTERM.
 Without the server guard (--no-server-guard) there is no such deadline: SIGKILL comes --grace
@@ -279,16 +283,17 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub query_timeout: Duration,
 
-    /// How long COMMAND's tree may take to exit after SIGTERM before SIGKILL
+    /// How long COMMAND's tree may take to exit after SIGTERM before SIGKILL [default: 10s]
     ///
     /// In full for graceful stops (a signal to `lease run`, leftovers after COMMAND exited):
     /// the lease is held until the tree is gone. After a lost lease, SIGKILL comes at the
     /// kill deadline if that is sooner (just before the server may hand the lease over; the
     /// guard margin less the drift allowance after the validity ended, at the least): a --grace
-    /// longer than that gets a warning at startup; after the session ended, half of --lock-delay
-    /// after SIGTERM. Make COMMAND exit promptly on SIGTERM.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
-    pub grace: Duration,
+    /// given here that is longer than that gets a warning at startup (the default does not:
+    /// it is meant for graceful stops); after the session ended, half of --lock-delay after
+    /// SIGTERM. Make COMMAND exit promptly on SIGTERM.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub grace: Option<Duration>,
 
     /// How much longer than the lease validity the server waits before freeing the lease of
     /// a silent holder [default: 1s, or validity / 50 if larger]
@@ -478,5 +483,19 @@ mod tests {
         assert!(Cli::try_parse_from(["lease", "run", "job", "echo"]).is_err());
         assert!(Cli::try_parse_from(["lease", "run", "job", "--"]).is_err());
         assert!(Cli::try_parse_from(["lease", "run", "job"]).is_err());
+    }
+
+    /// `--grace` has no clap default (a given one is told apart from the
+    /// default, which never warns): its help states [`DEFAULT_GRACE`].
+    #[test]
+    fn the_grace_help_states_the_default() {
+        let mut cmd = Cli::command();
+        let run = cmd.find_subcommand_mut("run").expect("run");
+        let grace = (run.get_arguments())
+            .find(|a| a.get_id() == "grace")
+            .expect("--grace");
+        let help = grace.get_help().expect("help").to_string();
+        let default = humantime::format_duration(DEFAULT_GRACE).to_string();
+        assert!(help.contains(&format!("[default: {default}]")), "{help}");
     }
 }

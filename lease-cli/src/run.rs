@@ -11,7 +11,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::Config;
 
-use crate::args::{LogFormat, RunArgs};
+use crate::args::{LogFormat, RunArgs, DEFAULT_GRACE};
 use crate::child::{self, exit_code, ChildSpec, Job};
 use crate::conn::{self, Connector, Target};
 use crate::serve::{self, Current, Endpoints, Health};
@@ -25,6 +25,8 @@ struct Plan {
     options: Options,
     target: Target,
     grace: Duration,
+    /// Whether `--grace` was given (only a chosen grace is warned about).
+    grace_set: bool,
     /// The kill deadline after a lost lease is the lease's validity end plus
     /// this: with the server guard, the guard margin less the drift allowance
     /// (just before the guard deadline, when the server may hand the lease
@@ -95,7 +97,8 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
     if let Err(e) = options.validate() {
         return Err((2, format!("inconsistent intervals: {e}")));
     }
-    if args.grace.is_zero() {
+    let grace = args.grace.unwrap_or(DEFAULT_GRACE);
+    if grace.is_zero() {
         return Err((2, "--grace must be greater than zero".to_owned()));
     }
     let mut target = conn::resolve(args.conn.database_url.as_deref()).map_err(|e| (2, e))?;
@@ -105,13 +108,14 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
             .application_name(application_name(lease.name()));
     }
     spec.check()?;
-    let after_validity = after_validity(&options, args.grace);
+    let after_validity = after_validity(&options, grace);
     Ok(Plan {
         lease,
         spec,
         options,
         target,
-        grace: args.grace,
+        grace,
+        grace_set: args.grace.is_some(),
         after_validity,
         quiet: args.quiet,
         format: args.log_format,
@@ -138,8 +142,15 @@ fn after_validity(options: &Options, grace: Duration) -> Duration {
     }
 }
 
-/// One line at startup when `--grace` cannot be given in full after a lost
-/// lease (or, without the server guard, what bounds the command instead).
+/// One line at startup when a `--grace` the user set cannot be given in full
+/// after a lost lease (or, without the server guard, what bounds the command
+/// instead).
+///
+/// The default grace is for graceful stops, where it applies in full; that a
+/// lost lease cuts it at the kill deadline is the documented rule (`lease run
+/// --help`), not news at every start, so the default never warns. A value
+/// the user chose longer than the kill deadline allows is a promise the
+/// runner cannot keep after a loss: that is said once, at startup.
 fn warn_about_grace(plan: &Plan) {
     let grace = humantime::format_duration(plan.grace);
     if !plan.options.server_guard {
@@ -149,7 +160,7 @@ fn warn_about_grace(plan: &Plan) {
              gets SIGKILL --grace {grace} after SIGTERM, at the latest {grace} after the lease's \
              validity ended, whatever the server does meanwhile"
         );
-    } else if plan.grace > plan.after_validity {
+    } else if plan.grace_set && plan.grace > plan.after_validity {
         let bound = humantime::format_duration(Duration::from_millis(
             plan.after_validity.as_millis() as u64,
         ));
@@ -316,11 +327,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     });
     let (holders_tx, holders) = mpsc::unbounded_channel();
     let holders_tx = (!plan.quiet).then_some(holders_tx);
-    let monitor = tokio::spawn(monitor(
-        locker.clone(),
-        plan.target.summary.clone(),
-        holders_tx,
-    ));
+    let monitor = tokio::spawn(monitor(locker.clone(), holders_tx));
     let lookups = tokio::spawn(describe_holders(
         plan.target.config.clone(),
         plan.target.tls.clone(),
@@ -493,9 +500,9 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
     ctx.current.set(&lease);
     let armed = dog.arm(job.pid(), deadline);
     tracing::info!(
-        pid = job.pid(),
+        command_pid = job.pid(),
         token,
-        watchdog = dog.pid().unwrap_or(0),
+        watchdog_pid = dog.pid().unwrap_or(0),
         "leading: started {}",
         ctx.spec.display()
     );
@@ -517,7 +524,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                 // the session ends meanwhile.
                 let _ = dog.disarm();
                 tracing::info!(
-                    pid = job.pid(),
+                    command_pid = job.pid(),
                     "stopping the command's tree (SIGTERM, SIGKILL after {})",
                     humantime::format_duration(ctx.grace)
                 );
@@ -536,7 +543,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                 let wait = session_end_wait(ctx, deadline);
                 let _ = dog.arm(job.pid(), Instant::now() + wait);
                 tracing::warn!(
-                    pid = job.pid(),
+                    command_pid = job.pid(),
                     %reason,
                     "lease lost with its session (the server has freed it): stopping the \
                      command's tree (SIGTERM, SIGKILL in {}, within the lock delay)",
@@ -546,7 +553,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
             } else {
                 let wait = kill_wait(deadline, ctx.grace);
                 tracing::warn!(
-                    pid = job.pid(),
+                    command_pid = job.pid(),
                     %reason,
                     "lease lost: stopping the command's process group (SIGTERM, SIGKILL {})",
                     kill_when(wait, ctx.grace)
@@ -563,7 +570,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
             );
             let wait = kill_wait(deadline, ctx.grace);
             tracing::error!(
-                pid = job.pid(),
+                command_pid = job.pid(),
                 "{message}; stopping the command's process group (SIGTERM, SIGKILL {}) and \
                  releasing the lease",
                 kill_when(wait, ctx.grace)
@@ -596,7 +603,7 @@ async fn exited(
         // The watchdog's kill: this runner was late (stopped, starved), and
         // the lease is lost; the core says so at its next timer.
         tracing::warn!(
-            pid = job.pid(),
+            command_pid = job.pid(),
             "the watchdog killed the command at the lease's deadline (this runner was late)"
         );
         job.reap_group(Duration::ZERO, pending()).await;
@@ -770,10 +777,12 @@ async fn renew(
     }
 }
 
-/// Says on stderr when the database cannot be reached (the driver retries on
-/// its own; this is not fatal), and when it can again.
-async fn monitor(locker: Locker, summary: String, holders: Option<mpsc::UnboundedSender<i64>>) {
-    let mut reported: Option<tokio::time::Instant> = None;
+/// Says on stderr when the database can be reached again after failed
+/// attempts (the driver reports the failures themselves: the first at once,
+/// then at most one line per 30 s counting the attempts since), and feeds a
+/// standby's holder to [`describe_holders`].
+async fn monitor(locker: Locker, holders: Option<mpsc::UnboundedSender<i64>>) {
+    let mut failed = false;
     let mut interval = tokio::time::interval(Duration::from_millis(200));
     loop {
         interval.tick().await;
@@ -790,37 +799,10 @@ async fn monitor(locker: Locker, summary: String, holders: Option<mpsc::Unbounde
             }
         }
         match status.session {
-            SessionState::Backoff { failures, .. } if failures >= 2 => {
-                let due = reported.is_none_or(|at| at.elapsed() >= Duration::from_secs(30));
-                if due {
-                    // The cause in its own words: "connection refused",
-                    // "timed out", "password authentication failed".
-                    let cause = status.last_error.as_ref().map_or_else(
-                        || "no error reported".to_owned(),
-                        |last| last.error.to_string(),
-                    );
-                    let configuration = (status.last_error.as_ref())
-                        .is_some_and(|last| last.error.is_configuration());
-                    if configuration {
-                        tracing::error!(
-                            failures,
-                            "cannot connect to the database ({summary}): {cause}; still retrying \
-                             (the lease session worked before: a changed password, role or \
-                             certificate?)"
-                        );
-                    } else {
-                        tracing::warn!(
-                            failures,
-                            "cannot reach the database ({summary}): {cause}; still retrying \
-                             (not fatal)"
-                        );
-                    }
-                    reported = Some(tokio::time::Instant::now());
-                }
-            }
-            SessionState::Ready { .. } if reported.is_some() => {
+            SessionState::Backoff { .. } => failed = true,
+            SessionState::Ready { .. } if failed => {
                 tracing::info!("database reachable again");
-                reported = None;
+                failed = false;
             }
             _ => {}
         }
@@ -851,7 +833,7 @@ async fn describe_holders(
         match tokio::time::timeout(timeout, lookup_holder(&config, &tls, pid)).await {
             Ok(Ok(Some(h))) => tracing::info!(
                 lease = lease.name(),
-                holder_pid = pid,
+                holder_backend_pid = pid,
                 application_name = h.application_name,
                 client = h.client,
                 since = h.since,

@@ -226,7 +226,7 @@ impl State {
             SessionState::Ready { backend_pid } => {
                 return Response::text(
                     200,
-                    format!("ok: session ready (backend {backend_pid}); {role}"),
+                    format!("ok: session ready (backend_pid {backend_pid}); {role}"),
                 );
             }
             SessionState::Refused(r) => return Response::text(503, format!("refused: {r}")),
@@ -281,7 +281,7 @@ fn role(leases: &[lease_tokio::LeaseStatus]) -> String {
         Some(LeaseState::Leading { token, .. }) => format!("leading (token {token})"),
         Some(LeaseState::Standby {
             holder_pid: Some(pid),
-        }) => format!("standing by (held by backend {pid})"),
+        }) => format!("standing by (held by backend_pid {pid})"),
         Some(LeaseState::Standby { holder_pid: None }) => "standing by".to_owned(),
         Some(LeaseState::Stopping) => "stopping the command".to_owned(),
         Some(LeaseState::Releasing) => "releasing the lease".to_owned(),

@@ -339,7 +339,7 @@ fn json_line(e: &Entry) -> String {
     let standbys: Vec<serde_json::Value> = (e.standbys.iter())
         .map(|s| {
             json!({
-                "pid": s.pid,
+                "backend_pid": s.pid,
                 "mode": s.mode,
                 "application_name": s.application_name,
                 "client_addr": s.client_addr,
@@ -354,7 +354,7 @@ fn json_line(e: &Entry) -> String {
         "name": e.name,
         "key": e.key,
         "held": h.is_some(),
-        "pid": h.and_then(|h| h.pid),
+        "backend_pid": h.and_then(|h| h.pid),
         "mode": h.and_then(|h| h.mode.clone()),
         "application_name": h.and_then(|h| h.application_name.clone()),
         "client_addr": h.and_then(|h| h.client_addr.clone()),
@@ -421,7 +421,7 @@ fn table(entries: &[Entry], all: bool) -> String {
         "NAME",
         "KEY",
         "ROLE",
-        "PID",
+        "BACKEND PID",
         "APPLICATION",
         "CLIENT",
         "SINCE",
@@ -470,7 +470,7 @@ fn watch_table(entries: &[Entry], seen: &Seen, all: bool) -> String {
         "NAME",
         "KEY",
         "HELD",
-        "PID",
+        "BACKEND PID",
         "APPLICATION",
         "CLIENT",
         "HELD SINCE",
@@ -550,7 +550,7 @@ mod tests {
         assert!(text.contains("2026-12-01T10:00:00Z"), "{text}");
         let line: serde_json::Value = serde_json::from_str(&json_line(&e[0])).unwrap();
         assert_eq!(line["held"], true);
-        assert_eq!(line["pid"], 42);
+        assert_eq!(line["backend_pid"], 42);
         assert_eq!(line["key"], a.key());
         assert_eq!(line["standbys"], serde_json::json!([]));
     }
@@ -597,16 +597,16 @@ mod tests {
         assert!(standby_line.ends_with("2026-12-01T10:05:00Z"), "{text}");
 
         let v: serde_json::Value = serde_json::from_str(&json_line(&e[0])).unwrap();
-        assert_eq!(v["pid"], 42);
+        assert_eq!(v["backend_pid"], 42);
         let s = v["standbys"].as_array().unwrap();
         assert_eq!(s.len(), 2);
-        assert_eq!(s[0]["pid"], 50);
+        assert_eq!(s[0]["backend_pid"], 50);
         assert_eq!(s[0]["mode"], "ShareLock");
         assert_eq!(s[0]["wait_start"], "2026-12-01T10:05:00.5Z");
         assert_eq!(s[1]["application_name"], "psql");
         let v: serde_json::Value = serde_json::from_str(&json_line(&e[1])).unwrap();
         assert_eq!(
-            (v["held"].clone(), v["standbys"][0]["pid"].clone()),
+            (v["held"].clone(), v["standbys"][0]["backend_pid"].clone()),
             (false.into(), 60.into())
         );
 

@@ -245,7 +245,7 @@ fn runner_killed_with_sigkill_takes_the_whole_group_along() {
     let (_, line) = r
         .wait_for_line(|l| l.contains("leading: started"), MS(1_000))
         .expect("the leading line");
-    let watchdog = field(&line, "watchdog").expect("watchdog pid") as i32;
+    let watchdog = field(&line, "watchdog_pid").expect("watchdog pid") as i32;
     assert!(pid_alive(grandchild) && pid_alive(watchdog));
     let start = Instant::now();
     r.kill9().expect("SIGKILL the runner");
@@ -590,7 +590,7 @@ fn status_shows_the_holder() {
     assert_eq!(v["name"], name.as_str());
     assert_eq!(v["key"], key_for_name(&name));
     assert_eq!(v["held"], true);
-    assert_eq!(v["pid"], pid);
+    assert_eq!(v["backend_pid"], pid);
     assert_eq!(v["application_name"], format!("lease:{name}").as_str());
     assert_eq!(v["client_addr"], "127.0.0.1");
     assert!(v["backend_start"].is_string() && v["state_change"].is_string());
@@ -602,7 +602,7 @@ fn status_shows_the_holder() {
     assert!(
         all.lines().any(|l| {
             let v: serde_json::Value = serde_json::from_str(l).expect("JSON");
-            v["name"] == name.as_str() && v["pid"] == pid
+            v["name"] == name.as_str() && v["backend_pid"] == pid
         }),
         "{all}"
     );
@@ -714,7 +714,7 @@ fn status_lists_the_standbys_waiting_on_the_server() {
     let json = status(&["--json", &name]);
     let v: serde_json::Value = serde_json::from_str(json.trim()).expect("one JSON line");
     assert_eq!(
-        (v["held"].clone(), v["pid"].clone()),
+        (v["held"].clone(), v["backend_pid"].clone()),
         (true.into(), holder.into())
     );
     let standbys = v["standbys"].as_array().expect("a standbys array");
@@ -722,7 +722,7 @@ fn status_lists_the_standbys_waiting_on_the_server() {
         .iter()
         .map(|s| {
             (
-                s["pid"].as_i64().unwrap(),
+                s["backend_pid"].as_i64().unwrap(),
                 s["mode"].as_str().unwrap(),
                 s["application_name"].as_str().unwrap(),
             )
@@ -830,7 +830,9 @@ fn a_hot_standby_is_logged_and_retried() {
     cmd.arg("run")
         .args(["--database-url", &standby.conn_string()])
         .args(FAST)
-        .args([&unique("standby"), "--", "echo", "ran"]);
+        .args([&unique("standby"), "--", "echo", "ran"])
+        // Each attempt at DEBUG; the report itself comes at most every 30 s.
+        .env("LEASE_LOG", "info,lease_driver=debug");
     let mut r = Replica::spawn(cmd).expect("spawn lease");
     r.wait_for_line(|l| l.contains("hot standby"), MS(10_000))
         .expect("a hot-standby error line");
@@ -841,6 +843,10 @@ fn a_hot_standby_is_logged_and_retried() {
     assert!(out.is_empty(), "the command ran: {out}");
     let tries = err.lines().filter(|l| l.contains("hot standby")).count();
     assert!(tries >= 2, "retried {tries} time(s): {err}");
+    let reports = (err.lines())
+        .filter(|l| l.contains("hot standby") && !l.contains("DEBUG"))
+        .count();
+    assert_eq!(reports, 1, "{err}");
     r.kill9().expect("kill lease");
 }
 

@@ -43,6 +43,11 @@ const BUDGET: usize = 64;
 /// (the server releases every key) and every pending run returns
 /// [`RunError::DriverStopped`](crate::RunError::DriverStopped) once its job
 /// has returned.
+///
+/// # Cancel safety
+/// Not cancel-safe: it is meant to be polled to its end. Dropping it (a
+/// losing `select!` branch) ends the session as above; poll it in a `select!`
+/// only by reference (`&mut driver`), keeping it for the next loop.
 #[must_use = "the driver does nothing unless polled: spawn it"]
 pub struct Driver<R: Runtime> {
     inner: Arc<Inner>,

@@ -125,6 +125,14 @@
 //! - `metrics`: every metric (feature `metrics`).
 
 #![forbid(unsafe_code)]
+// docs.rs (nightly): items behind a feature say which (`doc_cfg` marks them by
+// itself; `doc_auto_cfg` was merged into it).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Where a dependent crate's docs link to this one's when this one is not
+// documented beside it (`cargo doc --no-deps` of the dependent alone): its
+// docs.rs pages for this minor version, not a dead relative path. Raise it
+// with the version.
+#![doc(html_root_url = "https://docs.rs/lease-driver/0.1")]
 #![warn(missing_docs)]
 
 mod cancel;
@@ -283,6 +291,8 @@ pub trait Spawn {
 /// `A` is the adapter that made it (it only picks the constructors); every
 /// other method, the runs and their [`Lease`]s are the same for every
 /// runtime. `Locker` alone (`A = ()`) is made by [`Locker::with_runtime`].
+#[must_use = "a Locker does nothing by itself: call `run` on it (the session closes once every \
+              clone is dropped and no run remains)"]
 pub struct Locker<A = ()> {
     handle: Arc<Handle>,
     adapter: PhantomData<fn() -> A>,
@@ -474,6 +484,15 @@ impl<A> Locker<A> {
     ///
     /// # Errors
     /// [`RunError`]: the job's error, or why the run could not proceed.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: dropping the future (a losing `select!` branch, a
+    /// timeout) drops the job where it stands and ends the run; the driver
+    /// then releases the key, so nothing keeps running under the lease, but
+    /// the job gets no chance to finish. To stop a run so that its job
+    /// returns first, use the `shutdown` of [`Locker::run_until`] or
+    /// [`Locker::close`].
+    #[must_use = "the run does nothing unless awaited or spawned"]
     pub fn run<F, Fut, E>(
         &self,
         name: &str,
@@ -492,6 +511,11 @@ impl<A> Locker<A> {
     ///
     /// # Errors
     /// As [`Locker::run`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::run`]: dropping the future drops the job and releases
+    /// the key; resolving `shutdown` is the graceful way.
+    #[must_use = "the run does nothing unless awaited or spawned"]
     pub fn run_until<S, F, Fut, E>(
         &self,
         name: &str,
@@ -512,6 +536,10 @@ impl<A> Locker<A> {
     ///
     /// # Errors
     /// As [`Locker::run`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::run`].
+    #[must_use = "the run does nothing unless awaited or spawned"]
     pub fn run_lease<S, F, Fut, E>(
         &self,
         lease: LeaseId,
@@ -530,6 +558,12 @@ impl<A> Locker<A> {
     /// returns `Ok(())` once its job returned and its key was released), then
     /// closes the session. Resolves when the driver has ended. Later runs
     /// return `Ok(())` at once.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe once polled: the close is requested at the first poll and
+    /// proceeds whether or not the future is kept; dropping it only stops
+    /// waiting for the end (call it again to wait). Dropped before its first
+    /// poll, it requests nothing.
     pub async fn close(&self) {
         let inner = self.inner();
         inner.input(Input::Close);

@@ -1,6 +1,130 @@
-//! One tracing line per core event, with the lease name, key and run as fields.
+//! One tracing line per core event, with the lease name, key and run as fields;
+//! a failing connection is reported at once and then at most once per
+//! [`REPEAT_INTERVAL`] ([`EventLog`]).
 
-use lease_proto::Event;
+use std::time::{Duration, Instant};
+
+use lease_proto::{Event, Reason};
+
+use crate::shared::Clock;
+
+/// How often a connection that keeps failing the same way is reported after
+/// its first failure: the repeats in between are logged at `DEBUG`, and the
+/// next report counts them (`failed_since_last_line`).
+pub(crate) const REPEAT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// What a failed connection attempt was, for [`EventLog`]: a change of kind
+/// is reported at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// Not reached (refused, timed out, reset, DNS).
+    Unreachable,
+    /// A configuration error after a ready session (a rotated password).
+    Configuration,
+    /// The server is a hot standby.
+    InRecovery,
+}
+
+impl Failure {
+    /// The words its report starts with.
+    fn what(self) -> &'static str {
+        match self {
+            Failure::Unreachable => "cannot reach the database",
+            Failure::Configuration => "cannot connect: configuration error",
+            Failure::InRecovery => "the server is a hot standby (in recovery)",
+        }
+    }
+}
+
+/// Decides which failed attempts of a streak get a line: the first at once,
+/// then one per [`REPEAT_INTERVAL`] (or when the kind of failure changes)
+/// carrying how many attempts failed since the last line. A ready session
+/// ends the streak.
+#[derive(Debug, Default)]
+pub(crate) struct Repeats {
+    /// The last line's time and kind, within the current streak.
+    last_line: Option<(Instant, Failure)>,
+    /// Failed attempts not reported yet.
+    unreported: u32,
+}
+
+impl Repeats {
+    /// A failed attempt at `now`: `Some(n)` to log it, `n` the attempts
+    /// that failed since the last line (this one included); `None` to log
+    /// it at `DEBUG` only.
+    fn failed(&mut self, now: Instant, kind: Failure) -> Option<u32> {
+        self.unreported += 1;
+        let due = match self.last_line {
+            None => true,
+            Some((at, last)) => {
+                last != kind || now.saturating_duration_since(at) >= REPEAT_INTERVAL
+            }
+        };
+        if !due {
+            return None;
+        }
+        let n = std::mem::take(&mut self.unreported);
+        self.last_line = Some((now, kind));
+        Some(n)
+    }
+
+    /// A session became ready: the next failure is a new streak.
+    fn ready(&mut self) {
+        *self = Repeats::default();
+    }
+}
+
+/// The driver's logging of the core's events ([`log_event`]), with the
+/// repeated connection failures summarized ([`Repeats`]).
+#[derive(Default)]
+pub(crate) struct EventLog {
+    repeats: Repeats,
+}
+
+impl EventLog {
+    /// Logs `event` (the clock is read only for a session's failure).
+    pub(crate) fn event(&mut self, clock: &Clock, event: &Event) {
+        let kind = match event {
+            Event::SessionReady { .. } => {
+                self.repeats.ready();
+                None
+            }
+            Event::ConnectFailed { retried: false, .. } => None,
+            Event::ConnectFailed {
+                configuration: true,
+                ..
+            } => Some(Failure::Configuration),
+            Event::ConnectFailed { .. } => Some(Failure::Unreachable),
+            Event::InRecovery { .. } => Some(Failure::InRecovery),
+            // The session of that attempt, closed: its `InRecovery` said it.
+            Event::SessionLost {
+                session: s,
+                reason: Reason::InRecovery,
+            } => {
+                tracing::debug!(session = s.0, "lease session closed (a hot standby)");
+                return;
+            }
+            _ => None,
+        };
+        match kind {
+            None => log_event(event, 1),
+            Some(kind) => match self.repeats.failed(clock(), kind) {
+                Some(n) => log_event(event, n),
+                None => {
+                    let error = match event {
+                        Event::ConnectFailed { error, .. } => Some(error),
+                        _ => None,
+                    };
+                    tracing::debug!(
+                        error = error.map(tracing::field::display),
+                        "{} again; still retrying (the next report counts it)",
+                        kind.what()
+                    )
+                }
+            },
+        }
+    }
+}
 
 /// Logs a lease event with the lease's name and key and the run.
 macro_rules! lease_event {
@@ -9,8 +133,9 @@ macro_rules! lease_event {
     };
 }
 
-/// One log line per event.
-pub(crate) fn log_event(event: &Event) {
+/// One log line per event; `since` is how many failed attempts a
+/// connection failure's line stands for (see [`Repeats`]).
+fn log_event(event: &Event, since: u32) {
     use tracing::{debug, error, info, warn};
     match event {
         Event::SessionOpening {
@@ -50,9 +175,12 @@ pub(crate) fn log_event(event: &Event) {
         } => error!(
             session = s.0,
             failures,
+            failed_since_last_line = since,
             %error,
             "cannot connect: configuration error (password, role, database or TLS); \
-             retrying after a backoff because this locker had sessions before"
+             still retrying after a backoff because this locker had sessions before \
+             (reported at most every {}s)",
+            REPEAT_INTERVAL.as_secs()
         ),
         Event::ConnectFailed {
             session: s,
@@ -62,8 +190,11 @@ pub(crate) fn log_event(event: &Event) {
         } => warn!(
             session = s.0,
             failures,
+            failed_since_last_line = since,
             %error,
-            "cannot reach the database; retrying after a backoff"
+            "cannot reach the database; still retrying after a backoff (reported at most \
+             every {}s)",
+            REPEAT_INTERVAL.as_secs()
         ),
         Event::SessionLost { session: s, reason } => {
             warn!(session = s.0, %reason, "lease session lost")
@@ -83,7 +214,7 @@ pub(crate) fn log_event(event: &Event) {
                 info,
                 run,
                 lease,
-                holder_pid = pid,
+                holder_backend_pid = pid,
                 "lease held elsewhere; standing by"
             )
         }
@@ -92,8 +223,11 @@ pub(crate) fn log_event(event: &Event) {
         Event::Refused { refusal } => error!(%refusal, "lease setup refused"),
         Event::InRecovery { session: s } => error!(
             session = s.0,
+            failed_since_last_line = since,
             "the server is a hot standby (in recovery): no lease can be taken there; \
-             retrying after a backoff (a failover in progress, or the wrong host)"
+             retrying after a backoff (a failover in progress, or the wrong host; reported at \
+             most every {}s)",
+            REPEAT_INTERVAL.as_secs()
         ),
         Event::PromotionHold { session: s, hold } => warn!(
             session = s.0,
@@ -122,10 +256,34 @@ pub(crate) fn log_event(event: &Event) {
             holder_pid,
         } => debug!(
             key,
-            sender_pid,
-            holder_pid,
+            sender_backend_pid = sender_pid,
+            holder_backend_pid = holder_pid,
             "a handover notification from another backend than the holder seen; ignored"
         ),
         other => debug!(event = ?other, "lease event"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_streak_is_reported_at_once_then_every_interval_with_the_count() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut r = Repeats::default();
+        assert_eq!(r.failed(at(0), Failure::Unreachable), Some(1));
+        assert_eq!(r.failed(at(1), Failure::Unreachable), None);
+        assert_eq!(r.failed(at(29), Failure::Unreachable), None);
+        assert_eq!(r.failed(at(30), Failure::Unreachable), Some(3));
+        assert_eq!(r.failed(at(31), Failure::Unreachable), None);
+        // Another kind of failure is news: at once.
+        assert_eq!(r.failed(at(32), Failure::InRecovery), Some(2));
+        assert_eq!(r.failed(at(33), Failure::InRecovery), None);
+        // A ready session ends the streak: the next failure is logged at once.
+        r.ready();
+        assert_eq!(r.failed(at(34), Failure::InRecovery), Some(1));
+        assert_eq!(r.failed(at(70), Failure::InRecovery), Some(1));
     }
 }

@@ -21,6 +21,7 @@ use crate::{Locker, RunError};
 /// Cheap to clone; `Send + Sync`. One `Lease` belongs to one acquisition: if
 /// the lease is lost and won again, the job is called again with a new one.
 #[derive(Clone)]
+#[must_use = "a Lease tells the job whether it may act: check `is_valid` or await `cancelled`"]
 pub struct Lease {
     inner: Arc<Inner>,
     run: RunId,
@@ -73,6 +74,10 @@ impl Lease {
     /// Resolves when the job must stop, with why ([`Reason::Closed`] if the
     /// run is already over). The job should then return promptly: the key is
     /// released only after it has.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future loses nothing (use it in `select!`
+    /// freely); a later call resolves with the same reason.
     pub async fn cancelled(&self) -> Reason {
         self.cancel.wait().await
     }

@@ -42,6 +42,11 @@ pub trait Runtime: Send + Sync + Debug + 'static {
     /// driver checks it after). Also called for the core's pooler probe, a
     /// second short connection to the session's host. The driver bounds the
     /// attempt; honour `connect_timeout` per address if the runtime can.
+    ///
+    /// # Cancel safety
+    /// Must be cancel-safe: the driver drops the future of an attempt that
+    /// ran past its bound, or when it ends, and dropping it must abandon the
+    /// attempt (close its socket) and leave nothing behind.
     fn connect(&self, config: Config) -> BoxFuture<Connected>;
 }
 

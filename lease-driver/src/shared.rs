@@ -11,7 +11,7 @@ use lease_proto::{
 };
 
 use crate::cancel::{Cancel, CancelTx};
-use crate::log::log_event;
+use crate::log::EventLog;
 use crate::metrics::Metrics;
 use crate::runtime::Clock;
 
@@ -34,6 +34,7 @@ impl Inner {
             lockers_gone: false,
             close_waiters: Vec::new(),
             metrics: Metrics::new(),
+            log: EventLog::default(),
         };
         Inner {
             shared: Mutex::new(shared),
@@ -79,6 +80,8 @@ pub(crate) struct Shared {
     pub(crate) close_waiters: Vec<Waker>,
     /// Derives the metrics from what the drain rule routes.
     pub(crate) metrics: Metrics,
+    /// Logs the core's events.
+    log: EventLog,
 }
 
 /// What the core told one run future, waiting for it to look.
@@ -153,7 +156,7 @@ impl Shared {
             self.session.push_back(command);
         }
         while let Some(event) = self.machine.poll_event() {
-            log_event(&event);
+            self.log.event(&self.clock, &event);
             self.metrics.event(&self.clock, &event);
         }
         self.metrics.drained();

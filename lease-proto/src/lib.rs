@@ -131,6 +131,14 @@
 //! time, deterministically from a seed.
 
 #![forbid(unsafe_code)]
+// docs.rs (nightly): items behind a feature say which (`doc_cfg` marks them by
+// itself; `doc_auto_cfg` was merged into it).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Where a dependent crate's docs link to this one's when this one is not
+// documented beside it (`cargo doc --no-deps` of the dependent alone): its
+// docs.rs pages for this minor version, not a dead relative path. Raise it
+// with the version.
+#![doc(html_root_url = "https://docs.rs/lease-proto/0.1")]
 #![warn(missing_docs)]
 
 mod io;

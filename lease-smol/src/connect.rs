@@ -17,7 +17,7 @@ use tokio_util::either::Either;
 /// Makes the TLS connector for each host, like tokio-postgres's
 /// `MakeTlsConnect`, which exists only with tokio-postgres's "runtime"
 /// feature (tokio's reactor), so is not used here. Implemented for
-/// [`NoTls`](tokio_postgres::NoTls); for TLS, wrap a connector that
+/// [`NoTls`](https://docs.rs/tokio-postgres/0.7/tokio_postgres/struct.NoTls.html); for TLS, wrap a connector that
 /// implements tokio-postgres's `TlsConnect`, e.g. postgres-native-tls's
 /// (with its default features off):
 ///

@@ -80,6 +80,14 @@
 //! - `target_session_attrs` is checked by the driver, as for every runtime.
 //!
 #![forbid(unsafe_code)]
+// docs.rs (nightly): items behind a feature say which (`doc_cfg` marks them by
+// itself; `doc_auto_cfg` was merged into it).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Where a dependent crate's docs link to this one's when this one is not
+// documented beside it (`cargo doc --no-deps` of the dependent alone): its
+// docs.rs pages for this minor version, not a dead relative path. Raise it
+// with the version.
+#![doc(html_root_url = "https://docs.rs/lease-smol/0.1")]
 #![warn(missing_docs)]
 
 mod connect;
@@ -108,13 +116,16 @@ pub type Driver<T = NoTls> = lease_driver::Driver<Smol<T>>;
 /// Create one per process and share it: clones are cheap and share the
 /// session.
 ///
-/// - `Locker::new(config, tls, options)`: any [`MakeTls`]; returns the
-///   locker and its [`Driver`], to run on any executor;
-/// - `Locker::from_env(options)`: as `psql` connects, from the `PG*`
-///   environment and the password file, TLS as `sslmode` says (feature
-///   `libpq`, on by default); returns the locker and a
-///   `Driver<rustls::MakeRustls>`;
-/// - `Locker::connect_libpq(conn_str, options)`: the same, the string
-///   first, as `psql "conn_str"`;
-/// - `Locker::connect(conn_str, options)`: the string alone, without TLS.
+/// The methods are [`lease_driver::Locker`]'s, documented there (a type
+/// alias' page lists them only with JavaScript):
+///
+/// | Method | Does |
+/// |---|---|
+/// | [`new(config, tls, options)`](lease_driver::Locker::new) | any [`MakeTls`]: the locker and its [`Driver`], to run on any executor |
+/// | [`connect(conn_str, options)`](lease_driver::Locker::connect) | the same without TLS, from a connection string |
+/// | [`run(name, job)`](lease_driver::Locker::run) | contends for the lease `name` and runs `job` while holding it |
+/// | [`run_until(name, shutdown, job)`](lease_driver::Locker::run_until) | `run` with a graceful shutdown signal |
+/// | [`run_lease(lease, shutdown, job)`](lease_driver::Locker::run_lease) | `run_until` for any [`LeaseId`] (a raw key) |
+/// | [`close()`](lease_driver::Locker::close) | shuts every run down gracefully, then closes the session |
+/// | [`status()`](lease_driver::Locker::status) | a snapshot of the session and every lease |
 pub type Locker = lease_driver::Locker<SmolAdapter>;

@@ -51,6 +51,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, TlsConnect};
 use tokio_rustls::TlsConnector;
 
+// Not inlined: rustls's own page (its links are relative to rustls).
+#[doc(no_inline)]
 pub use ::rustls::ClientConfig;
 
 use crate::{MakeTls, Socket};

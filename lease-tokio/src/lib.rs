@@ -110,6 +110,14 @@
 //! ```
 
 #![forbid(unsafe_code)]
+// docs.rs (nightly): items behind a feature say which (`doc_cfg` marks them by
+// itself; `doc_auto_cfg` was merged into it).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Where a dependent crate's docs link to this one's when this one is not
+// documented beside it (`cargo doc --no-deps` of the dependent alone): its
+// docs.rs pages for this minor version, not a dead relative path. Raise it
+// with the version.
+#![doc(html_root_url = "https://docs.rs/lease-tokio/0.1")]
 #![warn(missing_docs)]
 
 #[cfg(feature = "libpq")]
@@ -136,14 +144,17 @@ pub type Driver<T = NoTls> = lease_driver::Driver<Tokio<T>>;
 /// Create one per process and share it: clones are cheap and share the
 /// session.
 ///
-/// - `Locker::new(config, tls, options)`: any tokio-postgres TLS connector
-///   ([`MakeTls`]); returns the locker and its [`Driver`], to spawn;
-/// - `Locker::from_env(options)`: as `psql` connects, from the `PG*`
-///   environment and the password file, TLS as `sslmode` says (feature
-///   `libpq`, on by default); returns the locker and a `Driver<Rustls>`;
-/// - `Locker::connect_libpq(conn_str, options)`: the same, the string
-///   first, as `psql "conn_str"`;
-/// - `Locker::connect(conn_str, options)`: the string alone, without TLS;
-/// - `Locker::spawn(config, tls, options)`: `new`, with the driver spawned on
-///   the current runtime.
+/// The methods are [`lease_driver::Locker`]'s, documented there (a type
+/// alias' page lists them only with JavaScript):
+///
+/// | Method | Does |
+/// |---|---|
+/// | [`new(config, tls, options)`](lease_driver::Locker::new) | any tokio-postgres TLS connector ([`MakeTls`]): the locker and its [`Driver`], to spawn |
+/// | [`connect(conn_str, options)`](lease_driver::Locker::connect) | the same without TLS, from a connection string |
+/// | [`spawn(config, tls, options)`](lease_driver::Locker::spawn) | `new`, with the driver spawned on the current runtime |
+/// | [`run(name, job)`](lease_driver::Locker::run) | contends for the lease `name` and runs `job` while holding it |
+/// | [`run_until(name, shutdown, job)`](lease_driver::Locker::run_until) | `run` with a graceful shutdown signal |
+/// | [`run_lease(lease, shutdown, job)`](lease_driver::Locker::run_lease) | `run_until` for any [`LeaseId`] (a raw key) |
+/// | [`close()`](lease_driver::Locker::close) | shuts every run down gracefully, then closes the session |
+/// | [`status()`](lease_driver::Locker::status) | a snapshot of the session and every lease |
 pub type Locker = lease_driver::Locker<TokioAdapter>;

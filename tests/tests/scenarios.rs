@@ -23,6 +23,7 @@ use lease_tests::{
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// How long to wait for anything that should happen.
@@ -56,6 +57,12 @@ fn conn(port: u16, db: &str) -> String {
 /// The standard replica on `url`, lease `job`.
 fn replica(driver: Driver, url: &str) -> ReplicaConfig {
     ReplicaConfig::new(driver, url, "job")
+}
+
+/// A replica's command with lease-driver's `DEBUG` lines (each failed connection attempt).
+fn driver_debug(mut cmd: Command) -> Command {
+    cmd.env("RUST_LOG", "info,lease_driver=debug");
+    cmd
 }
 
 /// Where a scenario runs: a cluster of its own, reached over plaintext, or over TLS only.
@@ -1282,7 +1289,9 @@ fn refused_setups(driver: Driver) -> Res {
     let pooled_config = replica(driver, &bouncer.conn_string());
     let mut a = pooled_config.spawn(bin(), "pooled-a")?;
     let mut b = pooled_config.spawn(bin(), "pooled-b")?;
-    let mut on_standby = replica(driver, &standby.conn_string()).spawn(bin(), "on-standby")?;
+    // Each attempt at DEBUG: the reports themselves come at most every 30 s.
+    let mut on_standby =
+        replica(driver, &standby.conn_string()).spawn_wrapped(bin(), "on-standby", driver_debug)?;
     let refused = |node: &mut Node| -> Option<String> {
         let status = node.wait_exit(Duration::from_millis(100)).ok()?;
         let finished = node.events().into_iter().find_map(|e| match e {
@@ -1316,15 +1325,18 @@ fn refused_setups(driver: Driver) -> Res {
         "the replica on a standby exited\n{}",
         on_standby.tail()
     );
-    let retries = (on_standby.stderr().iter())
-        .filter(|l| l.contains("hot standby"))
+    let lines = on_standby.stderr();
+    let retries = (lines.iter()).filter(|l| l.contains("hot standby")).count();
+    let reports = (lines.iter())
+        .filter(|l| l.contains("hot standby") && !l.contains("DEBUG"))
         .count();
     figure(
         driver.name(),
-        "hot standby: logged retries in 3 s",
-        retries.to_string(),
+        "hot standby: retries / report lines in 3 s",
+        format!("{retries} / {reports}"),
     );
     assert!(retries >= 2, "{}", on_standby.tail());
+    assert_eq!(reports, 1, "{}", on_standby.tail());
     assert!(
         on_standby.terms().is_empty(),
         "the job ran\n{}",
@@ -1341,11 +1353,11 @@ fn refused_setups(driver: Driver) -> Res {
 fn unreachable_at_start(driver: Driver) -> Res {
     let mut cluster = Cluster::start()?;
     cluster.stop()?;
-    let a = replica(driver, &cluster.conn_string()).spawn(bin(), "A")?;
+    let a = replica(driver, &cluster.conn_string()).spawn_wrapped(bin(), "A", driver_debug)?;
     let mut setbacks = 0;
     a.replica().wait_for_line(
         |l| {
-            l.contains(" WARN ") && {
+            l.contains("cannot reach the database") && {
                 setbacks += 1;
                 setbacks == 3
             }
@@ -1366,12 +1378,14 @@ fn unreachable_at_start(driver: Driver) -> Res {
         "unreachable: server ready -> job start",
         diff(t_ready, start),
     );
+    // The first setback is reported at once, the next ones (within 30 s) at DEBUG.
     let warns = a.stderr().iter().filter(|l| l.contains(" WARN ")).count();
     figure(
         driver.name(),
-        "unreachable: setbacks logged",
+        "unreachable: setbacks reported (WARN)",
         warns.to_string(),
     );
+    assert_eq!(warns, 1, "{}", a.tail());
     assert!(start > t_up, "led before the server was up\n{}", a.tail());
     assert!(a.finished().is_empty(), "{}", a.tail());
     Ok(())
