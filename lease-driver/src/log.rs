@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lease_proto::{Event, Reason};
 
-use crate::shared::Clock;
+use crate::runtime::Clock;
 
 /// How often a connection that keeps failing the same way is reported after
 /// its first failure: the repeats in between are logged at `DEBUG`, and the

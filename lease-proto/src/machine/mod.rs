@@ -36,6 +36,7 @@ use crate::sql::{
 
 mod deadline;
 mod doubtful;
+mod knobs;
 mod plan;
 mod runs;
 mod session;
@@ -43,6 +44,9 @@ mod status;
 mod wait;
 
 use deadline::DeadlineTable;
+pub(crate) use knobs::Knobs;
+#[cfg(feature = "sim")]
+pub use knobs::Mutation;
 use plan::{Beat, Jitter, SendPlan};
 use runs::{RunState, RunTable};
 use session::{check_setup, Connector, InFlight, Session, SetupProblem, Stage, Up, What};
@@ -185,20 +189,6 @@ enum Phase {
     Closing,
     /// Final: the setup cannot give mutual exclusion.
     Refused(Refusal),
-}
-
-/// Test knobs: the simulator's broken variants, set only through
-/// [`Machine::with_knobs`] (the `sim` feature). All off in production.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Knobs {
-    /// Sessions neither set nor verify the server-side TCP settings.
-    pub(crate) tcp_settings_off: bool,
-    /// A session given up on is closed at once, while its cancelled jobs may
-    /// still run.
-    pub(crate) close_doubtful_at_once: bool,
-    /// A deliberate bug planted in the machine's rules.
-    #[cfg(feature = "sim")]
-    pub(crate) mutation: Option<crate::sim::Mutation>,
 }
 
 /// The three output queues, drained by [`Machine::poll_run`],
@@ -720,7 +710,7 @@ impl Machine {
         };
         #[cfg(feature = "sim")] // The broken variant: confirm from the arrival.
         let q = match self.knobs.mutation {
-            Some(crate::sim::Mutation::ConfirmAtArrival) => InFlight { sent: now, ..q },
+            Some(Mutation::ConfirmAtArrival) => InFlight { sent: now, ..q },
             _ => q,
         };
         self.timers.stop(Deadline::Query);
@@ -806,7 +796,7 @@ impl Machine {
         #[cfg(feature = "sim")] // Test-only: the broken variant.
         let setup = SetupReply {
             promotion: match self.knobs.mutation {
-                Some(crate::sim::Mutation::IgnorePromotion) => Default::default(),
+                Some(Mutation::IgnorePromotion) => Default::default(),
                 _ => setup.promotion,
             },
             ..setup
@@ -836,7 +826,7 @@ impl Machine {
     /// pooler probe (always, but under the test-only mutation).
     fn probes_for_pooler(&self) -> bool {
         #[cfg(feature = "sim")]
-        if self.knobs.mutation == Some(crate::sim::Mutation::NoPoolerProbe) {
+        if self.knobs.mutation == Some(Mutation::NoPoolerProbe) {
             return false;
         }
         true
@@ -1056,7 +1046,7 @@ impl Machine {
         }
         self.out.event(Event::KeyFreed { key });
         #[cfg(feature = "sim")] // The broken variant: a wake taken as the win.
-        if self.knobs.mutation == Some(crate::sim::Mutation::WakeIsAcquisition) {
+        if self.knobs.mutation == Some(Mutation::WakeIsAcquisition) {
             let token = i64::MAX / 2 + self.connector.peek_query() as i64;
             let window = self.opts.validity_window();
             return self.runs.wake_won(now, (key, token), window, &mut self.out);
@@ -1086,7 +1076,7 @@ impl Machine {
         };
         if let Some(holder) = holder {
             #[cfg(feature = "sim")]
-            let anyone = self.knobs.mutation == Some(crate::sim::Mutation::NotifyFromAnyone);
+            let anyone = self.knobs.mutation == Some(Mutation::NotifyFromAnyone);
             #[cfg(not(feature = "sim"))]
             let anyone = false;
             if holder != Some(sender) && !anyone {

@@ -52,7 +52,6 @@
 mod checks;
 mod harness;
 mod inject;
-mod mutation;
 mod net;
 mod observer;
 mod process;
@@ -62,10 +61,10 @@ mod trace;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+#[doc(hidden)]
+pub use crate::machine::Mutation;
 pub use checks::Violation;
 pub use harness::Harness;
-#[doc(hidden)]
-pub use mutation::Mutation;
 pub use observer::{drain, Command, Observer, ObserverViolation};
 pub use trace::{TraceEvent, TraceLine};
 

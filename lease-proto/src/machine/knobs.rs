@@ -1,9 +1,26 @@
-//! The broken variants of the machine, for tests that show a property catches them.
+//! The simulator's broken variants of the machine: test knobs, and the
+//! deliberate bugs ([`Mutation`]) that show a property catches them. All
+//! off in production.
+
+/// Test knobs: the simulator's broken variants, set only through
+/// [`Machine::with_knobs`] (the `sim` feature). All off in production.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Knobs {
+    /// Sessions neither set nor verify the server-side TCP settings.
+    pub(crate) tcp_settings_off: bool,
+    /// A session given up on is closed at once, while its cancelled jobs may
+    /// still run.
+    pub(crate) close_doubtful_at_once: bool,
+    /// A deliberate bug planted in the machine's rules.
+    #[cfg(feature = "sim")]
+    pub(crate) mutation: Option<Mutation>,
+}
 
 /// A deliberate machine bug ([`SimConfig::mutation`](super::SimConfig::mutation),
 /// [`Harness::with_mutation`](super::Harness::with_mutation)), for
 /// broken-variant tests of the simulator's properties. Each is consulted in
 /// exactly one place of the machine.
+#[cfg(feature = "sim")]
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mutation {
