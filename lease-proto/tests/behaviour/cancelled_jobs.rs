@@ -1,5 +1,5 @@
-//! Issue 11 hole 3 in the simulator: jobs take time to stop after their
-//! cancellation, and strong safety counts a job until it has returned.
+//! In the simulator: jobs take time to stop after their cancellation, and strong safety
+//! counts a job until it has returned.
 //!
 //! When the machine gives up on its session itself (here: a heartbeat that
 //! outlives the query timeout on a slow link or server, or a validity that
@@ -10,19 +10,24 @@
 //! session at once), restored by the hidden
 //! [`SimConfig::close_doubtful_at_once`] knob.
 //!
-//! Run: `cargo test -p lease-proto --test hole3` (`PROPTEST_CASES` sets the
+//! Run: `cargo test -p lease-proto cancelled_jobs::` (`PROPTEST_CASES` sets the
 //! number of cases of the property, 128 by default here).
 
-use std::time::{Duration, Instant};
-
-use lease_proto::sim::{Fault, Report, Sim, SimConfig, Violation};
+use crate::common::{ms, regressions_beside_the_source};
+use lease_proto::sim::Fault;
+use lease_proto::sim::Report;
+use lease_proto::sim::Sim;
+use lease_proto::sim::SimConfig;
+use lease_proto::sim::Violation;
 use lease_proto::Options;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use proptest::test_runner::Config;
+use proptest::test_runner::RngAlgorithm;
+use proptest::test_runner::TestError;
+use proptest::test_runner::TestRng;
+use proptest::test_runner::TestRunner;
+use std::time::Duration;
+use std::time::Instant;
 
 const HORIZON: u64 = 10_000;
 
@@ -147,7 +152,12 @@ fn cases() -> u32 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 2000,
+        failure_persistence: regressions_beside_the_source(),
+        ..ProptestConfig::default()
+    })]
 
     /// With the rule (keep a doubtful session until its jobs returned),
     /// strong safety holds for slow-to-stop jobs.

@@ -8,25 +8,18 @@
 //! finding goes in as `#[ignore = "fuzz finding: ...; fix pending"]` until the
 //! machine is fixed.
 
-use std::time::{Duration, Instant};
-
-use lease_proto::sim::{Command, Fault, Harness, Report, Sim, SimConfig, TraceEvent, Violation};
+use crate::common::*;
+use lease_proto::sim::Command;
+use lease_proto::sim::Fault;
+use lease_proto::sim::Harness;
+use lease_proto::sim::Report;
+use lease_proto::sim::Sim;
+use lease_proto::sim::SimConfig;
+use lease_proto::sim::TraceEvent;
+use lease_proto::sim::Violation;
 use lease_proto::*;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// The options of the hand-driven machine tests.
-fn opts() -> Options {
-    Options {
-        retry_interval: ms(200),
-        heartbeat_interval: ms(200),
-        query_timeout: ms(500),
-        guard_margin: ms(200),
-        ..Options::default()
-    }
-}
+use std::time::Duration;
+use std::time::Instant;
 
 const PID: i64 = 7;
 

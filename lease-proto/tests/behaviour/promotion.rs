@@ -1,25 +1,12 @@
-//! Issue 18, hole 1: on a newly promoted primary a session tries nothing (and waits for
-//! nothing) until `Options::promotion_hold` has passed since the promotion, and heartbeats
-//! meanwhile; a server that only ran crash recovery costs nothing.
+//! On a newly promoted primary a session tries nothing (and waits for nothing) until
+//! `Options::promotion_hold` has passed since the promotion, and heartbeats meanwhile; a
+//! server that only ran crash recovery costs nothing.
 
-use std::time::Duration;
-
-use lease_proto::sim::{Command, Harness};
+use crate::common::*;
+use lease_proto::sim::Command;
+use lease_proto::sim::Harness;
 use lease_proto::*;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn opts() -> Options {
-    Options {
-        retry_interval: ms(200),
-        heartbeat_interval: ms(200),
-        query_timeout: ms(500),
-        guard_margin: ms(200),
-        ..Options::default()
-    }
-}
+use std::time::Duration;
 
 /// Starts a run and answers its setup with `promotion`, then LISTEN; returns the harness,
 /// the session's nonce and the events of the setup's reply.

@@ -1,27 +1,216 @@
-//! Issue 12's wait on the server, attacked (branch attack12): each test is
-//! a hole found, failing before its fix.
+//! A standby's wait on the server (`Statement::Wait`): once per retry interval at rest,
+//! woken by the server or a notification, the lock delay, the wake budget, falling back to
+//! polling; and a client that is not a lease client holding the key shared, stale and
+//! foreign notifications, several wanted keys.
 
-use std::time::Duration;
-
+use crate::common::*;
+use lease_proto::sim::Command;
 use lease_proto::sim::Harness;
 use lease_proto::*;
+use std::time::Duration;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
+/// Waiting on the server, an idle standby sends one statement per retry
+/// interval: after its first try, only waits, each ended by its lock timeout
+/// a whole retry interval after the last (no jitter) and counting as that
+/// interval's try.
+#[test]
+fn a_standby_at_rest_waits_once_per_retry_interval() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.connect(7);
+    let sent = standby_at_rest(&mut h, ms(10_000));
+    assert!(matches!(sent[0], Statement::TryLock { .. }), "{sent:?}");
+    assert!(
+        sent[1..]
+            .iter()
+            .all(|s| matches!(s, Statement::Wait { key, .. } if *key == lease("a").key())),
+        "{sent:?}"
+    );
+    // 10 s at 200 ms: the first try, a wait to its jittered deadline, then
+    // one wait per 200 ms (each answered 0-1 ms late here).
+    assert!((49..=52).contains(&sent.len()), "{}", sent.len());
 }
 
-fn opts() -> Options {
-    Options {
-        retry_interval: ms(200),
-        heartbeat_interval: ms(200),
-        query_timeout: ms(500),
-        guard_margin: ms(200),
-        ..Options::default()
+/// Woken, a standby tries at once when a handover notification says the
+/// release was graceful, and after the lock delay otherwise; a try that
+/// loses sends it back to waiting within the same step.
+#[test]
+fn a_woken_standby_tries_after_the_lock_delay_or_at_a_notification() {
+    let o = Options {
+        lock_delay: ms(20),
+        ..opts()
+    };
+    let mut h = harness(o);
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    // Freed without a notification (the holder's session ended): the lock delay.
+    h.advance(ms(50));
+    h.wake(7);
+    assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
+    h.advance(ms(19));
+    assert!(h.in_flight().is_none());
+    h.advance(ms(1));
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    // Someone else won: back to waiting at once.
+    h.lose(Some(98));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    // Freed by a graceful release: its notification cuts the delay short.
+    h.advance(ms(10));
+    h.wake(7);
+    assert!(h.in_flight().is_none());
+    h.input(Input::Notification {
+        channel: HANDOVER_CHANNEL.into(),
+        payload: key("a").to_string(),
+        sender_pid: 98,
+    });
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    h.win(901);
+    assert!(h.machine().is_valid(RunId(0), h.now()));
+}
+
+/// Wakes whose try loses (a lock the wait does not conflict with, a herd
+/// that keeps colliding) stop the waiting after `WAKE_BUDGET` in a row: the
+/// standby polls until its next periodic try, never spins.
+#[test]
+fn wakes_that_keep_losing_fall_back_to_polling() {
+    let o = Options {
+        lock_delay: Duration::ZERO,
+        ..opts()
+    };
+    let mut h = harness(o);
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    for _ in 0..lease_proto::WAKE_BUDGET {
+        h.advance(ms(1));
+        h.wake(7);
+        h.advance(ms(1));
+        h.lose(Some(99));
     }
+    assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
+    // The periodic try comes at its deadline, then waiting starts over.
+    h.advance(ms(200));
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
 }
 
-fn lease(name: &str) -> LeaseId {
-    LeaseId::named(name).unwrap()
+/// A new run while a wait blocks the session closes the session (holding
+/// nothing) and opens a new one at once, so the new run tries without
+/// waiting out the lock timeout.
+#[test]
+fn a_new_run_interrupts_a_wait() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    let first = h.session().unwrap();
+    h.run(lease("b"));
+    assert!(h
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::WaitInterrupted { session } if *session == first)));
+    let second = h.session().unwrap();
+    assert_ne!(first, second);
+    h.connect(8);
+    let mut keys = h.try_keys();
+    keys.sort();
+    let mut want = vec![key("a"), key("b")];
+    want.sort();
+    assert_eq!(keys, want);
+}
+
+/// Shutting down the only standby while its wait blocks the session closes
+/// the session at once: nothing waits out the lock timeout.
+#[test]
+fn a_shutdown_during_a_wait_closes_the_session_at_once() {
+    let mut h = harness(opts());
+    let run = h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    let session = h.session().unwrap();
+    let cmds = h.input(Input::Shutdown { run });
+    assert!(has(&cmds, |c| matches!(
+        c,
+        Command::FinishRun {
+            outcome: Outcome::Cancelled,
+            ..
+        }
+    )));
+    assert!(
+        has(
+            &cmds,
+            |c| matches!(c, Command::CloseSession { session: s } if *s == session)
+        ),
+        "{cmds:?}"
+    );
+    assert_eq!(h.machine().poll_timeout(), None);
+}
+
+/// A wait that fails otherwise than by its lock timeout turns waiting off
+/// for the session: the standby tries at once and polls from then on.
+#[test]
+fn a_failed_wait_falls_back_to_polling() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    h.fail(boom("57014"));
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    h.lose(Some(99));
+    assert!(h.in_flight().is_none());
+    let sent = standby_at_rest(&mut h, ms(2_000));
+    assert!(
+        sent.iter().all(|s| matches!(s, Statement::TryLock { .. })),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn a_standby_at_rest_sends_only_its_tries() {
+    let mut h = harness(polling());
+    h.run(lease("a"));
+    h.connect(7);
+    let sent = standby_at_rest(&mut h, ms(10_000));
+    assert!(sent.iter().all(|s| matches!(s, Statement::TryLock { .. })));
+    // One try per jittered retry wait (200 ms, down by up to 20 %).
+    assert!((50..=64).contains(&sent.len()), "{}", sent.len());
+    // Once it leads, it heartbeats an interval after the winning try.
+    h.advance(ms(200));
+    let won = h.now();
+    h.win(900);
+    h.advance(ms(199));
+    assert!(h.in_flight().is_none());
+    h.advance(ms(1));
+    assert_eq!(h.statement(), Statement::Heartbeat);
+    assert_eq!(h.now(), won + ms(200));
+}
+
+#[test]
+fn a_notification_triggers_an_immediate_try() {
+    let mut h = harness(polling());
+    h.run(lease("a"));
+    h.connect(7);
+    assert_eq!(h.try_keys(), vec![key("a")]);
+    h.lose(Some(99));
+    assert!(h.in_flight().is_none());
+    let cmds = h.input(Input::Notification {
+        channel: HANDOVER_CHANNEL.into(),
+        payload: key("a").to_string(),
+        sender_pid: 99,
+    });
+    assert!(has(&cmds, |c| matches!(
+        c,
+        Command::Query {
+            statement: Statement::TryLock { .. },
+            ..
+        }
+    )));
 }
 
 /// A client that is not a lease client holds the key SHARED

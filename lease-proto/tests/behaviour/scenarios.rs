@@ -1,16 +1,21 @@
 //! Deterministic failover scenarios in the simulator, one fault each, with the
 //! bound each one promises. Timings are printed; bounds are asserted.
 
-use std::time::{Duration, Instant};
-
-use lease_proto::sim::{
-    DriverBug, Fault, Mutation, Report, ServerConfig, Sim, SimConfig, TraceEvent, Violation,
-};
-use lease_proto::{Options, Outcome, Refusal};
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use crate::common::*;
+use lease_proto::sim::DriverBug;
+use lease_proto::sim::Fault;
+use lease_proto::sim::Mutation;
+use lease_proto::sim::Report;
+use lease_proto::sim::ServerConfig;
+use lease_proto::sim::Sim;
+use lease_proto::sim::SimConfig;
+use lease_proto::sim::TraceEvent;
+use lease_proto::sim::Violation;
+use lease_proto::Options;
+use lease_proto::Outcome;
+use lease_proto::Refusal;
+use std::time::Duration;
+use std::time::Instant;
 
 fn cfg() -> SimConfig {
     SimConfig::default()

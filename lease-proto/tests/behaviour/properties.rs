@@ -24,27 +24,36 @@
 //! `broken_confirming_validity_at_reply_arrival_is_caught` plants
 //! [`Mutation::ConfirmAtArrival`] and expects strong safety to fail.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-use lease_proto::sim::{
-    DriverBug, Fault, Mutation, Report, ServerConfig, Sim, SimConfig, TraceEvent,
-    PROMOTION_CHECKPOINT,
-};
-use lease_proto::{Event, Options, RETRY_JITTER};
+use crate::common::{ms, regressions_beside_the_source};
+use lease_proto::sim::DriverBug;
+use lease_proto::sim::Fault;
+use lease_proto::sim::Mutation;
+use lease_proto::sim::Report;
+use lease_proto::sim::ServerConfig;
+use lease_proto::sim::Sim;
+use lease_proto::sim::SimConfig;
+use lease_proto::sim::TraceEvent;
+use lease_proto::sim::PROMOTION_CHECKPOINT;
+use lease_proto::Event;
+use lease_proto::Options;
+use lease_proto::RETRY_JITTER;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
-use proptest::test_runner::{
-    contextualize_config, FileFailurePersistence, RngAlgorithm, TestCaseError, TestError, TestRng,
-    TestRunner,
-};
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use proptest::test_runner::contextualize_config;
+use proptest::test_runner::FileFailurePersistence;
+use proptest::test_runner::RngAlgorithm;
+use proptest::test_runner::TestCaseError;
+use proptest::test_runner::TestError;
+use proptest::test_runner::TestRng;
+use proptest::test_runner::TestRunner;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
 
 /// Faults start in the first half of this; the simulation runs to it.
 const HORIZON: u64 = 15_000;
+
 /// Cases per property unless `PROPTEST_CASES` says otherwise.
 const CASES: u32 = 256;
 
@@ -566,7 +575,12 @@ fn liveness_with(case: &Case, broken: impl Fn(&mut SimConfig)) -> Result<Asserte
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: CASES, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: CASES,
+        max_shrink_iters: 2000,
+        failure_persistence: regressions_beside_the_source(),
+        ..ProptestConfig::default()
+    })]
 
     /// Strong safety, contract and no leaks under partitions, freezes, delays,
     /// slow replies, statement errors, malformed replies and client crashes,
@@ -737,7 +751,7 @@ fn liveness_after_healing() {
         max_shrink_iters: 2000,
         // Cargo runs tests in the package directory.
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
-            "tests/properties-liveness.proptest-regressions",
+            "tests/behaviour/properties-liveness.proptest-regressions",
         ))),
         ..ProptestConfig::default()
     });
@@ -1406,7 +1420,7 @@ fn notify_case(case: &NotifyCase, mutation: Option<Mutation>) -> Result<(), Test
 /// herd loser's second wait, its new holder terminated within the lock
 /// delay of the late notification) is too narrow for random schedules to
 /// hit: `a_late_notification_from_an_earlier_holder_does_not_skip_the_lock_delay`
-/// (lease-proto/tests/notify_sender.rs) drives it by hand.
+/// (`handover_notification.rs`) drives it by hand.
 #[test]
 fn the_lock_delay_holds_against_forged_and_late_notifications() {
     let mut runner = TestRunner::new(ProptestConfig {

@@ -1,18 +1,18 @@
-//! Issue 18 hole 8 in the simulator: a standby's wait that lasted the server's
-//! `deadlock_timeout` ran the deadlock detector and, with `log_lock_waits = on`, wrote
-//! "still waiting" to the server log (again every 250 ms until it ended). The wait now
-//! stays below it, in chunks; these tests count the lock waits that reached it
+//! In the simulator: a standby's wait that lasted the server's `deadlock_timeout` would run
+//! the deadlock detector and, with `log_lock_waits = on`, write "still waiting" to the
+//! server log (again every 250 ms until it ended). The wait stays below it, in chunks;
+//! these tests count the lock waits that reached it
 //! ([`Report::lock_waits_past_deadlock_timeout`](lease_proto::sim::Report)) and
 //! measure the cost in statements per retry interval.
 
-use std::time::{Duration, Instant};
-
-use lease_proto::sim::{Fault, ServerConfig, Sim, SimConfig};
+use crate::common::*;
+use lease_proto::sim::Fault;
+use lease_proto::sim::ServerConfig;
+use lease_proto::sim::Sim;
+use lease_proto::sim::SimConfig;
 use lease_proto::Options;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use std::time::Duration;
+use std::time::Instant;
 
 /// Two processes, one lease, the library's defaults but a 3 s retry interval (a
 /// standby at rest then needs no heartbeats: its statements are its waits and tries);

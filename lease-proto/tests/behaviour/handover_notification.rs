@@ -1,17 +1,14 @@
-//! Issue 18 hole 10: any role may `NOTIFY lease_handover_v1, '<key>'`, and
-//! the machine took every handover notification for a graceful release of
-//! the key, skipping the lock delay. Each test drives one machine by hand;
-//! each fails with [`Mutation::NotifyFromAnyone`] (the code before the fix,
-//! run by `old_code_fails_every_test_here`).
+//! Who may skip the lock delay: any role may `NOTIFY lease_handover_v1, '<key>'`, and only
+//! the holder's own notification (the sender pid the standby saw holding the key) counts as
+//! a graceful release. Each test drives one machine by hand; each fails with
+//! [`Mutation::NotifyFromAnyone`] (the code that took every handover notification for a
+//! graceful release, run by `old_code_fails_every_test_here`).
 
-use std::time::Duration;
-
-use lease_proto::sim::{Harness, Mutation};
+use crate::common::*;
+use lease_proto::sim::Harness;
+use lease_proto::sim::Mutation;
 use lease_proto::*;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
+use std::time::Duration;
 
 fn opts(mutation: Option<Mutation>) -> Options {
     Options {

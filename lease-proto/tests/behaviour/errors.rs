@@ -1,28 +1,10 @@
 //! Errors a user can see: configuration errors at connect, before and after
 //! the first ready session; network errors; the last error in the status.
 
-use std::time::Duration;
-
-use lease_proto::sim::{Command, Harness};
+use crate::common::*;
+use lease_proto::sim::Command;
+use lease_proto::sim::Harness;
 use lease_proto::*;
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn opts() -> Options {
-    Options {
-        retry_interval: ms(200),
-        heartbeat_interval: ms(200),
-        query_timeout: ms(500),
-        guard_margin: ms(200),
-        ..Options::default()
-    }
-}
-
-fn lease(name: &str) -> LeaseId {
-    LeaseId::named(name).unwrap()
-}
 
 fn wrong_password() -> DbError {
     DbError::server(
@@ -33,10 +15,6 @@ fn wrong_password() -> DbError {
 
 fn refused() -> DbError {
     DbError::other("error connecting to server: Connection refused (os error 111)")
-}
-
-fn has(cmds: &[Command], f: impl Fn(&Command) -> bool) -> bool {
-    cmds.iter().any(f)
 }
 
 fn connect_fails(h: &mut Harness, error: DbError) -> Vec<Command> {

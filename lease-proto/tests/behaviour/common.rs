@@ -1,0 +1,113 @@
+//! Helpers shared by the modules: the hand-driven machine's options, names and keys, and
+//! the standby that answers everything.
+
+use std::time::Duration;
+
+use lease_proto::sim::{Command, Harness};
+use lease_proto::*;
+use proptest::test_runner::{FailurePersistence, FileFailurePersistence};
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The options of the hand-driven machine tests: heartbeat and retry 200 ms, query
+/// timeout 500 ms, guard margin 200 ms.
+pub fn opts() -> Options {
+    Options {
+        retry_interval: ms(200),
+        heartbeat_interval: ms(200),
+        query_timeout: ms(500),
+        guard_margin: ms(200),
+        ..Options::default()
+    }
+}
+
+/// A standby that polls (waiting on the server off).
+pub fn polling() -> Options {
+    Options {
+        wait_on_server: false,
+        ..opts()
+    }
+}
+
+/// One machine driven by hand, checked after every input (the shared [`Harness`]).
+pub fn harness(o: Options) -> Harness {
+    Harness::new(o, 1).expect("valid options")
+}
+
+pub fn lease(name: &str) -> LeaseId {
+    LeaseId::named(name).expect("a valid lease name")
+}
+
+pub fn key(name: &str) -> i64 {
+    key_for_name(name)
+}
+
+/// A statement error with this SQLSTATE.
+pub fn boom(code: &str) -> DbError {
+    DbError {
+        code: Some(code.into()),
+        message: "boom".into(),
+        config: false,
+    }
+}
+
+pub fn has(cmds: &[Command], f: impl Fn(&Command) -> bool) -> bool {
+    cmds.iter().any(f)
+}
+
+/// Starts a run of `name`, connects (backend pid 7) and wins with `token`: the run leads.
+pub fn started(h: &mut Harness, name: &str, token: i64) -> RunId {
+    let run = h.run(lease(name));
+    h.connect(7);
+    let cmds = h.win(token);
+    assert!(
+        has(
+            &cmds,
+            |c| matches!(c, Command::StartJob { run: r, token: t, .. } if *r == run && *t == token)
+        ),
+        "{cmds:?}"
+    );
+    run
+}
+
+/// Answers every statement of a standby that holds nothing and wins
+/// nothing for `d`; returns the statements sent.
+pub fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {
+    let end = h.now() + d;
+    let mut sent = Vec::new();
+    while h.now() < end {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(s @ Statement::TryLock { .. }) => {
+                sent.push(s);
+                h.advance(ms(1));
+                h.lose(Some(99));
+            }
+            Some(s @ (Statement::Heartbeat | Statement::Verify)) => {
+                sent.push(s);
+                h.advance(ms(1));
+                h.heartbeat(7, &[]);
+            }
+            Some(s @ Statement::Wait { timeout_ms, .. }) => {
+                sent.push(s);
+                h.advance(ms(timeout_ms));
+                h.held_all_along(7);
+            }
+            Some(s) => panic!("{s:?}"),
+            None => {
+                h.advance(ms(1));
+            }
+        }
+    }
+    sent
+}
+
+/// Where a `proptest!` block keeps its failing cases: `NAME.proptest-regressions` beside
+/// its source file `NAME.rs`. (Proptest's default, `SourceParallel`, would find `main.rs`
+/// here and use `tests/proptest-regressions/NAME.txt`.)
+pub fn regressions_beside_the_source() -> Option<Box<dyn FailurePersistence>> {
+    Some(Box::new(FileFailurePersistence::WithSource(
+        "proptest-regressions",
+    )))
+}
