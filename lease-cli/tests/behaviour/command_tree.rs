@@ -1,64 +1,27 @@
-//! Issue 18, reproduced first: `lease run` and its command tree, with real
-//! `lease run` processes against ephemeral PostgreSQL servers. Run them with
-//! `cargo test -p lease-cli --test tree -- --nocapture` (the timings are
-//! printed).
+//! `lease run` and its command tree, with real `lease run` processes against ephemeral
+//! PostgreSQL servers (the timings are printed with `--nocapture`).
 //!
-//! - Hole 2: after `pg_terminate_backend` of the holder's session or a server
-//!   restart, the server has freed the key at once; a command that ignores
-//!   SIGTERM must be dead before the standby's command starts.
-//! - Hole 6: a descendant that leaves the command's process group (`setsid`)
-//!   must not outlive a graceful stop, a lost lease, or a kill -9 of the
-//!   runner.
+//! - After `pg_terminate_backend` of the holder's session or a server restart, the server
+//!   has freed the key at once; a command that ignores SIGTERM must be dead before the
+//!   standby's command starts.
+//! - A descendant that leaves the command's process group (`setsid`) must not outlive a
+//!   graceful stop, a lost lease, or a kill -9 of the runner.
 //!
 //! Each command writes `date +%s%N` stamps to a file named by its own pid
 //! every 10 ms, so every command instance is one interval [first, last] and
 //! overlap is checked between all of them, whichever runner led when.
 
+use crate::common::*;
+use lease_proto::key_for_name;
+use lease_tests::pid_alive;
+use lease_tests::Cluster;
+use lease_tests::Replica;
+use lease_tests::Stream;
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
-
-use lease_proto::key_for_name;
-use lease_tests::{pid_alive, Cluster, Replica, Stream};
-
-mod common;
-use common::{lease, unique};
-
-const MS: fn(u64) -> Duration = Duration::from_millis;
-
-/// A fresh directory for the stamp files; removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let path = std::env::temp_dir().join(unique(name));
-        fs::create_dir(&path).expect("create a temporary directory");
-        Dir(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `lease run --database-url URL EXTRA... NAME -- sh -c SCRIPT`.
-fn run_sh(url: &str, extra: &[&str], name: &str, script: &str) -> Command {
-    let mut cmd = lease();
-    cmd.arg("run")
-        .args(["--database-url", url])
-        .args(extra)
-        .arg(name)
-        .args(["--", "sh", "-c", script]);
-    cmd
-}
+use std::path::Path;
+use std::time::Duration;
+use std::time::Instant;
 
 /// A command that prints `pid=$$ token=$LEASE_TOKEN`, ignores SIGTERM, and
 /// stamps `DIR/$$` every 10 ms.
@@ -105,12 +68,6 @@ fn worst_overlap(dir: &Path) -> Option<(f64, i32, i32)> {
     worst
 }
 
-/// The value of `key=` in a line of `key=value` words.
-fn field(line: &str, key: &str) -> Option<i64> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
-}
-
 /// The pids of the commands a runner started so far (its `pid=` lines).
 fn commands(r: &Replica) -> Vec<i32> {
     r.lines()
@@ -132,28 +89,7 @@ fn wait_commands(rs: &[&Replica], n: usize, limit: Duration) -> bool {
     false
 }
 
-/// Waits until `pid` is gone; whether it went within `limit`.
-fn wait_gone(pid: i32, limit: Duration) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if !pid_alive(pid) {
-            return true;
-        }
-        std::thread::sleep(MS(1));
-    }
-    false
-}
-
-fn stderr_of(r: &Replica) -> String {
-    r.lines()
-        .iter()
-        .filter(|l| l.stream == Stream::Stderr)
-        .map(|l| l.text.as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// How the holder's session ends in a hole-2 test.
+/// How the holder's session ends in a session-end test.
 enum SessionEnd {
     Terminate,
     Restart,
@@ -235,34 +171,22 @@ fn now_nanos_at(at: Instant) -> u128 {
 }
 
 #[test]
-fn hole2_terminated_holder_ignoring_sigterm_is_dead_before_the_standby_starts() {
+fn terminated_holder_ignoring_sigterm_is_dead_before_the_standby_starts() {
     let mut c = Cluster::start().expect("start PostgreSQL");
     session_end_leaves_no_overlap(&mut c, SessionEnd::Terminate);
 }
 
 #[test]
-fn hole2_terminate_during_a_graceful_stop_leaves_no_overlap() {
+fn terminate_during_a_graceful_stop_leaves_no_overlap() {
     let mut c = Cluster::start().expect("start PostgreSQL");
     session_end_leaves_no_overlap(&mut c, SessionEnd::TerminateDuringGracefulStop);
 }
 
 #[test]
-fn hole2_restarted_server_leaves_no_overlap_with_a_sigterm_ignoring_command() {
+fn restarted_server_leaves_no_overlap_with_a_sigterm_ignoring_command() {
     let mut c = Cluster::start().expect("start PostgreSQL");
     session_end_leaves_no_overlap(&mut c, SessionEnd::Restart);
 }
-
-/// Fast lease intervals and a 1 s `--grace` for the hole-6 tests.
-const FAST: [&str; 8] = [
-    "--retry-interval",
-    "50ms",
-    "--heartbeat-interval",
-    "100ms",
-    "--query-timeout",
-    "1s",
-    "--grace",
-    "1s",
-];
 
 /// A command that starts a writer that leaves its process group and session
 /// (`setsid`) and ignores SIGTERM, then prints `pid=$$ token=$LEASE_TOKEN`
@@ -331,7 +255,7 @@ fn growth(file: &Path) -> (usize, usize) {
     (before, n())
 }
 
-/// How a hole-6 test stops the command.
+/// How an escaped-descendant test stops the command.
 #[derive(Debug, Clone, Copy)]
 enum Stop {
     /// SIGTERM to `lease run`: a graceful stop.
@@ -348,12 +272,12 @@ enum Stop {
 /// Hole 6: after `stop`, no process of the command's tree may be alive, the
 /// escaped writer included, and the writer's file stops growing.
 fn escaped_descendant_dies_with_the_command(stop: Stop) {
-    let c = common::cluster();
+    let c = cluster();
     let dir = Dir::new("hole6");
     let name = unique("hole6");
     let mut r = Replica::spawn(run_sh(
         &c.url("postgres"),
-        &FAST,
+        &fast_and(&["--grace", "1s"]),
         &name,
         &escaper(dir.path()),
     ))
@@ -431,22 +355,22 @@ fn escaped_descendant_dies_with_the_command(stop: Stop) {
 }
 
 #[test]
-fn hole6_escaped_descendant_dies_at_a_graceful_stop() {
+fn escaped_descendant_dies_at_a_graceful_stop() {
     escaped_descendant_dies_with_the_command(Stop::Graceful);
 }
 
 #[test]
-fn hole6_escaped_descendant_dies_at_a_lost_lease() {
+fn escaped_descendant_dies_at_a_lost_lease() {
     escaped_descendant_dies_with_the_command(Stop::LostLease);
 }
 
 #[test]
-fn hole6_escaped_descendant_dies_with_a_killed_runner() {
+fn escaped_descendant_dies_with_a_killed_runner() {
     escaped_descendant_dies_with_the_command(Stop::RunnerKilled);
 }
 
 #[test]
-fn hole6_escaped_descendant_dies_at_the_watchdog_deadline_of_a_frozen_runner() {
+fn escaped_descendant_dies_at_the_watchdog_deadline_of_a_frozen_runner() {
     escaped_descendant_dies_with_the_command(Stop::RunnerFrozen);
 }
 
@@ -456,8 +380,8 @@ fn hole6_escaped_descendant_dies_at_the_watchdog_deadline_of_a_frozen_runner() {
 /// the server frees the key, so the leftover must die before the standby's
 /// command starts, not at the end of `--grace`.
 #[test]
-fn hole2_leftover_of_an_exited_command_is_dead_before_the_standby_starts() {
-    let c = common::cluster();
+fn leftover_of_an_exited_command_is_dead_before_the_standby_starts() {
+    let c = cluster();
     let dir = Dir::new("hole2-leftover");
     let name = unique("hole2-leftover");
     let d = dir.path().display();
@@ -525,7 +449,7 @@ fn hole2_leftover_of_an_exited_command_is_dead_before_the_standby_starts() {
 /// command must be dead before the standby's command starts.
 #[test]
 fn graceful_stop_on_a_partitioned_session_ends_before_the_standby_starts() {
-    let c = common::cluster();
+    let c = cluster();
     let proxy =
         lease_tests::FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], c.port())))
             .expect("proxy");

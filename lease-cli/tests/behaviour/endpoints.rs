@@ -1,53 +1,36 @@
 //! `lease run --metrics-addr` and `lease status --watch` against ephemeral
 //! PostgreSQL servers (the workspace's test kit). The endpoints are read with
 //! a plain TCP client. Measured figures are printed with `eprintln!` (see them
-//! with `cargo test -p lease-cli --test endpoints -- --nocapture`).
+//! with `cargo test -p lease-cli endpoints:: -- --nocapture`).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
+use crate::common::*;
 use lease_proto::key_for_name;
-use lease_tests::{Cluster, FaultProxy, Mode, Replica};
+use lease_tests::Cluster;
+use lease_tests::FaultProxy;
+use lease_tests::Mode;
+use lease_tests::Replica;
+use std::io::Read;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::net::TcpListener;
+use std::net::TcpStream;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use std::time::Instant;
 
-mod common;
-use common::{cluster, lease, unique};
-
-const MS: fn(u64) -> Duration = Duration::from_millis;
-/// Fast lease intervals: validity 1.1 s, guard deadline 300 ms later.
-const FAST: [&str; 10] = [
-    "--retry-interval",
-    "50ms",
-    "--heartbeat-interval",
-    "100ms",
-    "--query-timeout",
-    "1s",
-    "--grace",
-    "300ms",
-    "--guard-margin",
-    "300ms",
-];
 /// The sampling period of `/leader` (the figure).
 const SAMPLE: Duration = Duration::from_millis(10);
 
-/// The tests of this file run one at a time: each measures timings (a flip
+/// The tests of this module run one at a time: each measures timings (a flip
 /// within 100 ms, gaps at 10 ms resolution) that a second test's processes
 /// starting beside it on a small machine would blur.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static ONE: Mutex<()> = Mutex::new(());
     ONE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Every stderr line of a replica, for failure messages.
-fn stderr_of(r: &Replica) -> String {
-    r.lines()
-        .into_iter()
-        .filter(|l| l.stream == lease_tests::Stream::Stderr)
-        .map(|l| l.text + "\n")
-        .collect()
 }
 
 /// A loopback address with a port free right now.
@@ -61,7 +44,8 @@ fn runner(url: &str, name: &str, addr: SocketAddr) -> Replica {
     let mut cmd = lease();
     cmd.arg("run")
         .args(["--database-url", url])
-        .args(FAST)
+        // Validity 1.1 s, guard deadline 300 ms later.
+        .args(fast_and(&["--guard-margin", "300ms"]))
         .args(["--metrics-addr", &addr.to_string()])
         .arg(name)
         .args(["--", "sleep", "1000"]);

@@ -3,21 +3,22 @@
 //! with one clear line; a closed port keeps retrying and says why. No
 //! password appears in any output line.
 
+use crate::common::*;
+use lease_tests::Cluster;
+use lease_tests::Replica;
+use lease_tests::Stream;
 use std::net::TcpListener;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use std::time::Instant;
 
-use lease_tests::{Cluster, Replica, Stream};
-
-mod common;
-
-const MS: fn(u64) -> Duration = Duration::from_millis;
 const PASSWORD: &str = "right-Secret-7781";
+
 const WRONG: &str = "wrong-Secret-4410";
 
 /// `lease run` with a clean environment.
 fn lease_run(url: &str) -> Command {
-    let mut cmd = common::lease();
+    let mut cmd = lease();
     cmd.args(["run", "--database-url", url])
         .args(["--retry-interval", "50ms", "--query-timeout", "1s"])
         .args(["job", "--", "sleep", "30"]);
@@ -136,7 +137,7 @@ fn postgres_13_exits_1_naming_the_version_needed() {
         "{lines:?}"
     );
 
-    let mut cmd = common::lease();
+    let mut cmd = lease();
     cmd.args(["run", "--database-url", &url, "--no-server-guard"])
         .args(["--retry-interval", "50ms", "--query-timeout", "1s"])
         .args(["job", "--", "echo", "led-on-13"]);

@@ -1,19 +1,15 @@
-//! `lease valid` (issue 18, build item 7): the command asks its runner
+//! `lease valid`: the command asks its runner
 //! whether its lease is valid, over the Unix socket named by `LEASE_SOCKET`.
 //! Real `lease run` against an ephemeral server; the latency is printed
-//! (`cargo test -p lease-cli --test valid -- --nocapture`).
+//! (`cargo test -p lease-cli lease_valid:: -- --nocapture`).
 
-use std::io::Read;
-use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
-
+use crate::common::*;
 use lease_proto::key_for_name;
 use lease_tests::Replica;
-
-mod common;
-use common::{cluster, lease, unique};
-
-const MS: fn(u64) -> Duration = Duration::from_millis;
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+use std::time::Instant;
 
 /// Median and 99th percentile of `samples`, in milliseconds.
 fn median_p99(mut samples: Vec<Duration>) -> (f64, f64) {

@@ -1,31 +1,24 @@
 //! `lease` over TLS against ephemeral servers with `ssl = on` and
 //! certificates generated in the test (the kit's [`Certs`]). Handover times
-//! are printed (`cargo test -p lease-cli --test tls -- --nocapture`).
+//! are printed (`cargo test -p lease-cli tls:: -- --nocapture`).
 
+use crate::common::*;
+use lease_tests::Certs;
+use lease_tests::Cluster;
+use lease_tests::Replica;
 use std::process::Command;
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use lease_tests::{Certs, Cluster, Replica};
-
-mod common;
-use common::unique;
-
-const MS: fn(u64) -> Duration = Duration::from_millis;
-const FAST: [&str; 8] = [
-    "--retry-interval",
-    "50ms",
-    "--heartbeat-interval",
-    "100ms",
-    "--query-timeout",
-    "1s",
-    "--grace",
-    "300ms",
-];
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::Weak;
+use std::time::Duration;
+use std::time::Instant;
+use std::time::SystemTime;
+use std::time::UNIX_EPOCH;
 
 /// The client certificate's role (`cert` authentication) and the password
 /// role (scram, password from a `.pgpass` file).
 const CERT_ROLE: &str = "certuser";
+
 const PW_ROLE: &str = "pwuser";
 
 /// Every TCP connection over TLS (`hostssl` only): plaintext is refused.
@@ -76,7 +69,7 @@ fn nanos() -> u128 {
 /// `lease` with a clean environment; HOME points at the certificates'
 /// directory, so no `~/.pgpass` or `~/.postgresql` of the machine counts.
 fn lease(home: &std::path::Path) -> Command {
-    let mut cmd = common::lease();
+    let mut cmd = crate::common::lease();
     cmd.env("HOME", home);
     cmd
 }
@@ -89,18 +82,7 @@ fn run(home: &std::path::Path, url: &str, name: &str, extra: &[&str]) -> Command
 }
 
 fn run_sh(home: &std::path::Path, url: &str, name: &str, extra: &[&str], script: &str) -> Command {
-    let mut cmd = lease(home);
-    let fast = FAST
-        .chunks(2)
-        .filter(|kv| !extra.contains(&kv[0]))
-        .flatten();
-    cmd.arg("run")
-        .args(["--database-url", url])
-        .args(fast)
-        .args(extra)
-        .arg(name)
-        .args(["--", "sh", "-c", script]);
-    cmd
+    run_sh_with(lease(home), url, &fast_and(extra), name, script)
 }
 
 /// The token of a `start token=N` line.

@@ -3,12 +3,17 @@
 //! missed renewal kills the group at the deadline, end of file kills it at
 //! once. No database. Timings are printed (`--nocapture`).
 
-use std::io::{BufRead, BufReader, Write};
+use crate::common::*;
+use std::io::BufRead;
+use std::io::BufReader;
+use std::io::Write;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::time::{Duration, Instant};
-
-const MS: fn(u64) -> Duration = Duration::from_millis;
+use std::process::Child;
+use std::process::ChildStdin;
+use std::process::Command;
+use std::process::Stdio;
+use std::time::Duration;
+use std::time::Instant;
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds (the watchdog's clock).
 fn mono() -> u64 {
