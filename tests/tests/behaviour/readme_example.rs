@@ -20,17 +20,24 @@
 //! notification, or the freed key it waits on). Timings are printed
 //! (`-- --nocapture`).
 
+use crate::common::*;
+use lease_tests::scenario::Admin;
+use lease_tests::scenario::TRY_PREFIX;
+use lease_tests::Cluster;
+use lease_tests::Replica;
+use lease_tests::Stream;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
+use std::time::SystemTime;
+use std::time::UNIX_EPOCH;
 
-use lease_tests::scenario::{Admin, TRY_PREFIX};
-use lease_tests::{Cluster, Replica, Stream};
-
-const MS: fn(u64) -> Duration = Duration::from_millis;
 const README_URL: &str = "host=127.0.0.1 user=postgres dbname=postgres";
+
 const README_NAME: &str = "nightly-sweeper";
+
 const README_PATH: &str = "path = \"lease-tokio\"";
 
 fn workspace() -> PathBuf {

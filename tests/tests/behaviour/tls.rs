@@ -6,24 +6,17 @@
 //! connects with tokio-postgres-rustls, lease-smol with its `rustls` feature.
 //! Handover times are printed (`-- --nocapture`).
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
+use crate::common::*;
 use lease_proto::Options;
-use lease_tests::{Certs, Cluster};
+use lease_tests::Certs;
+use lease_tests::Cluster;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Instant;
+use std::time::SystemTime;
+use std::time::UNIX_EPOCH;
 
-const MS: fn(u64) -> Duration = Duration::from_millis;
 const HBA: &str = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
-
-fn opts() -> Options {
-    Options {
-        retry_interval: MS(100),
-        heartbeat_interval: MS(100),
-        query_timeout: MS(400),
-        guard_margin: MS(200),
-        ..Options::default()
-    }
-}
 
 fn unique(name: &str) -> String {
     let nanos = SystemTime::now()

@@ -18,7 +18,7 @@ pub mod rt {
     use lease_tokio::{Error, Locker, Options};
     use tokio_postgres::NoTls;
 
-    use crate::DB;
+    use crate::drivers::DB;
 
     /// Part of every lease name.
     pub const NAME: &str = "tokio";
@@ -119,7 +119,7 @@ fn paused_tokio_time_expires_the_lease_in_virtual_time() {
 
     use lease_tokio::{Options, Reason};
 
-    use crate::{init, opts};
+    use crate::drivers::{init, opts};
 
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -134,9 +134,9 @@ fn paused_tokio_time_expires_the_lease_in_virtual_time() {
                 ..opts()
             };
             let validity = options.validity_window();
-            let locker = rt::connect(crate::DB, options).expect("connect");
+            let locker = rt::connect(crate::drivers::DB, options).expect("connect");
             let (done, result) = smol::channel::bounded(1);
-            let run = locker.run(&crate::unique(rt::NAME, "paused"), move |lease| {
+            let run = locker.run(&crate::drivers::unique(rt::NAME, "paused"), move |lease| {
                 let done = done.clone();
                 async move {
                     if done.is_closed() {

@@ -1,61 +1,44 @@
-//! Issue 11, holes 1 and 2, reproduced on a real PostgreSQL: each `hole_*` test failed on
-//! the code it was written against (its output is in the issue's note) and passes since
-//! the fix (the session sets and verifies its own TCP settings; tokens were
-//! `timeline << 48 | xid` with a WAL record in the winning try, and since issue 18 are the
-//! server's clock: see tests/tests/tokens.rs); the `control_*` tests passed before too.
+//! Server settings a role can change under the lease, on a real PostgreSQL.
 //!
-//! - Hole 1: server-side TCP settings (`tcp_keepalives_*`, `tcp_user_timeout`) of the
-//!   lease's role end a partitioned holder's session before the server guard, and the
-//!   standby leads while the holder's job still runs. The holder runs in a network
-//!   namespace whose veth link is cut by iptables DROP at the ingress of both ends, so the
-//!   server's kernel sees a real partition (a userspace proxy would keep acknowledging).
-//! - Hole 2: fencing tokens repeat after an immediate-mode stop or a crash of the server,
-//!   and go backwards after the promotion of a lagging asynchronous standby.
+//! - Server TCP settings (`tcp_keepalives_*`, `tcp_user_timeout`) of the lease's role must
+//!   not end a partitioned holder's session before the server guard (the session sets and
+//!   verifies its own). The holder runs in a network namespace whose veth link is cut by
+//!   iptables DROP at the ingress of both ends, so the server's kernel sees a real
+//!   partition (a userspace proxy would keep acknowledging); the `control_*` test is the
+//!   same partition without role settings.
+//! - `search_path` shadowing. A role that owns a schema can put functions and
+//!   operators named like `pg_catalog`'s in it and make that schema come first in its
+//!   `search_path` (`ALTER ROLE ... SET search_path = evil, pg_catalog`: `pg_catalog` is
+//!   searched first only when the path does not name it). Unqualified names in the
+//!   lease's statements then resolve to the role's objects. The session forces
+//!   `search_path = pg_catalog` (startup option, read back in the setup) and every name
+//!   in every statement is `pg_catalog.`-qualified.
 //!
 //! Figures are printed as `FIGURE <what>: <value>` lines on stderr (`--nocapture`).
 
-use lease_tests::scenario::{
-    diff, ms, ms_f, nanos, worst_overlap, Admin, Driver, Event, Node, ReplicaConfig, Term,
-};
-use lease_tests::{monotonic_nanos, Cluster, KitError, NetNs};
-use std::path::Path;
-use std::time::{Duration, Instant};
-
-/// How long to wait for anything that should happen.
-const WAIT: Duration = Duration::from_secs(30);
-
-type Res = Result<(), KitError>;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_replica"))
-}
-
-fn key(name: &str) -> i64 {
-    lease_proto::LeaseId::named(name)
-        .expect("valid lease name")
-        .key()
-}
-
-fn figure(what: &str, value: String) {
-    eprintln!("FIGURE {what}: {value}");
-}
-
-fn fig_ms(what: &str, nanos: i128) {
-    figure(what, format!("{:.1} ms", ms_f(nanos)));
-}
-
-fn tails(nodes: &[&Node]) -> String {
-    nodes
-        .iter()
-        .map(|n| n.tail())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
+use crate::common::*;
+use lease_tests::monotonic_nanos;
+use lease_tests::scenario::diff;
+use lease_tests::scenario::ms;
+use lease_tests::scenario::ms_f;
+use lease_tests::scenario::nanos;
+use lease_tests::scenario::worst_overlap;
+use lease_tests::scenario::Admin;
+use lease_tests::scenario::Driver;
+use lease_tests::scenario::Event;
+use lease_tests::scenario::Node;
+use lease_tests::scenario::ReplicaConfig;
+use lease_tests::scenario::Term;
+use lease_tests::Cluster;
+use lease_tests::KitError;
+use lease_tests::NetNs;
+use std::time::Duration;
+use std::time::Instant;
 
 /// The role the replicas of hole 1 log in as (its settings are the point of the test).
-const ROLE: &str = "lease_app";
+const TCP_ROLE: &str = "lease_app";
 
-/// Hole 1's settings on [`ROLE`]: the server probes an idle connection after 1 s, every
+/// Hole 1's settings on [`TCP_ROLE`]: the server probes an idle connection after 1 s, every
 /// 1 s, gives up after 2 unanswered probes, and drops a connection whose data stays
 /// unacknowledged for 500 ms.
 const ROLE_TCP_SETTINGS: [(&str, &str); 4] = [
@@ -97,21 +80,21 @@ struct PartitionRun {
 }
 
 /// The holder (A) in a network namespace, the standby (B) on loopback, both logging in as
-/// [`ROLE`]; with `role_tcp_settings` the role carries [`ROLE_TCP_SETTINGS`]. The link is
+/// [`TCP_ROLE`]; with `role_tcp_settings` the role carries [`ROLE_TCP_SETTINGS`]. The link is
 /// cut once A's heartbeats flow; the run ends when A's job was cancelled and B leads.
 fn netns_partition(role_tcp_settings: bool) -> Result<PartitionRun, KitError> {
     let mut ns = NetNs::create()?;
     let cluster = Cluster::start_listening(ns.host_addr(), &ns.network())?;
-    cluster.sql(&format!("CREATE ROLE {ROLE} LOGIN"))?;
+    cluster.sql(&format!("CREATE ROLE {TCP_ROLE} LOGIN"))?;
     if role_tcp_settings {
         for (name, value) in ROLE_TCP_SETTINGS {
-            cluster.sql(&format!("ALTER ROLE {ROLE} SET {name} = {value}"))?;
+            cluster.sql(&format!("ALTER ROLE {TCP_ROLE} SET {name} = {value}"))?;
         }
     }
     let admin = Admin::connect(&cluster.conn_string())?;
     // What a new session of the role gets (over loopback TCP, like the standby's).
     let role_session = Admin::connect(&format!(
-        "host=127.0.0.1 port={} user={ROLE} dbname=postgres",
+        "host=127.0.0.1 port={} user={TCP_ROLE} dbname=postgres",
         cluster.port()
     ))?;
     let shown: Vec<String> = ROLE_TCP_SETTINGS
@@ -126,12 +109,12 @@ fn netns_partition(role_tcp_settings: bool) -> Result<PartitionRun, KitError> {
     figure("netns: a new session of the role has", shown.join(" "));
 
     let holder = netns_replica(format!(
-        "host={} port={} user={ROLE} dbname=postgres",
+        "host={} port={} user={TCP_ROLE} dbname=postgres",
         ns.host_addr(),
         cluster.port()
     ));
     let standby = netns_replica(format!(
-        "host=127.0.0.1 port={} user={ROLE} dbname=postgres",
+        "host=127.0.0.1 port={} user={TCP_ROLE} dbname=postgres",
         cluster.port()
     ));
     let (validity, guard) = (holder.validity(), holder.guard_timeout());
@@ -238,7 +221,7 @@ fn netns_partition(role_tcp_settings: bool) -> Result<PartitionRun, KitError> {
 /// drops the partitioned holder's session about 2-3 s after the cut, long before its 4 s
 /// guard, and the standby leads while the holder's job still runs until its validity ends.
 #[test]
-fn hole1_role_tcp_keepalives_end_partitioned_session_early() -> Res {
+fn role_tcp_keepalives_end_partitioned_session_early() -> Res {
     let run = netns_partition(true)?;
     assert_eq!(
         run.overlap,
@@ -282,145 +265,137 @@ fn control_netns_partition_without_role_tcp_settings() -> Res {
     Ok(())
 }
 
-/// `(token, t)` of the `n`-th `start` line (1-based) of `node`.
-fn nth_start(node: &Node, n: usize) -> Result<(i64, u64), KitError> {
-    let t = node.wait_starts(n, WAIT)?;
-    let token = node
-        .events()
+/// The non-superuser role of hole 3, owner of schema [`SCHEMA`].
+const ROLE: &str = "app";
+
+/// The role's schema, first in its `search_path`.
+const SCHEMA: &str = "evil";
+
+/// A cluster where [`ROLE`] owns [`SCHEMA`], created `objects` in it (as itself, no
+/// superuser involved) and put it first in its own `search_path`; the connection string
+/// of the role.
+fn shadowing_cluster(objects: &str) -> Result<(Cluster, String), KitError> {
+    let cluster = Cluster::start()?;
+    cluster.sql(&format!(
+        "CREATE ROLE {ROLE} LOGIN; CREATE SCHEMA {SCHEMA} AUTHORIZATION {ROLE}"
+    ))?;
+    let url = format!(
+        "host={} port={} user={ROLE} dbname=postgres",
+        cluster.host(),
+        cluster.port()
+    );
+    let role = Admin::connect(&url)?;
+    role.rows(objects)?;
+    role.rows(&format!(
+        "ALTER ROLE {ROLE} SET search_path = {SCHEMA}, pg_catalog"
+    ))?;
+    drop(role);
+    // What a new session of the role sees.
+    let session = Admin::connect(&url)?;
+    let shown = session.rows("SHOW search_path")?;
+    figure(
+        "a new session of the role has search_path",
+        format!("{shown:?}"),
+    );
+    Ok((cluster, url))
+}
+
+fn starts(node: &Node) -> Vec<i64> {
+    node.events()
         .iter()
         .filter_map(|e| match e {
             Event::Start { token, .. } => Some(*token),
             _ => None,
         })
-        .nth(n - 1)
-        .expect("the n-th start was seen");
-    Ok((token, t))
+        .collect()
 }
 
-/// The first token not strictly above every token before it: `(index, token, max before)`.
-fn first_not_increasing(tokens: &[i64]) -> Option<(usize, i64, i64)> {
-    (1..tokens.len()).find_map(|i| {
-        let before = tokens[..i].iter().copied().max().unwrap_or(i64::MIN);
-        (tokens[i] <= before).then_some((i, tokens[i], before))
-    })
-}
-
-/// How many times hole 2 (a) takes the server down right after an acquisition.
-const CRASH_ROUNDS: usize = 5;
-
-/// Hole 2 (a): a replica acquires; right after its job starts the server goes down
-/// without flushing (alternately `pg_ctl stop -m immediate`-like SIGQUIT and SIGKILL of
-/// every server process), comes back, and the replica acquires again. Each token must be
-/// above every earlier one; the acquiring transaction's commit is asynchronous (it writes
-/// no WAL of its own), so after recovery the server hands out the same xid again.
+/// Hole 3 (functions): the role's `evil.pg_try_advisory_lock(bigint)` answers true and
+/// takes nothing. Two replicas of the role: the first leads with the key held on the
+/// server, the second never leads while the first holds it.
 #[test]
-fn hole2a_tokens_repeat_after_server_crash() -> Res {
-    let mut cluster = Cluster::start()?;
-    let a = ReplicaConfig::new(Driver::Tokio, cluster.conn_string(), "job").spawn(bin(), "A")?;
-    let mut tokens = Vec::new();
-    let mut log = Vec::new();
-    for round in 1..=CRASH_ROUNDS {
-        let (token, start) = nth_start(&a, round)?;
-        let t_down = monotonic_nanos();
-        let how = if round % 2 == 1 {
-            cluster.stop()?;
-            "immediate stop"
-        } else {
-            cluster.crash()?;
-            "SIGKILL crash"
-        };
-        tokens.push(token);
-        log.push(format!(
-            "token {token}, then {how} {:.1} ms after the job started",
-            ms_f(diff(start, t_down))
-        ));
-        cluster.start_again()?;
-    }
-    let (token, _) = nth_start(&a, CRASH_ROUNDS + 1)?;
-    tokens.push(token);
-    log.push(format!("token {token} (after the last restart)"));
-    figure("crash: tokens", format!("{tokens:?}"));
-    if let Some((i, token, before)) = first_not_increasing(&tokens) {
-        panic!(
-            "token {token} (acquisition {}) is not above the earlier maximum {before}: \
-             tokens {tokens:?}\n  {}\n{}",
-            i + 1,
-            log.join("\n  "),
-            a.tail()
-        );
-    }
-    Ok(())
-}
-
-/// How many acquisitions the primary makes while its standby is down, in hole 2 (b).
-const LAGGED_ACQUISITIONS: usize = 3;
-
-/// Hole 2 (b): a primary with an asynchronous streaming standby. The standby has replayed
-/// the first acquisition, then stops; the primary hands out more tokens and stops too; the
-/// standby starts without a reachable primary and is promoted. A lease acquired there must
-/// carry a token above every token of the old primary; today the promoted server's xids
-/// continue from what it replayed, so it goes backwards.
-#[test]
-fn hole2b_tokens_go_backwards_after_promotion() -> Res {
-    let mut primary = Cluster::start()?;
-    let mut standby = primary.start_standby()?;
-    let admin = Admin::connect(&primary.conn_string())?;
-    let a = ReplicaConfig::new(Driver::Tokio, primary.conn_string(), "job").spawn(bin(), "A")?;
-    let (first, _) = nth_start(&a, 1)?;
-    // The standby replays the first acquisition (its commit record reaches WAL within the
-    // WAL writer's delay), then stops: from here on it lags.
-    let insert_lsn = primary.sql("SELECT pg_current_wal_insert_lsn()")?;
-    let deadline = Instant::now() + WAIT;
-    while standby.sql(&format!(
-        "SELECT pg_last_wal_replay_lsn() >= '{insert_lsn}'::pg_lsn"
-    ))? != "t"
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the standby did not replay up to {insert_lsn}"
-        );
+fn search_path_function_shadow() -> Res {
+    let (cluster, url) = shadowing_cluster(&format!(
+        "CREATE FUNCTION {SCHEMA}.pg_try_advisory_lock(bigint) RETURNS boolean \
+         LANGUAGE sql AS 'select true'"
+    ))?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let config = ReplicaConfig::new(Driver::Tokio, url, "job");
+    let a = config.spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    let b = config.spawn(bin(), "B")?;
+    b.wait_pid(0, WAIT)?;
+    // B tries every retry interval (200 ms) and waits on the server in between: give it
+    // many tries.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline && starts(&b).is_empty() {
         std::thread::sleep(ms(20));
     }
-    standby.stop()?;
-    let mut old = vec![first];
-    let mut terminated = None;
-    for n in 2..=LAGGED_ACQUISITIONS + 1 {
-        // A's current session, as the server sees it (A may print its start before its pid).
-        let deadline = Instant::now() + WAIT;
-        let pid = loop {
-            match admin.holders(key("job"))?[..] {
-                [pid] if Some(pid) != terminated => break pid,
-                _ => assert!(Instant::now() < deadline, "A holds no key\n{}", a.tail()),
-            }
-            std::thread::sleep(ms(5));
-        };
-        assert!(admin.terminate(pid)?, "backend {pid} was not signalled");
-        terminated = Some(pid);
-        let (token, _) = nth_start(&a, n)?;
-        old.push(token);
-    }
-    drop(admin);
-    primary.stop()?;
-    standby.start_again()?;
-    standby.promote()?;
-    let timelines = standby.sql("SELECT timeline_id FROM pg_control_checkpoint()")?;
-    let c = ReplicaConfig::new(Driver::Tokio, standby.conn_string(), "job").spawn(bin(), "C")?;
-    let (new, _) = nth_start(&c, 1)?;
-    let old_max = old.iter().copied().max().unwrap_or(i64::MIN);
+    let holders = admin.holders(key("job"))?;
+    let advisory = admin.ints("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")?;
     figure(
-        "promotion: tokens",
+        "shadowed pg_try_advisory_lock",
         format!(
-            "old primary {old:?} (standby stopped after {first}), promoted standby \
-             (timeline {timelines}) {new}"
+            "A's starts {:?}, B's starts {:?}, holders of the key {holders:?}, advisory \
+             locks on the server {advisory:?}",
+            starts(&a),
+            starts(&b)
         ),
     );
     assert!(
-        new > old_max,
-        "the promoted standby's token {new} is not above the old primary's tokens {old:?} \
-         (the standby replayed up to the acquisition with token {first}, then lagged; \
-         promoted on timeline {timelines})\n{}\n{}",
+        starts(&b).is_empty(),
+        "B led while A leads: A's tokens {:?}, B's {:?}; holders of the key on the server \
+         {holders:?}, advisory locks in pg_locks {advisory:?}\n{}\n{}",
+        starts(&a),
+        starts(&b),
         a.tail(),
-        c.tail()
+        b.tail()
+    );
+    assert_eq!(
+        holders,
+        a.last_pid().into_iter().collect::<Vec<_>>(),
+        "A's backend holds the key"
+    );
+    Ok(())
+}
+
+/// Hole 3 (operators): the role's `evil.|(bigint, bigint)` answers 1. A replica of the
+/// role acquires, its session is terminated, it acquires again: the second token must
+/// be above the first (and the key held on the server by its backend).
+#[test]
+fn search_path_operator_shadow() -> Res {
+    let (cluster, url) = shadowing_cluster(&format!(
+        "CREATE FUNCTION {SCHEMA}.or_one(bigint, bigint) RETURNS bigint \
+         LANGUAGE sql AS 'select 1::pg_catalog.int8'; \
+         CREATE OPERATOR {SCHEMA}.| (leftarg = bigint, rightarg = bigint, \
+         function = {SCHEMA}.or_one)"
+    ))?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let a = ReplicaConfig::new(Driver::Smol, url, "job").spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    let deadline = Instant::now() + WAIT;
+    let pid = loop {
+        if let [pid] = admin.holders(key("job"))?[..] {
+            break pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "A leads but no backend holds the key: tokens {:?}\n{}",
+            starts(&a),
+            a.tail()
+        );
+        std::thread::sleep(ms(10));
+    };
+    admin.terminate(pid)?;
+    a.wait_starts(2, WAIT)?;
+    let tokens = starts(&a);
+    figure("shadowed |: tokens", format!("{tokens:?}"));
+    assert!(
+        tokens[1] > tokens[0],
+        "the second token {} is not above the first {}: tokens {tokens:?}\n{}",
+        tokens[1],
+        tokens[0],
+        a.tail()
     );
     Ok(())
 }

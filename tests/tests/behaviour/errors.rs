@@ -3,15 +3,16 @@
 //! error at once (well under 2 s); a closed port is retried, with the cause
 //! in `status().last_error`.
 
-use std::future::Future;
-use std::time::{Duration, Instant};
-
+use crate::common::*;
 use lease_tests::Cluster;
+use std::future::Future;
+use std::time::Duration;
+use std::time::Instant;
 
-/// The shared test server (trust authentication).
-const DB: &str = "host=127.0.0.1 user=postgres dbname=postgres";
 const BOUND: Duration = Duration::from_secs(2);
+
 const PASSWORD: &str = "right-Secret-7781";
+
 const WRONG: &str = "wrong-Secret-4410";
 
 fn opts() -> lease_proto::Options {
@@ -53,6 +54,7 @@ trait Driver {
 }
 
 struct Tokio;
+
 struct Smol;
 
 impl Driver for Tokio {

@@ -3,19 +3,33 @@
 //! recorder: an acquisition, a loss by `pg_terminate_backend` of the locker's
 //! backend and the re-acquisition after it, then a graceful release.
 
+use crate::common::*;
+use lease_tokio::Locker;
+use lease_tokio::Options;
+use lease_tokio::Reason;
+use lease_tokio::SessionState;
+use metrics::Counter;
+use metrics::CounterFn;
+use metrics::Gauge;
+use metrics::GaugeFn;
+use metrics::Histogram;
+use metrics::HistogramFn;
+use metrics::Key;
+use metrics::KeyName;
+use metrics::Metadata;
+use metrics::Recorder;
+use metrics::SharedString;
+use metrics::Unit;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use lease_tokio::{Locker, Options, Reason, SessionState};
-use metrics::{
-    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
-    SharedString, Unit,
-};
-use tokio::sync::{mpsc, oneshot};
-
-const DB: &str = "host=127.0.0.1 user=postgres dbname=postgres";
-const MS: fn(u64) -> Duration = Duration::from_millis;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::OnceLock;
+use std::time::Duration;
+use std::time::Instant;
+use std::time::SystemTime;
+use std::time::UNIX_EPOCH;
+use tokio::sync::mpsc;
+use tokio::sync::oneshot;
 
 /// Everything recorded under one key: a counter's total, a gauge's every value
 /// in order, a histogram's samples.
@@ -146,16 +160,6 @@ fn unique(name: &str) -> String {
         .expect("clock after 1970")
         .as_nanos();
     format!("metrics-{name}-{}-{nanos}", std::process::id())
-}
-
-fn opts() -> Options {
-    Options {
-        retry_interval: MS(100),
-        heartbeat_interval: MS(100),
-        query_timeout: MS(400),
-        guard_margin: MS(200),
-        ..Options::default()
-    }
 }
 
 /// Polls `cond` every 10 ms until it holds, or fails after 10 s with `what`.

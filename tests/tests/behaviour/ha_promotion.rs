@@ -1,41 +1,28 @@
-//! Issue 18, hole 1 and build item 3, on real servers: HA promotion while the old primary
-//! is frozen. Advisory locks are not replicated and the server guard (`idle_session_timeout`)
-//! only ends sessions on the server that holds them: a newly promoted primary grants every
-//! key at once, while the old primary's holder runs on until its own validity ends. The
-//! fix: the setup reads when the server was promoted (`pg_control_checkpoint()`, the WAL
-//! timeline, `pg_last_wal_receive_lsn()` / `pg_last_xact_replay_timestamp()`), and a
-//! locker tries nothing there until every holder of the old primary must have stopped
-//! (`Options::promotion_hold`).
-//!
-//! `hole1_*` failed on the code it was written against (see the issue's note); `control_*`
-//! passed before too. Figures are printed as `FIGURE <what>: <value>` lines on stderr
-//! (`cargo test -p lease-tests --test ha -- --nocapture`).
+//! HA on real servers: a promotion while the old primary is frozen, and a hot standby
+//! that leads once promoted. Advisory locks are not replicated and the server guard
+//! (`idle_session_timeout`) only ends sessions on the server that holds them: a newly
+//! promoted primary would grant every key at once, while the old primary's holder runs on
+//! until its own validity ends. The setup reads when the server was promoted
+//! (`pg_control_checkpoint()`, the WAL timeline, `pg_last_wal_receive_lsn()` /
+//! `pg_last_xact_replay_timestamp()`), and a locker tries nothing there until every holder
+//! of the old primary must have stopped (`Options::promotion_hold`); the `control_*` tests
+//! show what costs nothing. Figures are printed as `FIGURE <what>: <value>` lines on
+//! stderr (`cargo test -p lease-tests ha_promotion:: -- --nocapture`).
 
-use lease_tests::scenario::{diff, ms, ms_f, worst_overlap, Driver, Node, ReplicaConfig};
-use lease_tests::{monotonic_nanos, Cluster, KitError};
-use std::path::Path;
+use crate::common::*;
+use lease_tests::monotonic_nanos;
+use lease_tests::scenario::diff;
+use lease_tests::scenario::ms;
+use lease_tests::scenario::ms_f;
+use lease_tests::scenario::worst_overlap;
+use lease_tests::scenario::Driver;
+use lease_tests::scenario::Node;
+use lease_tests::scenario::ReplicaConfig;
+use lease_tests::Cluster;
+use lease_tests::KitError;
+use lease_tokio::Locker;
+use std::convert::Infallible;
 use std::time::Duration;
-
-/// How long to wait for anything that should happen.
-const WAIT: Duration = Duration::from_secs(60);
-
-type Res = Result<(), KitError>;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_replica"))
-}
-
-fn figure(what: &str, value: String) {
-    eprintln!("FIGURE {what}: {value}");
-}
-
-fn tails(nodes: &[&Node]) -> String {
-    nodes
-        .iter()
-        .map(|n| n.tail())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
 
 /// Replicas of these tests: heartbeat 500 ms, query timeout 2 s (validity 2.5 s), guard
 /// margin 500 ms (guard 3 s).
@@ -57,7 +44,7 @@ fn replica(url: String) -> ReplicaConfig {
 /// reach the promoted server too, be held by the same promotion hold, and race C for the
 /// key when it ends (safe, but then C's start is not certain: a CI run on 14 saw A win).
 #[test]
-fn hole1_promotion_while_the_old_primary_is_frozen_never_overlaps() -> Res {
+fn promotion_while_the_old_primary_is_frozen_never_overlaps() -> Res {
     let primary = Cluster::start()?;
     let standby = primary.start_standby()?;
     let config = replica(primary.conn_string());
@@ -246,4 +233,39 @@ fn control_revoked_control_functions_still_lead() -> Res {
         c.tail()
     );
     Ok(())
+}
+
+/// Hole 4: a hot standby reached first is retryable: the run keeps retrying
+/// and leads once the server is promoted, instead of `RunError::Refused`.
+#[tokio::test]
+async fn locker_on_a_hot_standby_leads_once_promoted() {
+    let c = Cluster::start().expect("start an ephemeral PostgreSQL");
+    let standby = c.start_standby().expect("start a hot standby");
+    let (locker, driver) = Locker::connect(&standby.conn_string(), fast()).expect("locker");
+    tokio::spawn(driver);
+    let name = unique("hole4-standby");
+    let started = tokio::time::Instant::now();
+    let run = tokio::spawn(async move {
+        let r = locker
+            .run(&name, |_lease| async { Ok::<(), Infallible>(()) })
+            .await;
+        (r, started.elapsed())
+    });
+    tokio::time::sleep(MS(1_000)).await;
+    let finished_before_promotion = run.is_finished();
+    standby.sql("SELECT pg_promote()").expect("promote");
+    let result = tokio::time::timeout(MS(10_000), run).await;
+    eprintln!(
+        "hot standby promoted after 1 s (run finished before: {finished_before_promotion}): \
+         {result:?}"
+    );
+    let outcome = match result {
+        Ok(Ok((r, took))) => Some((r, took)),
+        _ => None,
+    };
+    assert!(
+        matches!(outcome, Some((Ok(()), _))),
+        "a locker on a hot standby promoted after 1 s did not lead: (result, after) \
+         {outcome:?}, finished before the promotion: {finished_before_promotion}"
+    );
 }

@@ -21,7 +21,7 @@ pub mod rt {
     use tokio_postgres::NoTls;
     use tokio_util::compat::FuturesAsyncReadCompatExt;
 
-    use crate::DB;
+    use crate::drivers::DB;
 
     /// Part of every lease name.
     pub const NAME: &str = "smol";

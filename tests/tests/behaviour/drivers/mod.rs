@@ -15,36 +15,14 @@
 //! and dependency graph).
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use lease_proto::Options;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 mod smol_driver;
 mod tokio_driver;
 
-/// The shared test server.
-const DB: &str = "host=127.0.0.1 user=postgres dbname=postgres";
-const MS: fn(u64) -> Duration = Duration::from_millis;
+use crate::common::{init, key, opts, DB, MS};
 
 type Res = Result<(), String>;
-
-/// Short intervals: validity 500 ms (heartbeat + query timeout).
-fn opts() -> Options {
-    Options {
-        retry_interval: MS(100),
-        heartbeat_interval: MS(100),
-        query_timeout: MS(400),
-        guard_margin: MS(200),
-        ..Options::default()
-    }
-}
-
-fn init() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-}
 
 /// A lease name no other test, runtime or earlier test run uses.
 fn unique(runtime: &str, name: &str) -> String {
@@ -53,12 +31,6 @@ fn unique(runtime: &str, name: &str) -> String {
         .expect("clock after 1970")
         .as_nanos();
     format!("{runtime}-{name}-{}-{nanos}", std::process::id())
-}
-
-fn key(name: &str) -> i64 {
-    lease_proto::LeaseId::named(name)
-        .expect("valid lease name")
-        .key()
 }
 
 /// How many sessions hold `key`, seen from `client` (another session).

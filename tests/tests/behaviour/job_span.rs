@@ -2,15 +2,18 @@
 //! `job` span (lease, key, run, token) for the job's call and for every poll.
 //! Against the local PostgreSQL at 127.0.0.1:5432, with a captured subscriber.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use lease_tokio::{LeaseId, Locker, Options};
+use crate::common::*;
+use lease_tokio::LeaseId;
+use lease_tokio::Locker;
+use lease_tokio::Options;
 use serde_json::Value;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+use std::time::SystemTime;
+use std::time::UNIX_EPOCH;
 use tracing_subscriber::fmt::MakeWriter;
-
-const DB: &str = "host=127.0.0.1 user=postgres dbname=postgres";
 
 /// Collects everything the subscriber writes.
 #[derive(Clone, Default)]

@@ -13,11 +13,11 @@ use super::lease::{
     Error, Lease, LeaseId, LeaseState, Locker, NameError, Options, Reason, RunError, SessionState,
 };
 use super::rt::{self, sleep, timeout};
-use crate::{holders_seen_by, init, key, opts, Res, SetOnDrop, DB, MS};
+use crate::drivers::{holders_seen_by, init, key, opts, Res, SetOnDrop, DB, MS};
 
 /// A lease name unique to this runtime, test and run.
 fn unique(name: &str) -> String {
-    crate::unique(rt::NAME, name)
+    crate::drivers::unique(rt::NAME, name)
 }
 
 /// A locker over [`DB`], its driver running detached.

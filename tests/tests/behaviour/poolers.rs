@@ -1,42 +1,29 @@
-//! Issue 11, reproduced first: hole 4 with the tokio driver's `Locker` against
-//! real servers and PgBouncer. Each test failed on the code it was written
-//! against and passes since the fix; run them with
-//! `cargo test -p lease-tests --test holes_cli -- --nocapture`.
-//!
-//! The same holes (and hole 3) with real `lease run` processes are in
-//! `lease-cli/tests/holes.rs`: only that package's tests get the `lease`
-//! binary's path (`CARGO_BIN_EXE_lease`).
+//! Lockers behind PgBouncer on real servers: session mode leads; two lockers through a
+//! transaction-mode pooler never both lead; a lone locker through one is refused by the
+//! pooler probe; and on a pooled backend shared with a client that is not a lease client,
+//! a foreign unlock is found by the periodic verify.
 
+use crate::common::*;
+use lease_tests::scenario::Driver;
+use lease_tests::scenario::ReplicaConfig;
+use lease_tests::Cluster;
+use lease_tests::PgBouncer;
+use lease_tests::PgBouncerSettings;
+use lease_tests::PoolMode;
+use lease_tokio::Locker;
+use lease_tokio::RunError;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
-
-use lease_tests::{Cluster, PgBouncer, PgBouncerSettings, PoolMode};
-use lease_tokio::{Locker, Options, RunError};
-
-const MS: fn(u64) -> Duration = Duration::from_millis;
-
-fn fast() -> Options {
-    Options {
-        retry_interval: MS(50),
-        heartbeat_interval: MS(100),
-        query_timeout: MS(1_000),
-        ..Options::default()
-    }
-}
-
-/// A lease name no other test (or earlier run) uses.
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{name}-{}-{nanos}", std::process::id())
-}
+use std::time::Instant;
+use tokio_postgres::NoTls;
 
 /// Hole 4: a session-mode PgBouncer (what the docs recommend) must work.
 #[tokio::test]
-async fn hole4_locker_through_session_mode_pgbouncer_leads() {
+async fn locker_through_session_mode_pgbouncer_leads() {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
     let pgb = PgBouncer::start(&c, PoolMode::Session).expect("start pgbouncer");
     let (locker, driver) = Locker::connect(&pgb.conn_string(), fast()).expect("locker");
@@ -52,46 +39,11 @@ async fn hole4_locker_through_session_mode_pgbouncer_leads() {
     );
 }
 
-/// Hole 4: a hot standby reached first is retryable: the run keeps retrying
-/// and leads once the server is promoted, instead of `RunError::Refused`.
-#[tokio::test]
-async fn hole4_locker_on_a_hot_standby_leads_once_promoted() {
-    let c = Cluster::start().expect("start an ephemeral PostgreSQL");
-    let standby = c.start_standby().expect("start a hot standby");
-    let (locker, driver) = Locker::connect(&standby.conn_string(), fast()).expect("locker");
-    tokio::spawn(driver);
-    let name = unique("hole4-standby");
-    let started = tokio::time::Instant::now();
-    let run = tokio::spawn(async move {
-        let r = locker
-            .run(&name, |_lease| async { Ok::<(), Infallible>(()) })
-            .await;
-        (r, started.elapsed())
-    });
-    tokio::time::sleep(MS(1_000)).await;
-    let finished_before_promotion = run.is_finished();
-    standby.sql("SELECT pg_promote()").expect("promote");
-    let result = tokio::time::timeout(MS(10_000), run).await;
-    eprintln!(
-        "hot standby promoted after 1 s (run finished before: {finished_before_promotion}): \
-         {result:?}"
-    );
-    let outcome = match result {
-        Ok(Ok((r, took))) => Some((r, took)),
-        _ => None,
-    };
-    assert!(
-        matches!(outcome, Some((Ok(()), _))),
-        "a locker on a hot standby promoted after 1 s did not lead: (result, after) \
-         {outcome:?}, finished before the promotion: {finished_before_promotion}"
-    );
-}
-
 /// Hole 4: a transaction-mode PgBouncer that ignores `options`, with the guard
 /// set by `ALTER ROLE` to the exact value asked for, one server connection:
 /// two lockers through it must never both lead.
 #[tokio::test]
-async fn hole4_two_lockers_through_transaction_pgbouncer_never_both_lead() {
+async fn two_lockers_through_transaction_pgbouncer_never_both_lead() {
     two_lockers_through_transaction_pgbouncer(false).await;
 }
 
@@ -99,7 +51,7 @@ async fn hole4_two_lockers_through_transaction_pgbouncer_never_both_lead() {
 /// the TCP settings to the values asked for, so only the session nonce (read by
 /// every try and heartbeat) and the try's own-backend check are left.
 #[tokio::test]
-async fn hole4_two_lockers_through_transaction_pgbouncer_with_every_setting_by_role() {
+async fn two_lockers_through_transaction_pgbouncer_with_every_setting_by_role() {
     two_lockers_through_transaction_pgbouncer(true).await;
 }
 
@@ -183,7 +135,7 @@ async fn two_lockers_through_transaction_pgbouncer(tcp_by_role: bool) {
 /// before it leads, and no key of it may stay on the pooled backend. Before the fix it
 /// led (the job ran) and its key stayed on the pooled server connection.
 #[tokio::test]
-async fn hole7_a_lone_locker_through_transaction_pgbouncer_is_refused() {
+async fn a_lone_locker_through_transaction_pgbouncer_is_refused() {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
     let pgb = PgBouncer::start(&c, PoolMode::Transaction).expect("pgbouncer");
     let (locker, driver) = Locker::connect(&pgb.conn_string(), fast()).expect("locker");
@@ -224,4 +176,108 @@ async fn hole7_a_lone_locker_through_transaction_pgbouncer_is_refused() {
          transaction pooler: {result:?}, the job ran {led} times"
     );
     assert!(holders.is_empty(), "the key stayed on backends {holders:?}");
+}
+
+/// The one setup where the steady heartbeat (backend pid + nonce, no `pg_locks`) sees less
+/// than the heartbeat that read `pg_locks`: a transaction-mode PgBouncer with ONE server
+/// connection, shared by a replica and a client that is not a lease client. Every check
+/// passes (the pid never changes; nobody overwrites the nonce), so the replica leads; the
+/// other client's `pg_advisory_unlock_all()` then runs on the same backend and frees the
+/// replica's lock. A direct replica takes the lease at its next try.
+///
+/// A heartbeat that read `pg_locks` every time would have missed its key and
+/// cancelled the job (`not_held`): an overlap of up to a heartbeat interval. The steady
+/// heartbeat cannot see it (nothing on the pooled backend says the lock is gone), so
+/// every `VERIFY_EVERY`th heartbeat is a verify, which reads `pg_locks`: the holder's job
+/// is cancelled within that many heartbeat intervals. Neither makes this setup safe (the
+/// overlap starts at the foreign unlock, before any check could run); the README lists a
+/// transaction pooler as unsupported. This test pins the bound and prints the overlap.
+///
+/// The pooler ignores the `options` startup parameter and the role sets every setting
+/// the replica asks for (so the setup's read-back passes): a pooler that
+/// REJECTS `options` is found at setup by the pooler probe (a second connection that
+/// reads the session's nonce on the one server connection) and refused
+/// (`a_lone_locker_through_transaction_pgbouncer_is_refused` above);
+/// the probe runs only then, so this setup is the one left for the periodic verify.
+///
+/// `cargo test -p lease-tests poolers::a_foreign_unlock -- --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_foreign_unlock_on_a_shared_pooled_backend_is_found_by_the_periodic_verify() {
+    let cluster = Cluster::start().expect("an ephemeral cluster");
+    // The replicas' options (ReplicaConfig::new), for the settings the role sets.
+    let options = lease_proto::Options {
+        retry_interval: Duration::from_millis(200),
+        heartbeat_interval: Duration::from_millis(150),
+        query_timeout: Duration::from_millis(400),
+        guard_margin: Duration::from_millis(200),
+        ..lease_proto::Options::default()
+    };
+    let guard = options.guard_timeout().as_millis();
+    let mut role = vec![
+        "search_path = pg_catalog".to_owned(),
+        format!("idle_session_timeout = {guard}"),
+    ];
+    for (name, value) in options.tcp_settings() {
+        role.push(format!("{name} = {value}"));
+    }
+    for setting in role {
+        cluster
+            .sql(&format!("ALTER ROLE postgres SET {setting}"))
+            .expect("ALTER ROLE");
+    }
+    let one = PgBouncerSettings {
+        pool_size: 1,
+        ignore_startup_parameters: vec!["extra_float_digits".into(), "options".into()],
+    };
+    let bouncer =
+        PgBouncer::start_with(&cluster, PoolMode::Transaction, &one).expect("a pgbouncer");
+    let pooled = ReplicaConfig::new(Driver::Tokio, bouncer.conn_string(), "job")
+        .spawn(bin(), "pooled")
+        .expect("the pooled replica");
+    pooled
+        .wait_starts(1, WAIT)
+        .unwrap_or_else(|e| panic!("the pooled replica leads: {e}\n{}", pooled.tail()));
+
+    // Another client of the pooler: its statement runs on the replica's backend.
+    let (client, connection) = tokio_postgres::connect(&bouncer.conn_string(), NoTls)
+        .await
+        .expect("a foreign client of the pooler");
+    tokio::spawn(connection);
+    client
+        .simple_query("SELECT pg_advisory_unlock_all()")
+        .await
+        .expect("the foreign unlock");
+
+    let direct = ReplicaConfig::new(Driver::Tokio, cluster.conn_string(), "job")
+        .spawn(bin(), "direct")
+        .expect("the direct replica");
+    direct
+        .wait_starts(1, WAIT)
+        .unwrap_or_else(|e| panic!("the direct replica leads: {e}\n{}", direct.tail()));
+    let both_since = Instant::now();
+    // The replicas' heartbeat interval (ReplicaConfig::new): 150 ms.
+    let bound = Duration::from_millis(150) * lease_proto::VERIFY_EVERY + Duration::from_millis(500);
+    let cancelled = loop {
+        if let Some(cancel) = pooled.cancels().into_iter().next() {
+            break cancel;
+        }
+        assert!(
+            both_since.elapsed() < bound,
+            "the pooled holder still leads {bound:?} after the direct one started\n{}",
+            pooled.tail()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let overlap = both_since.elapsed();
+    eprintln!(
+        "FIGURE foreign unlock on the pooled backend: the pooled holder's job cancelled \
+         ({}) {} ms after the direct one started (bound {} ms)",
+        cancelled.1,
+        overlap.as_millis(),
+        bound.as_millis()
+    );
+    assert_eq!(cancelled.1, "not-held", "{}", pooled.tail());
+    for mut node in [pooled, direct] {
+        let _ = node.kill9();
+    }
 }

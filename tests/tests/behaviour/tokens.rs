@@ -1,33 +1,172 @@
-//! Issue 18, holes 4 and 5, on a real PostgreSQL: fencing tokens that survive what
-//! operators do to a server, and a winning try that no synchronous standby can hold up.
+//! Fencing tokens on a real PostgreSQL, across what operators do to a server, and a
+//! winning try that no synchronous standby can hold up.
 //!
-//! - Hole 4: tokens must grow per key across a `pg_upgrade` of a cluster that was once
-//!   promoted (the upgrade starts a new cluster on WAL timeline 1) and across a migration
-//!   into a new cluster (transaction ids restart), and across the promotion of a
-//!   synchronous standby. Immediate-mode crashes and the promotion of a lagging
-//!   asynchronous standby are `hole2a_*` and `hole2b_*` in holes_server.rs.
-//! - Hole 5: with `synchronous_standby_names` naming a standby that is down, a winning
-//!   try that writes WAL waits in `SyncRep` holding its key, its session is given up, and
-//!   every other lease of that session is lost with it.
+//! - Tokens grow per key across an immediate-mode stop or a crash of the server, the
+//!   promotion of a lagging asynchronous standby, a `pg_upgrade` of a cluster that was once
+//!   promoted (the upgrade starts a new cluster on WAL timeline 1), a migration into a new
+//!   cluster (transaction ids restart), and the promotion of a synchronous standby.
+//! - With `synchronous_standby_names` naming a standby that is down, a winning try that
+//!   wrote WAL would wait in `SyncRep` holding its key; no lease statement writes WAL, so
+//!   none waits and no lease is stranded.
 //!
 //! Figures are printed as `FIGURE <what>: <value>` lines on stderr (`--nocapture`).
 
-use lease_tests::scenario::{ms, Admin, Driver, Event, Node, ReplicaConfig};
-use lease_tests::{Cluster, KitError};
-use std::path::Path;
-use std::time::{Duration, Instant};
+use crate::common::*;
+use lease_tests::monotonic_nanos;
+use lease_tests::scenario::diff;
+use lease_tests::scenario::ms;
+use lease_tests::scenario::ms_f;
+use lease_tests::scenario::Admin;
+use lease_tests::scenario::Driver;
+use lease_tests::scenario::Event;
+use lease_tests::scenario::Node;
+use lease_tests::scenario::ReplicaConfig;
+use lease_tests::Cluster;
+use lease_tests::KitError;
+use std::time::Duration;
+use std::time::Instant;
 
-/// How long to wait for anything that should happen.
-const WAIT: Duration = Duration::from_secs(30);
-
-type Res = Result<(), KitError>;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_replica"))
+/// `(token, t)` of the `n`-th `start` line (1-based) of `node`.
+fn nth_start(node: &Node, n: usize) -> Result<(i64, u64), KitError> {
+    let t = node.wait_starts(n, WAIT)?;
+    let token = node
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Start { token, .. } => Some(*token),
+            _ => None,
+        })
+        .nth(n - 1)
+        .expect("the n-th start was seen");
+    Ok((token, t))
 }
 
-fn figure(what: &str, value: String) {
-    eprintln!("FIGURE {what}: {value}");
+/// The first token not strictly above every token before it: `(index, token, max before)`.
+fn first_not_increasing(tokens: &[i64]) -> Option<(usize, i64, i64)> {
+    (1..tokens.len()).find_map(|i| {
+        let before = tokens[..i].iter().copied().max().unwrap_or(i64::MIN);
+        (tokens[i] <= before).then_some((i, tokens[i], before))
+    })
+}
+
+/// How many times hole 2 (a) takes the server down right after an acquisition.
+const CRASH_ROUNDS: usize = 5;
+
+/// Hole 2 (a): a replica acquires; right after its job starts the server goes down
+/// without flushing (alternately `pg_ctl stop -m immediate`-like SIGQUIT and SIGKILL of
+/// every server process), comes back, and the replica acquires again. Each token must be
+/// above every earlier one; the acquiring transaction's commit is asynchronous (it writes
+/// no WAL of its own), so after recovery the server hands out the same xid again.
+#[test]
+fn tokens_repeat_after_server_crash() -> Res {
+    let mut cluster = Cluster::start()?;
+    let a = ReplicaConfig::new(Driver::Tokio, cluster.conn_string(), "job").spawn(bin(), "A")?;
+    let mut tokens = Vec::new();
+    let mut log = Vec::new();
+    for round in 1..=CRASH_ROUNDS {
+        let (token, start) = nth_start(&a, round)?;
+        let t_down = monotonic_nanos();
+        let how = if round % 2 == 1 {
+            cluster.stop()?;
+            "immediate stop"
+        } else {
+            cluster.crash()?;
+            "SIGKILL crash"
+        };
+        tokens.push(token);
+        log.push(format!(
+            "token {token}, then {how} {:.1} ms after the job started",
+            ms_f(diff(start, t_down))
+        ));
+        cluster.start_again()?;
+    }
+    let (token, _) = nth_start(&a, CRASH_ROUNDS + 1)?;
+    tokens.push(token);
+    log.push(format!("token {token} (after the last restart)"));
+    figure("crash: tokens", format!("{tokens:?}"));
+    if let Some((i, token, before)) = first_not_increasing(&tokens) {
+        panic!(
+            "token {token} (acquisition {}) is not above the earlier maximum {before}: \
+             tokens {tokens:?}\n  {}\n{}",
+            i + 1,
+            log.join("\n  "),
+            a.tail()
+        );
+    }
+    Ok(())
+}
+
+/// How many acquisitions the primary makes while its standby is down, in hole 2 (b).
+const LAGGED_ACQUISITIONS: usize = 3;
+
+/// Hole 2 (b): a primary with an asynchronous streaming standby. The standby has replayed
+/// the first acquisition, then stops; the primary hands out more tokens and stops too; the
+/// standby starts without a reachable primary and is promoted. A lease acquired there must
+/// carry a token above every token of the old primary; today the promoted server's xids
+/// continue from what it replayed, so it goes backwards.
+#[test]
+fn tokens_go_backwards_after_promotion() -> Res {
+    let mut primary = Cluster::start()?;
+    let mut standby = primary.start_standby()?;
+    let admin = Admin::connect(&primary.conn_string())?;
+    let a = ReplicaConfig::new(Driver::Tokio, primary.conn_string(), "job").spawn(bin(), "A")?;
+    let (first, _) = nth_start(&a, 1)?;
+    // The standby replays the first acquisition (its commit record reaches WAL within the
+    // WAL writer's delay), then stops: from here on it lags.
+    let insert_lsn = primary.sql("SELECT pg_current_wal_insert_lsn()")?;
+    let deadline = Instant::now() + WAIT;
+    while standby.sql(&format!(
+        "SELECT pg_last_wal_replay_lsn() >= '{insert_lsn}'::pg_lsn"
+    ))? != "t"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the standby did not replay up to {insert_lsn}"
+        );
+        std::thread::sleep(ms(20));
+    }
+    standby.stop()?;
+    let mut old = vec![first];
+    let mut terminated = None;
+    for n in 2..=LAGGED_ACQUISITIONS + 1 {
+        // A's current session, as the server sees it (A may print its start before its pid).
+        let deadline = Instant::now() + WAIT;
+        let pid = loop {
+            match admin.holders(key("job"))?[..] {
+                [pid] if Some(pid) != terminated => break pid,
+                _ => assert!(Instant::now() < deadline, "A holds no key\n{}", a.tail()),
+            }
+            std::thread::sleep(ms(5));
+        };
+        assert!(admin.terminate(pid)?, "backend {pid} was not signalled");
+        terminated = Some(pid);
+        let (token, _) = nth_start(&a, n)?;
+        old.push(token);
+    }
+    drop(admin);
+    primary.stop()?;
+    standby.start_again()?;
+    standby.promote()?;
+    let timelines = standby.sql("SELECT timeline_id FROM pg_control_checkpoint()")?;
+    let c = ReplicaConfig::new(Driver::Tokio, standby.conn_string(), "job").spawn(bin(), "C")?;
+    let (new, _) = nth_start(&c, 1)?;
+    let old_max = old.iter().copied().max().unwrap_or(i64::MIN);
+    figure(
+        "promotion: tokens",
+        format!(
+            "old primary {old:?} (standby stopped after {first}), promoted standby \
+             (timeline {timelines}) {new}"
+        ),
+    );
+    assert!(
+        new > old_max,
+        "the promoted standby's token {new} is not above the old primary's tokens {old:?} \
+         (the standby replayed up to the acquisition with token {first}, then lagged; \
+         promoted on timeline {timelines})\n{}\n{}",
+        a.tail(),
+        c.tail()
+    );
+    Ok(())
 }
 
 /// The token of the `n`-th `start` line (1-based) of `node`.
@@ -72,7 +211,7 @@ fn timeline(cluster: &Cluster) -> Result<String, KitError> {
 /// the promoted cluster is upgraded with `pg_upgrade` (a new cluster: timeline 1). The
 /// first token on the upgraded cluster must be above the one before the upgrade.
 #[test]
-fn hole4_tokens_grow_across_pg_upgrade_of_a_promoted_cluster() -> Res {
+fn tokens_grow_across_pg_upgrade_of_a_promoted_cluster() -> Res {
     let mut primary = Cluster::start()?;
     let mut standby = primary.start_standby()?;
     let first = acquire_once(&primary, "A")?;
@@ -104,7 +243,7 @@ fn hole4_tokens_grow_across_pg_upgrade_of_a_promoted_cluster() -> Res {
 /// cut-over: a lease has no schema to move, so a new cluster is what the replicas find).
 /// Transaction ids restart there; the first token must still be above the old cluster's.
 #[test]
-fn hole4_tokens_grow_across_a_migration_into_a_new_cluster() -> Res {
+fn tokens_grow_across_a_migration_into_a_new_cluster() -> Res {
     let mut old = Cluster::start()?;
     // An old cluster has used some transaction ids.
     burn_xids(&old, 2000)?;
@@ -213,7 +352,7 @@ fn a_try_on_a_hot_standby_takes_nothing() -> Res {
 /// lease; then a second lease of the same locker (same session) is acquired. It must be
 /// acquired, and the first lease must not be lost; no backend waits in `SyncRep`.
 #[test]
-fn hole5_a_down_synchronous_standby_strands_no_lease() -> Res {
+fn a_down_synchronous_standby_strands_no_lease() -> Res {
     let cluster = Cluster::start()?;
     let config = ReplicaConfig {
         leases: 2,

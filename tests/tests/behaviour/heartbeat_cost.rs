@@ -1,5 +1,5 @@
-//! The steady heartbeat's cost does not depend on what the server holds
-//! (issue 12 item 5), on an ephemeral kit cluster: medians of
+//! The steady heartbeat's cost does not depend on what the server holds, on an
+//! ephemeral kit cluster: medians of
 //! `Statement::Heartbeat` (backend pid + nonce) and `Statement::Verify`
 //! (that plus this session's keys from `pg_locks`, the heartbeat of before)
 //! on a session holding one key, while another session holds no lock or
@@ -7,15 +7,18 @@
 //! heartbeat with 4,000 foreign locks stays within 25 % of the 1-key figure
 //! (the target is 10 %; the margin absorbs a loaded machine).
 //!
-//! `cargo test -p lease-tests --test heartbeat_cost -- --nocapture`
+//! `cargo test -p lease-tests heartbeat_cost:: -- --nocapture`
 
-use std::time::Instant;
-
-use lease_proto::{Statement, NONCE_SETTING};
+use lease_proto::Statement;
+use lease_proto::NONCE_SETTING;
 use lease_tests::cluster::Cluster;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use std::time::Instant;
+use tokio_postgres::Client;
+use tokio_postgres::NoTls;
+use tokio_postgres::SimpleQueryMessage;
 
 const REPS: usize = 400;
+
 const FOREIGN: usize = 4_000;
 
 async fn connect(cluster: &Cluster, app: &str) -> Client {

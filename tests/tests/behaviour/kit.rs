@@ -1,15 +1,26 @@
 //! Self-tests of the test kit against the real PostgreSQL and pgbouncer binaries.
 
-use lease_tests::{
-    monotonic_nanos, pid_alive, Cluster, FaultProxy, KitError, Mode, PgBouncer, PoolMode, Replica,
-    Stream,
-};
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use lease_tests::monotonic_nanos;
+use lease_tests::pid_alive;
+use lease_tests::Cluster;
+use lease_tests::FaultProxy;
+use lease_tests::KitError;
+use lease_tests::Mode;
+use lease_tests::PgBouncer;
+use lease_tests::PoolMode;
+use lease_tests::Replica;
+use lease_tests::Stream;
+use std::io::ErrorKind;
+use std::io::Read;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::net::TcpStream;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
-use std::time::{Duration, Instant};
-use tokio_postgres::{Client, NoTls};
+use std::time::Duration;
+use std::time::Instant;
+use tokio_postgres::Client;
+use tokio_postgres::NoTls;
 
 async fn connect(conn: &str) -> Client {
     let (client, connection) = tokio_postgres::connect(conn, NoTls)

@@ -2,14 +2,14 @@
 //! 127.0.0.1:5432: the resource rejects every write carrying a token older than
 //! the newest it has seen, whichever leader writes first.
 
-use tokio_postgres::{Client, NoTls};
-
-const DB: &str = "host=127.0.0.1 user=postgres dbname=postgres";
+use crate::common::*;
+use tokio_postgres::Client;
+use tokio_postgres::NoTls;
 
 /// The SQL block after the `fencing-recipe` marker in README.md: the table, then
 /// the fence statement.
 fn recipe() -> (String, String) {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../../README.md");
     let start = readme
         .find("<!-- fencing-recipe")
         .expect("the README has the recipe");

@@ -12,33 +12,34 @@
 //! `--nocapture` to see them) and appear in assertion messages. Bounds are asserted only
 //! where a guarantee defines them; elsewhere the timeouts are generous.
 
-use lease_tests::scenario::{
-    diff, ms, ms_f, nanos, worst_overlap, Admin, Driver, Event, Node, ReplicaConfig, Term,
-    TRY_PREFIX, WAIT_PREFIX,
-};
-use lease_tests::{
-    monotonic_nanos, Certs, Cluster, FaultProxy, KitError, Mode, PgBouncer, PgBouncerSettings,
-    PoolMode,
-};
+use crate::common::*;
+use lease_tests::monotonic_nanos;
+use lease_tests::scenario::diff;
+use lease_tests::scenario::ms;
+use lease_tests::scenario::ms_f;
+use lease_tests::scenario::nanos;
+use lease_tests::scenario::worst_overlap;
+use lease_tests::scenario::Admin;
+use lease_tests::scenario::Driver;
+use lease_tests::scenario::Event;
+use lease_tests::scenario::Node;
+use lease_tests::scenario::ReplicaConfig;
+use lease_tests::scenario::Term;
+use lease_tests::scenario::TRY_PREFIX;
+use lease_tests::scenario::WAIT_PREFIX;
+use lease_tests::Certs;
+use lease_tests::Cluster;
+use lease_tests::FaultProxy;
+use lease_tests::KitError;
+use lease_tests::Mode;
+use lease_tests::PgBouncer;
+use lease_tests::PgBouncerSettings;
+use lease_tests::PoolMode;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
-
-/// How long to wait for anything that should happen.
-const WAIT: Duration = Duration::from_secs(30);
-
-type Res = Result<(), KitError>;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_replica"))
-}
-
-fn key(name: &str) -> i64 {
-    lease_proto::LeaseId::named(name)
-        .expect("valid lease name")
-        .key()
-}
+use std::time::Duration;
+use std::time::Instant;
 
 fn figure(driver: &str, what: &str, value: String) {
     eprintln!("FIGURE {driver:9} {what}: {value}");
@@ -166,14 +167,6 @@ fn assert_no_overlap(nodes: &[&Node]) {
     );
 }
 
-fn tails(nodes: &[&Node]) -> String {
-    nodes
-        .iter()
-        .map(|n| n.tail())
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// Waits until one of `nodes` prints a `start` at or after `after`: `(index, token, t)`.
 fn wait_any_start(nodes: &[&Node], after: u64, timeout: Duration) -> (usize, i64, u64) {
     let deadline = Instant::now() + timeout;
@@ -219,24 +212,6 @@ fn assert_one_leader(admin: &Admin, nodes: &[&Node], lease: &str) -> Result<usiz
         tails(nodes)
     );
     Ok(leader)
-}
-
-macro_rules! both_drivers {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use lease_tests::scenario::Driver;
-
-            #[test]
-            fn tokio() -> Result<(), lease_tests::KitError> {
-                super::$name(Driver::Tokio)
-            }
-
-            #[test]
-            fn smol() -> Result<(), lease_tests::KitError> {
-                super::$name(Driver::Smol)
-            }
-        }
-    )*};
 }
 
 both_drivers!(
