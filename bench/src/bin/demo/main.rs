@@ -2,7 +2,7 @@
 //! killed, frozen, partitioned and stopped in turn, with a live timeline and a summary.
 //!
 //! ```text
-//! cargo run -p lease-tests --bin demo -- [--verbose] [--database-url URL] [--lease PATH]
+//! cargo run -p lease-bench --bin demo -- [--verbose] [--database-url URL] [--lease PATH]
 //! ```
 //!
 //! The replicas are real `lease run` processes (the `lease` binary of lease-cli, built on
@@ -17,14 +17,14 @@
 mod show;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 const USAGE: &str = "\
-usage: cargo run -p lease-tests --bin demo -- [OPTIONS]
+usage: cargo run -p lease-bench --bin demo -- [OPTIONS]
 
 Watch failover work. With no database configured (no --database-url, no DATABASE_URL, no
 PGHOST) it starts a throwaway PostgreSQL (initdb and postgres must be installed:
@@ -139,7 +139,7 @@ fn demo(args: Args) -> u8 {
     };
     let lease = match args.lease.clone() {
         Some(p) => p,
-        None => match lease_binary(&job_exe) {
+        None => match lease_binary() {
             Ok(p) => p,
             Err(e) => return fail(&e),
         },
@@ -173,43 +173,12 @@ fn redact(text: &str) -> String {
     }
 }
 
-/// Builds lease-cli's `lease` with the profile this binary was built with (`cargo run
-/// --bin demo` builds only `demo`) and returns its path: the binary next to this one.
-///
-/// Running cargo each time keeps `lease` in step with its sources (a no-op when it is).
-/// `demo` is named too, so that cargo resolves the dependencies' features as for the
-/// `cargo run` that built this binary (lease-tests needs a superset of lease-cli's) and
-/// compiles none of them a second time.
-fn lease_binary(exe: &Path) -> Result<PathBuf, String> {
-    let dir = exe.parent().ok_or("this binary has no directory")?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "lease-cli", "--bin", "lease"])
-        .args(["-p", "lease-tests", "--bin", "demo"])
-        .arg("--manifest-path")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-    match dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => {}
-        Some("release") => {
-            cmd.arg("--release");
-        }
-        Some(profile) => {
-            cmd.args(["--profile", profile]);
-        }
-        None => return Err(format!("unexpected binary location {}", exe.display())),
-    }
+/// Builds lease-cli's `lease` with the profile this binary was built with, next to it
+/// (`cargo run --bin demo` builds only `demo`), and returns its path.
+fn lease_binary() -> Result<PathBuf, String> {
     println!("building `lease` (cargo build -p lease-cli --bin lease) ...");
-    let status = cmd.status().map_err(|e| {
-        format!("running cargo to build the lease binary: {e} (or pass --lease PATH)")
-    })?;
-    let bin = dir.join("lease");
-    if !status.success() || !bin.is_file() {
-        return Err(format!(
-            "building the lease binary failed ({status}); try: cargo build -p lease-cli, or \
-             pass --lease PATH"
-        ));
-    }
-    Ok(bin)
+    lease_bench::build_sibling("lease-cli", "lease", &[])
+        .map_err(|e| format!("{e} (or pass --lease PATH)"))
 }
 
 /// The demo job (`demo --job`, run by `lease run`): prints `demo-worker token=T pid=P

@@ -1,7 +1,7 @@
 //! `bench`: the failover, takeover and cost benchmark of `lease`.
 //!
 //! ```text
-//! cargo run --release -p lease-tests --bin bench -- [--quick] [--reps N] [--out DIR]
+//! cargo run --release -p lease-bench --bin bench -- [--quick] [--reps N] [--out DIR]
 //!     [--only failover|takeover|cost]
 //! ```
 //!
@@ -39,7 +39,7 @@ mod takeover;
 
 use lease_tests::scenario::{Driver, Node, ReplicaConfig};
 use lease_tests::Cluster;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
@@ -266,9 +266,9 @@ fn parse_args() -> R<Option<Plan>> {
         }
     };
     let mut command = String::from(if METRICS {
-        "cargo run --release -p lease-tests --features metrics --bin bench --"
+        "cargo run --release -p lease-bench --features metrics --bin bench --"
     } else {
-        "cargo run --release -p lease-tests --bin bench --"
+        "cargo run --release -p lease-bench --bin bench --"
     });
     for a in &args {
         command.push(' ');
@@ -292,43 +292,15 @@ fn parse_args() -> R<Option<Plan>> {
     }))
 }
 
-/// Builds binary `bin` of package `package` with the profile this binary was built with
-/// (`cargo run --bin bench` builds only `bench`) and returns its path.
+/// Builds binary `bin` of package `package` as this binary was built. The replica measured
+/// is built with the drivers' metrics (and a recorder) or without, as this binary was.
 fn build(package: &str, bin: &str) -> R<PathBuf> {
-    let exe = std::env::current_exe().map_err(|e| format!("locating the bench binary: {e}"))?;
-    let dir = exe.parent().ok_or("the bench binary has no directory")?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", package, "--bin", bin])
-        // The replica measured is built as this binary was: with the drivers' metrics
-        // (and a recorder) or without.
-        .args(
-            (METRICS && package == "lease-tests")
-                .then_some(["--features", "metrics"])
-                .into_iter()
-                .flatten(),
-        )
-        .arg("--manifest-path")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
-    let mut flag = String::new();
-    match dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => {}
-        Some("release") => flag = " --release".into(),
-        Some(profile) => flag = format!(" --profile {profile}"),
-        None => return Err(format!("unexpected binary location {}", exe.display())),
-    }
-    cmd.args(flag.split_whitespace());
-    let status = cmd
-        .status()
-        .map_err(|e| format!("running cargo to build the {bin} binary: {e}"))?;
-    let path = dir.join(bin);
-    if !status.success() || !path.is_file() {
-        return Err(format!(
-            "building the {bin} binary failed ({status}); try: \
-             cargo build{flag} -p {package} --bin {bin}"
-        ));
-    }
-    Ok(path)
+    let features: &[&str] = if METRICS && package == "lease-tests" {
+        &["metrics"]
+    } else {
+        &[]
+    };
+    lease_bench::build_sibling(package, bin, features)
 }
 
 /// The machine, for the report header.

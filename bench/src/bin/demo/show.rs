@@ -174,7 +174,7 @@ pub fn main(args: &Args, lease: &Path, job: &Path) -> u8 {
                 eprintln!("demo: error: cannot start a throwaway PostgreSQL: {first}");
                 eprintln!(
                     "  (install it with `bash .ci/install-deps`, or point the demo at a \
-                     server: cargo run -p lease-tests --bin demo -- --database-url URL)"
+                     server: cargo run -p lease-bench --bin demo -- --database-url URL)"
                 );
                 return 1;
             }
