@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lease_proto::sim::{Command, Harness};
+use lease_proto::sim::{Command, Fault, Harness};
 use lease_proto::*;
 use proptest::test_runner::{FailurePersistence, FileFailurePersistence};
 
@@ -110,4 +110,43 @@ pub fn regressions_beside_the_source() -> Option<Box<dyn FailurePersistence>> {
     Some(Box::new(FileFailurePersistence::WithSource(
         "proptest-regressions",
     )))
+}
+
+/// Opens the session of the run just started and returns the nonce its setup statement
+/// sends.
+pub fn open_until_setup(h: &mut Harness) -> i64 {
+    let s = h.session().expect("a connection attempt");
+    h.input(Input::SessionOpened { session: s });
+    let Statement::Setup { nonce, .. } = h.statement() else {
+        panic!("expected the setup, got {:?}", h.statement())
+    };
+    nonce
+}
+
+/// The setup reply of a PostgreSQL 15 primary (backend pid 7) that applied everything the
+/// session asked for with options `o` and setup `nonce`.
+pub fn setup_reply(o: &Options, nonce: i64) -> SetupReply {
+    SetupReply {
+        server_version: 150_000,
+        in_recovery: false,
+        backend_pid: 7,
+        idle_session_timeout_ms: Some(o.guard_timeout().as_millis() as i64),
+        tcp_settings: o.tcp_settings().map(|(_, v)| Some(v)),
+        unix_socket: false,
+        search_path_catalog: true,
+        nonce: Some(nonce),
+        promotion: Default::default(),
+    }
+}
+
+/// The latency and server slowness that `faults` add, stacked: how much longer than usual
+/// the last messages of a schedule can take.
+pub fn stacked_delay<'a>(faults: impl IntoIterator<Item = &'a Fault>) -> Duration {
+    faults
+        .into_iter()
+        .map(|f| match f {
+            Fault::Delay { extra, .. } | Fault::SlowServer { extra, .. } => *extra,
+            _ => Duration::ZERO,
+        })
+        .sum()
 }

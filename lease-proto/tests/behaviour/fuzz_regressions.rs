@@ -288,13 +288,7 @@ fn fuzz_config(
 fn sim_replay(cfg: SimConfig, faults: &[(u64, Fault)]) -> Report {
     let validity = cfg.options.validity_window();
     let server_faults = faults.iter().any(|(_, f)| f.server_ends_sessions());
-    let stacked: Duration = faults
-        .iter()
-        .map(|(_, f)| match f {
-            Fault::Delay { extra, .. } | Fault::SlowServer { extra, .. } => *extra,
-            _ => Duration::ZERO,
-        })
-        .sum();
+    let stacked = stacked_delay(faults.iter().map(|(_, f)| f));
     let mut sim = Sim::new(cfg, Instant::now());
     for (at, f) in faults {
         sim.schedule(ms(*at), f.clone());

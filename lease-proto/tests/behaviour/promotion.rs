@@ -13,23 +13,12 @@ use std::time::Duration;
 fn set_up(promotion: PromotionState) -> (Harness, i64, Vec<Event>) {
     let o = opts();
     let mut h = Harness::new(o.clone(), 1).unwrap();
-    h.run(LeaseId::named("a").unwrap());
-    let s = h.session().unwrap();
-    h.input(Input::SessionOpened { session: s });
-    let Statement::Setup { nonce, .. } = h.statement() else {
-        panic!("expected the setup")
-    };
+    h.run(lease("a"));
+    let nonce = open_until_setup(&mut h);
     h.reply(
         SetupReply {
-            server_version: 150_000,
-            in_recovery: false,
-            backend_pid: 7,
-            idle_session_timeout_ms: Some(o.guard_timeout().as_millis() as i64),
-            tcp_settings: o.tcp_settings().map(|(_, v)| Some(v)),
-            unix_socket: false,
-            nonce: Some(nonce),
-            search_path_catalog: true,
             promotion,
+            ..setup_reply(&o, nonce)
         }
         .to_rows(),
     );

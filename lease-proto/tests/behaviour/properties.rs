@@ -24,7 +24,7 @@
 //! `broken_confirming_validity_at_reply_arrival_is_caught` plants
 //! [`Mutation::ConfirmAtArrival`] and expects strong safety to fail.
 
-use crate::common::{ms, regressions_beside_the_source};
+use crate::common::{ms, regressions_beside_the_source, stacked_delay};
 use lease_proto::sim::DriverBug;
 use lease_proto::sim::Fault;
 use lease_proto::sim::Mutation;
@@ -403,13 +403,7 @@ fn fault_process(f: &Fault) -> Option<usize> {
 /// as long as the schedule made them (up to every added latency and
 /// slowness), then a few round trips.
 fn settle(cfg: &SimConfig, faults: &[(Duration, Fault)]) -> Duration {
-    let stacked: Duration = faults
-        .iter()
-        .map(|(_, f)| match f {
-            Fault::Delay { extra, .. } | Fault::SlowServer { extra, .. } => *extra,
-            _ => Duration::ZERO,
-        })
-        .sum();
+    let stacked = stacked_delay(faults.iter().map(|(_, f)| f));
     ms(3000) + stacked + one_way(cfg) * 10
 }
 

@@ -66,22 +66,11 @@ fn a_standby_is_retried_after_a_backoff() {
     let o = opts();
     let mut h = harness(o.clone());
     h.run(lease("a"));
-    let s = h.session().unwrap();
-    h.input(Input::SessionOpened { session: s });
-    let Statement::Setup { nonce, .. } = h.statement() else {
-        panic!("expected the setup")
-    };
+    let nonce = open_until_setup(&mut h);
     let cmds = h.reply(
         SetupReply {
-            server_version: 150_000,
             in_recovery: true,
-            backend_pid: 7,
-            idle_session_timeout_ms: Some(o.guard_timeout().as_millis() as i64),
-            tcp_settings: o.tcp_settings().map(|(_, v)| Some(v)),
-            unix_socket: false,
-            search_path_catalog: true,
-            nonce: Some(nonce),
-            promotion: Default::default(),
+            ..setup_reply(&o, nonce)
         }
         .to_rows(),
     );
@@ -109,22 +98,11 @@ fn a_search_path_other_than_pg_catalog_is_refused() {
     let o = opts();
     let mut h = harness(o.clone());
     h.run(lease("a"));
-    let s = h.session().unwrap();
-    h.input(Input::SessionOpened { session: s });
-    let Statement::Setup { nonce, .. } = h.statement() else {
-        panic!("expected the setup")
-    };
+    let nonce = open_until_setup(&mut h);
     let cmds = h.reply(
         SetupReply {
-            server_version: 150_000,
-            in_recovery: false,
-            backend_pid: 7,
-            idle_session_timeout_ms: Some(o.guard_timeout().as_millis() as i64),
-            tcp_settings: o.tcp_settings().map(|(_, v)| Some(v)),
-            unix_socket: false,
-            nonce: Some(nonce),
             search_path_catalog: false,
-            promotion: Default::default(),
+            ..setup_reply(&o, nonce)
         }
         .to_rows(),
     );
