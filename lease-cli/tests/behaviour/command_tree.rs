@@ -456,16 +456,7 @@ fn graceful_stop_on_a_partitioned_session_ends_before_the_standby_starts() {
     let dir = Dir::new("graceful-partition");
     let name = unique("graceful-partition");
     // Validity 700 ms, guard 1 s, --grace 10 s.
-    let short = [
-        "--retry-interval",
-        "100ms",
-        "--heartbeat-interval",
-        "200ms",
-        "--query-timeout",
-        "500ms",
-        "--guard-margin",
-        "300ms",
-    ];
+    let short = SHORT;
     let via_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
     let a = Replica::spawn(run_sh(
         &via_proxy,

@@ -280,3 +280,16 @@ pub fn held(c: &Cluster, key: i64) -> bool {
         .iter()
         .any(|&(k, _)| k == key)
 }
+
+/// Short intervals for the failover tests, with the default `--grace` (10 s):
+/// validity 700 ms, guard (`idle_session_timeout`) 1 s.
+pub const SHORT: [&str; 8] = [
+    "--retry-interval",
+    "100ms",
+    "--heartbeat-interval",
+    "200ms",
+    "--query-timeout",
+    "500ms",
+    "--guard-margin",
+    "300ms",
+];

@@ -4,6 +4,7 @@
 
 use crate::common::*;
 use lease_proto::key_for_name;
+use lease_tests::cluster::Frozen;
 use lease_tests::Cluster;
 use lease_tests::Replica;
 use std::sync::Arc;
@@ -121,12 +122,9 @@ fn several_hosts_default_to_read_write_and_an_explicit_value_wins() {
     );
 }
 
-/// Issue 18 hole 11 for `lease status` (its own connection, not the lease driver's): with
-/// `host=A,B`, A frozen (SIGSTOP of its postmaster and children: TCP connects, nothing
-/// answers) and B its promoted standby, the status comes from B within `--timeout`:
-/// each host gets its share. Before the fix the whole `--timeout` went to A.
-#[test]
-fn status_moves_on_from_a_frozen_first_host() {
+/// A primary A, frozen (SIGSTOP of its postmaster and children: TCP connects, nothing
+/// answers), and its promoted standby B: the clusters, A's freeze and `host=A,B`.
+fn frozen_first_host() -> (Cluster, Cluster, Frozen, String) {
     let a = Cluster::start().expect("primary A");
     let b = a.start_standby().expect("hot standby B");
     b.promote().expect("promote B");
@@ -136,6 +134,16 @@ fn status_moves_on_from_a_frozen_first_host() {
         a.port(),
         b.port()
     );
+    (a, b, frozen, url)
+}
+
+/// Issue 18 hole 11 for `lease status` (its own connection, not the lease driver's): with
+/// `host=A,B`, A frozen (SIGSTOP of its postmaster and children: TCP connects, nothing
+/// answers) and B its promoted standby, the status comes from B within `--timeout`:
+/// each host gets its share. Before the fix the whole `--timeout` went to A.
+#[test]
+fn status_moves_on_from_a_frozen_first_host() {
+    let (_a, _b, frozen, url) = frozen_first_host();
     let mut cmd = lease();
     cmd.args(["status", "--database-url", &url, "--timeout", "4s"])
         .arg(unique("frozen-first"));
@@ -155,15 +163,7 @@ fn status_moves_on_from_a_frozen_first_host() {
 /// and nobody led.
 #[test]
 fn run_leads_on_the_next_host_when_the_first_is_frozen() {
-    let a = Cluster::start().expect("primary A");
-    let b = a.start_standby().expect("hot standby B");
-    b.promote().expect("promote B");
-    let frozen = a.freeze().expect("freeze A");
-    let url = format!(
-        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres",
-        a.port(),
-        b.port()
-    );
+    let (_a, _b, frozen, url) = frozen_first_host();
     let mut cmd = lease();
     cmd.args(["run", "--database-url", &url, "--query-timeout", "2s"])
         .args(["--retry-interval", "100ms", "--heartbeat-interval", "200ms"])

@@ -17,19 +17,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use std::time::Instant;
 
-/// Short intervals for the failover tests, with the default `--grace` (10 s):
-/// validity 700 ms, guard (`idle_session_timeout`) 1 s.
-const SHORT: [&str; 8] = [
-    "--retry-interval",
-    "100ms",
-    "--heartbeat-interval",
-    "200ms",
-    "--query-timeout",
-    "500ms",
-    "--guard-margin",
-    "300ms",
-];
-
 /// Watches `pid` from another thread (1 ms polling): the wall-clock time
 /// (nanoseconds) it was first seen gone, `None` if not within `limit`.
 fn death_watch(pid: i32, limit: Duration) -> std::thread::JoinHandle<Option<u128>> {
