@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use lease_proto::Options;
-use lease_tests::scenario::{ms_f, Driver, Node};
+use lease_tests::scenario::{ms_f, Driver, Event, Node};
 use lease_tests::KitError;
 
 /// The shared test server at 127.0.0.1:5432 (trust authentication).
@@ -61,6 +61,21 @@ pub fn fig_ms(what: &str, nanos: i128) {
 /// Prints `FIGURE <driver> <what>: <value>` on stderr.
 pub fn driver_figure(driver: Driver, what: &str, value: String) {
     eprintln!("FIGURE {:9} {what}: {value}", driver.name());
+}
+
+/// Waits until `node` has printed `n` `valid` lines: its heartbeats flow.
+pub fn wait_valid_lines(node: &Node, n: usize) -> Res {
+    let mut valid = 0;
+    node.wait_event(
+        |e| {
+            matches!(e, Event::Valid { .. }) && {
+                valid += 1;
+                valid == n
+            }
+        },
+        WAIT,
+    )?;
+    Ok(())
 }
 
 /// The last lines of every node's output, for failure messages.

@@ -741,16 +741,7 @@ fn partition_in(env: &Env, driver: Driver, lease: &str) -> Res {
     b.wait_pid(0, WAIT)?;
     env.assert_transport(&admin)?;
     // Heartbeats flow: valid_until has moved at least twice.
-    let mut valid = 0;
-    a.wait_event(
-        |e| {
-            matches!(e, Event::Valid { .. }) && {
-                valid += 1;
-                valid == 3
-            }
-        },
-        WAIT,
-    )?;
+    wait_valid_lines(&a, 3)?;
     assert_eq!(admin.holders(key(lease))?, vec![a_pid]);
 
     let t_part = monotonic_nanos();
@@ -882,16 +873,7 @@ fn freeze(driver: Driver) -> Res {
     a.wait_start(0, WAIT)?;
     let b = config.spawn(bin(), "B")?;
     b.wait_pid(0, WAIT)?;
-    let mut valid = 0;
-    a.wait_event(
-        |e| {
-            matches!(e, Event::Valid { .. }) && {
-                valid += 1;
-                valid == 3
-            }
-        },
-        WAIT,
-    )?;
+    wait_valid_lines(&a, 3)?;
 
     let t_stop = monotonic_nanos();
     a.replica().sigstop()?;

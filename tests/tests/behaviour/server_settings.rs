@@ -124,16 +124,7 @@ fn netns_partition(role_tcp_settings: bool) -> Result<PartitionRun, KitError> {
     let b = standby.spawn(bin(), "B")?;
     b.wait_pid(0, WAIT)?;
     // Heartbeats flow: valid_until has moved at least twice.
-    let mut valid = 0;
-    a.wait_event(
-        |e| {
-            matches!(e, Event::Valid { .. }) && {
-                valid += 1;
-                valid == 3
-            }
-        },
-        WAIT,
-    )?;
+    wait_valid_lines(&a, 3)?;
     assert_eq!(admin.holders(key("job"))?, vec![a_pid], "A holds the key");
 
     let t_cut = monotonic_nanos();
