@@ -1,6 +1,7 @@
 //! Fuzz target `machine_inputs`: arbitrary input sequences into one
 //! [`Machine`], the coverage-guided counterpart of the
-//! `arbitrary_inputs_keep_every_rule` property in `lease-proto/tests/machine.rs`.
+//! `arbitrary_inputs_keep_every_rule` property in `lease-proto/tests/behaviour/arbitrary_inputs.rs`
+//! (its findings, reduced, are `lease-proto/tests/behaviour/fuzz_regressions.rs`).
 //!
 //! The fuzzer picks valid [`Options`] (derived from bytes; inputs whose options
 //! fail [`Options::validate`] are skipped), a jitter seed, and a sequence of

@@ -1,6 +1,6 @@
 //! Fuzz target `sim_schedule`: fuzzer-chosen cluster setups and fault
 //! schedules through the deterministic simulator, the coverage-guided
-//! counterpart of `lease-proto/tests/properties.rs`.
+//! counterpart of `lease-proto/tests/behaviour/properties.rs`.
 //!
 //! The fuzzer picks a [`SimConfig`] (2-4 processes, 1-3 leases, seed, clock
 //! drift up to 5 %, the probability that a job returns by itself) and up to

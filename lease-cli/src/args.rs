@@ -20,7 +20,7 @@ Start `lease run NAME -- COMMAND` on every replica: one of them runs COMMAND, th
 and take over when it exits, crashes, is stopped or loses its database session. No schema, no
 extra service: just the database you already have.
 
-First time? In a clone of the repository, `cargo run -p lease-tests --bin demo` starts a throwaway
+First time? In a clone of the repository, `cargo run -p lease-bench --bin demo` starts a throwaway
 PostgreSQL, runs three replicas of a small job under `lease run` and kills, freezes, partitions and
 stops the leader in turn while you watch failover happen.";
 

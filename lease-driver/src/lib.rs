@@ -100,7 +100,7 @@
 //! primary in the list is skipped rather than connected to (the core only
 //! finds a standby at setup and retries from the first host after a
 //! backoff). Test: `a_frozen_first_host_does_not_block_failover_to_the_next`
-//! and `read_write_skips_a_standby_listed_first` in `tests/tests/drivers`.
+//! and `read_write_skips_a_standby_listed_first` in `tests/tests/behaviour/drivers`.
 //!
 //! ## Logs, the job span and metrics
 //!

@@ -1,5 +1,5 @@
 //! lease-smol's dependency graph stays free of tokio's runtime. (Its behaviour against
-//! a real server is tested with lease-tokio's by one suite: `tests/tests/drivers`.)
+//! a real server is tested with lease-tokio's by one suite: `tests/tests/behaviour/drivers`.)
 
 use std::process::Command;
 

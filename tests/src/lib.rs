@@ -146,6 +146,29 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// Panics unless every `.rs` file and every directory in `dir` (a test binary's directory,
+/// whose root is `main.rs` with the text `main`) is a module of that binary: a
+/// `mod NAME;` line in `main`. Cargo compiles only the modules the root names, so a test
+/// file without its line would silently never run.
+pub fn assert_every_file_is_a_module(dir: &Path, main: &str) {
+    let entries = fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let entry = entry.expect("a directory entry");
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let module = match name.strip_suffix(".rs") {
+            Some("main") => continue,
+            Some(module) => module.to_owned(),
+            None if entry.path().is_dir() => name.clone(),
+            None => continue,
+        };
+        assert!(
+            main.contains(&format!("\nmod {module};")),
+            "{}: {name} is not a module of main.rs (add `mod {module};`)",
+            dir.display()
+        );
+    }
+}
+
 /// The last `n` lines of `text`.
 pub(crate) fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();

@@ -1,0 +1,45 @@
+//! The `lease` command without a password for a server that asks for one
+//! (no `password=`, no `PGPASSWORD`, no password file): exit 1 at once with
+//! one line that says so, instead of retrying forever.
+
+use std::time::{Duration, Instant};
+
+use lease_tests::{Cluster, Replica};
+
+use crate::common;
+
+#[test]
+fn no_password_exits_1_at_once_naming_it() {
+    let c = Cluster::start_password_auth().expect("start a cluster");
+    c.sql("CREATE ROLE app LOGIN PASSWORD 'cli-Secret-3318'")
+        .expect("create role");
+    // A home without a password file.
+    let home = std::env::temp_dir().join(format!("lease-cli-nopass-{}", std::process::id()));
+    std::fs::create_dir_all(&home).expect("a home");
+    let mut cmd = common::lease();
+    cmd.env("HOME", &home)
+        .env_remove("PGPASSFILE")
+        .args(["run", "--database-url"])
+        .arg(format!(
+            "host=127.0.0.1 port={} user=app dbname=postgres",
+            c.port()
+        ))
+        .args(["--retry-interval", "50ms", "--query-timeout", "1s"])
+        .args(["job", "--", "sleep", "30"]);
+    let start = Instant::now();
+    let mut r = Replica::spawn(cmd).expect("spawn lease");
+    let status = r.wait_exit(Duration::from_secs(5));
+    let _ = r.wait_for_line(|_| false, Duration::from_millis(200));
+    let lines: Vec<String> = r.lines().into_iter().map(|l| l.text).collect();
+    let _ = std::fs::remove_dir_all(&home);
+    let status = status.unwrap_or_else(|e| panic!("lease did not exit ({e:?}): {lines:#?}"));
+    assert_eq!(status.code(), Some(1), "{lines:#?}");
+    assert!(start.elapsed() < Duration::from_secs(3), "{lines:#?}");
+    let errors: Vec<&String> = lines.iter().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "one error line: {lines:#?}");
+    assert!(
+        errors[0].contains("cannot connect: invalid configuration: password missing"),
+        "{}",
+        errors[0]
+    );
+}

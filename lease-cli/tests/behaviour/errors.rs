@@ -1,0 +1,150 @@
+//! Configuration errors from the `lease` command: before any session, a
+//! wrong password, an unknown role or an unknown database exit 1 at once
+//! with one clear line; a closed port keeps retrying and says why. No
+//! password appears in any output line.
+
+use crate::common::*;
+use lease_tests::Cluster;
+use lease_tests::Replica;
+use lease_tests::Stream;
+use std::net::TcpListener;
+use std::process::Command;
+use std::time::Duration;
+use std::time::Instant;
+
+const PASSWORD: &str = "right-Secret-7781";
+
+const WRONG: &str = "wrong-Secret-4410";
+
+/// `lease run` with a clean environment.
+fn lease_run(url: &str) -> Command {
+    let mut cmd = lease();
+    cmd.args(["run", "--database-url", url])
+        .args(["--retry-interval", "50ms", "--query-timeout", "1s"])
+        .args(["job", "--", "sleep", "30"]);
+    cmd
+}
+
+/// Runs `lease run` against `url`; asserts exit 1 within 2 s with one error
+/// line containing `words`, and no password anywhere.
+fn exits_at_once(url: &str, words: &str) {
+    let start = Instant::now();
+    let mut r = Replica::spawn(lease_run(url)).expect("spawn lease");
+    let status = r.wait_exit(MS(5_000)).expect("lease exits");
+    let took = start.elapsed();
+    let _ = r.wait_for_line(|_| false, MS(200));
+    let lines: Vec<String> = r.lines().into_iter().map(|l| l.text).collect();
+    eprintln!("exit {status} after {took:?}: {lines:#?}");
+    assert_eq!(status.code(), Some(1), "{lines:?}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    for line in &lines {
+        assert!(!line.contains(PASSWORD) && !line.contains(WRONG), "{line}");
+    }
+    let errors: Vec<&String> = lines.iter().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "one error line: {lines:?}");
+    assert!(errors[0].contains("cannot connect: "), "{}", errors[0]);
+    assert!(errors[0].contains(words), "{}", errors[0]);
+    assert!(
+        !lines.iter().any(|l| l.contains("session lost")),
+        "{lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("still retrying")),
+        "{lines:?}"
+    );
+    assert!(r.lines().iter().all(|l| l.stream == Stream::Stderr));
+}
+
+#[test]
+fn wrong_password_unknown_role_and_unknown_database_exit_1_at_once() {
+    let c = Cluster::start_password_auth().expect("start a cluster");
+    c.sql(&format!("CREATE ROLE app LOGIN PASSWORD '{PASSWORD}'"))
+        .expect("create role");
+    let port = c.port();
+    exits_at_once(
+        &format!("postgres://app:{WRONG}@127.0.0.1:{port}/postgres"),
+        "password authentication failed for user \"app\" (SQLSTATE 28P01)",
+    );
+    exits_at_once(
+        &format!("host=127.0.0.1 port={port} user=app password={WRONG} dbname=postgres"),
+        "password authentication failed for user \"app\"",
+    );
+    // postgres is trusted on this cluster: an unknown database, and an
+    // unknown role over a trusted line of the same server (a socket).
+    exits_at_once(
+        &format!("postgres://app:{PASSWORD}@127.0.0.1:{port}/no_such_db"),
+        "database \"no_such_db\" does not exist (SQLSTATE 3D000)",
+    );
+    let sock = c.socket_dir();
+    exits_at_once(
+        &format!(
+            "host={} port={port} user=no_such_role password={WRONG} dbname=postgres",
+            sock.display()
+        ),
+        "role \"no_such_role\" does not exist (SQLSTATE 28000)",
+    );
+}
+
+#[test]
+fn a_closed_port_keeps_retrying_and_names_the_cause() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("postgres://app:{WRONG}@127.0.0.1:{port}/postgres");
+    let mut r = Replica::spawn(lease_run(&url)).expect("spawn lease");
+    let (_, line) = r
+        .wait_for_line(|l| l.contains("still retrying"), MS(5_000))
+        .expect("says it keeps retrying");
+    eprintln!("{}", line);
+    assert!(line.contains("cannot reach the database"), "{}", line);
+    assert!(line.contains("Connection refused"), "{}", line);
+    assert!(r.is_alive(), "a closed port was fatal");
+    r.sigterm().expect("SIGTERM");
+    let status = r.wait_exit(MS(2_000)).expect("exits");
+    assert_eq!(status.code(), Some(0));
+    for l in r.lines() {
+        assert!(!l.text.contains(WRONG), "{}", l.text);
+    }
+}
+
+/// PostgreSQL 13 (fetched by .ci/install-deps) rejects the server guard's
+/// `idle_session_timeout` at startup: `lease run` exits 1 at once with the
+/// version it needs, not a "cannot connect" nor a retry; with
+/// `--no-server-guard` the command runs.
+#[test]
+fn postgres_13_exits_1_naming_the_version_needed() {
+    let c = Cluster::start_version(13).expect("start PostgreSQL 13");
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", c.port());
+    let start = Instant::now();
+    let mut r = Replica::spawn(lease_run(&url)).expect("spawn lease");
+    let status = r.wait_exit(MS(5_000)).expect("lease exits");
+    let took = start.elapsed();
+    let _ = r.wait_for_line(|_| false, MS(200));
+    let lines: Vec<String> = r.lines().into_iter().map(|l| l.text).collect();
+    eprintln!("exit {status} after {took:?}: {lines:#?}");
+    assert_eq!(status.code(), Some(1), "{lines:?}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let last = lines.last().expect("a line");
+    assert!(
+        last.contains("ERROR") && last.contains("lease needs PostgreSQL 14 or newer"),
+        "{lines:?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("cannot connect") || l.contains("retrying")),
+        "{lines:?}"
+    );
+
+    let mut cmd = lease();
+    cmd.args(["run", "--database-url", &url, "--no-server-guard"])
+        .args(["--retry-interval", "50ms", "--query-timeout", "1s"])
+        .args(["job", "--", "echo", "led-on-13"]);
+    let mut r = Replica::spawn(cmd).expect("spawn lease");
+    let status = r.wait_exit(MS(10_000)).expect("lease exits");
+    let _ = r.wait_for_line(|_| false, MS(200));
+    let lines: Vec<String> = r.lines().into_iter().map(|l| l.text).collect();
+    assert_eq!(status.code(), Some(0), "{lines:?}");
+    assert!(lines.iter().any(|l| l == "led-on-13"), "{lines:?}");
+}

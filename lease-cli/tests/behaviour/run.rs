@@ -1,0 +1,495 @@
+//! `lease run`'s life with its command: the environment it gives the command, the exit
+//! status passed through, leftovers stopped, a lost lease stopping the whole group, a
+//! killed runner taking its command along, SIGTERM, usage errors, and a password never
+//! printed.
+
+use crate::common::*;
+use lease_proto::key_for_name;
+use lease_tests::pid_alive;
+use lease_tests::Replica;
+use std::io::ErrorKind;
+use std::net::TcpListener;
+use std::time::Instant;
+
+#[test]
+fn child_sees_lease_name_key_and_token() {
+    let c = cluster();
+    let name = unique("env");
+    let script = r#"echo "name=$LEASE_NAME key=$LEASE_KEY token=$LEASE_TOKEN""#;
+    let (status, out, err, _) = output(fast_sh(&c, &name, &["--quiet"], script), MS(10_000));
+    assert!(status.success(), "{status}: {err}");
+    let line = out.lines().next().expect("the child printed");
+    assert!(line.starts_with(&format!("name={name} ")), "{line}");
+    assert_eq!(field(line, "key"), Some(key_for_name(&name)), "{line}");
+    assert!(field(line, "token").is_some_and(|t| t > 0), "{line}");
+    assert!(err.trim().is_empty(), "--quiet printed: {err}");
+    assert!(!held(&c, key_for_name(&name)), "the lease was not released");
+}
+
+#[test]
+fn exit_status_passes_through() {
+    let c = cluster();
+    let name = unique("exit");
+    for (script, want) in [
+        ("exit 0", 0),
+        ("exit 7", 7),
+        ("kill -TERM $$", 128 + 15),
+        ("kill -KILL $$", 128 + 9),
+    ] {
+        let (status, _, err, took) = output(fast_sh(&c, &name, &[], script), MS(10_000));
+        eprintln!("`{script}`: lease exited with {status} after {took:?}");
+        assert_eq!(status.code(), Some(want), "`{script}`: {err}");
+        assert!(!held(&c, key_for_name(&name)), "`{script}`: not released");
+    }
+}
+
+#[test]
+fn leftovers_of_the_command_are_stopped_before_the_release() {
+    let c = cluster();
+    let name = unique("leftover");
+    let script = "sleep 1000 & echo grandchild=$!; exit 0";
+    let (status, out, err, took) = output(fast_sh(&c, &name, &[], script), MS(10_000));
+    assert!(status.success(), "{status}: {err}");
+    let grandchild = field(&out, "grandchild").expect("pid") as i32;
+    assert!(
+        gone_at(grandchild, MS(1_000)).is_some(),
+        "{grandchild} outlived the lease"
+    );
+    eprintln!("command exited leaving a process behind: lease exited 0 after {took:?}, the process stopped");
+}
+
+#[test]
+fn lost_lease_stops_the_whole_group_then_starts_a_fresh_child() {
+    let c = cluster();
+    let name = unique("group");
+    // The child dies on SIGTERM; the grandchild ignores it (SIGKILL after grace).
+    let script = r#"(trap "" TERM; exec sleep 1000) & echo "child=$$ grandchild=$! token=$LEASE_TOKEN"; wait"#;
+    let r = Replica::spawn(fast_sh(&c, &name, &[], script)).expect("spawn");
+    let pids = |nth: usize| {
+        let mut seen = 0;
+        let (_, line) = r
+            .wait_for_line(
+                |l| {
+                    l.starts_with("child=") && {
+                        seen += 1;
+                        seen == nth
+                    }
+                },
+                MS(10_000),
+            )
+            .expect("the child started");
+        let pid = |k| field(&line, k).and_then(|p| i32::try_from(p).ok());
+        (
+            pid("child").expect("child pid"),
+            pid("grandchild").expect("grandchild pid"),
+            field(&line, "token").expect("token"),
+        )
+    };
+    let (child, grandchild, token) = pids(1);
+    assert!(pid_alive(child) && pid_alive(grandchild));
+
+    // Watch both pids from before the termination.
+    let watch = |pid: i32| std::thread::spawn(move || gone_at(pid, MS(10_000)));
+    let (child_watch, grandchild_watch) = (watch(child), watch(grandchild));
+    let start = Instant::now();
+    let app = format!("lease:{name}");
+    assert_eq!(c.terminate_by_application_name(&app).expect("terminate"), 1);
+    let child_gone = child_watch.join().ok().flatten().expect("the child died");
+    let grandchild_gone = grandchild_watch.join().ok().flatten();
+    let grandchild_gone = grandchild_gone.expect("the grandchild died");
+    let (lost, _) = r
+        .wait_for_line(|l| l.contains("lease lost"), MS(1_000))
+        .expect("the runner says it lost the lease");
+    eprintln!(
+        "pg_terminate_backend of the runner's session: the runner logged the loss {:?} after \
+         the psql call started; child gone {:?} after that line arrived, grandchild (ignores \
+         SIGTERM; grace 300ms) {:?} after",
+        lost.saturating_duration_since(start),
+        child_gone.saturating_duration_since(lost),
+        grandchild_gone.saturating_duration_since(lost),
+    );
+    assert!(grandchild_gone.saturating_duration_since(lost) < MS(2_000));
+
+    // The runner contends again and starts a fresh child with a larger token.
+    let (child2, grandchild2, token2) = pids(2);
+    assert!(token2 > token, "{token2} <= {token}");
+    assert_ne!(child2, child);
+    eprintln!(
+        "fresh child after {:?} (token {token} -> {token2})",
+        start.elapsed()
+    );
+    let mut r = r;
+    r.sigterm().expect("SIGTERM the runner");
+    let status = r.wait_exit(MS(5_000)).expect("the runner exits");
+    assert_eq!(status.code(), Some(0));
+    assert!(gone_at(child2, MS(2_000)).is_some());
+    assert!(gone_at(grandchild2, MS(2_000)).is_some());
+    assert!(!held(&c, key_for_name(&name)));
+}
+
+#[test]
+fn runner_killed_with_sigkill_takes_its_child_along() {
+    let c = cluster();
+    let name = unique("pdeath");
+    let mut r =
+        Replica::spawn(fast_sh(&c, &name, &[], "echo child=$$; exec sleep 1000")).expect("spawn");
+    let (_, line) = r
+        .wait_for_line(|l| l.starts_with("child="), MS(10_000))
+        .expect("the child started");
+    let child = field(&line, "child").expect("child pid") as i32;
+    assert!(pid_alive(child));
+    // SIGKILL reaches the runner only: the child has its own process group.
+    let start = Instant::now();
+    r.kill9().expect("SIGKILL the runner");
+    let gone = gone_at(child, MS(5_000)).expect("the child died with its runner") - start;
+    eprintln!("kill -9 of the runner: its child was gone {gone:?} later (PR_SET_PDEATHSIG)");
+    let _ = r.wait_exit(MS(5_000));
+    assert!(gone < MS(1_000), "{gone:?}");
+}
+
+#[test]
+fn runner_killed_with_sigkill_takes_the_whole_group_along() {
+    let c = cluster();
+    let name = unique("pdeath-group");
+    let script = "sleep 1000 & echo grandchild=$!; wait";
+    let mut r = Replica::spawn(fast_sh(&c, &name, &[], script)).expect("spawn");
+    let (_, line) = r
+        .wait_for_line(|l| l.starts_with("grandchild="), MS(10_000))
+        .expect("the command started");
+    let grandchild = field(&line, "grandchild").expect("pid") as i32;
+    let (_, line) = r
+        .wait_for_line(|l| l.contains("leading: started"), MS(1_000))
+        .expect("the leading line");
+    let watchdog = field(&line, "watchdog_pid").expect("watchdog pid") as i32;
+    assert!(pid_alive(grandchild) && pid_alive(watchdog));
+    let start = Instant::now();
+    r.kill9().expect("SIGKILL the runner");
+    let gone = gone_at(grandchild, MS(5_000)).expect("the grandchild died with its runner");
+    let dog_gone = gone_at(watchdog, MS(5_000)).expect("the watchdog exited");
+    eprintln!(
+        "kill -9 of the runner: its command's grandchild was gone {:?} later, the watchdog {:?}",
+        gone - start,
+        dog_gone - start
+    );
+    let _ = r.wait_exit(MS(5_000));
+    assert!(gone - start < MS(1_000), "{:?}", gone - start);
+}
+
+#[test]
+fn a_grace_longer_than_the_guard_margin_is_announced() {
+    let c = cluster();
+    let (status, _, err, _) = output(
+        fast_sh(&c, &unique("grace-warning"), &["--grace", "10s"], "true"),
+        MS(10_000),
+    );
+    assert_eq!(status.code(), Some(0), "{err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("--grace")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(
+        warnings[0].contains(
+            "--grace 10s is longer than the guard margin less the drift allowance (343ms): \
+             after a lost lease the command is killed at the guard deadline"
+        ),
+        "{}",
+        warnings[0]
+    );
+    // FAST's --grace 300ms is within the margin: no warning.
+    let (status, _, err, _) = output(fast_sh(&c, &unique("no-warning"), &[], "true"), MS(10_000));
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(!err.contains("--grace"), "{err}");
+    // Without the server guard: what bounds the command instead.
+    let (status, _, err, _) = output(
+        fast_sh(&c, &unique("no-guard"), &["--no-server-guard"], "true"),
+        MS(10_000),
+    );
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("--no-server-guard: ")
+            && err.contains("gets SIGKILL --grace 300ms after SIGTERM"),
+        "{err}"
+    );
+}
+
+/// The child of a handover test: prints `start TOKEN`, on SIGTERM `stop`.
+const ANNOUNCE: &str = r#"echo "start token=$LEASE_TOKEN"; trap "echo stop; exit 0" TERM; while :; do sleep 0.02; done"#;
+
+#[test]
+fn sigterm_while_leading_hands_over_to_the_standby_at_once() {
+    let c = cluster();
+    let name = unique("handover");
+    let mut a = Replica::spawn(fast_sh(&c, &name, &[], ANNOUNCE)).expect("spawn a");
+    let (_, line) = a
+        .wait_for_line(|l| l.starts_with("start"), MS(10_000))
+        .expect("a leads");
+    let token_a = field(&line, "token").expect("token");
+    // B polls only every 5 s: a takeover within tens of ms is the handover
+    // notification, not polling.
+    let b =
+        Replica::spawn(fast_sh(&c, &name, &["--retry-interval", "5s"], ANNOUNCE)).expect("spawn b");
+    b.wait_for_line(|l| l.contains("standing by"), MS(10_000))
+        .expect("b stands by");
+    let (_, held_by) = b
+        .wait_for_line(|l| l.contains("the lease is held by"), MS(5_000))
+        .expect("b says who holds the lease");
+    assert!(held_by.contains(&format!("lease:{name}")), "{held_by}");
+
+    let signalled = Instant::now();
+    a.sigterm().expect("SIGTERM a");
+    let (started, line) = b
+        .wait_for_line(|l| l.starts_with("start"), MS(10_000))
+        .expect("b takes over");
+    let (stopped, _) = a
+        .wait_for_line(|l| l == "stop", MS(1_000))
+        .expect("a's child got SIGTERM");
+    let status = a.wait_exit(MS(5_000)).expect("a exits");
+    let token_b = field(&line, "token").expect("token");
+    let handover = started.saturating_duration_since(signalled);
+    let gap = started.saturating_duration_since(stopped);
+    eprintln!(
+        "SIGTERM handover: standby's child started {handover:?} after the signal, {gap:?} after \
+         the old child stopped (token {token_a} -> {token_b})"
+    );
+    assert_eq!(status.code(), Some(0));
+    assert!(token_b > token_a);
+    assert!(handover < MS(1_000), "{handover:?}");
+}
+
+#[test]
+fn sigterm_while_standing_by_exits_at_once() {
+    let c = cluster();
+    let name = unique("standby");
+    let a = Replica::spawn(fast_sh(&c, &name, &[], ANNOUNCE)).expect("spawn a");
+    a.wait_for_line(|l| l.starts_with("start"), MS(10_000))
+        .expect("a leads");
+    let mut b = Replica::spawn(fast_sh(&c, &name, &[], ANNOUNCE)).expect("spawn b");
+    b.wait_for_line(|l| l.contains("standing by"), MS(10_000))
+        .expect("b stands by");
+    let start = Instant::now();
+    b.sigterm().expect("SIGTERM b");
+    let status = b.wait_exit(MS(2_000)).expect("b exits");
+    let took = start.elapsed();
+    eprintln!("SIGTERM while standing by: exited {status} after {took:?}");
+    assert_eq!(status.code(), Some(0));
+    assert!(took < MS(1_000), "{took:?}");
+    let (out, _) = texts(&b);
+    assert!(!out.contains("start"), "b ran its command: {out}");
+    drop(a);
+}
+
+/// What is wrong, the arguments, and an environment variable to set.
+type UsageCase<'a> = (&'a str, Vec<&'a str>, Option<(&'a str, &'a str)>);
+
+#[test]
+fn usage_errors_exit_2_on_one_line_without_touching_the_database() {
+    // A listener that records any connection: none may arrive.
+    let db = TcpListener::bind("127.0.0.1:0").expect("bind");
+    db.set_nonblocking(true).expect("nonblocking");
+    let port = db.local_addr().expect("addr").port();
+    let url = format!("postgres://u:pw@127.0.0.1:{port}/x");
+    let cases: Vec<UsageCase> = vec![
+        ("empty name", vec!["run", "", "--", "true"], None),
+        ("blank name", vec!["run", "  ", "--", "true"], None),
+        ("missing --", vec!["run", "job", "true"], None),
+        ("missing COMMAND", vec!["run", "job", "--"], None),
+        ("missing NAME", vec!["run", "--", "true"], None),
+        (
+            "bad duration",
+            vec!["run", "--grace", "5parsecs", "job", "--", "true"],
+            None,
+        ),
+        (
+            "zero interval",
+            vec!["run", "--retry-interval", "0s", "job", "--", "true"],
+            None,
+        ),
+        (
+            "interval over a day",
+            vec!["run", "--heartbeat-interval", "2days", "job", "--", "true"],
+            None,
+        ),
+        (
+            "unknown option",
+            vec!["run", "--bogus", "job", "--", "true"],
+            None,
+        ),
+        (
+            "bad connection string",
+            vec![
+                "run",
+                "--database-url",
+                "host=x port=zz",
+                "job",
+                "--",
+                "true",
+            ],
+            None,
+        ),
+        (
+            "unknown connection option",
+            vec![
+                "run",
+                "--database-url",
+                "host=x frob=1",
+                "job",
+                "--",
+                "true",
+            ],
+            None,
+        ),
+        (
+            "verify-full without root certificates",
+            vec!["run", "job", "--", "true"],
+            Some(("PGSSLMODE", "verify-full")),
+        ),
+        (
+            "a missing sslrootcert file",
+            vec!["run", "job", "--", "true"],
+            Some(("PGSSLROOTCERT", "/nonexistent/ca.pem")),
+        ),
+        (
+            "an invalid sslmode",
+            vec!["run", "job", "--", "true"],
+            Some(("PGSSLMODE", "verify_full")),
+        ),
+        ("status: empty name", vec!["status", ""], None),
+        ("key: empty name", vec!["key", ""], None),
+        ("no subcommand", vec!["frobnicate"], None),
+    ];
+    let all = Instant::now();
+    for (what, args, env) in cases {
+        let mut cmd = lease();
+        cmd.args(&args);
+        if !args.iter().any(|a| a.starts_with("--database-url")) && args[0] != "key" {
+            cmd.env("DATABASE_URL", &url);
+        }
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let (status, out, err, took) = output(cmd, MS(5_000));
+        assert_eq!(status.code(), Some(2), "{what}: {status}\n{err}");
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{what}: not one line:\n{err}");
+        assert!(
+            lines[0].starts_with("lease: error: "),
+            "{what}: {}",
+            lines[0]
+        );
+        assert!(out.is_empty(), "{what}: stdout {out}");
+        assert!(took < MS(2_000), "{what}: took {took:?}");
+        eprintln!("{what}: {} ({took:?})", lines[0]);
+    }
+    match db.accept() {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        other => panic!("something connected to the database: {other:?}"),
+    }
+    eprintln!("all usage errors in {:?}", all.elapsed());
+}
+
+#[test]
+fn password_is_never_printed() {
+    let closed = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = closed.local_addr().expect("addr").port();
+    drop(closed);
+    let url = format!("postgres://u:SECRETPW@127.0.0.1:{port}/x");
+    let kv = format!("host=127.0.0.1 port={port} password=SECRETPW frob=1");
+
+    // Bad usage, in both string forms.
+    for args in [
+        vec![
+            "run",
+            "--database-url",
+            &url,
+            "--bogus",
+            "job",
+            "--",
+            "true",
+        ],
+        vec!["run", "--database-url", &kv, "job", "--", "true"],
+        vec!["run", "--database-url", &url, "", "--", "true"],
+    ] {
+        let mut cmd = lease();
+        cmd.args(&args);
+        let (status, out, err, _) = output(cmd, MS(5_000));
+        assert_eq!(status.code(), Some(2), "{args:?}: {err}");
+        assert!(!(out + &err).contains("SECRETPW"), "{args:?}: {err}");
+    }
+
+    // An unreachable server: retried (not fatal) and said so, in text and
+    // JSON; SIGTERM while standing by exits at once.
+    for format in ["text", "json"] {
+        let mut cmd = lease();
+        cmd.args(["run", "--database-url", &url, "--log-format", format])
+            .args(FAST)
+            .args(["job", "--", "true"]);
+        let mut r = Replica::spawn(cmd).expect("spawn");
+        r.wait_for_line(|l| l.contains("still retrying"), MS(5_000))
+            .expect("says it keeps retrying");
+        std::thread::sleep(MS(300));
+        assert!(r.is_alive(), "an unreachable server was fatal");
+        let start = Instant::now();
+        r.sigterm().expect("SIGTERM");
+        let status = r.wait_exit(MS(2_000)).expect("exits");
+        eprintln!(
+            "unreachable server ({format}): SIGTERM -> exit {status} after {:?}",
+            start.elapsed()
+        );
+        assert_eq!(status.code(), Some(0));
+        let (out, err) = texts(&r);
+        assert!(!(out + &err).contains("SECRETPW"), "{err}");
+        if format == "json" {
+            for line in err.lines() {
+                serde_json::from_str::<serde_json::Value>(line)
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            }
+        }
+    }
+
+    // `lease status` against it: exit 1, no password.
+    let mut cmd = lease();
+    cmd.args(["status", "--timeout", "1s", "--database-url", &url]);
+    let (status, out, err, _) = output(cmd, MS(5_000));
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!(out + &err).contains("SECRETPW"), "{err}");
+}
+
+/// Hole 4: absurd settings are bad usage: exit 2 with one clear line before
+/// any connection to the database.
+#[test]
+fn absurd_intervals_are_a_usage_error() {
+    // A listener that records any connection: none may arrive.
+    let db = TcpListener::bind("127.0.0.1:0").expect("bind");
+    db.set_nonblocking(true).expect("nonblocking");
+    let port = db.local_addr().expect("addr").port();
+    let mut cmd = lease();
+    cmd.env("DATABASE_URL", format!("postgres://u@127.0.0.1:{port}/x"))
+        .args([
+            "run",
+            "--heartbeat-interval",
+            "1h",
+            "--query-timeout",
+            "1ms",
+        ])
+        .args([&unique("absurd"), "--", "true"]);
+    let (status, _, err, took) = try_output(cmd, MS(3_000));
+    let mut connections = 0;
+    while db.accept().is_ok() {
+        connections += 1;
+    }
+    let status_text = exit_text(status);
+    eprintln!(
+        "--heartbeat-interval 1h --query-timeout 1ms: {status_text} after {took:?}, \
+         {connections} connection(s) to the database; stderr:\n{err}"
+    );
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        status.and_then(|s| s.code()) == Some(2)
+            && connections == 0
+            && lines.len() == 1
+            && lines[0].starts_with("lease: error: "),
+        "`lease run --heartbeat-interval 1h --query-timeout 1ms` was accepted: {status_text} \
+         after {took:?}, {connections} connection attempt(s) to the database; first stderr \
+         lines: {:?}",
+        &lines[..lines.len().min(3)]
+    );
+}

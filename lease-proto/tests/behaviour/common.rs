@@ -1,0 +1,151 @@
+//! Helpers shared by the modules: the hand-driven machine's options, names and keys, and
+//! the standby that answers everything.
+
+use std::time::Duration;
+
+use lease_proto::reply::*;
+use lease_proto::sim::{Command, Fault, Harness};
+use lease_proto::*;
+use proptest::test_runner::{FailurePersistence, FileFailurePersistence};
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The options of the hand-driven machine tests: heartbeat and retry 200 ms, query
+/// timeout 500 ms, guard margin 200 ms.
+pub fn opts() -> Options {
+    let mut o = Options::default();
+    o.retry_interval = ms(200);
+    o.heartbeat_interval = ms(200);
+    o.query_timeout = ms(500);
+    o.guard_margin = ms(200);
+    o
+}
+
+/// A standby that polls (waiting on the server off).
+pub fn polling() -> Options {
+    let mut o = opts();
+    o.wait_on_server = false;
+    o
+}
+
+/// One machine driven by hand, checked after every input (the shared [`Harness`]).
+pub fn harness(o: Options) -> Harness {
+    Harness::new(o, 1).expect("valid options")
+}
+
+pub fn lease(name: &str) -> LeaseId {
+    LeaseId::named(name).expect("a valid lease name")
+}
+
+pub fn key(name: &str) -> i64 {
+    key_for_name(name)
+}
+
+/// A statement error with this SQLSTATE.
+pub fn boom(code: &str) -> SessionError {
+    SessionError {
+        code: Some(code.into()),
+        message: "boom".into(),
+        config: false,
+    }
+}
+
+pub fn has(cmds: &[Command], f: impl Fn(&Command) -> bool) -> bool {
+    cmds.iter().any(f)
+}
+
+/// Starts a run of `name`, connects (backend pid 7) and wins with `token`: the run leads.
+pub fn started(h: &mut Harness, name: &str, token: i64) -> RunId {
+    let run = h.run(lease(name));
+    h.connect(7);
+    let cmds = h.win(token);
+    assert!(
+        has(
+            &cmds,
+            |c| matches!(c, Command::StartJob { run: r, token: t, .. } if *r == run && *t == token)
+        ),
+        "{cmds:?}"
+    );
+    run
+}
+
+/// Answers every statement of a standby that holds nothing and wins
+/// nothing for `d`; returns the statements sent.
+pub fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {
+    let end = h.now() + d;
+    let mut sent = Vec::new();
+    while h.now() < end {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(s @ Statement::TryLock { .. }) => {
+                sent.push(s);
+                h.advance(ms(1));
+                h.lose(Some(99));
+            }
+            Some(s @ (Statement::Heartbeat | Statement::Verify)) => {
+                sent.push(s);
+                h.advance(ms(1));
+                h.heartbeat(7, &[]);
+            }
+            Some(s @ Statement::Wait { timeout_ms, .. }) => {
+                sent.push(s);
+                h.advance(ms(timeout_ms));
+                h.held_all_along(7);
+            }
+            Some(s) => panic!("{s:?}"),
+            None => {
+                h.advance(ms(1));
+            }
+        }
+    }
+    sent
+}
+
+/// Where a `proptest!` block keeps its failing cases: `NAME.proptest-regressions` beside
+/// its source file `NAME.rs`. (Proptest's default, `SourceParallel`, would find `main.rs`
+/// here and use `tests/proptest-regressions/NAME.txt`.)
+pub fn regressions_beside_the_source() -> Option<Box<dyn FailurePersistence>> {
+    Some(Box::new(FileFailurePersistence::WithSource(
+        "proptest-regressions",
+    )))
+}
+
+/// Opens the session of the run just started and returns the nonce its setup statement
+/// sends.
+pub fn open_until_setup(h: &mut Harness) -> i64 {
+    let s = h.session().expect("a connection attempt");
+    h.input(Input::SessionOpened { session: s });
+    let Statement::Setup { nonce, .. } = h.statement() else {
+        panic!("expected the setup, got {:?}", h.statement())
+    };
+    nonce
+}
+
+/// The setup reply of a PostgreSQL 15 primary (backend pid 7) that applied everything the
+/// session asked for with options `o` and setup `nonce`.
+pub fn setup_reply(o: &Options, nonce: i64) -> SetupReply {
+    SetupReply {
+        server_version: 150_000,
+        in_recovery: false,
+        backend_pid: 7,
+        idle_session_timeout_ms: Some(o.guard_timeout().as_millis() as i64),
+        tcp_settings: o.tcp_settings().map(|(_, v)| Some(v)),
+        unix_socket: false,
+        search_path_catalog: true,
+        nonce: Some(nonce),
+        promotion: Default::default(),
+    }
+}
+
+/// The latency and server slowness that `faults` add, stacked: how much longer than usual
+/// the last messages of a schedule can take.
+pub fn stacked_delay<'a>(faults: impl IntoIterator<Item = &'a Fault>) -> Duration {
+    faults
+        .into_iter()
+        .map(|f| match f {
+            Fault::Delay { extra, .. } | Fault::SlowServer { extra, .. } => *extra,
+            _ => Duration::ZERO,
+        })
+        .sum()
+}

@@ -1,0 +1,271 @@
+//! HA on real servers: a promotion while the old primary is frozen, and a hot standby
+//! that leads once promoted. Advisory locks are not replicated and the server guard
+//! (`idle_session_timeout`) only ends sessions on the server that holds them: a newly
+//! promoted primary would grant every key at once, while the old primary's holder runs on
+//! until its own validity ends. The setup reads when the server was promoted
+//! (`pg_control_checkpoint()`, the WAL timeline, `pg_last_wal_receive_lsn()` /
+//! `pg_last_xact_replay_timestamp()`), and a locker tries nothing there until every holder
+//! of the old primary must have stopped (`Options::promotion_hold`); the `control_*` tests
+//! show what costs nothing. Figures are printed as `FIGURE <what>: <value>` lines on
+//! stderr (`cargo test -p lease-tests ha_promotion:: -- --nocapture`).
+
+use crate::common::*;
+use lease_tests::monotonic_nanos;
+use lease_tests::scenario::diff;
+use lease_tests::scenario::ms;
+use lease_tests::scenario::ms_f;
+use lease_tests::scenario::worst_overlap;
+use lease_tests::scenario::Driver;
+use lease_tests::scenario::Node;
+use lease_tests::scenario::ReplicaConfig;
+use lease_tests::Cluster;
+use lease_tests::KitError;
+use lease_tokio::Locker;
+use std::convert::Infallible;
+use std::time::Duration;
+
+/// Replicas of these tests: heartbeat 500 ms, query timeout 2 s (validity 2.5 s), guard
+/// margin 500 ms (guard 3 s).
+fn replica(url: String) -> ReplicaConfig {
+    ReplicaConfig {
+        heartbeat: ms(500),
+        query_timeout: ms(2000),
+        guard_margin: ms(500),
+        ..ReplicaConfig::new(Driver::Tokio, url, "job")
+    }
+}
+
+/// Hole 1: a primary and its streaming standby. Runner A leads on the primary; the primary
+/// freezes (SIGSTOP of the postmaster and every child: connections stay open, nothing
+/// answers) and the standby is promoted 123 ms later; runner C connects to the promoted
+/// server. A's job must have ended before C's starts.
+///
+/// A connects to the old primary alone: on a host list (`host=A,B`) its next session would
+/// reach the promoted server too, be held by the same promotion hold, and race C for the
+/// key when it ends (safe, but then C's start is not certain: a CI run on 14 saw A win).
+#[test]
+fn promotion_while_the_old_primary_is_frozen_never_overlaps() -> Res {
+    let primary = Cluster::start()?;
+    let standby = primary.start_standby()?;
+    let config = replica(primary.conn_string());
+    let a = config.spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    // A leads and heartbeats.
+    std::thread::sleep(ms(1500));
+
+    let frozen = primary.freeze()?;
+    let t_freeze = monotonic_nanos();
+    std::thread::sleep(ms(123));
+    standby.promote()?;
+    let t_promoted = monotonic_nanos();
+    let c = ReplicaConfig {
+        url: standby.conn_string(),
+        ..config.clone()
+    }
+    .spawn(bin(), "C")?;
+    let (_, c_token, c_start) = c.wait_start(0, WAIT)?;
+    // A's job ends at its validity's end at the latest: wait for its cancel.
+    let (kind, a_cancel) = a.wait_cancel(0, WAIT)?;
+    a.wait_stop(0, WAIT)?;
+    let now = monotonic_nanos();
+    let mut terms = a.terms();
+    terms.extend(c.terms());
+    let (overlap, pair) = worst_overlap(&terms, now);
+    figure(
+        "frozen-primary promotion: freeze -> A's job cancelled",
+        format!("{:.1} ms ({kind})", ms_f(diff(t_freeze, a_cancel))),
+    );
+    figure(
+        "frozen-primary promotion: promotion done -> C's job start",
+        format!(
+            "{:.1} ms (freeze -> C start {:.1} ms, token {c_token})",
+            ms_f(diff(t_promoted, c_start)),
+            ms_f(diff(t_freeze, c_start))
+        ),
+    );
+    figure(
+        "frozen-primary promotion: C's hold",
+        format!("{:?}", logged_holds(&c)),
+    );
+    figure(
+        "frozen-primary promotion: overlap",
+        format!("{:.1} ms", overlap as f64 / 1e6),
+    );
+    let context = format!(
+        "freeze at 0: promoted at {:.1} ms, A's job cancelled at {:.1} ms ({kind}), \
+         C's job started at {:.1} ms\n{}",
+        ms_f(diff(t_freeze, t_promoted)),
+        ms_f(diff(t_freeze, a_cancel)),
+        ms_f(diff(t_freeze, c_start)),
+        tails(&[&a, &c])
+    );
+    assert!(
+        overlap == 0 && a_cancel < c_start,
+        "two leaders for {:.1} ms across the promotion ({pair:?}): {context}",
+        overlap as f64 / 1e6
+    );
+    // Once the hold has passed since the promotion, a new session there holds nothing
+    // back: the promotion's checkpoint dates it (its second, truncated, + 1 s).
+    let hold = config.guard_timeout() + config.guard_margin;
+    let later = t_promoted + (hold + ms(2000)).as_nanos() as u64;
+    std::thread::sleep(Duration::from_nanos(
+        later.saturating_sub(monotonic_nanos()),
+    ));
+    let d = ReplicaConfig {
+        url: standby.conn_string(),
+        ..config.clone()
+    }
+    .spawn(bin(), "D")?;
+    d.wait_pid(0, WAIT)?;
+    let holds = logged_holds(&d);
+    figure(
+        "frozen-primary promotion: a session set up hold + 2 s after the promotion holds",
+        format!("{holds:?}"),
+    );
+    assert!(
+        holds.is_empty(),
+        "a session set up {:?} after the promotion still held tries back: {holds:?}\n{}",
+        hold + ms(2000),
+        d.tail()
+    );
+    drop(frozen);
+    Ok(())
+}
+
+/// The hold a replica logged (`hold_ms=N` of the "promoted recently" warning), if any.
+fn logged_holds(node: &Node) -> Vec<String> {
+    node.stderr()
+        .iter()
+        .filter(|l| l.contains("promoted recently"))
+        .filter_map(|l| {
+            let at = l.find("hold_ms=")?;
+            Some(l[at..].split_whitespace().next()?.to_owned())
+        })
+        .collect()
+}
+
+/// What the rule costs after a crash: nothing. A crash ends every holder's session, so
+/// the setup after crash recovery holds nothing back (neither WAL received nor a
+/// transaction replayed since the start): measured for a crash restart of the whole
+/// server and for a backend crash that makes the postmaster reinitialise in place.
+#[test]
+fn control_crash_recovery_holds_nothing_back() -> Res {
+    let mut cluster = Cluster::start()?;
+    let a = replica(cluster.conn_string()).spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    cluster.crash()?;
+    cluster.start_again()?;
+    let t_up = monotonic_nanos();
+    let (_, _, again) = a.wait_start(t_up, WAIT)?;
+    figure(
+        "crash restart: server ready -> A leads again",
+        format!("{:.1} ms", ms_f(diff(t_up, again))),
+    );
+    // A backend crash (here the checkpointer's): the postmaster ends every session, runs
+    // crash recovery and accepts connections again, without restarting.
+    let pid: i32 = cluster
+        .sql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'")?
+        .trim()
+        .parse()
+        .map_err(|e| KitError::Invalid(format!("checkpointer pid: {e}")))?;
+    let t_kill = monotonic_nanos();
+    // SAFETY: kill has no memory-safety preconditions; the pid is our server's child.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let (_, _, again) = a.wait_start(t_kill, WAIT)?;
+    figure(
+        "backend crash (reinitialised in place): kill -> A leads again",
+        format!("{:.1} ms", ms_f(diff(t_kill, again))),
+    );
+    let holds = logged_holds(&a);
+    assert!(
+        holds.is_empty(),
+        "crash recovery held tries back: {holds:?}\n{}",
+        a.tail()
+    );
+    Ok(())
+}
+
+/// `pg_control_checkpoint()` revoked from PUBLIC (a DBA's or a managed service's choice):
+/// the setup still succeeds for a role without privileges. On a primary never promoted
+/// nothing is held back; on a promoted one the checkpoint is unknown, so every session
+/// waits the whole hold from its setup.
+#[test]
+fn control_revoked_control_functions_still_lead() -> Res {
+    let primary = Cluster::start()?;
+    primary.sql(
+        "CREATE ROLE app LOGIN; \
+         REVOKE EXECUTE ON FUNCTION pg_catalog.pg_control_checkpoint() FROM PUBLIC",
+    )?;
+    let standby = primary.start_standby()?;
+    let as_app = |c: &Cluster| {
+        format!(
+            "host={} port={} user=app dbname=postgres",
+            c.host(),
+            c.port()
+        )
+    };
+    let a = replica(as_app(&primary)).spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    let holds = logged_holds(&a);
+    assert!(
+        holds.is_empty(),
+        "held on a primary: {holds:?}\n{}",
+        a.tail()
+    );
+    standby.sql("SELECT 1")?;
+    std::thread::sleep(ms(500));
+    standby.promote()?;
+    // Long after the promotion's checkpoint: still the whole hold, the checkpoint unread.
+    std::thread::sleep(ms(3000));
+    let t = monotonic_nanos();
+    let c = replica(as_app(&standby)).spawn(bin(), "C")?;
+    let (_, _, c_start) = c.wait_start(0, WAIT)?;
+    let holds = logged_holds(&c);
+    figure(
+        "revoked pg_control_checkpoint, promoted: spawn -> C's job start",
+        format!("{:.1} ms, holds {holds:?}", ms_f(diff(t, c_start))),
+    );
+    let hold = replica(String::new()).guard_timeout() + ms(500);
+    assert_eq!(
+        holds,
+        vec![format!("hold_ms={}", hold.as_millis())],
+        "{}",
+        c.tail()
+    );
+    Ok(())
+}
+
+/// Hole 4: a hot standby reached first is retryable: the run keeps retrying
+/// and leads once the server is promoted, instead of `RunError::Refused`.
+#[tokio::test]
+async fn locker_on_a_hot_standby_leads_once_promoted() {
+    let c = Cluster::start().expect("start an ephemeral PostgreSQL");
+    let standby = c.start_standby().expect("start a hot standby");
+    let (locker, driver) = Locker::connect(&standby.conn_string(), fast()).expect("locker");
+    tokio::spawn(driver);
+    let name = unique("hole4-standby");
+    let started = tokio::time::Instant::now();
+    let run = tokio::spawn(async move {
+        let r = locker
+            .run(&name, |_lease| async { Ok::<(), Infallible>(()) })
+            .await;
+        (r, started.elapsed())
+    });
+    tokio::time::sleep(MS(1_000)).await;
+    let finished_before_promotion = run.is_finished();
+    standby.sql("SELECT pg_promote()").expect("promote");
+    let result = tokio::time::timeout(MS(10_000), run).await;
+    eprintln!(
+        "hot standby promoted after 1 s (run finished before: {finished_before_promotion}): \
+         {result:?}"
+    );
+    let outcome = match result {
+        Ok(Ok((r, took))) => Some((r, took)),
+        _ => None,
+    };
+    assert!(
+        matches!(outcome, Some((Ok(()), _))),
+        "a locker on a hot standby promoted after 1 s did not lead: (result, after) \
+         {outcome:?}, finished before the promotion: {finished_before_promotion}"
+    );
+}

@@ -1,0 +1,491 @@
+//! A standby's wait on the server (`pg_advisory_xact_lock_shared` under `lock_timeout`),
+//! against a real PostgreSQL, with both drivers: a client holding the key shared does not
+//! make a standby spin, a vanished waiter leaves no backend, a role's `statement_timeout`
+//! keeps the wait, a standby at rest logs no errors, a pooled waiter does not starve other
+//! clients; only the holder's own handover notification skips the lock delay; and no wait
+//! lasts `deadlock_timeout`, so `log_lock_waits = on` does not flood the server log.
+//! Figures are printed as `FIGURE` lines (`--nocapture`).
+
+use crate::common::*;
+use lease_tests::monotonic_nanos;
+use lease_tests::scenario::diff;
+use lease_tests::scenario::ms;
+use lease_tests::scenario::ms_f;
+use lease_tests::scenario::nanos;
+use lease_tests::scenario::Admin;
+use lease_tests::scenario::Driver;
+use lease_tests::scenario::Node;
+use lease_tests::scenario::ReplicaConfig;
+use lease_tests::Cluster;
+use lease_tests::KitError;
+use std::time::Duration;
+use std::time::Instant;
+
+/// A standby at the library's standby defaults (retry 10 s, the default lock delay).
+fn standby(driver: Driver, cluster: &Cluster) -> ReplicaConfig {
+    ReplicaConfig {
+        retry: ms(10_000),
+        heartbeat: ms(2000),
+        ..ReplicaConfig::new(driver, cluster.conn_string(), "job")
+    }
+}
+
+/// Backends of `lease-replica` sessions, and how many of them wait on a lock.
+fn replica_backends(admin: &Admin) -> Result<(i64, i64), KitError> {
+    let row = admin.ints(
+        "SELECT count(*)::int8 FROM pg_stat_activity WHERE application_name = 'lease-replica' \
+         UNION ALL SELECT count(*) FILTER (WHERE wait_event_type = 'Lock')::int8 \
+         FROM pg_stat_activity WHERE application_name = 'lease-replica'",
+    )?;
+    Ok((row[0], row[1]))
+}
+
+/// The lease statements (tries and waits) of replica sessions in the server log since
+/// byte `from`.
+fn lease_statements(cluster: &Cluster, from: usize) -> Result<(usize, usize), KitError> {
+    let text = std::fs::read(cluster.log_path()).map_err(|e| KitError::Failed {
+        context: "reading the server log".into(),
+        detail: e.to_string(),
+    })?;
+    let text = String::from_utf8_lossy(&text[from.min(text.len())..]).into_owned();
+    let lines = text.lines().filter(|l| l.contains("LOG:  statement: "));
+    let (mut tries, mut waits) = (0, 0);
+    for l in lines {
+        if l.contains("pg_try_advisory_lock(") {
+            tries += 1;
+        } else if l.contains("pg_advisory_xact_lock_shared(") {
+            waits += 1;
+        }
+    }
+    Ok((tries, waits))
+}
+
+fn log_len(cluster: &Cluster) -> usize {
+    std::fs::metadata(cluster.log_path()).map_or(0, |m| m.len() as usize)
+}
+
+/// A client that is not a lease client holds the lease's key SHARED. Every wait of the
+/// standby is granted at once, and every try after it loses. At the default lock delay
+/// the standby spun: a wait and a try every ~20 ms, ~90 statements a second against one
+/// per retry interval at rest. Bounded now by the wake budget: at most `WAKE_BUDGET`
+/// wakes (a wait and a try each) and the periodic try per retry interval.
+fn a_shared_holder_does_not_make_a_standby_spin(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let foreign = Admin::connect(&cluster.conn_string())?;
+    foreign.rows(&format!("SELECT pg_advisory_lock_shared({})", key("job")))?;
+    cluster.sql("ALTER SYSTEM SET log_statement = 'all'")?;
+    cluster.sql("SELECT pg_reload_conf()")?;
+    std::thread::sleep(ms(200));
+    let from = log_len(&cluster);
+    let node = standby(driver, &cluster).spawn(bin(), "S")?;
+    node.wait_pid(0, WAIT)?;
+    let t0 = Instant::now();
+    std::thread::sleep(ms(3000));
+    let (tries, waits) = lease_statements(&cluster, from)?;
+    let secs = t0.elapsed().as_secs_f64();
+    driver_figure(
+        driver,
+        "foreign shared holder: standby statements in ~3 s (retry 10 s)",
+        format!("{tries} tries, {waits} waits ({secs:.1} s)"),
+    );
+    assert!(
+        node.terms().is_empty(),
+        "the standby led beside a shared holder"
+    );
+    let budget = lease_proto::limits::WAKE_BUDGET as usize;
+    assert!(
+        tries + waits <= 2 * (2 * budget + 2),
+        "{tries} tries and {waits} waits in {secs:.1} s: the standby spins"
+    );
+    Ok(())
+}
+
+/// Standbys that vanish while they wait (kill -9, or a process that closes its
+/// connection) leave their backends queued on the key, holding a connection slot each,
+/// until the wait's lock timeout, up to a retry interval (10 s by default): the server
+/// reads nothing from the client while a statement blocks. A rolling restart of a fleet of
+/// standbys thus needs twice its connections for that long. The wait now has the server
+/// check the client connection while it blocks (`client_connection_check_interval`).
+fn a_vanished_waiter_leaves_no_backend(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let holder = ReplicaConfig::new(driver, cluster.conn_string(), "job").spawn(bin(), "H")?;
+    holder.wait_start(0, WAIT)?;
+    let mut herd: Vec<Node> = Vec::new();
+    for i in 0..5 {
+        herd.push(standby(driver, &cluster).spawn(bin(), &format!("S{i}"))?);
+    }
+    until_waiting(&admin, 5)?;
+    let t_kill = monotonic_nanos();
+    for node in &mut herd {
+        node.kill9()?;
+    }
+    for node in &mut herd {
+        node.wait_exit(WAIT)?;
+    }
+    let deadline = Instant::now() + ms(12_000);
+    let gone = loop {
+        let (_, waiting) = replica_backends(&admin)?;
+        if waiting == 0 {
+            break monotonic_nanos();
+        }
+        assert!(Instant::now() < deadline, "the orphaned waits never ended");
+        std::thread::sleep(ms(20));
+    };
+    let lasted = diff(t_kill, gone);
+    driver_figure(
+        driver,
+        "5 waiting standbys killed -> their backends gone",
+        format!("{:.1} ms", ms_f(lasted)),
+    );
+    assert!(
+        lasted < nanos(ms(2000)),
+        "the killed standbys' backends stayed queued for {:.1} ms",
+        ms_f(lasted)
+    );
+    Ok(())
+}
+
+/// A `statement_timeout` set for the role (common in production: here 3 s) shorter than
+/// the retry interval ended every wait with 57014 before its lock timeout; a wait that
+/// fails so turns waiting off for the session, and the standby silently went back to
+/// polling: a kill -9 was taken over at the next poll, up to 10 s later. The wait now
+/// sets its own statement timeout (its lock timeout bounds it).
+fn a_role_statement_timeout_keeps_the_wait(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    cluster.sql("ALTER ROLE postgres SET statement_timeout = '3s'")?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let mut holder = ReplicaConfig::new(driver, cluster.conn_string(), "job").spawn(bin(), "H")?;
+    holder.wait_start(0, WAIT)?;
+    let node = standby(driver, &cluster).spawn(bin(), "S")?;
+    until_waiting(&admin, 1)?;
+    // Past the role's statement timeout, well before the standby's next poll.
+    std::thread::sleep(ms(4000));
+    let t_kill = holder.kill9()?;
+    let (_, _, start) = node.wait_start(t_kill, WAIT)?;
+    let takeover = diff(t_kill, start);
+    driver_figure(
+        driver,
+        "role statement_timeout 3 s: kill -9 -> standby start",
+        format!("{:.1} ms", ms_f(takeover)),
+    );
+    assert!(
+        takeover < nanos(ms(1000)),
+        "takeover took {:.1} ms: the standby was polling",
+        ms_f(takeover)
+    );
+    Ok(())
+}
+
+/// A standby at rest waits on the server, each wait ending by its lock timeout at the
+/// retry deadline. Each such end was an `ERROR:  canceling statement due to lock timeout`
+/// with the statement's text in the server's log (at the server's default
+/// `log_min_error_statement`): one per standby per retry interval, forever (10 standbys at
+/// the default 5 s: 172,800 a day), which error-rate alerts and log volume notice. The
+/// wait now catches its lock timeout and says so in its reply.
+fn a_standby_at_rest_logs_no_errors(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let holder = ReplicaConfig::new(driver, cluster.conn_string(), "job").spawn(bin(), "H")?;
+    holder.wait_start(0, WAIT)?;
+    let from = log_len(&cluster);
+    let node = ReplicaConfig {
+        retry: ms(300),
+        ..ReplicaConfig::new(driver, cluster.conn_string(), "job")
+    }
+    .spawn(bin(), "S")?;
+    until_waiting(&admin, 1)?;
+    std::thread::sleep(ms(3000));
+    let text = std::fs::read(cluster.log_path()).map_err(|e| KitError::Failed {
+        context: "reading the server log".into(),
+        detail: e.to_string(),
+    })?;
+    let text = String::from_utf8_lossy(&text[from.min(text.len())..]).into_owned();
+    let errors = text.lines().filter(|l| l.contains("ERROR:")).count();
+    driver_figure(
+        driver,
+        "standby at rest, retry 300 ms: ERROR lines in the server log in 3 s",
+        errors.to_string(),
+    );
+    assert!(node.terms().is_empty());
+    let (_, waiting) = replica_backends(&admin)?;
+    assert_eq!(waiting, 1, "the standby does not wait on the server");
+    assert_eq!(
+        errors,
+        0,
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("ERROR:"))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Ok(())
+}
+
+/// Behind a transaction pooler with ONE server connection shared only with clients that
+/// are not lease clients (the case the lease cannot detect: same backend pid, same nonce),
+/// a waiting standby would occupy that server connection back to back, each wait up to a
+/// retry interval, so every other client's statement would wait in the pooler's queue for
+/// up to that long (measured before the fix: 1,990 ms at a 2 s retry; polling: 8.5 ms).
+/// The pooler rejects the startup options, so the standby knows it is behind one and
+/// polls. Since issue 18 (hole 7) it goes no further than its setup: the pooler probe's
+/// second connection lands on the one server connection and reads the standby's nonce,
+/// so it is refused as a transaction pooler (exit 1) and never waits or tries there; the
+/// other client is not held up either way.
+fn pooled_waiter_does_not_starve_other_clients(driver: Driver) -> Res {
+    use lease_tests::{PgBouncer, PgBouncerSettings, PoolMode};
+    let cluster = Cluster::start()?;
+    let one = PgBouncerSettings {
+        pool_size: 1,
+        ..PgBouncerSettings::default()
+    };
+    let bouncer = PgBouncer::start_with(&cluster, PoolMode::Transaction, &one)?;
+    let holder = ReplicaConfig::new(driver, cluster.conn_string(), "job").spawn(bin(), "H")?;
+    holder.wait_start(0, WAIT)?;
+    let retry = ms(2000);
+    let mut node = ReplicaConfig {
+        retry,
+        ..ReplicaConfig::new(driver, bouncer.conn_string(), "job")
+    }
+    .spawn(bin(), "S")?;
+    let status = node.wait_exit(WAIT)?;
+    assert_eq!(status.code(), Some(1), "{}", node.tail());
+    assert!(
+        (node.stderr().iter()).any(|l| l.contains("transaction-mode pooler")),
+        "{}",
+        node.tail()
+    );
+    let other = Admin::connect(&bouncer.conn_string())?;
+    let t0 = Instant::now();
+    let mut worst = Duration::ZERO;
+    while t0.elapsed() < ms(1000) {
+        let t = Instant::now();
+        other.rows("SELECT 1")?;
+        worst = worst.max(t.elapsed());
+        std::thread::sleep(ms(50));
+    }
+    driver_figure(
+        driver,
+        "transaction pooler, one server connection: another client's worst SELECT 1 (retry 2 s)",
+        format!("{:.1} ms", worst.as_secs_f64() * 1000.0),
+    );
+    assert!(node.terms().is_empty());
+    assert!(
+        worst < retry / 4,
+        "another client of the pooler waited {worst:?} for the waiting standby's server connection"
+    );
+    Ok(())
+}
+
+/// How many `lease-replica` backends wait on a lock.
+fn waiting_replicas(admin: &Admin) -> Result<i64, KitError> {
+    let n = admin.ints(
+        "SELECT count(*)::int8 FROM pg_stat_activity \
+         WHERE application_name = 'lease-replica' AND wait_event_type = 'Lock'",
+    )?;
+    Ok(n.first().copied().unwrap_or(0))
+}
+
+/// Waits until `n` replica backends wait on a lock.
+fn until_waiting(admin: &Admin, n: i64) -> Res {
+    let deadline = Instant::now() + WAIT;
+    while waiting_replicas(admin)? != n {
+        if Instant::now() > deadline {
+            return Err(KitError::Invalid(format!("never {n} waiting replicas")));
+        }
+        std::thread::sleep(ms(5));
+    }
+    Ok(())
+}
+
+/// The server log from byte `from` on.
+fn log_since(cluster: &Cluster, from: usize) -> Result<String, KitError> {
+    let text = std::fs::read(cluster.log_path()).map_err(|e| KitError::Failed {
+        context: "reading the server log".into(),
+        detail: e.to_string(),
+    })?;
+    Ok(String::from_utf8_lossy(&text[from.min(text.len())..]).into_owned())
+}
+
+/// Hole 10: any role may `NOTIFY lease_handover_v1, '<key>'`. Sent just before
+/// `pg_terminate_backend` of the holder, it reached the waiting standby as a graceful
+/// release, so the standby tried the moment its wait woke, skipping the lock delay
+/// (measured before the fix: the standby led 3.8 ms after the holder's SIGTERM). The
+/// notification's sender pid is not the holder the standby saw: ignored now, and the
+/// standby starts no sooner than the lock delay after the terminate. The lock delay is
+/// 300 ms here so that a loaded machine cannot blur the two.
+fn a_forged_notification_does_not_skip_the_lock_delay(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let holder = ReplicaConfig::new(driver, cluster.conn_string(), "job").spawn(bin(), "H")?;
+    holder.wait_start(0, WAIT)?;
+    let lock_delay = ms(300);
+    let standby = ReplicaConfig {
+        retry: ms(5000),
+        lock_delay: Some(lock_delay),
+        ..ReplicaConfig::new(driver, cluster.conn_string(), "job")
+    }
+    .spawn(bin(), "S")?;
+    until_waiting(&admin, 1)?;
+    let pid = *(admin.holders(key("job"))?.first())
+        .ok_or_else(|| KitError::Invalid("nobody holds the key".into()))?;
+    // The holder frozen, so that it cannot reconnect and take the key back while the
+    // standby waits out the lock delay.
+    holder.replica().sigstop()?;
+    // Another client, not a lease client: a forged handover notification, then the
+    // terminate, as two statements (a NOTIFY is delivered when its transaction commits).
+    let forger = Admin::connect(&cluster.conn_string())?;
+    forger.rows(&format!("NOTIFY lease_handover_v1, '{}'", key("job")))?;
+    let terminated = monotonic_nanos();
+    admin.rows(&format!("SELECT pg_terminate_backend({pid})"))?;
+    let started = standby.wait_start(terminated, WAIT).map(|(_, _, t)| t);
+    holder.replica().sigcont()?;
+    let started = started?;
+    let after = diff(terminated, started);
+    driver_figure(
+        driver,
+        "forged NOTIFY, then terminate of the holder: standby starts after (lock delay 300 ms)",
+        format!("{:.1} ms", ms_f(after)),
+    );
+    assert!(
+        after >= lock_delay.as_nanos() as i128,
+        "the standby started {:.1} ms after the terminate, within the lock delay of {lock_delay:?}: \
+         the forged notification was taken for a graceful release",
+        ms_f(after)
+    );
+    Ok(())
+}
+
+/// Control for the test above: the holder's own graceful release (its job returns; the
+/// release notifies) still skips the lock delay.
+fn the_holders_own_notification_skips_the_lock_delay(driver: Driver) -> Res {
+    let cluster = Cluster::start()?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let holder = ReplicaConfig {
+        job_exit_after: Some(ms(2500)),
+        ..ReplicaConfig::new(driver, cluster.conn_string(), "job")
+    }
+    .spawn(bin(), "H")?;
+    let (_, _, held) = holder.wait_start(0, WAIT)?;
+    let lock_delay = ms(2000);
+    let standby = ReplicaConfig {
+        retry: ms(5000),
+        lock_delay: Some(lock_delay),
+        ..ReplicaConfig::new(driver, cluster.conn_string(), "job")
+    }
+    .spawn(bin(), "S")?;
+    until_waiting(&admin, 1)?;
+    let (_, _, started) = standby.wait_start(held, WAIT)?;
+    let stopped = (holder.terms().first())
+        .and_then(|t| t.end)
+        .ok_or_else(|| KitError::Invalid("the holder's term never ended".into()))?;
+    let after = diff(stopped, started);
+    driver_figure(
+        driver,
+        "graceful release: standby starts after the holder's job returned (lock delay 2 s)",
+        format!("{:.1} ms", ms_f(after)),
+    );
+    assert!(
+        after < lock_delay.as_nanos() as i128,
+        "the standby waited the lock delay after a graceful release: {:.1} ms",
+        ms_f(after)
+    );
+    Ok(())
+}
+
+/// Hole 8: with `log_lock_waits = on`, a wait that blocks past `deadlock_timeout` (1 s)
+/// writes "still waiting" to the server log (LOG, DETAIL, CONTEXT and the statement),
+/// and again every 250 ms (the wait's client connection check re-logs it) until its
+/// lock timeout: measured before the fix, 24 entries in 10.5 s at a 2 s retry. The wait
+/// now stays below the server's `deadlock_timeout` (in chunks) and is never logged.
+/// Also measured: the standby's statements per retry interval.
+fn a_waiting_standby_does_not_flood_log_lock_waits(driver: Driver) -> Res {
+    standby_under_log_lock_waits(driver, None)
+}
+
+/// The same under a server `deadlock_timeout` of 200 ms, changed by a reload: the wait
+/// reads it itself, so its chunks shrink with it (180 ms), and nothing is logged.
+fn a_shorter_deadlock_timeout_shortens_the_waits(driver: Driver) -> Res {
+    standby_under_log_lock_waits(driver, Some(ms(200)))
+}
+
+fn standby_under_log_lock_waits(driver: Driver, deadlock_timeout: Option<Duration>) -> Res {
+    let cluster = Cluster::start()?;
+    if let Some(d) = deadlock_timeout {
+        cluster.sql(&format!(
+            "ALTER SYSTEM SET deadlock_timeout = '{}ms'",
+            d.as_millis()
+        ))?;
+    }
+    cluster.sql("ALTER SYSTEM SET log_lock_waits = on")?;
+    cluster.sql("ALTER SYSTEM SET log_statement = 'all'")?;
+    cluster.sql("SELECT pg_reload_conf()")?;
+    std::thread::sleep(ms(200));
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let holder = ReplicaConfig::new(driver, cluster.conn_string(), "job").spawn(bin(), "H")?;
+    holder.wait_start(0, WAIT)?;
+    let retry = ms(3000);
+    let standby = ReplicaConfig {
+        retry,
+        ..ReplicaConfig::new(driver, cluster.conn_string(), "job")
+    }
+    .spawn(bin(), "S")?;
+    until_waiting(&admin, 1)?;
+    let from = log_len(&cluster);
+    let t0 = Instant::now();
+    std::thread::sleep(ms(6500));
+    let text = log_since(&cluster, from)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let still_waiting: Vec<&str> = (text.lines())
+        .filter(|l| l.contains("still waiting for"))
+        .collect();
+    let statements = (text.lines())
+        .filter(|l| l.contains("lease-replica LOG:  statement: "))
+        .count();
+    let waits = (text.lines())
+        .filter(|l| l.contains("LOG:  statement: ") && l.contains("pg_advisory_xact_lock_shared("))
+        .count();
+    let per_retry = waits as f64 * retry.as_secs_f64() / secs;
+    driver_figure(
+        driver,
+        &format!(
+            "log_lock_waits on, deadlock_timeout {}, standby waiting (retry 3 s): \"still waiting\" entries, waits",
+            deadlock_timeout.map_or("1 s (default)".to_string(), |d| format!("{d:?}"))
+        ),
+        format!(
+            "{} entries, {waits} waits in {secs:.1} s ({per_retry:.2} waits per retry interval; {statements} statements logged in all)",
+            still_waiting.len()
+        ),
+    );
+    assert!(standby.terms().is_empty());
+    assert_eq!(
+        waiting_replicas(&admin)?.min(1),
+        1,
+        "the standby does not wait on the server"
+    );
+    assert!(
+        still_waiting.is_empty(),
+        "{} \"still waiting\" entries in {secs:.1} s:\n{}",
+        still_waiting.len(),
+        still_waiting
+            .iter()
+            .take(3)
+            .copied()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Ok(())
+}
+
+both_drivers!(
+    a_shared_holder_does_not_make_a_standby_spin,
+    a_vanished_waiter_leaves_no_backend,
+    a_role_statement_timeout_keeps_the_wait,
+    a_standby_at_rest_logs_no_errors,
+    pooled_waiter_does_not_starve_other_clients,
+    a_forged_notification_does_not_skip_the_lock_delay,
+    the_holders_own_notification_skips_the_lock_delay,
+    a_waiting_standby_does_not_flood_log_lock_waits,
+    a_shorter_deadlock_timeout_shortens_the_waits,
+);
