@@ -23,8 +23,8 @@
 //! - progress: the simulated driver never spins on a deadline that does not
 //!   move ([`Violation::Stalled`]).
 //!
-//! Overlap (two processes acting on a key, validity aside) is measured here
-//! too, into [`Report::max_overlap`](super::Report::max_overlap).
+//! Overlap (the same two processes acting on a key, validity aside) is
+//! measured here too, into [`Report::max_overlap`](super::Report::max_overlap).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -331,13 +331,13 @@ impl Sim {
     /// Strong safety now, and the overlap measure.
     pub(super) fn check_safety(&mut self) {
         let mut may_act: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
-        let mut running: BTreeMap<i64, usize> = BTreeMap::new();
+        let mut running: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
         for p in 0..self.procs.len() {
             for k in self.job_keys(p, Acting::MayAct) {
                 may_act.entry(k).or_default().push(p);
             }
             for k in self.job_keys(p, Acting::Running) {
-                *running.entry(k).or_default() += 1;
+                running.entry(k).or_default().push(p);
             }
         }
         for (key, leaders) in may_act {
@@ -351,23 +351,30 @@ impl Sim {
             }
         }
         // Overlap: two processes have a job on a key that has not returned
-        // (cancelled or not), neither frozen, validity aside.
-        for (key, n) in &running {
-            if *n > 1 {
-                self.overlap_since.entry(*key).or_insert(self.now);
+        // (cancelled or not), neither frozen, validity aside; measured per
+        // pair of processes (a stale holder acts at most its validity window
+        // past its last confirmation, whoever else leads meanwhile).
+        let both = |key: &i64, a: usize, b: usize| {
+            running
+                .get(key)
+                .is_some_and(|ps| ps.contains(&a) && ps.contains(&b))
+        };
+        for (key, ps) in &running {
+            for (i, &a) in ps.iter().enumerate() {
+                for &b in &ps[i + 1..] {
+                    self.overlap_since.entry((*key, a, b)).or_insert(self.now);
+                }
             }
         }
-        let ended: Vec<i64> = self
-            .overlap_since
-            .keys()
-            .filter(|k| running.get(k).copied().unwrap_or(0) < 2)
+        let ended: Vec<(i64, usize, usize)> = (self.overlap_since.keys())
+            .filter(|(k, a, b)| !both(k, *a, *b))
             .copied()
             .collect();
-        for key in ended {
-            let Some(since) = self.overlap_since.remove(&key) else {
+        for pair in ended {
+            let Some(since) = self.overlap_since.remove(&pair) else {
                 continue;
             };
-            let name = self.key_names.get(&key).cloned().unwrap_or_default();
+            let name = self.key_names.get(&pair.0).cloned().unwrap_or_default();
             let m = self.report.max_overlap.entry(name).or_default();
             *m = (*m).max(self.now - since);
         }

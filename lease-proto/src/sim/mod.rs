@@ -448,9 +448,10 @@ pub struct Report {
     /// Every property breach (the first 50 found while running, then the
     /// checks at the end).
     pub violations: Vec<Violation>,
-    /// Per key name: the longest stretch two processes both had a job that
-    /// had not returned yet, cancelled or not, while neither was frozen
-    /// (validity aside).
+    /// Per key name: the longest stretch the same two processes both had a
+    /// job that had not returned yet, cancelled or not, while neither was
+    /// frozen (validity aside). Per pair: two such overlaps of different
+    /// pairs that touch are two stretches, not one.
     pub max_overlap: BTreeMap<String, Duration>,
     /// Per key name: acquisitions (job starts).
     pub acquisitions: BTreeMap<String, u32>,
@@ -529,7 +530,9 @@ pub struct Sim {
     next_job: u64,
     report: Report,
     /// key → since when two processes act on it.
-    overlap_since: BTreeMap<i64, Duration>,
+    /// Per key and pair of processes (in process order): since when both
+    /// have had a job on it.
+    overlap_since: BTreeMap<(i64, usize, usize), Duration>,
     closing: bool,
     key_names: BTreeMap<i64, String>,
     /// lease name → the largest fencing token any of its acquisitions had.

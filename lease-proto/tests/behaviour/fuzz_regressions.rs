@@ -563,3 +563,62 @@ fn replay_a_late_won_reply_read_with_the_sessions_end_starts_no_job() {
         );
     }
 }
+
+/// Fuzz finding `sim_schedule/crash-a9d8bdbe...` (a one-hour run): two holders
+/// in a row are terminated by the server while their replies are held up
+/// (a 5.5 s, then a 9.6 s link delay), so each keeps leading by its own clock
+/// until its validity ends while the next one takes over after the lock delay.
+/// Each pair of holders overlaps less than the validity window (1 and 0 for
+/// 260 ms, 0 and 2 for 658 ms), but the two overlaps touch: some two
+/// processes had a job for 893 ms on end. The bound is per pair of holders
+/// (a terminated holder acts at most its validity window past its last
+/// confirmation, whoever else leads meanwhile), and so is the overlap
+/// measure ([`Report::max_overlap`]).
+#[test]
+fn replay_two_terminated_holders_in_a_row_overlap_pairwise_within_validity() {
+    let faults = [
+        (8561, Fault::Terminate { process: 0 }),
+        (
+            1201,
+            Fault::Delay {
+                process: 1,
+                extra: ms(5547),
+                duration: ms(1608),
+            },
+        ),
+        (1608, Fault::Terminate { process: 1 }),
+        (
+            1843,
+            Fault::Delay {
+                process: 0,
+                extra: ms(9618),
+                duration: ms(585),
+            },
+        ),
+        (5561, Fault::Terminate { process: 2 }),
+        (1843, Fault::Terminate { process: 0 }),
+        (
+            9362,
+            Fault::Delay {
+                process: 1,
+                extra: ms(2355),
+                duration: ms(1843),
+            },
+        ),
+        (
+            9618,
+            Fault::FlakyStatements {
+                error: 177.0 / 255.0,
+                malformed: 177.0 / 255.0,
+                duration: Duration::ZERO,
+            },
+        ),
+    ];
+    let r = sim_replay(
+        fuzz_config(12_774_782_031_263_367_168, 3, 1, 24, 80),
+        &faults,
+    );
+    // The second terminated holder overlaps its successor for most of the window.
+    let overlap = r.max_overlap.values().copied().max().unwrap_or_default();
+    assert!(overlap > ms(500), "overlap {overlap:?}");
+}
