@@ -290,7 +290,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
             return EXIT_FAILURE;
         }
     };
-    let locker = match Locker::new(
+    let locker = match Locker::from_config(
         plan.target.config.clone(),
         plan.target.tls.clone(),
         plan.options.clone(),

@@ -153,7 +153,7 @@ use std::task::Poll;
 use lease_proto::{Input, Machine};
 use tokio_postgres::NoTls;
 
-/// tokio-postgres's connection configuration, which [`Locker::new`] takes.
+/// tokio-postgres's connection configuration, which [`Locker::from_config`] takes.
 pub use tokio_postgres::Config;
 
 pub use driver::Driver;
@@ -263,7 +263,7 @@ pub trait Adapter<T>: 'static {
 }
 
 /// An adapter that resolves connections as libpq does, for
-/// [`Locker::from_env`] and [`Locker::connect_libpq`]: the adapters
+/// [`Locker::from_env`] and [`Locker::from_conninfo`]: the adapters
 /// implement it with lease-libpq (its crate docs have the rules) and their
 /// rustls connector.
 pub trait Resolve {
@@ -353,7 +353,7 @@ impl<A> Locker<A> {
     /// [`Error::Options`] for inconsistent options, [`Error::Config`] when the
     /// config names no host, or hosts, `hostaddr`s and ports that do not pair
     /// up (every connection attempt would fail).
-    pub fn new<T>(
+    pub fn from_config<T>(
         config: Config,
         tls: T,
         options: Options,
@@ -368,21 +368,21 @@ impl<A> Locker<A> {
     /// (`postgres://user:password@host/db`) or key-value
     /// (`host=... user=... dbname=...`), and its driver, which the caller must
     /// run. Does not connect. Only the string counts: no `PG*` variable, no
-    /// password file, no TLS ([`Locker::connect_libpq`] has them).
+    /// password file, no TLS ([`Locker::from_conninfo`] has them).
     ///
     /// # Errors
     /// [`Error::Config`] if the string does not parse (the message never
     /// contains the string) or names no usable host, [`Error::Options`] for
     /// inconsistent options.
     #[allow(clippy::type_complexity)]
-    pub fn connect(
+    pub fn without_tls(
         config: &str,
         options: Options,
     ) -> Result<(Self, Driver<<A as Adapter<NoTls>>::Runtime>), Error>
     where
         A: Adapter<NoTls>,
     {
-        Locker::new(parse_config(config)?, NoTls, options)
+        Locker::from_config(parse_config(config)?, NoTls, options)
     }
 
     /// A locker connecting as `psql` with no arguments does: the `PG*`
@@ -403,10 +403,10 @@ impl<A> Locker<A> {
         A: Resolve + Adapter<<A as Resolve>::Tls>,
     {
         let (config, tls) = A::resolve(None)?;
-        Locker::new(config, tls, options)
+        Locker::from_config(config, tls, options)
     }
 
-    /// [`Locker::connect`] as `psql "conn"` does: the string (URL or
+    /// [`Locker::without_tls`] as `psql "conn"` does: the string (URL or
     /// `key=value`) wins, the `PG*` environment and the password file fill
     /// in what it leaves out, TLS as `sslmode` says. See
     /// [`Locker::from_env`].
@@ -415,7 +415,7 @@ impl<A> Locker<A> {
     /// [`Error::Config`], naming the keyword or variable at fault (a typo
     /// such as `usr=` too), [`Error::Options`] for inconsistent options.
     #[allow(clippy::type_complexity)]
-    pub fn connect_libpq(
+    pub fn from_conninfo(
         conn: &str,
         options: Options,
     ) -> Result<(Self, Driver<<A as Adapter<A::Tls>>::Runtime>), Error>
@@ -423,14 +423,14 @@ impl<A> Locker<A> {
         A: Resolve + Adapter<<A as Resolve>::Tls>,
     {
         let (config, tls) = A::resolve(Some(conn))?;
-        Locker::new(config, tls, options)
+        Locker::from_config(config, tls, options)
     }
 
-    /// [`Locker::new`], with the driver spawned on the current runtime (for
+    /// [`Locker::from_config`], with the driver spawned on the current runtime (for
     /// adapters that can spawn: tokio).
     ///
     /// # Errors
-    /// As [`Locker::new`].
+    /// As [`Locker::from_config`].
     ///
     /// # Panics
     /// Where the adapter's spawn panics (tokio: outside a runtime).
@@ -438,7 +438,7 @@ impl<A> Locker<A> {
     where
         A: Adapter<T> + Spawn,
     {
-        let (locker, driver) = Locker::new(config, tls, options)?;
+        let (locker, driver) = Locker::from_config(config, tls, options)?;
         A::spawn(driver);
         Ok(locker)
     }

@@ -119,8 +119,8 @@ const NO_TLS: &str = "no TLS implementation configured";
 
 /// Where to go from [`NO_TLS`].
 const NO_TLS_HINT: &str = " (sslmode=require, but this locker was made without TLS: make it with \
-    Locker::from_env or Locker::connect_libpq, which set TLS up as libpq does, or with \
-    Locker::new and a TLS connector)";
+    Locker::from_env or Locker::from_conninfo, which set TLS up as libpq does, or with \
+    Locker::from_config and a TLS connector)";
 
 /// tokio-postgres's configuration errors found while connecting (its
 /// `Kind::Config`, rendered "invalid configuration"; not public as a kind):

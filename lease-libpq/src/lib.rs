@@ -4,7 +4,7 @@
 //! connection string, the `PG*` environment and the password file, resolved
 //! into a [`tokio_postgres::Config`] and a [`rustls::ClientConfig`] (ring
 //! provider) that enforces libpq's `sslmode`. The lease adapters build on it
-//! (`Locker::from_env`, `Locker::connect_libpq` in lease-tokio and
+//! (`Locker::from_env`, `Locker::from_conninfo` in lease-tokio and
 //! lease-smol), and so does the `lease` command.
 //!
 //! ```no_run

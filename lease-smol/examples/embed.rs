@@ -18,7 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().init();
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into());
-    let (locker, driver) = Locker::connect(&url, Options::default())?;
+    let (locker, driver) = Locker::without_tls(&url, Options::default())?;
     let ex = LocalExecutor::new();
     ex.spawn(driver).detach();
     // Shared by the jobs on this thread: not `Send`, and it need not be.

@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> { smol::block_on(async {
-//! let (locker, driver) = lease_smol::Locker::connect(
+//! let (locker, driver) = lease_smol::Locker::without_tls(
 //!     "host=127.0.0.1 user=postgres dbname=postgres",
 //!     lease_smol::Options::default(),
 //! )?;
@@ -35,7 +35,7 @@
 //!
 //! ## The driver
 //!
-//! [`Locker::new`] and [`Locker::connect`] return the locker and a [`Driver`]
+//! [`Locker::from_config`] and [`Locker::without_tls`] return the locker and a [`Driver`]
 //! future that owns the connection: nothing happens until it is polled. Run it
 //! on any executor: `smol::spawn(driver).detach()`, an `async-executor`
 //! (`LocalExecutor` too: see `examples/embed.rs`), or beside your runs under
@@ -74,7 +74,7 @@
 //!   `tcp_user_timeout`;
 //! - TLS goes through [`MakeTls`], asked for a connector per host name; the
 //!   `rustls` feature adds a ready one, `rustls::MakeRustls` (no tokio
-//!   runtime), which `Locker::from_env` and `Locker::connect_libpq` (feature
+//!   runtime), which `Locker::from_env` and `Locker::from_conninfo` (feature
 //!   `libpq`, on by default) build from lease-libpq's resolution: the `PG*`
 //!   environment, `~/.pgpass` and `sslmode` up to `verify-full`;
 //! - `target_session_attrs` is checked by the driver, as for every runtime.
@@ -121,8 +121,8 @@ pub type Driver<T = NoTls> = lease_driver::Driver<Smol<T>>;
 ///
 /// | Method | Does |
 /// |---|---|
-/// | [`new(config, tls, options)`](lease_driver::Locker::new) | any [`MakeTls`]: the locker and its [`Driver`], to run on any executor |
-/// | [`connect(conn_str, options)`](lease_driver::Locker::connect) | the same without TLS, from a connection string |
+/// | [`new(config, tls, options)`](lease_driver::Locker::from_config) | any [`MakeTls`]: the locker and its [`Driver`], to run on any executor |
+/// | [`connect(conn_str, options)`](lease_driver::Locker::without_tls) | the same without TLS, from a connection string |
 /// | [`run(name, job)`](lease_driver::Locker::run) | contends for the lease `name` and runs `job` while holding it |
 /// | [`run_until(name, shutdown, job)`](lease_driver::Locker::run_until) | `run` with a graceful shutdown signal |
 /// | [`run_lease(lease, shutdown, job)`](lease_driver::Locker::run_lease) | `run_until` for any [`LeaseId`] (a raw key) |

@@ -1,4 +1,4 @@
-//! `Locker::from_env` and `Locker::connect_libpq` on async-io: lease-libpq's
+//! `Locker::from_env` and `Locker::from_conninfo` on async-io: lease-libpq's
 //! resolution, connecting with [`MakeRustls`] (no tokio runtime).
 
 use lease_driver::{Config, Error, Resolve};

@@ -3,7 +3,7 @@
 //! [`MakeRustls`] implements [`MakeTls`] with tokio-rustls, which needs
 //! only tokio's io traits (the driver's [`Socket`] has them): build a
 //! rustls [`ClientConfig`] (roots, client certificate, crypto provider) and
-//! wrap it. `Locker::from_env` and `Locker::connect_libpq` (feature
+//! wrap it. `Locker::from_env` and `Locker::from_conninfo` (feature
 //! `libpq`) wrap the one lease-libpq resolves from `sslmode`,
 //! `sslrootcert`, `sslcert` and `sslkey`; by hand:
 //!
@@ -20,7 +20,7 @@
 //! .with_safe_default_protocol_versions()?
 //! .with_root_certificates(roots)
 //! .with_no_client_auth();
-//! let (locker, driver) = lease_smol::Locker::new(
+//! let (locker, driver) = lease_smol::Locker::from_config(
 //!     "host=db.example.com user=app dbname=app sslmode=require".parse()?,
 //!     lease_smol::rustls::MakeRustls::new(config),
 //!     lease_smol::Options::default(),

@@ -56,7 +56,7 @@ fn no_thread_but_async_io_while_leading_and_failing_over() {
     };
     let nanos = std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos();
     let name = format!("threads-{}-{nanos}", std::process::id());
-    let (locker, driver) = Locker::connect(DB, options).unwrap();
+    let (locker, driver) = Locker::without_tls(DB, options).unwrap();
     let ex = LocalExecutor::new();
     ex.spawn(driver).detach();
     future::block_on(ex.run(async {

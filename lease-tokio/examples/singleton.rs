@@ -11,7 +11,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().init();
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=postgres".into());
-    let (locker, driver) = Locker::connect(&url, Options::default())?;
+    let (locker, driver) = Locker::without_tls(&url, Options::default())?;
     tokio::spawn(driver);
     let ctrl_c = async { tokio::signal::ctrl_c().await.unwrap_or(()) };
     locker

@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let (locker, driver) = lease_tokio::Locker::connect(
+//! let (locker, driver) = lease_tokio::Locker::without_tls(
 //!     "host=127.0.0.1 user=postgres dbname=postgres",
 //!     lease_tokio::Options::default(),
 //! )?;
@@ -33,7 +33,7 @@
 //!
 //! ## The driver
 //!
-//! [`Locker::new`] and [`Locker::connect`] return the locker and a [`Driver`]
+//! [`Locker::from_config`] and [`Locker::without_tls`] return the locker and a [`Driver`]
 //! future that owns the connection: nothing happens until it is polled
 //! (`tokio::spawn(driver)`). [`Locker::spawn`] spawns it for you. Creating a
 //! locker never needs the database: the driver connects when a run needs it
@@ -61,10 +61,10 @@
 //! (`PGPASSFILE`, `~/.pgpass`), and TLS as `sslmode` says, up to
 //! `verify-full` (rustls with the ring provider; `sslrootcert` a PEM file
 //! or `system`; client certificates with `sslcert`/`sslkey`).
-//! [`Locker::connect_libpq`](lease_driver::Locker::connect_libpq) takes a
+//! [`Locker::from_conninfo`](lease_driver::Locker::from_conninfo) takes a
 //! string first, as `psql "..."`. Both are the `libpq` feature (on by
 //! default); lease-libpq's crate docs have every keyword and variable.
-//! `Locker::connect` reads the string alone, without TLS. Everything the
+//! `Locker::without_tls` reads the string alone, without TLS. Everything the
 //! driver has to say goes to `tracing`: install a subscriber to see it.
 //!
 //! ```no_run
@@ -86,7 +86,7 @@
 //! }
 //! ```
 //!
-//! [`Locker::new`](lease_driver::Locker::new) takes any tokio-postgres TLS
+//! [`Locker::from_config`](lease_driver::Locker::from_config) takes any tokio-postgres TLS
 //! connector ([`MakeTls`]) for a setup of your own, e.g. with
 //! [tokio-postgres-rustls](https://docs.rs/tokio-postgres-rustls) and rustls
 //! on ring alone (no aws-lc-sys, no cmake):
@@ -149,8 +149,8 @@ pub type Driver<T = NoTls> = lease_driver::Driver<Tokio<T>>;
 ///
 /// | Method | Does |
 /// |---|---|
-/// | [`new(config, tls, options)`](lease_driver::Locker::new) | any tokio-postgres TLS connector ([`MakeTls`]): the locker and its [`Driver`], to spawn |
-/// | [`connect(conn_str, options)`](lease_driver::Locker::connect) | the same without TLS, from a connection string |
+/// | [`new(config, tls, options)`](lease_driver::Locker::from_config) | any tokio-postgres TLS connector ([`MakeTls`]): the locker and its [`Driver`], to spawn |
+/// | [`connect(conn_str, options)`](lease_driver::Locker::without_tls) | the same without TLS, from a connection string |
 /// | [`spawn(config, tls, options)`](lease_driver::Locker::spawn) | `new`, with the driver spawned on the current runtime |
 /// | [`run(name, job)`](lease_driver::Locker::run) | contends for the lease `name` and runs `job` while holding it |
 /// | [`run_until(name, shutdown, job)`](lease_driver::Locker::run_until) | `run` with a graceful shutdown signal |

@@ -1,4 +1,4 @@
-//! `Locker::from_env` and `Locker::connect_libpq` on tokio: lease-libpq's
+//! `Locker::from_env` and `Locker::from_conninfo` on tokio: lease-libpq's
 //! resolution, connecting with tokio-postgres-rustls.
 
 use lease_driver::{Config, Error, Resolve};
@@ -7,7 +7,7 @@ use lease_libpq::Conninfo;
 use crate::TokioAdapter;
 
 /// The TLS connector of [`Locker::from_env`](crate::Locker::from_env) and
-/// [`Locker::connect_libpq`](crate::Locker::connect_libpq): tokio-postgres-rustls's,
+/// [`Locker::from_conninfo`](crate::Locker::from_conninfo): tokio-postgres-rustls's,
 /// over the rustls configuration lease-libpq resolved.
 pub type Rustls = tokio_postgres_rustls::MakeRustlsConnect;
 

@@ -13,7 +13,7 @@ use lease_driver::{
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Config, Socket};
 
-/// What [`Locker::new`](crate::Locker::new) accepts: any tokio-postgres TLS
+/// What [`Locker::from_config`](crate::Locker::from_config) accepts: any tokio-postgres TLS
 /// connector usable from a spawned task (`NoTls`, `tokio-postgres-rustls`,
 /// `postgres-native-tls`, ...). Implemented for every such type.
 pub trait MakeTls:

@@ -44,6 +44,8 @@ pub struct ReadmeDoctests;
 /// The Rust blocks of the guide's pages (docs/), compiled as doctests like the README's.
 #[cfg(doctest)]
 pub mod guide_doctests {
+    #[doc = include_str!("../../README.md")]
+    pub struct Readme;
     #[doc = include_str!("../../docs/library.md")]
     pub struct Library;
     #[doc = include_str!("../../docs/metrics.md")]

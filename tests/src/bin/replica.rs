@@ -493,11 +493,11 @@ fn smol_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Strin
     smol::block_on(async {
         let (config, tls) = args.config()?;
         let (locker, driver) = match tls {
-            None => lease_smol::Locker::new(config, tokio_postgres::NoTls, args.options())
+            None => lease_smol::Locker::from_config(config, tokio_postgres::NoTls, args.options())
                 .map(|(locker, driver)| (locker, smol::spawn(driver))),
             Some(tls) => {
                 let tls = lease_smol::rustls::MakeRustls::new(tls);
-                lease_smol::Locker::new(config, tls, args.options())
+                lease_smol::Locker::from_config(config, tls, args.options())
                     .map(|(locker, driver)| (locker, smol::spawn(driver)))
             }
         }

@@ -65,7 +65,7 @@ impl Driver for Tokio {
             .build()
             .expect("a tokio runtime");
         rt.block_on(async {
-            let (locker, driver) = lease_tokio::Locker::connect(conn, opts).expect("connect");
+            let (locker, driver) = lease_tokio::Locker::without_tls(conn, opts).expect("connect");
             tokio::spawn(driver);
             let run = locker.run("errors", |lease| async move {
                 lease.cancelled().await;
@@ -80,7 +80,7 @@ impl Driver for Smol {
     const NAME: &'static str = "smol";
     fn run_with(conn: &str, wait: Duration, opts: lease_proto::Options) -> Ran {
         smol::block_on(async {
-            let (locker, driver) = lease_smol::Locker::connect(conn, opts).expect("connect");
+            let (locker, driver) = lease_smol::Locker::without_tls(conn, opts).expect("connect");
             smol::spawn(driver).detach();
             let run = locker.run("errors", |lease| async move {
                 lease.cancelled().await;

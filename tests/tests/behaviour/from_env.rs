@@ -291,9 +291,12 @@ fn no_password_fails_at_once() {
     for (driver, ran) in [
         (
             "tokio",
-            run_tokio(lease_tokio::Locker::connect(&conn, opts())),
+            run_tokio(lease_tokio::Locker::without_tls(&conn, opts())),
         ),
-        ("smol", run_smol(lease_smol::Locker::connect(&conn, opts()))),
+        (
+            "smol",
+            run_smol(lease_smol::Locker::without_tls(&conn, opts())),
+        ),
     ] {
         match ran {
             Ran::Config(e) => assert!(e.contains("password missing"), "{driver}: {e}"),
@@ -305,16 +308,16 @@ fn no_password_fails_at_once() {
 /// A misspelt keyword is named in the error.
 #[test]
 fn a_bad_keyword_is_named() {
-    let Err(e) = lease_tokio::Locker::connect("host=127.0.0.1 usr=app", opts()) else {
+    let Err(e) = lease_tokio::Locker::without_tls("host=127.0.0.1 usr=app", opts()) else {
         panic!("accepted");
     };
     assert!(e.to_string().contains("`usr`"), "{e}");
-    let Err(e) = lease_smol::Locker::connect("host=127.0.0.1 usr=app", opts()) else {
+    let Err(e) = lease_smol::Locker::without_tls("host=127.0.0.1 usr=app", opts()) else {
         panic!("accepted");
     };
     assert!(e.to_string().contains("`usr`"), "{e}");
     // The libpq constructors name it too, with the keyword meant.
-    let Err(e) = lease_tokio::Locker::connect_libpq("host=127.0.0.1 usr=app", opts()) else {
+    let Err(e) = lease_tokio::Locker::from_conninfo("host=127.0.0.1 usr=app", opts()) else {
         panic!("accepted");
     };
     assert_eq!(
@@ -333,9 +336,12 @@ fn require_without_tls_points_to_from_env() {
     for (driver, ran) in [
         (
             "tokio",
-            run_tokio(lease_tokio::Locker::connect(conn, opts())),
+            run_tokio(lease_tokio::Locker::without_tls(conn, opts())),
         ),
-        ("smol", run_smol(lease_smol::Locker::connect(conn, opts()))),
+        (
+            "smol",
+            run_smol(lease_smol::Locker::without_tls(conn, opts())),
+        ),
     ] {
         match ran {
             Ran::Config(e) => assert!(

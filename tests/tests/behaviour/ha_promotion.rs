@@ -241,7 +241,7 @@ fn control_revoked_control_functions_still_lead() -> Res {
 async fn locker_on_a_hot_standby_leads_once_promoted() {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
     let standby = c.start_standby().expect("start a hot standby");
-    let (locker, driver) = Locker::connect(&standby.conn_string(), fast()).expect("locker");
+    let (locker, driver) = Locker::without_tls(&standby.conn_string(), fast()).expect("locker");
     tokio::spawn(driver);
     let name = unique("hole4-standby");
     let started = tokio::time::Instant::now();

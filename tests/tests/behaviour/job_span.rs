@@ -59,7 +59,7 @@ fn a_jobs_log_lines_carry_lease_key_run_and_token() {
         .build()
         .expect("runtime");
     let token = runtime.block_on(async {
-        let (locker, driver) = Locker::connect(DB, Options::default()).expect("locker");
+        let (locker, driver) = Locker::without_tls(DB, Options::default()).expect("locker");
         tokio::spawn(driver);
         let token = Arc::new(Mutex::new(None));
         let seen = token.clone();

@@ -185,7 +185,7 @@ async fn acquisition_loss_by_terminate_and_release_move_the_metrics() {
         .get("lease_session_failures_total", &["class=terminated"])
         .total;
 
-    let (locker, driver) = Locker::connect(DB, opts()).expect("locker");
+    let (locker, driver) = Locker::without_tls(DB, opts()).expect("locker");
     tokio::spawn(driver);
     // The job reports each acquisition's token and why it was cancelled.
     let (tokens_tx, mut tokens) = mpsc::unbounded_channel::<i64>();
@@ -350,7 +350,7 @@ async fn acquisition_loss_by_terminate_and_release_move_the_metrics() {
 #[test]
 fn every_metric_is_described_with_its_unit() {
     let rec = recorder();
-    let _locker = Locker::connect(DB, Options::default()).expect("locker");
+    let _locker = Locker::without_tls(DB, Options::default()).expect("locker");
     let described = rec.described.lock().unwrap().clone();
     let expected = [
         "lease_leader",
@@ -401,7 +401,7 @@ async fn connection_failures_are_classed() {
     for (class, conn) in cases {
         let label = format!("class={class}");
         let before = rec.get("lease_session_failures_total", &[&label]).total;
-        let (locker, driver) = Locker::connect(conn, opts()).expect("locker");
+        let (locker, driver) = Locker::without_tls(conn, opts()).expect("locker");
         tokio::spawn(driver);
         let name = unique(class);
         let run = tokio::spawn(locker.run(&name, |_| async { Ok::<(), String>(()) }));

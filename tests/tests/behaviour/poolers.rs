@@ -26,7 +26,7 @@ use tokio_postgres::NoTls;
 async fn locker_through_session_mode_pgbouncer_leads() {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
     let pgb = PgBouncer::start(&c, PoolMode::Session).expect("start pgbouncer");
-    let (locker, driver) = Locker::connect(&pgb.conn_string(), fast()).expect("locker");
+    let (locker, driver) = Locker::without_tls(&pgb.conn_string(), fast()).expect("locker");
     tokio::spawn(driver);
     let run = locker.run(&unique("hole4-session"), |_lease| async {
         Ok::<(), Infallible>(())
@@ -81,7 +81,7 @@ async fn two_lockers_through_transaction_pgbouncer(tcp_by_role: bool) {
     let tokens = Arc::new(Mutex::new(Vec::new()));
     let mut runs = Vec::new();
     for _ in 0..2 {
-        let (locker, driver) = Locker::connect(&pgb.conn_string(), fast()).expect("locker");
+        let (locker, driver) = Locker::without_tls(&pgb.conn_string(), fast()).expect("locker");
         tokio::spawn(driver);
         let (name, leading, most, tokens) =
             (name.clone(), leading.clone(), most.clone(), tokens.clone());
@@ -138,7 +138,7 @@ async fn two_lockers_through_transaction_pgbouncer(tcp_by_role: bool) {
 async fn a_lone_locker_through_transaction_pgbouncer_is_refused() {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
     let pgb = PgBouncer::start(&c, PoolMode::Transaction).expect("pgbouncer");
-    let (locker, driver) = Locker::connect(&pgb.conn_string(), fast()).expect("locker");
+    let (locker, driver) = Locker::without_tls(&pgb.conn_string(), fast()).expect("locker");
     let driver = tokio::spawn(driver);
     let name = unique("hole7-lone");
     let key = lease_proto::key_for_name(&name);

@@ -78,12 +78,15 @@ fn tokio_verify_full_leads_and_hands_over() {
         .expect("runtime");
     let handover = rt.block_on(async {
         let tls = tokio_postgres_rustls::MakeRustlsConnect::new(client_config(&certs.ca));
-        let (a, driver) =
-            lease_tokio::Locker::new(config(&c, "localhost", "tls-tokio-a"), tls.clone(), opts())
-                .expect("locker a");
+        let (a, driver) = lease_tokio::Locker::from_config(
+            config(&c, "localhost", "tls-tokio-a"),
+            tls.clone(),
+            opts(),
+        )
+        .expect("locker a");
         tokio::spawn(driver);
         // The standby polls only every 5 s: a fast takeover is NOTIFY.
-        let (b, driver) = lease_tokio::Locker::new(
+        let (b, driver) = lease_tokio::Locker::from_config(
             config(&c, "localhost", "tls-tokio-b"),
             tls,
             Options::default(),
@@ -155,11 +158,14 @@ fn smol_verify_full_leads_and_hands_over() {
     let c = Cluster::start_tls(&certs, HBA).expect("a TLS PostgreSQL");
     let handover = smol::block_on(async {
         let tls = lease_smol::rustls::MakeRustls::new(client_config(&certs.ca));
-        let (a, driver) =
-            lease_smol::Locker::new(config(&c, "127.0.0.1", "tls-smol-a"), tls.clone(), opts())
-                .expect("locker a");
+        let (a, driver) = lease_smol::Locker::from_config(
+            config(&c, "127.0.0.1", "tls-smol-a"),
+            tls.clone(),
+            opts(),
+        )
+        .expect("locker a");
         smol::spawn(driver).detach();
-        let (b, driver) = lease_smol::Locker::new(
+        let (b, driver) = lease_smol::Locker::from_config(
             config(&c, "127.0.0.1", "tls-smol-b"),
             tls,
             Options::default(),

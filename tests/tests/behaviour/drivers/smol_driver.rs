@@ -31,19 +31,20 @@ pub mod rt {
         smol::block_on(f)
     }
 
-    /// `Locker::connect`: a locker over `conn` without TLS, its driver running
+    /// `Locker::without_tls`: a locker over `conn` without TLS, its driver running
     /// detached.
     pub fn connect(conn: &str, options: Options) -> Result<Locker, Error> {
-        let (locker, driver) = Locker::connect(conn, options)?;
+        let (locker, driver) = Locker::without_tls(conn, options)?;
         smol::spawn(driver).detach();
         Ok(locker)
     }
 
-    /// `Locker::new` over [`DB`] without TLS, its driver spawned as a task the test
+    /// `Locker::from_config` over [`DB`] without TLS, its driver spawned as a task the test
     /// can cancel (dropping the driver) or await.
     pub fn new(options: Options) -> (Locker, Task<()>) {
         let config = DB.parse().expect("parse DB");
-        let (locker, driver) = Locker::new(config, NoTls, options).expect("Locker::new");
+        let (locker, driver) =
+            Locker::from_config(config, NoTls, options).expect("Locker::from_config");
         (locker, spawn(driver))
     }
 
