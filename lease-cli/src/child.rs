@@ -445,11 +445,11 @@ mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
 
-    /// Suspected (b) of issue 18: `kill(-pgid, 0)` fails with EPERM when every
-    /// member of the group runs under another uid (a command that ran `sudo`,
-    /// or `su`), and `group_alive` must still say the group is there. Needs
-    /// root (to start the group as root and ask as the unprivileged user
-    /// `leasetest`); skipped otherwise.
+    /// `kill(-pgid, 0)` fails with EPERM when every member of the group runs
+    /// under another uid (a command that ran `sudo`, or `su`), and
+    /// `group_alive` must still say the group is there. Needs root (to start
+    /// the group as root and ask as the unprivileged user `leasetest`);
+    /// skipped otherwise.
     #[test]
     fn a_group_of_another_user_is_alive() {
         // SAFETY: geteuid has no preconditions; getpwnam returns a pointer

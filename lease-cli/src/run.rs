@@ -899,10 +899,10 @@ async fn lookup_holder(
 mod tests {
     use super::*;
 
-    /// Suspected (c) of issue 18: the kill deadline is `confirmed + guard` on
-    /// the runner's clock. A runner whose clock runs slow by the drift the
-    /// guarantee allows (`margin / (2 validity + margin)`) measures that
-    /// offset later in real time than the server frees the key.
+    /// The kill deadline is `confirmed + guard` on the runner's clock. A
+    /// runner whose clock runs slow by the drift the guarantee allows
+    /// (`margin / (2 validity + margin)`) measures that offset later in real
+    /// time than the server frees the key.
     #[test]
     fn the_kill_deadline_allows_for_the_drift_bound() {
         let cases = [

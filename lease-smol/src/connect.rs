@@ -25,7 +25,7 @@ use tokio_util::either::Either;
 /// #[derive(Clone)]
 /// struct Tls(native_tls::TlsConnector);
 ///
-/// impl lease_smol::MakeTls for Tls {
+/// impl lease_smol::SmolTls for Tls {
 ///     type TlsConnect = postgres_native_tls::TlsConnector;
 ///     type Error = std::convert::Infallible;
 ///     fn make_tls_connect(&mut self, domain: &str) -> Result<Self::TlsConnect, Self::Error> {
@@ -33,7 +33,7 @@ use tokio_util::either::Either;
 ///     }
 /// }
 /// ```
-pub trait MakeTls: Clone + Send + Sync + 'static {
+pub trait SmolTls: Clone + Send + Sync + 'static {
     /// The connector for one host.
     type TlsConnect: TlsConnect<Socket, Stream: Send, Future: Send> + Send;
     /// Why no connector could be made.
@@ -48,7 +48,7 @@ pub trait MakeTls: Clone + Send + Sync + 'static {
     fn make_tls_connect(&mut self, domain: &str) -> Result<Self::TlsConnect, Self::Error>;
 }
 
-impl MakeTls for NoTls {
+impl SmolTls for NoTls {
     type TlsConnect = NoTls;
     type Error = std::convert::Infallible;
 
@@ -58,7 +58,7 @@ impl MakeTls for NoTls {
 }
 
 /// The stream a connection of `T` runs over.
-pub(crate) type TlsStream<T> = <<T as MakeTls>::TlsConnect as TlsConnect<Socket>>::Stream;
+pub(crate) type TlsStream<T> = <<T as SmolTls>::TlsConnect as TlsConnect<Socket>>::Stream;
 
 pub(crate) type Connected<S> = Result<(Client, Connection<Socket, S>), SessionError>;
 
@@ -76,7 +76,7 @@ type Unix = TcpStream;
 /// the first that connects wins, else the last error counts. Unlike
 /// tokio-postgres (like libpq), `connect_timeout` bounds each address's whole
 /// attempt, so a host that accepts but never answers does not stall failover.
-pub(crate) async fn connect<T: MakeTls>(config: Config, mut tls: T) -> Connected<TlsStream<T>> {
+pub(crate) async fn connect<T: SmolTls>(config: Config, mut tls: T) -> Connected<TlsStream<T>> {
     let (hosts, addrs, ports) = (
         config.get_hosts(),
         config.get_hostaddrs(),

@@ -72,7 +72,7 @@
 //!   address, socket, TLS and startup included, as libpq does;
 //! - TCP sockets get no-delay, the `keepalives*` settings and, on Linux,
 //!   `tcp_user_timeout`;
-//! - TLS goes through [`MakeTls`], asked for a connector per host name; the
+//! - TLS goes through [`SmolTls`], asked for a connector per host name; the
 //!   `rustls` feature adds a ready one, `rustls::MakeRustls` (no tokio
 //!   runtime), which `Locker::from_env` and `Locker::from_conninfo` (feature
 //!   `libpq`, on by default) build from lease-libpq's resolution: the `PG*`
@@ -99,7 +99,7 @@ pub mod rustls;
 
 use tokio_postgres::NoTls;
 
-pub use connect::{MakeTls, Socket};
+pub use connect::{SmolTls, Socket};
 pub use lease_driver::{
     Config, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
     OptionsError, Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status,
@@ -121,7 +121,7 @@ pub type Driver<T = NoTls> = lease_driver::Driver<Smol<T>>;
 ///
 /// | Method | Does |
 /// |---|---|
-/// | [`new(config, tls, options)`](lease_driver::Locker::from_config) | any [`MakeTls`]: the locker and its [`Driver`], to run on any executor |
+/// | [`new(config, tls, options)`](lease_driver::Locker::from_config) | any [`SmolTls`]: the locker and its [`Driver`], to run on any executor |
 /// | [`connect(conn_str, options)`](lease_driver::Locker::without_tls) | the same without TLS, from a connection string |
 /// | [`run(name, job)`](lease_driver::Locker::run) | contends for the lease `name` and runs `job` while holding it |
 /// | [`run_until(name, shutdown, job)`](lease_driver::Locker::run_until) | `run` with a graceful shutdown signal |

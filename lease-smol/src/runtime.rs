@@ -11,14 +11,14 @@ use std::time::Instant;
 use lease_driver::{Adapter, BoxFuture, Connected, Connection, Runtime, Timer};
 use tokio_postgres::Config;
 
-use crate::connect::{connect, MakeTls};
+use crate::connect::{connect, SmolTls};
 
 /// The async-io adapter: names the smol [`Locker`](crate::Locker) and makes
 /// its runtime.
 #[derive(Debug)]
 pub enum SmolAdapter {}
 
-impl<T: MakeTls> Adapter<T> for SmolAdapter {
+impl<T: SmolTls> Adapter<T> for SmolAdapter {
     type Runtime = Smol<T>;
 
     fn runtime(tls: T) -> Smol<T> {
@@ -45,7 +45,7 @@ impl<T> fmt::Debug for Smol<T> {
     }
 }
 
-impl<T: MakeTls> Runtime for Smol<T> {
+impl<T: SmolTls> Runtime for Smol<T> {
     fn now(&self) -> Instant {
         Instant::now()
     }

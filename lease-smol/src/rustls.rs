@@ -1,6 +1,6 @@
 //! TLS over rustls, without tokio's runtime (feature `rustls`).
 //!
-//! [`MakeRustls`] implements [`MakeTls`] with tokio-rustls, which needs
+//! [`MakeRustls`] implements [`SmolTls`] with tokio-rustls, which needs
 //! only tokio's io traits (the driver's [`Socket`] has them): build a
 //! rustls [`ClientConfig`] (roots, client certificate, crypto provider) and
 //! wrap it. `Locker::from_env` and `Locker::from_conninfo` (feature
@@ -55,9 +55,9 @@ use tokio_rustls::TlsConnector;
 #[doc(no_inline)]
 pub use ::rustls::ClientConfig;
 
-use crate::{MakeTls, Socket};
+use crate::{SmolTls, Socket};
 
-/// A [`MakeTls`] over rustls: one [`ClientConfig`] for every host. Cheap to
+/// A [`SmolTls`] over rustls: one [`ClientConfig`] for every host. Cheap to
 /// clone.
 #[derive(Clone)]
 pub struct MakeRustls {
@@ -85,7 +85,7 @@ impl std::fmt::Debug for MakeRustls {
     }
 }
 
-impl MakeTls for MakeRustls {
+impl SmolTls for MakeRustls {
     type TlsConnect = RustlsConnect;
     type Error = Infallible;
 

@@ -87,7 +87,7 @@
 //! ```
 //!
 //! [`Locker::from_config`](lease_driver::Locker::from_config) takes any tokio-postgres TLS
-//! connector ([`MakeTls`]) for a setup of your own, e.g. with
+//! connector ([`TokioTls`]) for a setup of your own, e.g. with
 //! [tokio-postgres-rustls](https://docs.rs/tokio-postgres-rustls) and rustls
 //! on ring alone (no aws-lc-sys, no cmake):
 //!
@@ -134,7 +134,7 @@ pub use lease_driver::{
 pub use lease_libpq::{self, Conninfo, ConninfoError};
 #[cfg(feature = "libpq")]
 pub use libpq::Rustls;
-pub use runtime::{MakeTls, Tokio, TokioAdapter};
+pub use runtime::{Tokio, TokioAdapter, TokioTls};
 
 /// The connection driver of a tokio [`Locker`]: spawn it.
 pub type Driver<T = NoTls> = lease_driver::Driver<Tokio<T>>;
@@ -149,7 +149,7 @@ pub type Driver<T = NoTls> = lease_driver::Driver<Tokio<T>>;
 ///
 /// | Method | Does |
 /// |---|---|
-/// | [`new(config, tls, options)`](lease_driver::Locker::from_config) | any tokio-postgres TLS connector ([`MakeTls`]): the locker and its [`Driver`], to spawn |
+/// | [`new(config, tls, options)`](lease_driver::Locker::from_config) | any tokio-postgres TLS connector ([`TokioTls`]): the locker and its [`Driver`], to spawn |
 /// | [`connect(conn_str, options)`](lease_driver::Locker::without_tls) | the same without TLS, from a connection string |
 /// | [`spawn(config, tls, options)`](lease_driver::Locker::spawn) | `new`, with the driver spawned on the current runtime |
 /// | [`run(name, job)`](lease_driver::Locker::run) | contends for the lease `name` and runs `job` while holding it |

@@ -16,7 +16,7 @@ use tokio_postgres::{Config, Socket};
 /// What [`Locker::from_config`](crate::Locker::from_config) accepts: any tokio-postgres TLS
 /// connector usable from a spawned task (`NoTls`, `tokio-postgres-rustls`,
 /// `postgres-native-tls`, ...). Implemented for every such type.
-pub trait MakeTls:
+pub trait TokioTls:
     MakeTlsConnect<Socket, Stream: Send, TlsConnect: Send + TlsConnect<Socket, Future: Send>>
     + Clone
     + Send
@@ -25,7 +25,7 @@ pub trait MakeTls:
 {
 }
 
-impl<T> MakeTls for T where
+impl<T> TokioTls for T where
     T: MakeTlsConnect<Socket, Stream: Send, TlsConnect: Send + TlsConnect<Socket, Future: Send>>
         + Clone
         + Send
@@ -39,7 +39,7 @@ impl<T> MakeTls for T where
 #[derive(Debug)]
 pub enum TokioAdapter {}
 
-impl<T: MakeTls> Adapter<T> for TokioAdapter {
+impl<T: TokioTls> Adapter<T> for TokioAdapter {
     type Runtime = Tokio<T>;
 
     fn runtime(tls: T) -> Tokio<T> {
@@ -74,7 +74,7 @@ impl<T> fmt::Debug for Tokio<T> {
     }
 }
 
-impl<T: MakeTls> Runtime for Tokio<T> {
+impl<T: TokioTls> Runtime for Tokio<T> {
     fn now(&self) -> Instant {
         tokio::time::Instant::now().into_std()
     }

@@ -99,7 +99,7 @@ enum SessionEnd {
     TerminateDuringGracefulStop,
 }
 
-/// Hole 2: two runners at the default intervals and `--grace` (10 s), both
+/// Two runners at the default intervals and `--grace` (10 s), both
 /// commands ignoring SIGTERM; the holder's session is ended by the server.
 /// No two commands may ever have run at once.
 fn session_end_leaves_no_overlap(c: &mut Cluster, how: SessionEnd) {
@@ -269,8 +269,8 @@ enum Stop {
     RunnerFrozen,
 }
 
-/// Hole 6: after `stop`, no process of the command's tree may be alive, the
-/// escaped writer included, and the writer's file stops growing.
+/// After `stop`, no process of the command's tree may be alive, the escaped
+/// writer included, and the writer's file stops growing.
 fn escaped_descendant_dies_with_the_command(stop: Stop) {
     let c = cluster();
     let dir = Dir::new("hole6");
@@ -374,11 +374,11 @@ fn escaped_descendant_dies_at_the_watchdog_deadline_of_a_frozen_runner() {
     escaped_descendant_dies_with_the_command(Stop::RunnerFrozen);
 }
 
-/// Hole 2 for leftovers: the command exits at once, leaving a `setsid`
-/// writer that ignores SIGTERM; `lease run` holds the key while it stops the
-/// leftover (`--grace` 10 s). The holder's session is terminated meanwhile:
-/// the server frees the key, so the leftover must die before the standby's
-/// command starts, not at the end of `--grace`.
+/// A session ended while a leftover is stopped: the command exits at once,
+/// leaving a `setsid` writer that ignores SIGTERM; `lease run` holds the key
+/// while it stops the leftover (`--grace` 10 s). The holder's session is
+/// terminated meanwhile: the server frees the key, so the leftover must die
+/// before the standby's command starts, not at the end of `--grace`.
 #[test]
 fn leftover_of_an_exited_command_is_dead_before_the_standby_starts() {
     let c = cluster();
@@ -442,11 +442,12 @@ fn leftover_of_an_exited_command_is_dead_before_the_standby_starts() {
     );
 }
 
-/// Hole 2's sibling: a graceful stop (the key held until the command is
-/// gone, `--grace` 10 s) whose session goes silent (a partition: the holder's
-/// heartbeat times out, the session is given up on and closed at the guard
-/// deadline, and the server frees the key by then too). The SIGTERM-ignoring
-/// command must be dead before the standby's command starts.
+/// The partitioned counterpart of the session-end tests: a graceful stop (the
+/// key held until the command is gone, `--grace` 10 s) whose session goes
+/// silent (a partition: the holder's heartbeat times out, the session is
+/// given up on and closed at the guard deadline, and the server frees the key
+/// by then too). The SIGTERM-ignoring command must be dead before the
+/// standby's command starts.
 #[test]
 fn graceful_stop_on_a_partitioned_session_ends_before_the_standby_starts() {
     let c = cluster();

@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use std::time::Instant;
 
-/// The sampling period of `/leader` (the figure).
+/// The sampling period of `/leader` (the resolution of the gaps measured).
 const SAMPLE: Duration = Duration::from_millis(10);
 
 /// The tests of this module run one at a time: each measures timings (a flip

@@ -143,10 +143,10 @@ fn frozen_first_host() -> (Cluster, Cluster, Frozen, String) {
     (a, b, frozen, url)
 }
 
-/// Issue 18 hole 11 for `lease status` (its own connection, not the lease driver's): with
-/// `host=A,B`, A frozen (SIGSTOP of its postmaster and children: TCP connects, nothing
-/// answers) and B its promoted standby, the status comes from B within `--timeout`:
-/// each host gets its share. Before the fix the whole `--timeout` went to A.
+/// A frozen first host, for `lease status` (its own connection, not the lease driver's):
+/// with `host=A,B`, A frozen (SIGSTOP of its postmaster and children: TCP connects,
+/// nothing answers) and B its promoted standby, the status comes from B within
+/// `--timeout`: each host gets its share. Before the fix the whole `--timeout` went to A.
 #[test]
 fn status_moves_on_from_a_frozen_first_host() {
     let (_a, _b, frozen, url) = frozen_first_host();
@@ -162,11 +162,11 @@ fn status_moves_on_from_a_frozen_first_host() {
     );
 }
 
-/// Issue 18 hole 11 with `lease run`, as it was reported: `host=A,B` (read-write by
-/// default with several hosts), B promoted, A frozen. The runner must lead on B: A
-/// costs one share of the attempt (here `--query-timeout 2s` over two hosts). Before
-/// the fix every attempt timed out on A ("connection attempt timed out after 2000 ms")
-/// and nobody led.
+/// A frozen first host, with `lease run`: `host=A,B` (read-write by default with
+/// several hosts), B promoted, A frozen. The runner must lead on B: A costs one share
+/// of the attempt (here `--query-timeout 2s` over two hosts). Before the fix every
+/// attempt timed out on A ("connection attempt timed out after 2000 ms") and nobody
+/// led.
 #[test]
 fn run_leads_on_the_next_host_when_the_first_is_frozen() {
     let (_a, _b, frozen, url) = frozen_first_host();
@@ -184,9 +184,9 @@ fn run_leads_on_the_next_host_when_the_first_is_frozen() {
     );
 }
 
-/// Hole 4: a hot standby reached first (a routine HA failover) is retryable:
-/// the runner keeps retrying with backoff and leads once the server is
-/// promoted, instead of exiting 1 for good.
+/// A hot standby reached first (a routine HA failover) is retryable: the
+/// runner keeps retrying with backoff and leads once the server is promoted,
+/// instead of exiting 1 for good.
 #[test]
 fn hot_standby_is_retried_until_promoted() {
     let c = cluster();

@@ -47,7 +47,7 @@ fn kill_lines(r: &Replica) -> String {
         .join("\n")
 }
 
-/// Hole 3: a partitioned holder whose command ignores SIGTERM, at the default
+/// A partitioned holder whose command ignores SIGTERM, at the default
 /// `--grace` (10 s). The holder reaches the server through a FaultProxy that
 /// is black-holed; the standby connects directly. The old command must be
 /// dead before the standby's command starts (overlap <= 0): SIGKILL no later
@@ -112,7 +112,7 @@ fn partitioned_holder_ignoring_sigterm_is_dead_before_the_standby_starts() {
     );
 }
 
-/// Hole 3: a stalled runner. Only the holder's `lease run` process is stopped
+/// A stalled runner. Only the holder's `lease run` process is stopped
 /// (SIGSTOP of the runner, not of its command's process group); the server
 /// guard ends its session and the standby takes over. The old command must be
 /// dead before the standby's command starts.

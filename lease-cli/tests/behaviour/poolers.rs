@@ -11,7 +11,7 @@ use lease_tests::PgBouncerSettings;
 use lease_tests::PoolMode;
 use lease_tests::Replica;
 
-/// Hole 4: a session-mode PgBouncer (what the docs recommend) must work: the
+/// A session-mode PgBouncer (what the docs recommend) must work: the
 /// settings go by a statement after connecting when startup options are
 /// rejected, are verified, and the run leads.
 #[test]
@@ -31,10 +31,10 @@ fn session_mode_pgbouncer_leads() {
     );
 }
 
-/// Hole 4: a transaction-mode PgBouncer told to ignore `options`, with the
-/// guard set by `ALTER ROLE` to exactly the value the lease asks for and one
-/// server connection: two `lease run`s through it must never both lead (the
-/// machine must see that clients share a backend and refuse).
+/// A transaction-mode PgBouncer told to ignore `options`, with the guard set
+/// by `ALTER ROLE` to exactly the value the lease asks for and one server
+/// connection: two `lease run`s through it must never both lead (the machine
+/// must see that clients share a backend and refuse).
 #[test]
 fn transaction_pgbouncer_ignoring_options_never_gives_two_leaders() {
     // Its own server: the role setting must not leak to other tests.
@@ -95,10 +95,10 @@ fn transaction_pgbouncer_ignoring_options_never_gives_two_leaders() {
     );
 }
 
-/// Issue 18 hole 7: a lone `lease run` through a transaction-mode PgBouncer with its
-/// default settings (it rejects `options`; the settings go by statement and the setup
-/// passes; nobody shares its backend) must not run its command: it exits 1, its last
-/// line naming the transaction pooler. Before the fix it led and ran the command.
+/// A lone `lease run` through a transaction-mode PgBouncer with its default settings
+/// (it rejects `options`; the settings go by statement and the setup passes; nobody
+/// shares its backend) must not run its command: it exits 1, its last line naming the
+/// transaction pooler. Before the fix it led and ran the command.
 #[test]
 fn lone_lease_run_through_transaction_pgbouncer_is_refused() {
     let c = cluster();

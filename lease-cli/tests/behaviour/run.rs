@@ -453,8 +453,8 @@ fn password_is_never_printed() {
     assert!(!(out + &err).contains("SECRETPW"), "{err}");
 }
 
-/// Hole 4: absurd settings are bad usage: exit 2 with one clear line before
-/// any connection to the database.
+/// Absurd settings are bad usage: exit 2 with one clear line before any
+/// connection to the database.
 #[test]
 fn absurd_intervals_are_a_usage_error() {
     // A listener that records any connection: none may arrive.

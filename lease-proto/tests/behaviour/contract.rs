@@ -212,9 +212,9 @@ fn validity_expiry_cancels_without_any_reply() {
         )),
         "{cmds:?}"
     );
-    // Issue 11 hole 3 (was: CloseSession at this tick): the session is kept,
-    // with its lock, while the cancelled job runs, until the guard deadline:
-    // the heartbeat's send time (+200 ms) + idle_session_timeout (900 ms).
+    // The session is kept (formerly: CloseSession at this tick), with its
+    // lock, while the cancelled job runs, until the guard deadline: the
+    // heartbeat's send time (+200 ms) + idle_session_timeout (900 ms).
     assert!(!has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
     let close_by = h.now() - opts().validity_window() + ms(200) + opts().guard_timeout();
     assert_eq!(
@@ -286,8 +286,8 @@ fn a_query_timeout_closes_the_session_and_backs_off() {
             ..
         }
     )));
-    // Issue 11 hole 3: the session stays open, holding the key, until the
-    // job has returned; then it is closed and a new one opens after a backoff.
+    // The doubtful session stays open, holding the key, until the job has
+    // returned; then it is closed and a new one opens after a backoff.
     assert!(!has(&cmds, |c| matches!(c, Command::CloseSession { .. })));
     assert!(matches!(
         h.machine().status().session,

@@ -13,8 +13,8 @@ use lease_proto::*;
 use std::time::Duration;
 use std::time::Instant;
 
-/// Issue 11 hole 3: a cancelled job that never returns keeps the session no
-/// longer than the guard deadline, when the server could free the key anyway.
+/// A cancelled job that never returns keeps the session no longer than the
+/// guard deadline, when the server could free the key anyway.
 #[test]
 fn a_doubtful_session_closes_at_the_guard_deadline() {
     let mut h = harness(opts());
@@ -43,9 +43,9 @@ fn a_doubtful_session_closes_at_the_guard_deadline() {
     ));
 }
 
-/// Issue 11 hole 3: while a doubtful session is kept, no run acquires on it
-/// and no new session opens; the standby gets a new session once the
-/// cancelled job has returned and the doubtful one is closed.
+/// While a doubtful session is kept, no run acquires on it and no new
+/// session opens; the standby gets a new session once the cancelled job has
+/// returned and the doubtful one is closed.
 #[test]
 fn a_doubtful_session_takes_no_new_work() {
     let mut h = harness(opts());

@@ -195,9 +195,9 @@ fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
         )),
         "{cmds:?}"
     );
-    // Issue 11 hole 3: the session given up on stays open (its locks keep
-    // a's key) while a's cancelled job runs, until the guard deadline: the
-    // try's send time (+0) + idle_session_timeout (2200 ms).
+    // The session given up on stays open (its locks keep a's key) while
+    // a's cancelled job runs, until the guard deadline: the try's send
+    // time (+0) + idle_session_timeout (2200 ms).
     let cmds = d.advance(ms(1600));
     assert!(
         !cmds.iter().any(|c| matches!(
@@ -230,10 +230,10 @@ fn a_draining_key_found_on_a_new_session_waits_for_its_job() {
     assert!(releases(&cmds, a().key()), "{cmds:?}");
 }
 
-/// Issue 18 hole 9, the machine's side: a driver that read the session's end
-/// reports it before any reply of that session it has not fed (and drops the
-/// reply); if a late "won" reply is fed anyway, after the end, the machine
-/// ignores it: no job starts on a session known to be gone.
+/// A late reply after the session's end, the machine's side: a driver that
+/// read the session's end reports it before any reply of that session it has
+/// not fed (and drops the reply); if a late "won" reply is fed anyway, after
+/// the end, the machine ignores it: no job starts on a session known gone.
 #[test]
 fn a_won_reply_fed_after_the_sessions_end_starts_no_job() {
     let mut d = driver(opts());
@@ -510,20 +510,20 @@ fn replay_a_close_delayed_past_the_horizon_is_no_leak() {
     assert!(settled.violations.is_empty(), "{:#?}", settled.violations);
 }
 
-/// `sim_schedule` finding `fe691ed8...` (issue 18 hole 9, in
-/// `fuzz/corpus/sim_schedule/`): under a slow server (221 ms extra) the
-/// server terminates p3's session while its try's "won job-1" reply is
-/// still on the way; p1 takes job-1 and job-2 after the lock delay with
-/// the next token; p3 reads the late "won" and the session's end in the
-/// same instant. Was: p3 started job-1 from the late reply with the older
-/// token (the checker, ordering tokens by job start, reported
-/// `TokenNotIncreasing`). Now the simulated driver, as `lease-driver`
-/// does, reads the end before a reply it has not fed and drops the reply,
-/// so no job starts on a session whose end was already read; and tokens
-/// are checked in the order the server grants them. The 120 ms overlap on
-/// job-2 (p3 hears of the terminate 158 ms late, after the lock delay)
-/// stays: a safety breach the server's ending of a session allows, within
-/// the validity window.
+/// `sim_schedule` finding `fe691ed8...` (a late reply after the session's
+/// end, in `fuzz/corpus/sim_schedule/`): under a slow server (221 ms
+/// extra) the server terminates p3's session while its try's "won job-1"
+/// reply is still on the way; p1 takes job-1 and job-2 after the lock
+/// delay with the next token; p3 reads the late "won" and the session's
+/// end in the same instant. Was: p3 started job-1 from the late reply
+/// with the older token (the checker, ordering tokens by job start,
+/// reported `TokenNotIncreasing`). Now the simulated driver, as
+/// `lease-driver` does, reads the end before a reply it has not fed and
+/// drops the reply, so no job starts on a session whose end was already
+/// read; and tokens are checked in the order the server grants them. The
+/// 120 ms overlap on job-2 (p3 hears of the terminate 158 ms late, after
+/// the lock delay) stays: a safety breach the server's ending of a
+/// session allows, within the validity window.
 #[test]
 fn replay_a_late_won_reply_read_with_the_sessions_end_starts_no_job() {
     let faults = [

@@ -372,8 +372,8 @@ fn any_fault(processes: usize) -> impl Strategy<Value = Fault> {
     ]
 }
 
-/// Issue 18 hole 1: a promotion while the old primary is frozen (its
-/// sessions stay open and silent; the promoted server's lock table is empty).
+/// A promotion while the old primary is frozen (its sessions stay open and
+/// silent; the promoted server's lock table is empty).
 fn promote_frozen_primary() -> impl Strategy<Value = Fault> {
     (0..4u32).prop_map(|lag| Fault::PromoteFrozenPrimary { lag })
 }
@@ -591,9 +591,9 @@ proptest! {
         bounded_overlap(&case, |_| {})?;
     }
 
-    /// Strong safety across promotions while the old primary is frozen
-    /// (issue 18 hole 1), among client faults: a newly promoted primary is
-    /// tried only once every holder of the old one must have stopped.
+    /// Strong safety across promotions while the old primary is frozen,
+    /// among client faults: a newly promoted primary is tried only once
+    /// every holder of the old one must have stopped.
     #[test]
     fn strong_safety_across_a_promotion_while_the_old_primary_is_frozen(
         case in case(guard(), frozen_primary_fault(4).boxed())
@@ -688,9 +688,9 @@ fn assert_caught(
     }
 }
 
-/// Issue 11 hole 1 as a broken variant: sessions that neither set nor verify
-/// their TCP settings, on servers whose generated TCP give-up may be below
-/// the guard, break strong safety, and the property finds it.
+/// Broken variant: sessions that neither set nor verify their TCP settings,
+/// on servers whose generated TCP give-up may be below the guard, break
+/// strong safety, and the property finds it.
 #[test]
 fn broken_sessions_without_tcp_settings_are_caught_by_the_property() {
     assert_caught(
@@ -705,9 +705,9 @@ fn broken_sessions_without_tcp_settings_are_caught_by_the_property() {
     );
 }
 
-/// Issue 11 hole 2 as a broken variant: tokens without the WAL record and the
-/// timeline bits repeat after a crash or go backwards after a promotion, and
-/// the property over server faults finds it.
+/// Broken variant: tokens without the WAL record and the timeline bits repeat
+/// after a crash or go backwards after a promotion, and the property over
+/// server faults finds it.
 #[test]
 fn broken_tokens_without_wal_record_or_timeline_are_caught_by_the_property() {
     assert_caught(
@@ -718,7 +718,7 @@ fn broken_tokens_without_wal_record_or_timeline_are_caught_by_the_property() {
     );
 }
 
-/// Issue 18 hole 4's residual condition as a broken variant: a server clock
+/// Broken variant, the residual condition of clock tokens: a server clock
 /// that comes back from a crash or a promotion further behind than the time
 /// between two acquisitions (5 s, above every generated downtime) hands out
 /// a token below the key's last one, and the property over server faults
@@ -1135,7 +1135,7 @@ fn instant_takeover_after_a_holder_crash() {
 }
 
 /// Broken variant: standbys that poll instead of waiting on the server (the
-/// behaviour before issue 12) fail the instant-takeover property.
+/// behaviour of earlier versions) fail the instant-takeover property.
 #[test]
 fn broken_polling_standbys_fail_the_instant_takeover_property() {
     let mut runner = TestRunner::new_with_rng(
@@ -1275,10 +1275,9 @@ fn broken_wake_taken_for_an_acquisition_is_caught() {
     );
 }
 
-/// Broken variant (issue 18 hole 1): a machine that ignores what the setup
-/// shows of a recent promotion tries on a newly promoted primary at once,
-/// while the frozen old primary's holder still acts, and strong safety
-/// finds two leaders.
+/// Broken variant: a machine that ignores what the setup shows of a recent
+/// promotion tries on a newly promoted primary at once, while the frozen
+/// old primary's holder still acts, and strong safety finds two leaders.
 #[test]
 fn broken_trying_at_once_on_a_newly_promoted_primary_is_caught() {
     assert_caught(
@@ -1403,19 +1402,18 @@ fn notify_case(case: &NotifyCase, mutation: Option<Mutation>) -> Result<(), Test
     Ok(())
 }
 
-/// Issue 18 hole 10: any role may `NOTIFY lease_handover_v1`, and a real
-/// notification may arrive late (PostgreSQL delivers it at the releasing
-/// transaction's commit, after the unlock woke the waiters). The machine
-/// counts a handover notification as a graceful release only from the
-/// holder its standby last saw, so neither a forged one sent just before
-/// the holder's terminate nor a late one from an earlier holder cuts the
-/// lock delay short: strong safety holds with jobs that take half the lock
-/// delay to stop. The forged ones are what the broken variant below trips
-/// on (30 of 100 generated cases); late ones (delivered up to 40 ms after
-/// the release) are generated too, but the window where one matters (a
-/// herd loser's second wait, its new holder terminated within the lock
-/// delay of the late notification) is too narrow for random schedules to
-/// hit: `a_late_notification_from_an_earlier_holder_does_not_skip_the_lock_delay`
+/// Any role may `NOTIFY lease_handover_v1`, and a real notification may arrive
+/// late (PostgreSQL delivers it at the releasing transaction's commit, after the
+/// unlock woke the waiters). The machine counts a handover notification as a
+/// graceful release only from the holder its standby last saw, so neither a
+/// forged one sent just before the holder's terminate nor a late one from an
+/// earlier holder cuts the lock delay short: strong safety holds with jobs that
+/// take half the lock delay to stop. The forged ones are what the broken variant
+/// below trips on (30 of 100 generated cases); late ones (delivered up to 40 ms
+/// after the release) are generated too, but the window where one matters (a herd
+/// loser's second wait, its new holder terminated within the lock delay of the
+/// late notification) is too narrow for random schedules to hit:
+/// `a_late_notification_from_an_earlier_holder_does_not_skip_the_lock_delay`
 /// (`handover_notification.rs`) drives it by hand.
 #[test]
 fn the_lock_delay_holds_against_forged_and_late_notifications() {
@@ -1430,8 +1428,8 @@ fn the_lock_delay_holds_against_forged_and_late_notifications() {
 }
 
 /// Broken variant: a machine that counts a handover notification from any
-/// backend as a graceful release (the code before issue 18 hole 10) lets
-/// a forged one skip the lock delay, and the property finds two leaders.
+/// backend as a graceful release (as it did before it checked the sender)
+/// lets a forged one skip the lock delay: the property finds two leaders.
 #[test]
 fn broken_notifications_from_anyone_are_caught() {
     let mut runner = TestRunner::new_with_rng(

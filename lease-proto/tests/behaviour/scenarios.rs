@@ -479,11 +479,11 @@ fn broken_a_stuck_driver_clock_is_reported_as_a_stall() {
     );
 }
 
-/// Issue 11 hole 1 in the simulator: a server whose TCP gives up on a silent
-/// client after 300 ms (a role's `tcp_keepalives_*` / `tcp_user_timeout`),
-/// shorter than the 700 ms validity. A partitioned holder's session ends while
-/// its lease is still valid by its own clock, unless the session sets its own
-/// TCP settings (no earlier than the guard), as the machine does.
+/// In the simulator, a server whose TCP gives up on a silent client after
+/// 300 ms (a role's `tcp_keepalives_*` / `tcp_user_timeout`), shorter than
+/// the 700 ms validity. A partitioned holder's session ends while its lease
+/// is still valid by its own clock, unless the session sets its own TCP
+/// settings (no earlier than the guard), as the machine does.
 fn partitioned_holder_under_server_tcp_give_up(bug: Option<DriverBug>) -> Report {
     let mut c = cfg();
     c.server.tcp_give_up = Some(ms(300));
@@ -523,10 +523,10 @@ fn broken_sessions_without_tcp_settings_break_strong_safety() {
     );
 }
 
-/// Issue 11 hole 2 in the simulator: the server crashes right after an
-/// acquisition (losing unflushed transaction ids), then a replica lagging by
-/// 3 transaction ids is promoted. Every acquisition's token is checked
-/// against every earlier one of the lease ([`Violation::TokenNotIncreasing`]).
+/// In the simulator, the server crashes right after an acquisition (losing
+/// unflushed transaction ids), then a replica lagging by 3 transaction ids
+/// is promoted. Every acquisition's token is checked against every earlier
+/// one of the lease ([`Violation::TokenNotIncreasing`]).
 fn tokens_across_crash_and_promotion(legacy_tokens: bool) -> Report {
     let mut c = cfg();
     c.server.legacy_tokens = legacy_tokens;
@@ -559,8 +559,8 @@ fn broken_tokens_without_wal_record_or_timeline_repeat_or_go_backwards() {
     assert!(bad.len() >= 2, "{:?}\n{}", r.violations, r.trace_text());
 }
 
-/// Issue 11 hole 4 in the simulator: a hot standby is retried, not refused;
-/// once promoted, some process leads.
+/// In the simulator, a hot standby is retried, not refused; once promoted,
+/// some process leads.
 #[test]
 fn a_hot_standby_is_retried_until_promoted() {
     let mut c = cfg();
@@ -586,10 +586,10 @@ fn a_hot_standby_is_retried_until_promoted() {
     );
 }
 
-/// Issue 11 hole 4 in the simulator: clients sharing the one backend of a
-/// transaction pooler, every setting set by the role, so the setup passes.
-/// The session nonce (checked by every try and heartbeat) and the try's
-/// own-backend check refuse them; never two leaders.
+/// In the simulator, clients share the one backend of a transaction
+/// pooler, every setting set by the role, so the setup passes. The session
+/// nonce (checked by every try and heartbeat) and the try's own-backend
+/// check refuse them; never two leaders.
 #[test]
 fn clients_sharing_one_backend_are_refused_by_the_nonce() {
     let mut c = cfg();
@@ -638,12 +638,12 @@ fn a_rotated_password_does_not_stop_a_fleet_that_had_sessions() {
     }
 }
 
-/// Issue 18 hole 7 in the simulator: a LONE client behind a transaction pooler that
-/// rejects the startup options (the settings go by statement, so the setup passes) and
-/// runs everything on one server connection. No other client overwrites the nonce and
-/// the pid never changes, so nothing on the session itself shows the pooler; the pooler
-/// probe does: a second connection, opened while the session is idle, lands on the same
-/// backend and reads this session's nonce. The client is refused and never leads.
+/// In the simulator, a LONE client behind a transaction pooler that rejects the startup
+/// options (the settings go by statement, so the setup passes) and runs everything on
+/// one server connection. No other client overwrites the nonce and the pid never
+/// changes, so nothing on the session itself shows the pooler; the pooler probe does: a
+/// second connection, opened while the session is idle, lands on the same backend and
+/// reads this session's nonce. The client is refused and never leads.
 fn lone_client_behind_a_one_backend_pooler(mutation: Option<Mutation>) -> Report {
     let mut c = cfg();
     c.processes = 1;

@@ -92,8 +92,8 @@ fn a_standby_is_retried_after_a_backoff() {
     assert!(has(&cmds, |c| matches!(c, Command::StartJob { .. })));
 }
 
-/// Hole 3 of issue 18: a session whose `search_path` does not read back as
-/// `pg_catalog` (startup options dropped on the way) is refused, not used.
+/// A session whose `search_path` does not read back as `pg_catalog`
+/// (startup options dropped on the way) is refused, not used.
 #[test]
 fn a_search_path_other_than_pg_catalog_is_refused() {
     let o = opts();

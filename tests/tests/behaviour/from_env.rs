@@ -44,7 +44,7 @@ enum Ran {
 }
 
 /// Runs one lease on a tokio locker (its driver spawned) within [`BOUND`].
-fn run_tokio<T: lease_tokio::MakeTls>(
+fn run_tokio<T: lease_tokio::TokioTls>(
     made: Result<(lease_tokio::Locker, lease_tokio::Driver<T>), lease_tokio::Error>,
 ) -> Ran {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -62,7 +62,7 @@ fn run_tokio<T: lease_tokio::MakeTls>(
 
 /// Runs one lease on a smol locker (its driver on the same executor) within
 /// [`BOUND`].
-fn run_smol<T: lease_smol::MakeTls>(
+fn run_smol<T: lease_smol::SmolTls>(
     made: Result<(lease_smol::Locker, lease_smol::Driver<T>), lease_smol::Error>,
 ) -> Ran {
     smol::block_on(async {

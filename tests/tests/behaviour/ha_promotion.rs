@@ -35,10 +35,10 @@ fn replica(url: String) -> ReplicaConfig {
     }
 }
 
-/// Hole 1: a primary and its streaming standby. Runner A leads on the primary; the primary
-/// freezes (SIGSTOP of the postmaster and every child: connections stay open, nothing
-/// answers) and the standby is promoted 123 ms later; runner C connects to the promoted
-/// server. A's job must have ended before C's starts.
+/// A primary and its streaming standby. Runner A leads on the primary; the primary freezes
+/// (SIGSTOP of the postmaster and every child: connections stay open, nothing answers) and
+/// the standby is promoted 123 ms later; runner C connects to the promoted server. A's job
+/// must have ended before C's starts.
 ///
 /// A connects to the old primary alone: on a host list (`host=A,B`) its next session would
 /// reach the promoted server too, be held by the same promotion hold, and race C for the
@@ -235,8 +235,8 @@ fn control_revoked_control_functions_still_lead() -> Res {
     Ok(())
 }
 
-/// Hole 4: a hot standby reached first is retryable: the run keeps retrying
-/// and leads once the server is promoted, instead of `RunError::Refused`.
+/// A hot standby reached first is retryable: the run keeps retrying and
+/// leads once the server is promoted, instead of `RunError::Refused`.
 #[tokio::test]
 async fn locker_on_a_hot_standby_leads_once_promoted() {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");

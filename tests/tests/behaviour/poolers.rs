@@ -21,7 +21,7 @@ use std::time::Duration;
 use std::time::Instant;
 use tokio_postgres::NoTls;
 
-/// Hole 4: a session-mode PgBouncer (what the docs recommend) must work.
+/// A session-mode PgBouncer (what the docs recommend) must work.
 #[tokio::test]
 async fn locker_through_session_mode_pgbouncer_leads() {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
@@ -39,24 +39,24 @@ async fn locker_through_session_mode_pgbouncer_leads() {
     );
 }
 
-/// Hole 4: a transaction-mode PgBouncer that ignores `options`, with the guard
-/// set by `ALTER ROLE` to the exact value asked for, one server connection:
-/// two lockers through it must never both lead.
+/// A transaction-mode PgBouncer that ignores `options`, with the guard set by
+/// `ALTER ROLE` to the exact value asked for, one server connection: two
+/// lockers through it must never both lead.
 #[tokio::test]
 async fn two_lockers_through_transaction_pgbouncer_never_both_lead() {
     two_lockers_through_transaction_pgbouncer(false).await;
 }
 
-/// Hole 4, every check of the setup passed: as above, and the role also sets
-/// the TCP settings to the values asked for, so only the session nonce (read by
-/// every try and heartbeat) and the try's own-backend check are left.
+/// Every check of the setup passed: as above, and the role also sets the TCP
+/// settings to the values asked for, so only the session nonce (read by every
+/// try and heartbeat) and the try's own-backend check are left.
 #[tokio::test]
 async fn two_lockers_through_transaction_pgbouncer_with_every_setting_by_role() {
     two_lockers_through_transaction_pgbouncer(true).await;
 }
 
-/// The two hole-4 PgBouncer cases; `tcp_by_role`: the role also sets the TCP
-/// settings.
+/// The two transaction-mode PgBouncer cases above; `tcp_by_role`: the role
+/// also sets the TCP settings.
 async fn two_lockers_through_transaction_pgbouncer(tcp_by_role: bool) {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");
     let guard = fast().guard_timeout().as_millis();
@@ -128,12 +128,12 @@ async fn two_lockers_through_transaction_pgbouncer(tcp_by_role: bool) {
     );
 }
 
-/// Issue 18 hole 7: a LONE locker through a transaction-mode PgBouncer with its default
-/// settings (it rejects the `options` startup parameter, so the settings go by
-/// statement and the setup passes; nobody else shares the backend, so no nonce is
-/// overwritten and the pid never changes). It must be refused as a transaction pooler
-/// before it leads, and no key of it may stay on the pooled backend. Before the fix it
-/// led (the job ran) and its key stayed on the pooled server connection.
+/// A LONE locker through a transaction-mode PgBouncer with its default settings (it
+/// rejects the `options` startup parameter, so the settings go by statement and the
+/// setup passes; nobody else shares the backend, so no nonce is overwritten and the pid
+/// never changes). It must be refused as a transaction pooler before it leads, and no
+/// key of it may stay on the pooled backend. Before the fix it led (the job ran) and
+/// its key stayed on the pooled server connection.
 #[tokio::test]
 async fn a_lone_locker_through_transaction_pgbouncer_is_refused() {
     let c = Cluster::start().expect("start an ephemeral PostgreSQL");

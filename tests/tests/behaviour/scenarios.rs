@@ -359,9 +359,9 @@ fn herd_of_ten(driver: Driver) -> Res {
         .map(|n| n.label.as_str())
         .collect();
     assert_eq!(leaders, vec![herd[who].label.as_str()], "{}", tails(&nodes));
-    // Each wait lasts at most a tenth below deadlock_timeout (issue 18 hole 8) and is
-    // sent again at once: a loser between two of its waits is not waiting for a round
-    // trip, so look again for a moment.
+    // Each wait lasts at most a tenth below deadlock_timeout (so that log_lock_waits
+    // never logs it) and is sent again at once: a loser between two of its waits is
+    // not waiting for a round trip, so look again for a moment.
     let mut waiting = 0;
     let settle = Instant::now() + ms(1000);
     while waiting != 9 && Instant::now() < settle {
@@ -1079,8 +1079,8 @@ fn log_statements(cluster: &Cluster) -> Res {
 /// One locker runs 1,000 leases: all are acquired, and it sends the same number of
 /// statements per heartbeat interval as a locker with one lease. A standby at rest (its
 /// one lease held by a plain session) sends only its tries: one per jittered retry wait,
-/// at most `1 / (1 - RETRY_JITTER)` per retry interval (it also heartbeated before issue
-/// 12: about 2 per interval).
+/// at most `1 / (1 - RETRY_JITTER)` per retry interval (earlier versions also
+/// heartbeated: about 2 per interval).
 fn thousand_leases(driver: Driver) -> Res {
     let cluster = Cluster::start()?;
     log_statements(&cluster)?;

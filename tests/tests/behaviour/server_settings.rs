@@ -35,10 +35,11 @@ use lease_tests::NetNs;
 use std::time::Duration;
 use std::time::Instant;
 
-/// The role the replicas of hole 1 log in as (its settings are the point of the test).
+/// The role the replicas of the TCP-settings tests log in as (its settings are the
+/// point of the test).
 const TCP_ROLE: &str = "lease_app";
 
-/// Hole 1's settings on [`TCP_ROLE`]: the server probes an idle connection after 1 s, every
+/// The TCP settings on [`TCP_ROLE`]: the server probes an idle connection after 1 s, every
 /// 1 s, gives up after 2 unanswered probes, and drops a connection whose data stays
 /// unacknowledged for 500 ms.
 const ROLE_TCP_SETTINGS: [(&str, &str); 4] = [
@@ -48,9 +49,9 @@ const ROLE_TCP_SETTINGS: [(&str, &str); 4] = [
     ("tcp_user_timeout", "500"),
 ];
 
-/// The replicas of hole 1: heartbeat 1 s, query timeout 2 s (validity 3 s), guard margin
-/// 1 s (`idle_session_timeout` 4 s): the server's keepalive give-up (about 2-3 s after the
-/// last packet) comes before the guard.
+/// The replicas of the TCP-settings tests: heartbeat 1 s, query timeout 2 s (validity
+/// 3 s), guard margin 1 s (`idle_session_timeout` 4 s): the server's keepalive give-up
+/// (about 2-3 s after the last packet) comes before the guard.
 fn netns_replica(url: String) -> ReplicaConfig {
     ReplicaConfig {
         heartbeat: ms(1000),
@@ -208,9 +209,9 @@ fn netns_partition(role_tcp_settings: bool) -> Result<PartitionRun, KitError> {
     Ok(PartitionRun { context, ..run })
 }
 
-/// Hole 1: with the role's keepalives at 1 s x 2 and a 500 ms user timeout, the server
-/// drops the partitioned holder's session about 2-3 s after the cut, long before its 4 s
-/// guard, and the standby leads while the holder's job still runs until its validity ends.
+/// With the role's keepalives at 1 s x 2 and a 500 ms user timeout, the server drops the
+/// partitioned holder's session about 2-3 s after the cut, long before its 4 s guard, and
+/// the standby leads while the holder's job still runs until its validity ends.
 #[test]
 fn role_tcp_keepalives_end_partitioned_session_early() -> Res {
     let run = netns_partition(true)?;
@@ -225,8 +226,8 @@ fn role_tcp_keepalives_end_partitioned_session_early() -> Res {
     Ok(())
 }
 
-/// Hole 1's control: the same partition without role TCP settings. Only the server guard
-/// ends the holder's session, after the holder's validity: no overlap.
+/// The control of the test above: the same partition without role TCP settings. Only the
+/// server guard ends the holder's session, after the holder's validity: no overlap.
 #[test]
 fn control_netns_partition_without_role_tcp_settings() -> Res {
     let run = netns_partition(false)?;
@@ -256,7 +257,7 @@ fn control_netns_partition_without_role_tcp_settings() -> Res {
     Ok(())
 }
 
-/// The non-superuser role of hole 3, owner of schema [`SCHEMA`].
+/// The non-superuser role of the `search_path` shadowing tests, owner of schema [`SCHEMA`].
 const ROLE: &str = "app";
 
 /// The role's schema, first in its `search_path`.
@@ -301,9 +302,9 @@ fn starts(node: &Node) -> Vec<i64> {
         .collect()
 }
 
-/// Hole 3 (functions): the role's `evil.pg_try_advisory_lock(bigint)` answers true and
-/// takes nothing. Two replicas of the role: the first leads with the key held on the
-/// server, the second never leads while the first holds it.
+/// A shadowing function: the role's `evil.pg_try_advisory_lock(bigint)` answers true
+/// and takes nothing. Two replicas of the role: the first leads with the key held on
+/// the server, the second never leads while the first holds it.
 #[test]
 fn search_path_function_shadow() -> Res {
     let (cluster, url) = shadowing_cluster(&format!(
@@ -350,9 +351,9 @@ fn search_path_function_shadow() -> Res {
     Ok(())
 }
 
-/// Hole 3 (operators): the role's `evil.|(bigint, bigint)` answers 1. A replica of the
-/// role acquires, its session is terminated, it acquires again: the second token must
-/// be above the first (and the key held on the server by its backend).
+/// A shadowing operator: the role's `evil.|(bigint, bigint)` answers 1. A replica of
+/// the role acquires, its session is terminated, it acquires again: the second token
+/// must be above the first (and the key held on the server by its backend).
 #[test]
 fn search_path_operator_shadow() -> Res {
     let (cluster, url) = shadowing_cluster(&format!(

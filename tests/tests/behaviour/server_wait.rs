@@ -229,10 +229,10 @@ fn a_standby_at_rest_logs_no_errors(driver: Driver) -> Res {
 /// retry interval, so every other client's statement would wait in the pooler's queue for
 /// up to that long (measured before the fix: 1,990 ms at a 2 s retry; polling: 8.5 ms).
 /// The pooler rejects the startup options, so the standby knows it is behind one and
-/// polls. Since issue 18 (hole 7) it goes no further than its setup: the pooler probe's
-/// second connection lands on the one server connection and reads the standby's nonce,
-/// so it is refused as a transaction pooler (exit 1) and never waits or tries there; the
-/// other client is not held up either way.
+/// polls. Now it goes no further than its setup: the pooler probe's second connection
+/// lands on the one server connection and reads the standby's nonce, so it is refused as a
+/// transaction pooler (exit 1) and never waits or tries there; the other client is not
+/// held up either way.
 fn pooled_waiter_does_not_starve_other_clients(driver: Driver) -> Res {
     use lease_tests::{PgBouncer, PgBouncerSettings, PoolMode};
     let cluster = Cluster::start()?;
@@ -308,7 +308,7 @@ fn log_since(cluster: &Cluster, from: usize) -> Result<String, KitError> {
     Ok(String::from_utf8_lossy(&text[from.min(text.len())..]).into_owned())
 }
 
-/// Hole 10: any role may `NOTIFY lease_handover_v1, '<key>'`. Sent just before
+/// Any role may `NOTIFY lease_handover_v1, '<key>'`. Sent just before
 /// `pg_terminate_backend` of the holder, it reached the waiting standby as a graceful
 /// release, so the standby tried the moment its wait woke, skipping the lock delay
 /// (measured before the fix: the standby led 3.8 ms after the holder's SIGTERM). The
@@ -394,12 +394,12 @@ fn the_holders_own_notification_skips_the_lock_delay(driver: Driver) -> Res {
     Ok(())
 }
 
-/// Hole 8: with `log_lock_waits = on`, a wait that blocks past `deadlock_timeout` (1 s)
-/// writes "still waiting" to the server log (LOG, DETAIL, CONTEXT and the statement),
-/// and again every 250 ms (the wait's client connection check re-logs it) until its
-/// lock timeout: measured before the fix, 24 entries in 10.5 s at a 2 s retry. The wait
-/// now stays below the server's `deadlock_timeout` (in chunks) and is never logged.
-/// Also measured: the standby's statements per retry interval.
+/// With `log_lock_waits = on`, a wait that blocks past `deadlock_timeout` (1 s) writes
+/// "still waiting" to the server log (LOG, DETAIL, CONTEXT and the statement), and
+/// again every 250 ms (the wait's client connection check re-logs it) until its lock
+/// timeout: measured before the fix, 24 entries in 10.5 s at a 2 s retry. The wait now
+/// stays below the server's `deadlock_timeout` (in chunks) and is never logged. Also
+/// measured: the standby's statements per retry interval.
 fn a_waiting_standby_does_not_flood_log_lock_waits(driver: Driver) -> Res {
     standby_under_log_lock_waits(driver, None)
 }

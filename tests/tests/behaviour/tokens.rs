@@ -49,14 +49,15 @@ fn first_not_increasing(tokens: &[i64]) -> Option<(usize, i64, i64)> {
     })
 }
 
-/// How many times hole 2 (a) takes the server down right after an acquisition.
+/// How many times `tokens_repeat_after_server_crash` takes the server down right after
+/// an acquisition.
 const CRASH_ROUNDS: usize = 5;
 
-/// Hole 2 (a): a replica acquires; right after its job starts the server goes down
-/// without flushing (alternately `pg_ctl stop -m immediate`-like SIGQUIT and SIGKILL of
-/// every server process), comes back, and the replica acquires again. Each token must be
-/// above every earlier one; the acquiring transaction's commit is asynchronous (it writes
-/// no WAL of its own), so after recovery the server hands out the same xid again.
+/// A replica acquires; right after its job starts the server goes down without flushing
+/// (alternately `pg_ctl stop -m immediate`-like SIGQUIT and SIGKILL of every server
+/// process), comes back, and the replica acquires again. Each token must be above every
+/// earlier one; the acquiring transaction's commit is asynchronous (it writes no WAL of
+/// its own), so after recovery the server hands out the same xid again.
 #[test]
 fn tokens_repeat_after_server_crash() -> Res {
     let mut cluster = Cluster::start()?;
@@ -96,14 +97,15 @@ fn tokens_repeat_after_server_crash() -> Res {
     Ok(())
 }
 
-/// How many acquisitions the primary makes while its standby is down, in hole 2 (b).
+/// How many acquisitions the primary makes while its standby is down, in
+/// `tokens_go_backwards_after_promotion`.
 const LAGGED_ACQUISITIONS: usize = 3;
 
-/// Hole 2 (b): a primary with an asynchronous streaming standby. The standby has replayed
-/// the first acquisition, then stops; the primary hands out more tokens and stops too; the
-/// standby starts without a reachable primary and is promoted. A lease acquired there must
-/// carry a token above every token of the old primary; today the promoted server's xids
-/// continue from what it replayed, so it goes backwards.
+/// A primary with an asynchronous streaming standby. The standby has replayed the first
+/// acquisition, then stops; the primary hands out more tokens and stops too; the standby
+/// starts without a reachable primary and is promoted. A lease acquired there must carry a
+/// token above every token of the old primary; today the promoted server's xids continue
+/// from what it replayed, so it goes backwards.
 #[test]
 fn tokens_go_backwards_after_promotion() -> Res {
     let mut primary = Cluster::start()?;
@@ -207,9 +209,9 @@ fn timeline(cluster: &Cluster) -> Result<String, KitError> {
     cluster.sql("SELECT timeline_id FROM pg_control_checkpoint()")
 }
 
-/// Hole 4 (a): a primary, its standby promoted (timeline 2), a lease acquired there; then
-/// the promoted cluster is upgraded with `pg_upgrade` (a new cluster: timeline 1). The
-/// first token on the upgraded cluster must be above the one before the upgrade.
+/// A primary, its standby promoted (timeline 2), a lease acquired there; then the
+/// promoted cluster is upgraded with `pg_upgrade` (a new cluster: timeline 1). The first
+/// token on the upgraded cluster must be above the one before the upgrade.
 #[test]
 fn tokens_grow_across_pg_upgrade_of_a_promoted_cluster() -> Res {
     let mut primary = Cluster::start()?;
@@ -239,9 +241,9 @@ fn tokens_grow_across_pg_upgrade_of_a_promoted_cluster() -> Res {
     Ok(())
 }
 
-/// Hole 4 (b): a migration into a new cluster (dump and restore, or a logical-replication
-/// cut-over: a lease has no schema to move, so a new cluster is what the replicas find).
-/// Transaction ids restart there; the first token must still be above the old cluster's.
+/// A migration into a new cluster (dump and restore, or a logical-replication cut-over: a
+/// lease has no schema to move, so a new cluster is what the replicas find). Transaction
+/// ids restart there; the first token must still be above the old cluster's.
 #[test]
 fn tokens_grow_across_a_migration_into_a_new_cluster() -> Res {
     let mut old = Cluster::start()?;
@@ -268,9 +270,9 @@ fn tokens_grow_across_a_migration_into_a_new_cluster() -> Res {
     Ok(())
 }
 
-/// Item 2 of issue 18: promotion under synchronous replication. A primary whose every
-/// commit waits for its streaming standby (`synchronous_standby_names = '*'`) hands out
-/// tokens, crashes, and the standby is promoted: its first token is above them.
+/// Promotion under synchronous replication. A primary whose every commit waits for its
+/// streaming standby (`synchronous_standby_names = '*'`) hands out tokens, crashes, and
+/// the standby is promoted: its first token is above them.
 #[test]
 fn tokens_grow_across_promotion_of_a_synchronous_standby() -> Res {
     let mut primary = Cluster::start()?;
@@ -307,10 +309,11 @@ fn tokens_grow_across_promotion_of_a_synchronous_standby() -> Res {
     Ok(())
 }
 
-/// The winning try made a transaction id before issue 18, which a hot standby refuses
-/// (`cannot assign TransactionIds during recovery`): a try that reached a standby past
-/// the setup's recovery check failed. The clock token needs no xid, so the try checks
-/// recovery itself: on a hot standby it wins nothing and takes nothing.
+/// Before tokens came from the server's clock, the winning try made a transaction id,
+/// which a hot standby refuses (`cannot assign TransactionIds during recovery`): a try
+/// that reached a standby past the setup's recovery check failed. The clock token
+/// needs no xid, so the try checks recovery itself: on a hot standby it wins nothing
+/// and takes nothing.
 #[test]
 fn a_try_on_a_hot_standby_takes_nothing() -> Res {
     let primary = Cluster::start()?;
@@ -348,8 +351,8 @@ fn a_try_on_a_hot_standby_takes_nothing() -> Res {
     Ok(())
 }
 
-/// Hole 5: `synchronous_standby_names` names a standby that is down. A locker leads one
-/// lease; then a second lease of the same locker (same session) is acquired. It must be
+/// `synchronous_standby_names` names a standby that is down. A locker leads one lease;
+/// then a second lease of the same locker (same session) is acquired. It must be
 /// acquired, and the first lease must not be lost; no backend waits in `SyncRep`.
 #[test]
 fn a_down_synchronous_standby_strands_no_lease() -> Res {
@@ -422,9 +425,9 @@ fn a_down_synchronous_standby_strands_no_lease() -> Res {
     Ok(())
 }
 
-/// The token expression of the winning try before issue 18: the WAL timeline and a
-/// transaction id, with a WAL record whose commit waits for its flush (and for
-/// synchronous standbys).
+/// The token expression of the winning try before tokens came from the server's
+/// clock: the WAL timeline and a transaction id, with a WAL record whose commit
+/// waits for its flush (and for synchronous standbys).
 const XID_TOKEN_SQL: &str = "(SELECT ((('x' OPERATOR(pg_catalog.||) \
      pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))\
      ::pg_catalog.bit(32)::pg_catalog.int8 OPERATOR(pg_catalog.<<) 48) OPERATOR(pg_catalog.|) \
@@ -435,8 +438,9 @@ const XID_TOKEN_SQL: &str = "(SELECT ((('x' OPERATOR(pg_catalog.||) \
 /// What the winning try costs on the machine's PostgreSQL (127.0.0.1:5432, its own
 /// durability settings): the median and p90 of `ROUNDS` wins of a free key (each
 /// followed by an unlock, not timed), interleaved: `SELECT 1` (a round trip), the try
-/// of today, and the try of before issue 18 (its token expression swapped in, with
-/// `synchronous_commit = on` as its sessions had it). A figure, not an assertion.
+/// of today, and the try from before the clock token (its token expression swapped
+/// in, with `synchronous_commit = on` as its sessions had it). A figure, not an
+/// assertion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn figure_winning_try_latency() {
     const ROUNDS: usize = 300;

@@ -736,14 +736,13 @@ fn sessions_are_named_lease_unless_configured() {
     })
 }
 
-/// Issue 18 hole 11: a frozen first host in a multi-host configuration must not block
-/// failover. Primary A, hot standby B; B is promoted, then A's server is frozen (SIGSTOP
-/// of its postmaster and every child: the kernel still accepts TCP connections on A's
-/// port, nothing answers the startup). A locker on `host=A,B target_session_attrs=
-/// read-write` with no `connect_timeout` must give A only its share of the attempt and
-/// lead on B. Before the fix every attempt spent the whole query timeout on A (tokio:
-/// `connect_timeout` bounds only the TCP connect; smol: no bound without it) and B was
-/// never tried.
+/// A frozen first host in a multi-host configuration must not block failover. Primary A,
+/// hot standby B; B is promoted, then A's server is frozen (SIGSTOP of its postmaster
+/// and every child: the kernel still accepts TCP connections on A's port, nothing
+/// answers the startup). A locker on `host=A,B target_session_attrs=read-write` with no
+/// `connect_timeout` must give A only its share of the attempt and lead on B. Before the
+/// fix every attempt spent the whole query timeout on A (tokio: `connect_timeout` bounds
+/// only the TCP connect; smol: no bound without it) and B was never tried.
 #[test]
 fn a_frozen_first_host_does_not_block_failover_to_the_next() {
     rt::block_on(async {
