@@ -118,6 +118,8 @@
 //! for [`redact`], which replaces them in any text a program is about to
 //! print.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![doc(html_root_url = "https://docs.rs/lease-libpq/0.1")]
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
 
