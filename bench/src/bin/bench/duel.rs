@@ -12,7 +12,6 @@
 //! child ([`Contender`]); every repetition uses a lease name of its own and fresh
 //! processes.
 
-use crate::failover::Scenario;
 use crate::pg::Pg;
 use crate::{failed, replica, Bins, Design, Intervals, FAILOVER_DB, R, STAMP_CHILD};
 use lease_tests::scenario::{overlap, Driver, Event, Node, Term, TRY_PREFIX, WAIT_PREFIX};
@@ -21,6 +20,59 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::thread::sleep;
 use std::time::Duration;
+
+/// The fault a duel injects into the holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    Graceful,
+    Kill,
+    Terminate,
+    Partition,
+    Freeze,
+    Restart,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 6] = [
+        Scenario::Graceful,
+        Scenario::Kill,
+        Scenario::Terminate,
+        Scenario::Partition,
+        Scenario::Freeze,
+        Scenario::Restart,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Graceful => "graceful",
+            Scenario::Kill => "kill",
+            Scenario::Terminate => "terminate",
+            Scenario::Partition => "partition",
+            Scenario::Freeze => "freeze",
+            Scenario::Restart => "restart",
+        }
+    }
+
+    /// What the fault is, for the report.
+    pub fn what(self) -> &'static str {
+        match self {
+            Scenario::Graceful => "SIGTERM to the holder: graceful release",
+            Scenario::Kill => "SIGKILL to the holder",
+            Scenario::Terminate => "pg_terminate_backend of the holder's backend",
+            Scenario::Partition => "the holder's proxy black-holes all traffic",
+            Scenario::Freeze => "SIGSTOP to the holder",
+            Scenario::Restart => "server restart (fast shutdown, start)",
+        }
+    }
+
+    /// Scenarios whose repetitions take long (guard timeout or a server restart).
+    pub fn slow(self) -> bool {
+        matches!(
+            self,
+            Scenario::Partition | Scenario::Freeze | Scenario::Restart
+        )
+    }
+}
 
 /// What runs on each side of a repetition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

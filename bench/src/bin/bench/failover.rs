@@ -4,61 +4,9 @@
 //! processes, the fault at a random fraction of the retry interval after the standby
 //! stands by.
 
-use crate::duel::{Bench, Contender, Rep};
+use crate::duel::{Bench, Contender, Rep, Scenario};
 use crate::{Design, Plan, DRIVERS, R};
 use lease_tests::scenario::Driver;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scenario {
-    Graceful,
-    Kill,
-    Terminate,
-    Partition,
-    Freeze,
-    Restart,
-}
-
-impl Scenario {
-    pub const ALL: [Scenario; 6] = [
-        Scenario::Graceful,
-        Scenario::Kill,
-        Scenario::Terminate,
-        Scenario::Partition,
-        Scenario::Freeze,
-        Scenario::Restart,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Scenario::Graceful => "graceful",
-            Scenario::Kill => "kill",
-            Scenario::Terminate => "terminate",
-            Scenario::Partition => "partition",
-            Scenario::Freeze => "freeze",
-            Scenario::Restart => "restart",
-        }
-    }
-
-    /// What the fault is, for the report.
-    pub fn what(self) -> &'static str {
-        match self {
-            Scenario::Graceful => "SIGTERM to the holder: graceful release",
-            Scenario::Kill => "SIGKILL to the holder",
-            Scenario::Terminate => "pg_terminate_backend of the holder's backend",
-            Scenario::Partition => "the holder's proxy black-holes all traffic",
-            Scenario::Freeze => "SIGSTOP to the holder",
-            Scenario::Restart => "server restart (fast shutdown, start)",
-        }
-    }
-
-    /// Scenarios whose repetitions take long (guard timeout or a server restart).
-    pub fn slow(self) -> bool {
-        matches!(
-            self,
-            Scenario::Partition | Scenario::Freeze | Scenario::Restart
-        )
-    }
-}
 
 /// The repetitions of one scenario, driver and design.
 #[derive(Clone, Debug)]

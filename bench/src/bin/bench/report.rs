@@ -2,7 +2,8 @@
 
 use crate::cost::{clock_ticks_per_s, Cost, HeartbeatTiming, Role, LEASE_COUNTS};
 use crate::duel::Rep;
-use crate::failover::{Cell, Scenario};
+use crate::duel::Scenario;
+use crate::failover::Cell;
 use crate::takeover::{Takeover, HERD};
 use crate::{Design, Machine, Plan, DRIVERS, R};
 use lease_tests::scenario::Driver;

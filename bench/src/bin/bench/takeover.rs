@@ -23,8 +23,8 @@
 //!   reconnecting, or the standby), fault → the old job's end, and, when the standby
 //!   came first, the old job's end − the new job's start (positive: both ran at once).
 
+use crate::duel::Scenario;
 use crate::duel::{first_start, Bench, Contender, Rep};
-use crate::failover::Scenario;
 use crate::{failed, Design, Plan, DRIVERS, FAILOVER_DB, R};
 use lease_tests::monotonic_nanos;
 use lease_tests::scenario::{Driver, Node};
