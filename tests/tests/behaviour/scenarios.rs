@@ -376,9 +376,12 @@ fn herd_of_ten(driver: Driver) -> Res {
         format!("{sent} (standbys waiting again: {waiting})"),
     );
     assert_eq!(waiting, 9, "the nine losers are not all waiting again");
-    // Per loser: the wake's try and the next wait; the winner: its try and a heartbeat or
-    // seven. A storm would be hundreds.
-    assert!(sent <= 40, "{sent} statements in the second after the kill");
+    // Ten tries (the wake's), then per loser at most three waits in the second (each
+    // wait is cut below deadlock_timeout, 900 ms, and sent again at once), the winner a
+    // heartbeat: 39; and the server log is read as the logger wrote it, so each
+    // standby's wait of the moment before the kill may land after the mark: 49. A
+    // storm would be hundreds (45 seen once with the whole suite running beside it).
+    assert!(sent <= 49, "{sent} statements in the second after the kill");
     assert_no_overlap(&nodes);
     assert_one_leader(&admin, &nodes, "job")?;
     for node in &mut herd {
