@@ -152,7 +152,9 @@ fn holder_pid(c: &Cluster, name: &str) -> Option<i32> {
 /// The counters move through a graceful handover and a terminated session:
 /// an acquisition on the standby, a release on the leader (its last scrape,
 /// the endpoint being served until the session is closed), a loss by reason
-/// `terminated` after `pg_terminate_backend`; `/leader` flips within 100 ms.
+/// `terminated` after `pg_terminate_backend`; `/leader` flips at the release,
+/// not after the leader's validity (1.1 s) or guard: within 500 ms (the flip is
+/// printed; it is tens of ms on an idle host, and includes b's command start).
 #[test]
 fn metrics_move_through_a_handover_and_a_terminate() {
     let _serial = serial();
@@ -252,7 +254,7 @@ fn metrics_move_through_a_handover_and_a_terminate() {
         eprintln!("a:\n{}b:\n{}", steps(&a), steps(&b));
     }
     assert!(
-        flip <= MS(100) && window <= MS(1_000),
+        flip <= MS(500) && window <= MS(1_000),
         "/leader flipped {flip:?} after the release, no leader for {window:?}\n--- a ---\n{}--- b ---\n{}",
         stderr_of(&a),
         stderr_of(&b)
