@@ -208,7 +208,14 @@ fn a_standby_at_rest_logs_no_errors(driver: Driver) -> Res {
         errors.to_string(),
     );
     assert!(node.terms().is_empty());
-    let (_, waiting) = replica_backends(&admin)?;
+    // Between two waits the standby is not waiting for a round trip: look again for a
+    // moment rather than sample once.
+    let settle = Instant::now() + ms(1000);
+    let mut waiting = replica_backends(&admin)?.1;
+    while waiting != 1 && Instant::now() < settle {
+        std::thread::sleep(ms(5));
+        waiting = replica_backends(&admin)?.1;
+    }
     assert_eq!(waiting, 1, "the standby does not wait on the server");
     assert_eq!(
         errors,
