@@ -714,7 +714,6 @@ impl Machine {
             _ => q,
         };
         self.timers.stop(Deadline::Query);
-        let lost = |e| Reason::QueryFailed(e);
         match (q.what, result) {
             (What::Setup, Ok(rows)) => match SetupReply::parse(&rows) {
                 Ok(setup) => self.setup_done(now, setup),
@@ -772,7 +771,7 @@ impl Machine {
                 Err(error),
             ) => {
                 // State on the server unknown: drop the session, which releases everything.
-                self.lose_session(now, lost(error), true)
+                self.lose_session(now, Reason::QueryFailed(error), true)
             }
         }
     }
@@ -1031,18 +1030,16 @@ impl Machine {
         }
         self.wait.limit_from(deadlock_timeout_ms);
         if !freed {
-            return match self.wait.not_freed(answered, chunk) {
-                NotFreed::Chunk => {}
-                // As good as a try of this key that lost. Not jittered:
-                // jitter spreads the polls of replicas started together, and
-                // waits on the server do not poll.
-                NotFreed::HeldAllAlong => {
-                    if self.runs.standbys() <= 1 {
-                        let retry = now + self.opts.retry_interval;
-                        self.timers.set(Deadline::Retry, retry);
-                    }
-                }
-            };
+            // Cut short below deadlock_timeout: the same key's wait goes on.
+            // Ended at the retry deadline: as good as a try of this key that
+            // lost. Not jittered: jitter spreads the polls of replicas started
+            // together, and waits on the server do not poll.
+            let held_all_along = self.wait.not_freed(answered, chunk) == NotFreed::HeldAllAlong;
+            if held_all_along && self.runs.standbys() <= 1 {
+                let retry = now + self.opts.retry_interval;
+                self.timers.set(Deadline::Retry, retry);
+            }
+            return;
         }
         self.out.event(Event::KeyFreed { key });
         #[cfg(feature = "sim")] // The broken variant: a wake taken as the win.

@@ -280,9 +280,9 @@ impl Connector {
     }
 
     /// A pooler rejected the startup options: from now on the settings go
-    /// by statement. Returns whether that is new (else, the refusal is final).
-    pub(super) fn fall_back_to_statements(&mut self) -> bool {
-        !std::mem::replace(&mut self.settings_by_statement, true)
+    /// by statement.
+    pub(super) fn fall_back_to_statements(&mut self) {
+        self.settings_by_statement = true;
     }
 
     pub(super) fn last_error(&self) -> Option<&LastError> {
