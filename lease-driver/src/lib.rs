@@ -6,7 +6,8 @@
 //! the connection, cancellation, status, error types, one tracing line per
 //! event, and the [`Driver`] future that owns the connection. A runtime
 //! adapter (`lease-tokio`, `lease-smol`) implements [`Runtime`] — a clock, a
-//! timer and a way to open a tokio-postgres connection — and nothing else.
+//! timer and a way to open a [`Session`] (a tokio-postgres connection, as a
+//! [`PostgresSession`]) — and nothing else.
 //!
 //! Most users want an adapter, not this crate. To drive leases on another
 //! runtime, implement [`Runtime`] and call [`Locker::with_runtime`]:
@@ -35,7 +36,8 @@
 //!     }
 //!     fn connect(&self, config: tokio_postgres::Config) -> BoxFuture<Connected> {
 //!         # let _ = config;
-//!         // open a socket, `config.connect_raw(socket, tls)`, box the connection
+//!         // open a socket, `config.connect_raw(socket, tls)`, then
+//!         // `Ok(PostgresSession::boxed(client, connection))`
 //!         Box::pin(async { Err(lease_driver::SessionError::other("not in this example")) })
 //!     }
 //! }
@@ -115,7 +117,8 @@
 //!
 //! ## Layout
 //!
-//! - [`runtime`]: the [`Runtime`], [`Timer`] and [`Connection`] traits.
+//! - [`runtime`]: the [`Runtime`], [`Timer`], [`Session`] and [`Connection`]
+//!   traits, and [`PostgresSession`].
 //! - `driver`: the [`Driver`] future and its poll order.
 //! - `hosts`: opening a session over a host list.
 //! - `shared`: the state shared by the driver and the runs, and the drain
@@ -165,7 +168,10 @@ pub use lease_proto::{
 #[cfg(feature = "metrics")]
 pub use metrics::describe_metrics;
 pub use run::Lease;
-pub use runtime::{session_error, BoxFuture, Connected, Connection, Runtime, Timer};
+pub use runtime::{
+    session_error, BoxFuture, Connected, Connection, PostgresSession, Runtime, Session,
+    SessionEvent, Timer,
+};
 use shared::Inner;
 
 /// Why a locker could not be created.
@@ -340,7 +346,7 @@ impl Locker {
         config: Config,
         options: Options,
     ) -> Result<(Locker, Driver<R>), Error> {
-        Locker::build(runtime, config, options)
+        Locker::build(runtime, config, options, shared::seed())
     }
 }
 
@@ -361,7 +367,7 @@ impl<A> Locker<A> {
     where
         A: Adapter<T>,
     {
-        Locker::build(A::runtime(tls), config, options)
+        Locker::build(A::runtime(tls), config, options, shared::seed())
     }
 
     /// A locker without TLS over a libpq-style connection string, URL
@@ -443,10 +449,12 @@ impl<A> Locker<A> {
         Ok(locker)
     }
 
+    /// `seed`: the core's ([`shared::seed`] but in the test kit).
     fn build<R: Runtime>(
         runtime: R,
         mut config: Config,
         options: Options,
+        seed: u64,
     ) -> Result<(Self, Driver<R>), Error> {
         check_config(&config)?;
         // Operators tell lease sessions apart in pg_stat_activity (and `lease
@@ -454,7 +462,7 @@ impl<A> Locker<A> {
         if config.get_application_name().is_none() {
             config.application_name(DEFAULT_APPLICATION_NAME);
         }
-        let machine = Machine::new(options, shared::seed()).map_err(Error::Options)?;
+        let machine = Machine::new(options, seed).map_err(Error::Options)?;
         let runtime = Arc::new(runtime);
         let clock = {
             let runtime = runtime.clone();
