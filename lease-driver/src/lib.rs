@@ -126,6 +126,8 @@
 //! - `run`: the run future and the [`Lease`] handle.
 //! - `cancel`, `log`: a runtime-free cancellation signal, event logging.
 //! - `metrics`: every metric (feature `metrics`).
+//! - `test_util`: the test kit, a simulated server under the real driver
+//!   (feature `test-util`; the adapters forward it).
 
 #![forbid(unsafe_code)]
 // docs.rs (nightly): items behind a feature say which (`doc_cfg` marks them by
@@ -146,6 +148,8 @@ mod metrics;
 mod run;
 pub mod runtime;
 mod shared;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
 use std::fmt;
 use std::future::{poll_fn, Future};
