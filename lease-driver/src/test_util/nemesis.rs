@@ -7,6 +7,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tokio_postgres::NoTls;
 
+/// proptest, as the kit uses it (`proptest!`, `TestRunner`): no dependency
+/// of your own needed.
+pub use proptest;
+
 use super::TestServer;
 use crate::{Adapter, Locker, Runtime};
 
@@ -29,27 +33,55 @@ pub enum Fault {
 /// Faults at times from the start of [`TestServer::run_schedule`], in order.
 pub type Schedule = Vec<(Duration, Fault)>;
 
-/// Up to `max` faults on `lockers` lockers within `span`, each lasting up
-/// to `longest`, in time order. Freezes are left out with `freeze: false`
-/// (a frozen locker's job runs on past its lease: overlap is then expected,
-/// only fencing protects).
+/// The relative weights of the faults a [`schedule`] draws (0: never).
+/// The default draws every fault but freezes: a frozen locker's job runs on
+/// past its lease (the kit cannot stop it), so two runs overlap and only
+/// fencing protects; add them for fencing checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mix {
+    /// [`Fault::Terminate`].
+    pub terminate: u32,
+    /// [`Fault::Partition`].
+    pub partition: u32,
+    /// [`Fault::Freeze`].
+    pub freeze: u32,
+    /// [`Fault::Slow`].
+    pub slow: u32,
+    /// [`Fault::Restart`].
+    pub restart: u32,
+}
+
+impl Default for Mix {
+    fn default() -> Self {
+        Mix {
+            terminate: 3,
+            partition: 3,
+            freeze: 0,
+            slow: 1,
+            restart: 1,
+        }
+    }
+}
+
+/// Up to `max` faults on `lockers` lockers at times within `span`, each
+/// lasting up to `longest`, drawn by `mix`, in time order.
 pub fn schedule(
     lockers: usize,
     span: Duration,
     longest: Duration,
     max: usize,
-    freeze: bool,
+    mix: Mix,
 ) -> impl Strategy<Value = Schedule> {
     let ms = |d: Duration| d.as_millis().max(1) as u64;
     let (span, longest) = (ms(span), ms(longest));
     let locker = 0..lockers.max(1);
     let length = (1..=longest).prop_map(Duration::from_millis);
     let fault = prop_oneof![
-        3 => locker.clone().prop_map(Fault::Terminate),
-        3 => (locker.clone(), length.clone()).prop_map(|(l, d)| Fault::Partition(l, d)),
-        (if freeze { 2 } else { 0 }) => (locker, length.clone()).prop_map(|(l, d)| Fault::Freeze(l, d)),
-        1 => (1..=50u64).prop_map(|ms| Fault::Slow(Duration::from_millis(ms))),
-        1 => length.prop_map(Fault::Restart),
+        mix.terminate => locker.clone().prop_map(Fault::Terminate),
+        mix.partition => (locker.clone(), length.clone()).prop_map(|(l, d)| Fault::Partition(l, d)),
+        mix.freeze => (locker, length.clone()).prop_map(|(l, d)| Fault::Freeze(l, d)),
+        mix.slow => (1..=50u64).prop_map(|ms| Fault::Slow(Duration::from_millis(ms))),
+        mix.restart => length.prop_map(Fault::Restart),
     ];
     proptest::collection::vec((0..span, fault), 0..=max).prop_map(|mut faults| {
         faults.sort_by_key(|(at, _)| *at);
