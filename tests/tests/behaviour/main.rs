@@ -23,6 +23,7 @@ mod readme_example;
 mod scenarios;
 mod server_settings;
 mod server_wait;
+mod testing_guide;
 mod tls;
 mod tokens;
 
