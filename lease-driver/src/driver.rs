@@ -205,7 +205,11 @@ impl<R: Runtime> Driver<R> {
                     });
                 }
                 Poll::Ready(SessionEvent::Notice(notice)) => {
-                    tracing::debug!(session = session.0, notice = notice.as_str(), "server notice");
+                    tracing::debug!(
+                        session = session.0,
+                        notice = notice.as_str(),
+                        "server notice"
+                    );
                 }
                 // Any end of the connection: the session and its keys are
                 // gone. Polled before the query, and `close` drops it: a

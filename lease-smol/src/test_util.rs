@@ -11,8 +11,7 @@ use crate::{Smol, SmolAdapter};
 
 pub use lease_driver::test_util::nemesis;
 pub use lease_driver::test_util::{
-    FencedStore, Grant, JobLog, JobRun, Rejected, Running, Sent, Violation, Write,
-    DEFAULT_LATENCY,
+    FencedStore, Grant, JobLog, JobRun, Rejected, Running, Sent, Violation, Write, DEFAULT_LATENCY,
 };
 
 /// A simulated PostgreSQL server for smol lockers:

@@ -50,7 +50,10 @@ fn a_partitioned_leader_stops_before_the_standby_starts_in_real_time() {
         assert_eq!(server.holder(LEASE), Some(1 - leader));
         let runs = log.runs();
         assert_eq!(runs.len(), 2, "{runs:#?}");
-        assert!(runs[0].stopped.expect("stopped") < runs[1].started, "{runs:#?}");
+        assert!(
+            runs[0].stopped.expect("stopped") < runs[1].started,
+            "{runs:#?}"
+        );
         assert_eq!(log.check_no_overlap(), []);
         println!(
             "FIGURE smol kit: a 4 s partition, the standby leads after {:?} (real time {:?})",

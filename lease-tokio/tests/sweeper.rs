@@ -52,7 +52,10 @@ async fn sweep(kind: Sweeper, lease: Lease, store: FencedStore<u64>, log: JobLog
 }
 
 /// Two replicas of the sweeper on one server.
-fn replicas(server: &TestServer, kind: Sweeper) -> (Vec<lease_tokio::Locker>, FencedStore<u64>, JobLog) {
+fn replicas(
+    server: &TestServer,
+    kind: Sweeper,
+) -> (Vec<lease_tokio::Locker>, FencedStore<u64>, JobLog) {
     let (store, log) = (server.fenced_store(), server.job_log());
     let mut lockers = Vec::new();
     for _ in 0..2 {
@@ -127,12 +130,20 @@ async fn a_sweeper_that_ignores_cancellation_is_caught() {
     let (found, _) = partition_then_terminate(Sweeper::IgnoresCancellation).await;
     println!("caught: {found:#?}");
     assert!(found.iter().any(|v| matches!(v, Violation::Overlap { .. })));
-    assert!(found.iter().any(|v| matches!(v, Violation::SlowStop { .. })));
+    assert!(found
+        .iter()
+        .any(|v| matches!(v, Violation::SlowStop { .. })));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_sweeper_that_writes_without_its_token_is_caught() {
     let found = freeze(Sweeper::Unfenced).await;
-    println!("caught {} writes without a token, the last: {:?}", found.len(), found.last());
-    assert!(found.iter().any(|v| matches!(v, Violation::StaleWrite { token: None, .. })));
+    println!(
+        "caught {} writes without a token, the last: {:?}",
+        found.len(),
+        found.last()
+    );
+    assert!(found
+        .iter()
+        .any(|v| matches!(v, Violation::StaleWrite { token: None, .. })));
 }

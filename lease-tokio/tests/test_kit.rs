@@ -35,7 +35,15 @@ async fn sleep(secs: f64) {
 }
 
 /// A leader and a standby, the leader leading.
-async fn pair(seed: u64) -> (TestServer, JobLog, lease_tokio::Locker, lease_tokio::Locker, Run) {
+async fn pair(
+    seed: u64,
+) -> (
+    TestServer,
+    JobLog,
+    lease_tokio::Locker,
+    lease_tokio::Locker,
+    Run,
+) {
     let server = TestServer::new(seed);
     let log = server.job_log();
     let (a, _) = replica(&server, &log);
@@ -77,7 +85,10 @@ async fn a_terminated_leader_hands_over_at_once_and_tokens_increase() {
     sleep(1.0).await;
     assert_eq!(server.holder(LEASE), Some(server.index(&b)));
     let runs = log.runs();
-    assert!(runs[1].started - before < Duration::from_millis(100), "{runs:#?}");
+    assert!(
+        runs[1].started - before < Duration::from_millis(100),
+        "{runs:#?}"
+    );
     let tokens = server.tokens(LEASE);
     assert_eq!(tokens.len(), 2, "{tokens:?}");
     assert!(tokens[0].1 < tokens[1].1, "{tokens:?}");
@@ -85,7 +96,10 @@ async fn a_terminated_leader_hands_over_at_once_and_tokens_increase() {
     // What each locker sent, typed.
     let sent = server.statements();
     assert!(sent.iter().any(|s| s.locker == 1
-        && matches!(s.statement, lease_driver::lease_proto::Statement::TryLock { .. })));
+        && matches!(
+            s.statement,
+            lease_driver::lease_proto::Statement::TryLock { .. }
+        )));
 }
 
 #[tokio::test(start_paused = true)]
@@ -199,10 +213,16 @@ fn under_random_partitions_and_latency_one_run_at_a_time() {
                 let mut found = log.check_no_overlap();
                 found.extend(log.check_stopped_within(Duration::ZERO));
                 assert!(found.is_empty(), "{faults:?}: {found:#?}");
-                assert!(server.holder(LEASE).is_some(), "{faults:?}: nobody leads at the end");
+                assert!(
+                    server.holder(LEASE).is_some(),
+                    "{faults:?}: nobody leads at the end"
+                );
             });
             Ok(())
         })
         .expect("no breach");
-    println!("FIGURE kit nemesis: {cases} cases of 3 replicas under random faults in {:?}", wall.elapsed());
+    println!(
+        "FIGURE kit nemesis: {cases} cases of 3 replicas under random faults in {:?}",
+        wall.elapsed()
+    );
 }

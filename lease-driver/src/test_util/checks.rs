@@ -229,7 +229,9 @@ impl<T> FencedStore<T> {
     where
         T: Clone,
     {
-        (self.writes().into_iter()).filter(|w| !w.accepted).collect()
+        (self.writes().into_iter())
+            .filter(|w| !w.accepted)
+            .collect()
     }
 
     /// Every accepted write's time and token.
@@ -354,7 +356,9 @@ impl JobLog {
     pub fn runs(&self) -> Vec<JobRun> {
         let now = (self.clock)();
         self.note(now);
-        (lock(&self.entries).iter()).map(|e| e.run.clone()).collect()
+        (lock(&self.entries).iter())
+            .map(|e| e.run.clone())
+            .collect()
     }
 
     /// No two runs of one lease were running at once.

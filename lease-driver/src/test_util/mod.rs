@@ -1,4 +1,4 @@
-//! A test kit: the real [`Locker`] and [`Driver`](crate::Driver) over an
+//! A test kit: the real [`Locker`] and [`Driver`] over an
 //! in-process simulated PostgreSQL server, with faults, inspection and
 //! checks, in the runtime's time (feature `test-util`).
 //!
@@ -568,8 +568,9 @@ impl State {
                 let conn = self.sessions.get(&id).and_then(|(_, s)| s.conn);
                 match up {
                     Up::Connect(settings) => {
-                        let settings: Vec<(&str, &str)> =
-                            (settings.iter()).map(|(n, v)| (n.as_str(), v.as_str())).collect();
+                        let settings: Vec<(&str, &str)> = (settings.iter())
+                            .map(|(n, v)| (n.as_str(), v.as_str()))
+                            .collect();
                         let down = match self.pg.connect(now, i, &settings) {
                             Ok(conn) => {
                                 self.by_conn.insert(conn, id);
@@ -1013,7 +1014,10 @@ mod tests {
     #[test]
     fn startup_options_parse_as_the_machine_writes_them() {
         let got = parse_options("-c search_path=pg_catalog -c idle_session_timeout=900");
-        let want = [("search_path", "pg_catalog"), ("idle_session_timeout", "900")];
+        let want = [
+            ("search_path", "pg_catalog"),
+            ("idle_session_timeout", "900"),
+        ];
         let want: Vec<(String, String)> = (want.iter())
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect();

@@ -223,7 +223,12 @@ impl Postgres {
     /// [`Postgres::connect`]): each ends with 57P01.
     pub fn terminate(&mut self, now: Duration, client: usize) {
         for c in self.server.sessions_of(Some(client)) {
-            self.end(now, c, "57P01", "terminating connection due to administrator command");
+            self.end(
+                now,
+                c,
+                "57P01",
+                "terminating connection due to administrator command",
+            );
         }
     }
 
@@ -232,7 +237,12 @@ impl Postgres {
     /// downtime`.
     pub fn restart(&mut self, now: Duration, downtime: Duration) {
         for c in self.server.sessions_of(None) {
-            self.end(now, c, "57P01", "terminating connection due to administrator command");
+            self.end(
+                now,
+                c,
+                "57P01",
+                "terminating connection due to administrator command",
+            );
         }
         self.server.up = false;
         self.timers.push(now + downtime, Deadline::Up);
@@ -368,7 +378,10 @@ mod tests {
             settings: vec![],
         };
         pg.query(now, conn, QueryId(1), &setup);
-        let Some(ServerOutput::Reply { result: Ok(rows), .. }) = pg.poll_output() else {
+        let Some(ServerOutput::Reply {
+            result: Ok(rows), ..
+        }) = pg.poll_output()
+        else {
             panic!("a setup reply");
         };
         let reply = crate::reply::SetupReply::parse(&rows).expect("a setup reply");
@@ -387,7 +400,10 @@ mod tests {
             nonce: 5,
         };
         pg.query(MS, conn, QueryId(2), &try_lock);
-        assert!(matches!(pg.poll_output(), Some(ServerOutput::Granted { key: 42, .. })));
+        assert!(matches!(
+            pg.poll_output(),
+            Some(ServerOutput::Granted { key: 42, .. })
+        ));
         assert!(matches!(pg.poll_output(), Some(ServerOutput::Reply { .. })));
         assert_eq!(pg.holders(), [(42, conn)]);
         // The check armed at the setup finds the session heard since.
@@ -407,7 +423,9 @@ mod tests {
     #[test]
     fn unknown_settings_and_a_restarting_server_refuse_connections() {
         let mut pg = Postgres::new(ServerConfig::default());
-        let e = pg.connect(Duration::ZERO, 0, &[("no_such", "1")]).unwrap_err();
+        let e = pg
+            .connect(Duration::ZERO, 0, &[("no_such", "1")])
+            .unwrap_err();
         assert_eq!(e.code.as_deref(), Some("42704"));
         let conn = pg.connect(Duration::ZERO, 0, &[]).expect("up");
         pg.restart(MS, Duration::from_secs(1));

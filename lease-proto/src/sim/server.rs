@@ -564,7 +564,12 @@ impl Server {
     }
 
     /// Runs one statement on `conn`.
-    pub(super) fn execute(&mut self, conn: u64, now: Duration, statement: &Statement) -> Option<Executed> {
+    pub(super) fn execute(
+        &mut self,
+        conn: u64,
+        now: Duration,
+        statement: &Statement,
+    ) -> Option<Executed> {
         let owner = self.owner(conn);
         let shared = self.cfg.pooler_one_backend;
         let s = self.sessions.get_mut(&conn)?;

@@ -56,7 +56,10 @@ fn the_testing_guide_example_passes_from_a_crate_of_its_own() {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let dir = std::env::temp_dir().join(format!("lease-testing-guide-{}-{nanos}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "lease-testing-guide-{}-{nanos}",
+        std::process::id()
+    ));
     fs::create_dir_all(dir.join("src")).expect("create the crate");
     fs::create_dir_all(dir.join("tests")).expect("create the crate");
     let _cleanup = RemoveOnDrop(dir.clone());
@@ -75,7 +78,14 @@ fn the_testing_guide_example_passes_from_a_crate_of_its_own() {
     let target = target_dir();
     let built = Instant::now();
     let out = Command::new(&cargo)
-        .args(["test", "--offline", "--quiet", "--test", "guide", "--no-run"])
+        .args([
+            "test",
+            "--offline",
+            "--quiet",
+            "--test",
+            "guide",
+            "--no-run",
+        ])
         .current_dir(&dir)
         .env("CARGO_TARGET_DIR", &target)
         .output()
