@@ -180,8 +180,8 @@ pub mod reply {
 /// defaults to, what it accepts, and the fixed constants of the rules.
 pub mod limits {
     pub use crate::machine::{
-        MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD, MIN_WAIT, RECONNECT_BASE, VERIFY_EVERY,
-        WAKE_BUDGET,
+        FAST_RECONNECT_CAP, FAST_RECONNECT_WINDOW, MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD,
+        MIN_WAIT, RECONNECT_BASE, VERIFY_EVERY, WAKE_BUDGET,
     };
     pub use crate::options::{
         DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LOCK_DELAY, DEFAULT_MAX_LEASES,

@@ -63,6 +63,18 @@ pub const MIN_SERVER_VERSION_GUARD: i64 = 140_000;
 /// First reconnect delay; it doubles per consecutive failure up to the retry
 /// interval, and each delay is jittered to between half and all of it.
 pub const RECONNECT_BASE: Duration = Duration::from_millis(50);
+/// After a session that passed its setup ends for a reason other than the
+/// configuration (a server restart, a terminated backend, a broken
+/// connection), the reconnect delay stays at most this, jittered to between
+/// half and all of it, for [`FAST_RECONNECT_WINDOW`]: a restarting server is
+/// tried again within this of accepting connections, where the doubling
+/// backoff would have grown to about as long as the server was down.
+pub const FAST_RECONNECT_CAP: Duration = Duration::from_millis(80);
+/// How long after a ready session ended [`FAST_RECONNECT_CAP`] holds; then
+/// the delay doubles again up to the retry interval, so a fleet does not
+/// keep up 12–25 attempts a second per locker against a server in a long
+/// recovery (each attempt on a starting server forks a backend).
+pub const FAST_RECONNECT_WINDOW: Duration = Duration::from_secs(20);
 /// Every this many heartbeats, the heartbeat sent is a
 /// [`Statement::Verify`](crate::Statement::Verify) (a read of `pg_locks`).
 /// The steady heartbeat proves the session is the same live one, which is
@@ -573,9 +585,11 @@ impl Machine {
         }
         self.runs.session_gone(&reason, &mut self.out);
         self.session_down();
-        self.connector.failed();
+        self.connector.failed(now);
         self.session = Session::Backoff;
-        let backoff = self.connector.backoff(&self.opts, self.jitter.random());
+        let backoff = self
+            .connector
+            .backoff(&self.opts, self.jitter.random(), now);
         self.timers.set(Deadline::Backoff, now + backoff);
     }
 
@@ -644,6 +658,7 @@ impl Machine {
         self.out.session(SessionCommand::Close { session });
         self.out.event(Event::SessionIdle { session });
         self.session_down();
+        self.connector.closed();
         self.session = Session::Idle;
         self.connector.clear_failures();
         self.timers.stop(Deadline::Backoff);
@@ -654,6 +669,7 @@ impl Machine {
     fn close_for_new_session(&mut self, session: SessionId) {
         self.out.session(SessionCommand::Close { session });
         self.session_down();
+        self.connector.closed();
         self.session = Session::Idle;
         self.timers.stop(Deadline::Backoff);
     }
