@@ -1,10 +1,12 @@
 //! The session: its states ([`Session`]), the connector that opens one
-//! after another ([`Connector`]: ids, failures and backoff, whether any ever
-//! became ready, settings by statement behind a pooler, the last error), and
-//! the rules a new session's setup must pass ([`check_setup`]).
+//! after another ([`Connector`]: ids and nonces, failures and backoff,
+//! whether any ever became ready, settings by statement behind a pooler, the
+//! last error, the machine's seeded [`Jitter`]), and the rules a new
+//! session's setup must pass ([`check_setup`]).
 
 use std::time::{Duration, Instant};
 
+use super::jitter::Jitter;
 use super::{Knobs, LastError, MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD, RECONNECT_BASE};
 use crate::io::{QueryId, Reason, Refusal, SessionError, SessionId, SessionParams};
 use crate::options::Options;
@@ -204,8 +206,12 @@ impl What {
 
 /// Opening sessions, one after another: what carries over from one session
 /// to the next.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Connector {
+    /// The machine's one random sequence: this connector's backoffs and
+    /// nonces draw from it, and so do the standby retries
+    /// ([`Connector::retry_delay`]), so that the seed fixes every draw.
+    jitter: Jitter,
     next_session: u64,
     next_query: u64,
     /// Consecutive failed connection attempts.
@@ -227,6 +233,20 @@ pub(super) struct Connector {
 }
 
 impl Connector {
+    /// A connector whose jitter and nonces come from `seed`.
+    pub(super) fn new(seed: u64) -> Connector {
+        Connector {
+            jitter: Jitter::new(seed),
+            next_session: 0,
+            next_query: 0,
+            failures: 0,
+            ever_ready: false,
+            settings_by_statement: false,
+            last_error: None,
+            last_sent: None,
+        }
+    }
+
     pub(super) fn next_session(&mut self) -> SessionId {
         let id = SessionId(self.next_session);
         self.next_session += 1;
@@ -295,13 +315,26 @@ impl Connector {
 
     /// The delay before the next attempt: it doubles per consecutive failure
     /// from [`RECONNECT_BASE`] up to the retry interval, jittered to between
-    /// half and all of it by `random` (uniform in [0, 1)).
-    pub(super) fn backoff(&self, opts: &Options, random: f64) -> Duration {
+    /// half and all of it.
+    pub(super) fn backoff(&mut self, opts: &Options) -> Duration {
         let exp = self.failures.saturating_sub(1).min(20);
         let d = RECONNECT_BASE
             .saturating_mul(1 << exp)
             .min(opts.retry_interval);
-        d.mul_f64(0.5 + 0.5 * random)
+        d.mul_f64(0.5 + 0.5 * self.jitter.random())
+    }
+
+    /// The nonce of `session`, which this connector opened (see
+    /// [`Jitter::nonce`]).
+    pub(super) fn nonce(&self, session: SessionId) -> i64 {
+        self.jitter.nonce(session)
+    }
+
+    /// The delay until the next standby try: the retry interval, jittered
+    /// down (see [`Jitter::retry`]). Drawn here, from the one sequence the
+    /// backoffs also draw from, so that the seed fixes every draw.
+    pub(super) fn retry_delay(&mut self, interval: Duration) -> Duration {
+        self.jitter.retry(interval)
     }
 
     /// What a new session connects with.
