@@ -1,22 +1,25 @@
 //! The lease state machine: one dispatch over owned sub-states.
 //!
 //! [`Machine`] keeps what ties the concerns together (options, phase, the
-//! session, the clock, the output queues) and routes every input to the
+//! session, the output queues) and routes every input to the
 //! sub-state that owns its rule; each sub-state is a type with its state
 //! and its methods, and nothing else touches its fields:
 //!
 //! - `runs`: the [`RunTable`]: every run by id and key, their states and
 //!   transitions, the keys held without a run;
 //! - `session`: the [`Session`] (idle, connecting, up, doubtful), the
-//!   [`Connector`] that opens one after another (failures, backoff, settings
-//!   by statement, the last error) and the setup's checks;
+//!   [`Connector`] that opens one after another (failures, backoff, nonces,
+//!   settings by statement, the last error) and the setup's checks;
+//! - `jitter`: the [`Jitter`](jitter::Jitter), the machine's one seeded random sequence,
+//!   held by the [`Connector`] (backoffs, nonces, and the standby retries);
 //! - `plan`: the [`SendPlan`] (a verify or a try owed, the heartbeat's
-//!   turn) and the [`Jitter`];
+//!   turn);
 //! - `wait`: the [`ServerWait`], standbys waiting on the server for a key
 //!   to be freed (the rule, in one place);
 //! - `doubtful`: the rule for a session given up on while its cancelled jobs
 //!   still run;
-//! - `timer`: the one deadline table behind [`Machine::poll_timeout`];
+//! - `deadline`: the one [`DeadlineTable`] behind [`Machine::poll_timeout`],
+//!   with the latest time fed in (time never goes backwards);
 //! - `status`: the public snapshot's types.
 //!
 //! The dispatch below reads in the order of the machine's classes: inputs,
@@ -36,6 +39,7 @@ use crate::sql::{
 
 mod deadline;
 mod doubtful;
+mod jitter;
 mod knobs;
 mod plan;
 mod runs;
@@ -47,7 +51,7 @@ use deadline::DeadlineTable;
 pub(crate) use knobs::Knobs;
 #[cfg(feature = "sim")]
 pub use knobs::Mutation;
-use plan::{Beat, Jitter, SendPlan};
+use plan::{Beat, SendPlan};
 use runs::{RunState, RunTable};
 use session::{check_setup, Connector, InFlight, Session, SetupProblem, Stage, Up, What};
 use wait::{NotFreed, ServerWait};
@@ -179,16 +183,13 @@ pub struct Machine {
     opts: Options,
     /// The simulator's broken variants; all off in production.
     knobs: Knobs,
-    jitter: Jitter,
-    /// The latest time fed in (time never goes backwards inside).
-    now: Option<Instant>,
     phase: Phase,
     runs: RunTable,
     session: Session,
     connector: Connector,
     plan: SendPlan,
     wait: ServerWait,
-    /// Every deadline; see [`Deadline`].
+    /// Every deadline (see [`Deadline`]) and the latest time fed in.
     timers: DeadlineTable,
     out: Outputs,
 }
@@ -237,12 +238,10 @@ impl Machine {
         Ok(Machine {
             opts,
             knobs: Knobs::default(),
-            jitter: Jitter::new(seed),
-            now: None,
             phase: Phase::Open,
             runs: RunTable::default(),
             session: Session::Idle,
-            connector: Connector::default(),
+            connector: Connector::new(seed),
             plan: SendPlan::default(),
             wait: ServerWait::default(),
             timers: DeadlineTable::default(),
@@ -273,7 +272,7 @@ impl Machine {
     /// [`RunRejected::TooManyLeases`] past [`Options::max_leases`],
     /// [`RunRejected::Refused`] after a refused setup.
     pub fn run(&mut self, now: Instant, lease: LeaseId) -> Result<RunId, RunRejected> {
-        let now = self.clock(now);
+        let now = self.timers.clock(now);
         if let Phase::Refused(r) = &self.phase {
             return Err(RunRejected::Refused(r.clone()));
         }
@@ -302,7 +301,7 @@ impl Machine {
     /// Input: feeds one input at time `now`. Never panics, whatever the
     /// input: inputs naming unknown runs, sessions or queries are ignored.
     pub fn handle_input(&mut self, now: Instant, input: Input) {
-        let now = self.clock(now);
+        let now = self.timers.clock(now);
         match input {
             Input::JobExited { run, exit } => self.runs.job_exited(run, exit, &mut self.out),
             Input::Shutdown { run } => {
@@ -469,13 +468,6 @@ impl Machine {
         }
     }
 
-    /// Time never goes backwards inside the machine.
-    fn clock(&mut self, now: Instant) -> Instant {
-        let now = self.now.map_or(now, |t| t.max(now));
-        self.now = Some(now);
-        now
-    }
-
     // ---- the session --------------------------------------------------
 
     /// Asks the driver for a new connection.
@@ -500,7 +492,7 @@ impl Machine {
             return;
         }
         self.timers.stop(Deadline::Connect);
-        let nonce = self.jitter.nonce(session);
+        let nonce = self.connector.nonce(session);
         self.session = Session::Up(Up::new(session, nonce));
         self.send(now, What::Setup);
     }
@@ -587,9 +579,7 @@ impl Machine {
         self.session_down();
         self.connector.failed(now);
         self.session = Session::Backoff;
-        let backoff = self
-            .connector
-            .backoff(&self.opts, self.jitter.random(), now);
+        let backoff = self.connector.backoff(&self.opts, now);
         self.timers.set(Deadline::Backoff, now + backoff);
     }
 
@@ -761,7 +751,7 @@ impl Machine {
                 self.out.event(Event::TryFailed { error });
                 self.runs.try_back(&keys);
                 self.plan.owe_verify();
-                let retry = now + self.jitter.retry(self.opts.retry_interval);
+                let retry = now + self.connector.retry_delay(self.opts.retry_interval);
                 self.timers.set(Deadline::Retry, retry);
             }
             (What::Heartbeat, Ok(rows)) => match HeartbeatReply::parse(&rows) {
@@ -950,7 +940,7 @@ impl Machine {
             self.runs.try_back(&unanswered);
             self.plan.owe_verify();
         }
-        let retry = now + self.jitter.retry(self.opts.retry_interval);
+        let retry = now + self.connector.retry_delay(self.opts.retry_interval);
         self.timers.set(Deadline::Retry, retry);
     }
 
