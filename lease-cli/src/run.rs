@@ -6,6 +6,7 @@ use std::future::pending;
 use std::io;
 use std::time::{Duration, Instant};
 
+use lease_proto::inspect::application_name;
 use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
@@ -30,7 +31,7 @@ struct Plan {
     /// The kill deadline after a lost lease is the lease's validity end plus
     /// this: with the server guard, the guard margin less the drift allowance
     /// (just before the guard deadline, when the server may hand the lease
-    /// over: see [`after_validity`]), `grace` without it.
+    /// over: see [`Options::act_after_validity`]), `grace` without it.
     after_validity: Duration,
     quiet: bool,
     format: LogFormat,
@@ -108,7 +109,7 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
             .application_name(application_name(lease.name()));
     }
     spec.check()?;
-    let after_validity = after_validity(&options, grace);
+    let after_validity = options.act_after_validity().unwrap_or(grace);
     Ok(Plan {
         lease,
         spec,
@@ -121,25 +122,6 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
         format: args.log_format,
         metrics_addr: args.metrics_addr,
     })
-}
-
-/// How long after the lease's validity end (`valid_until`) the command's group
-/// gets SIGKILL after a lost lease (see [`Plan::after_validity`]).
-///
-/// With the server guard: the guard timeout measured on this runner's clock,
-/// shortened by the drift the guarantee allows ([`Options::drift_bound`]), so
-/// that a clock running that much slow still kills before the server may free
-/// the key; floored to the microsecond (early, never late). It stays after the
-/// validity end: `guard (1 - drift) - validity = margin validity / (2
-/// validity + margin) > 0`.
-fn after_validity(options: &Options, grace: Duration) -> Duration {
-    if options.server_guard {
-        let guard = options.guard_timeout().mul_f64(1.0 - options.drift_bound());
-        let guard = Duration::from_micros(guard.as_micros() as u64);
-        guard.saturating_sub(options.validity_window())
-    } else {
-        grace
-    }
 }
 
 /// One line at startup when a `--grace` the user set cannot be given in full
@@ -173,18 +155,6 @@ fn warn_about_grace(plan: &Plan) {
              ended the session; --grace applies in full only to graceful stops"
         );
     }
-}
-
-/// `lease:<NAME>`, cut to the 63 bytes the server keeps (on a character
-/// boundary).
-pub fn application_name(name: &str) -> String {
-    let mut s = format!("lease:{name}");
-    let mut end = s.len().min(63);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s.truncate(end);
-    s
 }
 
 /// Why a job ended in a way that ends the run.
@@ -893,60 +863,4 @@ async fn lookup_holder(
         client,
         since: text(3).unwrap_or_else(|| "?".to_owned()),
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The kill deadline is `confirmed + guard` on the runner's clock. A
-    /// runner whose clock runs slow by the drift the guarantee allows
-    /// (`margin / (2 validity + margin)`) measures that offset later in real
-    /// time than the server frees the key.
-    #[test]
-    fn the_kill_deadline_allows_for_the_drift_bound() {
-        let cases = [
-            Options::default(),
-            {
-                let mut o = Options::default();
-                o.heartbeat_interval = Duration::from_millis(200);
-                o.query_timeout = Duration::from_millis(500);
-                o.guard_margin = Duration::from_millis(300);
-                o
-            },
-            {
-                let mut o = Options::default();
-                o.validity = Some(Duration::from_secs(500));
-                o
-            },
-        ];
-        for o in cases {
-            let v = o.validity_window().as_secs_f64();
-            let m = o.guard_margin_in_force().as_secs_f64();
-            let drift = m / (2.0 * v + m);
-            assert_eq!(drift, o.drift_bound());
-            // Client-clock offset from the confirming statement's send time.
-            let offset = o.validity_window() + after_validity(&o, Duration::from_secs(10));
-            // Real time that offset takes on a clock slow by `drift`.
-            let real = offset.as_secs_f64() / (1.0 - drift);
-            let guard = o.guard_timeout().as_secs_f64();
-            assert!(
-                real <= guard,
-                "validity {v} s, margin {m} s: SIGKILL {offset:?} after the confirming statement \
-                 on the runner's clock is {real:.4} s of real time on a clock {:.2} % slow, \
-                 after the server may free the key ({guard} s)",
-                drift * 100.0
-            );
-            // Still after the validity end: SIGTERM comes first.
-            assert!(offset > o.validity_window());
-        }
-    }
-
-    #[test]
-    fn application_names_fit_the_server() {
-        assert_eq!(application_name("job"), "lease:job");
-        let long = application_name(&"é".repeat(40));
-        assert!(long.len() <= 63);
-        assert!(long.starts_with("lease:é"));
-    }
 }
