@@ -6,18 +6,17 @@ use std::future::pending;
 use std::io;
 use std::time::{Duration, Instant};
 
-use lease_proto::inspect::application_name;
+use lease_proto::inspect::{application_name, HolderRow};
 use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
-use tokio_postgres::Config;
 
 use crate::args::{LogFormat, RunArgs, DEFAULT_GRACE};
 use crate::child::{self, exit_code, ChildSpec, Job};
-use crate::conn::{self, Connector, Target};
+use crate::conn::{self, Target};
 use crate::serve::{self, Current, Endpoints, Health};
 use crate::watchdog::Watchdog;
-use crate::{log, usage_error, valid, EXIT_FAILURE};
+use crate::{log, status, usage_error, valid, EXIT_FAILURE};
 
 /// Everything `lease run` needs once the input is validated.
 struct Plan {
@@ -143,9 +142,7 @@ fn warn_about_grace(plan: &Plan) {
              validity ended, whatever the server does meanwhile"
         );
     } else if plan.grace_set && plan.grace > plan.after_validity {
-        let bound = humantime::format_duration(Duration::from_millis(
-            plan.after_validity.as_millis() as u64,
-        ));
+        let bound = log::millis(plan.after_validity);
         let delay = humantime::format_duration(plan.options.lock_delay / 2);
         tracing::warn!(
             "--grace {grace} is longer than the guard margin less the drift allowance \
@@ -299,8 +296,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     let holders_tx = (!plan.quiet).then_some(holders_tx);
     let monitor = tokio::spawn(monitor(locker.clone(), holders_tx));
     let lookups = tokio::spawn(describe_holders(
-        plan.target.config.clone(),
-        plan.target.tls.clone(),
+        plan.target.clone(),
         plan.options.query_timeout,
         plan.lease.clone(),
         holders,
@@ -504,9 +500,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                         () = session_watch(ctx) => {}
                     }
                 };
-                let status = job.terminate(ctx.grace, hurry).await;
-                let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
-                tracing::info!("the command stopped ({status})");
+                stop(&mut job, ctx.grace, hurry).await;
             } else if freed_with_the_session(&reason) {
                 // The server may hand the key over now: a standby woken by
                 // its release tries after the lock delay.
@@ -519,7 +513,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                      command's tree (SIGTERM, SIGKILL in {}, within the lock delay)",
                     humantime::format_duration(wait)
                 );
-                stop(&mut job, wait, ctx).await;
+                stop(&mut job, wait, ctx.signals.at_least(2)).await;
             } else {
                 let wait = kill_wait(deadline, ctx.grace);
                 tracing::warn!(
@@ -528,7 +522,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                     "lease lost: stopping the command's process group (SIGTERM, SIGKILL {})",
                     kill_when(wait, ctx.grace)
                 );
-                stop(&mut job, wait, ctx).await;
+                stop(&mut job, wait, ctx.signals.at_least(2)).await;
             }
             Ok(())
         }
@@ -545,7 +539,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                  releasing the lease",
                 kill_when(wait, ctx.grace)
             );
-            stop(&mut job, wait, ctx).await;
+            stop(&mut job, wait, ctx.signals.at_least(2)).await;
             Err(JobEnd::Watchdog(message))
         }
     };
@@ -601,7 +595,7 @@ async fn exited(
             tracing::warn!(
                 %reason,
                 "lease lost while stopping what the command left running: SIGKILL in {}",
-                humantime::format_duration(Duration::from_millis(wait.as_millis() as u64))
+                log::millis(wait)
             );
             tokio::time::sleep(wait).await;
         };
@@ -624,10 +618,11 @@ async fn exited(
     }
 }
 
-/// SIGTERM to the group now, SIGKILL after `wait` (or at once on a second
-/// signal to the runner).
-async fn stop(job: &mut Job, wait: Duration, ctx: &Ctx<'_>) {
-    let status = job.terminate(wait, ctx.signals.at_least(2)).await;
+/// SIGTERM to the tree now, SIGKILL after `wait` or once `hurry` resolves
+/// (a second signal to the runner, a session that cannot hold the key that
+/// long).
+async fn stop(job: &mut Job, wait: Duration, hurry: impl std::future::Future<Output = ()>) {
+    let status = job.terminate(wait, hurry).await;
     let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
     tracing::info!("the command stopped ({status})");
 }
@@ -667,9 +662,7 @@ async fn session_watch(ctx: &Ctx<'_>) {
                 tracing::warn!(
                     "the session holding the lease was given up on during the graceful stop: \
                      SIGKILL to the command's tree in {} (before the session's close)",
-                    humantime::format_duration(Duration::from_millis(
-                        at.saturating_duration_since(Instant::now()).as_millis() as u64
-                    ))
+                    log::millis(at.saturating_duration_since(Instant::now()))
                 );
                 tokio::time::sleep_until(at.into()).await;
                 return;
@@ -710,12 +703,8 @@ fn kill_wait(deadline: Instant, grace: Duration) -> Duration {
 
 /// "after 10s", or "in 300ms, at the lease's deadline" for log lines.
 fn kill_when(wait: Duration, grace: Duration) -> String {
-    let rounded = Duration::from_millis(wait.as_millis() as u64);
     if wait < grace {
-        format!(
-            "in {}, at the lease's deadline",
-            humantime::format_duration(rounded)
-        )
+        format!("in {}, at the lease's deadline", log::millis(wait))
     } else {
         format!("after {}", humantime::format_duration(grace))
     }
@@ -780,33 +769,36 @@ async fn monitor(locker: Locker, holders: Option<mpsc::UnboundedSender<i64>>) {
 }
 
 /// Looks up who holds the lease (application_name, client address) each time
-/// the holder's backend pid changes, on a short-lived separate connection.
-/// Failures are logged at debug level and otherwise ignored.
+/// the holder's backend pid changes, in the lock table read on a short-lived
+/// separate connection (as `lease status` reads it). Failures are logged at
+/// debug level and otherwise ignored.
 async fn describe_holders(
-    mut config: Config,
-    tls: Connector,
+    mut target: Target,
     timeout: Duration,
     lease: LeaseId,
     mut pids: mpsc::UnboundedReceiver<i64>,
 ) {
-    config.application_name(format!(
+    target.config.application_name(format!(
         "{} (holder lookup)",
         application_name(lease.name())
     ));
-    config.connect_timeout(timeout);
+    target.config.connect_timeout(timeout);
     let mut last = None;
     while let Some(pid) = pids.recv().await {
         if last == Some(pid) {
             continue;
         }
         last = Some(pid);
-        match tokio::time::timeout(timeout, lookup_holder(&config, &tls, pid)).await {
+        match tokio::time::timeout(timeout, lookup_holder(&target, timeout, &lease, pid)).await {
             Ok(Ok(Some(h))) => tracing::info!(
                 lease = lease.name(),
                 holder_backend_pid = pid,
-                application_name = h.application_name,
-                client = h.client,
-                since = h.since,
+                application_name = h.application_name.as_deref().unwrap_or_default(),
+                client = status::client(&h).unwrap_or_else(|| "unknown".to_owned()),
+                since = h
+                    .backend_start
+                    .as_deref()
+                    .map_or("?".to_owned(), status::seconds),
                 "the lease is held by another session"
             ),
             Ok(Ok(None)) => {}
@@ -816,51 +808,21 @@ async fn describe_holders(
     }
 }
 
-/// What `pg_stat_activity` says about the holder's session.
-struct HolderInfo {
-    application_name: String,
-    client: String,
-    since: String,
-}
-
+/// The lock table's row of the lease's holder with backend `pid`, if it
+/// still holds it.
 async fn lookup_holder(
-    config: &Config,
-    tls: &Connector,
+    target: &Target,
+    timeout: Duration,
+    lease: &LeaseId,
     pid: i64,
-) -> Result<Option<HolderInfo>, String> {
-    let pid = i32::try_from(pid).map_err(|_| format!("pid {pid} out of range"))?;
-    let (client, connection) = config
-        .connect(tls.clone())
-        .await
-        .map_err(|e| conn::error_chain(&e))?;
-    let connection = tokio::spawn(connection);
-    let row = client
-        .query_opt(
-            // Qualified like every lease statement (a role's search_path may shadow names).
-            "SELECT application_name, pg_catalog.host(client_addr), client_port, \
-             pg_catalog.to_char(pg_catalog.timezone('UTC', backend_start), \
-             'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') \
-             FROM pg_catalog.pg_stat_activity WHERE pid OPERATOR(pg_catalog.=) $1",
-            &[&pid],
-        )
-        .await
-        .map_err(|e| conn::error_chain(&e))?;
-    drop(client);
-    let _ = connection.await;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let text = |i: usize| row.try_get::<_, Option<String>>(i).ok().flatten();
-    let port = row.try_get::<_, Option<i32>>(2).ok().flatten();
-    let client = match (text(1), port) {
-        (Some(a), Some(p)) if p > 0 => format!("{a}:{p}"),
-        (Some(a), _) => a,
-        (None, Some(-1)) => "local socket".to_owned(),
-        _ => "unknown".to_owned(),
-    };
-    Ok(Some(HolderInfo {
-        application_name: text(0).unwrap_or_default(),
-        client,
-        since: text(3).unwrap_or_else(|| "?".to_owned()),
-    }))
+) -> Result<Option<HolderRow>, String> {
+    let session = conn::LockSession::connect(target, timeout).await?;
+    let read = session.locks().await;
+    session.close().await;
+    let read = read?;
+    let holders = read.key(lease.key()).map_or(&[][..], |l| &l.holders);
+    Ok(holders
+        .iter()
+        .find(|h| h.pid.map(i64::from) == Some(pid))
+        .cloned())
 }

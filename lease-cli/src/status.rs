@@ -1,15 +1,12 @@
 //! `lease status` (who holds which lease) and `lease key` (a name's key).
 
-use std::time::Duration;
-
-use lease_proto::inspect::{
-    HeldSince, HolderHistory, HolderRow, LeaseLocks, LockTable, HOLDERS_SQL,
-};
+use lease_proto::inspect::{HeldSince, HolderHistory, HolderRow, LeaseLocks, LockTable};
 use lease_proto::LeaseId;
 use serde_json::json;
 
 use crate::args::{KeyArgs, StatusArgs};
-use crate::{conn, usage_error, EXIT_FAILURE};
+use crate::conn::{self, LockSession};
+use crate::{usage_error, EXIT_FAILURE};
 
 /// Runs `lease key`.
 pub fn key(args: KeyArgs) -> i32 {
@@ -68,40 +65,6 @@ pub fn main(args: StatusArgs) -> i32 {
     }
 }
 
-/// A `lease status` session, kept open across `--watch` refreshes.
-struct Session {
-    client: tokio_postgres::Client,
-    connection: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
-}
-
-impl Session {
-    async fn connect(target: &conn::Target, timeout: Duration) -> Result<Session, String> {
-        let (client, connection) = conn::connect(target, timeout).await?;
-        Ok(Session { client, connection })
-    }
-
-    /// Every advisory lock request of the database ([`HOLDERS_SQL`]).
-    async fn locks(&self) -> Result<LockTable, String> {
-        use tokio_postgres::SimpleQueryMessage;
-        let messages =
-            (self.client.simple_query(HOLDERS_SQL).await).map_err(|e| conn::error_chain(&e))?;
-        let mut rows = Vec::new();
-        for message in messages {
-            if let SimpleQueryMessage::Row(row) = message {
-                let columns = (0..row.len()).map(|i| row.get(i));
-                rows.push(HolderRow::parse(columns).map_err(|e| e.to_string())?);
-            }
-        }
-        Ok(LockTable::from_rows(rows))
-    }
-
-    /// Ends the session (a Terminate message, then the socket closes).
-    async fn close(self) {
-        drop(self.client);
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.connection).await;
-    }
-}
-
 /// Reads the lock table on `session`, connecting first when there is none
 /// (or when the one kept from the last refresh fails: the server may have
 /// closed it meanwhile), all within `--timeout`. `Err` is a one-line,
@@ -109,7 +72,7 @@ impl Session {
 async fn lookup(
     args: &StatusArgs,
     target: &conn::Target,
-    session: &mut Option<Session>,
+    session: &mut Option<LockSession>,
 ) -> Result<LockTable, String> {
     let attempt = async {
         if let Some(kept) = session.take() {
@@ -119,7 +82,7 @@ async fn lookup(
             }
             kept.close().await;
         }
-        let fresh = Session::connect(target, args.timeout).await?;
+        let fresh = LockSession::connect(target, args.timeout).await?;
         let rows = fresh.locks().await;
         *session = Some(fresh);
         rows
@@ -257,7 +220,8 @@ fn lines(leases: &[LeaseLocks]) -> impl Iterator<Item = (&LeaseLocks, Option<&Ho
     (leases.iter()).flat_map(|l| holders(l).into_iter().map(move |h| (l, h)))
 }
 
-fn client(h: &HolderRow) -> Option<String> {
+/// Where a session connects from: `ADDR:PORT`, `local` for a Unix socket.
+pub fn client(h: &HolderRow) -> Option<String> {
     match (&h.client_addr, h.client_port) {
         (Some(a), Some(p)) if p > 0 => Some(format!("{a}:{p}")),
         (Some(a), _) => Some(a.clone()),
@@ -304,7 +268,7 @@ fn json_line(e: &LeaseLocks, h: Option<&HolderRow>) -> String {
 }
 
 /// An RFC 3339 time of [`HOLDERS_SQL`] cut to whole seconds, for tables.
-fn seconds(t: &str) -> String {
+pub fn seconds(t: &str) -> String {
     match t.split_once('.') {
         Some((s, _)) if t.ends_with('Z') => format!("{s}Z"),
         _ => t.to_owned(),

@@ -468,6 +468,17 @@ impl Watch {
         self.kill_tree();
     }
 
+    /// The runner died or closed the pipe: the tree is killed at once.
+    fn runner_gone(&mut self) {
+        if !self.fired && self.pgid.is_some() {
+            tracing::warn!(
+                pgid = self.pgid.unwrap_or(0),
+                "watchdog: the runner is gone: SIGKILL to the command's tree"
+            );
+        }
+        self.fire();
+    }
+
     /// SIGKILL to every descendant of the watchdog until none is left. The
     /// watchdog is a subreaper: whatever of the command's tree lost its
     /// parent is its child now, so nothing of the tree can escape this.
@@ -610,13 +621,7 @@ pub fn main(args: WatchdogArgs) -> i32 {
         watch.reap();
         // SAFETY: getppid has no preconditions.
         if unsafe { libc::getppid() } != args.parent {
-            if !watch.fired && watch.pgid.is_some() {
-                tracing::warn!(
-                    pgid = watch.pgid.unwrap_or(0),
-                    "watchdog: the runner is gone: SIGKILL to the command's tree"
-                );
-            }
-            watch.fire();
+            watch.runner_gone();
             return 1;
         }
         let now = monotonic_nanos();
@@ -659,13 +664,7 @@ pub fn main(args: WatchdogArgs) -> i32 {
             return 1;
         }
         if n == 0 {
-            if !watch.fired && watch.pgid.is_some() {
-                tracing::warn!(
-                    pgid = watch.pgid.unwrap_or(0),
-                    "watchdog: the runner is gone: SIGKILL to the command's tree"
-                );
-            }
-            watch.fire();
+            watch.runner_gone();
             return 1;
         }
         buf.extend_from_slice(&chunk[..n as usize]);
