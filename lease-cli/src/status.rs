@@ -306,6 +306,18 @@ fn name_cell(e: &LeaseLocks) -> String {
     (e.name.clone().unwrap_or_else(dash)).replace(char::is_whitespace, " ")
 }
 
+/// The BACKEND PID, APPLICATION and CLIENT cells of a session (dashes for
+/// none).
+fn session_cells(s: Option<&HolderRow>) -> [String; 3] {
+    [
+        s.and_then(|s| s.pid).map_or_else(dash, |p| p.to_string()),
+        s.and_then(|s| s.application_name.clone())
+            .filter(|a| !a.is_empty())
+            .unwrap_or_else(dash),
+        s.and_then(client).unwrap_or_else(dash),
+    ]
+}
+
 /// The table of a single query: a line per session, the holder's (ROLE
 /// `holder`, or `free` when nobody holds the lease) then its standbys' in
 /// queue order (ROLE `standby`). SINCE is the session's backend start: when
@@ -329,15 +341,14 @@ fn table(leases: &[LeaseLocks], all: bool) -> String {
     ]
     .map(str::to_owned)];
     let line = |e: &LeaseLocks, role: &str, s: Option<&HolderRow>| {
+        let [pid, application, client] = session_cells(s);
         [
             name_cell(e),
             e.key.to_string(),
             role.to_owned(),
-            s.and_then(|s| s.pid).map_or_else(dash, |p| p.to_string()),
-            s.and_then(|s| s.application_name.clone())
-                .filter(|a| !a.is_empty())
-                .unwrap_or_else(dash),
-            s.and_then(client).unwrap_or_else(dash),
+            pid,
+            application,
+            client,
             s.and_then(|s| s.backend_start.as_deref().map(seconds))
                 .unwrap_or_else(dash),
             s.and_then(|s| s.wait_start.as_deref().map(seconds))
@@ -387,15 +398,14 @@ fn watch_table(leases: &[LeaseLocks], seen: &HolderHistory<String>, all: bool) -
         } else {
             format!("{}: {}", standbys.len(), standbys.join(","))
         };
+        let [pid, application, client] = session_cells(h);
         rows.push([
             name_cell(e),
             e.key.to_string(),
             if h.is_some() { "yes" } else { "no" }.to_owned(),
-            h.and_then(|h| h.pid).map_or_else(dash, |p| p.to_string()),
-            h.and_then(|h| h.application_name.clone())
-                .filter(|a| !a.is_empty())
-                .unwrap_or_else(dash),
-            h.and_then(client).unwrap_or_else(dash),
+            pid,
+            application,
+            client,
             h.and_then(|h| seen.since(h))
                 .map_or_else(dash, |since| match since {
                     HeldSince::At(at) => at.clone(),
@@ -437,6 +447,14 @@ mod tests {
         }
     }
 
+    /// The JSON lines of `leases`, parsed.
+    fn json_values(leases: &[LeaseLocks]) -> Vec<serde_json::Value> {
+        let json = json_lines(leases);
+        (json.lines())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
     #[test]
     fn named_leases_show_held_or_not() {
         let a = LeaseId::named("a").unwrap();
@@ -450,12 +468,8 @@ mod tests {
         );
         assert!(text.contains("127.0.0.1:5000"), "{text}");
         assert!(text.contains("2026-12-01T10:00:00Z"), "{text}");
-        let json = json_lines(&e);
-        let lines: Vec<serde_json::Value> = json
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(lines.len(), 2, "{json}");
+        let lines = json_values(&e);
+        assert_eq!(lines.len(), 2, "{lines:?}");
         let line = &lines[0];
         assert_eq!(line["held"], true);
         assert_eq!(line["backend_pid"], 42);
@@ -503,11 +517,7 @@ mod tests {
         assert!(standby_line.contains(" local "), "{text}");
         assert!(standby_line.ends_with("2026-12-01T10:05:00Z"), "{text}");
 
-        let json = json_lines(&e);
-        let lines: Vec<serde_json::Value> = json
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let lines = json_values(&e);
         let v = &lines[0];
         assert_eq!(v["backend_pid"], 42);
         let s = v["standbys"].as_array().unwrap();

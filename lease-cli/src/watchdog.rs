@@ -491,13 +491,7 @@ impl Watch {
             if tree.is_empty() {
                 break;
             }
-            for &(pid, _) in &tree {
-                if pid > 1 {
-                    // SAFETY: kill has no memory-safety preconditions; `pid`
-                    // is a live descendant of this process as of just now.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
+            child::signal_each(&tree, |_| true, libc::SIGKILL);
             rounds += 1;
             if rounds % 1000 == 0 {
                 tracing::warn!(
