@@ -400,7 +400,7 @@ enum Ended {
 /// confirmed heartbeat. A lost lease: SIGTERM at once, SIGKILL at the kill
 /// deadline or after `--grace`, whichever is first; within `--lock-delay`
 /// (half of it) if the session ended (the server freed the key:
-/// [`freed_with_the_session`], [`session_end_wait`]).
+/// [`Reason::key_freed`], [`session_end_wait`]).
 /// A graceful stop
 /// (shutdown, or the command's own exit with leftovers in its group): the
 /// full `--grace`, the key being held until the group is gone.
@@ -501,7 +501,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                     }
                 };
                 stop(&mut job, ctx.grace, hurry).await;
-            } else if freed_with_the_session(&reason) {
+            } else if reason.key_freed() {
                 // The server may hand the key over now: a standby woken by
                 // its release tries after the lock delay.
                 let wait = session_end_wait(ctx, deadline);
@@ -587,7 +587,7 @@ async fn exited(
                 // session ends meanwhile.
                 return session_watch(ctx).await;
             }
-            let wait = if freed_with_the_session(&reason) {
+            let wait = if reason.key_freed() {
                 session_end_wait(ctx, snapshot)
             } else {
                 kill_wait(snapshot, ctx.grace)
@@ -625,17 +625,6 @@ async fn stop(job: &mut Job, wait: Duration, hurry: impl std::future::Future<Out
     let status = job.terminate(wait, hurry).await;
     let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
     tracing::info!("the command stopped ({status})");
-}
-
-/// Whether a lease was lost because its key is known free on the server now:
-/// the session ended (terminated, reset, server restart: the server released
-/// its locks) or a verify found the key not held. Another session may take it
-/// after the lock delay, not at the guard deadline. The other losses (a
-/// statement timed out or failed, the validity ran out, a refusal) leave the
-/// session open, its key held, until the command has stopped or the guard
-/// deadline has come (the machine's doubtful session).
-fn freed_with_the_session(reason: &Reason) -> bool {
-    matches!(reason, Reason::SessionEnded(_) | Reason::NotHeld)
 }
 
 /// During a graceful stop (the key held until the command's tree is gone):
