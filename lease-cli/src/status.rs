@@ -267,7 +267,8 @@ fn json_line(e: &LeaseLocks, h: Option<&HolderRow>) -> String {
     .to_string()
 }
 
-/// An RFC 3339 time of [`HOLDERS_SQL`] cut to whole seconds, for tables.
+/// An RFC 3339 time of [`HOLDERS_SQL`](lease_proto::inspect::HOLDERS_SQL)
+/// cut to whole seconds, for tables and log lines.
 pub fn seconds(t: &str) -> String {
     match t.split_once('.') {
         Some((s, _)) if t.ends_with('Z') => format!("{s}Z"),
