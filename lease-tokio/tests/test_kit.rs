@@ -34,7 +34,7 @@ async fn sleep(secs: f64) {
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
 }
 
-/// A leader and a standby, the leader leading.
+/// A leader and a standby, the leader leading, with their runs.
 async fn pair(
     seed: u64,
 ) -> (
@@ -42,16 +42,16 @@ async fn pair(
     JobLog,
     lease_tokio::Locker,
     lease_tokio::Locker,
-    Run,
+    [Run; 2],
 ) {
     let server = TestServer::new(seed);
     let log = server.job_log();
-    let (a, _) = replica(&server, &log);
+    let (a, run_a) = replica(&server, &log);
     sleep(0.1).await;
     let (b, run_b) = replica(&server, &log);
     sleep(2.0).await;
     assert_eq!(server.holder(LEASE), Some(server.index(&a)));
-    (server, log, a, b, run_b)
+    (server, log, a, b, [run_a, run_b])
 }
 
 #[tokio::test(start_paused = true)]
@@ -104,11 +104,14 @@ async fn a_terminated_leader_hands_over_at_once_and_tokens_increase() {
 
 #[tokio::test(start_paused = true)]
 async fn a_crashed_leader_frees_the_lease_and_its_run_ends() {
-    let (server, log, a, b, _) = pair(3).await;
+    let (server, log, a, b, [run_a, _]) = pair(3).await;
     server.crash(&a);
     sleep(1.0).await;
     assert_eq!(server.holder(LEASE), Some(server.index(&b)));
     assert_eq!(log.check_no_overlap(), []);
+    // Its driver is gone: the run returns once its (cancelled) job has.
+    let ended = run_a.await.expect("the run's task");
+    assert!(matches!(ended, Err(RunError::DriverStopped)), "{ended:?}");
 }
 
 #[tokio::test(start_paused = true)]
