@@ -229,3 +229,72 @@ fn under_random_partitions_and_latency_one_run_at_a_time() {
         wall.elapsed()
     );
 }
+
+/// The nemesis with freezes: a frozen locker's job runs on past its lease
+/// (runs overlap), but a job that writes only while `is_valid()` and under
+/// its token never has a stale write accepted.
+#[test]
+fn under_random_freezes_a_job_checking_its_lease_writes_nothing_stale() {
+    use lease_tokio::test_util::nemesis::proptest::test_runner::{Config, TestRunner};
+    use lease_tokio::test_util::nemesis::{schedule, Mix};
+
+    let cases = std::env::var("PROPTEST_CASES").map_or(12, |n| n.parse().expect("a number"));
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let mix = Mix {
+        terminate: 0,
+        restart: 0,
+        freeze: 3,
+        ..Mix::default()
+    };
+    let faults = schedule(3, Duration::from_secs(60), Duration::from_secs(30), 8, mix);
+    runner
+        .run(&(0..1000u64, faults), |(seed, faults)| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let server = TestServer::new(seed);
+                let store = server.fenced_store();
+                let mut lockers = Vec::new();
+                for _ in 0..3 {
+                    let (locker, driver) = server.locker(Options::default()).expect("options");
+                    tokio::spawn(driver);
+                    let (run, store) = (locker.clone(), store.clone());
+                    tokio::spawn(async move {
+                        run.run(LEASE, move |lease| {
+                            let store = store.clone();
+                            async move {
+                                let mut n = 0u64;
+                                loop {
+                                    tokio::select! {
+                                        _ = lease.cancelled() => return Ok::<(), std::io::Error>(()),
+                                        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                                    }
+                                    n += 1;
+                                    if lease.is_valid() {
+                                        let _ = store.write(lease.token(), n);
+                                    }
+                                }
+                            }
+                        })
+                        .await
+                    });
+                    lockers.push(locker);
+                }
+                sleep(1.0).await;
+                server.run_schedule(&lockers, &faults).await;
+                sleep(40.0).await;
+                let found = server.check_newest_token(&store, LEASE);
+                assert!(found.is_empty(), "{faults:?}: {found:#?}");
+                assert!(!store.accepted().is_empty());
+            });
+            Ok(())
+        })
+        .expect("no stale write accepted");
+}
