@@ -45,4 +45,8 @@ pub enum Mutation {
     /// Ignore what the setup shows of a recent promotion: try on a newly
     /// promoted primary at once, while the old primary's holders still act.
     IgnorePromotion,
+    /// Reconnect after a server restart with the doubling backoff alone,
+    /// as the machine once did (no fast reconnect window): a server down for
+    /// a while is tried again up to about as long after it is back.
+    NoFastReconnect,
 }

@@ -583,6 +583,10 @@ impl Machine {
         self.runs.session_gone(&reason, &mut self.out);
         self.session_down();
         self.connector.failed(now, &reason);
+        #[cfg(feature = "sim")] // The broken variant: the doubling backoff alone.
+        if self.knobs.mutation == Some(Mutation::NoFastReconnect) {
+            self.connector.end_fast_window();
+        }
         self.session = Session::Backoff;
         let backoff = self.connector.backoff(&self.opts, now);
         self.timers.set(Deadline::Backoff, now + backoff);

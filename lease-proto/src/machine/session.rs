@@ -299,6 +299,12 @@ impl Connector {
         }
     }
 
+    /// The broken variant without the fast reconnect window.
+    #[cfg(feature = "sim")]
+    pub(super) fn end_fast_window(&mut self) {
+        self.fast_until = None;
+    }
+
     /// The machine closed the session itself, not for a failure: its end
     /// opens no window of [`FAST_RECONNECT_CAP`].
     pub(super) fn closed(&mut self) {
@@ -548,7 +554,8 @@ pub(super) fn startup_refusal(e: &SessionError) -> Option<Refusal> {
 }
 
 /// Whether a failure says only that the server is not there yet (or not
-/// any more): no answer from it (refused, reset, timed out, closed), or an
+/// any more): no answer from it (refused, reset, timed out, closed; or a
+/// class 08 SQLSTATE, a connection exception, but 08004 and 08P01), or an
 /// "operator intervention" SQLSTATE (class 57P: shutting down, starting up,
 /// terminated by an administrator). Anything else the server answered (a
 /// hot standby, too many connections, authentication) ends the window of
@@ -558,7 +565,11 @@ fn server_not_there(reason: &Reason) -> bool {
         Reason::SessionEnded(None) | Reason::QueryTimeout => true,
         Reason::SessionEnded(Some(e)) => match e.code.as_deref() {
             None => !e.is_configuration(),
-            Some(code) => code.starts_with("57P"),
+            // The server rejected the connection (08004) or broke the
+            // protocol (08P01): it answered. The rest of class 08 is the
+            // connection failing.
+            Some("08004" | "08P01") => false,
+            Some(code) => code.starts_with("57P") || code.starts_with("08"),
         },
         _ => false,
     }
