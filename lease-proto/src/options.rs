@@ -125,6 +125,19 @@ pub struct Options {
     /// standby polls every `retry_interval`. Either way the poll stays as
     /// the fallback.
     pub wait_on_server: bool,
+    /// The watch session (default on; needs [`Options::wait_on_server`]):
+    /// while a locker holds a lease and wants another, a second connection
+    /// to the same server waits there for a wanted key to be freed, so the
+    /// locker takes a crashed holder's lease as fast as an idle standby
+    /// does, instead of at its next poll: its lease session must stay free
+    /// for heartbeats and releases. One more connection per such locker (a
+    /// locker with one lease never opens it; nor does one behind a pooler
+    /// that rejected the startup options); it never acquires or holds
+    /// anything. Off, or while it is down: such a locker polls every
+    /// `retry_interval`. The rule (when it opens, which key it waits for):
+    /// the machine's `watch` module; the bound: docs/guarantees.md,
+    /// "instant takeover".
+    pub watch_session: bool,
     /// How long a standby woken by a freed key waits before it tries, when
     /// no handover notification from the holder says the release was
     /// graceful (default [`DEFAULT_LOCK_DELAY`]). Chubby's lock-delay: a key freed because
@@ -149,6 +162,7 @@ impl Default for Options {
             notify_handover: true,
             max_leases: DEFAULT_MAX_LEASES,
             wait_on_server: true,
+            watch_session: true,
             lock_delay: DEFAULT_LOCK_DELAY,
         }
     }

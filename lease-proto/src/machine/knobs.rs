@@ -45,4 +45,8 @@ pub enum Mutation {
     /// Ignore what the setup shows of a recent promotion: try on a newly
     /// promoted primary at once, while the old primary's holders still act.
     IgnorePromotion,
+    /// A watcher that acquires: a wake of the watch session counts as the
+    /// win of its key, without the lease session's try (the lease session
+    /// does not hold it; its heartbeats confirm it all the same).
+    WatchAcquires,
 }

@@ -14,6 +14,9 @@
 //!   turn) and the [`Jitter`];
 //! - `wait`: the [`ServerWait`], standbys waiting on the server for a key
 //!   to be freed (the rule, in one place);
+//! - `watch`: the [`Watch`] session, a second connection that only waits,
+//!   for a locker that holds a lease and wants another (the rule, in one
+//!   place);
 //! - `doubtful`: the rule for a session given up on while its cancelled jobs
 //!   still run;
 //! - `timer`: the one deadline table behind [`Machine::poll_timeout`];
@@ -42,6 +45,7 @@ mod runs;
 mod session;
 mod status;
 mod wait;
+mod watch;
 
 use deadline::DeadlineTable;
 pub(crate) use knobs::Knobs;
@@ -51,6 +55,7 @@ use plan::{Beat, Jitter, SendPlan};
 use runs::{RunState, RunTable};
 use session::{check_setup, Connector, InFlight, Session, SetupProblem, Stage, Up, What};
 use wait::{NotFreed, ServerWait};
+use watch::Watch;
 
 pub use deadline::Deadline;
 pub use status::{LastError, LeaseState, LeaseStatus, SessionState, Status};
@@ -176,6 +181,7 @@ pub struct Machine {
     connector: Connector,
     plan: SendPlan,
     wait: ServerWait,
+    watch: Watch,
     /// Every deadline; see [`Deadline`].
     timers: DeadlineTable,
     out: Outputs,
@@ -233,6 +239,7 @@ impl Machine {
             connector: Connector::default(),
             plan: SendPlan::default(),
             wait: ServerWait::default(),
+            watch: Watch::default(),
             timers: DeadlineTable::default(),
             out: Outputs::default(),
         })
@@ -303,6 +310,15 @@ impl Machine {
                 for id in self.runs.ids() {
                     (self.runs).stop(id, Outcome::Closed, Reason::Closed, &mut self.out);
                 }
+            }
+            Input::SessionOpened { session } if self.watch.owns(session) => {
+                self.watch_opened(session)
+            }
+            Input::SessionEnded { session, error } if self.watch.owns(session) => {
+                self.watch_ended(session, error)
+            }
+            Input::Reply { query, result } if self.watch.owns_query(query) => {
+                self.watch_reply(now, query, result)
             }
             Input::SessionOpened { session } => self.session_opened(now, session),
             Input::SessionEnded { session, error } => self.session_lost(now, session, error),
@@ -401,6 +417,7 @@ impl Machine {
         self.phase != Phase::Open
             && self.runs.is_empty()
             && matches!(self.session, Session::Idle | Session::Backoff)
+            && self.watch.is_closed()
             && self.out.session.is_empty()
             && self.out.run.is_empty()
     }
@@ -663,6 +680,7 @@ impl Machine {
         self.runs.session_down();
         self.plan.session_down();
         self.wait.session_down();
+        self.watch.session_down();
         self.timers.stop(Deadline::Connect);
         self.timers.stop(Deadline::Query);
         self.timers.stop(Deadline::Heartbeat);
@@ -921,6 +939,7 @@ impl Machine {
             return self.refuse(now, Refusal::BackendShared { detail });
         }
         self.wait.after_try(!reply.won.is_empty());
+        self.watch.after_try(!reply.won.is_empty());
         let window = self.opts.validity_window();
         for &won in &reply.won {
             self.runs.won(now, sent, won, window, &mut self.out);
@@ -1085,6 +1104,7 @@ impl Machine {
                 return;
             }
         }
+        self.watch.notified(now, key);
         if (self.wait).notified(now, key, self.session.waiting_for(), wanted) {
             self.plan.try_soon();
         }
@@ -1097,7 +1117,9 @@ impl Machine {
     /// key, read from the runs before and after.
     fn pump(&mut self, now: Instant) {
         self.sync_validity();
+        self.watch_due(now);
         self.act(now);
+        self.watch_step(now);
         self.sync_validity();
     }
 
@@ -1229,6 +1251,9 @@ impl Machine {
                 // sends: it must count against the wake budget.
                 self.wait.periodic_try();
             }
+            if retry_due && !self.watch.woken() {
+                self.watch.periodic_try();
+            }
             if !keys.is_empty() {
                 if !holding {
                     // The try proves the session alive as a heartbeat does
@@ -1301,6 +1326,7 @@ impl Machine {
             Deadline::Heartbeat => idle_ready && self.heartbeat_needed(),
             Deadline::Retry => idle_ready && self.runs.any_waiting(),
             Deadline::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),
+            Deadline::Watch => true,
         })
     }
 }

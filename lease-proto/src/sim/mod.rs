@@ -791,8 +791,9 @@ impl Sim {
                 if !self.procs[process].alive {
                     return;
                 }
-                if let Some(conn) = self.procs[process].crash() {
-                    // The kernel closes the socket of a killed process.
+                // The kernel closes the sockets of a killed process (the
+                // session's and the watch session's).
+                for conn in self.procs[process].crash() {
                     self.send(process, Ev::AtServer(process, ToServer::Close { conn }));
                 }
                 if let Some(after) = restart_after {

@@ -49,6 +49,11 @@ pub(super) struct Proc {
     /// Clock rate against virtual time.
     pub(super) rate: f64,
     pub(super) conn: Option<(SessionId, u64)>,
+    /// The watch session's connection, if open.
+    pub(super) watch: Option<(SessionId, u64)>,
+    /// The startup settings of the last session opened (the watch session
+    /// connects with them too).
+    settings: Vec<(&'static str, String)>,
     /// Generation of the one armed timer; older timer events are stale.
     pub(super) timer_gen: u64,
     /// Consecutive drains whose next timer was due at once.
@@ -72,6 +77,8 @@ impl Proc {
             deferred: VecDeque::new(),
             rate,
             conn: None,
+            watch: None,
+            settings: Vec::new(),
             timer_gen: 0,
             due_at_once: 0,
             stalled: false,
@@ -83,13 +90,14 @@ impl Proc {
     }
 
     /// A crash: nothing of the process survives but its machine, replaced on
-    /// restart. Returns the connection the kernel closes.
-    pub(super) fn crash(&mut self) -> Option<u64> {
+    /// restart. Returns the connections the kernel closes.
+    pub(super) fn crash(&mut self) -> Vec<u64> {
         self.alive = false;
         self.frozen = false;
         self.deferred.clear();
         self.jobs.clear();
-        self.conn.take().map(|(_, conn)| conn)
+        let watch = self.watch.take().map(|(_, conn)| conn);
+        self.conn.take().map(|(_, conn)| conn).into_iter().chain(watch).collect()
     }
 
     /// A restart with a fresh machine.
@@ -98,6 +106,7 @@ impl Proc {
         self.incarnation += 1;
         self.alive = true;
         self.conn = None;
+        self.watch = None;
         self.runs.clear();
         self.finished.clear();
         self.expect.clear();
@@ -217,6 +226,7 @@ impl Sim {
                 let conn = self.next_conn;
                 self.procs[p].conn = Some((session, conn));
                 let settings = params.startup_settings;
+                self.procs[p].settings = settings.clone();
                 self.send(p, Ev::AtServer(p, ToServer::Connect { conn, settings }));
             }
             SessionCommand::Query { query, statement } => {
@@ -252,6 +262,37 @@ impl Sim {
                     statement,
                 };
                 self.send(p, Ev::AtServer(p, msg));
+            }
+            SessionCommand::OpenWatch { session } => {
+                self.next_conn += 1;
+                let conn = self.next_conn;
+                self.procs[p].watch = Some((session, conn));
+                let settings = self.procs[p].settings.clone();
+                self.send(p, Ev::AtServer(p, ToServer::Connect { conn, settings }));
+            }
+            SessionCommand::WatchQuery {
+                session,
+                query,
+                statement,
+            } => {
+                let Some((_, conn)) = self.procs[p].watch.filter(|(s, _)| *s == session) else {
+                    return;
+                };
+                let msg = ToServer::Query {
+                    conn,
+                    query,
+                    statement,
+                };
+                self.send(p, Ev::AtServer(p, msg));
+            }
+            SessionCommand::CloseWatch { session } => {
+                if self.cfg.bug == Some(DriverBug::IgnoreCloseSession) {
+                    return;
+                }
+                if let Some((_, conn)) = self.procs[p].watch.filter(|(s, _)| *s == session) {
+                    self.procs[p].watch = None;
+                    self.send(p, Ev::AtServer(p, ToServer::Close { conn }));
+                }
             }
             SessionCommand::Close { .. } => {
                 if self.cfg.bug == Some(DriverBug::IgnoreCloseSession) {
@@ -447,6 +488,11 @@ impl Sim {
         if !self.procs[p].alive {
             return;
         }
+        if let Some((session, watch)) = self.procs[p].watch {
+            if msg.conn() == watch {
+                return self.at_watch(p, session, watch, msg);
+            }
+        }
         let Some((session, conn)) = self.procs[p].conn else {
             return;
         };
@@ -491,6 +537,32 @@ impl Sim {
                 sender_pid,
             },
             _ => return,
+        };
+        self.input(p, input);
+    }
+
+    /// A message for the watch session `conn` of process `p`.
+    fn at_watch(&mut self, p: usize, session: SessionId, conn: u64, msg: ToClient) {
+        let input = match msg {
+            ToClient::Connected { .. } => Input::SessionOpened { session },
+            ToClient::Failed { error, .. } | ToClient::Ended { error, .. } => {
+                self.procs[p].watch = None;
+                Input::SessionEnded {
+                    session,
+                    error: Some(error),
+                }
+            }
+            ToClient::Reply { query, result, .. } => match self.take_arrived_end(p, conn) {
+                Some(error) => {
+                    self.procs[p].watch = None;
+                    Input::SessionEnded {
+                        session,
+                        error: Some(error),
+                    }
+                }
+                None => Input::Reply { query, result },
+            },
+            ToClient::Notify { .. } => return,
         };
         self.input(p, input);
     }
