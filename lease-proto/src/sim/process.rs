@@ -97,7 +97,12 @@ impl Proc {
         self.deferred.clear();
         self.jobs.clear();
         let watch = self.watch.take().map(|(_, conn)| conn);
-        self.conn.take().map(|(_, conn)| conn).into_iter().chain(watch).collect()
+        self.conn
+            .take()
+            .map(|(_, conn)| conn)
+            .into_iter()
+            .chain(watch)
+            .collect()
     }
 
     /// A restart with a fresh machine.
@@ -131,25 +136,44 @@ impl Sim {
         }
     }
 
-    /// Starts one run per configured lease on process `p`.
+    /// Starts one run per configured lease on process `p`, now or after its
+    /// delay in [`SimConfig::run_after`](super::SimConfig::run_after).
     pub(super) fn start_runs(&mut self, p: usize) {
-        let now = self.driver_now(p);
-        let names = self.cfg.leases.clone();
-        for name in names {
-            let lease = LeaseId::named(name.clone()).expect("valid lease name");
-            match self.procs[p].machine.run(now, lease) {
-                Ok(run) => {
-                    self.procs[p].runs.insert(run, name);
-                }
-                Err(error) => self.violation(Violation::RunRefused {
-                    at: self.now,
-                    process: p,
-                    lease: name,
-                    error,
-                }),
+        for i in 0..self.cfg.leases.len() {
+            let after = (self.cfg.run_after.get(p))
+                .and_then(|v| v.get(i).copied())
+                .unwrap_or_default();
+            if after.is_zero() {
+                self.start_run(p, i);
+            } else {
+                let incarnation = self.procs[p].incarnation;
+                let ev = Ev::StartRun {
+                    p,
+                    incarnation,
+                    lease: i,
+                };
+                self.queue.push(self.now + after, ev);
             }
         }
         self.drain(p);
+    }
+
+    /// Starts the run of lease number `i` on process `p` (the caller drains).
+    pub(super) fn start_run(&mut self, p: usize, i: usize) {
+        let now = self.driver_now(p);
+        let name = self.cfg.leases[i].clone();
+        let lease = LeaseId::named(name.clone()).expect("valid lease name");
+        match self.procs[p].machine.run(now, lease) {
+            Ok(run) => {
+                self.procs[p].runs.insert(run, name);
+            }
+            Err(error) => self.violation(Violation::RunRefused {
+                at: self.now,
+                process: p,
+                lease: name,
+                error,
+            }),
+        }
     }
 
     /// Feeds one input to process `p`'s machine, then drains it.
@@ -162,7 +186,7 @@ impl Sim {
     /// The simulated driver: executes every command of process `p`'s machine
     /// by the drain rule (run commands, then session commands, then events,
     /// until all are empty), then arms its one timer.
-    fn drain(&mut self, p: usize) {
+    pub(super) fn drain(&mut self, p: usize) {
         loop {
             let mut idle = true;
             while let Some(cmd) = self.procs[p].machine.poll_run() {
