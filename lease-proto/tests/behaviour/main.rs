@@ -20,6 +20,7 @@ mod poolers;
 mod promotion;
 mod server_wait;
 mod session_setup;
+mod watch_session;
 
 // The simulator: scenarios with one fault each, and properties over generated ones.
 mod cancelled_jobs;
