@@ -1704,3 +1704,40 @@ fn ring_takeover_case(
     prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
     Ok((took.as_secs_f64() * 1e3, ratio))
 }
+
+/// A case of a ring: as many leases as processes, each process running its
+/// own at once and the others later ([`ring_config`]), waiting on the
+/// server on, so every holder wants the others' leases and waits for them
+/// on its watch session.
+fn ring_case(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Case> {
+    case(guard(), fault).prop_map(|mut c| {
+        c.leases = c.processes;
+        c.knobs.wait = true;
+        c
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: CASES,
+        max_shrink_iters: 2000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Strong safety, contract and no leaks in a ring of holders that wait
+    /// for each other's leases on their watch sessions, under the client
+    /// faults of [`strong_safety_contract_and_no_leaks`] (crashes end both
+    /// connections of a process, partitions cut both).
+    #[test]
+    fn strong_safety_in_a_ring_of_holders(case in ring_case(client_fault(4).boxed())) {
+        strong_safety_with(&case, None, ring_config)?;
+    }
+
+    /// Bounded safety in a ring of holders when the server ends sessions
+    /// itself, as [`bounded_overlap_when_the_server_ends_sessions`].
+    #[test]
+    fn bounded_overlap_in_a_ring_of_holders(case in ring_case(any_fault(4).boxed())) {
+        bounded_overlap(&case, ring_config)?;
+    }
+}
