@@ -70,11 +70,11 @@ pub const MAX_GUARD_TIMEOUT: Duration = Duration::from_secs(600);
 pub struct Options {
     /// Standby poll interval (default 5 s, jittered down by up to 20 %). With
     /// [`Options::wait_on_server`] (the default) a standby holding nothing
-    /// learns of a freed key from the server at once, and this is the
-    /// fallback and the lock timeout of each wait; otherwise, and for a
-    /// locker that holds a lease, it bounds takeover when no handover
-    /// notification arrives (holder crashed, frozen or partitioned). It is
-    /// also the cap of the reconnect backoff.
+    /// learns of a freed key from the server at once (a locker that holds a
+    /// lease, on its [`Options::watch_session`]), and this is the fallback
+    /// and the lock timeout of each wait; otherwise it bounds takeover when
+    /// no handover notification arrives (holder crashed, frozen or
+    /// partitioned). It is also the cap of the reconnect backoff.
     pub retry_interval: Duration,
     /// How often the holder proves that its session is the same live one
     /// (backend pid and nonce: a live session keeps its advisory locks),

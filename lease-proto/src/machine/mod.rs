@@ -162,11 +162,13 @@ impl std::error::Error for RunRejected {}
 ///   tries the moment it is freed (after [`Options::lock_delay`] unless a
 ///   handover notification came from the holder its last try saw); no wait
 ///   lasts the server's `deadlock_timeout`; a wait never acquires, the try after it
-///   does (see `wait` for the rule);
+///   does (see `wait` for the rule); a locker that holds a lease and wants
+///   another waits on its watch session, a second connection that sends
+///   nothing but waits (see `watch`);
 /// - one statement per heartbeat and one per standby tick (a try, or a
 ///   wait that ends by its lock timeout), however many leases, plus one
 ///   wait per tick for a standby of several; at most one statement in
-///   flight.
+///   flight on the session, and one wait on the watch session.
 #[derive(Debug)]
 pub struct Machine {
     opts: Options,

@@ -39,7 +39,9 @@
 //!   reach), hot-standby mode and a transaction pooler that moves statements
 //!   between backends;
 //! - `process`: processes, their drifting clocks, freezes (nothing runs,
-//!   clocks go on), crashes (the kernel closes the socket) and restarts, and
+//!   clocks go on), crashes (the kernel closes the sockets, the watch
+//!   session's too) and restarts, runs that start later
+//!   ([`SimConfig::run_after`]), and
 //!   the simulated driver that follows the drain rule;
 //! - `inject`: statement faults ([`Fault::FlakyStatements`]) — errors after
 //!   a statement ran in part, in whole or not at all, and malformed replies;
