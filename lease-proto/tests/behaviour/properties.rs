@@ -1741,3 +1741,43 @@ proptest! {
         bounded_overlap(&case, ring_config)?;
     }
 }
+
+/// Liveness in a ring of holders, as [`liveness_after_healing`]: once every
+/// fault has healed, a live process leads every lease within the bound, or
+/// every key is free.
+#[test]
+fn liveness_in_a_ring_of_holders() {
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: CASES,
+        max_shrink_iters: 500,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&ring_case(any_fault(4).boxed()), |case| {
+        liveness_with(&case, ring_config).map(drop)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Broken variant: a watch session whose wait keeps its lock after it
+/// returns (a session-level lock instead of the transaction-level one): the
+/// key a watcher was woken for stays locked by its watch session, whose
+/// lease session's try then loses for good, and nobody leads it; the
+/// liveness property finds it.
+#[test]
+fn broken_a_watch_session_that_keeps_its_lock_is_caught_by_liveness() {
+    assert_caught(
+        "a watch session that keeps its lock",
+        ring_case(client_fault(4).boxed()),
+        "not every lease led",
+        |case| {
+            liveness_with(case, |cfg| {
+                ring_config(cfg);
+                cfg.server.wait_keeps_shared_lock = true;
+            })
+            .map(drop)
+        },
+    );
+}
