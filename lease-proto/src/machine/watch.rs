@@ -37,8 +37,10 @@
 //!   else the least), and among that holder's keys for the least. In a
 //!   fleet of lockers that all want the same leases, each holder's
 //!   predecessor in that ring waits for it: every holder has a watcher, at
-//!   one extra connection per locker. Recomputed before every wait, so it
-//!   moves on when that holder has no wanted key left.
+//!   one extra connection per locker (the property
+//!   `in_a_fleet_every_holder_is_watched` below, over any pids and any
+//!   split of the leases). Recomputed before every wait, so it moves on when
+//!   that holder has no wanted key left.
 //! - **Woken** (the key was freed): the lease session tries every wanted
 //!   key, at once after a handover notification from the holder its last
 //!   try saw (within [`Options::lock_delay`](crate::Options::lock_delay)
@@ -393,20 +395,33 @@ mod tests {
         assert_eq!(ring(1, &[]), None);
     }
 
-    /// Every holder of a fleet that wants every lease has a watcher.
-    #[test]
-    fn in_a_fleet_every_holder_is_watched() {
-        let pids = [700, 300, 900, 100, 500];
-        let mut watched = std::collections::BTreeSet::new();
-        for (i, &own) in pids.iter().enumerate() {
-            // Each holds one key (its index) and wants the others.
-            let wanted: Vec<(i64, i64)> = (pids.iter().enumerate())
-                .filter(|&(j, _)| j != i)
-                .map(|(j, &p)| (j as i64, p))
-                .collect();
-            let key = ring(own, &wanted).unwrap();
-            watched.insert(pids[key as usize]);
+    proptest::proptest! {
+        /// Property: in a fleet of lockers that each hold some of the leases
+        /// and want every other (any backend pids, any split), every holder
+        /// is watched by at least one other holder, at one watch session each.
+        #[test]
+        fn in_a_fleet_every_holder_is_watched(
+            pids in proptest::collection::btree_set(1..100_000i64, 2..12),
+            split in proptest::collection::vec(0..64usize, 1..40),
+        ) {
+            let pids: Vec<i64> = pids.into_iter().collect();
+            // Lease `k` is held by the locker `split[k] % n`; every locker
+            // that holds a lease wants all the leases it does not hold.
+            let holder = |k: usize| pids[split[k] % pids.len()];
+            let holders: std::collections::BTreeSet<i64> = (0..split.len()).map(holder).collect();
+            let mut watched = std::collections::BTreeSet::new();
+            for &own in &holders {
+                let wanted: Vec<(i64, i64)> = (0..split.len())
+                    .filter(|&k| holder(k) != own)
+                    .map(|k| (k as i64, holder(k)))
+                    .collect();
+                if let Some(key) = ring(own, &wanted) {
+                    watched.insert(holder(key as usize));
+                }
+            }
+            if holders.len() > 1 {
+                proptest::prop_assert_eq!(watched, holders);
+            }
         }
-        assert_eq!(watched.len(), pids.len());
     }
 }
