@@ -49,4 +49,7 @@ pub enum Mutation {
     /// win of its key, without the lease session's try (the lease session
     /// does not hold it; its heartbeats confirm it all the same).
     WatchAcquires,
+    /// A watch session that tries: it sends a try of the key instead of a
+    /// wait (the simulator's check that it sends nothing but waits finds it).
+    WatchTries,
 }

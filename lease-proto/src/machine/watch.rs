@@ -258,6 +258,15 @@ impl Machine {
             key,
             timeout_ms: timeout.as_millis().max(1) as u64,
         };
+        #[cfg(feature = "sim")] // The broken variant: a watch session that tries.
+        let statement = match self.knobs.mutation {
+            Some(super::Mutation::WatchTries) => Statement::TryLock {
+                keys: vec![key],
+                backend_pid: own,
+                nonce: 0,
+            },
+            _ => statement,
+        };
         self.out.session(SessionCommand::WatchQuery {
             session: id,
             query,

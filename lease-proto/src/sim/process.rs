@@ -299,6 +299,13 @@ impl Sim {
                 query,
                 statement,
             } => {
+                if !matches!(statement, Statement::Wait { .. }) {
+                    self.violation(Violation::WatchNotAWait {
+                        at: self.now,
+                        process: p,
+                        statement: format!("{statement:?}"),
+                    });
+                }
                 let Some((_, conn)) = self.procs[p].watch.filter(|(s, _)| *s == session) else {
                     return;
                 };

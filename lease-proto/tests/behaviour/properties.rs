@@ -1781,3 +1781,30 @@ fn broken_a_watch_session_that_keeps_its_lock_is_caught_by_liveness() {
         },
     );
 }
+
+/// Broken variant: a watch session that tries its key instead of waiting for
+/// it; every simulated run checks that the watch session sends nothing but
+/// waits, and the property above finds it.
+#[test]
+fn broken_a_watch_session_that_tries_is_caught() {
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: CASES,
+            max_shrink_iters: 50,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
+        let mutation = Some(Mutation::WatchTries);
+        ring_takeover_case(knobs, processes, seed, crash_ms, true, mutation).map(drop)
+    });
+    match result {
+        Err(TestError::Fail(reason, _)) => {
+            let reason = reason.to_string();
+            assert!(reason.contains("WatchNotAWait"), "{reason}");
+        }
+        other => panic!("the properties did not catch a watch session that tries: {other:?}"),
+    }
+}
