@@ -46,7 +46,8 @@ macro_rules! utc_text {
 
 /// Who holds and who waits for which advisory key in the current database:
 /// one row per single-`bigint` advisory lock request in `pg_locks`, granted
-/// (a holder) or not (a waiter: a standby waiting on the server, or any
+/// (a holder) or not (a waiter: a standby waiting on the server, on its
+/// lease session or, while it holds another lease, its watch session, or any
 /// other client blocked in `pg_advisory_lock`-like calls), with its session
 /// from `pg_stat_activity` (NULLs when it is gone or not visible to the
 /// querying role).

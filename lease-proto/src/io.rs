@@ -498,6 +498,37 @@ pub enum SessionCommand {
         /// The session to close.
         session: SessionId,
     },
+    /// Open the watch session: a second connection exactly like the
+    /// session's (the same host, the same parameters and startup options),
+    /// then report [`Input::SessionOpened`] or [`Input::SessionEnded`] with
+    /// this id, and its end later as for the session. It is independent of
+    /// the session: [`SessionCommand::Open`] and [`SessionCommand::Close`]
+    /// leave it alone, and its end does not end the session. Sent only
+    /// while the session is open. The machine times the attempt out itself
+    /// (by closing it). Only [`SessionCommand::WatchQuery`] statements go on
+    /// it; see the `watch` rule in the machine's docs
+    /// ([`Options::watch_session`](crate::Options::watch_session)).
+    OpenWatch {
+        /// Echo in the session inputs.
+        session: SessionId,
+    },
+    /// Send a statement (a [`Statement::Wait`]) on the watch session
+    /// `session`, then report [`Input::Reply`]. At most one is in flight on
+    /// it; the session's own statement may be in flight meanwhile. The
+    /// machine times it out itself (by closing the watch session).
+    WatchQuery {
+        /// The watch session from [`SessionCommand::OpenWatch`].
+        session: SessionId,
+        /// Echo in the reply.
+        query: QueryId,
+        /// The statement; send [`Statement::sql`].
+        statement: Statement,
+    },
+    /// Close the watch session now (drop its connection). Report nothing back.
+    CloseWatch {
+        /// The watch session to close.
+        session: SessionId,
+    },
 }
 
 /// A command for the runs (the futures that run jobs), from
@@ -665,6 +696,16 @@ pub enum Event {
     WaitInterrupted {
         /// The session.
         session: SessionId,
+    },
+    /// The watch session (see
+    /// [`Options::watch_session`](crate::Options::watch_session)) failed to
+    /// open, ended, or timed out: it opens again no sooner than the next
+    /// periodic try; meanwhile the locker polls for the leases it wants.
+    WatchSessionLost {
+        /// The watch session.
+        session: SessionId,
+        /// What the driver saw, if anything.
+        error: Option<SessionError>,
     },
     /// A try statement failed; held keys are verified before anything else.
     TryFailed {

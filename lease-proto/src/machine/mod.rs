@@ -16,6 +16,9 @@
 //!   turn);
 //! - `wait`: the [`ServerWait`], standbys waiting on the server for a key
 //!   to be freed (the rule, in one place);
+//! - `watch`: the [`Watch`] session, a second connection that only waits,
+//!   for a locker that holds a lease and wants another (the rule, in one
+//!   place);
 //! - `doubtful`: the rule for a session given up on while its cancelled jobs
 //!   still run;
 //! - `deadline`: the one [`DeadlineTable`] behind [`Machine::poll_timeout`],
@@ -46,6 +49,7 @@ mod runs;
 mod session;
 mod status;
 mod wait;
+mod watch;
 
 use deadline::DeadlineTable;
 pub(crate) use knobs::Knobs;
@@ -55,6 +59,7 @@ use plan::{Beat, SendPlan};
 use runs::{RunState, RunTable};
 use session::{check_setup, Connector, InFlight, Session, SetupProblem, Stage, Up, What};
 use wait::{NotFreed, ServerWait};
+use watch::Watch;
 
 pub use deadline::Deadline;
 pub use status::{LastError, LeaseState, LeaseStatus, SessionState, Status};
@@ -178,11 +183,13 @@ impl std::error::Error for RunRejected {}
 ///   tries the moment it is freed (after [`Options::lock_delay`] unless a
 ///   handover notification came from the holder its last try saw); no wait
 ///   lasts the server's `deadlock_timeout`; a wait never acquires, the try after it
-///   does (see `wait` for the rule);
+///   does (see `wait` for the rule); a locker that holds a lease and wants
+///   another waits on its watch session, a second connection that sends
+///   nothing but waits (see `watch`);
 /// - one statement per heartbeat and one per standby tick (a try, or a
 ///   wait that ends by its lock timeout), however many leases, plus one
 ///   wait per tick for a standby of several; at most one statement in
-///   flight.
+///   flight on the session, and one wait on the watch session.
 #[derive(Debug)]
 pub struct Machine {
     opts: Options,
@@ -194,6 +201,7 @@ pub struct Machine {
     connector: Connector,
     plan: SendPlan,
     wait: ServerWait,
+    watch: Watch,
     /// Every deadline (see [`Deadline`]) and the latest time fed in.
     timers: DeadlineTable,
     out: Outputs,
@@ -249,6 +257,7 @@ impl Machine {
             connector: Connector::new(seed),
             plan: SendPlan::default(),
             wait: ServerWait::default(),
+            watch: Watch::default(),
             timers: DeadlineTable::default(),
             out: Outputs::default(),
         })
@@ -319,6 +328,15 @@ impl Machine {
                 for id in self.runs.ids() {
                     (self.runs).stop(id, Outcome::Closed, Reason::Closed, &mut self.out);
                 }
+            }
+            Input::SessionOpened { session } if self.watch.owns(session) => {
+                self.watch_opened(session)
+            }
+            Input::SessionEnded { session, error } if self.watch.owns(session) => {
+                self.watch_ended(session, error)
+            }
+            Input::Reply { query, result } if self.watch.owns_query(query) => {
+                self.watch_reply(now, query, result)
             }
             Input::SessionOpened { session } => self.session_opened(now, session),
             Input::SessionEnded { session, error } => self.session_lost(now, session, error),
@@ -417,6 +435,7 @@ impl Machine {
         self.phase != Phase::Open
             && self.runs.is_empty()
             && matches!(self.session, Session::Idle | Session::Backoff)
+            && self.watch.is_closed()
             && self.out.session.is_empty()
             && self.out.run.is_empty()
     }
@@ -678,6 +697,7 @@ impl Machine {
         self.runs.session_down();
         self.plan.session_down();
         self.wait.session_down();
+        self.watch.session_down();
         self.timers.stop(Deadline::Connect);
         self.timers.stop(Deadline::Query);
         self.timers.stop(Deadline::Heartbeat);
@@ -936,6 +956,7 @@ impl Machine {
             return self.refuse(now, Refusal::BackendShared { detail });
         }
         self.wait.after_try(!reply.won.is_empty());
+        self.watch.after_try(!reply.won.is_empty());
         let window = self.opts.validity_window();
         for &won in &reply.won {
             self.runs.won(now, sent, won, window, &mut self.out);
@@ -1100,6 +1121,7 @@ impl Machine {
                 return;
             }
         }
+        self.watch.notified(now, key);
         if (self.wait).notified(now, key, self.session.waiting_for(), wanted) {
             self.plan.try_soon();
         }
@@ -1112,7 +1134,9 @@ impl Machine {
     /// key, read from the runs before and after.
     fn pump(&mut self, now: Instant) {
         self.sync_validity();
+        self.watch_due(now);
         self.act(now);
+        self.watch_step(now);
         self.sync_validity();
     }
 
@@ -1244,6 +1268,9 @@ impl Machine {
                 // sends: it must count against the wake budget.
                 self.wait.periodic_try();
             }
+            if retry_due && !self.watch.woken() {
+                self.watch.periodic_try();
+            }
             if !keys.is_empty() {
                 if !holding {
                     // The try proves the session alive as a heartbeat does
@@ -1316,6 +1343,7 @@ impl Machine {
             Deadline::Heartbeat => idle_ready && self.heartbeat_needed(),
             Deadline::Retry => idle_ready && self.runs.any_waiting(),
             Deadline::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),
+            Deadline::Watch => true,
         })
     }
 }

@@ -271,6 +271,14 @@ impl Connector {
         id
     }
 
+    /// A statement goes out on the watch session: its id. Not a send time
+    /// of the session's (see `last_sent`): the watch session holds nothing.
+    pub(super) fn next_watch_query(&mut self) -> QueryId {
+        let id = QueryId(self.next_query);
+        self.next_query += 1;
+        id
+    }
+
     /// The id the next statement will have.
     #[cfg(feature = "sim")]
     pub(super) fn peek_query(&self) -> u64 {
