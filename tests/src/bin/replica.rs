@@ -7,7 +7,10 @@
 //!         [--tick MS] [--status-poll MS] [--tls-ca PEM]
 //! ```
 //!
-//! With `--leases N` (N > 1) it runs the leases `NAME-0` .. `NAME-{N-1}`, else `NAME`.
+//! With `--leases N` (N > 1) it runs the leases `NAME-0` .. `NAME-{N-1}`, else `NAME`;
+//! `--also NAME` (repeatable) runs that lease too, `--also-after MS` after the start (a
+//! process that holds a lease of its own, then wants another's). `--no-watch`: the watch
+//! session off (`Options::watch_session`).
 //! Defaults are fast test values: retry 200 ms, heartbeat 150 ms, query timeout 400 ms,
 //! guard margin 200 ms, a tick every 50 ms (`--tick 0`: no tick lines). The `pid` and
 //! `valid` lines come from polling `Locker::status()` every `--status-poll` ms (default
@@ -70,6 +73,10 @@ struct Args {
     url: String,
     lease: String,
     leases: usize,
+    /// `--also`: more leases, started `also_after` after the others.
+    also: Vec<String>,
+    also_after: Duration,
+    watch: bool,
     retry: Duration,
     heartbeat: Duration,
     query_timeout: Duration,
@@ -110,6 +117,9 @@ fn parse_args() -> Result<Args, String> {
         url: String::new(),
         lease: String::new(),
         leases: 1,
+        also: Vec::new(),
+        also_after: Duration::ZERO,
+        watch: true,
         retry: Duration::from_millis(200),
         heartbeat: Duration::from_millis(150),
         query_timeout: Duration::from_millis(400),
@@ -153,6 +163,9 @@ fn parse_args() -> Result<Args, String> {
                     .filter(|&n| n > 0)
                     .ok_or_else(|| format!("--leases: not a positive number: {v}"))?;
             }
+            "--also" => args.also.push(value()?),
+            "--also-after" => args.also_after = ms(value()?)?,
+            "--no-watch" => args.watch = false,
             "--retry" => args.retry = ms(value()?)?,
             "--heartbeat" => args.heartbeat = ms(value()?)?,
             "--query-timeout" => args.query_timeout = ms(value()?)?,
@@ -188,6 +201,7 @@ impl Args {
             o.server_guard = self.guard;
             o.notify_handover = self.notify;
             o.wait_on_server = self.wait;
+            o.watch_session = self.watch;
             o.lock_delay = self.lock_delay;
             o.max_leases = self.leases.max(lease_proto::limits::DEFAULT_MAX_LEASES);
             o
@@ -210,14 +224,18 @@ impl Args {
         Ok((config, tls))
     }
 
-    fn names(&self) -> Vec<String> {
-        if self.leases == 1 {
+    /// Every lease to run, with how long after the start its run begins.
+    fn names(&self) -> Vec<(String, Duration)> {
+        let first = if self.leases == 1 {
             vec![self.lease.clone()]
         } else {
             (0..self.leases)
                 .map(|i| format!("{}-{i}", self.lease))
                 .collect()
-        }
+        };
+        let first = first.into_iter().map(|n| (n, Duration::ZERO));
+        let also = self.also.iter().map(|n| (n.clone(), self.also_after));
+        first.chain(also).collect()
     }
 }
 
@@ -459,11 +477,12 @@ fn tokio_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Stri
         let runs: Vec<_> = args
             .names()
             .into_iter()
-            .map(|name| {
+            .map(|(name, after)| {
                 let (locker, shutdown) = (locker.clone(), shutdown.clone());
                 let run = tokio::spawn({
                     let name = name.clone();
                     async move {
+                        tokio::time::sleep(after).await;
                         let signal = wait_shutdown(shutdown);
                         locker
                             .run_until(&name, signal, move |lease| {
@@ -520,11 +539,12 @@ fn smol_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Strin
         let runs: Vec<_> = args
             .names()
             .into_iter()
-            .map(|name| {
+            .map(|(name, after)| {
                 let (locker, shutdown) = (locker.clone(), shutdown.clone());
                 let run = smol::spawn({
                     let name = name.clone();
                     async move {
+                        smol::Timer::after(after).await;
                         let signal = wait_shutdown(shutdown);
                         locker
                             .run_until(&name, signal, move |lease| job(lease, cfg, sleep))
