@@ -298,3 +298,46 @@ fn under_random_freezes_a_job_checking_its_lease_writes_nothing_stale() {
         })
         .expect("no stale write accepted");
 }
+
+/// The watch session rides the kit too: in a ring of two holders (each holds
+/// its own lease and runs the other's), the survivor of a crash takes the
+/// crashed holder's lease at once, where it polled before (up to the retry
+/// interval, 5 s by default).
+#[tokio::test(start_paused = true)]
+async fn a_holder_takes_a_crashed_holders_lease_at_once_through_its_watch_session() {
+    let server = TestServer::new(8);
+    let mut lockers = Vec::new();
+    for (own, other) in [("left", "right"), ("right", "left")] {
+        let (locker, driver) = server.locker(Options::default()).expect("options");
+        tokio::spawn(driver);
+        for (name, after) in [(own, 0.0), (other, 0.3)] {
+            let run = locker.clone();
+            tokio::spawn(async move {
+                sleep(after).await;
+                run.run(name, |lease| async move {
+                    lease.cancelled().await;
+                    Ok::<(), std::io::Error>(())
+                })
+                .await
+            });
+        }
+        lockers.push(locker);
+        sleep(0.1).await;
+    }
+    sleep(3.0).await;
+    assert_eq!(server.holder("left"), Some(0));
+    assert_eq!(server.holder("right"), Some(1));
+    let crashed = server.now();
+    server.crash(&lockers[0]);
+    let mut took = None;
+    for _ in 0..500 {
+        sleep(0.01).await;
+        if server.holder("left") == Some(1) {
+            took = Some(server.now() - crashed);
+            break;
+        }
+    }
+    let took = took.expect("the survivor takes the crashed holder's lease");
+    println!("FIGURE kit watch session: the crashed holder's lease taken {took:?} after the crash");
+    assert!(took < Duration::from_millis(100), "{took:?}");
+}
