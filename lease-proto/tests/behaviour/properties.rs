@@ -1478,9 +1478,11 @@ fn broken_notifications_from_anyone_are_caught() {
 /// lockers that each hold a lease of their own and want every other's
 /// (`SimConfig::run_after`), a crashed holder's lease is taken by another
 /// holder within the bound of an idle standby
-/// ([`instant_takeover_after_a_holder_crash`]): the lock delay (local, on a
-/// clock up to `drift` slow) + 6 one-way latencies + 2 ms, where polling
-/// would take up to a retry interval. The watch session
+/// ([`instant_takeover_after_a_holder_crash`]: the lock delay, local, on a
+/// clock up to `drift` slow, + 6 one-way latencies + 2 ms) plus a round trip
+/// (the lease session may have a heartbeat or a release in flight when the
+/// wake's try is due): 8 one-way latencies, where polling would take up to
+/// a retry interval. The watch session
 /// (`Options::watch_session`) does it: the lease session must stay free for
 /// heartbeats. Over generated options, latencies, drift, fleets of 2 to 5
 /// and crash times; nothing else goes wrong. Measured: see the printed
@@ -1626,7 +1628,9 @@ fn ring_takeover_case(
     ring_config(&mut cfg);
     let o = cfg.options.clone();
     let local = (o.lock_delay.max(lease_proto::limits::MIN_WAIT)).mul_f64(1.0 / (1.0 - cfg.drift));
-    let bound = local + one_way(&cfg) * 6 + ms(2);
+    // The idle standby's bound, and a round trip more: the lease session
+    // may have a heartbeat (or a release) in flight when the wake's try is due.
+    let bound = local + one_way(&cfg) * 8 + ms(2);
     let mut sim = Sim::new(cfg.clone(), Instant::now());
     let name = |i: usize| format!("job-{i}");
     // Every process has started its other runs, and leads its own lease
