@@ -233,18 +233,39 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Whether the server has freed the key already when a lease is lost
-    /// for this reason: the session ended (the server released its locks
-    /// with it) or a verify found the key not held. Another session may
-    /// take the key at once (a standby woken by the release after its
-    /// [`Options::lock_delay`](crate::Options::lock_delay)), so a job must
-    /// stop within that, not at the guard deadline. After the other losses
-    /// (a statement timed out or failed, the validity ran out, a refusal)
-    /// the session stays open with the key held until the cancelled jobs
-    /// have returned or the guard deadline has come (see
-    /// [`Deadline::DeferredClose`](crate::Deadline::DeferredClose)).
-    pub fn key_freed(&self) -> bool {
-        matches!(self, Reason::SessionEnded(_) | Reason::NotHeld)
+    /// Whether the key may be free on the server already when a lease is
+    /// lost for this reason, so that another session may take it at once (a
+    /// standby woken by the release, after its
+    /// [`Options::lock_delay`](crate::Options::lock_delay)) and a job must
+    /// stop within that, not at the guard deadline: the session ended (the
+    /// server released its locks with it), a verify found the key not held,
+    /// or a refusal found a transaction pooler under a session that held
+    /// keys (the locks sit on a server backend that another client uses, or
+    /// that the pooler resets). After the other losses (a statement timed
+    /// out or failed, the validity ran out) the session stays open with the
+    /// key held until the cancelled jobs have returned or the guard deadline
+    /// has come (see [`Deadline::DeferredClose`](crate::Deadline::DeferredClose));
+    /// a graceful stop releases the key only after its job has returned; and
+    /// a refusal or a hot standby at setup comes before any key was held.
+    ///
+    /// Exhaustive on purpose: a new reason must say which it is (`true` is
+    /// the safe answer when in doubt).
+    pub fn key_may_be_free(&self) -> bool {
+        match self {
+            Reason::SessionEnded(_) | Reason::NotHeld => true,
+            Reason::Refused(refusal) => match refusal {
+                Refusal::BackendChanged { .. }
+                | Refusal::BackendShared { .. }
+                | Refusal::TransactionPooler { .. } => true,
+                Refusal::ServerTooOld { .. } | Refusal::StartupOptionsIgnored { .. } => false,
+            },
+            Reason::QueryTimeout
+            | Reason::ValidityExpired
+            | Reason::QueryFailed(_)
+            | Reason::Shutdown
+            | Reason::Closed
+            | Reason::InRecovery => false,
+        }
     }
 }
 
@@ -735,19 +756,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_an_ended_session_or_a_failed_verify_frees_the_key() {
-        let refused = Reason::Refused(Refusal::BackendChanged { was: 1, now: 2 });
-        let freed = [Reason::SessionEnded(None), Reason::NotHeld];
+    fn the_key_may_be_free_after_a_session_end_a_failed_verify_or_a_pooler() {
+        let pooler = [
+            Refusal::BackendChanged { was: 1, now: 2 },
+            Refusal::BackendShared { detail: "x".into() },
+            Refusal::TransactionPooler { detail: "x".into() },
+        ];
+        let at_setup = [
+            Refusal::ServerTooOld {
+                found: Some(130_000),
+                needed: 140_000,
+            },
+            Refusal::StartupOptionsIgnored { detail: "x".into() },
+        ];
+        let free = [Reason::SessionEnded(None), Reason::NotHeld]
+            .into_iter()
+            .chain(pooler.into_iter().map(Reason::Refused));
         let held = [
             Reason::QueryTimeout,
             Reason::ValidityExpired,
             Reason::QueryFailed(SessionError::other("x")),
             Reason::Shutdown,
             Reason::Closed,
-            refused,
             Reason::InRecovery,
-        ];
-        assert!(freed.iter().all(Reason::key_freed));
-        assert!(!held.iter().any(Reason::key_freed));
+        ]
+        .into_iter()
+        .chain(at_setup.into_iter().map(Reason::Refused));
+        for reason in free {
+            assert!(reason.key_may_be_free(), "{reason:?}");
+        }
+        for reason in held {
+            assert!(!reason.key_may_be_free(), "{reason:?}");
+        }
     }
 }

@@ -286,8 +286,8 @@ impl Options {
     /// clock running that much slow still ends the job first; floored to the
     /// microsecond (early, never late); less the validity window. Always
     /// positive: `guard (1 - drift) - validity = margin validity / (2
-    /// validity + margin)` (484 ms with the defaults). `lease run` kills its
-    /// command there after a lost lease.
+    /// validity + margin)`. `lease run` kills its command there after a lost
+    /// lease (docs/guarantees.md of the repository states that promise).
     pub fn act_after_validity(&self) -> Option<Duration> {
         if !self.server_guard {
             return None;

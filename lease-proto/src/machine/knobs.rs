@@ -52,4 +52,8 @@ pub enum Mutation {
     /// A watch session that tries: it sends a try of the key instead of a
     /// wait (the simulator's check that it sends nothing but waits finds it).
     WatchTries,
+    /// Reconnect after a server restart with the doubling backoff alone,
+    /// as the machine once did (no fast reconnect window): a server down for
+    /// a while is tried again up to about as long after it is back.
+    NoFastReconnect,
 }

@@ -70,19 +70,24 @@ pub const MIN_SERVER_VERSION: i64 = 130_000;
 /// Least `server_version_num` with the server guard (`idle_session_timeout`).
 pub const MIN_SERVER_VERSION_GUARD: i64 = 140_000;
 /// First reconnect delay; it doubles per consecutive failure up to the retry
-/// interval, and each delay is jittered to between half and all of it.
+/// interval (within [`FAST_RECONNECT_WINDOW`], up to [`FAST_RECONNECT_CAP`]),
+/// and each delay is jittered to between half and all of it.
 pub const RECONNECT_BASE: Duration = Duration::from_millis(50);
-/// After a session that passed its setup ends for a reason other than the
-/// configuration (a server restart, a terminated backend, a broken
-/// connection), the reconnect delay stays at most this, jittered to between
-/// half and all of it, for [`FAST_RECONNECT_WINDOW`]: a restarting server is
-/// tried again within this of accepting connections, where the doubling
-/// backoff would have grown to about as long as the server was down.
+/// The most the reconnect delay grows to for [`FAST_RECONNECT_WINDOW`] after
+/// a session that had passed its setup ended, while every failure says only
+/// that the server is not there (no answer: refused, reset, timed out; or
+/// SQLSTATE class 57P: shutting down, starting up, terminated): a
+/// restarting server is tried again within this of accepting connections,
+/// where the doubling backoff would have grown to about as long as the
+/// server was down. A failure the server answered otherwise (a hot
+/// standby, too many connections, a configuration error such as a rotated
+/// password) ends the window: each such attempt costs the server a backend.
+/// The cost: up to 25 attempts a second per locker (jittered delays of 40
+/// to 80 ms after the first two) while the server stays away, at most for
+/// the window.
 pub const FAST_RECONNECT_CAP: Duration = Duration::from_millis(80);
-/// How long after a ready session ended [`FAST_RECONNECT_CAP`] holds; then
-/// the delay doubles again up to the retry interval, so a fleet does not
-/// keep up 12–25 attempts a second per locker against a server in a long
-/// recovery (each attempt on a starting server forks a backend).
+/// How long [`FAST_RECONNECT_CAP`] holds after a ready session ended; then
+/// the delay doubles again from [`RECONNECT_BASE`] up to the retry interval.
 pub const FAST_RECONNECT_WINDOW: Duration = Duration::from_secs(20);
 /// Every this many heartbeats, the heartbeat sent is a
 /// [`Statement::Verify`](crate::Statement::Verify) (a read of `pg_locks`).
@@ -596,7 +601,11 @@ impl Machine {
         }
         self.runs.session_gone(&reason, &mut self.out);
         self.session_down();
-        self.connector.failed(now);
+        self.connector.failed(now, &reason);
+        #[cfg(feature = "sim")] // The broken variant: the doubling backoff alone.
+        if self.knobs.mutation == Some(Mutation::NoFastReconnect) {
+            self.connector.end_fast_window();
+        }
         self.session = Session::Backoff;
         let backoff = self.connector.backoff(&self.opts, now);
         self.timers.set(Deadline::Backoff, now + backoff);
