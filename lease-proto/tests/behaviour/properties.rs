@@ -1474,159 +1474,6 @@ fn broken_notifications_from_anyone_are_caught() {
     }
 }
 
-/// After a server restart, every lease is led again soon after the server is back: within
-/// the pending reconnect delay (at most `FAST_RECONNECT_CAP`, or the retry interval if
-/// shorter, on a clock up to `drift` slow), a refused attempt's round trip, and the
-/// connection, setup, LISTEN and try (12 one-way latencies at most), plus 5 ms. Over
-/// generated options (retry intervals of 1 to 6 s, as at the library's defaults), latencies,
-/// drift, process and lease counts, and downtimes of 0.1 to 8 s.
-#[test]
-fn every_lease_is_led_again_soon_after_a_server_restart() {
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: CASES,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
-    let gaps = std::sync::Mutex::new(Vec::new());
-    let result = runner.run(
-        &restart_cases(),
-        |(knobs, processes, leases, seed, down_ms)| {
-            let gap = restart_case(knobs, processes, leases, seed, down_ms, None)?;
-            gaps.lock().unwrap().push(gap);
-            Ok(())
-        },
-    );
-    if let Err(e) = result {
-        panic!("{e}");
-    }
-    let mut all = gaps.into_inner().unwrap();
-    all.sort_by(f64::total_cmp);
-    let q = |f: f64| all[((all.len() - 1) as f64 * f) as usize];
-    eprintln!(
-        "server back -> every lease led again over {} cases: p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms",
-        all.len(),
-        q(0.5),
-        q(0.9),
-        q(1.0)
-    );
-}
-
-/// Broken variant: the doubling backoff alone (no fast reconnect window) fails the
-/// property above.
-#[test]
-fn broken_reconnect_without_the_fast_window_is_caught() {
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: CASES,
-            max_shrink_iters: 50,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
-    let result = runner.run(
-        &restart_cases(),
-        |(knobs, processes, leases, seed, down_ms)| {
-            let broken = Some(Mutation::NoFastReconnect);
-            restart_case(knobs, processes, leases, seed, down_ms, broken).map(drop)
-        },
-    );
-    match result {
-        Err(TestError::Fail(reason, _)) => {
-            let reason = reason.to_string();
-            assert!(reason.contains("led again"), "{reason}");
-            eprintln!("no fast window: {}", reason.lines().next().unwrap_or(""));
-        }
-        other => panic!("the property did not catch the doubling backoff: {other:?}"),
-    }
-}
-
-/// Options (the retry interval 1 to 6 s), processes, leases, a seed, the downtime.
-fn restart_cases() -> impl Strategy<Value = (Knobs, usize, usize, u64, u64)> {
-    (
-        knobs(guard()),
-        1000..6000u64,
-        1..4usize,
-        1..4usize,
-        any::<u64>(),
-        100..8000u64,
-    )
-        .prop_map(|(knobs, retry_ms, processes, leases, seed, down_ms)| {
-            let knobs = Knobs { retry_ms, ..knobs };
-            (knobs, processes, leases, seed, down_ms)
-        })
-}
-
-/// One case of [`every_lease_is_led_again_soon_after_a_server_restart`]: the time from the
-/// server's return to every lease led again, in ms.
-fn restart_case(
-    knobs: Knobs,
-    processes: usize,
-    leases: usize,
-    seed: u64,
-    down_ms: u64,
-    mutation: Option<Mutation>,
-) -> Result<f64, TestCaseError> {
-    let knobs = Knobs {
-        // Nothing delays the statements but the network.
-        send_buffer_rows: None,
-        tcp_give_up_ms: None,
-        ..knobs
-    };
-    let case = Case {
-        knobs,
-        processes,
-        leases,
-        seed,
-        exits: false,
-        faults: vec![],
-    };
-    let cfg = case.config(mutation);
-    let o = &cfg.options;
-    let names: Vec<String> = (0..leases).map(|i| format!("job-{i}")).collect();
-    let all_led = |sim: &Sim| (names.iter()).all(|n| (0..processes).any(|p| sim.leads(p, n)));
-    let mut sim = Sim::new(cfg.clone(), Instant::now());
-    while !all_led(&sim) {
-        prop_assert!(
-            sim.now() < ms(20_000),
-            "not every lease led before the restart\n{}",
-            explain(&cfg, sim.report())
-        );
-        let t = sim.now() + ms(5);
-        sim.run_until(t);
-    }
-    let t0 = sim.now() + ms(100);
-    let down = ms(down_ms);
-    sim.schedule(t0, Fault::ServerRestart { downtime: down });
-    let up = t0 + down;
-    sim.run_until(up);
-    let cap = lease_proto::limits::FAST_RECONNECT_CAP.min(o.retry_interval);
-    let bound = cap.mul_f64(1.0 / (1.0 - cfg.drift)) + one_way(&cfg) * 14 + ms(5);
-    let deadline = up + bound + o.retry_interval * 2;
-    while !all_led(&sim) {
-        prop_assert!(
-            sim.now() < deadline,
-            "not every lease led again within {:?} of the server's return\n{}",
-            deadline - up,
-            explain(&cfg, sim.report())
-        );
-        let t = sim.now() + Duration::from_micros(200);
-        sim.run_until(t);
-    }
-    let gap = sim.now() - up;
-    prop_assert!(
-        gap <= bound,
-        "every lease led again {gap:?} after the server's return, above {bound:?} \
-         (down {down:?}, one-way {:?}, retry {:?})\n{}",
-        one_way(&cfg),
-        o.retry_interval,
-        explain(&cfg, sim.report())
-    );
-    let r = sim.finish(ms(HORIZON), settle(&cfg, &[]));
-    prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
-    Ok(gap.as_secs_f64() * 1e3)
-}
-
 /// Property: instant takeover of a holder's wanted lease. In a ring of
 /// lockers that each hold a lease of their own and want every other's
 /// (`SimConfig::run_after`), a crashed holder's lease is taken by another
@@ -2002,4 +1849,157 @@ fn broken_a_watch_session_that_tries_is_caught() {
         }
         other => panic!("the properties did not catch a watch session that tries: {other:?}"),
     }
+}
+
+/// After a server restart, every lease is led again soon after the server is back: within
+/// the pending reconnect delay (at most `FAST_RECONNECT_CAP`, or the retry interval if
+/// shorter, on a clock up to `drift` slow), a refused attempt's round trip, and the
+/// connection, setup, LISTEN and try (12 one-way latencies at most), plus 5 ms. Over
+/// generated options (retry intervals of 1 to 6 s, as at the library's defaults), latencies,
+/// drift, process and lease counts, and downtimes of 0.1 to 8 s.
+#[test]
+fn every_lease_is_led_again_soon_after_a_server_restart() {
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: CASES,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let gaps = std::sync::Mutex::new(Vec::new());
+    let result = runner.run(
+        &restart_cases(),
+        |(knobs, processes, leases, seed, down_ms)| {
+            let gap = restart_case(knobs, processes, leases, seed, down_ms, None)?;
+            gaps.lock().unwrap().push(gap);
+            Ok(())
+        },
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let mut all = gaps.into_inner().unwrap();
+    all.sort_by(f64::total_cmp);
+    let q = |f: f64| all[((all.len() - 1) as f64 * f) as usize];
+    eprintln!(
+        "server back -> every lease led again over {} cases: p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms",
+        all.len(),
+        q(0.5),
+        q(0.9),
+        q(1.0)
+    );
+}
+
+/// Broken variant: the doubling backoff alone (no fast reconnect window) fails the
+/// property above.
+#[test]
+fn broken_reconnect_without_the_fast_window_is_caught() {
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: CASES,
+            max_shrink_iters: 50,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let result = runner.run(
+        &restart_cases(),
+        |(knobs, processes, leases, seed, down_ms)| {
+            let broken = Some(Mutation::NoFastReconnect);
+            restart_case(knobs, processes, leases, seed, down_ms, broken).map(drop)
+        },
+    );
+    match result {
+        Err(TestError::Fail(reason, _)) => {
+            let reason = reason.to_string();
+            assert!(reason.contains("led again"), "{reason}");
+            eprintln!("no fast window: {}", reason.lines().next().unwrap_or(""));
+        }
+        other => panic!("the property did not catch the doubling backoff: {other:?}"),
+    }
+}
+
+/// Options (the retry interval 1 to 6 s), processes, leases, a seed, the downtime.
+fn restart_cases() -> impl Strategy<Value = (Knobs, usize, usize, u64, u64)> {
+    (
+        knobs(guard()),
+        1000..6000u64,
+        1..4usize,
+        1..4usize,
+        any::<u64>(),
+        100..8000u64,
+    )
+        .prop_map(|(knobs, retry_ms, processes, leases, seed, down_ms)| {
+            let knobs = Knobs { retry_ms, ..knobs };
+            (knobs, processes, leases, seed, down_ms)
+        })
+}
+
+/// One case of [`every_lease_is_led_again_soon_after_a_server_restart`]: the time from the
+/// server's return to every lease led again, in ms.
+fn restart_case(
+    knobs: Knobs,
+    processes: usize,
+    leases: usize,
+    seed: u64,
+    down_ms: u64,
+    mutation: Option<Mutation>,
+) -> Result<f64, TestCaseError> {
+    let knobs = Knobs {
+        // Nothing delays the statements but the network.
+        send_buffer_rows: None,
+        tcp_give_up_ms: None,
+        ..knobs
+    };
+    let case = Case {
+        knobs,
+        processes,
+        leases,
+        seed,
+        exits: false,
+        faults: vec![],
+    };
+    let cfg = case.config(mutation);
+    let o = &cfg.options;
+    let names: Vec<String> = (0..leases).map(|i| format!("job-{i}")).collect();
+    let all_led = |sim: &Sim| (names.iter()).all(|n| (0..processes).any(|p| sim.leads(p, n)));
+    let mut sim = Sim::new(cfg.clone(), Instant::now());
+    while !all_led(&sim) {
+        prop_assert!(
+            sim.now() < ms(20_000),
+            "not every lease led before the restart\n{}",
+            explain(&cfg, sim.report())
+        );
+        let t = sim.now() + ms(5);
+        sim.run_until(t);
+    }
+    let t0 = sim.now() + ms(100);
+    let down = ms(down_ms);
+    sim.schedule(t0, Fault::ServerRestart { downtime: down });
+    let up = t0 + down;
+    sim.run_until(up);
+    let cap = lease_proto::limits::FAST_RECONNECT_CAP.min(o.retry_interval);
+    let bound = cap.mul_f64(1.0 / (1.0 - cfg.drift)) + one_way(&cfg) * 14 + ms(5);
+    let deadline = up + bound + o.retry_interval * 2;
+    while !all_led(&sim) {
+        prop_assert!(
+            sim.now() < deadline,
+            "not every lease led again within {:?} of the server's return\n{}",
+            deadline - up,
+            explain(&cfg, sim.report())
+        );
+        let t = sim.now() + Duration::from_micros(200);
+        sim.run_until(t);
+    }
+    let gap = sim.now() - up;
+    prop_assert!(
+        gap <= bound,
+        "every lease led again {gap:?} after the server's return, above {bound:?} \
+         (down {down:?}, one-way {:?}, retry {:?})\n{}",
+        one_way(&cfg),
+        o.retry_interval,
+        explain(&cfg, sim.report())
+    );
+    let r = sim.finish(ms(HORIZON), settle(&cfg, &[]));
+    prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
+    Ok(gap.as_secs_f64() * 1e3)
 }
