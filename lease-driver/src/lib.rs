@@ -296,7 +296,10 @@ pub trait Spawn {
 }
 
 /// Runs jobs under leases over one dedicated database session. Create one per
-/// process and share it: clones are cheap and share the session.
+/// process and share it: clones are cheap and share the session. While it
+/// holds a lease and wants another, it also keeps a second connection that
+/// only waits for a wanted lease to be freed (the watch session,
+/// [`Options::watch_session`](lease_proto::Options::watch_session)).
 ///
 /// `A` is the adapter that made it (it only picks the constructors); every
 /// other method, the runs and their [`Lease`]s are the same for every
