@@ -341,3 +341,21 @@ async fn a_holder_takes_a_crashed_holders_lease_at_once_through_its_watch_sessio
     println!("FIGURE kit watch session: the crashed holder's lease taken {took:?} after the crash");
     assert!(took < Duration::from_millis(100), "{took:?}");
 }
+
+/// A crash closes the crashed locker's session at once: its close reaches
+/// the server one link latency later, the waiting standby is woken there and
+/// takes the lease after the lock delay (20 ms), as in the simulator; not
+/// when some other timer of the kit next happens to move its time. Nothing
+/// inspects the server meanwhile (an inspection moves its time too).
+#[tokio::test(start_paused = true)]
+async fn a_crashed_leaders_close_reaches_the_server_at_once() {
+    let (server, log, a, _b, _) = pair(10).await;
+    let crashed = server.now();
+    server.crash(&a);
+    sleep(2.0).await;
+    let runs = log.runs();
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    let took = runs[1].started - crashed;
+    println!("FIGURE kit crash: the standby started its job {took:?} after the crash");
+    assert!(took < Duration::from_millis(100), "{took:?}");
+}

@@ -834,21 +834,26 @@ impl<R: Runtime> Future for Connecting<R> {
 impl<R: Runtime> Drop for Connecting<R> {
     fn drop(&mut self) {
         if let Some(id) = self.id {
-            close(&self.pump.state, self.locker, id);
+            close(&self.pump, self.locker, id);
         }
     }
 }
 
 /// The client closes session `id` (or its kernel does): the close goes on
-/// the wire; nothing more reaches the client.
-fn close(state: &Mutex<State>, locker: usize, id: u64) {
-    let mut s = lock(state);
+/// the wire now; nothing more reaches the client. The other sessions are
+/// woken to arm their timers at its arrival: the closing side may have no
+/// timer left (a crashed locker), and nothing else would move the kit's time
+/// there.
+fn close<R: Runtime>(pump: &Pump<R>, locker: usize, id: u64) {
+    let mut s = lock(&pump.state);
+    s.advance(pump.runtime.now());
     let Some((_, sess)) = s.sessions.get_mut(&id) else {
         return;
     };
     sess.gone = true;
     let now = s.now;
     s.send(now, Wire::Up(locker, id, Up::Close));
+    s.poke();
 }
 
 /// A session on the simulated server.
@@ -919,7 +924,7 @@ impl<R: Runtime> Session for SimSession<R> {
 
 impl<R: Runtime> Drop for SimSession<R> {
     fn drop(&mut self) {
-        close(&self.pump.state, self.locker, self.id);
+        close(&self.pump, self.locker, self.id);
     }
 }
 
