@@ -24,6 +24,10 @@ synchronous_commit = off
 full_page_writes = off
 max_connections = 200
 shared_buffers = 32MB
+# A standby's base backup streams the WAL written meanwhile: keep it, so that a checkpoint
+# cannot remove a segment first (pg_basebackup failed with `requested WAL segment
+# 000000010000000000000002 has already been removed` once, in CI's whole-suite run).
+wal_keep_size = 128MB
 logging_collector = off
 log_line_prefix = '%m [%p] %q%a '
 ";
