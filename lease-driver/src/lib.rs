@@ -137,6 +137,7 @@
 
 mod cancel;
 mod driver;
+mod group;
 mod hosts;
 mod log;
 mod metrics;
@@ -157,10 +158,11 @@ use tokio_postgres::NoTls;
 pub use tokio_postgres::Config;
 
 pub use driver::Driver;
+pub use group::Group;
 pub use lease_proto;
 pub use lease_proto::{
-    LastError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason, Refusal,
-    SessionError, SessionState, Status,
+    GroupId, LastError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason,
+    Refusal, SessionError, SessionState, Status,
 };
 #[cfg(feature = "metrics")]
 pub use metrics::describe_metrics;

@@ -230,6 +230,10 @@ pub enum Reason {
     /// in progress: the session was closed and the locker tries again after
     /// a backoff.
     InRecovery,
+    /// The lease's group moved the key to another live member (its share,
+    /// see `docs/library.md`, "Lease groups"): the key is released once the
+    /// job returned, and the run stands by again.
+    HandedOver,
 }
 
 impl fmt::Display for Reason {
@@ -243,6 +247,7 @@ impl fmt::Display for Reason {
             Reason::QueryFailed(e) => write!(f, "statement failed: {e}"),
             Reason::Shutdown => f.write_str("shutdown requested"),
             Reason::Closed => f.write_str("locker closed"),
+            Reason::HandedOver => f.write_str("handed over to another member of its group"),
             Reason::Refused(r) => write!(f, "{r}"),
             Reason::InRecovery => f.write_str(
                 "the server is a hot standby (in recovery): advisory locks there give no mutual exclusion; trying again",

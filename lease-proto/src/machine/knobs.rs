@@ -45,4 +45,8 @@ pub enum Mutation {
     /// Ignore what the setup shows of a recent promotion: try on a newly
     /// promoted primary at once, while the old primary's holders still act.
     IgnorePromotion,
+    /// A lease-group member that ignores its share: it tries every key of
+    /// its groups as if it owned them all (it still joins, reads and hands
+    /// over as the share says).
+    IgnoreShare,
 }

@@ -366,6 +366,9 @@ pub struct SimConfig {
     pub processes: usize,
     /// Lease names every process runs (one run each, started at time 0).
     pub leases: Vec<String>,
+    /// The lease group every run takes part in (see `docs/library.md`,
+    /// "Lease groups"); `None`: no group.
+    pub group: Option<String>,
     /// Options of every machine.
     pub options: Options,
     /// Base one-way latency of every link.
@@ -418,6 +421,7 @@ impl Default for SimConfig {
             seed: 1,
             processes: 3,
             leases: vec!["job".into()],
+            group: None,
             options: Options {
                 retry_interval: Duration::from_millis(200),
                 heartbeat_interval: Duration::from_millis(200),
@@ -465,6 +469,9 @@ pub struct Report {
     /// ([`ServerConfig::deadlock_timeout`]): each ran the deadlock detector
     /// and, with `log_lock_waits = on`, wrote "still waiting" to the log.
     pub lock_waits_past_deadlock_timeout: u64,
+    /// Jobs cancelled to hand their key over to another member of its lease
+    /// group ([`Reason::HandedOver`](crate::Reason::HandedOver)), all processes.
+    pub handoffs: u64,
 }
 
 impl Report {
@@ -666,6 +673,15 @@ impl Sim {
         self.report.statements[process]
     }
 
+    /// The backend pid of `process`'s session, while it is ready: its
+    /// member id in a lease group.
+    pub fn backend_pid(&self, process: usize) -> Option<i64> {
+        match self.procs[process].machine.status().session {
+            crate::SessionState::Ready { backend_pid } => Some(backend_pid),
+            _ => None,
+        }
+    }
+
     /// The advisory keys the server holds now.
     pub fn server_locks(&self) -> Vec<i64> {
         self.server.held_keys()
@@ -820,7 +836,7 @@ impl Sim {
                 if !self.cfg.leases.is_empty() {
                     let name = &self.cfg.leases[lease % self.cfg.leases.len()];
                     let key = crate::key_for_name(name);
-                    self.notify_listeners(key, server::FORGER_PID, Duration::ZERO);
+                    self.notify_listeners(key.to_string(), server::FORGER_PID, Duration::ZERO);
                 }
             }
             Fault::ServerRestart { downtime } => {

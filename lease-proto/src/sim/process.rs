@@ -127,7 +127,10 @@ impl Sim {
         let now = self.driver_now(p);
         let names = self.cfg.leases.clone();
         for name in names {
-            let lease = LeaseId::named(name.clone()).expect("valid lease name");
+            let mut lease = LeaseId::named(name.clone()).expect("valid lease name");
+            if let Some(group) = &self.cfg.group {
+                lease = lease.in_group(crate::GroupId::named(group).expect("valid group name"));
+            }
             match self.procs[p].machine.run(now, lease) {
                 Ok(run) => {
                     self.procs[p].runs.insert(run, name);
@@ -315,6 +318,9 @@ impl Sim {
                 }
             }
             RunCommand::CancelJob { run, reason } => {
+                if reason == crate::Reason::HandedOver {
+                    self.report.handoffs += 1;
+                }
                 let incarnation = self.procs[p].incarnation;
                 let spread = self
                     .cfg
