@@ -148,7 +148,7 @@ fn three_members_share_twelve_leases(driver: Driver) -> Res {
     let settled = wait_counts(&[&a, &b, &c], &[4, 4, 4], "settle")?;
     fig(
         "settle 3 members",
-        format!("{:.1} ms", ms_f(diff(settled, t0))),
+        format!("{:.1} ms", ms_f(diff(t0, settled))),
     );
     assert_eq!(
         members(&admin)?,
@@ -197,7 +197,7 @@ fn three_members_share_twelve_leases(driver: Driver) -> Res {
             break found
                 .into_iter()
                 .flatten()
-                .map(|t| diff(t, t_kill))
+                .map(|t| diff(t_kill, t))
                 .collect();
         }
         if Instant::now() > deadline {
@@ -213,7 +213,7 @@ fn three_members_share_twelve_leases(driver: Driver) -> Res {
     let even = wait_counts(&[&a, &b], &[6, 6], "6/6 after the kill")?;
     fig(
         "6/6 after kill -9",
-        format!("{:.1} ms", ms_f(diff(even, t_kill))),
+        format!("{:.1} ms", ms_f(diff(t_kill, even))),
     );
     // Polling: a survivor reads the membership at most a retry interval after the
     // kill, and the key it now owns is tried in the same round (two statements).
@@ -224,14 +224,18 @@ fn three_members_share_twelve_leases(driver: Driver) -> Res {
         ms_f(takeover)
     );
 
-    // c restarts: back to 4/4/4.
     let before = starts_before(&[&a, &b]);
+    fig(
+        "leases moved by the kill",
+        (before - (quiet - c_terms.len())).to_string(),
+    );
+    // c restarts: back to 4/4/4.
     let t_restart = monotonic_nanos();
     let c2 = cfg.spawn(bin(), "c2")?;
     let settled = wait_counts(&[&a, &b, &c2], &[4, 4, 4], "settle after restart")?;
     fig(
         "settle after restart",
-        format!("{:.1} ms", ms_f(diff(settled, t_restart))),
+        format!("{:.1} ms", ms_f(diff(t_restart, settled))),
     );
     let moved = starts_before(&[&a, &b]) - before + starts_before(&[&c2]);
     fig("leases moved by the restart", moved.to_string());
