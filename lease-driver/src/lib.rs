@@ -121,6 +121,7 @@
 //! - `shared`: the state shared by the driver and the runs, and the drain
 //!   rule that routes the core's outputs.
 //! - `run`: the run future and the [`Lease`] handle.
+//! - `group`: [`Group`], runs that share a lease group's leases.
 //! - `cancel`, `log`: a runtime-free cancellation signal, event logging.
 //! - `metrics`: every metric (feature `metrics`).
 
