@@ -1516,6 +1516,23 @@ mod tests {
             },
         };
         assert_eq!(SetupReply::parse(&setup.to_rows()), Ok(setup));
+        let members = MembersReply {
+            backend_pid: Some(42),
+            nonce: Some(-7),
+            members: [(7, 42), (u32::MAX, 43)].into(),
+            holders: vec![(1, Some(43)), (2, None)],
+        };
+        assert_eq!(MembersReply::parse(&members.to_rows()), Ok(members));
+        // The join and leave rows carry nothing the machine reads.
+        let joined = vec![Some(members_tag::JOINED), Some(-1), Some(1)];
+        let left = vec![Some(members_tag::LEFT), Some(9), Some(0)];
+        assert_eq!(
+            MembersReply::parse(&[joined, left]),
+            Ok(MembersReply::default())
+        );
+        assert!(
+            MembersReply::parse(&[vec![Some(members_tag::MEMBER), Some(-1), Some(1)]]).is_err()
+        );
         let try_reply = TryReply {
             won: vec![(1, 77)],
             not_won: vec![(2, Some(9)), (3, None)],
