@@ -230,14 +230,20 @@ fn descendants_in(all: &[(i32, i32, i32, bool)], root: i32, except: &[i32]) -> V
 pub fn signal_tree(root: i32, except: &[i32], pgid: i32, sig: libc::c_int) -> usize {
     signal_group(pgid, sig);
     let tree = descendants(root, except);
-    for &(pid, pgrp) in &tree {
-        if pgrp != pgid && pid > 1 {
+    signal_each(&tree, |pgrp| pgrp != pgid, sig);
+    tree.len()
+}
+
+/// Sends `sig` to each process of `tree` (from [`descendants`]) whose group
+/// `in_reach` accepts.
+pub fn signal_each(tree: &[(i32, i32)], in_reach: impl Fn(i32) -> bool, sig: libc::c_int) {
+    for &(pid, pgrp) in tree {
+        if in_reach(pgrp) && pid > 1 {
             // SAFETY: kill has no memory-safety preconditions; `pid` is a
-            // live descendant of `root` as of the read of /proc just now.
+            // live descendant as of the read of /proc just now.
             unsafe { libc::kill(pid, sig) };
         }
     }
-    tree.len()
 }
 
 /// Becomes the subreaper of its descendants: an orphan among them is

@@ -1,10 +1,12 @@
 //! The connection of `lease run` and `lease status`: `--database-url`,
 //! `DATABASE_URL` or the libpq environment, resolved by lease-libpq (its
-//! crate docs have every keyword, variable and `sslmode` rule), and a
-//! connection opened the way the lease session opens one.
+//! crate docs have every keyword, variable and `sslmode` rule), a
+//! connection opened the way the lease session opens one, and the session
+//! that reads the lock table on one.
 
 use std::time::Duration;
 
+use lease_proto::inspect::{HolderRow, LockTable, HOLDERS_SQL};
 use tokio_postgres::Config;
 
 pub use lease_libpq::redact;
@@ -99,6 +101,41 @@ pub async fn connect(
         }
     }
     Err(error)
+}
+
+/// A session that reads the lock table: `lease status`'s (kept open across
+/// `--watch` refreshes) and `lease run`'s holder lookups.
+pub struct LockSession {
+    client: tokio_postgres::Client,
+    connection: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+}
+
+impl LockSession {
+    pub async fn connect(target: &Target, timeout: Duration) -> Result<LockSession, String> {
+        let (client, connection) = connect(target, timeout).await?;
+        Ok(LockSession { client, connection })
+    }
+
+    /// Every advisory lock request of the database ([`HOLDERS_SQL`]).
+    pub async fn locks(&self) -> Result<LockTable, String> {
+        use tokio_postgres::SimpleQueryMessage;
+        let messages =
+            (self.client.simple_query(HOLDERS_SQL).await).map_err(|e| error_chain(&e))?;
+        let mut rows = Vec::new();
+        for message in messages {
+            if let SimpleQueryMessage::Row(row) = message {
+                let columns = (0..row.len()).map(|i| row.get(i));
+                rows.push(HolderRow::parse(columns).map_err(|e| e.to_string())?);
+            }
+        }
+        Ok(LockTable::from_rows(rows))
+    }
+
+    /// Ends the session (a Terminate message, then the socket closes).
+    pub async fn close(self) {
+        drop(self.client);
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.connection).await;
+    }
 }
 
 /// An error and its sources, `: `-separated.

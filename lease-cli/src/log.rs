@@ -2,6 +2,7 @@
 //! passes through [`conn::redact`](crate::conn::redact).
 
 use std::io::{self, IsTerminal, Write};
+use std::time::Duration;
 
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::fmt::MakeWriter;
@@ -14,6 +15,12 @@ use crate::conn::redact;
 /// Environment variable with `tracing` filter directives that replace the
 /// default level (e.g. `LEASE_LOG=lease_driver=debug`).
 pub const FILTER_ENV: &str = "LEASE_LOG";
+
+/// A duration as log lines and endpoint bodies show it: to the millisecond
+/// (`1s 250ms`, not `1s 250ms 3us 417ns`).
+pub fn millis(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64))
+}
 
 /// Installs the global subscriber: `info` and up (`warn` and up when
 /// `quiet`), unless [`FILTER_ENV`] says otherwise.

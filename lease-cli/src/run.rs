@@ -6,17 +6,17 @@ use std::future::pending;
 use std::io;
 use std::time::{Duration, Instant};
 
+use lease_proto::inspect::{application_name, HolderRow};
 use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
-use tokio_postgres::Config;
 
 use crate::args::{LogFormat, RunArgs, DEFAULT_GRACE};
 use crate::child::{self, exit_code, ChildSpec, Job};
-use crate::conn::{self, Connector, Target};
+use crate::conn::{self, Target};
 use crate::serve::{self, Current, Endpoints, Health};
 use crate::watchdog::Watchdog;
-use crate::{log, usage_error, valid, EXIT_FAILURE};
+use crate::{log, status, usage_error, valid, EXIT_FAILURE};
 
 /// Everything `lease run` needs once the input is validated.
 struct Plan {
@@ -30,7 +30,7 @@ struct Plan {
     /// The kill deadline after a lost lease is the lease's validity end plus
     /// this: with the server guard, the guard margin less the drift allowance
     /// (just before the guard deadline, when the server may hand the lease
-    /// over: see [`after_validity`]), `grace` without it.
+    /// over: see [`Options::act_after_validity`]), `grace` without it.
     after_validity: Duration,
     quiet: bool,
     format: LogFormat,
@@ -108,7 +108,7 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
             .application_name(application_name(lease.name()));
     }
     spec.check()?;
-    let after_validity = after_validity(&options, grace);
+    let after_validity = options.act_after_validity().unwrap_or(grace);
     Ok(Plan {
         lease,
         spec,
@@ -121,25 +121,6 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
         format: args.log_format,
         metrics_addr: args.metrics_addr,
     })
-}
-
-/// How long after the lease's validity end (`valid_until`) the command's group
-/// gets SIGKILL after a lost lease (see [`Plan::after_validity`]).
-///
-/// With the server guard: the guard timeout measured on this runner's clock,
-/// shortened by the drift the guarantee allows ([`Options::drift_bound`]), so
-/// that a clock running that much slow still kills before the server may free
-/// the key; floored to the microsecond (early, never late). It stays after the
-/// validity end: `guard (1 - drift) - validity = margin validity / (2
-/// validity + margin) > 0`.
-fn after_validity(options: &Options, grace: Duration) -> Duration {
-    if options.server_guard {
-        let guard = options.guard_timeout().mul_f64(1.0 - options.drift_bound());
-        let guard = Duration::from_micros(guard.as_micros() as u64);
-        guard.saturating_sub(options.validity_window())
-    } else {
-        grace
-    }
 }
 
 /// One line at startup when a `--grace` the user set cannot be given in full
@@ -161,9 +142,7 @@ fn warn_about_grace(plan: &Plan) {
              validity ended, whatever the server does meanwhile"
         );
     } else if plan.grace_set && plan.grace > plan.after_validity {
-        let bound = humantime::format_duration(Duration::from_millis(
-            plan.after_validity.as_millis() as u64,
-        ));
+        let bound = log::millis(plan.after_validity);
         let delay = humantime::format_duration(plan.options.lock_delay / 2);
         tracing::warn!(
             "--grace {grace} is longer than the guard margin less the drift allowance \
@@ -173,18 +152,6 @@ fn warn_about_grace(plan: &Plan) {
              ended the session; --grace applies in full only to graceful stops"
         );
     }
-}
-
-/// `lease:<NAME>`, cut to the 63 bytes the server keeps (on a character
-/// boundary).
-pub fn application_name(name: &str) -> String {
-    let mut s = format!("lease:{name}");
-    let mut end = s.len().min(63);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s.truncate(end);
-    s
 }
 
 /// Why a job ended in a way that ends the run.
@@ -329,8 +296,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     let holders_tx = (!plan.quiet).then_some(holders_tx);
     let monitor = tokio::spawn(monitor(locker.clone(), holders_tx));
     let lookups = tokio::spawn(describe_holders(
-        plan.target.config.clone(),
-        plan.target.tls.clone(),
+        plan.target.clone(),
         plan.options.query_timeout,
         plan.lease.clone(),
         holders,
@@ -434,7 +400,7 @@ enum Ended {
 /// confirmed heartbeat. A lost lease: SIGTERM at once, SIGKILL at the kill
 /// deadline or after `--grace`, whichever is first; within `--lock-delay`
 /// (half of it) if the session ended (the server freed the key:
-/// [`freed_with_the_session`], [`session_end_wait`]).
+/// [`Reason::key_freed`], [`session_end_wait`]).
 /// A graceful stop
 /// (shutdown, or the command's own exit with leftovers in its group): the
 /// full `--grace`, the key being held until the group is gone.
@@ -534,10 +500,8 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                         () = session_watch(ctx) => {}
                     }
                 };
-                let status = job.terminate(ctx.grace, hurry).await;
-                let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
-                tracing::info!("the command stopped ({status})");
-            } else if freed_with_the_session(&reason) {
+                stop(&mut job, ctx.grace, hurry).await;
+            } else if reason.key_freed() {
                 // The server may hand the key over now: a standby woken by
                 // its release tries after the lock delay.
                 let wait = session_end_wait(ctx, deadline);
@@ -549,7 +513,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                      command's tree (SIGTERM, SIGKILL in {}, within the lock delay)",
                     humantime::format_duration(wait)
                 );
-                stop(&mut job, wait, ctx).await;
+                stop(&mut job, wait, ctx.signals.at_least(2)).await;
             } else {
                 let wait = kill_wait(deadline, ctx.grace);
                 tracing::warn!(
@@ -558,7 +522,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                     "lease lost: stopping the command's process group (SIGTERM, SIGKILL {})",
                     kill_when(wait, ctx.grace)
                 );
-                stop(&mut job, wait, ctx).await;
+                stop(&mut job, wait, ctx.signals.at_least(2)).await;
             }
             Ok(())
         }
@@ -575,7 +539,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                  releasing the lease",
                 kill_when(wait, ctx.grace)
             );
-            stop(&mut job, wait, ctx).await;
+            stop(&mut job, wait, ctx.signals.at_least(2)).await;
             Err(JobEnd::Watchdog(message))
         }
     };
@@ -623,7 +587,7 @@ async fn exited(
                 // session ends meanwhile.
                 return session_watch(ctx).await;
             }
-            let wait = if freed_with_the_session(&reason) {
+            let wait = if reason.key_freed() {
                 session_end_wait(ctx, snapshot)
             } else {
                 kill_wait(snapshot, ctx.grace)
@@ -631,7 +595,7 @@ async fn exited(
             tracing::warn!(
                 %reason,
                 "lease lost while stopping what the command left running: SIGKILL in {}",
-                humantime::format_duration(Duration::from_millis(wait.as_millis() as u64))
+                log::millis(wait)
             );
             tokio::time::sleep(wait).await;
         };
@@ -654,23 +618,13 @@ async fn exited(
     }
 }
 
-/// SIGTERM to the group now, SIGKILL after `wait` (or at once on a second
-/// signal to the runner).
-async fn stop(job: &mut Job, wait: Duration, ctx: &Ctx<'_>) {
-    let status = job.terminate(wait, ctx.signals.at_least(2)).await;
+/// SIGTERM to the tree now, SIGKILL after `wait` or once `hurry` resolves
+/// (a second signal to the runner, a session that cannot hold the key that
+/// long).
+async fn stop(job: &mut Job, wait: Duration, hurry: impl std::future::Future<Output = ()>) {
+    let status = job.terminate(wait, hurry).await;
     let status = status.map_or_else(|| "unknown status".to_owned(), |s| s.to_string());
     tracing::info!("the command stopped ({status})");
-}
-
-/// Whether a lease was lost because its key is known free on the server now:
-/// the session ended (terminated, reset, server restart: the server released
-/// its locks) or a verify found the key not held. Another session may take it
-/// after the lock delay, not at the guard deadline. The other losses (a
-/// statement timed out or failed, the validity ran out, a refusal) leave the
-/// session open, its key held, until the command has stopped or the guard
-/// deadline has come (the machine's doubtful session).
-fn freed_with_the_session(reason: &Reason) -> bool {
-    matches!(reason, Reason::SessionEnded(_) | Reason::NotHeld)
 }
 
 /// During a graceful stop (the key held until the command's tree is gone):
@@ -697,9 +651,7 @@ async fn session_watch(ctx: &Ctx<'_>) {
                 tracing::warn!(
                     "the session holding the lease was given up on during the graceful stop: \
                      SIGKILL to the command's tree in {} (before the session's close)",
-                    humantime::format_duration(Duration::from_millis(
-                        at.saturating_duration_since(Instant::now()).as_millis() as u64
-                    ))
+                    log::millis(at.saturating_duration_since(Instant::now()))
                 );
                 tokio::time::sleep_until(at.into()).await;
                 return;
@@ -740,12 +692,8 @@ fn kill_wait(deadline: Instant, grace: Duration) -> Duration {
 
 /// "after 10s", or "in 300ms, at the lease's deadline" for log lines.
 fn kill_when(wait: Duration, grace: Duration) -> String {
-    let rounded = Duration::from_millis(wait.as_millis() as u64);
     if wait < grace {
-        format!(
-            "in {}, at the lease's deadline",
-            humantime::format_duration(rounded)
-        )
+        format!("in {}, at the lease's deadline", log::millis(wait))
     } else {
         format!("after {}", humantime::format_duration(grace))
     }
@@ -810,33 +758,36 @@ async fn monitor(locker: Locker, holders: Option<mpsc::UnboundedSender<i64>>) {
 }
 
 /// Looks up who holds the lease (application_name, client address) each time
-/// the holder's backend pid changes, on a short-lived separate connection.
-/// Failures are logged at debug level and otherwise ignored.
+/// the holder's backend pid changes, in the lock table read on a short-lived
+/// separate connection (as `lease status` reads it). Failures are logged at
+/// debug level and otherwise ignored.
 async fn describe_holders(
-    mut config: Config,
-    tls: Connector,
+    mut target: Target,
     timeout: Duration,
     lease: LeaseId,
     mut pids: mpsc::UnboundedReceiver<i64>,
 ) {
-    config.application_name(format!(
+    target.config.application_name(format!(
         "{} (holder lookup)",
         application_name(lease.name())
     ));
-    config.connect_timeout(timeout);
+    target.config.connect_timeout(timeout);
     let mut last = None;
     while let Some(pid) = pids.recv().await {
         if last == Some(pid) {
             continue;
         }
         last = Some(pid);
-        match tokio::time::timeout(timeout, lookup_holder(&config, &tls, pid)).await {
+        match tokio::time::timeout(timeout, lookup_holder(&target, timeout, &lease, pid)).await {
             Ok(Ok(Some(h))) => tracing::info!(
                 lease = lease.name(),
                 holder_backend_pid = pid,
-                application_name = h.application_name,
-                client = h.client,
-                since = h.since,
+                application_name = h.application_name.as_deref().unwrap_or_default(),
+                client = status::client(&h).unwrap_or_else(|| "unknown".to_owned()),
+                since = h
+                    .backend_start
+                    .as_deref()
+                    .map_or("?".to_owned(), status::seconds),
                 "the lease is held by another session"
             ),
             Ok(Ok(None)) => {}
@@ -846,107 +797,21 @@ async fn describe_holders(
     }
 }
 
-/// What `pg_stat_activity` says about the holder's session.
-struct HolderInfo {
-    application_name: String,
-    client: String,
-    since: String,
-}
-
+/// The lock table's row of the lease's holder with backend `pid`, if it
+/// still holds it.
 async fn lookup_holder(
-    config: &Config,
-    tls: &Connector,
+    target: &Target,
+    timeout: Duration,
+    lease: &LeaseId,
     pid: i64,
-) -> Result<Option<HolderInfo>, String> {
-    let pid = i32::try_from(pid).map_err(|_| format!("pid {pid} out of range"))?;
-    let (client, connection) = config
-        .connect(tls.clone())
-        .await
-        .map_err(|e| conn::error_chain(&e))?;
-    let connection = tokio::spawn(connection);
-    let row = client
-        .query_opt(
-            // Qualified like every lease statement (a role's search_path may shadow names).
-            "SELECT application_name, pg_catalog.host(client_addr), client_port, \
-             pg_catalog.to_char(pg_catalog.timezone('UTC', backend_start), \
-             'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') \
-             FROM pg_catalog.pg_stat_activity WHERE pid OPERATOR(pg_catalog.=) $1",
-            &[&pid],
-        )
-        .await
-        .map_err(|e| conn::error_chain(&e))?;
-    drop(client);
-    let _ = connection.await;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let text = |i: usize| row.try_get::<_, Option<String>>(i).ok().flatten();
-    let port = row.try_get::<_, Option<i32>>(2).ok().flatten();
-    let client = match (text(1), port) {
-        (Some(a), Some(p)) if p > 0 => format!("{a}:{p}"),
-        (Some(a), _) => a,
-        (None, Some(-1)) => "local socket".to_owned(),
-        _ => "unknown".to_owned(),
-    };
-    Ok(Some(HolderInfo {
-        application_name: text(0).unwrap_or_default(),
-        client,
-        since: text(3).unwrap_or_else(|| "?".to_owned()),
-    }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The kill deadline is `confirmed + guard` on the runner's clock. A
-    /// runner whose clock runs slow by the drift the guarantee allows
-    /// (`margin / (2 validity + margin)`) measures that offset later in real
-    /// time than the server frees the key.
-    #[test]
-    fn the_kill_deadline_allows_for_the_drift_bound() {
-        let cases = [
-            Options::default(),
-            {
-                let mut o = Options::default();
-                o.heartbeat_interval = Duration::from_millis(200);
-                o.query_timeout = Duration::from_millis(500);
-                o.guard_margin = Duration::from_millis(300);
-                o
-            },
-            {
-                let mut o = Options::default();
-                o.validity = Some(Duration::from_secs(500));
-                o
-            },
-        ];
-        for o in cases {
-            let v = o.validity_window().as_secs_f64();
-            let m = o.guard_margin_in_force().as_secs_f64();
-            let drift = m / (2.0 * v + m);
-            assert_eq!(drift, o.drift_bound());
-            // Client-clock offset from the confirming statement's send time.
-            let offset = o.validity_window() + after_validity(&o, Duration::from_secs(10));
-            // Real time that offset takes on a clock slow by `drift`.
-            let real = offset.as_secs_f64() / (1.0 - drift);
-            let guard = o.guard_timeout().as_secs_f64();
-            assert!(
-                real <= guard,
-                "validity {v} s, margin {m} s: SIGKILL {offset:?} after the confirming statement \
-                 on the runner's clock is {real:.4} s of real time on a clock {:.2} % slow, \
-                 after the server may free the key ({guard} s)",
-                drift * 100.0
-            );
-            // Still after the validity end: SIGTERM comes first.
-            assert!(offset > o.validity_window());
-        }
-    }
-
-    #[test]
-    fn application_names_fit_the_server() {
-        assert_eq!(application_name("job"), "lease:job");
-        let long = application_name(&"é".repeat(40));
-        assert!(long.len() <= 63);
-        assert!(long.starts_with("lease:é"));
-    }
+) -> Result<Option<HolderRow>, String> {
+    let session = conn::LockSession::connect(target, timeout).await?;
+    let read = session.locks().await;
+    session.close().await;
+    let read = read?;
+    let holders = read.key(lease.key()).map_or(&[][..], |l| &l.holders);
+    Ok(holders
+        .iter()
+        .find(|h| h.pid.map(i64::from) == Some(pid))
+        .cloned())
 }

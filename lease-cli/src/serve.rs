@@ -30,7 +30,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use crate::conn;
+use crate::{conn, log};
 
 /// Bucket bounds (seconds) of every `_seconds` histogram: 1 ms to 2 min.
 const BUCKETS: [f64; 16] = [
@@ -238,7 +238,7 @@ impl State {
             SessionState::Doubtful { .. } => "session given up after a lost lease".to_owned(),
             _ => "no session".to_owned(),
         };
-        let down_for = humantime::format_duration(Duration::from_millis(down.as_millis() as u64));
+        let down_for = log::millis(down);
         if down < self.health.tolerance {
             Response::text(
                 200,
@@ -259,8 +259,7 @@ impl State {
                 let left = lease.valid_until().map_or(Duration::ZERO, |v| {
                     v.saturating_duration_since(Instant::now())
                 });
-                let left =
-                    humantime::format_duration(Duration::from_millis(left.as_millis() as u64));
+                let left = log::millis(left);
                 Response::text(
                     200,
                     format!("leader: token {}, valid for {left}", lease.token()),

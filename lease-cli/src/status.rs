@@ -1,25 +1,12 @@
 //! `lease status` (who holds which lease) and `lease key` (a name's key).
 
-use std::time::Duration;
-
-use lease_proto::{
-    inspect::{HolderRow, HOLDERS_SQL},
-    key_for_name, LeaseId,
-};
+use lease_proto::inspect::{HeldSince, HolderHistory, HolderRow, LeaseLocks, LockTable};
+use lease_proto::LeaseId;
 use serde_json::json;
 
 use crate::args::{KeyArgs, StatusArgs};
-use crate::{conn, usage_error, EXIT_FAILURE};
-
-/// One lease (named or not), one of its holders if any (a key held in a
-/// shared mode can have several), and the sessions waiting for it.
-#[derive(Debug, Clone, PartialEq)]
-struct Entry {
-    name: Option<String>,
-    key: i64,
-    holder: Option<HolderRow>,
-    standbys: Vec<HolderRow>,
-}
+use crate::conn::{self, LockSession};
+use crate::{usage_error, EXIT_FAILURE};
 
 /// Runs `lease key`.
 pub fn key(args: KeyArgs) -> i32 {
@@ -78,40 +65,6 @@ pub fn main(args: StatusArgs) -> i32 {
     }
 }
 
-/// A `lease status` session, kept open across `--watch` refreshes.
-struct Session {
-    client: tokio_postgres::Client,
-    connection: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
-}
-
-impl Session {
-    async fn connect(target: &conn::Target, timeout: Duration) -> Result<Session, String> {
-        let (client, connection) = conn::connect(target, timeout).await?;
-        Ok(Session { client, connection })
-    }
-
-    /// Every advisory lock request of the database ([`HOLDERS_SQL`]).
-    async fn locks(&self) -> Result<Vec<HolderRow>, String> {
-        use tokio_postgres::SimpleQueryMessage;
-        let messages =
-            (self.client.simple_query(HOLDERS_SQL).await).map_err(|e| conn::error_chain(&e))?;
-        let mut rows = Vec::new();
-        for message in messages {
-            if let SimpleQueryMessage::Row(row) = message {
-                let columns = (0..row.len()).map(|i| row.get(i));
-                rows.push(HolderRow::parse(columns).map_err(|e| e.to_string())?);
-            }
-        }
-        Ok(rows)
-    }
-
-    /// Ends the session (a Terminate message, then the socket closes).
-    async fn close(self) {
-        drop(self.client);
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.connection).await;
-    }
-}
-
 /// Reads the lock table on `session`, connecting first when there is none
 /// (or when the one kept from the last refresh fails: the server may have
 /// closed it meanwhile), all within `--timeout`. `Err` is a one-line,
@@ -119,8 +72,8 @@ impl Session {
 async fn lookup(
     args: &StatusArgs,
     target: &conn::Target,
-    session: &mut Option<Session>,
-) -> Result<Vec<HolderRow>, String> {
+    session: &mut Option<LockSession>,
+) -> Result<LockTable, String> {
     let attempt = async {
         if let Some(kept) = session.take() {
             if let Ok(rows) = kept.locks().await {
@@ -129,7 +82,7 @@ async fn lookup(
             }
             kept.close().await;
         }
-        let fresh = Session::connect(target, args.timeout).await?;
+        let fresh = LockSession::connect(target, args.timeout).await?;
         let rows = fresh.locks().await;
         *session = Some(fresh);
         rows
@@ -155,11 +108,11 @@ async fn render(
     if let Some(s) = session {
         s.close().await;
     }
-    let entries = entries(ids, rows?);
+    let leases = shown(ids, &rows?);
     Ok(if args.json {
-        entries.iter().map(|e| json_line(e) + "\n").collect()
+        json_lines(&leases)
     } else {
-        table(&entries, ids.is_empty())
+        table(&leases, ids.is_empty())
     })
 }
 
@@ -189,7 +142,7 @@ async fn watch(args: &StatusArgs, ids: &[LeaseId], target: &conn::Target) -> i32
     let mut tick = tokio::time::interval(args.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut session = None;
-    let mut seen = Seen::default();
+    let mut seen = HolderHistory::default();
     let status = loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -203,13 +156,13 @@ async fn watch(args: &StatusArgs, ids: &[LeaseId], target: &conn::Target) -> i32
         };
         let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
         let body = match rows {
-            Ok(rows) => {
-                let entries = entries(ids, rows);
+            Ok(read) => {
+                let leases = shown(ids, &read);
                 if args.json {
-                    entries.iter().map(|e| json_line(e) + "\n").collect()
+                    json_lines(&leases)
                 } else {
-                    seen.update(&entries, &now);
-                    watch_table(&entries, &seen, ids.is_empty())
+                    seen.update(&read, now.clone());
+                    watch_table(&leases, &seen, ids.is_empty())
                 }
             }
             Err(e) => format!("cannot query {}: {e}\n", target.summary),
@@ -242,90 +195,33 @@ async fn watch(args: &StatusArgs, ids: &[LeaseId], target: &conn::Target) -> i32
     status
 }
 
-/// A holder as `--watch` tells it from another: `(key, pid, backend start)`
-/// (a pid can be reused by a later backend).
-type HolderId = (i64, Option<i32>, Option<String>);
-
-/// What `--watch` has seen of each lease's holders: when a holder first
-/// appeared, for the HELD SINCE column.
-#[derive(Debug, Default)]
-struct Seen {
-    /// Refreshes so far.
-    refreshes: u64,
-    /// `(key, holder pid, holder backend start)` → (the time of the first
-    /// refresh that showed it, whether an earlier refresh showed the key
-    /// without it).
-    holders: std::collections::HashMap<HolderId, (String, bool)>,
-}
-
-impl Seen {
-    fn update(&mut self, entries: &[Entry], now: &str) {
-        let first = self.refreshes == 0;
-        self.refreshes += 1;
-        let mut current = std::collections::HashMap::new();
-        for e in entries {
-            if let Some(h) = &e.holder {
-                let id = (e.key, h.pid, h.backend_start.clone());
-                let known = self.holders.remove(&id);
-                current.insert(id, known.unwrap_or_else(|| (now.to_owned(), !first)));
-            }
-        }
-        // A holder that went away is forgotten: if it comes back, it took
-        // the key again.
-        self.holders = current;
-    }
-
-    /// HELD SINCE of a holder: the refresh that first showed it (it took the
-    /// key after the refresh before), or `before` the first refresh.
-    fn since(&self, key: i64, h: &HolderRow) -> String {
-        match self.holders.get(&(key, h.pid, h.backend_start.clone())) {
-            Some((at, true)) => at.clone(),
-            Some((at, false)) => format!("before {at}"),
-            None => "-".to_owned(),
-        }
-    }
-}
-
 /// The named leases (held or not), or every key in the lock table when none
-/// is named, each with its standbys (its waiting requests, in queue order).
-fn entries(ids: &[LeaseId], rows: Vec<HolderRow>) -> Vec<Entry> {
-    let lease = |key: i64, name: Option<String>| {
-        let of_key = || rows.iter().filter(move |r| r.key == key);
-        let standbys: Vec<HolderRow> = of_key().filter(|r| !r.granted).cloned().collect();
-        let name = name.or_else(|| of_key().find_map(guess_name));
-        let holders: Vec<HolderRow> = of_key().filter(|r| r.granted).cloned().collect();
-        let entry = |holder| Entry {
-            name: name.clone(),
-            key,
-            holder,
-            standbys: standbys.clone(),
-        };
-        if holders.is_empty() {
-            vec![entry(None)]
-        } else {
-            holders.into_iter().map(|h| entry(Some(h))).collect()
-        }
-    };
+/// is named.
+fn shown(ids: &[LeaseId], read: &LockTable) -> Vec<LeaseLocks> {
     if ids.is_empty() {
-        // The rows are ordered by key.
-        let mut keys: Vec<i64> = rows.iter().map(|r| r.key).collect();
-        keys.dedup();
-        keys.into_iter().flat_map(|k| lease(k, None)).collect()
+        read.all().to_vec()
     } else {
-        (ids.iter())
-            .flat_map(|id| lease(id.key(), Some(id.name().to_owned())))
-            .collect()
+        read.leases(ids)
     }
 }
 
-/// The lease name of a session that runs `lease run` (application_name
-/// `lease:NAME`, confirmed by the key).
-fn guess_name(h: &HolderRow) -> Option<String> {
-    let name = h.application_name.as_deref()?.strip_prefix("lease:")?;
-    (key_for_name(name) == h.key).then(|| name.to_owned())
+/// Each holder of a lease, or `None` once for a lease nobody holds: a
+/// line of the tables and of the JSON output each.
+fn holders(lease: &LeaseLocks) -> Vec<Option<&HolderRow>> {
+    if lease.holders.is_empty() {
+        vec![None]
+    } else {
+        lease.holders.iter().map(Some).collect()
+    }
 }
 
-fn client(h: &HolderRow) -> Option<String> {
+/// Each lease with each of its [`holders`].
+fn lines(leases: &[LeaseLocks]) -> impl Iterator<Item = (&LeaseLocks, Option<&HolderRow>)> {
+    (leases.iter()).flat_map(|l| holders(l).into_iter().map(move |h| (l, h)))
+}
+
+/// Where a session connects from: `ADDR:PORT`, `local` for a Unix socket.
+pub fn client(h: &HolderRow) -> Option<String> {
     match (&h.client_addr, h.client_port) {
         (Some(a), Some(p)) if p > 0 => Some(format!("{a}:{p}")),
         (Some(a), _) => Some(a.clone()),
@@ -334,9 +230,13 @@ fn client(h: &HolderRow) -> Option<String> {
     }
 }
 
-fn json_line(e: &Entry) -> String {
-    let h = e.holder.as_ref();
-    let standbys: Vec<serde_json::Value> = (e.standbys.iter())
+/// One JSON object per lease and holder, a line each.
+fn json_lines(leases: &[LeaseLocks]) -> String {
+    lines(leases).map(|(l, h)| json_line(l, h) + "\n").collect()
+}
+
+fn json_line(e: &LeaseLocks, h: Option<&HolderRow>) -> String {
+    let standbys: Vec<serde_json::Value> = (e.waiters.iter())
         .map(|s| {
             json!({
                 "backend_pid": s.pid,
@@ -367,8 +267,9 @@ fn json_line(e: &Entry) -> String {
     .to_string()
 }
 
-/// An RFC 3339 time of [`HOLDERS_SQL`] cut to whole seconds, for tables.
-fn seconds(t: &str) -> String {
+/// An RFC 3339 time of [`HOLDERS_SQL`](lease_proto::inspect::HOLDERS_SQL)
+/// cut to whole seconds, for tables and log lines.
+pub fn seconds(t: &str) -> String {
     match t.split_once('.') {
         Some((s, _)) if t.ends_with('Z') => format!("{s}Z"),
         _ => t.to_owned(),
@@ -402,8 +303,20 @@ fn dash() -> String {
     "-".to_owned()
 }
 
-fn name_cell(e: &Entry) -> String {
+fn name_cell(e: &LeaseLocks) -> String {
     (e.name.clone().unwrap_or_else(dash)).replace(char::is_whitespace, " ")
+}
+
+/// The BACKEND PID, APPLICATION and CLIENT cells of a session (dashes for
+/// none).
+fn session_cells(s: Option<&HolderRow>) -> [String; 3] {
+    [
+        s.and_then(|s| s.pid).map_or_else(dash, |p| p.to_string()),
+        s.and_then(|s| s.application_name.clone())
+            .filter(|a| !a.is_empty())
+            .unwrap_or_else(dash),
+        s.and_then(client).unwrap_or_else(dash),
+    ]
 }
 
 /// The table of a single query: a line per session, the holder's (ROLE
@@ -413,8 +326,8 @@ fn name_cell(e: &Entry) -> String {
 /// earliest it can have taken the key (the server records no grant time).
 /// WAIT START is when a standby's current wait began (a standby that waits
 /// with a lock timeout starts a new wait at each timeout).
-fn table(entries: &[Entry], all: bool) -> String {
-    if entries.is_empty() && all {
+fn table(leases: &[LeaseLocks], all: bool) -> String {
+    if leases.is_empty() && all {
         return NOTHING.to_owned();
     }
     let mut rows = vec![[
@@ -428,42 +341,42 @@ fn table(entries: &[Entry], all: bool) -> String {
         "WAIT START",
     ]
     .map(str::to_owned)];
-    let line = |e: &Entry, role: &str, s: Option<&HolderRow>| {
+    let line = |e: &LeaseLocks, role: &str, s: Option<&HolderRow>| {
+        let [pid, application, client] = session_cells(s);
         [
             name_cell(e),
             e.key.to_string(),
             role.to_owned(),
-            s.and_then(|s| s.pid).map_or_else(dash, |p| p.to_string()),
-            s.and_then(|s| s.application_name.clone())
-                .filter(|a| !a.is_empty())
-                .unwrap_or_else(dash),
-            s.and_then(client).unwrap_or_else(dash),
+            pid,
+            application,
+            client,
             s.and_then(|s| s.backend_start.as_deref().map(seconds))
                 .unwrap_or_else(dash),
             s.and_then(|s| s.wait_start.as_deref().map(seconds))
                 .unwrap_or_else(dash),
         ]
     };
-    for (i, e) in entries.iter().enumerate() {
-        let role = if e.holder.is_some() { "holder" } else { "free" };
-        rows.push(line(e, role, e.holder.as_ref()));
-        // The standbys once per lease, after its last holder (a lease's
-        // entries are consecutive).
-        if entries.get(i + 1).is_none_or(|n| n.key != e.key) {
-            for s in &e.standbys {
-                rows.push(line(e, "standby", Some(s)));
-            }
+    for e in leases {
+        for h in holders(e) {
+            let role = if h.is_some() { "holder" } else { "free" };
+            rows.push(line(e, role, h));
+        }
+        // The standbys once per lease, after its last holder.
+        for s in &e.waiters {
+            rows.push(line(e, "standby", Some(s)));
         }
     }
     align(&rows)
 }
 
 /// The `--watch` table: a line per lease with its holder and, as pids, its
-/// standbys. HELD SINCE is what this watch saw ([`Seen::since`]): the
-/// holder's fencing token is not shown because no one but the holder can
-/// know it (the server keeps no record of it).
-fn watch_table(entries: &[Entry], seen: &Seen, all: bool) -> String {
-    if entries.is_empty() && all {
+/// standbys. HELD SINCE is what this watch saw ([`HolderHistory::since`]):
+/// the refresh that first showed the holder (it took the key after the
+/// refresh before), or `before` the first refresh. The holder's fencing
+/// token is not shown because no one but the holder can know it (the
+/// server keeps no record of it).
+fn watch_table(leases: &[LeaseLocks], seen: &HolderHistory<String>, all: bool) -> String {
+    if leases.is_empty() && all {
         return NOTHING.to_owned();
     }
     let mut rows = vec![[
@@ -477,9 +390,8 @@ fn watch_table(entries: &[Entry], seen: &Seen, all: bool) -> String {
         "STANDBYS",
     ]
     .map(str::to_owned)];
-    for e in entries {
-        let h = e.holder.as_ref();
-        let standbys = (e.standbys.iter())
+    for (e, h) in lines(leases) {
+        let standbys = (e.waiters.iter())
             .map(|s| s.pid.map_or_else(|| "?".to_owned(), |p| p.to_string()))
             .collect::<Vec<_>>();
         let standbys = if standbys.is_empty() {
@@ -487,16 +399,19 @@ fn watch_table(entries: &[Entry], seen: &Seen, all: bool) -> String {
         } else {
             format!("{}: {}", standbys.len(), standbys.join(","))
         };
+        let [pid, application, client] = session_cells(h);
         rows.push([
             name_cell(e),
             e.key.to_string(),
             if h.is_some() { "yes" } else { "no" }.to_owned(),
-            h.and_then(|h| h.pid).map_or_else(dash, |p| p.to_string()),
-            h.and_then(|h| h.application_name.clone())
-                .filter(|a| !a.is_empty())
-                .unwrap_or_else(dash),
-            h.and_then(client).unwrap_or_else(dash),
-            h.map_or_else(dash, |h| seen.since(e.key, h)),
+            pid,
+            application,
+            client,
+            h.and_then(|h| seen.since(h))
+                .map_or_else(dash, |since| match since {
+                    HeldSince::At(at) => at.clone(),
+                    HeldSince::Before(at) => format!("before {at}"),
+                }),
             standbys,
         ]);
     }
@@ -533,14 +448,20 @@ mod tests {
         }
     }
 
+    /// The JSON lines of `leases`, parsed.
+    fn json_values(leases: &[LeaseLocks]) -> Vec<serde_json::Value> {
+        let json = json_lines(leases);
+        (json.lines())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
     #[test]
     fn named_leases_show_held_or_not() {
         let a = LeaseId::named("a").unwrap();
         let b = LeaseId::named("b").unwrap();
-        let e = entries(&[a.clone(), b.clone()], vec![holder(a.key(), "lease:a")]);
-        assert_eq!(e.len(), 2);
-        assert!(e[0].holder.is_some());
-        assert!(e[1].holder.is_none());
+        let read = LockTable::from_rows([holder(a.key(), "lease:a")]);
+        let e = shown(&[a.clone(), b.clone()], &read);
         let text = table(&e, false);
         assert!(
             text.contains(" holder ") && text.contains(" free"),
@@ -548,11 +469,17 @@ mod tests {
         );
         assert!(text.contains("127.0.0.1:5000"), "{text}");
         assert!(text.contains("2026-12-01T10:00:00Z"), "{text}");
-        let line: serde_json::Value = serde_json::from_str(&json_line(&e[0])).unwrap();
+        let lines = json_values(&e);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        let line = &lines[0];
         assert_eq!(line["held"], true);
         assert_eq!(line["backend_pid"], 42);
         assert_eq!(line["key"], a.key());
         assert_eq!(line["standbys"], serde_json::json!([]));
+        assert_eq!(
+            (lines[1]["held"].clone(), lines[1]["name"].clone()),
+            (false.into(), "b".into())
+        );
     }
 
     #[test]
@@ -566,12 +493,7 @@ mod tests {
             // A waiter with nobody holding (the instant after a release).
             standby(b.key(), 60, "lease:b"),
         ];
-        let e = entries(&[a.clone(), b.clone()], rows.clone());
-        assert_eq!(e.len(), 2);
-        let pids = |e: &Entry| e.standbys.iter().map(|s| s.pid).collect::<Vec<_>>();
-        assert_eq!(pids(&e[0]), [Some(50), Some(49)]);
-        assert_eq!(pids(&e[1]), [Some(60)]);
-        assert!(e[1].holder.is_none());
+        let e = shown(&[a.clone(), b.clone()], &LockTable::from_rows(rows));
 
         let text = table(&e, false);
         let roles: Vec<(&str, &str)> = (text.lines().skip(1))
@@ -596,7 +518,8 @@ mod tests {
         assert!(standby_line.contains(" local "), "{text}");
         assert!(standby_line.ends_with("2026-12-01T10:05:00Z"), "{text}");
 
-        let v: serde_json::Value = serde_json::from_str(&json_line(&e[0])).unwrap();
+        let lines = json_values(&e);
+        let v = &lines[0];
         assert_eq!(v["backend_pid"], 42);
         let s = v["standbys"].as_array().unwrap();
         assert_eq!(s.len(), 2);
@@ -604,58 +527,44 @@ mod tests {
         assert_eq!(s[0]["mode"], "ShareLock");
         assert_eq!(s[0]["wait_start"], "2026-12-01T10:05:00.5Z");
         assert_eq!(s[1]["application_name"], "psql");
-        let v: serde_json::Value = serde_json::from_str(&json_line(&e[1])).unwrap();
+        let v = &lines[1];
         assert_eq!(
             (v["held"].clone(), v["standbys"][0]["backend_pid"].clone()),
             (false.into(), 60.into())
         );
-
-        // Unnamed: a key with only waiters is listed too, named from them.
-        let all = entries(&[], rows);
-        assert_eq!(all.len(), 2);
-        assert_eq!(all[1].name.as_deref(), Some("b"));
     }
 
     #[test]
     fn watch_lines_count_standbys_and_date_holders() {
         let a = LeaseId::named("a").unwrap();
         let ids = [a.clone()];
-        let mut seen = Seen::default();
-        let first = entries(&ids, vec![holder(a.key(), "lease:a")]);
-        seen.update(&first, "T0");
-        let text = watch_table(&first, &seen, false);
+        let mut seen = HolderHistory::default();
+        let first = LockTable::from_rows([holder(a.key(), "lease:a")]);
+        seen.update(&first, "T0".to_owned());
+        let text = watch_table(&shown(&ids, &first), &seen, false);
         assert!(text.contains(" before T0 "), "{text}");
         assert!(text.trim_end().ends_with(" 0"), "{text}");
         // Another holder, seen first at T1, and two standbys.
         let mut next = holder(a.key(), "lease:a");
         next.pid = Some(43);
-        let rows = vec![
+        let rows = [
             next,
             standby(a.key(), 50, "lease:a"),
             standby(a.key(), 51, "x"),
         ];
-        let second = entries(&ids, rows);
-        seen.update(&second, "T1");
-        let text = watch_table(&second, &seen, false);
+        let second = LockTable::from_rows(rows);
+        seen.update(&second, "T1".to_owned());
+        let text = watch_table(&shown(&ids, &second), &seen, false);
         let line = text.lines().nth(1).unwrap();
         let cells: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(cells[2..4], ["yes", "43"], "{text}");
         assert_eq!(cells[6..], ["T1", "2:", "50,51"], "{text}");
-        // Still the same holder later: still since T1.
-        seen.update(&second, "T2");
-        assert!(watch_table(&second, &seen, false).contains(" T1 "));
     }
 
     #[test]
-    fn unnamed_keys_get_their_name_from_lease_run() {
-        let a = LeaseId::named("sweeper").unwrap();
-        let e = entries(
-            &[],
-            vec![holder(a.key(), "lease:sweeper"), holder(7, "other")],
-        );
-        assert_eq!(e[0].name.as_deref(), Some("sweeper"));
-        assert_eq!(e[1].name, None);
+    fn nothing_held_and_times_in_seconds() {
         assert_eq!(table(&[], true), NOTHING);
+        assert_eq!(watch_table(&[], &HolderHistory::default(), true), NOTHING);
         assert_eq!(
             seconds("2026-12-01T10:00:00.123456Z"),
             "2026-12-01T10:00:00Z"

@@ -468,6 +468,17 @@ impl Watch {
         self.kill_tree();
     }
 
+    /// The runner died or closed the pipe: the tree is killed at once.
+    fn runner_gone(&mut self) {
+        if !self.fired && self.pgid.is_some() {
+            tracing::warn!(
+                pgid = self.pgid.unwrap_or(0),
+                "watchdog: the runner is gone: SIGKILL to the command's tree"
+            );
+        }
+        self.fire();
+    }
+
     /// SIGKILL to every descendant of the watchdog until none is left. The
     /// watchdog is a subreaper: whatever of the command's tree lost its
     /// parent is its child now, so nothing of the tree can escape this.
@@ -480,13 +491,7 @@ impl Watch {
             if tree.is_empty() {
                 break;
             }
-            for &(pid, _) in &tree {
-                if pid > 1 {
-                    // SAFETY: kill has no memory-safety preconditions; `pid`
-                    // is a live descendant of this process as of just now.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
+            child::signal_each(&tree, |_| true, libc::SIGKILL);
             rounds += 1;
             if rounds % 1000 == 0 {
                 tracing::warn!(
@@ -610,13 +615,7 @@ pub fn main(args: WatchdogArgs) -> i32 {
         watch.reap();
         // SAFETY: getppid has no preconditions.
         if unsafe { libc::getppid() } != args.parent {
-            if !watch.fired && watch.pgid.is_some() {
-                tracing::warn!(
-                    pgid = watch.pgid.unwrap_or(0),
-                    "watchdog: the runner is gone: SIGKILL to the command's tree"
-                );
-            }
-            watch.fire();
+            watch.runner_gone();
             return 1;
         }
         let now = monotonic_nanos();
@@ -659,13 +658,7 @@ pub fn main(args: WatchdogArgs) -> i32 {
             return 1;
         }
         if n == 0 {
-            if !watch.fired && watch.pgid.is_some() {
-                tracing::warn!(
-                    pgid = watch.pgid.unwrap_or(0),
-                    "watchdog: the runner is gone: SIGKILL to the command's tree"
-                );
-            }
-            watch.fire();
+            watch.runner_gone();
             return 1;
         }
         buf.extend_from_slice(&chunk[..n as usize]);

@@ -3,8 +3,17 @@
 //! query, [`HolderRow`] one row of it, [`ADVISORY_KEY_SQL`](crate::server::ADVISORY_KEY_SQL)
 //! the `pg_locks` expression of a key. Nothing here is the machine's: a lease
 //! client never sends it.
+//!
+//! The model of what the rows say is pure (no I/O): a [`LockTable`] groups
+//! one read's rows into each key's holders and waiters ([`LeaseLocks`]),
+//! named after the lease where a session says which ([`application_name`]);
+//! a [`HolderHistory`] follows the holders across successive reads (when
+//! each was first seen: the server records no grant time).
 
+use std::collections::HashMap;
 use std::fmt;
+
+use crate::key::{key_for_name, LeaseId};
 
 /// A [`HOLDERS_SQL`] row lacks a column or has one of the wrong type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,6 +189,178 @@ impl HolderRow {
     }
 }
 
+/// The prefix of [`application_name`].
+const APPLICATION_PREFIX: &str = "lease:";
+
+/// The `application_name` that names a lease's session: `lease:NAME` (what
+/// `lease run` sets unless told otherwise), cut to the 63 bytes the server
+/// keeps (on a character boundary). [`LockTable`] names a key after it; a
+/// cut name does not match its key and names nothing.
+pub fn application_name(name: &str) -> String {
+    let mut s = format!("{APPLICATION_PREFIX}{name}");
+    let mut end = s.len().min(63);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s
+}
+
+/// The lease name a row's session gives in its [`application_name`], if
+/// that name's key is the row's key.
+fn lease_name(row: &HolderRow) -> Option<String> {
+    let name = (row.application_name.as_deref()?).strip_prefix(APPLICATION_PREFIX)?;
+    (key_for_name(name) == row.key).then(|| name.to_owned())
+}
+
+/// One lease (or any advisory key) as the lock table shows it: who holds its
+/// key and who waits for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseLocks {
+    /// The lease name: the one asked for ([`LockTable::leases`]), or the
+    /// one a session on the key gives in its [`application_name`]; `None`
+    /// for a key no lease session names.
+    pub name: Option<String>,
+    /// The advisory key.
+    pub key: i64,
+    /// The granted requests: none when the key is free, one for a lease
+    /// (a key held in a shared mode can have several).
+    pub holders: Vec<HolderRow>,
+    /// The waiting requests, in queue order ([`HOLDERS_SQL`]'s): standbys
+    /// waiting on the server, or other clients blocked on the key.
+    pub waiters: Vec<HolderRow>,
+}
+
+/// One read of the lock table ([`HOLDERS_SQL`]'s rows), by key: every key
+/// held or waited for, with its holders and waiters. A view of the leases
+/// is read from it ([`LockTable::all`], [`LockTable::leases`]); a view of
+/// another grouping of keys would be read from it the same way.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockTable {
+    /// Every key of the rows, in the order of their first row (key order
+    /// for [`HOLDERS_SQL`]'s).
+    keys: Vec<LeaseLocks>,
+}
+
+impl LockTable {
+    /// Groups rows by key, keeping their order within a key (holders then
+    /// waiters in queue order, for [`HOLDERS_SQL`]'s). Each key is named
+    /// after the first of its sessions that names it.
+    pub fn from_rows(rows: impl IntoIterator<Item = HolderRow>) -> LockTable {
+        let mut keys: Vec<LeaseLocks> = Vec::new();
+        let mut index = HashMap::new();
+        for row in rows {
+            let i = *index.entry(row.key).or_insert_with(|| {
+                keys.push(LeaseLocks {
+                    key: row.key,
+                    ..LeaseLocks::default()
+                });
+                keys.len() - 1
+            });
+            let lease = &mut keys[i];
+            if row.granted {
+                lease.holders.push(row);
+            } else {
+                lease.waiters.push(row);
+            }
+        }
+        for lease in &mut keys {
+            let mut sessions = lease.holders.iter().chain(&lease.waiters);
+            lease.name = sessions.find_map(lease_name);
+        }
+        LockTable { keys }
+    }
+
+    /// Every key held or waited for.
+    pub fn all(&self) -> &[LeaseLocks] {
+        &self.keys
+    }
+
+    /// The locks of `key`, if it is held or waited for.
+    pub fn key(&self, key: i64) -> Option<&LeaseLocks> {
+        self.keys.iter().find(|l| l.key == key)
+    }
+
+    /// The leases `ids`, in that order, held or not, each named as asked.
+    pub fn leases(&self, ids: &[LeaseId]) -> Vec<LeaseLocks> {
+        (ids.iter())
+            .map(|id| LeaseLocks {
+                name: Some(id.name().to_owned()),
+                ..(self.key(id.key()).cloned()).unwrap_or(LeaseLocks {
+                    key: id.key(),
+                    ..LeaseLocks::default()
+                })
+            })
+            .collect()
+    }
+}
+
+/// Since when a holder holds its key, as far as successive reads of the
+/// lock table tell ([`HolderHistory::since`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeldSince<T> {
+    /// It held the key already at the first read, made at this time.
+    Before(T),
+    /// The read at this time is the first that showed it: it took the key
+    /// after the read before.
+    At(T),
+}
+
+/// A holder as reads tell it from another: its key, backend pid and backend
+/// start (a pid can be reused by a later backend).
+type HolderId = (i64, Option<i32>, Option<String>);
+
+/// The holders seen across successive reads of the lock table, each with
+/// the read that first showed it (`lease status --watch`'s HELD SINCE). `T`
+/// is the caller's time of a read (any clock, or its text).
+#[derive(Debug, Clone)]
+pub struct HolderHistory<T> {
+    /// Reads so far.
+    reads: u64,
+    /// Each holder of the last read and since when it holds.
+    holders: HashMap<HolderId, HeldSince<T>>,
+}
+
+impl<T> Default for HolderHistory<T> {
+    fn default() -> Self {
+        HolderHistory {
+            reads: 0,
+            holders: HashMap::new(),
+        }
+    }
+}
+
+impl<T: Clone> HolderHistory<T> {
+    /// Takes in a read of the lock table made at `at`. A holder that is not
+    /// in it is forgotten: if it comes back, it took the key again.
+    pub fn update(&mut self, table: &LockTable, at: T) {
+        let first = self.reads == 0;
+        self.reads += 1;
+        let mut current = HashMap::new();
+        for lease in table.all() {
+            for h in &lease.holders {
+                let id = (lease.key, h.pid, h.backend_start.clone());
+                let known = self.holders.remove(&id);
+                let new = || {
+                    if first {
+                        HeldSince::Before(at.clone())
+                    } else {
+                        HeldSince::At(at.clone())
+                    }
+                };
+                current.insert(id, known.unwrap_or_else(new));
+            }
+        }
+        self.holders = current;
+    }
+
+    /// Since when `holder` holds its key, if the last read showed it.
+    pub fn since(&self, holder: &HolderRow) -> Option<&HeldSince<T>> {
+        let id = (holder.key, holder.pid, holder.backend_start.clone());
+        self.holders.get(&id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,6 +462,151 @@ mod tests {
         let junk = "x".repeat(1000);
         let err = with(0, Some(&junk)).unwrap_err();
         assert!(err.to_string().len() < 120, "{err}");
+    }
+
+    fn holder(key: i64, pid: i32, app: &str) -> HolderRow {
+        HolderRow {
+            key,
+            pid: Some(pid),
+            mode: Some("ExclusiveLock".to_owned()),
+            application_name: Some(app.to_owned()),
+            backend_start: Some(format!("2026-12-01T10:00:00.{pid:06}Z")),
+            granted: true,
+            ..HolderRow::default()
+        }
+    }
+
+    fn waiter(key: i64, pid: i32, app: &str) -> HolderRow {
+        HolderRow {
+            mode: Some("ShareLock".to_owned()),
+            granted: false,
+            wait_start: Some("2026-12-01T10:05:00.5Z".to_owned()),
+            ..holder(key, pid, app)
+        }
+    }
+
+    fn pids(rows: &[HolderRow]) -> Vec<Option<i32>> {
+        rows.iter().map(|r| r.pid).collect()
+    }
+
+    #[test]
+    fn a_read_groups_holders_and_waiters_by_key_in_queue_order() {
+        let a = LeaseId::named("a").unwrap();
+        let b = LeaseId::named("b").unwrap();
+        let rows = vec![
+            holder(a.key(), 42, "lease:a"),
+            waiter(a.key(), 50, "lease:a"),
+            waiter(a.key(), 49, "psql"),
+            // A waiter with nobody holding (the instant after a release).
+            waiter(b.key(), 60, "lease:b"),
+        ];
+        let table = LockTable::from_rows(rows);
+        let all = table.all();
+        assert_eq!(all.len(), 2);
+        assert_eq!((all[0].key, all[0].name.as_deref()), (a.key(), Some("a")));
+        assert_eq!(pids(&all[0].holders), [Some(42)]);
+        assert_eq!(pids(&all[0].waiters), [Some(50), Some(49)]);
+        // A key with only waiters is listed too, named from them.
+        assert_eq!((all[1].key, all[1].name.as_deref()), (b.key(), Some("b")));
+        assert!(all[1].holders.is_empty());
+        assert_eq!(pids(&all[1].waiters), [Some(60)]);
+        assert_eq!(table.key(b.key()), Some(&all[1]));
+        assert_eq!(table.key(7), None);
+        // Out of key order, the rows of a key still make one entry.
+        let mixed = vec![
+            waiter(1, 11, "x"),
+            holder(2, 20, "y"),
+            holder(1, 10, "x"),
+            waiter(1, 12, "x"),
+        ];
+        let table = LockTable::from_rows(mixed);
+        let keys: Vec<i64> = table.all().iter().map(|l| l.key).collect();
+        assert_eq!(keys, [1, 2]);
+        assert_eq!(pids(&table.all()[0].holders), [Some(10)]);
+        assert_eq!(pids(&table.all()[0].waiters), [Some(11), Some(12)]);
+        assert_eq!(LockTable::from_rows([]).all(), []);
+    }
+
+    #[test]
+    fn named_leases_are_shown_held_or_not() {
+        let a = LeaseId::named("a").unwrap();
+        let b = LeaseId::named("b").unwrap();
+        // Named as asked, whatever the session says.
+        let table = LockTable::from_rows([holder(a.key(), 42, "other")]);
+        let leases = table.leases(&[b.clone(), a.clone()]);
+        assert_eq!(leases.len(), 2);
+        assert_eq!(
+            leases[0],
+            LeaseLocks {
+                name: Some("b".to_owned()),
+                key: b.key(),
+                holders: vec![],
+                waiters: vec![]
+            }
+        );
+        assert_eq!(leases[1].name.as_deref(), Some("a"));
+        assert_eq!(pids(&leases[1].holders), [Some(42)]);
+        assert_eq!(table.all()[0].name, None);
+    }
+
+    #[test]
+    fn keys_are_named_only_by_a_lease_session_whose_name_matches() {
+        let sweeper = LeaseId::named("sweeper").unwrap();
+        let table = LockTable::from_rows([
+            holder(sweeper.key(), 1, "lease:sweeper"),
+            holder(7, 2, "other"),
+            // `lease:` with a name of another key names nothing.
+            holder(8, 3, "lease:sweeper"),
+            // A holder that names nothing, a waiter that does.
+            holder(9, 4, "psql"),
+            waiter(9, 5, &application_name("nine")),
+        ]);
+        let names: Vec<Option<&str>> = table.all().iter().map(|l| l.name.as_deref()).collect();
+        assert_eq!(names, [Some("sweeper"), None, None, None]);
+        let nine = LeaseId::named("nine").unwrap();
+        let table =
+            LockTable::from_rows([holder(9, 4, "psql"), waiter(nine.key(), 5, "lease:nine")]);
+        assert_eq!(table.key(nine.key()).unwrap().name.as_deref(), Some("nine"));
+    }
+
+    #[test]
+    fn application_names_fit_the_server() {
+        assert_eq!(application_name("job"), "lease:job");
+        let long = application_name(&"é".repeat(40));
+        assert!(long.len() <= 63);
+        assert!(long.starts_with("lease:é"));
+        // A cut name names no key.
+        let name = "é".repeat(40);
+        let row = holder(key_for_name(&name), 1, &long);
+        assert_eq!(lease_name(&row), None);
+    }
+
+    #[test]
+    fn the_history_dates_holders_from_the_read_that_first_showed_them() {
+        let mut history = HolderHistory::default();
+        let first = holder(1, 42, "lease:a");
+        history.update(&LockTable::from_rows([first.clone()]), "T0");
+        assert_eq!(history.since(&first), Some(&HeldSince::Before("T0")));
+        // Another holder, seen first at T1.
+        let next = holder(1, 43, "lease:a");
+        let read = LockTable::from_rows([next.clone(), waiter(1, 50, "lease:a")]);
+        history.update(&read, "T1");
+        assert_eq!(history.since(&next), Some(&HeldSince::At("T1")));
+        assert_eq!(history.since(&first), None);
+        // Still the same holder later: still since T1.
+        history.update(&read, "T2");
+        assert_eq!(history.since(&next), Some(&HeldSince::At("T1")));
+        // The same pid on a later backend is another holder.
+        let reused = HolderRow {
+            backend_start: Some("2026-12-01T11:00:00.000000Z".to_owned()),
+            ..next.clone()
+        };
+        history.update(&LockTable::from_rows([reused.clone()]), "T3");
+        assert_eq!(history.since(&reused), Some(&HeldSince::At("T3")));
+        // Gone, then back: it took the key again.
+        history.update(&LockTable::default(), "T4");
+        history.update(&LockTable::from_rows([first.clone()]), "T5");
+        assert_eq!(history.since(&first), Some(&HeldSince::At("T5")));
     }
 
     #[test]

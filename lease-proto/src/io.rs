@@ -236,6 +236,22 @@ pub enum Reason {
     HandedOver,
 }
 
+impl Reason {
+    /// Whether the server has freed the key already when a lease is lost
+    /// for this reason: the session ended (the server released its locks
+    /// with it) or a verify found the key not held. Another session may
+    /// take the key at once (a standby woken by the release after its
+    /// [`Options::lock_delay`](crate::Options::lock_delay)), so a job must
+    /// stop within that, not at the guard deadline. After the other losses
+    /// (a statement timed out or failed, the validity ran out, a refusal)
+    /// the session stays open with the key held until the cancelled jobs
+    /// have returned or the guard deadline has come (see
+    /// [`Deadline::DeferredClose`](crate::Deadline::DeferredClose)).
+    pub fn key_freed(&self) -> bool {
+        matches!(self, Reason::SessionEnded(_) | Reason::NotHeld)
+    }
+}
+
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -676,4 +692,26 @@ pub enum Event {
         /// Why.
         refusal: Refusal,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_ended_session_or_a_failed_verify_frees_the_key() {
+        let refused = Reason::Refused(Refusal::BackendChanged { was: 1, now: 2 });
+        let freed = [Reason::SessionEnded(None), Reason::NotHeld];
+        let held = [
+            Reason::QueryTimeout,
+            Reason::ValidityExpired,
+            Reason::QueryFailed(SessionError::other("x")),
+            Reason::Shutdown,
+            Reason::Closed,
+            refused,
+            Reason::InRecovery,
+        ];
+        assert!(freed.iter().all(Reason::key_freed));
+        assert!(!held.iter().any(Reason::key_freed));
+    }
 }

@@ -122,7 +122,8 @@
 //! [`ADVISORY_KEY_SQL`](server::ADVISORY_KEY_SQL) is the `pg_locks` expression of a lease's key, and
 //! [`HOLDERS_SQL`](inspect::HOLDERS_SQL) lists who holds which key and which sessions wait for it (the
 //! standbys waiting on the server; rows of [`HolderRow`](inspect::HolderRow)), as
-//! `lease status` shows it.
+//! `lease status` shows it; a [`LockTable`](inspect::LockTable) groups one read's
+//! rows into each lease's holders and waiters.
 //!
 //! ## Simulator
 //!
@@ -181,8 +182,8 @@ pub mod reply {
 /// defaults to, what it accepts, and the fixed constants of the rules.
 pub mod limits {
     pub use crate::machine::{
-        MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD, MIN_WAIT, RECONNECT_BASE, VERIFY_EVERY,
-        WAKE_BUDGET,
+        FAST_RECONNECT_CAP, FAST_RECONNECT_WINDOW, MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD,
+        MIN_WAIT, RECONNECT_BASE, VERIFY_EVERY, WAKE_BUDGET,
     };
     pub use crate::options::{
         DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LOCK_DELAY, DEFAULT_MAX_LEASES,

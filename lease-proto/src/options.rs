@@ -255,11 +255,32 @@ impl Options {
     /// with the defaults). The one definition of the bound the docs state;
     /// a holder-side deadline measured on the holder's clock from a
     /// confirming statement must come early enough by this share of its
-    /// length (see `lease run`'s kill deadline).
+    /// length (see [`Options::act_after_validity`]).
     pub fn drift_bound(&self) -> f64 {
         let v = self.validity_window().as_secs_f64();
         let m = self.guard_margin_in_force().as_secs_f64();
         m / (2.0 * v + m)
+    }
+
+    /// How long after a lease's validity end (on the holder's clock) the
+    /// holder's job may still act before the server could free the key and
+    /// hand it over, with the server guard; `None` without it (the server
+    /// frees a silent holder's key at no moment the holder can know).
+    ///
+    /// It is the guard timeout measured on the holder's clock, shortened by
+    /// the drift the guarantee allows ([`Options::drift_bound`]), so that a
+    /// clock running that much slow still ends the job first; floored to the
+    /// microsecond (early, never late); less the validity window. Always
+    /// positive: `guard (1 - drift) - validity = margin validity / (2
+    /// validity + margin)` (484 ms with the defaults). `lease run` kills its
+    /// command there after a lost lease.
+    pub fn act_after_validity(&self) -> Option<Duration> {
+        if !self.server_guard {
+            return None;
+        }
+        let guard = self.guard_timeout().mul_f64(1.0 - self.drift_bound());
+        let guard = Duration::from_micros(guard.as_micros() as u64);
+        Some(guard.saturating_sub(self.validity_window()))
     }
 
     /// The `idle_session_timeout` the session is opened with when the server
@@ -384,6 +405,57 @@ mod tests {
         assert_eq!(o.guard_timeout(), Duration::from_secs(16));
         // 1 s / (2 x 15 s + 1 s): the "3 %" of the docs.
         assert!((o.drift_bound() - 1.0 / 31.0).abs() < 1e-12);
+    }
+
+    /// The job's deadline is `confirmed + validity + act_after_validity` on
+    /// the holder's clock. A holder whose clock runs slow by the drift the
+    /// guarantee allows (`margin / (2 validity + margin)`) measures that
+    /// offset later in real time than the server frees the key.
+    #[test]
+    fn the_job_deadline_allows_for_the_drift_bound() {
+        let cases = [
+            Options::default(),
+            Options {
+                heartbeat_interval: Duration::from_millis(200),
+                query_timeout: Duration::from_millis(500),
+                guard_margin: Duration::from_millis(300),
+                ..Options::default()
+            },
+            Options {
+                validity: Some(Duration::from_secs(500)),
+                ..Options::default()
+            },
+        ];
+        for o in cases {
+            let v = o.validity_window().as_secs_f64();
+            let m = o.guard_margin_in_force().as_secs_f64();
+            let drift = m / (2.0 * v + m);
+            assert_eq!(drift, o.drift_bound());
+            // Holder-clock offset from the confirming statement's send time.
+            let after = o.act_after_validity().expect("the server guard is on");
+            let offset = o.validity_window() + after;
+            // Real time that offset takes on a clock slow by `drift`.
+            let real = offset.as_secs_f64() / (1.0 - drift);
+            let guard = o.guard_timeout().as_secs_f64();
+            assert!(
+                real <= guard,
+                "validity {v} s, margin {m} s: the job acts until {offset:?} after the \
+                 confirming statement on the holder's clock, {real:.4} s of real time on a \
+                 clock {:.2} % slow, after the server may free the key ({guard} s)",
+                drift * 100.0
+            );
+            // Still after the validity end.
+            assert!(!after.is_zero());
+        }
+        assert_eq!(
+            Options::default().act_after_validity(),
+            Some(Duration::from_micros(483_870))
+        );
+        let unguarded = Options {
+            server_guard: false,
+            ..Options::default()
+        };
+        assert_eq!(unguarded.act_after_validity(), None);
     }
 
     #[test]

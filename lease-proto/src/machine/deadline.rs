@@ -46,14 +46,25 @@ impl Deadline {
     ];
 }
 
-/// One optional deadline per [`Deadline`]. Entries are set and stopped where
-/// the state they time changes; the pump acts on the expired ones.
+/// One optional deadline per [`Deadline`], and the latest time fed in.
+/// Entries are set and stopped where the state they time changes; the pump
+/// acts on the expired ones.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct DeadlineTable {
     at: [Option<Instant>; Deadline::ALL.len()],
+    /// The latest time fed in (time never goes backwards inside).
+    now: Option<Instant>,
 }
 
 impl DeadlineTable {
+    /// The time an input brings: `now`, unless an earlier input brought a
+    /// later one (time never goes backwards inside the machine).
+    pub(crate) fn clock(&mut self, now: Instant) -> Instant {
+        let now = self.now.map_or(now, |t| t.max(now));
+        self.now = Some(now);
+        now
+    }
+
     pub(crate) fn get(&self, timer: Deadline) -> Option<Instant> {
         self.at[timer as usize]
     }
@@ -116,5 +127,15 @@ mod tests {
         table.stop(Deadline::Validity);
         assert!(table.expired(Deadline::Heartbeat, t));
         assert!(!table.expired(Deadline::Validity, t));
+    }
+
+    #[test]
+    fn time_never_goes_backwards() {
+        let t = Instant::now();
+        let second = std::time::Duration::from_secs(1);
+        let mut table = DeadlineTable::default();
+        assert_eq!(table.clock(t), t);
+        assert_eq!(table.clock(t - second), t);
+        assert_eq!(table.clock(t + second), t + second);
     }
 }

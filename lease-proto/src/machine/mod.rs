@@ -1,22 +1,27 @@
 //! The lease state machine: one dispatch over owned sub-states.
 //!
 //! [`Machine`] keeps what ties the concerns together (options, phase, the
-//! session, the clock, the output queues) and routes every input to the
+//! session, the output queues) and routes every input to the
 //! sub-state that owns its rule; each sub-state is a type with its state
 //! and its methods, and nothing else touches its fields:
 //!
 //! - `runs`: the [`RunTable`]: every run by id and key, their states and
 //!   transitions, the keys held without a run;
 //! - `session`: the [`Session`] (idle, connecting, up, doubtful), the
-//!   [`Connector`] that opens one after another (failures, backoff, settings
-//!   by statement, the last error) and the setup's checks;
+//!   [`Connector`] that opens one after another (failures, backoff, nonces,
+//!   settings by statement, the last error) and the setup's checks;
+//! - `jitter`: the [`Jitter`](jitter::Jitter), the machine's one seeded random sequence,
+//!   held by the [`Connector`] (backoffs, nonces, and the standby retries);
 //! - `plan`: the [`SendPlan`] (a verify or a try owed, the heartbeat's
-//!   turn) and the [`Jitter`];
+//!   turn);
 //! - `wait`: the [`ServerWait`], standbys waiting on the server for a key
 //!   to be freed (the rule, in one place);
 //! - `doubtful`: the rule for a session given up on while its cancelled jobs
 //!   still run;
-//! - `timer`: the one deadline table behind [`Machine::poll_timeout`];
+//! - `groups`: the [`Groups`], lease groups' membership (read from the
+//!   server) and shares, what a member may try and what it hands over;
+//! - `deadline`: the one [`DeadlineTable`] behind [`Machine::poll_timeout`],
+//!   with the latest time fed in (time never goes backwards);
 //! - `status`: the public snapshot's types.
 //!
 //! The dispatch below reads in the order of the machine's classes: inputs,
@@ -38,6 +43,7 @@ use crate::sql::{
 mod deadline;
 mod doubtful;
 mod groups;
+mod jitter;
 mod knobs;
 mod plan;
 mod runs;
@@ -50,7 +56,7 @@ use groups::Groups;
 pub(crate) use knobs::Knobs;
 #[cfg(feature = "sim")]
 pub use knobs::Mutation;
-use plan::{Beat, Jitter, SendPlan};
+use plan::{Beat, SendPlan};
 use runs::{RunState, RunTable};
 use session::{check_setup, Connector, InFlight, Session, SetupProblem, Stage, Up, What};
 use wait::{NotFreed, ServerWait};
@@ -67,6 +73,18 @@ pub const MIN_SERVER_VERSION_GUARD: i64 = 140_000;
 /// First reconnect delay; it doubles per consecutive failure up to the retry
 /// interval, and each delay is jittered to between half and all of it.
 pub const RECONNECT_BASE: Duration = Duration::from_millis(50);
+/// After a session that passed its setup ends for a reason other than the
+/// configuration (a server restart, a terminated backend, a broken
+/// connection), the reconnect delay stays at most this, jittered to between
+/// half and all of it, for [`FAST_RECONNECT_WINDOW`]: a restarting server is
+/// tried again within this of accepting connections, where the doubling
+/// backoff would have grown to about as long as the server was down.
+pub const FAST_RECONNECT_CAP: Duration = Duration::from_millis(80);
+/// How long after a ready session ended [`FAST_RECONNECT_CAP`] holds; then
+/// the delay doubles again up to the retry interval, so a fleet does not
+/// keep up 12–25 attempts a second per locker against a server in a long
+/// recovery (each attempt on a starting server forks a backend).
+pub const FAST_RECONNECT_WINDOW: Duration = Duration::from_secs(20);
 /// Every this many heartbeats, the heartbeat sent is a
 /// [`Statement::Verify`](crate::Statement::Verify) (a read of `pg_locks`).
 /// The steady heartbeat proves the session is the same live one, which is
@@ -171,9 +189,6 @@ pub struct Machine {
     opts: Options,
     /// The simulator's broken variants; all off in production.
     knobs: Knobs,
-    jitter: Jitter,
-    /// The latest time fed in (time never goes backwards inside).
-    now: Option<Instant>,
     phase: Phase,
     runs: RunTable,
     session: Session,
@@ -182,7 +197,7 @@ pub struct Machine {
     wait: ServerWait,
     /// Lease groups: membership and shares (see `groups`).
     groups: Groups,
-    /// Every deadline; see [`Deadline`].
+    /// Every deadline (see [`Deadline`]) and the latest time fed in.
     timers: DeadlineTable,
     out: Outputs,
 }
@@ -231,12 +246,10 @@ impl Machine {
         Ok(Machine {
             opts,
             knobs: Knobs::default(),
-            jitter: Jitter::new(seed),
-            now: None,
             phase: Phase::Open,
             runs: RunTable::default(),
             session: Session::Idle,
-            connector: Connector::default(),
+            connector: Connector::new(seed),
             plan: SendPlan::default(),
             wait: ServerWait::default(),
             groups: Groups::default(),
@@ -268,7 +281,7 @@ impl Machine {
     /// [`RunRejected::TooManyLeases`] past [`Options::max_leases`],
     /// [`RunRejected::Refused`] after a refused setup.
     pub fn run(&mut self, now: Instant, lease: LeaseId) -> Result<RunId, RunRejected> {
-        let now = self.clock(now);
+        let now = self.timers.clock(now);
         if let Phase::Refused(r) = &self.phase {
             return Err(RunRejected::Refused(r.clone()));
         }
@@ -297,7 +310,7 @@ impl Machine {
     /// Input: feeds one input at time `now`. Never panics, whatever the
     /// input: inputs naming unknown runs, sessions or queries are ignored.
     pub fn handle_input(&mut self, now: Instant, input: Input) {
-        let now = self.clock(now);
+        let now = self.timers.clock(now);
         match input {
             Input::JobExited { run, exit } => self.runs.job_exited(run, exit, &mut self.out),
             Input::Shutdown { run } => {
@@ -466,13 +479,6 @@ impl Machine {
         }
     }
 
-    /// Time never goes backwards inside the machine.
-    fn clock(&mut self, now: Instant) -> Instant {
-        let now = self.now.map_or(now, |t| t.max(now));
-        self.now = Some(now);
-        now
-    }
-
     // ---- the session --------------------------------------------------
 
     /// Asks the driver for a new connection.
@@ -497,7 +503,7 @@ impl Machine {
             return;
         }
         self.timers.stop(Deadline::Connect);
-        let nonce = self.jitter.nonce(session);
+        let nonce = self.connector.nonce(session);
         self.session = Session::Up(Up::new(session, nonce));
         self.send(now, What::Setup);
     }
@@ -582,9 +588,9 @@ impl Machine {
         }
         self.runs.session_gone(&reason, &mut self.out);
         self.session_down();
-        self.connector.failed();
+        self.connector.failed(now);
         self.session = Session::Backoff;
-        let backoff = self.connector.backoff(&self.opts, self.jitter.random());
+        let backoff = self.connector.backoff(&self.opts, now);
         self.timers.set(Deadline::Backoff, now + backoff);
     }
 
@@ -653,6 +659,7 @@ impl Machine {
         self.out.session(SessionCommand::Close { session });
         self.out.event(Event::SessionIdle { session });
         self.session_down();
+        self.connector.closed();
         self.session = Session::Idle;
         self.connector.clear_failures();
         self.timers.stop(Deadline::Backoff);
@@ -663,6 +670,7 @@ impl Machine {
     fn close_for_new_session(&mut self, session: SessionId) {
         self.out.session(SessionCommand::Close { session });
         self.session_down();
+        self.connector.closed();
         self.session = Session::Idle;
         self.timers.stop(Deadline::Backoff);
     }
@@ -755,7 +763,7 @@ impl Machine {
                 self.out.event(Event::TryFailed { error });
                 self.runs.try_back(&keys);
                 self.plan.owe_verify();
-                let retry = now + self.jitter.retry(self.opts.retry_interval);
+                let retry = now + self.connector.retry_delay(self.opts.retry_interval);
                 self.timers.set(Deadline::Retry, retry);
             }
             (What::Heartbeat, Ok(rows)) => match HeartbeatReply::parse(&rows) {
@@ -949,7 +957,7 @@ impl Machine {
             self.runs.try_back(&unanswered);
             self.plan.owe_verify();
         }
-        let retry = now + self.jitter.retry(self.opts.retry_interval);
+        let retry = now + self.connector.retry_delay(self.opts.retry_interval);
         self.timers.set(Deadline::Retry, retry);
     }
 
@@ -1134,7 +1142,7 @@ impl Machine {
         for key in self.groups.take_handoffs() {
             self.runs.hand_over(key, &mut self.out);
         }
-        let retry = now + self.jitter.retry(self.opts.retry_interval);
+        let retry = now + self.connector.retry_delay(self.opts.retry_interval);
         self.timers.set(Deadline::Retry, retry);
         self.plan.try_soon();
     }

@@ -1,11 +1,16 @@
 //! The session: its states ([`Session`]), the connector that opens one
-//! after another ([`Connector`]: ids, failures and backoff, whether any ever
-//! became ready, settings by statement behind a pooler, the last error), and
-//! the rules a new session's setup must pass ([`check_setup`]).
+//! after another ([`Connector`]: ids and nonces, failures and backoff,
+//! whether any ever became ready, settings by statement behind a pooler, the
+//! last error, the machine's seeded [`Jitter`]), and the rules a new
+//! session's setup must pass ([`check_setup`]).
 
 use std::time::{Duration, Instant};
 
-use super::{Knobs, LastError, MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD, RECONNECT_BASE};
+use super::jitter::Jitter;
+use super::{
+    Knobs, LastError, FAST_RECONNECT_CAP, FAST_RECONNECT_WINDOW, MIN_SERVER_VERSION,
+    MIN_SERVER_VERSION_GUARD, RECONNECT_BASE,
+};
 use crate::io::{QueryId, Reason, Refusal, SessionError, SessionId, SessionParams};
 use crate::options::Options;
 use crate::sql::{SetupReply, Statement};
@@ -213,12 +218,21 @@ impl What {
 
 /// Opening sessions, one after another: what carries over from one session
 /// to the next.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Connector {
+    /// The machine's one random sequence: this connector's backoffs and
+    /// nonces draw from it, and so do the standby retries
+    /// ([`Connector::retry_delay`]), so that the seed fixes every draw.
+    jitter: Jitter,
     next_session: u64,
     next_query: u64,
     /// Consecutive failed connection attempts.
     failures: u32,
+    /// The session in use passed its setup (cleared when it ends).
+    ready_now: bool,
+    /// Until when the reconnect delay stays at most [`FAST_RECONNECT_CAP`]:
+    /// [`FAST_RECONNECT_WINDOW`] after a session that passed its setup ended.
+    fast_until: Option<Instant>,
     /// A session of this machine passed setup at least once: from then on
     /// configuration errors at connect are retried, not final for runs.
     ever_ready: bool,
@@ -236,6 +250,22 @@ pub(super) struct Connector {
 }
 
 impl Connector {
+    /// A connector whose jitter and nonces come from `seed`.
+    pub(super) fn new(seed: u64) -> Connector {
+        Connector {
+            jitter: Jitter::new(seed),
+            next_session: 0,
+            next_query: 0,
+            failures: 0,
+            ready_now: false,
+            fast_until: None,
+            ever_ready: false,
+            settings_by_statement: false,
+            last_error: None,
+            last_sent: None,
+        }
+    }
+
     pub(super) fn next_session(&mut self) -> SessionId {
         let id = SessionId(self.next_session);
         self.next_session += 1;
@@ -264,9 +294,20 @@ impl Connector {
         self.failures
     }
 
-    /// A connection attempt failed or a session ended: the next waits longer.
-    pub(super) fn failed(&mut self) {
+    /// A connection attempt failed or a session ended at `now`: the next
+    /// waits longer. A session that had passed its setup opens the window
+    /// of [`FAST_RECONNECT_CAP`].
+    pub(super) fn failed(&mut self, now: Instant) {
         self.failures = self.failures.saturating_add(1);
+        if std::mem::take(&mut self.ready_now) {
+            self.fast_until = Some(now + FAST_RECONNECT_WINDOW);
+        }
+    }
+
+    /// The machine closed the session itself, not for a failure: its end
+    /// opens no window of [`FAST_RECONNECT_CAP`].
+    pub(super) fn closed(&mut self) {
+        self.ready_now = false;
     }
 
     /// No failure to count: the next attempt may go at once.
@@ -278,6 +319,8 @@ impl Connector {
     pub(super) fn ready(&mut self) {
         self.failures = 0;
         self.ever_ready = true;
+        self.ready_now = true;
+        self.fast_until = None;
     }
 
     pub(super) fn ever_ready(&self) -> bool {
@@ -302,15 +345,34 @@ impl Connector {
         self.last_error = Some(e);
     }
 
-    /// The delay before the next attempt: it doubles per consecutive failure
-    /// from [`RECONNECT_BASE`] up to the retry interval, jittered to between
-    /// half and all of it by `random` (uniform in [0, 1)).
-    pub(super) fn backoff(&self, opts: &Options, random: f64) -> Duration {
+    /// The delay before the next attempt at `now`: it doubles per
+    /// consecutive failure from [`RECONNECT_BASE`] up to the retry interval,
+    /// and up to [`FAST_RECONNECT_CAP`] only within [`FAST_RECONNECT_WINDOW`]
+    /// of a ready session's end unless the last failure was the
+    /// configuration's (a rotated password is no restarting server);
+    /// jittered to between half and all of it (the connector's jitter).
+    pub(super) fn backoff(&mut self, opts: &Options, now: Instant) -> Duration {
         let exp = self.failures.saturating_sub(1).min(20);
-        let d = RECONNECT_BASE
-            .saturating_mul(1 << exp)
-            .min(opts.retry_interval);
-        d.mul_f64(0.5 + 0.5 * random)
+        let mut cap = opts.retry_interval;
+        let configuration = (self.last_error.as_ref()).is_some_and(|e| e.error.is_configuration());
+        if self.fast_until.is_some_and(|until| now < until) && !configuration {
+            cap = cap.min(FAST_RECONNECT_CAP);
+        }
+        let d = RECONNECT_BASE.saturating_mul(1 << exp).min(cap);
+        d.mul_f64(0.5 + 0.5 * self.jitter.random())
+    }
+
+    /// The nonce of `session`, which this connector opened (see
+    /// [`Jitter::nonce`]).
+    pub(super) fn nonce(&self, session: SessionId) -> i64 {
+        self.jitter.nonce(session)
+    }
+
+    /// The delay until the next standby try: the retry interval, jittered
+    /// down (see [`Jitter::retry`]). Drawn here, from the one sequence the
+    /// backoffs also draw from, so that the seed fixes every draw.
+    pub(super) fn retry_delay(&mut self, interval: Duration) -> Duration {
+        self.jitter.retry(interval)
     }
 
     /// What a new session connects with.

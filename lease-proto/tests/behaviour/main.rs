@@ -18,6 +18,7 @@ mod heartbeat;
 mod options;
 mod poolers;
 mod promotion;
+mod reconnect;
 mod server_wait;
 mod session_setup;
 

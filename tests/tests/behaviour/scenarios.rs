@@ -228,6 +228,7 @@ both_drivers!(
     over_tls,
     terminated_backend,
     server_restart,
+    server_down_for_seconds_at_library_defaults,
     partition,
     freeze,
     slow_replies,
@@ -646,6 +647,68 @@ fn terminated_backend(driver: Driver) -> Res {
     std::thread::sleep(config.retry * 5);
     assert_no_overlap(&nodes);
     assert_one_leader(&admin, &nodes, "job")?;
+    Ok(())
+}
+
+/// At the library's default options (retry interval 5 s), a server that is down for a few
+/// seconds (stopped, then started again) has every lease led again soon after it accepts
+/// connections: the locker whose session had passed its setup reconnects at least every
+/// `lease_proto::limits::FAST_RECONNECT_CAP` for a while, where the doubling backoff had
+/// grown to about as long as the server was down. Three rounds; each asserts the cap plus
+/// room for the setup and the try on a loaded machine, and prints the gap.
+fn server_down_for_seconds_at_library_defaults(driver: Driver) -> Res {
+    let mut cluster = Cluster::start()?;
+    let url = cluster.conn_string();
+    let defaults = lease_proto::Options::default();
+    let config = ReplicaConfig {
+        leases: 3,
+        retry: defaults.retry_interval,
+        heartbeat: defaults.heartbeat_interval,
+        query_timeout: defaults.query_timeout,
+        guard_margin: defaults.guard_margin,
+        ..replica(driver, &url)
+    };
+    let names = config.names();
+    let a = config.spawn(bin(), "A")?;
+    a.wait_starts(3, WAIT)?;
+    let bound = lease_proto::limits::FAST_RECONNECT_CAP + ms(300);
+    let mut gaps = Vec::new();
+    for round in 0..3 {
+        let t_stop = monotonic_nanos();
+        cluster.stop()?;
+        std::thread::sleep(ms(2500));
+        cluster.start_again()?;
+        let t_up = monotonic_nanos();
+        let deadline = Instant::now() + WAIT;
+        let rewon = loop {
+            let terms = a.terms();
+            let open: Vec<&Term> = terms
+                .iter()
+                .filter(|t| t.end.is_none() && t.start > t_stop)
+                .collect();
+            if names.iter().all(|n| open.iter().any(|t| &t.lease == n)) {
+                break open.iter().map(|t| t.start).max().unwrap_or(0);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: not every lease was won again\n{}",
+                a.tail()
+            );
+            std::thread::sleep(ms(5));
+        };
+        let gap = diff(t_up, rewon);
+        fig_ms(
+            driver,
+            "down 2.5 s, defaults: server up -> every lease led again",
+            gap,
+        );
+        gaps.push(ms_f(gap));
+    }
+    assert!(
+        gaps.iter().all(|&g| g <= bound.as_secs_f64() * 1e3),
+        "server up -> every lease led again: {gaps:?} ms, bound {bound:?}\n{}",
+        a.tail()
+    );
     Ok(())
 }
 
