@@ -22,7 +22,8 @@
 //!   the key released after the job returned, the handover notification
 //!   wakes the owner) only if the owner was seen in two consecutive reads
 //!   (hysteresis), and only once per key and owner while the membership
-//!   stays the same (an owner that did not take it is not offered it again).
+//!   stays the same (an owner that did not take it is not offered it again,
+//!   nor by any member that saw the key stay free past the bound).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -173,10 +174,13 @@ impl Groups {
     }
 
     /// The read `read` by the session of backend `me` answered `reply` at
-    /// `now`; `held`: the keys this machine leads now.
+    /// `now`; `held`: the keys this machine leads now; `bound`: how long a
+    /// key must stay free before a member that does not own it tries it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn read_done(
         &mut self,
         now: Instant,
+        bound: Duration,
         me: i64,
         read: &Read,
         reply: &MembersReply,
@@ -215,6 +219,17 @@ impl Groups {
                 }
             }
             group.free_since.retain(|k, _| keys.contains(k));
+            // A key that stayed free past the bound: its owner does not take
+            // it (it runs another key set). Every member sees that, and none
+            // offers the key to that owner again while the membership holds.
+            for (key, since) in &group.free_since {
+                match group.owner.get(key) {
+                    Some(&owner) if owner != me && *since + bound <= now => {
+                        group.handed.insert(*key, owner);
+                    }
+                    _ => {}
+                }
+            }
             // Hand-offs: a key this machine leads, owned by another member
             // seen in this read and the one before, not offered to it yet.
             for &key in keys.iter().filter(|k| held.contains(k)) {

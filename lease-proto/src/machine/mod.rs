@@ -1138,7 +1138,8 @@ impl Machine {
         self.heartbeat_again(now, sent);
         let wanted = self.runs.group_keys();
         let held = self.runs.leading_keys();
-        (self.groups).read_done(now, me, read, reply, &wanted, &held);
+        let bound = groups::free_bound(&self.opts);
+        (self.groups).read_done(now, bound, me, read, reply, &wanted, &held);
         for key in self.groups.take_handoffs() {
             self.runs.hand_over(key, &mut self.out);
         }

@@ -369,6 +369,10 @@ pub struct SimConfig {
     /// The lease group every run takes part in (see `docs/library.md`,
     /// "Lease groups"); `None`: no group.
     pub group: Option<String>,
+    /// Per process: it runs only the first `n` of [`SimConfig::leases`] (a member
+    /// of a lease group that runs another key set); `None`, or a process past the
+    /// end: every lease.
+    pub lease_subset: Vec<Option<usize>>,
     /// Options of every machine.
     pub options: Options,
     /// Base one-way latency of every link.
@@ -422,6 +426,7 @@ impl Default for SimConfig {
             processes: 3,
             leases: vec!["job".into()],
             group: None,
+            lease_subset: Vec::new(),
             options: Options {
                 retry_interval: Duration::from_millis(200),
                 heartbeat_interval: Duration::from_millis(200),

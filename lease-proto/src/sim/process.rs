@@ -125,7 +125,10 @@ impl Sim {
     /// Starts one run per configured lease on process `p`.
     pub(super) fn start_runs(&mut self, p: usize) {
         let now = self.driver_now(p);
-        let names = self.cfg.leases.clone();
+        let mut names = self.cfg.leases.clone();
+        if let Some(Some(n)) = self.cfg.lease_subset.get(p) {
+            names.truncate(*n);
+        }
         for name in names {
             let mut lease = LeaseId::named(name.clone()).expect("valid lease name");
             if let Some(group) = &self.cfg.group {

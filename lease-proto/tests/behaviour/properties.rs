@@ -1632,6 +1632,82 @@ proptest! {
     }
 }
 
+/// A member that runs only some of the group's keys (process 0 runs the first
+/// one only): the members' shares disagree, yet once faults heal every lease
+/// is led, within [`share_bound`] and the time a key must stay free before a
+/// member that does not own it takes it (two retry intervals and two query
+/// timeouts), and then the group hands nothing over for ten seconds: a key is
+/// offered to an owner at most once while the membership holds.
+fn every_lease_led_with_different_key_sets(case: &Case) -> Result<(), TestCaseError> {
+    let case = Case {
+        exits: false,
+        ..case.clone()
+    };
+    let mut cfg = group_config(&case, None);
+    cfg.lease_subset = vec![Some(1)];
+    let o = &cfg.options;
+    let bound = share_bound(&cfg) + (o.retry_interval * 2 + o.query_timeout * 2) * 2;
+    let mut sim = simulate(&cfg, &case.faults);
+    let healed = healed_at(&case.faults).max(promotion_held_until(&cfg, &case.faults));
+    sim.run_until(healed);
+    let deadline = healed + bound;
+    loop {
+        let live: Vec<usize> = (0..cfg.processes).filter(|p| sim.is_alive(*p)).collect();
+        if live.is_empty() {
+            return Ok(());
+        }
+        // Every lease that a live process runs.
+        let run = |p: usize| {
+            cfg.lease_subset
+                .get(p)
+                .copied()
+                .flatten()
+                .unwrap_or(usize::MAX)
+        };
+        let wanted = live.iter().map(|p| run(*p)).max().unwrap_or(0);
+        let led = (cfg.leases.iter().take(wanted)).all(|l| live.iter().any(|p| sim.leads(*p, l)));
+        if led {
+            break;
+        }
+        prop_assert!(
+            sim.now() < deadline,
+            "not every lease led {bound:?} after healing at {healed:?}\n{}",
+            explain(&cfg, sim.report())
+        );
+        let t = sim.now() + ms(5);
+        sim.run_until(t);
+    }
+    // Settled within the bound: no hand-off after it.
+    sim.run_until(deadline);
+    let settled = sim.report().handoffs;
+    let t = sim.now() + ms(10_000);
+    sim.run_until(t);
+    prop_assert_eq!(
+        sim.report().handoffs,
+        settled,
+        "{}",
+        explain(&cfg, sim.report())
+    );
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: CASES,
+        max_shrink_iters: 200,
+        failure_persistence: regressions_beside_the_source(),
+        ..ProptestConfig::default()
+    })]
+
+    /// [`every_lease_led_with_different_key_sets`].
+    #[test]
+    fn every_lease_is_led_when_members_run_different_key_sets(
+        case in group_case(client_fault(4).boxed())
+    ) {
+        every_lease_led_with_different_key_sets(&case)?;
+    }
+}
+
 /// Broken variant: a member that ignores its share (tries every key as if
 /// it owned them all) leads more than its share, and the fair-share
 /// property finds it.
