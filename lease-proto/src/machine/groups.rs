@@ -357,6 +357,94 @@ mod tests {
         );
     }
 
+    /// A read of group 7 by member 1 showing `members` and, per key, its holder.
+    fn read(
+        g: &mut Groups,
+        now: Instant,
+        members: &[i64],
+        keys: &BTreeSet<i64>,
+        holder: impl Fn(i64) -> Option<i64>,
+    ) -> Vec<i64> {
+        let wanted: BTreeMap<u32, BTreeSet<i64>> = [(7, keys.clone())].into();
+        let r = g.read(&wanted);
+        let reply = MembersReply {
+            backend_pid: Some(1),
+            nonce: None,
+            members: members.iter().map(|m| (7, *m)).collect(),
+            holders: keys.iter().map(|k| (*k, holder(*k))).collect(),
+        };
+        let held = keys
+            .iter()
+            .copied()
+            .filter(|k| holder(*k) == Some(1))
+            .collect();
+        g.read_done(now, ms(1000), 1, &r, &reply, &wanted, &held);
+        g.tried();
+        g.take_handoffs()
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn hand_offs_go_to_a_member_seen_twice_once_per_membership() {
+        let t = Instant::now();
+        let ks = keys(6);
+        let mut g = Groups::default();
+        // Member 1 leads every key; member 2 appears.
+        assert!(
+            read(&mut g, t, &[1, 2], &ks, |_| Some(1)).is_empty(),
+            "seen once"
+        );
+        let owned_by_2: Vec<i64> = (assign(&ks, &[1, 2].into()).into_iter())
+            .filter(|(_, m)| *m == 2)
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(owned_by_2.len(), 3);
+        let handed = read(&mut g, t + ms(100), &[1, 2], &ks, |_| Some(1));
+        assert_eq!(handed, owned_by_2, "seen twice: its share is handed over");
+        // Still held (2 has not taken them yet): not offered again.
+        assert!(read(&mut g, t + ms(200), &[1, 2], &ks, |_| Some(1)).is_empty());
+        // A settled group hands nothing over.
+        let settled = |k: i64| Some(if owned_by_2.contains(&k) { 2 } else { 1 });
+        assert!(read(&mut g, t + ms(300), &[1, 2], &ks, settled).is_empty());
+        assert!(g.may_try(
+            7,
+            ks.iter()
+                .copied()
+                .find(|k| !owned_by_2.contains(k))
+                .unwrap(),
+            Some(1),
+            t,
+            ms(1000)
+        ));
+    }
+
+    #[test]
+    fn a_key_its_owner_leaves_free_is_taken_and_not_offered_again() {
+        let t = Instant::now();
+        let ks = keys(2);
+        let mut g = Groups::default();
+        let share = assign(&ks, &[1, 2].into());
+        let theirs = *share.iter().find(|(_, m)| **m == 2).unwrap().0;
+        // 2 is a member but does not take its key.
+        read(&mut g, t, &[1, 2], &ks, |_| None);
+        assert!(
+            !g.may_try(7, theirs, Some(1), t, ms(1000)),
+            "not before the bound"
+        );
+        read(&mut g, t + ms(1000), &[1, 2], &ks, |_| None);
+        assert!(
+            g.may_try(7, theirs, Some(1), t + ms(1000), ms(1000)),
+            "free past the bound"
+        );
+        // Member 1 took it: it is not handed to 2, which did not take it.
+        let holder = |k: i64| (k == theirs).then_some(1);
+        assert!(read(&mut g, t + ms(1100), &[1, 2], &ks, holder).is_empty());
+        assert!(read(&mut g, t + ms(1200), &[1, 2], &ks, holder).is_empty());
+    }
+
     /// Movement on a join and a leave, against the least possible (the
     /// keys the newcomer must get, or the leaver had). Printed, and bounded.
     #[test]
