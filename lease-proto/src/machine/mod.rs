@@ -182,8 +182,9 @@ impl std::error::Error for RunRejected {}
 ///   does (see `wait` for the rule);
 /// - one statement per heartbeat and one per standby tick (a try, or a
 ///   wait that ends by its lock timeout), however many leases, plus one
-///   wait per tick for a standby of several; at most one statement in
-///   flight.
+///   wait per tick for a standby of several; a lease-group member sends a
+///   membership read before each try instead of waiting (see `groups`); at
+///   most one statement in flight.
 #[derive(Debug)]
 pub struct Machine {
     opts: Options,
