@@ -204,11 +204,20 @@ impl Drop for TlsServer {
     }
 }
 
+/// The test options with a query timeout (which bounds a connection attempt) of 2 s: a TLS
+/// handshake and a SCRAM exchange by the debug build on a loaded 2-core machine took more than
+/// the usual 400 ms, every attempt for 5 s, once (the run then never led).
+fn tls_opts() -> lease_proto::Options {
+    let mut o = opts();
+    o.query_timeout = Duration::from_secs(2);
+    o
+}
+
 #[test]
 fn tokio_from_env_verify_full_with_a_pgpass_password_acquires_a_lease() {
     init();
     let server = TlsServer::start();
-    let made = server.with_env(|| lease_tokio::Locker::from_env(opts()));
+    let made = server.with_env(|| lease_tokio::Locker::from_env(tls_opts()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -238,7 +247,7 @@ fn tokio_from_env_verify_full_with_a_pgpass_password_acquires_a_lease() {
 fn smol_from_env_verify_full_with_a_pgpass_password_acquires_a_lease() {
     init();
     let server = TlsServer::start();
-    let made = server.with_env(|| lease_smol::Locker::from_env(opts()));
+    let made = server.with_env(|| lease_smol::Locker::from_env(tls_opts()));
     let ran = smol::block_on(async {
         let (locker, driver) = made.expect("a locker");
         let driver = smol::spawn(driver);
