@@ -749,6 +749,12 @@ impl Fuzz {
                 }
                 Command::CancelJob { .. } => self.seen.mark(Mark::CancelJob),
                 Command::FinishRun { .. } => {}
+                // The watch session: its waits are never answered here (it
+                // times out and falls back to polling); the harness's
+                // observer checks that it sends nothing but waits.
+                Command::OpenWatch { .. }
+                | Command::WatchQuery { .. }
+                | Command::CloseWatch { .. } => {}
             }
         }
     }

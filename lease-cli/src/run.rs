@@ -6,7 +6,7 @@ use std::future::pending;
 use std::io;
 use std::time::{Duration, Instant};
 
-use lease_proto::inspect::{application_name, HolderRow};
+use lease_proto::inspect::{lease_application_name, HolderRow};
 use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
@@ -105,7 +105,7 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
     if target.config.get_application_name().is_none() {
         target
             .config
-            .application_name(application_name(lease.name()));
+            .application_name(lease_application_name(lease.name()));
     }
     spec.check()?;
     let after_validity = options.act_after_validity().unwrap_or(grace);
@@ -400,7 +400,7 @@ enum Ended {
 /// confirmed heartbeat. A lost lease: SIGTERM at once, SIGKILL at the kill
 /// deadline or after `--grace`, whichever is first; within `--lock-delay`
 /// (half of it) if the session ended (the server freed the key:
-/// [`Reason::key_freed`], [`session_end_wait`]).
+/// [`Reason::key_may_be_free`], [`session_end_wait`]).
 /// A graceful stop
 /// (shutdown, or the command's own exit with leftovers in its group): the
 /// full `--grace`, the key being held until the group is gone.
@@ -501,7 +501,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                     }
                 };
                 stop(&mut job, ctx.grace, hurry).await;
-            } else if reason.key_freed() {
+            } else if reason.key_may_be_free() {
                 // The server may hand the key over now: a standby woken by
                 // its release tries after the lock delay.
                 let wait = session_end_wait(ctx, deadline);
@@ -587,7 +587,7 @@ async fn exited(
                 // session ends meanwhile.
                 return session_watch(ctx).await;
             }
-            let wait = if reason.key_freed() {
+            let wait = if reason.key_may_be_free() {
                 session_end_wait(ctx, snapshot)
             } else {
                 kill_wait(snapshot, ctx.grace)
@@ -769,7 +769,7 @@ async fn describe_holders(
 ) {
     target.config.application_name(format!(
         "{} (holder lookup)",
-        application_name(lease.name())
+        lease_application_name(lease.name())
     ));
     target.config.connect_timeout(timeout);
     let mut last = None;

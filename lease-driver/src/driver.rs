@@ -2,7 +2,8 @@
 //!
 //! Poll order, every round: take the session commands the core routed here
 //! and carry them out; poll the connection attempt, the connection
-//! (notifications, its end) and the query, feeding each result to the core;
+//! (notifications, its end), the watch session (its attempt, its end, its
+//! wait) and the query, feeding each result to the core;
 //! then read the core's next deadline and poll the timer for it. The clock
 //! is read by [`Inner::input`](crate::shared::Inner::input) when each input
 //! is fed, before the timer is polled.
@@ -58,6 +59,10 @@ pub struct Driver<R: Runtime> {
     query: Option<(QueryId, Sent, Reply)>,
     /// The one probe in flight: a statement on a second connection.
     probe: Option<(QueryId, Reply)>,
+    /// The watch session: a second connection that only waits.
+    watch: Watch,
+    /// Its one statement in flight.
+    watch_query: Option<(QueryId, Reply)>,
     /// Made at the first deadline.
     timer: Option<Armed>,
     closing: bool,
@@ -83,6 +88,14 @@ enum Conn {
     Up(SessionId, Arc<Client>, Box<dyn Connection>, Box<Config>),
 }
 
+/// The watch session's connection ([`SessionCommand::OpenWatch`]): opened on
+/// the session's host with its parameters; nothing else is shared.
+enum Watch {
+    Down,
+    Opening(SessionId, BoxFuture<Result<Opened, SessionError>>),
+    Up(SessionId, Arc<Client>, Box<dyn Connection>),
+}
+
 impl<R: Runtime> Driver<R> {
     pub(crate) fn new(inner: Arc<Inner>, runtime: Arc<R>, config: Config) -> Self {
         Driver {
@@ -92,6 +105,8 @@ impl<R: Runtime> Driver<R> {
             conn: Conn::Down,
             query: None,
             probe: None,
+            watch: Watch::Down,
+            watch_query: None,
             timer: None,
             closing: false,
         }
@@ -155,6 +170,44 @@ impl<R: Runtime> Driver<R> {
             SessionCommand::Close { session } => {
                 if self.session() == Some(session) {
                     self.close();
+                }
+            }
+            SessionCommand::OpenWatch { session } => match &self.conn {
+                Conn::Up(.., host) => {
+                    let (runtime, mut host) = (self.runtime.clone(), (**host).clone());
+                    // The host passed its check when the session opened; the
+                    // machine times the attempt out.
+                    host.target_session_attrs(TargetSessionAttrs::Any);
+                    let opening = hosts::open(runtime, vec![host], None);
+                    self.watch_query = None;
+                    self.watch = Watch::Opening(session, Box::pin(opening));
+                }
+                _ => {
+                    let error = Some(SessionError::other("no open session"));
+                    self.inner.input(Input::SessionEnded { session, error });
+                }
+            },
+            SessionCommand::WatchQuery {
+                session,
+                query,
+                statement,
+            } => match &self.watch {
+                Watch::Up(id, client, _) if *id == session => {
+                    let (client, sql) = (client.clone(), statement.sql());
+                    let reply = async move { rows(client.simple_query(&sql).await) };
+                    self.watch_query = Some((query, Box::pin(reply)));
+                }
+                _ => {
+                    let result = Err(SessionError::other("no open watch session"));
+                    self.inner.input(Input::Reply { query, result });
+                }
+            },
+            SessionCommand::CloseWatch { session } => {
+                if let Watch::Opening(id, _) | Watch::Up(id, ..) = &self.watch {
+                    if *id == session {
+                        self.watch = Watch::Down;
+                        self.watch_query = None;
+                    }
                 }
             }
         }
@@ -222,6 +275,7 @@ impl<R: Runtime> Driver<R> {
                 }
             }
         }
+        self.poll_watch(cx);
         if let Some((_, reply)) = &mut self.probe {
             if let Poll::Ready(result) = reply.as_mut().poll(cx) {
                 if let Some((query, _)) = self.probe.take() {
@@ -233,6 +287,48 @@ impl<R: Runtime> Driver<R> {
             if let Poll::Ready(result) = reply.as_mut().poll(cx) {
                 if let Some((query, sent, _)) = self.query.take() {
                     sent.replied(self.inner.clock(), &result);
+                    self.inner.input(Input::Reply { query, result });
+                }
+            }
+        }
+    }
+
+    /// Polls the watch session's attempt, its connection (for its end) and
+    /// its wait, as for the session.
+    fn poll_watch(&mut self, cx: &mut Context<'_>) {
+        if let Watch::Opening(session, opening) = &mut self.watch {
+            if let Poll::Ready(result) = opening.as_mut().poll(cx) {
+                let session = *session;
+                match result {
+                    Ok((_, client, connection)) => {
+                        self.watch = Watch::Up(session, Arc::new(client), connection);
+                        self.inner.input(Input::SessionOpened { session });
+                    }
+                    Err(error) => {
+                        self.watch = Watch::Down;
+                        let error = Some(error);
+                        self.inner.input(Input::SessionEnded { session, error });
+                    }
+                }
+            }
+        }
+        while let Watch::Up(session, _, connection) = &mut self.watch {
+            let session = *session;
+            match connection.poll_message(cx) {
+                Poll::Pending => break,
+                // It listens to nothing: notices only.
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(end) => {
+                    self.watch = Watch::Down;
+                    self.watch_query = None;
+                    let error = end.and_then(Result::err).map(|e| session_error(&e));
+                    self.inner.input(Input::SessionEnded { session, error });
+                }
+            }
+        }
+        if let Some((_, reply)) = &mut self.watch_query {
+            if let Poll::Ready(result) = reply.as_mut().poll(cx) {
+                if let Some((query, _)) = self.watch_query.take() {
                     self.inner.input(Input::Reply { query, result });
                 }
             }

@@ -250,6 +250,12 @@ fn log_event(event: &Event, since: u32) {
             %error,
             "waiting on the server failed; this session polls every retry interval instead"
         ),
+        Event::WatchSessionLost { session: s, error } => info!(
+            session = s.0,
+            error = error.as_ref().map(tracing::field::display),
+            "the watch session ended; until it opens again (at the next try), this locker \
+             polls for the leases it wants"
+        ),
         Event::NotificationIgnored {
             key,
             sender_pid,

@@ -40,7 +40,8 @@ pub trait Runtime: Send + Sync + Debug + 'static {
     /// itself, see the crate docs, "Several hosts"), the lease session's
     /// startup options included, `target_session_attrs` always `any` (the
     /// driver checks it after). Also called for the core's pooler probe, a
-    /// second short connection to the session's host. The driver bounds the
+    /// second short connection to the session's host, and for the watch
+    /// session, a second connection to it that only waits. The driver bounds the
     /// attempt; honour `connect_timeout` per address if the runtime can.
     ///
     /// # Cancel safety

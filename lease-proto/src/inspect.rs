@@ -6,7 +6,7 @@
 //!
 //! The model of what the rows say is pure (no I/O): a [`LockTable`] groups
 //! one read's rows into each key's holders and waiters ([`LeaseLocks`]),
-//! named after the lease where a session says which ([`application_name`]);
+//! named after the lease where a session says which ([`lease_application_name`]);
 //! a [`HolderHistory`] follows the holders across successive reads (when
 //! each was first seen: the server records no grant time).
 
@@ -46,7 +46,8 @@ macro_rules! utc_text {
 
 /// Who holds and who waits for which advisory key in the current database:
 /// one row per single-`bigint` advisory lock request in `pg_locks`, granted
-/// (a holder) or not (a waiter: a standby waiting on the server, or any
+/// (a holder) or not (a waiter: a standby waiting on the server, on its
+/// lease session or, while it holds another lease, its watch session, or any
 /// other client blocked in `pg_advisory_lock`-like calls), with its session
 /// from `pg_stat_activity` (NULLs when it is gone or not visible to the
 /// querying role).
@@ -189,14 +190,14 @@ impl HolderRow {
     }
 }
 
-/// The prefix of [`application_name`].
+/// The prefix of [`lease_application_name`].
 const APPLICATION_PREFIX: &str = "lease:";
 
 /// The `application_name` that names a lease's session: `lease:NAME` (what
 /// `lease run` sets unless told otherwise), cut to the 63 bytes the server
 /// keeps (on a character boundary). [`LockTable`] names a key after it; a
 /// cut name does not match its key and names nothing.
-pub fn application_name(name: &str) -> String {
+pub fn lease_application_name(name: &str) -> String {
     let mut s = format!("{APPLICATION_PREFIX}{name}");
     let mut end = s.len().min(63);
     while !s.is_char_boundary(end) {
@@ -206,7 +207,7 @@ pub fn application_name(name: &str) -> String {
     s
 }
 
-/// The lease name a row's session gives in its [`application_name`], if
+/// The lease name a row's session gives in its [`lease_application_name`], if
 /// that name's key is the row's key.
 fn lease_name(row: &HolderRow) -> Option<String> {
     let name = (row.application_name.as_deref()?).strip_prefix(APPLICATION_PREFIX)?;
@@ -216,9 +217,10 @@ fn lease_name(row: &HolderRow) -> Option<String> {
 /// One lease (or any advisory key) as the lock table shows it: who holds its
 /// key and who waits for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseLocks {
     /// The lease name: the one asked for ([`LockTable::leases`]), or the
-    /// one a session on the key gives in its [`application_name`]; `None`
+    /// one a session on the key gives in its [`lease_application_name`]; `None`
     /// for a key no lease session names.
     pub name: Option<String>,
     /// The advisory key.
@@ -296,7 +298,8 @@ impl LockTable {
 }
 
 /// Since when a holder holds its key, as far as successive reads of the
-/// lock table tell ([`HolderHistory::since`]).
+/// lock table tell ([`HolderHistory::since`]). Exhaustive on purpose: a
+/// holder either was there at the first read or appeared at a later one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeldSince<T> {
     /// It held the key already at the first read, made at this time.
@@ -559,7 +562,7 @@ mod tests {
             holder(8, 3, "lease:sweeper"),
             // A holder that names nothing, a waiter that does.
             holder(9, 4, "psql"),
-            waiter(9, 5, &application_name("nine")),
+            waiter(9, 5, &lease_application_name("nine")),
         ]);
         let names: Vec<Option<&str>> = table.all().iter().map(|l| l.name.as_deref()).collect();
         assert_eq!(names, [Some("sweeper"), None, None, None]);
@@ -571,8 +574,8 @@ mod tests {
 
     #[test]
     fn application_names_fit_the_server() {
-        assert_eq!(application_name("job"), "lease:job");
-        let long = application_name(&"é".repeat(40));
+        assert_eq!(lease_application_name("job"), "lease:job");
+        let long = lease_application_name(&"é".repeat(40));
         assert!(long.len() <= 63);
         assert!(long.starts_with("lease:é"));
         // A cut name names no key.

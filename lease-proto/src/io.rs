@@ -237,18 +237,41 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// Whether the server has freed the key already when a lease is lost
-    /// for this reason: the session ended (the server released its locks
-    /// with it) or a verify found the key not held. Another session may
-    /// take the key at once (a standby woken by the release after its
-    /// [`Options::lock_delay`](crate::Options::lock_delay)), so a job must
-    /// stop within that, not at the guard deadline. After the other losses
-    /// (a statement timed out or failed, the validity ran out, a refusal)
-    /// the session stays open with the key held until the cancelled jobs
-    /// have returned or the guard deadline has come (see
-    /// [`Deadline::DeferredClose`](crate::Deadline::DeferredClose)).
-    pub fn key_freed(&self) -> bool {
-        matches!(self, Reason::SessionEnded(_) | Reason::NotHeld)
+    /// Whether the key may be free on the server already when a lease is
+    /// lost for this reason, so that another session may take it at once (a
+    /// standby woken by the release, after its
+    /// [`Options::lock_delay`](crate::Options::lock_delay)) and a job must
+    /// stop within that, not at the guard deadline: the session ended (the
+    /// server released its locks with it), a verify found the key not held,
+    /// or a refusal found a transaction pooler under a session that held
+    /// keys (the locks sit on a server backend that another client uses, or
+    /// that the pooler resets). After the other losses (a statement timed
+    /// out or failed, the validity ran out) the session stays open with the
+    /// key held until the cancelled jobs have returned or the guard deadline
+    /// has come (see [`Deadline::DeferredClose`](crate::Deadline::DeferredClose));
+    /// a graceful stop (or a lease group's hand-off) releases the key only
+    /// after its job has returned; and
+    /// a refusal or a hot standby at setup comes before any key was held.
+    ///
+    /// Exhaustive on purpose: a new reason must say which it is (`true` is
+    /// the safe answer when in doubt).
+    pub fn key_may_be_free(&self) -> bool {
+        match self {
+            Reason::SessionEnded(_) | Reason::NotHeld => true,
+            Reason::Refused(refusal) => match refusal {
+                Refusal::BackendChanged { .. }
+                | Refusal::BackendShared { .. }
+                | Refusal::TransactionPooler { .. } => true,
+                Refusal::ServerTooOld { .. } | Refusal::StartupOptionsIgnored { .. } => false,
+            },
+            Reason::QueryTimeout
+            | Reason::ValidityExpired
+            | Reason::QueryFailed(_)
+            | Reason::Shutdown
+            | Reason::Closed
+            | Reason::HandedOver
+            | Reason::InRecovery => false,
+        }
     }
 }
 
@@ -482,6 +505,37 @@ pub enum SessionCommand {
         /// The session to close.
         session: SessionId,
     },
+    /// Open the watch session: a second connection exactly like the
+    /// session's (the same host, the same parameters and startup options),
+    /// then report [`Input::SessionOpened`] or [`Input::SessionEnded`] with
+    /// this id, and its end later as for the session. It is independent of
+    /// the session: [`SessionCommand::Open`] and [`SessionCommand::Close`]
+    /// leave it alone, and its end does not end the session. Sent only
+    /// while the session is open. The machine times the attempt out itself
+    /// (by closing it). Only [`SessionCommand::WatchQuery`] statements go on
+    /// it; see the `watch` rule in the machine's docs
+    /// ([`Options::watch_session`](crate::Options::watch_session)).
+    OpenWatch {
+        /// Echo in the session inputs.
+        session: SessionId,
+    },
+    /// Send a statement (a [`Statement::Wait`]) on the watch session
+    /// `session`, then report [`Input::Reply`]. At most one is in flight on
+    /// it; the session's own statement may be in flight meanwhile. The
+    /// machine times it out itself (by closing the watch session).
+    WatchQuery {
+        /// The watch session from [`SessionCommand::OpenWatch`].
+        session: SessionId,
+        /// Echo in the reply.
+        query: QueryId,
+        /// The statement; send [`Statement::sql`].
+        statement: Statement,
+    },
+    /// Close the watch session now (drop its connection). Report nothing back.
+    CloseWatch {
+        /// The watch session to close.
+        session: SessionId,
+    },
 }
 
 /// A command for the runs (the futures that run jobs), from
@@ -650,6 +704,16 @@ pub enum Event {
         /// The session.
         session: SessionId,
     },
+    /// The watch session (see
+    /// [`Options::watch_session`](crate::Options::watch_session)) failed to
+    /// open, ended, or timed out: it opens again no sooner than the next
+    /// periodic try; meanwhile the locker polls for the leases it wants.
+    WatchSessionLost {
+        /// The watch session.
+        session: SessionId,
+        /// What the driver saw, if anything.
+        error: Option<SessionError>,
+    },
     /// A try statement failed; held keys are verified before anything else.
     TryFailed {
         /// The error.
@@ -699,19 +763,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_an_ended_session_or_a_failed_verify_frees_the_key() {
-        let refused = Reason::Refused(Refusal::BackendChanged { was: 1, now: 2 });
-        let freed = [Reason::SessionEnded(None), Reason::NotHeld];
+    fn the_key_may_be_free_after_a_session_end_a_failed_verify_or_a_pooler() {
+        let pooler = [
+            Refusal::BackendChanged { was: 1, now: 2 },
+            Refusal::BackendShared { detail: "x".into() },
+            Refusal::TransactionPooler { detail: "x".into() },
+        ];
+        let at_setup = [
+            Refusal::ServerTooOld {
+                found: Some(130_000),
+                needed: 140_000,
+            },
+            Refusal::StartupOptionsIgnored { detail: "x".into() },
+        ];
+        let free = [Reason::SessionEnded(None), Reason::NotHeld]
+            .into_iter()
+            .chain(pooler.into_iter().map(Reason::Refused));
         let held = [
             Reason::QueryTimeout,
             Reason::ValidityExpired,
             Reason::QueryFailed(SessionError::other("x")),
             Reason::Shutdown,
             Reason::Closed,
-            refused,
             Reason::InRecovery,
-        ];
-        assert!(freed.iter().all(Reason::key_freed));
-        assert!(!held.iter().any(Reason::key_freed));
+        ]
+        .into_iter()
+        .chain(at_setup.into_iter().map(Reason::Refused));
+        for reason in free {
+            assert!(reason.key_may_be_free(), "{reason:?}");
+        }
+        for reason in held {
+            assert!(!reason.key_may_be_free(), "{reason:?}");
+        }
     }
 }

@@ -110,6 +110,11 @@
 //!   like the session's (same host, same parameters) and closed after its
 //!   reply.
 //! - [`SessionCommand::Close`]: drop the connection.
+//! - [`SessionCommand::OpenWatch`], [`SessionCommand::WatchQuery`],
+//!   [`SessionCommand::CloseWatch`]: the same for the watch session, a
+//!   second connection opened like the session's (same host, same
+//!   parameters), kept apart from it: one statement in flight on each, its
+//!   end reported as [`Input::SessionEnded`] with its own id.
 //! - [`RunCommand::StartJob`], [`RunCommand::CancelJob`]: start or cancel the
 //!   job; report [`Input::JobExited`] when it returns.
 //! - [`RunCommand::Finish`]: hand the [`Outcome`] to the caller.

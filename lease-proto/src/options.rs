@@ -70,11 +70,11 @@ pub const MAX_GUARD_TIMEOUT: Duration = Duration::from_secs(600);
 pub struct Options {
     /// Standby poll interval (default 5 s, jittered down by up to 20 %). With
     /// [`Options::wait_on_server`] (the default) a standby holding nothing
-    /// learns of a freed key from the server at once, and this is the
-    /// fallback and the lock timeout of each wait; otherwise, and for a
-    /// locker that holds a lease, it bounds takeover when no handover
-    /// notification arrives (holder crashed, frozen or partitioned). It is
-    /// also the cap of the reconnect backoff.
+    /// learns of a freed key from the server at once (a locker that holds a
+    /// lease, on its [`Options::watch_session`]), and this is the fallback
+    /// and the lock timeout of each wait; otherwise it bounds takeover when
+    /// no handover notification arrives (holder crashed, frozen or
+    /// partitioned). It is also the cap of the reconnect backoff.
     pub retry_interval: Duration,
     /// How often the holder proves that its session is the same live one
     /// (backend pid and nonce: a live session keeps its advisory locks),
@@ -125,6 +125,19 @@ pub struct Options {
     /// standby polls every `retry_interval`. Either way the poll stays as
     /// the fallback.
     pub wait_on_server: bool,
+    /// The watch session (default on; needs [`Options::wait_on_server`]):
+    /// while a locker holds a lease and wants another, a second connection
+    /// to the same server waits there for a wanted key to be freed, so the
+    /// locker takes a crashed holder's lease as fast as an idle standby
+    /// does, instead of at its next poll: its lease session must stay free
+    /// for heartbeats and releases. One more connection per such locker (a
+    /// locker with one lease never opens it; nor does one behind a pooler
+    /// that rejected the startup options); it never acquires or holds
+    /// anything. Off, or while it is down: such a locker polls every
+    /// `retry_interval`. The rule (when it opens, which key it waits for):
+    /// the machine's `watch` module; the bound: docs/guarantees.md,
+    /// "instant takeover".
+    pub watch_session: bool,
     /// How long a standby woken by a freed key waits before it tries, when
     /// no handover notification from the holder says the release was
     /// graceful (default [`DEFAULT_LOCK_DELAY`]). Chubby's lock-delay: a key freed because
@@ -149,6 +162,7 @@ impl Default for Options {
             notify_handover: true,
             max_leases: DEFAULT_MAX_LEASES,
             wait_on_server: true,
+            watch_session: true,
             lock_delay: DEFAULT_LOCK_DELAY,
         }
     }
@@ -272,8 +286,8 @@ impl Options {
     /// clock running that much slow still ends the job first; floored to the
     /// microsecond (early, never late); less the validity window. Always
     /// positive: `guard (1 - drift) - validity = margin validity / (2
-    /// validity + margin)` (484 ms with the defaults). `lease run` kills its
-    /// command there after a lost lease.
+    /// validity + margin)`. `lease run` kills its command there after a lost
+    /// lease (docs/guarantees.md of the repository states that promise).
     pub fn act_after_validity(&self) -> Option<Duration> {
         if !self.server_guard {
             return None;

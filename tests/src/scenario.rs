@@ -61,6 +61,12 @@ pub struct ReplicaConfig {
     pub lease: String,
     /// How many leases the one locker runs.
     pub leases: usize,
+    /// More leases the locker runs, started `also_after` after the others (`--also`).
+    pub also: Vec<String>,
+    /// When the `also` runs start.
+    pub also_after: Duration,
+    /// The watch session ([`lease_proto::Options::watch_session`]) on.
+    pub watch: bool,
     /// Standby poll interval.
     pub retry: Duration,
     /// Heartbeat interval.
@@ -102,6 +108,9 @@ impl ReplicaConfig {
             url: url.into(),
             lease: lease.into(),
             leases: 1,
+            also: Vec::new(),
+            also_after: Duration::ZERO,
+            watch: true,
             retry: ms(200),
             heartbeat: ms(150),
             query_timeout: ms(400),
@@ -164,6 +173,15 @@ impl ReplicaConfig {
         }
         if !self.wait {
             cmd.arg("--no-wait");
+        }
+        if !self.watch {
+            cmd.arg("--no-watch");
+        }
+        for name in &self.also {
+            cmd.args(["--also", name]);
+        }
+        if !self.also.is_empty() {
+            cmd.args(["--also-after", &ms(self.also_after)]);
         }
         if let Some(d) = self.lock_delay {
             cmd.args(["--lock-delay", &ms(d)]);

@@ -31,11 +31,15 @@ pub enum Deadline {
     Retry,
     /// The next connection attempt after a failure is due.
     Backoff,
+    /// The watch session's connection attempt or wait times out (the query
+    /// timeout, after the wait's lock timeout): it is closed, which costs
+    /// speed only (see [`Options::watch_session`](crate::Options::watch_session)).
+    Watch,
 }
 
 impl Deadline {
     /// Every timer, in the order ties are broken.
-    pub(crate) const ALL: [Deadline; 7] = [
+    pub(crate) const ALL: [Deadline; 8] = [
         Deadline::Connect,
         Deadline::Query,
         Deadline::Validity,
@@ -43,6 +47,7 @@ impl Deadline {
         Deadline::Heartbeat,
         Deadline::Retry,
         Deadline::Backoff,
+        Deadline::Watch,
     ];
 }
 

@@ -45,6 +45,17 @@ pub enum Mutation {
     /// Ignore what the setup shows of a recent promotion: try on a newly
     /// promoted primary at once, while the old primary's holders still act.
     IgnorePromotion,
+    /// Reconnect after a server restart with the doubling backoff alone,
+    /// as the machine once did (no fast reconnect window): a server down for
+    /// a while is tried again up to about as long after it is back.
+    NoFastReconnect,
+    /// A watcher that acquires: a wake of the watch session counts as the
+    /// win of its key, without the lease session's try (the lease session
+    /// does not hold it; its heartbeats confirm it all the same).
+    WatchAcquires,
+    /// A watch session that tries: it sends a try of the key instead of a
+    /// wait (the simulator's check that it sends nothing but waits finds it).
+    WatchTries,
     /// A lease-group member that ignores its share: it tries every key of
     /// its groups as if it owned them all (it still joins, reads and hands
     /// over as the share says).

@@ -16,6 +16,9 @@
 //!   turn);
 //! - `wait`: the [`ServerWait`], standbys waiting on the server for a key
 //!   to be freed (the rule, in one place);
+//! - `watch`: the [`Watch`] session, a second connection that only waits,
+//!   for a locker that holds a lease and wants another (the rule, in one
+//!   place);
 //! - `doubtful`: the rule for a session given up on while its cancelled jobs
 //!   still run;
 //! - `groups`: the [`Groups`], lease groups' membership (read from the
@@ -50,6 +53,7 @@ mod runs;
 mod session;
 mod status;
 mod wait;
+mod watch;
 
 use deadline::DeadlineTable;
 use groups::Groups;
@@ -60,6 +64,7 @@ use plan::{Beat, SendPlan};
 use runs::{RunState, RunTable};
 use session::{check_setup, Connector, InFlight, Session, SetupProblem, Stage, Up, What};
 use wait::{NotFreed, ServerWait};
+use watch::Watch;
 
 pub use deadline::Deadline;
 pub use groups::assign as group_share;
@@ -71,19 +76,24 @@ pub const MIN_SERVER_VERSION: i64 = 130_000;
 /// Least `server_version_num` with the server guard (`idle_session_timeout`).
 pub const MIN_SERVER_VERSION_GUARD: i64 = 140_000;
 /// First reconnect delay; it doubles per consecutive failure up to the retry
-/// interval, and each delay is jittered to between half and all of it.
+/// interval (within [`FAST_RECONNECT_WINDOW`], up to [`FAST_RECONNECT_CAP`]),
+/// and each delay is jittered to between half and all of it.
 pub const RECONNECT_BASE: Duration = Duration::from_millis(50);
-/// After a session that passed its setup ends for a reason other than the
-/// configuration (a server restart, a terminated backend, a broken
-/// connection), the reconnect delay stays at most this, jittered to between
-/// half and all of it, for [`FAST_RECONNECT_WINDOW`]: a restarting server is
-/// tried again within this of accepting connections, where the doubling
-/// backoff would have grown to about as long as the server was down.
+/// The most the reconnect delay grows to for [`FAST_RECONNECT_WINDOW`] after
+/// a session that had passed its setup ended, while every failure says only
+/// that the server is not there (no answer: refused, reset, timed out; or
+/// SQLSTATE class 57P: shutting down, starting up, terminated): a
+/// restarting server is tried again within this of accepting connections,
+/// where the doubling backoff would have grown to about as long as the
+/// server was down. A failure the server answered otherwise (a hot
+/// standby, too many connections, a configuration error such as a rotated
+/// password) ends the window: each such attempt costs the server a backend.
+/// The cost: up to 25 attempts a second per locker (jittered delays of 40
+/// to 80 ms after the first two) while the server stays away, at most for
+/// the window.
 pub const FAST_RECONNECT_CAP: Duration = Duration::from_millis(80);
-/// How long after a ready session ended [`FAST_RECONNECT_CAP`] holds; then
-/// the delay doubles again up to the retry interval, so a fleet does not
-/// keep up 12–25 attempts a second per locker against a server in a long
-/// recovery (each attempt on a starting server forks a backend).
+/// How long [`FAST_RECONNECT_CAP`] holds after a ready session ended; then
+/// the delay doubles again from [`RECONNECT_BASE`] up to the retry interval.
 pub const FAST_RECONNECT_WINDOW: Duration = Duration::from_secs(20);
 /// Every this many heartbeats, the heartbeat sent is a
 /// [`Statement::Verify`](crate::Statement::Verify) (a read of `pg_locks`).
@@ -179,12 +189,14 @@ impl std::error::Error for RunRejected {}
 ///   tries the moment it is freed (after [`Options::lock_delay`] unless a
 ///   handover notification came from the holder its last try saw); no wait
 ///   lasts the server's `deadlock_timeout`; a wait never acquires, the try after it
-///   does (see `wait` for the rule);
+///   does (see `wait` for the rule); a locker that holds a lease and wants
+///   another waits on its watch session, a second connection that sends
+///   nothing but waits (see `watch`);
 /// - one statement per heartbeat and one per standby tick (a try, or a
 ///   wait that ends by its lock timeout), however many leases, plus one
 ///   wait per tick for a standby of several; a lease-group member sends a
-///   membership read before each try instead of waiting (see `groups`); at
-///   most one statement in flight.
+///   membership read before each try (see `groups`); at most one statement
+///   in flight on the session, and one wait on the watch session.
 #[derive(Debug)]
 pub struct Machine {
     opts: Options,
@@ -196,6 +208,7 @@ pub struct Machine {
     connector: Connector,
     plan: SendPlan,
     wait: ServerWait,
+    watch: Watch,
     /// Lease groups: membership and shares (see `groups`).
     groups: Groups,
     /// Every deadline (see [`Deadline`]) and the latest time fed in.
@@ -253,6 +266,7 @@ impl Machine {
             connector: Connector::new(seed),
             plan: SendPlan::default(),
             wait: ServerWait::default(),
+            watch: Watch::default(),
             groups: Groups::default(),
             timers: DeadlineTable::default(),
             out: Outputs::default(),
@@ -324,6 +338,15 @@ impl Machine {
                 for id in self.runs.ids() {
                     (self.runs).stop(id, Outcome::Closed, Reason::Closed, &mut self.out);
                 }
+            }
+            Input::SessionOpened { session } if self.watch.owns(session) => {
+                self.watch_opened(session)
+            }
+            Input::SessionEnded { session, error } if self.watch.owns(session) => {
+                self.watch_ended(session, error)
+            }
+            Input::Reply { query, result } if self.watch.owns_query(query) => {
+                self.watch_reply(now, query, result)
             }
             Input::SessionOpened { session } => self.session_opened(now, session),
             Input::SessionEnded { session, error } => self.session_lost(now, session, error),
@@ -424,6 +447,7 @@ impl Machine {
         self.phase != Phase::Open
             && self.runs.is_empty()
             && matches!(self.session, Session::Idle | Session::Backoff)
+            && self.watch.is_closed()
             && self.out.session.is_empty()
             && self.out.run.is_empty()
     }
@@ -589,7 +613,11 @@ impl Machine {
         }
         self.runs.session_gone(&reason, &mut self.out);
         self.session_down();
-        self.connector.failed(now);
+        self.connector.failed(now, &reason);
+        #[cfg(feature = "sim")] // The broken variant: the doubling backoff alone.
+        if self.knobs.mutation == Some(Mutation::NoFastReconnect) {
+            self.connector.end_fast_window();
+        }
         self.session = Session::Backoff;
         let backoff = self.connector.backoff(&self.opts, now);
         self.timers.set(Deadline::Backoff, now + backoff);
@@ -682,6 +710,7 @@ impl Machine {
         self.groups.session_down();
         self.plan.session_down();
         self.wait.session_down();
+        self.watch.session_down();
         self.timers.stop(Deadline::Connect);
         self.timers.stop(Deadline::Query);
         self.timers.stop(Deadline::Heartbeat);
@@ -945,6 +974,7 @@ impl Machine {
             return self.refuse(now, Refusal::BackendShared { detail });
         }
         self.wait.after_try(!reply.won.is_empty());
+        self.watch.after_try(!reply.won.is_empty());
         let window = self.opts.validity_window();
         for &won in &reply.won {
             self.runs.won(now, sent, won, window, &mut self.out);
@@ -1109,6 +1139,7 @@ impl Machine {
                 return;
             }
         }
+        self.watch.notified(now, key);
         if (self.wait).notified(now, key, self.session.waiting_for(), wanted) {
             self.plan.try_soon();
         }
@@ -1144,6 +1175,9 @@ impl Machine {
         for key in self.groups.take_handoffs() {
             self.runs.hand_over(key, &mut self.out);
         }
+        for &(key, holder) in &reply.holders {
+            self.runs.holder_seen(key, holder, &mut self.out);
+        }
         let retry = now + self.connector.retry_delay(self.opts.retry_interval);
         self.timers.set(Deadline::Retry, retry);
         self.plan.try_soon();
@@ -1164,7 +1198,9 @@ impl Machine {
     /// key, read from the runs before and after.
     fn pump(&mut self, now: Instant) {
         self.sync_validity();
+        self.watch_due(now);
         self.act(now);
+        self.watch_step(now);
         self.sync_validity();
     }
 
@@ -1313,6 +1349,14 @@ impl Machine {
                 // sends: it must count against the wake budget.
                 self.wait.periodic_try();
             }
+            if retry_due && !self.watch.woken() {
+                self.watch.periodic_try();
+            }
+            if keys.is_empty() && !wanted.is_empty() {
+                // A group member that may try nothing after a wake: as a
+                // try that won nothing (the watch session waits again).
+                self.watch.after_try(false);
+            }
             if !keys.is_empty() {
                 if !holding {
                     // The try proves the session alive as a heartbeat does
@@ -1395,6 +1439,7 @@ impl Machine {
                 idle_ready && (self.runs.any_waiting() || reads)
             }
             Deadline::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),
+            Deadline::Watch => true,
         })
     }
 }

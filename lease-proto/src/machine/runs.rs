@@ -417,6 +417,29 @@ impl RunTable {
         }
     }
 
+    /// A lease group's membership read saw `holder` hold `key` (`None`:
+    /// free): a standby not in the try in flight records it, as a try that
+    /// lost would (the watch session waits for a holder it saw, a handover
+    /// notification counts from it).
+    pub(super) fn holder_seen(&mut self, key: i64, holder: Option<i64>, out: &mut Outputs) {
+        let Some((id, r)) = self.by_key_mut(key) else {
+            return;
+        };
+        if let RunState::Standby(standby) = &mut r.state {
+            if standby.step == StandbyStep::Waiting && standby.holder != Some(holder) {
+                standby.holder = Some(holder);
+                if holder.is_some() {
+                    let lease = r.lease.clone();
+                    out.event(Event::StandingBy {
+                        run: id,
+                        lease,
+                        holder_pid: holder,
+                    });
+                }
+            }
+        }
+    }
+
     /// Runs whose try got no usable answer go back to waiting.
     pub(super) fn try_back(&mut self, keys: &[i64]) {
         for &key in keys {

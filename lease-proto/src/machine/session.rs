@@ -280,6 +280,14 @@ impl Connector {
         id
     }
 
+    /// A statement goes out on the watch session: its id. Not a send time
+    /// of the session's (see `last_sent`): the watch session holds nothing.
+    pub(super) fn next_watch_query(&mut self) -> QueryId {
+        let id = QueryId(self.next_query);
+        self.next_query += 1;
+        id
+    }
+
     /// The id the next statement will have.
     #[cfg(feature = "sim")]
     pub(super) fn peek_query(&self) -> u64 {
@@ -294,14 +302,24 @@ impl Connector {
         self.failures
     }
 
-    /// A connection attempt failed or a session ended at `now`: the next
-    /// waits longer. A session that had passed its setup opens the window
-    /// of [`FAST_RECONNECT_CAP`].
-    pub(super) fn failed(&mut self, now: Instant) {
+    /// A connection attempt failed or a session ended at `now` for
+    /// `reason`: the next waits longer. The end of a session that had passed
+    /// its setup opens the window of [`FAST_RECONNECT_CAP`]; a failure the
+    /// server answered closes it (see there).
+    pub(super) fn failed(&mut self, now: Instant, reason: &Reason) {
         self.failures = self.failures.saturating_add(1);
         if std::mem::take(&mut self.ready_now) {
             self.fast_until = Some(now + FAST_RECONNECT_WINDOW);
+            self.failures = 1;
+        } else if !server_not_there(reason) {
+            self.fast_until = None;
         }
+    }
+
+    /// The broken variant without the fast reconnect window.
+    #[cfg(feature = "sim")]
+    pub(super) fn end_fast_window(&mut self) {
+        self.fast_until = None;
     }
 
     /// The machine closed the session itself, not for a failure: its end
@@ -345,19 +363,21 @@ impl Connector {
         self.last_error = Some(e);
     }
 
-    /// The delay before the next attempt at `now`: it doubles per
-    /// consecutive failure from [`RECONNECT_BASE`] up to the retry interval,
-    /// and up to [`FAST_RECONNECT_CAP`] only within [`FAST_RECONNECT_WINDOW`]
-    /// of a ready session's end unless the last failure was the
-    /// configuration's (a rotated password is no restarting server);
-    /// jittered to between half and all of it (the connector's jitter).
+    /// The delay before the next attempt at `now`: see [`RECONNECT_BASE`]
+    /// and [`FAST_RECONNECT_CAP`]; jittered to between half and all of it
+    /// (the connector's jitter).
     pub(super) fn backoff(&mut self, opts: &Options, now: Instant) -> Duration {
-        let exp = self.failures.saturating_sub(1).min(20);
         let mut cap = opts.retry_interval;
-        let configuration = (self.last_error.as_ref()).is_some_and(|e| e.error.is_configuration());
-        if self.fast_until.is_some_and(|until| now < until) && !configuration {
-            cap = cap.min(FAST_RECONNECT_CAP);
+        match self.fast_until {
+            Some(until) if now < until => cap = cap.min(FAST_RECONNECT_CAP),
+            // The window is over: the doubling starts again from the base.
+            Some(_) => {
+                self.fast_until = None;
+                self.failures = 1;
+            }
+            None => {}
         }
+        let exp = self.failures.saturating_sub(1).min(20);
         let d = RECONNECT_BASE.saturating_mul(1 << exp).min(cap);
         d.mul_f64(0.5 + 0.5 * self.jitter.random())
     }
@@ -548,4 +568,26 @@ pub(super) fn startup_refusal(e: &SessionError) -> Option<Refusal> {
         .then(|| Refusal::StartupOptionsIgnored {
             detail: e.message.clone(),
         })
+}
+
+/// Whether a failure says only that the server is not there yet (or not
+/// any more): no answer from it (refused, reset, timed out, closed; or a
+/// class 08 SQLSTATE, a connection exception, but 08004 and 08P01), or an
+/// "operator intervention" SQLSTATE (class 57P: shutting down, starting up,
+/// terminated by an administrator). Anything else the server answered (a
+/// hot standby, too many connections, authentication) ends the window of
+/// [`FAST_RECONNECT_CAP`]: each such attempt costs the server a backend.
+fn server_not_there(reason: &Reason) -> bool {
+    match reason {
+        Reason::SessionEnded(None) | Reason::QueryTimeout => true,
+        Reason::SessionEnded(Some(e)) => match e.code.as_deref() {
+            None => !e.is_configuration(),
+            // The server rejected the connection (08004) or broke the
+            // protocol (08P01): it answered. The rest of class 08 is the
+            // connection failing.
+            Some("08004" | "08P01") => false,
+            Some(code) => code.starts_with("57P") || code.starts_with("08"),
+        },
+        _ => false,
+    }
 }

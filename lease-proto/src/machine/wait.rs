@@ -9,10 +9,10 @@
 //!   wanted key instead of sitting idle until [`Deadline::Retry`](super::Deadline::Retry). Its
 //!   `lock_timeout` ends it at the retry deadline, so the periodic try of
 //!   every other wanted key still goes on time; a locker that holds a lease
-//!   polls as before (its session must stay free for heartbeats), and so
-//!   does one behind a pooler that rejected the startup options (a blocked
-//!   statement would hold one of its server connections for the whole
-//!   wait, starving its other clients).
+//!   does not wait on its session (it must stay free for heartbeats) but on
+//!   its watch session (see `watch`), and one behind a pooler that rejected
+//!   the startup options polls (a blocked statement would hold one of its
+//!   server connections for the whole wait, starving its other clients).
 //! - **Which key.** One at a time, rotating: each wait takes the next wanted
 //!   key after the last one waited for. With one wanted key the wait is
 //!   instant takeover; with *n*, a key is waited for one retry interval in

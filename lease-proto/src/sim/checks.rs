@@ -10,6 +10,8 @@
 //!   which acts on resume until it has stopped, a limit no core can beat
 //!   (the fencing token is the remedy);
 //! - release after exit ([`Violation::ReleaseWhileJobRuns`]);
+//! - the watch session never acquires: it sends nothing but waits
+//!   ([`Violation::WatchNotAWait`]);
 //! - the run contract: every run finishes exactly once
 //!   ([`Violation::NeverFinished`], [`Violation::FinishedTwice`]), never while
 //!   its job runs, with the outcome the contract gives
@@ -57,6 +59,16 @@ pub enum Violation {
         process: usize,
         /// The advisory key.
         key: i64,
+    },
+    /// `process` sent a statement other than a wait on its watch session,
+    /// which never acquires (nor unlocks).
+    WatchNotAWait {
+        /// When.
+        at: Duration,
+        /// The process.
+        process: usize,
+        /// The statement, as `Debug` text.
+        statement: String,
     },
     /// The machine refused one of the simulation's runs.
     RunRefused {
@@ -160,6 +172,7 @@ impl Violation {
         match self {
             Violation::TwoLeaders { at, .. }
             | Violation::ReleaseWhileJobRuns { at, .. }
+            | Violation::WatchNotAWait { at, .. }
             | Violation::RunRefused { at, .. }
             | Violation::UnknownRunFinished { at, .. }
             | Violation::FinishedTwice { at, .. }
@@ -187,6 +200,9 @@ impl Violation {
             Violation::ReleaseWhileJobRuns { process, key, .. } => {
                 format!("p{process} releases key {key} while its job still runs")
             }
+            Violation::WatchNotAWait {
+                process, statement, ..
+            } => format!("p{process} sent {statement} on its watch session, which only waits"),
             Violation::RunRefused {
                 process,
                 lease,

@@ -39,7 +39,9 @@
 //!   reach), hot-standby mode and a transaction pooler that moves statements
 //!   between backends;
 //! - `process`: processes, their drifting clocks, freezes (nothing runs,
-//!   clocks go on), crashes (the kernel closes the socket) and restarts, and
+//!   clocks go on), crashes (the kernel closes the sockets, the watch
+//!   session's too) and restarts, runs that start later
+//!   ([`SimConfig::run_after`]), and
 //!   the simulated driver that follows the drain rule;
 //! - `inject`: statement faults ([`Fault::FlakyStatements`]) — errors after
 //!   a statement ran in part, in whole or not at all, and malformed replies;
@@ -364,7 +366,8 @@ pub struct SimConfig {
     pub seed: u64,
     /// Number of processes; each runs one machine.
     pub processes: usize,
-    /// Lease names every process runs (one run each, started at time 0).
+    /// Lease names every process runs (one run each, started at time 0
+    /// unless `run_after` says later).
     pub leases: Vec<String>,
     /// The lease group every run takes part in (see `docs/library.md`,
     /// "Lease groups"); `None`: no group.
@@ -373,6 +376,11 @@ pub struct SimConfig {
     /// of a lease group that runs another key set); `None`, or a process past the
     /// end: every lease.
     pub lease_subset: Vec<Option<usize>>,
+    /// Per process, per lease of `leases` (by index): how long after the
+    /// process starts (or restarts) its run of that lease starts; missing
+    /// entries start at once. Lets each process of a fleet hold a lease of
+    /// its own and want the others'.
+    pub run_after: Vec<Vec<Duration>>,
     /// Options of every machine.
     pub options: Options,
     /// Base one-way latency of every link.
@@ -427,6 +435,7 @@ impl Default for SimConfig {
             leases: vec!["job".into()],
             group: None,
             lease_subset: Vec::new(),
+            run_after: Vec::new(),
             options: Options {
                 retry_interval: Duration::from_millis(200),
                 heartbeat_interval: Duration::from_millis(200),
@@ -503,6 +512,12 @@ enum Ev {
     },
     IdleCheck(u64),
     TcpCheck(u64),
+    /// A run of `run_after` starts, if its process is still that incarnation.
+    StartRun {
+        p: usize,
+        incarnation: u32,
+        lease: usize,
+    },
     /// A queued wait's lock timeout.
     LockTimeout {
         conn: u64,
@@ -741,7 +756,10 @@ impl Sim {
     fn dispatch(&mut self, ev: Ev) {
         match ev {
             Ev::AtServer(p, msg) => self.at_server(p, msg),
-            Ev::AtClient(p, _) | Ev::Deadline(p, _) | Ev::JobExit { p, .. }
+            Ev::AtClient(p, _)
+            | Ev::Deadline(p, _)
+            | Ev::JobExit { p, .. }
+            | Ev::StartRun { p, .. }
                 if self.procs[p].frozen =>
             {
                 self.procs[p].deferred.push_back(ev);
@@ -759,6 +777,17 @@ impl Sim {
                 exit,
                 job,
             } => self.job_exit(p, incarnation, run, exit, job),
+            Ev::StartRun {
+                p,
+                incarnation,
+                lease,
+            } => {
+                let proc_ = &self.procs[p];
+                if proc_.alive && proc_.incarnation == incarnation && !self.closing {
+                    self.start_run(p, lease);
+                    self.drain(p);
+                }
+            }
             Ev::IdleCheck(conn) => self.idle_check(conn),
             Ev::TcpCheck(conn) => self.tcp_check(conn),
             Ev::LockTimeout { conn, query } => self.lock_timeout(conn, query),
@@ -812,8 +841,9 @@ impl Sim {
                 if !self.procs[process].alive {
                     return;
                 }
-                if let Some(conn) = self.procs[process].crash() {
-                    // The kernel closes the socket of a killed process.
+                // The kernel closes the sockets of a killed process (the
+                // session's and the watch session's).
+                for conn in self.procs[process].crash() {
                     self.send(process, Ev::AtServer(process, ToServer::Close { conn }));
                 }
                 if let Some(after) = restart_after {

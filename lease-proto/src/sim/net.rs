@@ -64,6 +64,19 @@ pub(super) enum ToClient {
     },
 }
 
+impl ToClient {
+    /// The connection it is for.
+    pub(super) fn conn(&self) -> u64 {
+        match self {
+            ToClient::Connected { conn }
+            | ToClient::Failed { conn, .. }
+            | ToClient::Reply { conn, .. }
+            | ToClient::Notify { conn, .. }
+            | ToClient::Ended { conn, .. } => *conn,
+        }
+    }
+}
+
 /// Which way a message travels on a link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Direction {

@@ -71,6 +71,13 @@ pub enum ObserverViolation {
         /// How far before.
         by: Duration,
     },
+    /// A statement other than a [`Statement::Wait`] on the watch session,
+    /// or a watch session opened without the session: the watch session
+    /// never acquires (nor unlocks).
+    WatchNotAWait {
+        /// The query, if the breach was a statement.
+        query: Option<QueryId>,
+    },
 }
 
 impl fmt::Display for ObserverViolation {
@@ -107,6 +114,12 @@ impl fmt::Display for ObserverViolation {
             ObserverViolation::DeadlineInPast { by } => {
                 write!(f, "poll_timeout {by:?} in the past")
             }
+            ObserverViolation::WatchNotAWait { query: Some(query) } => {
+                write!(f, "query {query:?} on the watch session is not a wait")
+            }
+            ObserverViolation::WatchNotAWait { query: None } => {
+                f.write_str("a watch session opened without the session")
+            }
         }
     }
 }
@@ -119,6 +132,8 @@ impl std::error::Error for ObserverViolation {}
 /// an [`ObserverViolation`] when a rule breaks, whatever the inputs:
 ///
 /// - at most one statement in flight per session, and none without a session;
+/// - the watch session opens only beside the session, and carries nothing but
+///   [`Statement::Wait`]s (it never acquires);
 /// - no try of a key whose job runs (advisory locks are re-entrant: a second
 ///   grant would stack);
 /// - no unlock of a key whose job runs;
@@ -164,6 +179,9 @@ impl std::error::Error for ObserverViolation {}
 pub struct Observer {
     session: Option<SessionId>,
     inflight: Option<QueryId>,
+    /// The watch session and its statement in flight.
+    watch: Option<SessionId>,
+    watch_inflight: Option<QueryId>,
     jobs: BTreeMap<RunId, i64>,
     finished: BTreeSet<RunId>,
     started: BTreeSet<RunId>,
@@ -184,9 +202,16 @@ impl Observer {
                 self.jobs.remove(run);
             }
             Input::Reply { query, .. } if self.inflight == Some(*query) => self.inflight = None,
+            Input::Reply { query, .. } if self.watch_inflight == Some(*query) => {
+                self.watch_inflight = None
+            }
             Input::SessionEnded { session, .. } if self.session == Some(*session) => {
                 self.session = None;
                 self.inflight = None;
+            }
+            Input::SessionEnded { session, .. } if self.watch == Some(*session) => {
+                self.watch = None;
+                self.watch_inflight = None;
             }
             _ => {}
         }
@@ -213,6 +238,39 @@ impl Observer {
                     self.session = None;
                     self.inflight = None;
                 }
+            }
+            SessionCommand::OpenWatch { session } => {
+                if self.session.is_none() {
+                    return Err(ObserverViolation::WatchNotAWait { query: None });
+                }
+                self.watch = Some(*session);
+                self.watch_inflight = None;
+            }
+            SessionCommand::CloseWatch { session } => {
+                if self.watch == Some(*session) {
+                    self.watch = None;
+                    self.watch_inflight = None;
+                }
+            }
+            SessionCommand::WatchQuery {
+                session,
+                query,
+                statement,
+            } => {
+                if self.watch != Some(*session) {
+                    return Err(ObserverViolation::QueryWithoutSession { query: *query });
+                }
+                if let Some(q) = self.watch_inflight {
+                    return Err(ObserverViolation::QueryInFlight {
+                        query: *query,
+                        in_flight: q,
+                    });
+                }
+                if !matches!(statement, Statement::Wait { .. }) {
+                    let query = Some(*query);
+                    return Err(ObserverViolation::WatchNotAWait { query });
+                }
+                self.watch_inflight = Some(*query);
             }
             SessionCommand::Probe { query, .. } => {
                 if self.session.is_none() {
@@ -340,6 +398,25 @@ pub enum Command {
         /// The session.
         session: SessionId,
     },
+    /// [`SessionCommand::OpenWatch`].
+    OpenWatch {
+        /// The watch session.
+        session: SessionId,
+    },
+    /// [`SessionCommand::WatchQuery`].
+    WatchQuery {
+        /// The watch session.
+        session: SessionId,
+        /// The query.
+        query: QueryId,
+        /// The statement.
+        statement: Statement,
+    },
+    /// [`SessionCommand::CloseWatch`].
+    CloseWatch {
+        /// The watch session.
+        session: SessionId,
+    },
     /// [`RunCommand::StartJob`].
     StartJob {
         /// The run.
@@ -374,6 +451,17 @@ impl From<SessionCommand> for Command {
             SessionCommand::Query { query, statement } => Command::Query { query, statement },
             SessionCommand::Probe { query, statement } => Command::Probe { query, statement },
             SessionCommand::Close { session } => Command::CloseSession { session },
+            SessionCommand::OpenWatch { session } => Command::OpenWatch { session },
+            SessionCommand::WatchQuery {
+                session,
+                query,
+                statement,
+            } => Command::WatchQuery {
+                session,
+                query,
+                statement,
+            },
+            SessionCommand::CloseWatch { session } => Command::CloseWatch { session },
         }
     }
 }

@@ -49,6 +49,11 @@ pub(super) struct Proc {
     /// Clock rate against virtual time.
     pub(super) rate: f64,
     pub(super) conn: Option<(SessionId, u64)>,
+    /// The watch session's connection, if open.
+    pub(super) watch: Option<(SessionId, u64)>,
+    /// The startup settings of the last session opened (the watch session
+    /// connects with them too).
+    settings: Vec<(&'static str, String)>,
     /// Generation of the one armed timer; older timer events are stale.
     pub(super) timer_gen: u64,
     /// Consecutive drains whose next timer was due at once.
@@ -72,6 +77,8 @@ impl Proc {
             deferred: VecDeque::new(),
             rate,
             conn: None,
+            watch: None,
+            settings: Vec::new(),
             timer_gen: 0,
             due_at_once: 0,
             stalled: false,
@@ -83,13 +90,19 @@ impl Proc {
     }
 
     /// A crash: nothing of the process survives but its machine, replaced on
-    /// restart. Returns the connection the kernel closes.
-    pub(super) fn crash(&mut self) -> Option<u64> {
+    /// restart. Returns the connections the kernel closes.
+    pub(super) fn crash(&mut self) -> Vec<u64> {
         self.alive = false;
         self.frozen = false;
         self.deferred.clear();
         self.jobs.clear();
-        self.conn.take().map(|(_, conn)| conn)
+        let watch = self.watch.take().map(|(_, conn)| conn);
+        self.conn
+            .take()
+            .map(|(_, conn)| conn)
+            .into_iter()
+            .chain(watch)
+            .collect()
     }
 
     /// A restart with a fresh machine.
@@ -98,6 +111,7 @@ impl Proc {
         self.incarnation += 1;
         self.alive = true;
         self.conn = None;
+        self.watch = None;
         self.runs.clear();
         self.finished.clear();
         self.expect.clear();
@@ -122,31 +136,50 @@ impl Sim {
         }
     }
 
-    /// Starts one run per configured lease on process `p`.
+    /// Starts one run per configured lease on process `p`, now or after its
+    /// delay in [`SimConfig::run_after`](super::SimConfig::run_after).
     pub(super) fn start_runs(&mut self, p: usize) {
-        let now = self.driver_now(p);
-        let mut names = self.cfg.leases.clone();
-        if let Some(Some(n)) = self.cfg.lease_subset.get(p) {
-            names.truncate(*n);
-        }
-        for name in names {
-            let mut lease = LeaseId::named(name.clone()).expect("valid lease name");
-            if let Some(group) = &self.cfg.group {
-                lease = lease.in_group(crate::GroupId::named(group).expect("valid group name"));
-            }
-            match self.procs[p].machine.run(now, lease) {
-                Ok(run) => {
-                    self.procs[p].runs.insert(run, name);
-                }
-                Err(error) => self.violation(Violation::RunRefused {
-                    at: self.now,
-                    process: p,
-                    lease: name,
-                    error,
-                }),
+        // A process of `lease_subset` runs only the first n leases.
+        let n = (self.cfg.lease_subset.get(p).copied().flatten())
+            .map_or(self.cfg.leases.len(), |n| n.min(self.cfg.leases.len()));
+        for i in 0..n {
+            let after = (self.cfg.run_after.get(p))
+                .and_then(|v| v.get(i).copied())
+                .unwrap_or_default();
+            if after.is_zero() {
+                self.start_run(p, i);
+            } else {
+                let incarnation = self.procs[p].incarnation;
+                let ev = Ev::StartRun {
+                    p,
+                    incarnation,
+                    lease: i,
+                };
+                self.queue.push(self.now + after, ev);
             }
         }
         self.drain(p);
+    }
+
+    /// Starts the run of lease number `i` on process `p` (the caller drains).
+    pub(super) fn start_run(&mut self, p: usize, i: usize) {
+        let now = self.driver_now(p);
+        let name = self.cfg.leases[i].clone();
+        let mut lease = LeaseId::named(name.clone()).expect("valid lease name");
+        if let Some(group) = &self.cfg.group {
+            lease = lease.in_group(crate::GroupId::named(group).expect("valid group name"));
+        }
+        match self.procs[p].machine.run(now, lease) {
+            Ok(run) => {
+                self.procs[p].runs.insert(run, name);
+            }
+            Err(error) => self.violation(Violation::RunRefused {
+                at: self.now,
+                process: p,
+                lease: name,
+                error,
+            }),
+        }
     }
 
     /// Feeds one input to process `p`'s machine, then drains it.
@@ -159,7 +192,7 @@ impl Sim {
     /// The simulated driver: executes every command of process `p`'s machine
     /// by the drain rule (run commands, then session commands, then events,
     /// until all are empty), then arms its one timer.
-    fn drain(&mut self, p: usize) {
+    pub(super) fn drain(&mut self, p: usize) {
         loop {
             let mut idle = true;
             while let Some(cmd) = self.procs[p].machine.poll_run() {
@@ -223,6 +256,7 @@ impl Sim {
                 let conn = self.next_conn;
                 self.procs[p].conn = Some((session, conn));
                 let settings = params.startup_settings;
+                self.procs[p].settings = settings.clone();
                 self.send(p, Ev::AtServer(p, ToServer::Connect { conn, settings }));
             }
             SessionCommand::Query { query, statement } => {
@@ -258,6 +292,44 @@ impl Sim {
                     statement,
                 };
                 self.send(p, Ev::AtServer(p, msg));
+            }
+            SessionCommand::OpenWatch { session } => {
+                self.next_conn += 1;
+                let conn = self.next_conn;
+                self.procs[p].watch = Some((session, conn));
+                let settings = self.procs[p].settings.clone();
+                self.send(p, Ev::AtServer(p, ToServer::Connect { conn, settings }));
+            }
+            SessionCommand::WatchQuery {
+                session,
+                query,
+                statement,
+            } => {
+                if !matches!(statement, Statement::Wait { .. }) {
+                    self.violation(Violation::WatchNotAWait {
+                        at: self.now,
+                        process: p,
+                        statement: format!("{statement:?}"),
+                    });
+                }
+                let Some((_, conn)) = self.procs[p].watch.filter(|(s, _)| *s == session) else {
+                    return;
+                };
+                let msg = ToServer::Query {
+                    conn,
+                    query,
+                    statement,
+                };
+                self.send(p, Ev::AtServer(p, msg));
+            }
+            SessionCommand::CloseWatch { session } => {
+                if self.cfg.bug == Some(DriverBug::IgnoreCloseSession) {
+                    return;
+                }
+                if let Some((_, conn)) = self.procs[p].watch.filter(|(s, _)| *s == session) {
+                    self.procs[p].watch = None;
+                    self.send(p, Ev::AtServer(p, ToServer::Close { conn }));
+                }
             }
             SessionCommand::Close { .. } => {
                 if self.cfg.bug == Some(DriverBug::IgnoreCloseSession) {
@@ -456,6 +528,11 @@ impl Sim {
         if !self.procs[p].alive {
             return;
         }
+        if let Some((session, watch)) = self.procs[p].watch {
+            if msg.conn() == watch {
+                return self.at_watch(p, session, watch, msg);
+            }
+        }
         let Some((session, conn)) = self.procs[p].conn else {
             return;
         };
@@ -500,6 +577,32 @@ impl Sim {
                 sender_pid,
             },
             _ => return,
+        };
+        self.input(p, input);
+    }
+
+    /// A message for the watch session `conn` of process `p`.
+    fn at_watch(&mut self, p: usize, session: SessionId, conn: u64, msg: ToClient) {
+        let input = match msg {
+            ToClient::Connected { .. } => Input::SessionOpened { session },
+            ToClient::Failed { error, .. } | ToClient::Ended { error, .. } => {
+                self.procs[p].watch = None;
+                Input::SessionEnded {
+                    session,
+                    error: Some(error),
+                }
+            }
+            ToClient::Reply { query, result, .. } => match self.take_arrived_end(p, conn) {
+                Some(error) => {
+                    self.procs[p].watch = None;
+                    Input::SessionEnded {
+                        session,
+                        error: Some(error),
+                    }
+                }
+                None => Input::Reply { query, result },
+            },
+            ToClient::Notify { .. } => return,
         };
         self.input(p, input);
     }

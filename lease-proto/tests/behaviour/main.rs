@@ -21,6 +21,7 @@ mod promotion;
 mod reconnect;
 mod server_wait;
 mod session_setup;
+mod watch_session;
 
 // The simulator: scenarios with one fault each, and properties over generated ones.
 mod cancelled_jobs;

@@ -1475,6 +1475,494 @@ fn broken_notifications_from_anyone_are_caught() {
     }
 }
 
+/// Property: instant takeover of a holder's wanted lease. In a ring of
+/// lockers that each hold a lease of their own and want every other's
+/// (`SimConfig::run_after`), a crashed holder's lease is taken by another
+/// holder within the bound of an idle standby
+/// ([`instant_takeover_after_a_holder_crash`]): the lock delay (local, on a
+/// clock up to `drift` slow) + 6 one-way latencies + 2 ms, where polling
+/// would take up to a retry interval. The watch session
+/// (`Options::watch_session`) does it: the lease session must stay free for
+/// heartbeats. Over generated options, latencies, drift, fleets of 2 to 5
+/// and crash times; nothing else goes wrong. Measured: see the printed
+/// distribution.
+#[test]
+fn instant_takeover_of_a_holders_wanted_lease() {
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: CASES,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let takeovers = std::sync::Mutex::new(Vec::new());
+    let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
+        let took = ring_takeover_case(knobs, processes, seed, crash_ms, true, None)?;
+        takeovers.lock().unwrap().push(took);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let mut all = takeovers.into_inner().unwrap();
+    all.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let t = {
+        let mut t: Vec<f64> = all.iter().map(|x| x.0).collect();
+        t.sort_by(f64::total_cmp);
+        t
+    };
+    let q = |v: &[f64], f: f64| v[((v.len() - 1) as f64 * f) as usize];
+    let r: Vec<f64> = all.iter().map(|x| x.1).collect();
+    eprintln!(
+        "instant takeover of a holder's wanted lease over {} cases: p50 {:.1} ms, p90 {:.1} ms, \
+         max {:.1} ms; less the lock delay, in longest one-way latencies: p50 {:.2}, max {:.2}",
+        t.len(),
+        q(&t, 0.5),
+        q(&t, 0.9),
+        q(&t, 1.0),
+        q(&r, 0.5),
+        q(&r, 1.0),
+    );
+}
+
+/// Broken variant: holders that poll for the leases they want (the watch
+/// session off, the behaviour before it) fail the property above.
+#[test]
+fn broken_holders_that_poll_fail_the_instant_takeover_property() {
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: CASES,
+            max_shrink_iters: 50,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
+        ring_takeover_case(knobs, processes, seed, crash_ms, false, None).map(drop)
+    });
+    match result {
+        Err(TestError::Fail(reason, _)) => {
+            let reason = reason.to_string();
+            assert!(reason.contains("took over"), "{reason}");
+            eprintln!("polling holders: {}", reason.lines().next().unwrap_or(""));
+        }
+        other => panic!("the property did not catch polling holders: {other:?}"),
+    }
+}
+
+/// Broken variant: a watcher that acquires (a wake of the watch session
+/// taken for the win of its key, without the lease session's try) leads
+/// without holding the key: when the crashed holder restarts, or a third
+/// locker tries, there are two leaders, and strong safety finds them.
+#[test]
+fn broken_a_watcher_that_acquires_is_caught() {
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: CASES,
+            max_shrink_iters: 50,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
+        let mutation = Some(Mutation::WatchAcquires);
+        ring_takeover_case(knobs, processes, seed, crash_ms, true, mutation).map(drop)
+    });
+    match result {
+        Err(TestError::Fail(reason, _)) => {
+            let reason = reason.to_string();
+            assert!(reason.contains("TwoLeaders"), "{reason}");
+            eprintln!(
+                "a watcher that acquires: {}",
+                reason.lines().next().unwrap_or("")
+            );
+        }
+        other => panic!("the properties did not catch a watcher that acquires: {other:?}"),
+    }
+}
+
+/// A ring of `processes` lockers: process `i` runs `job-i` at once and
+/// every other lease later, so each holds its own and wants the others.
+fn ring_config(cfg: &mut SimConfig) {
+    let n = cfg.processes;
+    let later = ms(200) + one_way(cfg) * 40;
+    cfg.run_after = (0..n)
+        .map(|i| {
+            (0..n)
+                .map(|j| if i == j { Duration::ZERO } else { later })
+                .collect()
+        })
+        .collect();
+}
+
+/// One case of [`instant_takeover_of_a_holders_wanted_lease`], the watch
+/// session on or off: the takeover in ms and, less the lock delay, in
+/// longest one-way latencies. The crashed holder restarts a retry interval
+/// after the takeover (its runs start again), and the run goes on to the
+/// horizon: every property must hold.
+fn ring_takeover_case(
+    knobs: Knobs,
+    processes: usize,
+    seed: u64,
+    crash_ms: u64,
+    watch: bool,
+    mutation: Option<Mutation>,
+) -> Result<(f64, f64), TestCaseError> {
+    let knobs = Knobs {
+        wait: true,
+        send_buffer_rows: None,
+        tcp_give_up_ms: None,
+        ..knobs
+    };
+    let case = Case {
+        knobs,
+        processes,
+        leases: processes,
+        seed,
+        exits: false,
+        faults: vec![],
+    };
+    let mut cfg = case.config(mutation);
+    cfg.options.watch_session = watch;
+    ring_config(&mut cfg);
+    let o = cfg.options.clone();
+    let local = (o.lock_delay.max(lease_proto::limits::MIN_WAIT)).mul_f64(1.0 / (1.0 - cfg.drift));
+    let bound = local + one_way(&cfg) * 6 + ms(2);
+    let mut sim = Sim::new(cfg.clone(), Instant::now());
+    let name = |i: usize| format!("job-{i}");
+    // Every process has started its other runs, and leads its own lease
+    // (a holder may lose its lease meanwhile for reasons of its own: its
+    // heartbeat waits behind a try in flight, and a validity below the
+    // heartbeat interval and two round trips ends; then it is a standby).
+    let started = ms(200) + one_way(&cfg) * 40;
+    loop {
+        if sim.now() > started && (0..processes).all(|p| sim.leads(p, &name(p))) {
+            break;
+        }
+        if sim.now() > started + ms(10_000) {
+            break;
+        }
+        let t = sim.now() + ms(1);
+        sim.run_until(t);
+    }
+    let t = sim.now() + ms(crash_ms);
+    sim.run_until(t);
+    // The holder to crash, and the leases it leads; another process must
+    // lead a lease too (a holder that wants the crashed one's).
+    let leads = |sim: &Sim, p: usize| {
+        (0..processes)
+            .filter(|l| sim.leads(p, &name(*l)))
+            .collect::<Vec<_>>()
+    };
+    let first = (seed % processes as u64) as usize;
+    let holder = (0..processes)
+        .map(|i| (first + i) % processes)
+        .find(|p| !leads(&sim, *p).is_empty());
+    prop_assume!(holder.is_some());
+    let holder = holder.unwrap_or_default();
+    let crashed = leads(&sim, holder);
+    let watchers = (0..processes)
+        .filter(|p| *p != holder && !leads(&sim, *p).is_empty())
+        .count();
+    prop_assume!(watchers > 0);
+    let lease = name(crashed[0]);
+    let t0 = sim.now();
+    let restart = Some(o.retry_interval * 2 + bound);
+    let crash = Fault::Crash {
+        process: holder,
+        restart_after: restart,
+    };
+    sim.schedule(t0, crash);
+    let deadline = t0 + bound + o.retry_interval * 2 + o.query_timeout;
+    let next = loop {
+        if let Some(p) = (0..processes).find(|p| *p != holder && sim.leads(*p, &lease)) {
+            break p;
+        }
+        prop_assert!(
+            sim.now() < deadline,
+            "no takeover within {:?} of the crash\n{}",
+            deadline - t0,
+            explain(&cfg, sim.report())
+        );
+        let t = sim.now() + Duration::from_micros(200);
+        sim.run_until(t);
+    };
+    let took = sim.now() - t0;
+    let ratio =
+        took.saturating_sub(o.lock_delay).as_secs_f64() / one_way(&cfg).as_secs_f64().max(1e-6);
+    if mutation.is_none() {
+        prop_assert!(
+            took <= bound,
+            "p{next} took over {took:?} after the crash of p{holder}, above {bound:?} \
+             (lock delay {:?}, one-way {:?}, retry {:?})\n{}",
+            o.lock_delay,
+            one_way(&cfg),
+            o.retry_interval,
+            explain(&cfg, sim.report())
+        );
+    }
+    let r = sim.finish(ms(HORIZON), settle(&cfg, &[]));
+    prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
+    Ok((took.as_secs_f64() * 1e3, ratio))
+}
+
+/// A case of a ring: as many leases as processes, each process running its
+/// own at once and the others later ([`ring_config`]), waiting on the
+/// server on, so every holder wants the others' leases and waits for them
+/// on its watch session.
+fn ring_case(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Case> {
+    case(guard(), fault).prop_map(|mut c| {
+        c.leases = c.processes;
+        c.knobs.wait = true;
+        c
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: CASES,
+        max_shrink_iters: 2000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Strong safety, contract and no leaks in a ring of holders that wait
+    /// for each other's leases on their watch sessions, under the client
+    /// faults of [`strong_safety_contract_and_no_leaks`] (crashes end both
+    /// connections of a process, partitions cut both).
+    #[test]
+    fn strong_safety_in_a_ring_of_holders(case in ring_case(client_fault(4).boxed())) {
+        strong_safety_with(&case, None, ring_config)?;
+    }
+
+    /// Bounded safety in a ring of holders when the server ends sessions
+    /// itself, as [`bounded_overlap_when_the_server_ends_sessions`].
+    #[test]
+    fn bounded_overlap_in_a_ring_of_holders(case in ring_case(any_fault(4).boxed())) {
+        bounded_overlap(&case, ring_config)?;
+    }
+}
+
+/// Liveness in a ring of holders, as [`liveness_after_healing`]: once every
+/// fault has healed, a live process leads every lease within the bound, or
+/// every key is free.
+#[test]
+fn liveness_in_a_ring_of_holders() {
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: CASES,
+        max_shrink_iters: 500,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&ring_case(any_fault(4).boxed()), |case| {
+        liveness_with(&case, ring_config).map(drop)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Broken variant: a watch session whose wait keeps its lock after it
+/// returns (a session-level lock instead of the transaction-level one): the
+/// key a watcher was woken for stays locked by its watch session, whose
+/// lease session's try then loses for good, and nobody leads it; the
+/// liveness property finds it.
+#[test]
+fn broken_a_watch_session_that_keeps_its_lock_is_caught_by_liveness() {
+    assert_caught(
+        "a watch session that keeps its lock",
+        ring_case(client_fault(4).boxed()),
+        "not every lease led",
+        |case| {
+            liveness_with(case, |cfg| {
+                ring_config(cfg);
+                cfg.server.wait_keeps_shared_lock = true;
+            })
+            .map(drop)
+        },
+    );
+}
+
+/// Broken variant: a watch session that tries its key instead of waiting for
+/// it; every simulated run checks that the watch session sends nothing but
+/// waits, and the property above finds it.
+#[test]
+fn broken_a_watch_session_that_tries_is_caught() {
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: CASES,
+            max_shrink_iters: 50,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
+        let mutation = Some(Mutation::WatchTries);
+        ring_takeover_case(knobs, processes, seed, crash_ms, true, mutation).map(drop)
+    });
+    match result {
+        Err(TestError::Fail(reason, _)) => {
+            let reason = reason.to_string();
+            assert!(reason.contains("WatchNotAWait"), "{reason}");
+        }
+        other => panic!("the properties did not catch a watch session that tries: {other:?}"),
+    }
+}
+
+/// After a server restart, every lease is led again soon after the server is back: within
+/// the pending reconnect delay (at most `FAST_RECONNECT_CAP`, or the retry interval if
+/// shorter, on a clock up to `drift` slow), a refused attempt's round trip, and the
+/// connection, setup, LISTEN and try (12 one-way latencies at most), plus 5 ms. Over
+/// generated options (retry intervals of 1 to 6 s, as at the library's defaults), latencies,
+/// drift, process and lease counts, and downtimes of 0.1 to 8 s.
+#[test]
+fn every_lease_is_led_again_soon_after_a_server_restart() {
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: CASES,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let gaps = std::sync::Mutex::new(Vec::new());
+    let result = runner.run(
+        &restart_cases(),
+        |(knobs, processes, leases, seed, down_ms)| {
+            let gap = restart_case(knobs, processes, leases, seed, down_ms, None)?;
+            gaps.lock().unwrap().push(gap);
+            Ok(())
+        },
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let mut all = gaps.into_inner().unwrap();
+    all.sort_by(f64::total_cmp);
+    let q = |f: f64| all[((all.len() - 1) as f64 * f) as usize];
+    eprintln!(
+        "server back -> every lease led again over {} cases: p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms",
+        all.len(),
+        q(0.5),
+        q(0.9),
+        q(1.0)
+    );
+}
+
+/// Broken variant: the doubling backoff alone (no fast reconnect window) fails the
+/// property above.
+#[test]
+fn broken_reconnect_without_the_fast_window_is_caught() {
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: CASES,
+            max_shrink_iters: 50,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let result = runner.run(
+        &restart_cases(),
+        |(knobs, processes, leases, seed, down_ms)| {
+            let broken = Some(Mutation::NoFastReconnect);
+            restart_case(knobs, processes, leases, seed, down_ms, broken).map(drop)
+        },
+    );
+    match result {
+        Err(TestError::Fail(reason, _)) => {
+            let reason = reason.to_string();
+            assert!(reason.contains("led again"), "{reason}");
+            eprintln!("no fast window: {}", reason.lines().next().unwrap_or(""));
+        }
+        other => panic!("the property did not catch the doubling backoff: {other:?}"),
+    }
+}
+
+/// Options (the retry interval 1 to 6 s), processes, leases, a seed, the downtime.
+fn restart_cases() -> impl Strategy<Value = (Knobs, usize, usize, u64, u64)> {
+    (
+        knobs(guard()),
+        1000..6000u64,
+        1..4usize,
+        1..4usize,
+        any::<u64>(),
+        100..8000u64,
+    )
+        .prop_map(|(knobs, retry_ms, processes, leases, seed, down_ms)| {
+            let knobs = Knobs { retry_ms, ..knobs };
+            (knobs, processes, leases, seed, down_ms)
+        })
+}
+
+/// One case of [`every_lease_is_led_again_soon_after_a_server_restart`]: the time from the
+/// server's return to every lease led again, in ms.
+fn restart_case(
+    knobs: Knobs,
+    processes: usize,
+    leases: usize,
+    seed: u64,
+    down_ms: u64,
+    mutation: Option<Mutation>,
+) -> Result<f64, TestCaseError> {
+    let knobs = Knobs {
+        // Nothing delays the statements but the network.
+        send_buffer_rows: None,
+        tcp_give_up_ms: None,
+        ..knobs
+    };
+    let case = Case {
+        knobs,
+        processes,
+        leases,
+        seed,
+        exits: false,
+        faults: vec![],
+    };
+    let cfg = case.config(mutation);
+    let o = &cfg.options;
+    let names: Vec<String> = (0..leases).map(|i| format!("job-{i}")).collect();
+    let all_led = |sim: &Sim| (names.iter()).all(|n| (0..processes).any(|p| sim.leads(p, n)));
+    let mut sim = Sim::new(cfg.clone(), Instant::now());
+    while !all_led(&sim) {
+        prop_assert!(
+            sim.now() < ms(20_000),
+            "not every lease led before the restart\n{}",
+            explain(&cfg, sim.report())
+        );
+        let t = sim.now() + ms(5);
+        sim.run_until(t);
+    }
+    let t0 = sim.now() + ms(100);
+    let down = ms(down_ms);
+    sim.schedule(t0, Fault::ServerRestart { downtime: down });
+    let up = t0 + down;
+    sim.run_until(up);
+    let cap = lease_proto::limits::FAST_RECONNECT_CAP.min(o.retry_interval);
+    let bound = cap.mul_f64(1.0 / (1.0 - cfg.drift)) + one_way(&cfg) * 14 + ms(5);
+    let deadline = up + bound + o.retry_interval * 2;
+    while !all_led(&sim) {
+        prop_assert!(
+            sim.now() < deadline,
+            "not every lease led again within {:?} of the server's return\n{}",
+            deadline - up,
+            explain(&cfg, sim.report())
+        );
+        let t = sim.now() + Duration::from_micros(200);
+        sim.run_until(t);
+    }
+    let gap = sim.now() - up;
+    prop_assert!(
+        gap <= bound,
+        "every lease led again {gap:?} after the server's return, above {bound:?} \
+         (down {down:?}, one-way {:?}, retry {:?})\n{}",
+        one_way(&cfg),
+        o.retry_interval,
+        explain(&cfg, sim.report())
+    );
+    let r = sim.finish(ms(HORIZON), settle(&cfg, &[]));
+    prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
+    Ok(gap.as_secs_f64() * 1e3)
+}
+
 // ---- lease groups ---------------------------------------------------------
 
 /// The group every run of a group case takes part in.

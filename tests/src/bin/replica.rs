@@ -9,6 +9,9 @@
 //!
 //! With `--leases N` (N > 1) it runs the leases `NAME-0` .. `NAME-{N-1}`, else `NAME`;
 //! with `--group GROUP`, each in the lease group `GROUP` (`Locker::group`).
+//! `--also NAME` (repeatable) runs that lease too, `--also-after MS` after the start (a
+//! process that holds a lease of its own, then wants another's). `--no-watch`: the watch
+//! session off (`Options::watch_session`).
 //! Defaults are fast test values: retry 200 ms, heartbeat 150 ms, query timeout 400 ms,
 //! guard margin 200 ms, a tick every 50 ms (`--tick 0`: no tick lines). The `pid` and
 //! `valid` lines come from polling `Locker::status()` every `--status-poll` ms (default
@@ -71,6 +74,10 @@ struct Args {
     url: String,
     lease: String,
     leases: usize,
+    /// `--also`: more leases, started `also_after` after the others.
+    also: Vec<String>,
+    also_after: Duration,
+    watch: bool,
     retry: Duration,
     heartbeat: Duration,
     query_timeout: Duration,
@@ -114,6 +121,9 @@ fn parse_args() -> Result<Args, String> {
         url: String::new(),
         lease: String::new(),
         leases: 1,
+        also: Vec::new(),
+        also_after: Duration::ZERO,
+        watch: true,
         retry: Duration::from_millis(200),
         heartbeat: Duration::from_millis(150),
         query_timeout: Duration::from_millis(400),
@@ -158,6 +168,9 @@ fn parse_args() -> Result<Args, String> {
                     .filter(|&n| n > 0)
                     .ok_or_else(|| format!("--leases: not a positive number: {v}"))?;
             }
+            "--also" => args.also.push(value()?),
+            "--also-after" => args.also_after = ms(value()?)?,
+            "--no-watch" => args.watch = false,
             "--retry" => args.retry = ms(value()?)?,
             "--heartbeat" => args.heartbeat = ms(value()?)?,
             "--query-timeout" => args.query_timeout = ms(value()?)?,
@@ -194,6 +207,7 @@ impl Args {
             o.server_guard = self.guard;
             o.notify_handover = self.notify;
             o.wait_on_server = self.wait;
+            o.watch_session = self.watch;
             o.lock_delay = self.lock_delay;
             o.max_leases = self.leases.max(lease_proto::limits::DEFAULT_MAX_LEASES);
             o
@@ -216,14 +230,18 @@ impl Args {
         Ok((config, tls))
     }
 
-    fn names(&self) -> Vec<String> {
-        if self.leases == 1 {
+    /// Every lease to run, with how long after the start its run begins.
+    fn names(&self) -> Vec<(String, Duration)> {
+        let first = if self.leases == 1 {
             vec![self.lease.clone()]
         } else {
             (0..self.leases)
                 .map(|i| format!("{}-{i}", self.lease))
                 .collect()
-        }
+        };
+        let first = first.into_iter().map(|n| (n, Duration::ZERO));
+        let also = self.also.iter().map(|n| (n.clone(), self.also_after));
+        first.chain(also).collect()
     }
 }
 
@@ -466,12 +484,13 @@ fn tokio_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Stri
         let runs: Vec<_> = args
             .names()
             .into_iter()
-            .map(|name| {
+            .map(|(name, after)| {
                 let (locker, shutdown) = (locker.clone(), shutdown.clone());
                 let group = args.group.clone();
                 let run = tokio::spawn({
                     let name = name.clone();
                     async move {
+                        tokio::time::sleep(after).await;
                         let signal = wait_shutdown(shutdown);
                         let job = move |lease| job(lease, cfg, tokio::time::sleep);
                         match group {
@@ -528,12 +547,13 @@ fn smol_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Strin
         let runs: Vec<_> = args
             .names()
             .into_iter()
-            .map(|name| {
+            .map(|(name, after)| {
                 let (locker, shutdown) = (locker.clone(), shutdown.clone());
                 let group = args.group.clone();
                 let run = smol::spawn({
                     let name = name.clone();
                     async move {
+                        smol::Timer::after(after).await;
                         let signal = wait_shutdown(shutdown);
                         let job = move |lease| job(lease, cfg, sleep);
                         match group {

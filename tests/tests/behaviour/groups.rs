@@ -155,6 +155,13 @@ fn three_members_share_twelve_leases(driver: Driver) -> Res {
         3,
         "three member locks (objsubid 2) in pg_locks"
     );
+    // Each member holds leases and wants others: a lease session and a watch
+    // session each.
+    let sessions = admin.ints(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+         AND backend_type = 'client backend'",
+    )?;
+    fig("sessions of 3 members", format!("{sessions:?}"));
     let starts_before = |nodes: &[&Node]| -> usize {
         nodes
             .iter()

@@ -26,6 +26,7 @@ mod server_settings;
 mod server_wait;
 mod tls;
 mod tokens;
+mod watch_session;
 
 /// Every file of this directory is a module of this binary: cargo compiles only the
 /// modules named above, so a file without its `mod` line would never run.

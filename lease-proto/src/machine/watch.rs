@@ -1,0 +1,436 @@
+//! The watch session: instant takeover for a locker that holds a lease.
+//!
+//! A locker that holds a lease cannot wait on its lease session (it must
+//! stay free for heartbeats and releases, see `wait`), so without help it
+//! learns of a crashed holder's freed key only at its next poll. The watch
+//! session is a second connection that does nothing but wait. The rule, in
+//! one place:
+//!
+//! - **When it is open.** While the lease session is ready, the locker holds
+//!   at least one lease (a key its heartbeats confirm) and wants another
+//!   whose holder its last try saw (`pg_locks` showed the holder's backend
+//!   pid), [`Options::wait_on_server`](crate::Options::wait_on_server) and
+//!   [`Options::watch_session`](crate::Options::watch_session) are on, the
+//!   locker is not closing, and the lease session's startup options were not
+//!   rejected (behind such a pooler a blocked statement would hold one of its
+//!   server connections, and waits are off there already). Closed as soon as
+//!   that is no longer so. Not "two or more runs": a locker that holds
+//!   nothing waits on its lease session already, and a process with one
+//!   lease keeps exactly one connection, leading or waiting; the second
+//!   connection exists only where the lease session may not wait.
+//! - **What it sends.** Only [`Statement::Wait`](crate::Statement::Wait)s,
+//!   one at a time, the same statement a standby's lease session sends: a
+//!   transaction-level shared lock that ends with its statement, under a
+//!   lock timeout cut below the server's `deadlock_timeout` (chunks of at
+//!   most [`wait_limit_ms`](crate::server::wait_limit_ms), read from each
+//!   reply; the first asks for a retry interval, which the statement cuts
+//!   itself). No setup, no `LISTEN`, no try, no unlock: it never acquires and
+//!   holds nothing, so it needs no guard of its own, and a wait ended by its
+//!   lock timeout is followed at once by the next. Its statements are
+//!   `pg_catalog`-qualified like every other; it connects exactly like the
+//!   lease session (same host, same startup options).
+//! - **Which key: the ring.** A crash frees every key of the crashed
+//!   session at once, so one wait per holder session is enough. Among the
+//!   holders of the wanted keys (backend pids from the last try of each),
+//!   it waits for a key of the holder whose pid comes next after its own
+//!   lease session's backend pid, cyclically (the least pid above its own,
+//!   else the least), and among that holder's keys for the least. In a
+//!   fleet of lockers that all want the same leases, each holder's
+//!   predecessor in that ring waits for it: every holder has a watcher, at
+//!   one extra connection per locker (the property
+//!   `in_a_fleet_every_holder_is_watched` below, over any pids and any
+//!   split of the leases). Recomputed before every wait, so it moves on when
+//!   that holder has no wanted key left.
+//! - **Woken** (the key was freed): the lease session tries every wanted
+//!   key, at once after a handover notification from the holder its last
+//!   try saw (within [`Options::lock_delay`](crate::Options::lock_delay)
+//!   before the wake, or arriving during it), else after the lock delay:
+//!   the wake rule of `wait`, unchanged. The watch session waits no more
+//!   until that try has answered (its holders are then current).
+//! - **No spin.** A wake whose following try wins nothing counts; after
+//!   [`WAKE_BUDGET`] such wakes in a row it waits no more until the next
+//!   periodic try.
+//! - **Speed, never correctness.** A connection that fails, ends, or times
+//!   out ([`Deadline::Watch`]: the attempt, or the wait's lock timeout, plus
+//!   the query timeout) is closed and opened again no sooner than the next
+//!   periodic try; a wait that fails otherwise turns it off until the lease
+//!   session ends. Meanwhile, or with the option off, the locker polls: a
+//!   crashed holder's key moves within a retry interval.
+
+use std::time::{Duration, Instant};
+
+use super::{Deadline, Machine, Phase, RunState, Stage, MIN_WAIT, WAKE_BUDGET};
+use crate::io::{Event, QueryId, SessionCommand, SessionError, SessionId};
+use crate::sql::{Row, Statement, WaitReply};
+
+/// The watch session and what its waits came to.
+#[derive(Debug, Default)]
+pub(super) struct Watch {
+    conn: Conn,
+    /// Closed after a failure: not opened again before the next periodic try.
+    resting: bool,
+    /// A wait failed otherwise than by its lock timeout: off until the
+    /// lease session ends.
+    off: bool,
+    /// A wait was woken and no try has answered since.
+    woken: bool,
+    /// Wakes in a row whose following try won nothing (see [`WAKE_BUDGET`]).
+    wake_losses: u32,
+    /// The longest wait the server's `deadlock_timeout` allows, from the
+    /// last reply.
+    limit: Option<Duration>,
+    /// A handover notification from the holder a try saw: its key, when.
+    notified: Option<(i64, Instant)>,
+    /// A wake's lock delay ends: the lease session tries then.
+    try_at: Option<Instant>,
+    /// The attempt or the wait in flight times out.
+    timeout_at: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+enum Conn {
+    #[default]
+    Closed,
+    Connecting(SessionId),
+    Up {
+        id: SessionId,
+        /// The wait in flight: its query and key.
+        inflight: Option<(QueryId, i64)>,
+    },
+}
+
+impl Watch {
+    fn id(&self) -> Option<SessionId> {
+        match self.conn {
+            Conn::Closed => None,
+            Conn::Connecting(id) | Conn::Up { id, .. } => Some(id),
+        }
+    }
+
+    /// Whether `session` is the watch session.
+    pub(super) fn owns(&self, session: SessionId) -> bool {
+        self.id() == Some(session)
+    }
+
+    /// Whether `query` is the watch session's wait in flight.
+    pub(super) fn owns_query(&self, query: QueryId) -> bool {
+        matches!(self.conn, Conn::Up { inflight: Some((q, _)), .. } if q == query)
+    }
+
+    /// No watch connection open or asked for.
+    pub(super) fn is_closed(&self) -> bool {
+        matches!(self.conn, Conn::Closed)
+    }
+
+    /// A wait was woken and no try answered since.
+    pub(super) fn woken(&self) -> bool {
+        self.woken
+    }
+
+    fn paused(&self) -> bool {
+        self.off || self.resting || self.woken || self.wake_losses >= WAKE_BUDGET
+    }
+
+    /// The periodic try (not the one after a wake): a rested watch session
+    /// may open again, and waiting may start over.
+    pub(super) fn periodic_try(&mut self) {
+        self.resting = false;
+        self.wake_losses = 0;
+    }
+
+    /// A try answered; `won`: it won something.
+    pub(super) fn after_try(&mut self, won: bool) {
+        if std::mem::take(&mut self.woken) {
+            self.wake_losses = if won { 0 } else { self.wake_losses + 1 };
+        }
+    }
+
+    /// A handover notification for `key` from the holder the standby saw.
+    pub(super) fn notified(&mut self, now: Instant, key: i64) {
+        self.notified = Some((key, now));
+    }
+
+    /// The lease session ended: what was learnt on it starts over.
+    pub(super) fn session_down(&mut self) {
+        self.off = false;
+        self.limit = None;
+    }
+
+    /// The earliest of its instants, for [`Deadline::Watch`].
+    fn deadline(&self) -> Option<Instant> {
+        match (self.timeout_at, self.try_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The key to wait for among `wanted` (key, holder pid), by the ring rule
+/// above: a key of the holder whose pid comes next after `own`, cyclically.
+fn ring(own: i64, wanted: &[(i64, i64)]) -> Option<i64> {
+    let holders = || wanted.iter().map(|&(_, h)| h);
+    let next = holders()
+        .filter(|&h| h > own)
+        .min()
+        .or_else(|| holders().min())?;
+    (wanted.iter())
+        .filter(|&&(_, h)| h == next)
+        .map(|&(k, _)| k)
+        .min()
+}
+
+impl Machine {
+    /// The lease session's backend pid and the wanted keys with their
+    /// holders, while the watch session is called for (see above).
+    fn watch_wanted(&self) -> Option<(i64, Vec<(i64, i64)>)> {
+        if !self.opts.wait_on_server
+            || !self.opts.watch_session
+            || self.phase != Phase::Open
+            || self.connector.settings_by_statement()
+            || !self.runs.holding()
+        {
+            return None;
+        }
+        let Stage::Ready { backend_pid } = self.session.up()?.stage else {
+            return None;
+        };
+        let wanted: Vec<(i64, i64)> = (self.runs.iter())
+            .filter_map(|(_, r)| match &r.state {
+                RunState::Standby(s) => Some((r.lease.key(), s.holder.flatten()?)),
+                _ => None,
+            })
+            .collect();
+        (!wanted.is_empty()).then_some((backend_pid, wanted))
+    }
+
+    /// Before the lease session acts: a timed-out watch session is closed,
+    /// and a wake's lock delay that ended asks for the try.
+    pub(super) fn watch_due(&mut self, now: Instant) {
+        if self.watch.timeout_at.is_some_and(|t| t <= now) {
+            let error = SessionError::other("the watch session timed out");
+            self.watch_lost(Some(error), true);
+        }
+        if self.watch.try_at.is_some_and(|t| t <= now) {
+            self.watch.try_at = None;
+            self.plan.try_soon();
+        }
+        self.timers.put(Deadline::Watch, self.watch.deadline());
+    }
+
+    /// After the lease session acted: opens, closes or sends on the watch
+    /// session as the rule says.
+    pub(super) fn watch_step(&mut self, now: Instant) {
+        let wanted = self.watch_wanted();
+        match (&self.watch.conn, wanted) {
+            (Conn::Closed, None) => {}
+            (_, None) => self.close_watch(),
+            (Conn::Closed, Some(_)) if self.watch.paused() => {}
+            (Conn::Closed, Some(_)) => {
+                let session = self.connector.next_session();
+                self.out.session(SessionCommand::OpenWatch { session });
+                self.watch.conn = Conn::Connecting(session);
+                self.watch.timeout_at = Some(now + self.opts.query_timeout);
+            }
+            (Conn::Up { inflight: None, .. }, Some((own, wanted))) if !self.watch.paused() => {
+                self.send_watch(now, own, &wanted)
+            }
+            _ => {}
+        }
+        self.timers.put(Deadline::Watch, self.watch.deadline());
+    }
+
+    fn send_watch(&mut self, now: Instant, own: i64, wanted: &[(i64, i64)]) {
+        let Conn::Up { id, .. } = self.watch.conn else {
+            return;
+        };
+        let retry = self.opts.retry_interval;
+        let timeout = self.watch.limit.map_or(retry, |l| l.min(retry));
+        if timeout < MIN_WAIT {
+            // Under so short a deadlock_timeout the lease session polls.
+            self.watch.off = true;
+            return self.close_watch();
+        }
+        let Some(key) = ring(own, wanted) else {
+            return;
+        };
+        let query = self.connector.next_watch_query();
+        let statement = Statement::Wait {
+            key,
+            timeout_ms: timeout.as_millis().max(1) as u64,
+        };
+        #[cfg(feature = "sim")] // The broken variant: a watch session that tries.
+        let statement = match self.knobs.mutation {
+            Some(super::Mutation::WatchTries) => Statement::TryLock {
+                keys: vec![key],
+                backend_pid: own,
+                nonce: 0,
+            },
+            _ => statement,
+        };
+        self.out.session(SessionCommand::WatchQuery {
+            session: id,
+            query,
+            statement,
+        });
+        self.watch.conn = Conn::Up {
+            id,
+            inflight: Some((query, key)),
+        };
+        self.watch.timeout_at = Some(now + timeout + self.opts.query_timeout);
+    }
+
+    /// Closes the watch session because it is not called for.
+    fn close_watch(&mut self) {
+        if let Some(session) = self.watch.id() {
+            self.out.session(SessionCommand::CloseWatch { session });
+        }
+        self.watch.conn = Conn::Closed;
+        self.watch.timeout_at = None;
+        self.watch.woken = false;
+    }
+
+    /// The watch session failed, ended or timed out: closed, and opened
+    /// again no sooner than the next periodic try.
+    /// With `close`, the machine closes it (the driver did not see it end).
+    fn watch_lost(&mut self, error: Option<SessionError>, close: bool) {
+        if let Some(session) = self.watch.id() {
+            self.out.event(Event::WatchSessionLost { session, error });
+        }
+        if close {
+            self.close_watch();
+        }
+        self.watch.conn = Conn::Closed;
+        self.watch.timeout_at = None;
+        self.watch.woken = false;
+        self.watch.resting = true;
+    }
+
+    /// Input: the watch session opened.
+    pub(super) fn watch_opened(&mut self, session: SessionId) {
+        if matches!(self.watch.conn, Conn::Connecting(id) if id == session) {
+            self.watch.conn = Conn::Up {
+                id: session,
+                inflight: None,
+            };
+            self.watch.timeout_at = None;
+        }
+    }
+
+    /// Input: the watch session failed to open or ended.
+    pub(super) fn watch_ended(&mut self, session: SessionId, error: Option<SessionError>) {
+        if self.watch.owns(session) {
+            self.watch_lost(error, false);
+        }
+    }
+
+    /// Input: the reply of the watch session's wait.
+    pub(super) fn watch_reply(
+        &mut self,
+        now: Instant,
+        query: QueryId,
+        result: Result<Vec<Row>, SessionError>,
+    ) {
+        let Conn::Up {
+            id,
+            inflight: Some((q, key)),
+        } = self.watch.conn
+        else {
+            return;
+        };
+        if q != query {
+            return;
+        }
+        self.watch.conn = Conn::Up { id, inflight: None };
+        self.watch.timeout_at = None;
+        let reply = result.and_then(|rows| {
+            WaitReply::parse(&rows).map_err(|e| SessionError::other(e.to_string()))
+        });
+        let (freed, deadlock_timeout_ms) = match reply {
+            Ok(WaitReply {
+                freed: Some(freed),
+                deadlock_timeout_ms,
+                ..
+            }) => (freed, deadlock_timeout_ms),
+            Ok(_) | Err(_) => {
+                let error = match reply {
+                    Err(error) => error,
+                    Ok(_) => SessionError::other("malformed wait reply: no outcome row"),
+                };
+                self.out.event(Event::WaitFailed { error });
+                self.watch.off = true;
+                return self.close_watch();
+            }
+        };
+        if let Some(d) = deadlock_timeout_ms {
+            let limit = crate::sql::wait_limit_ms(d).max(0) as u64;
+            self.watch.limit = Some(Duration::from_millis(limit));
+        }
+        if !freed {
+            return;
+        }
+        self.out.event(Event::KeyFreed { key });
+        self.watch.woken = true;
+        #[cfg(feature = "sim")] // The broken variant: a watcher that acquires.
+        if self.knobs.mutation == Some(super::Mutation::WatchAcquires) {
+            let token = i64::MAX / 2 + self.connector.peek_query() as i64;
+            let window = self.opts.validity_window();
+            return self.runs.wake_won(now, (key, token), window, &mut self.out);
+        }
+        let delay = self.opts.lock_delay;
+        let graceful = (self.watch.notified)
+            .is_some_and(|(k, at)| k == key && now.duration_since(at) <= delay);
+        if graceful || delay.is_zero() {
+            self.plan.try_soon();
+        } else {
+            // A notification meanwhile asks for the try at once (as for any
+            // standby); else the delay's end does.
+            self.watch.try_at = Some(now + delay);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ring;
+
+    #[test]
+    fn the_ring_waits_for_the_next_holder_after_its_own_pid() {
+        let wanted = [(10, 300), (11, 100), (12, 300), (13, 200)];
+        assert_eq!(ring(150, &wanted), Some(13));
+        assert_eq!(ring(200, &wanted), Some(10));
+        // Past the largest pid: around to the least.
+        assert_eq!(ring(400, &wanted), Some(11));
+        assert_eq!(ring(50, &wanted), Some(11));
+        assert_eq!(ring(1, &[]), None);
+    }
+
+    proptest::proptest! {
+        /// Property: in a fleet of lockers that each hold some of the leases
+        /// and want every other (any backend pids, any split), every holder
+        /// is watched by at least one other holder, at one watch session each.
+        #[test]
+        fn in_a_fleet_every_holder_is_watched(
+            pids in proptest::collection::btree_set(1..100_000i64, 2..12),
+            split in proptest::collection::vec(0..64usize, 1..40),
+        ) {
+            let pids: Vec<i64> = pids.into_iter().collect();
+            // Lease `k` is held by the locker `split[k] % n`; every locker
+            // that holds a lease wants all the leases it does not hold.
+            let holder = |k: usize| pids[split[k] % pids.len()];
+            let holders: std::collections::BTreeSet<i64> = (0..split.len()).map(holder).collect();
+            let mut watched = std::collections::BTreeSet::new();
+            for &own in &holders {
+                let wanted: Vec<(i64, i64)> = (0..split.len())
+                    .filter(|&k| holder(k) != own)
+                    .map(|k| (k as i64, holder(k)))
+                    .collect();
+                if let Some(key) = ring(own, &wanted) {
+                    watched.insert(holder(key as usize));
+                }
+            }
+            if holders.len() > 1 {
+                proptest::prop_assert_eq!(watched, holders);
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The watch session (`Options::watch_session`), hand-driven: it opens only for a locker
+//! that holds a lease and wants another, sends nothing but waits for the ring's key, wakes
+//! the lease session's try after the lock delay, falls back to polling when it fails, and
+//! never opens for one lease, with the option off, or behind a pooler that rejected the
+//! startup options.
+
+use crate::common::*;
+use lease_proto::reply::*;
+use lease_proto::sim::Command;
+use lease_proto::sim::Harness;
+use lease_proto::*;
+
+/// The watch session's commands among `cmds`: (opened, queries with their statements,
+/// closed).
+fn watch_commands(cmds: &[Command]) -> (Vec<SessionId>, Vec<(QueryId, Statement)>, usize) {
+    let (mut opened, mut queries, mut closed) = (Vec::new(), Vec::new(), 0);
+    for c in cmds {
+        match c {
+            Command::OpenWatch { session } => opened.push(*session),
+            Command::WatchQuery {
+                query, statement, ..
+            } => queries.push((*query, statement.clone())),
+            Command::CloseWatch { .. } => closed += 1,
+            _ => {}
+        }
+    }
+    (opened, queries, closed)
+}
+
+fn wait_rows(freed: bool) -> Vec<Row> {
+    WaitReply {
+        session: HeartbeatReply {
+            backend_pid: Some(55),
+            nonce: None,
+        },
+        freed: Some(freed),
+        deadlock_timeout_ms: Some(1000),
+    }
+    .to_rows()
+}
+
+/// Leads `a` (token 1), then runs `b`, whose try loses to backend `holder`: the
+/// commands after that try's reply.
+fn holder_wanting(h: &mut Harness, holder: i64) -> Vec<Command> {
+    started(h, "a", 1);
+    h.run(lease("b"));
+    while !matches!(h.in_flight(), Some((_, Statement::TryLock { .. }))) {
+        h.advance(ms(10));
+        if matches!(h.in_flight(), Some((_, Statement::Heartbeat))) {
+            h.heartbeat(7, &[]);
+        }
+    }
+    h.lose(Some(holder))
+}
+
+/// A holder that wants another lease opens the watch session, waits there for the
+/// wanted key, and when it is freed the lease session tries after the lock delay.
+#[test]
+fn a_holder_waits_on_its_watch_session_and_tries_after_the_lock_delay() {
+    let o = {
+        let mut o = opts();
+        o.lock_delay = ms(20);
+        o
+    };
+    let mut h = harness(o);
+    let cmds = holder_wanting(&mut h, 99);
+    let (opened, queries, _) = watch_commands(&cmds);
+    assert_eq!(opened.len(), 1, "{cmds:?}");
+    assert!(queries.is_empty());
+    let watch = opened[0];
+    assert_ne!(Some(watch), h.session());
+    let cmds = h.input(Input::SessionOpened { session: watch });
+    let (_, queries, _) = watch_commands(&cmds);
+    assert_eq!(queries.len(), 1, "{cmds:?}");
+    let (query, Statement::Wait { key: k, .. }) = queries[0].clone() else {
+        panic!("{queries:?}")
+    };
+    assert_eq!(k, key("b"));
+    // Held all along (cut below deadlock_timeout): the next wait goes at once.
+    let result = Ok(wait_rows(false));
+    let cmds = h.input(Input::Reply { query, result });
+    let (_, queries, _) = watch_commands(&cmds);
+    let (query, _) = queries[0].clone();
+    // Freed: the lease session tries after the lock delay, not before.
+    let result = Ok(wait_rows(true));
+    h.input(Input::Reply { query, result });
+    assert!(
+        h.events().contains(&Event::KeyFreed { key: key("b") }),
+        "{:?}",
+        h.events()
+    );
+    if matches!(h.in_flight(), Some((_, Statement::Heartbeat))) {
+        h.heartbeat(7, &[]);
+    }
+    assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
+    h.advance(ms(19));
+    assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
+    h.advance(ms(1));
+    assert_eq!(h.try_keys(), vec![key("b")]);
+    // Won: nothing is wanted any more, and the watch session closes.
+    let cmds = h.win(2);
+    let (_, _, closed) = watch_commands(&cmds);
+    assert_eq!(closed, 1, "{cmds:?}");
+}
+
+/// A process with one lease never opens a second connection, leading or waiting; nor
+/// does a holder with the option off; both poll (or wait on the lease session) as before.
+#[test]
+fn no_watch_session_for_one_lease_or_with_the_option_off() {
+    let mut h = harness(opts());
+    started(&mut h, "a", 1);
+    let cmds = h.advance(ms(2000));
+    assert!(watch_commands(&cmds).0.is_empty(), "{cmds:?}");
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.connect(7);
+    let cmds = h.lose(Some(99));
+    assert!(watch_commands(&cmds).0.is_empty(), "{cmds:?}");
+    let o = {
+        let mut o = opts();
+        o.watch_session = false;
+        o
+    };
+    let mut h = harness(o);
+    let cmds = holder_wanting(&mut h, 99);
+    assert!(watch_commands(&cmds).0.is_empty(), "{cmds:?}");
+}
+
+/// A watch session that fails to open costs speed only: the holder polls, and opens it
+/// again at the next periodic try; a wait that fails turns it off for the session.
+#[test]
+fn a_failing_watch_session_falls_back_to_polling() {
+    let mut h = harness(opts());
+    let cmds = holder_wanting(&mut h, 99);
+    let watch = watch_commands(&cmds).0[0];
+    let error = Some(SessionError::other("refused"));
+    let cmds = h.input(Input::SessionEnded {
+        session: watch,
+        error,
+    });
+    assert!(watch_commands(&cmds).0.is_empty(), "{cmds:?}");
+    // The next periodic try (within a retry interval) opens it again.
+    let mut reopened = None;
+    for _ in 0..40 {
+        let cmds = h.advance(ms(10));
+        if let Some(s) = watch_commands(&cmds).0.first() {
+            reopened = Some(*s);
+            break;
+        }
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Heartbeat) => {
+                h.heartbeat(7, &[]);
+            }
+            Some(Statement::TryLock { .. }) => {
+                let cmds = h.lose(Some(99));
+                if let Some(s) = watch_commands(&cmds).0.first() {
+                    reopened = Some(*s);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let watch = reopened.expect("the watch session opens again at the next try");
+    let cmds = h.input(Input::SessionOpened { session: watch });
+    let (query, _) = watch_commands(&cmds).1[0].clone();
+    let result = Err(SessionError::server("XX000", "boom"));
+    let cmds = h.input(Input::Reply { query, result });
+    assert_eq!(watch_commands(&cmds).2, 1, "closed: {cmds:?}");
+    assert!(h
+        .events()
+        .iter()
+        .any(|e| matches!(e, Event::WaitFailed { .. })));
+}
+
+/// Behind a pooler that rejected the startup options, a holder opens no watch session:
+/// a blocked wait would hold one of the pool's server connections.
+#[test]
+fn behind_a_pooler_no_watch_session() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    let session = h.session().expect("a session asked for");
+    let error = Some(SessionError::server(
+        "08P01",
+        "unsupported startup parameter: options",
+    ));
+    h.input(Input::SessionEnded { session, error });
+    h.connect(7);
+    let cmds = h.win(1);
+    assert!(has(&cmds, |c| matches!(c, Command::StartJob { .. })));
+    h.run(lease("b"));
+    let mut all = Vec::new();
+    for _ in 0..100 {
+        all.extend(h.advance(ms(10)));
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Heartbeat) => all.extend(h.heartbeat(7, &[])),
+            Some(Statement::Verify) => all.extend(h.heartbeat(7, &[key("a")])),
+            Some(Statement::TryLock { .. }) => all.extend(h.lose(Some(99))),
+            _ => {}
+        }
+    }
+    assert!(watch_commands(&all).0.is_empty(), "{all:?}");
+}
