@@ -361,7 +361,8 @@ pub enum Statement {
     /// `pg_locks`, a space apart from the lease keys' one-`bigint` locks),
     /// taken once per session and freed with it; with `notify`, the join is
     /// announced on [`HANDOVER_CHANNEL`] with the payload `group <id>`, so
-    /// members read again at once. Leaves each group of `leave` (unlocks
+    /// members read again at once, and so is each group of `announce` (a
+    /// member left it: the others take its leases at once). Leaves each group of `leave` (unlocks
     /// its lock). Then answers `(0, pg_backend_pid(), NULL)`, one `(1,
     /// group id, member pid)` row per member lock of `groups` granted in
     /// this database, and one `(2, key, holder pid or NULL)` row per key of
@@ -379,6 +380,8 @@ pub enum Statement {
         keys: Vec<i64>,
         /// Whether to announce the joins.
         notify: bool,
+        /// Groups to announce (with `notify`) whether joined now or not.
+        announce: Vec<u32>,
     },
 }
 
@@ -573,8 +576,23 @@ impl Statement {
                 groups,
                 keys,
                 notify,
+                announce,
             } => {
                 let mut sql = String::new();
+                if *notify && !announce.is_empty() {
+                    write!(
+                        sql,
+                        "SELECT {}::pg_catalog.int8, j::pg_catalog.int8, \
+                         pg_catalog.length(pg_catalog.concat(\
+                         pg_catalog.pg_notify('{HANDOVER_CHANNEL}', \
+                         pg_catalog.concat('group ', (j::pg_catalog.int8 \
+                         OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.text))))::pg_catalog.int8 \
+                         FROM pg_catalog.unnest({}) AS j; ",
+                        members_tag::LEFT,
+                        GroupArray(announce)
+                    )
+                    .ok();
+                }
                 if !join.is_empty() {
                     let announce = if *notify {
                         format!(
@@ -1365,6 +1383,7 @@ mod tests {
                 groups: vec![7, u32::MAX],
                 keys: vec![-1, 2],
                 notify: true,
+                announce: vec![7],
             },
         ];
         for s in &all {

@@ -121,6 +121,9 @@ pub(super) struct Groups {
     fresh: bool,
     /// Hand-offs decided by the last read, for the machine to carry out.
     handoffs: Vec<i64>,
+    /// Groups a member left (its session ended), to announce at the next
+    /// read so the others read at once.
+    announce: BTreeSet<u32>,
 }
 
 /// A read to send: joins, leaves, groups and keys.
@@ -130,6 +133,7 @@ pub(super) struct Read {
     pub(super) leave: Vec<u32>,
     pub(super) groups: Vec<u32>,
     pub(super) keys: Vec<i64>,
+    pub(super) announce: Vec<u32>,
 }
 
 impl Groups {
@@ -170,6 +174,7 @@ impl Groups {
             leave,
             groups: wanted.keys().copied().collect(),
             keys: wanted.values().flatten().copied().collect(),
+            announce: std::mem::take(&mut self.announce).into_iter().collect(),
         }
     }
 
@@ -205,6 +210,11 @@ impl Groups {
             members.insert(me);
             if members != group.members {
                 group.handed.clear();
+            }
+            // A member of the last read is gone: the others (but the one
+            // that watches it) learn it at their next read; announce it.
+            if group.members.iter().any(|m| !members.contains(m)) {
+                self.announce.insert(gid);
             }
             group.previous = std::mem::replace(&mut group.members, members);
             group.owner = assign(keys, &group.members);
@@ -275,9 +285,11 @@ impl Groups {
             .is_some_and(|since| *since + bound <= now)
     }
 
-    /// A try was chosen: the next one reads first.
-    pub(super) fn tried(&mut self) {
+    /// A try was chosen: the next one reads first. Whether a departure
+    /// is to be announced: then the machine reads again at once.
+    pub(super) fn tried(&mut self) -> bool {
         self.fresh = false;
+        !self.announce.is_empty()
     }
 
     /// What ends with any session: its member locks, and what was read on
@@ -287,6 +299,7 @@ impl Groups {
         self.groups.clear();
         self.fresh = false;
         self.handoffs.clear();
+        self.announce.clear();
     }
 }
 

@@ -1341,8 +1341,12 @@ impl Machine {
                     || (lease.group())
                         .is_none_or(|g| groups.may_try(g.id(), lease.key(), me, now, bound))
             });
-            self.groups.tried();
+            let announce = self.groups.tried();
             self.plan.tried();
+            if announce {
+                // A member left: read again at once, announcing it.
+                self.plan.try_soon();
+            }
             if retry_due && !self.wait.woken() {
                 // The periodic try: waiting may start over. Not the try
                 // after a wake's lock delay, which the retry deadline also

@@ -202,6 +202,7 @@ impl What {
                 groups: read.groups.clone(),
                 keys: read.keys.clone(),
                 notify,
+                announce: read.announce.clone(),
             },
         }
     }

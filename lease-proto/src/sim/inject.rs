@@ -111,6 +111,7 @@ impl Injected {
                     groups: Vec::new(),
                     keys: Vec::new(),
                     notify,
+                    announce: Vec::new(),
                 }
             }
             other if ran > 0 => other,

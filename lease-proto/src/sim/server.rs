@@ -736,7 +736,11 @@ impl Server {
                 groups,
                 keys,
                 notify: n,
+                announce,
             } => {
+                if *n && !self.cfg.standby {
+                    notify.extend(announce.iter().map(|g| format!("group {g}")));
+                }
                 for g in join {
                     self.members.insert((*g, owner));
                     if *n && !self.cfg.standby {
