@@ -24,6 +24,12 @@
 //!   (hysteresis), and only once per key and owner while the membership
 //!   stays the same (an owner that did not take it is not offered it again,
 //!   nor by any member that saw the key stay free past the bound).
+//! - **Announcements** on the handover channel (`group <id>`): a member
+//!   that joins, and one whose read finds a member gone, announce it; every
+//!   member reads again at once. The lease session never waits on the
+//!   server (the machine ends a wait by replacing the session, and with it
+//!   the member id); a member holding a lease waits on the watch session, for
+//!   the holders the reads saw.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
