@@ -15,16 +15,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use lease_proto::{
-    reply::{decode_text_row, Row},
-    Input, QueryId, SessionCommand, SessionError, SessionId,
-};
+use lease_proto::{reply::Row, Input, QueryId, SessionCommand, SessionError, SessionId};
 use tokio_postgres::config::TargetSessionAttrs;
-use tokio_postgres::{AsyncMessage, Client, Config, SimpleQueryMessage};
+use tokio_postgres::Config;
 
 use crate::hosts::{self, Opened};
 use crate::metrics::Sent;
-use crate::runtime::{session_error, BoxFuture, Connection, Runtime, Timer};
+use crate::runtime::{BoxFuture, Runtime, Session, SessionEvent, Timer};
 use crate::shared::Inner;
 
 type Reply = BoxFuture<Result<Vec<Row>, SessionError>>;
@@ -85,7 +82,7 @@ enum Conn {
     Opening(SessionId, BoxFuture<Result<Opened, SessionError>>),
     /// The session, and the host (one host's configuration, the session's
     /// startup options included) it opened on.
-    Up(SessionId, Arc<Client>, Box<dyn Connection>, Box<Config>),
+    Up(SessionId, Box<dyn Session>, Box<Config>),
 }
 
 /// The watch session's connection ([`SessionCommand::OpenWatch`]): opened on
@@ -93,7 +90,7 @@ enum Conn {
 enum Watch {
     Down,
     Opening(SessionId, BoxFuture<Result<Opened, SessionError>>),
-    Up(SessionId, Arc<Client>, Box<dyn Connection>),
+    Up(SessionId, Box<dyn Session>),
 }
 
 impl<R: Runtime> Driver<R> {
@@ -136,11 +133,10 @@ impl<R: Runtime> Driver<R> {
                 self.conn = Conn::Opening(session, Box::pin(opening));
             }
             SessionCommand::Query { query, statement } => match &self.conn {
-                Conn::Up(_, client, ..) => {
-                    let (client, sql) = (client.clone(), statement.sql());
-                    let reply = async move { rows(client.simple_query(&sql).await) };
+                Conn::Up(_, session, _) => {
+                    let reply = session.query(&statement);
                     let sent = Sent::new(self.inner.clock(), &statement);
-                    self.query = Some((query, sent, Box::pin(reply)));
+                    self.query = Some((query, sent, reply));
                 }
                 _ => {
                     let result = Err(SessionError::other("no open session"));
@@ -149,16 +145,15 @@ impl<R: Runtime> Driver<R> {
             },
             SessionCommand::Probe { query, statement } => match &self.conn {
                 Conn::Up(.., host) => {
-                    let (runtime, mut host, sql) =
-                        (self.runtime.clone(), (**host).clone(), statement.sql());
+                    let (runtime, mut host) = (self.runtime.clone(), (**host).clone());
                     // The host passed its check when the session opened.
                     host.target_session_attrs(TargetSessionAttrs::Any);
                     let reply = async move {
                         // The session's own host and parameters; the machine
                         // times the whole probe out.
-                        let (_, client, mut connection) =
-                            hosts::open(runtime, vec![host], None).await?;
-                        rows(Ok(hosts::query(&client, &mut *connection, &sql).await?))
+                        let (_, mut session) = hosts::open(runtime, vec![host], None).await?;
+                        let reply = session.query(&statement);
+                        hosts::alone(&mut *session, reply).await
                     };
                     self.probe = Some((query, Box::pin(reply)));
                 }
@@ -192,10 +187,8 @@ impl<R: Runtime> Driver<R> {
                 query,
                 statement,
             } => match &self.watch {
-                Watch::Up(id, client, _) if *id == session => {
-                    let (client, sql) = (client.clone(), statement.sql());
-                    let reply = async move { rows(client.simple_query(&sql).await) };
-                    self.watch_query = Some((query, Box::pin(reply)));
+                Watch::Up(id, watch) if *id == session => {
+                    self.watch_query = Some((query, watch.query(&statement)));
                 }
                 _ => {
                     let result = Err(SessionError::other("no open watch session"));
@@ -233,8 +226,8 @@ impl<R: Runtime> Driver<R> {
             if let Poll::Ready(result) = connecting.as_mut().poll(cx) {
                 let session = *session;
                 match result {
-                    Ok((host, client, connection)) => {
-                        self.conn = Conn::Up(session, Arc::new(client), connection, Box::new(host));
+                    Ok((host, opened)) => {
+                        self.conn = Conn::Up(session, opened, Box::new(host));
                         self.inner.input(Input::SessionOpened { session });
                     }
                     Err(error) => {
@@ -245,32 +238,36 @@ impl<R: Runtime> Driver<R> {
                 }
             }
         }
-        while let Conn::Up(session, _, connection, _) = &mut self.conn {
+        while let Conn::Up(session, opened, _) = &mut self.conn {
             let session = *session;
-            match connection.poll_message(cx) {
+            match opened.poll_event(cx) {
                 Poll::Pending => break,
-                Poll::Ready(Some(Ok(AsyncMessage::Notification(n)))) => {
-                    let (channel, payload) = (n.channel().to_owned(), n.payload().to_owned());
-                    // The sender's backend: the machine counts a handover
-                    // notification only from the holder its standby saw.
-                    let sender_pid = i64::from(n.process_id());
+                // The sender's backend: the machine counts a handover
+                // notification only from the holder its standby saw.
+                Poll::Ready(SessionEvent::Notification {
+                    channel,
+                    payload,
+                    sender_pid,
+                }) => {
                     self.inner.input(Input::Notification {
                         channel,
                         payload,
                         sender_pid,
                     });
                 }
-                Poll::Ready(Some(Ok(AsyncMessage::Notice(n)))) => {
-                    tracing::debug!(session = session.0, notice = n.message(), "server notice");
+                Poll::Ready(SessionEvent::Notice(notice)) => {
+                    tracing::debug!(
+                        session = session.0,
+                        notice = notice.as_str(),
+                        "server notice"
+                    );
                 }
-                Poll::Ready(Some(Ok(_))) => {}
                 // Any end of the connection: the session and its keys are
                 // gone. Polled before the query, and `close` drops it: a
                 // reply read with the end (a "won" the server sent just
                 // before terminating the session) is never fed.
-                Poll::Ready(end) => {
+                Poll::Ready(SessionEvent::Ended(error)) => {
                     self.close();
-                    let error = end.and_then(Result::err).map(|e| session_error(&e));
                     self.inner.input(Input::SessionEnded { session, error });
                 }
             }
@@ -300,8 +297,8 @@ impl<R: Runtime> Driver<R> {
             if let Poll::Ready(result) = opening.as_mut().poll(cx) {
                 let session = *session;
                 match result {
-                    Ok((_, client, connection)) => {
-                        self.watch = Watch::Up(session, Arc::new(client), connection);
+                    Ok((_, opened)) => {
+                        self.watch = Watch::Up(session, opened);
                         self.inner.input(Input::SessionOpened { session });
                     }
                     Err(error) => {
@@ -312,16 +309,15 @@ impl<R: Runtime> Driver<R> {
                 }
             }
         }
-        while let Watch::Up(session, _, connection) = &mut self.watch {
+        while let Watch::Up(session, watch) = &mut self.watch {
             let session = *session;
-            match connection.poll_message(cx) {
+            match watch.poll_event(cx) {
                 Poll::Pending => break,
                 // It listens to nothing: notices only.
-                Poll::Ready(Some(Ok(_))) => {}
-                Poll::Ready(end) => {
+                Poll::Ready(SessionEvent::Notification { .. } | SessionEvent::Notice(_)) => {}
+                Poll::Ready(SessionEvent::Ended(error)) => {
                     self.watch = Watch::Down;
                     self.watch_query = None;
-                    let error = end.and_then(Result::err).map(|e| session_error(&e));
                     self.inner.input(Input::SessionEnded { session, error });
                 }
             }
@@ -418,19 +414,4 @@ impl<R: Runtime> Drop for Driver<R> {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// Every row of every result set, decoded.
-fn rows(
-    reply: Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
-) -> Result<Vec<Row>, SessionError> {
-    let mut rows = Vec::new();
-    for message in reply.map_err(|e| session_error(&e))? {
-        if let SimpleQueryMessage::Row(row) = message {
-            let row = decode_text_row((0..row.len()).map(|i| row.get(i)))
-                .map_err(|e| SessionError::other(e.to_string()))?;
-            rows.push(row);
-        }
-    }
-    Ok(rows)
 }

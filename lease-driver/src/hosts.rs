@@ -19,13 +19,12 @@ use std::time::Duration;
 
 use lease_proto::SessionError;
 use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
-use tokio_postgres::{Client, Config, SimpleQueryMessage};
+use tokio_postgres::Config;
 
-use crate::runtime::{session_error, Connection, Runtime};
+use crate::runtime::{Runtime, Session, SessionEvent};
 
-/// An open session: the host's configuration (one host), the client and the
-/// connection.
-pub(crate) type Opened = (Config, Client, Box<dyn Connection>);
+/// An open session and the host's configuration (one host).
+pub(crate) type Opened = (Config, Box<dyn Session>);
 
 /// One configuration per host of `config`, in the order to try them
 /// (shuffled with `load_balance_hosts=random`): its host, its `hostaddr` and
@@ -175,7 +174,7 @@ pub(crate) async fn open<R: Runtime>(
             }
         };
         match result {
-            Ok((client, connection)) => return Ok((host, client, connection)),
+            Ok(session) => return Ok((host, session)),
             Err(e) => errors.push((label, e)),
         }
     }
@@ -200,7 +199,7 @@ async fn one<R: Runtime>(
     runtime: &R,
     mut host: Config,
     share: Option<Duration>,
-) -> Result<(Client, Box<dyn Connection>), SessionError> {
+) -> Result<Box<dyn Session>, SessionError> {
     let attrs = host.get_target_session_attrs();
     host.target_session_attrs(TargetSessionAttrs::Any);
     if let Some(share) = share {
@@ -210,9 +209,9 @@ async fn one<R: Runtime>(
             .map_or(share, |t| (*t).min(share));
         host.connect_timeout(t);
     }
-    let (client, mut connection) = runtime.connect(host).await?;
-    check_attrs(&client, &mut *connection, attrs).await?;
-    Ok((client, connection))
+    let mut session = runtime.connect(host).await?;
+    check_attrs(&mut *session, attrs).await?;
+    Ok(session)
 }
 
 /// `f`, or `None` once `limit` has passed on the runtime's timer.
@@ -236,51 +235,42 @@ async fn bounded<R: Runtime, T>(
 /// `SHOW transaction_read_only`; `read-write` refuses `on` (a standby, or a
 /// primary with `default_transaction_read_only`), `read-only` refuses `off`.
 async fn check_attrs(
-    client: &Client,
-    connection: &mut dyn Connection,
+    session: &mut dyn Session,
     attrs: TargetSessionAttrs,
 ) -> Result<(), SessionError> {
     if attrs == TargetSessionAttrs::Any {
         return Ok(());
     }
-    let rows = query(client, connection, "SHOW transaction_read_only").await?;
-    let read_only = rows.iter().find_map(|m| match m {
-        SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "on"),
-        _ => None,
-    });
-    match (attrs, read_only) {
-        (TargetSessionAttrs::ReadWrite, Some(true)) => {
+    let read_only = session.read_only();
+    match (attrs, alone(session, read_only).await?) {
+        (TargetSessionAttrs::ReadWrite, true) => {
             Err(SessionError::other("database does not allow writes"))
         }
-        (TargetSessionAttrs::ReadOnly, Some(false)) => {
+        (TargetSessionAttrs::ReadOnly, false) => {
             Err(SessionError::other("database is not read-only"))
         }
-        (_, None) => Err(SessionError::other(
-            "no answer to SHOW transaction_read_only",
-        )),
         _ => Ok(()),
     }
 }
 
-/// `sql` on `client`, polling `connection` meanwhile (nobody else polls it
-/// yet): its end is an error.
-pub(crate) async fn query(
-    client: &Client,
-    connection: &mut dyn Connection,
-    sql: &str,
-) -> Result<Vec<SimpleQueryMessage>, SessionError> {
-    let mut reply = pin!(client.simple_query(sql));
+/// `reply`, a statement's reply on `session`, polling the session meanwhile
+/// (nobody else polls it yet): its end is an error.
+pub(crate) async fn alone<T>(
+    session: &mut dyn Session,
+    reply: impl Future<Output = Result<T, SessionError>>,
+) -> Result<T, SessionError> {
+    let mut reply = pin!(reply);
     poll_fn(|cx| {
         if let Poll::Ready(result) = reply.as_mut().poll(cx) {
-            return Poll::Ready(result.map_err(|e| session_error(&e)));
+            return Poll::Ready(result);
         }
         loop {
-            match connection.poll_message(cx) {
+            match session.poll_event(cx) {
                 Poll::Pending => return Poll::Pending,
                 // Notices and notifications: not for this statement.
-                Poll::Ready(Some(Ok(_))) => {}
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(session_error(&e))),
-                Poll::Ready(None) => {
+                Poll::Ready(SessionEvent::Notification { .. } | SessionEvent::Notice(_)) => {}
+                Poll::Ready(SessionEvent::Ended(Some(e))) => return Poll::Ready(Err(e)),
+                Poll::Ready(SessionEvent::Ended(None)) => {
                     return Poll::Ready(Err(SessionError::other(
                         "the connection closed during startup",
                     )))

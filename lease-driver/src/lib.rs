@@ -6,7 +6,8 @@
 //! the connection, cancellation, status, error types, one tracing line per
 //! event, and the [`Driver`] future that owns the connection. A runtime
 //! adapter (`lease-tokio`, `lease-smol`) implements [`Runtime`] — a clock, a
-//! timer and a way to open a tokio-postgres connection — and nothing else.
+//! timer and a way to open a [`Session`] (a tokio-postgres connection, as a
+//! [`PostgresSession`]) — and nothing else.
 //!
 //! Most users want an adapter, not this crate. To drive leases on another
 //! runtime, implement [`Runtime`] and call [`Locker::with_runtime`]:
@@ -35,7 +36,8 @@
 //!     }
 //!     fn connect(&self, config: tokio_postgres::Config) -> BoxFuture<Connected> {
 //!         # let _ = config;
-//!         // open a socket, `config.connect_raw(socket, tls)`, box the connection
+//!         // open a socket, `config.connect_raw(socket, tls)`, then
+//!         // `Ok(PostgresSession::boxed(client, connection))`
 //!         Box::pin(async { Err(lease_driver::SessionError::other("not in this example")) })
 //!     }
 //! }
@@ -115,7 +117,8 @@
 //!
 //! ## Layout
 //!
-//! - [`runtime`]: the [`Runtime`], [`Timer`] and [`Connection`] traits.
+//! - [`runtime`]: the [`Runtime`], [`Timer`], [`Session`] and [`Connection`]
+//!   traits, and [`PostgresSession`].
 //! - `driver`: the [`Driver`] future and its poll order.
 //! - `hosts`: opening a session over a host list.
 //! - `shared`: the state shared by the driver and the runs, and the drain
@@ -124,6 +127,8 @@
 //! - `group`: [`Group`], runs that share a lease group's leases.
 //! - `cancel`, `log`: a runtime-free cancellation signal, event logging.
 //! - `metrics`: every metric (feature `metrics`).
+//! - `test_util`: the test kit, a simulated server under the real driver
+//!   (feature `test-util`; the adapters forward it).
 
 #![forbid(unsafe_code)]
 // docs.rs (nightly): items behind a feature say which (`doc_cfg` marks them by
@@ -145,6 +150,8 @@ mod metrics;
 mod run;
 pub mod runtime;
 mod shared;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -168,7 +175,10 @@ pub use lease_proto::{
 #[cfg(feature = "metrics")]
 pub use metrics::describe_metrics;
 pub use run::Lease;
-pub use runtime::{session_error, BoxFuture, Connected, Connection, Runtime, Timer};
+pub use runtime::{
+    session_error, BoxFuture, Connected, Connection, PostgresSession, Runtime, Session,
+    SessionEvent, Timer,
+};
 use shared::Inner;
 
 /// Why a locker could not be created.
@@ -289,7 +299,10 @@ pub trait Spawn {
 }
 
 /// Runs jobs under leases over one dedicated database session. Create one per
-/// process and share it: clones are cheap and share the session.
+/// process and share it: clones are cheap and share the session. While it
+/// holds a lease and wants another, it also keeps a second connection that
+/// only waits for a wanted lease to be freed (the watch session,
+/// [`Options::watch_session`](lease_proto::Options::watch_session)).
 ///
 /// `A` is the adapter that made it (it only picks the constructors); every
 /// other method, the runs and their [`Lease`]s are the same for every
@@ -343,7 +356,7 @@ impl Locker {
         config: Config,
         options: Options,
     ) -> Result<(Locker, Driver<R>), Error> {
-        Locker::build(runtime, config, options)
+        Locker::build(runtime, config, options, shared::seed())
     }
 }
 
@@ -364,7 +377,7 @@ impl<A> Locker<A> {
     where
         A: Adapter<T>,
     {
-        Locker::build(A::runtime(tls), config, options)
+        Locker::build(A::runtime(tls), config, options, shared::seed())
     }
 
     /// A locker without TLS over a libpq-style connection string, URL
@@ -446,10 +459,12 @@ impl<A> Locker<A> {
         Ok(locker)
     }
 
+    /// `seed`: the core's ([`shared::seed`] but in the test kit).
     fn build<R: Runtime>(
         runtime: R,
         mut config: Config,
         options: Options,
+        seed: u64,
     ) -> Result<(Self, Driver<R>), Error> {
         check_config(&config)?;
         // Operators tell lease sessions apart in pg_stat_activity (and `lease
@@ -457,7 +472,7 @@ impl<A> Locker<A> {
         if config.get_application_name().is_none() {
             config.application_name(DEFAULT_APPLICATION_NAME);
         }
-        let machine = Machine::new(options, shared::seed()).map_err(Error::Options)?;
+        let machine = Machine::new(options, seed).map_err(Error::Options)?;
         let runtime = Arc::new(runtime);
         let clock = {
             let runtime = runtime.clone();

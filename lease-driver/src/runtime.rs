@@ -1,8 +1,12 @@
-//! What a runtime gives the driver: a clock, a timer, and a way to connect.
+//! What a runtime gives the driver: a clock, a timer, and a way to open a
+//! [`Session`].
 //!
 //! This is the whole contract between [`Driver`](crate::Driver) and an async
 //! runtime. An adapter implements [`Runtime`] in about a hundred lines; it
-//! never sees a statement, a lease or a deadline of its own.
+//! never sees a lease or a deadline of its own. A session is the one seam
+//! between the driver and the server: [`PostgresSession`] is tokio-postgres
+//! (every adapter's production path); a test kit may answer with a simulated
+//! server instead, under the same driver and core.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -11,9 +15,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use lease_proto::SessionError;
+use lease_proto::reply::{decode_text_row, Row};
+use lease_proto::{SessionError, Statement};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_postgres::{AsyncMessage, Client, Config};
+use tokio_postgres::{AsyncMessage, Client, Config, SimpleQueryMessage};
 
 /// The runtime's clock, shared by the driver, the runs and their leases.
 pub(crate) type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
@@ -21,8 +26,8 @@ pub(crate) type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// The result of [`Runtime::connect`]: a client and its connection, or why not.
-pub type Connected = Result<(Client, Box<dyn Connection>), SessionError>;
+/// The result of [`Runtime::connect`]: an open session, or why not.
+pub type Connected = Result<Box<dyn Session>, SessionError>;
 
 /// An async runtime, as the driver needs it.
 ///
@@ -36,7 +41,8 @@ pub trait Runtime: Send + Sync + Debug + 'static {
     /// A timer that fires at `at`.
     fn timer(&self, at: Instant) -> Pin<Box<dyn Timer>>;
 
-    /// Opens a session with `config`: one host (the driver walks a host list
+    /// Opens a session with `config` (tokio-postgres's `Config::connect`,
+    /// returned as a [`PostgresSession`]): one host (the driver walks a host list
     /// itself, see the crate docs, "Several hosts"), the lease session's
     /// startup options included, `target_session_attrs` always `any` (the
     /// driver checks it after). Also called for the core's pooler probe, a
@@ -60,8 +66,138 @@ pub trait Timer: Send + Debug {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()>;
 }
 
-/// The connection half of a session: polled by the driver for notifications
-/// and for its end. Implemented for every tokio-postgres `Connection`.
+/// One open database session, as the driver uses it: statements out, their
+/// rows back, notifications and the end of the session. Dropping it closes
+/// the session (the server releases its locks).
+///
+/// [`PostgresSession`] implements it over tokio-postgres; a simulated server
+/// may implement it too (lease-tokio's and lease-smol's `test-util` kits).
+pub trait Session: Send {
+    /// Sends `statement` as one simple-protocol query (its
+    /// [`Statement::sql`]) and resolves to every row of its result sets,
+    /// decoded ([`decode_text_row`]). The future must not borrow the
+    /// session: the driver keeps polling [`Session::poll_event`] meanwhile,
+    /// and may drop the future (its reply is then never read).
+    fn query(&self, statement: &Statement) -> BoxFuture<Result<Vec<Row>, SessionError>>;
+
+    /// libpq's `target_session_attrs` check: whether the session is
+    /// read-only (`SHOW transaction_read_only` is `on`: a hot standby, or a
+    /// primary with `default_transaction_read_only`).
+    fn read_only(&self) -> BoxFuture<Result<bool, SessionError>>;
+
+    /// The next notification or notice, or the end of the session; after
+    /// [`SessionEvent::Ended`] the session is not polled again.
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<SessionEvent>;
+}
+
+/// What a [`Session`] yields besides replies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// A `NOTIFY` on a channel the session listens on.
+    Notification {
+        /// The channel.
+        channel: String,
+        /// The payload.
+        payload: String,
+        /// The backend pid of the session that sent it.
+        sender_pid: i64,
+    },
+    /// A notice from the server (logged at `DEBUG`).
+    Notice(String),
+    /// The session ended: with the error that ended it, or `None` for a
+    /// clean end.
+    Ended(Option<SessionError>),
+}
+
+/// The tokio-postgres [`Session`]: a client and its connection, opened by a
+/// runtime (`Config::connect`, or `Config::connect_raw` over its own socket).
+pub struct PostgresSession {
+    client: Arc<Client>,
+    connection: Box<dyn Connection>,
+}
+
+impl PostgresSession {
+    /// The session of `client` over `connection`.
+    pub fn new(client: Client, connection: impl Connection + 'static) -> PostgresSession {
+        PostgresSession {
+            client: Arc::new(client),
+            connection: Box::new(connection),
+        }
+    }
+
+    /// [`PostgresSession::new`], boxed as [`Runtime::connect`] returns it.
+    pub fn boxed(client: Client, connection: impl Connection + 'static) -> Box<dyn Session> {
+        Box::new(PostgresSession::new(client, connection))
+    }
+}
+
+impl Debug for PostgresSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PostgresSession")
+    }
+}
+
+impl Session for PostgresSession {
+    fn query(&self, statement: &Statement) -> BoxFuture<Result<Vec<Row>, SessionError>> {
+        let (client, sql) = (self.client.clone(), statement.sql());
+        Box::pin(async move { rows(client.simple_query(&sql).await) })
+    }
+
+    fn read_only(&self) -> BoxFuture<Result<bool, SessionError>> {
+        let client = self.client.clone();
+        Box::pin(async move {
+            let reply = client.simple_query("SHOW transaction_read_only").await;
+            let messages = reply.map_err(|e| session_error(&e))?;
+            let on = messages.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "on"),
+                _ => None,
+            });
+            on.ok_or_else(|| SessionError::other("no answer to SHOW transaction_read_only"))
+        })
+    }
+
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<SessionEvent> {
+        loop {
+            let event = match self.connection.poll_message(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(AsyncMessage::Notification(n)))) => {
+                    SessionEvent::Notification {
+                        channel: n.channel().to_owned(),
+                        payload: n.payload().to_owned(),
+                        sender_pid: i64::from(n.process_id()),
+                    }
+                }
+                Poll::Ready(Some(Ok(AsyncMessage::Notice(n)))) => {
+                    SessionEvent::Notice(n.message().to_owned())
+                }
+                Poll::Ready(Some(Ok(_))) => continue,
+                Poll::Ready(end) => {
+                    SessionEvent::Ended(end.and_then(Result::err).map(|e| session_error(&e)))
+                }
+            };
+            return Poll::Ready(event);
+        }
+    }
+}
+
+/// Every row of every result set, decoded.
+fn rows(
+    reply: Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
+) -> Result<Vec<Row>, SessionError> {
+    let mut rows = Vec::new();
+    for message in reply.map_err(|e| session_error(&e))? {
+        if let SimpleQueryMessage::Row(row) = message {
+            let row = decode_text_row((0..row.len()).map(|i| row.get(i)))
+                .map_err(|e| SessionError::other(e.to_string()))?;
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+/// The connection half of a tokio-postgres session, which
+/// [`PostgresSession`] polls for notifications and for its end. Implemented
+/// for every tokio-postgres `Connection`.
 pub trait Connection: Send {
     /// tokio-postgres's `Connection::poll_message`.
     fn poll_message(

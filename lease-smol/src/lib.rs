@@ -79,6 +79,13 @@
 //!   environment, `~/.pgpass` and `sslmode` up to `verify-full`;
 //! - `target_session_attrs` is checked by the driver, as for every runtime.
 //!
+//! ## Testing your job
+//!
+//! With the feature `test-util` (in `[dev-dependencies]`), `test_util::TestServer`
+//! runs your job under the real locker and driver over a simulated
+//! PostgreSQL, with faults and checks, as lease-tokio's kit does, but in real
+//! time (async-io has no virtual clock): `docs/testing.md` of the repository.
+//!
 #![forbid(unsafe_code)]
 // docs.rs (nightly): items behind a feature say which (`doc_cfg` marks them by
 // itself; `doc_auto_cfg` was merged into it).
@@ -96,6 +103,8 @@ mod libpq;
 mod runtime;
 #[cfg(feature = "rustls")]
 pub mod rustls;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
 use tokio_postgres::NoTls;
 

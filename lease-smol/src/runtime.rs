@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use lease_driver::{Adapter, BoxFuture, Connected, Connection, Runtime, Timer};
+use lease_driver::{Adapter, BoxFuture, Connected, PostgresSession, Runtime, Timer};
 use tokio_postgres::Config;
 
 use crate::connect::{connect, SmolTls};
@@ -58,7 +58,7 @@ impl<T: SmolTls> Runtime for Smol<T> {
         let tls = self.tls.clone();
         Box::pin(async move {
             let (client, connection) = connect(config, tls).await?;
-            Ok((client, Box::new(connection) as Box<dyn Connection>))
+            Ok(PostgresSession::boxed(client, connection))
         })
     }
 }

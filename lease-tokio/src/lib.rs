@@ -38,7 +38,8 @@
 //! (`tokio::spawn(driver)`). [`Locker::spawn`] spawns it for you. Creating a
 //! locker never needs the database: the driver connects when a run needs it
 //! and retries with backoff, logging every setback with `tracing`. Time is
-//! tokio's, so tests can run leases under `tokio::time::pause()`.
+//! tokio's, so tests can run leases under `tokio::time::pause()` (and see
+//! "Testing your job" below).
 //!
 //! The connection must reach the server directly or through a **session-mode**
 //! pool: a transaction pooler or a hot standby cannot give mutual exclusion,
@@ -47,6 +48,15 @@
 //! Every job runs inside a `tracing` span with its lease, key, run and token.
 //! The cargo feature `metrics` (off by default) turns on lease-driver's
 //! metrics; `docs/metrics.md` of the repository lists them.
+//!
+//! ## Testing your job
+//!
+//! With the feature `test-util` (in `[dev-dependencies]`), `test_util::TestServer`
+//! runs your job under the real locker and driver over a simulated
+//! PostgreSQL, with terminate, partition, freeze, latency, crash and restart,
+//! and checks (a fenced store, no two runs at once, stop after
+//! cancellation), in tokio's virtual time: `docs/testing.md` of the
+//! repository.
 //!
 //! With several hosts in the configuration, each host gets its own share of
 //! the attempt, from the socket to the read-write check, and a host that
@@ -123,6 +133,8 @@
 #[cfg(feature = "libpq")]
 mod libpq;
 mod runtime;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
 use tokio_postgres::NoTls;
 

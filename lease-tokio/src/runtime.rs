@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use lease_driver::{
-    session_error, Adapter, BoxFuture, Connected, Connection, Driver, Runtime, Spawn, Timer,
+    session_error, Adapter, BoxFuture, Connected, Driver, PostgresSession, Runtime, Spawn, Timer,
 };
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Config, Socket};
@@ -87,7 +87,7 @@ impl<T: TokioTls> Runtime for Tokio<T> {
         let tls = self.tls.clone();
         Box::pin(async move {
             let (client, connection) = config.connect(tls).await.map_err(|e| session_error(&e))?;
-            Ok((client, Box::new(connection) as Box<dyn Connection>))
+            Ok(PostgresSession::boxed(client, connection))
         })
     }
 }

@@ -40,7 +40,10 @@
 //!   one extra connection per locker (the property
 //!   `in_a_fleet_every_holder_is_watched` below, over any pids and any
 //!   split of the leases). Recomputed before every wait, so it moves on when
-//!   that holder has no wanted key left.
+//!   that holder has no wanted key left; a wait in flight for another key
+//!   when the holders change (a try's answer) runs to its end first, at most
+//!   a chunk (below the server's `deadlock_timeout`): switching at once
+//!   would take a reconnect.
 //! - **Woken** (the key was freed): the lease session tries every wanted
 //!   key, at once after a handover notification from the holder its last
 //!   try saw (within [`Options::lock_delay`](crate::Options::lock_delay)

@@ -31,7 +31,7 @@
 //!   link's own, [`SimConfig::link_latency`]) and jitter,
 //!   FIFO delivery, latency spikes, black-hole partitions that hold bytes until
 //!   they heal (TCP ends stay open) — and the delivery queue;
-//! - `server`: the PostgreSQL model — sessions, re-entrant advisory locks (one
+//! - `server`: the PostgreSQL model (also on its own, sans-IO, as [`Postgres`]) — sessions, re-entrant advisory locks (one
 //!   database), `pg_locks`, `idle_session_timeout`, `pg_terminate_backend`,
 //!   restarts, `LISTEN/NOTIFY` (with the sender's backend pid, notifications
 //!   a non-lease client forges, [`Fault::ForgedNotify`], and late ones,
@@ -56,6 +56,7 @@ mod harness;
 mod inject;
 mod net;
 mod observer;
+mod postgres;
 mod process;
 mod server;
 mod trace;
@@ -68,6 +69,7 @@ pub use crate::machine::Mutation;
 pub use checks::Violation;
 pub use harness::Harness;
 pub use observer::{drain, Command, Observer, ObserverViolation};
+pub use postgres::{ConnId, Postgres, ServerOutput};
 pub use trace::{TraceEvent, TraceLine};
 
 use crate::machine::Knobs;

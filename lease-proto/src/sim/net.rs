@@ -225,6 +225,17 @@ impl<T> Queue<T> {
         self.events.remove(&seq)
     }
 
+    /// When the next event is due.
+    pub(super) fn next_at(&mut self) -> Option<Duration> {
+        loop {
+            let &Reverse((t, seq)) = self.order.peek()?;
+            if self.events.contains_key(&seq) {
+                return Some(t);
+            }
+            self.order.pop();
+        }
+    }
+
     /// The next event due at or before `until`, with its time.
     pub(super) fn pop_until(&mut self, until: Duration) -> Option<(Duration, T)> {
         loop {

@@ -171,31 +171,31 @@ pub(super) mod reply {
 
 /// A statement the server ran.
 #[derive(Debug)]
-struct Executed {
+pub(super) struct Executed {
     /// When it is done (the reply leaves then).
-    done: Duration,
-    result: Result<Vec<Row>, SessionError>,
+    pub(super) done: Duration,
+    pub(super) result: Result<Vec<Row>, SessionError>,
     /// Keys whose release notifies listeners, in order.
     /// Payloads of the `NOTIFY`s it sent on the handover channel.
-    notify: Vec<String>,
+    pub(super) notify: Vec<String>,
     /// A wait that blocks: its key and lock timeout; no reply yet.
-    blocks: Option<(i64, Duration)>,
+    pub(super) blocks: Option<(i64, Duration)>,
     /// Keys a try was granted, with the fencing token (the order in which
     /// tokens must increase: see [`Violation::TokenNotIncreasing`](super::Violation)).
-    granted: Vec<(i64, i64)>,
+    pub(super) granted: Vec<(i64, i64)>,
 }
 
 /// A [`Statement::Wait`] queued behind a held key.
 #[derive(Debug)]
 pub(super) struct Waiter {
-    conn: u64,
-    p: usize,
-    query: QueryId,
-    key: i64,
+    pub(super) conn: u64,
+    pub(super) p: usize,
+    pub(super) query: QueryId,
+    pub(super) key: i64,
     /// The fault drawn for the statement, applied to its reply.
-    injected: Injected,
+    pub(super) injected: Injected,
     /// When its lock wait began (see [`ServerConfig::deadlock_timeout`]).
-    since: Duration,
+    pub(super) since: Duration,
 }
 
 /// How long after a promotion the promoted server's first checkpoint is done
@@ -419,7 +419,7 @@ impl Server {
 
     /// The `deadlock_timeout` a wait's reply reports (ms): none from the
     /// statement before the fix.
-    fn reported_deadlock_timeout(&self) -> Option<i64> {
+    pub(super) fn reported_deadlock_timeout(&self) -> Option<i64> {
         (!self.cfg.wait_ignores_deadlock_timeout)
             .then_some(self.cfg.deadlock_timeout.as_millis() as i64)
     }
@@ -444,7 +444,7 @@ impl Server {
     }
 
     /// A connection attempt: the session, or the error the client gets.
-    fn connect(
+    pub(super) fn connect(
         &mut self,
         conn: u64,
         p: usize,
@@ -508,7 +508,7 @@ impl Server {
     /// [`Statement::Heartbeat`]: pid and nonce) and closes: on a fresh
     /// backend, or behind [`ServerConfig::pooler_one_backend`] on the one
     /// shared backend, whose nonce is whatever a setup set last.
-    fn probe(&mut self, statement: &Statement) -> Result<Vec<Row>, SessionError> {
+    pub(super) fn probe(&mut self, statement: &Statement) -> Result<Vec<Row>, SessionError> {
         let refuse = |code: &str, m: &str| SessionError {
             code: Some(code.into()),
             message: m.into(),
@@ -540,7 +540,7 @@ impl Server {
     /// When the session is ended as idle if nothing else happens: the
     /// session's own timeout or the server's silent-session kill, whichever
     /// is shorter.
-    fn idle_deadline(&self, conn: u64) -> Option<Duration> {
+    pub(super) fn idle_deadline(&self, conn: u64) -> Option<Duration> {
         let s = self.sessions.get(&conn)?;
         let limit = match (s.idle_timeout, self.cfg.silent_session_kill) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -551,7 +551,7 @@ impl Server {
 
     /// How long the server's TCP waits for a silent client of `conn`: the
     /// session's own settings, or the server's.
-    fn tcp_give_up(&self, conn: u64) -> Option<Duration> {
+    pub(super) fn tcp_give_up(&self, conn: u64) -> Option<Duration> {
         let s = self.sessions.get(&conn)?;
         let own = |name: &str| s.settings.get(name).and_then(|v| v.parse::<u64>().ok());
         match (own("tcp_user_timeout"), own("tcp_keepalives_idle")) {
@@ -563,13 +563,18 @@ impl Server {
     }
 
     /// When the server's TCP gives up on `conn` if its client stays silent.
-    fn tcp_deadline(&self, conn: u64) -> Option<Duration> {
+    pub(super) fn tcp_deadline(&self, conn: u64) -> Option<Duration> {
         let s = self.sessions.get(&conn)?;
         Some(s.last_heard + self.tcp_give_up(conn)?)
     }
 
     /// Runs one statement on `conn`.
-    fn execute(&mut self, conn: u64, now: Duration, statement: &Statement) -> Option<Executed> {
+    pub(super) fn execute(
+        &mut self,
+        conn: u64,
+        now: Duration,
+        statement: &Statement,
+    ) -> Option<Executed> {
         let owner = self.owner(conn);
         let shared = self.cfg.pooler_one_backend;
         let s = self.sessions.get_mut(&conn)?;
@@ -800,7 +805,7 @@ impl Server {
 
     /// Waits whose key is free now (or held by their own owner), removed
     /// from the queue, with the reply each gets: the rows of its session.
-    fn woken(&mut self) -> Vec<(Waiter, Vec<Row>)> {
+    pub(super) fn woken(&mut self) -> Vec<(Waiter, Vec<Row>)> {
         let mut woken = Vec::new();
         let mut i = 0;
         while i < self.waiters.len() {
@@ -829,14 +834,63 @@ impl Server {
     }
 
     /// The wait of `query` on `conn`, if still queued, ended by its lock
-    /// timeout.
-    fn timed_out(&mut self, conn: u64, query: QueryId) -> Option<Waiter> {
+    /// timeout, with the reply it gets if its session is still there: the
+    /// statement catches the timeout (SQLSTATE 55P03) and answers that the
+    /// key stayed held.
+    pub(super) fn timed_out(
+        &mut self,
+        conn: u64,
+        query: QueryId,
+    ) -> Option<(Waiter, Option<Vec<Row>>)> {
         let i = (self.waiters.iter()).position(|w| w.conn == conn && w.query == query)?;
-        Some(self.waiters.remove(i))
+        let w = self.waiters.remove(i);
+        let Some(s) = self.sessions.get(&conn) else {
+            return Some((w, None));
+        };
+        let nonce = if self.cfg.pooler_one_backend {
+            self.backend_nonce
+        } else {
+            s.nonce
+        };
+        let rows = reply::wait(s.pid, nonce, false, self.reported_deadlock_timeout());
+        Some((w, Some(rows)))
+    }
+
+    /// A wait that blocks behind a held key until `until` (its lock
+    /// timeout): queued; its backend is not idle meanwhile.
+    pub(super) fn block(&mut self, waiter: Waiter, until: Duration) {
+        if let Some(s) = self.sessions.get_mut(&waiter.conn) {
+            s.busy_until = until;
+        }
+        self.waiters.push(waiter);
+    }
+
+    /// Whether `conn` has been idle past its idle deadline at `now` (see
+    /// [`Server::idle_deadline`]).
+    pub(super) fn idle_expired(&self, conn: u64, now: Duration) -> bool {
+        self.idle_deadline(conn).is_some_and(|d| d <= now)
+    }
+
+    /// The backend pid of the session of `conn`.
+    pub(super) fn pid_of(&self, conn: u64) -> Option<i64> {
+        self.sessions.get(&conn).map(|s| s.pid)
+    }
+
+    /// Every advisory key held now, with the connection that holds it (the
+    /// shared backend's keys are owned by no connection: `None`).
+    pub(super) fn lock_owners(&self) -> Vec<(i64, Option<u64>)> {
+        (self.locks.iter())
+            .map(|(k, (o, _))| (*k, (*o != SHARED_BACKEND).then_some(*o)))
+            .collect()
+    }
+
+    /// The server's configuration.
+    pub(super) fn config(&self) -> &ServerConfig {
+        &self.cfg
     }
 
     /// Listening sessions and their processes.
-    fn listeners(&self) -> Vec<(u64, usize)> {
+    pub(super) fn listeners(&self) -> Vec<(u64, usize)> {
         self.sessions
             .iter()
             .filter(|(_, s)| s.listening)
@@ -853,14 +907,14 @@ impl Server {
     }
 
     /// A wait of `conn` ended at `at`: the backend is idle from then.
-    fn unblocked(&mut self, conn: u64, at: Duration) {
+    pub(super) fn unblocked(&mut self, conn: u64, at: Duration) {
         if let Some(s) = self.sessions.get_mut(&conn) {
             s.busy_until = at;
         }
     }
 
     /// Ends a session: it and its locks are gone.
-    fn end(&mut self, conn: u64) -> Option<SrvSession> {
+    pub(super) fn end(&mut self, conn: u64) -> Option<SrvSession> {
         let s = self.sessions.remove(&conn)?;
         self.locks.retain(|_, (owner, _)| *owner != conn);
         self.members.retain(|(_, owner)| *owner != conn);
@@ -930,18 +984,15 @@ impl Sim {
                 if let (Some((key, timeout)), Injected::Nothing | Injected::Malformed { .. }) =
                     (blocks, injected)
                 {
-                    // Not idle while it blocks.
-                    if let Some(s) = self.server.sessions.get_mut(&conn) {
-                        s.busy_until = done + timeout;
-                    }
-                    (self.server.waiters).push(Waiter {
+                    let waiter = Waiter {
                         conn,
                         p,
                         query,
                         key,
                         injected,
                         since: done,
-                    });
+                    };
+                    self.server.block(waiter, done + timeout);
                     self.queue
                         .push(done + timeout, Ev::LockTimeout { conn, query });
                     self.arm_idle(conn);
@@ -1029,19 +1080,13 @@ impl Sim {
     /// A wait's lock timeout, if still queued: the statement catches it
     /// (SQLSTATE 55P03) and answers that the key stayed held.
     pub(super) fn lock_timeout(&mut self, conn: u64, query: QueryId) {
-        let Some(w) = self.server.timed_out(conn, query) else {
+        let Some((w, rows)) = self.server.timed_out(conn, query) else {
             return;
         };
         self.lock_wait_ended(&w);
-        let Some(s) = self.server.sessions.get(&conn) else {
+        let Some(rows) = rows else {
             return;
         };
-        let nonce = if self.server.cfg.pooler_one_backend {
-            self.server.backend_nonce
-        } else {
-            s.nonce
-        };
-        let rows = reply::wait(s.pid, nonce, false, self.server.reported_deadlock_timeout());
         let wait = Statement::Wait {
             key: w.key,
             timeout_ms: 0,
@@ -1122,11 +1167,7 @@ impl Sim {
         if blocked {
             return;
         }
-        if self
-            .server
-            .idle_deadline(conn)
-            .is_some_and(|d| d <= self.now)
-        {
+        if self.server.idle_expired(conn, self.now) {
             self.end_session(
                 conn,
                 "57P05",

@@ -1479,9 +1479,11 @@ fn broken_notifications_from_anyone_are_caught() {
 /// lockers that each hold a lease of their own and want every other's
 /// (`SimConfig::run_after`), a crashed holder's lease is taken by another
 /// holder within the bound of an idle standby
-/// ([`instant_takeover_after_a_holder_crash`]): the lock delay (local, on a
-/// clock up to `drift` slow) + 6 one-way latencies + 2 ms, where polling
-/// would take up to a retry interval. The watch session
+/// ([`instant_takeover_after_a_holder_crash`]: the lock delay, local, on a
+/// clock up to `drift` slow, + 6 one-way latencies + 2 ms) plus a round trip
+/// (the lease session may have a heartbeat or a release in flight when the
+/// wake's try is due): 8 one-way latencies, where polling would take up to
+/// a retry interval. The watch session
 /// (`Options::watch_session`) does it: the lease session must stay free for
 /// heartbeats. Over generated options, latencies, drift, fleets of 2 to 5
 /// and crash times; nothing else goes wrong. Measured: see the printed
@@ -1539,6 +1541,9 @@ fn broken_holders_that_poll_fail_the_instant_takeover_property() {
     let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
         ring_takeover_case(knobs, processes, seed, crash_ms, false, None).map(drop)
     });
+    ring_rate("polling holders", |k, p, s, c| {
+        ring_takeover_case(k, p, s, c, false, None).is_err()
+    });
     match result {
         Err(TestError::Fail(reason, _)) => {
             let reason = reason.to_string();
@@ -1568,6 +1573,9 @@ fn broken_a_watcher_that_acquires_is_caught() {
         let mutation = Some(Mutation::WatchAcquires);
         ring_takeover_case(knobs, processes, seed, crash_ms, true, mutation).map(drop)
     });
+    ring_rate("a watcher that acquires", |k, p, s, c| {
+        ring_takeover_case(k, p, s, c, true, Some(Mutation::WatchAcquires)).is_err()
+    });
     match result {
         Err(TestError::Fail(reason, _)) => {
             let reason = reason.to_string();
@@ -1579,6 +1587,24 @@ fn broken_a_watcher_that_acquires_is_caught() {
         }
         other => panic!("the properties did not catch a watcher that acquires: {other:?}"),
     }
+}
+
+/// How many of 100 generated takeover cases break under `check` (printed by
+/// the broken variants of the ring's properties).
+fn ring_rate(what: &str, check: impl Fn(Knobs, usize, u64, u64) -> bool) {
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig::default(),
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let strategy = takeover_cases();
+    let broken = (0..100)
+        .filter(|_| {
+            let (knobs, processes, seed, crash_ms) =
+                strategy.new_tree(&mut runner).expect("a case").current();
+            check(knobs, processes, seed, crash_ms)
+        })
+        .count();
+    eprintln!("{what}: {broken} of 100 generated cases break");
 }
 
 /// A ring of `processes` lockers: process `i` runs `job-i` at once and
@@ -1610,6 +1636,11 @@ fn ring_takeover_case(
 ) -> Result<(f64, f64), TestCaseError> {
     let knobs = Knobs {
         wait: true,
+        // Retry intervals of 200 ms to 8 s: a poll is then slower than the
+        // bound often enough for the polling variant to show, and a holder's
+        // tries do not keep its session busy (below a round trip, a
+        // heartbeat that waits behind a try may come after the validity).
+        retry_ms: knobs.retry_ms * 10,
         send_buffer_rows: None,
         tcp_give_up_ms: None,
         ..knobs
@@ -1627,14 +1658,20 @@ fn ring_takeover_case(
     ring_config(&mut cfg);
     let o = cfg.options.clone();
     let local = (o.lock_delay.max(lease_proto::limits::MIN_WAIT)).mul_f64(1.0 / (1.0 - cfg.drift));
-    let bound = local + one_way(&cfg) * 6 + ms(2);
+    // The idle standby's bound, and a round trip more: the lease session
+    // may have a heartbeat (or a release) in flight when the wake's try is due.
+    let bound = local + one_way(&cfg) * 8 + ms(2);
     let mut sim = Sim::new(cfg.clone(), Instant::now());
     let name = |i: usize| format!("job-{i}");
-    // Every process has started its other runs, and leads its own lease
-    // (a holder may lose its lease meanwhile for reasons of its own: its
-    // heartbeat waits behind a try in flight, and a validity below the
-    // heartbeat interval and two round trips ends; then it is a standby).
-    let started = ms(200) + one_way(&cfg) * 40;
+    // Every process has started its other runs, its tries have seen their
+    // holders (a heartbeat may go first), and its watch session waits for
+    // the ring's key: a wait for another key in flight runs to the end of
+    // its chunk, below the server's deadlock_timeout (1 s here). A holder may
+    // lose its own lease meanwhile for reasons of its own (a heartbeat that
+    // waits behind a try, with a validity below the heartbeat interval and
+    // two round trips); then it is a standby.
+    let started =
+        ms(200) + one_way(&cfg) * 40 + o.heartbeat_interval + ms(1000) + one_way(&cfg) * 16;
     loop {
         if sim.now() > started && (0..processes).all(|p| sim.leads(p, &name(p))) {
             break;
@@ -1701,7 +1738,9 @@ fn ring_takeover_case(
             explain(&cfg, sim.report())
         );
     }
-    let r = sim.finish(ms(HORIZON), settle(&cfg, &[]));
+    // On to the horizon, or past the crashed holder's restart.
+    let end = ms(HORIZON).max(sim.now() + o.retry_interval * 4 + bound + ms(2000));
+    let r = sim.finish(end, settle(&cfg, &[]));
     prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
     Ok((took.as_secs_f64() * 1e3, ratio))
 }
@@ -1800,6 +1839,9 @@ fn broken_a_watch_session_that_tries_is_caught() {
     let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
         let mutation = Some(Mutation::WatchTries);
         ring_takeover_case(knobs, processes, seed, crash_ms, true, mutation).map(drop)
+    });
+    ring_rate("a watch session that tries", |k, p, s, c| {
+        ring_takeover_case(k, p, s, c, true, Some(Mutation::WatchTries)).is_err()
     });
     match result {
         Err(TestError::Fail(reason, _)) => {

@@ -24,6 +24,7 @@ mod readme_example;
 mod scenarios;
 mod server_settings;
 mod server_wait;
+mod testing_guide;
 mod tls;
 mod tokens;
 mod watch_session;
