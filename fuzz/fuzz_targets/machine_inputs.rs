@@ -713,7 +713,9 @@ impl Fuzz {
                         Statement::Verify => Some(Mark::Verify),
                         Statement::Release { .. } => Some(Mark::Release),
                         Statement::Wait { .. } => Some(Mark::Wait),
-                        Statement::Setup { .. } | Statement::Listen => None,
+                        Statement::Setup { .. }
+                        | Statement::Listen
+                        | Statement::Members { .. } => None,
                     };
                     if let Some(m) = mark {
                         self.seen.mark(m);

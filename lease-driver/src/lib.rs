@@ -124,6 +124,7 @@
 //! - `shared`: the state shared by the driver and the runs, and the drain
 //!   rule that routes the core's outputs.
 //! - `run`: the run future and the [`Lease`] handle.
+//! - `group`: [`Group`], runs that share a lease group's leases.
 //! - `cancel`, `log`: a runtime-free cancellation signal, event logging.
 //! - `metrics`: every metric (feature `metrics`).
 //! - `test_util`: the test kit, a simulated server under the real driver
@@ -142,6 +143,7 @@
 
 mod cancel;
 mod driver;
+mod group;
 mod hosts;
 mod log;
 mod metrics;
@@ -164,10 +166,11 @@ use tokio_postgres::NoTls;
 pub use tokio_postgres::Config;
 
 pub use driver::Driver;
+pub use group::Group;
 pub use lease_proto;
 pub use lease_proto::{
-    LastError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason, Refusal,
-    SessionError, SessionState, Status,
+    GroupId, LastError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason,
+    Refusal, SessionError, SessionState, Status,
 };
 #[cfg(feature = "metrics")]
 pub use metrics::describe_metrics;

@@ -257,6 +257,7 @@ mod imp {
                 Statement::Heartbeat => "heartbeat",
                 Statement::Verify => "verify",
                 Statement::Release { .. } => "release",
+                Statement::Members { .. } => "members",
                 Statement::Wait { .. } => "wait",
             };
             Sent { kind, at: clock() }
@@ -288,6 +289,7 @@ mod imp {
             Reason::Shutdown => "shutdown",
             Reason::Closed => "closed",
             Reason::Refused(_) => "refused",
+            Reason::HandedOver => "handed_over",
             _ => "other",
         }
     }

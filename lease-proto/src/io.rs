@@ -230,6 +230,10 @@ pub enum Reason {
     /// in progress: the session was closed and the locker tries again after
     /// a backoff.
     InRecovery,
+    /// The lease's group moved the key to another live member (its share,
+    /// see `docs/library.md`, "Lease groups"): the key is released once the
+    /// job returned, and the run stands by again.
+    HandedOver,
 }
 
 impl Reason {
@@ -245,7 +249,8 @@ impl Reason {
     /// out or failed, the validity ran out) the session stays open with the
     /// key held until the cancelled jobs have returned or the guard deadline
     /// has come (see [`Deadline::DeferredClose`](crate::Deadline::DeferredClose));
-    /// a graceful stop releases the key only after its job has returned; and
+    /// a graceful stop (or a lease group's hand-off) releases the key only
+    /// after its job has returned; and
     /// a refusal or a hot standby at setup comes before any key was held.
     ///
     /// Exhaustive on purpose: a new reason must say which it is (`true` is
@@ -264,6 +269,7 @@ impl Reason {
             | Reason::QueryFailed(_)
             | Reason::Shutdown
             | Reason::Closed
+            | Reason::HandedOver
             | Reason::InRecovery => false,
         }
     }
@@ -280,6 +286,7 @@ impl fmt::Display for Reason {
             Reason::QueryFailed(e) => write!(f, "statement failed: {e}"),
             Reason::Shutdown => f.write_str("shutdown requested"),
             Reason::Closed => f.write_str("locker closed"),
+            Reason::HandedOver => f.write_str("handed over to another member of its group"),
             Reason::Refused(r) => write!(f, "{r}"),
             Reason::InRecovery => f.write_str(
                 "the server is a hot standby (in recovery): advisory locks there give no mutual exclusion; trying again",

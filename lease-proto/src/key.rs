@@ -65,6 +65,8 @@ impl std::error::Error for NameError {}
 pub struct LeaseId {
     name: String,
     key: i64,
+    /// The lease group whose share this run takes part in, if any.
+    group: Option<GroupId>,
 }
 
 impl LeaseId {
@@ -87,7 +89,11 @@ impl LeaseId {
             return Err(NameError::ControlCharacter);
         }
         let key = key_for_name(&name);
-        Ok(LeaseId { name, key })
+        Ok(LeaseId {
+            name,
+            key,
+            group: None,
+        })
     }
 
     /// A lease on a raw advisory-lock key, for interop with
@@ -96,6 +102,7 @@ impl LeaseId {
         LeaseId {
             name: format!("key:{key}"),
             key,
+            group: None,
         }
     }
 
@@ -108,6 +115,70 @@ impl LeaseId {
     pub fn key(&self) -> i64 {
         self.key
     }
+
+    /// This lease as a member of `group`: its run takes part in the group's
+    /// share (see `docs/library.md`, "Lease groups"). The key is unchanged.
+    #[must_use]
+    pub fn in_group(self, group: GroupId) -> LeaseId {
+        LeaseId {
+            group: Some(group),
+            ..self
+        }
+    }
+
+    /// The group this lease's run takes part in, if any.
+    pub fn group(&self) -> Option<&GroupId> {
+        self.group.as_ref()
+    }
+}
+
+/// A lease group: the name its members share, and its 32-bit id, the
+/// `classid` of every member's two-int advisory lock (see `docs/library.md`,
+/// "Lease groups"). The id is [`group_id_for_name`] of the name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupId {
+    name: String,
+    id: u32,
+}
+
+impl GroupId {
+    /// A group identified by name; the same rules as [`LeaseId::named`].
+    ///
+    /// # Errors
+    /// [`NameError`] for an empty, overlong or control-character name.
+    pub fn named(name: impl Into<String>) -> Result<GroupId, NameError> {
+        let lease = LeaseId::named(name)?;
+        let id = group_id_for_name(lease.name());
+        Ok(GroupId {
+            name: lease.name,
+            id,
+        })
+    }
+
+    /// The group's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The group's 32-bit id: the `classid` of its members' locks.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+impl fmt::Display for GroupId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.name, self.id)
+    }
+}
+
+/// The 32-bit id of a lease group named `name`: the low half of
+/// [`key_for_name`] of `"group/"` and the name. Two names may share an id
+/// (a birthday collision is likely only past tens of thousands of groups on
+/// one database); their members then count as one membership, which
+/// changes the share, never a lease's exclusion.
+pub fn group_id_for_name(name: &str) -> u32 {
+    key_for_name(&format!("group/{name}")) as u32
 }
 
 impl fmt::Display for LeaseId {

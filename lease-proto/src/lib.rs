@@ -163,9 +163,10 @@ pub use io::{
     Event, Input, JobExit, Outcome, QueryId, Reason, Refusal, RunCommand, RunId, SessionCommand,
     SessionError, SessionId, SessionParams,
 };
-pub use key::{key_for_name, LeaseId, NameError};
+pub use key::{group_id_for_name, key_for_name, GroupId, LeaseId, NameError};
 pub use machine::{
-    Deadline, LastError, LeaseState, LeaseStatus, Machine, RunRejected, SessionState, Status,
+    group_share, Deadline, LastError, LeaseState, LeaseStatus, Machine, RunRejected, SessionState,
+    Status,
 };
 pub use options::{Options, OptionsError};
 pub use sql::Statement;
@@ -177,8 +178,8 @@ pub use sql::Statement;
 pub mod reply {
     pub use crate::promotion::PromotionState;
     pub use crate::sql::{
-        decode_text_row, DecodeError, HeartbeatReply, ReleaseReply, ReplyError, Row, SetupReply,
-        TryReply, VerifyReply, WaitReply,
+        decode_text_row, DecodeError, HeartbeatReply, MembersReply, ReleaseReply, ReplyError, Row,
+        SetupReply, TryReply, VerifyReply, WaitReply,
     };
 }
 

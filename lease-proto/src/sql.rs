@@ -125,6 +125,15 @@ mod heartbeat_tag {
     pub const DEADLOCK_TIMEOUT_MS: i64 = 4;
 }
 
+/// The tags of the [`Statement::Members`] rows.
+mod members_tag {
+    pub const SESSION: i64 = 0;
+    pub const MEMBER: i64 = 1;
+    pub const HOLDER: i64 = 2;
+    pub const JOINED: i64 = 3;
+    pub const LEFT: i64 = 4;
+}
+
 /// The longest `lock_timeout` a [`Statement::Wait`] runs with under a
 /// server `deadlock_timeout` of `deadlock_timeout_ms`: that less a tenth,
 /// at least 10 ms (and at least 1 ms in all). A lock wait that reaches
@@ -346,11 +355,55 @@ pub enum Statement {
         /// Whether to `NOTIFY` standbys.
         notify: bool,
     },
+    /// A lease group's membership read (see `docs/library.md`, "Lease
+    /// groups"). First joins each group of `join`: a session-level two-int
+    /// advisory lock `(group id, pg_backend_pid())` (`objsubid` 2 in
+    /// `pg_locks`, a space apart from the lease keys' one-`bigint` locks),
+    /// taken once per session and freed with it; with `notify`, the join is
+    /// announced on [`HANDOVER_CHANNEL`] with the payload `group <id>`, so
+    /// members read again at once, and so is each group of `announce` (a
+    /// member left it: the others take its leases at once). Leaves each group of `leave` (unlocks
+    /// its lock). Then answers `(0, pg_backend_pid(), NULL)`, one `(1,
+    /// group id, member pid)` row per member lock of `groups` granted in
+    /// this database, and one `(2, key, holder pid or NULL)` row per key of
+    /// `keys`; the first row is `(0, pg_backend_pid(), nonce)`
+    /// ([`NONCE_SETTING`], NULL when unset), so a reply proves the session
+    /// as a [`Statement::Heartbeat`] does. It tries no lease key.
+    Members {
+        /// Groups to join (their ids).
+        join: Vec<u32>,
+        /// Groups to leave.
+        leave: Vec<u32>,
+        /// Groups whose members to read.
+        groups: Vec<u32>,
+        /// Keys whose holders to read.
+        keys: Vec<i64>,
+        /// Whether to announce the joins.
+        notify: bool,
+        /// Groups to announce (with `notify`) whether joined now or not.
+        announce: Vec<u32>,
+    },
 }
 
 const THIS_DATABASE_ADVISORY_LOCKS: &str = this_database_advisory_locks!();
 
 struct KeyArray<'a>(&'a [i64]);
+
+/// Group ids as the `int4` first halves of their members' locks.
+struct GroupArray<'a>(&'a [u32]);
+
+impl fmt::Display for GroupArray<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("'{")?;
+        for (i, g) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_char(',')?;
+            }
+            write!(f, "{}", *g as i32)?;
+        }
+        f.write_str("}'::pg_catalog.int4[]")
+    }
+}
 
 impl fmt::Display for KeyArray<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -517,6 +570,88 @@ impl Statement {
                 Statement::Heartbeat.sql(),
                 heartbeat_tag::HELD_KEY,
             ),
+            Statement::Members {
+                join,
+                leave,
+                groups,
+                keys,
+                notify,
+                announce,
+            } => {
+                let mut sql = String::new();
+                if *notify && !announce.is_empty() {
+                    write!(
+                        sql,
+                        "SELECT {}::pg_catalog.int8, j::pg_catalog.int8, \
+                         pg_catalog.length(pg_catalog.concat(\
+                         pg_catalog.pg_notify('{HANDOVER_CHANNEL}', \
+                         pg_catalog.concat('group ', (j::pg_catalog.int8 \
+                         OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.text))))::pg_catalog.int8 \
+                         FROM pg_catalog.unnest({}) AS j; ",
+                        members_tag::LEFT,
+                        GroupArray(announce)
+                    )
+                    .ok();
+                }
+                if !join.is_empty() {
+                    let announce = if *notify {
+                        format!(
+                            ", pg_catalog.pg_notify('{HANDOVER_CHANNEL}', \
+                             pg_catalog.concat('group ', (j::pg_catalog.int8 \
+                             OPERATOR(pg_catalog.&) 4294967295)::pg_catalog.text))"
+                        )
+                    } else {
+                        String::new()
+                    };
+                    write!(
+                        sql,
+                        "SELECT {}::pg_catalog.int8, j::pg_catalog.int8, \
+                         pg_catalog.length(pg_catalog.concat(pg_catalog.pg_try_advisory_lock(j, \
+                         pg_catalog.pg_backend_pid()){announce}))::pg_catalog.int8 \
+                         FROM pg_catalog.unnest({}) AS j; ",
+                        members_tag::JOINED,
+                        GroupArray(join)
+                    )
+                    .ok();
+                }
+                if !leave.is_empty() {
+                    write!(
+                        sql,
+                        "SELECT {}::pg_catalog.int8, j::pg_catalog.int8, \
+                         pg_catalog.pg_advisory_unlock(j, pg_catalog.pg_backend_pid())\
+                         ::pg_catalog.int4::pg_catalog.int8 \
+                         FROM pg_catalog.unnest({}) AS j; ",
+                        members_tag::LEFT,
+                        GroupArray(leave)
+                    )
+                    .ok();
+                }
+                let ids: Vec<i64> = groups.iter().map(|g| i64::from(*g)).collect();
+                write!(
+                    sql,
+                    "SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8, \
+                     {NONCE_VALUE} \
+                     UNION ALL \
+                     SELECT {}, m.classid::pg_catalog.int8, m.objid::pg_catalog.int8 \
+                     FROM pg_catalog.pg_locks AS m \
+                     WHERE m.locktype OPERATOR(pg_catalog.=) 'advisory' \
+                     AND m.objsubid OPERATOR(pg_catalog.=) 2 AND m.granted \
+                     AND m.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+                     WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+                     AND m.classid::pg_catalog.int8 OPERATOR(pg_catalog.=) ANY ({}) \
+                     UNION ALL \
+                     SELECT {}, l.k, h.pid::pg_catalog.int8 FROM pg_catalog.unnest({}) AS l(k) \
+                     LEFT JOIN ({THIS_DATABASE_ADVISORY_LOCKS}) AS h \
+                     ON h.k OPERATOR(pg_catalog.=) l.k",
+                    members_tag::SESSION,
+                    members_tag::MEMBER,
+                    KeyArray(&ids),
+                    members_tag::HOLDER,
+                    KeyArray(keys),
+                )
+                .ok();
+                sql
+            }
             Statement::Release { keys, notify } => {
                 let won = if *notify {
                     format!(
@@ -940,6 +1075,59 @@ impl ReleaseReply {
     }
 }
 
+/// The reply to [`Statement::Members`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MembersReply {
+    /// `pg_backend_pid()` of the session that answered.
+    pub backend_pid: Option<i64>,
+    /// [`NONCE_SETTING`] of that session.
+    pub nonce: Option<i64>,
+    /// `(group id, member pid)` of every member lock read.
+    pub members: BTreeSet<(u32, i64)>,
+    /// `(key, holder pid)` of every key read; `None`: free.
+    pub holders: Vec<(i64, Option<i64>)>,
+}
+
+impl MembersReply {
+    /// Parses the rows; the join and leave rows carry nothing the machine
+    /// reads.
+    ///
+    /// # Errors
+    /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
+    pub fn parse(rows: &[Row]) -> Result<MembersReply, ReplyError> {
+        let mut reply = MembersReply::default();
+        for row in rows {
+            match row.as_slice() {
+                [Some(members_tag::SESSION), Some(pid), nonce] => {
+                    reply.backend_pid = Some(*pid);
+                    reply.nonce = *nonce;
+                }
+                [Some(members_tag::MEMBER), Some(g), Some(pid)] => match u32::try_from(*g) {
+                    Ok(g) => {
+                        reply.members.insert((g, *pid));
+                    }
+                    Err(_) => return Err(ReplyError::HeartbeatRow(row.clone())),
+                },
+                [Some(members_tag::HOLDER), Some(k), holder] => reply.holders.push((*k, *holder)),
+                [Some(members_tag::JOINED | members_tag::LEFT), Some(_), Some(_)] => {}
+                _ => return Err(ReplyError::HeartbeatRow(row.clone())),
+            }
+        }
+        Ok(reply)
+    }
+
+    /// The rows a server sends for this reply (no join or leave rows).
+    pub fn to_rows(&self) -> Vec<Row> {
+        let session = (self.backend_pid.iter())
+            .map(|p| vec![Some(members_tag::SESSION), Some(*p), self.nonce]);
+        let members = (self.members.iter())
+            .map(|(g, p)| vec![Some(members_tag::MEMBER), Some(i64::from(*g)), Some(*p)]);
+        let holders =
+            (self.holders.iter()).map(|(k, h)| vec![Some(members_tag::HOLDER), Some(*k), *h]);
+        session.chain(members).chain(holders).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1189,6 +1377,14 @@ mod tests {
                 keys: vec![3],
                 notify: false,
             },
+            Statement::Members {
+                join: vec![7, u32::MAX],
+                leave: vec![9],
+                groups: vec![7, u32::MAX],
+                keys: vec![-1, 2],
+                notify: true,
+                announce: vec![7],
+            },
         ];
         for s in &all {
             match s {
@@ -1198,7 +1394,8 @@ mod tests {
                 | Statement::Heartbeat
                 | Statement::Verify
                 | Statement::Wait { .. }
-                | Statement::Release { .. } => {}
+                | Statement::Release { .. }
+                | Statement::Members { .. } => {}
             }
         }
         all.into()
@@ -1338,6 +1535,23 @@ mod tests {
             },
         };
         assert_eq!(SetupReply::parse(&setup.to_rows()), Ok(setup));
+        let members = MembersReply {
+            backend_pid: Some(42),
+            nonce: Some(-7),
+            members: [(7, 42), (u32::MAX, 43)].into(),
+            holders: vec![(1, Some(43)), (2, None)],
+        };
+        assert_eq!(MembersReply::parse(&members.to_rows()), Ok(members));
+        // The join and leave rows carry nothing the machine reads.
+        let joined = vec![Some(members_tag::JOINED), Some(-1), Some(1)];
+        let left = vec![Some(members_tag::LEFT), Some(9), Some(0)];
+        assert_eq!(
+            MembersReply::parse(&[joined, left]),
+            Ok(MembersReply::default())
+        );
+        assert!(
+            MembersReply::parse(&[vec![Some(members_tag::MEMBER), Some(-1), Some(1)]]).is_err()
+        );
         let try_reply = TryReply {
             won: vec![(1, 77)],
             not_won: vec![(2, Some(9)), (3, None)],

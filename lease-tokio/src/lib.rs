@@ -139,7 +139,7 @@ pub mod test_util;
 use tokio_postgres::NoTls;
 
 pub use lease_driver::{
-    Config, Error, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
+    Config, Error, GroupId, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
     OptionsError, Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status,
 };
 #[cfg(feature = "libpq")]
@@ -167,6 +167,9 @@ pub type Driver<T = NoTls> = lease_driver::Driver<Tokio<T>>;
 /// | [`run(name, job)`](lease_driver::Locker::run) | contends for the lease `name` and runs `job` while holding it |
 /// | [`run_until(name, shutdown, job)`](lease_driver::Locker::run_until) | `run` with a graceful shutdown signal |
 /// | [`run_lease(lease, shutdown, job)`](lease_driver::Locker::run_lease) | `run_until` for any [`LeaseId`] (a raw key) |
+/// | [`group(name)`](lease_driver::Locker::group) | a lease group: its [`run`](lease_driver::Group::run)s share the group's leases evenly with the other lockers running them |
 /// | [`close()`](lease_driver::Locker::close) | shuts every run down gracefully, then closes the session |
 /// | [`status()`](lease_driver::Locker::status) | a snapshot of the session and every lease |
 pub type Locker = lease_driver::Locker<TokioAdapter>;
+/// A lease group on a [`Locker`]: [`Locker::group`](lease_driver::Locker::group).
+pub type Group = lease_driver::Group<TokioAdapter>;

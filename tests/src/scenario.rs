@@ -95,6 +95,8 @@ pub struct ReplicaConfig {
     /// TLS required and verified in full (chain and host name, libpq's `verify-full`)
     /// against the CA certificates in this PEM file; `None`: no TLS.
     pub tls_ca: Option<PathBuf>,
+    /// The lease group every run takes part in (`--group`); `None`: none.
+    pub group: Option<String>,
 }
 
 impl ReplicaConfig {
@@ -122,6 +124,7 @@ impl ReplicaConfig {
             tick: ms(50),
             status_poll: ms(20),
             tls_ca: None,
+            group: None,
         }
     }
 
@@ -191,6 +194,9 @@ impl ReplicaConfig {
         }
         if let Some(ca) = &self.tls_ca {
             cmd.arg("--tls-ca").arg(ca);
+        }
+        if let Some(group) = &self.group {
+            cmd.args(["--group", group]);
         }
         cmd
     }

@@ -56,4 +56,8 @@ pub enum Mutation {
     /// A watch session that tries: it sends a try of the key instead of a
     /// wait (the simulator's check that it sends nothing but waits finds it).
     WatchTries,
+    /// A lease-group member that ignores its share: it tries every key of
+    /// its groups as if it owned them all (it still joins, reads and hands
+    /// over as the share says).
+    IgnoreShare,
 }

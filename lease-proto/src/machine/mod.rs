@@ -21,6 +21,8 @@
 //!   place);
 //! - `doubtful`: the rule for a session given up on while its cancelled jobs
 //!   still run;
+//! - `groups`: the [`Groups`], lease groups' membership (read from the
+//!   server) and shares, what a member may try and what it hands over;
 //! - `deadline`: the one [`DeadlineTable`] behind [`Machine::poll_timeout`],
 //!   with the latest time fed in (time never goes backwards);
 //! - `status`: the public snapshot's types.
@@ -37,11 +39,13 @@ use crate::io::*;
 use crate::key::LeaseId;
 use crate::options::{Options, OptionsError};
 use crate::sql::{
-    HeartbeatReply, Row, SetupReply, TryReply, VerifyReply, WaitReply, HANDOVER_CHANNEL,
+    HeartbeatReply, MembersReply, Row, SetupReply, TryReply, VerifyReply, WaitReply,
+    HANDOVER_CHANNEL,
 };
 
 mod deadline;
 mod doubtful;
+mod groups;
 mod jitter;
 mod knobs;
 mod plan;
@@ -52,6 +56,7 @@ mod wait;
 mod watch;
 
 use deadline::DeadlineTable;
+use groups::Groups;
 pub(crate) use knobs::Knobs;
 #[cfg(feature = "sim")]
 pub use knobs::Mutation;
@@ -62,6 +67,7 @@ use wait::{NotFreed, ServerWait};
 use watch::Watch;
 
 pub use deadline::Deadline;
+pub use groups::assign as group_share;
 pub use status::{LastError, LeaseState, LeaseStatus, SessionState, Status};
 pub use wait::{MIN_WAIT, WAKE_BUDGET};
 
@@ -188,8 +194,9 @@ impl std::error::Error for RunRejected {}
 ///   nothing but waits (see `watch`);
 /// - one statement per heartbeat and one per standby tick (a try, or a
 ///   wait that ends by its lock timeout), however many leases, plus one
-///   wait per tick for a standby of several; at most one statement in
-///   flight on the session, and one wait on the watch session.
+///   wait per tick for a standby of several; a lease-group member sends a
+///   membership read before each try (see `groups`); at most one statement
+///   in flight on the session, and one wait on the watch session.
 #[derive(Debug)]
 pub struct Machine {
     opts: Options,
@@ -202,6 +209,8 @@ pub struct Machine {
     plan: SendPlan,
     wait: ServerWait,
     watch: Watch,
+    /// Lease groups: membership and shares (see `groups`).
+    groups: Groups,
     /// Every deadline (see [`Deadline`]) and the latest time fed in.
     timers: DeadlineTable,
     out: Outputs,
@@ -258,6 +267,7 @@ impl Machine {
             plan: SendPlan::default(),
             wait: ServerWait::default(),
             watch: Watch::default(),
+            groups: Groups::default(),
             timers: DeadlineTable::default(),
             out: Outputs::default(),
         })
@@ -349,6 +359,8 @@ impl Machine {
                 if channel == HANDOVER_CHANNEL {
                     if let Ok(key) = payload.trim().parse::<i64>() {
                         self.handover_notified(now, key, sender_pid);
+                    } else if let Some(group) = groups::announced(&payload) {
+                        self.join_announced(group);
                     }
                 }
             }
@@ -695,6 +707,7 @@ impl Machine {
     /// What ends with any session (the caller replaces it).
     fn session_down(&mut self) {
         self.runs.session_down();
+        self.groups.session_down();
         self.plan.session_down();
         self.wait.session_down();
         self.watch.session_down();
@@ -792,6 +805,10 @@ impl Machine {
                 Err(e) => self.lose_session(now, session::malformed(e), true),
             },
             (What::Wait { key, chunk, .. }, result) => self.wait_done(now, key, chunk, result),
+            (What::Members(read), Ok(rows)) => match MembersReply::parse(&rows) {
+                Ok(reply) => self.members_done(now, q.sent, &read, &reply),
+                Err(e) => self.lose_session(now, session::malformed(e), true),
+            },
             // The rows do not matter: see `ReleaseReply`.
             (What::Release(keys), Ok(_)) => self.runs.release_answered(keys, &mut self.out),
             // A probe that failed proves nothing: the session is not used;
@@ -802,6 +819,7 @@ impl Machine {
                 | What::Listen
                 | What::Heartbeat
                 | What::Verify
+                | What::Members(_)
                 | What::Release(_),
                 Err(error),
             ) => {
@@ -1127,6 +1145,52 @@ impl Machine {
         }
     }
 
+    /// A group's membership read answered (see `groups`): it proves the
+    /// session as a heartbeat does (same backend, same nonce), so every held
+    /// lease is confirmed from `sent`; the shares are computed again,
+    /// hand-offs decided are carried out, and the try follows at once.
+    fn members_done(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        read: &groups::Read,
+        reply: &MembersReply,
+    ) {
+        let session = HeartbeatReply {
+            backend_pid: reply.backend_pid,
+            nonce: reply.nonce,
+        };
+        if !self.same_session(now, &session) {
+            return;
+        }
+        let Some(me) = reply.backend_pid else {
+            return;
+        };
+        self.runs.confirm_all(sent);
+        self.heartbeat_again(now, sent);
+        let wanted = self.runs.group_keys();
+        let held = self.runs.leading_keys();
+        let bound = groups::free_bound(&self.opts);
+        (self.groups).read_done(now, bound, me, read, reply, &wanted, &held);
+        for key in self.groups.take_handoffs() {
+            self.runs.hand_over(key, &mut self.out);
+        }
+        for &(key, holder) in &reply.holders {
+            self.runs.holder_seen(key, holder, &mut self.out);
+        }
+        let retry = now + self.connector.retry_delay(self.opts.retry_interval);
+        self.timers.set(Deadline::Retry, retry);
+        self.plan.try_soon();
+    }
+
+    /// A member announced that it joined `group`: read the membership at
+    /// the next chance (not during a wait, which it would cut short).
+    fn join_announced(&mut self, group: u32) {
+        if self.session.waiting_for().is_none() && self.groups.join_announced(group) {
+            self.plan.try_soon();
+        }
+    }
+
     // ---- the pump -----------------------------------------------------
 
     /// After every input: enforce deadlines against `now`, then start what
@@ -1260,8 +1324,29 @@ impl Machine {
             return None;
         }
         if try_due {
-            let keys = self.runs.take_try();
+            // A group member reads the membership first (see `groups`).
+            let wanted = self.runs.group_keys();
+            if self.groups.read_owed(&wanted) {
+                return Some(What::Members(self.groups.read(&wanted)));
+            }
+            let me = self.session.up().and_then(|up| up.stage.backend_pid());
+            let bound = groups::free_bound(&self.opts);
+            let groups = &self.groups;
+            #[cfg(feature = "sim")] // The broken variant: every key as if owned.
+            let ignore_share = self.knobs.mutation == Some(Mutation::IgnoreShare);
+            #[cfg(not(feature = "sim"))]
+            let ignore_share = false;
+            let keys = self.runs.take_try(|lease| {
+                ignore_share
+                    || (lease.group())
+                        .is_none_or(|g| groups.may_try(g.id(), lease.key(), me, now, bound))
+            });
+            let announce = self.groups.tried();
             self.plan.tried();
+            if announce {
+                // A member left: read again at once, announcing it.
+                self.plan.try_soon();
+            }
             if retry_due && !self.wait.woken() {
                 // The periodic try: waiting may start over. Not the try
                 // after a wake's lock delay, which the retry deadline also
@@ -1270,6 +1355,11 @@ impl Machine {
             }
             if retry_due && !self.watch.woken() {
                 self.watch.periodic_try();
+            }
+            if keys.is_empty() && !wanted.is_empty() {
+                // A group member that may try nothing after a wake: as a
+                // try that won nothing (the watch session waits again).
+                self.watch.after_try(false);
             }
             if !keys.is_empty() {
                 if !holding {
@@ -1297,6 +1387,10 @@ impl Machine {
             // Behind a pooler (it rejected the startup options), a blocked
             // statement would hold a pooled server connection all along.
             || self.connector.settings_by_statement()
+            // A lease-group member's session is its membership (the member
+            // id is its backend pid): a wait, which the machine interrupts by
+            // replacing the session, would change it (see `groups`).
+            || self.groups.active(&self.runs.group_keys())
             || self.phase != Phase::Open
             || self.wait.paused()
             || self.plan.verify_owed()
@@ -1341,7 +1435,13 @@ impl Machine {
             Deadline::Connect | Deadline::Query | Deadline::Validity => true,
             Deadline::DeferredClose => matches!(self.session, Session::Doubtful { .. }),
             Deadline::Heartbeat => idle_ready && self.heartbeat_needed(),
-            Deadline::Retry => idle_ready && self.runs.any_waiting(),
+            Deadline::Retry => {
+                // A group member reads (and so tries) periodically, waiting
+                // runs or not, while it takes new work.
+                let reads =
+                    self.phase == Phase::Open && self.groups.active(&self.runs.group_keys());
+                idle_ready && (self.runs.any_waiting() || reads)
+            }
             Deadline::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),
             Deadline::Watch => true,
         })

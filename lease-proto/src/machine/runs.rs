@@ -33,8 +33,9 @@ pub(super) enum RunState {
     Stopping(Stopping),
     /// The job returned; the key is held until the unlock answers.
     Releasing {
-        /// What the run finishes with once released.
-        outcome: Outcome,
+        /// What the run finishes with once released; `None`: it was handed
+        /// over to another member of its group, and stands by again.
+        outcome: Option<Outcome>,
         release: Release,
     },
 }
@@ -105,10 +106,15 @@ pub(super) struct Held {
 
 #[derive(Debug)]
 pub(super) enum Stopping {
-    /// Shutdown, close or refusal while leading: the key is still held (and
-    /// confirmed by heartbeats, and timed by its validity) until the job
-    /// returns; then it is released and the run finishes with `outcome`.
-    Held { held: Held, outcome: Outcome },
+    /// Shutdown, close, refusal or a group's hand-off while leading: the
+    /// key is still held (and confirmed by heartbeats, and timed by its
+    /// validity) until the job returns; then it is released and the run
+    /// finishes with `outcome`, or stands by again if there is none (handed
+    /// over).
+    Held {
+        held: Held,
+        outcome: Option<Outcome>,
+    },
     /// The lease was lost: the key is not held. When the job returns the run
     /// finishes with `outcome`, or stands by again if there is none.
     Lost { outcome: Option<Outcome> },
@@ -300,11 +306,12 @@ impl RunTable {
 
     /// The keys of the next try: every standby not in the try in flight
     /// joins it.
-    pub(super) fn take_try(&mut self) -> Vec<i64> {
+    /// `may`: whether a run's lease may be tried now (a group's share).
+    pub(super) fn take_try(&mut self, may: impl Fn(&LeaseId) -> bool) -> Vec<i64> {
         let mut keys = Vec::new();
         for r in self.runs.values_mut() {
             if let RunState::Standby(standby) = &mut r.state {
-                if standby.step == StandbyStep::Waiting {
+                if standby.step == StandbyStep::Waiting && may(&r.lease) {
                     standby.step = StandbyStep::Trying;
                     keys.push(r.lease.key());
                 }
@@ -410,6 +417,29 @@ impl RunTable {
         }
     }
 
+    /// A lease group's membership read saw `holder` hold `key` (`None`:
+    /// free): a standby not in the try in flight records it, as a try that
+    /// lost would (the watch session waits for a holder it saw, a handover
+    /// notification counts from it).
+    pub(super) fn holder_seen(&mut self, key: i64, holder: Option<i64>, out: &mut Outputs) {
+        let Some((id, r)) = self.by_key_mut(key) else {
+            return;
+        };
+        if let RunState::Standby(standby) = &mut r.state {
+            if standby.step == StandbyStep::Waiting && standby.holder != Some(holder) {
+                standby.holder = Some(holder);
+                if holder.is_some() {
+                    let lease = r.lease.clone();
+                    out.event(Event::StandingBy {
+                        run: id,
+                        lease,
+                        holder_pid: holder,
+                    });
+                }
+            }
+        }
+    }
+
     /// Runs whose try got no usable answer go back to waiting.
     pub(super) fn try_back(&mut self, keys: &[i64]) {
         for &key in keys {
@@ -496,10 +526,10 @@ impl RunTable {
         match &run.state {
             RunState::Leading(_) | RunState::Stopping(Stopping::Held { .. }) => {
                 let outcome = match (exit, &run.state) {
-                    (JobExit::Abandoned, _) => Outcome::Abandoned,
+                    (JobExit::Abandoned, _) => Some(Outcome::Abandoned),
                     (_, RunState::Stopping(Stopping::Held { outcome, .. })) => outcome.clone(),
-                    (JobExit::Ok, _) => Outcome::Completed,
-                    (JobExit::Failed, _) => Outcome::Failed,
+                    (JobExit::Ok, _) => Some(Outcome::Completed),
+                    (JobExit::Failed, _) => Some(Outcome::Failed),
                 };
                 run.state = RunState::Releasing {
                     outcome,
@@ -538,14 +568,55 @@ impl RunTable {
             RunState::Standby(_) => self.finish(id, outcome, out),
             RunState::Leading(held) => {
                 let held = held.clone();
+                let outcome = Some(outcome);
                 run.state = RunState::Stopping(Stopping::Held { held, outcome });
                 out.run(RunCommand::CancelJob { run: id, reason });
             }
-            RunState::Stopping(Stopping::Lost { outcome: then }) => {
+            RunState::Stopping(Stopping::Lost { outcome: then })
+            | RunState::Stopping(Stopping::Held { outcome: then, .. })
+            | RunState::Releasing { outcome: then, .. } => {
                 then.get_or_insert(outcome);
             }
-            RunState::Stopping(Stopping::Held { .. }) | RunState::Releasing { .. } => {}
         }
+    }
+
+    /// A group's hand-off of `key`: its leading run's job is cancelled
+    /// ([`Reason::HandedOver`]); the key is released once the job returned,
+    /// and the run stands by again. Nothing for a run not leading.
+    pub(super) fn hand_over(&mut self, key: i64, out: &mut Outputs) {
+        let Some((id, run)) = self.by_key_mut(key) else {
+            return;
+        };
+        if let RunState::Leading(held) = &run.state {
+            let held = held.clone();
+            run.state = RunState::Stopping(Stopping::Held {
+                held,
+                outcome: None,
+            });
+            out.run(RunCommand::CancelJob {
+                run: id,
+                reason: Reason::HandedOver,
+            });
+        }
+    }
+
+    /// The keys of the runs in each group, by group id.
+    pub(super) fn group_keys(&self) -> BTreeMap<u32, BTreeSet<i64>> {
+        let mut groups: BTreeMap<u32, BTreeSet<i64>> = BTreeMap::new();
+        for r in self.runs.values() {
+            if let Some(g) = r.lease.group() {
+                groups.entry(g.id()).or_default().insert(r.lease.key());
+            }
+        }
+        groups
+    }
+
+    /// The keys whose runs lead.
+    pub(super) fn leading_keys(&self) -> BTreeSet<i64> {
+        (self.runs.values())
+            .filter(|r| matches!(r.state, RunState::Leading(_)))
+            .map(|r| r.lease.key())
+            .collect()
     }
 
     /// The key of `id` is lost (or suspected lost): its job is cancelled,
@@ -560,7 +631,7 @@ impl RunTable {
                 true
             }
             RunState::Stopping(Stopping::Held { outcome, .. }) => {
-                let outcome = Some(outcome.clone());
+                let outcome = outcome.clone();
                 r.state = RunState::Stopping(Stopping::Lost { outcome });
                 false
             }
@@ -619,11 +690,15 @@ impl RunTable {
         self.held_lost.clear();
     }
 
-    fn released(&mut self, id: RunId, outcome: Outcome, out: &mut Outputs) {
-        if let Some(r) = self.runs.get(&id) {
+    fn released(&mut self, id: RunId, outcome: Option<Outcome>, out: &mut Outputs) {
+        if let Some(r) = self.runs.get_mut(&id) {
             let lease = r.lease.clone();
             out.event(Event::Released { run: id, lease });
-            self.finish(id, outcome, out);
+            match outcome {
+                Some(outcome) => self.finish(id, outcome, out),
+                // Handed over: contend again.
+                None => r.state = RunState::Standby(Standby::new()),
+            }
         }
     }
 

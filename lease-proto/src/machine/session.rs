@@ -162,6 +162,8 @@ pub(super) enum What {
         /// `deadlock_timeout` (see `wait`): a chunk of the retry interval.
         chunk: bool,
     },
+    /// A lease group's membership read (see `groups`).
+    Members(super::groups::Read),
 }
 
 impl What {
@@ -193,6 +195,14 @@ impl What {
             What::Release(keys) => Statement::Release {
                 keys: keys.clone(),
                 notify,
+            },
+            What::Members(read) => Statement::Members {
+                join: read.join.clone(),
+                leave: read.leave.clone(),
+                groups: read.groups.clone(),
+                keys: read.keys.clone(),
+                notify,
+                announce: read.announce.clone(),
             },
         }
     }

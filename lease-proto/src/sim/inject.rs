@@ -51,6 +51,7 @@ impl Sim {
         let malformed = either(|f| f.malformed, &self.flaky);
         let keys = match statement {
             Statement::TryLock { keys, .. } | Statement::Release { keys, .. } => keys.len(),
+            Statement::Members { join, .. } => join.len().max(1),
             Statement::Setup { .. }
             | Statement::Listen
             | Statement::Heartbeat
@@ -99,6 +100,20 @@ impl Injected {
                 keys.truncate(ran);
                 Statement::Release { keys, notify }
             }
+            // The joins ran, in part: no read answers.
+            Statement::Members {
+                mut join, notify, ..
+            } if ran > 0 => {
+                join.truncate(ran);
+                Statement::Members {
+                    join,
+                    leave: Vec::new(),
+                    groups: Vec::new(),
+                    keys: Vec::new(),
+                    notify,
+                    announce: Vec::new(),
+                }
+            }
             other if ran > 0 => other,
             _ => Statement::Heartbeat,
         }
@@ -110,8 +125,8 @@ impl Injected {
         self,
         statement: &Statement,
         result: Result<Vec<Row>, SessionError>,
-        notify: Vec<i64>,
-    ) -> (Result<Vec<Row>, SessionError>, Vec<i64>) {
+        notify: Vec<String>,
+    ) -> (Result<Vec<Row>, SessionError>, Vec<String>) {
         match self {
             Injected::Nothing => (result, notify),
             Injected::Error { .. } => (Err(error_for(statement)), Vec::new()),
@@ -142,6 +157,7 @@ fn error_for(statement: &Statement) -> SessionError {
         | Statement::Listen
         | Statement::Heartbeat
         | Statement::Verify
+        | Statement::Members { .. }
         | Statement::Wait { .. } => SessionError {
             code: Some("57014".into()),
             message: "canceling statement due to user request".into(),

@@ -371,6 +371,13 @@ pub struct SimConfig {
     /// Lease names every process runs (one run each, started at time 0
     /// unless `run_after` says later).
     pub leases: Vec<String>,
+    /// The lease group every run takes part in (see `docs/library.md`,
+    /// "Lease groups"); `None`: no group.
+    pub group: Option<String>,
+    /// Per process: it runs only the first `n` of [`SimConfig::leases`] (a member
+    /// of a lease group that runs another key set); `None`, or a process past the
+    /// end: every lease.
+    pub lease_subset: Vec<Option<usize>>,
     /// Per process, per lease of `leases` (by index): how long after the
     /// process starts (or restarts) its run of that lease starts; missing
     /// entries start at once. Lets each process of a fleet hold a lease of
@@ -428,6 +435,8 @@ impl Default for SimConfig {
             seed: 1,
             processes: 3,
             leases: vec!["job".into()],
+            group: None,
+            lease_subset: Vec::new(),
             run_after: Vec::new(),
             options: Options {
                 retry_interval: Duration::from_millis(200),
@@ -476,6 +485,9 @@ pub struct Report {
     /// ([`ServerConfig::deadlock_timeout`]): each ran the deadlock detector
     /// and, with `log_lock_waits = on`, wrote "still waiting" to the log.
     pub lock_waits_past_deadlock_timeout: u64,
+    /// Jobs cancelled to hand their key over to another member of its lease
+    /// group ([`Reason::HandedOver`](crate::Reason::HandedOver)), all processes.
+    pub handoffs: u64,
 }
 
 impl Report {
@@ -683,6 +695,15 @@ impl Sim {
         self.report.statements[process]
     }
 
+    /// The backend pid of `process`'s session, while it is ready: its
+    /// member id in a lease group.
+    pub fn backend_pid(&self, process: usize) -> Option<i64> {
+        match self.procs[process].machine.status().session {
+            crate::SessionState::Ready { backend_pid } => Some(backend_pid),
+            _ => None,
+        }
+    }
+
     /// The advisory keys the server holds now.
     pub fn server_locks(&self) -> Vec<i64> {
         self.server.held_keys()
@@ -852,7 +873,7 @@ impl Sim {
                 if !self.cfg.leases.is_empty() {
                     let name = &self.cfg.leases[lease % self.cfg.leases.len()];
                     let key = crate::key_for_name(name);
-                    self.notify_listeners(key, server::FORGER_PID, Duration::ZERO);
+                    self.notify_listeners(key.to_string(), server::FORGER_PID, Duration::ZERO);
                 }
             }
             Fault::ServerRestart { downtime } => {

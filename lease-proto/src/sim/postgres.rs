@@ -198,8 +198,8 @@ impl Postgres {
         }
         let sender = self.server.pid_of(c).unwrap_or_default();
         let delay = self.server.config().notify_delay;
-        for key in executed.notify {
-            self.notify(now + delay, key, sender);
+        for payload in executed.notify {
+            self.notify(now + delay, payload, sender);
         }
         self.arm_idle(c);
         let result = executed.result;
@@ -323,12 +323,12 @@ impl Postgres {
         }
     }
 
-    fn notify(&mut self, at: Duration, key: i64, sender_pid: i64) {
+    fn notify(&mut self, at: Duration, payload: String, sender_pid: i64) {
         for (c, _) in self.server.listeners() {
             self.outputs.push_back(ServerOutput::Notify {
                 conn: ConnId(c),
                 at,
-                payload: key.to_string(),
+                payload: payload.clone(),
                 sender_pid,
             });
         }

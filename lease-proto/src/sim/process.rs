@@ -139,7 +139,10 @@ impl Sim {
     /// Starts one run per configured lease on process `p`, now or after its
     /// delay in [`SimConfig::run_after`](super::SimConfig::run_after).
     pub(super) fn start_runs(&mut self, p: usize) {
-        for i in 0..self.cfg.leases.len() {
+        // A process of `lease_subset` runs only the first n leases.
+        let n = (self.cfg.lease_subset.get(p).copied().flatten())
+            .map_or(self.cfg.leases.len(), |n| n.min(self.cfg.leases.len()));
+        for i in 0..n {
             let after = (self.cfg.run_after.get(p))
                 .and_then(|v| v.get(i).copied())
                 .unwrap_or_default();
@@ -162,7 +165,10 @@ impl Sim {
     pub(super) fn start_run(&mut self, p: usize, i: usize) {
         let now = self.driver_now(p);
         let name = self.cfg.leases[i].clone();
-        let lease = LeaseId::named(name.clone()).expect("valid lease name");
+        let mut lease = LeaseId::named(name.clone()).expect("valid lease name");
+        if let Some(group) = &self.cfg.group {
+            lease = lease.in_group(crate::GroupId::named(group).expect("valid group name"));
+        }
         match self.procs[p].machine.run(now, lease) {
             Ok(run) => {
                 self.procs[p].runs.insert(run, name);
@@ -387,6 +393,9 @@ impl Sim {
                 }
             }
             RunCommand::CancelJob { run, reason } => {
+                if reason == crate::Reason::HandedOver {
+                    self.report.handoffs += 1;
+                }
                 let incarnation = self.procs[p].incarnation;
                 let spread = self
                     .cfg

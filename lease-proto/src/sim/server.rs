@@ -176,7 +176,8 @@ pub(super) struct Executed {
     pub(super) done: Duration,
     pub(super) result: Result<Vec<Row>, SessionError>,
     /// Keys whose release notifies listeners, in order.
-    pub(super) notify: Vec<i64>,
+    /// Payloads of the `NOTIFY`s it sent on the handover channel.
+    pub(super) notify: Vec<String>,
     /// A wait that blocks: its key and lock timeout; no reply yet.
     pub(super) blocks: Option<(i64, Duration)>,
     /// Keys a try was granted, with the fencing token (the order in which
@@ -248,6 +249,8 @@ pub(super) struct Server {
     sessions: BTreeMap<u64, SrvSession>,
     /// key → (owner conn, re-entrancy count)
     locks: BTreeMap<i64, (u64, u32)>,
+    /// Lease-group member locks: (group id, owner conn), the two-int space.
+    members: std::collections::BTreeSet<(u32, u64)>,
     /// Waits queued behind held keys, in arrival order.
     waiters: Vec<Waiter>,
     /// key → owners of shared locks kept by waits (only with
@@ -286,6 +289,7 @@ impl Server {
             up: true,
             sessions: BTreeMap::new(),
             locks: BTreeMap::new(),
+            members: Default::default(),
             waiters: Vec::new(),
             shared: BTreeMap::new(),
             next_pid: 1000,
@@ -352,6 +356,7 @@ impl Server {
     pub(super) fn promote_frozen(&mut self, lag: u32, now: Duration) {
         self.sessions.clear();
         self.locks.clear();
+        self.members.clear();
         self.waiters.clear();
         self.shared.clear();
         self.backend_nonce = None;
@@ -727,6 +732,47 @@ impl Server {
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
                 reply::verify(pid, nonce, held)
             }
+            // Member locks: the two-int space (`objsubid` 2), apart from
+            // the keys; taken by a try (never contended: the second half is
+            // the session's own pid), freed with the session.
+            Statement::Members {
+                join,
+                leave,
+                groups,
+                keys,
+                notify: n,
+                announce,
+            } => {
+                if *n && !self.cfg.standby {
+                    notify.extend(announce.iter().map(|g| format!("group {g}")));
+                }
+                for g in join {
+                    self.members.insert((*g, owner));
+                    if *n && !self.cfg.standby {
+                        notify.push(format!("group {g}"));
+                    }
+                }
+                for g in leave {
+                    self.members.remove(&(*g, owner));
+                }
+                let mut reply = crate::reply::MembersReply {
+                    backend_pid: Some(pid),
+                    nonce: if shared { self.backend_nonce } else { s.nonce },
+                    ..Default::default()
+                };
+                for (g, o) in &self.members {
+                    if groups.contains(g) {
+                        if let Some(member) = self.owner_pid(*o) {
+                            reply.members.insert((*g, member));
+                        }
+                    }
+                }
+                for k in keys {
+                    let holder = self.locks.get(k).and_then(|(o, _)| self.owner_pid(*o));
+                    reply.holders.push((*k, holder));
+                }
+                reply.to_rows()
+            }
             Statement::Release { keys, notify: n } => {
                 let mut rows = Vec::new();
                 for &k in keys {
@@ -737,7 +783,7 @@ impl Server {
                                 self.locks.remove(&k);
                             }
                             if *n {
-                                notify.push(k);
+                                notify.push(k.to_string());
                             }
                             true
                         }
@@ -871,6 +917,7 @@ impl Server {
     pub(super) fn end(&mut self, conn: u64) -> Option<SrvSession> {
         let s = self.sessions.remove(&conn)?;
         self.locks.retain(|_, (owner, _)| *owner != conn);
+        self.members.retain(|(_, owner)| *owner != conn);
         self.waiters.retain(|w| w.conn != conn);
         for owners in self.shared.values_mut() {
             owners.remove(&conn);
@@ -879,6 +926,7 @@ impl Server {
         // closed (its locks with it) when no client is left.
         if self.cfg.pooler_one_backend && self.sessions.is_empty() {
             self.locks.clear();
+            self.members.clear();
             self.backend_nonce = None;
         }
         Some(s)
@@ -952,9 +1000,9 @@ impl Sim {
                 }
                 let (result, notify) = injected.reply(&statement, result, notify);
                 let sender = self.server.sessions.get(&conn).map(|s| s.pid);
-                for key in notify {
+                for payload in notify {
                     self.notify_listeners(
-                        key,
+                        payload,
                         sender.unwrap_or_default(),
                         self.server.cfg.notify_delay,
                     );
@@ -966,11 +1014,11 @@ impl Sim {
         }
     }
 
-    /// `NOTIFY lease_handover_v1, '<key>'` from backend `sender`: every
+    /// `NOTIFY lease_handover_v1, payload` from backend `sender`: every
     /// listening session gets it, `after` from now.
-    pub(super) fn notify_listeners(&mut self, key: i64, sender: i64, after: Duration) {
+    pub(super) fn notify_listeners(&mut self, payload: String, sender: i64, after: Duration) {
         for (conn, p) in self.server.listeners() {
-            let payload = key.to_string();
+            let payload = payload.clone();
             let msg = ToClient::Notify {
                 conn,
                 payload,

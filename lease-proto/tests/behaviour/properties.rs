@@ -46,6 +46,7 @@ use proptest::test_runner::TestCaseError;
 use proptest::test_runner::TestError;
 use proptest::test_runner::TestRng;
 use proptest::test_runner::TestRunner;
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -2002,4 +2003,250 @@ fn restart_case(
     let r = sim.finish(ms(HORIZON), settle(&cfg, &[]));
     prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
     Ok(gap.as_secs_f64() * 1e3)
+}
+
+// ---- lease groups ---------------------------------------------------------
+
+/// The group every run of a group case takes part in.
+const GROUP: &str = "reconcilers";
+
+/// A case's configuration with every run in one lease group, and three
+/// times its number of leases (3 to 9 keys over 2 to 4 members).
+fn group_config(case: &Case, mutation: Option<Mutation>) -> SimConfig {
+    let mut cfg = case.config(mutation);
+    cfg.group = Some(GROUP.into());
+    cfg.leases = (0..case.leases * 3).map(|i| format!("job-{i}")).collect();
+    cfg
+}
+
+/// Cases for the share's properties: the generator's, where the validity
+/// window spans four round trips. A member that holds leases may send, between
+/// two statements that confirm them (a heartbeat, or a membership read), a
+/// try of the keys it may take and a release of a key handed over: with a
+/// validity shorter than that, its leases expire without any fault, and the
+/// share never settles (safety holds either way; the strong-safety property
+/// in a group runs on every case).
+fn group_case(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Case> {
+    case(guard(), fault).prop_filter("validity spans four round trips", |c| {
+        c.knobs.options().validity_window() >= c.knobs.one_way() * 8
+    })
+}
+
+/// How long after healing (and the liveness bound) the share takes to
+/// settle: a member reads the membership before each try, at most a retry
+/// interval apart (jitter only shortens it); a new member is handed keys
+/// after two reads that saw it (hysteresis), the holder's job returns
+/// within the job reaction, its release wakes the owner (or the owner's
+/// next read and try finds the key free within a retry interval); a key
+/// whose owner does not take it is taken by another member after it was
+/// read free two retry intervals apart. Five retry intervals cover these
+/// in turn, each on a clock up to `drift` slow, plus round trips.
+fn share_bound(cfg: &SimConfig) -> Duration {
+    let o = &cfg.options;
+    liveness_bound(cfg)
+        + (o.retry_interval * 5).mul_f64(1.0 / (1.0 - cfg.drift))
+        + cfg.job_reaction
+        + one_way(cfg) * 12
+}
+
+/// Every lease led by a live process and every live process leading its
+/// fair share (`⌊K/N⌋` or `⌈K/N⌉` of the K keys over the N live processes),
+/// within [`share_bound`] after every fault healed.
+fn fair_share(case: &Case, mutation: Option<Mutation>) -> Result<(), TestCaseError> {
+    let case = Case {
+        exits: false,
+        ..case.clone()
+    };
+    let cfg = group_config(&case, mutation);
+    let bound = share_bound(&cfg);
+    let mut sim = simulate(&cfg, &case.faults);
+    let healed = healed_at(&case.faults).max(promotion_held_until(&cfg, &case.faults));
+    sim.run_until(healed);
+    let deadline = healed + bound;
+    let k = cfg.leases.len();
+    let mut last: Vec<usize>;
+    loop {
+        let live: Vec<usize> = (0..cfg.processes).filter(|p| sim.is_alive(*p)).collect();
+        if live.is_empty() {
+            return Ok(());
+        }
+        let n = live.len();
+        let led = (cfg.leases.iter()).all(|l| live.iter().any(|p| sim.leads(*p, l)));
+        last = (live.iter())
+            .map(|p| (cfg.leases.iter()).filter(|l| sim.leads(*p, l)).count())
+            .collect();
+        if led && last.iter().all(|c| *c == k / n || *c == k.div_ceil(n)) {
+            return Ok(());
+        }
+        if sim.now() >= deadline {
+            break;
+        }
+        let t = (sim.now() + ms(5)).min(deadline);
+        sim.run_until(t);
+    }
+    Err(TestCaseError::fail(format!(
+        "UnfairShare: {k} keys over the live processes came out {last:?}, {bound:?} after \
+         healing at {healed:?}\n{}",
+        explain(&cfg, sim.report())
+    )))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: CASES,
+        max_shrink_iters: 200,
+        failure_persistence: regressions_beside_the_source(),
+        ..ProptestConfig::default()
+    })]
+
+    /// Strong safety, the contract and no leaks are unchanged in a lease
+    /// group, hand-offs included, under the client faults.
+    #[test]
+    fn strong_safety_contract_and_no_leaks_in_a_lease_group(
+        case in case(guard(), client_fault(4).boxed())
+    ) {
+        let leases = case.leases * 3;
+        strong_safety_with(&case, None, |cfg| {
+            cfg.group = Some(GROUP.into());
+            cfg.leases = (0..leases).map(|i| format!("job-{i}")).collect();
+        })?;
+    }
+
+    /// After every fault healed, every lease is led and each live member
+    /// leads its fair share within [`share_bound`].
+    #[test]
+    fn every_live_member_leads_its_fair_share_after_healing(
+        case in group_case(client_fault(4).boxed())
+    ) {
+        fair_share(&case, None)?;
+    }
+
+    /// A settled group (no fault) sends no hand-off: from the moment every
+    /// member leads its share, none for ten seconds; and the hand-offs to
+    /// settle are at most one per key and join.
+    #[test]
+    fn a_settled_lease_group_hands_nothing_over(case in group_case(client_fault(4).boxed())) {
+        let cfg = group_config(&Case { exits: false, ..case.clone() }, None);
+        let k = cfg.leases.len();
+        let n = cfg.processes;
+        let mut sim = simulate(&cfg, &[]);
+        let deadline = share_bound(&cfg);
+        let keys: BTreeMap<i64, &String> =
+            cfg.leases.iter().map(|l| (lease_proto::key_for_name(l), l)).collect();
+        // Settled: every key led by the member the share gives it to.
+        loop {
+            let pids: Vec<Option<i64>> = (0..n).map(|p| sim.backend_pid(p)).collect();
+            let members = pids.iter().flatten().copied().collect();
+            let share = lease_proto::group_share(&keys.keys().copied().collect(), &members);
+            let settled = pids.iter().all(Option::is_some)
+                && share.iter().all(|(k, owner)| {
+                    let p = pids.iter().position(|pid| *pid == Some(*owner));
+                    p.is_some_and(|p| sim.leads(p, keys[k]))
+                });
+            if settled {
+                break;
+            }
+            prop_assert!(sim.now() < deadline, "not settled by {deadline:?}: {share:?}\n{}",
+                explain(&cfg, sim.report()));
+            let t = sim.now() + ms(5);
+            sim.run_until(t);
+        }
+        let settled = sim.report().handoffs;
+        // Members join one by one (their links differ): at most every key
+        // per join after the first.
+        prop_assert!(settled as usize <= k * (n - 1), "{settled} hand-offs to settle {k} keys\n{}",
+            explain(&cfg, sim.report()));
+        let t = sim.now() + ms(10_000);
+        sim.run_until(t);
+        prop_assert_eq!(sim.report().handoffs, settled, "{}", explain(&cfg, sim.report()));
+    }
+}
+
+/// A member that runs only some of the group's keys (process 0 runs the first
+/// one only): the members' shares disagree, yet once faults heal every lease
+/// is led, within [`share_bound`] and the time a key must stay free before a
+/// member that does not own it takes it (two retry intervals and two query
+/// timeouts), and then the group hands nothing over for ten seconds: a key is
+/// offered to an owner at most once while the membership holds.
+fn every_lease_led_with_different_key_sets(case: &Case) -> Result<(), TestCaseError> {
+    let case = Case {
+        exits: false,
+        ..case.clone()
+    };
+    let mut cfg = group_config(&case, None);
+    cfg.lease_subset = vec![Some(1)];
+    let o = &cfg.options;
+    let bound = share_bound(&cfg) + (o.retry_interval * 2 + o.query_timeout * 2) * 2;
+    let mut sim = simulate(&cfg, &case.faults);
+    let healed = healed_at(&case.faults).max(promotion_held_until(&cfg, &case.faults));
+    sim.run_until(healed);
+    let deadline = healed + bound;
+    loop {
+        let live: Vec<usize> = (0..cfg.processes).filter(|p| sim.is_alive(*p)).collect();
+        if live.is_empty() {
+            return Ok(());
+        }
+        // Every lease that a live process runs.
+        let run = |p: usize| {
+            cfg.lease_subset
+                .get(p)
+                .copied()
+                .flatten()
+                .unwrap_or(usize::MAX)
+        };
+        let wanted = live.iter().map(|p| run(*p)).max().unwrap_or(0);
+        let led = (cfg.leases.iter().take(wanted)).all(|l| live.iter().any(|p| sim.leads(*p, l)));
+        if led {
+            break;
+        }
+        prop_assert!(
+            sim.now() < deadline,
+            "not every lease led {bound:?} after healing at {healed:?}\n{}",
+            explain(&cfg, sim.report())
+        );
+        let t = sim.now() + ms(5);
+        sim.run_until(t);
+    }
+    // Settled within the bound: no hand-off after it.
+    sim.run_until(deadline);
+    let settled = sim.report().handoffs;
+    let t = sim.now() + ms(10_000);
+    sim.run_until(t);
+    prop_assert_eq!(
+        sim.report().handoffs,
+        settled,
+        "{}",
+        explain(&cfg, sim.report())
+    );
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: CASES,
+        max_shrink_iters: 200,
+        failure_persistence: regressions_beside_the_source(),
+        ..ProptestConfig::default()
+    })]
+
+    /// [`every_lease_led_with_different_key_sets`].
+    #[test]
+    fn every_lease_is_led_when_members_run_different_key_sets(
+        case in group_case(client_fault(4).boxed())
+    ) {
+        every_lease_led_with_different_key_sets(&case)?;
+    }
+}
+
+/// Broken variant: a member that ignores its share (tries every key as if
+/// it owned them all) leads more than its share, and the fair-share
+/// property finds it.
+#[test]
+fn broken_a_member_ignoring_its_share_is_caught() {
+    assert_caught(
+        "a member ignoring its share",
+        group_case(client_fault(4).boxed()),
+        "UnfairShare",
+        |case| fair_share(case, Some(Mutation::IgnoreShare)),
+    );
 }

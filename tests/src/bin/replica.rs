@@ -4,10 +4,11 @@
 //! replica --driver tokio|smol --url CONNSTR --lease NAME [--leases N] [--retry MS]
 //!         [--heartbeat MS] [--query-timeout MS] [--guard-margin MS] [--no-guard]
 //!         [--no-notify] [--no-wait] [--lock-delay MS] [--app-name NAME] [--job-exit-after MS]
-//!         [--tick MS] [--status-poll MS] [--tls-ca PEM]
+//!         [--tick MS] [--status-poll MS] [--tls-ca PEM] [--group NAME]
 //! ```
 //!
 //! With `--leases N` (N > 1) it runs the leases `NAME-0` .. `NAME-{N-1}`, else `NAME`;
+//! with `--group GROUP`, each in the lease group `GROUP` (`Locker::group`).
 //! `--also NAME` (repeatable) runs that lease too, `--also-after MS` after the start (a
 //! process that holds a lease of its own, then wants another's). `--no-watch`: the watch
 //! session off (`Options::watch_session`).
@@ -36,7 +37,7 @@
 //! skip LEASE T                     is_valid() was false at a tick: no side effect
 //! cancel LEASE KIND T              the job's cancelled() fired; KIND is one word
 //!                                  (session-lost, validity-expired, query-timeout, not-held,
-//!                                  query-failed, shutdown, closed, refused)
+//!                                  query-failed, shutdown, closed, refused, handed-over)
 //! stop LEASE T                     the job returned (Ok)
 //! shutdown T                       SIGTERM or SIGINT arrived: graceful shutdown begins
 //! finished LEASE ok T              the run returned Ok
@@ -90,6 +91,8 @@ struct Args {
     status_poll: Option<Duration>,
     /// `--tls-ca`: TLS verified in full against these CA certificates.
     tls_ca: Option<std::path::PathBuf>,
+    /// `--group NAME`: every run in that lease group.
+    group: Option<String>,
     job: JobConfig,
 }
 
@@ -105,7 +108,8 @@ struct JobConfig {
 const USAGE: &str = "usage: replica --driver tokio|smol --url CONNSTR --lease NAME [--leases N] \
 [--retry MS] [--heartbeat MS] [--query-timeout MS] [--guard-margin MS] [--no-guard] \
 [--no-notify] [--app-name NAME] [--job-exit-after MS] [--tick MS] [--status-poll MS] \
-[--tls-ca PEM]
+[--tls-ca PEM] [--group NAME]
+  --group NAME      run every lease in the lease group NAME
   --tls-ca PEM      TLS required, verified in full (chain and host name) against the CA
                     certificates in PEM
   --status-poll MS  poll the locker's status every MS ms (default 20) to print `pid` and
@@ -131,6 +135,7 @@ fn parse_args() -> Result<Args, String> {
         app_name: "lease-replica".to_owned(),
         status_poll: Some(Duration::from_millis(20)),
         tls_ca: None,
+        group: None,
         job: JobConfig {
             tick: Some(Duration::from_millis(50)),
             exit_after: None,
@@ -179,6 +184,7 @@ fn parse_args() -> Result<Args, String> {
             "--tick" => args.job.tick = Some(ms(value()?)?).filter(|d| !d.is_zero()),
             "--status-poll" => args.status_poll = Some(ms(value()?)?).filter(|d| !d.is_zero()),
             "--tls-ca" => args.tls_ca = Some(value()?.into()),
+            "--group" => args.group = Some(value()?),
             "-h" | "--help" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
@@ -256,6 +262,7 @@ fn kind(reason: &Reason) -> &'static str {
         Reason::Shutdown => "shutdown",
         Reason::Closed => "closed",
         Reason::Refused(_) => "refused",
+        Reason::HandedOver => "handed-over",
         _ => "other",
     }
 }
@@ -479,16 +486,17 @@ fn tokio_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Stri
             .into_iter()
             .map(|(name, after)| {
                 let (locker, shutdown) = (locker.clone(), shutdown.clone());
+                let group = args.group.clone();
                 let run = tokio::spawn({
                     let name = name.clone();
                     async move {
                         tokio::time::sleep(after).await;
                         let signal = wait_shutdown(shutdown);
-                        locker
-                            .run_until(&name, signal, move |lease| {
-                                job(lease, cfg, tokio::time::sleep)
-                            })
-                            .await
+                        let job = move |lease| job(lease, cfg, tokio::time::sleep);
+                        match group {
+                            Some(g) => locker.group(&g).run_until(&name, signal, job).await,
+                            None => locker.run_until(&name, signal, job).await,
+                        }
                     }
                 });
                 (name, run)
@@ -541,14 +549,17 @@ fn smol_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Strin
             .into_iter()
             .map(|(name, after)| {
                 let (locker, shutdown) = (locker.clone(), shutdown.clone());
+                let group = args.group.clone();
                 let run = smol::spawn({
                     let name = name.clone();
                     async move {
                         smol::Timer::after(after).await;
                         let signal = wait_shutdown(shutdown);
-                        locker
-                            .run_until(&name, signal, move |lease| job(lease, cfg, sleep))
-                            .await
+                        let job = move |lease| job(lease, cfg, sleep);
+                        match group {
+                            Some(g) => locker.group(&g).run_until(&name, signal, job).await,
+                            None => locker.run_until(&name, signal, job).await,
+                        }
                     }
                 });
                 (name, run)

@@ -13,6 +13,7 @@ mod drivers;
 mod errors;
 mod fencing;
 mod from_env;
+mod groups;
 mod ha_promotion;
 mod heartbeat_cost;
 mod job_span;

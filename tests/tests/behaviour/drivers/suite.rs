@@ -838,3 +838,58 @@ fn connect_timeout_moves_on_from_a_host_that_never_answers() {
         assert!(t0.elapsed() >= MS(1000), "the silent host answered?");
     })
 }
+
+/// A lease group spreads its leases over the lockers that run them: two lockers
+/// running the same 4 leases in one group lead 2 each; when one stops its runs, the
+/// other leads all 4.
+#[test]
+fn a_group_spreads_its_leases_over_two_lockers() {
+    rt::block_on(async {
+        init();
+        let group = unique("group");
+        let names: Vec<String> = (0..4).map(|i| format!("{group}-{i}")).collect();
+        let (a, b) = (locker(opts()), locker(opts()));
+        assert_eq!(a.group(&group).id().map(|g| g.name()), Ok(group.as_str()));
+        let spawn_all = |l: &Locker| -> Vec<rt::Task<Result<(), RunError<String>>>> {
+            (names.iter())
+                .map(|name| {
+                    let (g, name) = (l.group(&group), name.clone());
+                    rt::spawn(async move {
+                        g.run(&name, |lease| async move {
+                            lease.cancelled().await;
+                            Res::Ok(())
+                        })
+                        .await
+                    })
+                })
+                .collect()
+        };
+        let leading = |l: &Locker| {
+            (l.status().leases.iter())
+                .filter(|s| matches!(s.state, LeaseState::Leading { .. }))
+                .count()
+        };
+        let runs_a = spawn_all(&a);
+        let runs_b = spawn_all(&b);
+        eventually(MS(10_000), || async {
+            leading(&a) == 2 && leading(&b) == 2
+        })
+        .await;
+        for run in runs_b {
+            run.cancel().await;
+        }
+        eventually(MS(10_000), || async { leading(&a) == 4 }).await;
+        for name in &names {
+            assert_eq!(holders(key(name)).await, 1, "{name} held once");
+        }
+        // A bad group name is the run's error.
+        let bad = a.group("").run("x", |_| async { Res::Ok(()) }).await;
+        assert!(
+            matches!(bad, Err(RunError::Name(NameError::Empty))),
+            "{bad:?}"
+        );
+        for run in runs_a {
+            run.cancel().await;
+        }
+    })
+}
