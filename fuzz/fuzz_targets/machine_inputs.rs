@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use lease_proto::sim::{Command, Harness};
-use lease_proto::{key_for_name, SessionError, Event, Input, JobExit, LeaseId, Options, QueryId, RunId, SessionId, Statement, reply::{HeartbeatReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply}, limits::DEFAULT_LOCK_DELAY, server::{HANDOVER_CHANNEL, LOCK_TIMEOUT_SQLSTATE}};
+use lease_proto::{key_for_name, SessionError, Event, Input, JobExit, LeaseId, Options, QueryId, RunId, SessionId, Statement, reply::{HeartbeatReply, MembersReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply}, limits::DEFAULT_LOCK_DELAY, server::{HANDOVER_CHANNEL, LOCK_TIMEOUT_SQLSTATE}};
 use libfuzzer_sys::fuzz_target;
 
 /// Counts of how far inputs get, for one-off runs with `LEASE_FUZZ_STATS` set.
@@ -960,6 +960,17 @@ impl Fuzz {
                     rows.reverse();
                 }
                 rows
+            }
+            // This target's runs are in no group, so no membership read is
+            // sent; answered as a session with no members and no holders.
+            Some(Statement::Members { .. }) => {
+                let session = self.heartbeat_reply(p.who);
+                MembersReply {
+                    backend_pid: session.backend_pid,
+                    nonce: session.nonce,
+                    ..MembersReply::default()
+                }
+                .to_rows()
             }
             Some(Statement::Release { keys, .. }) => {
                 let mut unlocked = Vec::new();
