@@ -150,7 +150,9 @@ impl Watch {
 
     /// A handover notification for `key` from the holder the standby saw.
     pub(super) fn notified(&mut self, now: Instant, key: i64) {
-        self.notified = Some((key, now));
+        if matches!(self.conn, Conn::Up { inflight: Some((_, k)), .. } if k == key) {
+            self.notified = Some((key, now));
+        }
     }
 
     /// The lease session ended: what was learnt on it starts over.
@@ -345,6 +347,16 @@ impl Machine {
         }
         self.watch.conn = Conn::Up { id, inflight: None };
         self.watch.timeout_at = None;
+        let notified = self.watch.notified.take();
+        // The connection failed under the wait (the backend terminated or
+        // cancelled, the server shutting down: its FATAL or cancel reaches
+        // the statement in flight before the end of the connection is seen):
+        // closed and opened again at the next periodic try, not turned off.
+        if let Err(error) = &result {
+            if connection_lost(error) {
+                return self.watch_lost(Some(error.clone()), true);
+            }
+        }
         let reply = result.and_then(|rows| {
             WaitReply::parse(&rows).map_err(|e| SessionError::other(e.to_string()))
         });
@@ -380,8 +392,7 @@ impl Machine {
             return self.runs.wake_won(now, (key, token), window, &mut self.out);
         }
         let delay = self.opts.lock_delay;
-        let graceful = (self.watch.notified)
-            .is_some_and(|(k, at)| k == key && now.duration_since(at) <= delay);
+        let graceful = notified.is_some_and(|(k, at)| k == key && now.duration_since(at) <= delay);
         if graceful || delay.is_zero() {
             self.plan.try_soon();
         } else {
@@ -389,6 +400,17 @@ impl Machine {
             // standby); else the delay's end does.
             self.watch.try_at = Some(now + delay);
         }
+    }
+}
+
+/// Whether a wait's error says the connection or the backend went away
+/// (no SQLSTATE: I/O; class 08, a connection exception; class 57, operator
+/// intervention: terminated, cancelled, shutting down), rather than a wait
+/// that will fail the same way again (which turns the watch session off).
+fn connection_lost(error: &SessionError) -> bool {
+    match error.code.as_deref() {
+        None => true,
+        Some(code) => code.starts_with("08") || code.starts_with("57"),
     }
 }
 

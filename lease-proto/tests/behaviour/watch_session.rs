@@ -201,3 +201,121 @@ fn behind_a_pooler_no_watch_session() {
     }
     assert!(watch_commands(&all).0.is_empty(), "{all:?}");
 }
+
+/// A graceful handover from holder 99 is followed by a new holder 77 that is terminated
+/// within the lock delay: the watch session's wake for 77's end gets the lock delay (the
+/// notification came from the earlier holder, for an earlier wait). Failed before the
+/// notification was kept only for the wait in flight for its key.
+#[test]
+fn a_stale_notification_does_not_skip_the_watch_lock_delay() {
+    let o = {
+        let mut o = opts();
+        o.lock_delay = ms(20);
+        o
+    };
+    let mut h = harness(o);
+    let cmds = holder_wanting(&mut h, 99);
+    let watch = watch_commands(&cmds).0[0];
+    let cmds = h.input(Input::SessionOpened { session: watch });
+    let (q1, _) = watch_commands(&cmds).1[0].clone();
+    // 99 releases b gracefully: its notification arrives (from the holder the try saw).
+    h.input(Input::Notification {
+        channel: lease_proto::server::HANDOVER_CHANNEL.into(),
+        payload: key("b").to_string(),
+        sender_pid: 99,
+    });
+    // The watch's wait is granted by that release.
+    let cmds = h.input(Input::Reply {
+        query: q1,
+        result: Ok(wait_rows(true)),
+    });
+    let _ = cmds;
+    // The lease session tries at once (graceful) and loses to 77, who took b first.
+    for _ in 0..5 {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Heartbeat) => {
+                h.heartbeat(7, &[]);
+            }
+            _ => break,
+        }
+    }
+    assert_eq!(h.try_keys(), vec![key("b")]);
+    let cmds = h.lose(Some(77));
+    let mut queries = watch_commands(&cmds).1;
+    for _ in 0..10 {
+        if matches!(h.in_flight(), Some((_, Statement::TryLock { .. }))) {
+            queries.extend(watch_commands(&h.lose(Some(77))).1);
+        }
+        if !queries.is_empty() {
+            break;
+        }
+        let cmds = h.advance(ms(1));
+        queries = watch_commands(&cmds).1;
+    }
+    assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
+    let (q2, st) = queries
+        .first()
+        .cloned()
+        .expect("a second wait on the watch session");
+    assert!(
+        matches!(st, Statement::Wait { key: k, .. } if k == key("b")),
+        "{st:?}"
+    );
+    // 5 ms later 77 is terminated (no notification): the wait is woken.
+    h.advance(ms(5));
+    h.input(Input::Reply {
+        query: q2,
+        result: Ok(wait_rows(true)),
+    });
+    if matches!(h.in_flight(), Some((_, Statement::Heartbeat))) {
+        h.heartbeat(7, &[]);
+    }
+    assert!(
+        !matches!(h.in_flight(), Some((_, Statement::TryLock { .. }))),
+        "the try went at once after a non-graceful end of 77: the lock delay was skipped"
+    );
+}
+
+/// The watch backend is terminated (`pg_terminate_backend`: the FATAL 57P01 read as the
+/// wait's reply, then the connection's end): a connection failure, not a wait that failed
+/// otherwise, so the watch session opens again at the next periodic try. Failed before:
+/// instant takeover stayed off until the lease session ended.
+#[test]
+fn a_terminated_watch_session_opens_again() {
+    let mut h = harness(opts());
+    let cmds = holder_wanting(&mut h, 99);
+    let watch = watch_commands(&cmds).0[0];
+    let cmds = h.input(Input::SessionOpened { session: watch });
+    let (query, _) = watch_commands(&cmds).1[0].clone();
+    let result = Err(SessionError::server(
+        "57P01",
+        "terminating connection due to administrator command",
+    ));
+    h.input(Input::Reply { query, result });
+    h.input(Input::SessionEnded {
+        session: watch,
+        error: None,
+    });
+    let mut reopened = false;
+    for _ in 0..2000 {
+        let cmds = h.advance(ms(10));
+        if !watch_commands(&cmds).0.is_empty() {
+            reopened = true;
+            break;
+        }
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Heartbeat) => {
+                h.heartbeat(7, &[]);
+            }
+            Some(Statement::TryLock { .. }) if !watch_commands(&h.lose(Some(99))).0.is_empty() => {
+                reopened = true;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        reopened,
+        "20 s (several periodic tries) and the watch session never opened again"
+    );
+}
