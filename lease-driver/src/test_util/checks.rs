@@ -17,6 +17,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A breach found by a check.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Violation {
     /// Two runs of the job of one lease were running at once.
     Overlap {
@@ -89,6 +90,7 @@ impl fmt::Display for Violation {
 
 /// A write the store saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Write<T> {
     /// When (time since the server was made).
     pub at: Duration,
@@ -102,6 +104,7 @@ pub struct Write<T> {
 
 /// Why a fenced write was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Rejected {
     /// The write's token.
     pub token: i64,
@@ -260,6 +263,7 @@ pub(crate) fn newest_token(writes: &[(Duration, Option<i64>)], grants: &[Grant])
 
 /// One call of a job, as the [`JobLog`] saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct JobRun {
     /// The lease.
     pub lease: String,

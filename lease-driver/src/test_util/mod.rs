@@ -75,6 +75,7 @@ impl<A: Adapter<NoTls>> fmt::Debug for TestServer<A> {
 
 /// A statement a locker sent, as the server received it.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Sent {
     /// The locker (its number: [`TestServer::locker`] counts from 0).
     pub locker: usize,
@@ -86,6 +87,7 @@ pub struct Sent {
 
 /// A lease the server granted: a try that won.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Grant {
     /// The locker.
     pub locker: usize,

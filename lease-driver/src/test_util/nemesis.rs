@@ -17,6 +17,7 @@ use crate::{Adapter, Locker, Runtime};
 /// One fault of a schedule; lockers by number (their index in the slice
 /// given to [`TestServer::run_schedule`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fault {
     /// [`TestServer::terminate`].
     Terminate(usize),
