@@ -69,7 +69,8 @@ at least margin x validity / (2 validity + margin) between SIGTERM and SIGKILL (
 default); a --grace set longer than that (not the default) is announced at startup by a warning.
 When the session
 itself ended (terminated, reset, server restarted), the server has freed the lease already and a
-standby takes it after its --lock-delay: SIGKILL comes half of --lock-delay (10ms) after SIGTERM.
+standby that wins it starts after its --lock-delay: SIGKILL comes half of --lock-delay (10ms) after
+SIGTERM.
 Without the server guard (--no-server-guard) there is no such deadline: SIGKILL comes --grace
 after SIGTERM, at the latest --grace after the validity ended.
 

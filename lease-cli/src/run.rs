@@ -588,8 +588,8 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
                 };
                 stop(&mut job, ctx.grace, hurry).await;
             } else if reason.key_may_be_free() {
-                // The server may hand the key over now: a standby woken by
-                // its release tries after the lock delay.
+                // The server may hand the key over now: the job of a
+                // standby that wins it starts after the lock delay.
                 let wait = session_end_wait(ctx, deadline);
                 let _ = dog.arm(job.pid(), Instant::now() + wait);
                 tracing::warn!(
@@ -765,12 +765,12 @@ async fn session_watch(ctx: &Ctx<'_>) {
 }
 
 /// How long a command may take after SIGTERM once its session ended: half the
-/// lock delay (never more than [`kill_wait`]). A standby woken by the release
-/// tries `lock_delay` after its wake, and this runner learns of the end at
-/// about that moment (or later); the other half is room for this runner's
-/// own latency (a timer's wake on a busy machine, a read of `/proc`) before
-/// the SIGKILL lands, and the standby still needs its try's round trip and
-/// its own command's start after the delay.
+/// lock delay (never more than [`kill_wait`]). A standby that wins the key
+/// starts its job `lock_delay` after its win, which comes after the release,
+/// and this runner learns of the end at about the release (or later); the
+/// other half is room for this runner's own latency (a timer's wake on a
+/// busy machine, a read of `/proc`) before the SIGKILL lands, and the standby
+/// still needs its own command's start after the delay.
 fn session_end_wait(ctx: &Ctx<'_>, deadline: Instant) -> Duration {
     (ctx.lock_delay / 2).min(kill_wait(deadline, ctx.grace))
 }

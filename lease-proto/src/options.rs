@@ -138,12 +138,14 @@ pub struct Options {
     /// the machine's `watch` module; the bound: docs/guarantees.md,
     /// "instant takeover".
     pub watch_session: bool,
-    /// How long a standby woken by a freed key waits before it tries, when
-    /// no handover notification from the holder says the release was
-    /// graceful (default [`DEFAULT_LOCK_DELAY`]). Chubby's lock-delay: a key freed because
-    /// the server ended its holder's session (`pg_terminate_backend`, a
-    /// reset connection) is freed the moment the old holder learns of it,
-    /// so its job may still be stopping.
+    /// How long after a try wins a key its job starts, unless a handover
+    /// notification from the holder the standby saw says the release was
+    /// graceful (default [`DEFAULT_LOCK_DELAY`]). Chubby's lock-delay: a key
+    /// freed because the server ended its holder's session
+    /// (`pg_terminate_backend`, a reset connection) is freed the moment the
+    /// old holder learns of it, so its job may still be stopping. Every win
+    /// gets it, after a wake or a poll alike; the rule: the machine's
+    /// `Machine::try_answered`; the bound: docs/guarantees.md, "lock delay".
     pub lock_delay: Duration,
     /// Most runs one locker may have at once (default 1,000, at most 100,000).
     /// A run past it fails with [`RunRejected::TooManyLeases`](crate::RunRejected).
