@@ -1381,6 +1381,13 @@ impl Machine {
         if self.plan.verify_owed() {
             return Some(What::Verify);
         }
+        // A closing member leaves its groups (and announces it) before it
+        // releases their keys (see `groups`).
+        if self.phase == Phase::Closing {
+            if let Some(leave) = self.groups.leave_all() {
+                return Some(What::Members(leave));
+            }
+        }
         let release = self.runs.take_release();
         if !release.is_empty() {
             return Some(What::Release(release));
