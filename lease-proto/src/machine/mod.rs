@@ -1381,12 +1381,10 @@ impl Machine {
         if self.plan.verify_owed() {
             return Some(What::Verify);
         }
-        // A closing member leaves its groups (and announces it) before it
-        // releases their keys (see `groups`).
-        if self.phase == Phase::Closing {
-            if let Some(leave) = self.groups.leave_all() {
-                return Some(What::Members(leave));
-            }
+        // A member leaves the groups none of its runs wants any more (and
+        // announces it) before it releases their keys (see `groups`).
+        if let Some(leave) = self.groups.leaving(&self.runs.group_keys()) {
+            return Some(What::Members(leave));
         }
         let release = self.runs.take_release();
         if !release.is_empty() {
