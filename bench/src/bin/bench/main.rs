@@ -187,6 +187,8 @@ pub struct Plan {
     pub delay_reps: usize,
     /// Takeover phase: repetitions of the herd per driver.
     pub herd_reps: usize,
+    /// Takeover phase: standbys in the herd.
+    pub herd: usize,
     /// Length of each cost measurement window.
     pub cost_window: Duration,
     /// Timed heartbeats per lease count.
@@ -196,13 +198,14 @@ pub struct Plan {
 }
 
 const USAGE: &str = concat!(
-    "usage: bench [--quick] [--reps N] [--out DIR] [--only failover|takeover|cost]\n",
+    "usage: bench [--quick] [--reps N] [--herd N] [--out DIR] [--only failover|takeover|cost]\n",
     "  --quick    short intervals (retry 200 ms, heartbeat 200 ms, query timeout 500 ms,\n",
     "             guard margin 200 ms) and few repetitions\n",
     "  --reps N   repetitions: of the fast failover scenarios (default 8; the slow ones,\n",
     "             partition, freeze, restart, get N / 3 rounded up) and of the takeover\n",
     "             phase's kill (default 40, with --quick 10; its pg_terminate_backend\n",
     "             per lock-delay gets N / 2 rounded up, its herd N / 8 rounded up)\n",
+    "  --herd N   standbys in the takeover phase's herd (default 10)\n",
     "  --out DIR  where results.md, results.json and failover.svg go (default bench/)\n",
     "  --only failover|takeover|cost\n",
     "             run one phase only: the failover scenarios; instant takeover (kill -9,\n",
@@ -217,6 +220,7 @@ fn parse_args() -> R<Option<Plan>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mut quick, mut reps, mut out) = (false, None, PathBuf::from("bench"));
     let mut only = None;
+    let mut herd = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -228,6 +232,15 @@ fn parse_args() -> R<Option<Plan>> {
                         .ok()
                         .filter(|&n: &usize| n > 0)
                         .ok_or(format!("--reps: not a positive number: {v}"))?,
+                );
+            }
+            "--herd" => {
+                let v = it.next().ok_or("--herd needs a number")?;
+                herd = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|&n: &usize| (1..=500).contains(&n))
+                        .ok_or(format!("--herd: not a number from 1 to 500: {v}"))?,
                 );
             }
             "--out" => out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
@@ -285,6 +298,7 @@ fn parse_args() -> R<Option<Plan>> {
         takeover_reps: takeover,
         delay_reps: takeover.div_ceil(2),
         herd_reps: takeover.div_ceil(8),
+        herd: herd.unwrap_or(crate::takeover::HERD),
         cost_window: if quick { ms(3_000) } else { ms(15_000) },
         heartbeat_reps: if quick { 300 } else { 2_000 },
         out,
