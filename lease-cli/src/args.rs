@@ -209,37 +209,6 @@ pub enum Cmd {
                       error (no $LEASE_SOCKET, no answer within --timeout: a frozen runner)."
     )]
     Valid(ValidArgs),
-    /// Internal: the watchdog `lease run` starts beside each command (see watchdog.rs)
-    #[command(name = "__watchdog", hide = true)]
-    Watchdog(WatchdogArgs),
-}
-
-/// Options of the hidden watchdog subcommand (given by `lease run`).
-#[derive(Debug, Args)]
-pub struct WatchdogArgs {
-    /// The runner's pid: the watchdog exits at once if its parent is another
-    #[arg(long, value_name = "PID")]
-    pub parent: i32,
-
-    /// Log only warnings and errors
-    #[arg(long)]
-    pub quiet: bool,
-
-    /// Log format on stderr
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-
-    /// An inherited descriptor to give the command as its stdin (the runner's)
-    #[arg(long, value_name = "FD")]
-    pub stdin_fd: Option<i32>,
-
-    /// An inherited descriptor to give the command as its stdout (the runner's)
-    #[arg(long, value_name = "FD")]
-    pub stdout_fd: Option<i32>,
-
-    /// The command the watchdog starts on `spawn`, after `--`
-    #[arg(value_name = "COMMAND", last = true, allow_hyphen_values = true)]
-    pub command: Vec<OsString>,
 }
 
 /// How to reach the database; shared by every subcommand that connects.

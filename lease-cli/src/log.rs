@@ -57,6 +57,32 @@ pub fn init(quiet: bool, format: LogFormat) {
     let _ = tracing::subscriber::set_global_default(subscriber);
 }
 
+/// What `lease run` hands its watchdogs for their log setup
+/// ([`lease_exec::Command::watchdog_log`]): `quiet,json`, `text`, ...
+pub fn watchdog_config(quiet: bool, format: LogFormat) -> String {
+    let format = match format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
+    };
+    if quiet {
+        format!("quiet,{format}")
+    } else {
+        format.to_owned()
+    }
+}
+
+/// A watchdog's log setup from [`watchdog_config`]'s string (text, not
+/// quiet, for anything else).
+pub fn init_watchdog(config: &str) {
+    let words: Vec<&str> = config.split(',').collect();
+    let format = if words.contains(&"json") {
+        LogFormat::Json
+    } else {
+        LogFormat::Text
+    };
+    init(words.contains(&"quiet"), format);
+}
+
 /// Writes each formatted event to stderr with secrets redacted. The fmt layer
 /// writes one event per `write` call, so a secret cannot straddle two calls.
 #[derive(Clone, Copy)]
