@@ -1,5 +1,5 @@
 //! Logging to stderr: a `tracing` subscriber (text or JSON) whose every line
-//! passes through [`conn::redact`](crate::conn::redact).
+//! passes through [`conn::redact`](crate::conn::redact); usage errors; exit statuses.
 
 use std::io::{self, IsTerminal, Write};
 use std::time::Duration;
@@ -15,6 +15,17 @@ use crate::conn::redact;
 /// Environment variable with `tracing` filter directives that replace the
 /// default level (e.g. `LEASE_LOG=lease_driver=debug`).
 pub const FILTER_ENV: &str = "LEASE_LOG";
+
+/// Exit status for an error that is not bad usage.
+pub const EXIT_FAILURE: i32 = 1;
+
+/// Prints a one-line usage error (`lease: error: ...`) and returns `code`.
+/// Registered secrets are redacted.
+pub fn usage_error(code: i32, message: &str) -> i32 {
+    let message = redact(message).replace(['\r', '\n'], " ");
+    eprintln!("lease: error: {message}");
+    code
+}
 
 /// A duration as log lines and endpoint bodies show it: to the millisecond
 /// (`1s 250ms`, not `1s 250ms 3us 417ns`).

@@ -39,9 +39,7 @@ use clap::error::ErrorKind;
 use clap::Parser;
 
 use args::{Cli, Cmd};
-
-/// Exit status for an error that is not bad usage.
-pub const EXIT_FAILURE: i32 = 1;
+use log::usage_error;
 
 fn main() {
     // `lease run` re-executes this binary as each command's watchdog.
@@ -61,14 +59,6 @@ fn dispatch(cli: Cli) -> i32 {
         Cmd::Key(args) => status::key(args),
         Cmd::Valid(args) => valid::main(args),
     }
-}
-
-/// Prints a one-line usage error (`lease: error: ...`) and returns `code`.
-/// Registered secrets are redacted.
-pub fn usage_error(code: i32, message: &str) -> i32 {
-    let message = conn::redact(message).replace(['\r', '\n'], " ");
-    eprintln!("lease: error: {message}");
-    code
 }
 
 /// Help and version go to stdout as clap renders them (status 0); a usage

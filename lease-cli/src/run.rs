@@ -14,16 +14,15 @@ use std::time::{Duration, Instant};
 
 use lease_exec::{Command, Job, Watchdog};
 use lease_proto::inspect::{lease_application_name, HolderRow};
-use lease_tokio::{
-    GroupId, Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState,
-};
+use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 
-use crate::args::{LogFormat, RunArgs, DEFAULT_GRACE};
+use crate::args::{shard_leases, LogFormat, RunArgs, DEFAULT_GRACE};
 use crate::conn::{self, Target};
+use crate::log::{self, usage_error, EXIT_FAILURE};
 use crate::serve::{self, Current, Endpoints, Health};
-use crate::{log, status, usage_error, valid, EXIT_FAILURE};
+use crate::{status, valid};
 
 /// Everything `lease run` needs once the input is validated.
 struct Plan {
@@ -201,18 +200,6 @@ fn exit_code(status: ExitStatus) -> i32 {
         (None, Some(sig)) => 128 + sig,
         (None, None) => 1,
     }
-}
-
-/// The leases of `--shards n`: `NAME/0` to `NAME/n-1`, in the group `NAME`.
-pub fn shard_leases(name: &str, n: u16) -> Result<Vec<LeaseId>, String> {
-    let group = GroupId::named(name).map_err(|e| e.to_string())?;
-    (0..n)
-        .map(|i| {
-            let shard = format!("{name}/{i}");
-            let id = LeaseId::named(shard.as_str()).map_err(|e| format!("shard {shard:?}: {e}"))?;
-            Ok(id.in_group(group.clone()))
-        })
-        .collect()
 }
 
 /// One line at startup when a `--grace` the user set cannot be given in full
