@@ -21,7 +21,10 @@ use crate::tree::{descendants, signal_each, subreaper};
 ///
 /// Call it first in `main`, before any thread or async runtime starts and
 /// before the arguments are parsed: every binary that starts a
-/// [`Watchdog`](crate::Watchdog) re-executes itself as its watchdog.
+/// [`Watchdog`](crate::Watchdog) re-executes itself as its watchdog. A test
+/// that starts one needs a test target with `harness = false` whose `main`
+/// calls it (as this crate's `tests/watchdog.rs`): the default test harness
+/// would run the tests instead.
 /// `setup_log` is called first with the runner's
 /// [`Command::watchdog_log`](crate::Command::watchdog_log) (empty if
 /// none), to install a `tracing` subscriber: the watchdog's warnings (a
