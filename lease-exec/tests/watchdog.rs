@@ -71,21 +71,45 @@ fn pid_in(file: &Path) -> i32 {
     }
 }
 
-/// Whether `pid` is a live process (not a zombie).
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+/// The variable that marks every process of a test's tree (the command
+/// passes its environment on, wherever a descendant moves).
+const MARKER: &str = "LEASE_EXEC_TEST_TREE";
+
+/// Every live process (not a zombie) whose environment has `MARKER=marker`,
+/// but the watchdog (which has the command's variables too): the command's
+/// whole tree.
+fn tree(marker: &str) -> Vec<i32> {
+    let needle = format!("{MARKER}={marker}");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if !env.split(|&b| b == 0).any(|v| v == needle.as_bytes()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
         let state = stat
             .rfind(')')
             .and_then(|i| stat[i + 1..].split_whitespace().next());
-        !matches!(state, Some("Z" | "X") | None)
-    })
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let watchdog = cmdline
+            .split(|&b| b == 0)
+            .any(|a| a == lease_exec::SUBCOMMAND.as_bytes());
+        if !matches!(state, Some("Z" | "X") | None) && !watchdog {
+            out.push(pid);
+        }
+    }
+    out
 }
 
-/// Waits until `pid` is gone; how long that took (`None`: not within 3 s).
-async fn gone(pid: i32) -> Option<Duration> {
+/// Waits until nothing of the tree marked `marker` is left; how long that
+/// took (`None`: not within 3 s).
+async fn tree_gone(marker: &str) -> Option<Duration> {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(3) {
-        if !alive(pid) {
+        if tree(marker).is_empty() {
             return Some(start.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -93,18 +117,29 @@ async fn gone(pid: i32) -> Option<Duration> {
     None
 }
 
-/// A shell command that starts an escaper (`setsid`, its own session,
-/// SIGTERM ignored) whose pid it writes to `dir/escaper`, then `body`.
-fn with_escaper(dir: &Path, body: &str) -> Command {
+/// A shell command, marked with `MARKER=dir's name`, that runs `prelude`,
+/// starts an escaper (`setsid`: its own session; SIGTERM ignored) that
+/// writes its pid to `dir/escaper`, then runs `body`.
+fn with_escaper(dir: &Path, prelude: &str, body: &str) -> Command {
     let mut command = Command::new("sh");
-    command.args([
-        "-c".to_owned(),
-        format!(
-            "setsid sh -c 'trap \"\" TERM; echo $$ > {}/escaper; while :; do sleep 0.05; done' & {body}",
-            dir.display()
-        ),
-    ]);
     command
+        .args([
+            "-c".to_owned(),
+            format!(
+                "{prelude} setsid sh -c 'trap \"\" TERM; echo $$ > {}/escaper; while :; do sleep 0.05; done' & {body}",
+                dir.display()
+            ),
+        ])
+        .env(MARKER, marker(dir));
+    command
+}
+
+/// The marker of the tree started in `dir`.
+fn marker(dir: &Path) -> String {
+    dir.file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned()
 }
 
 async fn the_exit_status_is_reported() {
@@ -138,26 +173,22 @@ async fn a_missing_program_is_a_spawn_error() {
 
 async fn an_unrenewed_deadline_kills_the_whole_tree() {
     let dir = scratch("deadline");
-    let command = with_escaper(&dir, "exec sleep 60");
+    let command = with_escaper(&dir, "", "exec sleep 60");
     let mut dog = Watchdog::start(&command).await.expect("start");
     let deadline = Instant::now() + Duration::from_millis(300);
     let mut job = dog.spawn(deadline).await.expect("spawn");
-    let escaper = pid_in(&dir.join("escaper"));
+    pid_in(&dir.join("escaper"));
     let status = job.wait().await.expect("status");
     let late = Instant::now().saturating_duration_since(deadline);
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
-    let left = gone(escaper)
+    let left = tree_gone(&marker(&dir))
         .await
-        .expect("the escaper survived the deadline");
+        .expect("the tree survived the deadline");
     println!(
-        "FIGURE deadline kill: the command's exit seen {:.2} ms after the deadline, the escaper \
-         gone {:.2} ms after that",
+        "FIGURE deadline kill: the command's exit seen {:.2} ms after the deadline, the rest of \
+         the tree gone {:.2} ms after that",
         late.as_secs_f64() * 1e3,
         left.as_secs_f64() * 1e3
-    );
-    assert!(
-        !job.stop_leftovers(Duration::ZERO, std::future::pending())
-            .await
     );
     dog.finish().await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -165,18 +196,18 @@ async fn an_unrenewed_deadline_kills_the_whole_tree() {
 
 async fn a_dropped_watchdog_kills_the_whole_tree_at_once() {
     let dir = scratch("drop");
-    let command = with_escaper(&dir, "exec sleep 60");
+    let command = with_escaper(&dir, "", "exec sleep 60");
     let mut dog = Watchdog::start(&command).await.expect("start");
     let mut job = dog
         .spawn(Instant::now() + Duration::from_secs(60))
         .await
         .expect("spawn");
-    let escaper = pid_in(&dir.join("escaper"));
+    pid_in(&dir.join("escaper"));
     let dropped = Instant::now();
     drop(dog);
     let status = job.wait().await.expect("status");
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
-    gone(escaper).await.expect("the escaper survived");
+    tree_gone(&marker(&dir)).await.expect("the tree survived");
     println!(
         "FIGURE dropped watchdog: the tree gone {:.2} ms after the drop",
         dropped.elapsed().as_secs_f64() * 1e3
@@ -186,20 +217,22 @@ async fn a_dropped_watchdog_kills_the_whole_tree_at_once() {
 
 async fn terminate_kills_what_ignores_sigterm_after_the_grace() {
     let dir = scratch("terminate");
-    let command = with_escaper(&dir, "trap '' TERM; while :; do sleep 0.05; done");
+    let command = with_escaper(&dir, "trap '' TERM;", "while :; do sleep 0.05; done");
     let mut dog = Watchdog::start(&command).await.expect("start");
     let mut job = dog
         .spawn(Instant::now() + Duration::from_secs(60))
         .await
         .expect("spawn");
-    let escaper = pid_in(&dir.join("escaper"));
+    // Written after the command's trap.
+    pid_in(&dir.join("escaper"));
     dog.disarm().expect("disarm");
     let grace = Duration::from_millis(200);
     let start = Instant::now();
     let status = job.terminate(grace, std::future::pending()).await;
     let took = start.elapsed();
     assert_eq!(status.and_then(|s| s.signal()), Some(libc::SIGKILL));
-    assert!(!alive(escaper), "the escaper survived the stop");
+    let left = tree(&marker(&dir));
+    assert!(left.is_empty(), "left after the stop: {left:?}");
     assert!(took >= grace, "killed after {took:?}, before the grace");
     println!(
         "FIGURE terminate: SIGTERM ignored, the tree gone {:.1} ms after it (grace {grace:?})",
