@@ -35,8 +35,26 @@ macro_rules! this_database_advisory_locks {
 }
 
 /// The LISTEN/NOTIFY channel of graceful handovers. The payload is the
-/// released key in decimal.
+/// released key in decimal; also `group <id>` (a lease group's
+/// announcement) and `to <key> <pid>` (a hand-over asked for:
+/// [`handover_request_payload`]).
 pub const HANDOVER_CHANNEL: &str = "lease_handover_v1";
+
+/// The payload on [`HANDOVER_CHANNEL`] that asks the locker leading `key`
+/// to hand it over to the lease session of backend `pid` (the rule:
+/// `Machine::handover_requested`): `to <key> <pid>`, sent with
+/// `SELECT pg_catalog.pg_notify('lease_handover_v1', '<payload>')`.
+pub fn handover_request_payload(key: i64, pid: i64) -> String {
+    format!("to {key} {pid}")
+}
+
+/// The key and backend pid of a [`handover_request_payload`].
+pub(crate) fn handover_request(payload: &str) -> Option<(i64, i64)> {
+    let mut words = payload.trim().strip_prefix("to ")?.split_whitespace();
+    let key = words.next()?.parse().ok()?;
+    let pid = words.next()?.parse().ok()?;
+    words.next().is_none().then_some((key, pid))
+}
 
 /// One result row: every column is a nullable `int8`.
 pub type Row = Vec<Option<i64>>;

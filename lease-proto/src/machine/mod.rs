@@ -218,6 +218,14 @@ pub struct Machine {
     out: Outputs,
 }
 
+/// How long after a requested hand-over's release (or the request) no
+/// other locker than the named one tries the key: two query timeouts, for
+/// the release's notification to reach it and its try to answer (see
+/// `Machine::handover_requested`).
+pub(crate) fn handover_window(opts: &Options) -> Duration {
+    opts.query_timeout * 2
+}
+
 /// Whether the machine takes new work.
 #[derive(Debug, Clone, PartialEq)]
 enum Phase {
@@ -363,6 +371,8 @@ impl Machine {
                         self.handover_notified(now, key, sender_pid);
                     } else if let Some(group) = groups::announced(&payload) {
                         self.join_announced(group);
+                    } else if let Some((key, to)) = crate::sql::handover_request(&payload) {
+                        self.handover_requested(now, key, to);
                     }
                 }
             }
@@ -1239,10 +1249,38 @@ impl Machine {
             }
         }
         self.runs.released_gracefully(key, now);
+        self.runs
+            .extend_reservation(key, now + handover_window(&self.opts));
         self.lock_delay_over_if_graceful(now);
         if (self.wait).notified(key, self.session.waiting_for(), wanted) {
             self.plan.try_soon();
         }
+    }
+
+    /// A hand-over of `key` to the lease session of backend `to` was asked
+    /// for ([`handover_request_payload`](crate::server::handover_request_payload),
+    /// `lease handover NAME --to PID`). The rule, in one place: the locker
+    /// that leads `key` (from another backend) hands it over as a lease
+    /// group does (its job is cancelled with [`Reason::HandedOver`], the key
+    /// released with its notification once the job returned, and the run
+    /// stands by again); every locker with a run of `key` but `to`'s, that
+    /// holder included, leaves it alone until [`handover_window`] after its
+    /// release (or after the request, for a locker that sees no release), so
+    /// `to`, woken by the release's notification, takes it at once. Anyone
+    /// who may `NOTIFY` can ask; a hand-over is graceful, so nothing but
+    /// the job's interruption and the window's wait follow from a request
+    /// for a backend that does not take it. In a lease group the share
+    /// decides again at the next reads.
+    fn handover_requested(&mut self, now: Instant, key: i64, to: i64) {
+        let me = self.session.up().and_then(|up| up.stage.backend_pid());
+        if me == Some(to) {
+            return;
+        }
+        let window = handover_window(&self.opts);
+        if !self.runs.reserve(key, to, now + window) {
+            return;
+        }
+        self.runs.hand_over(key, &mut self.out);
     }
 
     /// A group's membership read answered (see `groups`): it proves the
@@ -1393,7 +1431,7 @@ impl Machine {
         if let Some(leave) = self.groups.leaving(&self.runs.group_keys()) {
             return Some(What::Members(leave));
         }
-        let release = self.runs.take_release();
+        let release = (self.runs).take_release(now, handover_window(&self.opts));
         if !release.is_empty() {
             return Some(What::Release(release));
         }
@@ -1444,7 +1482,7 @@ impl Machine {
             let ignore_share = self.knobs.mutation == Some(Mutation::IgnoreShare);
             #[cfg(not(feature = "sim"))]
             let ignore_share = false;
-            let keys = self.runs.take_try(|lease| {
+            let keys = self.runs.take_try(now, me, |lease| {
                 ignore_share
                     || (lease.group())
                         .is_none_or(|g| groups.may_try(g.id(), lease.key(), me, now, bound))
@@ -1468,6 +1506,12 @@ impl Machine {
                 // A group member that may try nothing after a wake: as a
                 // try that won nothing (the watch session waits again).
                 self.watch.after_try(false);
+            }
+            if keys.is_empty() && retry_due {
+                // Every waiting key is reserved for another backend (a
+                // hand-over asked for): the next periodic try.
+                let retry = now + self.connector.retry_delay(self.opts.retry_interval);
+                self.timers.set(Deadline::Retry, retry);
             }
             if !keys.is_empty() {
                 if !holding {

@@ -168,6 +168,9 @@ pub(super) struct RunTable {
     /// Keys found held whose run lost them (stopping): unlocked once its job
     /// returned.
     held_lost: BTreeSet<i64>,
+    /// Keys asked to be handed over to a named backend: key → (that
+    /// backend's pid, until when no other tries it; see `Machine::handover_requested`).
+    reserved: BTreeMap<i64, (i64, Instant)>,
 }
 
 impl RunTable {
@@ -294,7 +297,9 @@ impl RunTable {
         for r in self.runs.values() {
             match &r.state {
                 RunState::Standby(s) if s.step == StandbyStep::Waiting && s.holder.is_some() => {
-                    wanted.push(r.lease.key())
+                    if !self.reserved.contains_key(&r.lease.key()) {
+                        wanted.push(r.lease.key())
+                    }
                 }
                 RunState::Standby(_) => {}
                 // Holding or owing something: the session stays free.
@@ -334,13 +339,26 @@ impl RunTable {
     /// The keys of the next try: every standby not in the try in flight
     /// joins it.
     /// `may`: whether a run's lease may be tried now (a group's share).
-    pub(super) fn take_try(&mut self, may: impl Fn(&LeaseId) -> bool) -> Vec<i64> {
+    /// A key reserved for another backend than `me` is left out until its
+    /// reservation ends.
+    pub(super) fn take_try(
+        &mut self,
+        now: Instant,
+        me: Option<i64>,
+        may: impl Fn(&LeaseId) -> bool,
+    ) -> Vec<i64> {
+        self.reserved.retain(|_, (_, until)| *until > now);
+        let reserved = &self.reserved;
         let mut keys = Vec::new();
         for r in self.runs.values_mut() {
+            let key = r.lease.key();
+            if reserved.get(&key).is_some_and(|(pid, _)| Some(*pid) != me) {
+                continue;
+            }
             if let RunState::Standby(standby) = &mut r.state {
                 if standby.step == StandbyStep::Waiting && may(&r.lease) {
                     standby.step = StandbyStep::Trying;
-                    keys.push(r.lease.key());
+                    keys.push(key);
                 }
             }
         }
@@ -349,13 +367,19 @@ impl RunTable {
 
     /// The keys of the next release: every orphan, then every releasing run
     /// not in a release yet.
-    pub(super) fn take_release(&mut self) -> Vec<i64> {
+    /// A key reserved for another backend (a hand-over asked for) stays
+    /// reserved for `window` from its release.
+    pub(super) fn take_release(&mut self, now: Instant, window: Duration) -> Vec<i64> {
         let mut release: Vec<i64> = std::mem::take(&mut self.orphans).into_iter().collect();
         for r in self.runs.values_mut() {
             if let RunState::Releasing { release: step, .. } = &mut r.state {
                 if *step == Release::Queued {
                     *step = Release::Sent;
-                    release.push(r.lease.key());
+                    let key = r.lease.key();
+                    if let Some((_, until)) = self.reserved.get_mut(&key) {
+                        *until = (*until).max(now + window);
+                    }
+                    release.push(key);
                 }
             }
         }
@@ -440,6 +464,25 @@ impl RunTable {
                 Some(RunState::Standby(s)) if s.step == StandbyStep::Trying && !s.graceful_for(sent, lock_delay)
             )
         })
+    }
+
+    /// A hand-over of `key` to backend `pid` was asked for: no other
+    /// backend's run tries it before `until` (a later reservation replaces
+    /// it). Returns whether this table has a run of `key`.
+    pub(super) fn reserve(&mut self, key: i64, pid: i64, until: Instant) -> bool {
+        if !self.keys.contains_key(&key) {
+            return false;
+        }
+        self.reserved.insert(key, (pid, until));
+        true
+    }
+
+    /// The reservation of `key` runs on to `until`, if there is one (its
+    /// release came: the named backend tries now).
+    pub(super) fn extend_reservation(&mut self, key: i64, until: Instant) {
+        if let Some((_, end)) = self.reserved.get_mut(&key) {
+            *end = (*end).max(until);
+        }
     }
 
     /// A handover notification for `key` from the holder its standby's last
