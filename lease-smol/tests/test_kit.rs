@@ -327,6 +327,38 @@ fn a_wake_from_another_thread_ends_an_idle_wait() {
     });
 }
 
+/// The virtual clock only sees the tasks of its `block_on`: its timer polled
+/// on another thread (a driver spawned on smol's global executor) panics
+/// rather than let the clock run ahead of it.
+#[test]
+fn a_virtual_timer_polled_on_another_thread_panics() {
+    let timer = test_util::block_on(async {
+        let timer = test_util::sleep(Duration::from_secs(1));
+        Some(timer)
+    })
+    .expect("a timer");
+    let polled = std::thread::spawn(move || futures_lite::future::block_on(timer)).join();
+    let panic = polled.expect_err("a panic");
+    let message = (panic.downcast_ref::<&str>().copied())
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .expect("a message");
+    assert!(message.contains("test_util::spawn"), "{message}");
+}
+
+/// A timer moved while pending keeps its waker: it fires at its new
+/// deadline without being polled in between.
+#[test]
+fn a_moved_timer_fires_at_its_new_deadline() {
+    test_util::block_on(async {
+        let start = test_util::now();
+        let mut timer = test_util::sleep(Duration::from_secs(10));
+        assert!(futures_lite::future::poll_once(&mut timer).await.is_none());
+        timer.set_at(start + Duration::from_secs(3));
+        let fired = timer.await;
+        assert_eq!(fired - start, Duration::from_secs(3));
+    });
+}
+
 /// Outside `test_util::block_on` the kit runs in real time on async-io's
 /// timers, under any executor, as it did before it had a clock.
 #[test]

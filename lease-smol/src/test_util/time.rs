@@ -10,6 +10,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
+use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
 use async_executor::{LocalExecutor, Task};
@@ -23,7 +24,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A virtual clock: it stands still until the executor of [`block_on`] runs
 /// out of work, then jumps to the earliest pending timer.
 #[derive(Debug)]
-struct Clock(Mutex<ClockState>);
+struct Clock {
+    state: Mutex<ClockState>,
+    /// The thread of its [`block_on`], the only one whose tasks it sees.
+    thread: ThreadId,
+}
 
 #[derive(Debug)]
 struct ClockState {
@@ -36,21 +41,28 @@ struct ClockState {
 
 impl Clock {
     fn new() -> Clock {
-        Clock(Mutex::new(ClockState {
-            now: Instant::now(),
-            timers: BTreeMap::new(),
-            seq: 0,
-        }))
+        Clock {
+            state: Mutex::new(ClockState {
+                now: Instant::now(),
+                timers: BTreeMap::new(),
+                seq: 0,
+            }),
+            thread: thread::current().id(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ClockState> {
+        lock(&self.state)
     }
 
     fn now(&self) -> Instant {
-        lock(&self.0).now
+        self.lock().now
     }
 
     /// Moves to the earliest pending timer and wakes every timer due then;
     /// `false` when no timer is pending.
     fn advance(&self) -> bool {
-        let mut s = lock(&self.0);
+        let mut s = self.lock();
         let Some(&(at, _)) = s.timers.keys().next() else {
             return false;
         };
@@ -144,7 +156,8 @@ impl Wake for MainWaker {
 ///
 /// Tasks still pending when `future` returns are dropped. Spawn the kit's
 /// drivers and runs with [`spawn`], not on another executor: the clock moves
-/// when this one is idle, whatever other threads are doing. Real time goes
+/// when this one is idle, whatever other threads are doing (a virtual timer
+/// polled on another thread panics, saying so). Real time goes
 /// on outside it (async-io's `Timer`, a socket), unseen by the clock: wait on
 /// [`sleep`] or [`Timer`], never on async-io's timer, in code under test.
 pub fn block_on<T>(future: impl Future<Output = T>) -> T {
@@ -246,11 +259,21 @@ impl Timer {
         Timer { at, kind }
     }
 
-    /// Moves the deadline: a fired timer fires again at the new one.
+    /// Moves the deadline: a fired timer fires again at the new one. A
+    /// pending timer keeps its waker.
     pub fn set_at(&mut self, at: Instant) {
         self.at = at;
         match &mut self.kind {
-            Kind::Virtual { .. } => {}
+            Kind::Virtual { clock, key } => {
+                let mut s = clock.lock();
+                let waker = key.take().and_then(|k| s.timers.remove(&k));
+                if let Some(waker) = waker {
+                    s.seq += 1;
+                    let k = (at, s.seq);
+                    s.timers.insert(k, waker);
+                    *key = Some(k);
+                }
+            }
             Kind::Real(timer) => timer.set_at(at),
         }
     }
@@ -260,7 +283,15 @@ impl Timer {
             Kind::Real(timer) => return Pin::new(timer).poll(cx),
             Kind::Virtual { clock, key } => (clock, key),
         };
-        let mut s = lock(&clock.0);
+        // Polled elsewhere, it would be fired by a clock that never waits
+        // for its task: the clock would run ahead of it.
+        assert!(
+            thread::current().id() == clock.thread,
+            "a timer of lease_smol::test_util's virtual clock polled outside the thread of its \
+             test_util::block_on: run the kit's drivers, runs and jobs with test_util::spawn, \
+             not on another executor"
+        );
+        let mut s = clock.lock();
         if s.now >= self.at {
             if let Some(k) = key.take() {
                 s.timers.remove(&k);
@@ -290,7 +321,7 @@ impl Drop for Timer {
             key: Some(k),
         } = &self.kind
         {
-            lock(&clock.0).timers.remove(k);
+            clock.lock().timers.remove(k);
         }
     }
 }
