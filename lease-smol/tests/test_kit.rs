@@ -332,6 +332,8 @@ fn a_wake_from_another_thread_ends_an_idle_wait() {
 /// rather than let the clock run ahead of it.
 #[test]
 fn a_virtual_timer_polled_on_another_thread_panics() {
+    // (In an Option: an async block that returns a future reads as a missed
+    // `.await`.)
     let timer = test_util::block_on(async {
         let timer = test_util::sleep(Duration::from_secs(1));
         Some(timer)

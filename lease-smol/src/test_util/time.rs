@@ -157,9 +157,11 @@ impl Wake for MainWaker {
 /// Tasks still pending when `future` returns are dropped. Spawn the kit's
 /// drivers and runs with [`spawn`], not on another executor: the clock moves
 /// when this one is idle, whatever other threads are doing (a virtual timer
-/// polled on another thread panics, saying so). Real time goes
-/// on outside it (async-io's `Timer`, a socket), unseen by the clock: wait on
-/// [`sleep`] or [`Timer`], never on async-io's timer, in code under test.
+/// polled on another thread panics, saying so). Real time goes on outside it
+/// (async-io's `Timer`, a socket), unseen by the clock: wait on [`sleep`] or
+/// [`Timer`], never on async-io's timer, in code under test. With no task to
+/// run and no timer pending, it waits in real time for a wake from another
+/// thread. The guide: `docs/testing.md` of the repository, "smol".
 pub fn block_on<T>(future: impl Future<Output = T>) -> T {
     let kit = Rc::new(Kit {
         executor: LocalExecutor::new(),
