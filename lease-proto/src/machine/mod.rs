@@ -1381,6 +1381,11 @@ impl Machine {
         if self.plan.verify_owed() {
             return Some(What::Verify);
         }
+        // A member leaves the groups none of its runs wants any more (and
+        // announces it) before it releases their keys (see `groups`).
+        if let Some(leave) = self.groups.leaving(&self.runs.group_keys()) {
+            return Some(What::Members(leave));
+        }
         let release = self.runs.take_release();
         if !release.is_empty() {
             return Some(What::Release(release));

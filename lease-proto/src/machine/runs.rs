@@ -61,6 +61,22 @@ impl RunState {
         }
     }
 
+    /// Stopping or releasing to finish (not to stand by again after a
+    /// group's hand-off): the run wants its key no more.
+    fn finishing(&self) -> bool {
+        matches!(
+            self,
+            RunState::Stopping(Stopping::Held {
+                outcome: Some(_),
+                ..
+            }) | RunState::Stopping(Stopping::Lost { outcome: Some(_) })
+                | RunState::Releasing {
+                    outcome: Some(_),
+                    ..
+                }
+        )
+    }
+
     fn held_mut(&mut self) -> Option<&mut Held> {
         match self {
             RunState::Leading(held) | RunState::Stopping(Stopping::Held { held, .. }) => Some(held),
@@ -642,10 +658,11 @@ impl RunTable {
         }
     }
 
-    /// The keys of the runs in each group, by group id.
+    /// The keys of the runs in each group that still want them (not
+    /// finishing), by group id.
     pub(super) fn group_keys(&self) -> BTreeMap<u32, BTreeSet<i64>> {
         let mut groups: BTreeMap<u32, BTreeSet<i64>> = BTreeMap::new();
-        for r in self.runs.values() {
+        for r in self.runs.values().filter(|r| !r.state.finishing()) {
             if let Some(g) = r.lease.group() {
                 groups.entry(g.id()).or_default().insert(r.lease.key());
             }
