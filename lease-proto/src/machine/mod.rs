@@ -69,7 +69,7 @@ use watch::Watch;
 pub use deadline::Deadline;
 pub use groups::assign as group_share;
 pub use status::{LastError, LeaseState, LeaseStatus, SessionState, Status};
-pub use wait::{MIN_WAIT, WAKE_BUDGET};
+pub use wait::{HERD_WAITERS, MIN_WAIT, WAKE_BUDGET};
 
 /// Least `server_version_num` without the server guard (`pg_current_xact_id`).
 pub const MIN_SERVER_VERSION: i64 = 130_000;
@@ -1165,12 +1165,13 @@ impl Machine {
                 return self.plan.try_soon();
             }
         };
-        let (session, freed, deadlock_timeout_ms) = match WaitReply::parse(&rows) {
+        let (session, freed, crowded, deadlock_timeout_ms) = match WaitReply::parse(&rows) {
             Ok(WaitReply {
                 session,
                 freed: Some(freed),
+                crowded,
                 deadlock_timeout_ms,
-            }) => (session, freed, deadlock_timeout_ms),
+            }) => (session, freed, crowded, deadlock_timeout_ms),
             Ok(WaitReply { freed: None, .. }) => {
                 let e = SessionError::other("malformed wait reply: no outcome row");
                 return self.lose_session(now, Reason::QueryFailed(e), true);
@@ -1181,6 +1182,12 @@ impl Machine {
             return;
         }
         self.wait.limit_from(deadlock_timeout_ms);
+        if crowded {
+            // Enough standbys wait for the key: this one polls it until
+            // its next periodic try (see `wait`, "No herd").
+            self.wait.crowded();
+            return;
+        }
         if !freed {
             // Cut short below deadlock_timeout: the same key's wait goes on.
             // Ended at the retry deadline: as good as a try of this key that
@@ -1716,7 +1723,10 @@ mod tests {
         // Holding nothing, it waits on the server for the key until the
         // retry deadline, instead of sitting idle.
         let (_, wait) = query(&mut m);
-        let Statement::Wait { key, timeout_ms } = wait else {
+        let Statement::Wait {
+            key, timeout_ms, ..
+        } = wait
+        else {
             panic!("expected a wait, got {wait:?}");
         };
         assert_eq!(key, keys[0]);
