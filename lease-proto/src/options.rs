@@ -206,13 +206,13 @@ pub enum OptionsError {
         /// The retry interval.
         retry: Duration,
     },
-    /// The lock delay is not below half the validity window: a win is held
-    /// back that long before its job starts, counted in the lease's
-    /// validity (from the try's send time).
+    /// The lock delay is not below the validity window: a win is held back
+    /// that long before its job starts, counted in the lease's validity
+    /// (from the try's send time), so no job would ever start.
     LockDelayAboveValidity {
         /// The lock delay.
         lock_delay: Duration,
-        /// Half the validity window.
+        /// The validity window.
         limit: Duration,
     },
 }
@@ -256,7 +256,7 @@ impl fmt::Display for OptionsError {
             ),
             OptionsError::LockDelayAboveValidity { lock_delay, limit } => write!(
                 f,
-                "lock delay ({lock_delay:?}) must be below half the validity window ({limit:?}): a won lease's job starts that long after the win, within the validity counted from the try"
+                "lock delay ({lock_delay:?}) must be below the validity window ({limit:?}): a won lease's job starts that long after the win, within the validity counted from the try"
             ),
         }
     }
@@ -418,7 +418,7 @@ impl Options {
                 retry: self.retry_interval,
             });
         }
-        let limit = self.validity_window() / 2;
+        let limit = self.validity_window();
         if self.lock_delay >= limit {
             return Err(OptionsError::LockDelayAboveValidity {
                 lock_delay: self.lock_delay,
@@ -533,7 +533,7 @@ mod tests {
             }),
             OptionsError::LockDelayAboveValidity {
                 lock_delay: ms(2000),
-                limit: ms(550)
+                limit: ms(1100)
             }
         );
     }

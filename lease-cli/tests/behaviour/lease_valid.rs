@@ -24,7 +24,7 @@ fn lease_valid_says_0_while_leading_and_1_once_the_lease_is_lost() {
     let name = unique("valid");
     // The command asks once at its start, and again in its SIGTERM trap
     // after the lease is lost; --lock-delay 2s leaves the trap time to ask
-    // before SIGKILL (and a validity window over twice as long: the query
+    // before SIGKILL (and a validity window longer than that: the query
     // timeout is 4 s).
     let script = r#"trap '"$LEASE_BIN" valid; echo "after_loss=$?"; exit 0' TERM
 "$LEASE_BIN" valid; echo "inside=$? socket=$LEASE_SOCKET"

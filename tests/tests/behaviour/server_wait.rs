@@ -106,6 +106,7 @@ fn a_shared_holder_does_not_make_a_standby_spin(driver: Driver) -> Res {
 /// reads nothing from the client while a statement blocks. A rolling restart of a fleet of
 /// standbys thus needs twice its connections for that long. The wait now has the server
 /// check the client connection while it blocks (`client_connection_check_interval`).
+/// Five standbys, of which `HERD_WAITERS` (2) wait on the server (the others poll).
 fn a_vanished_waiter_leaves_no_backend(driver: Driver) -> Res {
     let cluster = Cluster::start()?;
     let admin = Admin::connect(&cluster.conn_string())?;
@@ -115,7 +116,7 @@ fn a_vanished_waiter_leaves_no_backend(driver: Driver) -> Res {
     for i in 0..5 {
         herd.push(standby(driver, &cluster).spawn(bin(), &format!("S{i}"))?);
     }
-    until_waiting(&admin, 5)?;
+    until_waiting(&admin, i64::from(lease_proto::limits::HERD_WAITERS))?;
     let t_kill = monotonic_nanos();
     for node in &mut herd {
         node.kill9()?;
@@ -135,7 +136,7 @@ fn a_vanished_waiter_leaves_no_backend(driver: Driver) -> Res {
     let lasted = diff(t_kill, gone);
     driver_figure(
         driver,
-        "5 waiting standbys killed -> their backends gone",
+        "5 standbys (2 waiting) killed -> the waiters' backends gone",
         format!("{:.1} ms", ms_f(lasted)),
     );
     assert!(
@@ -376,8 +377,11 @@ fn the_holders_own_notification_skips_the_lock_delay(driver: Driver) -> Res {
     .spawn(bin(), "H")?;
     let (_, _, held) = holder.wait_start(0, WAIT)?;
     let lock_delay = ms(2000);
+    // A validity window above the lock delay (a win is held back that long
+    // within it): a 3 s query timeout.
     let standby = ReplicaConfig {
         retry: ms(5000),
+        query_timeout: ms(3000),
         lock_delay: Some(lock_delay),
         ..ReplicaConfig::new(driver, cluster.conn_string(), "job")
     }
