@@ -7,10 +7,14 @@
 //!   session and its watch session);
 //! - **settle**: the three start together → 4/4/4, and nothing moves in the two retry
 //!   intervals after;
-//! - **kill**: repetitions of SIGKILL of one member (in turn), a random fraction of the
-//!   retry interval after the group settled: the kill → each of its 4 leases' first
-//!   `start` on a survivor (the slowest of the 4 is the figure), the kill → 6/6; then it
-//!   restarts (a new process) → 4/4/4, and how many leases moved to get there;
+//! - **kill**: repetitions of SIGKILL of one member (picked at random), a random fraction
+//!   of the retry interval after the group settled: the kill → each of its 4 leases'
+//!   first `start` on a survivor (the slowest of the 4 is the figure), the kill → 6/6;
+//!   then it restarts (a new process) → 4/4/4, and how many leases moved to get there.
+//!   Until the kill, `pg_locks` is sampled every [`WATCH_SAMPLE`]: a member is *watched*
+//!   while another session waits for a key it holds (a watch session's wait), and the
+//!   repetition records whether the victim was watched at the last sample before the
+//!   kill and how long after the settle every member was;
 //! - **rolling restart**: each of the three live members in turn gets SIGTERM, its
 //!   process exits, a new one starts, and the bench waits for 4/4/4 before the next:
 //!   how many times each lease started a term during each such step (the least
@@ -32,6 +36,8 @@ use std::time::Duration;
 pub const MEMBERS: usize = 3;
 /// Leases of the group: 4 per member.
 pub const LEASES: usize = 12;
+/// How often `pg_locks` is read for who is watched, between a settle and a kill.
+pub const WATCH_SAMPLE: Duration = Duration::from_millis(20);
 
 /// One kill repetition.
 #[derive(Clone, Debug)]
@@ -49,6 +55,16 @@ pub struct KillRep {
     pub moved_by_restart: usize,
     /// Hand-offs (`cancel ... handed-over`) from the kill to 4/4/4.
     pub handoffs: usize,
+    /// The victim was the member started last (the previous repetition's restart).
+    pub victim_newest: bool,
+    /// The group's last settle (4/4/4) → the kill.
+    pub since_settle_ns: u64,
+    /// At the last sample before the kill, another session waited for a key the victim
+    /// held; `None`: no sample (no pid known).
+    pub victim_watched: Option<bool>,
+    /// The settle → the first sample with every member watched; `None`: not before the
+    /// kill.
+    pub all_watched_ns: Option<u64>,
 }
 
 /// One step of the rolling restart.
@@ -166,6 +182,43 @@ fn single(bench: &Bench, driver: Driver) -> R<(usize, usize)> {
 struct Member {
     node: Node,
     app: String,
+}
+
+/// Which of the backends `pids` are watched: another session waits for a key it holds.
+fn watched(bench: &Bench, pids: &[i32]) -> R<Vec<bool>> {
+    let rows = bench.admin.rows(
+        "SELECT DISTINCT h.pid FROM pg_locks h JOIN pg_locks w ON w.locktype = 'advisory'          AND w.objsubid = 1 AND NOT w.granted AND (w.classid, w.objid) = (h.classid, h.objid)          WHERE h.locktype = 'advisory' AND h.objsubid = 1 AND h.granted",
+    )?;
+    let held: Vec<i32> = (rows.into_iter())
+        .filter_map(|r| r.into_iter().next().flatten()?.parse().ok())
+        .collect();
+    Ok(pids.iter().map(|p| held.contains(p)).collect())
+}
+
+/// Sleeps until `until` (monotonic ns), sampling who of `members` is watched every
+/// [`WATCH_SAMPLE`]: (the last sample, when every member was first watched).
+fn sample_watched(
+    bench: &Bench,
+    members: &[Member],
+    until: u64,
+) -> R<(Option<Vec<bool>>, Option<u64>)> {
+    let (mut last, mut all) = (None, None);
+    loop {
+        let now = monotonic_nanos();
+        if now >= until {
+            return Ok((last, all));
+        }
+        let pids: Option<Vec<i32>> = members.iter().map(|m| m.node.last_pid()).collect();
+        if let Some(pids) = pids {
+            let w = watched(bench, &pids)?;
+            if all.is_none() && w.iter().all(|&x| x) {
+                all = Some(monotonic_nanos());
+            }
+            last = Some(w);
+        }
+        let left = until.saturating_sub(monotonic_nanos());
+        sleep(WATCH_SAMPLE.min(Duration::from_nanos(left)));
+    }
 }
 
 /// How many leases each member leads now.
@@ -301,9 +354,13 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
     let starts_while_settled = starts_since(&all(&live), quiet_from).len();
 
     let mut kills = Vec::new();
+    // The last settle, and which member started last.
+    let mut settled_at = settled;
+    let mut newest = MEMBERS - 1;
     for i in 0..plan.group_reps {
-        sleep(iv.retry.mul_f64(bench.random()));
-        let victim = i % MEMBERS;
+        let at = monotonic_nanos() + iv.retry.mul_f64(bench.random()).as_nanos() as u64;
+        let victim = ((bench.random() * MEMBERS as f64) as usize).min(MEMBERS - 1);
+        let (last, all_watched) = sample_watched(bench, &live, at)?;
         let leases: Vec<String> = (live[victim].node.leading().into_iter())
             .map(|t| t.lease)
             .collect();
@@ -331,11 +388,23 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
             settle_ns: settled - t_restart,
             moved_by_restart: starts_since(&all(&live), t_restart).len(),
             handoffs: handoffs_since(&all(&live), t_kill),
+            victim_newest: victim == newest,
+            since_settle_ns: t_kill.saturating_sub(settled_at),
+            victim_watched: last.map(|w| w[victim]),
+            all_watched_ns: all_watched.map(|t| t.saturating_sub(settled_at)),
         };
+        (settled_at, newest) = (settled, victim);
         eprintln!(
-            "bench: groups {:<5} kill {i}: its {} leases led again in {} ms (first {} ms), 6/6 \
-             at {} ms; restart → 4/4/4 in {:.0} ms, {} starts, {} hand-offs",
+            "bench: groups {:<5} kill {i}: member {victim}{} {:.0} ms after the settle, \
+             watched {:?} (all watched {} ms after the settle): its {} leases led again in {} \
+             ms (first {} ms), 6/6 at {} ms; restart → 4/4/4 in {:.0} ms, {} starts, {} \
+             hand-offs",
             driver.name(),
+            if rep.victim_newest { " (newest)" } else { "" },
+            rep.since_settle_ns as f64 / 1e6,
+            rep.victim_watched,
+            rep.all_watched_ns
+                .map_or("-".into(), |g| format!("{:.0}", g as f64 / 1e6)),
             leases.len(),
             rep.takeover_ns
                 .map_or("-".into(), |g| format!("{:.1}", g as f64 / 1e6)),

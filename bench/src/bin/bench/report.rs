@@ -522,14 +522,23 @@ fn groups_markdown(r: &Results, s: &mut String) {
          fraction of {retry} after the group settled → each of its 4 leases' first `start` \
          on a survivor: the slowest of the 4 per repetition, and the fastest; → the \
          survivors lead 6/6. Restart: a new process for the killed one → 4/4/4 (term starts: \
-         the least is 4). Cells: n: median / p90 / p99 / max (nearest rank; with n < 100, \
-         p99 = max).\n\n"
+         the least is 4). The victim is picked at random; until the kill, `pg_locks` is read \
+         every 20 ms: a member is watched while another session waits for a key it holds (a \
+         watch session's wait); the kills are split by whether the victim was watched at the \
+         last read before its kill. Cells: n: median / p90 / p99 / max (nearest rank; with n \
+         < 100, p99 = max).\n\n"
     );
     let rows = (r.groups.iter())
         .map(|g| {
             let k = &g.kills;
             let moved: Vec<f64> = k.iter().map(|x| x.moved_by_restart as f64).collect();
             let settle: Vec<f64> = k.iter().map(|x| ms(x.settle_ns)).collect();
+            let split = |w: bool| -> Vec<Option<u64>> {
+                (k.iter())
+                    .filter(|x| x.victim_watched == Some(w))
+                    .map(|x| x.takeover_ns)
+                    .collect()
+            };
             vec![
                 g.driver.name().to_string(),
                 format!(
@@ -539,6 +548,8 @@ fn groups_markdown(r: &Results, s: &mut String) {
                     g.starts_while_settled
                 ),
                 opt_ms(&k.iter().map(|x| x.takeover_ns).collect::<Vec<_>>()),
+                opt_ms(&split(true)),
+                opt_ms(&split(false)),
                 opt_ms(&k.iter().map(|x| x.first_ns).collect::<Vec<_>>()),
                 opt_ms(&k.iter().map(|x| x.even_ns).collect::<Vec<_>>()),
                 dist_text(&settle),
@@ -550,7 +561,9 @@ fn groups_markdown(r: &Results, s: &mut String) {
         "driver",
         "settle",
         "kill → its 4 led again (slowest)",
-        "(fastest)",
+        "victim watched",
+        "victim not watched",
+        "(fastest of 4)",
         "kill → 6/6",
         "restart → 4/4/4",
         "starts by the restart: median / max",
@@ -931,6 +944,13 @@ fn groups_json(g: &GroupRun) -> J {
             ("restart_to_4_4_4_ms", J::Num(ms(k.settle_ns))),
             ("starts_by_the_restart", J::Num(k.moved_by_restart as f64)),
             ("hand_offs", J::Num(k.handoffs as f64)),
+            ("victim_started_last", J::Bool(k.victim_newest)),
+            ("settle_to_kill_ms", J::Num(ms(k.since_settle_ns))),
+            (
+                "victim_watched_at_the_kill",
+                k.victim_watched.map_or(J::Null, J::Bool),
+            ),
+            ("settle_to_all_watched_ms", opt(k.all_watched_ns)),
         ])
     });
     let roll = g.roll.iter().map(|x| {
