@@ -580,10 +580,11 @@ impl RunTable {
         }
     }
 
-    /// A group's hand-off of `key`: its leading run's job is cancelled
-    /// ([`Reason::HandedOver`]); the key is released once the job returned,
-    /// and the run stands by again. Nothing for a run not leading.
-    pub(super) fn hand_over(&mut self, key: i64, out: &mut Outputs) {
+    /// A group's hand-off of `key` to the member `to`: its leading run's
+    /// job is cancelled ([`Reason::HandedOver`]); the key is released once
+    /// the job returned, and the run stands by again. Nothing for a run not
+    /// leading.
+    pub(super) fn hand_over(&mut self, key: i64, to: Option<i64>, out: &mut Outputs) {
         let Some((id, run)) = self.by_key_mut(key) else {
             return;
         };
@@ -593,6 +594,10 @@ impl RunTable {
                 held,
                 outcome: None,
             });
+            if let Some(to) = to {
+                let lease = run.lease.clone();
+                out.event(Event::HandedOver { run: id, lease, to });
+            }
             out.run(RunCommand::CancelJob {
                 run: id,
                 reason: Reason::HandedOver,
