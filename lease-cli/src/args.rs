@@ -10,6 +10,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// `--grace` when not given.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
+/// The most `--shards`: a replica alone leads every shard, each a COMMAND, its watchdog
+/// and a socket.
+pub const MAX_SHARDS: u16 = 256;
+
 const ABOUT: &str =
     "Run a command on exactly one replica at a time, using PostgreSQL advisory locks";
 
@@ -65,7 +69,8 @@ at least margin x validity / (2 validity + margin) between SIGTERM and SIGKILL (
 default); a --grace set longer than that (not the default) is announced at startup by a warning.
 When the session
 itself ended (terminated, reset, server restarted), the server has freed the lease already and a
-standby takes it after its --lock-delay: SIGKILL comes half of --lock-delay (10ms) after SIGTERM.
+standby that wins it starts after its --lock-delay: SIGKILL comes half of --lock-delay (10ms) after
+SIGTERM.
 Without the server guard (--no-server-guard) there is no such deadline: SIGKILL comes --grace
 after SIGTERM, at the latest --grace after the validity ended.
 
@@ -85,6 +90,16 @@ is released (standbys are notified at once) and `lease run` exits 0; when standi
 at once. If the session holding the lease ends during that stop, SIGKILL comes half of
 --lock-delay later; if it is given up on (a partition), just before its close at the guard
 deadline.
+
+SHARDS: with --shards N, the leases NAME/0 to NAME/N-1 form the lease group NAME. Start the same
+NAME and N on every replica: each leads floor(N/R) or ceil(N/R) of the shards over the R live
+replicas and runs one COMMAND per shard it leads, each as above (its own watchdog, tree, kill
+deadline and LEASE_SOCKET; LEASE_NAME is NAME/I), with LEASE_SHARD (I, 0 to N-1) and
+LEASE_SHARDS (N) added. A shard moves when replicas join or leave: its COMMAND is stopped as on
+SIGTERM (the lease held until its tree is gone), then started on its new replica. The first
+COMMAND that exits by itself ends this replica's part: every other shard's COMMAND is stopped
+as on SIGTERM, the leases are released, and `lease run` exits with that COMMAND's status while
+the other replicas take its shards. `lease status NAME --shards N` shows who leads which.
 
 Nothing of COMMAND's tree outlives `lease run`, even a descendant that left its process group
 and session (setsid, a double fork): the watchdog, COMMAND's parent, is a subreaper
@@ -114,7 +129,7 @@ of its own; nothing answers while the runner is frozen or dead):
             503 as soon as the lease is cancelled, and 200 on a new leader only after it holds
             the lease, so two replicas never answer 200 at once.
 
-EXIT STATUS: COMMAND's status; 0 after a shutdown by signal; 1 when the server is refused, the
+EXIT STATUS: COMMAND's status (with --shards, the first to exit by itself); 0 after a shutdown by signal; 1 when the server is refused, the
 configuration is wrong (cannot connect) or another error stops the run; 2 for bad usage, a --metrics-addr that cannot be bound included
 (nothing is sent to the database); 126 or 127 when COMMAND cannot be executed or is not found.";
 
@@ -158,7 +173,11 @@ pub enum Cmd {
                       holder took the key at or after it, the server records no grant time) and \
                       WAIT START (when a standby's current wait began). --json prints one object \
                       per lease and holder with a `standbys` array. The holder's fencing token \
-                      is not shown: the server keeps no record of it. \
+                      is not shown: the server keeps no record of it. With --shards N, each \
+                      NAME is the lease group of `lease run NAME --shards N`: first a line per \
+                      member (GROUP, its BACKEND PID, APPLICATION, CLIENT, SINCE and LEADS, the \
+                      shards it holds), then the leases NAME/0 to NAME/N-1 as above; --json \
+                      adds an object per group with a `members` array. \
                       With --watch, queries again every --interval on one session until Ctrl-C, \
                       a line per lease (holder, HELD SINCE as this watch saw it, the standbys' \
                       count and pids): redrawn in place on a terminal, a new table per interval \
@@ -352,6 +371,15 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_wait_on_server: bool,
 
+    /// Run N shards of the job: the leases NAME/0 to NAME/N-1 of the lease group NAME, one
+    /// COMMAND per shard this replica leads (1 to 256; not with --metrics-addr)
+    ///
+    /// The rules (the share, LEASE_SHARD and LEASE_SHARDS, moves, the exit status): SHARDS in
+    /// `lease run --help`.
+    #[arg(long, value_name = "N", conflicts_with = "metrics_addr",
+          value_parser = clap::value_parser!(u16).range(1..=MAX_SHARDS as i64))]
+    pub shards: Option<u16>,
+
     /// Serve /metrics, /healthz and /leader over HTTP on ADDR (IP:PORT) [default: off]
     ///
     /// GET /metrics: the lease metrics in the Prometheus text format. GET /healthz: 200 while
@@ -397,6 +425,13 @@ pub struct StatusArgs {
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration,
           requires = "watch")]
     pub interval: Duration,
+
+    /// Show each NAME as the group of `lease run NAME --shards N`: its members (a line each:
+    /// backend pid, application, client, the shards it leads), then the leases NAME/0 to
+    /// NAME/N-1
+    #[arg(long, value_name = "N", requires = "names",
+          value_parser = clap::value_parser!(u16).range(1..=MAX_SHARDS as i64))]
+    pub shards: Option<u16>,
 
     #[command(flatten)]
     pub conn: ConnArgs,

@@ -203,17 +203,26 @@ fn live_members(pgid: i32) -> Option<usize> {
 /// still a descendant while its ancestors live, and after they died it is
 /// one of the nearest subreaper's (`PR_SET_CHILD_SUBREAPER`): that is how
 /// `lease run` and its watchdog find every process of a command's tree.
-pub fn descendants(root: i32, except: &[i32]) -> Vec<(i32, i32)> {
-    processes().map_or_else(Vec::new, |all| descendants_in(&all, root, except))
+///
+/// The processes in `prune` are left out with their whole subtrees: the
+/// other jobs' watchdogs of a runner with several (`--shards`), each the
+/// parent and subreaper of its own command's tree.
+pub fn descendants(root: i32, except: &[i32], prune: &[i32]) -> Vec<(i32, i32)> {
+    processes().map_or_else(Vec::new, |all| descendants_in(&all, root, except, prune))
 }
 
 /// [`descendants`] in a table read by [`processes`].
-fn descendants_in(all: &[(i32, i32, i32, bool)], root: i32, except: &[i32]) -> Vec<(i32, i32)> {
+fn descendants_in(
+    all: &[(i32, i32, i32, bool)],
+    root: i32,
+    except: &[i32],
+    prune: &[i32],
+) -> Vec<(i32, i32)> {
     let mut out = Vec::new();
     let mut frontier = vec![root];
     while let Some(parent) = frontier.pop() {
         for &(pid, ppid, pgrp, zombie) in all {
-            if ppid == parent && pid != root {
+            if ppid == parent && pid != root && !prune.contains(&pid) {
                 frontier.push(pid);
                 if !zombie && !except.contains(&pid) {
                     out.push((pid, pgrp));
@@ -225,11 +234,11 @@ fn descendants_in(all: &[(i32, i32, i32, bool)], root: i32, except: &[i32]) -> V
 }
 
 /// Sends `sig` to group `pgid` (all at once) and to every other live
-/// descendant of `root` (but the `except` ones); how many descendants there
-/// were.
-pub fn signal_tree(root: i32, except: &[i32], pgid: i32, sig: libc::c_int) -> usize {
+/// descendant of `root` (but the `except` ones and the `prune` subtrees);
+/// how many descendants there were.
+pub fn signal_tree(root: i32, except: &[i32], prune: &[i32], pgid: i32, sig: libc::c_int) -> usize {
     signal_group(pgid, sig);
-    let tree = descendants(root, except);
+    let tree = descendants(root, except, prune);
     signal_each(&tree, |pgrp| pgrp != pgid, sig);
     tree.len()
 }
@@ -260,6 +269,40 @@ pub fn become_subreaper() -> io::Result<()> {
 /// This process's pid.
 fn own_pid() -> i32 {
     std::process::id() as i32
+}
+
+/// The pids of this runner's watchdogs, from their start to their reaping:
+/// one per shard led (`--shards`). A job's tree leaves out the others'
+/// subtrees: each watchdog is the parent and subreaper of its own command's
+/// tree while it lives, and an orphan of a tree whose watchdog died is the
+/// runner's child, in reach of every job.
+static WATCHDOGS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+fn watchdogs() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    WATCHDOGS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A watchdog's entry in [`WATCHDOGS`], removed on drop: taken as soon as it
+/// is spawned, before the runner awaits anything.
+#[derive(Debug)]
+pub struct WatchdogPid(i32);
+
+impl WatchdogPid {
+    pub fn new(pid: i32) -> WatchdogPid {
+        watchdogs().push(pid);
+        WatchdogPid(pid)
+    }
+}
+
+impl Drop for WatchdogPid {
+    fn drop(&mut self) {
+        watchdogs().retain(|&p| p != self.0);
+    }
+}
+
+/// The runner's watchdogs other than `own`.
+fn other_watchdogs(own: i32) -> Vec<i32> {
+    watchdogs().iter().copied().filter(|&p| p != own).collect()
 }
 
 /// A running command, started by the watchdog (see [`crate::watchdog`]):
@@ -315,14 +358,16 @@ impl Job {
 
     /// `sig` to the command's group and every other process of its tree.
     fn signal(&self, sig: libc::c_int) -> usize {
-        signal_tree(own_pid(), &[self.watchdog], self.pgid, sig)
+        let others = other_watchdogs(self.watchdog);
+        signal_tree(own_pid(), &[self.watchdog], &others, self.pgid, sig)
     }
 
     /// Whether a live process is left in the command's tree (one read of
     /// `/proc`; the group's signal check if `/proc` cannot be read).
     fn tree_alive(&self) -> bool {
+        let others = other_watchdogs(self.watchdog);
         match processes() {
-            Some(all) => !descendants_in(&all, own_pid(), &[self.watchdog]).is_empty(),
+            Some(all) => !descendants_in(&all, own_pid(), &[self.watchdog], &others).is_empty(),
             None => group_alive(self.pgid),
         }
     }
@@ -456,6 +501,34 @@ mod tests {
     /// `group_alive` must still say the group is there. Needs root (to start
     /// the group as root and ask as the unprivileged user `leasetest`);
     /// skipped otherwise.
+    /// A job's tree with several shards: its watchdog's descendants and the
+    /// runner's orphans, never another watchdog's subtree.
+    #[test]
+    fn a_tree_leaves_out_the_other_watchdogs_subtrees() {
+        // (pid, ppid, pgrp, zombie): runner 1; watchdog 10 with command 11
+        // and its escaped child 12; watchdog 20 with command 21; an orphan
+        // 30 of a dead watchdog's tree; a zombie 31.
+        let all = [
+            (10, 1, 10, false),
+            (11, 10, 11, false),
+            (12, 10, 12, false),
+            (20, 1, 20, false),
+            (21, 20, 21, false),
+            (30, 1, 30, false),
+            (31, 1, 31, true),
+        ];
+        let tree = |own, others: &[i32]| {
+            let mut pids: Vec<i32> = (descendants_in(&all, 1, &[own], others).iter())
+                .map(|&(p, _)| p)
+                .collect();
+            pids.sort_unstable();
+            pids
+        };
+        assert_eq!(tree(10, &[20]), [11, 12, 30]);
+        assert_eq!(tree(20, &[10]), [21, 30]);
+        assert_eq!(tree(10, &[]), [11, 12, 20, 21, 30]);
+    }
+
     #[test]
     fn a_group_of_another_user_is_alive() {
         // SAFETY: geteuid has no preconditions; getpwnam returns a pointer

@@ -2,12 +2,16 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::future::pending;
+use std::future::{pending, Future};
 use std::io;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use lease_proto::inspect::{lease_application_name, HolderRow};
-use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState};
+use lease_tokio::{
+    GroupId, Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState,
+};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 
@@ -20,7 +24,10 @@ use crate::{log, status, usage_error, valid, EXIT_FAILURE};
 
 /// Everything `lease run` needs once the input is validated.
 struct Plan {
-    lease: LeaseId,
+    /// The lease, or with `--shards` the shards' leases in index order.
+    leases: Vec<LeaseId>,
+    /// `--shards`.
+    shards: Option<u16>,
     spec: ChildSpec,
     options: Options,
     target: Target,
@@ -79,6 +86,10 @@ pub fn main(args: RunArgs) -> i32 {
 /// command, the intervals and the connection string. `Err((status, message))`.
 fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
     let lease = LeaseId::named(args.name.as_str()).map_err(|e| (2, e.to_string()))?;
+    let leases = match args.shards {
+        None => vec![lease.clone()],
+        Some(n) => shard_leases(lease.name(), n).map_err(|e| (2, e))?,
+    };
     let spec = ChildSpec::new(args.command).ok_or((2, "missing COMMAND after `--`".to_owned()))?;
     let mut options = {
         let mut o = Options::default();
@@ -110,7 +121,8 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
     spec.check()?;
     let after_validity = options.act_after_validity().unwrap_or(grace);
     Ok(Plan {
-        lease,
+        leases,
+        shards: args.shards,
         spec,
         options,
         target,
@@ -121,6 +133,18 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
         format: args.log_format,
         metrics_addr: args.metrics_addr,
     })
+}
+
+/// The leases of `--shards n`: `NAME/0` to `NAME/n-1`, in the group `NAME`.
+pub fn shard_leases(name: &str, n: u16) -> Result<Vec<LeaseId>, String> {
+    let group = GroupId::named(name).map_err(|e| e.to_string())?;
+    (0..n)
+        .map(|i| {
+            let shard = format!("{name}/{i}");
+            let id = LeaseId::named(shard.as_str()).map_err(|e| format!("shard {shard:?}: {e}"))?;
+            Ok(id.in_group(group.clone()))
+        })
+        .collect()
 }
 
 /// One line at startup when a `--grace` the user set cannot be given in full
@@ -176,9 +200,10 @@ impl fmt::Display for JobEnd {
 
 impl std::error::Error for JobEnd {}
 
-/// SIGTERM and SIGINT, counted.
+/// SIGTERM and SIGINT, counted; [`Signals::stop`] counts as the first.
 struct Signals {
     count: watch::Receiver<u32>,
+    tx: std::sync::Arc<watch::Sender<u32>>,
 }
 
 impl Signals {
@@ -186,6 +211,11 @@ impl Signals {
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let (tx, count) = watch::channel(0);
+        let tx = std::sync::Arc::new(tx);
+        let signals = Signals {
+            count,
+            tx: tx.clone(),
+        };
         tokio::spawn(async move {
             loop {
                 let name = tokio::select! {
@@ -203,11 +233,22 @@ impl Signals {
                 if n == 1 {
                     tracing::info!("received {name}: shutting down");
                 } else {
-                    tracing::warn!("received {name} again: not waiting for the grace period");
+                    tracing::warn!(
+                        "received {name} while stopping: not waiting for the grace period"
+                    );
                 }
             }
         });
-        Ok(Signals { count })
+        Ok(signals)
+    }
+
+    /// Stops every run as a first signal would (a shard's run ended).
+    fn stop(&self) {
+        self.tx.send_if_modified(|c| {
+            let first = *c == 0;
+            *c = (*c).max(1);
+            first
+        });
     }
 
     /// Resolves once `n` signals have arrived.
@@ -243,8 +284,8 @@ struct Ctx<'a> {
     quiet: bool,
     format: LogFormat,
     signals: &'a Signals,
-    /// A child runs (or is being stopped).
-    leading: &'a Cell<bool>,
+    /// How many children run (or are being stopped): one per shard led.
+    leading: &'a Cell<usize>,
     /// The lease the child runs under, for `/leader`.
     current: &'a Current,
 }
@@ -271,12 +312,20 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
             return 2;
         }
     };
-    tracing::info!(
-        lease = plan.lease.name(),
-        key = plan.lease.key(),
-        "contending for the lease at {}",
-        plan.target.summary
-    );
+    match plan.shards {
+        None => tracing::info!(
+            lease = plan.leases[0].name(),
+            key = plan.leases[0].key(),
+            "contending for the lease at {}",
+            plan.target.summary
+        ),
+        Some(shards) => tracing::info!(
+            group = plan.leases[0].group().map_or("", |g| g.name()),
+            shards,
+            "contending for the lease at {}",
+            plan.target.summary
+        ),
+    }
     let current = Current::default();
     let endpoint = endpoints.map(|endpoints| {
         let addr = endpoints.local_addr();
@@ -293,16 +342,17 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         ))
     });
     let (holders_tx, holders) = mpsc::unbounded_channel();
-    let holders_tx = (!plan.quiet).then_some(holders_tx);
+    // A shard's holder is the group's business: `lease status --shards`.
+    let holders_tx = (!plan.quiet && plan.shards.is_none()).then_some(holders_tx);
     let monitor = tokio::spawn(monitor(locker.clone(), holders_tx));
     let lookups = tokio::spawn(describe_holders(
         plan.target.clone(),
         plan.options.query_timeout,
-        plan.lease.clone(),
+        plan.leases[0].clone(),
         holders,
     ));
 
-    let leading = Cell::new(false);
+    let leading = Cell::new(0);
     let ctx = Ctx {
         spec: &plan.spec,
         grace: plan.grace,
@@ -321,23 +371,43 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         current: &current,
     };
     let ctx = &ctx;
-    let run = locker.run_lease(plan.lease.clone(), signals.at_least(1), move |lease| {
-        lead(lease, ctx)
+    // The status of the run that ended first; its end stops the others
+    // (with `--shards`) as a signal would.
+    let first = Cell::new(None);
+    let runs = plan.leases.iter().enumerate().map(|(i, lease)| {
+        let shard = plan.shards.map(|n| (i, n));
+        let (first, signals) = (&first, &signals);
+        let run = locker.run_lease(lease.clone(), signals.at_least(1), move |lease| {
+            lead(lease, ctx, shard)
+        });
+        Box::pin(async move {
+            // The locker's errors (a refusal, a wrong password) end every
+            // run alike: said once.
+            let code = outcome(run.await, first.get().is_none());
+            if first.get().is_none() {
+                first.set(Some(code));
+                if shard.is_some() && *signals.count.borrow() == 0 {
+                    tracing::info!(
+                        lease = lease.name(),
+                        "the shard's run ended (status {code}): stopping the other shards"
+                    );
+                }
+            }
+            signals.stop();
+        }) as Pin<Box<dyn Future<Output = ()> + '_>>
     });
     let standing_by_at_signal = async {
         signals.at_least(1).await;
-        if leading.get() {
-            // The run shuts the job down and releases the lease.
+        if leading.get() > 0 {
+            // The runs shut the jobs down and release the leases.
             pending::<()>().await;
         }
     };
-    let code = tokio::select! {
-        result = run => outcome(result),
-        () = standing_by_at_signal => {
-            tracing::info!("not leading: exiting");
-            0
-        }
-    };
+    tokio::select! {
+        () = all(runs.collect()) => {}
+        () = standing_by_at_signal => tracing::info!("not leading: exiting"),
+    }
+    let code = first.get().unwrap_or(0);
     monitor.abort();
     lookups.abort();
     if code == 0 || code > 2 {
@@ -351,31 +421,37 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     code
 }
 
-/// The exit status for how the run ended.
-fn outcome(result: Result<(), RunError<JobEnd>>) -> i32 {
-    match result {
+/// Runs `futures` until every one is done.
+async fn all(mut futures: Vec<Pin<Box<dyn Future<Output = ()> + '_>>>) {
+    std::future::poll_fn(|cx| {
+        futures.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if futures.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+}
+
+/// The exit status for how the run ended; its error logged if `log`.
+fn outcome(result: Result<(), RunError<JobEnd>>, log: bool) -> i32 {
+    let code = match &result {
         Ok(()) => 0,
-        Err(RunError::Job(JobEnd::Exited(code))) => code,
-        Err(RunError::Job(JobEnd::Spawn { code, .. })) => code,
-        Err(RunError::Job(JobEnd::Watchdog(_))) => EXIT_FAILURE,
-        Err(RunError::Refused(r)) => {
-            tracing::error!("refused: {r}");
-            EXIT_FAILURE
-        }
+        Err(RunError::Job(JobEnd::Exited(code) | JobEnd::Spawn { code, .. })) => *code,
+        Err(RunError::Name(_)) => 2,
+        Err(_) => EXIT_FAILURE,
+    };
+    match result {
+        // The job's own errors are logged where they happen.
+        Ok(()) | Err(RunError::Job(_)) => {}
+        _ if !log => {}
+        Err(RunError::Refused(r)) => tracing::error!("refused: {r}"),
+        Err(RunError::Name(e)) => tracing::error!("{e}"),
         // "cannot connect: password authentication failed for user ..."
-        Err(e @ RunError::Config(_)) => {
-            tracing::error!("{e}");
-            EXIT_FAILURE
-        }
-        Err(RunError::Name(e)) => {
-            tracing::error!("{e}");
-            2
-        }
-        Err(e) => {
-            tracing::error!("{e}");
-            EXIT_FAILURE
-        }
+        Err(e) => tracing::error!("{e}"),
     }
+    code
 }
 
 /// How the command's wait ended.
@@ -404,7 +480,10 @@ enum Ended {
 /// A graceful stop
 /// (shutdown, or the command's own exit with leftovers in its group): the
 /// full `--grace`, the key being held until the group is gone.
-async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
+///
+/// `shard`: with `--shards`, this lease's index and the shard count, for the
+/// command's environment.
+async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Result<(), JobEnd> {
     let token = lease.token();
     if lease.is_cancelled() {
         return Ok(());
@@ -426,6 +505,12 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
         ("LEASE_KEY", lease.key().to_string()),
         ("LEASE_TOKEN", token.to_string()),
     ];
+    if let Some((i, n)) = shard {
+        env.extend([
+            ("LEASE_SHARD", i.to_string()),
+            ("LEASE_SHARDS", n.to_string()),
+        ]);
+    }
     if let Some(a) = &answerer {
         env.push((valid::SOCKET_VAR, a.path().to_string_lossy().into_owned()));
     }
@@ -462,7 +547,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
             return Err(JobEnd::Spawn { code, message });
         }
     };
-    ctx.leading.set(true);
+    ctx.leading.set(ctx.leading.get() + 1);
     ctx.current.set(&lease);
     let armed = dog.arm(job.pid(), deadline);
     tracing::info!(
@@ -485,12 +570,13 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
             exited(status, &mut job, &mut dog, &lease, ctx, &mut deadline).await
         }
         Ended::Cancelled(reason) => {
-            if reason == Reason::Shutdown {
+            if graceful(&reason) {
                 // Graceful: the key is held until the tree is gone, unless
                 // the session ends meanwhile.
                 let _ = dog.disarm();
                 tracing::info!(
                     command_pid = job.pid(),
+                    %reason,
                     "stopping the command's tree (SIGTERM, SIGKILL after {})",
                     humantime::format_duration(ctx.grace)
                 );
@@ -502,8 +588,8 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
                 };
                 stop(&mut job, ctx.grace, hurry).await;
             } else if reason.key_may_be_free() {
-                // The server may hand the key over now: a standby woken by
-                // its release tries after the lock delay.
+                // The server may hand the key over now: the job of a
+                // standby that wins it starts after the lock delay.
                 let wait = session_end_wait(ctx, deadline);
                 let _ = dog.arm(job.pid(), Instant::now() + wait);
                 tracing::warn!(
@@ -545,7 +631,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>) -> Result<(), JobEnd> {
     };
     ctx.current.clear();
     dog.finish().await;
-    ctx.leading.set(false);
+    ctx.leading.set(ctx.leading.get() - 1);
     result
 }
 
@@ -582,7 +668,7 @@ async fn exited(
         let snapshot = *deadline;
         let hurry = async {
             let reason = lease.cancelled().await;
-            if reason == Reason::Shutdown {
+            if graceful(&reason) {
                 // The key is held while the leftovers stop, unless the
                 // session ends meanwhile.
                 return session_watch(ctx).await;
@@ -616,6 +702,13 @@ async fn exited(
         tracing::info!("the command exited with status {code}; releasing the lease");
         Err(JobEnd::Exited(code))
     }
+}
+
+/// Whether a cancelled lease's command gets a graceful stop (the full
+/// `--grace`, the key held until its tree is gone): a shutdown, or a shard
+/// that its group moves to another replica.
+fn graceful(reason: &Reason) -> bool {
+    matches!(reason, Reason::Shutdown | Reason::HandedOver)
 }
 
 /// SIGTERM to the tree now, SIGKILL after `wait` or once `hurry` resolves
@@ -672,12 +765,12 @@ async fn session_watch(ctx: &Ctx<'_>) {
 }
 
 /// How long a command may take after SIGTERM once its session ended: half the
-/// lock delay (never more than [`kill_wait`]). A standby woken by the release
-/// tries `lock_delay` after its wake, and this runner learns of the end at
-/// about that moment (or later); the other half is room for this runner's
-/// own latency (a timer's wake on a busy machine, a read of `/proc`) before
-/// the SIGKILL lands, and the standby still needs its try's round trip and
-/// its own command's start after the delay.
+/// lock delay (never more than [`kill_wait`]). A standby that wins the key
+/// starts its job `lock_delay` after its win, which comes after the release,
+/// and this runner learns of the end at about the release (or later); the
+/// other half is room for this runner's own latency (a timer's wake on a
+/// busy machine, a read of `/proc`) before the SIGKILL lands, and the standby
+/// still needs its own command's start after the delay.
 fn session_end_wait(ctx: &Ctx<'_>, deadline: Instant) -> Duration {
     (ctx.lock_delay / 2).min(kill_wait(deadline, ctx.grace))
 }

@@ -1,10 +1,10 @@
 //! `lease status` (who holds which lease) and `lease key` (a name's key).
 
 use lease_proto::inspect::{HeldSince, HolderHistory, HolderRow, LeaseLocks, LockTable};
-use lease_proto::LeaseId;
+use lease_proto::{key_for_name, GroupId, LeaseId};
 use serde_json::json;
 
-use crate::args::{KeyArgs, StatusArgs};
+use crate::args::{KeyArgs, StatusArgs, MAX_SHARDS};
 use crate::conn::{self, LockSession};
 use crate::{usage_error, EXIT_FAILURE};
 
@@ -22,12 +22,26 @@ pub fn key(args: KeyArgs) -> i32 {
 /// Runs `lease status`; returns the exit status.
 pub fn main(args: StatusArgs) -> i32 {
     let mut ids = Vec::new();
+    let mut groups = Vec::new();
     for name in &args.names {
-        match LeaseId::named(name.as_str()) {
-            Ok(id) => ids.push(id),
-            Err(e) => return usage_error(2, &format!("{e}: {name:?}")),
+        let named = match args.shards {
+            None => (LeaseId::named(name.as_str()).map(|id| vec![id]))
+                .map_err(|e| format!("{e}: {name:?}")),
+            Some(n) => crate::run::shard_leases(name, n),
+        };
+        match named {
+            Ok(named) => {
+                groups.extend(named.first().and_then(LeaseId::group).cloned());
+                ids.extend(named);
+            }
+            Err(e) => return usage_error(2, &e),
         }
     }
+    let shown = Shown {
+        ids,
+        groups,
+        shards: args.shards.unwrap_or(0),
+    };
     if args.timeout.is_zero() {
         return usage_error(2, "--timeout must be greater than zero");
     }
@@ -51,9 +65,9 @@ pub fn main(args: StatusArgs) -> i32 {
         }
     };
     if args.watch {
-        return runtime.block_on(watch(&args, &ids, &target));
+        return runtime.block_on(watch(&args, &shown, &target));
     }
-    match runtime.block_on(render(&args, &ids, &target)) {
+    match runtime.block_on(render(&args, &shown, &target)) {
         Ok(out) => {
             print!("{out}");
             0
@@ -65,6 +79,32 @@ pub fn main(args: StatusArgs) -> i32 {
     }
 }
 
+/// What to show: the named leases (none: every key), and with `--shards`
+/// the groups they are the shards of.
+struct Shown {
+    ids: Vec<LeaseId>,
+    groups: Vec<GroupId>,
+    /// `--shards` (0 without).
+    shards: u16,
+}
+
+/// One read: the lock table, and with `--shards` every group member
+/// ([`conn::MEMBERS_SQL`]).
+struct Read {
+    table: LockTable,
+    members: Vec<HolderRow>,
+}
+
+async fn read(session: &LockSession, groups: bool) -> Result<Read, String> {
+    let table = session.locks().await?;
+    let members = if groups {
+        session.members().await?
+    } else {
+        Vec::new()
+    };
+    Ok(Read { table, members })
+}
+
 /// Reads the lock table on `session`, connecting first when there is none
 /// (or when the one kept from the last refresh fails: the server may have
 /// closed it meanwhile), all within `--timeout`. `Err` is a one-line,
@@ -73,17 +113,18 @@ async fn lookup(
     args: &StatusArgs,
     target: &conn::Target,
     session: &mut Option<LockSession>,
-) -> Result<LockTable, String> {
+) -> Result<Read, String> {
+    let groups = args.shards.is_some();
     let attempt = async {
         if let Some(kept) = session.take() {
-            if let Ok(rows) = kept.locks().await {
+            if let Ok(rows) = read(&kept, groups).await {
                 *session = Some(kept);
                 return Ok(rows);
             }
             kept.close().await;
         }
         let fresh = LockSession::connect(target, args.timeout).await?;
-        let rows = fresh.locks().await;
+        let rows = read(&fresh, groups).await;
         *session = Some(fresh);
         rows
     };
@@ -98,21 +139,18 @@ async fn lookup(
 }
 
 /// One query, rendered as `lease status` prints it (a table or JSON lines).
-async fn render(
-    args: &StatusArgs,
-    ids: &[LeaseId],
-    target: &conn::Target,
-) -> Result<String, String> {
+async fn render(args: &StatusArgs, what: &Shown, target: &conn::Target) -> Result<String, String> {
     let mut session = None;
     let rows = lookup(args, target, &mut session).await;
     if let Some(s) = session {
         s.close().await;
     }
-    let leases = shown(ids, &rows?);
+    let read = rows?;
+    let leases = shown(&what.ids, &read.table);
     Ok(if args.json {
-        json_lines(&leases)
+        groups_json(what, &read) + &json_lines(&leases)
     } else {
-        table(&leases, ids.is_empty())
+        groups_table(what, &read) + &table(&leases, what.ids.is_empty())
     })
 }
 
@@ -124,7 +162,7 @@ async fn render(
 ///
 /// The table has one line per lease ([`watch_table`]); JSON lines are those
 /// of a single query.
-async fn watch(args: &StatusArgs, ids: &[LeaseId], target: &conn::Target) -> i32 {
+async fn watch(args: &StatusArgs, what: &Shown, target: &conn::Target) -> i32 {
     use std::io::{IsTerminal, Write};
     use tokio::signal::unix::{signal, SignalKind};
     let (mut int, mut term) = match (
@@ -157,12 +195,12 @@ async fn watch(args: &StatusArgs, ids: &[LeaseId], target: &conn::Target) -> i32
         let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
         let body = match rows {
             Ok(read) => {
-                let leases = shown(ids, &read);
+                let leases = shown(&what.ids, &read.table);
                 if args.json {
-                    json_lines(&leases)
+                    groups_json(what, &read) + &json_lines(&leases)
                 } else {
-                    seen.update(&read, now.clone());
-                    watch_table(&leases, &seen, ids.is_empty())
+                    seen.update(&read.table, now.clone());
+                    groups_table(what, &read) + &watch_table(&leases, &seen, what.ids.is_empty())
                 }
             }
             Err(e) => format!("cannot query {}: {e}\n", target.summary),
@@ -199,10 +237,114 @@ async fn watch(args: &StatusArgs, ids: &[LeaseId], target: &conn::Target) -> i32
 /// is named.
 fn shown(ids: &[LeaseId], read: &LockTable) -> Vec<LeaseLocks> {
     if ids.is_empty() {
-        read.all().to_vec()
+        read.all().iter().cloned().map(shard_named).collect()
     } else {
         read.leases(ids)
     }
+}
+
+/// A key that no session's `lease:NAME` names, named `NAME/I` if it is
+/// that shard of a session's `lease:NAME` (`lease run NAME --shards N`).
+fn shard_named(mut lease: LeaseLocks) -> LeaseLocks {
+    if lease.name.is_none() {
+        let mut sessions = lease.holders.iter().chain(&lease.waiters);
+        lease.name = sessions.find_map(|s| {
+            let group = s.application_name.as_deref()?.strip_prefix("lease:")?;
+            (0..MAX_SHARDS)
+                .map(|i| format!("{group}/{i}"))
+                .find(|shard| key_for_name(shard) == lease.key)
+        });
+    }
+    lease
+}
+
+/// The live members of `group` in `read`.
+fn members<'a>(group: &GroupId, read: &'a Read) -> impl Iterator<Item = &'a HolderRow> {
+    let id = i64::from(group.id());
+    read.members.iter().filter(move |m| m.key == id)
+}
+
+/// The shards of `group` (of `shards`) that backend `pid` holds.
+fn leads(group: &GroupId, shards: u16, table: &LockTable, pid: Option<i32>) -> Vec<u16> {
+    (0..shards)
+        .filter(|i| {
+            let key = key_for_name(&format!("{}/{i}", group.name()));
+            let holders = table.key(key).map_or(&[][..], |l| &l.holders);
+            pid.is_some() && holders.iter().any(|h| h.pid == pid)
+        })
+        .collect()
+}
+
+/// `--shards`: a line per member of each group, before the leases' table:
+/// its session (as a holder's), SINCE (its backend start) and LEADS (how
+/// many of the group's shards it holds: which). A group without a live
+/// member has one line of dashes. Empty without `--shards`.
+fn groups_table(what: &Shown, read: &Read) -> String {
+    if what.groups.is_empty() {
+        return String::new();
+    }
+    let mut rows = vec![[
+        "GROUP",
+        "BACKEND PID",
+        "APPLICATION",
+        "CLIENT",
+        "SINCE",
+        "LEADS",
+    ]
+    .map(str::to_owned)];
+    for group in &what.groups {
+        let name = group.name().replace(char::is_whitespace, " ");
+        let mut any = false;
+        for m in members(group, read) {
+            any = true;
+            let [pid, application, client] = session_cells(Some(m));
+            let leads = leads(group, what.shards, &read.table, m.pid);
+            let list: Vec<String> = leads.iter().map(u16::to_string).collect();
+            rows.push([
+                name.clone(),
+                pid,
+                application,
+                client,
+                m.backend_start.as_deref().map_or_else(dash, seconds),
+                if list.is_empty() {
+                    "0".to_owned()
+                } else {
+                    format!("{}: {}", list.len(), list.join(","))
+                },
+            ]);
+        }
+        if !any {
+            rows.push([name, dash(), dash(), dash(), dash(), dash()]);
+        }
+    }
+    align(&rows) + "\n"
+}
+
+/// `--shards --json`: an object per group, with a `members` array (each
+/// with the shards it `leads`). Empty without `--shards`.
+fn groups_json(what: &Shown, read: &Read) -> String {
+    let line = |group: &GroupId| {
+        let members: Vec<serde_json::Value> = members(group, read)
+            .map(|m| {
+                json!({
+                    "backend_pid": m.pid,
+                    "application_name": m.application_name,
+                    "client_addr": m.client_addr,
+                    "client_port": m.client_port,
+                    "backend_start": m.backend_start,
+                    "leads": leads(group, what.shards, &read.table, m.pid),
+                })
+            })
+            .collect();
+        let value = json!({
+            "group": group.name(),
+            "group_id": group.id(),
+            "shards": what.shards,
+            "members": members,
+        });
+        value.to_string() + "\n"
+    };
+    what.groups.iter().map(line).collect()
 }
 
 /// Each holder of a lease, or `None` once for a lease nobody holds: a
@@ -559,6 +701,55 @@ mod tests {
         let cells: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(cells[2..4], ["yes", "43"], "{text}");
         assert_eq!(cells[6..], ["T1", "2:", "50,51"], "{text}");
+    }
+
+    /// `--shards`: a line per member with the shards it holds, a line of
+    /// dashes for a group without members; JSON the same; with no name, a
+    /// shard's key is named after its session's `lease:NAME`.
+    #[test]
+    fn groups_show_their_members_and_the_shards_each_leads() {
+        let ids = crate::run::shard_leases("g", 3).unwrap();
+        let other = GroupId::named("empty").unwrap();
+        let group = ids[0].group().unwrap().clone();
+        let mut member = holder(i64::from(group.id()), "lease:g");
+        member.pid = Some(7);
+        let mut second = member.clone();
+        second.pid = Some(8);
+        let mut held = holder(ids[2].key(), "lease:g");
+        held.pid = Some(7);
+        let read = Read {
+            table: LockTable::from_rows([held.clone()]),
+            members: vec![member, second],
+        };
+        let what = Shown {
+            ids: ids.clone(),
+            groups: vec![group.clone(), other],
+            shards: 3,
+        };
+        let text = groups_table(&what, &read);
+        let lines: Vec<Vec<&str>> = (text.lines().skip(1))
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(lines[0][..2], ["g", "7"], "{text}");
+        assert_eq!(lines[0][5..], ["1:", "2"], "{text}");
+        assert_eq!(lines[1][5..], ["0"], "{text}");
+        assert_eq!(lines[2], ["empty", "-", "-", "-", "-", "-"], "{text}");
+        assert!(text.ends_with("\n\n"), "{text}");
+        let json: serde_json::Value =
+            serde_json::from_str(groups_json(&what, &read).lines().next().unwrap()).unwrap();
+        assert_eq!(json["group"], "g");
+        assert_eq!(json["members"][0]["leads"], serde_json::json!([2]));
+        assert_eq!(json["members"][1]["leads"], serde_json::json!([]));
+        let all = shown(&[], &read.table);
+        assert_eq!(all[0].name.as_deref(), Some("g/2"));
+        assert!(groups_table(
+            &Shown {
+                groups: vec![],
+                ..what
+            },
+            &read
+        )
+        .is_empty());
     }
 
     #[test]

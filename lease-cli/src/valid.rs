@@ -63,9 +63,11 @@ impl Answerer {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
+        // The key too: the shards of one runner (`--shards`) may share a token.
         let dir = std::env::temp_dir().join(format!(
-            "lease-{}-{}-{nanos}",
+            "lease-{}-{}-{}-{nanos}",
             std::process::id(),
+            lease.key(),
             lease.token()
         ));
         std::fs::DirBuilder::new().mode(0o700).create(&dir)?;

@@ -115,6 +115,8 @@ pub struct Watchdog {
     reports: Option<Lines<BufReader<ChildStdout>>>,
     /// The group it watches, once armed.
     pgid: Option<i32>,
+    /// Its entry among the runner's watchdogs, until it is reaped.
+    _pid: Option<child::WatchdogPid>,
 }
 
 /// A duplicate of this process's descriptor `fd` (close-on-exec, numbered 3
@@ -199,6 +201,8 @@ impl Watchdog {
         let spawned = cmd.spawn();
         drop((stdin, stdout));
         let mut child = spawned?;
+        let pid = child.id().and_then(|p| i32::try_from(p).ok());
+        let pid = pid.map(child::WatchdogPid::new);
         let broken = || io::Error::new(io::ErrorKind::BrokenPipe, "no pipe to the watchdog");
         let stdin = child.stdin.take().ok_or_else(broken)?;
         let stdout = child.stdout.take().ok_or_else(broken)?;
@@ -231,6 +235,7 @@ impl Watchdog {
             pipe,
             reports: Some(reports),
             pgid: None,
+            _pid: pid,
         })
     }
 
@@ -487,7 +492,7 @@ impl Watch {
         let mut rounds = 0u32;
         loop {
             self.reap();
-            let tree = child::descendants(me, &[]);
+            let tree = child::descendants(me, &[], &[]);
             if tree.is_empty() {
                 break;
             }

@@ -676,7 +676,7 @@ pub enum Event {
     /// than the holder the standby last saw (`pg_locks` in its last try):
     /// not a graceful release of that holder (any role may `NOTIFY`, and a
     /// late one may come from an earlier holder), so it was ignored; a key
-    /// freed meanwhile is tried after the lock delay or at the next poll.
+    /// freed meanwhile is tried, and a win waits out the lock delay.
     NotificationIgnored {
         /// The key named in the payload.
         key: i64,

@@ -138,12 +138,14 @@ pub struct Options {
     /// the machine's `watch` module; the bound: docs/guarantees.md,
     /// "instant takeover".
     pub watch_session: bool,
-    /// How long a standby woken by a freed key waits before it tries, when
-    /// no handover notification from the holder says the release was
-    /// graceful (default [`DEFAULT_LOCK_DELAY`]). Chubby's lock-delay: a key freed because
-    /// the server ended its holder's session (`pg_terminate_backend`, a
-    /// reset connection) is freed the moment the old holder learns of it,
-    /// so its job may still be stopping.
+    /// How long after a try wins a key its job starts, unless a handover
+    /// notification from the holder the standby saw says the release was
+    /// graceful (default [`DEFAULT_LOCK_DELAY`]). Chubby's lock-delay: a key
+    /// freed because the server ended its holder's session
+    /// (`pg_terminate_backend`, a reset connection) is freed the moment the
+    /// old holder learns of it, so its job may still be stopping. Every win
+    /// gets it, after a wake or a poll alike; the rule: the machine's
+    /// `Machine::try_answered`; the bound: docs/guarantees.md, "lock delay".
     pub lock_delay: Duration,
     /// Most runs one locker may have at once (default 1,000, at most 100,000).
     /// A run past it fails with [`RunRejected::TooManyLeases`](crate::RunRejected).
@@ -204,6 +206,15 @@ pub enum OptionsError {
         /// The retry interval.
         retry: Duration,
     },
+    /// The lock delay is not below half the validity window: a win is held
+    /// back that long before its job starts, counted in the lease's
+    /// validity (from the try's send time).
+    LockDelayAboveValidity {
+        /// The lock delay.
+        lock_delay: Duration,
+        /// Half the validity window.
+        limit: Duration,
+    },
 }
 
 impl fmt::Display for OptionsError {
@@ -242,6 +253,10 @@ impl fmt::Display for OptionsError {
             OptionsError::LockDelayAboveRetry { lock_delay, retry } => write!(
                 f,
                 "lock delay ({lock_delay:?}) must be at most the retry interval ({retry:?}): a standby polls at least that often anyway"
+            ),
+            OptionsError::LockDelayAboveValidity { lock_delay, limit } => write!(
+                f,
+                "lock delay ({lock_delay:?}) must be below half the validity window ({limit:?}): a won lease's job starts that long after the win, within the validity counted from the try"
             ),
         }
     }
@@ -403,6 +418,13 @@ impl Options {
                 retry: self.retry_interval,
             });
         }
+        let limit = self.validity_window() / 2;
+        if self.lock_delay >= limit {
+            return Err(OptionsError::LockDelayAboveValidity {
+                lock_delay: self.lock_delay,
+                limit,
+            });
+        }
         Ok(())
     }
 }
@@ -500,6 +522,19 @@ mod tests {
         assert_eq!(
             bad(|o| o.max_leases = 100_001),
             OptionsError::MaxLeases(100_001)
+        );
+        // A 2 s lock delay past a 1.1 s validity window: no win would ever
+        // start its job.
+        assert_eq!(
+            bad(|o| {
+                o.heartbeat_interval = ms(100);
+                o.query_timeout = ms(1000);
+                o.lock_delay = ms(2000);
+            }),
+            OptionsError::LockDelayAboveValidity {
+                lock_delay: ms(2000),
+                limit: ms(550)
+            }
         );
     }
 

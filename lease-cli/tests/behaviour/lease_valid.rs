@@ -24,7 +24,8 @@ fn lease_valid_says_0_while_leading_and_1_once_the_lease_is_lost() {
     let name = unique("valid");
     // The command asks once at its start, and again in its SIGTERM trap
     // after the lease is lost; --lock-delay 2s leaves the trap time to ask
-    // before SIGKILL.
+    // before SIGKILL (and a validity window over twice as long: the query
+    // timeout is 4 s).
     let script = r#"trap '"$LEASE_BIN" valid; echo "after_loss=$?"; exit 0' TERM
 "$LEASE_BIN" valid; echo "inside=$? socket=$LEASE_SOCKET"
 while :; do sleep 0.05; done"#;
@@ -34,7 +35,7 @@ while :; do sleep 0.05; done"#;
         .args(["--retry-interval", "3s", "--heartbeat-interval", "100ms"])
         .args([
             "--query-timeout",
-            "1s",
+            "4s",
             "--lock-delay",
             "2s",
             "--grace",

@@ -20,6 +20,7 @@ mod lease_valid;
 mod log_lines;
 mod poolers;
 mod run;
+mod shards;
 mod status;
 mod tls;
 mod watchdog;

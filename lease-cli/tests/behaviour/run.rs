@@ -286,6 +286,7 @@ fn usage_errors_exit_2_on_one_line_without_touching_the_database() {
     db.set_nonblocking(true).expect("nonblocking");
     let port = db.local_addr().expect("addr").port();
     let url = format!("postgres://u:pw@127.0.0.1:{port}/x");
+    let long_name = "x".repeat(lease_proto::LeaseId::MAX_NAME_LEN);
     let cases: Vec<UsageCase> = vec![
         ("empty name", vec!["run", "", "--", "true"], None),
         ("blank name", vec!["run", "  ", "--", "true"], None),
@@ -350,6 +351,40 @@ fn usage_errors_exit_2_on_one_line_without_touching_the_database() {
             "an invalid sslmode",
             vec!["run", "job", "--", "true"],
             Some(("PGSSLMODE", "verify_full")),
+        ),
+        (
+            "no shards",
+            vec!["run", "--shards", "0", "job", "--", "true"],
+            None,
+        ),
+        (
+            "too many shards",
+            vec!["run", "--shards", "257", "job", "--", "true"],
+            None,
+        ),
+        (
+            "shards with --metrics-addr",
+            vec![
+                "run",
+                "--shards",
+                "2",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "job",
+                "--",
+                "true",
+            ],
+            None,
+        ),
+        (
+            "a shard's name too long",
+            vec!["run", "--shards", "1", &long_name, "--", "true"],
+            None,
+        ),
+        (
+            "status: shards without a name",
+            vec!["status", "--shards", "2"],
+            None,
         ),
         ("status: empty name", vec!["status", ""], None),
         ("key: empty name", vec!["key", ""], None),

@@ -25,6 +25,9 @@ pub enum Deadline {
     /// [`Options::guard_timeout`](crate::Options::guard_timeout), the moment
     /// the server could free its keys anyway. Earlier if every job returned.
     DeferredClose,
+    /// The lock delay of a try's reply that won a key ends: its job starts
+    /// (see [`Options::lock_delay`](crate::Options::lock_delay)).
+    LockDelay,
     /// The next heartbeat is due.
     Heartbeat,
     /// The next standby try is due.
@@ -39,11 +42,12 @@ pub enum Deadline {
 
 impl Deadline {
     /// Every timer, in the order ties are broken.
-    pub(crate) const ALL: [Deadline; 8] = [
+    pub(crate) const ALL: [Deadline; 9] = [
         Deadline::Connect,
         Deadline::Query,
         Deadline::Validity,
         Deadline::DeferredClose,
+        Deadline::LockDelay,
         Deadline::Heartbeat,
         Deadline::Retry,
         Deadline::Backoff,

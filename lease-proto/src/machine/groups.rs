@@ -25,8 +25,10 @@
 //!   stays the same (an owner that did not take it is not offered it again,
 //!   nor by any member that saw the key stay free past the bound).
 //! - **Announcements** on the handover channel (`group <id>`): a member
-//!   that joins, and one whose read finds a member gone, announce it; every
-//!   member reads again at once. The lease session never waits on the
+//!   that joins, one whose read finds a member gone, and one that closes
+//!   announce it; every member reads again at once. A closing member leaves
+//!   its groups before it releases their keys, so the members its releases'
+//!   handover notifications wake read it gone and own its keys at once. The lease session never waits on the
 //!   server (the machine ends a wait by replacing the session, and with it
 //!   the member id); a member holding a lease waits on the watch session, for
 //!   the holders the reads saw.
@@ -162,6 +164,22 @@ impl Groups {
             self.fresh = false;
         }
         ours
+    }
+
+    /// The machine closes: a read that leaves every group this session
+    /// joined and announces it, if any (see `Machine::next_statement`).
+    pub(super) fn leave_all(&self) -> Option<Read> {
+        if self.joined.is_empty() {
+            return None;
+        }
+        let joined: Vec<u32> = self.joined.iter().copied().collect();
+        Some(Read {
+            join: Vec::new(),
+            leave: joined.clone(),
+            groups: Vec::new(),
+            keys: Vec::new(),
+            announce: joined,
+        })
     }
 
     /// The read for the groups of the runs, `wanted` (group → keys).

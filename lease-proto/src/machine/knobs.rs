@@ -60,4 +60,9 @@ pub enum Mutation {
     /// its groups as if it owned them all (it still joins, reads and hands
     /// over as the share says).
     IgnoreShare,
+    /// The lock delay only for a try that follows a wake, as the machine
+    /// once had it: a poll (a new session's first try, the periodic try of
+    /// a locker that holds another lease) that wins a key the server freed
+    /// a moment ago by ending its holder's session starts the job at once.
+    LockDelayOnlyAfterWakes,
 }

@@ -185,9 +185,11 @@ impl std::error::Error for RunRejected {}
 ///   is gone at once;
 /// - a key held by the session is never locked again (no re-entrant stacking),
 ///   and any key found held without the machine's knowledge is unlocked;
+/// - a job starts [`Options::lock_delay`] after its try won the key, unless
+///   a handover notification from the holder its standby's last try saw
+///   said the release was graceful (see `Machine::try_answered`);
 /// - a standby that holds nothing waits on the server for a wanted key and
-///   tries the moment it is freed (after [`Options::lock_delay`] unless a
-///   handover notification came from the holder its last try saw); no wait
+///   tries the moment it is freed; no wait
 ///   lasts the server's `deadlock_timeout`; a wait never acquires, the try after it
 ///   does (see `wait` for the rule); a locker that holds a lease and wants
 ///   another waits on its watch session, a second connection that sends
@@ -647,6 +649,7 @@ impl Machine {
         };
         self.plan.session_down();
         self.timers.stop(Deadline::Query);
+        self.timers.stop(Deadline::LockDelay);
         self.timers.stop(Deadline::Heartbeat);
         self.timers.set(Deadline::DeferredClose, close_by);
         // A try in flight is never answered now; standbys wait for the next
@@ -713,6 +716,7 @@ impl Machine {
         self.watch.session_down();
         self.timers.stop(Deadline::Connect);
         self.timers.stop(Deadline::Query);
+        self.timers.stop(Deadline::LockDelay);
         self.timers.stop(Deadline::Heartbeat);
         self.timers.stop(Deadline::DeferredClose);
     }
@@ -784,10 +788,7 @@ impl Machine {
                     self.plan.try_soon();
                 }
             }
-            (What::Try(keys), Ok(rows)) => {
-                let reply = TryReply::parse(&keys, &rows);
-                self.try_done(now, q.sent, &keys, reply)
-            }
+            (What::Try(keys), Ok(rows)) => self.try_answered(now, q.id, q.sent, keys, rows),
             (What::Try(keys), Err(error)) => {
                 // "Maybe acquired": the statement may have taken some locks.
                 self.out.event(Event::TryFailed { error });
@@ -946,6 +947,97 @@ impl Machine {
         }
     }
 
+    /// A try's reply. The lock delay, in one place: a key the try won
+    /// starts its job [`Options::lock_delay`] after the reply, unless a
+    /// handover notification from the holder its standby's last try saw
+    /// said the release was graceful (at most the lock delay before the try
+    /// was sent, or meanwhile: the rest of the delay is skipped then). The
+    /// win may come moments after the server ended the holder's session
+    /// (`pg_terminate_backend`, a reset connection), which the old holder
+    /// learns at about the same moment: its job may still be stopping. So
+    /// the reply is held back, its statement still in flight (as if the
+    /// server had answered that much later: a session that ends meanwhile
+    /// loses the win with it), whether the try followed a wake (a standby's
+    /// wait or the watch session), a poll, or a new session's first try.
+    fn try_answered(
+        &mut self,
+        now: Instant,
+        query: QueryId,
+        sent: Instant,
+        keys: Vec<i64>,
+        rows: Vec<Row>,
+    ) {
+        let reply = TryReply::parse(&keys, &rows);
+        let delay = self.opts.lock_delay;
+        #[cfg(feature = "sim")] // The broken variant: no lock delay after a poll.
+        let delay = match self.knobs.mutation {
+            Some(Mutation::LockDelayOnlyAfterWakes)
+                if !self.wait.woken() && !self.watch.woken() =>
+            {
+                Duration::ZERO
+            }
+            _ => delay,
+        };
+        if delay.is_zero() || !self.runs.any_win_needs_lock_delay(&reply.won, sent, delay) {
+            return self.try_done(now, sent, &keys, reply);
+        }
+        let Some(up) = self.session.up_mut() else {
+            return;
+        };
+        up.inflight = Some(InFlight {
+            id: query,
+            sent,
+            what: What::Try(keys),
+        });
+        up.held_back = Some(rows);
+        self.timers.set(Deadline::LockDelay, now + delay);
+    }
+
+    /// The lock delay of a held-back try reply ended: the reply is taken as
+    /// arriving now.
+    fn lock_delay_over(&mut self, now: Instant) {
+        self.timers.stop(Deadline::LockDelay);
+        let Some(up) = self.session.up_mut() else {
+            return;
+        };
+        let Some(rows) = up.held_back.take() else {
+            return;
+        };
+        let Some(InFlight {
+            sent,
+            what: What::Try(keys),
+            ..
+        }) = up.inflight.take()
+        else {
+            return;
+        };
+        let reply = TryReply::parse(&keys, &rows);
+        self.try_done(now, sent, &keys, reply)
+    }
+
+    /// A graceful release was notified: a held-back try reply whose every
+    /// win is now graceful goes on at once.
+    fn lock_delay_over_if_graceful(&mut self, now: Instant) {
+        let Some(up) = self.session.up() else {
+            return;
+        };
+        let (
+            Some(rows),
+            Some(InFlight {
+                sent,
+                what: What::Try(keys),
+                ..
+            }),
+        ) = (&up.held_back, &up.inflight)
+        else {
+            return;
+        };
+        let reply = TryReply::parse(keys, rows);
+        if !(self.runs).any_win_needs_lock_delay(&reply.won, *sent, self.opts.lock_delay) {
+            self.lock_delay_over(now);
+        }
+    }
+
     fn try_done(&mut self, now: Instant, sent: Instant, tried: &[i64], reply: TryReply) {
         let Some(up) = self.session.up() else {
             return;
@@ -973,9 +1065,15 @@ impl Machine {
             let detail = format!("key {key} is held by this session's own backend");
             return self.refuse(now, Refusal::BackendShared { detail });
         }
+        let window = self.opts.validity_window();
+        if !reply.won.is_empty() && now >= sent + window {
+            // Answered (or its lock delay ended) after its validity: the
+            // process was frozen meanwhile, and the server may have ended
+            // the session for it. No job starts on a lease already expired.
+            return self.lose_session(now, Reason::ValidityExpired, true);
+        }
         self.wait.after_try(!reply.won.is_empty());
         self.watch.after_try(!reply.won.is_empty());
-        let window = self.opts.validity_window();
         for &won in &reply.won {
             self.runs.won(now, sent, won, window, &mut self.out);
         }
@@ -1102,14 +1200,8 @@ impl Machine {
             let window = self.opts.validity_window();
             return self.runs.wake_won(now, (key, token), window, &mut self.out);
         }
-        let delay = self.opts.lock_delay;
-        if self.wait.freed(now, answered, delay) || delay.is_zero() {
-            self.plan.try_soon();
-        } else {
-            // A notification (graceful release) asks for the try meanwhile;
-            // the retry deadline is the delay's end.
-            self.timers.set(Deadline::Retry, now + delay);
-        }
+        self.wait.freed();
+        self.plan.try_soon();
     }
 
     /// A handover notification for `key` from backend `sender`: a graceful
@@ -1139,8 +1231,9 @@ impl Machine {
                 return;
             }
         }
-        self.watch.notified(now, key);
-        if (self.wait).notified(now, key, self.session.waiting_for(), wanted) {
+        self.runs.released_gracefully(key, now);
+        self.lock_delay_over_if_graceful(now);
+        if (self.wait).notified(key, self.session.waiting_for(), wanted) {
             self.plan.try_soon();
         }
     }
@@ -1246,6 +1339,9 @@ impl Machine {
         {
             self.lose_session(now, Reason::QueryTimeout, true);
         }
+        if self.timers.expired(Deadline::LockDelay, now) {
+            self.lock_delay_over(now);
+        }
         self.close_doubtful_when_done(now);
         self.interrupt_wait_if_needed();
         let needed = self.needs_session();
@@ -1312,6 +1408,13 @@ impl Machine {
     fn next_statement(&mut self, now: Instant) -> Option<What> {
         if self.plan.verify_owed() {
             return Some(What::Verify);
+        }
+        // A closing member leaves its groups (and announces it) before it
+        // releases their keys (see `groups`).
+        if self.phase == Phase::Closing {
+            if let Some(leave) = self.groups.leave_all() {
+                return Some(What::Members(leave));
+            }
         }
         let release = self.runs.take_release();
         if !release.is_empty() {
@@ -1460,7 +1563,7 @@ impl Machine {
         // Only a ready session with nothing in flight sends.
         let idle_ready = self.session.idle_ready();
         self.timers.next(|timer| match timer {
-            Deadline::Connect | Deadline::Query | Deadline::Validity => true,
+            Deadline::Connect | Deadline::Query | Deadline::Validity | Deadline::LockDelay => true,
             Deadline::DeferredClose => matches!(self.session, Session::Doubtful { .. }),
             Deadline::Heartbeat => idle_ready && self.heartbeat_needed(),
             Deadline::Retry => {
@@ -1556,6 +1659,10 @@ mod tests {
         };
         let result = Ok(won.to_rows());
         m.handle_input(t, Input::Reply { query: q, result });
+        // Won: the job starts after the lock delay.
+        assert_eq!(m.timeout_reason(), Some(Deadline::LockDelay));
+        assert_eq!(m.poll_timeout(), Some(t + opts.lock_delay));
+        m.handle_input(t + opts.lock_delay, Input::Tick);
         // Leading, nothing in flight: the heartbeat comes before validity ends.
         assert_eq!(m.timeout_reason(), Some(Deadline::Heartbeat));
         assert_eq!(m.poll_timeout(), Some(t + opts.heartbeat_interval));

@@ -75,6 +75,9 @@ pub(super) struct Standby {
     /// The holder the last answered try of this standby reported (`None`:
     /// no try answered yet; `Some(None)`: `pg_locks` did not show it).
     pub(super) holder: Option<Option<i64>>,
+    /// When a handover notification from that holder said it released the
+    /// key gracefully; cleared when a try finds the key held again.
+    graceful: Option<Instant>,
 }
 
 impl Standby {
@@ -82,7 +85,15 @@ impl Standby {
         Standby {
             step: StandbyStep::Waiting,
             holder: None,
+            graceful: None,
         }
+    }
+
+    /// Whether a win by a try sent at `sent` follows a graceful release: the
+    /// notification came at most `lock_delay` before the try was sent, or
+    /// while it was in flight.
+    fn graceful_for(&self, sent: Instant, lock_delay: Duration) -> bool {
+        (self.graceful).is_some_and(|at| at + lock_delay >= sent)
     }
 }
 
@@ -396,6 +407,35 @@ impl RunTable {
         }
     }
 
+    /// Whether the win of any of `won` by the try sent at `sent` must wait
+    /// out the lock delay before its job starts: its run is a standby in
+    /// that try and no graceful release of its key came (see
+    /// [`Standby::graceful_for`]). A key no standby tried is unlocked, not
+    /// started.
+    pub(super) fn any_win_needs_lock_delay(
+        &self,
+        won: &[(i64, i64)],
+        sent: Instant,
+        lock_delay: Duration,
+    ) -> bool {
+        won.iter().any(|(key, _)| {
+            matches!(
+                self.by_key(*key).map(|r| &r.state),
+                Some(RunState::Standby(s)) if s.step == StandbyStep::Trying && !s.graceful_for(sent, lock_delay)
+            )
+        })
+    }
+
+    /// A handover notification for `key` from the holder its standby's last
+    /// try saw, at `now`: that holder released it gracefully.
+    pub(super) fn released_gracefully(&mut self, key: i64, now: Instant) {
+        if let Some((_, r)) = self.by_key_mut(key) {
+            if let RunState::Standby(standby) = &mut r.state {
+                standby.graceful = Some(now);
+            }
+        }
+    }
+
     /// A try did not win `key`; `holder` is who holds it, if `pg_locks` said.
     pub(super) fn not_won(&mut self, key: i64, holder: Option<i64>, out: &mut Outputs) {
         let Some((id, r)) = self.by_key_mut(key) else {
@@ -404,6 +444,7 @@ impl RunTable {
         if let RunState::Standby(standby) = &mut r.state {
             if standby.step == StandbyStep::Trying {
                 standby.step = StandbyStep::Waiting;
+                standby.graceful = None;
                 if standby.holder != Some(holder) {
                     standby.holder = Some(holder);
                     let lease = r.lease.clone();
@@ -428,6 +469,7 @@ impl RunTable {
         if let RunState::Standby(standby) = &mut r.state {
             if standby.step == StandbyStep::Waiting && standby.holder != Some(holder) {
                 standby.holder = Some(holder);
+                standby.graceful = None;
                 if holder.is_some() {
                     let lease = r.lease.clone();
                     out.event(Event::StandingBy {

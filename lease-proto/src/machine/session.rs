@@ -13,7 +13,7 @@ use super::{
 };
 use crate::io::{QueryId, Reason, Refusal, SessionError, SessionId, SessionParams};
 use crate::options::Options;
-use crate::sql::{SetupReply, Statement};
+use crate::sql::{Row, SetupReply, Statement};
 
 /// The session.
 #[derive(Debug)]
@@ -92,6 +92,10 @@ pub(super) struct Up {
     /// The session's server was promoted recently: no try (nor wait) before
     /// this instant (see `PromotionState::hold`).
     pub(super) promotion_hold: Option<Instant>,
+    /// A try's reply that won a key, held back for the lock delay
+    /// ([`Deadline::LockDelay`](super::Deadline::LockDelay)) with its
+    /// statement still in flight (see `Machine::try_answered`).
+    pub(super) held_back: Option<Vec<Row>>,
 }
 
 impl Up {
@@ -102,6 +106,7 @@ impl Up {
             stage: Stage::SettingUp,
             inflight: None,
             promotion_hold: None,
+            held_back: None,
         }
     }
 }

@@ -18,17 +18,10 @@
 //!   instant takeover; with *n*, a key is waited for one retry interval in
 //!   *n* and polled every retry interval otherwise.
 //! - **Woken** (the key was freed): the next statement is a
-//!   [`Statement::TryLock`](crate::Statement::TryLock) of every wanted key, at once, or after
-//!   [`Options::lock_delay`](crate::Options::lock_delay) unless a handover
-//!   notification for a wanted key comes first (a graceful release) from
-//!   the holder the standby's last try saw (its sender's backend pid against
-//!   the try's `holder_pid`; any other is ignored: any role may `NOTIFY`,
-//!   and a late one may come from an earlier holder). One for
-//!   the waited key that arrives while the wait blocks counts only if the
-//!   wake follows within the lock delay (the driver may read it just ahead
-//!   of the wake it belongs to); older, it was another release, after which
-//!   someone else took the key. A wait never acquires: the try does, and
-//!   its send time confirms the lease as for any try.
+//!   [`Statement::TryLock`](crate::Statement::TryLock) of every wanted key, at once; a win
+//!   starts its job after [`Options::lock_delay`](crate::Options::lock_delay) unless the
+//!   release was graceful (the rule: `Machine::try_answered`). A wait never
+//!   acquires: the try does, and its send time confirms the lease as for any try.
 //! - **Below `deadlock_timeout`.** No wait blocks as long as the server's
 //!   `deadlock_timeout` (1 s by default; any role can read it): one that
 //!   does runs the deadlock detector and, with `log_lock_waits = on`,
@@ -90,13 +83,6 @@ pub(super) struct ServerWait {
     wake_losses: u32,
     /// A wait failed otherwise than by its lock timeout: this session polls.
     off: bool,
-    /// When a handover notification for the key of the wait in flight
-    /// arrived. Either the release that is waking the wait (the driver reads
-    /// notifications ahead of the reply it waits for): the wake follows
-    /// within moments, and the try goes at once; or an older release, after
-    /// which someone else took the key: the wake comes later, from another
-    /// end of that holder, and gets the lock delay. Ends with the wait.
-    notified: Option<Instant>,
     /// The longest wait the session's `deadlock_timeout` allows
     /// ([`wait_limit_ms`](crate::server::wait_limit_ms)), from the last wait's
     /// reply; `None` before one answered on this session.
@@ -106,12 +92,11 @@ pub(super) struct ServerWait {
     interrupts: u32,
 }
 
-/// What a wait's answer took from [`ServerWait`]: the cursor before it and
-/// the notification read during it, given back for a chunk.
+/// What a wait's answer took from [`ServerWait`]: the cursor before it,
+/// given back for a chunk.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Answered {
     cursor: Option<i64>,
-    notified: Option<Instant>,
 }
 
 /// What the reply of a wait that answered on this session, its key not
@@ -171,7 +156,6 @@ impl ServerWait {
     pub(super) fn answered(&mut self, key: i64) -> Answered {
         Answered {
             cursor: self.cursor.replace(key),
-            notified: self.notified.take(),
         }
     }
 
@@ -188,24 +172,16 @@ impl ServerWait {
     pub(super) fn not_freed(&mut self, answered: Answered, chunk: bool) -> NotFreed {
         self.wake_losses = 0;
         if chunk {
-            // A notification read meanwhile still counts for the next chunk
-            // (within the lock delay).
             self.cursor = answered.cursor;
-            self.notified = answered.notified;
             return NotFreed::Chunk;
         }
         NotFreed::HeldAllAlong
     }
 
-    /// A wait's reply from this session: its key was freed; the try follows.
-    /// Returns whether the release was graceful: the handover notification
-    /// of the release that woke it came just ahead (within `lock_delay`; an
-    /// older one is stale, see `notified`), so the try goes at once.
-    pub(super) fn freed(&mut self, now: Instant, answered: Answered, lock_delay: Duration) -> bool {
+    /// A wait's reply from this session: its key was freed; the try follows
+    /// at once.
+    pub(super) fn freed(&mut self) {
         self.woken = true;
-        answered
-            .notified
-            .is_some_and(|at| now.duration_since(at) <= lock_delay)
     }
 
     /// A wait failed otherwise than by its lock timeout: no more waits on
@@ -230,23 +206,14 @@ impl ServerWait {
     /// A handover notification for `key` from the holder the standby saw
     /// (`wanted`: its standby is not in the try in flight), while a wait for
     /// `waited` blocks, if one does. Returns whether the standbys try at the
-    /// next chance. During a wait for that key, the wake follows and the
-    /// notification only tells it the release was graceful; during a wait
+    /// next chance. During a wait for that key, the wake follows (the
+    /// notification only marks the release graceful, see `runs`); during a wait
     /// for another key, it interrupts the wait (a reconnect), at most
     /// [`WAKE_BUDGET`] times per periodic try, after which the key waits for
     /// the periodic try.
-    pub(super) fn notified(
-        &mut self,
-        now: Instant,
-        key: i64,
-        waited: Option<i64>,
-        wanted: bool,
-    ) -> bool {
+    pub(super) fn notified(&mut self, key: i64, waited: Option<i64>, wanted: bool) -> bool {
         match waited {
-            Some(waited) if waited == key => {
-                self.notified = Some(now);
-                false
-            }
+            Some(waited) if waited == key => false,
             Some(_) if self.interrupts >= WAKE_BUDGET => false,
             Some(_) if wanted => {
                 self.interrupts += 1;
@@ -260,7 +227,6 @@ impl ServerWait {
     pub(super) fn session_down(&mut self) {
         self.woken = false;
         self.off = false;
-        self.notified = None;
         self.limit = None;
     }
 }

@@ -45,11 +45,9 @@
 //!   a chunk (below the server's `deadlock_timeout`): switching at once
 //!   would take a reconnect.
 //! - **Woken** (the key was freed): the lease session tries every wanted
-//!   key, at once after a handover notification from the holder its last
-//!   try saw (within [`Options::lock_delay`](crate::Options::lock_delay)
-//!   before the wake, or arriving during it), else after the lock delay:
-//!   the wake rule of `wait`, unchanged. The watch session waits no more
-//!   until that try has answered (its holders are then current).
+//!   key at once, and a win waits out the lock delay as any win does: the
+//!   wake rule of `wait`, unchanged. The watch session waits no more until
+//!   that try has answered (its holders are then current).
 //! - **No spin.** A wake whose following try wins nothing counts; after
 //!   [`WAKE_BUDGET`] such wakes in a row it waits no more until the next
 //!   periodic try.
@@ -82,10 +80,6 @@ pub(super) struct Watch {
     /// The longest wait the server's `deadlock_timeout` allows, from the
     /// last reply.
     limit: Option<Duration>,
-    /// A handover notification from the holder a try saw: its key, when.
-    notified: Option<(i64, Instant)>,
-    /// A wake's lock delay ends: the lease session tries then.
-    try_at: Option<Instant>,
     /// The attempt or the wait in flight times out.
     timeout_at: Option<Instant>,
 }
@@ -148,25 +142,15 @@ impl Watch {
         }
     }
 
-    /// A handover notification for `key` from the holder the standby saw.
-    pub(super) fn notified(&mut self, now: Instant, key: i64) {
-        if matches!(self.conn, Conn::Up { inflight: Some((_, k)), .. } if k == key) {
-            self.notified = Some((key, now));
-        }
-    }
-
     /// The lease session ended: what was learnt on it starts over.
     pub(super) fn session_down(&mut self) {
         self.off = false;
         self.limit = None;
     }
 
-    /// The earliest of its instants, for [`Deadline::Watch`].
+    /// For [`Deadline::Watch`].
     fn deadline(&self) -> Option<Instant> {
-        match (self.timeout_at, self.try_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.timeout_at
     }
 }
 
@@ -208,16 +192,11 @@ impl Machine {
         (!wanted.is_empty()).then_some((backend_pid, wanted))
     }
 
-    /// Before the lease session acts: a timed-out watch session is closed,
-    /// and a wake's lock delay that ended asks for the try.
+    /// Before the lease session acts: a timed-out watch session is closed.
     pub(super) fn watch_due(&mut self, now: Instant) {
         if self.watch.timeout_at.is_some_and(|t| t <= now) {
             let error = SessionError::other("the watch session timed out");
             self.watch_lost(Some(error), true);
-        }
-        if self.watch.try_at.is_some_and(|t| t <= now) {
-            self.watch.try_at = None;
-            self.plan.try_soon();
         }
         self.timers.put(Deadline::Watch, self.watch.deadline());
     }
@@ -335,6 +314,8 @@ impl Machine {
         query: QueryId,
         result: Result<Vec<Row>, SessionError>,
     ) {
+        #[cfg(not(feature = "sim"))] // Read only by a broken variant.
+        let _ = now;
         let Conn::Up {
             id,
             inflight: Some((q, key)),
@@ -347,7 +328,6 @@ impl Machine {
         }
         self.watch.conn = Conn::Up { id, inflight: None };
         self.watch.timeout_at = None;
-        let notified = self.watch.notified.take();
         // The connection failed under the wait (the backend terminated or
         // cancelled, the server shutting down: its FATAL or cancel reaches
         // the statement in flight before the end of the connection is seen):
@@ -391,15 +371,7 @@ impl Machine {
             let window = self.opts.validity_window();
             return self.runs.wake_won(now, (key, token), window, &mut self.out);
         }
-        let delay = self.opts.lock_delay;
-        let graceful = notified.is_some_and(|(k, at)| k == key && now.duration_since(at) <= delay);
-        if graceful || delay.is_zero() {
-            self.plan.try_soon();
-        } else {
-            // A notification meanwhile asks for the try at once (as for any
-            // standby); else the delay's end does.
-            self.watch.try_at = Some(now + delay);
-        }
+        self.plan.try_soon();
     }
 }
 

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use super::server::reply;
 use super::{drain, Command, Observer, ObserverViolation};
 use crate::{
-    reply::Row, Event, Input, LeaseId, Machine, Options, OptionsError, QueryId, RunId, RunRejected,
-    SessionError, SessionId, Statement,
+    reply::Row, Deadline, Event, Input, LeaseId, Machine, Options, OptionsError, QueryId, RunId,
+    RunRejected, SessionError, SessionId, Statement,
 };
 
 /// One [`Machine`] driven by hand, as a test (or a fuzz target) drives it:
@@ -352,10 +352,28 @@ impl Harness {
     }
 
     /// Answers the try in flight: every key won, with fencing token `token`.
+    /// A win the machine holds back for [`Options::lock_delay`] (no graceful
+    /// release came) is waited out: the clock moves to the delay's end, and
+    /// the commands of both steps are returned. [`Harness::win_held`] stops
+    /// before.
     ///
     /// # Panics
     /// The query in flight is not a try, or the observer objects.
     pub fn win(&mut self, token: i64) -> Vec<Command> {
+        let mut cmds = self.win_held(token);
+        if self.machine.timeout_reason() == Some(Deadline::LockDelay) {
+            let at = self.machine.poll_timeout().expect("the lock delay's end");
+            cmds.extend(self.advance(at.saturating_duration_since(self.now)));
+        }
+        cmds
+    }
+
+    /// Answers the try in flight: every key won, with fencing token `token`,
+    /// and no more: a win held back for the lock delay stays held.
+    ///
+    /// # Panics
+    /// The query in flight is not a try, or the observer objects.
+    pub fn win_held(&mut self, token: i64) -> Vec<Command> {
         let mut rows = self.try_session_row();
         rows.extend(
             self.try_keys()

@@ -196,9 +196,13 @@ fn validity_expiry_cancels_without_any_reply() {
     let mut h = harness(opts());
     let run = started(&mut h, "a", 900);
     let valid_until = h.machine().valid_until(run).unwrap();
-    assert_eq!(valid_until, h.now() + opts().validity_window());
-    // The heartbeat is sent and never answered; the process was frozen past the deadline.
-    h.advance(ms(200));
+    // From the try's send time: the win was answered at once and held back
+    // for the lock delay.
+    let sent = h.now() - opts().lock_delay;
+    assert_eq!(valid_until, sent + opts().validity_window());
+    // The heartbeat is sent (an interval after the try) and never answered;
+    // the process was frozen past the deadline.
+    h.advance(ms(200) - opts().lock_delay);
     assert_eq!(h.statement(), Statement::Heartbeat);
     h.set_now(valid_until);
     let cmds = h.input(Input::Tick);

@@ -198,7 +198,10 @@ impl H {
         };
         let session = vec![None, Some(backend_pid), Some(nonce)];
         let wins = keys.iter().map(|k| vec![Some(*k), Some(token), None]);
-        let cmds = self.reply(Ok([session].into_iter().chain(wins).collect()));
+        let mut cmds = self.reply(Ok([session].into_iter().chain(wins).collect()));
+        // The win is held back for the lock delay (no graceful release came).
+        self.t += self.m.options().lock_delay;
+        cmds.extend(self.input(Input::Tick));
         assert!(
             cmds.iter()
                 .any(|c| matches!(c, Command::StartJob { run: r, .. } if *r == run)),

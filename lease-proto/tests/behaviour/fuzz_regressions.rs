@@ -67,7 +67,8 @@ fn a_duplicate_win_row_does_not_unlock_the_running_job() {
         vec![Some(k), Some(900), None],
         vec![Some(k), Some(901), None],
     ]);
-    let cmds = d.reply(rows);
+    // Won: the job starts after the lock delay.
+    let cmds = [d.reply(rows), d.advance(opts().lock_delay)].concat();
     assert!(started(&cmds, run), "{cmds:?}");
     assert!(d.machine().is_valid(run, d.now()));
 }

@@ -13,6 +13,7 @@ mod contract;
 mod doubtful_session;
 mod errors;
 mod fuzz_regressions;
+mod groups;
 mod handover_notification;
 mod heartbeat;
 mod options;

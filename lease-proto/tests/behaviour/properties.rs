@@ -470,12 +470,12 @@ fn healed_at(faults: &[(Duration, Fault)]) -> Duration {
 /// Liveness bound after the last fault heals: the old session may live until
 /// the guard ends it, a standby may be waiting out a query timeout, a
 /// reconnect backoff (capped at the retry interval) and one retry interval,
-/// and reconnecting takes round trips (connect, setup, listen, try, and a
-/// verification or release before the try); each of the machine's intervals
-/// runs on a clock up to `drift` slow.
+/// reconnecting takes round trips (connect, setup, listen, try, and a
+/// verification or release before the try), and the lock delay holds a win
+/// back; each of the machine's intervals runs on a clock up to `drift` slow.
 fn liveness_bound(cfg: &SimConfig) -> Duration {
     let o = &cfg.options;
-    let local = o.guard_timeout() + o.query_timeout + o.retry_interval * 2;
+    let local = o.guard_timeout() + o.query_timeout + o.retry_interval * 2 + o.lock_delay;
     local.mul_f64(1.0 / (1.0 - cfg.drift)) + one_way(cfg) * 12 + ms(50)
 }
 
@@ -528,7 +528,12 @@ fn liveness_with(case: &Case, broken: impl Fn(&mut SimConfig)) -> Result<Asserte
     broken(&mut cfg);
     let bound = liveness_bound(&cfg);
     let mut sim = simulate(&cfg, &case.faults);
-    let healed = healed_at(&case.faults).max(promotion_held_until(&cfg, &case.faults));
+    // A run that starts late (`SimConfig::run_after`, after its process's
+    // start or restart) counts from then.
+    let late_start = (cfg.run_after.iter().flatten().max())
+        .copied()
+        .unwrap_or_default();
+    let healed = healed_at(&case.faults).max(promotion_held_until(&cfg, &case.faults)) + late_start;
     sim.run_until(healed);
     let deadline = healed + bound;
     let any_alive = (0..cfg.processes).any(|p| sim.is_alive(p));
@@ -1311,6 +1316,10 @@ fn broken_waits_that_keep_their_shared_lock_are_caught_by_liveness() {
 #[derive(Debug, Clone)]
 struct NotifyCase {
     processes: usize,
+    /// Leases every process runs: with more than one, a locker that holds
+    /// one polls for the others (and watches one holder on its watch
+    /// session), so a terminated holder's key may be won by a poll.
+    leases: usize,
     seed: u64,
     /// Jobs return by themselves (graceful releases, each with its
     /// notification) as well as being terminated.
@@ -1325,26 +1334,27 @@ struct NotifyCase {
 fn notify_cases() -> impl Strategy<Value = NotifyCase> {
     (
         2..5usize,
+        1..4usize,
         any::<u64>(),
         any::<bool>(),
         prop_oneof![Just(0u64), 1..40u64],
         // Each terminate a gap after the one before (the first after the
-        // start): at least 1 s, so that a standby whose own session was
-        // terminated has reconnected and waits again by the next one. The
-        // first try of a new session is not a woken wait and gets no lock
-        // delay (the documented limit of the lock delay's row).
+        // start), some within a few round trips of the one before: a
+        // standby whose own session was just terminated tries at once on
+        // its new session, a poll rather than a woken wait.
         proptest::collection::vec(
             (
-                (1000..3000u64).prop_map(ms),
+                prop_oneof![1 => (0..60u64).prop_map(ms), 3 => (60..3000u64).prop_map(ms)],
                 0..4usize,
                 prop_oneof![1 => Just(None), 4 => (0..3000u64).prop_map(Some)],
             ),
-            1..4,
+            1..5,
         ),
     )
         .prop_map(
-            |(processes, seed, exits, notify_delay_ms, terminates)| NotifyCase {
+            |(processes, leases, seed, exits, notify_delay_ms, terminates)| NotifyCase {
                 processes,
+                leases,
                 seed,
                 exits,
                 notify_delay_ms,
@@ -1374,6 +1384,7 @@ fn notify_case(case: &NotifyCase, mutation: Option<Mutation>) -> Result<(), Test
     let cfg = SimConfig {
         seed: case.seed,
         processes: case.processes,
+        leases: (0..case.leases).map(|i| format!("job-{i}")).collect(),
         options: {
             let mut o = SimConfig::default().options;
             o.lock_delay = NOTIFY_LOCK_DELAY;
@@ -1408,8 +1419,11 @@ fn notify_case(case: &NotifyCase, mutation: Option<Mutation>) -> Result<(), Test
 /// unlock woke the waiters). The machine counts a handover notification as a
 /// graceful release only from the holder its standby last saw, so neither a
 /// forged one sent just before the holder's terminate nor a late one from an
-/// earlier holder cuts the lock delay short: strong safety holds with jobs that
-/// take half the lock delay to stop. The forged ones are what the broken variant
+/// earlier holder cuts the lock delay short; and every win gets the lock delay,
+/// whether its try followed a wake or was a poll (terminates come in quick
+/// succession, so a standby whose own session was terminated polls on its new
+/// one; with several leases a holder polls for the others): strong safety holds
+/// with jobs that take half the lock delay to stop. The forged ones are what the broken variant
 /// below trips on (30 of 100 generated cases); late ones (delivered up to 40 ms
 /// after the release) are generated too, but the window where one matters (a herd
 /// loser's second wait, its new holder terminated within the lock delay of the
@@ -1472,6 +1486,37 @@ fn broken_notifications_from_anyone_are_caught() {
             eprintln!("shrunk to {case:?}");
         }
         other => panic!("the property did not catch notifications from anyone: {other:?}"),
+    }
+}
+
+/// Broken variant: the lock delay only for a try that follows a wake, as the
+/// machine once had it. A poll that wins a key the server freed a moment ago
+/// by terminating its holder (a new session's first try, the periodic try of
+/// a locker that holds another lease) starts its job at once: the property
+/// above finds two leaders.
+#[test]
+fn broken_a_lock_delay_only_after_wakes_is_caught() {
+    let mut runner = TestRunner::new_with_rng(
+        ProptestConfig {
+            cases: CASES,
+            max_shrink_iters: 100,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    match runner.run(&notify_cases(), |case| {
+        notify_case(&case, Some(Mutation::LockDelayOnlyAfterWakes))
+    }) {
+        Err(TestError::Fail(reason, case)) => {
+            let reason = reason.to_string();
+            assert!(
+                reason.contains("TwoLeaders"),
+                "broke something else: {reason}"
+            );
+            eprintln!("shrunk to {case:?}");
+        }
+        other => panic!("the property did not catch a lock delay only after wakes: {other:?}"),
     }
 }
 
@@ -2060,7 +2105,12 @@ fn fair_share(case: &Case, mutation: Option<Mutation>) -> Result<(), TestCaseErr
     let cfg = group_config(&case, mutation);
     let bound = share_bound(&cfg);
     let mut sim = simulate(&cfg, &case.faults);
-    let healed = healed_at(&case.faults).max(promotion_held_until(&cfg, &case.faults));
+    // A run that starts late (`SimConfig::run_after`, after its process's
+    // start or restart) counts from then.
+    let late_start = (cfg.run_after.iter().flatten().max())
+        .copied()
+        .unwrap_or_default();
+    let healed = healed_at(&case.faults).max(promotion_held_until(&cfg, &case.faults)) + late_start;
     sim.run_until(healed);
     let deadline = healed + bound;
     let k = cfg.leases.len();
@@ -2178,7 +2228,12 @@ fn every_lease_led_with_different_key_sets(case: &Case) -> Result<(), TestCaseEr
     let o = &cfg.options;
     let bound = share_bound(&cfg) + (o.retry_interval * 2 + o.query_timeout * 2) * 2;
     let mut sim = simulate(&cfg, &case.faults);
-    let healed = healed_at(&case.faults).max(promotion_held_until(&cfg, &case.faults));
+    // A run that starts late (`SimConfig::run_after`, after its process's
+    // start or restart) counts from then.
+    let late_start = (cfg.run_after.iter().flatten().max())
+        .copied()
+        .unwrap_or_default();
+    let healed = healed_at(&case.faults).max(promotion_held_until(&cfg, &case.faults)) + late_start;
     sim.run_until(healed);
     let deadline = healed + bound;
     loop {

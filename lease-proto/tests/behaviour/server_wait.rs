@@ -33,44 +33,58 @@ fn a_standby_at_rest_waits_once_per_retry_interval() {
     assert!((49..=52).contains(&sent.len()), "{}", sent.len());
 }
 
-/// Woken, a standby tries at once when a handover notification says the
-/// release was graceful, and after the lock delay otherwise; a try that
+/// Woken, a standby tries at once; a win starts its job after the lock delay
+/// unless a handover notification from the holder its last try saw says the
+/// release was graceful (before the win, or while it is held back); a try that
 /// loses sends it back to waiting within the same step.
 #[test]
-fn a_woken_standby_tries_after_the_lock_delay_or_at_a_notification() {
+fn a_woken_standby_tries_at_once_and_starts_after_the_lock_delay_or_a_notification() {
     let o = {
         let mut o = opts();
         o.lock_delay = ms(20);
         o
     };
-    let mut h = harness(o);
+    let starts = |cmds: &[Command]| has(cmds, |c| matches!(c, Command::StartJob { .. }));
+    let mut h = harness(o.clone());
     h.run(lease("a"));
     h.connect(7);
     h.lose(Some(99));
     assert!(matches!(h.statement(), Statement::Wait { .. }));
-    // Freed without a notification (the holder's session ended): the lock delay.
+    // Freed without a notification (the holder's session ended): the try at
+    // once, its win held back for the lock delay.
     h.advance(ms(50));
     h.wake(7);
-    assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
-    h.advance(ms(19));
-    assert!(h.in_flight().is_none());
-    h.advance(ms(1));
     assert_eq!(h.try_keys(), vec![key("a")]);
-    // Someone else won: back to waiting at once.
-    h.lose(Some(98));
-    assert!(matches!(h.statement(), Statement::Wait { .. }));
-    // Freed by a graceful release: its notification cuts the delay short.
+    assert!(!starts(&h.win_held(900)));
+    assert!(!starts(&h.advance(ms(19))));
+    assert!(starts(&h.advance(ms(1))));
+    assert!(h.machine().is_valid(RunId(0), h.now()));
+
+    // Someone else won: back to waiting at once. Freed by a graceful release
+    // whose notification came first: the job starts with the win.
+    let mut h = harness(o.clone());
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
     h.advance(ms(10));
     h.wake(7);
-    assert!(h.in_flight().is_none());
-    h.input(Input::Notification {
-        channel: HANDOVER_CHANNEL.into(),
-        payload: key("a").to_string(),
-        sender_pid: 98,
-    });
-    assert_eq!(h.try_keys(), vec![key("a")]);
-    h.win(901);
-    assert!(h.machine().is_valid(RunId(0), h.now()));
+    h.lose(Some(99));
+    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    h.advance(ms(10));
+    notify(&mut h, "a");
+    h.wake(7);
+    assert!(starts(&h.win_held(901)));
+
+    // The notification that comes while the win is held back ends the delay.
+    let mut h = harness(o);
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    h.advance(ms(10));
+    h.wake(7);
+    assert!(!starts(&h.win_held(902)));
+    h.advance(ms(5));
+    assert!(starts(&notify(&mut h, "a")));
 }
 
 /// Wakes whose try loses (a lock the wait does not conflict with, a herd
@@ -184,11 +198,12 @@ fn a_standby_at_rest_sends_only_its_tries() {
     assert!(sent.iter().all(|s| matches!(s, Statement::TryLock { .. })));
     // One try per jittered retry wait (200 ms, down by up to 20 %).
     assert!((50..=64).contains(&sent.len()), "{}", sent.len());
-    // Once it leads, it heartbeats an interval after the winning try.
+    // Once it leads, it heartbeats an interval after the winning try (its
+    // job started a lock delay after the win).
     h.advance(ms(200));
     let won = h.now();
     h.win(900);
-    h.advance(ms(199));
+    h.advance(ms(199) - (h.now() - won));
     assert!(h.in_flight().is_none());
     h.advance(ms(1));
     assert_eq!(h.statement(), Statement::Heartbeat);
@@ -364,13 +379,14 @@ fn simulated_shared_holder_costs_a_bounded_number_of_statements() {
     }
 }
 
-/// A handover notification from backend 99, the holder the tries saw.
-fn notify(h: &mut Harness, name: &str) {
+/// A handover notification for lease `name` from backend 99, the holder the
+/// tries saw.
+fn notify(h: &mut Harness, name: &str) -> Vec<Command> {
     h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
         payload: lease(name).key().to_string(),
         sender_pid: 99,
-    });
+    })
 }
 
 /// A handover notification that reaches a standby while its wait blocks on
@@ -381,7 +397,7 @@ fn notify(h: &mut Harness, name: &str) {
 /// standby took the key (the wait stays queued behind it). The machine took
 /// both for the former and set "try at once" for good: when the key was
 /// later freed by the server ending that other holder's session (no
-/// notification), the standby tried without the lock delay, against the
+/// notification), the standby started without the lock delay, against the
 /// documented rule.
 #[test]
 fn a_stale_notification_does_not_cut_a_later_lock_delay_short() {
@@ -400,16 +416,18 @@ fn a_stale_notification_does_not_cut_a_later_lock_delay_short() {
     h.advance(ms(1));
     notify(&mut h, "a");
     assert!(matches!(h.statement(), Statement::Wait { .. }));
-    // 98's session is terminated 100 ms later: the wait wakes, no notification.
+    // 98's session is terminated 100 ms later: the wait wakes, no
+    // notification; the try goes at once and its win gets the lock delay.
     h.advance(ms(100));
     h.wake(7);
-    assert!(
-        h.in_flight().is_none(),
-        "tried at once, without the lock delay: {:?}",
-        h.in_flight()
-    );
-    h.advance(ms(20));
     assert_eq!(h.try_keys(), vec![lease("a").key()]);
+    let starts = |cmds: &[Command]| has(cmds, |c| matches!(c, Command::StartJob { .. }));
+    assert!(
+        !starts(&h.win_held(900)),
+        "started at once, without the lock delay"
+    );
+    assert!(!starts(&h.advance(ms(19))));
+    assert!(starts(&h.advance(ms(1))));
 }
 
 /// The notification of the graceful release that wakes the wait comes just

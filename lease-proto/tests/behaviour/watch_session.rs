@@ -1,6 +1,6 @@
 //! The watch session (`Options::watch_session`), hand-driven: it opens only for a locker
 //! that holds a lease and wants another, sends nothing but waits for the ring's key, wakes
-//! the lease session's try after the lock delay, falls back to polling when it fails, and
+//! the lease session's try (whose win waits out the lock delay), falls back to polling when it fails, and
 //! never opens for one lease, with the option off, or behind a pooler that rejected the
 //! startup options.
 
@@ -54,9 +54,10 @@ fn holder_wanting(h: &mut Harness, holder: i64) -> Vec<Command> {
 }
 
 /// A holder that wants another lease opens the watch session, waits there for the
-/// wanted key, and when it is freed the lease session tries after the lock delay.
+/// wanted key, and when it is freed the lease session tries at once; the win starts
+/// its job after the lock delay.
 #[test]
-fn a_holder_waits_on_its_watch_session_and_tries_after_the_lock_delay() {
+fn a_holder_waits_on_its_watch_session_and_starts_after_the_lock_delay() {
     let o = {
         let mut o = opts();
         o.lock_delay = ms(20);
@@ -92,13 +93,14 @@ fn a_holder_waits_on_its_watch_session_and_tries_after_the_lock_delay() {
     if matches!(h.in_flight(), Some((_, Statement::Heartbeat))) {
         h.heartbeat(7, &[]);
     }
-    assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
-    h.advance(ms(19));
-    assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
-    h.advance(ms(1));
     assert_eq!(h.try_keys(), vec![key("b")]);
-    // Won: nothing is wanted any more, and the watch session closes.
-    let cmds = h.win(2);
+    // Won: its job starts after the lock delay, not before; then nothing is
+    // wanted any more, and the watch session closes.
+    let starts = |cmds: &[Command]| has(cmds, |c| matches!(c, Command::StartJob { .. }));
+    assert!(!starts(&h.win_held(2)));
+    assert!(!starts(&h.advance(ms(19))));
+    let cmds = h.advance(ms(1));
+    assert!(starts(&cmds), "{cmds:?}");
     let (_, _, closed) = watch_commands(&cmds);
     assert_eq!(closed, 1, "{cmds:?}");
 }
@@ -147,18 +149,14 @@ fn a_failing_watch_session_falls_back_to_polling() {
             reopened = Some(*s);
             break;
         }
-        match h.in_flight().map(|(_, s)| s.clone()) {
-            Some(Statement::Heartbeat) => {
-                h.heartbeat(7, &[]);
-            }
-            Some(Statement::TryLock { .. }) => {
-                let cmds = h.lose(Some(99));
-                if let Some(s) = watch_commands(&cmds).0.first() {
-                    reopened = Some(*s);
-                    break;
-                }
-            }
-            _ => {}
+        let cmds = match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Heartbeat) => h.heartbeat(7, &[]),
+            Some(Statement::TryLock { .. }) => h.lose(Some(99)),
+            _ => Vec::new(),
+        };
+        if let Some(s) = watch_commands(&cmds).0.first() {
+            reopened = Some(*s);
+            break;
         }
     }
     let watch = reopened.expect("the watch session opens again at the next try");
@@ -203,7 +201,7 @@ fn behind_a_pooler_no_watch_session() {
 }
 
 /// A graceful handover from holder 99 is followed by a new holder 77 that is terminated
-/// within the lock delay: the watch session's wake for 77's end gets the lock delay (the
+/// within the lock delay: the win after the watch session's wake for 77's end gets the lock delay (the
 /// notification came from the earlier holder, for an earlier wait). Failed before the
 /// notification was kept only for the wait in flight for its key.
 #[test]
@@ -270,9 +268,11 @@ fn a_stale_notification_does_not_skip_the_watch_lock_delay() {
     if matches!(h.in_flight(), Some((_, Statement::Heartbeat))) {
         h.heartbeat(7, &[]);
     }
+    assert_eq!(h.try_keys(), vec![key("b")], "the try goes at once");
+    let cmds = h.win_held(3);
     assert!(
-        !matches!(h.in_flight(), Some((_, Statement::TryLock { .. }))),
-        "the try went at once after a non-graceful end of 77: the lock delay was skipped"
+        !has(&cmds, |c| matches!(c, Command::StartJob { .. })),
+        "the job started at once after a non-graceful end of 77: the lock delay was skipped"
     );
 }
 
