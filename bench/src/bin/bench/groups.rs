@@ -55,7 +55,7 @@ pub struct KillRep {
     pub moved_by_restart: usize,
     /// Hand-offs (`cancel ... handed-over`) from the kill to 4/4/4.
     pub handoffs: usize,
-    /// The victim was the member started last (the previous repetition's restart).
+    /// The victim was the previous repetition's restarted member.
     pub victim_newest: bool,
     /// The group's last settle (4/4/4) → the kill.
     pub since_settle_ns: u64,
@@ -356,7 +356,7 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
     let mut kills = Vec::new();
     // The last settle, and which member started last.
     let mut settled_at = settled;
-    let mut newest = MEMBERS - 1;
+    let mut newest = None;
     for i in 0..plan.group_reps {
         let at = monotonic_nanos() + iv.retry.mul_f64(bench.random()).as_nanos() as u64;
         let victim = ((bench.random() * MEMBERS as f64) as usize).min(MEMBERS - 1);
@@ -388,12 +388,12 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
             settle_ns: settled - t_restart,
             moved_by_restart: starts_since(&all(&live), t_restart).len(),
             handoffs: handoffs_since(&all(&live), t_kill),
-            victim_newest: victim == newest,
+            victim_newest: newest == Some(victim),
             since_settle_ns: t_kill.saturating_sub(settled_at),
             victim_watched: last.map(|w| w[victim]),
             all_watched_ns: all_watched.map(|t| t.saturating_sub(settled_at)),
         };
-        (settled_at, newest) = (settled, victim);
+        (settled_at, newest) = (settled, Some(victim));
         eprintln!(
             "bench: groups {:<5} kill {i}: member {victim}{} {:.0} ms after the settle, \
              watched {:?} (all watched {} ms after the settle): its {} leases led again in {} \
