@@ -923,9 +923,12 @@ impl Fuzz {
                     2 => Some(i64::from(pick(3)) * 8 + 1),
                     _ => None,
                 };
+                // Now and then a wait that did not queue (its key crowded).
+                let crowded = freed == Some(false) && pick(3) % 5 == 0;
                 let reply = lease_proto::reply::WaitReply {
                     session,
                     freed,
+                    crowded,
                     deadlock_timeout_ms,
                 };
                 let mut rows = reply.to_rows();

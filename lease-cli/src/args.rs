@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use lease_tokio::{GroupId, LeaseId};
 
 /// Shown under `lease --help`.
 /// `--grace` when not given.
@@ -209,37 +210,6 @@ pub enum Cmd {
                       error (no $LEASE_SOCKET, no answer within --timeout: a frozen runner)."
     )]
     Valid(ValidArgs),
-    /// Internal: the watchdog `lease run` starts beside each command (see watchdog.rs)
-    #[command(name = "__watchdog", hide = true)]
-    Watchdog(WatchdogArgs),
-}
-
-/// Options of the hidden watchdog subcommand (given by `lease run`).
-#[derive(Debug, Args)]
-pub struct WatchdogArgs {
-    /// The runner's pid: the watchdog exits at once if its parent is another
-    #[arg(long, value_name = "PID")]
-    pub parent: i32,
-
-    /// Log only warnings and errors
-    #[arg(long)]
-    pub quiet: bool,
-
-    /// Log format on stderr
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-
-    /// An inherited descriptor to give the command as its stdin (the runner's)
-    #[arg(long, value_name = "FD")]
-    pub stdin_fd: Option<i32>,
-
-    /// An inherited descriptor to give the command as its stdout (the runner's)
-    #[arg(long, value_name = "FD")]
-    pub stdout_fd: Option<i32>,
-
-    /// The command the watchdog starts on `spawn`, after `--`
-    #[arg(value_name = "COMMAND", last = true, allow_hyphen_values = true)]
-    pub command: Vec<OsString>,
 }
 
 /// How to reach the database; shared by every subcommand that connects.
@@ -388,7 +358,7 @@ pub struct RunArgs {
     /// runs under a lease that is valid right now, 503 otherwise: point a readiness probe or a
     /// load balancer at it to reach the leader alone. Binds exactly ADDR (no host names; port 0
     /// picks a free port, logged at startup); served by `lease run` itself, no thread of its own.
-    #[arg(long, value_name = "ADDR", value_parser = crate::serve::parse_addr)]
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub metrics_addr: Option<SocketAddr>,
 }
 
@@ -470,6 +440,33 @@ pub enum LogFormat {
     Json,
 }
 
+/// The leases of `--shards n`: `NAME/0` to `NAME/n-1`, in the group `NAME`.
+pub fn shard_leases(name: &str, n: u16) -> Result<Vec<LeaseId>, String> {
+    let group = GroupId::named(name).map_err(|e| e.to_string())?;
+    (0..n)
+        .map(|i| {
+            let shard = format!("{name}/{i}");
+            let id = LeaseId::named(shard.as_str()).map_err(|e| format!("shard {shard:?}: {e}"))?;
+            Ok(id.in_group(group.clone()))
+        })
+        .collect()
+}
+
+/// Parses `--metrics-addr`: an IP address and a port (`127.0.0.1:9187`,
+/// `[::]:9187`, `0.0.0.0:9187`); no host name is resolved, so the endpoint
+/// binds exactly where it is told.
+///
+/// # Errors
+/// A one-line message.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.trim().parse::<SocketAddr>().map_err(|_| {
+        format!(
+            "--metrics-addr {s:?}: expected IP:PORT, such as 127.0.0.1:9187 or [::]:9187 (no host \
+             names)"
+        )
+    })
+}
+
 /// Parses a humantime duration (`200ms`, `5s`, `1m 30s`).
 ///
 /// # Errors
@@ -489,6 +486,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn addresses_parse_exactly() {
+        assert_eq!(
+            parse_addr("127.0.0.1:9187"),
+            Ok(SocketAddr::from(([127, 0, 0, 1], 9187)))
+        );
+        assert!(parse_addr("[::1]:9187").is_ok());
+        assert!(parse_addr("localhost:9187").is_err());
+        assert!(parse_addr("127.0.0.1").is_err());
+        assert!(parse_addr(":9187").is_err());
+    }
 
     #[test]
     fn the_cli_is_consistent() {

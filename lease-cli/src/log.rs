@@ -1,5 +1,5 @@
 //! Logging to stderr: a `tracing` subscriber (text or JSON) whose every line
-//! passes through [`conn::redact`](crate::conn::redact).
+//! passes through [`conn::redact`](crate::conn::redact); usage errors; exit statuses.
 
 use std::io::{self, IsTerminal, Write};
 use std::time::Duration;
@@ -15,6 +15,17 @@ use crate::conn::redact;
 /// Environment variable with `tracing` filter directives that replace the
 /// default level (e.g. `LEASE_LOG=lease_driver=debug`).
 pub const FILTER_ENV: &str = "LEASE_LOG";
+
+/// Exit status for an error that is not bad usage.
+pub const EXIT_FAILURE: i32 = 1;
+
+/// Prints a one-line usage error (`lease: error: ...`) and returns `code`.
+/// Registered secrets are redacted.
+pub fn usage_error(code: i32, message: &str) -> i32 {
+    let message = redact(message).replace(['\r', '\n'], " ");
+    eprintln!("lease: error: {message}");
+    code
+}
 
 /// A duration as log lines and endpoint bodies show it: to the millisecond
 /// (`1s 250ms`, not `1s 250ms 3us 417ns`).
@@ -55,6 +66,32 @@ pub fn init(quiet: bool, format: LogFormat) {
     let subscriber = Registry::default().with(text).with(json);
     // Fails only if a subscriber is already set: keep that one.
     let _ = tracing::subscriber::set_global_default(subscriber);
+}
+
+/// What `lease run` hands its watchdogs for their log setup
+/// ([`lease_exec::Command::watchdog_log`]): `quiet,json`, `text`, ...
+pub fn watchdog_config(quiet: bool, format: LogFormat) -> String {
+    let format = match format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
+    };
+    if quiet {
+        format!("quiet,{format}")
+    } else {
+        format.to_owned()
+    }
+}
+
+/// A watchdog's log setup from [`watchdog_config`]'s string (text, not
+/// quiet, for anything else).
+pub fn init_watchdog(config: &str) {
+    let words: Vec<&str> = config.split(',').collect();
+    let format = if words.contains(&"json") {
+        LogFormat::Json
+    } else {
+        LogFormat::Text
+    };
+    init(words.contains(&"quiet"), format);
 }
 
 /// Writes each formatted event to stderr with secrets redacted. The fmt layer

@@ -2,7 +2,7 @@
 //! session-level advisory locks.
 //!
 //! - `lease run NAME -- COMMAND...`: contend for NAME and run COMMAND while
-//!   leading ([`run`], [`child`]).
+//!   leading ([`run`]; the command runs under a watchdog: lease-exec).
 //!   With `--metrics-addr`, also serves `/metrics`, `/healthz` and `/leader`
 //!   ([`serve`]).
 //! - `lease status [NAME...]`: who holds which lease and who waits for it on
@@ -12,13 +12,13 @@
 //!   valid now and until when, asked of the runner over a Unix socket
 //!   ([`valid`]).
 //! - `lease __watchdog` (hidden): started by `lease run` beside each command;
-//!   kills the command's group when the runner stops renewing its deadline
-//!   ([`watchdog`]).
+//!   kills the command's tree when the runner stops renewing its deadline
+//!   ([`lease_exec::maybe_run_watchdog`]).
 //!
 //! Exit statuses: 2 for bad usage (nothing is sent to the database), 1 for
 //! errors, and for `lease run` the command's own status.
 //!
-//! Linux only: the child's parent-death signal uses `prctl` (see [`child`]).
+//! Linux only: the command's parent-death signal uses `prctl` (see lease-exec).
 
 #[cfg(not(target_os = "linux"))]
 compile_error!(
@@ -26,14 +26,12 @@ compile_error!(
 );
 
 mod args;
-mod child;
 mod conn;
 mod log;
 mod run;
 mod serve;
 mod status;
 mod valid;
-mod watchdog;
 
 use std::io::Write;
 
@@ -41,11 +39,11 @@ use clap::error::ErrorKind;
 use clap::Parser;
 
 use args::{Cli, Cmd};
-
-/// Exit status for an error that is not bad usage.
-pub const EXIT_FAILURE: i32 = 1;
+use log::usage_error;
 
 fn main() {
+    // `lease run` re-executes this binary as each command's watchdog.
+    lease_exec::maybe_run_watchdog(log::init_watchdog);
     let code = match Cli::try_parse() {
         Ok(cli) => dispatch(cli),
         Err(e) => clap_error(&e),
@@ -60,16 +58,7 @@ fn dispatch(cli: Cli) -> i32 {
         Cmd::Status(args) => status::main(args),
         Cmd::Key(args) => status::key(args),
         Cmd::Valid(args) => valid::main(args),
-        Cmd::Watchdog(args) => watchdog::main(args),
     }
-}
-
-/// Prints a one-line usage error (`lease: error: ...`) and returns `code`.
-/// Registered secrets are redacted.
-pub fn usage_error(code: i32, message: &str) -> i32 {
-    let message = conn::redact(message).replace(['\r', '\n'], " ");
-    eprintln!("lease: error: {message}");
-    code
 }
 
 /// Help and version go to stdout as clap renders them (status 0); a usage

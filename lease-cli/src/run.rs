@@ -1,26 +1,28 @@
 //! `lease run`: contend for a lease and run a command while holding it.
 
 use std::cell::Cell;
+use std::ffi::OsStr;
 use std::fmt;
 use std::future::{pending, Future};
-use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::process::ExitStatus;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use lease_exec::{Command, Job, Watchdog};
 use lease_proto::inspect::{lease_application_name, HolderRow};
-use lease_tokio::{
-    GroupId, Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState,
-};
+use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 
-use crate::args::{LogFormat, RunArgs, DEFAULT_GRACE};
-use crate::child::{self, exit_code, ChildSpec, Job};
+use crate::args::{shard_leases, LogFormat, RunArgs, DEFAULT_GRACE};
 use crate::conn::{self, Target};
+use crate::log::{self, usage_error, EXIT_FAILURE};
 use crate::serve::{self, Current, Endpoints, Health};
-use crate::watchdog::Watchdog;
-use crate::{log, status, usage_error, valid, EXIT_FAILURE};
+use crate::{status, valid};
 
 /// Everything `lease run` needs once the input is validated.
 struct Plan {
@@ -28,7 +30,8 @@ struct Plan {
     leases: Vec<LeaseId>,
     /// `--shards`.
     shards: Option<u16>,
-    spec: ChildSpec,
+    /// COMMAND, its watchdog's log setup included.
+    command: Command,
     options: Options,
     target: Target,
     grace: Duration,
@@ -63,13 +66,13 @@ pub fn main(args: RunArgs) -> i32 {
     }
     warn_about_grace(&plan);
     // Orphans of a command's tree whose watchdog died become this runner's
-    // children, still in reach (see `child::Job`).
-    if let Err(e) = child::become_subreaper() {
+    // children, still in reach (its only other children are watchdogs).
+    if let Err(e) = lease_exec::become_subreaper() {
         tracing::error!("cannot become the subreaper of the command's tree: {e}");
         return EXIT_FAILURE;
     }
-    // One thread: the child's PR_SET_PDEATHSIG is tied to the thread that
-    // spawns it, which must live as long as the process (see `child`).
+    // One thread: the watchdog's PR_SET_PDEATHSIG is tied to the thread that
+    // spawns it, which must live as long as the process (`Watchdog::start`).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
@@ -90,7 +93,14 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
         None => vec![lease.clone()],
         Some(n) => shard_leases(lease.name(), n).map_err(|e| (2, e))?,
     };
-    let spec = ChildSpec::new(args.command).ok_or((2, "missing COMMAND after `--`".to_owned()))?;
+    let mut argv = args.command.into_iter();
+    let program = argv
+        .next()
+        .ok_or((2, "missing COMMAND after `--`".to_owned()))?;
+    let mut command = Command::new(program);
+    command
+        .args(argv)
+        .watchdog_log(log::watchdog_config(args.quiet, args.log_format));
     let mut options = {
         let mut o = Options::default();
         o.retry_interval = args.retry_interval;
@@ -118,12 +128,12 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
             .config
             .application_name(lease_application_name(lease.name()));
     }
-    spec.check()?;
+    check_command(command.get_program())?;
     let after_validity = options.act_after_validity().unwrap_or(grace);
     Ok(Plan {
         leases,
         shards: args.shards,
-        spec,
+        command,
         options,
         target,
         grace,
@@ -135,16 +145,61 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
     })
 }
 
-/// The leases of `--shards n`: `NAME/0` to `NAME/n-1`, in the group `NAME`.
-pub fn shard_leases(name: &str, n: u16) -> Result<Vec<LeaseId>, String> {
-    let group = GroupId::named(name).map_err(|e| e.to_string())?;
-    (0..n)
-        .map(|i| {
-            let shard = format!("{name}/{i}");
-            let id = LeaseId::named(shard.as_str()).map_err(|e| format!("shard {shard:?}: {e}"))?;
-            Ok(id.in_group(group.clone()))
-        })
-        .collect()
+/// Checks that `program` exists and is executable, like a shell would
+/// before running it: `Err((127, message))` when not found, `Err((126,
+/// message))` when not executable.
+fn check_command(program: &OsStr) -> Result<(), (i32, String)> {
+    let name = program.to_string_lossy();
+    if program.is_empty() {
+        return Err((127, "the command is empty".to_owned()));
+    }
+    if program.as_encoded_bytes().contains(&b'/') {
+        return executable(Path::new(program))
+            .map_err(|why| (126, format!("cannot execute {name}: {why}")))
+            .and_then(|found| {
+                found
+                    .then_some(())
+                    .ok_or_else(|| (127, format!("{name}: no such file")))
+            });
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    let mut denied = None;
+    for dir in std::env::split_paths(&path) {
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        match executable(&dir.join(program)) {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(why) => denied = Some(why),
+        }
+    }
+    Err(match denied {
+        Some(why) => (126, format!("cannot execute {name}: {why}")),
+        None => (127, format!("{name}: command not found in PATH")),
+    })
+}
+
+/// `Ok(true)`: an executable file; `Ok(false)`: nothing there; `Err`: there
+/// but not executable.
+fn executable(path: &Path) -> Result<bool, String> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err("is a directory".to_owned()),
+        Ok(m) if m.permissions().mode() & 0o111 == 0 => Err("permission denied".to_owned()),
+        Ok(_) => Ok(true),
+        Err(_) => Ok(false),
+    }
+}
+
+/// The exit status `lease run` passes on: the code, or 128 + the signal.
+fn exit_code(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 1,
+    }
 }
 
 /// One line at startup when a `--grace` the user set cannot be given in full
@@ -267,7 +322,7 @@ const RENEW_MAX: Duration = Duration::from_millis(250);
 
 /// The job's shared context (borrowed by every call of the job).
 struct Ctx<'a> {
-    spec: &'a ChildSpec,
+    command: &'a Command,
     grace: Duration,
     /// See [`Plan::after_validity`].
     after_validity: Duration,
@@ -281,8 +336,6 @@ struct Ctx<'a> {
     locker: &'a Locker,
     /// How often the lease's validity is read to renew the watchdog.
     poll: Duration,
-    quiet: bool,
-    format: LogFormat,
     signals: &'a Signals,
     /// How many children run (or are being stopped): one per shard led.
     leading: &'a Cell<usize>,
@@ -354,7 +407,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
 
     let leading = Cell::new(0);
     let ctx = Ctx {
-        spec: &plan.spec,
+        command: &plan.command,
         grace: plan.grace,
         after_validity: plan.after_validity,
         lock_delay: plan.options.lock_delay,
@@ -364,8 +417,6 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
             .mul_f64(plan.options.drift_bound()),
         locker: &locker,
         poll: (plan.options.heartbeat_interval / 4).clamp(RENEW_MIN, RENEW_MAX),
-        quiet: plan.quiet,
-        format: plan.format,
         signals: &signals,
         leading: &leading,
         current: &current,
@@ -457,16 +508,16 @@ fn outcome(result: Result<(), RunError<JobEnd>>, log: bool) -> i32 {
 /// How the command's wait ended.
 enum Ended {
     /// The command exited.
-    Exited(io::Result<std::process::ExitStatus>),
+    Exited(Result<ExitStatus, lease_exec::Error>),
     /// The lease was cancelled.
     Cancelled(Reason),
     /// The watchdog could not be renewed.
-    WatchdogLost(io::Error),
+    WatchdogLost(lease_exec::Error),
 }
 
 /// The job: runs the command while the lease is held, with a watchdog that
-/// kills the command's group at the kill deadline unless renewed (see
-/// [`crate::watchdog`]).
+/// kills the command's tree at the kill deadline unless renewed
+/// ([`lease_exec`]).
 ///
 /// The kill deadline is the lease's validity end plus
 /// [`Ctx::after_validity`]: with the server guard, the last confirming
@@ -500,24 +551,23 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
             None
         }
     };
-    let mut env = vec![
-        ("LEASE_NAME", lease.name().to_owned()),
-        ("LEASE_KEY", lease.key().to_string()),
-        ("LEASE_TOKEN", token.to_string()),
-    ];
+    let mut command = ctx.command.clone();
+    command
+        .env("LEASE_NAME", lease.name())
+        .env("LEASE_KEY", lease.key().to_string())
+        .env("LEASE_TOKEN", token.to_string());
     if let Some((i, n)) = shard {
-        env.extend([
-            ("LEASE_SHARD", i.to_string()),
-            ("LEASE_SHARDS", n.to_string()),
-        ]);
+        command
+            .env("LEASE_SHARD", i.to_string())
+            .env("LEASE_SHARDS", n.to_string());
     }
     if let Some(a) = &answerer {
-        env.push((valid::SOCKET_VAR, a.path().to_string_lossy().into_owned()));
+        command.env(valid::SOCKET_VAR, a.path());
     }
-    let mut dog = match Watchdog::start(ctx.quiet, ctx.format, ctx.spec, &env).await {
+    let mut dog = match Watchdog::start(&command).await {
         Ok(dog) => dog,
         Err(e) => {
-            let message = format!("cannot start the watchdog: {e}");
+            let message = e.to_string();
             tracing::error!("{message}; releasing the lease");
             return Err(JobEnd::Watchdog(message));
         }
@@ -530,32 +580,32 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
     // The watchdog starts the command (it is its parent and subreaper).
     let mut job = match dog.spawn(deadline).await {
         Ok(job) => job,
-        Err(e) if e.raw_os_error().is_none() => {
-            dog.finish().await;
-            let message = format!("the watchdog cannot start the command: {e}");
-            tracing::error!("{message}; releasing the lease");
-            return Err(JobEnd::Watchdog(message));
-        }
-        Err(e) => {
+        Err(lease_exec::Error::Spawn(e)) => {
             dog.finish().await;
             let code = match e.kind() {
                 std::io::ErrorKind::NotFound => 127,
                 _ => 126,
             };
-            let message = format!("cannot run {}: {e}", ctx.spec.display());
+            let message = format!("cannot run {}: {e}", program(ctx));
             tracing::error!("{message}; releasing the lease");
             return Err(JobEnd::Spawn { code, message });
+        }
+        Err(e) => {
+            dog.finish().await;
+            let message = format!("cannot start the command: {e}");
+            tracing::error!("{message}; releasing the lease");
+            return Err(JobEnd::Watchdog(message));
         }
     };
     ctx.leading.set(ctx.leading.get() + 1);
     ctx.current.set(&lease);
-    let armed = dog.arm(job.pid(), deadline);
+    let armed = dog.arm(deadline);
     tracing::info!(
         command_pid = job.pid(),
         token,
-        watchdog_pid = dog.pid().unwrap_or(0),
+        watchdog_pid = dog.pid(),
         "leading: started {}",
-        ctx.spec.display()
+        program(ctx)
     );
     let ended = match armed {
         Err(e) => Ended::WatchdogLost(e),
@@ -591,7 +641,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
                 // The server may hand the key over now: the job of a
                 // standby that wins it starts after the lock delay.
                 let wait = session_end_wait(ctx, deadline);
-                let _ = dog.arm(job.pid(), Instant::now() + wait);
+                let _ = dog.arm(Instant::now() + wait);
                 tracing::warn!(
                     command_pid = job.pid(),
                     %reason,
@@ -614,9 +664,9 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
         }
         Ended::WatchdogLost(e) => {
             let message = format!(
-                "the watchdog (pid {}) cannot be renewed ({e}): nothing outside this runner \
-                 would stop the command at the lease's deadline",
-                dog.pid().unwrap_or(0)
+                "cannot renew the watchdog (pid {}): {e}; nothing outside this runner would \
+                 stop the command at the lease's deadline",
+                dog.pid()
             );
             let wait = kill_wait(deadline, ctx.grace);
             tracing::error!(
@@ -637,14 +687,13 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
 
 /// After the command exited by itself.
 async fn exited(
-    status: io::Result<std::process::ExitStatus>,
+    status: Result<ExitStatus, lease_exec::Error>,
     job: &mut Job,
     dog: &mut Watchdog,
     lease: &Lease,
     ctx: &Ctx<'_>,
     deadline: &mut Instant,
 ) -> Result<(), JobEnd> {
-    use std::os::unix::process::ExitStatusExt;
     let killed = status
         .as_ref()
         .is_ok_and(|s| s.signal() == Some(libc::SIGKILL));
@@ -656,7 +705,7 @@ async fn exited(
             command_pid = job.pid(),
             "the watchdog killed the command at the lease's deadline (this runner was late)"
         );
-        job.reap_group(Duration::ZERO, pending()).await;
+        job.stop_leftovers(Duration::ZERO, pending()).await;
         let _ = tokio::time::timeout(ctx.grace, lease.cancelled()).await;
         return Ok(());
     }
@@ -685,7 +734,7 @@ async fn exited(
             );
             tokio::time::sleep(wait).await;
         };
-        let reap = job.reap_group(ctx.grace, hurry);
+        let reap = job.stop_leftovers(ctx.grace, hurry);
         tokio::pin!(reap);
         tokio::select! {
             _ = &mut reap => {}
@@ -702,6 +751,11 @@ async fn exited(
         tracing::info!("the command exited with status {code}; releasing the lease");
         Err(JobEnd::Exited(code))
     }
+}
+
+/// COMMAND's program, for messages.
+fn program(ctx: &Ctx<'_>) -> String {
+    ctx.command.get_program().to_string_lossy().into_owned()
 }
 
 /// Whether a cancelled lease's command gets a graceful stop (the full
@@ -800,7 +854,7 @@ async fn renew(
     lease: &Lease,
     ctx: &Ctx<'_>,
     deadline: &mut Instant,
-) -> io::Error {
+) -> lease_exec::Error {
     let mut tick = tokio::time::interval(ctx.poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -810,7 +864,7 @@ async fn renew(
         };
         let next = valid_until + ctx.after_validity;
         if next > *deadline {
-            if let Err(e) = dog.extend(next) {
+            if let Err(e) = dog.arm(next) {
                 return e;
             }
             *deadline = next;

@@ -350,36 +350,9 @@ fn reason(code: u16) -> &'static str {
     }
 }
 
-/// Parses `--metrics-addr`: an IP address and a port (`127.0.0.1:9187`,
-/// `[::]:9187`, `0.0.0.0:9187`); no host name is resolved, so the endpoint
-/// binds exactly where it is told.
-///
-/// # Errors
-/// A one-line message.
-pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
-    s.trim().parse::<SocketAddr>().map_err(|_| {
-        format!(
-            "--metrics-addr {s:?}: expected IP:PORT, such as 127.0.0.1:9187 or [::]:9187 (no host \
-             names)"
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn addresses_parse_exactly() {
-        assert_eq!(
-            parse_addr("127.0.0.1:9187"),
-            Ok(SocketAddr::from(([127, 0, 0, 1], 9187)))
-        );
-        assert!(parse_addr("[::1]:9187").is_ok());
-        assert!(parse_addr("localhost:9187").is_err());
-        assert!(parse_addr("127.0.0.1").is_err());
-        assert!(parse_addr(":9187").is_err());
-    }
 
     #[test]
     fn heads_are_found() {

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::args::{KeyArgs, StatusArgs, MAX_SHARDS};
 use crate::conn::{self, LockSession};
-use crate::{usage_error, EXIT_FAILURE};
+use crate::log::{usage_error, EXIT_FAILURE};
 
 /// Runs `lease key`.
 pub fn key(args: KeyArgs) -> i32 {
@@ -27,7 +27,7 @@ pub fn main(args: StatusArgs) -> i32 {
         let named = match args.shards {
             None => (LeaseId::named(name.as_str()).map(|id| vec![id]))
                 .map_err(|e| format!("{e}: {name:?}")),
-            Some(n) => crate::run::shard_leases(name, n),
+            Some(n) => crate::args::shard_leases(name, n),
         };
         match named {
             Ok(named) => {
@@ -708,7 +708,7 @@ mod tests {
     /// shard's key is named after its session's `lease:NAME`.
     #[test]
     fn groups_show_their_members_and_the_shards_each_leads() {
-        let ids = crate::run::shard_leases("g", 3).unwrap();
+        let ids = crate::args::shard_leases("g", 3).unwrap();
         let other = GroupId::named("empty").unwrap();
         let group = ids[0].group().unwrap().clone();
         let mut member = holder(i64::from(group.id()), "lease:g");

@@ -26,7 +26,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::UnixListener;
 
 use crate::args::ValidArgs;
-use crate::watchdog::instant_to_monotonic;
 
 /// The environment variable that names the socket to the command.
 pub const SOCKET_VAR: &str = "LEASE_SOCKET";
@@ -38,7 +37,7 @@ pub fn answer(lease: &Lease) -> String {
         Some(until) if lease.is_valid() && until > now => format!(
             "valid remaining_ms={} until_monotonic_ns={} token={}",
             (until - now).as_millis(),
-            instant_to_monotonic(until),
+            lease_exec::monotonic_nanos(until),
             lease.token()
         ),
         Some(_) => "invalid reason=expired".to_owned(),

@@ -268,12 +268,24 @@ fn log_event(event: &Event, since: u32) {
             left = ?left,
             "lease group membership changed"
         ),
-        Event::HandedOver { run, lease, to } => lease_event!(
+        Event::HandedOver {
+            run,
+            lease,
+            to,
+            requested: false,
+        } => lease_event!(
             info,
             run,
             lease,
             to_member = to,
             "lease handed over to the group member that owns it in the share"
+        ),
+        Event::HandedOver { run, lease, to, .. } => lease_event!(
+            info,
+            run,
+            lease,
+            to_backend_pid = to,
+            "lease handed over to the backend a hand-over request named"
         ),
         Event::NotificationIgnored {
             key,

@@ -256,16 +256,23 @@ mod imp {
                     g.members = members.iter().copied().collect();
                     g.count(members.len());
                 }
-                Event::HandedOver { run, lease, to } => {
-                    let (Some(times), Some(g)) = (self.runs.get(run), lease.group()) else {
-                        return;
-                    };
-                    let now = self.groups.get(&g.id()).map(|g| &g.members);
-                    let then = &times.members_at_acquisition;
-                    let cause = handoff_cause(then, now, *to);
-                    let group = g.name().to_owned();
-                    counter!("lease_group_handoffs_total", "group" => group, "cause" => cause)
-                        .increment(1);
+                Event::HandedOver {
+                    run,
+                    lease,
+                    to,
+                    requested,
+                } => {
+                    if let (Some(times), Some(g)) = (self.runs.get(run), lease.group()) {
+                        let cause = if *requested {
+                            "requested"
+                        } else {
+                            let now = self.groups.get(&g.id()).map(|g| &g.members);
+                            handoff_cause(&times.members_at_acquisition, now, *to)
+                        };
+                        let group = g.name().to_owned();
+                        counter!("lease_group_handoffs_total", "group" => group, "cause" => cause)
+                            .increment(1);
+                    }
                 }
                 Event::SessionReady { .. } => {
                     counter!("lease_session_connects_total").increment(1);

@@ -771,17 +771,23 @@ pub enum Event {
         /// Members of the read before that are gone.
         left: Vec<i64>,
     },
-    /// A lease group member hands a lease it leads over to the member that
-    /// owns it in the group's share: the job is cancelled
-    /// ([`Reason::HandedOver`]), the key released once it returned (then
-    /// [`Event::Released`]), and the owner takes it.
+    /// A lease this locker leads is handed over: to the lease group member
+    /// that owns it in the group's share, or to the backend a hand-over
+    /// request named. The job is cancelled ([`Reason::HandedOver`]), the key
+    /// released once it returned (then [`Event::Released`]), and the other
+    /// side takes it.
     HandedOver {
         /// The run.
         run: RunId,
         /// The lease.
         lease: LeaseId,
-        /// The owner it goes to: its member id (backend pid).
+        /// Where it goes: the owner's member id, or the backend the request
+        /// named (a backend pid either way).
         to: i64,
+        /// A hand-over request asked for it
+        /// ([`handover_request_payload`](crate::server::handover_request_payload)),
+        /// not the group's share.
+        requested: bool,
     },
 }
 

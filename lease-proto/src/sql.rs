@@ -35,8 +35,26 @@ macro_rules! this_database_advisory_locks {
 }
 
 /// The LISTEN/NOTIFY channel of graceful handovers. The payload is the
-/// released key in decimal.
+/// released key in decimal; also `group <id>` (a lease group's
+/// announcement) and `to <key> <pid>` (a hand-over asked for:
+/// [`handover_request_payload`]).
 pub const HANDOVER_CHANNEL: &str = "lease_handover_v1";
+
+/// The payload on [`HANDOVER_CHANNEL`] that asks the locker leading `key`
+/// to hand it over to the lease session of backend `pid` (the rule:
+/// `Machine::handover_requested`): `to <key> <pid>`, sent with
+/// `SELECT pg_catalog.pg_notify('lease_handover_v1', '<payload>')`.
+pub fn handover_request_payload(key: i64, pid: i64) -> String {
+    format!("to {key} {pid}")
+}
+
+/// The key and backend pid of a [`handover_request_payload`].
+pub(crate) fn handover_request(payload: &str) -> Option<(i64, i64)> {
+    let mut words = payload.trim().strip_prefix("to ")?.split_whitespace();
+    let key = words.next()?.parse().ok()?;
+    let pid = words.next()?.parse().ok()?;
+    words.next().is_none().then_some((key, pid))
+}
 
 /// One result row: every column is a nullable `int8`.
 pub type Row = Vec<Option<i64>>;
@@ -340,11 +358,22 @@ pub enum Statement {
     /// A standby waits only while its session holds nothing, and a wait
     /// never acquires: a freed key is taken by the [`Statement::TryLock`]
     /// sent next, whose send time confirms it like any other try.
+    ///
+    /// With `crowd`, the wait first counts the sessions with a smaller
+    /// backend pid already waiting for the key (ungranted advisory locks on
+    /// it in `pg_locks`) and, with that many or more, does not queue: it
+    /// answers at once that the key is crowded ([`WaitReply::crowded`]), and
+    /// its standby polls. The waiters settle on the standbys with the
+    /// smallest pids (those never give way, whatever the timing, so waits
+    /// checked at the same moment cannot all give way), and a freed key
+    /// wakes about that many standbys, however many there are.
     Wait {
         /// The key to wait for.
         key: i64,
         /// The statement's `lock_timeout`, in ms (at least 1).
         timeout_ms: u64,
+        /// Queue only behind fewer than this many waiters (see above).
+        crowd: Option<u32>,
     },
     /// Unlocks keys: one `(key, 1 or 0)` row per key, 1 when it was held.
     /// With `notify`, each key actually unlocked is announced on
@@ -537,10 +566,15 @@ impl Statement {
             // `WAIT_PRELUDE_SQL`), the wait, whose lock timeout is caught and
             // recorded in `WAIT_SETTING`, and the reply, read after the wait.
             // The lock timeout: the one asked for, cut to `wait_limit_ms` of
-            // the session's deadlock_timeout (ms).
-            Statement::Wait { key, timeout_ms } => format!(
+            // the session's deadlock_timeout (ms). With a crowd limit, the
+            // waiters already queued for the key are counted first.
+            Statement::Wait {
+                key,
+                timeout_ms,
+                crowd,
+            } => format!(
                 "{WAIT_PRELUDE_SQL}\
-                 DO $lease$BEGIN PERFORM pg_catalog.set_config('lock_timeout', \
+                 DO $lease$BEGIN {crowded}PERFORM pg_catalog.set_config('lock_timeout', \
                  (SELECT (CASE WHEN l OPERATOR(pg_catalog.<) {ms} THEN l ELSE {ms} END)::pg_catalog.text \
                  FROM (SELECT CASE WHEN m OPERATOR(pg_catalog.<) 1 THEN 1 ELSE m END AS l \
                  FROM (SELECT d OPERATOR(pg_catalog.-) CASE WHEN d OPERATOR(pg_catalog./) 10 \
@@ -562,6 +596,17 @@ impl Statement {
                 heartbeat_tag::FREED,
                 heartbeat_tag::DEADLOCK_TIMEOUT_MS,
                 ms = (*timeout_ms).max(1),
+                crowded = crowd.map_or(String::new(), |n| format!(
+                    "IF {n} OPERATOR(pg_catalog.<=) (SELECT pg_catalog.count(pid) FROM pg_catalog.pg_locks \
+                     WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
+                     AND objsubid OPERATOR(pg_catalog.=) 1 AND NOT granted \
+                     AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+                     WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+                     AND pid OPERATOR(pg_catalog.<) pg_catalog.pg_backend_pid() \
+                     AND {} OPERATOR(pg_catalog.=) ({key})::pg_catalog.int8) THEN \
+                     PERFORM pg_catalog.set_config('{WAIT_SETTING}', '2', true); RETURN; END IF; ",
+                    advisory_key!()
+                )),
             ),
             Statement::Verify => format!(
                 "{} UNION ALL \
@@ -966,16 +1011,20 @@ pub struct WaitReply {
     /// The session that answered, as for [`Statement::Heartbeat`].
     pub session: HeartbeatReply,
     /// Whether the key was freed (else the wait ended by its lock timeout,
-    /// the key held all along); `None`: no such row.
+    /// the key held all along, or did not queue: `crowded`); `None`: no such
+    /// row.
     pub freed: Option<bool>,
+    /// The wait did not queue: as many sessions as its crowd limit already
+    /// waited for the key (see [`Statement::Wait`]); `freed` is `false`.
+    pub crowded: bool,
     /// The session's `deadlock_timeout` in ms, as the wait read it (see
     /// [`wait_limit_ms`]); `None`: no such row.
     pub deadlock_timeout_ms: Option<i64>,
 }
 
 impl WaitReply {
-    /// Parses the `(0, pid)`, `(2, nonce)`, `(3, 1 or 0)` and
-    /// `(4, deadlock_timeout in ms)` rows.
+    /// Parses the `(0, pid)`, `(2, nonce)`, `(3, 1, 0 or 2: freed, held,
+    /// crowded)` and `(4, deadlock_timeout in ms)` rows.
     ///
     /// # Errors
     /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
@@ -984,6 +1033,10 @@ impl WaitReply {
         for row in rows {
             match row.as_slice() {
                 [Some(heartbeat_tag::FREED), Some(f @ (0 | 1))] => reply.freed = Some(*f == 1),
+                [Some(heartbeat_tag::FREED), Some(2)] => {
+                    reply.freed = Some(false);
+                    reply.crowded = true;
+                }
                 [Some(heartbeat_tag::DEADLOCK_TIMEOUT_MS), Some(d)] => {
                     reply.deadlock_timeout_ms = Some(*d)
                 }
@@ -996,7 +1049,10 @@ impl WaitReply {
 
     /// The rows a server sends for this reply.
     pub fn to_rows(&self) -> Vec<Row> {
-        let freed = (self.freed).map(|f| vec![Some(heartbeat_tag::FREED), Some(i64::from(f))]);
+        let freed = (self.freed).map(|f| {
+            let v = if self.crowded { 2 } else { i64::from(f) };
+            vec![Some(heartbeat_tag::FREED), Some(v)]
+        });
         let deadlock = (self.deadlock_timeout_ms)
             .map(|d| vec![Some(heartbeat_tag::DEADLOCK_TIMEOUT_MS), Some(d)]);
         (self.session.to_rows().into_iter())
@@ -1368,6 +1424,12 @@ mod tests {
             Statement::Wait {
                 key: -5,
                 timeout_ms: 2000,
+                crowd: None,
+            },
+            Statement::Wait {
+                key: -5,
+                timeout_ms: 2000,
+                crowd: Some(2),
             },
             Statement::Release {
                 keys: vec![-1, 2],
@@ -1442,6 +1504,7 @@ mod tests {
         let sql = Statement::Wait {
             key: -5,
             timeout_ms: 0,
+            crowd: Some(2),
         }
         .sql();
         assert!(sql.starts_with(WAIT_PRELUDE_SQL), "{sql}");
@@ -1454,7 +1517,18 @@ mod tests {
         assert!(sql.contains(DEADLOCK_TIMEOUT_MS_SQL), "{sql}");
         assert!(sql.contains("pg_advisory_xact_lock_shared(-5)"), "{sql}");
         assert!(sql.contains("EXCEPTION WHEN lock_not_available"), "{sql}");
-        for freed in [None, Some(false), Some(true)] {
+        // The crowd check counts the key's waiters before it queues.
+        assert!(sql.contains("NOT granted"), "{sql}");
+        assert!(
+            sql.contains("IF 2 OPERATOR(pg_catalog.<=) (SELECT"),
+            "{sql}"
+        );
+        for (freed, crowded) in [
+            (None, false),
+            (Some(false), false),
+            (Some(true), false),
+            (Some(false), true),
+        ] {
             for deadlock_timeout_ms in [None, Some(1000)] {
                 let reply = WaitReply {
                     session: HeartbeatReply {
@@ -1462,12 +1536,13 @@ mod tests {
                         nonce: Some(9),
                     },
                     freed,
+                    crowded,
                     deadlock_timeout_ms,
                 };
                 assert_eq!(WaitReply::parse(&reply.to_rows()), Ok(reply));
             }
         }
-        let bad = vec![vec![Some(3), Some(2)]];
+        let bad = vec![vec![Some(3), Some(3)]];
         assert!(WaitReply::parse(&bad).is_err());
     }
 

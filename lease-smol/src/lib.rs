@@ -83,8 +83,13 @@
 //!
 //! With the feature `test-util` (in `[dev-dependencies]`), `test_util::TestServer`
 //! runs your job under the real locker and driver over a simulated
-//! PostgreSQL, with faults and checks, as lease-tokio's kit does, but in real
-//! time (async-io has no virtual clock): `docs/testing.md` of the repository.
+//! PostgreSQL, with faults and checks, as lease-tokio's kit does, in virtual
+//! time: inside `test_util::block_on`, which runs the test and the tasks it
+//! starts with `test_util::spawn` on one thread, the kit's clock jumps to the
+//! next timer whenever no task can run, so a minute of failover takes
+//! milliseconds. A job's own waits go through `test_util::sleep` there
+//! (async-io's timer is real time). The rules and an example:
+//! `docs/testing.md` of the repository, "smol".
 //!
 #![forbid(unsafe_code)]
 // docs.rs (nightly): items behind a feature say which (`doc_cfg` marks them by

@@ -4,7 +4,7 @@
 use std::process::Command;
 
 /// Fails if lease-smol's dependency graph (dev-dependencies included; with and
-/// without the `rustls` feature) ever
+/// without the `rustls` feature, and with the test kit's `test-util`) ever
 /// contains tokio's runtime, tokio-postgres's "runtime" feature (tokio's
 /// reactor) or async-compat (which starts a hidden tokio runtime).
 #[test]
@@ -21,12 +21,17 @@ fn the_dependency_graph_has_no_tokio_runtime() {
         assert!(out.status.success(), "cargo tree failed: {stderr}");
         String::from_utf8(out.stdout).expect("utf-8 from cargo tree")
     };
-    // Without features, and with the rustls connector.
-    for features in [&[][..], &["--features", "rustls"][..]] {
+    // Without features, with the rustls connector, and with the test kit (its
+    // virtual time is its own executor, not tokio's).
+    for features in [
+        &[][..],
+        &["--features", "rustls"][..],
+        &["--features", "test-util"][..],
+    ] {
         let tokio = tree(&[features, &["-i", "tokio"]].concat());
         println!("cargo tree -p lease-smol {features:?} -e features -i tokio:\n{tokio}");
         assert!(
-            features.is_empty() || tokio.contains("tokio-rustls"),
+            features != ["--features", "rustls"] || tokio.contains("tokio-rustls"),
             "the rustls feature does not bring tokio-rustls: {tokio}"
         );
         for line in tokio.lines() {

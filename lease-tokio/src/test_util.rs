@@ -36,6 +36,8 @@
 
 use tokio_postgres::NoTls;
 
+use lease_driver::test_util::TestAdapter;
+
 use crate::{Tokio, TokioAdapter};
 
 pub use lease_driver::test_util::nemesis;
@@ -51,3 +53,13 @@ pub type TestServer = lease_driver::test_util::TestServer<TokioAdapter>;
 
 /// The driver of a [`TestServer`]'s locker: spawn it.
 pub type Driver = lease_driver::test_util::SimDriver<Tokio<NoTls>>;
+
+/// The kit's lockers run on tokio's clock and timer: virtual under a paused
+/// runtime.
+impl TestAdapter for TokioAdapter {
+    type TestRuntime = Tokio<NoTls>;
+
+    fn test_runtime() -> Tokio<NoTls> {
+        Tokio::new(NoTls)
+    }
+}

@@ -1,4 +1,4 @@
-//! The watchdog alone (`lease __watchdog`, see src/watchdog.rs), driven over
+//! The watchdog alone (`lease __watchdog`, the lease-exec crate), driven over
 //! its stdin by this test as `lease run` drives it: renewals keep it quiet, a
 //! missed renewal kills the group at the deadline, end of file kills it at
 //! once. No database. Timings are printed (`--nocapture`).

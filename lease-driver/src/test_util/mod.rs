@@ -8,8 +8,9 @@
 //! and it (latency, partitions, freezes). Nothing above the [`Session`] is
 //! simulated: the driver, the core and your job are the production code.
 //! Everything is deterministic from the seed under a runtime whose clock is
-//! virtual (tokio's `start_paused`); the adapters' `test_util` modules name
-//! the types for their runtime.
+//! virtual (tokio's `start_paused`, lease-smol's `test_util::block_on`); the
+//! adapters' `test_util` modules name the types for their runtime
+//! ([`TestAdapter`]).
 //!
 //! The kit has no task or thread of its own: every simulated session (and
 //! every inspection) brings the server and the wire up to the runtime's
@@ -31,11 +32,11 @@ use lease_proto::reply::Row;
 use lease_proto::server::HANDOVER_CHANNEL;
 use lease_proto::sim::{ConnId, Postgres, ServerConfig, ServerOutput};
 use lease_proto::{key_for_name, QueryId, SessionError, Statement};
-use tokio_postgres::{Config, NoTls};
+use tokio_postgres::Config;
 
 use crate::runtime::{BoxFuture, Connected, Runtime, Session, SessionEvent, Timer};
 use crate::shared::Inner;
-use crate::{Adapter, Driver, Locker, Options};
+use crate::{Driver, Locker, Options};
 
 pub use checks::{FencedStore, JobLog, JobRun, Rejected, Running, Violation, Write};
 
@@ -43,17 +44,31 @@ pub use checks::{FencedStore, JobLog, JobRun, Rejected, Running, Violation, Writ
 /// otherwise: 1 ms (tokio's timers have a millisecond's resolution).
 pub const DEFAULT_LATENCY: Duration = Duration::from_millis(1);
 
-/// A simulated PostgreSQL server and the network to it, on the runtime of
-/// adapter `A` (`lease_tokio::TokioAdapter`, `lease_smol::SmolAdapter`):
+/// An adapter with a test kit: the runtime its [`TestServer`]'s lockers run
+/// on. Implemented by `lease_tokio::TokioAdapter` (tokio's clock, virtual
+/// under `start_paused`) and `lease_smol::SmolAdapter` (the kit's virtual
+/// clock inside `lease_smol::test_util::block_on`).
+pub trait TestAdapter: 'static {
+    /// The runtime: its clock and timer (the kit opens the sessions itself,
+    /// so its `connect` is never called).
+    type TestRuntime: Runtime;
+
+    /// The runtime for a server made now ([`TestServer::new`]), on the
+    /// current thread.
+    fn test_runtime() -> Self::TestRuntime;
+}
+
+/// A simulated PostgreSQL server and the network to it, on the test runtime
+/// of adapter `A` (`lease_tokio::TokioAdapter`, `lease_smol::SmolAdapter`):
 /// make lockers with [`TestServer::locker`], inject faults, inspect what
 /// happened. Cheap to clone; clones share the server.
-pub struct TestServer<A: Adapter<NoTls>> {
-    runtime: Arc<A::Runtime>,
+pub struct TestServer<A: TestAdapter> {
+    runtime: Arc<A::TestRuntime>,
     state: Arc<Mutex<State>>,
     adapter: PhantomData<fn() -> A>,
 }
 
-impl<A: Adapter<NoTls>> Clone for TestServer<A> {
+impl<A: TestAdapter> Clone for TestServer<A> {
     fn clone(&self) -> Self {
         TestServer {
             runtime: self.runtime.clone(),
@@ -63,7 +78,7 @@ impl<A: Adapter<NoTls>> Clone for TestServer<A> {
     }
 }
 
-impl<A: Adapter<NoTls>> fmt::Debug for TestServer<A> {
+impl<A: TestAdapter> fmt::Debug for TestServer<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = self.lock();
         f.debug_struct("TestServer")
@@ -99,12 +114,12 @@ pub struct Grant {
     pub at: Duration,
 }
 
-impl<A: Adapter<NoTls>> TestServer<A> {
+impl<A: TestAdapter> TestServer<A> {
     /// A server that is up, with no locker yet, deterministic from `seed`
     /// (the lockers' cores and the network's jitter draw from it). Its time
     /// zero is the runtime's `now`.
     pub fn new(seed: u64) -> Self {
-        let runtime = Arc::new(A::runtime(NoTls));
+        let runtime = Arc::new(A::test_runtime());
         let state = State::new(seed, runtime.now());
         TestServer {
             runtime,
@@ -139,7 +154,7 @@ impl<A: Adapter<NoTls>> TestServer<A> {
     pub fn locker(
         &self,
         options: Options,
-    ) -> Result<(Locker<A>, SimDriver<A::Runtime>), crate::Error> {
+    ) -> Result<(Locker<A>, SimDriver<A::TestRuntime>), crate::Error> {
         let (index, seed) = {
             let mut s = self.lock();
             s.links.push(Link::default());

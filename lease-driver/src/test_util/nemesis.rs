@@ -5,14 +5,13 @@ use std::future::poll_fn;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tokio_postgres::NoTls;
 
 /// proptest, as the kit uses it (`proptest!`, `TestRunner`): no dependency
 /// of your own needed.
 pub use proptest;
 
-use super::TestServer;
-use crate::{Adapter, Locker, Runtime};
+use super::{TestAdapter, TestServer};
+use crate::{Locker, Runtime};
 
 /// One fault of a schedule; lockers by number (their index in the slice
 /// given to [`TestServer::run_schedule`]).
@@ -92,7 +91,7 @@ pub fn schedule(
     })
 }
 
-impl<A: Adapter<NoTls>> TestServer<A> {
+impl<A: TestAdapter> TestServer<A> {
     /// Injects `schedule` on `lockers`, each fault at its time from now
     /// (sleeping on the runtime's timer in between); returns after the
     /// last was injected.

@@ -25,10 +25,11 @@
 //!   stays the same (an owner that did not take it is not offered it again,
 //!   nor by any member that saw the key stay free past the bound).
 //! - **Announcements** on the handover channel (`group <id>`): a member
-//!   that joins, one whose read finds a member gone, and one that closes
-//!   announce it; every member reads again at once. A closing member leaves
-//!   its groups before it releases their keys, so the members its releases'
-//!   handover notifications wake read it gone and own its keys at once. The lease session never waits on the
+//!   that joins, one whose read finds a member gone, and one that leaves
+//!   announce it; every member reads again at once. A member whose runs of
+//!   a group all finish (it closes, or its jobs returned) leaves the group
+//!   before it releases their keys, so the members its releases' handover
+//!   notifications wake read it gone and own its keys at once. The lease session never waits on the
 //!   server (the machine ends a wait by replacing the session, and with it
 //!   the member id); a member holding a lease waits on the watch session, for
 //!   the holders the reads saw.
@@ -166,19 +167,24 @@ impl Groups {
         ours
     }
 
-    /// The machine closes: a read that leaves every group this session
-    /// joined and announces it, if any (see `Machine::next_statement`).
-    pub(super) fn leave_all(&self) -> Option<Read> {
-        if self.joined.is_empty() {
+    /// A read that leaves, and announces it, every group this session
+    /// joined but no run of `wanted` (group → keys) wants any more, if any
+    /// (the machine sends it before the release of their keys; see
+    /// `Machine::next_statement`).
+    pub(super) fn leaving(&self, wanted: &BTreeMap<u32, BTreeSet<i64>>) -> Option<Read> {
+        let leave: Vec<u32> = (self.joined.iter())
+            .filter(|g| !wanted.contains_key(g))
+            .copied()
+            .collect();
+        if leave.is_empty() {
             return None;
         }
-        let joined: Vec<u32> = self.joined.iter().copied().collect();
         Some(Read {
             join: Vec::new(),
-            leave: joined.clone(),
+            leave: leave.clone(),
             groups: Vec::new(),
             keys: Vec::new(),
-            announce: joined,
+            announce: leave,
         })
     }
 

@@ -69,7 +69,7 @@ use watch::Watch;
 pub use deadline::Deadline;
 pub use groups::assign as group_share;
 pub use status::{LastError, LeaseState, LeaseStatus, SessionState, Status};
-pub use wait::{MIN_WAIT, WAKE_BUDGET};
+pub use wait::{HERD_WAITERS, MIN_WAIT, WAKE_BUDGET};
 
 /// Least `server_version_num` without the server guard (`pg_current_xact_id`).
 pub const MIN_SERVER_VERSION: i64 = 130_000;
@@ -218,6 +218,14 @@ pub struct Machine {
     out: Outputs,
 }
 
+/// How long after a requested hand-over's release (or the request) no
+/// other locker than the named one tries the key: two query timeouts, for
+/// the release's notification to reach it and its try to answer (see
+/// `Machine::handover_requested`).
+pub(crate) fn handover_window(opts: &Options) -> Duration {
+    opts.query_timeout * 2
+}
+
 /// Whether the machine takes new work.
 #[derive(Debug, Clone, PartialEq)]
 enum Phase {
@@ -363,6 +371,8 @@ impl Machine {
                         self.handover_notified(now, key, sender_pid);
                     } else if let Some(group) = groups::announced(&payload) {
                         self.join_announced(group);
+                    } else if let Some((key, to)) = crate::sql::handover_request(&payload) {
+                        self.handover_requested(now, key, to);
                     }
                 }
             }
@@ -1165,12 +1175,13 @@ impl Machine {
                 return self.plan.try_soon();
             }
         };
-        let (session, freed, deadlock_timeout_ms) = match WaitReply::parse(&rows) {
+        let (session, freed, crowded, deadlock_timeout_ms) = match WaitReply::parse(&rows) {
             Ok(WaitReply {
                 session,
                 freed: Some(freed),
+                crowded,
                 deadlock_timeout_ms,
-            }) => (session, freed, deadlock_timeout_ms),
+            }) => (session, freed, crowded, deadlock_timeout_ms),
             Ok(WaitReply { freed: None, .. }) => {
                 let e = SessionError::other("malformed wait reply: no outcome row");
                 return self.lose_session(now, Reason::QueryFailed(e), true);
@@ -1181,6 +1192,12 @@ impl Machine {
             return;
         }
         self.wait.limit_from(deadlock_timeout_ms);
+        if crowded {
+            // Enough standbys wait for the key: this one polls it until
+            // its next periodic try (see `wait`, "No herd").
+            self.wait.crowded();
+            return;
+        }
         if !freed {
             // Cut short below deadlock_timeout: the same key's wait goes on.
             // Ended at the retry deadline: as good as a try of this key that
@@ -1232,9 +1249,45 @@ impl Machine {
             }
         }
         self.runs.released_gracefully(key, now);
+        self.runs
+            .extend_reservation(key, now + handover_window(&self.opts));
         self.lock_delay_over_if_graceful(now);
         if (self.wait).notified(key, self.session.waiting_for(), wanted) {
             self.plan.try_soon();
+        }
+    }
+
+    /// A hand-over of `key` to the lease session of backend `to` was asked
+    /// for ([`handover_request_payload`](crate::server::handover_request_payload),
+    /// `lease handover NAME --to PID`). The rule, in one place: the locker
+    /// that leads `key` (from another backend) hands it over as a lease
+    /// group does (its job is cancelled with [`Reason::HandedOver`], the key
+    /// released with its notification once the job returned, and the run
+    /// stands by again); every locker with a run of `key` but `to`'s, that
+    /// holder included, leaves it alone until [`handover_window`] after its
+    /// release (or after the request, for a locker that sees no release), so
+    /// `to`, woken by the release's notification, takes it at once. Anyone
+    /// who may `NOTIFY` can ask; a hand-over is graceful, so nothing but
+    /// the job's interruption and the window's wait follow from a request
+    /// for a backend that does not take it. In a lease group the share
+    /// decides again at the next reads.
+    fn handover_requested(&mut self, now: Instant, key: i64, to: i64) {
+        let me = self.session.up().and_then(|up| up.stage.backend_pid());
+        if me == Some(to) {
+            return;
+        }
+        let window = handover_window(&self.opts);
+        if !self.runs.reserve(key, to, now + window) {
+            return;
+        }
+        if let Some((run, lease)) = self.runs.hand_over(key, &mut self.out) {
+            let requested = true;
+            (self.out).event(Event::HandedOver {
+                run,
+                lease,
+                to,
+                requested,
+            });
         }
     }
 
@@ -1271,7 +1324,15 @@ impl Machine {
         self.membership_events(&before);
         for key in self.groups.take_handoffs() {
             let to = self.groups.owner_of(key);
-            self.runs.hand_over(key, to, &mut self.out);
+            if let (Some((run, lease)), Some(to)) = (self.runs.hand_over(key, &mut self.out), to) {
+                let requested = false;
+                (self.out).event(Event::HandedOver {
+                    run,
+                    lease,
+                    to,
+                    requested,
+                });
+            }
         }
         for &(key, holder) in &reply.holders {
             self.runs.holder_seen(key, holder, &mut self.out);
@@ -1409,14 +1470,12 @@ impl Machine {
         if self.plan.verify_owed() {
             return Some(What::Verify);
         }
-        // A closing member leaves its groups (and announces it) before it
-        // releases their keys (see `groups`).
-        if self.phase == Phase::Closing {
-            if let Some(leave) = self.groups.leave_all() {
-                return Some(What::Members(leave));
-            }
+        // A member leaves the groups none of its runs wants any more (and
+        // announces it) before it releases their keys (see `groups`).
+        if let Some(leave) = self.groups.leaving(&self.runs.group_keys()) {
+            return Some(What::Members(leave));
         }
-        let release = self.runs.take_release();
+        let release = (self.runs).take_release(now, handover_window(&self.opts));
         if !release.is_empty() {
             return Some(What::Release(release));
         }
@@ -1467,7 +1526,7 @@ impl Machine {
             let ignore_share = self.knobs.mutation == Some(Mutation::IgnoreShare);
             #[cfg(not(feature = "sim"))]
             let ignore_share = false;
-            let keys = self.runs.take_try(|lease| {
+            let keys = self.runs.take_try(now, me, |lease| {
                 ignore_share
                     || (lease.group())
                         .is_none_or(|g| groups.may_try(g.id(), lease.key(), me, now, bound))
@@ -1491,6 +1550,12 @@ impl Machine {
                 // A group member that may try nothing after a wake: as a
                 // try that won nothing (the watch session waits again).
                 self.watch.after_try(false);
+            }
+            if keys.is_empty() && retry_due {
+                // Every waiting key is reserved for another backend (a
+                // hand-over asked for): the next periodic try.
+                let retry = now + self.connector.retry_delay(self.opts.retry_interval);
+                self.timers.set(Deadline::Retry, retry);
             }
             if !keys.is_empty() {
                 if !holding {
@@ -1746,7 +1811,10 @@ mod tests {
         // Holding nothing, it waits on the server for the key until the
         // retry deadline, instead of sitting idle.
         let (_, wait) = query(&mut m);
-        let Statement::Wait { key, timeout_ms } = wait else {
+        let Statement::Wait {
+            key, timeout_ms, ..
+        } = wait
+        else {
             panic!("expected a wait, got {wait:?}");
         };
         assert_eq!(key, keys[0]);

@@ -61,6 +61,22 @@ impl RunState {
         }
     }
 
+    /// Stopping or releasing to finish (not to stand by again after a
+    /// group's hand-off): the run wants its key no more.
+    fn finishing(&self) -> bool {
+        matches!(
+            self,
+            RunState::Stopping(Stopping::Held {
+                outcome: Some(_),
+                ..
+            }) | RunState::Stopping(Stopping::Lost { outcome: Some(_) })
+                | RunState::Releasing {
+                    outcome: Some(_),
+                    ..
+                }
+        )
+    }
+
     fn held_mut(&mut self) -> Option<&mut Held> {
         match self {
             RunState::Leading(held) | RunState::Stopping(Stopping::Held { held, .. }) => Some(held),
@@ -152,6 +168,9 @@ pub(super) struct RunTable {
     /// Keys found held whose run lost them (stopping): unlocked once its job
     /// returned.
     held_lost: BTreeSet<i64>,
+    /// Keys asked to be handed over to a named backend: key → (that
+    /// backend's pid, until when no other tries it; see `Machine::handover_requested`).
+    reserved: BTreeMap<i64, (i64, Instant)>,
 }
 
 impl RunTable {
@@ -278,7 +297,9 @@ impl RunTable {
         for r in self.runs.values() {
             match &r.state {
                 RunState::Standby(s) if s.step == StandbyStep::Waiting && s.holder.is_some() => {
-                    wanted.push(r.lease.key())
+                    if !self.reserved.contains_key(&r.lease.key()) {
+                        wanted.push(r.lease.key())
+                    }
                 }
                 RunState::Standby(_) => {}
                 // Holding or owing something: the session stays free.
@@ -318,13 +339,26 @@ impl RunTable {
     /// The keys of the next try: every standby not in the try in flight
     /// joins it.
     /// `may`: whether a run's lease may be tried now (a group's share).
-    pub(super) fn take_try(&mut self, may: impl Fn(&LeaseId) -> bool) -> Vec<i64> {
+    /// A key reserved for another backend than `me` is left out until its
+    /// reservation ends.
+    pub(super) fn take_try(
+        &mut self,
+        now: Instant,
+        me: Option<i64>,
+        may: impl Fn(&LeaseId) -> bool,
+    ) -> Vec<i64> {
+        self.reserved.retain(|_, (_, until)| *until > now);
+        let reserved = &self.reserved;
         let mut keys = Vec::new();
         for r in self.runs.values_mut() {
+            let key = r.lease.key();
+            if reserved.get(&key).is_some_and(|(pid, _)| Some(*pid) != me) {
+                continue;
+            }
             if let RunState::Standby(standby) = &mut r.state {
                 if standby.step == StandbyStep::Waiting && may(&r.lease) {
                     standby.step = StandbyStep::Trying;
-                    keys.push(r.lease.key());
+                    keys.push(key);
                 }
             }
         }
@@ -333,13 +367,19 @@ impl RunTable {
 
     /// The keys of the next release: every orphan, then every releasing run
     /// not in a release yet.
-    pub(super) fn take_release(&mut self) -> Vec<i64> {
+    /// A key reserved for another backend (a hand-over asked for) stays
+    /// reserved for `window` from its release.
+    pub(super) fn take_release(&mut self, now: Instant, window: Duration) -> Vec<i64> {
         let mut release: Vec<i64> = std::mem::take(&mut self.orphans).into_iter().collect();
         for r in self.runs.values_mut() {
             if let RunState::Releasing { release: step, .. } = &mut r.state {
                 if *step == Release::Queued {
                     *step = Release::Sent;
-                    release.push(r.lease.key());
+                    let key = r.lease.key();
+                    if let Some((_, until)) = self.reserved.get_mut(&key) {
+                        *until = (*until).max(now + window);
+                    }
+                    release.push(key);
                 }
             }
         }
@@ -424,6 +464,25 @@ impl RunTable {
                 Some(RunState::Standby(s)) if s.step == StandbyStep::Trying && !s.graceful_for(sent, lock_delay)
             )
         })
+    }
+
+    /// A hand-over of `key` to backend `pid` was asked for: no other
+    /// backend's run tries it before `until` (a later reservation replaces
+    /// it). Returns whether this table has a run of `key`.
+    pub(super) fn reserve(&mut self, key: i64, pid: i64, until: Instant) -> bool {
+        if !self.keys.contains_key(&key) {
+            return false;
+        }
+        self.reserved.insert(key, (pid, until));
+        true
+    }
+
+    /// The reservation of `key` runs on to `until`, if there is one (its
+    /// release came: the named backend tries now).
+    pub(super) fn extend_reservation(&mut self, key: i64, until: Instant) {
+        if let Some((_, end)) = self.reserved.get_mut(&key) {
+            *end = (*end).max(until);
+        }
     }
 
     /// A handover notification for `key` from the holder its standby's last
@@ -622,35 +681,32 @@ impl RunTable {
         }
     }
 
-    /// A group's hand-off of `key` to the member `to`: its leading run's
-    /// job is cancelled ([`Reason::HandedOver`]); the key is released once
-    /// the job returned, and the run stands by again. Nothing for a run not
-    /// leading.
-    pub(super) fn hand_over(&mut self, key: i64, to: Option<i64>, out: &mut Outputs) {
-        let Some((id, run)) = self.by_key_mut(key) else {
-            return;
+    /// A group's hand-off of `key`: its leading run's job is cancelled
+    /// ([`Reason::HandedOver`]); the key is released once the job returned,
+    /// and the run stands by again. Nothing for a run not leading; the run
+    /// and its lease when it was (for the caller's event).
+    pub(super) fn hand_over(&mut self, key: i64, out: &mut Outputs) -> Option<(RunId, LeaseId)> {
+        let (id, run) = self.by_key_mut(key)?;
+        let RunState::Leading(held) = &run.state else {
+            return None;
         };
-        if let RunState::Leading(held) = &run.state {
-            let held = held.clone();
-            run.state = RunState::Stopping(Stopping::Held {
-                held,
-                outcome: None,
-            });
-            if let Some(to) = to {
-                let lease = run.lease.clone();
-                out.event(Event::HandedOver { run: id, lease, to });
-            }
-            out.run(RunCommand::CancelJob {
-                run: id,
-                reason: Reason::HandedOver,
-            });
-        }
+        let held = held.clone();
+        run.state = RunState::Stopping(Stopping::Held {
+            held,
+            outcome: None,
+        });
+        out.run(RunCommand::CancelJob {
+            run: id,
+            reason: Reason::HandedOver,
+        });
+        Some((id, run.lease.clone()))
     }
 
-    /// The keys of the runs in each group, by group id.
+    /// The keys of the runs in each group that still want them (not
+    /// finishing), by group id.
     pub(super) fn group_keys(&self) -> BTreeMap<u32, BTreeSet<i64>> {
         let mut groups: BTreeMap<u32, BTreeSet<i64>> = BTreeMap::new();
-        for r in self.runs.values() {
+        for r in self.runs.values().filter(|r| !r.state.finishing()) {
             if let Some(g) = r.lease.group() {
                 groups.entry(g.id()).or_default().insert(r.lease.key());
             }

@@ -196,6 +196,7 @@ impl What {
             What::Wait { key, timeout, .. } => Statement::Wait {
                 key: *key,
                 timeout_ms: timeout.as_millis().max(1) as u64,
+                crowd: Some(super::HERD_WAITERS),
             },
             What::Release(keys) => Statement::Release {
                 keys: keys.clone(),

@@ -47,6 +47,15 @@
 //!   keeps colliding). A wait that fails otherwise turns waiting off for the
 //!   rest of the session: the poll is the fallback, so a misbehaving wait
 //!   costs speed, never correctness.
+//! - **No herd.** A wait does not queue behind [`HERD_WAITERS`] waiters of
+//!   its key with smaller backend pids (it counts them in `pg_locks` first);
+//!   it answers "crowded" and its standby polls that key until its next
+//!   periodic try, when it looks again. The waiters settle on the standbys
+//!   with the smallest pids (those never give way, so waits that look at the
+//!   same moment cannot all give way), and a freed key wakes about
+//!   [`HERD_WAITERS`] standbys, not all of them: the statements of a
+//!   takeover do not grow with the standbys. A poller may still win the key
+//!   at its own try (and then gets the lock delay like any win).
 //! - **Interrupted.** Anything that needs the session while a wait blocks it
 //!   (a new run, a notification for another key, no run left) closes the
 //!   session at once; holding nothing, that loses nothing, and a new session
@@ -65,6 +74,12 @@ use std::time::{Duration, Instant};
 /// notification for another key interrupts (a reconnect each) between two
 /// periodic tries.
 pub const WAKE_BUDGET: u32 = 3;
+
+/// How many sessions may wait on the server for one key before a standby's
+/// wait for it does not queue and the standby polls the key instead, until
+/// its next periodic try (see `wait`, "No herd").
+pub const HERD_WAITERS: u32 = 2;
+
 /// Shortest wait worth sending: with less left before the retry deadline,
 /// the try is as good.
 pub const MIN_WAIT: Duration = Duration::from_millis(20);
@@ -83,6 +98,9 @@ pub(super) struct ServerWait {
     wake_losses: u32,
     /// A wait failed otherwise than by its lock timeout: this session polls.
     off: bool,
+    /// A wait found [`HERD_WAITERS`] sessions waiting for its key already:
+    /// no wait until the next periodic try.
+    crowded: bool,
     /// The longest wait the session's `deadlock_timeout` allows
     /// ([`wait_limit_ms`](crate::server::wait_limit_ms)), from the last wait's
     /// reply; `None` before one answered on this session.
@@ -115,7 +133,7 @@ impl ServerWait {
     /// Whether waits are off for now: turned off on this session, a wake not
     /// answered by a try yet, or the wake budget spent.
     pub(super) fn paused(&self) -> bool {
-        self.off || self.woken || self.wake_losses >= WAKE_BUDGET
+        self.off || self.crowded || self.woken || self.wake_losses >= WAKE_BUDGET
     }
 
     /// Whether the last wait was woken and no try answered since.
@@ -201,6 +219,13 @@ impl ServerWait {
     pub(super) fn periodic_try(&mut self) {
         self.wake_losses = 0;
         self.interrupts = 0;
+        self.crowded = false;
+    }
+
+    /// A wait's reply from this session: its key has [`HERD_WAITERS`]
+    /// waiters already; it did not queue.
+    pub(super) fn crowded(&mut self) {
+        self.crowded = true;
     }
 
     /// A handover notification for `key` from the holder the standby saw
@@ -227,6 +252,7 @@ impl ServerWait {
     pub(super) fn session_down(&mut self) {
         self.woken = false;
         self.off = false;
+        self.crowded = false;
         self.limit = None;
     }
 }

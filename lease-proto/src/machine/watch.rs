@@ -238,9 +238,12 @@ impl Machine {
             return;
         };
         let query = self.connector.next_watch_query();
+        // No crowd limit: a holder's watcher must wait, whoever else waits
+        // (the ring gives every holder one).
         let statement = Statement::Wait {
             key,
             timeout_ms: timeout.as_millis().max(1) as u64,
+            crowd: None,
         };
         #[cfg(feature = "sim")] // The broken variant: a watch session that tries.
         let statement = match self.knobs.mutation {

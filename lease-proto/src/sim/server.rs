@@ -115,6 +115,22 @@ pub(super) mod reply {
                 nonce,
             },
             freed: Some(freed),
+            crowded: false,
+            deadlock_timeout_ms: deadlock_ms,
+        }
+        .to_rows()
+    }
+
+    /// `Wait` that did not queue: its key had as many waiters as its crowd
+    /// limit.
+    pub(crate) fn wait_crowded(pid: i64, nonce: Option<i64>, deadlock_ms: Option<i64>) -> Vec<Row> {
+        crate::reply::WaitReply {
+            session: HeartbeatReply {
+                backend_pid: Some(pid),
+                nonce,
+            },
+            freed: Some(false),
+            crowded: true,
             deadlock_timeout_ms: deadlock_ms,
         }
         .to_rows()
@@ -692,31 +708,46 @@ impl Server {
                 }
                 rows
             }
-            Statement::Wait { key, timeout_ms } => {
+            Statement::Wait {
+                key,
+                timeout_ms,
+                crowd,
+            } => {
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
                 let deadlock_ms = self.cfg.deadlock_timeout.as_millis() as i64;
-                let rows = reply::wait(pid, nonce, true, self.reported_deadlock_timeout());
-                if self.locks.get(key).is_some_and(|(o, _)| *o != owner) {
-                    // The statement's lock timeout: cut below deadlock_timeout.
-                    let limit = crate::sql::wait_limit_ms(deadlock_ms) as u64;
-                    let ms = if self.cfg.wait_ignores_deadlock_timeout {
-                        *timeout_ms
-                    } else {
-                        (*timeout_ms).min(limit)
-                    };
-                    let timeout = Duration::from_millis(ms);
-                    return Some(Executed {
-                        done,
-                        result: Ok(rows),
-                        notify,
-                        blocks: Some((*key, timeout)),
-                        granted: Vec::new(),
-                    });
+                // The crowd check: the waiters queued for the key by a
+                // backend with a smaller pid (in pg_locks: ungranted locks
+                // on it), before anything else.
+                let queued = (self.waiters.iter())
+                    .filter(|w| w.key == *key)
+                    .filter(|w| self.sessions.get(&w.conn).is_some_and(|o| o.pid < pid))
+                    .count();
+                if crowd.is_some_and(|n| queued >= n as usize) {
+                    reply::wait_crowded(pid, nonce, self.reported_deadlock_timeout())
+                } else {
+                    let rows = reply::wait(pid, nonce, true, self.reported_deadlock_timeout());
+                    if self.locks.get(key).is_some_and(|(o, _)| *o != owner) {
+                        // The statement's lock timeout: cut below deadlock_timeout.
+                        let limit = crate::sql::wait_limit_ms(deadlock_ms) as u64;
+                        let ms = if self.cfg.wait_ignores_deadlock_timeout {
+                            *timeout_ms
+                        } else {
+                            (*timeout_ms).min(limit)
+                        };
+                        let timeout = Duration::from_millis(ms);
+                        return Some(Executed {
+                            done,
+                            result: Ok(rows),
+                            notify,
+                            blocks: Some((*key, timeout)),
+                            granted: Vec::new(),
+                        });
+                    }
+                    if self.cfg.wait_keeps_shared_lock {
+                        self.shared.entry(*key).or_default().insert(owner);
+                    }
+                    rows
                 }
-                if self.cfg.wait_keeps_shared_lock {
-                    self.shared.entry(*key).or_default().insert(owner);
-                }
-                rows
             }
             // No pg_locks read: what the session holds is not asked.
             Statement::Heartbeat => {
@@ -1068,6 +1099,7 @@ impl Sim {
             let wait = Statement::Wait {
                 key: w.key,
                 timeout_ms: 0,
+                crowd: None,
             };
             let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
             let done = self.now + self.server.slow;
@@ -1090,6 +1122,7 @@ impl Sim {
         let wait = Statement::Wait {
             key: w.key,
             timeout_ms: 0,
+            crowd: None,
         };
         let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
         self.server.unblocked(conn, self.now);

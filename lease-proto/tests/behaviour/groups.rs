@@ -22,13 +22,13 @@ fn members(h: &mut Harness, gid: u32, members: &[i64]) -> Vec<Command> {
     h.reply(reply.to_rows())
 }
 
-/// A member that closes leaves its groups, announcing it, before it releases their keys:
-/// the members its release's handover notification wakes read it gone, own its keys and
-/// take them at once. Before, its member lock stayed until its session closed, after the
-/// release: a member woken by the notification read it still there, still the owner, and
-/// took the key only at a read after that session's end, up to a retry interval later.
-#[test]
-fn a_closing_member_leaves_its_groups_before_it_releases_their_keys() {
+/// A member whose runs of a group all finish (it closes, or its last job of the group
+/// returned) leaves the group, announcing it, before it releases the keys: the members its
+/// release's handover notification wakes read it gone, own its keys and take them at once.
+/// Before, its member lock stayed until its session closed, after the release: a member
+/// woken by the notification read it still there, still the owner, and took the key only
+/// at a read after that session's end, up to a retry interval later.
+fn leaves_before_it_releases(close: bool) {
     let group = GroupId::named("g").unwrap();
     let gid = group.id();
     let a = lease("a").in_group(group);
@@ -43,7 +43,9 @@ fn a_closing_member_leaves_its_groups_before_it_releases_their_keys() {
     assert_eq!(h.try_keys(), vec![a.key()]);
     let cmds = h.win(900);
     assert!(has(&cmds, |c| matches!(c, Command::StartJob { .. })));
-    h.input(Input::Close);
+    if close {
+        h.input(Input::Close);
+    }
     h.input(Input::JobExited {
         run,
         exit: JobExit::Ok,
@@ -64,6 +66,16 @@ fn a_closing_member_leaves_its_groups_before_it_releases_their_keys() {
         "{:?}",
         h.statement()
     );
+}
+
+#[test]
+fn a_closing_member_leaves_its_groups_before_it_releases_their_keys() {
+    leaves_before_it_releases(true);
+}
+
+#[test]
+fn a_member_whose_last_group_job_returned_leaves_before_the_release() {
+    leaves_before_it_releases(false);
 }
 
 /// Answers the membership read in flight (this session is backend 7): `members` of the

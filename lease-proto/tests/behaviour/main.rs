@@ -15,6 +15,7 @@ mod errors;
 mod fuzz_regressions;
 mod groups;
 mod handover_notification;
+mod handover_request;
 mod heartbeat;
 mod options;
 mod poolers;

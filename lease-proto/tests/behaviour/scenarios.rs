@@ -678,3 +678,65 @@ fn broken_without_the_pooler_probe_a_lone_client_leads_behind_a_transaction_pool
         r.trace_text()
     );
 }
+
+/// A herd of `standbys` standbys of one lease (library default intervals, standbys started
+/// after the holder, in turn); the holder crashes at 20 s. Returns the statements every
+/// standby sent in the 200 ms after the crash, and how long until one led.
+fn herd_takeover(standbys: usize) -> (u64, Duration) {
+    let n = standbys + 1;
+    let mut c = cfg();
+    c.seed = 7;
+    c.processes = n;
+    c.options = Options::default();
+    c.run_after = (0..n)
+        .map(|p| {
+            vec![if p == 0 {
+                ms(0)
+            } else {
+                ms(200 + 37 * p as u64)
+            }]
+        })
+        .collect();
+    let crash = ms(20_000);
+    let mut sim = Sim::new(c, Instant::now());
+    sim.schedule(
+        crash,
+        Fault::Crash {
+            process: 0,
+            restart_after: None,
+        },
+    );
+    sim.run_until(crash - ms(1));
+    assert!(sim.leads(0, "job"), "the first process leads");
+    let before: u64 = (1..n).map(|p| sim.statements(p)).sum();
+    let mut led = None;
+    while sim.now() < crash + ms(200) {
+        let t = sim.now() + ms(1);
+        sim.run_until(t);
+        if led.is_none() && (1..n).any(|p| sim.leads(p, "job")) {
+            led = Some(sim.now() - crash);
+        }
+    }
+    let after: u64 = (1..n).map(|p| sim.statements(p)).sum();
+    let r = sim.finish(ms(25_000), ms(2000));
+    assert_clean(&r);
+    (after - before, led.expect("a standby leads within 200 ms"))
+}
+
+/// The statements of a takeover do not grow with the standbys: at most
+/// `HERD_WAITERS` of them wait on the key at once (a wait finds that many
+/// already waiting and does not queue: its standby polls instead), so a crash
+/// wakes that many, not every standby.
+#[test]
+fn a_takeover_costs_as_many_statements_with_twenty_standbys_as_with_three() {
+    let (three, took3) = herd_takeover(3);
+    let (twenty, took20) = herd_takeover(20);
+    eprintln!(
+        "takeover after a crash: 3 standbys {three} statements, led after {took3:?}; \
+         20 standbys {twenty} statements, led after {took20:?}"
+    );
+    assert!(
+        twenty <= three + 2,
+        "20 standbys sent {twenty} statements, 3 sent {three}"
+    );
+}

@@ -308,7 +308,9 @@ fn rotation_waits_for_every_wanted_key() {
                 h.advance(ms(1));
                 h.lose(Some(99));
             }
-            Some(Statement::Wait { key, timeout_ms }) => {
+            Some(Statement::Wait {
+                key, timeout_ms, ..
+            }) => {
                 waited.push(key);
                 h.advance(ms(timeout_ms));
                 h.held_all_along(7);

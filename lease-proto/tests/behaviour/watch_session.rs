@@ -34,6 +34,7 @@ fn wait_rows(freed: bool) -> Vec<Row> {
             nonce: None,
         },
         freed: Some(freed),
+        crowded: false,
         deadlock_timeout_ms: Some(1000),
     }
     .to_rows()

@@ -510,6 +510,7 @@ fn statement_prefixes_match_the_core() {
     let wait = Statement::Wait {
         key: 1,
         timeout_ms: 5,
+        crowd: Some(2),
     };
     assert!(wait.sql().starts_with(WAIT_PREFIX), "{}", wait.sql());
 }

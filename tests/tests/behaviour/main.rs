@@ -18,6 +18,7 @@ mod ha_promotion;
 mod heartbeat_cost;
 mod job_span;
 mod kit;
+mod kit_runtimes;
 mod metrics;
 mod poolers;
 mod readme_example;

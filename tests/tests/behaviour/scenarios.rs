@@ -285,9 +285,11 @@ fn vanished_waiter(driver: Driver) -> Res {
     Ok(())
 }
 
-/// Ten standbys wait on the server for one key; the holder is killed with SIGKILL. Exactly
-/// one standby leads, within milliseconds; the other nine go back to waiting (visible in
-/// `pg_locks` as requests not granted) and send a few statements each, not a storm.
+/// Ten standbys of one key; at most `HERD_WAITERS` (2) of them wait on the server for it
+/// (visible in `pg_locks` as requests not granted: the two with the smallest backend pids
+/// once settled), the others poll; the holder is killed with SIGKILL. Exactly one standby
+/// leads, within milliseconds (a waiter: the others poll every 8 to 10 s here); the other
+/// waiter goes back to waiting; the takeover costs a few statements, not one per standby.
 fn herd_of_ten(driver: Driver) -> Res {
     let cluster = Cluster::start()?;
     let admin = Admin::connect(&cluster.conn_string())?;
@@ -309,13 +311,23 @@ fn herd_of_ten(driver: Driver) -> Res {
         lease_proto::server::ADVISORY_KEY_SQL,
         key("job")
     );
+    // Every standby has tried and either waits or gave way (its wait found two waiters
+    // with smaller pids): two waiting, then for a moment still two.
+    let herd_waiters = i64::from(lease_proto::limits::HERD_WAITERS);
     let deadline = Instant::now() + WAIT;
-    while admin.ints(&waiting_sql)?.first() != Some(&10) {
+    let mut steady = 0;
+    while steady < 10 {
+        let waiting = admin.ints(&waiting_sql)?.first().copied().unwrap_or(0);
+        steady = if waiting == herd_waiters {
+            steady + 1
+        } else {
+            0
+        };
         assert!(
             Instant::now() < deadline,
-            "the ten standbys never all waited"
+            "the waiters never settled at {herd_waiters} (now {waiting})"
         );
-        std::thread::sleep(ms(20));
+        std::thread::sleep(ms(50));
     }
     // One connection per single-lease process, leading or waiting.
     let connections = admin.ints(
@@ -365,9 +377,9 @@ fn herd_of_ten(driver: Driver) -> Res {
     // not waiting for a round trip, so look again for a moment.
     let mut waiting = 0;
     let settle = Instant::now() + ms(1000);
-    while waiting != 9 && Instant::now() < settle {
+    while waiting < 1 && Instant::now() < settle {
         waiting = admin.ints(&waiting_sql)?.first().copied().unwrap_or(0);
-        if waiting != 9 {
+        if waiting < 1 {
             std::thread::sleep(ms(5));
         }
     }
@@ -376,13 +388,14 @@ fn herd_of_ten(driver: Driver) -> Res {
         "herd of 10: statements in the 1 s after the kill",
         format!("{sent} (standbys waiting again: {waiting})"),
     );
-    assert_eq!(waiting, 9, "the nine losers are not all waiting again");
-    // Ten tries (the wake's), then per loser at most three waits in the second (each
-    // wait is cut below deadlock_timeout, 900 ms, and sent again at once), the winner a
-    // heartbeat: 39; and the server log is read as the logger wrote it, so each
-    // standby's wait of the moment before the kill may land after the mark: 49. A
-    // storm would be hundreds (45 seen once with the whole suite running beside it).
-    assert!(sent <= 49, "{sent} statements in the second after the kill");
+    assert!(waiting >= 1, "the losing waiter is not waiting again");
+    // The two waiters' tries (the wake's), the loser's waits in the second (each cut
+    // below deadlock_timeout, 900 ms, and sent again at once; a poller's first wait
+    // after its try may join and give way), the winner's heartbeat; and the server log
+    // is read as the logger wrote it, so the waits of the moment before the kill may
+    // land after the mark. One per standby and more (a wake of every standby, as before
+    // the crowd limit: 45 seen) would be a herd.
+    assert!(sent <= 15, "{sent} statements in the second after the kill");
     assert_no_overlap(&nodes);
     assert_one_leader(&admin, &nodes, "job")?;
     for node in &mut herd {

@@ -195,6 +195,8 @@ pub struct Plan {
     pub delay_reps: usize,
     /// Takeover phase: repetitions of the herd per driver.
     pub herd_reps: usize,
+    /// Takeover phase: standbys in the herd.
+    pub herd: usize,
     /// Groups phase: SIGKILLs of a member per driver.
     pub group_reps: usize,
     /// Length of each cost measurement window.
@@ -206,7 +208,8 @@ pub struct Plan {
 }
 
 const USAGE: &str = concat!(
-    "usage: bench [--quick] [--reps N] [--out DIR] [--only failover|takeover|cost|groups]\n",
+    "usage: bench [--quick] [--reps N] [--herd N] [--out DIR]\n",
+    "             [--only failover|takeover|cost|groups]\n",
     "  --quick    short intervals (retry 200 ms, heartbeat 200 ms, query timeout 500 ms,\n",
     "             guard margin 200 ms) and few repetitions\n",
     "  --reps N   repetitions: of the fast failover scenarios (default 8; the slow ones,\n",
@@ -214,6 +217,7 @@ const USAGE: &str = concat!(
     "             phase's kill (default 40, with --quick 10; its pg_terminate_backend\n",
     "             per lock-delay gets N / 2 rounded up, its herd N / 8 rounded up, the\n",
     "             groups phase's SIGKILL of a member N / 2 rounded up)\n",
+    "  --herd N   standbys in the takeover phase's herd (default 10)\n",
     "  --out DIR  where results.md, results.json and failover.svg go (default bench/)\n",
     "  --only failover|takeover|cost|groups\n",
     "             run one phase only: the failover scenarios; instant takeover (kill -9,\n",
@@ -230,6 +234,7 @@ fn parse_args() -> R<Option<Plan>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mut quick, mut reps, mut out) = (false, None, PathBuf::from("bench"));
     let mut only = None;
+    let mut herd = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -241,6 +246,15 @@ fn parse_args() -> R<Option<Plan>> {
                         .ok()
                         .filter(|&n: &usize| n > 0)
                         .ok_or(format!("--reps: not a positive number: {v}"))?,
+                );
+            }
+            "--herd" => {
+                let v = it.next().ok_or("--herd needs a number")?;
+                herd = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|&n: &usize| (1..=500).contains(&n))
+                        .ok_or(format!("--herd: not a number from 1 to 500: {v}"))?,
                 );
             }
             "--out" => out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
@@ -301,6 +315,7 @@ fn parse_args() -> R<Option<Plan>> {
         takeover_reps: takeover,
         delay_reps: takeover.div_ceil(2),
         herd_reps: takeover.div_ceil(8),
+        herd: herd.unwrap_or(crate::takeover::HERD),
         group_reps: takeover.div_ceil(2),
         cost_window: if quick { ms(3_000) } else { ms(15_000) },
         heartbeat_reps: if quick { 300 } else { 2_000 },

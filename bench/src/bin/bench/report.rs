@@ -5,7 +5,7 @@ use crate::duel::Rep;
 use crate::duel::Scenario;
 use crate::failover::Cell;
 use crate::groups::{GroupRun, LEASES, MEMBERS};
-use crate::takeover::{Takeover, HERD};
+use crate::takeover::Takeover;
 use crate::{Design, Machine, Plan, DRIVERS, R};
 use lease_tests::scenario::Driver;
 use std::collections::BTreeMap;
@@ -416,14 +416,16 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
         rows,
     );
 
+    let herd = t.herd_size;
     let _ = write!(
         s,
-        "\n## Herd: {HERD} standbys on one key, SIGKILL of the holder\n\nA holder and \
-         {HERD} standbys (library defaults), the SIGKILL a random fraction of {phase} after all \
-         {HERD} waited on the server (`pg_locks.granted = false`). First start: SIGKILL → the \
+        "\n## Herd: {herd} standbys on one key, SIGKILL of the holder\n\nA holder and \
+         {herd} standbys (library defaults), the SIGKILL a random fraction of {phase} after the \
+         waiters settled (`HERD_WAITERS` of them wait on the server, `pg_locks.granted = \
+         false`; the others poll). First start: SIGKILL → the \
          first standby's `start` (ms). Leaders: standbys that started a job in the second \
          after the SIGKILL, and backends holding the key at its end. Statements: what the \
-         {HERD} standbys sent in that second, counted in the server log (`log_statement = \
+         {herd} standbys sent in that second, counted in the server log (`log_statement = \
          all`). Waiting: requests for the key not granted at its end.\n\n"
     );
     let rows = (t.herd.iter())
@@ -903,7 +905,7 @@ fn takeover_json(t: &Takeover) -> J {
         });
         J::Obj(vec![
             ("driver", s(driver.name())),
-            ("standbys", J::Num(HERD as f64)),
+            ("standbys", J::Num(t.herd_size as f64)),
             ("reps", J::Arr(reps.collect())),
         ])
     });

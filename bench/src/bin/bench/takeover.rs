@@ -40,7 +40,7 @@ pub const LOCK_DELAYS: [Duration; 3] = [
     Duration::from_millis(20),
 ];
 
-/// Standbys in the herd.
+/// Standbys in the herd by default (`--herd N`).
 pub const HERD: usize = 10;
 
 /// The `pg_terminate_backend` repetitions of one lock-delay and contender.
@@ -73,6 +73,8 @@ pub struct Takeover {
     pub kill: Vec<(Driver, Vec<Rep>)>,
     /// Per driver: the herd.
     pub herd: Vec<(Driver, Vec<HerdRep>)>,
+    /// Standbys in the herd.
+    pub herd_size: usize,
     pub delay: Vec<DelayCell>,
 }
 
@@ -109,13 +111,17 @@ pub fn run_all(bench: &mut Bench, plan: &Plan) -> R<Takeover> {
         );
     }
 
-    eprintln!("bench: takeover: a herd of {HERD}, {} reps", plan.herd_reps);
+    out.herd_size = plan.herd;
+    eprintln!(
+        "bench: takeover: a herd of {}, {} reps",
+        plan.herd, plan.herd_reps
+    );
     set_log_statement(bench, "all")?;
     out.herd = DRIVERS.iter().map(|&d| (d, Vec::new())).collect();
     for i in 0..plan.herd_reps {
         for (driver, reps) in &mut out.herd {
             let lease = format!("takeover-herd-{}-{i}", driver.name());
-            reps.push(herd_rep(bench, *driver, &lease, phase)?);
+            reps.push(herd_rep(bench, *driver, &lease, plan.herd, phase)?);
         }
     }
     set_log_statement(bench, "none")?;
@@ -189,7 +195,13 @@ fn key_rows(bench: &Bench, lease: &str, granted: bool) -> R<usize> {
     n.parse().map_err(|_| format!("count(*) gave {n:?}"))
 }
 
-fn herd_rep(bench: &mut Bench, driver: Driver, lease: &str, phase: Duration) -> R<HerdRep> {
+fn herd_rep(
+    bench: &mut Bench,
+    driver: Driver,
+    lease: &str,
+    n: usize,
+    phase: Duration,
+) -> R<HerdRep> {
     let setup = bench.setup_timeout();
     let url = bench.cluster.url(FAILOVER_DB);
     let who = library(driver, None);
@@ -197,16 +209,24 @@ fn herd_rep(bench: &mut Bench, driver: Driver, lease: &str, phase: Duration) -> 
     holder
         .wait_start(0, setup)
         .map_err(|e| failed("the herd's holder did not start its job", e, &[&holder]))?;
-    let herd = (0..HERD)
+    let herd = (0..n)
         .map(|i| bench.spawn(who, &url, lease, &format!("S{i}")))
         .collect::<R<Vec<Node>>>()?;
     let nodes: Vec<&Node> = herd.iter().collect();
+    // The waiters settle at HERD_WAITERS (the others poll): that many, for a second.
+    let waiters = n.min(lease_proto::limits::HERD_WAITERS as usize);
     let deadline = monotonic_nanos() + setup.as_nanos() as u64;
-    while key_rows(bench, lease, false)? < HERD {
+    let mut steady = 0;
+    while steady < 20 {
+        steady = if key_rows(bench, lease, false)? == waiters {
+            steady + 1
+        } else {
+            0
+        };
         if monotonic_nanos() > deadline {
-            return Err(failed("the herd never all waited", "", &nodes));
+            return Err(failed("the herd's waiters never settled", "", &nodes));
         }
-        sleep(Duration::from_millis(20));
+        sleep(Duration::from_millis(50));
     }
     sleep(phase.mul_f64(bench.random()));
     let log_path = bench.cluster.log_path();
