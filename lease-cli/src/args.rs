@@ -195,6 +195,19 @@ pub enum Cmd {
                       pg_advisory_lock(bigint) or pg_locks. No database is contacted."
     )]
     Key(KeyArgs),
+    /// Hand a lease over to a named standby
+    #[command(
+        long_about = "Hand lease NAME over to the standby whose lease session is backend PID \
+                      (the BACKEND PID column of `lease status NAME`): the holder stops its \
+                      command as on SIGTERM (the full --grace), releases the lease, and no \
+                      other replica tries it for two of their query timeouts after the \
+                      release, so the named standby takes it at once. Waits until PID holds \
+                      NAME. Exit status 0 when it does, 1 when it did not within --timeout or \
+                      the database could not be queried (a standby that does not take it: \
+                      the others take it again after that window), 2 for bad usage.",
+        after_long_help = CONNECTION_HELP
+    )]
+    Handover(HandoverArgs),
     /// From inside COMMAND of `lease run`: is its lease valid now, and until when
     #[command(
         long_about = "From inside COMMAND of `lease run`: ask the runner whether the lease \
@@ -421,6 +434,25 @@ pub struct ValidArgs {
     /// Print nothing; only the exit status tells
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// Options of `lease handover`.
+#[derive(Debug, Args)]
+pub struct HandoverArgs {
+    /// The lease name
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// The backend pid of the standby's lease session (`lease status NAME`)
+    #[arg(long, value_name = "PID", value_parser = clap::value_parser!(i32).range(1..))]
+    pub to: i32,
+
+    /// How long to wait for the named standby to hold the lease
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
 }
 
 /// Options of `lease key`.

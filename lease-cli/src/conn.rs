@@ -172,6 +172,18 @@ impl LockSession {
         Ok(rows)
     }
 
+    /// Asks the holder of `key` to hand it over to backend `pid` (the
+    /// request on the handover channel: `lease_proto::server::handover_request_payload`).
+    pub async fn request_handover(&self, key: i64, pid: i32) -> Result<(), String> {
+        let payload = lease_proto::server::handover_request_payload(key, i64::from(pid));
+        let sql = format!(
+            "SELECT pg_catalog.pg_notify('{}', '{payload}')",
+            lease_proto::server::HANDOVER_CHANNEL
+        );
+        let result = self.client.simple_query(&sql).await;
+        result.map(drop).map_err(|e| error_chain(&e))
+    }
+
     /// Ends the session (a Terminate message, then the socket closes).
     pub async fn close(self) {
         drop(self.client);

@@ -8,6 +8,8 @@
 //! - `lease status [NAME...]`: who holds which lease and who waits for it on
 //!   the server ([`status`]); `--watch` redraws it until Ctrl-C.
 //! - `lease key NAME`: the advisory-lock key of a name.
+//! - `lease handover NAME --to PID`: hand a lease over to a named standby
+//!   ([`status::handover`]).
 //! - `lease valid`: from inside `lease run`'s command, whether its lease is
 //!   valid now and until when, asked of the runner over a Unix socket
 //!   ([`valid`]).
@@ -57,6 +59,7 @@ fn dispatch(cli: Cli) -> i32 {
         Cmd::Run(args) => run::main(args),
         Cmd::Status(args) => status::main(args),
         Cmd::Key(args) => status::key(args),
+        Cmd::Handover(args) => status::handover(args),
         Cmd::Valid(args) => valid::main(args),
     }
 }

@@ -4,7 +4,7 @@ use lease_proto::inspect::{HeldSince, HolderHistory, HolderRow, LeaseLocks, Lock
 use lease_proto::{key_for_name, GroupId, LeaseId};
 use serde_json::json;
 
-use crate::args::{KeyArgs, StatusArgs, MAX_SHARDS};
+use crate::args::{HandoverArgs, KeyArgs, StatusArgs, MAX_SHARDS};
 use crate::conn::{self, LockSession};
 use crate::log::{usage_error, EXIT_FAILURE};
 
@@ -20,6 +20,84 @@ pub fn key(args: KeyArgs) -> i32 {
 }
 
 /// Runs `lease status`; returns the exit status.
+/// `lease handover NAME --to PID`: asks NAME's holder to hand it over to
+/// backend PID and waits until PID holds it (the rule: lease-proto's
+/// `Machine::handover_requested`).
+pub fn handover(args: HandoverArgs) -> i32 {
+    let id = match LeaseId::named(args.name.as_str()) {
+        Ok(id) => id,
+        Err(e) => return usage_error(2, &format!("{e}: {:?}", args.name)),
+    };
+    if args.timeout.is_zero() {
+        return usage_error(2, "--timeout must be greater than zero");
+    }
+    let mut target = match conn::resolve(args.conn.database_url.as_deref()) {
+        Ok(t) => t,
+        Err(e) => return usage_error(2, &e),
+    };
+    for warning in &target.warnings {
+        eprintln!("lease: warning: {warning}");
+    }
+    target.config.application_name("lease handover");
+    target.config.connect_timeout(args.timeout);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let outcome = match runtime {
+        Ok(rt) => rt.block_on(hand_over(&args, &id, &target)),
+        Err(e) => Err(format!("cannot start the async runtime: {e}")),
+    };
+    match outcome {
+        Ok(line) => {
+            println!("{line}");
+            0
+        }
+        Err(e) => {
+            eprintln!("lease: error: {e}");
+            EXIT_FAILURE
+        }
+    }
+}
+
+async fn hand_over(
+    args: &HandoverArgs,
+    id: &LeaseId,
+    target: &conn::Target,
+) -> Result<String, String> {
+    let (name, to) = (id.name(), args.to);
+    let session = LockSession::connect(target, args.timeout).await?;
+    let holder = |table: &LockTable| {
+        (table.key(id.key()).and_then(|l| l.holders.first())).and_then(|h| h.pid)
+    };
+    let before = holder(&session.locks().await?);
+    match before {
+        None => return Err(format!("{name} is not held: nothing to hand over")),
+        Some(pid) if pid == to => return Ok(format!("{name} is held by backend {to} already")),
+        Some(_) => {}
+    }
+    let start = std::time::Instant::now();
+    session.request_handover(id.key(), to).await?;
+    loop {
+        let now = holder(&session.locks().await?);
+        if now == Some(to) {
+            session.close().await;
+            return Ok(format!(
+                "{name} handed over to backend {to} in {} ms",
+                start.elapsed().as_millis()
+            ));
+        }
+        if start.elapsed() >= args.timeout {
+            session.close().await;
+            let held = now.map_or("nobody".into(), |p| format!("backend {p}"));
+            return Err(format!(
+                "{name} is held by {held}, not backend {to}, {} after the request",
+                humantime::format_duration(args.timeout)
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 pub fn main(args: StatusArgs) -> i32 {
     let mut ids = Vec::new();
     let mut groups = Vec::new();

@@ -35,9 +35,11 @@ macro_rules! this_database_advisory_locks {
 }
 
 /// The LISTEN/NOTIFY channel of graceful handovers. The payload is the
-/// released key in decimal; also `group <id>` (a lease group's
-/// announcement) and `to <key> <pid>` (a hand-over asked for:
-/// [`handover_request_payload`]).
+/// released key in decimal and the moment of the release on the server's
+/// clock, in the units of the fencing token ([`TOKEN_CLOCK_OFFSET`] plus
+/// microseconds), space-separated ([`handover_release`]); also `group <id>`
+/// (a lease group's announcement) and `to <key> <pid>` (a hand-over asked
+/// for: [`handover_request_payload`]).
 pub const HANDOVER_CHANNEL: &str = "lease_handover_v1";
 
 /// The payload on [`HANDOVER_CHANNEL`] that asks the locker leading `key`
@@ -46,6 +48,18 @@ pub const HANDOVER_CHANNEL: &str = "lease_handover_v1";
 /// `SELECT pg_catalog.pg_notify('lease_handover_v1', '<payload>')`.
 pub fn handover_request_payload(key: i64, pid: i64) -> String {
     format!("to {key} {pid}")
+}
+
+/// The key and the release's moment (`None`: a payload without one) of a
+/// release's notification on [`HANDOVER_CHANNEL`].
+pub(crate) fn handover_release(payload: &str) -> Option<(i64, Option<i64>)> {
+    let mut words = payload.split_whitespace();
+    let key = words.next()?.parse().ok()?;
+    let at = match words.next() {
+        None => None,
+        Some(w) => Some(w.parse().ok()?),
+    };
+    words.next().is_none().then_some((key, at))
 }
 
 /// The key and backend pid of a [`handover_request_payload`].
@@ -698,10 +712,15 @@ impl Statement {
                 sql
             }
             Statement::Release { keys, notify } => {
+                // The payload: the key and when it was released, on the
+                // server's clock in the fencing token's units.
                 let won = if *notify {
                     format!(
                         "(SELECT 1::pg_catalog.int8 FROM \
-                         pg_catalog.pg_notify('{HANDOVER_CHANNEL}', k::pg_catalog.text))"
+                         pg_catalog.pg_notify('{HANDOVER_CHANNEL}', pg_catalog.concat(k, ' ', \
+                         {TOKEN_CLOCK_OFFSET}::pg_catalog.int8 OPERATOR(pg_catalog.+) \
+                         (extract(epoch FROM pg_catalog.clock_timestamp()) \
+                         OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8)))"
                     )
                 } else {
                     "1::pg_catalog.int8".to_string()

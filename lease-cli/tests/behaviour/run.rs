@@ -528,3 +528,66 @@ fn absurd_intervals_are_a_usage_error() {
         &lines[..lines.len().min(3)]
     );
 }
+
+/// `lease handover NAME --to PID` with two standbys: the named one takes the lease at
+/// the holder's release (the holder's command stopped as on SIGTERM first), the other
+/// does not, and the command says how long it took.
+#[test]
+fn handover_to_a_named_standby() {
+    let c = cluster();
+    let name = unique("handto");
+    let mut a = Replica::spawn(fast_sh(&c, &name, &[], ANNOUNCE)).expect("spawn a");
+    let (_, line) = a
+        .wait_for_line(|l| l.starts_with("start"), MS(10_000))
+        .expect("a leads");
+    let token_a = field(&line, "token").expect("token");
+    // The standbys poll only every 5 s: a takeover within the second is the hand-over.
+    let slow = ["--retry-interval", "5s"];
+    let b = Replica::spawn(fast_sh(&c, &name, &slow, ANNOUNCE)).expect("spawn b");
+    let d = Replica::spawn(fast_sh(&c, &name, &slow, ANNOUNCE)).expect("spawn d");
+    let ready = |r: &Replica| {
+        let (_, l) = (r.wait_for_line(|l| l.contains("backend_pid="), MS(10_000)))
+            .expect("the session is ready");
+        field(&l, "backend_pid").expect("backend_pid")
+    };
+    let (pid_b, _) = (ready(&b), ready(&d));
+    b.wait_for_line(|l| l.contains("standing by"), MS(10_000))
+        .expect("b stands by");
+    d.wait_for_line(|l| l.contains("standing by"), MS(10_000))
+        .expect("d stands by");
+    let asked = Instant::now();
+    let mut cmd = lease();
+    cmd.args(["handover", &name, "--to", &pid_b.to_string()])
+        .args(["--database-url", &c.url("postgres")]);
+    let (status, out, err, _) = output(cmd, MS(15_000));
+    let (started, line) = b
+        .wait_for_line(|l| l.starts_with("start"), MS(5_000))
+        .expect("b takes over");
+    let (stopped, _) = a
+        .wait_for_line(|l| l == "stop", MS(1_000))
+        .expect("a's command got SIGTERM");
+    eprintln!(
+        "handover --to: {} ({:?} after the request, {:?} after a's command stopped)",
+        out.trim(),
+        started.saturating_duration_since(asked),
+        started.saturating_duration_since(stopped)
+    );
+    assert!(status.success(), "{status}: {err}");
+    assert!(
+        out.contains(&format!("handed over to backend {pid_b}")),
+        "{out}"
+    );
+    assert!(stopped <= started, "b started before a's command stopped");
+    assert!(field(&line, "token").expect("token") > token_a);
+    std::thread::sleep(MS(300));
+    assert!(
+        !d.lines().iter().any(|l| l.text.starts_with("start")),
+        "the standby not named took the lease"
+    );
+    // a stands by again (a hand-over is not a shutdown).
+    assert!(
+        a.wait_exit(MS(200)).is_err(),
+        "a exited after the hand-over"
+    );
+    let _ = (a.sigterm(), b.sigterm(), d.sigterm());
+}

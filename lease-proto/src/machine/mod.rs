@@ -367,8 +367,8 @@ impl Machine {
                 sender_pid,
             } => {
                 if channel == HANDOVER_CHANNEL {
-                    if let Ok(key) = payload.trim().parse::<i64>() {
-                        self.handover_notified(now, key, sender_pid);
+                    if let Some((key, at)) = crate::sql::handover_release(&payload) {
+                        self.handover_notified(now, key, at, sender_pid);
                     } else if let Some(group) = groups::announced(&payload) {
                         self.join_announced(group);
                     } else if let Some((key, to)) = crate::sql::handover_request(&payload) {
@@ -1230,7 +1230,7 @@ impl Machine {
     /// terminated would skip the lock delay), and a late one from an
     /// earlier holder may reach a standby that lost the herd and waits
     /// again behind the new holder.
-    fn handover_notified(&mut self, now: Instant, key: i64, sender: i64) {
+    fn handover_notified(&mut self, now: Instant, key: i64, at: Option<i64>, sender: i64) {
         let Some((wanted, holder)) = self.runs.standby_of(key) else {
             return;
         };
@@ -1248,7 +1248,7 @@ impl Machine {
                 return;
             }
         }
-        self.runs.released_gracefully(key, now);
+        self.runs.released_gracefully(key, now, at);
         self.runs
             .extend_reservation(key, now + handover_window(&self.opts));
         self.lock_delay_over_if_graceful(now);

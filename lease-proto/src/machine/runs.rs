@@ -92,8 +92,10 @@ pub(super) struct Standby {
     /// no try answered yet; `Some(None)`: `pg_locks` did not show it).
     pub(super) holder: Option<Option<i64>>,
     /// When a handover notification from that holder said it released the
-    /// key gracefully; cleared when a try finds the key held again.
-    graceful: Option<Instant>,
+    /// key gracefully, and the release's moment on the server's clock (in
+    /// fencing-token units) if the payload had it; cleared when a try finds
+    /// the key held again.
+    graceful: Option<(Instant, Option<i64>)>,
 }
 
 impl Standby {
@@ -105,11 +107,19 @@ impl Standby {
         }
     }
 
-    /// Whether a win by a try sent at `sent` follows a graceful release: the
-    /// notification came at most `lock_delay` before the try was sent, or
-    /// while it was in flight.
-    fn graceful_for(&self, sent: Instant, lock_delay: Duration) -> bool {
-        (self.graceful).is_some_and(|at| at + lock_delay >= sent)
+    /// Whether a win with fencing token `token` by a try sent at `sent`
+    /// follows a graceful release: the notification came at most
+    /// `lock_delay` before the try was sent, or while it was in flight, and
+    /// the server granted the key at most `lock_delay` after the release on
+    /// its own clock (a notification delivered late, after another holder
+    /// took the key and lost it, is older than that; one without the
+    /// release's moment never counts).
+    fn graceful_for(&self, sent: Instant, token: i64, lock_delay: Duration) -> bool {
+        let delay_us = lock_delay.as_micros() as i64;
+        (self.graceful).is_some_and(|(seen, released)| {
+            seen + lock_delay >= sent
+                && released.is_some_and(|r| token >= r && token - r <= delay_us)
+        })
     }
 }
 
@@ -458,10 +468,10 @@ impl RunTable {
         sent: Instant,
         lock_delay: Duration,
     ) -> bool {
-        won.iter().any(|(key, _)| {
+        won.iter().any(|(key, token)| {
             matches!(
                 self.by_key(*key).map(|r| &r.state),
-                Some(RunState::Standby(s)) if s.step == StandbyStep::Trying && !s.graceful_for(sent, lock_delay)
+                Some(RunState::Standby(s)) if s.step == StandbyStep::Trying && !s.graceful_for(sent, *token, lock_delay)
             )
         })
     }
@@ -487,10 +497,10 @@ impl RunTable {
 
     /// A handover notification for `key` from the holder its standby's last
     /// try saw, at `now`: that holder released it gracefully.
-    pub(super) fn released_gracefully(&mut self, key: i64, now: Instant) {
+    pub(super) fn released_gracefully(&mut self, key: i64, now: Instant, at: Option<i64>) {
         if let Some((_, r)) = self.by_key_mut(key) {
             if let RunState::Standby(standby) = &mut r.state {
-                standby.graceful = Some(now);
+                standby.graceful = Some((now, at));
             }
         }
     }

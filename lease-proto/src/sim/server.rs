@@ -814,7 +814,10 @@ impl Server {
                                 self.locks.remove(&k);
                             }
                             if *n {
-                                notify.push(k.to_string());
+                                let at = crate::sql::TOKEN_CLOCK_OFFSET
+                                    + now.as_micros() as i64
+                                    + self.clock_skew_us;
+                                notify.push(format!("{k} {at}"));
                             }
                             true
                         }

@@ -149,3 +149,14 @@ pub fn stacked_delay<'a>(faults: impl IntoIterator<Item = &'a Fault>) -> Duratio
         })
         .sum()
 }
+
+/// The payload of the handover notification of `key`'s graceful release: the key and the
+/// release's moment on the server's clock in fencing-token units, [`RELEASED_AT`] (a win
+/// whose token is at most the lock delay above it follows that release).
+pub fn release_payload(key: i64) -> String {
+    format!("{key} {RELEASED_AT}")
+}
+
+/// The release moment of [`release_payload`]: just below the tokens the hand-driven tests
+/// win with (900 and up).
+pub const RELEASED_AT: i64 = 900;

@@ -28,7 +28,7 @@ fn key() -> i64 {
 fn notify(h: &mut Harness, sender_pid: i64) {
     h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
-        payload: key().to_string(),
+        payload: release_payload(key()),
         sender_pid,
     });
 }
@@ -151,4 +151,38 @@ fn old_code_fails_every_test_here() {
     assert!(forged_before_a_terminate(old));
     assert!(late_from_an_earlier_holder(old));
     assert!(polling_standby_at_a_forged_notification(old));
+}
+
+/// The holder's own notification, delivered late (PostgreSQL sends it at its commit, and
+/// a busy server or network holds it up): meanwhile another standby took the key and its
+/// session was terminated. The notification still comes from the holder this standby saw,
+/// but the release it reports is older than the lock delay before this standby's grant
+/// (on the server's clock, the fencing token's): the win gets the lock delay. The
+/// widened property `the_lock_delay_holds_against_forged_and_late_notifications` found it
+/// (a notification 33 ms late; two leaders for 5 ms).
+#[test]
+fn a_late_notification_of_the_seen_holder_does_not_skip_the_lock_delay() {
+    let mut h = Harness::new(opts(), 1).unwrap();
+    h.run(LeaseId::named("a").unwrap());
+    h.connect(7);
+    h.lose(Some(99));
+    h.advance(ms(40));
+    notify(&mut h, 99);
+    h.wake(7);
+    assert!(tried_at_once(&h));
+    // Granted 30 ms after the release the notification reports: not that release's.
+    let cmds = h.win_held(RELEASED_AT + 30_000);
+    assert!(
+        !cmds.iter().any(|c| matches!(c, Command::StartJob { .. })),
+        "started at once: {cmds:?}"
+    );
+    // Granted within the lock delay of it: graceful.
+    let mut h = Harness::new(opts(), 1).unwrap();
+    h.run(LeaseId::named("a").unwrap());
+    h.connect(7);
+    h.lose(Some(99));
+    h.advance(ms(40));
+    notify(&mut h, 99);
+    h.wake(7);
+    assert!(started_at_once(&mut h));
 }

@@ -19,7 +19,7 @@ fn request(h: &mut Harness, name: &str, to: i64) -> Vec<Command> {
 fn release_notification(h: &mut Harness, name: &str, holder: i64) -> Vec<Command> {
     h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
-        payload: key(name).to_string(),
+        payload: release_payload(key(name)),
         sender_pid: holder,
     })
 }

@@ -220,7 +220,7 @@ fn a_notification_triggers_an_immediate_try() {
     assert!(h.in_flight().is_none());
     let cmds = h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
-        payload: key("a").to_string(),
+        payload: release_payload(key("a")),
         sender_pid: 99,
     });
     assert!(has(&cmds, |c| matches!(
@@ -386,7 +386,7 @@ fn simulated_shared_holder_costs_a_bounded_number_of_statements() {
 fn notify(h: &mut Harness, name: &str) -> Vec<Command> {
     h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
-        payload: lease(name).key().to_string(),
+        payload: release_payload(lease(name).key()),
         sender_pid: 99,
     })
 }

@@ -220,7 +220,7 @@ fn a_stale_notification_does_not_skip_the_watch_lock_delay() {
     // 99 releases b gracefully: its notification arrives (from the holder the try saw).
     h.input(Input::Notification {
         channel: lease_proto::server::HANDOVER_CHANNEL.into(),
-        payload: key("b").to_string(),
+        payload: release_payload(key("b")),
         sender_pid: 99,
     });
     // The watch's wait is granted by that release.
