@@ -873,7 +873,11 @@ impl Sim {
                 if !self.cfg.leases.is_empty() {
                     let name = &self.cfg.leases[lease % self.cfg.leases.len()];
                     let key = crate::key_for_name(name);
-                    self.notify_listeners(key.to_string(), server::FORGER_PID, Duration::ZERO);
+                    // A forger that knows the payload: the key and a release
+                    // moment of now on the server's clock.
+                    let at = self.server.clock_now(self.now);
+                    let payload = format!("{key} {at}");
+                    self.notify_listeners(payload, server::FORGER_PID, Duration::ZERO);
                 }
             }
             Fault::ServerRestart { downtime } => {

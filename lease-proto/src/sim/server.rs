@@ -433,6 +433,12 @@ impl Server {
         crate::sql::TOKEN_CLOCK_OFFSET + us
     }
 
+    /// The server's clock at `now` in fencing-token units, read without
+    /// taking a token (a release's moment in its notification).
+    pub(super) fn clock_now(&self, now: Duration) -> i64 {
+        crate::sql::TOKEN_CLOCK_OFFSET + now.as_micros() as i64 + self.clock_skew_us
+    }
+
     /// The `deadlock_timeout` a wait's reply reports (ms): none from the
     /// statement before the fix.
     pub(super) fn reported_deadlock_timeout(&self) -> Option<i64> {
@@ -814,10 +820,7 @@ impl Server {
                                 self.locks.remove(&k);
                             }
                             if *n {
-                                let at = crate::sql::TOKEN_CLOCK_OFFSET
-                                    + now.as_micros() as i64
-                                    + self.clock_skew_us;
-                                notify.push(format!("{k} {at}"));
+                                notify.push(format!("{k} {}", self.clock_now(now)));
                             }
                             true
                         }

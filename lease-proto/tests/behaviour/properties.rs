@@ -1344,7 +1344,7 @@ fn notify_cases() -> impl Strategy<Value = NotifyCase> {
         // its new session, a poll rather than a woken wait.
         proptest::collection::vec(
             (
-                prop_oneof![1 => (0..60u64).prop_map(ms), 3 => (60..3000u64).prop_map(ms)],
+                prop_oneof![1 => (0..60u64).prop_map(ms), 1 => (60..3000u64).prop_map(ms)],
                 0..4usize,
                 prop_oneof![1 => Just(None), 4 => (0..3000u64).prop_map(Some)],
             ),
@@ -1423,13 +1423,15 @@ fn notify_case(case: &NotifyCase, mutation: Option<Mutation>) -> Result<(), Test
 /// whether its try followed a wake or was a poll (terminates come in quick
 /// succession, so a standby whose own session was terminated polls on its new
 /// one; with several leases a holder polls for the others): strong safety holds
-/// with jobs that take half the lock delay to stop. The forged ones are what the broken variant
-/// below trips on (30 of 100 generated cases); late ones (delivered up to 40 ms
-/// after the release) are generated too, but the window where one matters (a herd
-/// loser's second wait, its new holder terminated within the lock delay of the
-/// late notification) is too narrow for random schedules to hit:
-/// `a_late_notification_from_an_earlier_holder_does_not_skip_the_lock_delay`
-/// (`handover_notification.rs`) drives it by hand.
+/// with jobs that take half the lock delay to stop. The forged ones are what the
+/// broken variant below trips on (20 of 100 generated cases; the forger writes a
+/// fresh release moment). Late ones (delivered up to 40 ms after the release)
+/// found a hole once: a notification from the holder the standby saw, arriving
+/// after another standby had taken the key and been terminated (now a release
+/// counts only for a grant within the lock delay of it, on the server's clock);
+/// `a_late_notification_from_an_earlier_holder_does_not_skip_the_lock_delay` and
+/// `a_late_notification_of_the_seen_holder_does_not_skip_the_lock_delay`
+/// (`handover_notification.rs`) drive both by hand.
 #[test]
 fn the_lock_delay_holds_against_forged_and_late_notifications() {
     let mut runner = TestRunner::new(ProptestConfig {
@@ -1496,28 +1498,34 @@ fn broken_notifications_from_anyone_are_caught() {
 /// above finds two leaders.
 #[test]
 fn broken_a_lock_delay_only_after_wakes_is_caught() {
+    // The window is narrow (a poll that wins within a job's stopping time of a
+    // terminate), so the cases are counted, not searched and shrunk.
     let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: CASES,
-            max_shrink_iters: 100,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
+        ProptestConfig::default(),
         TestRng::deterministic_rng(RngAlgorithm::ChaCha),
     );
-    match runner.run(&notify_cases(), |case| {
-        notify_case(&case, Some(Mutation::LockDelayOnlyAfterWakes))
-    }) {
-        Err(TestError::Fail(reason, case)) => {
-            let reason = reason.to_string();
-            assert!(
-                reason.contains("TwoLeaders"),
-                "broke something else: {reason}"
-            );
-            eprintln!("shrunk to {case:?}");
+    let total = 300;
+    let mut broken = Vec::new();
+    for _ in 0..total {
+        let case = (notify_cases().new_tree(&mut runner))
+            .expect("a case")
+            .current();
+        if let Err(e) = notify_case(&case, Some(Mutation::LockDelayOnlyAfterWakes)) {
+            broken.push(e.to_string());
         }
-        other => panic!("the property did not catch a lock delay only after wakes: {other:?}"),
     }
+    eprintln!(
+        "a lock delay only after wakes: {} of {total} generated cases break",
+        broken.len()
+    );
+    assert!(
+        !broken.is_empty(),
+        "the property did not catch a lock delay only after wakes"
+    );
+    assert!(
+        broken.iter().all(|r| r.contains("TwoLeaders")),
+        "broke something else: {broken:?}"
+    );
 }
 
 /// Property: instant takeover of a holder's wanted lease. In a ring of
@@ -1700,6 +1708,7 @@ fn ring_takeover_case(
     };
     let mut cfg = case.config(mutation);
     cfg.options.watch_session = watch;
+    cfg.full_trace = true;
     ring_config(&mut cfg);
     let o = cfg.options.clone();
     let local = (o.lock_delay.max(lease_proto::limits::MIN_WAIT)).mul_f64(1.0 / (1.0 - cfg.drift));
@@ -1747,6 +1756,16 @@ fn ring_takeover_case(
         .filter(|p| *p != holder && !leads(&sim, *p).is_empty())
         .count();
     prop_assume!(watchers > 0);
+    // A process whose session ended before the crash (its own lease's
+    // validity ran out: a heartbeat behind a try) came back on another
+    // backend pid, which the others' rings see only at their next periodic
+    // try (up to a retry interval): meanwhile a holder may have no watcher,
+    // and its crash is found by polling (the limit in the instant-takeover
+    // row of docs/guarantees.md). The bound is for a ring whose views are
+    // current.
+    let reconnected = (sim.report().trace.iter())
+        .any(|l| matches!(l.event, TraceEvent::Machine(Event::SessionLost { .. })));
+    prop_assume!(!reconnected);
     let lease = name(crashed[0]);
     let t0 = sim.now();
     let restart = Some(o.retry_interval * 2 + bound);
