@@ -256,6 +256,37 @@ fn log_event(event: &Event, since: u32) {
             "the watch session ended; until it opens again (at the next try), this locker \
              polls for the leases it wants"
         ),
+        Event::GroupMembers {
+            group,
+            members,
+            joined,
+            left,
+        } => info!(
+            group = group.name(),
+            members = members.len(),
+            joined = ?joined,
+            left = ?left,
+            "lease group membership changed"
+        ),
+        Event::HandedOver {
+            run,
+            lease,
+            to,
+            requested: false,
+        } => lease_event!(
+            info,
+            run,
+            lease,
+            to_member = to,
+            "lease handed over to the group member that owns it in the share"
+        ),
+        Event::HandedOver { run, lease, to, .. } => lease_event!(
+            info,
+            run,
+            lease,
+            to_backend_pid = to,
+            "lease handed over to the backend a hand-over request named"
+        ),
         Event::NotificationIgnored {
             key,
             sender_pid,

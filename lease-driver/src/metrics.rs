@@ -13,14 +13,14 @@ pub use imp::describe_metrics;
 
 #[cfg(feature = "metrics")]
 mod imp {
-    use std::collections::HashMap;
+    use std::collections::{BTreeSet, HashMap};
     use std::time::Instant;
 
     use ::metrics::{
         counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
     };
     use lease_proto::{
-        reply::Row, Event, Input, Reason, RunCommand, RunId, SessionError, Statement,
+        reply::Row, Event, Input, LeaseId, Reason, RunCommand, RunId, SessionError, Statement,
     };
 
     use crate::runtime::Clock;
@@ -79,6 +79,18 @@ mod imp {
             "lease_statement_errors_total",
             "Statements answered with an error, by statement kind"
         );
+        describe_gauge!(
+            "lease_group_members",
+            "Members of the lease group in this process's last membership read (this one included)"
+        );
+        describe_gauge!(
+            "lease_group_leases_held",
+            "Leases of the lease group this process holds"
+        );
+        describe_counter!(
+            "lease_group_handoffs_total",
+            "Leases of the group this process handed over to the member owning them, by cause"
+        );
     }
 
     /// What the metrics remember of one live run.
@@ -92,12 +104,46 @@ mod imp {
         cancelled: Option<(Instant, &'static str)>,
         /// Counted in `lease_leader` (acquired, not yet lost or released).
         leading: bool,
+        /// The run's lease group, by id.
+        group: Option<u32>,
+        /// The group's members when the run last acquired its lease.
+        members_at_acquisition: BTreeSet<i64>,
+    }
+
+    /// What the metrics remember of one lease group of the locker's runs.
+    #[derive(Default)]
+    struct GroupTimes {
+        /// Its name (the label), from its first membership event.
+        name: String,
+        /// The members of the last read on the current session.
+        members: BTreeSet<i64>,
+        /// What this locker added to `lease_group_members`.
+        counted: usize,
+        /// Its live runs.
+        runs: usize,
+    }
+
+    impl GroupTimes {
+        /// Moves this locker's part of `lease_group_members` to `n`.
+        fn count(&mut self, n: usize) {
+            if n != self.counted && !self.name.is_empty() {
+                let gauge = gauge!("lease_group_members", "group" => self.name.clone());
+                if n > self.counted {
+                    gauge.increment((n - self.counted) as f64);
+                } else {
+                    gauge.decrement((self.counted - n) as f64);
+                }
+            }
+            self.counted = n;
+        }
     }
 
     /// Per-locker metric state, in the shared state.
     #[derive(Default)]
     pub(crate) struct Metrics {
         runs: HashMap<RunId, RunTimes>,
+        /// The lease groups of the runs, by id.
+        groups: HashMap<u32, GroupTimes>,
         /// The driver is ending: the session loss that follows is not a fault.
         driver_stopped: bool,
         /// Counted in `lease_sessions_ready`.
@@ -114,10 +160,14 @@ mod imp {
             Metrics::default()
         }
 
-        /// A run was registered with the core.
-        pub(crate) fn run_started(&mut self, run: RunId, now: Instant) {
+        /// A run (in lease group `group`, by id) was registered with the core.
+        pub(crate) fn run_started(&mut self, run: RunId, group: Option<u32>, now: Instant) {
+            if let Some(g) = group {
+                self.groups.entry(g).or_default().runs += 1;
+            }
             let times = RunTimes {
                 standby_since: Some(now),
+                group,
                 ..RunTimes::default()
             };
             self.runs.insert(run, times);
@@ -171,6 +221,13 @@ mod imp {
                         if !times.leading {
                             times.leading = true;
                             gauge!("lease_leader", "lease" => name.clone()).increment(1.0);
+                            if let Some(g) = lease.group() {
+                                let group = g.name().to_owned();
+                                gauge!("lease_group_leases_held", "group" => group).increment(1.0);
+                            }
+                        }
+                        if let Some(g) = times.group.and_then(|g| self.groups.get(&g)) {
+                            times.members_at_acquisition.clone_from(&g.members);
                         }
                         if let Some(since) = times.standby_since.take() {
                             histogram!("lease_standby_duration_seconds", "lease" => name.clone())
@@ -184,12 +241,38 @@ mod imp {
                     let reason = reason_label(reason, self.driver_stopped);
                     counter!("lease_losses_total", "lease" => name.clone(), "reason" => reason)
                         .increment(1);
-                    self.not_leading(*run, name);
+                    self.not_leading(*run, lease);
                 }
                 Event::Released { run, lease } => {
                     let name = lease.name().to_owned();
-                    counter!("lease_releases_total", "lease" => name.clone()).increment(1);
-                    self.not_leading(*run, name);
+                    counter!("lease_releases_total", "lease" => name).increment(1);
+                    self.not_leading(*run, lease);
+                }
+                Event::GroupMembers { group, members, .. } => {
+                    let g = self.groups.entry(group.id()).or_default();
+                    if g.name.is_empty() {
+                        g.name = group.name().to_owned();
+                    }
+                    g.members = members.iter().copied().collect();
+                    g.count(members.len());
+                }
+                Event::HandedOver {
+                    run,
+                    lease,
+                    to,
+                    requested,
+                } => {
+                    if let (Some(times), Some(g)) = (self.runs.get(run), lease.group()) {
+                        let cause = if *requested {
+                            "requested"
+                        } else {
+                            let now = self.groups.get(&g.id()).map(|g| &g.members);
+                            handoff_cause(&times.members_at_acquisition, now, *to)
+                        };
+                        let group = g.name().to_owned();
+                        counter!("lease_group_handoffs_total", "group" => group, "cause" => cause)
+                            .increment(1);
+                    }
                 }
                 Event::SessionReady { .. } => {
                     counter!("lease_session_connects_total").increment(1);
@@ -200,6 +283,7 @@ mod imp {
                 }
                 Event::SessionLost { reason, .. } => {
                     self.not_ready();
+                    self.no_members();
                     if !self.driver_stopped {
                         let class = session_class(reason);
                         counter!("lease_session_failures_total", "class" => class).increment(1);
@@ -209,7 +293,10 @@ mod imp {
                     let class = connect_class(error);
                     counter!("lease_session_failures_total", "class" => class).increment(1);
                 }
-                Event::SessionIdle { .. } => self.not_ready(),
+                Event::SessionIdle { .. } => {
+                    self.not_ready();
+                    self.no_members();
+                }
                 _ => {}
             }
         }
@@ -217,15 +304,38 @@ mod imp {
         /// The drain routed everything.
         pub(crate) fn drained(&mut self) {
             for run in self.finished.drain(..) {
-                self.runs.remove(&run);
+                let group = self.runs.remove(&run).and_then(|t| t.group);
+                // The last run of a group: this locker is no member any more.
+                if let Some(id) = group {
+                    if let Some(g) = self.groups.get_mut(&id) {
+                        g.runs = g.runs.saturating_sub(1);
+                        if g.runs == 0 {
+                            g.count(0);
+                            self.groups.remove(&id);
+                        }
+                    }
+                }
             }
         }
 
-        fn not_leading(&mut self, run: RunId, name: String) {
+        fn not_leading(&mut self, run: RunId, lease: &LeaseId) {
             if let Some(times) = self.runs.get_mut(&run) {
                 if std::mem::take(&mut times.leading) {
-                    gauge!("lease_leader", "lease" => name).decrement(1.0);
+                    gauge!("lease_leader", "lease" => lease.name().to_owned()).decrement(1.0);
+                    if let Some(g) = lease.group() {
+                        let group = g.name().to_owned();
+                        gauge!("lease_group_leases_held", "group" => group).decrement(1.0);
+                    }
                 }
+            }
+        }
+
+        /// The session ended: so did its memberships (the next session is
+        /// another member, and reads again).
+        fn no_members(&mut self) {
+            for g in self.groups.values_mut() {
+                g.members.clear();
+                g.count(0);
             }
         }
 
@@ -271,6 +381,20 @@ mod imp {
             if result.is_err() {
                 counter!("lease_statement_errors_total", "statement" => self.kind).increment(1);
             }
+        }
+    }
+
+    /// Why a lease moved to member `to`: it joined since this process
+    /// acquired the lease (`then`: the members at the acquisition), or else a
+    /// member left since (`now`: the members of the last read), or else the
+    /// share moved it between members that stayed.
+    fn handoff_cause(then: &BTreeSet<i64>, now: Option<&BTreeSet<i64>>, to: i64) -> &'static str {
+        if !then.contains(&to) {
+            "joined"
+        } else if now.is_some_and(|now| then.iter().any(|m| !now.contains(m))) {
+            "left"
+        } else {
+            "rebalanced"
         }
     }
 
@@ -362,7 +486,7 @@ mod imp {
             Metrics
         }
         #[inline(always)]
-        pub(crate) fn run_started(&mut self, _: RunId, _: Instant) {}
+        pub(crate) fn run_started(&mut self, _: RunId, _: Option<u32>, _: Instant) {}
         #[inline(always)]
         pub(crate) fn input(&mut self, _: &Clock, _: &Input) {}
         #[inline(always)]

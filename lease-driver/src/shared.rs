@@ -114,8 +114,9 @@ impl Shared {
     /// routes what the core says.
     pub(crate) fn register(&mut self, lease: LeaseId) -> Result<RunId, RunRejected> {
         let now = (self.clock)();
+        let group = lease.group().map(|g| g.id());
         let run = self.machine.run(now, lease)?;
-        self.metrics.run_started(run, now);
+        self.metrics.run_started(run, group, now);
         self.slots.insert(run, Slot::default());
         self.drain();
         Ok(run)

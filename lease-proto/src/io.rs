@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Instant;
 
-use crate::key::LeaseId;
+use crate::key::{GroupId, LeaseId};
 use crate::sql::{Row, Statement};
 
 /// Identifies one run (one call of `run` in a driver). Unique per machine.
@@ -755,6 +755,39 @@ pub enum Event {
     Refused {
         /// Why.
         refusal: Refusal,
+    },
+    /// A lease group's membership read on this session showed other members
+    /// than the read before it on this session: a member joined or left (the
+    /// first read of a session shows every member as joined, this session
+    /// among them: its member id is its backend pid). See the crate's
+    /// `docs/library.md`, "Lease groups".
+    GroupMembers {
+        /// The group.
+        group: GroupId,
+        /// The members now: their ids (backend pids), this session's included.
+        members: Vec<i64>,
+        /// Members the read before did not show.
+        joined: Vec<i64>,
+        /// Members of the read before that are gone.
+        left: Vec<i64>,
+    },
+    /// A lease this locker leads is handed over: to the lease group member
+    /// that owns it in the group's share, or to the backend a hand-over
+    /// request named. The job is cancelled ([`Reason::HandedOver`]), the key
+    /// released once it returned (then [`Event::Released`]), and the other
+    /// side takes it.
+    HandedOver {
+        /// The run.
+        run: RunId,
+        /// The lease.
+        lease: LeaseId,
+        /// Where it goes: the owner's member id, or the backend the request
+        /// named (a backend pid either way).
+        to: i64,
+        /// A hand-over request asked for it
+        /// ([`handover_request_payload`](crate::server::handover_request_payload)),
+        /// not the group's share.
+        requested: bool,
     },
 }
 

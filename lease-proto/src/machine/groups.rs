@@ -292,6 +292,19 @@ impl Groups {
         std::mem::take(&mut self.handoffs)
     }
 
+    /// The members of each group's last read (for events).
+    pub(super) fn members(&self) -> impl Iterator<Item = (u32, &BTreeSet<i64>)> {
+        self.groups.iter().map(|(g, group)| (*g, &group.members))
+    }
+
+    /// The owner of `key` in its group's share (for events).
+    pub(super) fn owner_of(&self, key: i64) -> Option<i64> {
+        self.groups
+            .values()
+            .find_map(|g| g.owner.get(&key))
+            .copied()
+    }
+
     /// Whether this machine (backend `me`) may try `key` of group `gid` at
     /// `now`: it owns it, or the key was read free `bound` ago and since.
     /// Nothing before the group's first read.

@@ -31,7 +31,7 @@
 //! outputs, timer, queries, then what the inputs do (session, replies,
 //! runs), then the pump that acts on deadlines and sends what is due.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -1280,7 +1280,15 @@ impl Machine {
         if !self.runs.reserve(key, to, now + window) {
             return;
         }
-        self.runs.hand_over(key, &mut self.out);
+        if let Some((run, lease)) = self.runs.hand_over(key, &mut self.out) {
+            let requested = true;
+            (self.out).event(Event::HandedOver {
+                run,
+                lease,
+                to,
+                requested,
+            });
+        }
     }
 
     /// A group's membership read answered (see `groups`): it proves the
@@ -1309,9 +1317,22 @@ impl Machine {
         let wanted = self.runs.group_keys();
         let held = self.runs.leading_keys();
         let bound = groups::free_bound(&self.opts);
+        let before: BTreeMap<u32, BTreeSet<i64>> = (self.groups.members())
+            .map(|(g, m)| (g, m.clone()))
+            .collect();
         (self.groups).read_done(now, bound, me, read, reply, &wanted, &held);
+        self.membership_events(&before);
         for key in self.groups.take_handoffs() {
-            self.runs.hand_over(key, &mut self.out);
+            let to = self.groups.owner_of(key);
+            if let (Some((run, lease)), Some(to)) = (self.runs.hand_over(key, &mut self.out), to) {
+                let requested = false;
+                (self.out).event(Event::HandedOver {
+                    run,
+                    lease,
+                    to,
+                    requested,
+                });
+            }
         }
         for &(key, holder) in &reply.holders {
             self.runs.holder_seen(key, holder, &mut self.out);
@@ -1319,6 +1340,29 @@ impl Machine {
         let retry = now + self.connector.retry_delay(self.opts.retry_interval);
         self.timers.set(Deadline::Retry, retry);
         self.plan.try_soon();
+    }
+
+    /// After a membership read: [`Event::GroupMembers`] for each group whose
+    /// members are not those of the read before (`before`).
+    fn membership_events(&mut self, before: &BTreeMap<u32, BTreeSet<i64>>) {
+        let empty = BTreeSet::new();
+        for (gid, now) in self.groups.members() {
+            let was = before.get(&gid).unwrap_or(&empty);
+            if was == now {
+                continue;
+            }
+            let group = (self.runs.iter())
+                .find_map(|(_, r)| r.lease.group().filter(|g| g.id() == gid).cloned());
+            let Some(group) = group else {
+                continue;
+            };
+            self.out.event(Event::GroupMembers {
+                group,
+                members: now.iter().copied().collect(),
+                joined: now.difference(was).copied().collect(),
+                left: was.difference(now).copied().collect(),
+            });
+        }
     }
 
     /// A member announced that it joined `group`: read the membership at

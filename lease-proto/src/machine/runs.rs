@@ -693,22 +693,23 @@ impl RunTable {
 
     /// A group's hand-off of `key`: its leading run's job is cancelled
     /// ([`Reason::HandedOver`]); the key is released once the job returned,
-    /// and the run stands by again. Nothing for a run not leading.
-    pub(super) fn hand_over(&mut self, key: i64, out: &mut Outputs) {
-        let Some((id, run)) = self.by_key_mut(key) else {
-            return;
+    /// and the run stands by again. Nothing for a run not leading; the run
+    /// and its lease when it was (for the caller's event).
+    pub(super) fn hand_over(&mut self, key: i64, out: &mut Outputs) -> Option<(RunId, LeaseId)> {
+        let (id, run) = self.by_key_mut(key)?;
+        let RunState::Leading(held) = &run.state else {
+            return None;
         };
-        if let RunState::Leading(held) = &run.state {
-            let held = held.clone();
-            run.state = RunState::Stopping(Stopping::Held {
-                held,
-                outcome: None,
-            });
-            out.run(RunCommand::CancelJob {
-                run: id,
-                reason: Reason::HandedOver,
-            });
-        }
+        let held = held.clone();
+        run.state = RunState::Stopping(Stopping::Held {
+            held,
+            outcome: None,
+        });
+        out.run(RunCommand::CancelJob {
+            run: id,
+            reason: Reason::HandedOver,
+        });
+        Some((id, run.lease.clone()))
     }
 
     /// The keys of the runs in each group that still want them (not

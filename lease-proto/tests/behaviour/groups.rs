@@ -77,3 +77,112 @@ fn a_closing_member_leaves_its_groups_before_it_releases_their_keys() {
 fn a_member_whose_last_group_job_returned_leaves_before_the_release() {
     leaves_before_it_releases(false);
 }
+
+/// Answers the membership read in flight (this session is backend 7): `members` of the
+/// group `gid`, every key held by `holder`.
+fn members_holding(h: &mut Harness, gid: u32, members: &[i64], holder: i64) -> Vec<Event> {
+    let Statement::Members { keys, .. } = h.statement() else {
+        panic!("expected a membership read, got {:?}", h.statement())
+    };
+    let reply = MembersReply {
+        backend_pid: Some(7),
+        nonce: h.nonce(),
+        members: members.iter().map(|m| (gid, *m)).collect::<BTreeSet<_>>(),
+        holders: keys.into_iter().map(|k| (k, Some(holder))).collect(),
+    };
+    h.reply(reply.to_rows());
+    h.events().to_vec()
+}
+
+/// Answers heartbeats (backend 7, holding `held`) and moves the clock until the next
+/// membership read is in flight.
+fn next_read(h: &mut Harness, held: &[i64]) {
+    for _ in 0..100 {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Members { .. }) => return,
+            Some(Statement::Heartbeat | Statement::Verify) => {
+                h.heartbeat(7, held);
+            }
+            Some(other) => panic!("expected a heartbeat or a read, got {other:?}"),
+            None => {
+                let at = h.machine().poll_timeout().expect("a deadline");
+                h.advance(at.saturating_duration_since(h.now()));
+            }
+        }
+    }
+    panic!("no membership read came");
+}
+
+/// What a member's reads and hand-offs say as events: `Event::GroupMembers` when a read
+/// shows members joined or left (the session's first read shows every member, this one
+/// included), none for a read that shows the same members; `Event::HandedOver`, with the
+/// owner, for each lease handed over (to a member seen in two consecutive reads); a
+/// member gone is a change too.
+#[test]
+fn membership_changes_and_hand_offs_are_events() {
+    let group = GroupId::named("g").unwrap();
+    let gid = group.id();
+    let leases: Vec<LeaseId> = (0..4)
+        .map(|i| lease(&format!("k{i}")).in_group(group.clone()))
+        .collect();
+    let keys: Vec<i64> = leases.iter().map(LeaseId::key).collect();
+    let mut h = harness(opts());
+    for l in &leases {
+        h.run(l.clone());
+    }
+    h.connect(7);
+    let membership = |events: &[Event]| -> Vec<(Vec<i64>, Vec<i64>, Vec<i64>)> {
+        (events.iter())
+            .filter_map(|e| match e {
+                Event::GroupMembers {
+                    group: g,
+                    members,
+                    joined,
+                    left,
+                } if g.id() == gid => Some((members.clone(), joined.clone(), left.clone())),
+                _ => None,
+            })
+            .collect()
+    };
+    let handed = |events: &[Event]| -> Vec<(i64, i64)> {
+        (events.iter())
+            .filter_map(|e| match e {
+                Event::HandedOver { lease, to, .. } => Some((lease.key(), *to)),
+                _ => None,
+            })
+            .collect()
+    };
+
+    // Alone: every key its own.
+    members(&mut h, gid, &[7]);
+    assert_eq!(
+        membership(h.events()),
+        [(vec![7], vec![7], vec![])],
+        "the first read"
+    );
+    assert_eq!(h.try_keys().len(), 4);
+    h.win(900);
+
+    // Member 8 appears: a change; no hand-off yet (seen once).
+    next_read(&mut h, &keys);
+    let events = members_holding(&mut h, gid, &[7, 8], 7);
+    assert_eq!(membership(&events), [(vec![7, 8], vec![8], vec![])]);
+    assert!(handed(&events).is_empty(), "{events:?}");
+
+    // Seen twice: the same members (no event), and its share handed over to it.
+    next_read(&mut h, &keys);
+    let events = members_holding(&mut h, gid, &[7, 8], 7);
+    assert!(membership(&events).is_empty(), "{events:?}");
+    let share = group_share(&keys.iter().copied().collect(), &[7, 8].into());
+    let mut theirs: Vec<(i64, i64)> = (share.into_iter()).filter(|(_, m)| *m == 8).collect();
+    let mut got = handed(&events);
+    theirs.sort();
+    got.sort();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got, theirs);
+
+    // Member 8 is gone (the handed-over jobs have not returned yet): a change.
+    next_read(&mut h, &keys);
+    let events = members_holding(&mut h, gid, &[7], 7);
+    assert_eq!(membership(&events), [(vec![7], vec![], vec![8])]);
+}

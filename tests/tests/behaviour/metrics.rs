@@ -1,7 +1,8 @@
 //! lease-driver's metrics (feature `metrics`, enabled for this package's tests)
 //! against the local PostgreSQL at 127.0.0.1:5432, recorded by a small test
 //! recorder: an acquisition, a loss by `pg_terminate_backend` of the locker's
-//! backend and the re-acquisition after it, then a graceful release.
+//! backend and the re-acquisition after it, then a graceful release; a lease
+//! group's join and leave.
 
 use crate::common::*;
 use lease_tokio::Locker;
@@ -345,6 +346,99 @@ async fn acquisition_loss_by_terminate_and_release_move_the_metrics() {
     );
 }
 
+/// A lease group's metrics. One locker alone leads the group's 4 leases (1
+/// member, 4 held); a second locker of this process joins and the first hands
+/// it 2 (cause `joined`: it joined after they were acquired), each reading 2
+/// members (the gauges of one process's lockers add up: 4); the second closes,
+/// its session and member lock go, and the first leads all 4 again (no
+/// hand-off: the free keys are its own at its next read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_group_join_and_leave_move_the_group_metrics() {
+    let rec = recorder();
+    let group = unique("group");
+    let label = format!("group={group}");
+    let g = [label.as_str()];
+    let names: Vec<String> = (0..4).map(|i| format!("{group}-{i}")).collect();
+    let last = |name: &str| rec.get(name, &g).values.last().copied().unwrap_or(0.0);
+    let handoffs = |cause: &str| {
+        let cause = format!("cause={cause}");
+        rec.get("lease_group_handoffs_total", &[&label, &cause])
+            .total
+    };
+    let leading = |name: &String| {
+        let lease = format!("lease={name}");
+        rec.get("lease_leader", &[&lease])
+            .values
+            .last()
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let member = || {
+        let (locker, driver) = Locker::without_tls(DB, opts()).expect("locker");
+        tokio::spawn(driver);
+        for name in &names {
+            let run = locker.group(&group).run(name, |lease| async move {
+                lease.cancelled().await;
+                Ok::<(), std::convert::Infallible>(())
+            });
+            tokio::spawn(run);
+        }
+        locker
+    };
+
+    // 1. Alone: one member, every lease held here.
+    let first = member();
+    until("the first member leading 4", || {
+        last("lease_group_leases_held") == 4.0 && last("lease_group_members") == 1.0
+    })
+    .await;
+
+    // 2. A second member joins: 2 handed over to it, each sees 2 members.
+    let second = member();
+    until("two hand-offs to the joined member", || {
+        handoffs("joined") == 2
+            && last("lease_group_members") == 4.0
+            && last("lease_group_leases_held") == 4.0
+            && names.iter().all(|n| leading(n) == 1.0)
+    })
+    .await;
+    let handed = rec
+        .get(
+            "lease_job_stop_duration_seconds",
+            &[&format!("lease={}", names[0]), "reason=handed_over"],
+        )
+        .values
+        .len()
+        + (names[1..].iter())
+            .map(|n| {
+                let lease = format!("lease={n}");
+                (rec.get(
+                    "lease_job_stop_duration_seconds",
+                    &[&lease, "reason=handed_over"],
+                ))
+                .values
+                .len()
+            })
+            .sum::<usize>();
+    assert_eq!(handed, 2, "the two handed-over jobs' stops timed");
+
+    // 3. The second leaves: the first leads all 4 again, sees 1 member.
+    second.close().await;
+    until("the first member alone again, leading 4", || {
+        last("lease_group_members") == 1.0
+            && last("lease_group_leases_held") == 4.0
+            && names.iter().all(|n| leading(n) == 1.0)
+    })
+    .await;
+    assert_eq!(handoffs("joined"), 2);
+    assert_eq!(handoffs("left") + handoffs("rebalanced"), 0);
+    first.close().await;
+    until("no member left in this process", || {
+        last("lease_group_members") == 0.0 && last("lease_group_leases_held") == 0.0
+    })
+    .await;
+}
+
 /// Every metric has its unit and help registered at locker construction, and
 /// every name follows the Prometheus conventions.
 #[test]
@@ -365,6 +459,9 @@ fn every_metric_is_described_with_its_unit() {
         "lease_sessions_ready",
         "lease_statement_duration_seconds",
         "lease_statement_errors_total",
+        "lease_group_members",
+        "lease_group_leases_held",
+        "lease_group_handoffs_total",
     ];
     let mut names: Vec<&str> = described.keys().map(String::as_str).collect();
     names.sort();

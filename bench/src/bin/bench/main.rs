@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p lease-bench --bin bench -- [--quick] [--reps N] [--out DIR]
-//!     [--only failover|takeover|cost]
+//!     [--only failover|takeover|cost|groups]
 //! ```
 //!
 //! Starts an ephemeral PostgreSQL server ([`Cluster`]), runs `replica` processes (the
@@ -17,10 +17,14 @@
 //!   (the lease-cli binary, built on demand like `replica`) ([`takeover`]);
 //! - statements/s and server CPU per locker holding or standing by for 1, 100, 1,000
 //!   leases, the heartbeat's duration against the number of keys held, and the client
-//!   process's CPU and memory at rest ([`cost`]).
+//!   process's CPU and memory at rest ([`cost`]);
+//! - a lease group of three `replica` processes sharing 12 leases: settling at 4/4/4,
+//!   SIGKILL of a member → its leases led again by the others, its restart, a rolling
+//!   restart and how often each lease moved, overlap and tokens over every term, and the
+//!   sessions per process ([`groups`]).
 //!
-//! `--only failover`, `--only takeover` or `--only cost` runs one of the three phases
-//! (the report then leaves the others' sections out). Built with `--features metrics`,
+//! `--only failover`, `--only takeover`, `--only cost` or `--only groups` runs one of the
+//! four phases (the report then leaves the others' sections out). Built with `--features metrics`,
 //! the bench builds its replicas with the drivers' `metrics` feature and a Prometheus
 //! recorder installed (the report's header says which): run it both ways to see what the
 //! feature costs a client.
@@ -33,6 +37,7 @@
 mod cost;
 mod duel;
 mod failover;
+mod groups;
 mod pg;
 mod report;
 mod takeover;
@@ -142,6 +147,8 @@ pub enum Phase {
     Failover,
     /// Instant takeover, the herd and the lock-delay study ([`takeover`]).
     Takeover,
+    /// A lease group of three members ([`groups`]).
+    Groups,
     /// The heartbeat timing and the database and client cost ([`cost`]).
     Cost,
 }
@@ -152,6 +159,7 @@ impl Phase {
             Phase::Failover => "failover",
             Phase::Takeover => "takeover",
             Phase::Cost => "cost",
+            Phase::Groups => "groups",
         }
     }
 }
@@ -189,6 +197,8 @@ pub struct Plan {
     pub herd_reps: usize,
     /// Takeover phase: standbys in the herd.
     pub herd: usize,
+    /// Groups phase: SIGKILLs of a member per driver.
+    pub group_reps: usize,
     /// Length of each cost measurement window.
     pub cost_window: Duration,
     /// Timed heartbeats per lease count.
@@ -198,21 +208,25 @@ pub struct Plan {
 }
 
 const USAGE: &str = concat!(
-    "usage: bench [--quick] [--reps N] [--herd N] [--out DIR] [--only failover|takeover|cost]\n",
+    "usage: bench [--quick] [--reps N] [--herd N] [--out DIR]\n",
+    "             [--only failover|takeover|cost|groups]\n",
     "  --quick    short intervals (retry 200 ms, heartbeat 200 ms, query timeout 500 ms,\n",
     "             guard margin 200 ms) and few repetitions\n",
     "  --reps N   repetitions: of the fast failover scenarios (default 8; the slow ones,\n",
     "             partition, freeze, restart, get N / 3 rounded up) and of the takeover\n",
     "             phase's kill (default 40, with --quick 10; its pg_terminate_backend\n",
-    "             per lock-delay gets N / 2 rounded up, its herd N / 8 rounded up)\n",
+    "             per lock-delay gets N / 2 rounded up, its herd N / 8 rounded up, the\n",
+    "             groups phase's SIGKILL of a member N / 2 rounded up)\n",
     "  --herd N   standbys in the takeover phase's herd (default 10)\n",
     "  --out DIR  where results.md, results.json and failover.svg go (default bench/)\n",
-    "  --only failover|takeover|cost\n",
+    "  --only failover|takeover|cost|groups\n",
     "             run one phase only: the failover scenarios; instant takeover (kill -9,\n",
     "             a herd of ten, pg_terminate_backend at lock-delays 0, 5, 20 ms, also\n",
-    "             with lease run); or the heartbeat timing and the database and client\n",
-    "             cost (the report leaves the other phases out; without failover\n",
-    "             scenarios no failover.svg is written)",
+    "             with lease run); the heartbeat timing and the database and client\n",
+    "             cost; or a lease group of three processes and 12 leases (settle, kill -9\n",
+    "             of a member, restart, rolling restart, sessions per process) (the report\n",
+    "             leaves the other phases out; without failover scenarios no failover.svg\n",
+    "             is written)",
 );
 
 /// The plan, or `None` after `--help`.
@@ -249,10 +263,13 @@ fn parse_args() -> R<Option<Plan>> {
                     Some("failover") => Phase::Failover,
                     Some("takeover") => Phase::Takeover,
                     Some("cost") => Phase::Cost,
+                    Some("groups") => Phase::Groups,
                     Some(other) => {
-                        return Err(format!("--only: failover, takeover or cost, not {other}"))
+                        return Err(format!(
+                            "--only: failover, takeover, cost or groups, not {other}"
+                        ))
                     }
-                    None => return Err("--only needs failover, takeover or cost".into()),
+                    None => return Err("--only needs failover, takeover, cost or groups".into()),
                 })
             }
             "-h" | "--help" => {
@@ -299,6 +316,7 @@ fn parse_args() -> R<Option<Plan>> {
         delay_reps: takeover.div_ceil(2),
         herd_reps: takeover.div_ceil(8),
         herd: herd.unwrap_or(crate::takeover::HERD),
+        group_reps: takeover.div_ceil(2),
         cost_window: if quick { ms(3_000) } else { ms(15_000) },
         heartbeat_reps: if quick { 300 } else { 2_000 },
         out,
@@ -410,6 +428,11 @@ fn run(plan: &Plan) -> R<()> {
         None
     };
     let takeover_secs = began.elapsed().as_secs_f64() - failover_secs;
+    let groups = if runs(Phase::Groups) {
+        groups::run_all(&mut bench, plan)?
+    } else {
+        Vec::new()
+    };
     drop(bench);
     let (heartbeat, costs) = if runs(Phase::Cost) {
         eprintln!("bench: heartbeat duration against lease count");
@@ -423,6 +446,7 @@ fn run(plan: &Plan) -> R<()> {
         machine,
         cells,
         takeover,
+        groups,
         heartbeat,
         costs,
         failover_secs,

@@ -4,9 +4,11 @@ use crate::cost::{clock_ticks_per_s, Cost, HeartbeatTiming, Role, LEASE_COUNTS};
 use crate::duel::Rep;
 use crate::duel::Scenario;
 use crate::failover::Cell;
+use crate::groups::{GroupRun, LEASES, MEMBERS};
 use crate::takeover::Takeover;
 use crate::{Design, Machine, Plan, DRIVERS, R};
 use lease_tests::scenario::Driver;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -16,6 +18,8 @@ pub struct Results {
     pub cells: Vec<Cell>,
     /// `None`: the takeover phase did not run.
     pub takeover: Option<Takeover>,
+    /// Per driver; empty: the groups phase did not run.
+    pub groups: Vec<GroupRun>,
     pub heartbeat: Vec<HeartbeatTiming>,
     pub costs: Vec<Cost>,
     pub failover_secs: f64,
@@ -265,6 +269,9 @@ fn markdown(r: &Results) -> String {
     if let Some(t) = &r.takeover {
         takeover_markdown(r, t, &mut s);
     }
+    if !r.groups.is_empty() {
+        groups_markdown(r, &mut s);
+    }
     if !r.costs.is_empty() || !r.heartbeat.is_empty() {
         cost_markdown(r, &mut s);
     }
@@ -489,6 +496,162 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
         "old end",
         "end − start",
         "overlap > 0",
+    ];
+    table(s, &header, rows);
+    s.push('\n');
+}
+
+/// The lease group sections.
+fn groups_markdown(r: &Results, s: &mut String) {
+    let p = &r.plan;
+    let retry = secs(p.intervals.retry);
+    let opt_ms = |v: &[Option<u64>]| -> String {
+        let got: Vec<f64> = v.iter().flatten().map(|&n| ms(n)).collect();
+        let none = v.len() - got.len();
+        let mut text = dist_text(&got);
+        if none > 0 {
+            let _ = write!(text, "; {none}×: not within {}", secs(p.intervals.window()));
+        }
+        text
+    };
+    let _ = write!(
+        s,
+        "## Lease group: {MEMBERS} processes × {LEASES} leases in one group\n\n\
+         The library defaults' design, three `replica` processes running the same {LEASES} \
+         leases in one group (`Locker::group`). Settle: the three started together → 4/4/4 \
+         (term starts to get there; the least is {LEASES}), then term starts in the two retry \
+         intervals after (none is right). Kill: SIGKILL of one member in turn, a random \
+         fraction of {retry} after the group settled → each of its 4 leases' first `start` \
+         on a survivor: the slowest of the 4 per repetition, and the fastest; → the \
+         survivors lead 6/6. Restart: a new process for the killed one → 4/4/4 (term starts: \
+         the least is 4). The victim is picked at random; until the kill, `pg_locks` is read \
+         every 20 ms: a member is watched while another session waits for a key it holds (a \
+         watch session's wait); the kills are split by whether the victim was watched at the \
+         last read before its kill. Cells: n: median / p90 / p99 / max (nearest rank; with n \
+         < 100, p99 = max).\n\n"
+    );
+    let rows = (r.groups.iter())
+        .map(|g| {
+            let k = &g.kills;
+            let moved: Vec<f64> = k.iter().map(|x| x.moved_by_restart as f64).collect();
+            let settle: Vec<f64> = k.iter().map(|x| ms(x.settle_ns)).collect();
+            let split = |w: bool| -> Vec<Option<u64>> {
+                (k.iter())
+                    .filter(|x| x.victim_watched == Some(w))
+                    .map(|x| x.takeover_ns)
+                    .collect()
+            };
+            vec![
+                g.driver.name().to_string(),
+                format!(
+                    "{} ms, {} starts; {} after",
+                    num(ms(g.settle_ns)),
+                    g.starts_to_settle,
+                    g.starts_while_settled
+                ),
+                opt_ms(&k.iter().map(|x| x.takeover_ns).collect::<Vec<_>>()),
+                opt_ms(&split(true)),
+                opt_ms(&split(false)),
+                opt_ms(&k.iter().map(|x| x.first_ns).collect::<Vec<_>>()),
+                opt_ms(&k.iter().map(|x| x.even_ns).collect::<Vec<_>>()),
+                dist_text(&settle),
+                dist(&moved).map_or(String::new(), |d| format!("{} / {}", d.median, d.max)),
+            ]
+        })
+        .collect();
+    let header = [
+        "driver",
+        "settle",
+        "kill → its 4 led again (slowest)",
+        "victim watched",
+        "victim not watched",
+        "(fastest of 4)",
+        "kill → 6/6",
+        "restart → 4/4/4",
+        "starts by the restart: median / max",
+    ];
+    table(s, &header, rows);
+
+    let _ = write!(
+        s,
+        "\n## Lease group: rolling restart\n\nEach of the three members in turn: SIGTERM, its \
+         process exits, a new one starts, and 4/4/4 again before the next (the next SIGTERM a \
+         random fraction of {retry} after). Moves: term starts of one lease from the SIGTERM \
+         to 4/4/4, per lease and step (the least possible: 1 for the stopped member's 4 \
+         leases and for the 4 the new member takes; when the two sets meet, 2). SIGTERM → \
+         the stopped member's 4 leases led again (slowest of 4). Overlap and tokens: over \
+         every term of the whole run (settle, kills, restarts, roll), a term from its \
+         `start` to its `stop`, or to the SIGKILL.\n\n"
+    );
+    let rows = (r.groups.iter())
+        .map(|g| {
+            let mut hist = BTreeMap::<usize, usize>::new();
+            for step in &g.roll {
+                for &m in &step.moves {
+                    *hist.entry(m).or_default() += 1;
+                }
+            }
+            let hist: Vec<String> = hist.iter().map(|(m, n)| format!("{m}×: {n}")).collect();
+            let per_step: Vec<String> = (g.roll.iter())
+                .map(|x| x.moves.iter().copied().max().unwrap_or(0).to_string())
+                .collect();
+            let total: Vec<String> = (g.roll.iter())
+                .map(|x| x.moves.iter().sum::<usize>().to_string())
+                .collect();
+            let takeover: Vec<Option<u64>> = g.roll.iter().map(|x| x.takeover_ns).collect();
+            let settle: Vec<String> = g.roll.iter().map(|x| num(ms(x.settle_ns))).collect();
+            vec![
+                g.driver.name().to_string(),
+                per_step.join(", "),
+                hist.join(", "),
+                total.join(", "),
+                opt_ms(&takeover),
+                settle.join(", "),
+                format!(
+                    "{} terms, overlap {} ms, tokens {}",
+                    g.terms,
+                    num(ms(g.overlap_ns)),
+                    if g.out_of_order.is_empty() {
+                        "increasing".to_string()
+                    } else {
+                        format!("out of order: {}", g.out_of_order.join("; "))
+                    }
+                ),
+            ]
+        })
+        .collect();
+    let header = [
+        "driver",
+        "most moves of one lease, per step",
+        "leases by moves (all steps)",
+        "term starts per step",
+        "SIGTERM → its 4 led again",
+        "SIGTERM → 4/4/4 (ms)",
+        "whole run",
+    ];
+    table(s, &header, rows);
+
+    s.push_str(
+        "\n## Sessions per process\n\n`pg_stat_activity` rows by the process's \
+         `application_name` (the most of five samples over a second): a one-lease process \
+         leading and one standing by, and each member of the settled group (it holds leases \
+         and wants the others': its lease session and its watch session).\n\n",
+    );
+    let rows = (r.groups.iter())
+        .map(|g| {
+            vec![
+                g.driver.name().to_string(),
+                g.single.0.to_string(),
+                g.single.1.to_string(),
+                format!("{:?}", g.member_sessions),
+            ]
+        })
+        .collect();
+    let header = [
+        "driver",
+        "one lease, leading",
+        "one lease, standing by",
+        "group members",
     ];
     table(s, &header, rows);
     s.push('\n');
@@ -773,6 +936,79 @@ fn takeover_json(t: &Takeover) -> J {
     ])
 }
 
+fn groups_json(g: &GroupRun) -> J {
+    let opt = |x: Option<u64>| x.map_or(J::Null, |n| J::Num(ms(n)));
+    let kills = g.kills.iter().map(|k| {
+        J::Obj(vec![
+            ("kill_to_last_of_its_leases_led_ms", opt(k.takeover_ns)),
+            ("kill_to_first_of_its_leases_led_ms", opt(k.first_ns)),
+            ("kill_to_6_6_ms", opt(k.even_ns)),
+            ("restart_to_4_4_4_ms", J::Num(ms(k.settle_ns))),
+            ("starts_by_the_restart", J::Num(k.moved_by_restart as f64)),
+            ("hand_offs", J::Num(k.handoffs as f64)),
+            ("victim_started_last", J::Bool(k.victim_newest)),
+            ("settle_to_kill_ms", J::Num(ms(k.since_settle_ns))),
+            (
+                "victim_watched_at_the_kill",
+                k.victim_watched.map_or(J::Null, J::Bool),
+            ),
+            ("settle_to_all_watched_ms", opt(k.all_watched_ns)),
+        ])
+    });
+    let roll = g.roll.iter().map(|x| {
+        J::Obj(vec![
+            (
+                "moves_per_lease",
+                J::Arr(x.moves.iter().map(|&m| J::Num(m as f64)).collect()),
+            ),
+            ("sigterm_to_its_leases_led_ms", opt(x.takeover_ns)),
+            ("sigterm_to_4_4_4_ms", J::Num(ms(x.settle_ns))),
+            ("hand_offs", J::Num(x.handoffs as f64)),
+        ])
+    });
+    let takeover: Vec<f64> = g
+        .kills
+        .iter()
+        .filter_map(|k| k.takeover_ns.map(ms))
+        .collect();
+    J::Obj(vec![
+        ("driver", s(g.driver.name())),
+        ("members", J::Num(MEMBERS as f64)),
+        ("leases", J::Num(LEASES as f64)),
+        (
+            "sessions",
+            J::Obj(vec![
+                ("one_lease_leading", J::Num(g.single.0 as f64)),
+                ("one_lease_standing_by", J::Num(g.single.1 as f64)),
+                (
+                    "group_members",
+                    J::Arr(
+                        g.member_sessions
+                            .iter()
+                            .map(|&n| J::Num(n as f64))
+                            .collect(),
+                    ),
+                ),
+            ]),
+        ),
+        ("settle_ms", J::Num(ms(g.settle_ns))),
+        ("starts_to_settle", J::Num(g.starts_to_settle as f64)),
+        (
+            "starts_while_settled",
+            J::Num(g.starts_while_settled as f64),
+        ),
+        ("kill_to_its_leases_led_ms", dist_json(&takeover)),
+        ("kills", J::Arr(kills.collect())),
+        ("rolling_restart", J::Arr(roll.collect())),
+        ("terms", J::Num(g.terms as f64)),
+        ("worst_overlap_ms", J::Num(ms(g.overlap_ns))),
+        (
+            "tokens_out_of_order",
+            J::Arr(g.out_of_order.iter().map(|x| s(x)).collect()),
+        ),
+    ])
+}
+
 fn json(r: &Results) -> J {
     let (p, iv, m) = (&r.plan, &r.plan.intervals, &r.machine);
     let msj = |d: Duration| J::Num(d.as_secs_f64() * 1e3);
@@ -850,11 +1086,13 @@ fn json(r: &Results) -> J {
         ("takeover_reps", J::Num(p.takeover_reps as f64)),
         ("lock_delay_reps", J::Num(p.delay_reps as f64)),
         ("herd_reps", J::Num(p.herd_reps as f64)),
+        ("group_reps", J::Num(p.group_reps as f64)),
         ("failover", J::Arr(cells.collect())),
         (
             "takeover",
             r.takeover.as_ref().map_or(J::Null, takeover_json),
         ),
+        ("groups", J::Arr(r.groups.iter().map(groups_json).collect())),
         ("database_and_client_cost", J::Arr(costs.collect())),
         ("heartbeat", J::Arr(heartbeat.collect())),
         ("failover_seconds", J::Num(r.failover_secs)),
