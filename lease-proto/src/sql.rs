@@ -37,7 +37,7 @@ macro_rules! this_database_advisory_locks {
 /// The LISTEN/NOTIFY channel of graceful handovers. The payload is the
 /// released key in decimal and the moment of the release on the server's
 /// clock, in the units of the fencing token ([`TOKEN_CLOCK_OFFSET`] plus
-/// microseconds), space-separated ([`handover_release`]); also `group <id>`
+/// microseconds), space-separated; also `group <id>`
 /// (a lease group's announcement) and `to <key> <pid>` (a hand-over asked
 /// for: [`handover_request_payload`]).
 pub const HANDOVER_CHANNEL: &str = "lease_handover_v1";
