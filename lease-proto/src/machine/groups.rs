@@ -25,9 +25,8 @@
 //!   stays the same (an owner that did not take it is not offered it again,
 //!   nor by any member that saw the key stay free past the bound).
 //! - **Announcements** on the handover channel (`group <id>`): a member
-//!   that joins, one whose read finds a member gone, one that leaves, and
-//!   one that won keys of the group announce it; every member reads again at
-//!   once (so the holders every member's ring watches are current). A member whose runs of
+//!   that joins, one whose read finds a member gone, and one that leaves
+//!   announce it; every member reads again at once. A member whose runs of
 //!   a group all finish (it closes, or its jobs returned) leaves the group
 //!   before it releases their keys, so the members its releases' handover
 //!   notifications wake read it gone and own its keys at once. The lease session never waits on the
@@ -327,17 +326,6 @@ impl Groups {
             .free_since
             .get(&key)
             .is_some_and(|since| *since + bound <= now)
-    }
-
-    /// This member won keys of `group`: it announces the group at once (a
-    /// read follows), so every member reads and learns the new holder, and
-    /// the one before it in the ring watches it (a member that took
-    /// handed-over keys was watched by nobody until the next periodic read).
-    pub(super) fn won_keys_of(&mut self, group: u32) {
-        if self.groups.contains_key(&group) {
-            self.announce.insert(group);
-            self.fresh = false;
-        }
     }
 
     /// A try was chosen: the next one reads first. Whether a departure

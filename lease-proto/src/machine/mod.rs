@@ -1086,10 +1086,6 @@ impl Machine {
         self.watch.after_try(!reply.won.is_empty());
         for &won in &reply.won {
             self.runs.won(now, sent, won, window, &mut self.out);
-            if let Some(group) = self.runs.group_of(won.0) {
-                self.groups.won_keys_of(group);
-                self.plan.try_soon();
-            }
         }
         for &(key, holder) in &reply.not_won {
             self.runs.not_won(key, holder, &mut self.out);
