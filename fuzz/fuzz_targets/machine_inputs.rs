@@ -54,7 +54,13 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use lease_proto::sim::{Command, Harness};
-use lease_proto::{key_for_name, SessionError, Event, Input, JobExit, LeaseId, Options, QueryId, RunId, SessionId, Statement, reply::{HeartbeatReply, MembersReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply}, limits::DEFAULT_LOCK_DELAY, server::{HANDOVER_CHANNEL, LOCK_TIMEOUT_SQLSTATE}};
+use lease_proto::{
+    key_for_name,
+    limits::DEFAULT_LOCK_DELAY,
+    reply::{HeartbeatReply, MembersReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply},
+    server::{HANDOVER_CHANNEL, LOCK_TIMEOUT_SQLSTATE},
+    Event, Input, JobExit, LeaseId, Options, QueryId, RunId, SessionError, SessionId, Statement,
+};
 use libfuzzer_sys::fuzz_target;
 
 /// Counts of how far inputs get, for one-off runs with `LEASE_FUZZ_STATS` set.
@@ -203,23 +209,23 @@ impl OptionBytes {
     fn options(&self) -> Options {
         let retry_interval = self.retry_interval.get();
         {
-let mut o = Options::default();
-o.retry_interval = retry_interval;
-o.heartbeat_interval = self.heartbeat_interval.get();
-o.query_timeout = self.query_timeout.get();
-o.validity = self.validity.map(Dur::get);
-o.server_guard = self.server_guard;
-o.guard_margin = self.guard_margin.get();
-o.notify_handover = self.notify_handover;
-o.max_leases = usize::from(self.max_leases);
-o.wait_on_server = self.poll < 192;
-o.lock_delay = match self.lock_delay {
+            let mut o = Options::default();
+            o.retry_interval = retry_interval;
+            o.heartbeat_interval = self.heartbeat_interval.get();
+            o.query_timeout = self.query_timeout.get();
+            o.validity = self.validity.map(Dur::get);
+            o.server_guard = self.server_guard;
+            o.guard_margin = self.guard_margin.get();
+            o.notify_handover = self.notify_handover;
+            o.max_leases = usize::from(self.max_leases);
+            o.wait_on_server = self.poll < 192;
+            o.lock_delay = match self.lock_delay {
                 0 => DEFAULT_LOCK_DELAY.min(retry_interval),
                 1 => Duration::ZERO,
                 n => retry_interval * u32::from(n) / 255,
             };
-o
-}
+            o
+        }
     }
 }
 
@@ -435,6 +441,11 @@ struct Fuzz {
     try_sent: Option<Duration>,
     /// A wait woke and no try was answered since.
     woken: bool,
+    /// The send time of a try whose answer started no job: its wins may be
+    /// held back for the lock delay and start in a later step (a tick, or a
+    /// graceful release's notification). Ends with a job start, a session's
+    /// end, or the next try.
+    held_try: Option<Duration>,
     /// The session each job was started on.
     job_session: BTreeMap<RunId, Option<SessionId>>,
     /// Every key seen in a statement, and the named ones.
@@ -463,6 +474,7 @@ impl Fuzz {
             pid: 4242,
             nonce: None,
             try_sent: None,
+            held_try: None,
             woken: false,
             job_session: BTreeMap::new(),
             keys: (0..4).map(named_key).collect(),
@@ -638,7 +650,8 @@ impl Fuzz {
         {
             let waiting =
                 matches!(self.h.in_flight(), Some((q, Statement::Wait { .. })) if q == query);
-            let held = lease_proto::reply::WaitReply::parse(rows).is_ok_and(|r| r.freed == Some(false));
+            let held =
+                lease_proto::reply::WaitReply::parse(rows).is_ok_and(|r| r.freed == Some(false));
             if waiting && held {
                 self.seen.mark(Mark::WaitTimedOut);
             }
@@ -652,8 +665,12 @@ impl Fuzz {
                 }),
                 Some((q, Statement::TryLock { .. })),
             ) if query == q => self.try_sent,
-            _ => None,
+            _ => self.held_try,
         };
+        let answers_try_reply = matches!(
+            (&input, self.h.in_flight()),
+            (Some(Input::Reply { query, result: Ok(_) }), Some((q, Statement::TryLock { .. }))) if query == q
+        );
         if let (Some(Input::Reply { query, .. }), Some((q, Statement::TryLock { .. }))) =
             (&input, self.h.in_flight())
         {
@@ -666,8 +683,12 @@ impl Fuzz {
             .h
             .step(input)
             .unwrap_or_else(|e| panic!("observer: {e}"));
+        if answers_try_reply {
+            self.held_try = answers_try;
+        }
         for e in self.h.events() {
             match e {
+                Event::SessionLost { .. } | Event::SessionOpening { .. } => self.held_try = None,
                 Event::SessionReady { backend_pid, .. } => {
                     self.pid = *backend_pid;
                     self.seen.mark(Mark::Ready);
@@ -713,9 +734,9 @@ impl Fuzz {
                         Statement::Verify => Some(Mark::Verify),
                         Statement::Release { .. } => Some(Mark::Release),
                         Statement::Wait { .. } => Some(Mark::Wait),
-                        Statement::Setup { .. }
-                        | Statement::Listen
-                        | Statement::Members { .. } => None,
+                        Statement::Setup { .. } | Statement::Listen | Statement::Members { .. } => {
+                            None
+                        }
                     };
                     if let Some(m) = mark {
                         self.seen.mark(m);
@@ -744,6 +765,7 @@ impl Fuzz {
                         "job of {run:?} started valid for more than the validity window past its try"
                     );
                     self.seen.mark(Mark::StartJob);
+                    self.held_try = None;
                     self.job_session.insert(run, self.current);
                     self.running.insert(run, lease.key());
                 }

@@ -767,6 +767,11 @@ impl Machine {
         let Some(up) = self.session.up_mut() else {
             return;
         };
+        // A try's answer held back for the lock delay: its statement is
+        // answered; a second reply to it is a stale one.
+        if up.held_back.is_some() {
+            return;
+        }
         let Some(q) = up.inflight.take_if(|q| q.id == query) else {
             return;
         };
@@ -1017,7 +1022,7 @@ impl Machine {
             sent,
             what: What::Try(keys),
             ..
-        }) = up.inflight.take()
+        }) = up.inflight.take_if(|q| matches!(q.what, What::Try(_)))
         else {
             return;
         };

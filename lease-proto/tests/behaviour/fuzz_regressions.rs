@@ -623,3 +623,33 @@ fn replay_two_terminated_holders_in_a_row_overlap_pairwise_within_validity() {
     let overlap = r.max_overlap.values().copied().max().unwrap_or_default();
     assert!(overlap > ms(500), "overlap {overlap:?}");
 }
+
+/// `machine_inputs` finding (after the lock delay moved after the win): a second reply
+/// to a try whose winning answer is held back for the lock delay was taken as the try's
+/// answer again; the hold's end then took the next statement in flight for the held
+/// try and dropped it, and the machine sent another while the observer still waited for
+/// that one (`query QueryId(3) sent while QueryId(2) is in flight`). A reply to a held
+/// try is stale now.
+#[test]
+fn a_second_reply_to_a_held_try_is_stale() {
+    let mut d = driver(opts());
+    let run = d.run(a());
+    d.connect(PID);
+    let (query, _) = d.in_flight().cloned().expect("the try");
+    let mut rows = d.try_session_row();
+    rows.push(vec![Some(a().key()), Some(900), None]);
+    let cmds = d.reply(rows);
+    assert!(!started(&cmds, run), "held for the lock delay: {cmds:?}");
+    d.input(Input::Reply {
+        query,
+        result: Err(boom("XX000")),
+    });
+    let cmds = d.advance(opts().lock_delay);
+    assert!(started(&cmds, run), "{cmds:?}");
+    // Statements go on one at a time (the observer checks every step).
+    d.advance(opts().heartbeat_interval);
+    assert!(matches!(
+        d.statement(),
+        Statement::Heartbeat | Statement::Verify
+    ));
+}
