@@ -38,8 +38,9 @@ macro_rules! this_database_advisory_locks {
 /// released key in decimal and the moment of the release on the server's
 /// clock, in the units of the fencing token ([`TOKEN_CLOCK_OFFSET`] plus
 /// microseconds), space-separated; also `group <id>`
-/// (a lease group's announcement) and `to <key> <pid>` (a hand-over asked
-/// for: [`handover_request_payload`]).
+/// (a lease group's announcement), `to <key> <pid>` (a hand-over asked
+/// for: [`handover_request_payload`]) and `claim <key> <pid>` (a lease
+/// group's owner claims its key: [`Statement::Members`]).
 pub const HANDOVER_CHANNEL: &str = "lease_handover_v1";
 
 /// The payload on [`HANDOVER_CHANNEL`] that asks the locker leading `key`
@@ -65,6 +66,15 @@ pub(crate) fn handover_release(payload: &str) -> Option<(i64, Option<i64>)> {
 /// The key and backend pid of a [`handover_request_payload`].
 pub(crate) fn handover_request(payload: &str) -> Option<(i64, i64)> {
     let mut words = payload.trim().strip_prefix("to ")?.split_whitespace();
+    let key = words.next()?.parse().ok()?;
+    let pid = words.next()?.parse().ok()?;
+    words.next().is_none().then_some((key, pid))
+}
+
+/// The key and the claiming member's backend pid of a lease group's claim
+/// (`claim <key> <pid>`, sent by [`Statement::Members`]).
+pub(crate) fn group_claim(payload: &str) -> Option<(i64, i64)> {
+    let mut words = payload.trim().strip_prefix("claim ")?.split_whitespace();
     let key = words.next()?.parse().ok()?;
     let pid = words.next()?.parse().ok()?;
     words.next().is_none().then_some((key, pid))
@@ -405,8 +415,11 @@ pub enum Statement {
     /// taken once per session and freed with it; with `notify`, the join is
     /// announced on [`HANDOVER_CHANNEL`] with the payload `group <id>`, so
     /// members read again at once, and so is each group of `announce` (a
-    /// member left it: the others take its leases at once). Leaves each group of `leave` (unlocks
-    /// its lock). Then answers `(0, pg_backend_pid(), NULL)`, one `(1,
+    /// member left it: the others take its leases at once), and each key of
+    /// `claims`, with the payload `claim <key> <pg_backend_pid()>` (the
+    /// member owns the key by the share and reads it held by another member
+    /// past the bound: the holder hands it over). Leaves each group of
+    /// `leave` (unlocks its lock). Then answers `(0, pg_backend_pid(), NULL)`, one `(1,
     /// group id, member pid)` row per member lock of `groups` granted in
     /// this database, and one `(2, key, holder pid or NULL)` row per key of
     /// `keys`; the first row is `(0, pg_backend_pid(), nonce)`
@@ -425,6 +438,8 @@ pub enum Statement {
         notify: bool,
         /// Groups to announce (with `notify`) whether joined now or not.
         announce: Vec<u32>,
+        /// Keys to claim (with `notify`).
+        claims: Vec<i64>,
     },
 }
 
@@ -636,8 +651,23 @@ impl Statement {
                 keys,
                 notify,
                 announce,
+                claims,
             } => {
                 let mut sql = String::new();
+                if *notify && !claims.is_empty() {
+                    write!(
+                        sql,
+                        "SELECT {}::pg_catalog.int8, c, \
+                         pg_catalog.length(pg_catalog.concat(\
+                         pg_catalog.pg_notify('{HANDOVER_CHANNEL}', \
+                         pg_catalog.concat('claim ', c, ' ', pg_catalog.pg_backend_pid()))))\
+                         ::pg_catalog.int8 \
+                         FROM pg_catalog.unnest({}) AS c; ",
+                        members_tag::LEFT,
+                        KeyArray(claims)
+                    )
+                    .ok();
+                }
                 if *notify && !announce.is_empty() {
                     write!(
                         sql,
@@ -1465,6 +1495,7 @@ mod tests {
                 keys: vec![-1, 2],
                 notify: true,
                 announce: vec![7],
+                claims: vec![-3, 4],
             },
         ];
         for s in &all {

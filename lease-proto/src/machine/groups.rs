@@ -24,9 +24,17 @@
 //!   (hysteresis), and only once per key and owner while the membership
 //!   stays the same (an owner that did not take it is not offered it again,
 //!   nor by any member that saw the key stay free past the bound).
+//! - **Claim**: a member that reads a key it owns held by another member
+//!   in every read for [`free_bound`] (the holder had its reads by then)
+//!   claims it on the handover channel (`claim <key> <pid>`), once per
+//!   holder while the membership holds; the holder hands it over if its own
+//!   share gives the key to the claimant (a holder whose share differs, as
+//!   with different key sets, keeps it). So an owner that was frozen past
+//!   the bound (its keys taken, then offered it no more) gets them back.
 //! - **Announcements** on the handover channel (`group <id>`): a member
-//!   that joins, one whose read finds a member gone, and one that leaves
-//!   announce it; every member reads again at once. A member whose runs of
+//!   that joins, one whose read finds a member gone, one that leaves, and
+//!   one that won keys of the group announce it; every member reads again at
+//!   once (so the holders every member's ring watches are current). A member whose runs of
 //!   a group all finish (it closes, or its jobs returned) leaves the group
 //!   before it releases their keys, so the members its releases' handover
 //!   notifications wake read it gone and own its keys at once. The lease session never waits on the
@@ -117,6 +125,11 @@ struct Group {
     free_since: BTreeMap<i64, Instant>,
     /// Keys handed over, to whom, since the membership last changed.
     handed: BTreeMap<i64, i64>,
+    /// Keys this member owns, read held by another member: by whom, since
+    /// the first of the reads that all read them held by it.
+    kept_since: BTreeMap<i64, (i64, Instant)>,
+    /// Keys claimed, from whom, since the membership last changed.
+    claimed: BTreeMap<i64, i64>,
 }
 
 /// Every group of the machine's runs, and this session's member locks.
@@ -133,6 +146,8 @@ pub(super) struct Groups {
     /// Groups a member left (its session ended), to announce at the next
     /// read so the others read at once.
     announce: BTreeSet<u32>,
+    /// Keys to claim at the next read.
+    claims: BTreeSet<i64>,
 }
 
 /// A read to send: joins, leaves, groups and keys.
@@ -143,6 +158,7 @@ pub(super) struct Read {
     pub(super) groups: Vec<u32>,
     pub(super) keys: Vec<i64>,
     pub(super) announce: Vec<u32>,
+    pub(super) claims: Vec<i64>,
 }
 
 impl Groups {
@@ -185,6 +201,7 @@ impl Groups {
             groups: Vec::new(),
             keys: Vec::new(),
             announce: leave,
+            claims: Vec::new(),
         })
     }
 
@@ -205,6 +222,7 @@ impl Groups {
             groups: wanted.keys().copied().collect(),
             keys: wanted.values().flatten().copied().collect(),
             announce: std::mem::take(&mut self.announce).into_iter().collect(),
+            claims: std::mem::take(&mut self.claims).into_iter().collect(),
         }
     }
 
@@ -240,6 +258,7 @@ impl Groups {
             members.insert(me);
             if members != group.members {
                 group.handed.clear();
+                group.claimed.clear();
             }
             // A member of the last read is gone: the others (but the one
             // that watches it) learn it at their next read; announce it.
@@ -270,6 +289,34 @@ impl Groups {
                     _ => {}
                 }
             }
+            // Claims: a key this member owns, read held by another member
+            // in every read for the bound (its holder had that long to hand
+            // it over; it does not when it saw the key stay free past the
+            // bound, as when this member was frozen), is claimed once per
+            // holder while the membership holds.
+            for &key in keys {
+                let kept = match holders.get(&key) {
+                    Some(&Some(h)) if h != me && group.members.contains(&h) => Some(h),
+                    _ => None,
+                };
+                match kept {
+                    Some(h) if group.owner.get(&key) == Some(&me) => {
+                        let since = match group.kept_since.get(&key) {
+                            Some(&(by, since)) if by == h => since,
+                            _ => now,
+                        };
+                        group.kept_since.insert(key, (h, since));
+                        if since + bound <= now && group.claimed.get(&key) != Some(&h) {
+                            group.claimed.insert(key, h);
+                            self.claims.insert(key);
+                        }
+                    }
+                    _ => {
+                        group.kept_since.remove(&key);
+                    }
+                }
+            }
+            group.kept_since.retain(|k, _| keys.contains(k));
             // Hand-offs: a key this machine leads, owned by another member
             // seen in this read and the one before, not offered to it yet.
             for &key in keys.iter().filter(|k| held.contains(k)) {
@@ -285,6 +332,20 @@ impl Groups {
                 }
             }
         }
+    }
+
+    /// Member `by` claims `key`, which this machine leads: whether to hand
+    /// it over (its group's share gives it to `by`, a member of the last
+    /// read; also when this machine had stopped offering it to `by`, which
+    /// had left it free past the bound: the claim says `by` runs it now).
+    pub(super) fn claim(&mut self, key: i64, by: i64) -> bool {
+        for group in self.groups.values_mut() {
+            if group.owner.get(&key) == Some(&by) && group.members.contains(&by) {
+                group.handed.insert(key, by);
+                return true;
+            }
+        }
+        false
     }
 
     /// The hand-offs the last read decided.
@@ -328,11 +389,22 @@ impl Groups {
             .is_some_and(|since| *since + bound <= now)
     }
 
+    /// This member won keys of `group`: it announces the group at once (a
+    /// read follows), so every member reads and learns the new holder, and
+    /// the one before it in the ring watches it (a member that took
+    /// handed-over keys was watched by nobody until the next periodic read).
+    pub(super) fn won_keys_of(&mut self, group: u32) {
+        if self.groups.contains_key(&group) {
+            self.announce.insert(group);
+            self.fresh = false;
+        }
+    }
+
     /// A try was chosen: the next one reads first. Whether a departure
     /// is to be announced: then the machine reads again at once.
     pub(super) fn tried(&mut self) -> bool {
         self.fresh = false;
-        !self.announce.is_empty()
+        !self.announce.is_empty() || !self.claims.is_empty()
     }
 
     /// What ends with any session: its member locks, and what was read on
@@ -343,6 +415,7 @@ impl Groups {
         self.fresh = false;
         self.handoffs.clear();
         self.announce.clear();
+        self.claims.clear();
     }
 }
 
@@ -499,6 +572,29 @@ mod tests {
         let holder = |k: i64| (k == theirs).then_some(1);
         assert!(read(&mut g, t + ms(1100), &[1, 2], &ks, holder).is_empty());
         assert!(read(&mut g, t + ms(1200), &[1, 2], &ks, holder).is_empty());
+    }
+
+    #[test]
+    fn an_owner_claims_a_key_another_member_keeps_past_the_bound_once() {
+        let t = Instant::now();
+        let ks = keys(2);
+        let share = assign(&ks, &[1, 2].into());
+        let mine = *share.iter().find(|(_, m)| **m == 1).unwrap().0;
+        let mut g = Groups::default();
+        // Member 2 leads every key; member 1 (this one) owns `mine`.
+        for at in [0, 500, 999] {
+            read(&mut g, t + ms(at), &[1, 2], &ks, |_| Some(2));
+            assert!(
+                g.claims.is_empty(),
+                "claimed {at} ms after first reading it kept"
+            );
+        }
+        read(&mut g, t + ms(1000), &[1, 2], &ks, |_| Some(2));
+        assert!(g.tried(), "a claim reads again at once");
+        assert_eq!(g.read(&[(7, ks.clone())].into()).claims, vec![mine]);
+        // Once per holder while the membership holds.
+        read(&mut g, t + ms(2000), &[1, 2], &ks, |_| Some(2));
+        assert!(g.claims.is_empty());
     }
 
     /// Movement on a join and a leave, against the least possible (the

@@ -373,6 +373,8 @@ impl Machine {
                         self.join_announced(group);
                     } else if let Some((key, to)) = crate::sql::handover_request(&payload) {
                         self.handover_requested(now, key, to);
+                    } else if let Some((key, by)) = crate::sql::group_claim(&payload) {
+                        self.group_claimed(key, by);
                     }
                 }
             }
@@ -1091,6 +1093,10 @@ impl Machine {
         self.watch.after_try(!reply.won.is_empty());
         for &won in &reply.won {
             self.runs.won(now, sent, won, window, &mut self.out);
+            if let Some(group) = self.runs.group_of(won.0) {
+                self.groups.won_keys_of(group);
+                self.plan.try_soon();
+            }
         }
         for &(key, holder) in &reply.not_won {
             self.runs.not_won(key, holder, &mut self.out);
@@ -1291,6 +1297,25 @@ impl Machine {
                 run,
                 lease,
                 to,
+                requested,
+            });
+        }
+    }
+
+    /// Member `by` of a lease group claims `key` (see `groups`): the
+    /// locker that leads it hands it over if its own share gives it to
+    /// `by` (a holder whose share differs, as when members run different
+    /// key sets, keeps it), once while the membership holds.
+    fn group_claimed(&mut self, key: i64, by: i64) {
+        if !self.runs.leading_keys().contains(&key) || !self.groups.claim(key, by) {
+            return;
+        }
+        if let Some((run, lease)) = self.runs.hand_over(key, &mut self.out) {
+            let requested = false;
+            (self.out).event(Event::HandedOver {
+                run,
+                lease,
+                to: by,
                 requested,
             });
         }

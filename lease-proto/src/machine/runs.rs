@@ -712,6 +712,11 @@ impl RunTable {
         Some((id, run.lease.clone()))
     }
 
+    /// The group id of the run of `key`, if it runs in a group.
+    pub(super) fn group_of(&self, key: i64) -> Option<u32> {
+        self.by_key(key)?.lease.group().map(|g| g.id())
+    }
+
     /// The keys of the runs in each group that still want them (not
     /// finishing), by group id.
     pub(super) fn group_keys(&self) -> BTreeMap<u32, BTreeSet<i64>> {

@@ -209,6 +209,7 @@ impl What {
                 keys: read.keys.clone(),
                 notify,
                 announce: read.announce.clone(),
+                claims: read.claims.clone(),
             },
         }
     }

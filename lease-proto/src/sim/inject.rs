@@ -112,6 +112,7 @@ impl Injected {
                     keys: Vec::new(),
                     notify,
                     announce: Vec::new(),
+                    claims: Vec::new(),
                 }
             }
             other if ran > 0 => other,

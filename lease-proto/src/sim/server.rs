@@ -779,8 +779,10 @@ impl Server {
                 keys,
                 notify: n,
                 announce,
+                claims,
             } => {
                 if *n && !self.cfg.standby {
+                    notify.extend(claims.iter().map(|k| format!("claim {k} {pid}")));
                     notify.extend(announce.iter().map(|g| format!("group {g}")));
                 }
                 for g in join {
