@@ -40,10 +40,15 @@
 //!   one extra connection per locker (the property
 //!   `in_a_fleet_every_holder_is_watched` below, over any pids and any
 //!   split of the leases). Recomputed before every wait, so it moves on when
-//!   that holder has no wanted key left; a wait in flight for another key
-//!   when the holders change (a try's answer) runs to its end first, at most
-//!   a chunk (below the server's `deadlock_timeout`): switching at once
-//!   would take a reconnect.
+//!   that holder has no wanted key left. When the holders change (a try's or
+//!   a membership read's answer) while a wait for a holder that is no longer
+//!   the next is in flight, the watch session is closed and a new one opened
+//!   at once to wait for the next (a wait cannot be moved, and letting it run
+//!   to the end of its chunk left the new holder unwatched for up to a
+//!   chunk, below the server's `deadlock_timeout`: a kill -9 of a member that
+//!   had just taken handed-over leases took 300–600 ms to be noticed). The
+//!   old backend's wait ends at its next client connection check (250 ms);
+//!   it holds nothing.
 //! - **Woken** (the key was freed): the lease session tries every wanted
 //!   key at once, and a win waits out the lock delay as any win does: the
 //!   wake rule of `wait`, unchanged. The watch session waits no more until
@@ -156,6 +161,16 @@ impl Watch {
 
 /// The key to wait for among `wanted` (key, holder pid), by the ring rule
 /// above: a key of the holder whose pid comes next after `own`, cyclically.
+/// Whether a wait for `key` watches the holder the ring names next: `key`
+/// is held by the holder of the ring's key (a crash frees every key of it).
+fn watches_next(key: i64, own: i64, wanted: &[(i64, i64)]) -> bool {
+    let holder = |k: i64| wanted.iter().find(|&&(w, _)| w == k).map(|&(_, h)| h);
+    match ring(own, wanted) {
+        Some(next) => holder(next) == holder(key),
+        None => true,
+    }
+}
+
 fn ring(own: i64, wanted: &[(i64, i64)]) -> Option<i64> {
     let holders = || wanted.iter().map(|&(_, h)| h);
     let next = holders()
@@ -209,18 +224,30 @@ impl Machine {
             (Conn::Closed, None) => {}
             (_, None) => self.close_watch(),
             (Conn::Closed, Some(_)) if self.watch.paused() => {}
-            (Conn::Closed, Some(_)) => {
-                let session = self.connector.next_session();
-                self.out.session(SessionCommand::OpenWatch { session });
-                self.watch.conn = Conn::Connecting(session);
-                self.watch.timeout_at = Some(now + self.opts.query_timeout);
-            }
+            (Conn::Closed, Some(_)) => self.open_watch(now),
             (Conn::Up { inflight: None, .. }, Some((own, wanted))) if !self.watch.paused() => {
                 self.send_watch(now, own, &wanted)
+            }
+            (
+                Conn::Up {
+                    inflight: Some((_, key)),
+                    ..
+                },
+                Some((own, wanted)),
+            ) if !self.watch.paused() && !watches_next(*key, own, &wanted) => {
+                self.close_watch();
+                self.open_watch(now);
             }
             _ => {}
         }
         self.timers.put(Deadline::Watch, self.watch.deadline());
+    }
+
+    fn open_watch(&mut self, now: Instant) {
+        let session = self.connector.next_session();
+        self.out.session(SessionCommand::OpenWatch { session });
+        self.watch.conn = Conn::Connecting(session);
+        self.watch.timeout_at = Some(now + self.opts.query_timeout);
     }
 
     fn send_watch(&mut self, now: Instant, own: i64, wanted: &[(i64, i64)]) {
