@@ -4,7 +4,7 @@ use lease_proto::inspect::{HeldSince, HolderHistory, HolderRow, LeaseLocks, Lock
 use lease_proto::{key_for_name, GroupId, LeaseId};
 use serde_json::json;
 
-use crate::args::{HandoverArgs, KeyArgs, StatusArgs, MAX_SHARDS};
+use crate::args::{ConnArgs, HandoverArgs, KeyArgs, StatusArgs, MAX_SHARDS};
 use crate::conn::{self, LockSession};
 use crate::log::{usage_error, EXIT_FAILURE};
 
@@ -19,7 +19,6 @@ pub fn key(args: KeyArgs) -> i32 {
     }
 }
 
-/// Runs `lease status`; returns the exit status.
 /// `lease handover NAME --to PID`: asks NAME's holder to hand it over to
 /// backend PID and waits until PID holds it (the rule: lease-proto's
 /// `Machine::handover_requested`).
@@ -28,26 +27,11 @@ pub fn handover(args: HandoverArgs) -> i32 {
         Ok(id) => id,
         Err(e) => return usage_error(2, &format!("{e}: {:?}", args.name)),
     };
-    if args.timeout.is_zero() {
-        return usage_error(2, "--timeout must be greater than zero");
-    }
-    let mut target = match conn::resolve(args.conn.database_url.as_deref()) {
-        Ok(t) => t,
-        Err(e) => return usage_error(2, &e),
+    let (target, runtime) = match connect_setup("lease handover", &args.conn, args.timeout) {
+        Ok(setup) => setup,
+        Err(status) => return status,
     };
-    for warning in &target.warnings {
-        eprintln!("lease: warning: {warning}");
-    }
-    target.config.application_name("lease handover");
-    target.config.connect_timeout(args.timeout);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    let outcome = match runtime {
-        Ok(rt) => rt.block_on(hand_over(&args, &id, &target)),
-        Err(e) => Err(format!("cannot start the async runtime: {e}")),
-    };
-    match outcome {
+    match runtime.block_on(hand_over(&args, &id, &target)) {
         Ok(line) => {
             println!("{line}");
             0
@@ -98,6 +82,37 @@ async fn hand_over(
     }
 }
 
+/// What `lease status` and `lease handover` set up before they connect:
+/// `--timeout` checked, the target resolved (its warnings printed), named
+/// `application`, and a current-thread runtime. `Err`: the exit status,
+/// the error already printed.
+fn connect_setup(
+    application: &str,
+    conn: &ConnArgs,
+    timeout: std::time::Duration,
+) -> Result<(conn::Target, tokio::runtime::Runtime), i32> {
+    if timeout.is_zero() {
+        return Err(usage_error(2, "--timeout must be greater than zero"));
+    }
+    let mut target = conn::resolve(conn.database_url.as_deref()).map_err(|e| usage_error(2, &e))?;
+    for warning in &target.warnings {
+        eprintln!("lease: warning: {warning}");
+    }
+    target.config.application_name(application);
+    target.config.connect_timeout(timeout);
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => Ok((target, runtime)),
+        Err(e) => {
+            eprintln!("lease: error: cannot start the async runtime: {e}");
+            Err(EXIT_FAILURE)
+        }
+    }
+}
+
+/// Runs `lease status`; returns the exit status.
 pub fn main(args: StatusArgs) -> i32 {
     let mut ids = Vec::new();
     let mut groups = Vec::new();
@@ -120,27 +135,9 @@ pub fn main(args: StatusArgs) -> i32 {
         groups,
         shards: args.shards.unwrap_or(0),
     };
-    if args.timeout.is_zero() {
-        return usage_error(2, "--timeout must be greater than zero");
-    }
-    let mut target = match conn::resolve(args.conn.database_url.as_deref()) {
-        Ok(t) => t,
-        Err(e) => return usage_error(2, &e),
-    };
-    for warning in &target.warnings {
-        eprintln!("lease: warning: {warning}");
-    }
-    target.config.application_name("lease status");
-    target.config.connect_timeout(args.timeout);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    let runtime = match runtime {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("lease: error: cannot start the async runtime: {e}");
-            return EXIT_FAILURE;
-        }
+    let (target, runtime) = match connect_setup("lease status", &args.conn, args.timeout) {
+        Ok(setup) => setup,
+        Err(status) => return status,
     };
     if args.watch {
         return runtime.block_on(watch(&args, &shown, &target));
