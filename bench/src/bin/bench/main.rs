@@ -208,7 +208,7 @@ pub struct Plan {
 }
 
 const USAGE: &str = concat!(
-    "usage: bench [--quick] [--reps N] [--herd N] [--out DIR]\n",
+    "usage: bench [--quick] [--reps N] [--herd N] [--herd-reps N] [--out DIR]\n",
     "             [--only failover|takeover|cost|groups]\n",
     "  --quick    short intervals (retry 200 ms, heartbeat 200 ms, query timeout 500 ms,\n",
     "             guard margin 200 ms) and few repetitions\n",
@@ -218,6 +218,8 @@ const USAGE: &str = concat!(
     "             per lock-delay gets N / 2 rounded up, its herd N / 8 rounded up, the\n",
     "             groups phase's SIGKILL of a member N / 2 rounded up)\n",
     "  --herd N   standbys in the takeover phase's herd (default 10)\n",
+    "  --herd-reps N\n",
+    "             repetitions of the herd per driver (default: --reps' N / 8 rounded up)\n",
     "  --out DIR  where results.md, results.json and failover.svg go (default bench/)\n",
     "  --only failover|takeover|cost|groups\n",
     "             run one phase only: the failover scenarios; instant takeover (kill -9,\n",
@@ -235,6 +237,7 @@ fn parse_args() -> R<Option<Plan>> {
     let (mut quick, mut reps, mut out) = (false, None, PathBuf::from("bench"));
     let mut only = None;
     let mut herd = None;
+    let mut herd_reps = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -255,6 +258,15 @@ fn parse_args() -> R<Option<Plan>> {
                         .ok()
                         .filter(|&n: &usize| (1..=500).contains(&n))
                         .ok_or(format!("--herd: not a number from 1 to 500: {v}"))?,
+                );
+            }
+            "--herd-reps" => {
+                let v = it.next().ok_or("--herd-reps needs a number")?;
+                herd_reps = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|&n: &usize| n > 0)
+                        .ok_or(format!("--herd-reps: not a positive number: {v}"))?,
                 );
             }
             "--out" => out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
@@ -314,7 +326,7 @@ fn parse_args() -> R<Option<Plan>> {
         slow_reps: fast.div_ceil(3),
         takeover_reps: takeover,
         delay_reps: takeover.div_ceil(2),
-        herd_reps: takeover.div_ceil(8),
+        herd_reps: herd_reps.unwrap_or(takeover.div_ceil(8)),
         herd: herd.unwrap_or(crate::takeover::HERD),
         group_reps: takeover.div_ceil(2),
         cost_window: if quick { ms(3_000) } else { ms(15_000) },
