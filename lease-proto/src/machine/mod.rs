@@ -1777,8 +1777,7 @@ impl Machine {
             Deadline::Retry => {
                 // A group member reads (and so tries) periodically, waiting
                 // runs or not, while it takes new work.
-                let reads =
-                    self.phase == Phase::Open && self.groups.active(&self.group_keys());
+                let reads = self.phase == Phase::Open && self.groups.active(&self.group_keys());
                 idle_ready && (self.runs.any_waiting() || reads)
             }
             Deadline::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),

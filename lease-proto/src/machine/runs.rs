@@ -367,7 +367,10 @@ impl RunTable {
         let mut keys = Vec::new();
         for r in self.runs.values_mut() {
             let key = r.lease.key();
-            if reserved.get(&key).is_some_and(|(pid, _, _)| Some(*pid) != me) {
+            if reserved
+                .get(&key)
+                .is_some_and(|(pid, _, _)| Some(*pid) != me)
+            {
                 continue;
             }
             if let RunState::Standby(standby) = &mut r.state {

@@ -175,7 +175,10 @@ pub(super) enum What {
     Look(Vec<i64>),
     /// A standby of `priority` asks the holder of `key` to hand it over
     /// (see `Machine::preference_requested`).
-    Prefer { key: i64, priority: u32 },
+    Prefer {
+        key: i64,
+        priority: u32,
+    },
 }
 
 impl What {

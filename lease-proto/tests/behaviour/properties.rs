@@ -2353,11 +2353,7 @@ fn observer_never_leads(case: &Case, mutation: Option<Mutation>) -> Result<(), T
                 TraceEvent::JobStarted { .. } | TraceEvent::Machine(Event::Acquired { .. })
             )
     });
-    prop_assert!(
-        led.is_none(),
-        "ObserverLed: {led:?}\n{}",
-        explain(&cfg, &r)
-    );
+    prop_assert!(led.is_none(), "ObserverLed: {led:?}\n{}", explain(&cfg, &r));
     Ok(())
 }
 
@@ -2444,8 +2440,13 @@ fn the_preferred_process_leads_after_healing() {
         panic!("{e}");
     }
     let asserted = asserted.into_inner();
-    eprintln!("preferred: {asserted} of {CASES} cases asserted (the others: process 1 crashed for good)");
-    assert!(asserted >= u64::from(CASES) / 2, "too few cases asserted: {asserted}");
+    eprintln!(
+        "preferred: {asserted} of {CASES} cases asserted (the others: process 1 crashed for good)"
+    );
+    assert!(
+        asserted >= u64::from(CASES) / 2,
+        "too few cases asserted: {asserted}"
+    );
 }
 
 /// Broken variant: an observer that tries ([`Mutation::ObserverTries`]) leads a free key,
