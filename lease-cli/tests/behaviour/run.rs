@@ -314,6 +314,16 @@ fn usage_errors_exit_2_on_one_line_without_touching_the_database() {
             None,
         ),
         (
+            "an observer with a priority",
+            vec!["run", "--observer", "--priority", "1", "job", "--", "true"],
+            None,
+        ),
+        (
+            "a priority with shards",
+            vec!["run", "--priority", "1", "--shards", "2", "job", "--", "true"],
+            None,
+        ),
+        (
             "bad connection string",
             vec![
                 "run",
