@@ -320,7 +320,16 @@ fn usage_errors_exit_2_on_one_line_without_touching_the_database() {
         ),
         (
             "a priority with shards",
-            vec!["run", "--priority", "1", "--shards", "2", "job", "--", "true"],
+            vec![
+                "run",
+                "--priority",
+                "1",
+                "--shards",
+                "2",
+                "job",
+                "--",
+                "true",
+            ],
             None,
         ),
         (

@@ -2357,6 +2357,10 @@ fn observer_never_leads(case: &Case, mutation: Option<Mutation>) -> Result<(), T
     Ok(())
 }
 
+/// Cases of [`preferred_leads_after_healing`] in which a holder handed a lease over at a
+/// request.
+static PREFERRED_HANDED_OVER: AtomicU64 = AtomicU64::new(0);
+
 /// After every fault healed, the live process of the highest priority (process 1) leads
 /// every lease within the liveness bound plus one hand-over: a validity window (it asks a
 /// holder it asked before again only then), the request's and the release's round trips,
@@ -2384,7 +2388,32 @@ fn preferred_leads_after_healing(case: &Case) -> Result<bool, TestCaseError> {
     }
     let deadline = healed + bound;
     loop {
+        // The observer (process 0) never leads, whatever the server did.
+        let observer_led = sim.report().trace.iter().find(|l| {
+            l.process == Some(0)
+                && matches!(
+                    l.event,
+                    TraceEvent::JobStarted { .. } | TraceEvent::Machine(Event::Acquired { .. })
+                )
+        });
+        prop_assert!(
+            observer_led.is_none(),
+            "ObserverLed: {observer_led:?}\n{}",
+            explain(&cfg, sim.report())
+        );
         if cfg.leases.iter().all(|n| sim.leads(1, n)) {
+            let handed = sim.report().trace.iter().any(|l| {
+                matches!(
+                    l.event,
+                    TraceEvent::Machine(Event::HandedOver {
+                        requested: true,
+                        ..
+                    })
+                )
+            });
+            if handed {
+                PREFERRED_HANDED_OVER.fetch_add(1, Ordering::Relaxed);
+            }
             return Ok(true);
         }
         if sim.now() >= deadline {
@@ -2417,7 +2446,8 @@ proptest! {
 }
 
 /// After healing, the live process of the highest priority leads every lease within the
-/// bound (see [`preferred_leads_after_healing`]), whatever the server did meanwhile.
+/// bound (see [`preferred_leads_after_healing`]), whatever the server did meanwhile; the
+/// observer beside it never leads, not even when the server ends sessions.
 #[test]
 fn the_preferred_process_leads_after_healing() {
     let mut runner = TestRunner::new(contextualize_config(ProptestConfig {
@@ -2440,9 +2470,12 @@ fn the_preferred_process_leads_after_healing() {
         panic!("{e}");
     }
     let asserted = asserted.into_inner();
+    let handed = PREFERRED_HANDED_OVER.load(Ordering::Relaxed);
     eprintln!(
-        "preferred: {asserted} of {CASES} cases asserted (the others: process 1 crashed for good)"
+        "preferred: {asserted} of {CASES} cases asserted (the others: process 1 crashed for \
+         good), {handed} with a requested hand-over"
     );
+    assert!(handed > 0, "no case exercised a requested hand-over");
     assert!(
         asserted >= u64::from(CASES) / 2,
         "too few cases asserted: {asserted}"
