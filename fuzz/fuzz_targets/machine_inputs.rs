@@ -734,9 +734,10 @@ impl Fuzz {
                         Statement::Verify => Some(Mark::Verify),
                         Statement::Release { .. } => Some(Mark::Release),
                         Statement::Wait { .. } => Some(Mark::Wait),
-                        Statement::Setup { .. } | Statement::Listen | Statement::Members { .. } => {
-                            None
-                        }
+                        Statement::Setup { .. }
+                        | Statement::Listen
+                        | Statement::Members { .. }
+                        | Statement::Prefer { .. } => None,
                     };
                     if let Some(m) = mark {
                         self.seen.mark(m);
@@ -959,7 +960,9 @@ impl Fuzz {
                 }
                 rows
             }
-            Some(Statement::Heartbeat) => {
+            // A preference is a heartbeat that notifies (this target's
+            // options have no priority: never sent).
+            Some(Statement::Heartbeat | Statement::Prefer { .. }) => {
                 let mut rows = self.heartbeat_reply(p.who).to_rows();
                 if variant(pick(0), 1).is_some() {
                     rows.reverse();

@@ -354,6 +354,25 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_wait_on_server: bool,
 
+    /// Never lead: stand by without ever taking the lease, and never run COMMAND
+    ///
+    /// An observer never tries the lease, never waits for it on the server and never joins
+    /// the lease group of --shards (it counts in no share); it reads who holds the lease once
+    /// per --retry-interval and logs it, and runs until a signal stops it. For a replica kept
+    /// out of leadership (draining, another zone) that still shows in logs and /healthz.
+    /// Not with --priority.
+    #[arg(long, conflicts_with = "priority")]
+    pub observer: bool,
+
+    /// Take the lease over from a holder of a lower priority [default: 0]
+    ///
+    /// A standby that finds the lease held asks the holder to hand it over; a holder of a
+    /// lower --priority does so gracefully (as `lease handover NAME --to PID`: its COMMAND is
+    /// stopped, the lease released, and this standby takes it at the release), one of an
+    /// equal or higher priority does not. 0 never asks. Not with --shards (the share decides).
+    #[arg(long, value_name = "N", default_value_t = 0, conflicts_with = "shards")]
+    pub priority: u32,
+
     /// Run N shards of the job: the leases NAME/0 to NAME/N-1 of the lease group NAME, one
     /// COMMAND per shard this replica leads (1 to 256; not with --metrics-addr)
     ///

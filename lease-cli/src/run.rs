@@ -110,6 +110,8 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
         o.notify_handover = !args.no_notify;
         o.wait_on_server = !args.no_wait_on_server;
         o.lock_delay = args.lock_delay;
+        o.observer = args.observer;
+        o.priority = args.priority;
         o
     };
     if let Some(margin) = args.guard_margin {

@@ -368,6 +368,7 @@ mod imp {
                 Statement::Verify => "verify",
                 Statement::Release { .. } => "release",
                 Statement::Members { .. } => "members",
+                Statement::Prefer { .. } => "prefer",
                 Statement::Wait { .. } => "wait",
             };
             Sent { kind, at: clock() }

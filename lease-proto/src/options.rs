@@ -150,6 +150,23 @@ pub struct Options {
     /// Most runs one locker may have at once (default 1,000, at most 100,000).
     /// A run past it fails with [`RunRejected::TooManyLeases`](crate::RunRejected).
     pub max_leases: usize,
+    /// Observer (default off): this locker's runs never lead. They never
+    /// try a key, never wait on the server for one (nor open the watch
+    /// session), never join a lease group (so they count in no share),
+    /// and stand by until they are cancelled or the locker closes; each
+    /// run learns the key's holder from a `pg_locks` read per retry
+    /// interval instead of a try. The rule, in one place: the machine's
+    /// `Machine::observes`; the candidate policy: docs/library.md,
+    /// "Observers and priorities".
+    pub observer: bool,
+    /// Priority (default 0): a standby whose try finds its key held sends
+    /// the holder, once per holder backend, a request to hand the lease
+    /// over; a holder of a lower priority does (as asked by `lease
+    /// handover --to`), one of an equal or higher priority ignores it. 0
+    /// never asks. Not for lease-group runs (their share decides), nor
+    /// for an observer. The rule, in one place: the machine's
+    /// `Machine::preference_requested`; the bound: docs/guarantees.md.
+    pub priority: u32,
 }
 
 impl Default for Options {
@@ -166,6 +183,8 @@ impl Default for Options {
             wait_on_server: true,
             watch_session: true,
             lock_delay: DEFAULT_LOCK_DELAY,
+            observer: false,
+            priority: 0,
         }
     }
 }
@@ -215,6 +234,8 @@ pub enum OptionsError {
         /// The validity window.
         limit: Duration,
     },
+    /// An observer with a priority: it never leads, so it never asks to.
+    ObserverWithPriority(u32),
 }
 
 impl fmt::Display for OptionsError {
@@ -253,6 +274,10 @@ impl fmt::Display for OptionsError {
             OptionsError::LockDelayAboveRetry { lock_delay, retry } => write!(
                 f,
                 "lock delay ({lock_delay:?}) must be at most the retry interval ({retry:?}): a standby polls at least that often anyway"
+            ),
+            OptionsError::ObserverWithPriority(p) => write!(
+                f,
+                "an observer never leads, so it cannot have a priority ({p}): use one or the other"
             ),
             OptionsError::LockDelayAboveValidity { lock_delay, limit } => write!(
                 f,
@@ -372,7 +397,7 @@ impl Options {
     /// above the heartbeat interval, `max_leases` outside `1..=100_000`, a
     /// query timeout below [`MIN_QUERY_TIMEOUT`], a heartbeat interval above
     /// [`MAX_HEARTBEAT_PER_QUERY_TIMEOUT`] times the query timeout, or a guard
-    /// timeout above [`MAX_GUARD_TIMEOUT`].
+    /// timeout above [`MAX_GUARD_TIMEOUT`], or an observer with a priority.
     pub fn validate(&self) -> Result<(), OptionsError> {
         const DAY: Duration = Duration::from_secs(86_400);
         let named = [
@@ -424,6 +449,9 @@ impl Options {
                 lock_delay: self.lock_delay,
                 limit,
             });
+        }
+        if self.observer && self.priority > 0 {
+            return Err(OptionsError::ObserverWithPriority(self.priority));
         }
         Ok(())
     }

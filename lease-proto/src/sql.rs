@@ -39,8 +39,11 @@ macro_rules! this_database_advisory_locks {
 /// clock, in the units of the fencing token ([`TOKEN_CLOCK_OFFSET`] plus
 /// microseconds), space-separated; also `group <id>`
 /// (a lease group's announcement), `to <key> <pid>` (a hand-over asked
-/// for: [`handover_request_payload`]) and `claim <key> <pid>` (a lease
-/// group's owner claims its key: [`Statement::Members`]).
+/// for: [`handover_request_payload`]), `claim <key> <pid>` (a lease
+/// group's owner claims its key: [`Statement::Members`]) and `prefer <key>
+/// <pid> <priority>` (a standby of a higher priority asks for it:
+/// [`Statement::Prefer`]). A locker ignores a payload it does not know, so
+/// an older one ignores `prefer`.
 pub const HANDOVER_CHANNEL: &str = "lease_handover_v1";
 
 /// The payload on [`HANDOVER_CHANNEL`] that asks the locker leading `key`
@@ -78,6 +81,16 @@ pub(crate) fn group_claim(payload: &str) -> Option<(i64, i64)> {
     let key = words.next()?.parse().ok()?;
     let pid = words.next()?.parse().ok()?;
     words.next().is_none().then_some((key, pid))
+}
+
+/// The key, backend pid and priority of a [`Statement::Prefer`]'s payload
+/// (`prefer <key> <pid> <priority>`).
+pub(crate) fn handover_preference(payload: &str) -> Option<(i64, i64, u32)> {
+    let mut words = payload.trim().strip_prefix("prefer ")?.split_whitespace();
+    let key = words.next()?.parse().ok()?;
+    let pid = words.next()?.parse().ok()?;
+    let priority = words.next()?.parse().ok()?;
+    words.next().is_none().then_some((key, pid, priority))
 }
 
 /// One result row: every column is a nullable `int8`.
@@ -441,6 +454,17 @@ pub enum Statement {
         /// Keys to claim (with `notify`).
         claims: Vec<i64>,
     },
+    /// A standby of `priority` asks the holder of `key` to hand it over
+    /// (see [`Options::priority`](crate::Options::priority)): `NOTIFY` on
+    /// [`HANDOVER_CHANNEL`] with the payload `prefer <key>
+    /// <pg_backend_pid()> <priority>`, then what [`Statement::Heartbeat`]
+    /// answers ([`HeartbeatReply`]). It tries no key.
+    Prefer {
+        /// The key asked for.
+        key: i64,
+        /// The asking standby's priority.
+        priority: u32,
+    },
 }
 
 const THIS_DATABASE_ADVISORY_LOCKS: &str = this_database_advisory_locks!();
@@ -636,6 +660,16 @@ impl Statement {
                      PERFORM pg_catalog.set_config('{WAIT_SETTING}', '2', true); RETURN; END IF; ",
                     advisory_key!()
                 )),
+            ),
+            Statement::Prefer { key, priority } => format!(
+                "SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
+                 FROM (SELECT pg_catalog.pg_notify('{HANDOVER_CHANNEL}', pg_catalog.concat(\
+                 'prefer ', ({key})::pg_catalog.int8::pg_catalog.text, ' ', \
+                 pg_catalog.pg_backend_pid()::pg_catalog.text, ' ', \
+                 ({priority})::pg_catalog.int8::pg_catalog.text))) AS n \
+                 UNION ALL SELECT {}, {NONCE_VALUE}",
+                heartbeat_tag::BACKEND_PID,
+                heartbeat_tag::NONCE,
             ),
             Statement::Verify => format!(
                 "{} UNION ALL \
@@ -1497,6 +1531,10 @@ mod tests {
                 announce: vec![7],
                 claims: vec![-3, 4],
             },
+            Statement::Prefer {
+                key: i64::MIN,
+                priority: u32::MAX,
+            },
         ];
         for s in &all {
             match s {
@@ -1507,7 +1545,8 @@ mod tests {
                 | Statement::Verify
                 | Statement::Wait { .. }
                 | Statement::Release { .. }
-                | Statement::Members { .. } => {}
+                | Statement::Members { .. }
+                | Statement::Prefer { .. } => {}
             }
         }
         all.into()
@@ -1530,6 +1569,34 @@ mod tests {
         for sql in texts {
             assert_eq!(unqualified_names(&sql), Vec::<String>::new(), "{sql}");
         }
+    }
+
+    /// `prefer` payloads parse as nothing else, and other payloads never
+    /// as `prefer`: an older locker ignores the new payload, a newer one
+    /// reads the old ones as before.
+    #[test]
+    fn preference_payloads_are_apart_from_the_others() {
+        let prefer = "prefer -5 4242 3";
+        assert_eq!(handover_preference(prefer), Some((-5, 4242, 3)));
+        assert_eq!(handover_release(prefer), None);
+        assert_eq!(handover_request(prefer), None);
+        assert_eq!(group_claim(prefer), None);
+        for other in [
+            handover_request_payload(-5, 4242),
+            "-5 72057594037927936".to_string(),
+            "-5".to_string(),
+            "group 9".to_string(),
+            "claim -5 4242".to_string(),
+            "prefer -5 4242".to_string(),
+            "prefer -5 4242 -1".to_string(),
+            "prefer -5 4242 3 1".to_string(),
+        ] {
+            assert_eq!(handover_preference(&other), None, "{other}");
+        }
+        assert_eq!(
+            handover_request(&handover_request_payload(-5, 4242)),
+            Some((-5, 4242))
+        );
     }
 
     #[test]

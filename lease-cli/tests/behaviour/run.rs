@@ -314,6 +314,25 @@ fn usage_errors_exit_2_on_one_line_without_touching_the_database() {
             None,
         ),
         (
+            "an observer with a priority",
+            vec!["run", "--observer", "--priority", "1", "job", "--", "true"],
+            None,
+        ),
+        (
+            "a priority with shards",
+            vec![
+                "run",
+                "--priority",
+                "1",
+                "--shards",
+                "2",
+                "job",
+                "--",
+                "true",
+            ],
+            None,
+        ),
+        (
             "bad connection string",
             vec![
                 "run",
@@ -590,4 +609,68 @@ fn handover_to_a_named_standby() {
         "a exited after the hand-over"
     );
     let _ = (a.sigterm(), b.sigterm(), d.sigterm());
+}
+
+/// `--priority 1` beside a holder of priority 0: the standby asks for the lease at its
+/// first try and takes it in one graceful hand-over (the holder's command stopped as on
+/// SIGTERM first, a larger token, the old holder standing by again). `--observer` never
+/// runs its command: not while the lease is held, nor once both others are killed (kill
+/// -9) and the lease is free.
+#[test]
+fn a_preferred_standby_takes_over_and_an_observer_never_leads() {
+    let c = cluster();
+    let name = unique("prefer");
+    let mut a = Replica::spawn(fast_sh(&c, &name, &[], ANNOUNCE)).expect("spawn a");
+    let (_, line) = a
+        .wait_for_line(|l| l.starts_with("start"), MS(10_000))
+        .expect("a leads");
+    let token_a = field(&line, "token").expect("token");
+    let observer = Replica::spawn(fast_sh(&c, &name, &["--observer"], ANNOUNCE)).expect("spawn");
+    observer
+        .wait_for_line(|l| l.contains("standing by"), MS(10_000))
+        .expect("the observer reads the holder");
+    // b polls only every 5 s: a takeover within the second is the hand-over it asked for.
+    let spawned = Instant::now();
+    let b = Replica::spawn(fast_sh(
+        &c,
+        &name,
+        &["--priority", "1", "--retry-interval", "5s"],
+        ANNOUNCE,
+    ))
+    .expect("spawn b");
+    let (started, line) = b
+        .wait_for_line(|l| l.starts_with("start"), MS(5_000))
+        .expect("b takes over");
+    let (stopped, _) = a
+        .wait_for_line(|l| l == "stop", MS(1_000))
+        .expect("a's command got SIGTERM");
+    eprintln!(
+        "FIGURE priority takeover: b led {:?} after it was spawned (connect, setup, try, \
+         request, a's stop, release, try), {:?} after a's command stopped",
+        started.saturating_duration_since(spawned),
+        started.saturating_duration_since(stopped)
+    );
+    assert!(stopped <= started, "b started before a's command stopped");
+    assert!(field(&line, "token").expect("token") > token_a);
+    assert!(
+        a.wait_exit(MS(300)).is_err(),
+        "a exited after the hand-over"
+    );
+    // Nobody but the observer is left: the lease is free, and stays unled.
+    a.kill9().expect("kill -9 a");
+    b.kill9().expect("kill -9 b");
+    let key = key_for_name(&name);
+    let freed = Instant::now();
+    while held(&c, key) {
+        assert!(freed.elapsed() < MS(5_000), "the lease was never freed");
+        std::thread::sleep(MS(20));
+    }
+    std::thread::sleep(MS(1_500));
+    assert!(!held(&c, key), "someone took the lease");
+    let (out, err) = texts(&observer);
+    assert!(
+        !out.lines().any(|l| l.starts_with("start")),
+        "the observer ran its command:\n{out}\n{err}"
+    );
+    let _ = observer.sigterm();
 }

@@ -65,4 +65,8 @@ pub enum Mutation {
     /// a locker that holds another lease) that wins a key the server freed
     /// a moment ago by ending its holder's session starts the job at once.
     LockDelayOnlyAfterWakes,
+    /// An observer that tries: its standbys try their keys as any
+    /// standby's do (it still never waits on the server nor joins a
+    /// group), so it leads a free key.
+    ObserverTries,
 }

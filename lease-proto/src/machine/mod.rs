@@ -375,6 +375,8 @@ impl Machine {
                         self.handover_requested(now, key, to);
                     } else if let Some((key, by)) = crate::sql::group_claim(&payload) {
                         self.group_claimed(key, by);
+                    } else if let Some(asked) = crate::sql::handover_preference(&payload) {
+                        self.preference_requested(now, asked, sender_pid);
                     }
                 }
             }
@@ -827,6 +829,15 @@ impl Machine {
                 Ok(reply) => self.members_done(now, q.sent, &read, &reply),
                 Err(e) => self.lose_session(now, session::malformed(e), true),
             },
+            (What::Look(_), Ok(rows)) => match MembersReply::parse(&rows) {
+                Ok(reply) => self.look_done(now, q.sent, &reply),
+                Err(e) => self.lose_session(now, session::malformed(e), true),
+            },
+            // A heartbeat that also asked for a hand-over.
+            (What::Prefer { .. }, Ok(rows)) => match HeartbeatReply::parse(&rows) {
+                Ok(heartbeat) => self.heartbeat_done(now, q.sent, heartbeat),
+                Err(e) => self.lose_session(now, session::malformed(e), true),
+            },
             // The rows do not matter: see `ReleaseReply`.
             (What::Release(keys), Ok(_)) => self.runs.release_answered(keys, &mut self.out),
             // A probe that failed proves nothing: the session is not used;
@@ -838,6 +849,8 @@ impl Machine {
                 | What::Heartbeat
                 | What::Verify
                 | What::Members(_)
+                | What::Look(_)
+                | What::Prefer { .. }
                 | What::Release(_),
                 Err(error),
             ) => {
@@ -1283,12 +1296,18 @@ impl Machine {
     /// for a backend that does not take it. In a lease group the share
     /// decides again at the next reads.
     fn handover_requested(&mut self, now: Instant, key: i64, to: i64) {
+        self.hand_over_to(now, key, to, u32::MAX);
+    }
+
+    /// [`Machine::handover_requested`]'s rule, for a request of `priority`
+    /// (`u32::MAX`: a `to` request).
+    fn hand_over_to(&mut self, now: Instant, key: i64, to: i64, priority: u32) {
         let me = self.session.up().and_then(|up| up.stage.backend_pid());
         if me == Some(to) {
             return;
         }
         let window = handover_window(&self.opts);
-        if !self.runs.reserve(key, to, now + window) {
+        if !self.runs.reserve(key, to, (now, now + window), priority) {
             return;
         }
         if let Some((run, lease)) = self.runs.hand_over(key, &mut self.out) {
@@ -1321,6 +1340,76 @@ impl Machine {
         }
     }
 
+    /// A standby of a higher priority asks for `key` (the payload `prefer
+    /// <key> <pid> <priority>`, sent by its [`Statement::Prefer`](crate::Statement::Prefer)
+    /// from backend `sender`). The priority rule, in one place
+    /// ([`Options::priority`]):
+    ///
+    /// - a standby with a priority above 0 whose last try saw its key held
+    ///   by another backend asks that holder once,
+    ///   and again only if the same holder still holds it a validity window
+    ///   later (a request that came while the holder's win was held back
+    ///   for the lock delay finds no job to hand over); a lease-group run
+    ///   never asks (its share decides);
+    /// - a request counts only from the backend it names (`sender` is
+    ///   `pid`) and only if its priority is above this locker's; then it is
+    ///   a [`Machine::handover_requested`] for `pid`: the holder hands the
+    ///   lease over (not a lease-group run's), and every locker with a run
+    ///   of the key leaves it to `pid` for the window after the release,
+    ///   unless a reservation of an equal or higher priority (or a `to`
+    ///   request) stands. A holder of an equal or higher priority ignores
+    ///   it, so leadership never moves back and forth: it moves only up.
+    ///
+    /// Bound: the preferred standby leads one hand-over after its first
+    /// try: the try's and the request's round trips, the holder's job
+    /// reaction, the release, and the try the release's notification wakes
+    /// (docs/guarantees.md, "a preferred member takes over").
+    fn preference_requested(&mut self, now: Instant, asked: (i64, i64, u32), sender: i64) {
+        let (key, pid, priority) = asked;
+        if sender != pid || priority <= self.opts.priority || self.runs.in_group(key) != Some(false)
+        {
+            return;
+        }
+        self.hand_over_to(now, key, pid, priority);
+    }
+
+    /// Whether this locker observes: its runs never try a key, never wait
+    /// for one on the server (nor on the watch session), and never join a
+    /// lease group; an observer's standby reads who holds its keys
+    /// ([`What::Look`], a `pg_locks` read that joins nothing) at each of
+    /// its retries instead of trying them ([`Options::observer`]).
+    fn observes(&self) -> bool {
+        self.opts.observer
+    }
+
+    /// An observer's read of its keys' holders answered: it proves the
+    /// session as a heartbeat does; each standby records the holder.
+    fn look_done(&mut self, now: Instant, sent: Instant, reply: &MembersReply) {
+        let session = HeartbeatReply {
+            backend_pid: reply.backend_pid,
+            nonce: reply.nonce,
+        };
+        if !self.same_session(now, &session) {
+            return;
+        }
+        self.runs.confirm_all(sent);
+        self.heartbeat_again(now, sent);
+        for &(key, holder) in &reply.holders {
+            self.runs.holder_seen(key, holder, &mut self.out);
+        }
+        let retry = now + self.connector.retry_delay(self.opts.retry_interval);
+        self.timers.set(Deadline::Retry, retry);
+    }
+
+    /// The groups this locker is a member of, with the keys it runs in
+    /// each: none for an observer (see [`Machine::observes`]).
+    fn group_keys(&self) -> BTreeMap<u32, BTreeSet<i64>> {
+        if self.observes() {
+            return BTreeMap::new();
+        }
+        self.runs.group_keys()
+    }
+
     /// A group's membership read answered (see `groups`): it proves the
     /// session as a heartbeat does (same backend, same nonce), so every held
     /// lease is confirmed from `sent`; the shares are computed again,
@@ -1344,7 +1433,7 @@ impl Machine {
         };
         self.runs.confirm_all(sent);
         self.heartbeat_again(now, sent);
-        let wanted = self.runs.group_keys();
+        let wanted = self.group_keys();
         let held = self.runs.leading_keys();
         let bound = groups::free_bound(&self.opts);
         let before: BTreeMap<u32, BTreeSet<i64>> = (self.groups.members())
@@ -1502,7 +1591,7 @@ impl Machine {
         }
         // A member leaves the groups none of its runs wants any more (and
         // announces it) before it releases their keys (see `groups`).
-        if let Some(leave) = self.groups.leaving(&self.runs.group_keys()) {
+        if let Some(leave) = self.groups.leaving(&self.group_keys()) {
             return Some(What::Members(leave));
         }
         let release = (self.runs).take_release(now, handover_window(&self.opts));
@@ -1543,9 +1632,31 @@ impl Machine {
             }
             return None;
         }
+        if self.phase == Phase::Open && self.opts.priority > 0 {
+            // A standby that saw a holder asks it (see `preference_requested`).
+            let me = self.session.up().and_then(|up| up.stage.backend_pid());
+            let again = self.opts.validity_window();
+            if let Some(key) = self.runs.take_preference(now, me, again) {
+                let priority = self.opts.priority;
+                return Some(What::Prefer { key, priority });
+            }
+        }
+        #[cfg(feature = "sim")] // The broken variant: an observer that tries.
+        let observes = self.observes() && self.knobs.mutation != Some(Mutation::ObserverTries);
+        #[cfg(not(feature = "sim"))]
+        let observes = self.observes();
+        if try_due && observes {
+            // An observer reads who holds its keys instead of trying them.
+            self.plan.tried();
+            let keys = self.runs.take_look();
+            if keys.is_empty() {
+                return None;
+            }
+            return Some(What::Look(keys));
+        }
         if try_due {
             // A group member reads the membership first (see `groups`).
-            let wanted = self.runs.group_keys();
+            let wanted = self.group_keys();
             if self.groups.read_owed(&wanted) {
                 return Some(What::Members(self.groups.read(&wanted)));
             }
@@ -1616,7 +1727,9 @@ impl Machine {
             // A lease-group member's session is its membership (the member
             // id is its backend pid): a wait, which the machine interrupts by
             // replacing the session, would change it (see `groups`).
-            || self.groups.active(&self.runs.group_keys())
+            || self.groups.active(&self.group_keys())
+            // An observer never queues on a key (see `Machine::observes`).
+            || self.observes()
             || self.phase != Phase::Open
             || self.wait.paused()
             || self.plan.verify_owed()
@@ -1664,8 +1777,7 @@ impl Machine {
             Deadline::Retry => {
                 // A group member reads (and so tries) periodically, waiting
                 // runs or not, while it takes new work.
-                let reads =
-                    self.phase == Phase::Open && self.groups.active(&self.runs.group_keys());
+                let reads = self.phase == Phase::Open && self.groups.active(&self.group_keys());
                 idle_ready && (self.runs.any_waiting() || reads)
             }
             Deadline::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),

@@ -96,6 +96,9 @@ pub(super) struct Standby {
     /// fencing-token units) if the payload had it; cleared when a try finds
     /// the key held again.
     graceful: Option<(Instant, Option<i64>)>,
+    /// The holder this standby last asked to hand the key over (its
+    /// priority, see `Machine::preference_requested`), and when.
+    asked: Option<(i64, Instant)>,
 }
 
 impl Standby {
@@ -104,6 +107,7 @@ impl Standby {
             step: StandbyStep::Waiting,
             holder: None,
             graceful: None,
+            asked: None,
         }
     }
 
@@ -179,8 +183,9 @@ pub(super) struct RunTable {
     /// returned.
     held_lost: BTreeSet<i64>,
     /// Keys asked to be handed over to a named backend: key → (that
-    /// backend's pid, until when no other tries it; see `Machine::handover_requested`).
-    reserved: BTreeMap<i64, (i64, Instant)>,
+    /// backend's pid, until when no other tries it, the request's priority:
+    /// `u32::MAX` for a `to` request; see `Machine::handover_requested`).
+    reserved: BTreeMap<i64, (i64, Instant, u32)>,
 }
 
 impl RunTable {
@@ -357,12 +362,15 @@ impl RunTable {
         me: Option<i64>,
         may: impl Fn(&LeaseId) -> bool,
     ) -> Vec<i64> {
-        self.reserved.retain(|_, (_, until)| *until > now);
+        self.reserved.retain(|_, (_, until, _)| *until > now);
         let reserved = &self.reserved;
         let mut keys = Vec::new();
         for r in self.runs.values_mut() {
             let key = r.lease.key();
-            if reserved.get(&key).is_some_and(|(pid, _)| Some(*pid) != me) {
+            if reserved
+                .get(&key)
+                .is_some_and(|(pid, _, _)| Some(*pid) != me)
+            {
                 continue;
             }
             if let RunState::Standby(standby) = &mut r.state {
@@ -373,6 +381,15 @@ impl RunTable {
             }
         }
         keys
+    }
+
+    /// The keys of an observer's read of their holders: every standby's
+    /// (see `Machine::observes`).
+    pub(super) fn take_look(&self) -> Vec<i64> {
+        (self.runs.values())
+            .filter(|r| matches!(r.state, RunState::Standby(_)))
+            .map(|r| r.lease.key())
+            .collect()
     }
 
     /// The keys of the next release: every orphan, then every releasing run
@@ -386,7 +403,7 @@ impl RunTable {
                 if *step == Release::Queued {
                     *step = Release::Sent;
                     let key = r.lease.key();
-                    if let Some((_, until)) = self.reserved.get_mut(&key) {
+                    if let Some((_, until, _)) = self.reserved.get_mut(&key) {
                         *until = (*until).max(now + window);
                     }
                     release.push(key);
@@ -476,23 +493,65 @@ impl RunTable {
         })
     }
 
-    /// A hand-over of `key` to backend `pid` was asked for: no other
-    /// backend's run tries it before `until` (a later reservation replaces
-    /// it). Returns whether this table has a run of `key`.
-    pub(super) fn reserve(&mut self, key: i64, pid: i64, until: Instant) -> bool {
+    /// A hand-over of `key` to backend `pid` was asked for with
+    /// `priority` (`u32::MAX`: by name): no other backend's run tries it
+    /// before `until`. A later reservation replaces it, unless it is a
+    /// preference (`priority` below `u32::MAX`) not above the priority of
+    /// the one in force at `now`. Returns whether this table has a run of
+    /// `key`.
+    pub(super) fn reserve(
+        &mut self,
+        key: i64,
+        pid: i64,
+        (now, until): (Instant, Instant),
+        priority: u32,
+    ) -> bool {
         if !self.keys.contains_key(&key) {
             return false;
         }
-        self.reserved.insert(key, (pid, until));
+        let stands = (self.reserved.get(&key))
+            .is_some_and(|&(_, end, p)| end > now && priority < u32::MAX && p >= priority);
+        if !stands {
+            self.reserved.insert(key, (pid, until, priority));
+        }
         true
     }
 
     /// The reservation of `key` runs on to `until`, if there is one (its
     /// release came: the named backend tries now).
     pub(super) fn extend_reservation(&mut self, key: i64, until: Instant) {
-        if let Some((_, end)) = self.reserved.get_mut(&key) {
+        if let Some((_, end, _)) = self.reserved.get_mut(&key) {
             *end = (*end).max(until);
         }
+    }
+
+    /// Whether the run of `key` is in a lease group (`None`: no run).
+    pub(super) fn in_group(&self, key: i64) -> Option<bool> {
+        Some(self.by_key(key)?.lease.group().is_some())
+    }
+
+    /// A standby with a priority: the key of the first standby not in the
+    /// try in flight and in no group whose last answered try saw a holder
+    /// (not `me`) it has not asked yet, or asked `again` ago or longer;
+    /// it counts as asked at `now` (see `Machine::preference_requested`).
+    pub(super) fn take_preference(
+        &mut self,
+        now: Instant,
+        me: Option<i64>,
+        again: Duration,
+    ) -> Option<i64> {
+        self.runs.values_mut().find_map(|r| {
+            let RunState::Standby(s) = &mut r.state else {
+                return None;
+            };
+            let holder = s.holder.flatten().filter(|&h| Some(h) != me)?;
+            let asked = (s.asked).is_some_and(|(pid, at)| pid == holder && now < at + again);
+            if s.step != StandbyStep::Waiting || r.lease.group().is_some() || asked {
+                return None;
+            }
+            s.asked = Some((holder, now));
+            Some(r.lease.key())
+        })
     }
 
     /// A handover notification for `key` from the holder its standby's last
@@ -789,7 +848,12 @@ impl RunTable {
                 continue;
             };
             match &mut r.state {
-                RunState::Standby(standby) => standby.step = StandbyStep::Waiting,
+                RunState::Standby(standby) => {
+                    standby.step = StandbyStep::Waiting;
+                    // A request sent on the lost session may not have gone
+                    // out: ask again on the next.
+                    standby.asked = None;
+                }
                 RunState::Leading(_) | RunState::Stopping(Stopping::Held { .. }) => {
                     self.lose(id, reason.clone(), out)
                 }

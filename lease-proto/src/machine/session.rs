@@ -169,6 +169,16 @@ pub(super) enum What {
     },
     /// A lease group's membership read (see `groups`).
     Members(super::groups::Read),
+    /// An observer's read of the holders of `keys` (a
+    /// [`Statement::Members`] that joins, leaves and reads no group; see
+    /// `Machine::observes`).
+    Look(Vec<i64>),
+    /// A standby of `priority` asks the holder of `key` to hand it over
+    /// (see `Machine::preference_requested`).
+    Prefer {
+        key: i64,
+        priority: u32,
+    },
 }
 
 impl What {
@@ -210,6 +220,19 @@ impl What {
                 notify,
                 announce: read.announce.clone(),
                 claims: read.claims.clone(),
+            },
+            What::Look(keys) => Statement::Members {
+                join: Vec::new(),
+                leave: Vec::new(),
+                groups: Vec::new(),
+                keys: keys.clone(),
+                notify: false,
+                announce: Vec::new(),
+                claims: Vec::new(),
+            },
+            What::Prefer { key, priority } => Statement::Prefer {
+                key: *key,
+                priority: *priority,
             },
         }
     }

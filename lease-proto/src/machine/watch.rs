@@ -192,6 +192,7 @@ impl Machine {
             || self.phase != Phase::Open
             || self.connector.settings_by_statement()
             || !self.runs.holding()
+            || self.observes()
         {
             return None;
         }

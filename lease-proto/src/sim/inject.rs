@@ -56,6 +56,7 @@ impl Sim {
             | Statement::Listen
             | Statement::Heartbeat
             | Statement::Verify
+            | Statement::Prefer { .. }
             | Statement::Wait { .. } => 1,
         };
         if self.chance(error) {
@@ -115,6 +116,8 @@ impl Injected {
                     claims: Vec::new(),
                 }
             }
+            // Its notification is sent at commit: a failed one sends none.
+            Statement::Prefer { .. } => Statement::Heartbeat,
             other if ran > 0 => other,
             _ => Statement::Heartbeat,
         }
@@ -159,6 +162,7 @@ fn error_for(statement: &Statement) -> SessionError {
         | Statement::Heartbeat
         | Statement::Verify
         | Statement::Members { .. }
+        | Statement::Prefer { .. }
         | Statement::Wait { .. } => SessionError {
             code: Some("57014".into()),
             message: "canceling statement due to user request".into(),

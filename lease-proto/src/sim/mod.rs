@@ -385,6 +385,10 @@ pub struct SimConfig {
     pub run_after: Vec<Vec<Duration>>,
     /// Options of every machine.
     pub options: Options,
+    /// Per process: options of its own instead of `options` (an observer, a
+    /// preferred process: [`Options::observer`], [`Options::priority`]);
+    /// `None`, or a process past the end: `options`.
+    pub process_options: Vec<Option<Options>>,
     /// Base one-way latency of every link.
     pub latency: Duration,
     /// Up to this much is added to each message's latency (FIFO is kept).
@@ -438,6 +442,7 @@ impl Default for SimConfig {
             group: None,
             lease_subset: Vec::new(),
             run_after: Vec::new(),
+            process_options: Vec::new(),
             options: Options {
                 retry_interval: Duration::from_millis(200),
                 heartbeat_interval: Duration::from_millis(200),
@@ -591,10 +596,10 @@ impl Sim {
         cfg.options.validate().expect("valid options");
         let mut rng = cfg.seed ^ 0x5eed;
         let mut procs = Vec::new();
-        for _ in 0..cfg.processes {
+        for p in 0..cfg.processes {
             let u = (rand(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
             let rate = 1.0 + cfg.drift * (2.0 * u - 1.0);
-            let machine = new_machine(&cfg, rand(&mut rng));
+            let machine = new_machine(&cfg, p, rand(&mut rng));
             procs.push(Proc::new(machine, rate));
         }
         let key_names = cfg
@@ -953,7 +958,7 @@ impl Sim {
                     return;
                 }
                 let seed = rand(&mut self.rng);
-                let machine = new_machine(&self.cfg, seed);
+                let machine = new_machine(&self.cfg, p, seed);
                 self.procs[p].restart(machine);
                 self.trace(Some(p), TraceEvent::Restarted);
                 self.start_runs(p);
@@ -973,15 +978,16 @@ impl std::fmt::Debug for Sim {
     }
 }
 
-/// A process's machine, with the broken variants and test knobs the
-/// configuration asks for.
-fn new_machine(cfg: &SimConfig, seed: u64) -> Machine {
+/// Process `p`'s machine, with its options and the broken variants and
+/// test knobs the configuration asks for.
+fn new_machine(cfg: &SimConfig, p: usize, seed: u64) -> Machine {
     let knobs = Knobs {
         tcp_settings_off: cfg.bug == Some(DriverBug::NoTcpSettings),
         close_doubtful_at_once: cfg.close_doubtful_at_once,
         mutation: cfg.mutation,
     };
-    Machine::with_knobs(cfg.options.clone(), seed, knobs).expect("valid options")
+    let options = (cfg.process_options.get(p).cloned().flatten()).unwrap_or(cfg.options.clone());
+    Machine::with_knobs(options, seed, knobs).expect("valid options")
 }
 
 /// When the last fault of a schedule is over, or `None` if one never ends.

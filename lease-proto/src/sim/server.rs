@@ -755,6 +755,14 @@ impl Server {
                     rows
                 }
             }
+            // A heartbeat that notifies (sent at commit, as the others).
+            Statement::Prefer { key, priority } => {
+                if !self.cfg.standby {
+                    notify.push(format!("prefer {key} {pid} {priority}"));
+                }
+                let nonce = if shared { self.backend_nonce } else { s.nonce };
+                reply::heartbeat(pid, nonce)
+            }
             // No pg_locks read: what the session holds is not asked.
             Statement::Heartbeat => {
                 let nonce = if shared { self.backend_nonce } else { s.nonce };

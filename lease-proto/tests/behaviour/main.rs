@@ -9,6 +9,7 @@ mod common;
 
 // The machine driven by hand.
 mod arbitrary_inputs;
+mod candidacy;
 mod contract;
 mod doubtful_session;
 mod errors;

@@ -2324,3 +2324,172 @@ fn broken_a_member_ignoring_its_share_is_caught() {
         |case| fair_share(case, Some(Mutation::IgnoreShare)),
     );
 }
+
+/// The candidate policy's setup: process 0 observes ([`Options::observer`]), process 1
+/// has priority 1 ([`Options::priority`]), every other process priority 0; the full trace
+/// is kept (the observer's acquisitions are read from it).
+fn candidacy_config(case: &Case, mutation: Option<Mutation>) -> SimConfig {
+    let mut cfg = case.config(mutation);
+    let mut observer = cfg.options.clone();
+    observer.observer = true;
+    let mut preferred = cfg.options.clone();
+    preferred.priority = 1;
+    cfg.process_options = vec![Some(observer), Some(preferred)];
+    cfg.full_trace = true;
+    cfg
+}
+
+/// An observer never leads, under client faults, while a preferred process takes leases
+/// over: strong safety, the contract and no leaks hold as ever, and no trace line shows
+/// process 0 acquiring a key or starting a job.
+fn observer_never_leads(case: &Case, mutation: Option<Mutation>) -> Result<(), TestCaseError> {
+    let cfg = candidacy_config(case, mutation);
+    let r = run(&cfg, &case.faults);
+    prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
+    let led = r.trace.iter().find(|l| {
+        l.process == Some(0)
+            && matches!(
+                l.event,
+                TraceEvent::JobStarted { .. } | TraceEvent::Machine(Event::Acquired { .. })
+            )
+    });
+    prop_assert!(led.is_none(), "ObserverLed: {led:?}\n{}", explain(&cfg, &r));
+    Ok(())
+}
+
+/// Cases of [`preferred_leads_after_healing`] in which a holder handed a lease over at a
+/// request.
+static PREFERRED_HANDED_OVER: AtomicU64 = AtomicU64::new(0);
+
+/// After every fault healed, the live process of the highest priority (process 1) leads
+/// every lease within the liveness bound plus one hand-over: a validity window (it asks a
+/// holder it asked before again only then), the request's and the release's round trips,
+/// the holder's job reaction and the reservation's two query timeouts. The handover
+/// notification is on (a holder that does not listen hears no request). `Ok(false)`:
+/// process 1 had crashed for good, nothing to assert.
+fn preferred_leads_after_healing(case: &Case) -> Result<bool, TestCaseError> {
+    let mut case = Case {
+        exits: false,
+        ..case.clone()
+    };
+    case.knobs.notify = true;
+    let cfg = candidacy_config(&case, None);
+    let o = &cfg.options;
+    let handover = (o.validity_window() + o.retry_interval + o.query_timeout * 2)
+        .mul_f64(1.0 / (1.0 - cfg.drift))
+        + cfg.job_reaction
+        + one_way(&cfg) * 8;
+    let bound = liveness_bound(&cfg) + handover;
+    let mut sim = simulate(&cfg, &case.faults);
+    let healed = healed_at(&case.faults).max(promotion_held_until(&cfg, &case.faults));
+    sim.run_until(healed);
+    if !sim.is_alive(1) {
+        return Ok(false);
+    }
+    let deadline = healed + bound;
+    loop {
+        // The observer (process 0) never leads, whatever the server did.
+        let observer_led = sim.report().trace.iter().find(|l| {
+            l.process == Some(0)
+                && matches!(
+                    l.event,
+                    TraceEvent::JobStarted { .. } | TraceEvent::Machine(Event::Acquired { .. })
+                )
+        });
+        prop_assert!(
+            observer_led.is_none(),
+            "ObserverLed: {observer_led:?}\n{}",
+            explain(&cfg, sim.report())
+        );
+        if cfg.leases.iter().all(|n| sim.leads(1, n)) {
+            let handed = sim.report().trace.iter().any(|l| {
+                matches!(
+                    l.event,
+                    TraceEvent::Machine(Event::HandedOver {
+                        requested: true,
+                        ..
+                    })
+                )
+            });
+            if handed {
+                PREFERRED_HANDED_OVER.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(true);
+        }
+        if sim.now() >= deadline {
+            break;
+        }
+        let t = (sim.now() + ms(5)).min(deadline);
+        sim.run_until(t);
+    }
+    Err(TestCaseError::fail(format!(
+        "the preferred process 1 does not lead every lease within {bound:?} after healing at \
+         {healed:?}\n{}",
+        explain(&cfg, sim.report())
+    )))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: CASES,
+        max_shrink_iters: 2000,
+        failure_persistence: regressions_beside_the_source(),
+        ..ProptestConfig::default()
+    })]
+
+    /// An observer never leads under client faults (strong safety holds meanwhile, with a
+    /// preferred process taking leases over).
+    #[test]
+    fn an_observer_never_leads_under_faults(case in case(guard(), client_fault(4).boxed())) {
+        observer_never_leads(&case, None)?;
+    }
+}
+
+/// After healing, the live process of the highest priority leads every lease within the
+/// bound (see [`preferred_leads_after_healing`]), whatever the server did meanwhile; the
+/// observer beside it never leads, not even when the server ends sessions.
+#[test]
+fn the_preferred_process_leads_after_healing() {
+    let mut runner = TestRunner::new(contextualize_config(ProptestConfig {
+        cases: CASES,
+        max_shrink_iters: 500,
+        // Cargo runs tests in the package directory.
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "tests/behaviour/properties-preferred.proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    }));
+    let asserted = AtomicU64::new(0);
+    let result = runner.run(&case(guard(), any_fault(4).boxed()), |case| {
+        if preferred_leads_after_healing(&case)? {
+            asserted.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let asserted = asserted.into_inner();
+    let handed = PREFERRED_HANDED_OVER.load(Ordering::Relaxed);
+    eprintln!(
+        "preferred: {asserted} of {CASES} cases asserted (the others: process 1 crashed for \
+         good), {handed} with a requested hand-over"
+    );
+    assert!(handed > 0, "no case exercised a requested hand-over");
+    assert!(
+        asserted >= u64::from(CASES) / 2,
+        "too few cases asserted: {asserted}"
+    );
+}
+
+/// Broken variant: an observer that tries ([`Mutation::ObserverTries`]) leads a free key,
+/// and the observer property finds it.
+#[test]
+fn broken_an_observer_that_tries_is_caught() {
+    assert_caught(
+        "an observer that tries",
+        case(guard(), client_fault(4).boxed()),
+        "ObserverLed",
+        |case| observer_never_leads(case, Some(Mutation::ObserverTries)),
+    );
+}
