@@ -22,6 +22,10 @@ pub(super) struct Run {
     pub(super) state: RunState,
 }
 
+/// How many times a standby with a priority asks one holder (one backend
+/// pid) to hand a key over (see [`RunTable::take_preference`]).
+const MAX_ASKS: u32 = 3;
+
 /// What one run is doing.
 #[derive(Debug)]
 pub(super) enum RunState {
@@ -97,8 +101,9 @@ pub(super) struct Standby {
     /// the key held again.
     graceful: Option<(Instant, Option<i64>)>,
     /// The holder this standby last asked to hand the key over (its
-    /// priority, see `Machine::preference_requested`), and when.
-    asked: Option<(i64, Instant)>,
+    /// priority, see `Machine::preference_requested`), when, and how many
+    /// times it asked that holder.
+    asked: Option<(i64, Instant, u32)>,
 }
 
 impl Standby {
@@ -532,8 +537,12 @@ impl RunTable {
 
     /// A standby with a priority: the key of the first standby not in the
     /// try in flight and in no group whose last answered try saw a holder
-    /// (not `me`) it has not asked yet, or asked `again` ago or longer;
-    /// it counts as asked at `now` (see `Machine::preference_requested`).
+    /// (not `me`) it has not asked yet, or asked `again` ago or longer,
+    /// doubled for every time it asked that holder before, at most
+    /// [`MAX_ASKS`] times in all (a standby that cannot take the key in the
+    /// reservation window, a slow link, interrupts the holder's job a
+    /// bounded number of times, not forever); it counts as asked at `now`
+    /// (see `Machine::preference_requested`).
     pub(super) fn take_preference(
         &mut self,
         now: Instant,
@@ -545,11 +554,17 @@ impl RunTable {
                 return None;
             };
             let holder = s.holder.flatten().filter(|&h| Some(h) != me)?;
-            let asked = (s.asked).is_some_and(|(pid, at)| pid == holder && now < at + again);
+            let times = match s.asked {
+                Some((pid, _, times)) if pid == holder => times,
+                _ => 0,
+            };
+            let asked = (s.asked).is_some_and(|(pid, at, times)| {
+                pid == holder && (times >= MAX_ASKS || now < at + again * (1 << (times - 1)))
+            });
             if s.step != StandbyStep::Waiting || r.lease.group().is_some() || asked {
                 return None;
             }
-            s.asked = Some((holder, now));
+            s.asked = Some((holder, now, times + 1));
             Some(r.lease.key())
         })
     }

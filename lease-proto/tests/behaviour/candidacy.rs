@@ -207,6 +207,22 @@ fn a_standby_with_a_priority_asks_the_holder_once() {
     assert_eq!(asked(&sent), 0, "{sent:?}");
 }
 
+/// A standby that asked and still finds the same holder (it could not take the key in the
+/// reservation window, as on a slow link) asks that holder again after a validity window,
+/// then after twice that, and no more: three requests, so the holder's job is interrupted
+/// a bounded number of times, never every few seconds for good.
+#[test]
+fn a_standby_asks_one_holder_at_most_three_times() {
+    let mut h = harness(with_priority(opts(), 2));
+    h.run(lease("a"));
+    h.connect(7);
+    let sent = answer_for(&mut h, opts().retry_interval * 20, Some(99));
+    let asked = (sent.iter())
+        .filter(|s| matches!(s, Statement::Prefer { .. }))
+        .count();
+    assert_eq!(asked, 3, "{sent:?}");
+}
+
 /// A holder of priority 0 asked by backend 99 of priority 1 hands the lease over as a
 /// `to` request does: the job is cancelled, the key released once it returned, and not
 /// tried again within the window after the release.

@@ -2375,6 +2375,12 @@ fn preferred_leads_after_healing(case: &Case) -> Result<bool, TestCaseError> {
     case.knobs.notify = true;
     let cfg = candidacy_config(&case, None);
     let o = &cfg.options;
+    // The condition: the reservation (two query timeouts from the release)
+    // covers what the preferred standby may need to take the key, a new
+    // session (its wait for another key interrupted) and a try: ten one-way
+    // latencies. On a slower link it asks a holder at most three times and
+    // the holder keeps the lease (bounded churn, not a takeover).
+    prop_assume!(one_way(&cfg) * 10 <= o.query_timeout * 2);
     let handover = (o.validity_window() + o.retry_interval + o.query_timeout * 2)
         .mul_f64(1.0 / (1.0 - cfg.drift))
         + cfg.job_reaction
@@ -2459,8 +2465,9 @@ fn the_preferred_process_leads_after_healing() {
         ))),
         ..ProptestConfig::default()
     }));
-    let asserted = AtomicU64::new(0);
+    let (asserted, ran) = (AtomicU64::new(0), AtomicU64::new(0));
     let result = runner.run(&case(guard(), any_fault(4).boxed()), |case| {
+        ran.fetch_add(1, Ordering::Relaxed);
         if preferred_leads_after_healing(&case)? {
             asserted.fetch_add(1, Ordering::Relaxed);
         }
@@ -2472,8 +2479,9 @@ fn the_preferred_process_leads_after_healing() {
     let asserted = asserted.into_inner();
     let handed = PREFERRED_HANDED_OVER.load(Ordering::Relaxed);
     eprintln!(
-        "preferred: {asserted} of {CASES} cases asserted (the others: process 1 crashed for \
-         good), {handed} with a requested hand-over"
+        "preferred: {asserted} of {} cases asserted (the others: process 1 crashed for \
+         good, or a link too slow for the condition), {handed} with a requested hand-over",
+        ran.into_inner()
     );
     assert!(handed > 0, "no case exercised a requested hand-over");
     assert!(
