@@ -24,6 +24,10 @@ pub const DEFAULT_GUARD_MARGIN: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_LEASES: usize = 1_000;
 /// Default [`Options::lock_delay`]: 20 ms.
 pub const DEFAULT_LOCK_DELAY: Duration = Duration::from_millis(20);
+
+/// The highest [`Options::priority`]: the one above it ranks a requested
+/// hand-over (`lease handover --to`), above every priority.
+pub const MAX_PRIORITY: u32 = u32::MAX - 1;
 /// Largest accepted [`Options::max_leases`].
 pub const MAX_MAX_LEASES: usize = 100_000;
 /// Each standby wait is `retry_interval * (1 - RETRY_JITTER * u)`, `u` uniform
@@ -159,9 +163,9 @@ pub struct Options {
     /// `Machine::observes`; the candidate policy: docs/library.md,
     /// "Observers and priorities".
     pub observer: bool,
-    /// Priority (default 0): a standby whose try finds its key held sends
-    /// the holder, once per holder backend, a request to hand the lease
-    /// over; a holder of a lower priority does (as asked by `lease
+    /// Priority (default 0, at most [`MAX_PRIORITY`]): a standby whose try
+    /// finds its key held asks the holder to hand the lease over (at most
+    /// three times per holder backend); a holder of a lower priority does (as asked by `lease
     /// handover --to`), one of an equal or higher priority ignores it. 0
     /// never asks. Not for lease-group runs (their share decides), nor
     /// for an observer. The rule, in one place: the machine's
@@ -236,6 +240,9 @@ pub enum OptionsError {
     },
     /// An observer with a priority: it never leads, so it never asks to.
     ObserverWithPriority(u32),
+    /// A priority above [`MAX_PRIORITY`] (the one above it ranks a
+    /// `lease handover --to` request).
+    PriorityTooHigh(u32),
 }
 
 impl fmt::Display for OptionsError {
@@ -274,6 +281,10 @@ impl fmt::Display for OptionsError {
             OptionsError::LockDelayAboveRetry { lock_delay, retry } => write!(
                 f,
                 "lock delay ({lock_delay:?}) must be at most the retry interval ({retry:?}): a standby polls at least that often anyway"
+            ),
+            OptionsError::PriorityTooHigh(p) => write!(
+                f,
+                "priority {p} is above the highest, {MAX_PRIORITY} (the one above it ranks a requested hand-over)"
             ),
             OptionsError::ObserverWithPriority(p) => write!(
                 f,
@@ -452,6 +463,9 @@ impl Options {
         }
         if self.observer && self.priority > 0 {
             return Err(OptionsError::ObserverWithPriority(self.priority));
+        }
+        if self.priority > MAX_PRIORITY {
+            return Err(OptionsError::PriorityTooHigh(self.priority));
         }
         Ok(())
     }

@@ -89,7 +89,11 @@ pub(crate) fn handover_preference(payload: &str) -> Option<(i64, i64, u32)> {
     let mut words = payload.trim().strip_prefix("prefer ")?.split_whitespace();
     let key = words.next()?.parse().ok()?;
     let pid = words.next()?.parse().ok()?;
-    let priority = words.next()?.parse().ok()?;
+    let priority = words
+        .next()?
+        .parse()
+        .ok()
+        .filter(|p| *p <= crate::options::MAX_PRIORITY)?;
     words.next().is_none().then_some((key, pid, priority))
 }
 
@@ -1590,6 +1594,8 @@ mod tests {
             "prefer -5 4242".to_string(),
             "prefer -5 4242 -1".to_string(),
             "prefer -5 4242 3 1".to_string(),
+            // Above the highest priority: the rank of a `to` request.
+            format!("prefer -5 4242 {}", u32::MAX),
         ] {
             assert_eq!(handover_preference(&other), None, "{other}");
         }

@@ -130,6 +130,9 @@ struct Group {
     kept_since: BTreeMap<i64, (i64, Instant)>,
     /// Keys claimed, from whom, since the membership last changed.
     claimed: BTreeMap<i64, i64>,
+    /// Claims of other members honoured (key, claimant) since the
+    /// membership last changed.
+    claims_honoured: BTreeSet<(i64, i64)>,
 }
 
 /// Every group of the machine's runs, and this session's member locks.
@@ -259,6 +262,7 @@ impl Groups {
             if members != group.members {
                 group.handed.clear();
                 group.claimed.clear();
+                group.claims_honoured.clear();
             }
             // A member of the last read is gone: the others (but the one
             // that watches it) learn it at their next read; announce it.
@@ -337,10 +341,14 @@ impl Groups {
     /// Member `by` claims `key`, which this machine leads: whether to hand
     /// it over (its group's share gives it to `by`, a member of the last
     /// read; also when this machine had stopped offering it to `by`, which
-    /// had left it free past the bound: the claim says `by` runs it now).
+    /// had left it free past the bound: the claim says `by` runs it now),
+    /// once per key and claimant while the membership holds.
     pub(super) fn claim(&mut self, key: i64, by: i64) -> bool {
         for group in self.groups.values_mut() {
-            if group.owner.get(&key) == Some(&by) && group.members.contains(&by) {
+            if group.owner.get(&key) == Some(&by)
+                && group.members.contains(&by)
+                && group.claims_honoured.insert((key, by))
+            {
                 group.handed.insert(key, by);
                 return true;
             }

@@ -374,7 +374,7 @@ impl Machine {
                     } else if let Some((key, to)) = crate::sql::handover_request(&payload) {
                         self.handover_requested(now, key, to);
                     } else if let Some((key, by)) = crate::sql::group_claim(&payload) {
-                        self.group_claimed(key, by);
+                        self.group_claimed(key, by, sender_pid);
                     } else if let Some(asked) = crate::sql::handover_preference(&payload) {
                         self.preference_requested(now, asked, sender_pid);
                     }
@@ -1324,8 +1324,15 @@ impl Machine {
     /// Member `by` of a lease group claims `key` (see `groups`): the
     /// locker that leads it hands it over if its own share gives it to
     /// `by` (a holder whose share differs, as when members run different
-    /// key sets, keeps it), once while the membership holds.
-    fn group_claimed(&mut self, key: i64, by: i64) {
+    /// key sets, keeps it), once per key and claimant while the membership
+    /// holds. A claim counts only from the backend it names (the statement
+    /// sends `pg_backend_pid()`) and never for this session itself: anyone
+    /// who may `NOTIFY` could otherwise make a holder drop its keys.
+    fn group_claimed(&mut self, key: i64, by: i64, sender: i64) {
+        let me = self.session.up().and_then(|up| up.stage.backend_pid());
+        if sender != by || me == Some(by) {
+            return;
+        }
         if !self.runs.leading_keys().contains(&key) || !self.groups.claim(key, by) {
             return;
         }
@@ -1346,11 +1353,12 @@ impl Machine {
     /// ([`Options::priority`]):
     ///
     /// - a standby with a priority above 0 whose last try saw its key held
-    ///   by another backend asks that holder once,
-    ///   and again only if the same holder still holds it a validity window
-    ///   later (a request that came while the holder's win was held back
-    ///   for the lock delay finds no job to hand over); a lease-group run
-    ///   never asks (its share decides);
+    ///   by another backend asks that holder once, and again only if the
+    ///   same holder still holds it a validity window later, then two (a
+    ///   request that came while the holder's win was held back for the lock
+    ///   delay finds no job to hand over), three requests per holder
+    ///   backend (`RunTable::take_preference`); a lease-group run never
+    ///   asks (its share decides);
     /// - a request counts only from the backend it names (`sender` is
     ///   `pid`) and only if its priority is above this locker's; then it is
     ///   a [`Machine::handover_requested`] for `pid`: the holder hands the

@@ -47,8 +47,10 @@
 //!   to the end of its chunk left the new holder unwatched for up to a
 //!   chunk, below the server's `deadlock_timeout`: a kill -9 of a member that
 //!   had just taken handed-over leases took 300–600 ms to be noticed). The
-//!   old backend's wait ends at its next client connection check (250 ms);
-//!   it holds nothing.
+//!   old backend's wait ends at its next client connection check (250 ms,
+//!   on Linux servers; elsewhere at its lock timeout, below
+//!   `deadlock_timeout`); it holds nothing, but meanwhile it is one more
+//!   waiter in `pg_locks` (a standby's crowd count may see it).
 //! - **Woken** (the key was freed): the lease session tries every wanted
 //!   key at once, and a win waits out the lock delay as any win does: the
 //!   wake rule of `wait`, unchanged. The watch session waits no more until
@@ -159,8 +161,6 @@ impl Watch {
     }
 }
 
-/// The key to wait for among `wanted` (key, holder pid), by the ring rule
-/// above: a key of the holder whose pid comes next after `own`, cyclically.
 /// Whether a wait for `key` watches the holder the ring names next: `key`
 /// is held by the holder of the ring's key (a crash frees every key of it).
 fn watches_next(key: i64, own: i64, wanted: &[(i64, i64)]) -> bool {
@@ -171,6 +171,8 @@ fn watches_next(key: i64, own: i64, wanted: &[(i64, i64)]) -> bool {
     }
 }
 
+/// The key to wait for among `wanted` (key, holder pid), by the ring rule
+/// above: a key of the holder whose pid comes next after `own`, cyclically.
 fn ring(own: i64, wanted: &[(i64, i64)]) -> Option<i64> {
     let holders = || wanted.iter().map(|&(_, h)| h);
     let next = holders()

@@ -252,6 +252,19 @@ fn a_member_hands_a_key_over_when_its_owner_claims_it() {
         let events = members_holding(&mut h, gid, &[7, 9], 7);
         assert!(!events.iter().any(|e| matches!(e, Event::HandedOver { .. })));
     }
+    // A claim from another backend than the one it names, or naming this session: ignored
+    // (anyone who may NOTIFY could otherwise make a holder drop its keys).
+    for (by, sender) in [(9, 12), (7, 7)] {
+        let cmds = h.input(Input::Notification {
+            channel: server::HANDOVER_CHANNEL.into(),
+            payload: format!("claim {} {by}", a.key()),
+            sender_pid: sender,
+        });
+        assert!(
+            !has(&cmds, |c| matches!(c, Command::CancelJob { .. })),
+            "a forged claim ({by} from {sender}) was honoured: {cmds:?}"
+        );
+    }
     // 9 claims it.
     let cmds = h.input(Input::Notification {
         channel: server::HANDOVER_CHANNEL.into(),
