@@ -1706,6 +1706,11 @@ impl Machine {
                 let retry = now + self.connector.retry_delay(self.opts.retry_interval);
                 self.timers.set(Deadline::Retry, retry);
             }
+            if announce && keys.is_empty() {
+                // Nothing to try: the announcing read goes now (else it
+                // would wait for the next input, a heartbeat later).
+                return Some(What::Members(self.groups.read(&wanted)));
+            }
             if !keys.is_empty() {
                 if !holding {
                     // The try proves the session alive as a heartbeat does
