@@ -99,7 +99,7 @@ impl Contender {
     }
 
     /// The `application_name` of its lease session.
-    fn app_name(self, lease: &str) -> String {
+    pub fn app_name(self, lease: &str) -> String {
         match self {
             // As `crate::replica` sets it.
             Contender::Replica { .. } => format!("bench-{lease}"),
@@ -201,6 +201,14 @@ impl<'a> Bench<'a> {
         Duration::from_secs(30) + 2 * self.iv.retry
     }
 
+    /// Restarts the server (fast shutdown, start); returns once it accepts connections,
+    /// with the admin session open again.
+    pub fn restart_server(&mut self) -> R<()> {
+        self.cluster.restart().map_err(|e| e.to_string())?;
+        self.admin = Pg::connect(self.cluster.port(), "postgres", "bench-admin")?;
+        Ok(())
+    }
+
     /// One repetition of `scenario` between two `who`s on `lease`; the fault falls a
     /// random fraction of `phase` after the standby stands by.
     pub fn rep(
@@ -250,14 +258,7 @@ impl<'a> Bench<'a> {
                 Ok(())
             }
             Scenario::Freeze => old.replica().sigstop().map_err(|e| e.to_string()),
-            Scenario::Restart => self
-                .cluster
-                .restart()
-                .map_err(|e| e.to_string())
-                .and_then(|()| {
-                    self.admin = Pg::connect(self.cluster.port(), "postgres", "bench-admin")?;
-                    Ok(())
-                }),
+            Scenario::Restart => self.restart_server(),
         };
         fault.map_err(|e| failed(&format!("injecting {}", scenario.name()), e, &[&old, &new]))?;
 

@@ -20,6 +20,10 @@
 //!   how many times each lease started a term during each such step (the least
 //!   possible is once for the stopped member's 4 leases and once for the 4 the new
 //!   member takes), and SIGTERM → the stopped member's leases led again;
+//! - **server restart**: the server restarts (fast shutdown, start) with the group
+//!   settled, a random fraction of the retry interval after it settled: the server
+//!   accepting connections again (the kit sees `ready` in `postmaster.pid`, read every
+//!   5 ms) → each of the 12 leases' first `start` (the slowest is the figure), and → 4/4/4;
 //! - over the whole run, every lease's terms on every process: the longest overlap of
 //!   two (a term runs from its `start` to its `stop`, or to the SIGKILL) and whether the
 //!   fencing tokens increase in start order.
@@ -80,6 +84,20 @@ pub struct RollStep {
     pub handoffs: usize,
 }
 
+/// One server restart.
+#[derive(Clone, Debug)]
+pub struct RestartRep {
+    /// The restart began → the server accepted connections again.
+    pub down_ns: u64,
+    /// The server accepted connections → the last of the group's leases started again;
+    /// `None`: not all within the window.
+    pub led_ns: Option<u64>,
+    /// → the first of them.
+    pub first_ns: Option<u64>,
+    /// The server accepted connections → 4/4/4.
+    pub settle_ns: u64,
+}
+
 /// Everything measured for one driver.
 #[derive(Clone, Debug)]
 pub struct GroupRun {
@@ -96,6 +114,7 @@ pub struct GroupRun {
     pub starts_while_settled: usize,
     pub kills: Vec<KillRep>,
     pub roll: Vec<RollStep>,
+    pub restarts: Vec<RestartRep>,
     /// Terms checked, the longest overlap of two terms of one lease, and the leases
     /// whose tokens did not increase in start order.
     pub terms: usize,
@@ -107,9 +126,11 @@ pub fn run_all(bench: &mut Bench, plan: &Plan) -> R<Vec<GroupRun>> {
     let mut out = Vec::new();
     for driver in DRIVERS {
         eprintln!(
-            "bench: groups {}: {MEMBERS} members × {LEASES} leases, {} kills, a rolling restart",
+            "bench: groups {}: {MEMBERS} members × {LEASES} leases, {} kills, a rolling restart, \
+             {} server restarts",
             driver.name(),
-            plan.group_reps
+            plan.group_reps,
+            plan.group_restarts
         );
         let run = group_run(bench, plan, driver)?;
         eprintln!(
@@ -466,6 +487,46 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
         roll.push(step);
     }
 
+    let mut restarts = Vec::new();
+    let names: Vec<String> = (0..LEASES).map(|k| format!("{lease}-{k}")).collect();
+    let mut settled_at = monotonic_nanos();
+    for i in 0..plan.group_restarts {
+        let at = settled_at + iv.retry.mul_f64(bench.random()).as_nanos() as u64;
+        if let Some(left) = at.checked_sub(monotonic_nanos()) {
+            sleep(Duration::from_nanos(left));
+        }
+        let t_restart = monotonic_nanos();
+        bench.restart_server()?;
+        let t_up = monotonic_nanos();
+        let led = led_again(&all(&live), &names, t_up, iv.window());
+        let settled = wait_counts(
+            &live,
+            &[4, 4, 4],
+            settle_timeout,
+            "no 4/4/4 after a server restart",
+        )?;
+        settled_at = settled;
+        let rep = RestartRep {
+            down_ns: t_up - t_restart,
+            led_ns: led.map(|(_, last)| last),
+            first_ns: led.map(|(first, _)| first),
+            settle_ns: settled - t_up,
+        };
+        eprintln!(
+            "bench: groups {:<5} server restart {i}: down {:.0} ms; up → its {} leases led \
+             again in {} ms (first {} ms), 4/4/4 in {:.0} ms",
+            driver.name(),
+            rep.down_ns as f64 / 1e6,
+            LEASES,
+            rep.led_ns
+                .map_or("-".into(), |g| format!("{:.1}", g as f64 / 1e6)),
+            rep.first_ns
+                .map_or("-".into(), |g| format!("{:.1}", g as f64 / 1e6)),
+            rep.settle_ns as f64 / 1e6,
+        );
+        restarts.push(rep);
+    }
+
     let mut every: Vec<(&Node, Option<u64>)> = live.iter().map(|m| (&m.node, None)).collect();
     every.extend(gone.iter().map(|(n, k)| (n, *k)));
     let (terms, overlap_ns, out_of_order) = check_terms(&every);
@@ -478,6 +539,7 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
         starts_while_settled,
         kills,
         roll,
+        restarts,
         terms,
         overlap_ns,
         out_of_order,

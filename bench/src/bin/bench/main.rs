@@ -1,9 +1,11 @@
 //! `bench`: the failover, takeover and cost benchmark of `lease`.
 //!
 //! ```text
-//! cargo run --release -p lease-bench --bin bench -- [--quick] [--reps N] [--out DIR]
-//!     [--only failover|takeover|cost|groups]
+//! cargo run --release -p lease-bench --bin bench -- [--quick] [--reps N] [--herd N]
+//!     [--herd-reps N] [--group-reps N] [--out DIR] [--only PHASE[,PHASE...]]
 //! ```
+//!
+//! (`--help` says what each option does.)
 //!
 //! Starts an ephemeral PostgreSQL server ([`Cluster`]), runs `replica` processes (the
 //! binary next to this one, built on demand) for both drivers and measures:
@@ -12,7 +14,7 @@
 //!   release, SIGKILL, `pg_terminate_backend`, a partition, a freeze (SIGSTOP) and a
 //!   server restart, and how long old and new jobs overlapped ([`failover`]);
 //! - at the library defaults, instant takeover: SIGKILL of the holder → the standby's
-//!   job start, a herd of ten standbys on one key, and `pg_terminate_backend` of the
+//!   job start, a herd of standbys on one key (ten; `--herd N`), and `pg_terminate_backend` of the
 //!   holder at lock-delays 0, 5 and 20 ms for `replica` processes and for `lease run`
 //!   (the lease-cli binary, built on demand like `replica`) ([`takeover`]);
 //! - statements/s and server CPU per locker holding or standing by for 1, 100, 1,000
@@ -20,11 +22,11 @@
 //!   process's CPU and memory at rest ([`cost`]);
 //! - a lease group of three `replica` processes sharing 12 leases: settling at 4/4/4,
 //!   SIGKILL of a member → its leases led again by the others, its restart, a rolling
-//!   restart and how often each lease moved, overlap and tokens over every term, and the
-//!   sessions per process ([`groups`]).
+//!   restart and how often each lease moved, server restarts → every lease led again,
+//!   overlap and tokens over every term, and the sessions per process ([`groups`]).
 //!
-//! `--only failover`, `--only takeover`, `--only cost` or `--only groups` runs one of the
-//! four phases (the report then leaves the others' sections out). Built with `--features metrics`,
+//! `--only` with a comma-separated list of `failover`, `takeover`, `groups` and `cost`
+//! runs those phases only (the report then leaves the others' sections out). Built with `--features metrics`,
 //! the bench builds its replicas with the drivers' `metrics` feature and a Prometheus
 //! recorder installed (the report's header says which): run it both ways to see what the
 //! feature costs a client.
@@ -154,6 +156,8 @@ pub enum Phase {
 }
 
 impl Phase {
+    pub const ALL: [Phase; 4] = [Phase::Failover, Phase::Takeover, Phase::Groups, Phase::Cost];
+
     pub fn name(self) -> &'static str {
         match self {
             Phase::Failover => "failover",
@@ -182,8 +186,9 @@ pub struct Bins {
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub quick: bool,
-    /// Run only this phase (`--only`); `None`: both.
-    pub only: Option<Phase>,
+    /// Run only these phases (`--only`, in the usual order whatever the list's);
+    /// `None`: all.
+    pub only: Option<Vec<Phase>>,
     pub intervals: Intervals,
     /// Repetitions of the fast failover scenarios (graceful, kill, terminate).
     pub reps: usize,
@@ -199,6 +204,8 @@ pub struct Plan {
     pub herd: usize,
     /// Groups phase: SIGKILLs of a member per driver.
     pub group_reps: usize,
+    /// Groups phase: server restarts per driver.
+    pub group_restarts: usize,
     /// Length of each cost measurement window.
     pub cost_window: Duration,
     /// Timed heartbeats per lease count.
@@ -208,8 +215,9 @@ pub struct Plan {
 }
 
 const USAGE: &str = concat!(
-    "usage: bench [--quick] [--reps N] [--herd N] [--herd-reps N] [--out DIR]\n",
-    "             [--only failover|takeover|cost|groups]\n",
+    "usage: bench [--quick] [--reps N] [--herd N] [--herd-reps N] [--group-reps N]\n",
+    "             [--out DIR]\n",
+    "             [--only PHASE[,PHASE...]]\n",
     "  --quick    short intervals (retry 200 ms, heartbeat 200 ms, query timeout 500 ms,\n",
     "             guard margin 200 ms) and few repetitions\n",
     "  --reps N   repetitions: of the fast failover scenarios (default 8; the slow ones,\n",
@@ -220,16 +228,26 @@ const USAGE: &str = concat!(
     "  --herd N   standbys in the takeover phase's herd (default 10)\n",
     "  --herd-reps N\n",
     "             repetitions of the herd per driver (default: --reps' N / 8 rounded up)\n",
+    "  --group-reps N\n",
+    "             SIGKILLs of a group member per driver (default: --reps' N / 2 rounded\n",
+    "             up); the group's server restarts: a third of them, rounded up\n",
     "  --out DIR  where results.md, results.json and failover.svg go (default bench/)\n",
-    "  --only failover|takeover|cost|groups\n",
-    "             run one phase only: the failover scenarios; instant takeover (kill -9,\n",
-    "             a herd of ten, pg_terminate_backend at lock-delays 0, 5, 20 ms, also\n",
-    "             with lease run); the heartbeat timing and the database and client\n",
-    "             cost; or a lease group of three processes and 12 leases (settle, kill -9\n",
-    "             of a member, restart, rolling restart, sessions per process) (the report\n",
-    "             leaves the other phases out; without failover scenarios no failover.svg\n",
-    "             is written)",
+    "  --only PHASE[,PHASE...]\n",
+    "             run only these phases (a comma-separated list; they run in the usual\n",
+    "             order): failover (the failover scenarios); takeover (kill -9, a herd of\n",
+    "             ten, pg_terminate_backend at lock-delays 0, 5, 20 ms, also with lease\n",
+    "             run); groups (a lease group of three processes and 12 leases: settle,\n",
+    "             kill -9 of a member, its restart, a rolling restart, server restarts,\n",
+    "             sessions per process); cost (the heartbeat timing and the database and\n",
+    "             client cost). The report leaves the other phases out; without failover\n",
+    "             scenarios no failover.svg is written",
 );
+
+/// The positive number after option `name`.
+fn positive(name: &str, value: Option<&String>) -> R<usize> {
+    let v = value.ok_or(format!("{name} needs a number"))?;
+    (v.parse().ok().filter(|&n: &usize| n > 0)).ok_or(format!("{name}: not a positive number: {v}"))
+}
 
 /// The plan, or `None` after `--help`.
 fn parse_args() -> R<Option<Plan>> {
@@ -238,19 +256,12 @@ fn parse_args() -> R<Option<Plan>> {
     let mut only = None;
     let mut herd = None;
     let mut herd_reps = None;
+    let mut group_reps = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--quick" => quick = true,
-            "--reps" => {
-                let v = it.next().ok_or("--reps needs a number")?;
-                reps = Some(
-                    v.parse()
-                        .ok()
-                        .filter(|&n: &usize| n > 0)
-                        .ok_or(format!("--reps: not a positive number: {v}"))?,
-                );
-            }
+            "--reps" => reps = Some(positive(arg, it.next())?),
             "--herd" => {
                 let v = it.next().ok_or("--herd needs a number")?;
                 herd = Some(
@@ -260,29 +271,27 @@ fn parse_args() -> R<Option<Plan>> {
                         .ok_or(format!("--herd: not a number from 1 to 500: {v}"))?,
                 );
             }
-            "--herd-reps" => {
-                let v = it.next().ok_or("--herd-reps needs a number")?;
-                herd_reps = Some(
-                    v.parse()
-                        .ok()
-                        .filter(|&n: &usize| n > 0)
-                        .ok_or(format!("--herd-reps: not a positive number: {v}"))?,
-                );
-            }
+            "--herd-reps" => herd_reps = Some(positive(arg, it.next())?),
+            "--group-reps" => group_reps = Some(positive(arg, it.next())?),
             "--out" => out = PathBuf::from(it.next().ok_or("--out needs a directory")?),
             "--only" => {
-                only = Some(match it.next().map(String::as_str) {
-                    Some("failover") => Phase::Failover,
-                    Some("takeover") => Phase::Takeover,
-                    Some("cost") => Phase::Cost,
-                    Some("groups") => Phase::Groups,
-                    Some(other) => {
-                        return Err(format!(
-                            "--only: failover, takeover, cost or groups, not {other}"
-                        ))
+                let list = it
+                    .next()
+                    .ok_or("--only needs failover, takeover, cost or groups")?;
+                let mut phases = Vec::new();
+                for name in list.split(',') {
+                    let phase =
+                        Phase::ALL
+                            .into_iter()
+                            .find(|p| p.name() == name)
+                            .ok_or(format!(
+                                "--only: failover, takeover, cost or groups, not {name:?}"
+                            ))?;
+                    if !phases.contains(&phase) {
+                        phases.push(phase);
                     }
-                    None => return Err("--only needs failover, takeover, cost or groups".into()),
-                })
+                }
+                only = Some(phases);
             }
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -328,7 +337,8 @@ fn parse_args() -> R<Option<Plan>> {
         delay_reps: takeover.div_ceil(2),
         herd_reps: herd_reps.unwrap_or(takeover.div_ceil(8)),
         herd: herd.unwrap_or(crate::takeover::HERD),
-        group_reps: takeover.div_ceil(2),
+        group_reps: group_reps.unwrap_or(takeover.div_ceil(2)),
+        group_restarts: group_reps.unwrap_or(takeover.div_ceil(2)).div_ceil(3),
         cost_window: if quick { ms(3_000) } else { ms(15_000) },
         heartbeat_reps: if quick { 300 } else { 2_000 },
         out,
@@ -390,7 +400,7 @@ fn machine(cluster: &Cluster) -> Machine {
 
 fn run(plan: &Plan) -> R<()> {
     let began = Instant::now();
-    let runs = |phase: Phase| plan.only.is_none_or(|only| only == phase);
+    let runs = |phase: Phase| plan.only.as_ref().is_none_or(|only| only.contains(&phase));
     let bins = Bins {
         replica: build("lease-tests", "replica")?,
         lease: if runs(Phase::Takeover) {

@@ -5,7 +5,7 @@ use crate::duel::Rep;
 use crate::duel::Scenario;
 use crate::failover::Cell;
 use crate::groups::{GroupRun, LEASES, MEMBERS};
-use crate::takeover::Takeover;
+use crate::takeover::{HerdRep, Takeover};
 use crate::{Design, Machine, Plan, DRIVERS, R};
 use lease_tests::scenario::Driver;
 use std::collections::BTreeMap;
@@ -237,17 +237,21 @@ fn markdown(r: &Results) -> String {
         pg = m.postgres,
         date = m.date,
         load = m.load,
-        run_time = match p.only {
+        run_time = match &p.only {
             None => format!(
                 "{:.0} s in all, {:.0} s of it failover scenarios, {:.0} s takeover",
                 r.total_secs, r.failover_secs, r.takeover_secs
             ),
-            Some(phase) => format!(
-                "{:.0} s, only the {} phase (`--only {}`)",
-                r.total_secs,
-                phase.name(),
-                phase.name()
-            ),
+            Some(phases) => {
+                let names: Vec<&str> = phases.iter().map(|p| p.name()).collect();
+                format!(
+                    "{:.0} s, only the {} phase{} (`--only {}`)",
+                    r.total_secs,
+                    names.join(" and "),
+                    if names.len() == 1 { "" } else { "s" },
+                    names.join(",")
+                )
+            }
         },
         which = if p.quick {
             "short, `--quick`"
@@ -421,28 +425,31 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
         s,
         "\n## Herd: {herd} standbys on one key, SIGKILL of the holder\n\nA holder and \
          {herd} standbys (library defaults), the SIGKILL a random fraction of {phase} after the \
-         waiters settled (`HERD_WAITERS` of them wait on the server, `pg_locks.granted = \
-         false`; the others poll). First start: SIGKILL → the \
+         herd stood by (every standby connected; for a second, between one and twice \
+         `HERD_WAITERS` of them waiting on the server, `pg_locks.granted = false`; the others \
+         poll). First start: SIGKILL → the \
          first standby's `start` (ms). Leaders: standbys that started a job in the second \
          after the SIGKILL, and backends holding the key at its end. Statements: what the \
          {herd} standbys sent in that second, counted in the server log (`log_statement = \
-         all`). Waiting: requests for the key not granted at its end.\n\n"
+         all`). Waiting: requests for the key not granted just before the SIGKILL and at the \
+         end of that second.\n\n"
     );
     let rows = (t.herd.iter())
         .map(|(driver, reps)| {
             let first: Vec<f64> = reps.iter().filter_map(|x| x.first_ns.map(ms)).collect();
             let stmts: Vec<f64> = reps.iter().map(|x| x.statements as f64).collect();
-            let waiting: Vec<usize> = reps.iter().map(|x| x.waiting).collect();
+            let range = |f: fn(&HerdRep) -> usize| {
+                let v: Vec<usize> = reps.iter().map(f).collect();
+                let (lo, hi) = (v.iter().min(), v.iter().max());
+                format!("{}–{}", lo.unwrap_or(&0), hi.unwrap_or(&0))
+            };
             vec![
                 driver.name().to_string(),
                 dist_text(&first),
                 count(reps, |x| x.leaders == 1 && x.holders == 1),
                 dist(&stmts).map_or(String::new(), |d| format!("{} / {}", d.median, d.max)),
-                format!(
-                    "{}–{}",
-                    waiting.iter().min().unwrap_or(&0),
-                    waiting.iter().max().unwrap_or(&0)
-                ),
+                range(|x| x.waiting_at_kill),
+                range(|x| x.waiting),
             ]
         })
         .collect();
@@ -451,6 +458,7 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
         "first start (ms)",
         "exactly one leader and holder",
         "statements in the second after: median / max",
+        "waiting at the kill",
         "waiting after",
     ];
     table(s, &header, rows);
@@ -628,6 +636,38 @@ fn groups_markdown(r: &Results, s: &mut String) {
         "SIGTERM → its 4 led again",
         "SIGTERM → 4/4/4 (ms)",
         "whole run",
+    ];
+    table(s, &header, rows);
+
+    let _ = write!(
+        s,
+        "\n## Lease group: server restart\n\nWith the group settled (a random fraction of \
+         {retry} after it settled), the server restarts (fast shutdown, start): every session \
+         ends, every job is cancelled. Up: the server accepts connections again (the bench \
+         reads `ready` in `postmaster.pid` every 5 ms, so up to 5 ms late) → each of the \
+         {LEASES} leases' first `start` (the slowest of the {LEASES}, and the fastest); → \
+         4/4/4. Cells: n: median / p90 / p99 / max.\n\n"
+    );
+    let rows = (r.groups.iter())
+        .map(|g| {
+            let x = &g.restarts;
+            let down: Vec<f64> = x.iter().map(|x| ms(x.down_ns)).collect();
+            let settle: Vec<f64> = x.iter().map(|x| ms(x.settle_ns)).collect();
+            vec![
+                g.driver.name().to_string(),
+                dist_text(&down),
+                opt_ms(&x.iter().map(|x| x.led_ns).collect::<Vec<_>>()),
+                opt_ms(&x.iter().map(|x| x.first_ns).collect::<Vec<_>>()),
+                dist_text(&settle),
+            ]
+        })
+        .collect();
+    let header = [
+        "driver",
+        "restart → up",
+        "up → all 12 led again",
+        "(the first)",
+        "up → 4/4/4",
     ];
     table(s, &header, rows);
 
@@ -896,6 +936,7 @@ fn takeover_json(t: &Takeover) -> J {
                 ),
                 ("leaders", J::Num(x.leaders as f64)),
                 ("holders", J::Num(x.holders as f64)),
+                ("waiting_at_kill", J::Num(x.waiting_at_kill as f64)),
                 ("waiting", J::Num(x.waiting as f64)),
                 (
                     "statements_in_the_second_after",
@@ -966,6 +1007,14 @@ fn groups_json(g: &GroupRun) -> J {
             ("hand_offs", J::Num(x.handoffs as f64)),
         ])
     });
+    let restarts = g.restarts.iter().map(|x| {
+        J::Obj(vec![
+            ("restart_to_up_ms", J::Num(ms(x.down_ns))),
+            ("up_to_last_lease_led_ms", opt(x.led_ns)),
+            ("up_to_first_lease_led_ms", opt(x.first_ns)),
+            ("up_to_4_4_4_ms", J::Num(ms(x.settle_ns))),
+        ])
+    });
     let takeover: Vec<f64> = g
         .kills
         .iter()
@@ -1000,6 +1049,7 @@ fn groups_json(g: &GroupRun) -> J {
         ("kill_to_its_leases_led_ms", dist_json(&takeover)),
         ("kills", J::Arr(kills.collect())),
         ("rolling_restart", J::Arr(roll.collect())),
+        ("server_restarts", J::Arr(restarts.collect())),
         ("terms", J::Num(g.terms as f64)),
         ("worst_overlap_ms", J::Num(ms(g.overlap_ns))),
         (
@@ -1087,6 +1137,7 @@ fn json(r: &Results) -> J {
         ("lock_delay_reps", J::Num(p.delay_reps as f64)),
         ("herd_reps", J::Num(p.herd_reps as f64)),
         ("group_reps", J::Num(p.group_reps as f64)),
+        ("group_restarts", J::Num(p.group_restarts as f64)),
         ("failover", J::Arr(cells.collect())),
         (
             "takeover",
