@@ -1310,15 +1310,7 @@ impl Machine {
         if !self.runs.reserve(key, to, (now, now + window), priority) {
             return;
         }
-        if let Some((run, lease)) = self.runs.hand_over(key, &mut self.out) {
-            let requested = true;
-            (self.out).event(Event::HandedOver {
-                run,
-                lease,
-                to,
-                requested,
-            });
-        }
+        self.hand_over(key, to, true);
     }
 
     /// Member `by` of a lease group claims `key` (see `groups`): the
@@ -1336,12 +1328,20 @@ impl Machine {
         if !self.runs.leading_keys().contains(&key) || !self.groups.claim(key, by) {
             return;
         }
+        self.hand_over(key, by, false);
+    }
+
+    /// The lease of `key`, if a run of it leads, handed over to backend
+    /// `to` ([`RunTable::hand_over`]: its job cancelled with
+    /// [`Reason::HandedOver`], the key released once the job returned) with
+    /// its [`Event::HandedOver`]; `requested`: a hand-over request asked
+    /// for it, not the group's share. Nothing when no run of `key` leads.
+    fn hand_over(&mut self, key: i64, to: i64, requested: bool) {
         if let Some((run, lease)) = self.runs.hand_over(key, &mut self.out) {
-            let requested = false;
             (self.out).event(Event::HandedOver {
                 run,
                 lease,
-                to: by,
+                to,
                 requested,
             });
         }
@@ -1450,15 +1450,11 @@ impl Machine {
         (self.groups).read_done(now, bound, me, read, reply, &wanted, &held);
         self.membership_events(&before);
         for key in self.groups.take_handoffs() {
-            let to = self.groups.owner_of(key);
-            if let (Some((run, lease)), Some(to)) = (self.runs.hand_over(key, &mut self.out), to) {
-                let requested = false;
-                (self.out).event(Event::HandedOver {
-                    run,
-                    lease,
-                    to,
-                    requested,
-                });
+            match self.groups.owner_of(key) {
+                Some(to) => self.hand_over(key, to, false),
+                None => {
+                    self.runs.hand_over(key, &mut self.out);
+                }
             }
         }
         for &(key, holder) in &reply.holders {
