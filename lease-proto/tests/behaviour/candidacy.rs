@@ -37,18 +37,6 @@ fn notify(h: &mut Harness, payload: String, sender_pid: i64) -> Vec<Command> {
     })
 }
 
-fn handed_over(cmds: &[Command]) -> bool {
-    has(cmds, |c| {
-        matches!(
-            c,
-            Command::CancelJob {
-                reason: Reason::HandedOver,
-                ..
-            }
-        )
-    })
-}
-
 /// Answers every statement for `d` as a server where `holder` holds every key (`None`:
 /// every key free) would, this session being backend 7; returns every statement sent.
 fn answer_for(h: &mut Harness, d: Duration, holder: Option<i64>) -> Vec<Statement> {
@@ -232,16 +220,7 @@ fn a_lower_priority_holder_hands_over_to_a_preferred_standby() {
     let run = started(&mut h, "a", 900);
     let cmds = notify(&mut h, prefer_payload("a", 99, 1), 99);
     assert!(handed_over(&cmds), "{cmds:?}");
-    h.input(Input::JobExited {
-        run,
-        exit: JobExit::Ok,
-    });
-    assert!(
-        matches!(h.statement(), Statement::Release { notify: true, .. }),
-        "{:?}",
-        h.statement()
-    );
-    h.released();
+    handed_over_job_returns(&mut h, run);
     let window = opts().query_timeout * 2;
     let sent = answer_for(&mut h, window - ms(10), Some(99));
     assert!(

@@ -71,6 +71,34 @@ pub fn started(h: &mut Harness, name: &str, token: i64) -> RunId {
     run
 }
 
+/// Whether `cmds` cancel a job because its lease is handed over.
+pub fn handed_over(cmds: &[Command]) -> bool {
+    has(cmds, |c| {
+        matches!(
+            c,
+            Command::CancelJob {
+                reason: Reason::HandedOver,
+                ..
+            }
+        )
+    })
+}
+
+/// The job of `run`, cancelled by a hand-over, returns: the key is released with its
+/// handover notification, and the release is answered.
+pub fn handed_over_job_returns(h: &mut Harness, run: RunId) {
+    h.input(Input::JobExited {
+        run,
+        exit: JobExit::Ok,
+    });
+    assert!(
+        matches!(h.statement(), Statement::Release { notify: true, .. }),
+        "{:?}",
+        h.statement()
+    );
+    h.released();
+}
+
 /// Answers every statement of a standby that holds nothing and wins
 /// nothing for `d`; returns the statements sent.
 pub fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {

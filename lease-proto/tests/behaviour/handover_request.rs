@@ -56,26 +56,8 @@ fn the_holder_hands_over_and_leaves_the_key_to_the_named_backend() {
     let mut h = harness(polling());
     let run = started(&mut h, "a", 900);
     let cmds = request(&mut h, "a", 99);
-    assert!(
-        has(&cmds, |c| matches!(
-            c,
-            Command::CancelJob {
-                reason: Reason::HandedOver,
-                ..
-            }
-        )),
-        "{cmds:?}"
-    );
-    h.input(Input::JobExited {
-        run,
-        exit: JobExit::Ok,
-    });
-    assert!(
-        matches!(h.statement(), Statement::Release { notify: true, .. }),
-        "{:?}",
-        h.statement()
-    );
-    h.released();
+    assert!(handed_over(&cmds), "{cmds:?}");
+    handed_over_job_returns(&mut h, run);
     let window = opts().query_timeout * 2;
     let tries = tries_within(&mut h, window - ms(10));
     assert!(
