@@ -40,6 +40,7 @@ use lease_proto::Options;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::contextualize_config;
+use proptest::test_runner::FailurePersistence;
 use proptest::test_runner::FileFailurePersistence;
 use proptest::test_runner::RngAlgorithm;
 use proptest::test_runner::TestCaseError;
@@ -57,6 +58,40 @@ const HORIZON: u64 = 15_000;
 
 /// Cases per property unless `PROPTEST_CASES` says otherwise.
 const CASES: u32 = 256;
+
+/// [`CASES`] cases and `failure_persistence`, the rest as proptest's defaults.
+fn config(failure_persistence: Option<Box<dyn FailurePersistence>>) -> ProptestConfig {
+    ProptestConfig {
+        cases: CASES,
+        failure_persistence,
+        ..ProptestConfig::default()
+    }
+}
+
+/// [`config`], shrinking a failing case at most `max_shrink_iters` times.
+fn shrinking(
+    max_shrink_iters: u32,
+    failure_persistence: Option<Box<dyn FailurePersistence>>,
+) -> ProptestConfig {
+    ProptestConfig {
+        max_shrink_iters,
+        ..config(failure_persistence)
+    }
+}
+
+/// A runner of `config` on a fixed random seed.
+fn deterministic(config: ProptestConfig) -> TestRunner {
+    TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha))
+}
+
+/// A runner on a fixed random seed with proptest's defaults and no regressions file, to
+/// draw cases from (a broken variant's rate).
+fn drawing() -> TestRunner {
+    deterministic(ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })
+}
 
 /// The machine's options and the network, as generated.
 #[derive(Debug, Clone)]
@@ -433,6 +468,29 @@ fn explain(cfg: &SimConfig, r: &Report) -> String {
     )
 }
 
+/// Runs `sim` in steps of `step` until `found` finds something, and returns it; fails
+/// with `failure` and the run explained once `deadline` comes first.
+fn run_until_found<T>(
+    sim: &mut Sim,
+    cfg: &SimConfig,
+    (step, deadline): (Duration, Duration),
+    failure: &str,
+    mut found: impl FnMut(&Sim) -> Option<T>,
+) -> Result<T, TestCaseError> {
+    loop {
+        if let Some(found) = found(sim) {
+            return Ok(found);
+        }
+        prop_assert!(
+            sim.now() < deadline,
+            "{failure}\n{}",
+            explain(cfg, sim.report())
+        );
+        let t = sim.now() + step;
+        sim.run_until(t);
+    }
+}
+
 /// Strong safety, the contract and no leaks, for one case.
 fn strong_safety(case: &Case, mutation: Option<Mutation>) -> Result<(), TestCaseError> {
     strong_safety_with(case, mutation, |_| {})
@@ -574,12 +632,7 @@ fn liveness_with(case: &Case, broken: impl Fn(&mut SimConfig)) -> Result<Asserte
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: CASES,
-        max_shrink_iters: 2000,
-        failure_persistence: regressions_beside_the_source(),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(shrinking(2000, regressions_beside_the_source()))]
 
     /// Strong safety, contract and no leaks under partitions, freezes, delays,
     /// slow replies, statement errors, malformed replies and client crashes,
@@ -652,13 +705,7 @@ fn assert_caught(
     expected: &str,
     check: impl Fn(&Case) -> Result<(), TestCaseError>,
 ) {
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = drawing();
     let total = 100;
     let broken = (0..total)
         .filter(|_| {
@@ -667,15 +714,7 @@ fn assert_caught(
         })
         .count();
     eprintln!("{what}: {broken} of {total} generated cases break");
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: CASES,
-            max_shrink_iters: 100,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = deterministic(shrinking(100, None));
     match runner.run(&strategy, |case| check(&case)) {
         Err(TestError::Fail(reason, case)) => {
             let reason = reason.to_string();
@@ -745,15 +784,13 @@ fn broken_clock_stepped_back_beyond_the_gap_is_caught_by_the_property() {
 /// (counted: no case is skipped).
 #[test]
 fn liveness_after_healing() {
-    let config = contextualize_config(ProptestConfig {
-        cases: CASES,
-        max_shrink_iters: 2000,
+    let config = contextualize_config(shrinking(
+        2000,
         // Cargo runs tests in the package directory.
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+        Some(Box::new(FileFailurePersistence::Direct(
             "tests/behaviour/properties-liveness.proptest-regressions",
         ))),
-        ..ProptestConfig::default()
-    });
+    ));
     let cases = config.cases;
     let led = AtomicU64::new(0);
     let freed = AtomicU64::new(0);
@@ -782,13 +819,7 @@ fn liveness_after_healing() {
 fn broken_confirming_validity_at_reply_arrival_is_caught() {
     let strategy = case(guard(), client_fault(4).boxed());
     // The rate: how many of 100 generated cases break.
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = drawing();
     let mut broken = 0;
     let total = 100;
     for _ in 0..total {
@@ -799,15 +830,7 @@ fn broken_confirming_validity_at_reply_arrival_is_caught() {
     }
     eprintln!("confirm-at-arrival mutation: {broken} of {total} cases break strong safety");
     // The property itself, shrinking to a small case.
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: CASES,
-            max_shrink_iters: 100,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = deterministic(shrinking(100, None));
     let result = runner.run(&strategy, |case| {
         strong_safety(&case, Some(Mutation::ConfirmAtArrival))
     });
@@ -932,13 +955,7 @@ fn statements_per_interval_are_constant_in_the_number_of_leases() {
 #[test]
 fn liveness_when_every_process_crashed_for_good_frees_every_key() {
     let strategy = knobs(Just(true));
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = drawing();
     for i in 0..20u64 {
         let knobs = strategy.new_tree(&mut runner).expect("knobs").current();
         let crash = |process, at| {
@@ -1106,11 +1123,7 @@ fn a_backend_blocked_writing_a_large_reply_is_not_idle() {
 /// distribution.
 #[test]
 fn instant_takeover_after_a_holder_crash() {
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: CASES,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = TestRunner::new(config(None));
     let takeovers = std::sync::Mutex::new(Vec::new());
     let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
         let took = takeover_case(knobs, processes, seed, crash_ms, true)?;
@@ -1144,15 +1157,7 @@ fn instant_takeover_after_a_holder_crash() {
 /// behaviour of earlier versions) fail the instant-takeover property.
 #[test]
 fn broken_polling_standbys_fail_the_instant_takeover_property() {
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: CASES,
-            max_shrink_iters: 50,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = deterministic(shrinking(50, None));
     let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
         takeover_case(knobs, processes, seed, crash_ms, false).map(drop)
     });
@@ -1204,18 +1209,8 @@ fn takeover_case(
     let bound = local + one_way(&cfg) * 6 + ms(2);
     let mut sim = Sim::new(cfg.clone(), Instant::now());
     // The crash comes `crash_ms` after someone first leads.
-    loop {
-        if (0..processes).any(|p| sim.leads(p, "job-0")) {
-            break;
-        }
-        prop_assert!(
-            sim.now() < ms(10_000),
-            "nobody leads\n{}",
-            explain(&cfg, sim.report())
-        );
-        let t = sim.now() + ms(1);
-        sim.run_until(t);
-    }
+    let leads = |sim: &Sim| (0..processes).any(|p| sim.leads(p, "job-0")).then_some(());
+    run_until_found(&mut sim, &cfg, (ms(1), ms(10_000)), "nobody leads", leads)?;
     let t = sim.now() + ms(crash_ms);
     sim.run_until(t);
     let holder = (0..processes).find(|p| sim.leads(*p, "job-0"));
@@ -1234,19 +1229,11 @@ fn takeover_case(
         },
     );
     let deadline = t0 + bound + o.retry_interval * 2 + o.query_timeout;
-    let next = loop {
-        if let Some(p) = (0..processes).find(|p| *p != holder && sim.leads(*p, "job-0")) {
-            break p;
-        }
-        prop_assert!(
-            sim.now() < deadline,
-            "no takeover within {:?} of the crash\n{}",
-            deadline - t0,
-            explain(&cfg, sim.report())
-        );
-        let t = sim.now() + Duration::from_micros(200);
-        sim.run_until(t);
-    };
+    let failure = format!("no takeover within {:?} of the crash", deadline - t0);
+    let step = (Duration::from_micros(200), deadline);
+    let next = run_until_found(&mut sim, &cfg, step, &failure, |sim| {
+        (0..processes).find(|p| *p != holder && sim.leads(*p, "job-0"))
+    })?;
     let took = sim.now() - t0;
     // In one-way latencies, the lock delay aside.
     let ratio =
@@ -1434,11 +1421,7 @@ fn notify_case(case: &NotifyCase, mutation: Option<Mutation>) -> Result<(), Test
 /// (`handover_notification.rs`) drive both by hand.
 #[test]
 fn the_lock_delay_holds_against_forged_and_late_notifications() {
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: CASES,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = TestRunner::new(config(None));
     if let Err(e) = runner.run(&notify_cases(), |case| notify_case(&case, None)) {
         panic!("{e}");
     }
@@ -1449,13 +1432,7 @@ fn the_lock_delay_holds_against_forged_and_late_notifications() {
 /// lets a forged one skip the lock delay: the property finds two leaders.
 #[test]
 fn broken_notifications_from_anyone_are_caught() {
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = drawing();
     let total = 100;
     let broken = (0..total)
         .filter(|_| {
@@ -1467,15 +1444,7 @@ fn broken_notifications_from_anyone_are_caught() {
         })
         .count();
     eprintln!("notifications from anyone: {broken} of {total} generated cases break");
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: CASES,
-            max_shrink_iters: 100,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = deterministic(shrinking(100, None));
     match runner.run(&notify_cases(), |case| {
         notify_case(&case, Some(Mutation::NotifyFromAnyone))
     }) {
@@ -1500,10 +1469,7 @@ fn broken_notifications_from_anyone_are_caught() {
 fn broken_a_lock_delay_only_after_wakes_is_caught() {
     // The window is narrow (a poll that wins within a job's stopping time of a
     // terminate), so the cases are counted, not searched and shrunk.
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig::default(),
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = deterministic(ProptestConfig::default());
     let total = 300;
     let mut broken = Vec::new();
     for _ in 0..total {
@@ -1543,11 +1509,7 @@ fn broken_a_lock_delay_only_after_wakes_is_caught() {
 /// distribution.
 #[test]
 fn instant_takeover_of_a_holders_wanted_lease() {
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: CASES,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = TestRunner::new(config(None));
     let takeovers = std::sync::Mutex::new(Vec::new());
     let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
         let took = ring_takeover_case(knobs, processes, seed, crash_ms, true, None)?;
@@ -1582,15 +1544,7 @@ fn instant_takeover_of_a_holders_wanted_lease() {
 /// session off, the behaviour before it) fail the property above.
 #[test]
 fn broken_holders_that_poll_fail_the_instant_takeover_property() {
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: CASES,
-            max_shrink_iters: 50,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = deterministic(shrinking(50, None));
     let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
         ring_takeover_case(knobs, processes, seed, crash_ms, false, None).map(drop)
     });
@@ -1613,15 +1567,7 @@ fn broken_holders_that_poll_fail_the_instant_takeover_property() {
 /// locker tries, there are two leaders, and strong safety finds them.
 #[test]
 fn broken_a_watcher_that_acquires_is_caught() {
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: CASES,
-            max_shrink_iters: 50,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = deterministic(shrinking(50, None));
     let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
         let mutation = Some(Mutation::WatchAcquires);
         ring_takeover_case(knobs, processes, seed, crash_ms, true, mutation).map(drop)
@@ -1645,10 +1591,7 @@ fn broken_a_watcher_that_acquires_is_caught() {
 /// How many of 100 generated takeover cases break under `check` (printed by
 /// the broken variants of the ring's properties).
 fn ring_rate(what: &str, check: impl Fn(Knobs, usize, u64, u64) -> bool) {
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig::default(),
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = deterministic(ProptestConfig::default());
     let strategy = takeover_cases();
     let broken = (0..100)
         .filter(|_| {
@@ -1775,19 +1718,11 @@ fn ring_takeover_case(
     };
     sim.schedule(t0, crash);
     let deadline = t0 + bound + o.retry_interval * 2 + o.query_timeout;
-    let next = loop {
-        if let Some(p) = (0..processes).find(|p| *p != holder && sim.leads(*p, &lease)) {
-            break p;
-        }
-        prop_assert!(
-            sim.now() < deadline,
-            "no takeover within {:?} of the crash\n{}",
-            deadline - t0,
-            explain(&cfg, sim.report())
-        );
-        let t = sim.now() + Duration::from_micros(200);
-        sim.run_until(t);
-    };
+    let failure = format!("no takeover within {:?} of the crash", deadline - t0);
+    let step = (Duration::from_micros(200), deadline);
+    let next = run_until_found(&mut sim, &cfg, step, &failure, |sim| {
+        (0..processes).find(|p| *p != holder && sim.leads(*p, &lease))
+    })?;
     let took = sim.now() - t0;
     let ratio =
         took.saturating_sub(o.lock_delay).as_secs_f64() / one_way(&cfg).as_secs_f64().max(1e-6);
@@ -1824,11 +1759,7 @@ fn ring_takeover_case(
 /// not current).
 #[test]
 fn instant_takeover_of_a_group_members_leases() {
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: CASES,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = TestRunner::new(config(None));
     let took = std::sync::Mutex::new(Vec::new());
     let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
         let t = group_takeover_case(knobs, processes, seed, crash_ms - 500, None)?;
@@ -1925,20 +1856,13 @@ fn group_takeover_case(
         },
     );
     let deadline = t0 + bound + o.retry_interval * 2 + o.query_timeout;
-    loop {
-        let all = (leases.iter()).all(|l| (0..processes).any(|p| p != victim && sim.leads(p, l)));
-        if all {
-            break;
-        }
-        prop_assert!(
-            sim.now() < deadline,
-            "p{victim}'s leases not all led again within {:?} of its crash\n{}",
-            deadline - t0,
-            explain(&cfg, sim.report())
-        );
-        let t = sim.now() + Duration::from_micros(200);
-        sim.run_until(t);
-    }
+    let within = deadline - t0;
+    let failure = format!("p{victim}'s leases not all led again within {within:?} of its crash");
+    let step = (Duration::from_micros(200), deadline);
+    run_until_found(&mut sim, &cfg, step, &failure, |sim| {
+        let all = |l: &String| (0..processes).any(|p| p != victim && sim.leads(p, l));
+        leases.iter().all(all).then_some(())
+    })?;
     let took = sim.now() - t0;
     prop_assert!(
         took <= bound,
@@ -1970,12 +1894,7 @@ fn ring_case(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Case> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: CASES,
-        max_shrink_iters: 2000,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(shrinking(2000, None))]
 
     /// Strong safety, contract and no leaks in a ring of holders that wait
     /// for each other's leases on their watch sessions, under the client
@@ -1999,12 +1918,7 @@ proptest! {
 /// every key is free.
 #[test]
 fn liveness_in_a_ring_of_holders() {
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: CASES,
-        max_shrink_iters: 500,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = TestRunner::new(shrinking(500, None));
     let result = runner.run(&ring_case(any_fault(4).boxed()), |case| {
         liveness_with(&case, ring_config).map(drop)
     });
@@ -2039,15 +1953,7 @@ fn broken_a_watch_session_that_keeps_its_lock_is_caught_by_liveness() {
 /// waits, and the property above finds it.
 #[test]
 fn broken_a_watch_session_that_tries_is_caught() {
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: CASES,
-            max_shrink_iters: 50,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = deterministic(shrinking(50, None));
     let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
         let mutation = Some(Mutation::WatchTries);
         ring_takeover_case(knobs, processes, seed, crash_ms, true, mutation).map(drop)
@@ -2072,11 +1978,7 @@ fn broken_a_watch_session_that_tries_is_caught() {
 /// drift, process and lease counts, and downtimes of 0.1 to 8 s.
 #[test]
 fn every_lease_is_led_again_soon_after_a_server_restart() {
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: CASES,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = TestRunner::new(config(None));
     let gaps = std::sync::Mutex::new(Vec::new());
     let result = runner.run(
         &restart_cases(),
@@ -2105,15 +2007,7 @@ fn every_lease_is_led_again_soon_after_a_server_restart() {
 /// property above.
 #[test]
 fn broken_reconnect_without_the_fast_window_is_caught() {
-    let mut runner = TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: CASES,
-            max_shrink_iters: 50,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
+    let mut runner = deterministic(shrinking(50, None));
     let result = runner.run(
         &restart_cases(),
         |(knobs, processes, leases, seed, down_ms)| {
@@ -2174,17 +2068,14 @@ fn restart_case(
     let cfg = case.config(mutation);
     let o = &cfg.options;
     let names: Vec<String> = (0..leases).map(|i| format!("job-{i}")).collect();
-    let all_led = |sim: &Sim| (names.iter()).all(|n| (0..processes).any(|p| sim.leads(p, n)));
+    let all_led = |sim: &Sim| {
+        (names.iter())
+            .all(|n| (0..processes).any(|p| sim.leads(p, n)))
+            .then_some(())
+    };
     let mut sim = Sim::new(cfg.clone(), Instant::now());
-    while !all_led(&sim) {
-        prop_assert!(
-            sim.now() < ms(20_000),
-            "not every lease led before the restart\n{}",
-            explain(&cfg, sim.report())
-        );
-        let t = sim.now() + ms(5);
-        sim.run_until(t);
-    }
+    let before = "not every lease led before the restart";
+    run_until_found(&mut sim, &cfg, (ms(5), ms(20_000)), before, all_led)?;
     let t0 = sim.now() + ms(100);
     let down = ms(down_ms);
     sim.schedule(t0, Fault::ServerRestart { downtime: down });
@@ -2193,16 +2084,10 @@ fn restart_case(
     let cap = lease_proto::limits::FAST_RECONNECT_CAP.min(o.retry_interval);
     let bound = cap.mul_f64(1.0 / (1.0 - cfg.drift)) + one_way(&cfg) * 14 + ms(5);
     let deadline = up + bound + o.retry_interval * 2;
-    while !all_led(&sim) {
-        prop_assert!(
-            sim.now() < deadline,
-            "not every lease led again within {:?} of the server's return\n{}",
-            deadline - up,
-            explain(&cfg, sim.report())
-        );
-        let t = sim.now() + Duration::from_micros(200);
-        sim.run_until(t);
-    }
+    let within = deadline - up;
+    let failure = format!("not every lease led again within {within:?} of the server's return");
+    let step = (Duration::from_micros(200), deadline);
+    run_until_found(&mut sim, &cfg, step, &failure, all_led)?;
     let gap = sim.now() - up;
     prop_assert!(
         gap <= bound,
@@ -2309,12 +2194,7 @@ fn fair_share(case: &Case, mutation: Option<Mutation>) -> Result<(), TestCaseErr
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: CASES,
-        max_shrink_iters: 200,
-        failure_persistence: regressions_beside_the_source(),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(shrinking(200, regressions_beside_the_source()))]
 
     /// Strong safety, the contract and no leaks are unchanged in a lease
     /// group, hand-offs included, under the client faults.
@@ -2444,12 +2324,7 @@ fn every_lease_led_with_different_key_sets(case: &Case) -> Result<(), TestCaseEr
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: CASES,
-        max_shrink_iters: 200,
-        failure_persistence: regressions_beside_the_source(),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(shrinking(200, regressions_beside_the_source()))]
 
     /// [`every_lease_led_with_different_key_sets`].
     #[test]
@@ -2584,12 +2459,7 @@ fn preferred_leads_after_healing(case: &Case) -> Result<bool, TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: CASES,
-        max_shrink_iters: 2000,
-        failure_persistence: regressions_beside_the_source(),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(shrinking(2000, regressions_beside_the_source()))]
 
     /// An observer never leads under client faults (strong safety holds meanwhile, with a
     /// preferred process taking leases over).
@@ -2604,15 +2474,13 @@ proptest! {
 /// observer beside it never leads, not even when the server ends sessions.
 #[test]
 fn the_preferred_process_leads_after_healing() {
-    let mut runner = TestRunner::new(contextualize_config(ProptestConfig {
-        cases: CASES,
-        max_shrink_iters: 500,
+    let mut runner = TestRunner::new(contextualize_config(shrinking(
+        500,
         // Cargo runs tests in the package directory.
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+        Some(Box::new(FileFailurePersistence::Direct(
             "tests/behaviour/properties-preferred.proptest-regressions",
         ))),
-        ..ProptestConfig::default()
-    }));
+    )));
     let (asserted, ran) = (AtomicU64::new(0), AtomicU64::new(0));
     let result = runner.run(&case(guard(), any_fault(4).boxed()), |case| {
         ran.fetch_add(1, Ordering::Relaxed);
