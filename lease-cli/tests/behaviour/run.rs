@@ -6,9 +6,11 @@
 use crate::common::*;
 use lease_proto::key_for_name;
 use lease_tests::pid_alive;
+use lease_tests::Cluster;
 use lease_tests::Replica;
 use std::io::ErrorKind;
 use std::net::TcpListener;
+use std::time::Duration;
 use std::time::Instant;
 
 #[test]
@@ -213,21 +215,48 @@ fn a_grace_longer_than_the_guard_margin_is_announced() {
 /// The child of a handover test: prints `start TOKEN`, on SIGTERM `stop`.
 const ANNOUNCE: &str = r#"echo "start token=$LEASE_TOKEN"; trap "echo stop; exit 0" TERM; while :; do sleep 0.02; done"#;
 
+/// A runner of `name` with the options `extra` whose command is [`ANNOUNCE`].
+fn announcing(c: &Cluster, name: &str, extra: &[&str]) -> Replica {
+    Replica::spawn(fast_sh(c, name, extra, ANNOUNCE)).expect("spawn")
+}
+
+/// An [`announcing`] runner of `name` without options, once its command started; its
+/// fencing token.
+fn leading(c: &Cluster, name: &str) -> (Replica, i64) {
+    let a = announcing(c, name, &[]);
+    let (_, line) = a
+        .wait_for_line(|l| l.starts_with("start"), MS(10_000))
+        .expect("a leads");
+    (a, field(&line, "token").expect("token"))
+}
+
+/// Waits until `r` stands by.
+fn stands_by(r: &Replica) {
+    r.wait_for_line(|l| l.contains("standing by"), MS(10_000))
+        .expect("stands by");
+}
+
+/// `b` takes the lease over from `a`: b's command starts within `within` and a's command
+/// got SIGTERM; when b's command started, its token, and when a's command stopped.
+fn takes_over(b: &Replica, a: &Replica, within: Duration) -> (Instant, i64, Instant) {
+    let (started, line) = b
+        .wait_for_line(|l| l.starts_with("start"), within)
+        .expect("b takes over");
+    let (stopped, _) = a
+        .wait_for_line(|l| l == "stop", MS(1_000))
+        .expect("a's command got SIGTERM");
+    (started, field(&line, "token").expect("token"), stopped)
+}
+
 #[test]
 fn sigterm_while_leading_hands_over_to_the_standby_at_once() {
     let c = cluster();
     let name = unique("handover");
-    let mut a = Replica::spawn(fast_sh(&c, &name, &[], ANNOUNCE)).expect("spawn a");
-    let (_, line) = a
-        .wait_for_line(|l| l.starts_with("start"), MS(10_000))
-        .expect("a leads");
-    let token_a = field(&line, "token").expect("token");
+    let (mut a, token_a) = leading(&c, &name);
     // B polls only every 5 s: a takeover within tens of ms is the handover
     // notification, not polling.
-    let b =
-        Replica::spawn(fast_sh(&c, &name, &["--retry-interval", "5s"], ANNOUNCE)).expect("spawn b");
-    b.wait_for_line(|l| l.contains("standing by"), MS(10_000))
-        .expect("b stands by");
+    let b = announcing(&c, &name, &["--retry-interval", "5s"]);
+    stands_by(&b);
     let (_, held_by) = b
         .wait_for_line(|l| l.contains("the lease is held by"), MS(5_000))
         .expect("b says who holds the lease");
@@ -235,14 +264,8 @@ fn sigterm_while_leading_hands_over_to_the_standby_at_once() {
 
     let signalled = Instant::now();
     a.sigterm().expect("SIGTERM a");
-    let (started, line) = b
-        .wait_for_line(|l| l.starts_with("start"), MS(10_000))
-        .expect("b takes over");
-    let (stopped, _) = a
-        .wait_for_line(|l| l == "stop", MS(1_000))
-        .expect("a's child got SIGTERM");
+    let (started, token_b, stopped) = takes_over(&b, &a, MS(10_000));
     let status = a.wait_exit(MS(5_000)).expect("a exits");
-    let token_b = field(&line, "token").expect("token");
     let handover = started.saturating_duration_since(signalled);
     let gap = started.saturating_duration_since(stopped);
     eprintln!(
@@ -258,12 +281,9 @@ fn sigterm_while_leading_hands_over_to_the_standby_at_once() {
 fn sigterm_while_standing_by_exits_at_once() {
     let c = cluster();
     let name = unique("standby");
-    let a = Replica::spawn(fast_sh(&c, &name, &[], ANNOUNCE)).expect("spawn a");
-    a.wait_for_line(|l| l.starts_with("start"), MS(10_000))
-        .expect("a leads");
-    let mut b = Replica::spawn(fast_sh(&c, &name, &[], ANNOUNCE)).expect("spawn b");
-    b.wait_for_line(|l| l.contains("standing by"), MS(10_000))
-        .expect("b stands by");
+    let (a, _) = leading(&c, &name);
+    let mut b = announcing(&c, &name, &[]);
+    stands_by(&b);
     let start = Instant::now();
     b.sigterm().expect("SIGTERM b");
     let status = b.wait_exit(MS(2_000)).expect("b exits");
@@ -555,36 +575,25 @@ fn absurd_intervals_are_a_usage_error() {
 fn handover_to_a_named_standby() {
     let c = cluster();
     let name = unique("handto");
-    let mut a = Replica::spawn(fast_sh(&c, &name, &[], ANNOUNCE)).expect("spawn a");
-    let (_, line) = a
-        .wait_for_line(|l| l.starts_with("start"), MS(10_000))
-        .expect("a leads");
-    let token_a = field(&line, "token").expect("token");
+    let (mut a, token_a) = leading(&c, &name);
     // The standbys poll only every 5 s: a takeover within the second is the hand-over.
     let slow = ["--retry-interval", "5s"];
-    let b = Replica::spawn(fast_sh(&c, &name, &slow, ANNOUNCE)).expect("spawn b");
-    let d = Replica::spawn(fast_sh(&c, &name, &slow, ANNOUNCE)).expect("spawn d");
+    let b = announcing(&c, &name, &slow);
+    let d = announcing(&c, &name, &slow);
     let ready = |r: &Replica| {
         let (_, l) = (r.wait_for_line(|l| l.contains("backend_pid="), MS(10_000)))
             .expect("the session is ready");
         field(&l, "backend_pid").expect("backend_pid")
     };
     let (pid_b, _) = (ready(&b), ready(&d));
-    b.wait_for_line(|l| l.contains("standing by"), MS(10_000))
-        .expect("b stands by");
-    d.wait_for_line(|l| l.contains("standing by"), MS(10_000))
-        .expect("d stands by");
+    stands_by(&b);
+    stands_by(&d);
     let asked = Instant::now();
     let mut cmd = lease();
     cmd.args(["handover", &name, "--to", &pid_b.to_string()])
         .args(["--database-url", &c.url("postgres")]);
     let (status, out, err, _) = output(cmd, MS(15_000));
-    let (started, line) = b
-        .wait_for_line(|l| l.starts_with("start"), MS(5_000))
-        .expect("b takes over");
-    let (stopped, _) = a
-        .wait_for_line(|l| l == "stop", MS(1_000))
-        .expect("a's command got SIGTERM");
+    let (started, token_b, stopped) = takes_over(&b, &a, MS(5_000));
     eprintln!(
         "handover --to: {} ({:?} after the request, {:?} after a's command stopped)",
         out.trim(),
@@ -597,7 +606,7 @@ fn handover_to_a_named_standby() {
         "{out}"
     );
     assert!(stopped <= started, "b started before a's command stopped");
-    assert!(field(&line, "token").expect("token") > token_a);
+    assert!(token_b > token_a);
     std::thread::sleep(MS(300));
     assert!(
         !d.lines().iter().any(|l| l.text.starts_with("start")),
@@ -620,30 +629,15 @@ fn handover_to_a_named_standby() {
 fn a_preferred_standby_takes_over_and_an_observer_never_leads() {
     let c = cluster();
     let name = unique("prefer");
-    let mut a = Replica::spawn(fast_sh(&c, &name, &[], ANNOUNCE)).expect("spawn a");
-    let (_, line) = a
-        .wait_for_line(|l| l.starts_with("start"), MS(10_000))
-        .expect("a leads");
-    let token_a = field(&line, "token").expect("token");
-    let observer = Replica::spawn(fast_sh(&c, &name, &["--observer"], ANNOUNCE)).expect("spawn");
+    let (mut a, token_a) = leading(&c, &name);
+    let observer = announcing(&c, &name, &["--observer"]);
     observer
         .wait_for_line(|l| l.contains("standing by"), MS(10_000))
         .expect("the observer reads the holder");
     // b polls only every 5 s: a takeover within the second is the hand-over it asked for.
     let spawned = Instant::now();
-    let b = Replica::spawn(fast_sh(
-        &c,
-        &name,
-        &["--priority", "1", "--retry-interval", "5s"],
-        ANNOUNCE,
-    ))
-    .expect("spawn b");
-    let (started, line) = b
-        .wait_for_line(|l| l.starts_with("start"), MS(5_000))
-        .expect("b takes over");
-    let (stopped, _) = a
-        .wait_for_line(|l| l == "stop", MS(1_000))
-        .expect("a's command got SIGTERM");
+    let b = announcing(&c, &name, &["--priority", "1", "--retry-interval", "5s"]);
+    let (started, token_b, stopped) = takes_over(&b, &a, MS(5_000));
     eprintln!(
         "FIGURE priority takeover: b led {:?} after it was spawned (connect, setup, try, \
          request, a's stop, release, try), {:?} after a's command stopped",
@@ -651,7 +645,7 @@ fn a_preferred_standby_takes_over_and_an_observer_never_leads() {
         started.saturating_duration_since(stopped)
     );
     assert!(stopped <= started, "b started before a's command stopped");
-    assert!(field(&line, "token").expect("token") > token_a);
+    assert!(token_b > token_a);
     assert!(
         a.wait_exit(MS(300)).is_err(),
         "a exited after the hand-over"
