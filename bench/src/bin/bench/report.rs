@@ -431,13 +431,15 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
          first standby's `start` (ms). Leaders: standbys that started a job in the second \
          after the SIGKILL, and backends holding the key at its end. Statements: what the \
          {herd} standbys sent in that second, counted in the server log (`log_statement = \
-         all`). Waiting: requests for the key not granted just before the SIGKILL and at the \
+         all`), and, to set against it, what the holder and the standbys sent in the second \
+         before the SIGKILL (the pollers' periodic tries go on either way). Waiting: requests for the key not granted just before the SIGKILL and at the \
          end of that second.\n\n"
     );
     let rows = (t.herd.iter())
         .map(|(driver, reps)| {
             let first: Vec<f64> = reps.iter().filter_map(|x| x.first_ns.map(ms)).collect();
             let stmts: Vec<f64> = reps.iter().map(|x| x.statements as f64).collect();
+            let before: Vec<f64> = reps.iter().map(|x| x.statements_before as f64).collect();
             let range = |f: fn(&HerdRep) -> usize| {
                 let v: Vec<usize> = reps.iter().map(f).collect();
                 let (lo, hi) = (v.iter().min(), v.iter().max());
@@ -448,6 +450,7 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
                 dist_text(&first),
                 count(reps, |x| x.leaders == 1 && x.holders == 1),
                 dist(&stmts).map_or(String::new(), |d| format!("{} / {}", d.median, d.max)),
+                dist(&before).map_or(String::new(), |d| format!("{} / {}", d.median, d.max)),
                 range(|x| x.waiting_at_kill),
                 range(|x| x.waiting),
             ]
@@ -458,6 +461,7 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
         "first start (ms)",
         "exactly one leader and holder",
         "statements in the second after: median / max",
+        "in the second before: median / max",
         "waiting at the kill",
         "waiting after",
     ];
@@ -941,6 +945,10 @@ fn takeover_json(t: &Takeover) -> J {
                 (
                     "statements_in_the_second_after",
                     J::Num(x.statements as f64),
+                ),
+                (
+                    "statements_in_the_second_before",
+                    J::Num(x.statements_before as f64),
                 ),
             ])
         });

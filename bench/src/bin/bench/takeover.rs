@@ -66,6 +66,8 @@ pub struct HerdRep {
     pub waiting: usize,
     /// Statements the standbys sent in the second after the kill (the holder is dead).
     pub statements: usize,
+    /// Statements the holder and the standbys sent in the second before the kill.
+    pub statements_before: usize,
 }
 
 /// Everything this phase measured.
@@ -243,9 +245,13 @@ fn herd_rep(
         sleep(Duration::from_millis(50));
     }
     sleep(phase.mul_f64(bench.random()));
-    let waiting_at_kill = key_rows(bench, lease, false)?;
+    // The second before the kill: what the standbys send at rest (the pollers' periodic
+    // tries), to set against the second after.
     let log_path = bench.cluster.log_path();
     let log_len = || std::fs::metadata(&log_path).map_or(0, |m| m.len() as usize);
+    let before = log_len();
+    sleep(Duration::from_secs(1));
+    let waiting_at_kill = key_rows(bench, lease, false)?;
     let from = log_len();
     let t0 = holder
         .kill9()
@@ -268,10 +274,14 @@ fn herd_rep(
         sleep(Duration::from_nanos(left));
     }
     let text = std::fs::read(&log_path).map_err(|e| format!("reading the server log: {e}"))?;
-    let mark = format!(" bench-{lease} LOG:  statement: ");
-    let statements = (String::from_utf8_lossy(text.get(from..).unwrap_or_default()).lines())
-        .filter(|l| l.contains(&mark))
-        .count();
+    let mark = format!(" {} LOG:  statement: ", who.app_name(lease));
+    let count = |part: Option<&[u8]>| {
+        (String::from_utf8_lossy(part.unwrap_or_default()).lines())
+            .filter(|l| l.contains(&mark))
+            .count()
+    };
+    let statements = count(text.get(from..));
+    let statements_before = count(text.get(before..from));
     let leaders = (herd.iter())
         .filter(|n| n.terms().iter().any(|t| t.start >= t0))
         .count();
@@ -282,10 +292,12 @@ fn herd_rep(
         waiting_at_kill,
         waiting: key_rows(bench, lease, false)?,
         statements,
+        statements_before,
     };
     eprintln!(
         "bench: takeover herd {:<5} first start {} ms, {} leader(s), {} holder(s), {} waiting \
-         ({} at the kill), {} statements in the second after the kill",
+         ({} at the kill), {} statements in the second after the kill ({} in the second \
+         before)",
         driver.name(),
         rep.first_ns
             .map_or("-".into(), |g| format!("{:.1}", g as f64 / 1e6)),
@@ -293,7 +305,8 @@ fn herd_rep(
         rep.holders,
         rep.waiting,
         rep.waiting_at_kill,
-        rep.statements
+        rep.statements,
+        rep.statements_before
     );
     Ok(rep)
 }
