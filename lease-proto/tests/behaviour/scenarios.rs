@@ -740,3 +740,62 @@ fn a_takeover_costs_as_many_statements_with_twenty_standbys_as_with_three() {
         "20 standbys sent {twenty} statements, 3 sent {three}"
     );
 }
+
+/// Two members of a group of four leases: process 0 leads them all, process 1's runs start
+/// at 1 s and it is frozen (SIGSTOP) 60 ms after its first membership read showed both, for
+/// 3.5 s: process 0 hands it its two keys, which stay free past the bound (two retry
+/// intervals and two query timeouts, 1.4 s here), so process 0 takes them back and offers
+/// them no more while the membership holds. Process 1 has no statement in flight through
+/// the freeze (one would time out at the thaw, and its next session is another member),
+/// and the validity (5 s) keeps the server guard (5.2 s) from ending its idle session, so
+/// the membership stays the same. Returns how many of the leases each process leads 6 s
+/// (30 retry intervals) after the thaw.
+fn frozen_owner_share() -> Vec<usize> {
+    let mut c = cfg();
+    c.processes = 2;
+    c.group = Some("g".into());
+    c.leases = (0..4).map(|i| format!("job-{i}")).collect();
+    c.run_after = vec![vec![], vec![ms(1000); 4]];
+    c.options.validity = Some(ms(5000));
+    c.full_trace = true;
+    let leases = c.leases.clone();
+    let mut sim = Sim::new(c, Instant::now());
+    sim.run_until(ms(1000));
+    let joined = |sim: &Sim| {
+        sim.report().trace.iter().any(|l| {
+            l.process == Some(1)
+                && matches!(
+                    &l.event,
+                    TraceEvent::Machine(lease_proto::Event::GroupMembers { members, .. })
+                        if members.len() == 2
+                )
+        })
+    };
+    while !joined(&sim) {
+        assert!(sim.now() < ms(2000), "process 1 never read both members");
+        let t = sim.now() + ms(1);
+        sim.run_until(t);
+    }
+    let thaw = sim.now() + ms(3560);
+    sim.schedule(
+        sim.now() + ms(60),
+        Fault::Freeze {
+            process: 1,
+            duration: ms(3500),
+        },
+    );
+    sim.run_until(thaw + ms(6000));
+    let counts: Vec<usize> = (0..2)
+        .map(|p| leases.iter().filter(|l| sim.leads(p, l)).count())
+        .collect();
+    let r = sim.finish(thaw + ms(8000), ms(2000));
+    assert_clean(&r);
+    counts
+}
+
+/// A member frozen past the free bound gets its share back when it thaws: it claims its
+/// keys on the handover channel and the holder hands them over.
+#[test]
+fn a_member_frozen_past_the_free_bound_gets_its_share_back() {
+    assert_eq!(frozen_owner_share(), vec![2, 2]);
+}
