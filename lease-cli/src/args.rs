@@ -328,8 +328,8 @@ pub struct RunArgs {
     /// WEAKER: do not notify standbys on a graceful release
     ///
     /// Without the notification (NOTIFY), a standby takes over within one --retry-interval of
-    /// a graceful release instead of at once.
-    #[arg(long)]
+    /// a graceful release instead of at once. Not with --shards (a lease group needs it).
+    #[arg(long, conflicts_with = "shards")]
     pub no_notify: bool,
 
     /// How long a standby woken by a freed lease waits before taking it

@@ -8,7 +8,9 @@ use lease_proto::{GroupId, LeaseId, NameError};
 use crate::{run, Lease, Locker, RunError};
 
 /// A lease group's handle on a [`Locker`]: its runs behave exactly as
-/// [`Locker::run`]'s (the same contract, [`Lease`] handle and errors), and
+/// [`Locker::run`]'s (the same contract, [`Lease`] handle and errors, and
+/// [`RunError::GroupWithoutNotify`] on a locker without
+/// [`Options::notify_handover`](crate::Options::notify_handover)), and
 /// take part in the group's share. Every locker running leases of one
 /// group is a member; the group's leases are spread evenly over the live
 /// members, and a lease moves (its job cancelled with

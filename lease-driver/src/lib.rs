@@ -226,6 +226,10 @@ pub enum RunError<E> {
     },
     /// The server or the connection cannot give mutual exclusion.
     Refused(Refusal),
+    /// A run of a lease group ([`Group::run`]) on a locker without
+    /// [`Options::notify_handover`]: a group needs the handover channel
+    /// (docs/library.md, "Lease groups").
+    GroupWithoutNotify(LeaseId),
     /// The locker never had a session and its connection attempt failed
     /// with a configuration error ([`SessionError::is_configuration`]: a wrong
     /// password, no password for a server that asks for one, an unknown
@@ -247,6 +251,9 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
             RunError::AlreadyRunning(l) => write!(f, "lease {l} is already running on this locker"),
             RunError::TooManyLeases { cap } => write!(f, "this locker already runs {cap} leases"),
             RunError::Refused(r) => r.fmt(f),
+            RunError::GroupWithoutNotify(l) => {
+                fmt::Display::fmt(&lease_proto::RunRejected::GroupWithoutNotify(l.clone()), f)
+            }
             RunError::Config(e) => write!(f, "cannot connect: {e}"),
             RunError::DriverStopped => f.write_str("the lease driver stopped"),
         }

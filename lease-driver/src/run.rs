@@ -135,6 +135,7 @@ where
         RunRejected::AlreadyRunning(lease) => RunError::AlreadyRunning(lease),
         RunRejected::TooManyLeases { cap } => RunError::TooManyLeases { cap },
         RunRejected::Refused(refusal) => RunError::Refused(refusal),
+        RunRejected::GroupWithoutNotify(lease) => RunError::GroupWithoutNotify(lease),
     })?;
     let mut guard = Guard {
         inner,

@@ -120,7 +120,10 @@ pub struct Options {
     pub guard_margin: Duration,
     /// Handover notification (default on): a graceful release sends
     /// `NOTIFY`, and standbys that want that key try at once instead of at
-    /// their next poll. Off: a standby takes over within one retry interval.
+    /// their next poll. Off: a standby takes over within one retry interval,
+    /// and a run in a lease group is refused
+    /// ([`RunRejected::GroupWithoutNotify`](crate::RunRejected); why:
+    /// docs/library.md, "Lease groups").
     pub notify_handover: bool,
     /// Wait on the server (default on): while a locker holds nothing, its
     /// idle session waits for a wanted key to be freed

@@ -359,3 +359,25 @@ async fn a_crashed_leaders_close_reaches_the_server_at_once() {
     println!("FIGURE kit crash: the standby started its job {took:?} after the crash");
     assert!(took < Duration::from_millis(100), "{took:?}");
 }
+
+/// A locker without handover notifications refuses a lease group's runs: a group needs
+/// them (docs/library.md, "Lease groups"); its other runs are not refused.
+#[tokio::test(start_paused = true)]
+async fn a_group_run_without_handover_notifications_is_refused() {
+    let server = TestServer::new(1);
+    let mut options = Options::default();
+    options.notify_handover = false;
+    let (locker, driver) = server.locker(options).expect("options");
+    tokio::spawn(driver);
+    let refused = (locker.group("reconcilers"))
+        .run(LEASE, |_| async { Ok::<(), std::io::Error>(()) })
+        .await;
+    assert!(
+        matches!(&refused, Err(RunError::GroupWithoutNotify(l)) if l.name() == LEASE),
+        "{refused:?}"
+    );
+    let alone = locker
+        .run(LEASE, |_| async { Ok::<(), std::io::Error>(()) })
+        .await;
+    assert!(alone.is_ok(), "{alone:?}");
+}

@@ -353,6 +353,11 @@ fn usage_errors_exit_2_on_one_line_without_touching_the_database() {
             None,
         ),
         (
+            "shards without notifications",
+            vec!["run", "--no-notify", "--shards", "2", "job", "--", "true"],
+            None,
+        ),
+        (
             "bad connection string",
             vec![
                 "run",

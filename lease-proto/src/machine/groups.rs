@@ -30,7 +30,9 @@
 //!   holder while the membership holds; the holder hands it over if its own
 //!   share gives the key to the claimant (a holder whose share differs, as
 //!   with different key sets, keeps it). So an owner that was frozen past
-//!   the bound (its keys taken, then offered it no more) gets them back.
+//!   the bound (its keys taken, then offered it no more) gets them back;
+//!   hence a group run needs [`Options::notify_handover`](crate::Options)
+//!   (`RunRejected::GroupWithoutNotify` in `Machine::run`).
 //! - **Announcements** on the handover channel (`group <id>`): a member
 //!   that joins, one whose read finds a member gone, one that leaves, and
 //!   one that won keys of the group announce it; every member reads again at

@@ -120,6 +120,10 @@ pub enum RunRejected {
     },
     /// The machine refused its setup earlier; see [`Refusal`].
     Refused(Refusal),
+    /// A run in a lease group ([`LeaseId::in_group`]) on a machine without
+    /// [`Options::notify_handover`]: a group needs the handover channel (see
+    /// the crate's `docs/library.md`, "Lease groups").
+    GroupWithoutNotify(LeaseId),
 }
 
 impl fmt::Display for RunRejected {
@@ -133,6 +137,11 @@ impl fmt::Display for RunRejected {
                 "this locker already runs {cap} leases (max_leases); the server's lock table is shared by every session"
             ),
             RunRejected::Refused(r) => write!(f, "{r}"),
+            RunRejected::GroupWithoutNotify(l) => write!(
+                f,
+                "lease {l} is in lease group {}, and a lease group needs handover notifications (notify_handover is off)",
+                l.group().map_or("", |g| g.name())
+            ),
         }
     }
 }
@@ -304,11 +313,16 @@ impl Machine {
     /// # Errors
     /// [`RunRejected::AlreadyRunning`] if a run of this machine has the same key,
     /// [`RunRejected::TooManyLeases`] past [`Options::max_leases`],
-    /// [`RunRejected::Refused`] after a refused setup.
+    /// [`RunRejected::Refused`] after a refused setup,
+    /// [`RunRejected::GroupWithoutNotify`] for a lease of a group without
+    /// [`Options::notify_handover`].
     pub fn run(&mut self, now: Instant, lease: LeaseId) -> Result<RunId, RunRejected> {
         let now = self.timers.clock(now);
         if let Phase::Refused(r) = &self.phase {
             return Err(RunRejected::Refused(r.clone()));
+        }
+        if lease.group().is_some() && !self.opts.notify_handover {
+            return Err(RunRejected::GroupWithoutNotify(lease));
         }
         if self.runs.has_key(lease.key()) {
             return Err(RunRejected::AlreadyRunning(lease));

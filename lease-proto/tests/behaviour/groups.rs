@@ -280,3 +280,29 @@ fn a_member_hands_a_key_over_when_its_owner_claims_it() {
         .iter()
         .any(|e| matches!(e, Event::HandedOver { to: 9, .. })));
 }
+
+/// A run in a lease group on a machine without handover notifications is refused
+/// (`RunRejected::GroupWithoutNotify`); a run in no group is not. A group needs the
+/// handover channel: a member frozen past the free bound (its keys taken by another
+/// member, then offered it no more while the membership holds) gets them back only by
+/// claiming them there. Without it the group stayed unbalanced until the membership
+/// changed: `scenarios::a_member_frozen_past_the_free_bound_gets_its_share_back` with
+/// `notify_handover` off came out `[4, 0]` 6 s (30 retry intervals) after the thaw.
+#[test]
+fn a_group_run_without_handover_notifications_is_refused() {
+    let mut o = opts();
+    o.notify_handover = false;
+    let mut h = harness(o);
+    let a = lease("a").in_group(GroupId::named("g").unwrap());
+    let refused = h.start(a.clone());
+    assert_eq!(refused, Err(RunRejected::GroupWithoutNotify(a)));
+    assert_eq!(
+        refused.unwrap_err().to_string(),
+        format!(
+            "lease a ({}) is in lease group g, and a lease group needs handover notifications \
+             (notify_handover is off)",
+            key("a")
+        )
+    );
+    assert!(h.start(lease("b")).is_ok(), "a run in no group");
+}

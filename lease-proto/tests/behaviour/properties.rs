@@ -2111,9 +2111,17 @@ const GROUP: &str = "reconcilers";
 /// times its number of leases (3 to 9 keys over 2 to 4 members).
 fn group_config(case: &Case, mutation: Option<Mutation>) -> SimConfig {
     let mut cfg = case.config(mutation);
-    cfg.group = Some(GROUP.into());
-    cfg.leases = (0..case.leases * 3).map(|i| format!("job-{i}")).collect();
+    in_a_group(&mut cfg, case.leases);
     cfg
+}
+
+/// Every run of `cfg` in one lease group, with three times `leases` leases,
+/// and handover notifications on: a group run is refused without them
+/// (`RunRejected::GroupWithoutNotify`).
+fn in_a_group(cfg: &mut SimConfig, leases: usize) {
+    cfg.group = Some(GROUP.into());
+    cfg.leases = (0..leases * 3).map(|i| format!("job-{i}")).collect();
+    cfg.options.notify_handover = true;
 }
 
 /// Cases for the share's properties: the generator's, where the validity
@@ -2124,9 +2132,15 @@ fn group_config(case: &Case, mutation: Option<Mutation>) -> SimConfig {
 /// share never settles (safety holds either way; the strong-safety property
 /// in a group runs on every case).
 fn group_case(fault: BoxedStrategy<Fault>) -> impl Strategy<Value = Case> {
-    case(guard(), fault).prop_filter("validity spans four round trips", |c| {
-        c.knobs.options().validity_window() >= c.knobs.one_way() * 8
-    })
+    case(guard(), fault)
+        .prop_filter("validity spans four round trips", |c| {
+            c.knobs.options().validity_window() >= c.knobs.one_way() * 8
+        })
+        // A lease group needs handover notifications (see [`in_a_group`]).
+        .prop_map(|mut c| {
+            c.knobs.notify = true;
+            c
+        })
 }
 
 /// How long after healing (and the liveness bound) the share takes to
@@ -2202,11 +2216,7 @@ proptest! {
     fn strong_safety_contract_and_no_leaks_in_a_lease_group(
         case in case(guard(), client_fault(4).boxed())
     ) {
-        let leases = case.leases * 3;
-        strong_safety_with(&case, None, |cfg| {
-            cfg.group = Some(GROUP.into());
-            cfg.leases = (0..leases).map(|i| format!("job-{i}")).collect();
-        })?;
+        strong_safety_with(&case, None, |cfg| in_a_group(cfg, case.leases))?;
     }
 
     /// After every fault healed, every lease is led and each live member

@@ -794,7 +794,10 @@ fn frozen_owner_share() -> Vec<usize> {
 }
 
 /// A member frozen past the free bound gets its share back when it thaws: it claims its
-/// keys on the handover channel and the holder hands them over.
+/// keys on the handover channel and the holder hands them over. Without handover
+/// notifications no claim could go out, and process 0 kept all four for good (`[4, 0]`):
+/// so a lease group needs them (`groups::a_group_run_without_handover_notifications_is_
+/// refused`).
 #[test]
 fn a_member_frozen_past_the_free_bound_gets_its_share_back() {
     assert_eq!(frozen_owner_share(), vec![2, 2]);
