@@ -424,16 +424,20 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
     let _ = write!(
         s,
         "\n## Herd: {herd} standbys on one key, SIGKILL of the holder\n\nA holder and \
-         {herd} standbys (library defaults), the SIGKILL a random fraction of {phase} after the \
-         herd stood by (every standby connected; for a second, between one and twice \
-         `HERD_WAITERS` of them waiting on the server, `pg_locks.granted = false`; the others \
-         poll). First start: SIGKILL → the \
-         first standby's `start` (ms). Leaders: standbys that started a job in the second \
-         after the SIGKILL, and backends holding the key at its end. Statements: what the \
-         {herd} standbys sent in that second, counted in the server log (`log_statement = \
-         all`), and, to set against it, what the holder and the standbys sent in the second \
-         before the SIGKILL (the pollers' periodic tries go on either way). Waiting: requests for the key not granted just before the SIGKILL and at the \
-         end of that second.\n\n"
+         {herd} standbys (library defaults). The herd stands by once every standby is \
+         connected and, for a second, between one and twice `HERD_WAITERS` of them wait on \
+         the server (`pg_locks.granted = false`; the others poll). The pollers' periodic \
+         tries come in rounds (each standby's first one `retry · (1 − RETRY_JITTER·u)` after \
+         its start): the SIGKILL falls at a random moment between the end of the first round \
+         and the start of the second, with the second after it (kill between polling \
+         rounds), so that the statements counted are the takeover's; when the herd took too \
+         long to start for that, a random fraction of {phase} after it stood by. First start: \
+         SIGKILL → the first standby's `start` (ms). Leaders: standbys that started a job in \
+         the second after the SIGKILL, and backends holding the key at its end. Statements: \
+         what the {herd} standbys sent in that second, counted in the server log \
+         (`log_statement = all`), and what the holder and the standbys sent in the second \
+         before the SIGKILL. Waiting: requests for the key not granted just before the \
+         SIGKILL and at the end of that second.\n\n"
     );
     let rows = (t.herd.iter())
         .map(|(driver, reps)| {
@@ -449,6 +453,7 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
                 driver.name().to_string(),
                 dist_text(&first),
                 count(reps, |x| x.leaders == 1 && x.holders == 1),
+                count(reps, |x| x.between_rounds),
                 dist(&stmts).map_or(String::new(), |d| format!("{} / {}", d.median, d.max)),
                 dist(&before).map_or(String::new(), |d| format!("{} / {}", d.median, d.max)),
                 range(|x| x.waiting_at_kill),
@@ -460,6 +465,7 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
         "driver",
         "first start (ms)",
         "exactly one leader and holder",
+        "kill between polling rounds",
         "statements in the second after: median / max",
         "in the second before: median / max",
         "waiting at the kill",
@@ -950,6 +956,7 @@ fn takeover_json(t: &Takeover) -> J {
                     "statements_in_the_second_before",
                     J::Num(x.statements_before as f64),
                 ),
+                ("kill_between_polling_rounds", J::Bool(x.between_rounds)),
             ])
         });
         J::Obj(vec![

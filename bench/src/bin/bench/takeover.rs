@@ -68,6 +68,9 @@ pub struct HerdRep {
     pub statements: usize,
     /// Statements the holder and the standbys sent in the second before the kill.
     pub statements_before: usize,
+    /// The kill and the second after it fell between two rounds of the pollers'
+    /// periodic tries.
+    pub between_rounds: bool,
 }
 
 /// Everything this phase measured.
@@ -213,9 +216,11 @@ fn herd_rep(
     holder
         .wait_start(0, setup)
         .map_err(|e| failed("the herd's holder did not start its job", e, &[&holder]))?;
+    let spawned = monotonic_nanos();
     let herd = (0..n)
         .map(|i| bench.spawn(who, &url, lease, &format!("S{i}")))
         .collect::<R<Vec<Node>>>()?;
+    let mut connected = None;
     let nodes: Vec<&Node> = herd.iter().collect();
     // The herd stands by: every standby has a session, and for a second (20 reads) some
     // of them wait on the server and at most twice HERD_WAITERS do (the others poll;
@@ -233,6 +238,9 @@ fn herd_rep(
             ))?
             .parse()
             .map_err(|e| format!("counting the herd's sessions: {e}"))?;
+        if sessions > n {
+            connected.get_or_insert_with(monotonic_nanos);
+        }
         steady = if sessions > n && (1..=most).contains(&waiting) {
             steady + 1
         } else {
@@ -244,13 +252,34 @@ fn herd_rep(
         }
         sleep(Duration::from_millis(50));
     }
-    sleep(phase.mul_f64(bench.random()));
-    // The second before the kill: what the standbys send at rest (the pollers' periodic
-    // tries), to set against the second after.
+    // The pollers' periodic tries come in rounds: each standby's first one falls
+    // `retry · (1 − RETRY_JITTER·u)` after its start, its second as long after that. So
+    // from the last start + one retry interval to the first start + twice the shortest
+    // wait nobody polls: the kill falls there when the herd started quickly enough for
+    // the second after it to fit (the statements counted are then the takeover's), else
+    // a random fraction of `phase` after the herd stood by.
+    let retry = bench.iv.retry.as_nanos() as u64;
+    let connected = connected.unwrap_or(spawned);
+    let from = connected + retry + 50_000_000;
+    let shortest = (retry as f64 * (1.0 - lease_proto::limits::RETRY_JITTER)) as u64;
+    let until = (spawned + 2 * shortest).saturating_sub(1_000_000_000);
+    let kill_at = if until > from {
+        from + ((until - from) as f64 * bench.random()) as u64
+    } else {
+        monotonic_nanos() + phase.mul_f64(bench.random()).as_nanos() as u64 + 1_000_000_000
+    };
+    let between_rounds = until > from;
+    // The second before the kill, to set against the second after.
     let log_path = bench.cluster.log_path();
     let log_len = || std::fs::metadata(&log_path).map_or(0, |m| m.len() as usize);
+    let before_at = kill_at - 1_000_000_000;
+    if let Some(left) = before_at.checked_sub(monotonic_nanos()) {
+        sleep(Duration::from_nanos(left));
+    }
     let before = log_len();
-    sleep(Duration::from_secs(1));
+    if let Some(left) = kill_at.checked_sub(monotonic_nanos()) {
+        sleep(Duration::from_nanos(left));
+    }
     let waiting_at_kill = key_rows(bench, lease, false)?;
     let from = log_len();
     let t0 = holder
@@ -293,11 +322,12 @@ fn herd_rep(
         waiting: key_rows(bench, lease, false)?,
         statements,
         statements_before,
+        between_rounds,
     };
     eprintln!(
         "bench: takeover herd {:<5} first start {} ms, {} leader(s), {} holder(s), {} waiting \
          ({} at the kill), {} statements in the second after the kill ({} in the second \
-         before)",
+         before){}",
         driver.name(),
         rep.first_ns
             .map_or("-".into(), |g| format!("{:.1}", g as f64 / 1e6)),
@@ -306,7 +336,12 @@ fn herd_rep(
         rep.waiting,
         rep.waiting_at_kill,
         rep.statements,
-        rep.statements_before
+        rep.statements_before,
+        if rep.between_rounds {
+            ", between two polling rounds"
+        } else {
+            ""
+        }
     );
     Ok(rep)
 }
