@@ -88,10 +88,13 @@ pub const RECONNECT_BASE: Duration = Duration::from_millis(50);
 /// server was down. A failure the server answered otherwise (a hot
 /// standby, too many connections, a configuration error such as a rotated
 /// password) ends the window: each such attempt costs the server a backend.
-/// The cost: up to 25 attempts a second per locker (jittered delays of 40
-/// to 80 ms after the first two) while the server stays away, at most for
-/// the window.
-pub const FAST_RECONNECT_CAP: Duration = Duration::from_millis(80);
+/// Its value keeps the restart bound at the library defaults within 100 ms
+/// of the server accepting connections: this cap, then a connection, the
+/// setup and a try (about 15 ms on loopback), then the lock delay (20 ms).
+/// The cost: up to 33 attempts a second per locker (jittered delays of 30
+/// to 60 ms after the first) while the server stays away, at most for the
+/// window.
+pub const FAST_RECONNECT_CAP: Duration = Duration::from_millis(60);
 /// How long [`FAST_RECONNECT_CAP`] holds after a ready session ended; then
 /// the delay doubles again from [`RECONNECT_BASE`] up to the retry interval.
 pub const FAST_RECONNECT_WINDOW: Duration = Duration::from_secs(20);
