@@ -55,9 +55,15 @@
 //!   key at once, and a win waits out the lock delay as any win does: the
 //!   wake rule of `wait`, unchanged. The watch session waits no more until
 //!   that try has answered (its holders are then current).
-//! - **No spin.** A wake whose following try wins nothing counts; after
+//! - **No spin.** A wake whose following try wins nothing, and finds the
+//!   key still with the holder the wait was for, counts (a spurious wake: a
+//!   client holding the key SHARED grants every wait at once); after
 //!   [`WAKE_BUDGET`] such wakes in a row it waits no more until the next
-//!   periodic try.
+//!   periodic try. A key that changed hands (a lease group's hand-off to a
+//!   new member, which this member may not even try) was released for real
+//!   and does not count: counting it paused the watcher of a member that
+//!   handed several keys over, and that member's kill was noticed a retry
+//!   interval late.
 //! - **Speed, never correctness.** A connection that fails, ends, or times
 //!   out ([`Deadline::Watch`]: the attempt, or the wait's lock timeout, plus
 //!   the query timeout) is closed and opened again no sooner than the next
@@ -80,8 +86,9 @@ pub(super) struct Watch {
     /// A wait failed otherwise than by its lock timeout: off until the
     /// lease session ends.
     off: bool,
-    /// A wait was woken and no try has answered since.
-    woken: bool,
+    /// A wait was woken and no try has answered since: its key, and the
+    /// holder the wait was for.
+    woken: Option<(i64, Option<i64>)>,
     /// Wakes in a row whose following try won nothing (see [`WAKE_BUDGET`]).
     wake_losses: u32,
     /// The longest wait the server's `deadlock_timeout` allows, from the
@@ -128,11 +135,16 @@ impl Watch {
 
     /// A wait was woken and no try answered since.
     pub(super) fn woken(&self) -> bool {
-        self.woken
+        self.woken.is_some()
+    }
+
+    /// The woken wait's key, while no try has answered since.
+    pub(super) fn woken_key(&self) -> Option<i64> {
+        self.woken.map(|(key, _)| key)
     }
 
     fn paused(&self) -> bool {
-        self.off || self.resting || self.woken || self.wake_losses >= WAKE_BUDGET
+        self.off || self.resting || self.woken.is_some() || self.wake_losses >= WAKE_BUDGET
     }
 
     /// The periodic try (not the one after a wake): a rested watch session
@@ -142,10 +154,19 @@ impl Watch {
         self.wake_losses = 0;
     }
 
-    /// A try answered; `won`: it won something.
-    pub(super) fn after_try(&mut self, won: bool) {
-        if std::mem::take(&mut self.woken) {
-            self.wake_losses = if won { 0 } else { self.wake_losses + 1 };
+    /// A try answered; `won`: it won something; `holder`: who holds the
+    /// woken wait's key now, as far as this machine knows. A wake whose try
+    /// won nothing counts against [`WAKE_BUDGET`] only if the key's holder is
+    /// still the one the wait was for (a spurious wake: a client holding the
+    /// key SHARED grants every wait at once); a key that changed hands (a
+    /// lease group's hand-off to a new member) was released for real.
+    pub(super) fn after_try(&mut self, won: bool, holder: Option<i64>) {
+        if let Some((_, watched)) = self.woken.take() {
+            if won {
+                self.wake_losses = 0;
+            } else if holder == watched {
+                self.wake_losses += 1;
+            }
         }
     }
 
@@ -303,7 +324,7 @@ impl Machine {
         }
         self.watch.conn = Conn::Closed;
         self.watch.timeout_at = None;
-        self.watch.woken = false;
+        self.watch.woken = None;
     }
 
     /// The watch session failed, ended or timed out: closed, and opened
@@ -318,7 +339,7 @@ impl Machine {
         }
         self.watch.conn = Conn::Closed;
         self.watch.timeout_at = None;
-        self.watch.woken = false;
+        self.watch.woken = None;
         self.watch.resting = true;
     }
 
@@ -397,7 +418,8 @@ impl Machine {
             return;
         }
         self.out.event(Event::KeyFreed { key });
-        self.watch.woken = true;
+        let watched = self.runs.standby_of(key).and_then(|(_, h)| h).flatten();
+        self.watch.woken = Some((key, watched));
         #[cfg(feature = "sim")] // The broken variant: a watcher that acquires.
         if self.knobs.mutation == Some(super::Mutation::WatchAcquires) {
             let token = i64::MAX / 2 + self.connector.peek_query() as i64;
