@@ -1120,15 +1120,10 @@ impl Machine {
             return self.lose_session(now, Reason::ValidityExpired, true);
         }
         self.wait.after_try(!reply.won.is_empty());
-        let woken_holder = self.watch.woken_key().and_then(|key| {
-            let seen = reply.not_won.iter().find(|(k, _)| *k == key);
-            seen.map_or_else(
-                || self.runs.standby_of(key).and_then(|(_, h)| h),
-                |(_, h)| Some(*h),
-            )
-        });
-        self.watch
-            .after_try(!reply.won.is_empty(), woken_holder.flatten());
+        let seen = (self.watch.woken_key())
+            .and_then(|key| reply.not_won.iter().find(|(k, _)| *k == key))
+            .map(|&(_, holder)| holder);
+        self.watch_try_answered(!reply.won.is_empty(), seen);
         for &won in &reply.won {
             self.runs.won(now, sent, won, window, &mut self.out);
             if let Some(group) = self.runs.group_of(won.0) {
@@ -1719,9 +1714,7 @@ impl Machine {
             if keys.is_empty() && !wanted.is_empty() {
                 // A group member that may try nothing after a wake: as a
                 // try that won nothing (the watch session waits again).
-                let holder = (self.watch.woken_key())
-                    .and_then(|key| self.runs.standby_of(key).and_then(|(_, h)| h));
-                self.watch.after_try(false, holder.flatten());
+                self.watch_try_answered(false, None);
             }
             if keys.is_empty() && retry_due {
                 // Every waiting key is reserved for another backend (a

@@ -317,6 +317,17 @@ impl Machine {
         self.watch.timeout_at = Some(now + timeout + self.opts.query_timeout);
     }
 
+    /// A try answered after the lease session acted on a wake (`won`: it
+    /// won something; `seen`: the woken key's holder as the try read it, if
+    /// it tried that key): the no-spin count of [`Watch::after_try`], with
+    /// the holder the runs last saw when the try did not read it.
+    pub(super) fn watch_try_answered(&mut self, won: bool, seen: Option<Option<i64>>) {
+        let holder = self.watch.woken_key().and_then(|key| {
+            seen.or_else(|| self.runs.standby_of(key).and_then(|(_, holder)| holder))
+        });
+        self.watch.after_try(won, holder.flatten());
+    }
+
     /// Closes the watch session because it is not called for.
     fn close_watch(&mut self) {
         if let Some(session) = self.watch.id() {
