@@ -218,6 +218,24 @@ const DEADLOCK_TIMEOUT_MS_SQL: &str =
 /// leaves its outcome for its last statement to read.
 pub const WAIT_SETTING: &str = "lease.freed";
 
+/// The transaction-local custom setting in which a [`Statement::TryLock`]
+/// after a wake leaves the woken key it took for the batch to answer as won.
+pub const WOKEN_SETTING: &str = "lease.woken";
+
+/// A transaction-local `lock_timeout` of `ms`, cut to [`wait_limit_ms`] of
+/// the session's `deadlock_timeout`, as a statement of a `DO` block.
+fn cut_lock_timeout(ms: u64) -> String {
+    format!(
+        "PERFORM pg_catalog.set_config('lock_timeout', \
+         (SELECT (CASE WHEN l OPERATOR(pg_catalog.<) {ms} THEN l ELSE {ms} END)::pg_catalog.text \
+         FROM (SELECT CASE WHEN m OPERATOR(pg_catalog.<) 1 THEN 1 ELSE m END AS l \
+         FROM (SELECT d OPERATOR(pg_catalog.-) CASE WHEN d OPERATOR(pg_catalog./) 10 \
+         OPERATOR(pg_catalog.>) 10 THEN d OPERATOR(pg_catalog./) 10 ELSE 10 END AS m \
+         FROM (SELECT {DEADLOCK_TIMEOUT_MS_SQL} AS d) AS s) AS c) AS w), true); ",
+        ms = ms.max(1)
+    )
+}
+
 /// The server-side TCP settings the setup reads back, in the order of
 /// [`Options::tcp_settings`](crate::Options::tcp_settings) and of
 /// [`SetupReply::tcp_settings`].
@@ -349,6 +367,20 @@ pub enum Statement {
         backend_pid: i64,
         /// The nonce the setup set.
         nonce: i64,
+        /// After a wake: the woken key (one of `keys`) and how long, in ms,
+        /// the try of it may wait while only other sessions' shared locks
+        /// hold it (cut like a wait's lock timeout, below the session's
+        /// `deadlock_timeout`). Those are the other waits the release woke:
+        /// each is granted at the release and keeps its lock until its
+        /// backend runs and ends its statement, on a busy server
+        /// milliseconds later; a plain try that came first lost to them.
+        /// With a key held exclusively (another session leads it), the try
+        /// does not wait. The wait is a session-level `pg_advisory_lock`
+        /// under a transaction-local `lock_timeout`, caught in a `DO` block
+        /// before the batch, after the same backend, nonce and recovery
+        /// checks; a key it took is answered as won, its token read after
+        /// it as for the others (see `WOKEN_SETTING`).
+        woken: Option<(i64, u64)>,
     },
     /// The steady heartbeat: proves the session is the same one and alive.
     /// A `(0, pg_backend_pid())` row and a `(2, nonce)` row
@@ -376,8 +408,11 @@ pub enum Statement {
     /// statement's transaction ends, before the reply is read. Nothing is
     /// left on the server whatever happens to the statement (an error, a
     /// cancel, a closed connection: a transaction-level lock cannot
-    /// outlive its transaction), and a waiter never delays a winner by more
-    /// than the few microseconds between its grant and its commit.
+    /// outlive its transaction). A woken waiter holds its shared lock from
+    /// the release until its backend runs and commits: microseconds on an
+    /// idle server, milliseconds on a busy one, during which another
+    /// session's plain try of the key loses; the try after a wake waits that
+    /// out ([`Statement::TryLock`]'s `woken`).
     ///
     /// Bounded on the server by a transaction-local `lock_timeout` of
     /// `timeout_ms`, cut to [`wait_limit_ms`] of the session's
@@ -584,12 +619,19 @@ impl Statement {
             // pooler) are read once, by an uncorrelated subquery (an init
             // plan, evaluated before the first try): a per-key `EXISTS` over
             // pg_locks made the try quadratic in the number of keys.
+            // After a wake, a DO block first waits out other sessions'
+            // shared locks on the woken key (see `woken`) and leaves the key
+            // it took in `WOKEN_SETTING`; the batch skips it (this backend
+            // holds it) and answers it as won.
             Statement::TryLock {
                 keys,
                 backend_pid,
                 nonce,
+                woken,
             } => format!(
-                "WITH t AS (SELECT pg_catalog.array_agg(k) AS won FROM pg_catalog.unnest({a}) AS k \
+                "{prelude}WITH t AS (SELECT CASE WHEN z.k IS NULL THEN a.won \
+                 ELSE pg_catalog.array_append(coalesce(a.won, '{{}}'), z.k) END AS won \
+                 FROM (SELECT pg_catalog.array_agg(k) AS won FROM pg_catalog.unnest({a}) AS k \
                  WHERE CASE WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.<>) {backend_pid} \
                  OR coalesce(pg_catalog.current_setting('{NONCE_SETTING}', true) \
                  OPERATOR(pg_catalog.<>) '{nonce}', true) \
@@ -597,7 +639,9 @@ impl Statement {
                  WHEN k OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.k \
                  FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS o \
                  WHERE o.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())) THEN false \
-                 ELSE pg_catalog.pg_try_advisory_lock(k) END), \
+                 ELSE pg_catalog.pg_try_advisory_lock(k) END) AS a, \
+                 (SELECT CASE WHEN s OPERATOR(pg_catalog.<>) '' THEN s::pg_catalog.int8 END AS k \
+                 FROM pg_catalog.current_setting('{WOKEN_SETTING}', true) AS s) AS z), \
                  x AS (SELECT t.won, CASE WHEN t.won IS NOT NULL THEN \
                  {TOKEN_CLOCK_OFFSET}::pg_catalog.int8 OPERATOR(pg_catalog.+) \
                  (extract(epoch FROM pg_catalog.clock_timestamp()) \
@@ -612,6 +656,26 @@ impl Statement {
                  LEFT JOIN ({THIS_DATABASE_ADVISORY_LOCKS}) AS h ON h.k OPERATOR(pg_catalog.=) l.k \
                  WHERE NOT (l.k OPERATOR(pg_catalog.=) ANY (coalesce(x.won, '{{}}')))",
                 a = KeyArray(keys),
+                prelude = match woken {
+                    Some((k, ms)) if keys.contains(k) => format!(
+                        "DO $lease$BEGIN IF pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) {backend_pid} \
+                         AND pg_catalog.current_setting('{NONCE_SETTING}', true) \
+                         OPERATOR(pg_catalog.=) '{nonce}' AND NOT pg_catalog.pg_is_in_recovery() \
+                         AND NOT EXISTS (SELECT FROM pg_catalog.pg_locks \
+                         WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
+                         AND objsubid OPERATOR(pg_catalog.=) 1 AND granted \
+                         AND mode OPERATOR(pg_catalog.<>) 'ShareLock' \
+                         AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+                         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+                         AND {} OPERATOR(pg_catalog.=) ({k})::pg_catalog.int8) THEN \
+                         {}BEGIN PERFORM pg_catalog.pg_advisory_lock({k}); \
+                         PERFORM pg_catalog.set_config('{WOKEN_SETTING}', ({k})::pg_catalog.int8::pg_catalog.text, true); \
+                         EXCEPTION WHEN lock_not_available THEN NULL; END; END IF; END$lease$; ",
+                        advisory_key!(),
+                        cut_lock_timeout(*ms),
+                    ),
+                    _ => String::new(),
+                },
             ),
             Statement::Heartbeat => format!(
                 "SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
@@ -631,13 +695,7 @@ impl Statement {
                 crowd,
             } => format!(
                 "{WAIT_PRELUDE_SQL}\
-                 DO $lease$BEGIN {crowded}PERFORM pg_catalog.set_config('lock_timeout', \
-                 (SELECT (CASE WHEN l OPERATOR(pg_catalog.<) {ms} THEN l ELSE {ms} END)::pg_catalog.text \
-                 FROM (SELECT CASE WHEN m OPERATOR(pg_catalog.<) 1 THEN 1 ELSE m END AS l \
-                 FROM (SELECT d OPERATOR(pg_catalog.-) CASE WHEN d OPERATOR(pg_catalog./) 10 \
-                 OPERATOR(pg_catalog.>) 10 THEN d OPERATOR(pg_catalog./) 10 ELSE 10 END AS m \
-                 FROM (SELECT {DEADLOCK_TIMEOUT_MS_SQL} AS d) AS s) AS c) AS w), true); \
-                 PERFORM pg_catalog.pg_advisory_xact_lock_shared({key}); \
+                 DO $lease$BEGIN {crowded}{cut}PERFORM pg_catalog.pg_advisory_xact_lock_shared({key}); \
                  PERFORM pg_catalog.set_config('{WAIT_SETTING}', '1', true); \
                  EXCEPTION WHEN lock_not_available THEN \
                  PERFORM pg_catalog.set_config('{WAIT_SETTING}', '0', true); END$lease$; \
@@ -652,7 +710,7 @@ impl Statement {
                 heartbeat_tag::NONCE,
                 heartbeat_tag::FREED,
                 heartbeat_tag::DEADLOCK_TIMEOUT_MS,
-                ms = (*timeout_ms).max(1),
+                cut = cut_lock_timeout(*timeout_ms),
                 crowded = crowd.map_or(String::new(), |n| format!(
                     "IF {n} OPERATOR(pg_catalog.<=) (SELECT pg_catalog.count(pid) FROM pg_catalog.pg_locks \
                      WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
@@ -1434,6 +1492,7 @@ mod tests {
             keys: vec![1],
             backend_pid: 7,
             nonce: 9,
+            woken: None,
         }
         .sql();
         assert!(sql.contains("pg_catalog.clock_timestamp()"), "{sql}");
@@ -1505,6 +1564,13 @@ mod tests {
                 keys: vec![i64::MIN, -1, 7],
                 backend_pid: 99,
                 nonce: -3,
+                woken: None,
+            },
+            Statement::TryLock {
+                keys: vec![i64::MIN, -1, 7],
+                backend_pid: 99,
+                nonce: -3,
+                woken: Some((-1, 100)),
             },
             Statement::Heartbeat,
             Statement::Verify,
@@ -1815,7 +1881,8 @@ mod tests {
         assert!(Statement::TryLock {
             keys: vec![1],
             backend_pid: 7,
-            nonce: 9
+            nonce: 9,
+            woken: None,
         }
         .sql()
         .contains(ADVISORY_KEY_SQL));

@@ -65,6 +65,12 @@ pub enum Mutation {
     /// a locker that holds another lease) that wins a key the server freed
     /// a moment ago by ending its holder's session starts the job at once.
     LockDelayOnlyAfterWakes,
+    /// A try after a wake that does not wait for the woken key, as the
+    /// machine once had it: the first woken standby to try loses to the
+    /// shared lock of a wait the same release woke whose backend has not
+    /// run yet, waits again, loses again, and after `WAKE_BUDGET` such
+    /// wakes waits no more until its next periodic try.
+    TryAfterWakeWaitsNot,
     /// An observer that tries: its standbys try their keys as any
     /// standby's do (it still never waits on the server nor joins a
     /// group), so it leads a free key.

@@ -69,7 +69,7 @@ use watch::Watch;
 pub use deadline::Deadline;
 pub use groups::assign as group_share;
 pub use status::{LastError, LeaseState, LeaseStatus, SessionState, Status};
-pub use wait::{HERD_WAITERS, MIN_WAIT, WAKE_BUDGET};
+pub use wait::{HERD_WAITERS, MIN_WAIT, WAKE_BUDGET, WAKE_TRY_WAIT};
 
 /// Least `server_version_num` without the server guard (`pg_current_xact_id`).
 pub const MIN_SERVER_VERSION: i64 = 130_000;
@@ -761,12 +761,20 @@ impl Machine {
         let Some(up) = self.session.up_mut() else {
             return;
         };
-        let statement = what.statement(up, settings, self.opts.notify_handover);
+        // A try after a wake may wait for the woken key (see `wait`, "Woken").
+        let woken = match what {
+            What::Try(_) => (self.wait.woken_key())
+                .or_else(|| self.watch.woken_key())
+                .map(|k| (k, WAKE_TRY_WAIT.min(self.opts.query_timeout / 4))),
+            _ => None,
+        };
+        #[cfg(feature = "sim")] // The broken variant: the try does not wait.
+        let woken = woken.filter(|_| self.knobs.mutation != Some(Mutation::TryAfterWakeWaitsNot));
+        let statement = what.statement(up, settings, self.opts.notify_handover, woken);
         let query = self.connector.next_query(now);
-        self.timers.set(
-            Deadline::Query,
-            now + what.blocks() + self.opts.query_timeout,
-        );
+        let blocks = what.blocks() + woken.map_or(Duration::ZERO, |(_, wait)| wait);
+        self.timers
+            .set(Deadline::Query, now + blocks + self.opts.query_timeout);
         let probe = matches!(what, What::Probe);
         up.inflight = Some(InFlight {
             id: query,
@@ -1883,6 +1891,7 @@ mod tests {
                 keys,
                 backend_pid,
                 nonce,
+                woken: _,
             },
         ) = query(&mut m)
         else {
@@ -1956,6 +1965,7 @@ mod tests {
                 keys,
                 backend_pid,
                 nonce,
+                woken: _,
             },
         ) = query(&mut m)
         else {

@@ -184,11 +184,14 @@ pub(super) enum What {
 impl What {
     /// The statement to send for this on session `up`; `settings`: the
     /// setup's settings by statement, if they go that way.
+    /// `woken`: for a try after a wake, its key and how long the try may
+    /// wait for it (see `wait`, "Woken").
     pub(super) fn statement(
         &self,
         up: &Up,
         settings: Vec<(&'static str, String)>,
         notify: bool,
+        woken: Option<(i64, Duration)>,
     ) -> Statement {
         let nonce = up.nonce;
         match self {
@@ -200,6 +203,9 @@ impl What {
                 keys: keys.clone(),
                 backend_pid: up.stage.backend_pid().unwrap_or(0),
                 nonce,
+                woken: woken
+                    .filter(|(k, _)| keys.contains(k))
+                    .map(|(k, wait)| (k, wait.as_millis().max(1) as u64)),
             },
             What::Heartbeat => Statement::Heartbeat,
             What::Verify => Statement::Verify,

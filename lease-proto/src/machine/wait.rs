@@ -22,6 +22,15 @@
 //!   starts its job after [`Options::lock_delay`](crate::Options::lock_delay) unless the
 //!   release was graceful (the rule: `Machine::try_answered`). A wait never
 //!   acquires: the try does, and its send time confirms the lease as for any try.
+//!   Every wait queued on the key was granted its shared lock at the release
+//!   and keeps it until its backend runs and ends the statement: on a busy
+//!   server, milliseconds. So the try of the woken key waits while only
+//!   other sessions' shared locks hold it, up to [`WAKE_TRY_WAIT`] (the
+//!   statement's `woken`); a key held exclusively (another standby's try
+//!   came first) is not waited for. Before, the first standby to try lost to
+//!   a slower one's shared lock, waited again (granted at once beside the
+//!   other shared locks), lost again, and after [`WAKE_BUDGET`] such wakes
+//!   waited no more until its next periodic try.
 //! - **Below `deadlock_timeout`.** No wait blocks as long as the server's
 //!   `deadlock_timeout` (1 s by default; any role can read it): one that
 //!   does runs the deadlock detector and, with `log_lock_waits = on`,
@@ -84,6 +93,13 @@ pub const HERD_WAITERS: u32 = 2;
 /// the try is as good.
 pub const MIN_WAIT: Duration = Duration::from_millis(20);
 
+/// Longest the try that follows a wake waits for the woken key while only
+/// other sessions' shared locks hold it: the other waits the same release
+/// woke, each granted at the release and holding its lock until its backend
+/// runs (see `wait`, "Woken"). Cut to a quarter of the query timeout, and
+/// below the session's `deadlock_timeout` by the server.
+pub const WAKE_TRY_WAIT: Duration = Duration::from_millis(100);
+
 /// The standby's waits on the server, across sessions: the rule above, by
 /// the state it needs. The machine asks it for the next wait
 /// ([`ServerWait::next`]) and tells it what a wait, a try and a notification
@@ -139,6 +155,11 @@ impl ServerWait {
     /// Whether the last wait was woken and no try answered since.
     pub(super) fn woken(&self) -> bool {
         self.woken
+    }
+
+    /// The woken wait's key, while no try has answered since.
+    pub(super) fn woken_key(&self) -> Option<i64> {
+        self.cursor.filter(|_| self.woken)
     }
 
     /// The wait to send now among the `wanted` keys, with `retry` the retry

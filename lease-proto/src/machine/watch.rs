@@ -302,6 +302,7 @@ impl Machine {
                 keys: vec![key],
                 backend_pid: own,
                 nonce: 0,
+                woken: None,
             },
             _ => statement,
         };

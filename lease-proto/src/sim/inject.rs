@@ -89,9 +89,11 @@ impl Injected {
                 mut keys,
                 backend_pid,
                 nonce,
+                woken,
             } if ran > 0 => {
                 keys.truncate(ran);
                 Statement::TryLock {
+                    woken: woken.filter(|(k, _)| keys.contains(k)),
                     keys,
                     backend_pid,
                     nonce,

@@ -335,8 +335,8 @@ impl Postgres {
     }
 
     fn wake_waiters(&mut self, now: Duration) {
-        for (w, rows) in self.server.woken() {
-            let done = now + self.server.slow;
+        for (w, rows, runs_at) in self.server.woken(now) {
+            let done = runs_at + self.server.slow;
             self.server.unblocked(w.conn, done);
             self.arm_idle(w.conn);
             self.outputs.push_back(ServerOutput::Reply {
@@ -398,6 +398,7 @@ mod tests {
             keys: vec![42],
             backend_pid: pid,
             nonce: 5,
+            woken: None,
         };
         pg.query(MS, conn, QueryId(2), &try_lock);
         assert!(matches!(

@@ -272,6 +272,9 @@ pub(super) struct Server {
     /// key → owners of shared locks kept by waits (only with
     /// [`ServerConfig::wait_keeps_shared_lock`]).
     shared: BTreeMap<i64, std::collections::BTreeSet<u64>>,
+    /// Shared locks of woken waits whose backends have not run yet (see
+    /// [`ServerConfig::woken_backend_lag`]): (key, owner, until).
+    woken_shared: Vec<(i64, u64, Duration)>,
     next_pid: i64,
     /// The last transaction id assigned (only the broken
     /// [`ServerConfig::legacy_tokens`] assign any).
@@ -308,6 +311,7 @@ impl Server {
             members: Default::default(),
             waiters: Vec::new(),
             shared: BTreeMap::new(),
+            woken_shared: Vec::new(),
             next_pid: 1000,
             next_xid: 700,
             flushed_xid: 700,
@@ -666,6 +670,7 @@ impl Server {
                 keys,
                 backend_pid,
                 nonce,
+                woken: _,
             } => {
                 // The statement's own checks: this backend and this nonce,
                 // or nothing is tried; a key this backend holds is not tried.
@@ -681,7 +686,9 @@ impl Server {
                         continue;
                     }
                     let shared_by_other = (self.shared.get(&k))
-                        .is_some_and(|owners| owners.iter().any(|o| *o != owner));
+                        .is_some_and(|owners| owners.iter().any(|o| *o != owner))
+                        || (self.woken_shared.iter())
+                            .any(|(key, o, until)| *key == k && *o != owner && *until > now);
                     match self.locks.get(&k) {
                         None if shared_by_other => lost.push((k, None)),
                         None if ok => {
@@ -850,10 +857,43 @@ impl Server {
         })
     }
 
+    /// When the other sessions' shared locks on `key` that a try after a
+    /// wake on `conn` waits for end (`Duration::MAX`: not before the try's
+    /// lock timeout), or `None` if it does not wait: no such lock, or the
+    /// key is held exclusively (see `Statement::TryLock`'s `woken`).
+    pub(super) fn woken_try_waits(&self, conn: u64, key: i64, now: Duration) -> Option<Duration> {
+        let owner = self.owner(conn);
+        if self.locks.contains_key(&key) {
+            return None;
+        }
+        let kept = self.cfg.foreign_shared_keys.contains(&key)
+            || (self.shared.get(&key)).is_some_and(|owners| owners.iter().any(|o| *o != owner));
+        if kept {
+            return Some(Duration::MAX);
+        }
+        (self.woken_shared.iter())
+            .filter(|(k, o, until)| *k == key && *o != owner && *until > now)
+            .map(|(_, _, until)| *until)
+            .max()
+    }
+
+    /// A statement of `conn` waits on the server until `until`: its backend
+    /// is not idle meanwhile.
+    pub(super) fn busy(&mut self, conn: u64, until: Duration) {
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            s.busy_until = s.busy_until.max(until);
+        }
+    }
+
     /// Waits whose key is free now (or held by their own owner), removed
     /// from the queue, with the reply each gets: the rows of its session.
-    pub(super) fn woken(&mut self) -> Vec<(Waiter, Vec<Row>)> {
-        let mut woken = Vec::new();
+    /// Each keeps its shared lock until its backend runs, when its reply
+    /// leaves: the n-th woken wait of a key n - 1 times
+    /// [`ServerConfig::woken_backend_lag`] after `now`.
+    pub(super) fn woken(&mut self, now: Duration) -> Vec<(Waiter, Vec<Row>, Duration)> {
+        self.woken_shared.retain(|(_, _, until)| *until > now);
+        let lag = self.cfg.woken_backend_lag;
+        let mut woken: Vec<(Waiter, Vec<Row>, Duration)> = Vec::new();
         let mut i = 0;
         while i < self.waiters.len() {
             let w = &self.waiters[i];
@@ -866,8 +906,13 @@ impl Server {
             let Some(s) = self.sessions.get(&w.conn) else {
                 continue;
             };
+            // The scheduler runs the woken backends one after another.
+            let before = (woken.iter()).filter(|(o, _, _)| o.key == w.key).count();
+            let runs_at = now + lag * before as u32;
             if self.cfg.wait_keeps_shared_lock {
                 self.shared.entry(w.key).or_default().insert(owner);
+            } else if runs_at > now {
+                self.woken_shared.push((w.key, owner, runs_at));
             }
             let nonce = if self.cfg.pooler_one_backend {
                 self.backend_nonce
@@ -875,7 +920,7 @@ impl Server {
                 s.nonce
             };
             let rows = reply::wait(s.pid, nonce, true, self.reported_deadlock_timeout());
-            woken.push((w, rows));
+            woken.push((w, rows, runs_at));
         }
         woken
     }
@@ -966,6 +1011,7 @@ impl Server {
         self.locks.retain(|_, (owner, _)| *owner != conn);
         self.members.retain(|(_, owner)| *owner != conn);
         self.waiters.retain(|w| w.conn != conn);
+        self.woken_shared.retain(|(_, o, _)| *o != conn);
         for owners in self.shared.values_mut() {
             owners.remove(&conn);
         }
@@ -1009,6 +1055,38 @@ impl Sim {
                 query,
                 statement,
             } => {
+                // A try after a wake waits out other sessions' shared locks
+                // on the woken key: it runs when they end, or at its lock
+                // timeout without the wait.
+                if let Statement::TryLock {
+                    keys,
+                    backend_pid,
+                    nonce,
+                    woken: Some((key, ms)),
+                } = &statement
+                {
+                    if let Some(until) = self.server.woken_try_waits(conn, *key, self.now) {
+                        let deadlock_ms = self.server.cfg.deadlock_timeout.as_millis() as i64;
+                        let limit = crate::sql::wait_limit_ms(deadlock_ms).max(1) as u64;
+                        let deadline = self.now + Duration::from_millis((*ms).min(limit));
+                        let at = until.min(deadline);
+                        let left = (deadline - at).as_millis() as u64;
+                        let statement = Statement::TryLock {
+                            keys: keys.clone(),
+                            backend_pid: *backend_pid,
+                            nonce: *nonce,
+                            woken: (left > 0).then_some((*key, left)),
+                        };
+                        self.server.busy(conn, at);
+                        let msg = ToServer::Query {
+                            conn,
+                            query,
+                            statement,
+                        };
+                        self.queue.push(at, Ev::AtServer(p, msg));
+                        return;
+                    }
+                }
                 // Statement faults: see `inject`.
                 let injected = self.inject(&statement);
                 let ran = injected.ran(statement.clone());
@@ -1110,7 +1188,7 @@ impl Sim {
 
     /// Answers every queued wait whose key is free now.
     fn wake_waiters(&mut self) {
-        for (w, rows) in self.server.woken() {
+        for (w, rows, runs_at) in self.server.woken(self.now) {
             self.lock_wait_ended(&w);
             let wait = Statement::Wait {
                 key: w.key,
@@ -1118,7 +1196,7 @@ impl Sim {
                 crowd: None,
             };
             let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
-            let done = self.now + self.server.slow;
+            let done = runs_at + self.server.slow;
             self.server.unblocked(w.conn, done);
             self.arm_idle(w.conn);
             self.reply_at(w.p, w.conn, w.query, done, result);

@@ -192,6 +192,7 @@ impl H {
             keys,
             backend_pid,
             nonce,
+            woken: _,
         } = self.statement()
         else {
             panic!("expected a try, got {:?}", self.statement())

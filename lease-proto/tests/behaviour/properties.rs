@@ -1293,6 +1293,164 @@ fn takeover_case(
     Ok((took.as_secs_f64() * 1e3, ratio))
 }
 
+/// Instant takeover on a busy server: every wait a release wakes keeps its
+/// shared lock until its backend runs, and the scheduler runs them one after
+/// another (`ServerConfig::woken_backend_lag`, up to tens of ms drawn here,
+/// on a fast network); at the holder's crash one standby freezes (its backend
+/// runs, its client does not: it never tries). The next leader leads within
+/// the bound of [`instant_takeover_after_a_holder_crash`] plus the time the
+/// woken backends took to run: the try after a wake waits for them
+/// (`WAKE_TRY_WAIT`). Over generated options, latencies, process counts,
+/// lags and crash times.
+#[test]
+fn instant_takeover_on_a_busy_server() {
+    let mut runner = TestRunner::new(config(None));
+    let took = std::sync::Mutex::new(Vec::new());
+    let result = runner.run(&busy_takeover_cases(), |case| {
+        took.lock().unwrap().extend(busy_takeover_case(case, None)?);
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let mut t = took.into_inner().unwrap();
+    t.sort_by(f64::total_cmp);
+    let q = |f: f64| t[((t.len() - 1) as f64 * f) as usize];
+    eprintln!(
+        "takeover on a busy server over {} cases (the others: the frozen standby's try won): \
+         p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms",
+        t.len(),
+        q(0.5),
+        q(0.9),
+        q(1.0)
+    );
+}
+
+/// Broken variant: a try after a wake that does not wait for the woken key
+/// (the machine before `WAKE_TRY_WAIT`) loses to the frozen standby's shared
+/// lock until its wake budget is spent, and leads only at its periodic try.
+#[test]
+fn broken_a_try_after_a_wake_that_does_not_wait_is_caught() {
+    let mut runner = deterministic(shrinking(50, None));
+    let result = runner.run(&busy_takeover_cases(), |case| {
+        busy_takeover_case(case, Some(Mutation::TryAfterWakeWaitsNot)).map(drop)
+    });
+    match result {
+        Err(TestError::Fail(reason, _)) => {
+            let reason = reason.to_string();
+            assert!(reason.contains("took over"), "{reason}");
+            eprintln!(
+                "a try that does not wait: {}",
+                reason.lines().next().unwrap_or("")
+            );
+        }
+        other => panic!("the property did not catch a try that does not wait: {other:?}"),
+    }
+}
+
+/// Options, processes (a holder and 2 to 4 standbys), a seed, when the holder
+/// crashes, the woken backends' lag in µs, and which standby freezes.
+fn busy_takeover_cases() -> impl Strategy<Value = (Knobs, usize, u64, u64, u64, usize)> {
+    (
+        knobs(guard()),
+        3..6usize,
+        any::<u64>(),
+        500..5000u64,
+        1_000..40_000u64,
+        any::<usize>(),
+    )
+}
+
+/// One case of [`instant_takeover_on_a_busy_server`]: the takeover in ms,
+/// `None` when the frozen standby's own try won.
+fn busy_takeover_case(
+    (knobs, processes, seed, crash_ms, lag_us, frozen): (Knobs, usize, u64, u64, u64, usize),
+    mutation: Option<Mutation>,
+) -> Result<Option<f64>, TestCaseError> {
+    let knobs = Knobs {
+        wait: true,
+        // A fast network: the lag dwarfs the round trip.
+        latency_us: knobs.latency_us / 20,
+        jitter_us: knobs.jitter_us / 20,
+        link_us: knobs.link_us.iter().map(|us| us / 20).collect(),
+        send_buffer_rows: None,
+        tcp_give_up_ms: None,
+        ..knobs
+    };
+    let case = Case {
+        knobs,
+        processes,
+        leases: 1,
+        seed,
+        exits: false,
+        faults: vec![],
+    };
+    let mut cfg = case.config(mutation);
+    let o = cfg.options.clone();
+    // The woken backends run within what the try after a wake waits.
+    let waits = lease_proto::limits::WAKE_TRY_WAIT.min(o.query_timeout / 4);
+    let woken_most = (processes - 2) as u32;
+    let lag = Duration::from_micros(lag_us).min(waits.saturating_sub(ms(1)) / woken_most);
+    cfg.server.woken_backend_lag = lag;
+    let local = (o.lock_delay.max(lease_proto::limits::MIN_WAIT)).mul_f64(1.0 / (1.0 - cfg.drift));
+    let bound = local + lag * woken_most + one_way(&cfg) * 6 + ms(2);
+    let mut sim = Sim::new(cfg.clone(), Instant::now());
+    let leads = |sim: &Sim| (0..processes).any(|p| sim.leads(p, "job-0")).then_some(());
+    run_until_found(&mut sim, &cfg, (ms(1), ms(10_000)), "nobody leads", leads)?;
+    sim.run_until(sim.now() + ms(crash_ms));
+    let holder = (0..processes).find(|p| sim.leads(*p, "job-0"));
+    prop_assert!(
+        holder.is_some(),
+        "nobody leads at the crash\n{}",
+        explain(&cfg, sim.report())
+    );
+    let holder = holder.unwrap_or_default();
+    let others: Vec<usize> = (0..processes).filter(|p| *p != holder).collect();
+    let frozen = others[frozen % others.len()];
+    let t0 = sim.now();
+    let crash = Fault::Crash {
+        process: holder,
+        restart_after: None,
+    };
+    sim.schedule(t0, crash);
+    let duration = bound * 2 + o.retry_interval * 2 + o.query_timeout;
+    sim.schedule(
+        t0,
+        Fault::Freeze {
+            process: frozen,
+            duration,
+        },
+    );
+    let deadline = t0 + bound + o.retry_interval * 2 + o.query_timeout;
+    let failure = format!("no takeover within {:?} of the crash", deadline - t0);
+    let step = (Duration::from_micros(200), deadline);
+    // The frozen standby's own try, in flight at the crash, may win the key
+    // (it leads when it thaws): nobody else can then, rightly.
+    let next = run_until_found(&mut sim, &cfg, step, &failure, |sim| {
+        let others =
+            (0..processes).find(|p| *p != holder && *p != frozen && sim.leads(*p, "job-0"));
+        others.or((sim.server_holder("job-0") == Some(frozen)).then_some(frozen))
+    })?;
+    if next == frozen {
+        let r = sim.finish(ms(HORIZON), settle(&cfg, &[]));
+        prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
+        return Ok(None);
+    }
+    let took = sim.now() - t0;
+    prop_assert!(
+        took <= bound,
+        "p{next} took over {took:?} after the crash of p{holder} (p{frozen} frozen), above \
+         {bound:?} (lock delay {:?}, woken backends {lag:?} apart, one-way {:?}, retry {:?})\n{}",
+        o.lock_delay,
+        one_way(&cfg),
+        o.retry_interval,
+        explain(&cfg, sim.report())
+    );
+    let r = sim.finish(ms(HORIZON), settle(&cfg, &[]));
+    prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, &r));
+    Ok(Some(took.as_secs_f64() * 1e3))
+}
+
 /// Broken variant: a machine that takes a woken wait for an acquisition
 /// (leading without the try that must follow) gives two leaders when two
 /// standbys wake together, and the strong-safety property finds it.

@@ -505,6 +505,7 @@ fn statement_prefixes_match_the_core() {
         keys: vec![1, 2],
         backend_pid: 3,
         nonce: 4,
+        woken: None,
     };
     assert!(try_lock.sql().starts_with(TRY_PREFIX), "{}", try_lock.sql());
     let wait = Statement::Wait {
