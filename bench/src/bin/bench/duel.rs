@@ -108,7 +108,15 @@ impl Contender {
         }
     }
 
-    fn spawn(self, bins: &Bins, iv: &Intervals, url: &str, lease: &str, label: &str) -> R<Node> {
+    /// Spawns it; `polled`: a `replica`'s status poller on (its `pid` and `valid`
+    /// lines), else off (`--status-poll 0`).
+    fn spawn(
+        self,
+        bins: &Bins,
+        iv: &Intervals,
+        (url, lease, label): (&str, &str, &str),
+        polled: bool,
+    ) -> R<Node> {
         match self {
             Contender::Replica {
                 driver,
@@ -117,6 +125,9 @@ impl Contender {
             } => {
                 let mut rc = replica(iv, driver, design, url, lease, 1);
                 rc.lock_delay = lock_delay;
+                if !polled {
+                    rc.status_poll = Duration::ZERO;
+                }
                 rc.spawn(&bins.replica, label)
                     .map_err(|e| format!("spawning replica {label}: {e}"))
             }
@@ -193,7 +204,14 @@ impl<'a> Bench<'a> {
 
     /// Spawns `who` for `lease` on database `url`.
     pub fn spawn(&self, who: Contender, url: &str, lease: &str, label: &str) -> R<Node> {
-        who.spawn(self.bins, &self.iv, url, lease, label)
+        who.spawn(self.bins, &self.iv, (url, lease, label), true)
+    }
+
+    /// [`Bench::spawn`] without the `replica`'s status poller: no `pid` or `valid`
+    /// lines, and no wake-up every 20 ms (a herd of a hundred such pollers loads a
+    /// small machine as no standby of a real fleet does).
+    pub fn spawn_unpolled(&self, who: Contender, url: &str, lease: &str, label: &str) -> R<Node> {
+        who.spawn(self.bins, &self.iv, (url, lease, label), false)
     }
 
     /// Time to start a contender and see it lead or stand by.

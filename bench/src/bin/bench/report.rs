@@ -424,7 +424,9 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
     let _ = write!(
         s,
         "\n## Herd: {herd} standbys on one key, SIGKILL of the holder\n\nA holder and \
-         {herd} standbys (library defaults). The herd stands by once every standby is \
+         {herd} standbys (library defaults; the `replica` processes without their status \
+         poller, `--status-poll 0`, whose wake-up every 20 ms in each of them loaded the \
+         machine as no standby of a real fleet does). The herd stands by once every standby is \
          connected and, for a second, between one and twice `HERD_WAITERS` of them wait on \
          the server (`pg_locks.granted = false`; the others poll). The pollers' periodic \
          tries come in rounds (each standby's first one `retry · (1 − RETRY_JITTER·u)` after \
@@ -437,7 +439,14 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
          what the {herd} standbys sent in that second, counted in the server log \
          (`log_statement = all`), and what the holder and the standbys sent in the second \
          before the SIGKILL. Waiting: requests for the key not granted just before the \
-         SIGKILL and at the end of that second.\n\n"
+         SIGKILL and at the end of that second. Where the first start's time goes, from the \
+         server log (`log_disconnections`; its times have a resolution of 1 ms): SIGKILL → the \
+         holder's backend logged its disconnection (the process died, its socket closed, the \
+         backend noticed, released its locks, which woke the waits, and exited: the machine's \
+         and the server's part), and → the first try a standby sent (the woken waits' \
+         backends and clients ran); the try, the lock-delay ({delay}) and the job's start \
+         follow.\n\n",
+        delay = ms_text(lease_proto::limits::DEFAULT_LOCK_DELAY),
     );
     let rows = (t.herd.iter())
         .map(|(driver, reps)| {
@@ -449,9 +458,13 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
                 let (lo, hi) = (v.iter().min(), v.iter().max());
                 format!("{}–{}", lo.unwrap_or(&0), hi.unwrap_or(&0))
             };
+            let gone: Vec<f64> = reps.iter().filter_map(|x| x.gone_ms).collect();
+            let first_try: Vec<f64> = reps.iter().filter_map(|x| x.first_try_ms).collect();
             vec![
                 driver.name().to_string(),
                 dist_text(&first),
+                dist_text(&gone),
+                dist_text(&first_try),
                 count(reps, |x| x.leaders == 1 && x.holders == 1),
                 count(reps, |x| x.between_rounds),
                 dist(&stmts).map_or(String::new(), |d| format!("{} / {}", d.median, d.max)),
@@ -464,6 +477,8 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
     let header = [
         "driver",
         "first start (ms)",
+        "→ holder's backend gone",
+        "→ first try",
         "exactly one leader and holder",
         "kill between polling rounds",
         "statements in the second after: median / max",
@@ -957,6 +972,8 @@ fn takeover_json(t: &Takeover) -> J {
                     J::Num(x.statements_before as f64),
                 ),
                 ("kill_between_polling_rounds", J::Bool(x.between_rounds)),
+                ("holder_backend_gone_ms", x.gone_ms.map_or(J::Null, J::Num)),
+                ("first_try_ms", x.first_try_ms.map_or(J::Null, J::Num)),
             ])
         });
         J::Obj(vec![

@@ -71,6 +71,10 @@ pub struct HerdRep {
     /// The kill and the second after it fell between two rounds of the pollers'
     /// periodic tries.
     pub between_rounds: bool,
+    /// The kill → the holder's backend logged its disconnection, in ms (server log).
+    pub gone_ms: Option<f64>,
+    /// The kill → the first try a standby sent, in ms (server log).
+    pub first_try_ms: Option<f64>,
 }
 
 /// Everything this phase measured.
@@ -180,14 +184,59 @@ fn gaps(reps: &[Rep]) -> String {
     text.join(" ")
 }
 
-/// `log_statement` server-wide (the ephemeral server only).
+/// `log_statement` and `log_disconnections` server-wide (the ephemeral server only), the
+/// log's times in UTC.
 fn set_log_statement(bench: &Bench, value: &str) -> R<()> {
     let cluster = &bench.cluster;
+    let disconnections = if value == "none" { "off" } else { "on" };
     cluster
         .sql(&format!("ALTER SYSTEM SET log_statement = '{value}'"))
+        .and_then(|_| {
+            cluster.sql(&format!(
+                "ALTER SYSTEM SET log_disconnections = {disconnections}"
+            ))
+        })
+        .and_then(|_| cluster.sql("ALTER SYSTEM SET log_timezone = 'UTC'"))
         .and_then(|_| cluster.sql("SELECT pg_reload_conf()"))
         .map(drop)
         .map_err(|e| format!("setting log_statement = {value}: {e}"))
+}
+
+/// The wall clock (UTC) in ms since midnight, as the server log's `%m` reads it.
+fn wall_ms_of_day() -> f64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (since.as_micros() % 86_400_000_000) as f64 / 1000.0
+}
+
+/// From the server log after the herd's kill (`log`, lines of the herd's sessions marked
+/// by `mark`; the kill at `wall0`, [`wall_ms_of_day`]): the kill → the holder's backend
+/// logged its disconnection (it had released its locks), and → the first try a standby
+/// sent, in ms (the log's resolution: 1 ms).
+fn herd_log_times(log: Option<&[u8]>, mark: &str, wall0: f64) -> (Option<f64>, Option<f64>) {
+    let app = mark.split(" LOG:").next().unwrap_or(mark);
+    let text = String::from_utf8_lossy(log.unwrap_or_default());
+    let at = |line: &str| {
+        // `2026-12-03 08:23:42.789 UTC [pid] app LOG:  ...`
+        let t: Vec<f64> = (line.get(11..23)?.split(':'))
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        let ms = (t.first()? * 3600.0 + t.get(1)? * 60.0 + t.get(2)?) * 1000.0 - wall0;
+        Some(if ms < -43_200_000.0 {
+            ms + 86_400_000.0
+        } else {
+            ms
+        })
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(app)).collect();
+    let gone = (lines.iter())
+        .find(|l| l.contains("LOG:  disconnection:"))
+        .and_then(|l| at(l));
+    let first_try = (lines.iter())
+        .find(|l| l.contains(mark) && l.contains("pg_try_advisory_lock("))
+        .and_then(|l| at(l));
+    (gone, first_try)
 }
 
 /// `pg_locks` rows of `lease`'s key, granted or waiting.
@@ -212,13 +261,14 @@ fn herd_rep(
     let setup = bench.setup_timeout();
     let url = bench.cluster.url(FAILOVER_DB);
     let who = library(driver, None);
-    let mut holder = bench.spawn(who, &url, lease, "holder")?;
+    // No status pollers (see `Bench::spawn_unpolled`): the herd needs only `start` lines.
+    let mut holder = bench.spawn_unpolled(who, &url, lease, "holder")?;
     holder
         .wait_start(0, setup)
         .map_err(|e| failed("the herd's holder did not start its job", e, &[&holder]))?;
     let spawned = monotonic_nanos();
     let herd = (0..n)
-        .map(|i| bench.spawn(who, &url, lease, &format!("S{i}")))
+        .map(|i| bench.spawn_unpolled(who, &url, lease, &format!("S{i}")))
         .collect::<R<Vec<Node>>>()?;
     let mut connected = None;
     let nodes: Vec<&Node> = herd.iter().collect();
@@ -282,6 +332,7 @@ fn herd_rep(
     }
     let waiting_at_kill = key_rows(bench, lease, false)?;
     let from = log_len();
+    let wall0 = wall_ms_of_day();
     let t0 = holder
         .kill9()
         .map_err(|e| failed("killing the herd's holder", e, &[&holder]))?;
@@ -310,6 +361,7 @@ fn herd_rep(
             .count()
     };
     let statements = count(text.get(from..));
+    let (gone_ms, first_try_ms) = herd_log_times(text.get(from..), &mark, wall0);
     let statements_before = count(text.get(before..from));
     let leaders = (herd.iter())
         .filter(|n| n.terms().iter().any(|t| t.start >= t0))
@@ -323,14 +375,18 @@ fn herd_rep(
         statements,
         statements_before,
         between_rounds,
+        gone_ms,
+        first_try_ms,
     };
     eprintln!(
-        "bench: takeover herd {:<5} first start {} ms, {} leader(s), {} holder(s), {} waiting \
-         ({} at the kill), {} statements in the second after the kill ({} in the second \
-         before){}",
+        "bench: takeover herd {:<5} first start {} ms (holder's backend gone {} ms, first \
+         try {} ms), {} leader(s), {} holder(s), {} waiting ({} at the kill), {} statements \
+         in the second after the kill ({} in the second before){}",
         driver.name(),
         rep.first_ns
             .map_or("-".into(), |g| format!("{:.1}", g as f64 / 1e6)),
+        rep.gone_ms.map_or("-".into(), |g| format!("{g:.0}")),
+        rep.first_try_ms.map_or("-".into(), |g| format!("{g:.0}")),
         rep.leaders,
         rep.holders,
         rep.waiting,
