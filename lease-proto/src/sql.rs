@@ -222,6 +222,61 @@ pub const WAIT_SETTING: &str = "lease.freed";
 /// after a wake leaves the woken key it took for the batch to answer as won.
 pub const WOKEN_SETTING: &str = "lease.woken";
 
+/// The parts of a [`Statement::TryLock`] after a wake on `key` (its `woken`):
+/// the statements before the batch, the batch's opening and its closing.
+///
+/// Before the batch: [`WAIT_PRELUDE_SQL`] (a role's shorter `statement_timeout`
+/// would cancel the wait), then a `DO` block that, on the setup's backend with
+/// its nonce and not in recovery, and only while no session holds the key
+/// exclusively, waits up to `ms` (cut below `deadlock_timeout`) for a
+/// session-level lock on it. A lock timeout that fires as the lock is granted
+/// raises `lock_not_available` with the lock kept, so whether this backend
+/// holds the key is read after the block either way; if it does, the block
+/// leaves in [`WOKEN_SETTING`] the key and the transaction's start time, a
+/// value no role or database setting can have set beforehand, and the batch
+/// answers the key as won (it skips it: this backend holds it).
+fn woken_try_parts(key: i64, ms: u64, backend_pid: i64, nonce: i64) -> (String, String, String) {
+    let mark = format!(
+        "pg_catalog.concat(({key})::pg_catalog.int8, ' ', \
+         (extract(epoch FROM pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8)"
+    );
+    let locks = |mode: &str, who: &str| {
+        format!(
+            "SELECT FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
+             AND objsubid OPERATOR(pg_catalog.=) 1 AND granted {mode}{who}\
+             AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+             WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+             AND {} OPERATOR(pg_catalog.=) ({key})::pg_catalog.int8",
+            advisory_key!()
+        )
+    };
+    let exclusive_by_anyone = locks("AND mode OPERATOR(pg_catalog.<>) 'ShareLock' ", "");
+    let exclusive_here = locks(
+        "AND mode OPERATOR(pg_catalog.<>) 'ShareLock' ",
+        "AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() ",
+    );
+    let prelude = format!(
+        "{WAIT_PRELUDE_SQL}DO $lease$BEGIN IF pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) \
+         {backend_pid} AND pg_catalog.current_setting('{NONCE_SETTING}', true) \
+         OPERATOR(pg_catalog.=) '{nonce}' AND NOT pg_catalog.pg_is_in_recovery() \
+         AND NOT EXISTS ({exclusive_by_anyone}) THEN {cut}\
+         BEGIN PERFORM pg_catalog.pg_advisory_lock({key}); \
+         EXCEPTION WHEN lock_not_available THEN NULL; END; \
+         IF EXISTS ({exclusive_here}) THEN \
+         PERFORM pg_catalog.set_config('{WOKEN_SETTING}', {mark}, true); END IF; \
+         END IF; END$lease$; ",
+        cut = cut_lock_timeout(ms),
+    );
+    let open = "WITH t AS (SELECT CASE WHEN z.k IS NULL THEN a.won \
+                ELSE pg_catalog.array_append(coalesce(a.won, '{}'), z.k) END AS won FROM ("
+        .to_string();
+    let close = format!(
+        ") AS a, (SELECT CASE WHEN pg_catalog.current_setting('{WOKEN_SETTING}', true) \
+         OPERATOR(pg_catalog.=) {mark} THEN ({key})::pg_catalog.int8 END AS k) AS z), "
+    );
+    (prelude, open, close)
+}
+
 /// A transaction-local `lock_timeout` of `ms`, cut to [`wait_limit_ms`] of
 /// the session's `deadlock_timeout`, as a statement of a `DO` block.
 fn cut_lock_timeout(ms: u64) -> String {
@@ -628,55 +683,38 @@ impl Statement {
                 backend_pid,
                 nonce,
                 woken,
-            } => format!(
-                "{prelude}WITH t AS (SELECT CASE WHEN z.k IS NULL THEN a.won \
-                 ELSE pg_catalog.array_append(coalesce(a.won, '{{}}'), z.k) END AS won \
-                 FROM (SELECT pg_catalog.array_agg(k) AS won FROM pg_catalog.unnest({a}) AS k \
-                 WHERE CASE WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.<>) {backend_pid} \
-                 OR coalesce(pg_catalog.current_setting('{NONCE_SETTING}', true) \
-                 OPERATOR(pg_catalog.<>) '{nonce}', true) \
-                 OR pg_catalog.pg_is_in_recovery() THEN false \
-                 WHEN k OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.k \
-                 FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS o \
-                 WHERE o.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())) THEN false \
-                 ELSE pg_catalog.pg_try_advisory_lock(k) END) AS a, \
-                 (SELECT CASE WHEN s OPERATOR(pg_catalog.<>) '' THEN s::pg_catalog.int8 END AS k \
-                 FROM pg_catalog.current_setting('{WOKEN_SETTING}', true) AS s) AS z), \
-                 x AS (SELECT t.won, CASE WHEN t.won IS NOT NULL THEN \
-                 {TOKEN_CLOCK_OFFSET}::pg_catalog.int8 OPERATOR(pg_catalog.+) \
-                 (extract(epoch FROM pg_catalog.clock_timestamp()) \
-                 OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 END AS token FROM t) \
-                 SELECT NULL::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8, \
-                 {NONCE_VALUE} \
-                 UNION ALL \
-                 SELECT w.k, x.token, NULL FROM x, pg_catalog.unnest(x.won) AS w(k) \
-                 UNION ALL \
-                 SELECT l.k, NULL, h.pid::pg_catalog.int8 FROM x \
-                 CROSS JOIN pg_catalog.unnest({a}) AS l(k) \
-                 LEFT JOIN ({THIS_DATABASE_ADVISORY_LOCKS}) AS h ON h.k OPERATOR(pg_catalog.=) l.k \
-                 WHERE NOT (l.k OPERATOR(pg_catalog.=) ANY (coalesce(x.won, '{{}}')))",
+            } => {
+                let woken = woken.filter(|(k, _)| keys.contains(k));
+                let (prelude, open, close) = match woken {
+                    None => (String::new(), "WITH t AS (".to_string(), "), ".to_string()),
+                    Some((k, ms)) => woken_try_parts(k, ms, *backend_pid, *nonce),
+                };
+                format!(
+                    "{prelude}{open}SELECT pg_catalog.array_agg(k) AS won FROM pg_catalog.unnest({a}) AS k \
+                     WHERE CASE WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.<>) {backend_pid} \
+                     OR coalesce(pg_catalog.current_setting('{NONCE_SETTING}', true) \
+                     OPERATOR(pg_catalog.<>) '{nonce}', true) \
+                     OR pg_catalog.pg_is_in_recovery() THEN false \
+                     WHEN k OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.k \
+                     FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS o \
+                     WHERE o.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())) THEN false \
+                     ELSE pg_catalog.pg_try_advisory_lock(k) END{close}\
+                     x AS (SELECT t.won, CASE WHEN t.won IS NOT NULL THEN \
+                     {TOKEN_CLOCK_OFFSET}::pg_catalog.int8 OPERATOR(pg_catalog.+) \
+                     (extract(epoch FROM pg_catalog.clock_timestamp()) \
+                     OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 END AS token FROM t) \
+                     SELECT NULL::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8, \
+                     {NONCE_VALUE} \
+                     UNION ALL \
+                     SELECT w.k, x.token, NULL FROM x, pg_catalog.unnest(x.won) AS w(k) \
+                     UNION ALL \
+                     SELECT l.k, NULL, h.pid::pg_catalog.int8 FROM x \
+                     CROSS JOIN pg_catalog.unnest({a}) AS l(k) \
+                     LEFT JOIN ({THIS_DATABASE_ADVISORY_LOCKS}) AS h ON h.k OPERATOR(pg_catalog.=) l.k \
+                     WHERE NOT (l.k OPERATOR(pg_catalog.=) ANY (coalesce(x.won, '{{}}')))",
                 a = KeyArray(keys),
-                prelude = match woken {
-                    Some((k, ms)) if keys.contains(k) => format!(
-                        "DO $lease$BEGIN IF pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) {backend_pid} \
-                         AND pg_catalog.current_setting('{NONCE_SETTING}', true) \
-                         OPERATOR(pg_catalog.=) '{nonce}' AND NOT pg_catalog.pg_is_in_recovery() \
-                         AND NOT EXISTS (SELECT FROM pg_catalog.pg_locks \
-                         WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
-                         AND objsubid OPERATOR(pg_catalog.=) 1 AND granted \
-                         AND mode OPERATOR(pg_catalog.<>) 'ShareLock' \
-                         AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-                         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
-                         AND {} OPERATOR(pg_catalog.=) ({k})::pg_catalog.int8) THEN \
-                         {}BEGIN PERFORM pg_catalog.pg_advisory_lock({k}); \
-                         PERFORM pg_catalog.set_config('{WOKEN_SETTING}', ({k})::pg_catalog.int8::pg_catalog.text, true); \
-                         EXCEPTION WHEN lock_not_available THEN NULL; END; END IF; END$lease$; ",
-                        advisory_key!(),
-                        cut_lock_timeout(*ms),
-                    ),
-                    _ => String::new(),
-                },
-            ),
+                )
+            }
             Statement::Heartbeat => format!(
                 "SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
                  UNION ALL SELECT {}, {NONCE_VALUE}",

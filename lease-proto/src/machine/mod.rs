@@ -761,10 +761,12 @@ impl Machine {
         let Some(up) = self.session.up_mut() else {
             return;
         };
-        // A try after a wake may wait for the woken key (see `wait`, "Woken").
-        let woken = match what {
-            What::Try(_) => (self.wait.woken_key())
-                .or_else(|| self.watch.woken_key())
+        // A try after a standby's wake may wait for the woken key (see
+        // `wait`, "Woken"); not on a session that holds a lease (after a
+        // watch-session wake): it must stay free for its heartbeats.
+        let woken = match &what {
+            What::Try(keys) if !self.runs.holding() => (self.wait.woken_key())
+                .filter(|k| keys.contains(k))
                 .map(|k| (k, WAKE_TRY_WAIT.min(self.opts.query_timeout / 4))),
             _ => None,
         };
@@ -835,6 +837,8 @@ impl Machine {
             (What::Try(keys), Ok(rows)) => self.try_answered(now, q.id, q.sent, keys, rows),
             (What::Try(keys), Err(error)) => {
                 // "Maybe acquired": the statement may have taken some locks.
+                // A wake it followed was spent (the next try does not wait).
+                self.wait.after_try(false);
                 self.out.event(Event::TryFailed { error });
                 self.runs.try_back(&keys);
                 self.plan.owe_verify();

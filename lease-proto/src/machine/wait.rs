@@ -27,7 +27,9 @@
 //!   server, milliseconds. So the try of the woken key waits while only
 //!   other sessions' shared locks hold it, up to [`WAKE_TRY_WAIT`] (the
 //!   statement's `woken`); a key held exclusively (another standby's try
-//!   came first) is not waited for. Before, the first standby to try lost to
+//!   came first) is not waited for, and a try on a session that holds a
+//!   lease (after a watch-session wake) does not wait: that session must
+//!   stay free for its heartbeats. A try that fails spends its wake. Before, the first standby to try lost to
 //!   a slower one's shared lock, waited again (granted at once beside the
 //!   other shared locks), lost again, and after [`WAKE_BUDGET`] such wakes
 //!   waited no more until its next periodic try.

@@ -91,6 +91,10 @@ impl Injected {
                 nonce,
                 woken,
             } if ran > 0 => {
+                // A woken key is taken first (its wait comes before the batch).
+                if let Some((k, _)) = woken {
+                    keys.sort_by_key(|x| *x != k);
+                }
                 keys.truncate(ran);
                 Statement::TryLock {
                     woken: woken.filter(|(k, _)| keys.contains(k)),

@@ -565,6 +565,45 @@ fn a_late_waiter_does_not_stall_the_takeover(driver: Driver) -> Res {
     Ok(())
 }
 
+/// The try after a wake answers the woken key as won only if its own wait took it: a
+/// `lease.woken` set by the session, its role or its database (any value, the key's own
+/// included) reports nothing as won while another session holds the key.
+#[test]
+fn a_preset_woken_setting_wins_nothing() -> Res {
+    let cluster = Cluster::start()?;
+    let k = key("job");
+    let holder = Admin::connect(&cluster.conn_string())?;
+    holder.rows(&format!("SELECT pg_advisory_lock({k})"))?;
+    let session = Admin::connect(&cluster.conn_string())?;
+    let pid = session.ints("SELECT pg_backend_pid()::int8")?[0];
+    session.rows(&format!(
+        "SELECT set_config('{}', '7', false)",
+        lease_proto::server::NONCE_SETTING
+    ))?;
+    let try_sql = lease_proto::Statement::TryLock {
+        keys: vec![k],
+        backend_pid: pid,
+        nonce: 7,
+        woken: Some((k, 50)),
+    }
+    .sql();
+    for preset in [format!("{k}"), format!("{k} 0"), format!("{k} {k}")] {
+        session.rows(&format!(
+            "SELECT set_config('{}', '{preset}', false)",
+            lease_proto::server::WOKEN_SETTING
+        ))?;
+        let rows = session.rows(&try_sql)?;
+        let won = rows
+            .iter()
+            .any(|r| r[0].as_deref() == Some(&k.to_string()) && r[1].is_some());
+        assert!(
+            !won,
+            "lease.woken = {preset:?} made the try report the key won: {rows:?}"
+        );
+    }
+    Ok(())
+}
+
 both_drivers!(
     a_shared_holder_does_not_make_a_standby_spin,
     a_vanished_waiter_leaves_no_backend,
