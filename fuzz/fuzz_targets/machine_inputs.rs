@@ -898,6 +898,7 @@ impl Fuzz {
                 keys,
                 backend_pid,
                 nonce,
+                woken: _,
             }) => {
                 let (pid, nonce) = p.who.session(*backend_pid, Some(*nonce));
                 let mut reply = TryReply {
