@@ -184,8 +184,8 @@ pub(super) enum What {
 impl What {
     /// The statement to send for this on session `up`; `settings`: the
     /// setup's settings by statement, if they go that way.
-    /// `woken`: for a try after a wake, its key and how long the try may
-    /// wait for it (see `wait`, "Woken").
+    /// `woken`: for a try after a wake, its key (one of the try's) and how
+    /// long the try may wait for it (see `wait`, "Woken").
     pub(super) fn statement(
         &self,
         up: &Up,
@@ -203,9 +203,7 @@ impl What {
                 keys: keys.clone(),
                 backend_pid: up.stage.backend_pid().unwrap_or(0),
                 nonce,
-                woken: woken
-                    .filter(|(k, _)| keys.contains(k))
-                    .map(|(k, wait)| (k, wait.as_millis().max(1) as u64)),
+                woken: woken.map(|(k, wait)| (k, wait.as_millis().max(1) as u64)),
             },
             What::Heartbeat => Statement::Heartbeat,
             What::Verify => Statement::Verify,

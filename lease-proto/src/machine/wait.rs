@@ -29,10 +29,11 @@
 //!   statement's `woken`); a key held exclusively (another standby's try
 //!   came first) is not waited for, and a try on a session that holds a
 //!   lease (after a watch-session wake) does not wait: that session must
-//!   stay free for its heartbeats. A try that fails spends its wake. Before, the first standby to try lost to
-//!   a slower one's shared lock, waited again (granted at once beside the
-//!   other shared locks), lost again, and after [`WAKE_BUDGET`] such wakes
-//!   waited no more until its next periodic try.
+//!   stay free for its heartbeats. A try that fails spends its wake.
+//!   Before, the first standby to try lost to a slower one's shared lock,
+//!   waited again (granted at once beside the other shared locks), lost
+//!   again, and after [`WAKE_BUDGET`] such wakes waited no more until its
+//!   next periodic try.
 //! - **Below `deadlock_timeout`.** No wait blocks as long as the server's
 //!   `deadlock_timeout` (1 s by default; any role can read it): one that
 //!   does runs the deadlock detector and, with `log_lock_waits = on`,

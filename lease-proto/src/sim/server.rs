@@ -685,10 +685,7 @@ impl Server {
                         foreign.push(k);
                         continue;
                     }
-                    let shared_by_other = (self.shared.get(&k))
-                        .is_some_and(|owners| owners.iter().any(|o| *o != owner))
-                        || (self.woken_shared.iter())
-                            .any(|(key, o, until)| *key == k && *o != owner && *until > now);
+                    let shared_by_other = self.shared_by_others(owner, k, now).is_some();
                     match self.locks.get(&k) {
                         None if shared_by_other => lost.push((k, None)),
                         None if ok => {
@@ -862,12 +859,20 @@ impl Server {
     /// lock timeout), or `None` if it does not wait: no such lock, or the
     /// key is held exclusively (see `Statement::TryLock`'s `woken`).
     pub(super) fn woken_try_waits(&self, conn: u64, key: i64, now: Duration) -> Option<Duration> {
-        let owner = self.owner(conn);
         if self.locks.contains_key(&key) {
             return None;
         }
-        let kept = self.cfg.foreign_shared_keys.contains(&key)
-            || (self.shared.get(&key)).is_some_and(|owners| owners.iter().any(|o| *o != owner));
+        if self.cfg.foreign_shared_keys.contains(&key) {
+            return Some(Duration::MAX);
+        }
+        self.shared_by_others(self.owner(conn), key, now)
+    }
+
+    /// Until when sessions other than `owner` hold `key` shared (kept by the
+    /// broken [`ServerConfig::wait_keeps_shared_lock`]: `Duration::MAX`), or
+    /// `None` if none does now.
+    fn shared_by_others(&self, owner: u64, key: i64, now: Duration) -> Option<Duration> {
+        let kept = (self.shared.get(&key)).is_some_and(|owners| owners.iter().any(|o| *o != owner));
         if kept {
             return Some(Duration::MAX);
         }

@@ -1218,6 +1218,46 @@ fn takeover_cases() -> impl Strategy<Value = (Knobs, usize, u64, u64)> {
     (knobs(guard()), 2..6usize, any::<u64>(), 500..5000u64)
 }
 
+/// One lease over `processes`, nothing going wrong beyond `knobs`.
+fn one_lease_case(knobs: Knobs, processes: usize, seed: u64) -> Case {
+    Case {
+        knobs,
+        processes,
+        leases: 1,
+        seed,
+        exits: false,
+        faults: vec![],
+    }
+}
+
+/// The instant-takeover bound after a crash: the lock delay (or, with none,
+/// [`MIN_WAIT`](lease_proto::limits::MIN_WAIT)) on a clock up to `drift`
+/// slow, six one-way latencies and 2 ms.
+fn instant_bound(cfg: &SimConfig) -> Duration {
+    let o = &cfg.options;
+    let local = (o.lock_delay.max(lease_proto::limits::MIN_WAIT)).mul_f64(1.0 / (1.0 - cfg.drift));
+    local + one_way(cfg) * 6 + ms(2)
+}
+
+/// Runs `sim` until someone leads `job-0`, then `crash_ms` more: the leader then.
+fn leader_after(
+    sim: &mut Sim,
+    cfg: &SimConfig,
+    processes: usize,
+    crash_ms: u64,
+) -> Result<usize, TestCaseError> {
+    let leads = |sim: &Sim| (0..processes).any(|p| sim.leads(p, "job-0")).then_some(());
+    run_until_found(sim, cfg, (ms(1), ms(10_000)), "nobody leads", leads)?;
+    sim.run_until(sim.now() + ms(crash_ms));
+    let holder = (0..processes).find(|p| sim.leads(*p, "job-0"));
+    prop_assert!(
+        holder.is_some(),
+        "nobody leads at the crash\n{}",
+        explain(cfg, sim.report())
+    );
+    Ok(holder.unwrap_or_default())
+}
+
 /// One case of [`instant_takeover_after_a_holder_crash`], waiting on the
 /// server on or off: the takeover in ms and, less the lock delay, in
 /// longest one-way latencies.
@@ -1236,31 +1276,12 @@ fn takeover_case(
         tcp_give_up_ms: None,
         ..knobs
     };
-    let case = Case {
-        knobs,
-        processes,
-        leases: 1,
-        seed,
-        exits: false,
-        faults: vec![],
-    };
-    let cfg = case.config(None);
+    let cfg = one_lease_case(knobs, processes, seed).config(None);
     let o = &cfg.options;
-    let local = (o.lock_delay.max(lease_proto::limits::MIN_WAIT)).mul_f64(1.0 / (1.0 - cfg.drift));
-    let bound = local + one_way(&cfg) * 6 + ms(2);
+    let bound = instant_bound(&cfg);
     let mut sim = Sim::new(cfg.clone(), Instant::now());
     // The crash comes `crash_ms` after someone first leads.
-    let leads = |sim: &Sim| (0..processes).any(|p| sim.leads(p, "job-0")).then_some(());
-    run_until_found(&mut sim, &cfg, (ms(1), ms(10_000)), "nobody leads", leads)?;
-    let t = sim.now() + ms(crash_ms);
-    sim.run_until(t);
-    let holder = (0..processes).find(|p| sim.leads(*p, "job-0"));
-    prop_assert!(
-        holder.is_some(),
-        "nobody leads at the crash\n{}",
-        explain(&cfg, sim.report())
-    );
-    let holder = holder.unwrap_or_default();
+    let holder = leader_after(&mut sim, &cfg, processes, crash_ms)?;
     let t0 = sim.now();
     sim.schedule(
         t0,
@@ -1377,34 +1398,16 @@ fn busy_takeover_case(
         tcp_give_up_ms: None,
         ..knobs
     };
-    let case = Case {
-        knobs,
-        processes,
-        leases: 1,
-        seed,
-        exits: false,
-        faults: vec![],
-    };
-    let mut cfg = case.config(mutation);
+    let mut cfg = one_lease_case(knobs, processes, seed).config(mutation);
     let o = cfg.options.clone();
     // The woken backends run within what the try after a wake waits.
     let waits = lease_proto::limits::WAKE_TRY_WAIT.min(o.query_timeout / 4);
     let woken_most = (processes - 2) as u32;
     let lag = Duration::from_micros(lag_us).min(waits.saturating_sub(ms(1)) / woken_most);
     cfg.server.woken_backend_lag = lag;
-    let local = (o.lock_delay.max(lease_proto::limits::MIN_WAIT)).mul_f64(1.0 / (1.0 - cfg.drift));
-    let bound = local + lag * woken_most + one_way(&cfg) * 6 + ms(2);
+    let bound = instant_bound(&cfg) + lag * woken_most;
     let mut sim = Sim::new(cfg.clone(), Instant::now());
-    let leads = |sim: &Sim| (0..processes).any(|p| sim.leads(p, "job-0")).then_some(());
-    run_until_found(&mut sim, &cfg, (ms(1), ms(10_000)), "nobody leads", leads)?;
-    sim.run_until(sim.now() + ms(crash_ms));
-    let holder = (0..processes).find(|p| sim.leads(*p, "job-0"));
-    prop_assert!(
-        holder.is_some(),
-        "nobody leads at the crash\n{}",
-        explain(&cfg, sim.report())
-    );
-    let holder = holder.unwrap_or_default();
+    let holder = leader_after(&mut sim, &cfg, processes, crash_ms)?;
     let others: Vec<usize> = (0..processes).filter(|p| *p != holder).collect();
     let frozen = others[frozen % others.len()];
     let t0 = sim.now();
