@@ -13,7 +13,8 @@ pub use imp::describe_metrics;
 
 #[cfg(feature = "metrics")]
 mod imp {
-    use std::collections::{BTreeSet, HashMap};
+    use std::collections::{BTreeMap, BTreeSet, HashMap};
+    use std::sync::Mutex;
     use std::time::Instant;
 
     use ::metrics::{
@@ -127,12 +128,8 @@ mod imp {
         /// Moves this locker's part of `lease_group_members` to `n`.
         fn count(&mut self, n: usize) {
             if n != self.counted && !self.name.is_empty() {
-                let gauge = gauge!("lease_group_members", "group" => self.name.clone());
-                if n > self.counted {
-                    gauge.increment((n - self.counted) as f64);
-                } else {
-                    gauge.decrement((self.counted - n) as f64);
-                }
+                let delta = n as i64 - self.counted as i64;
+                level("lease_group_members", Some(("group", &self.name)), delta);
             }
             self.counted = n;
         }
@@ -207,9 +204,10 @@ mod imp {
             }
         }
 
-        /// An event the drain rule routed. The gauges move by increments, so
-        /// that several lockers of one process add up (one's late loss
-        /// detection cannot zero another's acquisition of the same lease).
+        /// An event the drain rule routed. The summed gauges move through
+        /// [`level`], so that several lockers of one process add up (one's
+        /// late loss detection cannot zero another's acquisition of the same
+        /// lease).
         pub(crate) fn event(&mut self, clock: &Clock, event: &Event) {
             match event {
                 Event::Acquired { run, lease, token } => {
@@ -220,10 +218,9 @@ mod imp {
                     if let Some(times) = self.runs.get_mut(run) {
                         if !times.leading {
                             times.leading = true;
-                            gauge!("lease_leader", "lease" => name.clone()).increment(1.0);
+                            level("lease_leader", Some(("lease", &name)), 1);
                             if let Some(g) = lease.group() {
-                                let group = g.name().to_owned();
-                                gauge!("lease_group_leases_held", "group" => group).increment(1.0);
+                                level("lease_group_leases_held", Some(("group", g.name())), 1);
                             }
                         }
                         if let Some(g) = times.group.and_then(|g| self.groups.get(&g)) {
@@ -278,7 +275,7 @@ mod imp {
                     counter!("lease_session_connects_total").increment(1);
                     if !self.ready {
                         self.ready = true;
-                        gauge!("lease_sessions_ready").increment(1.0);
+                        level("lease_sessions_ready", None, 1);
                     }
                 }
                 Event::SessionLost { reason, .. } => {
@@ -321,10 +318,9 @@ mod imp {
         fn not_leading(&mut self, run: RunId, lease: &LeaseId) {
             if let Some(times) = self.runs.get_mut(&run) {
                 if std::mem::take(&mut times.leading) {
-                    gauge!("lease_leader", "lease" => lease.name().to_owned()).decrement(1.0);
+                    level("lease_leader", Some(("lease", lease.name())), -1);
                     if let Some(g) = lease.group() {
-                        let group = g.name().to_owned();
-                        gauge!("lease_group_leases_held", "group" => group).decrement(1.0);
+                        level("lease_group_leases_held", Some(("group", g.name())), -1);
                     }
                 }
             }
@@ -341,13 +337,37 @@ mod imp {
 
         fn not_ready(&mut self) {
             if std::mem::take(&mut self.ready) {
-                gauge!("lease_sessions_ready").decrement(1.0);
+                level("lease_sessions_ready", None, -1);
             }
         }
 
         /// The driver is ending; the session loss it feeds next is its own doing.
         pub(crate) fn driver_stopped(&mut self) {
             self.driver_stopped = true;
+        }
+    }
+
+    /// Moves a summed gauge (`lease_leader`, `lease_group_leases_held`,
+    /// `lease_group_members`, `lease_sessions_ready`) by `delta` and records
+    /// its process-wide level with `set`. The level lives here, not in the
+    /// recorder: a recorder installed after a locker connected or acquired
+    /// reads the true level at the next move (an increment made before it
+    /// existed would be lost, and the decrement after it would take the gauge
+    /// below zero).
+    fn level(name: &'static str, label: Option<(&'static str, &str)>, delta: i64) {
+        static LEVELS: Mutex<BTreeMap<(&str, String), i64>> = Mutex::new(BTreeMap::new());
+        let mut levels = LEVELS.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (name, label.map_or_else(String::new, |(_, v)| v.to_owned()));
+        let now = levels.get(&key).copied().unwrap_or(0) + delta;
+        // Set under the lock: two lockers' moves reach the recorder in order.
+        match label {
+            Some((k, v)) => gauge!(name, k => v.to_owned()).set(now as f64),
+            None => gauge!(name).set(now as f64),
+        }
+        if now == 0 {
+            levels.remove(&key);
+        } else {
+            levels.insert(key, now);
         }
     }
 
@@ -597,5 +617,88 @@ mod bench {
             "per statement: {none:.0} ns without a recorder, {recorded:.0} ns with a registry \
              ({clock:.0} ns of it the two clock reads)"
         );
+    }
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    use ::metrics::{
+        Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+    use lease_proto::{Event, Reason, SessionId};
+
+    use super::Metrics;
+    use crate::runtime::Clock;
+
+    /// Every value `lease_sessions_ready` was given, in order, as a gauge
+    /// that starts at 0 when the recorder is installed.
+    #[derive(Default)]
+    struct Ready(Arc<Mutex<Vec<f64>>>);
+
+    struct Cell(Arc<Mutex<Vec<f64>>>);
+
+    impl GaugeFn for Cell {
+        fn increment(&self, v: f64) {
+            let mut values = self.0.lock().unwrap();
+            let last = values.last().copied().unwrap_or(0.0);
+            values.push(last + v);
+        }
+        fn decrement(&self, v: f64) {
+            self.increment(-v);
+        }
+        fn set(&self, v: f64) {
+            self.0.lock().unwrap().push(v);
+        }
+    }
+
+    impl Recorder for Ready {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            if key.name() == "lease_sessions_ready" {
+                Gauge::from_arc(Arc::new(Cell(self.0.clone())))
+            } else {
+                Gauge::noop()
+            }
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn a_recorder_installed_after_a_session_connected_reads_the_true_level() {
+        let clock: Clock = Arc::new(Instant::now);
+        let ready = |session| Event::SessionReady {
+            session: SessionId(session),
+            backend_pid: 1,
+            server_version: 150000,
+        };
+        let lost = |session| Event::SessionLost {
+            session: SessionId(session),
+            reason: Reason::Closed,
+        };
+        // Two lockers connect before the application installs its recorder.
+        let (mut a, mut b) = (Metrics::new(), Metrics::new());
+        a.event(&clock, &ready(1));
+        b.event(&clock, &ready(2));
+        let recorder = Ready::default();
+        let values = recorder.0.clone();
+        ::metrics::with_local_recorder(&recorder, || {
+            a.event(&clock, &lost(1));
+            a.event(&clock, &ready(3));
+            b.event(&clock, &lost(2));
+        });
+        // Lost one of two, reconnected, lost the other: 1, 2, 1.
+        assert_eq!(*values.lock().unwrap(), [1.0, 2.0, 1.0]);
+        // The level outlives the recorder: the test leaves it at 0.
+        a.event(&clock, &lost(3));
     }
 }
