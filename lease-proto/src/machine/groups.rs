@@ -36,7 +36,11 @@
 //! - **Announcements** on the handover channel (`group <id>`): a member
 //!   that joins, one whose read finds a member gone, one that leaves, and
 //!   one that won keys of the group announce it; every member reads again at
-//!   once (so the holders every member's ring watches are current). A member whose runs of
+//!   once (so the holders every member's ring watches are current). A
+//!   departure or a claim is announced by a read of its own before the
+//!   member's next try: a try that wins holds its reply back for the lock
+//!   delay, and the others would wait that long to learn, then their own
+//!   (`a_departure_is_announced_before_the_announcers_own_try`). A member whose runs of
 //!   a group all finish (it closes, or its jobs returned) leaves the group
 //!   before it releases their keys, so the members its releases' handover
 //!   notifications wake read it gone and own its keys at once. The lease session never waits on the
@@ -410,10 +414,14 @@ impl Groups {
         }
     }
 
-    /// A try was chosen: the next one reads first. Whether a departure
-    /// is to be announced: then the machine reads again at once.
-    pub(super) fn tried(&mut self) -> bool {
+    /// A try was chosen: the next one reads first.
+    pub(super) fn tried(&mut self) {
         self.fresh = false;
+    }
+
+    /// A departure to announce or a key to claim: a read goes before the
+    /// next try (see `Machine::next_statement`).
+    pub(super) fn announcing(&self) -> bool {
         !self.announce.is_empty() || !self.claims.is_empty()
     }
 
@@ -600,7 +608,7 @@ mod tests {
             );
         }
         read(&mut g, t + ms(1000), &[1, 2], &ks, |_| Some(2));
-        assert!(g.tried(), "a claim reads again at once");
+        assert!(g.announcing(), "a claim reads again before the next try");
         assert_eq!(g.read(&[(7, ks.clone())].into()).claims, vec![mine]);
         // Once per holder while the membership holds.
         read(&mut g, t + ms(2000), &[1, 2], &ks, |_| Some(2));

@@ -1696,6 +1696,14 @@ impl Machine {
             if self.groups.read_owed(&wanted) {
                 return Some(What::Members(self.groups.read(&wanted)));
             }
+            if self.groups.announcing() {
+                // A departure found or a key to claim: the announcing read
+                // goes before the try. A try that wins holds its reply back
+                // for the lock delay, and the others would learn of the
+                // departure that much later, then wait out their own lock
+                // delay: two in a row.
+                return Some(What::Members(self.groups.read(&wanted)));
+            }
             let me = self.session.up().and_then(|up| up.stage.backend_pid());
             let bound = groups::free_bound(&self.opts);
             let groups = &self.groups;
@@ -1708,12 +1716,8 @@ impl Machine {
                     || (lease.group())
                         .is_none_or(|g| groups.may_try(g.id(), lease.key(), me, now, bound))
             });
-            let announce = self.groups.tried();
+            self.groups.tried();
             self.plan.tried();
-            if announce {
-                // A member left: read again at once, announcing it.
-                self.plan.try_soon();
-            }
             if retry_due && !self.wait.woken() {
                 // The periodic try: waiting may start over. Not the try
                 // after a wake's lock delay, which the retry deadline also
@@ -1733,11 +1737,6 @@ impl Machine {
                 // hand-over asked for): the next periodic try.
                 let retry = now + self.connector.retry_delay(self.opts.retry_interval);
                 self.timers.set(Deadline::Retry, retry);
-            }
-            if announce && keys.is_empty() {
-                // Nothing to try: the announcing read goes now (else it
-                // would wait for the next input, a heartbeat later).
-                return Some(What::Members(self.groups.read(&wanted)));
             }
             if !keys.is_empty() {
                 if !holding {

@@ -56,13 +56,18 @@ use std::time::Instant;
 /// Faults start in the first half of this; the simulation runs to it.
 const HORIZON: u64 = 15_000;
 
-/// Cases per property unless `PROPTEST_CASES` says otherwise.
-const CASES: u32 = 256;
+/// Cases per property: `PROPTEST_CASES`, 256 without it.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(256)
+}
 
-/// [`CASES`] cases and `failure_persistence`, the rest as proptest's defaults.
+/// [`cases`] cases and `failure_persistence`, the rest as proptest's defaults.
 fn config(failure_persistence: Option<Box<dyn FailurePersistence>>) -> ProptestConfig {
     ProptestConfig {
-        cases: CASES,
+        cases: cases(),
         failure_persistence,
         ..ProptestConfig::default()
     }
@@ -1984,6 +1989,38 @@ fn instant_takeover_of_a_group_members_leases() {
     );
 }
 
+/// A case [`instant_takeover_of_a_group_members_leases`] found (one run in
+/// six of 256 cases): the member that watched the crashed one read the
+/// departure, tried its own share of the crashed member's keys first and
+/// announced the departure only after that try's reply, which a win holds
+/// back for the lock delay. The third member learnt of the departure that
+/// much later and then waited out its own lock delay: two in a row (24.2 ms
+/// after the crash, above the bound of 22.3 ms). Now the announcing read
+/// goes before the try.
+#[test]
+fn a_departure_is_announced_before_the_announcers_own_try() {
+    let knobs = Knobs {
+        heartbeat_ms: 20,
+        query_slack_ms: 20,
+        validity_slack_ms: None,
+        margin_ms: 1,
+        retry_ms: 23,
+        guard: true,
+        notify: false,
+        wait: true,
+        lock_delay_ms: 12,
+        latency_us: 0,
+        jitter_us: 16,
+        link_us: vec![0; 4],
+        drift_share: 0.0,
+        send_buffer_rows: None,
+        tcp_give_up_ms: None,
+    };
+    if let Err(e) = group_takeover_case(knobs, 3, 44, 2195 - 500, None) {
+        panic!("{e}");
+    }
+}
+
 /// One case of [`instant_takeover_of_a_group_members_leases`]: ms from the
 /// kill until every lease of the killed member is led by another.
 fn group_takeover_case(
@@ -2713,7 +2750,7 @@ fn the_preferred_process_leads_after_healing() {
     );
     assert!(handed > 0, "no case exercised a requested hand-over");
     assert!(
-        asserted >= u64::from(CASES) / 2,
+        asserted >= u64::from(cases()) / 2,
         "too few cases asserted: {asserted}"
     );
 }
