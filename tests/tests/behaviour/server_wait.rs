@@ -604,6 +604,45 @@ fn a_preset_woken_setting_wins_nothing() -> Res {
     Ok(())
 }
 
+/// The statements read the session's `deadlock_timeout` from its shown value
+/// (`1s`, `100ms`), not from `pg_settings` (which cost a try after a wake 4.5 ms):
+/// every unit reads as the ms `pg_settings` gives, under every `IntervalStyle`.
+#[test]
+fn a_wait_reads_deadlock_timeout_in_every_unit() -> Res {
+    let session = Admin::connect(DB)?;
+    let wait = lease_proto::Statement::Wait {
+        key: key("deadlock-timeout-units"),
+        timeout_ms: 5,
+        crowd: None,
+    }
+    .sql();
+    for style in ["postgres", "postgres_verbose", "sql_standard", "iso_8601"] {
+        for value in [
+            "1ms",
+            "25ms",
+            "1s",
+            "1500ms",
+            "2min",
+            "1h",
+            "1d",
+            "2147483647ms",
+        ] {
+            session.rows(&format!(
+                "SET IntervalStyle = {style}; SET deadlock_timeout = '{value}'"
+            ))?;
+            let want = session
+                .ints("SELECT setting::int8 FROM pg_settings WHERE name = 'deadlock_timeout'")?;
+            let rows = session.rows(&wait)?;
+            let read = rows
+                .iter()
+                .find(|r| r[0].as_deref() == Some("4"))
+                .and_then(|r| r[1].as_deref()?.parse::<i64>().ok());
+            assert_eq!(read, want.first().copied(), "{style}, {value}: {rows:?}");
+        }
+    }
+    Ok(())
+}
+
 both_drivers!(
     a_shared_holder_does_not_make_a_standby_spin,
     a_vanished_waiter_leaves_no_backend,
