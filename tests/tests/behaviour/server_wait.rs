@@ -609,7 +609,9 @@ fn a_preset_woken_setting_wins_nothing() -> Res {
 /// every unit reads as the ms `pg_settings` gives, under every `IntervalStyle`.
 #[test]
 fn a_wait_reads_deadlock_timeout_in_every_unit() -> Res {
-    let session = Admin::connect(DB)?;
+    // A cluster of its own: .ci/test-versions runs it on every version.
+    let cluster = Cluster::start()?;
+    let session = Admin::connect(&cluster.conn_string())?;
     let wait = lease_proto::Statement::Wait {
         key: key("deadlock-timeout-units"),
         timeout_ms: 5,
