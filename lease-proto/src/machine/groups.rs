@@ -36,11 +36,13 @@
 //! - **Announcements** on the handover channel (`group <id>`): a member
 //!   that joins, one whose read finds a member gone, one that leaves, and
 //!   one that won keys of the group announce it; every member reads again at
-//!   once (so the holders every member's ring watches are current). A
-//!   departure or a claim is announced by a read of its own before the
-//!   member's next try: a try that wins holds its reply back for the lock
-//!   delay, and the others would wait that long to learn, then their own
-//!   (`a_departure_is_announced_before_the_announcers_own_try`). A member whose runs of
+//!   once (so the holders every member's ring watches are current). The
+//!   member that woke for the departure (its watch session's wait, or its
+//!   idle session's) announces it by a read of its own before its try: a try
+//!   that wins holds its reply back for the lock delay, and the others would
+//!   wait that long to learn, then their own
+//!   (`a_departure_is_announced_before_the_announcers_own_try`); the others
+//!   announce what their reads find after their tries. A member whose runs of
 //!   a group all finish (it closes, or its jobs returned) leaves the group
 //!   before it releases their keys, so the members its releases' handover
 //!   notifications wake read it gone and own its keys at once. The lease session never waits on the
@@ -414,13 +416,16 @@ impl Groups {
         }
     }
 
-    /// A try was chosen: the next one reads first.
-    pub(super) fn tried(&mut self) {
+    /// A try was chosen: the next one reads first. Whether a departure or
+    /// a claim is to be announced: then the machine reads again at once.
+    pub(super) fn tried(&mut self) -> bool {
         self.fresh = false;
+        self.announcing()
     }
 
     /// A departure to announce or a key to claim: a read goes before the
-    /// next try (see `Machine::next_statement`).
+    /// next try of the member that woke, after it for the others (see
+    /// `Machine::next_statement`).
     pub(super) fn announcing(&self) -> bool {
         !self.announce.is_empty() || !self.claims.is_empty()
     }

@@ -1691,17 +1691,32 @@ impl Machine {
             return Some(What::Look(keys));
         }
         if try_due {
+            // The periodic try (for a group member, the read before it, on
+            // whose reply the retry deadline moves on): waiting may start
+            // over, and a rested watch session opens again. Not the try
+            // after a wake's lock delay, which the retry deadline also
+            // sends: it must count against the wake budget.
+            if retry_due && !self.wait.woken() {
+                self.wait.periodic_try();
+            }
+            if retry_due && !self.watch.woken() {
+                self.watch.periodic_try();
+            }
             // A group member reads the membership first (see `groups`).
             let wanted = self.group_keys();
             if self.groups.read_owed(&wanted) {
                 return Some(What::Members(self.groups.read(&wanted)));
             }
-            if self.groups.announcing() {
-                // A departure found or a key to claim: the announcing read
-                // goes before the try. A try that wins holds its reply back
-                // for the lock delay, and the others would learn of the
-                // departure that much later, then wait out their own lock
-                // delay: two in a row.
+            let woke = self.watch.woken() || self.wait.woken();
+            if woke && self.groups.announcing() {
+                // The member that woke (it watched the one gone, and found
+                // the departure first) announces it before its try: a try
+                // that wins holds its reply back for the lock delay, and the
+                // others would learn of the departure that much later, then
+                // wait out their own lock delay: two in a row. The others'
+                // announcements (every survivor's read finds the departure)
+                // go after their tries, off the takeover's path: before, they
+                // cost every survivor another read first.
                 return Some(What::Members(self.groups.read(&wanted)));
             }
             let me = self.session.up().and_then(|up| up.stage.backend_pid());
@@ -1716,16 +1731,11 @@ impl Machine {
                     || (lease.group())
                         .is_none_or(|g| groups.may_try(g.id(), lease.key(), me, now, bound))
             });
-            self.groups.tried();
+            let announce = self.groups.tried();
             self.plan.tried();
-            if retry_due && !self.wait.woken() {
-                // The periodic try: waiting may start over. Not the try
-                // after a wake's lock delay, which the retry deadline also
-                // sends: it must count against the wake budget.
-                self.wait.periodic_try();
-            }
-            if retry_due && !self.watch.woken() {
-                self.watch.periodic_try();
+            if announce {
+                // A departure or a claim to announce: read again at once.
+                self.plan.try_soon();
             }
             if keys.is_empty() && !wanted.is_empty() {
                 // A group member that may try nothing after a wake: as a
@@ -1737,6 +1747,11 @@ impl Machine {
                 // hand-over asked for): the next periodic try.
                 let retry = now + self.connector.retry_delay(self.opts.retry_interval);
                 self.timers.set(Deadline::Retry, retry);
+            }
+            if announce && keys.is_empty() {
+                // Nothing to try: the announcing read goes now (else it
+                // would wait for the next input, a heartbeat later).
+                return Some(What::Members(self.groups.read(&wanted)));
             }
             if !keys.is_empty() {
                 if !holding {

@@ -127,6 +127,12 @@ pub enum Fault {
         /// The process.
         process: usize,
     },
+    /// `pg_terminate_backend` on the watch session of `process` only (if it
+    /// has one open): its lease session and leases stay.
+    TerminateWatch {
+        /// The process.
+        process: usize,
+    },
     /// Restart the server: every session ends; connections fail for `downtime`.
     ServerRestart {
         /// How long the server is down.
@@ -228,6 +234,7 @@ impl Fault {
             | Fault::AuthFailing { duration } => Some(*duration),
             Fault::Crash { restart_after, .. } => *restart_after,
             Fault::Terminate { .. }
+            | Fault::TerminateWatch { .. }
             | Fault::ForgedNotify { .. }
             | Fault::PromoteFrozenPrimary { .. } => Some(Duration::ZERO),
             Fault::ServerRestart { downtime }
@@ -894,6 +901,15 @@ impl Sim {
                     .push(self.now + duration, Ev::Heal(Heal::AuthWorks));
             }
             Fault::Terminate { process } => self.terminate(Some(process)),
+            Fault::TerminateWatch { process } => {
+                if let Some((_, conn)) = self.procs.get(process).and_then(|p| p.watch) {
+                    self.end_session(
+                        conn,
+                        "57P01",
+                        "terminating connection due to administrator command",
+                    );
+                }
+            }
             Fault::ForgedNotify { lease } => {
                 if !self.cfg.leases.is_empty() {
                     let name = &self.cfg.leases[lease % self.cfg.leases.len()];

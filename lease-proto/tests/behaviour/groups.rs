@@ -306,3 +306,83 @@ fn a_group_run_without_handover_notifications_is_refused() {
     );
     assert!(h.start(lease("b")).is_ok(), "a run in no group");
 }
+
+/// A group member that holds a lease and wants another watches its holder on the watch
+/// session; when that session is lost (its backend terminated, its connection reset) it
+/// opens again at the next periodic try. A member's periodic try is a membership read, and
+/// the try after it goes on a retry deadline the read's reply already moved on: the watch
+/// session stayed closed, and every failover of the watched member waited for a poll
+/// (found in review).
+#[test]
+fn a_members_lost_watch_session_opens_again_at_the_next_periodic_read() {
+    let group = GroupId::named("g").unwrap();
+    let gid = group.id();
+    let (a, b) = (
+        lease("a").in_group(group.clone()),
+        lease("b").in_group(group),
+    );
+    let mut h = harness(opts());
+    h.run(a.clone());
+    h.run(b.clone());
+    h.connect(7);
+    members(&mut h, gid, &[7, 50]);
+    // The share gives this member one of the two keys.
+    let mine = h.try_keys();
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    let other = if mine[0] == a.key() { b.key() } else { a.key() };
+    h.win(900);
+    // Reads answer: this member holds its key, backend 50 the other.
+    let read = |h: &mut Harness| {
+        let Statement::Members { keys, .. } = h.statement() else {
+            panic!("expected a membership read, got {:?}", h.statement())
+        };
+        let reply = MembersReply {
+            backend_pid: Some(7),
+            nonce: h.nonce(),
+            members: [(gid, 7), (gid, 50)].into(),
+            holders: (keys.into_iter())
+                .map(|k| (k, Some(if k == other { 50 } else { 7 })))
+                .collect(),
+        };
+        h.reply(reply.to_rows())
+    };
+    // Answers whatever the lease session sends until the watch session opens.
+    let until_watch_opens = |h: &mut Harness| {
+        for _ in 0..200 {
+            let cmds = match h.in_flight().map(|(_, s)| s.clone()) {
+                Some(Statement::Members { .. }) => read(h),
+                Some(Statement::Heartbeat | Statement::Verify) => h.heartbeat(7, &mine),
+                Some(Statement::TryLock { .. }) => h.lose(Some(50)),
+                Some(s) => panic!("unexpected {s:?}"),
+                None => {
+                    let at = h.machine().poll_timeout().expect("a deadline");
+                    h.advance(at.saturating_duration_since(h.now()))
+                }
+            };
+            if let Some(Command::OpenWatch { session }) =
+                cmds.iter().find(|c| matches!(c, Command::OpenWatch { .. }))
+            {
+                return Some((*session, h.now()));
+            }
+        }
+        None
+    };
+    let (watch, _) = until_watch_opens(&mut h).expect("the watch session opens");
+    h.input(Input::SessionOpened { session: watch });
+    // Its backend is terminated: the connection ends.
+    let lost_at = h.now();
+    h.input(Input::SessionEnded {
+        session: watch,
+        error: Some(SessionError::server(
+            "57P01",
+            "terminating connection due to administrator command",
+        )),
+    });
+    let reopened = until_watch_opens(&mut h);
+    let retry = opts().retry_interval;
+    assert!(
+        reopened.is_some_and(|(_, at)| at - lost_at <= retry * 2),
+        "the watch session did not open again within two retry intervals ({reopened:?}, \
+         lost at {lost_at:?})"
+    );
+}

@@ -1969,7 +1969,13 @@ fn instant_takeover_of_a_group_members_leases() {
     let mut runner = TestRunner::new(config(None));
     let took = std::sync::Mutex::new(Vec::new());
     let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
-        let t = group_takeover_case(knobs, processes, seed, crash_ms - 500, None)?;
+        // Half the cases lose every member's watch session first.
+        let watches: Vec<Fault> = (0..processes)
+            .filter(|_| seed >> 8 & 1 == 1)
+            .map(|process| Fault::TerminateWatch { process })
+            .collect();
+        let after = crash_ms - 500;
+        let t = group_takeover_case_after(knobs, processes, seed, after, None, &watches)?;
         took.lock().unwrap().push(t);
         Ok(())
     });
@@ -2021,6 +2027,45 @@ fn a_departure_is_announced_before_the_announcers_own_try() {
     }
 }
 
+/// A lost watch session (its backend terminated, its connection reset) opens
+/// again at the next periodic try. A group member's periodic try is a
+/// membership read, after which the try goes on a retry deadline the read's
+/// reply already moved on: the watch session stayed closed, and every
+/// failover of the member it watched waited for a poll. Also after a server
+/// restart (every session ends, the lease sessions' too).
+#[test]
+fn a_group_member_watches_again_after_its_watch_session_is_lost() {
+    let knobs = Knobs {
+        heartbeat_ms: 100,
+        query_slack_ms: 100,
+        validity_slack_ms: None,
+        margin_ms: 50,
+        retry_ms: 100,
+        guard: true,
+        notify: true,
+        wait: true,
+        lock_delay_ms: 20,
+        latency_us: 500,
+        jitter_us: 100,
+        link_us: vec![0; 4],
+        drift_share: 0.0,
+        send_buffer_rows: None,
+        tcp_give_up_ms: None,
+    };
+    let watches = (0..3)
+        .map(|process| Fault::TerminateWatch { process })
+        .collect::<Vec<_>>();
+    let restart = [Fault::ServerRestart { downtime: ms(300) }];
+    for before in [&watches[..], &restart[..]] {
+        for seed in 0..3 {
+            let took = group_takeover_case_after(knobs.clone(), 3, seed, 700, None, before);
+            if let Err(e) = took {
+                panic!("seed {seed}, {before:?}: {e}");
+            }
+        }
+    }
+}
+
 /// One case of [`instant_takeover_of_a_group_members_leases`]: ms from the
 /// kill until every lease of the killed member is led by another.
 fn group_takeover_case(
@@ -2029,6 +2074,20 @@ fn group_takeover_case(
     seed: u64,
     after_settle_ms: u64,
     mutation: Option<Mutation>,
+) -> Result<f64, TestCaseError> {
+    group_takeover_case_after(knobs, processes, seed, after_settle_ms, mutation, &[])
+}
+
+/// [`group_takeover_case`], with `before` injected once the group settled:
+/// the group settles again, and two retry intervals pass (every member's
+/// next periodic read), before the `after_settle_ms` wait and the kill.
+fn group_takeover_case_after(
+    knobs: Knobs,
+    processes: usize,
+    seed: u64,
+    after_settle_ms: u64,
+    mutation: Option<Mutation>,
+    before: &[Fault],
 ) -> Result<f64, TestCaseError> {
     let knobs = Knobs {
         wait: true,
@@ -2058,26 +2117,43 @@ fn group_takeover_case(
     let bound = local + one_way(&cfg) * 20 + ms(2);
     let mut sim = Sim::new(cfg.clone(), Instant::now());
     // Settled: every lease led, each member its fair share.
-    let settle_by = share_bound(&cfg) + o.retry_interval * 4;
-    loop {
-        let counts: Vec<usize> = (0..processes)
-            .map(|p| (cfg.leases.iter()).filter(|l| sim.leads(p, l)).count())
-            .collect();
-        let led = (cfg.leases.iter()).all(|l| (0..processes).any(|p| sim.leads(p, l)));
-        if led
-            && counts
-                .iter()
-                .all(|c| *c == k / processes || *c == k.div_ceil(processes))
-        {
-            break;
+    let settled = |sim: &mut Sim| -> Result<(), TestCaseError> {
+        let settle_by = sim.now() + share_bound(&cfg) + o.retry_interval * 4;
+        loop {
+            let counts: Vec<usize> = (0..processes)
+                .map(|p| (cfg.leases.iter()).filter(|l| sim.leads(p, l)).count())
+                .collect();
+            let led = (cfg.leases.iter()).all(|l| (0..processes).any(|p| sim.leads(p, l)));
+            if led
+                && counts
+                    .iter()
+                    .all(|c| *c == k / processes || *c == k.div_ceil(processes))
+            {
+                return Ok(());
+            }
+            prop_assume!(sim.now() < settle_by);
+            let t = sim.now() + ms(5);
+            sim.run_until(t);
         }
-        prop_assume!(sim.now() < settle_by);
-        let t = sim.now() + ms(5);
+    };
+    settled(&mut sim)?;
+    let mut lost_before = 0;
+    if !before.is_empty() {
+        let t = sim.now();
+        for fault in before {
+            sim.schedule(t, fault.clone());
+        }
+        let longest = before.iter().filter_map(Fault::duration).max();
+        let t = t + longest.unwrap_or_default() + ms(1);
         sim.run_until(t);
+        settled(&mut sim)?;
+        let t = sim.now() + o.retry_interval * 2;
+        sim.run_until(t);
+        lost_before = sim.report().trace.len();
     }
     let t = sim.now() + ms(after_settle_ms);
     sim.run_until(t);
-    let reconnected = (sim.report().trace.iter())
+    let reconnected = (sim.report().trace[lost_before..].iter())
         .any(|l| matches!(l.event, TraceEvent::Machine(Event::SessionLost { .. })));
     prop_assume!(!reconnected);
     let victim = (seed % processes as u64) as usize;
