@@ -82,7 +82,7 @@ mod imp {
         );
         describe_gauge!(
             "lease_group_members",
-            "Members of the lease group in this process's last membership read (this one included)"
+            "Members of the lease group in each locker's last membership read (itself included), summed over the process's lockers in the group"
         );
         describe_gauge!(
             "lease_group_leases_held",
