@@ -536,24 +536,29 @@ mod imp {
 }
 
 #[cfg(all(test, feature = "metrics"))]
-mod bench {
+mod tests {
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
 
     use ::metrics::{
-        Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString,
-        Unit,
+        Counter, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+        SharedString, Unit,
     };
-    use lease_proto::Statement;
+    use lease_proto::{Event, Reason, SessionId, Statement};
 
-    use super::Sent;
+    use super::{Metrics, Sent};
     use crate::runtime::Clock;
 
-    /// A registry like an exporter's: one lookup per record, an atomic per series.
+    /// A registry like an exporter's: one lookup per record, an atomic per
+    /// histogram; and every value `lease_sessions_ready` was given, in order,
+    /// as a gauge that starts at 0 when the registry is installed.
     #[derive(Default)]
-    struct Registry(Mutex<HashMap<Key, Arc<Sum>>>);
+    struct Registry {
+        histograms: Mutex<HashMap<Key, Arc<Sum>>>,
+        ready: Arc<Values>,
+    }
 
     #[derive(Default)]
     struct Sum(AtomicU64);
@@ -564,6 +569,23 @@ mod bench {
         }
     }
 
+    #[derive(Default)]
+    struct Values(Mutex<Vec<f64>>);
+
+    impl GaugeFn for Values {
+        fn increment(&self, v: f64) {
+            let mut values = self.0.lock().unwrap();
+            let last = values.last().copied().unwrap_or(0.0);
+            values.push(last + v);
+        }
+        fn decrement(&self, v: f64) {
+            self.increment(-v);
+        }
+        fn set(&self, v: f64) {
+            self.0.lock().unwrap().push(v);
+        }
+    }
+
     impl Recorder for Registry {
         fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
         fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
@@ -571,13 +593,45 @@ mod bench {
         fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
             Counter::noop()
         }
-        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-            Gauge::noop()
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            if key.name() == "lease_sessions_ready" {
+                Gauge::from_arc(self.ready.clone())
+            } else {
+                Gauge::noop()
+            }
         }
         fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = self.histograms.lock().unwrap_or_else(|e| e.into_inner());
             Histogram::from_arc(map.entry(key.clone()).or_default().clone())
         }
+    }
+
+    #[test]
+    fn a_recorder_installed_after_a_session_connected_reads_the_true_level() {
+        let clock: Clock = Arc::new(Instant::now);
+        let ready = |session| Event::SessionReady {
+            session: SessionId(session),
+            backend_pid: 1,
+            server_version: 150000,
+        };
+        let lost = |session| Event::SessionLost {
+            session: SessionId(session),
+            reason: Reason::Closed,
+        };
+        // Two lockers connect before the application installs its recorder.
+        let (mut a, mut b) = (Metrics::new(), Metrics::new());
+        a.event(&clock, &ready(1));
+        b.event(&clock, &ready(2));
+        let registry = Registry::default();
+        ::metrics::with_local_recorder(&registry, || {
+            a.event(&clock, &lost(1));
+            a.event(&clock, &ready(3));
+            b.event(&clock, &lost(2));
+        });
+        // Lost one of two, reconnected, lost the other: 1, 2, 1.
+        assert_eq!(*registry.ready.0.lock().unwrap(), [1.0, 2.0, 1.0]);
+        // The level outlives the recorder: the test leaves it at 0.
+        a.event(&clock, &lost(3));
     }
 
     fn per_statement_ns(n: u32) -> f64 {
@@ -617,88 +671,5 @@ mod bench {
             "per statement: {none:.0} ns without a recorder, {recorded:.0} ns with a registry \
              ({clock:.0} ns of it the two clock reads)"
         );
-    }
-}
-
-#[cfg(all(test, feature = "metrics"))]
-mod tests {
-    use std::sync::{Arc, Mutex};
-    use std::time::Instant;
-
-    use ::metrics::{
-        Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
-    };
-    use lease_proto::{Event, Reason, SessionId};
-
-    use super::Metrics;
-    use crate::runtime::Clock;
-
-    /// Every value `lease_sessions_ready` was given, in order, as a gauge
-    /// that starts at 0 when the recorder is installed.
-    #[derive(Default)]
-    struct Ready(Arc<Mutex<Vec<f64>>>);
-
-    struct Cell(Arc<Mutex<Vec<f64>>>);
-
-    impl GaugeFn for Cell {
-        fn increment(&self, v: f64) {
-            let mut values = self.0.lock().unwrap();
-            let last = values.last().copied().unwrap_or(0.0);
-            values.push(last + v);
-        }
-        fn decrement(&self, v: f64) {
-            self.increment(-v);
-        }
-        fn set(&self, v: f64) {
-            self.0.lock().unwrap().push(v);
-        }
-    }
-
-    impl Recorder for Ready {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
-            Counter::noop()
-        }
-        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-            if key.name() == "lease_sessions_ready" {
-                Gauge::from_arc(Arc::new(Cell(self.0.clone())))
-            } else {
-                Gauge::noop()
-            }
-        }
-        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-            Histogram::noop()
-        }
-    }
-
-    #[test]
-    fn a_recorder_installed_after_a_session_connected_reads_the_true_level() {
-        let clock: Clock = Arc::new(Instant::now);
-        let ready = |session| Event::SessionReady {
-            session: SessionId(session),
-            backend_pid: 1,
-            server_version: 150000,
-        };
-        let lost = |session| Event::SessionLost {
-            session: SessionId(session),
-            reason: Reason::Closed,
-        };
-        // Two lockers connect before the application installs its recorder.
-        let (mut a, mut b) = (Metrics::new(), Metrics::new());
-        a.event(&clock, &ready(1));
-        b.event(&clock, &ready(2));
-        let recorder = Ready::default();
-        let values = recorder.0.clone();
-        ::metrics::with_local_recorder(&recorder, || {
-            a.event(&clock, &lost(1));
-            a.event(&clock, &ready(3));
-            b.event(&clock, &lost(2));
-        });
-        // Lost one of two, reconnected, lost the other: 1, 2, 1.
-        assert_eq!(*values.lock().unwrap(), [1.0, 2.0, 1.0]);
-        // The level outlives the recorder: the test leaves it at 0.
-        a.event(&clock, &lost(3));
     }
 }

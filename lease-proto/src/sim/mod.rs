@@ -903,11 +903,7 @@ impl Sim {
             Fault::Terminate { process } => self.terminate(Some(process)),
             Fault::TerminateWatch { process } => {
                 if let Some((_, conn)) = self.procs.get(process).and_then(|p| p.watch) {
-                    self.end_session(
-                        conn,
-                        "57P01",
-                        "terminating connection due to administrator command",
-                    );
+                    self.terminate_session(conn);
                 }
             }
             Fault::ForgedNotify { lease } => {

@@ -1338,12 +1338,17 @@ impl Sim {
     /// `pg_terminate_backend` of every session of `p` (`None`: all).
     pub(super) fn terminate(&mut self, p: Option<usize>) {
         for c in self.server.sessions_of(p) {
-            self.end_session(
-                c,
-                "57P01",
-                "terminating connection due to administrator command",
-            );
+            self.terminate_session(c);
         }
+    }
+
+    /// `pg_terminate_backend` of the session on connection `conn`.
+    pub(super) fn terminate_session(&mut self, conn: u64) {
+        self.end_session(
+            conn,
+            "57P01",
+            "terminating connection due to administrator command",
+        );
     }
 }
 
