@@ -42,6 +42,12 @@ pub const MEMBERS: usize = 3;
 pub const LEASES: usize = 12;
 /// How often `pg_locks` is read for who is watched, between a settle and a kill.
 pub const WATCH_SAMPLE: Duration = Duration::from_millis(20);
+/// A kill whose leases took longer than this to be led again (the p99 bound)
+/// leaves its members' logs in `OUT/slow/` ([`keep_slow_kill`]).
+pub const SLOW_KILL: Duration = Duration::from_millis(100);
+/// The members' log filter, unless `RUST_LOG` is set: the driver's debug events (a
+/// wake, a read, a try) date each step of a slow kill.
+pub const MEMBER_LOG: &str = "info,lease_driver=debug";
 
 /// One kill repetition.
 #[derive(Clone, Debug)]
@@ -120,6 +126,8 @@ pub struct GroupRun {
     pub terms: usize,
     pub overlap_ns: u64,
     pub out_of_order: Vec<String>,
+    /// The files [`keep_slow_kill`] wrote.
+    pub slow_logs: Vec<String>,
 }
 
 pub fn run_all(bench: &mut Bench, plan: &Plan) -> R<Vec<GroupRun>> {
@@ -338,8 +346,12 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
         rc.group = Some(lease.clone());
         let app = format!("bench-{lease}-{label}");
         rc.app_name = Some(app.clone());
-        let node = (rc.spawn(&bench.bins.replica, &label))
-            .map_err(|e| format!("spawning replica {label}: {e}"))?;
+        let log = std::env::var("RUST_LOG").unwrap_or_else(|_| MEMBER_LOG.into());
+        let node = (rc.spawn_wrapped(&bench.bins.replica, &label, |mut cmd| {
+            cmd.env("RUST_LOG", &log);
+            cmd
+        }))
+        .map_err(|e| format!("spawning replica {label}: {e}"))?;
         Ok(Member { node, app })
     };
     // A join settles at the second membership read that sees the newcomer (within two
@@ -375,6 +387,7 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
     let starts_while_settled = starts_since(&all(&live), quiet_from).len();
 
     let mut kills = Vec::new();
+    let mut slow_logs = Vec::new();
     // The last settle, and which member started last.
     let mut settled_at = settled;
     let mut newest = None;
@@ -390,8 +403,27 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
             .node
             .kill9()
             .map_err(|e| failed("killing a member", e, &[&dead.node]))?;
+        let wall_kill = std::time::SystemTime::now();
         let window = iv.window();
         let led = led_again(&all(&live), &leases, t_kill, window);
+        if led.is_none_or(|(_, last)| last > SLOW_KILL.as_nanos() as u64) {
+            let what = format!(
+                "kill {i} of member {victim} (its leases {leases:?}), led again after {}",
+                led.map_or("the window".into(), |(_, l)| format!(
+                    "{:.1} ms",
+                    l as f64 / 1e6
+                ))
+            );
+            let name = format!("groups-{}-kill-{i}.log", driver.name());
+            let members: Vec<&Node> = all(&live).into_iter().chain([&dead.node]).collect();
+            match keep_slow_kill(&plan.out, &name, &what, wall_kill, iv.retry, &members) {
+                Ok(path) => {
+                    eprintln!("bench: groups {:<5} {what}: logs in {path}", driver.name());
+                    slow_logs.push(path);
+                }
+                Err(e) => eprintln!("bench: groups: keeping the logs of a slow kill: {e}"),
+            }
+        }
         let even = wait_counts(&live, &[6, 6], settle_timeout, "no 6/6 after the kill").ok();
         gone.push((dead.node, Some(t_kill)));
         let t_restart = monotonic_nanos();
@@ -543,7 +575,66 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
         terms,
         overlap_ns,
         out_of_order,
+        slow_logs,
     })
+}
+
+/// Writes `OUT/slow/name`: `what`, then each of `nodes`' stderr lines (the last is the
+/// killed member) dated from a retry interval before the kill at `wall` to two seconds
+/// after it (the replicas' log lines start with their UTC time, `2026-12-03T08:23:42.789012Z`).
+fn keep_slow_kill(
+    out: &std::path::Path,
+    name: &str,
+    what: &str,
+    wall: std::time::SystemTime,
+    retry: Duration,
+    nodes: &[&Node],
+) -> R<String> {
+    // Seconds since midnight (UTC) of a log line, and of a moment.
+    let of_line = |line: &str| -> Option<f64> {
+        let t: Vec<f64> = (line.get(11..26)?.split(':'))
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        Some(t.first()? * 3600.0 + t.get(1)? * 60.0 + t.get(2)?)
+    };
+    let of_time = |t: std::time::SystemTime| {
+        let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        since.as_secs_f64() % 86_400.0
+    };
+    let (from, to) = (
+        of_time(wall - retry),
+        of_time(wall + Duration::from_secs(2)),
+    );
+    let within = |s: f64| {
+        if from <= to {
+            from <= s && s <= to
+        } else {
+            s >= from || s <= to
+        }
+    };
+    let mut text = format!(
+        "{what}; the SIGKILL at {:.6} s after midnight UTC\n",
+        of_time(wall)
+    );
+    for (i, node) in nodes.iter().enumerate() {
+        let role = if i + 1 == nodes.len() {
+            "killed"
+        } else {
+            "survivor"
+        };
+        text.push_str(&format!("\n--- {} ({role}) ---\n", node.label));
+        for line in node.stderr() {
+            if of_line(&line).is_some_and(within) {
+                text.push_str(&line);
+                text.push('\n');
+            }
+        }
+    }
+    let dir = out.join("slow");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let path = dir.join(name);
+    std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    Ok(path.display().to_string())
 }
 
 /// One job's term: from its `start` to its `stop` (the job returned), or to the

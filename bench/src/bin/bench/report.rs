@@ -443,9 +443,10 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
          server log (`log_disconnections`; its times have a resolution of 1 ms): SIGKILL → the \
          holder's backend logged its disconnection (the process died, its socket closed, the \
          backend noticed, released its locks, which woke the waits, and exited: the machine's \
-         and the server's part), and → the first try a standby sent (the woken waits' \
-         backends and clients ran); the try, the lock-delay ({delay}) and the job's start \
-         follow.\n\n",
+         and the server's part), → the first try a standby sent (the woken waits' \
+         backends and clients ran), and → the end of the winner's first try after the SIGKILL on the server \
+         (`log_min_duration_statement = 0`; the winner: the backend holding the key at the \
+         end of the second); the lock-delay ({delay}) and the job's start follow.\n\n",
         delay = ms_text(lease_proto::limits::DEFAULT_LOCK_DELAY),
     );
     let rows = (t.herd.iter())
@@ -460,11 +461,13 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
             };
             let gone: Vec<f64> = reps.iter().filter_map(|x| x.gone_ms).collect();
             let first_try: Vec<f64> = reps.iter().filter_map(|x| x.first_try_ms).collect();
+            let won_try: Vec<f64> = reps.iter().filter_map(|x| x.won_try_ms).collect();
             vec![
                 driver.name().to_string(),
                 dist_text(&first),
                 dist_text(&gone),
                 dist_text(&first_try),
+                dist_text(&won_try),
                 count(reps, |x| x.leaders == 1 && x.holders == 1),
                 count(reps, |x| x.between_rounds),
                 dist(&stmts).map_or(String::new(), |d| format!("{} / {}", d.median, d.max)),
@@ -479,6 +482,7 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
         "first start (ms)",
         "→ holder's backend gone",
         "→ first try",
+        "→ winning try answered",
         "exactly one leader and holder",
         "kill between polling rounds",
         "statements in the second after: median / max",
@@ -560,8 +564,13 @@ fn groups_markdown(r: &Results, s: &mut String) {
          the least is 4). The victim is picked at random; until the kill, `pg_locks` is read \
          every 20 ms: a member is watched while another session waits for a key it holds (a \
          watch session's wait); the kills are split by whether the victim was watched at the \
-         last read before its kill. Cells: n: median / p90 / p99 / max (nearest rank; with n \
-         < 100, p99 = max).\n\n"
+         last read before its kill. The members log the driver's debug events (`RUST_LOG` \
+         `{member_log}` unless set): a kill whose leases took longer than {slow} to be led \
+         again leaves the members' log lines from a retry interval before it to 2 s after it \
+         in `slow/` beside this file. Cells: n: median / p90 / p99 / max (nearest rank; with \
+         n < 100, p99 = max).\n\n",
+        member_log = crate::groups::MEMBER_LOG,
+        slow = ms_text(crate::groups::SLOW_KILL),
     );
     let rows = (r.groups.iter())
         .map(|g| {
@@ -604,6 +613,30 @@ fn groups_markdown(r: &Results, s: &mut String) {
         "starts by the restart: median / max",
     ];
     table(s, &header, rows);
+    for g in &r.groups {
+        let kept = (g.slow_logs.iter())
+            .map(|p| {
+                let name = std::path::Path::new(p).file_name().unwrap_or_default();
+                format!("`slow/{}`", name.to_string_lossy())
+            })
+            .collect::<Vec<_>>();
+        let _ = write!(
+            s,
+            "\n{}: {} slower than {}{}",
+            g.driver.name(),
+            match kept.len() {
+                0 => "no kill".to_string(),
+                1 => "1 kill".to_string(),
+                n => format!("{n} kills"),
+            },
+            ms_text(crate::groups::SLOW_KILL),
+            if kept.is_empty() {
+                ".\n".to_string()
+            } else {
+                format!(": {}.\n", kept.join(", "))
+            }
+        );
+    }
 
     let _ = write!(
         s,
@@ -974,6 +1007,7 @@ fn takeover_json(t: &Takeover) -> J {
                 ("kill_between_polling_rounds", J::Bool(x.between_rounds)),
                 ("holder_backend_gone_ms", x.gone_ms.map_or(J::Null, J::Num)),
                 ("first_try_ms", x.first_try_ms.map_or(J::Null, J::Num)),
+                ("won_try_ms", x.won_try_ms.map_or(J::Null, J::Num)),
             ])
         });
         J::Obj(vec![
@@ -1087,6 +1121,10 @@ fn groups_json(g: &GroupRun) -> J {
         (
             "tokens_out_of_order",
             J::Arr(g.out_of_order.iter().map(|x| s(x)).collect()),
+        ),
+        (
+            "slow_kill_logs",
+            J::Arr(g.slow_logs.iter().map(|x| s(x)).collect()),
         ),
     ])
 }

@@ -13,8 +13,11 @@
 //!   started.
 //! - **herd**: a holder and ten standbys on one key, SIGKILL of the holder: the first
 //!   start, how many standbys led (one is right), and the statements the standbys sent
-//!   in the second after the kill, counted in the server log (`log_statement = all` for
-//!   this part; the log line prefix names each session's `application_name`).
+//!   in the second after the kill, counted in the server log (`log_statement = all` and
+//!   `log_min_duration_statement = 0` for this part: each statement's start and end; the
+//!   log line prefix names each session's `application_name`), and where the first
+//!   start's time went (the holder's backend gone, the first try sent, the winning try
+//!   answered).
 //! - **lock-delay**: [`Bench::rep`] of [`Scenario::Terminate`] (`pg_terminate_backend`
 //!   of the holder's backend) for each of [`LOCK_DELAYS`], between two `replica`
 //!   processes of each driver (a cooperative job: it returns when cancelled) and between
@@ -75,6 +78,10 @@ pub struct HerdRep {
     pub gone_ms: Option<f64>,
     /// The kill → the first try a standby sent, in ms (server log).
     pub first_try_ms: Option<f64>,
+    /// The kill → the end of the try that won the key (its backend's first statement
+    /// after the kill that tried the key, and held it at the end of the second), in ms
+    /// (server log): the lock delay and the job's start follow.
+    pub won_try_ms: Option<f64>,
 }
 
 /// Everything this phase measured.
@@ -184,16 +191,26 @@ fn gaps(reps: &[Rep]) -> String {
     text.join(" ")
 }
 
-/// `log_statement` and `log_disconnections` server-wide (the ephemeral server only), the
-/// log's times in UTC.
+/// `log_statement`, `log_disconnections` and (every statement's end, or none)
+/// `log_min_duration_statement` server-wide (the ephemeral server only), the log's times
+/// in UTC.
 fn set_log_statement(bench: &Bench, value: &str) -> R<()> {
     let cluster = &bench.cluster;
-    let disconnections = if value == "none" { "off" } else { "on" };
+    let (disconnections, durations) = if value == "none" {
+        ("off", -1)
+    } else {
+        ("on", 0)
+    };
     cluster
         .sql(&format!("ALTER SYSTEM SET log_statement = '{value}'"))
         .and_then(|_| {
             cluster.sql(&format!(
                 "ALTER SYSTEM SET log_disconnections = {disconnections}"
+            ))
+        })
+        .and_then(|_| {
+            cluster.sql(&format!(
+                "ALTER SYSTEM SET log_min_duration_statement = {durations}"
             ))
         })
         .and_then(|_| cluster.sql("ALTER SYSTEM SET log_timezone = 'UTC'"))
@@ -210,11 +227,20 @@ fn wall_ms_of_day() -> f64 {
     (since.as_micros() % 86_400_000_000) as f64 / 1000.0
 }
 
+/// Where a herd's first start went, in ms after the kill (the log's resolution: 1 ms).
+struct HerdTimes {
+    /// → the holder's backend logged its disconnection (it had released its locks).
+    gone: Option<f64>,
+    /// → the first try a standby sent.
+    first_try: Option<f64>,
+    /// → the end of the winner's first try after the kill.
+    won_try: Option<f64>,
+}
+
 /// From the server log after the herd's kill (`log`, lines of the herd's sessions marked
-/// by `mark`; the kill at `wall0`, [`wall_ms_of_day`]): the kill → the holder's backend
-/// logged its disconnection (it had released its locks), and → the first try a standby
-/// sent, in ms (the log's resolution: 1 ms).
-fn herd_log_times(log: Option<&[u8]>, mark: &str, wall0: f64) -> (Option<f64>, Option<f64>) {
+/// by `mark`; the kill at `wall0`, [`wall_ms_of_day`]; `winner`: the backend that holds
+/// the key at the end), [`HerdTimes`].
+fn herd_log_times(log: Option<&[u8]>, mark: &str, wall0: f64, winner: Option<i64>) -> HerdTimes {
     let app = mark.split(" LOG:").next().unwrap_or(mark);
     let text = String::from_utf8_lossy(log.unwrap_or_default());
     let at = |line: &str| {
@@ -233,10 +259,37 @@ fn herd_log_times(log: Option<&[u8]>, mark: &str, wall0: f64) -> (Option<f64>, O
     let gone = (lines.iter())
         .find(|l| l.contains("LOG:  disconnection:"))
         .and_then(|l| at(l));
-    let first_try = (lines.iter())
-        .find(|l| l.contains(mark) && l.contains("pg_try_advisory_lock("))
-        .and_then(|l| at(l));
-    (gone, first_try)
+    let is_try = |l: &&&str| l.contains(mark) && l.contains("pg_try_advisory_lock(");
+    let first_try = lines.iter().find(is_try).and_then(|l| at(l));
+    // The winner's lines (`... UTC [pid] app LOG: ...`): its first try, and the end of
+    // that statement (`log_statement` logged its text, so its duration line has none).
+    let won_try = winner.and_then(|pid| {
+        let tag = format!(" [{pid}] ");
+        let own: Vec<&&str> = lines.iter().filter(|l| l.contains(&tag)).collect();
+        let start = own.iter().position(is_try)?;
+        let end = own[start..]
+            .iter()
+            .find(|l| l.contains("LOG:  duration: "))?;
+        at(end)
+    });
+    HerdTimes {
+        gone,
+        first_try,
+        won_try,
+    }
+}
+
+/// The backend that holds `lease`'s key exclusively, if one does.
+fn key_holder(bench: &Bench, lease: &str) -> R<Option<i64>> {
+    let sql = format!(
+        "SELECT coalesce(min(pid), 0) FROM pg_locks WHERE locktype = 'advisory' \
+         AND objsubid = 1 AND granted AND mode = 'ExclusiveLock' AND {} = {}",
+        lease_proto::server::ADVISORY_KEY_SQL,
+        lease_proto::key_for_name(lease)
+    );
+    let pid = bench.admin.one(&sql)?;
+    let pid: i64 = pid.parse().map_err(|_| format!("min(pid) gave {pid:?}"))?;
+    Ok((pid != 0).then_some(pid))
 }
 
 /// `pg_locks` rows of `lease`'s key, granted or waiting.
@@ -361,7 +414,8 @@ fn herd_rep(
             .count()
     };
     let statements = count(text.get(from..));
-    let (gone_ms, first_try_ms) = herd_log_times(text.get(from..), &mark, wall0);
+    let winner = key_holder(bench, lease)?;
+    let times = herd_log_times(text.get(from..), &mark, wall0, winner);
     let statements_before = count(text.get(before..from));
     let leaders = (herd.iter())
         .filter(|n| n.terms().iter().any(|t| t.start >= t0))
@@ -375,18 +429,20 @@ fn herd_rep(
         statements,
         statements_before,
         between_rounds,
-        gone_ms,
-        first_try_ms,
+        gone_ms: times.gone,
+        first_try_ms: times.first_try,
+        won_try_ms: times.won_try,
     };
     eprintln!(
         "bench: takeover herd {:<5} first start {} ms (holder's backend gone {} ms, first \
-         try {} ms), {} leader(s), {} holder(s), {} waiting ({} at the kill), {} statements \
+         try {} ms, winning try answered {} ms), {} leader(s), {} holder(s), {} waiting ({} at the kill), {} statements \
          in the second after the kill ({} in the second before){}",
         driver.name(),
         rep.first_ns
             .map_or("-".into(), |g| format!("{:.1}", g as f64 / 1e6)),
         rep.gone_ms.map_or("-".into(), |g| format!("{g:.0}")),
         rep.first_try_ms.map_or("-".into(), |g| format!("{g:.0}")),
+        rep.won_try_ms.map_or("-".into(), |g| format!("{g:.0}")),
         rep.leaders,
         rep.holders,
         rep.waiting,
