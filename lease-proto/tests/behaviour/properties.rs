@@ -1963,9 +1963,10 @@ fn ring_takeover_case(
 /// (200 ms to 8 s here). With `notify_handover` on (the default: the announcements go
 /// out on the handover channel). Half the cases lose every member's watch
 /// session first (they wait again from their next periodic read); a quarter
-/// crash and restart a member first, as the bench does before each kill,
-/// and the kill falls 0 to 4.5 s after the group settled again (also while
-/// the newcomer's hand-offs and the ring's new watches are recent). As in
+/// crash a member first and restart it once its leases were led again, as
+/// the bench does before each kill, and the kill falls 0 to 4.5 s after the
+/// group settled again (also while the newcomer's hand-offs and the ring's
+/// new watches are recent). As in
 /// the ring's property, a case where a session ended before the crash
 /// (after those faults) is left out (the others' views of it are not
 /// current).
@@ -1973,26 +1974,28 @@ fn ring_takeover_case(
 fn instant_takeover_of_a_group_members_leases() {
     let mut runner = TestRunner::new(config(None));
     let took = std::sync::Mutex::new(Vec::new());
+    let restarts = std::sync::atomic::AtomicUsize::new(0);
     let result = runner.run(&takeover_cases(), |(knobs, processes, seed, crash_ms)| {
         let after = crash_ms - 500;
-        let t = if seed >> 8 & 1 == 1 {
+        let before = if seed >> 8 & 1 == 1 {
             // Half the cases lose every member's watch session first.
-            let watches: Vec<Fault> = (0..processes)
-                .map(|process| Fault::TerminateWatch { process })
-                .collect();
-            group_takeover_case_after(knobs, processes, seed, after, None, &watches, true)?
+            Before::Faults(
+                (0..processes)
+                    .map(|process| Fault::TerminateWatch { process })
+                    .collect(),
+            )
         } else if seed >> 9 & 1 == 1 {
             // A quarter restart a member first, as the bench does before
-            // each kill: the kill falls while the hand-offs to the new
-            // member and the ring's new watches are recent.
-            let restart = [Fault::Crash {
-                process: (seed >> 16) as usize % processes,
-                restart_after: Some(ms(1 + (seed >> 24) % 50)),
-            }];
-            group_takeover_case_after(knobs, processes, seed, after, None, &restart, false)?
+            // each kill.
+            Before::Restart((seed >> 16) as usize % processes)
         } else {
-            group_takeover_case_after(knobs, processes, seed, after, None, &[], true)?
+            Before::Nothing
         };
+        let restart = matches!(before, Before::Restart(_));
+        let t = group_takeover_case_after(knobs, processes, seed, after, None, before)?;
+        if restart {
+            restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         took.lock().unwrap().push(t);
         Ok(())
     });
@@ -2003,9 +2006,10 @@ fn instant_takeover_of_a_group_members_leases() {
     t.sort_by(f64::total_cmp);
     let q = |f: f64| t[((t.len() - 1) as f64 * f) as usize];
     eprintln!(
-        "instant takeover of a group member's leases over {} cases: p50 {:.1} ms, p90 {:.1} ms, \
-         max {:.1} ms",
+        "instant takeover of a group member's leases over {} cases ({} after a member's \
+         restart): p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms",
         t.len(),
+        restarts.into_inner(),
         q(0.5),
         q(0.9),
         q(1.0)
@@ -2075,7 +2079,8 @@ fn a_group_member_watches_again_after_its_watch_session_is_lost() {
     let restart = [Fault::ServerRestart { downtime: ms(300) }];
     for before in [&watches[..], &restart[..]] {
         for seed in 0..3 {
-            let took = group_takeover_case_after(knobs.clone(), 3, seed, 700, None, before, true);
+            let faults = Before::Faults(before.to_vec());
+            let took = group_takeover_case_after(knobs.clone(), 3, seed, 700, None, faults);
             if let Err(e) = took {
                 panic!("seed {seed}, {before:?}: {e}");
             }
@@ -2092,21 +2097,30 @@ fn group_takeover_case(
     after_settle_ms: u64,
     mutation: Option<Mutation>,
 ) -> Result<f64, TestCaseError> {
-    group_takeover_case_after(knobs, processes, seed, after_settle_ms, mutation, &[], true)
+    let before = Before::Nothing;
+    group_takeover_case_after(knobs, processes, seed, after_settle_ms, mutation, before)
 }
 
-/// [`group_takeover_case`], with `before` injected once the group settled:
-/// the group settles again, and with `quiet` two retry intervals pass
-/// (every member's next periodic read), before the `after_settle_ms` wait
-/// and the kill.
+/// What [`group_takeover_case_after`] does once the group settled, before
+/// the `after_settle_ms` wait and the kill.
+enum Before {
+    Nothing,
+    /// These faults at once; the group settles again, and two retry
+    /// intervals pass (every member's next periodic read).
+    Faults(Vec<Fault>),
+    /// A crash of this member, its restart once its leases could have been
+    /// led again (the takeover bound), and the group settles again.
+    Restart(usize),
+}
+
+/// [`group_takeover_case`], with `before` once the group settled.
 fn group_takeover_case_after(
     knobs: Knobs,
     processes: usize,
     seed: u64,
     after_settle_ms: u64,
     mutation: Option<Mutation>,
-    before: &[Fault],
-    quiet: bool,
+    before: Before,
 ) -> Result<f64, TestCaseError> {
     let knobs = Knobs {
         wait: true,
@@ -2156,13 +2170,27 @@ fn group_takeover_case_after(
         }
     };
     settled(&mut sim)?;
+    let (faults, quiet) = match before {
+        Before::Nothing => (Vec::new(), false),
+        Before::Faults(faults) => (faults, true),
+        Before::Restart(process) => {
+            let restart_after = Some(bound + ms(1 + (seed >> 24) % 50));
+            (
+                vec![Fault::Crash {
+                    process,
+                    restart_after,
+                }],
+                false,
+            )
+        }
+    };
     let mut lost_before = 0;
-    if !before.is_empty() {
+    if !faults.is_empty() {
         let t = sim.now();
-        for fault in before {
+        for fault in &faults {
             sim.schedule(t, fault.clone());
         }
-        let longest = before.iter().filter_map(Fault::duration).max();
+        let longest = faults.iter().filter_map(Fault::duration).max();
         let t = t + longest.unwrap_or_default() + ms(1);
         sim.run_until(t);
         settled(&mut sim)?;
