@@ -45,6 +45,8 @@ pub const WATCH_SAMPLE: Duration = Duration::from_millis(20);
 /// A kill whose leases took longer than this to be led again (the issue's p99 bound)
 /// leaves its members' logs in `OUT/slow/` ([`keep_slow_kill`]).
 pub const SLOW_KILL: Duration = Duration::from_millis(100);
+/// A slow kill's logs run from a retry interval before it to this long after it.
+pub const SLOW_KILL_LOG_AFTER: Duration = Duration::from_secs(2);
 /// The members' log filter, unless `RUST_LOG` is set: the driver's debug events (a
 /// wake, a read, a try) date each step of a slow kill.
 pub const MEMBER_LOG: &str = "info,lease_driver=debug";
@@ -126,12 +128,22 @@ pub struct GroupRun {
     pub terms: usize,
     pub overlap_ns: u64,
     pub out_of_order: Vec<String>,
-    /// The files [`keep_slow_kill`] wrote.
+    /// The files [`keep_slow_kill`] wrote (one per kill slower than [`SLOW_KILL`], unless
+    /// writing it failed).
     pub slow_logs: Vec<String>,
 }
 
 pub fn run_all(bench: &mut Bench, plan: &Plan) -> R<Vec<GroupRun>> {
     let mut out = Vec::new();
+    // An earlier run's slow kills are not this run's.
+    if let Ok(dir) = std::fs::read_dir(plan.out.join("slow")) {
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("groups-") && name.ends_with(".log") {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
     for driver in DRIVERS {
         eprintln!(
             "bench: groups {}: {MEMBERS} members × {LEASES} leases, {} kills, a rolling restart, \
@@ -406,14 +418,19 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
         let wall_kill = std::time::SystemTime::now();
         let window = iv.window();
         let led = led_again(&all(&live), &leases, t_kill, window);
+        let even = wait_counts(&live, &[6, 6], settle_timeout, "no 6/6 after the kill").ok();
         if led.is_none_or(|(_, last)| last > SLOW_KILL.as_nanos() as u64) {
             let what = format!(
-                "kill {i} of member {victim} (its leases {leases:?}), led again after {}",
-                led.map_or("the window".into(), |(_, l)| format!(
-                    "{:.1} ms",
-                    l as f64 / 1e6
-                ))
+                "kill {i} of member {victim} (its leases {leases:?}): {}",
+                led.map_or("not all led again within the window".into(), |(_, l)| {
+                    format!("led again after {:.1} ms", l as f64 / 1e6)
+                })
             );
+            // The logs reach past the kill: wait for them to be written.
+            let until = wall_kill + SLOW_KILL_LOG_AFTER;
+            if let Ok(left) = until.duration_since(std::time::SystemTime::now()) {
+                sleep(left);
+            }
             let name = format!("groups-{}-kill-{i}.log", driver.name());
             let members: Vec<&Node> = all(&live).into_iter().chain([&dead.node]).collect();
             match keep_slow_kill(&plan.out, &name, &what, wall_kill, iv.retry, &members) {
@@ -424,7 +441,6 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
                 Err(e) => eprintln!("bench: groups: keeping the logs of a slow kill: {e}"),
             }
         }
-        let even = wait_counts(&live, &[6, 6], settle_timeout, "no 6/6 after the kill").ok();
         gone.push((dead.node, Some(t_kill)));
         let t_restart = monotonic_nanos();
         live.insert(victim, spawn(bench)?);
@@ -580,8 +596,9 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
 }
 
 /// Writes `OUT/slow/name`: `what`, then each of `nodes`' stderr lines (the last is the
-/// killed member) dated from a retry interval before the kill at `wall` to two seconds
-/// after it (the replicas' log lines start with their UTC time, `2026-12-03T08:23:42.789012Z`).
+/// killed member) dated from a retry interval before the kill at `wall` to
+/// [`SLOW_KILL_LOG_AFTER`] after it (the replicas' log lines start with their UTC time,
+/// `2026-12-03T08:23:42.789012Z`).
 fn keep_slow_kill(
     out: &std::path::Path,
     name: &str,
@@ -590,21 +607,8 @@ fn keep_slow_kill(
     retry: Duration,
     nodes: &[&Node],
 ) -> R<String> {
-    // Seconds since midnight (UTC) of a log line, and of a moment.
-    let of_line = |line: &str| -> Option<f64> {
-        let t: Vec<f64> = (line.get(11..26)?.split(':'))
-            .map(|f| f.parse().ok())
-            .collect::<Option<_>>()?;
-        Some(t.first()? * 3600.0 + t.get(1)? * 60.0 + t.get(2)?)
-    };
-    let of_time = |t: std::time::SystemTime| {
-        let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        since.as_secs_f64() % 86_400.0
-    };
-    let (from, to) = (
-        of_time(wall - retry),
-        of_time(wall + Duration::from_secs(2)),
-    );
+    let of_time = crate::seconds_of_day;
+    let (from, to) = (of_time(wall - retry), of_time(wall + SLOW_KILL_LOG_AFTER));
     let within = |s: f64| {
         if from <= to {
             from <= s && s <= to
@@ -624,7 +628,7 @@ fn keep_slow_kill(
         };
         text.push_str(&format!("\n--- {} ({role}) ---\n", node.label));
         for line in node.stderr() {
-            if of_line(&line).is_some_and(within) {
+            if crate::line_seconds_of_day(&line, 11..26).is_some_and(within) {
                 text.push_str(&line);
                 text.push('\n');
             }

@@ -31,7 +31,9 @@
 //! recorder installed (the report's header says which): run it both ways to see what the
 //! feature costs a client.
 //!
-//! Writes `DIR/results.md`, `DIR/results.json` and `DIR/failover.svg` ([`report`]).
+//! Writes `DIR/results.md`, `DIR/results.json` and `DIR/failover.svg` ([`report`]), and
+//! for a groups-phase kill slower than [`groups::SLOW_KILL`] the members' log lines
+//! around it in `DIR/slow/`.
 //!
 //! `bench --stamp-child` ([`STAMP_CHILD`]) is not for people: it is the command the
 //! takeover phase runs under `lease run` ([`takeover::stamp_child`]).
@@ -130,6 +132,22 @@ pub fn replica(
     rc.tick = Duration::ZERO;
     rc.app_name = Some(format!("bench-{lease}"));
     rc
+}
+
+/// UTC seconds since midnight of `t`, as the logs' times of day read.
+pub fn seconds_of_day(t: std::time::SystemTime) -> f64 {
+    let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    (since.as_micros() % 86_400_000_000) as f64 / 1e6
+}
+
+/// The seconds since midnight a log line's time of day reads, `HH:MM:SS.fraction` at
+/// bytes `at` of `line` (the server's `2026-12-03 08:23:42.789 UTC`: `11..23`; a
+/// replica's `2026-12-03T08:23:42.789012Z`: `11..26`).
+pub fn line_seconds_of_day(line: &str, at: std::ops::Range<usize>) -> Option<f64> {
+    let t: Vec<f64> = (line.get(at)?.split(':'))
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    Some(t.first()? * 3600.0 + t.get(1)? * 60.0 + t.get(2)?)
 }
 
 /// `what` failed with `error`; the last output lines of `nodes` explain it.
@@ -231,7 +249,8 @@ const USAGE: &str = concat!(
     "  --group-reps N\n",
     "             SIGKILLs of a group member per driver (default: --reps' N / 2 rounded\n",
     "             up); the group's server restarts: a third of them, rounded up\n",
-    "  --out DIR  where results.md, results.json and failover.svg go (default bench/)\n",
+    "  --out DIR  where results.md, results.json and failover.svg go (default bench/);\n",
+    "             a slow kill of the groups phase leaves its logs in DIR/slow/\n",
     "  --only PHASE[,PHASE...]\n",
     "             run only these phases (a comma-separated list; they run in the usual\n",
     "             order): failover (the failover scenarios); takeover (kill -9, a herd of\n",

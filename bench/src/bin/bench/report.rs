@@ -566,11 +566,12 @@ fn groups_markdown(r: &Results, s: &mut String) {
          watch session's wait); the kills are split by whether the victim was watched at the \
          last read before its kill. The members log the driver's debug events (`RUST_LOG` \
          `{member_log}` unless set): a kill whose leases took longer than {slow} to be led \
-         again leaves the members' log lines from a retry interval before it to 2 s after it \
+         again leaves the members' log lines from a retry interval before it to {after} after it \
          in `slow/` beside this file. Cells: n: median / p90 / p99 / max (nearest rank; with \
          n < 100, p99 = max).\n\n",
         member_log = crate::groups::MEMBER_LOG,
         slow = ms_text(crate::groups::SLOW_KILL),
+        after = secs(crate::groups::SLOW_KILL_LOG_AFTER),
     );
     let rows = (r.groups.iter())
         .map(|g| {
@@ -614,6 +615,12 @@ fn groups_markdown(r: &Results, s: &mut String) {
     ];
     table(s, &header, rows);
     for g in &r.groups {
+        let slow = (g.kills.iter())
+            .filter(|k| {
+                k.takeover_ns
+                    .is_none_or(|t| t > crate::groups::SLOW_KILL.as_nanos() as u64)
+            })
+            .count();
         let kept = (g.slow_logs.iter())
             .map(|p| {
                 let name = std::path::Path::new(p).file_name().unwrap_or_default();
@@ -624,7 +631,7 @@ fn groups_markdown(r: &Results, s: &mut String) {
             s,
             "\n{}: {} slower than {}{}",
             g.driver.name(),
-            match kept.len() {
+            match slow {
                 0 => "no kill".to_string(),
                 1 => "1 kill".to_string(),
                 n => format!("{n} kills"),

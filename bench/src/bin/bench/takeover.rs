@@ -219,36 +219,25 @@ fn set_log_statement(bench: &Bench, value: &str) -> R<()> {
         .map_err(|e| format!("setting log_statement = {value}: {e}"))
 }
 
-/// The wall clock (UTC) in ms since midnight, as the server log's `%m` reads it.
-fn wall_ms_of_day() -> f64 {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    (since.as_micros() % 86_400_000_000) as f64 / 1000.0
-}
-
 /// Where a herd's first start went, in ms after the kill (the log's resolution: 1 ms).
 struct HerdTimes {
     /// → the holder's backend logged its disconnection (it had released its locks).
     gone: Option<f64>,
     /// → the first try a standby sent.
     first_try: Option<f64>,
-    /// → the end of the winner's first try after the kill.
+    /// → the end of the winner's last try in the second after the kill (the one that won).
     won_try: Option<f64>,
 }
 
 /// From the server log after the herd's kill (`log`, lines of the herd's sessions marked
-/// by `mark`; the kill at `wall0`, [`wall_ms_of_day`]; `winner`: the backend that holds
+/// by `mark`; the kill at `wall0`, ms since midnight UTC; `winner`: the backend that holds
 /// the key at the end), [`HerdTimes`].
 fn herd_log_times(log: Option<&[u8]>, mark: &str, wall0: f64, winner: Option<i64>) -> HerdTimes {
     let app = mark.split(" LOG:").next().unwrap_or(mark);
     let text = String::from_utf8_lossy(log.unwrap_or_default());
     let at = |line: &str| {
         // `2026-12-03 08:23:42.789 UTC [pid] app LOG:  ...`
-        let t: Vec<f64> = (line.get(11..23)?.split(':'))
-            .map(|f| f.parse().ok())
-            .collect::<Option<_>>()?;
-        let ms = (t.first()? * 3600.0 + t.get(1)? * 60.0 + t.get(2)?) * 1000.0 - wall0;
+        let ms = crate::line_seconds_of_day(line, 11..23)? * 1000.0 - wall0;
         Some(if ms < -43_200_000.0 {
             ms + 86_400_000.0
         } else {
@@ -261,15 +250,17 @@ fn herd_log_times(log: Option<&[u8]>, mark: &str, wall0: f64, winner: Option<i64
         .and_then(|l| at(l));
     let is_try = |l: &&&str| l.contains(mark) && l.contains("pg_try_advisory_lock(");
     let first_try = lines.iter().find(is_try).and_then(|l| at(l));
-    // The winner's lines (`... UTC [pid] app LOG: ...`): its first try, and the end of
-    // that statement (`log_statement` logged its text, so its duration line has none).
+    // The winner's lines (`... UTC [pid] app LOG: ...`): its last try (the one that won:
+    // a holder does not try its key), and that simple query's end, the next line
+    // (`log_statement` logged its text, so its duration line has none; a try that failed
+    // logs an error instead, and has no end here).
     let won_try = winner.and_then(|pid| {
         let tag = format!(" [{pid}] ");
         let own: Vec<&&str> = lines.iter().filter(|l| l.contains(&tag)).collect();
-        let start = own.iter().position(is_try)?;
-        let end = own[start..]
-            .iter()
-            .find(|l| l.contains("LOG:  duration: "))?;
+        let start = own.iter().rposition(is_try)?;
+        let end = own
+            .get(start + 1)
+            .filter(|l| l.contains("LOG:  duration: "))?;
         at(end)
     });
     HerdTimes {
@@ -385,7 +376,7 @@ fn herd_rep(
     }
     let waiting_at_kill = key_rows(bench, lease, false)?;
     let from = log_len();
-    let wall0 = wall_ms_of_day();
+    let wall0 = crate::seconds_of_day(std::time::SystemTime::now()) * 1000.0;
     let t0 = holder
         .kill9()
         .map_err(|e| failed("killing the herd's holder", e, &[&holder]))?;
