@@ -51,6 +51,12 @@ pub const SLOW_KILL_LOG_AFTER: Duration = Duration::from_secs(2);
 /// wake, a read, a try) date each step of a slow kill.
 pub const MEMBER_LOG: &str = "info,lease_driver=debug";
 
+/// Whether a kill whose leases were led again `takeover_ns` after it (`None`: not
+/// within the window) was slower than [`SLOW_KILL`].
+pub fn slow(takeover_ns: Option<u64>) -> bool {
+    takeover_ns.is_none_or(|t| t > SLOW_KILL.as_nanos() as u64)
+}
+
 /// One kill repetition.
 #[derive(Clone, Debug)]
 pub struct KillRep {
@@ -419,7 +425,7 @@ fn group_run(bench: &mut Bench, plan: &Plan, driver: Driver) -> R<GroupRun> {
         let window = iv.window();
         let led = led_again(&all(&live), &leases, t_kill, window);
         let even = wait_counts(&live, &[6, 6], settle_timeout, "no 6/6 after the kill").ok();
-        if led.is_none_or(|(_, last)| last > SLOW_KILL.as_nanos() as u64) {
+        if slow(led.map(|(_, last)| last)) {
             let what = format!(
                 "kill {i} of member {victim} (its leases {leases:?}): {}",
                 led.map_or("not all led again within the window".into(), |(_, l)| {

@@ -444,7 +444,7 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
          holder's backend logged its disconnection (the process died, its socket closed, the \
          backend noticed, released its locks, which woke the waits, and exited: the machine's \
          and the server's part), → the first try a standby sent (the woken waits' \
-         backends and clients ran), and → the end of the winner's first try after the SIGKILL on the server \
+         backends and clients ran), and → the end of the winner's try (its last, the one that won) on the server \
          (`log_min_duration_statement = 0`; the winner: the backend holding the key at the \
          end of the second); the lock-delay ({delay}) and the job's start follow.\n\n",
         delay = ms_text(lease_proto::limits::DEFAULT_LOCK_DELAY),
@@ -616,10 +616,7 @@ fn groups_markdown(r: &Results, s: &mut String) {
     table(s, &header, rows);
     for g in &r.groups {
         let slow = (g.kills.iter())
-            .filter(|k| {
-                k.takeover_ns
-                    .is_none_or(|t| t > crate::groups::SLOW_KILL.as_nanos() as u64)
-            })
+            .filter(|k| crate::groups::slow(k.takeover_ns))
             .count();
         let kept = (g.slow_logs.iter())
             .map(|p| {

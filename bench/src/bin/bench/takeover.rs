@@ -78,9 +78,9 @@ pub struct HerdRep {
     pub gone_ms: Option<f64>,
     /// The kill → the first try a standby sent, in ms (server log).
     pub first_try_ms: Option<f64>,
-    /// The kill → the end of the try that won the key (its backend's first statement
-    /// after the kill that tried the key, and held it at the end of the second), in ms
-    /// (server log): the lock delay and the job's start follow.
+    /// The kill → the end of the try that won the key (the last try, in the second after
+    /// the kill, of the backend holding the key at its end), in ms (server log): the lock
+    /// delay and the job's start follow.
     pub won_try_ms: Option<f64>,
 }
 
@@ -272,27 +272,31 @@ fn herd_log_times(log: Option<&[u8]>, mark: &str, wall0: f64, winner: Option<i64
 
 /// The backend that holds `lease`'s key exclusively, if one does.
 fn key_holder(bench: &Bench, lease: &str) -> R<Option<i64>> {
-    let sql = format!(
-        "SELECT coalesce(min(pid), 0) FROM pg_locks WHERE locktype = 'advisory' \
-         AND objsubid = 1 AND granted AND mode = 'ExclusiveLock' AND {} = {}",
-        lease_proto::server::ADVISORY_KEY_SQL,
-        lease_proto::key_for_name(lease)
-    );
-    let pid = bench.admin.one(&sql)?;
-    let pid: i64 = pid.parse().map_err(|_| format!("min(pid) gave {pid:?}"))?;
+    let pid = key_locks(
+        bench,
+        lease,
+        "coalesce(min(pid), 0)",
+        "mode = 'ExclusiveLock'",
+    )?;
     Ok((pid != 0).then_some(pid))
 }
 
 /// `pg_locks` rows of `lease`'s key, granted or waiting.
 fn key_rows(bench: &Bench, lease: &str, granted: bool) -> R<usize> {
+    let n = key_locks(bench, lease, "count(*)", &format!("granted = {granted}"))?;
+    Ok(n as usize)
+}
+
+/// `what` (an aggregate) over the `pg_locks` rows of `lease`'s key that match `filter`.
+fn key_locks(bench: &Bench, lease: &str, what: &str, filter: &str) -> R<i64> {
     let sql = format!(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
-         AND granted = {granted} AND {} = {}",
+        "SELECT {what} FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+         AND {filter} AND {} = {}",
         lease_proto::server::ADVISORY_KEY_SQL,
         lease_proto::key_for_name(lease)
     );
-    let n = bench.admin.one(&sql)?;
-    n.parse().map_err(|_| format!("count(*) gave {n:?}"))
+    let v = bench.admin.one(&sql)?;
+    v.parse().map_err(|_| format!("{what} gave {v:?}"))
 }
 
 fn herd_rep(
