@@ -22,8 +22,10 @@
 //! pid, a wrong or missing nonce, a missing setting, a row left out or
 //! doubled, or with `extra` rows of any width appended or alone, so malformed
 //! replies stay reachable. A wait is answered with the heartbeat's rows and
-//! its outcome (woken, or held at its lock timeout), or failed with SQLSTATE
-//! 55P03 (a server that does not catch the lock timeout) or any other error.
+//! its outcome (woken, or held at its lock timeout), a take likewise (taken
+//! with its token, held, crowded, held by this backend, the outcome or the
+//! token left out), or either failed with SQLSTATE 55P03 (a server that does
+//! not catch the lock timeout) or any other error.
 //!
 //! After every step it checks:
 //! - no panic;
@@ -36,10 +38,11 @@
 //! - a lease the machine calls valid belongs to a running job, was won on the
 //!   session that is still current, and is valid no longer than the validity
 //!   window past the last statement sent;
-//! - a job starts only in the step that answers the try in flight, valid no
-//!   longer than the validity window past that try's send time: in
-//!   particular after a woken wait no job starts before a try was sent and
-//!   answered (a wait never acquires).
+//! - a job starts only in the step that answers the try or take in flight
+//!   (or ends its reply's hold-back), valid no longer than the validity
+//!   window past that statement's send time: in particular after the watch
+//!   session's woken wait no job starts before a try was sent and answered
+//!   (a watch session's wait never acquires).
 //!
 //! With `LEASE_FUZZ_STATS` set in its environment the target also counts how
 //! far inputs get (sessions ready, jobs started, waits woken...) and prints
@@ -637,8 +640,7 @@ impl Fuzz {
             result: Err(e),
         }) = &input
         {
-            let waiting =
-                matches!(self.h.in_flight(), Some((q, Statement::Wait { .. })) if q == query);
+            let waiting = matches!(self.h.in_flight(), Some((q, Statement::Wait { .. } | Statement::Take { .. })) if q == query);
             if waiting && e.code.as_deref() == Some(lease_proto::server::LOCK_TIMEOUT_SQLSTATE) {
                 self.seen.mark(Mark::WaitTimedOut);
             }
@@ -648,31 +650,34 @@ impl Fuzz {
             result: Ok(rows),
         }) = &input
         {
-            let waiting =
-                matches!(self.h.in_flight(), Some((q, Statement::Wait { .. })) if q == query);
+            let waiting = matches!(self.h.in_flight(), Some((q, Statement::Wait { .. } | Statement::Take { .. })) if q == query);
             let held =
                 lease_proto::reply::WaitReply::parse(rows).is_ok_and(|r| r.freed == Some(false));
             if waiting && held {
                 self.seen.mark(Mark::WaitTimedOut);
             }
         }
-        // A job may start only in the step that answers the try in flight.
+        // A job may start only in the step that answers the try (or the
+        // take: a wait that takes its key) in flight, or at the end of its
+        // reply's hold-back.
         let answers_try = match (&input, self.h.in_flight()) {
             (
                 Some(Input::Reply {
                     query,
                     result: Ok(_),
                 }),
-                Some((q, Statement::TryLock { .. })),
+                Some((q, Statement::TryLock { .. } | Statement::Take { .. })),
             ) if query == q => self.try_sent,
             _ => self.held_try,
         };
         let answers_try_reply = matches!(
             (&input, self.h.in_flight()),
-            (Some(Input::Reply { query, result: Ok(_) }), Some((q, Statement::TryLock { .. }))) if query == q
+            (Some(Input::Reply { query, result: Ok(_) }), Some((q, Statement::TryLock { .. } | Statement::Take { .. }))) if query == q
         );
-        if let (Some(Input::Reply { query, .. }), Some((q, Statement::TryLock { .. }))) =
-            (&input, self.h.in_flight())
+        if let (
+            Some(Input::Reply { query, .. }),
+            Some((q, Statement::TryLock { .. } | Statement::Take { .. })),
+        ) = (&input, self.h.in_flight())
         {
             if query == q {
                 self.woken = false;
@@ -716,7 +721,9 @@ impl Fuzz {
                     self.try_sent = None;
                     match &statement {
                         Statement::Setup { nonce, .. } => self.nonce = Some(*nonce),
-                        Statement::TryLock { .. } => self.try_sent = Some(self.latest),
+                        Statement::TryLock { .. } | Statement::Take { .. } => {
+                            self.try_sent = Some(self.latest)
+                        }
                         _ => {}
                     }
                     if let Statement::TryLock { keys, .. } | Statement::Release { keys, .. } =
@@ -733,7 +740,7 @@ impl Fuzz {
                         Statement::Heartbeat => Some(Mark::Heartbeat),
                         Statement::Verify => Some(Mark::Verify),
                         Statement::Release { .. } => Some(Mark::Release),
-                        Statement::Wait { .. } => Some(Mark::Wait),
+                        Statement::Wait { .. } | Statement::Take { .. } => Some(Mark::Wait),
                         Statement::Setup { .. }
                         | Statement::Listen
                         | Statement::Members { .. }
@@ -755,7 +762,7 @@ impl Fuzz {
                         panic!(
                             "job of {run:?} started in a step that answered no try{}",
                             if self.woken {
-                                " (after a woken wait: a wait never acquires)"
+                                " (after the watch session's woken wait: it never acquires)"
                             } else {
                                 ""
                             }
@@ -898,7 +905,6 @@ impl Fuzz {
                 keys,
                 backend_pid,
                 nonce,
-                woken: _,
             }) => {
                 let (pid, nonce) = p.who.session(*backend_pid, Some(*nonce));
                 let mut reply = TryReply {
@@ -954,6 +960,32 @@ impl Fuzz {
                     freed,
                     crowded,
                     deadlock_timeout_ms,
+                    ..Default::default()
+                };
+                let mut rows = reply.to_rows();
+                if variant(pick(0), 1).is_some() {
+                    rows.reverse();
+                }
+                rows
+            }
+            // A take answers what a wait does, and its token when it took
+            // the key (mostly taken; held at its lock timeout; crowded; held
+            // by this backend already; the outcome or the token left out).
+            Some(Statement::Take { .. }) => {
+                let (freed, crowded, held_here) = match pick(1) % 6 {
+                    0..=2 => (Some(true), false, false),
+                    3 => (Some(false), false, false),
+                    4 => (Some(false), pick(3) % 2 == 0, pick(3) % 2 == 1),
+                    _ => (None, false, false),
+                };
+                let token = (freed == Some(true) && pick(2) % 8 != 0).then_some(p.token);
+                let reply = lease_proto::reply::WaitReply {
+                    session: self.heartbeat_reply(p.who),
+                    freed,
+                    crowded,
+                    held_here,
+                    token,
+                    deadlock_timeout_ms: Some(1000),
                 };
                 let mut rows = reply.to_rows();
                 if variant(pick(0), 1).is_some() {

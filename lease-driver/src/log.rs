@@ -242,6 +242,13 @@ fn log_event(event: &Event, since: u32) {
              by statement and verifying them"
         ),
         Event::KeyFreed { key } => debug!(key, "a wanted key was freed; trying"),
+        Event::KeyTaken { key } => debug!(key, "the wait on the server took a wanted key"),
+        Event::WinDeclined { key, to_pid } => info!(
+            key,
+            to_pid,
+            "won a key that a hand-over to another backend was asked for meanwhile; \
+             releasing it to that backend without starting its job"
+        ),
         Event::WaitInterrupted { session: s } => debug!(
             session = s.0,
             "the session was waiting on the server and is needed now; reconnecting"

@@ -390,6 +390,7 @@ mod imp {
                 Statement::Members { .. } => "members",
                 Statement::Prefer { .. } => "prefer",
                 Statement::Wait { .. } => "wait",
+                Statement::Take { .. } => "take",
             };
             Sent { kind, at: clock() }
         }

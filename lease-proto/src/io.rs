@@ -239,7 +239,7 @@ pub enum Reason {
 impl Reason {
     /// Whether the key may be free on the server already when a lease is
     /// lost for this reason, so that another session may take it at once (a
-    /// standby woken by the release, after its
+    /// standby whose wait takes it at the release, after its
     /// [`Options::lock_delay`](crate::Options::lock_delay)) and a job must
     /// stop within that, not at the guard deadline: the session ended (the
     /// server released its locks with it), a verify found the key not held,
@@ -685,11 +685,29 @@ pub enum Event {
         /// The holder the standby last saw, if `pg_locks` showed one.
         holder_pid: Option<i64>,
     },
-    /// A standby's wait on the server woke: the key was freed (see
-    /// [`Statement::Wait`](crate::Statement::Wait)); a try follows.
+    /// The watch session's wait woke: the key was freed (see
+    /// [`Statement::Wait`](crate::Statement::Wait)); a try follows on the
+    /// lease session.
     KeyFreed {
         /// The key.
         key: i64,
+    },
+    /// A standby's wait on the server took its key the moment it was freed
+    /// (see [`Statement::Take`](crate::Statement::Take)): a win, as a try's;
+    /// its job starts after the lock delay, unless the release was graceful.
+    KeyTaken {
+        /// The key.
+        key: i64,
+    },
+    /// A try or a take won a key that a hand-over to another backend was
+    /// asked for meanwhile (`lease handover --to`, a preferred standby's
+    /// request): its job does not start, and the key is released at once,
+    /// with the notification that tells that backend to take it.
+    WinDeclined {
+        /// The key.
+        key: i64,
+        /// The backend it is reserved for.
+        to_pid: i64,
     },
     /// A wait failed otherwise than by its lock timeout; the session polls
     /// from now on.

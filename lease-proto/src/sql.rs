@@ -37,7 +37,11 @@ macro_rules! this_database_advisory_locks {
 /// The LISTEN/NOTIFY channel of graceful handovers. The payload is the
 /// released key in decimal and the moment of the release on the server's
 /// clock, in the units of the fencing token ([`TOKEN_CLOCK_OFFSET`] plus
-/// microseconds), space-separated; also `group <id>`
+/// microseconds), space-separated, then the backend pid that holds the key
+/// exclusively right after the unlock, if one does: the first
+/// [`Statement::Take`] in its queue, granted it in the unlock itself (or a
+/// try, or a client that is not a lease client, in the moment between; a
+/// locker before 0.2 ignores such a payload); also `group <id>`
 /// (a lease group's announcement), `to <key> <pid>` (a hand-over asked
 /// for: [`handover_request_payload`]), `claim <key> <pid>` (a lease
 /// group's owner claims its key: [`Statement::Members`]) and `prefer <key>
@@ -56,14 +60,34 @@ pub fn handover_request_payload(key: i64, pid: i64) -> String {
 
 /// The key and the release's moment (`None`: a payload without one) of a
 /// release's notification on [`HANDOVER_CHANNEL`].
-pub(crate) fn handover_release(payload: &str) -> Option<(i64, Option<i64>)> {
+pub(crate) fn handover_release(payload: &str) -> Option<ReleaseNotice> {
     let mut words = payload.split_whitespace();
     let key = words.next()?.parse().ok()?;
     let at = match words.next() {
         None => None,
         Some(w) => Some(w.parse().ok()?),
     };
-    words.next().is_none().then_some((key, at))
+    let grantee = match words.next() {
+        None => None,
+        Some(w) => Some(w.parse().ok()?),
+    };
+    words
+        .next()
+        .is_none()
+        .then_some(ReleaseNotice { key, at, grantee })
+}
+
+/// A release's notification on [`HANDOVER_CHANNEL`] (`<key> <at> [<grantee>]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReleaseNotice {
+    /// The released key.
+    pub(crate) key: i64,
+    /// The release's moment on the server's clock, in fencing-token units
+    /// (`None`: a payload without one).
+    pub(crate) at: Option<i64>,
+    /// The backend the server granted the key to at the release: the first
+    /// [`Statement::Take`] in its queue (`None`: no take was first).
+    pub(crate) grantee: Option<i64>,
 }
 
 /// The key and backend pid of a [`handover_request_payload`].
@@ -182,6 +206,23 @@ mod heartbeat_tag {
     pub const FREED: i64 = 3;
     /// The session's `deadlock_timeout` in ms, read by a wait.
     pub const DEADLOCK_TIMEOUT_MS: i64 = 4;
+    /// The fencing token of the key a [`Statement::Take`](super::Statement::Take)
+    /// took.
+    pub const TOKEN: i64 = 5;
+}
+
+/// The outcomes of a wait in its `FREED` row ([`WAIT_SETTING`]).
+mod wait_outcome {
+    /// Ended by its lock timeout: the key was held all along.
+    pub const HELD: i64 = 0;
+    /// The key was freed ([`Statement::Wait`](super::Statement::Wait)), or
+    /// taken ([`Statement::Take`](super::Statement::Take)).
+    pub const FREED: i64 = 1;
+    /// Did not queue: the key has enough waiters (the crowd check).
+    pub const CROWDED: i64 = 2;
+    /// A take found the key held by its own backend already: another
+    /// client's lock on a shared backend (a transaction pooler).
+    pub const HELD_HERE: i64 = 3;
 }
 
 /// The tags of the [`Statement::Members`] rows.
@@ -211,9 +252,9 @@ pub fn wait_limit_ms(deadlock_timeout_ms: i64) -> i64 {
 /// The session's `deadlock_timeout` in ms, as an expression: its shown
 /// value carries its unit (`1s`, `100ms`, `2min`), which the interval input
 /// reads under any `IntervalStyle`. Not `pg_settings`, which builds a row for
-/// every setting of the server: read in the `DO` block of a try after a wake
-/// it took 4.5 ms of the try's 8 ms on PostgreSQL 15 (the takeover's
-/// critical path); this takes microseconds.
+/// every setting of the server: read in the `DO` block of a statement on the
+/// takeover's path it once took 4.5 ms of 8 ms on PostgreSQL 15; this takes
+/// microseconds.
 const DEADLOCK_TIMEOUT_MS_SQL: &str =
     "(extract(epoch FROM pg_catalog.current_setting('deadlock_timeout')::pg_catalog.interval) \
      OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8";
@@ -222,63 +263,53 @@ const DEADLOCK_TIMEOUT_MS_SQL: &str =
 /// leaves its outcome for its last statement to read.
 pub const WAIT_SETTING: &str = "lease.freed";
 
-/// The transaction-local custom setting in which a [`Statement::TryLock`]
-/// after a wake leaves the woken key it took for the batch to answer as won.
-pub const WOKEN_SETTING: &str = "lease.woken";
+/// The transaction-local custom setting in which a [`Statement::Release`]
+/// with `notify` leaves, key by key, the moment it unlocked it (0: it did
+/// not hold it), for its last statement to answer.
+pub const RELEASED_SETTING: &str = "lease.released";
 
-/// The parts of a [`Statement::TryLock`] after a wake on `key` (its `woken`):
-/// the statements before the batch, the batch's opening and its closing.
-///
-/// Before the batch: [`WAIT_PRELUDE_SQL`] (a role's shorter `statement_timeout`
-/// would cancel the wait), then a `DO` block that, on the setup's backend with
-/// its nonce and not in recovery, and only while no session holds the key
-/// exclusively, waits up to `ms` (cut below `deadlock_timeout`) for a
-/// session-level lock on it. A lock timeout that fires as the lock is granted
-/// raises `lock_not_available` with the lock kept, so whether this backend
-/// holds the key is read after the block either way; if it does, the block
-/// leaves in [`WOKEN_SETTING`] the key and the transaction's start time, a
-/// value no role or database setting can have set beforehand, and the batch
-/// answers the key as won (it skips it: this backend holds it).
-fn woken_try_parts(key: i64, ms: u64, backend_pid: i64, nonce: i64) -> (String, String, String) {
-    let mark = format!(
-        "pg_catalog.concat(({key})::pg_catalog.int8, ' ', \
-         (extract(epoch FROM pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8)"
-    );
-    let locks = |mode: &str, who: &str| {
+/// The transaction-local custom setting in which a [`Statement::Take`] that
+/// took its key leaves the fencing token, read right after the grant.
+pub const TOKEN_SETTING: &str = "lease.token";
+
+/// The granted advisory locks of this backend on `key` in this database (only
+/// the exclusive ones, with `exclusive`), as a `SELECT` for `EXISTS`.
+fn locks_here(key: i64, exclusive: bool) -> String {
+    format!(
+        "SELECT FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
+         AND objsubid OPERATOR(pg_catalog.=) 1 AND granted {}\
+         AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() \
+         AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+         AND {} OPERATOR(pg_catalog.=) ({key})::pg_catalog.int8",
+        if exclusive {
+            "AND mode OPERATOR(pg_catalog.<>) 'ShareLock' "
+        } else {
+            ""
+        },
+        advisory_key!()
+    )
+}
+
+/// A wait's crowd check, as the first statement of its `DO` block: with
+/// `crowd` waiters of `key` or more with a smaller backend pid queued
+/// already (ungranted advisory locks on it in `pg_locks`), the block
+/// records [`wait_outcome::CROWDED`] and returns without queueing.
+fn crowd_check(key: i64, crowd: Option<u32>) -> String {
+    crowd.map_or(String::new(), |n| {
         format!(
-            "SELECT FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
-             AND objsubid OPERATOR(pg_catalog.=) 1 AND granted {mode}{who}\
+            "IF {n} OPERATOR(pg_catalog.<=) (SELECT pg_catalog.count(pid) FROM pg_catalog.pg_locks \
+             WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
+             AND objsubid OPERATOR(pg_catalog.=) 1 AND NOT granted \
              AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
              WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
-             AND {} OPERATOR(pg_catalog.=) ({key})::pg_catalog.int8",
-            advisory_key!()
+             AND pid OPERATOR(pg_catalog.<) pg_catalog.pg_backend_pid() \
+             AND {} OPERATOR(pg_catalog.=) ({key})::pg_catalog.int8) THEN \
+             PERFORM pg_catalog.set_config('{WAIT_SETTING}', '{}', true); RETURN; END IF; ",
+            advisory_key!(),
+            wait_outcome::CROWDED,
         )
-    };
-    let exclusive_by_anyone = locks("AND mode OPERATOR(pg_catalog.<>) 'ShareLock' ", "");
-    let exclusive_here = locks(
-        "AND mode OPERATOR(pg_catalog.<>) 'ShareLock' ",
-        "AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() ",
-    );
-    let prelude = format!(
-        "{WAIT_PRELUDE_SQL}DO $lease$BEGIN IF pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) \
-         {backend_pid} AND pg_catalog.current_setting('{NONCE_SETTING}', true) \
-         OPERATOR(pg_catalog.=) '{nonce}' AND NOT pg_catalog.pg_is_in_recovery() \
-         AND NOT EXISTS ({exclusive_by_anyone}) THEN {cut}\
-         BEGIN PERFORM pg_catalog.pg_advisory_lock({key}); \
-         EXCEPTION WHEN lock_not_available THEN NULL; END; \
-         IF EXISTS ({exclusive_here}) THEN \
-         PERFORM pg_catalog.set_config('{WOKEN_SETTING}', {mark}, true); END IF; \
-         END IF; END$lease$; ",
-        cut = cut_lock_timeout(ms),
-    );
-    let open = "WITH t AS (SELECT CASE WHEN z.k IS NULL THEN a.won \
-                ELSE pg_catalog.array_append(coalesce(a.won, '{}'), z.k) END AS won FROM ("
-        .to_string();
-    let close = format!(
-        ") AS a, (SELECT CASE WHEN pg_catalog.current_setting('{WOKEN_SETTING}', true) \
-         OPERATOR(pg_catalog.=) {mark} THEN ({key})::pg_catalog.int8 END AS k) AS z), "
-    );
-    (prelude, open, close)
+    })
 }
 
 /// A transaction-local `lock_timeout` of `ms`, cut to [`wait_limit_ms`] of
@@ -426,20 +457,6 @@ pub enum Statement {
         backend_pid: i64,
         /// The nonce the setup set.
         nonce: i64,
-        /// After a wake: the woken key (one of `keys`) and how long, in ms,
-        /// the try of it may wait while only other sessions' shared locks
-        /// hold it (cut like a wait's lock timeout, below the session's
-        /// `deadlock_timeout`). Those are the other waits the release woke:
-        /// each is granted at the release and keeps its lock until its
-        /// backend runs and ends its statement, on a busy server
-        /// milliseconds later; a plain try that came first lost to them.
-        /// With a key held exclusively (another session leads it), the try
-        /// does not wait. The wait is a session-level `pg_advisory_lock`
-        /// under a transaction-local `lock_timeout`, caught in a `DO` block
-        /// before the batch, after the same backend, nonce and recovery
-        /// checks; a key it took is answered as won, its token read after
-        /// it as for the others (see `WOKEN_SETTING`).
-        woken: Option<(i64, u64)>,
     },
     /// The steady heartbeat: proves the session is the same one and alive.
     /// A `(0, pg_backend_pid())` row and a `(2, nonce)` row
@@ -460,7 +477,8 @@ pub enum Statement {
     /// advisory key this session holds in this database according to
     /// `pg_locks`; see [`VerifyReply`].
     Verify,
-    /// Waits on the server until `key` is free, without taking it: a shared
+    /// The watch session's wait: waits on the server until `key` is free,
+    /// without taking it: a shared
     /// transaction-level lock on the key (`pg_advisory_xact_lock_shared`)
     /// queues behind the holder's exclusive lock, is granted the moment the
     /// holder unlocks it or its session ends, and is gone when the
@@ -470,8 +488,8 @@ pub enum Statement {
     /// outlive its transaction). A woken waiter holds its shared lock from
     /// the release until its backend runs and commits: microseconds on an
     /// idle server, milliseconds on a busy one, during which another
-    /// session's plain try of the key loses; the try after a wake waits that
-    /// out ([`Statement::TryLock`]'s `woken`).
+    /// session's plain try of the key loses (a [`Statement::Take`] queued
+    /// behind it is granted after it).
     ///
     /// Bounded on the server by a transaction-local `lock_timeout` of
     /// `timeout_ms`, cut to [`wait_limit_ms`] of the session's
@@ -490,9 +508,9 @@ pub enum Statement {
     /// a server or proxy that does not run it as sent could send it), turns
     /// waiting off for the session.
     ///
-    /// A standby waits only while its session holds nothing, and a wait
-    /// never acquires: a freed key is taken by the [`Statement::TryLock`]
-    /// sent next, whose send time confirms it like any other try.
+    /// A wait never acquires: a freed key is taken by the
+    /// [`Statement::TryLock`] the lease session sends next, whose send time
+    /// confirms it like any other try.
     ///
     /// With `crowd`, the wait first counts the sessions with a smaller
     /// backend pid already waiting for the key (ungranted advisory locks on
@@ -510,9 +528,55 @@ pub enum Statement {
         /// Queue only behind fewer than this many waiters (see above).
         crowd: Option<u32>,
     },
+    /// Waits on the server until `key` is free and takes it in the same
+    /// statement: a session-level exclusive `pg_advisory_lock` queues behind
+    /// the holder's lock, and the server grants it to the first session in
+    /// the key's queue the moment the holder unlocks it or its session ends
+    /// (a plain try of another session loses meanwhile: PostgreSQL queues a
+    /// request behind conflicting waiters, and grants at the release, in the
+    /// releasing backend). The other sessions in the queue go on waiting,
+    /// now behind the new holder: a release wakes one standby, and the key
+    /// is taken one round trip after it, with no try to follow.
+    ///
+    /// What [`Statement::Wait`] does around its wait (the prelude, the
+    /// `lock_timeout` cut below `deadlock_timeout`, the crowd check, the
+    /// timeout caught in a `DO` block, the reply that proves the session),
+    /// and what [`Statement::TryLock`] checks before it locks: nothing is
+    /// waited for unless the backend pid and the nonce are those of the
+    /// setup and the server is not in recovery, and a key this backend holds
+    /// already (another client's, behind a transaction pooler) is not taken
+    /// again: the reply says so ([`WaitReply::held_here`]). A lock timeout
+    /// that fires as the lock is granted raises `lock_not_available` with the
+    /// lock kept, so whether this backend holds the key is read from
+    /// `pg_locks` after the wait either way. If it does, the fencing token is
+    /// read then, as a try's is (after the grant, so after the previous
+    /// holder's unlock), and the reply carries it ([`WaitReply::token`]).
+    ///
+    /// Only a session that holds nothing sends it (a wait of a session
+    /// with a lease would block its heartbeats), and never the watch
+    /// session (it never acquires). A reply lost or failed leaves the key
+    /// maybe taken: the machine verifies, as after a failed try.
+    Take {
+        /// The key to wait for and take.
+        key: i64,
+        /// The statement's `lock_timeout`, in ms (at least 1).
+        timeout_ms: u64,
+        /// Queue only behind fewer than this many waiters (see
+        /// [`Statement::Wait`]).
+        crowd: Option<u32>,
+        /// The backend pid the setup reported.
+        backend_pid: i64,
+        /// The nonce the setup set.
+        nonce: i64,
+    },
     /// Unlocks keys: one `(key, 1 or 0)` row per key, 1 when it was held.
     /// With `notify`, each key actually unlocked is announced on
-    /// [`HANDOVER_CHANNEL`].
+    /// [`HANDOVER_CHANNEL`], with the release's moment (read once, before
+    /// the first unlock) and, read from `pg_locks` once every key is unlocked, the
+    /// backend that holds it exclusively then (the first [`Statement::Take`]
+    /// in its queue is granted it in the unlock itself): a standby that took
+    /// the key reads its own pid there, one whose take was granted later
+    /// (behind another standby that took it first) reads another.
     Release {
         /// Keys to unlock.
         keys: Vec<i64>,
@@ -686,23 +750,13 @@ impl Statement {
             // pooler) are read once, by an uncorrelated subquery (an init
             // plan, evaluated before the first try): a per-key `EXISTS` over
             // pg_locks made the try quadratic in the number of keys.
-            // After a wake, a DO block first waits out other sessions'
-            // shared locks on the woken key (see `woken`) and leaves the key
-            // it took in `WOKEN_SETTING`; the batch skips it (this backend
-            // holds it) and answers it as won.
             Statement::TryLock {
                 keys,
                 backend_pid,
                 nonce,
-                woken,
             } => {
-                let woken = woken.filter(|(k, _)| keys.contains(k));
-                let (prelude, open, close) = match woken {
-                    None => (String::new(), "WITH t AS (".to_string(), "), ".to_string()),
-                    Some((k, ms)) => woken_try_parts(k, ms, *backend_pid, *nonce),
-                };
                 format!(
-                    "{prelude}{open}SELECT pg_catalog.array_agg(k) AS won FROM pg_catalog.unnest({a}) AS k \
+                    "WITH t AS (SELECT pg_catalog.array_agg(k) AS won FROM pg_catalog.unnest({a}) AS k \
                      WHERE CASE WHEN pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.<>) {backend_pid} \
                      OR coalesce(pg_catalog.current_setting('{NONCE_SETTING}', true) \
                      OPERATOR(pg_catalog.<>) '{nonce}', true) \
@@ -710,7 +764,7 @@ impl Statement {
                      WHEN k OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT o.k \
                      FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS o \
                      WHERE o.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())) THEN false \
-                     ELSE pg_catalog.pg_try_advisory_lock(k) END{close}\
+                     ELSE pg_catalog.pg_try_advisory_lock(k) END), \
                      x AS (SELECT t.won, CASE WHEN t.won IS NOT NULL THEN \
                      {TOKEN_CLOCK_OFFSET}::pg_catalog.int8 OPERATOR(pg_catalog.+) \
                      (extract(epoch FROM pg_catalog.clock_timestamp()) \
@@ -761,17 +815,56 @@ impl Statement {
                 heartbeat_tag::FREED,
                 heartbeat_tag::DEADLOCK_TIMEOUT_MS,
                 cut = cut_lock_timeout(*timeout_ms),
-                crowded = crowd.map_or(String::new(), |n| format!(
-                    "IF {n} OPERATOR(pg_catalog.<=) (SELECT pg_catalog.count(pid) FROM pg_catalog.pg_locks \
-                     WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
-                     AND objsubid OPERATOR(pg_catalog.=) 1 AND NOT granted \
-                     AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-                     WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
-                     AND pid OPERATOR(pg_catalog.<) pg_catalog.pg_backend_pid() \
-                     AND {} OPERATOR(pg_catalog.=) ({key})::pg_catalog.int8) THEN \
-                     PERFORM pg_catalog.set_config('{WAIT_SETTING}', '2', true); RETURN; END IF; ",
-                    advisory_key!()
-                )),
+                crowded = crowd_check(*key, *crowd),
+            ),
+            // The same three statements as a wait's, the checks of a try
+            // before the lock, and the token read after it (see `Take`).
+            Statement::Take {
+                key,
+                timeout_ms,
+                crowd,
+                backend_pid,
+                nonce,
+            } => format!(
+                "{WAIT_PRELUDE_SQL}\
+                 DO $lease$BEGIN {crowded}\
+                 IF pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.<>) {backend_pid} \
+                 OR coalesce(pg_catalog.current_setting('{NONCE_SETTING}', true) \
+                 OPERATOR(pg_catalog.<>) '{nonce}', true) OR pg_catalog.pg_is_in_recovery() THEN \
+                 PERFORM pg_catalog.set_config('{WAIT_SETTING}', '{held}', true); RETURN; END IF; \
+                 IF EXISTS ({any_here}) THEN \
+                 PERFORM pg_catalog.set_config('{WAIT_SETTING}', '{held_here}', true); RETURN; END IF; \
+                 {cut}BEGIN PERFORM pg_catalog.pg_advisory_lock({key}); \
+                 EXCEPTION WHEN lock_not_available THEN NULL; END; \
+                 IF EXISTS ({here}) THEN \
+                 PERFORM pg_catalog.set_config('{TOKEN_SETTING}', ({TOKEN_CLOCK_OFFSET}::pg_catalog.int8 \
+                 OPERATOR(pg_catalog.+) (extract(epoch FROM pg_catalog.clock_timestamp()) \
+                 OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8)::pg_catalog.text, true); \
+                 PERFORM pg_catalog.set_config('{WAIT_SETTING}', '{freed}', true); \
+                 ELSE PERFORM pg_catalog.set_config('{WAIT_SETTING}', '{held}', true); END IF; \
+                 END$lease$; \
+                 SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
+                 UNION ALL \
+                 SELECT {}, {NONCE_VALUE} \
+                 UNION ALL \
+                 SELECT {}, pg_catalog.current_setting('{WAIT_SETTING}')::pg_catalog.int8 \
+                 UNION ALL \
+                 SELECT {}, {DEADLOCK_TIMEOUT_MS_SQL} \
+                 UNION ALL \
+                 SELECT {}, pg_catalog.current_setting('{TOKEN_SETTING}')::pg_catalog.int8 \
+                 WHERE pg_catalog.current_setting('{WAIT_SETTING}') OPERATOR(pg_catalog.=) '{freed}'",
+                heartbeat_tag::BACKEND_PID,
+                heartbeat_tag::NONCE,
+                heartbeat_tag::FREED,
+                heartbeat_tag::DEADLOCK_TIMEOUT_MS,
+                heartbeat_tag::TOKEN,
+                crowded = crowd_check(*key, *crowd),
+                here = locks_here(*key, true),
+                any_here = locks_here(*key, false),
+                cut = cut_lock_timeout(*timeout_ms),
+                held = wait_outcome::HELD,
+                held_here = wait_outcome::HELD_HERE,
+                freed = wait_outcome::FREED,
             ),
             Statement::Prefer { key, priority } => format!(
                 "SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
@@ -887,26 +980,48 @@ impl Statement {
                 .ok();
                 sql
             }
-            Statement::Release { keys, notify } => {
-                // The payload: the key and when it was released, on the
-                // server's clock in the fencing token's units.
-                let won = if *notify {
-                    format!(
-                        "(SELECT 1::pg_catalog.int8 FROM \
-                         pg_catalog.pg_notify('{HANDOVER_CHANNEL}', pg_catalog.concat(k, ' ', \
-                         {TOKEN_CLOCK_OFFSET}::pg_catalog.int8 OPERATOR(pg_catalog.+) \
-                         (extract(epoch FROM pg_catalog.clock_timestamp()) \
-                         OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8)))"
-                    )
-                } else {
-                    "1::pg_catalog.int8".to_string()
-                };
-                format!(
-                    "SELECT k, CASE WHEN pg_catalog.pg_advisory_unlock(k) THEN {won} ELSE 0 END \
-                     FROM pg_catalog.unnest({}) AS k",
-                    KeyArray(keys)
-                )
-            }
+            Statement::Release {
+                keys,
+                notify: false,
+            } => format!(
+                "SELECT k, pg_catalog.pg_advisory_unlock(k)::pg_catalog.int4::pg_catalog.int8 \
+                 FROM pg_catalog.unnest({}) AS k",
+                KeyArray(keys)
+            ),
+            // Two statements, one implicit transaction: a `DO` block unlocks
+            // every key, the release's moment read once before the first
+            // unlock (on the server's clock in the fencing token's units; 0:
+            // not held; before, so that a take granted in an unlock reads its
+            // token after it: a join row is read before its row's unlock runs),
+            // then reads who holds each key now from `pg_locks` once (the
+            // first take in a key's queue is granted it in the unlock) and
+            // notifies; the rows come from what it left in
+            // `RELEASED_SETTING`.
+            Statement::Release {
+                keys,
+                notify: true,
+            } => format!(
+                "DO $lease$DECLARE t pg_catalog.int8[]; BEGIN \
+                 SELECT pg_catalog.array_agg(CASE WHEN pg_catalog.pg_advisory_unlock(u.k) \
+                 THEN c.t ELSE 0 END ORDER BY u.o) \
+                 INTO t FROM pg_catalog.unnest({a}) WITH ORDINALITY AS u(k, o), \
+                 (SELECT {TOKEN_CLOCK_OFFSET}::pg_catalog.int8 \
+                 OPERATOR(pg_catalog.+) (extract(epoch FROM pg_catalog.clock_timestamp()) \
+                 OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 AS t) AS c; \
+                 PERFORM pg_catalog.pg_notify('{HANDOVER_CHANNEL}', pg_catalog.concat(r.k, ' ', r.t, \
+                 ' ' OPERATOR(pg_catalog.||) g.pid::pg_catalog.text)) \
+                 FROM ROWS FROM (pg_catalog.unnest({a}), pg_catalog.unnest(t)) AS r(k, t) \
+                 LEFT JOIN ({THIS_DATABASE_ADVISORY_LOCKS} AND mode OPERATOR(pg_catalog.<>) 'ShareLock' \
+                 AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()) AS g \
+                 ON g.k OPERATOR(pg_catalog.=) r.k WHERE r.t OPERATOR(pg_catalog.>) 0; \
+                 PERFORM pg_catalog.set_config('{RELEASED_SETTING}', \
+                 coalesce(t, '{{}}')::pg_catalog.text, true); \
+                 END$lease$; \
+                 SELECT r.k, (r.t OPERATOR(pg_catalog.>) 0)::pg_catalog.int4::pg_catalog.int8 \
+                 FROM ROWS FROM (pg_catalog.unnest({a}), pg_catalog.unnest(\
+                 pg_catalog.current_setting('{RELEASED_SETTING}')::pg_catalog.int8[])) AS r(k, t)",
+                a = KeyArray(keys),
+            ),
         }
     }
 }
@@ -1215,11 +1330,18 @@ pub struct WaitReply {
     /// The session's `deadlock_timeout` in ms, as the wait read it (see
     /// [`wait_limit_ms`]); `None`: no such row.
     pub deadlock_timeout_ms: Option<i64>,
+    /// A [`Statement::Take`] took the key (`freed` is `true`): its fencing
+    /// token.
+    pub token: Option<i64>,
+    /// A [`Statement::Take`] found its key held by its own backend already
+    /// and did not wait (`freed` is `false`).
+    pub held_here: bool,
 }
 
 impl WaitReply {
-    /// Parses the `(0, pid)`, `(2, nonce)`, `(3, 1, 0 or 2: freed, held,
-    /// crowded)` and `(4, deadlock_timeout in ms)` rows.
+    /// Parses the `(0, pid)`, `(2, nonce)`, `(3, 1, 0, 2 or 3: freed or
+    /// taken, held, crowded, held here)`, `(4, deadlock_timeout in ms)` and
+    /// `(5, token)` rows.
     ///
     /// # Errors
     /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
@@ -1227,14 +1349,18 @@ impl WaitReply {
         let mut reply = WaitReply::default();
         for row in rows {
             match row.as_slice() {
-                [Some(heartbeat_tag::FREED), Some(f @ (0 | 1))] => reply.freed = Some(*f == 1),
-                [Some(heartbeat_tag::FREED), Some(2)] => {
-                    reply.freed = Some(false);
-                    reply.crowded = true;
+                [Some(heartbeat_tag::FREED), Some(f)] => {
+                    reply.freed = Some(*f == wait_outcome::FREED);
+                    reply.crowded = *f == wait_outcome::CROWDED;
+                    reply.held_here = *f == wait_outcome::HELD_HERE;
+                    if !(wait_outcome::HELD..=wait_outcome::HELD_HERE).contains(f) {
+                        return Err(ReplyError::HeartbeatRow(row.clone()));
+                    }
                 }
                 [Some(heartbeat_tag::DEADLOCK_TIMEOUT_MS), Some(d)] => {
                     reply.deadlock_timeout_ms = Some(*d)
                 }
+                [Some(heartbeat_tag::TOKEN), Some(t)] => reply.token = Some(*t),
                 _ if reply.session.parse_row(row) => {}
                 _ => return Err(ReplyError::HeartbeatRow(row.clone())),
             }
@@ -1245,14 +1371,21 @@ impl WaitReply {
     /// The rows a server sends for this reply.
     pub fn to_rows(&self) -> Vec<Row> {
         let freed = (self.freed).map(|f| {
-            let v = if self.crowded { 2 } else { i64::from(f) };
+            let v = match (self.crowded, self.held_here, f) {
+                (true, _, _) => wait_outcome::CROWDED,
+                (_, true, _) => wait_outcome::HELD_HERE,
+                (_, _, true) => wait_outcome::FREED,
+                _ => wait_outcome::HELD,
+            };
             vec![Some(heartbeat_tag::FREED), Some(v)]
         });
         let deadlock = (self.deadlock_timeout_ms)
             .map(|d| vec![Some(heartbeat_tag::DEADLOCK_TIMEOUT_MS), Some(d)]);
+        let token = (self.token).map(|t| vec![Some(heartbeat_tag::TOKEN), Some(t)]);
         (self.session.to_rows().into_iter())
             .chain(freed)
             .chain(deadlock)
+            .chain(token)
             .collect()
     }
 }
@@ -1542,7 +1675,6 @@ mod tests {
             keys: vec![1],
             backend_pid: 7,
             nonce: 9,
-            woken: None,
         }
         .sql();
         assert!(sql.contains("pg_catalog.clock_timestamp()"), "{sql}");
@@ -1614,13 +1746,6 @@ mod tests {
                 keys: vec![i64::MIN, -1, 7],
                 backend_pid: 99,
                 nonce: -3,
-                woken: None,
-            },
-            Statement::TryLock {
-                keys: vec![i64::MIN, -1, 7],
-                backend_pid: 99,
-                nonce: -3,
-                woken: Some((-1, 100)),
             },
             Statement::Heartbeat,
             Statement::Verify,
@@ -1633,6 +1758,20 @@ mod tests {
                 key: -5,
                 timeout_ms: 2000,
                 crowd: Some(2),
+            },
+            Statement::Take {
+                key: -5,
+                timeout_ms: 900,
+                crowd: Some(2),
+                backend_pid: 99,
+                nonce: -3,
+            },
+            Statement::Take {
+                key: i64::MIN,
+                timeout_ms: 1,
+                crowd: None,
+                backend_pid: 99,
+                nonce: 3,
             },
             Statement::Release {
                 keys: vec![-1, 2],
@@ -1664,6 +1803,7 @@ mod tests {
                 | Statement::Heartbeat
                 | Statement::Verify
                 | Statement::Wait { .. }
+                | Statement::Take { .. }
                 | Statement::Release { .. }
                 | Statement::Members { .. }
                 | Statement::Prefer { .. } => {}
@@ -1762,11 +1902,13 @@ mod tests {
             sql.contains("IF 2 OPERATOR(pg_catalog.<=) (SELECT"),
             "{sql}"
         );
-        for (freed, crowded) in [
-            (None, false),
-            (Some(false), false),
-            (Some(true), false),
-            (Some(false), true),
+        for (freed, crowded, held_here, token) in [
+            (None, false, false, None),
+            (Some(false), false, false, None),
+            (Some(true), false, false, None),
+            (Some(false), true, false, None),
+            (Some(false), false, true, None),
+            (Some(true), false, false, Some(TOKEN_CLOCK_OFFSET + 5)),
         ] {
             for deadlock_timeout_ms in [None, Some(1000)] {
                 let reply = WaitReply {
@@ -1777,11 +1919,13 @@ mod tests {
                     freed,
                     crowded,
                     deadlock_timeout_ms,
+                    token,
+                    held_here,
                 };
                 assert_eq!(WaitReply::parse(&reply.to_rows()), Ok(reply));
             }
         }
-        let bad = vec![vec![Some(3), Some(3)]];
+        let bad = vec![vec![Some(3), Some(4)]];
         assert!(WaitReply::parse(&bad).is_err());
     }
 
@@ -1932,7 +2076,6 @@ mod tests {
             keys: vec![1],
             backend_pid: 7,
             nonce: 9,
-            woken: None,
         }
         .sql()
         .contains(ADVISORY_KEY_SQL));

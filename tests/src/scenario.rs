@@ -815,6 +815,6 @@ impl Admin {
 
 /// The prefix of the standby try statement (`lease_proto::Statement::TryLock`).
 pub const TRY_PREFIX: &str = "WITH t AS (SELECT pg_catalog.array_agg(k) AS won";
-/// The prefix of a standby's wait on the server (`lease_proto::Statement::Wait`), sent
-/// only after a try that lost.
+/// The prefix of a standby's wait on the server (`lease_proto::Statement::Take`, sent
+/// only after a try that lost) and of the watch session's (`lease_proto::Statement::Wait`).
 pub const WAIT_PREFIX: &str = lease_proto::server::WAIT_PRELUDE_SQL;

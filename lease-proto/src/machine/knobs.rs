@@ -29,10 +29,6 @@ pub enum Mutation {
     /// validity window then starts up to a round trip later than the server
     /// guard's idle clock, and the margin no longer covers it.
     ConfirmAtArrival,
-    /// Take a woken wait for an acquisition: every waiting standby leads
-    /// when its wait wakes, without the try (and its confirmation and
-    /// token) that must follow.
-    WakeIsAcquisition,
     /// Count a handover notification as a graceful release whoever sent
     /// it, as the machine once did: a forged `NOTIFY` (any role may send
     /// one) just before the holder's session is terminated, or a late one
@@ -60,17 +56,24 @@ pub enum Mutation {
     /// its groups as if it owned them all (it still joins, reads and hands
     /// over as the share says).
     IgnoreShare,
-    /// The lock delay only for a try that follows a wake, as the machine
-    /// once had it: a poll (a new session's first try, the periodic try of
+    /// The lock delay only for a win that follows a wake (of the watch
+    /// session) or a take, as the machine once had it: a poll (a new session's first try, the periodic try of
     /// a locker that holds another lease) that wins a key the server freed
     /// a moment ago by ending its holder's session starts the job at once.
     LockDelayOnlyAfterWakes,
-    /// A try after a wake that does not wait for the woken key, as the
-    /// machine once had it: the first woken standby to try loses to the
-    /// shared lock of a wait the same release woke whose backend has not
-    /// run yet, waits again, loses again, and after `WAKE_BUDGET` such
-    /// wakes waits no more until its next periodic try.
-    TryAfterWakeWaitsNot,
+    /// A try or a take that wins a key reserved meanwhile for another
+    /// backend (a hand-over asked for while it was in flight) keeps it and
+    /// starts its job, as the machine once did: a standby waiting on the
+    /// server, which takes the key at the holder's release, would keep a
+    /// key handed over to a named backend.
+    KeepReservedWin,
+    /// A take's win counts a release's notification from the holder it saw
+    /// as graceful whoever the release granted the key to: a take queued
+    /// second, granted when the first taker's session is terminated moments
+    /// after the graceful release, reads the release's late notification
+    /// (its session was blocked meanwhile) and starts its job while the
+    /// first taker's may still run.
+    IgnoreGrantee,
     /// An observer that tries: its standbys try their keys as any
     /// standby's do (it still never waits on the server nor joins a
     /// group), so it leads a free key.

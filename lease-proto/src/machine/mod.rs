@@ -39,7 +39,7 @@ use crate::io::*;
 use crate::key::LeaseId;
 use crate::options::{Options, OptionsError};
 use crate::sql::{
-    HeartbeatReply, MembersReply, Row, SetupReply, TryReply, VerifyReply, WaitReply,
+    HeartbeatReply, MembersReply, ReleaseNotice, Row, SetupReply, TryReply, VerifyReply, WaitReply,
     HANDOVER_CHANNEL,
 };
 
@@ -69,7 +69,7 @@ use watch::Watch;
 pub use deadline::Deadline;
 pub use groups::assign as group_share;
 pub use status::{LastError, LeaseState, LeaseStatus, SessionState, Status};
-pub use wait::{HERD_WAITERS, MIN_WAIT, WAKE_BUDGET, WAKE_TRY_WAIT};
+pub use wait::{HERD_WAITERS, MIN_WAIT, TAKE_NOTICES, WAKE_BUDGET};
 
 /// Least `server_version_num` without the server guard (`pg_current_xact_id`).
 pub const MIN_SERVER_VERSION: i64 = 130_000;
@@ -201,11 +201,11 @@ impl std::error::Error for RunRejected {}
 ///   a handover notification from the holder its standby's last try saw
 ///   said the release was graceful (see `Machine::try_answered`);
 /// - a standby that holds nothing waits on the server for a wanted key and
-///   tries the moment it is freed; no wait
-///   lasts the server's `deadlock_timeout`; a wait never acquires, the try after it
-///   does (see `wait` for the rule); a locker that holds a lease and wants
-///   another waits on its watch session, a second connection that sends
-///   nothing but waits (see `watch`);
+///   takes it there the moment it is freed (a take: a try that waits); no
+///   wait lasts the server's `deadlock_timeout` (see `wait` for the rule);
+///   a locker that holds a lease and wants another waits on its watch
+///   session, a second connection that sends nothing but waits, which never
+///   acquire (see `watch`);
 /// - one statement per heartbeat and one per standby tick (a try, or a
 ///   wait that ends by its lock timeout), however many leases, plus one
 ///   wait per tick for a standby of several; a lease-group member sends a
@@ -228,6 +228,18 @@ pub struct Machine {
     /// Every deadline (see [`Deadline`]) and the latest time fed in.
     timers: DeadlineTable,
     out: Outputs,
+}
+
+/// How a try's reply came (see `Machine::try_answered`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// A try of the standby's own: a poll, a new session's first try, a
+    /// notification's.
+    Poll,
+    /// A try after the watch session's wake.
+    Wake,
+    /// A take (a wait that takes its key).
+    Take,
 }
 
 /// How long after a requested hand-over's release (or the request) no
@@ -384,8 +396,8 @@ impl Machine {
                 sender_pid,
             } => {
                 if channel == HANDOVER_CHANNEL {
-                    if let Some((key, at)) = crate::sql::handover_release(&payload) {
-                        self.handover_notified(now, key, at, sender_pid);
+                    if let Some(release) = crate::sql::handover_release(&payload) {
+                        self.handover_notified(now, release, sender_pid);
                     } else if let Some(group) = groups::announced(&payload) {
                         self.join_announced(group);
                     } else if let Some((key, to)) = crate::sql::handover_request(&payload) {
@@ -761,20 +773,9 @@ impl Machine {
         let Some(up) = self.session.up_mut() else {
             return;
         };
-        // A try after a standby's wake may wait for the woken key (see
-        // `wait`, "Woken"); not on a session that holds a lease (after a
-        // watch-session wake): it must stay free for its heartbeats.
-        let woken = match &what {
-            What::Try(keys) if !self.runs.holding() => (self.wait.woken_key())
-                .filter(|k| keys.contains(k))
-                .map(|k| (k, WAKE_TRY_WAIT.min(self.opts.query_timeout / 4))),
-            _ => None,
-        };
-        #[cfg(feature = "sim")] // The broken variant: the try does not wait.
-        let woken = woken.filter(|_| self.knobs.mutation != Some(Mutation::TryAfterWakeWaitsNot));
-        let statement = what.statement(up, settings, self.opts.notify_handover, woken);
+        let statement = what.statement(up, settings, self.opts.notify_handover);
         let query = self.connector.next_query(now);
-        let blocks = what.blocks() + woken.map_or(Duration::ZERO, |(_, wait)| wait);
+        let blocks = what.blocks();
         self.timers
             .set(Deadline::Query, now + blocks + self.opts.query_timeout);
         let probe = matches!(what, What::Probe);
@@ -834,11 +835,16 @@ impl Machine {
                     self.plan.try_soon();
                 }
             }
-            (What::Try(keys), Ok(rows)) => self.try_answered(now, q.id, q.sent, keys, rows),
+            (What::Try(keys), Ok(rows)) => {
+                let via = if self.watch.woken() {
+                    Via::Wake
+                } else {
+                    Via::Poll
+                };
+                self.try_answered(now, (q.id, q.sent), keys, rows, via)
+            }
             (What::Try(keys), Err(error)) => {
                 // "Maybe acquired": the statement may have taken some locks.
-                // A wake it followed was spent (the next try does not wait).
-                self.wait.after_try(false);
                 self.out.event(Event::TryFailed { error });
                 self.runs.try_back(&keys);
                 self.plan.owe_verify();
@@ -853,7 +859,9 @@ impl Machine {
                 Ok(verify) => self.verify_done(now, q.sent, verify),
                 Err(e) => self.lose_session(now, session::malformed(e), true),
             },
-            (What::Wait { key, chunk, .. }, result) => self.wait_done(now, key, chunk, result),
+            (What::Wait { key, chunk, .. }, result) => {
+                self.wait_done(now, (q.id, q.sent), (key, chunk), result)
+            }
             (What::Members(read), Ok(rows)) => match MembersReply::parse(&rows) {
                 Ok(reply) => self.members_done(now, q.sent, &read, &reply),
                 Err(e) => self.lose_session(now, session::malformed(e), true),
@@ -1006,7 +1014,8 @@ impl Machine {
         }
     }
 
-    /// A try's reply. The lock delay, in one place: a key the try won
+    /// A try's reply (`via`: what the statement was). The lock delay, in
+    /// one place: a key the try won
     /// starts its job [`Options::lock_delay`] after the reply, unless a
     /// handover notification from the holder its standby's last try saw
     /// said the release was graceful (at most the lock delay before the try
@@ -1021,25 +1030,28 @@ impl Machine {
     fn try_answered(
         &mut self,
         now: Instant,
-        query: QueryId,
-        sent: Instant,
+        (query, sent): (QueryId, Instant),
         keys: Vec<i64>,
         rows: Vec<Row>,
+        via: Via,
     ) {
         let reply = TryReply::parse(&keys, &rows);
         let delay = self.opts.lock_delay;
         #[cfg(feature = "sim")] // The broken variant: no lock delay after a poll.
         let delay = match self.knobs.mutation {
-            Some(Mutation::LockDelayOnlyAfterWakes)
-                if !self.wait.woken() && !self.watch.woken() =>
-            {
-                Duration::ZERO
-            }
+            Some(Mutation::LockDelayOnlyAfterWakes) if via == Via::Poll => Duration::ZERO,
             _ => delay,
         };
-        if delay.is_zero() || !self.runs.any_win_needs_lock_delay(&reply.won, sent, delay) {
-            return self.try_done(now, sent, &keys, reply);
-        }
+        let me = self.session.up().and_then(|up| up.stage.backend_pid());
+        let ignored = self.grantee_ignored();
+        let needs = !delay.is_zero()
+            && (self.runs).any_win_needs_lock_delay(&reply.won, (sent, me), delay, ignored);
+        // A take's win waits for the notifications behind its reply.
+        let delay = match (needs, via) {
+            (true, _) => delay,
+            (false, Via::Take) if !reply.won.is_empty() => TAKE_NOTICES,
+            (false, _) => return self.try_done(now, sent, &keys, reply),
+        };
         let Some(up) = self.session.up_mut() else {
             return;
         };
@@ -1092,9 +1104,21 @@ impl Machine {
             return;
         };
         let reply = TryReply::parse(keys, rows);
-        if !(self.runs).any_win_needs_lock_delay(&reply.won, *sent, self.opts.lock_delay) {
+        let me = up.stage.backend_pid();
+        let (delay, ignored) = (self.opts.lock_delay, self.grantee_ignored());
+        if !(self.runs).any_win_needs_lock_delay(&reply.won, (*sent, me), delay, ignored) {
             self.lock_delay_over(now);
         }
+    }
+
+    /// The broken variant [`Mutation::IgnoreGrantee`]: a release's
+    /// notification counts as graceful for a take's win whoever the release
+    /// granted the key to.
+    fn grantee_ignored(&self) -> bool {
+        #[cfg(feature = "sim")]
+        return self.knobs.mutation == Some(Mutation::IgnoreGrantee);
+        #[cfg(not(feature = "sim"))]
+        false
     }
 
     fn try_done(&mut self, now: Instant, sent: Instant, tried: &[i64], reply: TryReply) {
@@ -1131,12 +1155,29 @@ impl Machine {
             // the session for it. No job starts on a lease already expired.
             return self.lose_session(now, Reason::ValidityExpired, true);
         }
-        self.wait.after_try(!reply.won.is_empty());
         let seen = (self.watch.woken_key())
             .and_then(|key| reply.not_won.iter().find(|(k, _)| *k == key))
             .map(|&(_, holder)| holder);
         self.watch_try_answered(!reply.won.is_empty(), seen);
+        let me = pid;
         for &won in &reply.won {
+            #[cfg(feature = "sim")] // The broken variant: a reserved win kept.
+            let keeps = self.knobs.mutation == Some(Mutation::KeepReservedWin);
+            #[cfg(not(feature = "sim"))]
+            let keeps = false;
+            let reserved = self.runs.reserved_for_other(won.0, me, now);
+            if let Some(to) = reserved.filter(|_| !keeps) {
+                // A hand-over to `to` was asked for while the try (or the
+                // take) was in flight: the key is `to`'s, so its job does
+                // not start (see `Machine::handover_requested`).
+                let window = handover_window(&self.opts);
+                self.runs.decline(won.0, now, window);
+                self.out.event(Event::WinDeclined {
+                    key: won.0,
+                    to_pid: to,
+                });
+                continue;
+            }
             self.runs.won(now, sent, won, window, &mut self.out);
             if let Some(group) = self.runs.group_of(won.0) {
                 self.groups.won_keys_of(group);
@@ -1210,12 +1251,13 @@ impl Machine {
         self.timers.set(Deadline::Heartbeat, next);
     }
 
-    /// A wait's reply: woken, timed out, or failed (see `wait`).
+    /// A take's reply (a standby's wait that takes its key, sent as
+    /// `query` at `sent`): taken, timed out, crowded, or failed (see `wait`).
     fn wait_done(
         &mut self,
         now: Instant,
-        key: i64,
-        chunk: bool,
+        (query, sent): (QueryId, Instant),
+        (key, chunk): (i64, bool),
         result: Result<Vec<Row>, SessionError>,
     ) {
         let answered = self.wait.answered(key);
@@ -1226,55 +1268,70 @@ impl Machine {
         let rows = match result {
             Ok(rows) => rows,
             Err(error) => {
+                // Maybe taken, as after a failed try: verify first.
                 self.out.event(Event::WaitFailed { error });
                 self.wait.failed();
+                self.runs.try_back(&[key]);
+                self.plan.owe_verify();
                 return self.plan.try_soon();
             }
         };
-        let (session, freed, crowded, deadlock_timeout_ms) = match WaitReply::parse(&rows) {
-            Ok(WaitReply {
-                session,
-                freed: Some(freed),
-                crowded,
-                deadlock_timeout_ms,
-            }) => (session, freed, crowded, deadlock_timeout_ms),
+        let reply = match WaitReply::parse(&rows) {
+            Ok(reply @ WaitReply { freed: Some(_), .. }) => reply,
             Ok(WaitReply { freed: None, .. }) => {
                 let e = SessionError::other("malformed wait reply: no outcome row");
                 return self.lose_session(now, Reason::QueryFailed(e), true);
             }
             Err(e) => return self.lose_session(now, session::malformed(e), true),
         };
-        if !self.same_session(now, &session) {
+        if !self.same_session(now, &reply.session) {
             return;
         }
-        self.wait.limit_from(deadlock_timeout_ms);
-        if crowded {
+        self.wait.limit_from(reply.deadlock_timeout_ms);
+        if reply.held_here {
+            // Another client's lock on this backend (a transaction pooler),
+            // as a try finds it (see `try_done`).
+            let detail = format!("key {key} is held by this session's own backend");
+            return self.refuse(now, Refusal::BackendShared { detail });
+        }
+        if reply.freed == Some(true) {
+            // Taken: the win of a try sent when the take was, with its lock
+            // delay (see `wait`, "Taken").
+            let (Some(token), Some(backend_pid)) = (reply.token, reply.session.backend_pid) else {
+                let e = SessionError::other("malformed wait reply: a take without its token");
+                return self.lose_session(now, Reason::QueryFailed(e), true);
+            };
+            self.out.event(Event::KeyTaken { key });
+            // The win counts from the take's send time: the next heartbeat is
+            // due an interval after that, as after a try (at once, if the
+            // take blocked that long).
+            let next = (sent + self.opts.heartbeat_interval).max(now);
+            self.timers.set(Deadline::Heartbeat, next);
+            let rows = TryReply {
+                won: vec![(key, token)],
+                not_won: Vec::new(),
+                untrusted: false,
+                session: Some((backend_pid, reply.session.nonce)),
+            }
+            .to_rows();
+            return self.try_answered(now, (query, sent), vec![key], rows, Via::Take);
+        }
+        self.runs.try_back(&[key]);
+        if reply.crowded {
             // Enough standbys wait for the key: this one polls it until
             // its next periodic try (see `wait`, "No herd").
             self.wait.crowded();
             return;
         }
-        if !freed {
-            // Cut short below deadlock_timeout: the same key's wait goes on.
-            // Ended at the retry deadline: as good as a try of this key that
-            // lost. Not jittered: jitter spreads the polls of replicas started
-            // together, and waits on the server do not poll.
-            let held_all_along = self.wait.not_freed(answered, chunk) == NotFreed::HeldAllAlong;
-            if held_all_along && self.runs.standbys() <= 1 {
-                let retry = now + self.opts.retry_interval;
-                self.timers.set(Deadline::Retry, retry);
-            }
-            return;
+        // Cut short below deadlock_timeout: the same key's wait goes on.
+        // Ended at the retry deadline: as good as a try of this key that
+        // lost. Not jittered: jitter spreads the polls of replicas started
+        // together, and waits on the server do not poll.
+        let held_all_along = self.wait.not_freed(answered, chunk) == NotFreed::HeldAllAlong;
+        if held_all_along && self.runs.standbys() <= 1 {
+            let retry = now + self.opts.retry_interval;
+            self.timers.set(Deadline::Retry, retry);
         }
-        self.out.event(Event::KeyFreed { key });
-        #[cfg(feature = "sim")] // The broken variant: a wake taken as the win.
-        if self.knobs.mutation == Some(Mutation::WakeIsAcquisition) {
-            let token = i64::MAX / 2 + self.connector.peek_query() as i64;
-            let window = self.opts.validity_window();
-            return self.runs.wake_won(now, (key, token), window, &mut self.out);
-        }
-        self.wait.freed();
-        self.plan.try_soon();
     }
 
     /// A handover notification for `key` from backend `sender`: a graceful
@@ -1286,7 +1343,8 @@ impl Machine {
     /// terminated would skip the lock delay), and a late one from an
     /// earlier holder may reach a standby that lost the herd and waits
     /// again behind the new holder.
-    fn handover_notified(&mut self, now: Instant, key: i64, at: Option<i64>, sender: i64) {
+    fn handover_notified(&mut self, now: Instant, release: ReleaseNotice, sender: i64) {
+        let ReleaseNotice { key, at, grantee } = release;
         let Some((wanted, holder)) = self.runs.standby_of(key) else {
             return;
         };
@@ -1301,10 +1359,18 @@ impl Machine {
                     sender_pid: sender,
                     holder_pid: holder,
                 });
+                // A key handed over to this backend may come by way of
+                // another standby, whose take won it and released it at once
+                // (`try_done`): any release of it is worth a try now (its win
+                // still waits out the lock delay).
+                let me = self.session.up().and_then(|up| up.stage.backend_pid());
+                if wanted && self.runs.reserved_for(key, me, now) {
+                    self.plan.try_soon();
+                }
                 return;
             }
         }
-        self.runs.released_gracefully(key, now, at);
+        self.runs.released_gracefully(key, now, (at, grantee));
         self.runs
             .extend_reservation(key, now + handover_window(&self.opts));
         self.lock_delay_over_if_graceful(now);
@@ -1335,11 +1401,9 @@ impl Machine {
     /// (`u32::MAX`: a `to` request).
     fn hand_over_to(&mut self, now: Instant, key: i64, to: i64, priority: u32) {
         let me = self.session.up().and_then(|up| up.stage.backend_pid());
-        if me == Some(to) {
-            return;
-        }
         let window = handover_window(&self.opts);
-        if !self.runs.reserve(key, to, (now, now + window), priority) {
+        // Reserved for this backend too: it tries at any release of the key.
+        if !self.runs.reserve(key, to, (now, now + window), priority) || me == Some(to) {
             return;
         }
         self.hand_over(key, to, true);
@@ -1696,7 +1760,7 @@ impl Machine {
             // over, and a rested watch session opens again. Not the try
             // after a wake's lock delay, which the retry deadline also
             // sends: it must count against the wake budget.
-            if retry_due && !self.wait.woken() {
+            if retry_due {
                 self.wait.periodic_try();
             }
             if retry_due && !self.watch.woken() {
@@ -1707,7 +1771,7 @@ impl Machine {
             if self.groups.read_owed(&wanted) {
                 return Some(What::Members(self.groups.read(&wanted)));
             }
-            let woke = self.watch.woken() || self.wait.woken();
+            let woke = self.watch.woken();
             if woke && self.groups.announcing() {
                 // The member that woke (it watched the one gone, and found
                 // the departure first) announces it before its try: a try
@@ -1766,6 +1830,11 @@ impl Machine {
             }
         }
         let (key, timeout, chunk) = self.next_wait(now)?;
+        // The wait takes the key (see `wait`, "Taken"): its run is in it as
+        // in a try.
+        if !self.runs.take_wait(key) {
+            return None;
+        }
         Some(What::Wait {
             key,
             timeout,
@@ -1791,9 +1860,23 @@ impl Machine {
         {
             return None;
         }
-        let wanted = self.runs.wait_candidates()?;
-        self.wait
-            .next(now, &wanted, self.timers.get(Deadline::Retry))
+        let me = self.session.up().and_then(|up| up.stage.backend_pid());
+        let wanted = self.runs.wait_candidates(me)?;
+        // A take's win counts from its send time, and its job starts a lock
+        // delay after its reply (see `wait`, "Taken"): it waits half of what
+        // the validity window leaves beside the lock delay at most, so that
+        // much is left for the reply.
+        let longest = self
+            .opts
+            .validity_window()
+            .saturating_sub(self.opts.lock_delay)
+            / 2;
+        let (key, timeout, chunk) =
+            (self.wait).next(now, &wanted, self.timers.get(Deadline::Retry))?;
+        if timeout > longest {
+            return (longest >= MIN_WAIT).then_some((key, longest, true));
+        }
+        Some((key, timeout, chunk))
     }
 
     /// Whether heartbeats are due at all. A locker holding nothing needs no
@@ -1909,7 +1992,6 @@ mod tests {
                 keys,
                 backend_pid,
                 nonce,
-                woken: _,
             },
         ) = query(&mut m)
         else {
@@ -1983,7 +2065,6 @@ mod tests {
                 keys,
                 backend_pid,
                 nonce,
-                woken: _,
             },
         ) = query(&mut m)
         else {
@@ -2008,13 +2089,13 @@ mod tests {
             }
         );
         // Holding nothing, it waits on the server for the key until the
-        // retry deadline, instead of sitting idle.
+        // retry deadline, instead of sitting idle, and takes it there.
         let (_, wait) = query(&mut m);
-        let Statement::Wait {
+        let Statement::Take {
             key, timeout_ms, ..
         } = wait
         else {
-            panic!("expected a wait, got {wait:?}");
+            panic!("expected a take, got {wait:?}");
         };
         assert_eq!(key, keys[0]);
         let retry = opts.retry_interval.as_millis() as u64;

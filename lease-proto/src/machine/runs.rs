@@ -97,9 +97,10 @@ pub(super) struct Standby {
     pub(super) holder: Option<Option<i64>>,
     /// When a handover notification from that holder said it released the
     /// key gracefully, and the release's moment on the server's clock (in
-    /// fencing-token units) if the payload had it; cleared when a try finds
-    /// the key held again.
-    graceful: Option<(Instant, Option<i64>)>,
+    /// fencing-token units) if the payload had it, and the backend the
+    /// server granted the key to at the release if the payload named one;
+    /// cleared when a try finds the key held again.
+    graceful: Option<(Instant, Option<i64>, Option<i64>)>,
     /// The holder this standby last asked to hand the key over (its
     /// priority, see `Machine::preference_requested`), when, and how many
     /// times it asked that holder.
@@ -116,18 +117,36 @@ impl Standby {
         }
     }
 
-    /// Whether a win with fencing token `token` by a try sent at `sent`
-    /// follows a graceful release: the notification came at most
-    /// `lock_delay` before the try was sent, or while it was in flight, and
-    /// the server granted the key at most `lock_delay` after the release on
-    /// its own clock (a notification delivered late, after another holder
-    /// took the key and lost it, is older than that; one without the
-    /// release's moment never counts).
-    fn graceful_for(&self, sent: Instant, token: i64, lock_delay: Duration) -> bool {
+    /// Whether a win with fencing token `token` by a try (or take) sent at
+    /// `sent`, on backend `me`, follows a graceful release: the notification
+    /// came at most `lock_delay` before the statement was sent, or while it
+    /// was in flight; the server granted the key at most `lock_delay` after
+    /// the release on its own clock (a notification delivered late, after
+    /// another holder took the key and lost it, is older than that; one
+    /// without the release's moment never counts); and the release granted
+    /// the key to nobody else. A take's win needs the release to name this
+    /// backend as its grantee: its session read no notification while it
+    /// waited, so one that came in the meantime proves nothing by its timing
+    /// (another take first in the queue may have held the key for a moment
+    /// and lost it to a terminate). `grantee_ignored`: the broken variant
+    /// that skips that last check.
+    fn graceful_for(
+        &self,
+        (sent, token): (Instant, i64),
+        me: Option<i64>,
+        lock_delay: Duration,
+        grantee_ignored: bool,
+    ) -> bool {
         let delay_us = lock_delay.as_micros() as i64;
-        (self.graceful).is_some_and(|(seen, released)| {
+        let took = self.step == StandbyStep::Taking;
+        (self.graceful).is_some_and(|(seen, released, grantee)| {
+            let granted_here = match grantee {
+                Some(g) => Some(g) == me,
+                None => !took,
+            };
             seen + lock_delay >= sent
                 && released.is_some_and(|r| token >= r && token - r <= delay_us)
+                && (granted_here || grantee_ignored)
         })
     }
 }
@@ -138,6 +157,15 @@ enum StandbyStep {
     Waiting,
     /// In the try in flight.
     Trying,
+    /// In the take in flight (a wait that takes the key: see `wait`).
+    Taking,
+}
+
+impl StandbyStep {
+    /// In the try or the take in flight: a win of the key is this run's.
+    fn in_flight(self) -> bool {
+        matches!(self, StandbyStep::Trying | StandbyStep::Taking)
+    }
 }
 
 /// A key the session holds for a run.
@@ -309,7 +337,7 @@ impl RunTable {
     /// The keys a wait may be for, if the session holds and owes nothing:
     /// every run a standby, no key to unlock; the keys of the standbys not in
     /// the try in flight whose last try answered.
-    pub(super) fn wait_candidates(&self) -> Option<Vec<i64>> {
+    pub(super) fn wait_candidates(&self, me: Option<i64>) -> Option<Vec<i64>> {
         if !self.orphans.is_empty() || !self.held_lost.is_empty() {
             return None;
         }
@@ -317,8 +345,10 @@ impl RunTable {
         for r in self.runs.values() {
             match &r.state {
                 RunState::Standby(s) if s.step == StandbyStep::Waiting && s.holder.is_some() => {
-                    if !self.reserved.contains_key(&r.lease.key()) {
-                        wanted.push(r.lease.key())
+                    let key = r.lease.key();
+                    let other = (self.reserved.get(&key)).is_some_and(|(pid, ..)| Some(*pid) != me);
+                    if !other {
+                        wanted.push(key)
                     }
                 }
                 RunState::Standby(_) => {}
@@ -388,6 +418,53 @@ impl RunTable {
         keys
     }
 
+    /// The standby of `key` goes into a take (a wait that takes the key,
+    /// see `wait`, "Taken") as into a try. Returns whether it did: the key's
+    /// run is a standby not in a try.
+    pub(super) fn take_wait(&mut self, key: i64) -> bool {
+        let Some((_, r)) = self.by_key_mut(key) else {
+            return false;
+        };
+        match &mut r.state {
+            RunState::Standby(standby) if standby.step == StandbyStep::Waiting => {
+                standby.step = StandbyStep::Taking;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `key` is reserved for backend `me` at `now` (a hand-over to
+    /// it was asked for).
+    pub(super) fn reserved_for(&self, key: i64, me: Option<i64>, now: Instant) -> bool {
+        (self.reserved.get(&key)).is_some_and(|(pid, until, _)| *until > now && Some(*pid) == me)
+    }
+
+    /// The backend `key` is reserved for at `now`, if it is another than
+    /// `me` (see `Machine::handover_requested`).
+    pub(super) fn reserved_for_other(
+        &self,
+        key: i64,
+        me: Option<i64>,
+        now: Instant,
+    ) -> Option<i64> {
+        (self.reserved.get(&key))
+            .filter(|(pid, until, _)| *until > now && Some(*pid) != me)
+            .map(|(pid, _, _)| *pid)
+    }
+
+    /// A win of `key` declined (it is reserved for another backend): its
+    /// standby stands by again, and the key is unlocked at the next release
+    /// (whose notification tells the backend it is reserved for); the
+    /// reservation runs on `window` from now.
+    pub(super) fn decline(&mut self, key: i64, now: Instant, window: Duration) {
+        self.try_back(&[key]);
+        self.orphans.insert(key);
+        if let Some((_, until, _)) = self.reserved.get_mut(&key) {
+            *until = (*until).max(now + window);
+        }
+    }
+
     /// The keys of an observer's read of their holders: every standby's
     /// (see `Machine::observes`).
     pub(super) fn take_look(&self) -> Vec<i64> {
@@ -429,15 +506,10 @@ impl RunTable {
         window: Duration,
         out: &mut Outputs,
     ) {
-        let Some((id, r)) = self.by_key_mut(key).filter(|(_, r)| {
-            matches!(
-                r.state,
-                RunState::Standby(Standby {
-                    step: StandbyStep::Trying,
-                    ..
-                })
-            )
-        }) else {
+        let Some((id, r)) = self
+            .by_key_mut(key)
+            .filter(|(_, r)| matches!(&r.state, RunState::Standby(s) if s.step.in_flight()))
+        else {
             self.orphans.insert(key);
             return;
         };
@@ -460,7 +532,7 @@ impl RunTable {
         });
     }
 
-    /// The broken variant [`Mutation::WakeIsAcquisition`](crate::options::Mutation):
+    /// The broken variant [`Mutation::WatchAcquires`](crate::options::Mutation):
     /// a wake taken as the win of `key`, with `token`.
     #[cfg(feature = "sim")]
     pub(super) fn wake_won(
@@ -487,13 +559,15 @@ impl RunTable {
     pub(super) fn any_win_needs_lock_delay(
         &self,
         won: &[(i64, i64)],
-        sent: Instant,
+        (sent, me): (Instant, Option<i64>),
         lock_delay: Duration,
+        grantee_ignored: bool,
     ) -> bool {
         won.iter().any(|(key, token)| {
             matches!(
                 self.by_key(*key).map(|r| &r.state),
-                Some(RunState::Standby(s)) if s.step == StandbyStep::Trying && !s.graceful_for(sent, *token, lock_delay)
+                Some(RunState::Standby(s)) if s.step.in_flight()
+                    && !s.graceful_for((sent, *token), me, lock_delay, grantee_ignored)
             )
         })
     }
@@ -571,10 +645,15 @@ impl RunTable {
 
     /// A handover notification for `key` from the holder its standby's last
     /// try saw, at `now`: that holder released it gracefully.
-    pub(super) fn released_gracefully(&mut self, key: i64, now: Instant, at: Option<i64>) {
+    pub(super) fn released_gracefully(
+        &mut self,
+        key: i64,
+        now: Instant,
+        (at, grantee): (Option<i64>, Option<i64>),
+    ) {
         if let Some((_, r)) = self.by_key_mut(key) {
             if let RunState::Standby(standby) = &mut r.state {
-                standby.graceful = Some((now, at));
+                standby.graceful = Some((now, at, grantee));
             }
         }
     }
@@ -585,7 +664,7 @@ impl RunTable {
             return;
         };
         if let RunState::Standby(standby) = &mut r.state {
-            if standby.step == StandbyStep::Trying {
+            if standby.step.in_flight() {
                 standby.step = StandbyStep::Waiting;
                 standby.graceful = None;
                 if standby.holder != Some(holder) {
@@ -625,12 +704,15 @@ impl RunTable {
         }
     }
 
-    /// Runs whose try got no usable answer go back to waiting.
+    /// Runs whose try (or take) got no usable answer or won nothing go back
+    /// to waiting; a graceful release they heard of counts no more (a later
+    /// win follows another release, or none).
     pub(super) fn try_back(&mut self, keys: &[i64]) {
         for &key in keys {
             if let Some((_, r)) = self.by_key_mut(key) {
                 if let RunState::Standby(standby) = &mut r.state {
                     standby.step = StandbyStep::Waiting;
+                    standby.graceful = None;
                 }
             }
         }
@@ -881,10 +963,17 @@ impl RunTable {
         }
     }
 
-    /// What ends with any session: the keys it held without a run.
+    /// What ends with any session: the keys it held without a run, and the
+    /// try (or take) in flight, never answered now: its standbys wait for
+    /// the next session's.
     pub(super) fn session_down(&mut self) {
         self.orphans.clear();
         self.held_lost.clear();
+        for r in self.runs.values_mut() {
+            if let RunState::Standby(standby) = &mut r.state {
+                standby.step = StandbyStep::Waiting;
+            }
+        }
     }
 
     fn released(&mut self, id: RunId, outcome: Option<Outcome>, out: &mut Outputs) {

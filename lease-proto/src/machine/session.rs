@@ -158,7 +158,8 @@ pub(super) enum What {
     Heartbeat,
     Verify,
     Release(Vec<i64>),
-    /// A [`Statement::Wait`] for `key`, ended by the server after `timeout`
+    /// A standby's wait on the server that takes `key` ([`Statement::Take`];
+    /// its run is in it as in a try), ended by the server after `timeout`
     /// at the latest.
     Wait {
         key: i64,
@@ -184,14 +185,11 @@ pub(super) enum What {
 impl What {
     /// The statement to send for this on session `up`; `settings`: the
     /// setup's settings by statement, if they go that way.
-    /// `woken`: for a try after a wake, its key (one of the try's) and how
-    /// long the try may wait for it (see `wait`, "Woken").
     pub(super) fn statement(
         &self,
         up: &Up,
         settings: Vec<(&'static str, String)>,
         notify: bool,
-        woken: Option<(i64, Duration)>,
     ) -> Statement {
         let nonce = up.nonce;
         match self {
@@ -203,14 +201,15 @@ impl What {
                 keys: keys.clone(),
                 backend_pid: up.stage.backend_pid().unwrap_or(0),
                 nonce,
-                woken: woken.map(|(k, wait)| (k, wait.as_millis().max(1) as u64)),
             },
             What::Heartbeat => Statement::Heartbeat,
             What::Verify => Statement::Verify,
-            What::Wait { key, timeout, .. } => Statement::Wait {
+            What::Wait { key, timeout, .. } => Statement::Take {
                 key: *key,
                 timeout_ms: timeout.as_millis().max(1) as u64,
                 crowd: Some(super::HERD_WAITERS),
+                backend_pid: up.stage.backend_pid().unwrap_or(0),
+                nonce,
             },
             What::Release(keys) => Statement::Release {
                 keys: keys.clone(),

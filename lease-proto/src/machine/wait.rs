@@ -1,39 +1,43 @@
-//! Waiting on the server: how a standby learns that a key is free the moment
-//! the server frees it, instead of at its next poll.
+//! Waiting on the server: how a standby takes a key the moment the server
+//! frees it, instead of at its next poll.
 //!
 //! The rule, in one place:
 //!
 //! - **When.** While the session holds nothing and owes nothing (every run
 //!   is a standby, nothing to release or verify) and a try of a wanted key
-//!   answered "held", the idle session sends a [`Statement::Wait`](crate::Statement::Wait) for one
-//!   wanted key instead of sitting idle until [`Deadline::Retry`](super::Deadline::Retry). Its
-//!   `lock_timeout` ends it at the retry deadline, so the periodic try of
-//!   every other wanted key still goes on time; a locker that holds a lease
-//!   does not wait on its session (it must stay free for heartbeats) but on
-//!   its watch session (see `watch`), and one behind a pooler that rejected
-//!   the startup options polls (a blocked statement would hold one of its
+//!   answered "held", the idle session sends a [`Statement::Take`](crate::Statement::Take)
+//!   for one wanted key instead of sitting idle until [`Deadline::Retry`](super::Deadline::Retry):
+//!   a wait that takes the key. Its `lock_timeout` ends it at the retry
+//!   deadline, so the periodic try of every other wanted key still goes on
+//!   time; a locker that holds a lease does not wait on its session (it must
+//!   stay free for heartbeats) but on its watch session, whose waits never
+//!   take anything (see `watch`); and one behind a pooler that rejected the
+//!   startup options polls (a blocked statement would hold one of its
 //!   server connections for the whole wait, starving its other clients).
 //! - **Which key.** One at a time, rotating: each wait takes the next wanted
 //!   key after the last one waited for. With one wanted key the wait is
 //!   instant takeover; with *n*, a key is waited for one retry interval in
 //!   *n* and polled every retry interval otherwise.
-//! - **Woken** (the key was freed): the next statement is a
-//!   [`Statement::TryLock`](crate::Statement::TryLock) of every wanted key, at once; a win
-//!   starts its job after [`Options::lock_delay`](crate::Options::lock_delay) unless the
-//!   release was graceful (the rule: `Machine::try_answered`). A wait never
-//!   acquires: the try does, and its send time confirms the lease as for any try.
-//!   Every wait queued on the key was granted its shared lock at the release
-//!   and keeps it until its backend runs and ends the statement: on a busy
-//!   server, milliseconds. So the try of the woken key waits while only
-//!   other sessions' shared locks hold it, up to [`WAKE_TRY_WAIT`] (the
-//!   statement's `woken`); a key held exclusively (another standby's try
-//!   came first) is not waited for, and a try on a session that holds a
-//!   lease (after a watch-session wake) does not wait: that session must
-//!   stay free for its heartbeats. A try that fails spends its wake.
-//!   Before, the first standby to try lost to a slower one's shared lock,
-//!   waited again (granted at once beside the other shared locks), lost
-//!   again, and after [`WAKE_BUDGET`] such wakes waited no more until its
-//!   next periodic try.
+//! - **Taken** (the key was freed): the server grants the key to the first
+//!   session in its queue at the release, in the releasing backend, so the
+//!   statement answers one round trip after the release with the key won
+//!   and its fencing token, read after the grant; no try follows. The run is
+//!   in the take as in a try, and the win is a try's win sent when the take
+//!   was: it counts from the take's send time (so no take waits longer than
+//!   half of what the validity window leaves beside the lock delay) and its
+//!   job starts after
+//!   [`Options::lock_delay`](crate::Options::lock_delay) unless the release
+//!   was graceful (the rule: `Machine::try_answered`), and never before
+//!   [`TAKE_NOTICES`]: the notifications the session got while it blocked
+//!   come right behind the reply. A key reserved meanwhile for another
+//!   backend (a hand-over asked for, among those notifications) is released
+//!   at once without a job (`Machine::try_done`), and the backend it is
+//!   reserved for tries at that release. The other
+//!   sessions in the key's queue go on waiting, behind the new holder: a
+//!   release wakes no other standby, and a poller's try loses to the queue
+//!   (PostgreSQL queues a request behind conflicting waiters). A reply that
+//!   fails leaves the key maybe taken: the session verifies, as after a
+//!   failed try.
 //! - **Below `deadlock_timeout`.** No wait blocks as long as the server's
 //!   `deadlock_timeout` (1 s by default; any role can read it): one that
 //!   does runs the deadlock detector and, with `log_lock_waits = on`,
@@ -51,40 +55,42 @@
 //!   retry deadline, that counts as a try of that key; with one wanted key
 //!   the retry deadline moves a whole retry interval on (no jitter: waits
 //!   do not poll in lockstep), so an idle standby sends one statement per
-//!   retry interval, or one per chunk (`ceil(retry / limit)`, 4 at a 3 s
+//!   retry interval, or one per chunk (`ceil(retry / limit)`, 6 at a 5 s
 //!   retry under the default 1 s `deadlock_timeout`).
-//! - **No spin.** A wake followed by a try that wins nothing counts; after
-//!   [`WAKE_BUDGET`] such wakes in a row the locker waits no more until its
-//!   next periodic try (a lock the wait does not conflict with, a herd that
-//!   keeps colliding). A wait that fails otherwise turns waiting off for the
+//! - **No spin.** A take answers at once only when it does not queue
+//!   (crowded, below), when it wins, or when the checks before it fail
+//!   (another backend or nonce, which refuses the locker, or the key held by
+//!   this backend already: another client's, behind a transaction pooler,
+//!   which refuses it too). A take that fails otherwise turns waiting off for the
 //!   rest of the session: the poll is the fallback, so a misbehaving wait
 //!   costs speed, never correctness.
-//! - **No herd.** A wait does not queue behind [`HERD_WAITERS`] waiters of
+//! - **No herd.** A take does not queue behind [`HERD_WAITERS`] waiters of
 //!   its key with smaller backend pids (it counts them in `pg_locks` first);
 //!   it answers "crowded" and its standby polls that key until its next
 //!   periodic try, when it looks again. The waiters settle on the standbys
-//!   with the smallest pids (those never give way, so waits that look at the
-//!   same moment cannot all give way), and a freed key wakes about
-//!   [`HERD_WAITERS`] standbys, not all of them: the statements of a
-//!   takeover do not grow with the standbys. A poller may still win the key
-//!   at its own try (and then gets the lock delay like any win).
-//! - **Interrupted.** Anything that needs the session while a wait blocks it
+//!   with the smallest pids (those never give way, so waits that look at
+//!   the same moment cannot all give way), so the statements a standby
+//!   sends do not grow with the standbys; a release wakes one of them.
+//! - **Interrupted.** Anything that needs the session while a take blocks it
 //!   (a new run, a notification for another key, no run left) closes the
-//!   session at once; holding nothing, that loses nothing, and a new session
-//!   opens at once when one is needed. Notifications interrupt at most
-//!   [`WAKE_BUDGET`] times between two periodic tries, since any client may
-//!   send them; past that their key is tried at the periodic try, as the
-//!   keys not waited for are. The server ends the orphaned
-//!   wait at its next client connection check
+//!   session at once (PostgreSQL delivers a notification to a session only
+//!   between transactions, so one for another key comes after the take's
+//!   reply, or from a driver that reads another connection's); the take's run stands by again, and
+//!   whatever the take may have been granted goes with the session. Holding
+//!   nothing else, that loses nothing, and a new session opens at once when
+//!   one is needed. Notifications interrupt at most [`WAKE_BUDGET`] times
+//!   between two periodic tries, since any client may send them; past that
+//!   their key is tried at the periodic try, as the keys not waited for are.
+//!   The server ends the orphaned wait at its next client connection check
 //!   ([`WAIT_CONNECTION_CHECK_MS`](crate::server::WAIT_CONNECTION_CHECK_MS), Linux
 //!   servers), or by its `lock_timeout`.
 
 use std::time::{Duration, Instant};
 
-/// Wakes in a row whose following try won nothing before a locker stops
-/// waiting until its next periodic try; also the most waits a handover
-/// notification for another key interrupts (a reconnect each) between two
-/// periodic tries.
+/// The most takes a handover notification for another key interrupts (a
+/// reconnect each) between two periodic tries; also the watch session's
+/// wakes in a row whose following try won nothing before it waits no more
+/// until the next periodic try (see `watch`).
 pub const WAKE_BUDGET: u32 = 3;
 
 /// How many sessions may wait on the server for one key before a standby's
@@ -92,16 +98,15 @@ pub const WAKE_BUDGET: u32 = 3;
 /// its next periodic try (see `wait`, "No herd").
 pub const HERD_WAITERS: u32 = 2;
 
+/// The least a take's win is held back before its job starts, whatever the
+/// lock delay (see `wait`, "Taken"): the notifications its session got
+/// while it blocked come right behind its reply, a hand-over asked for
+/// meanwhile among them, and are read by then.
+pub const TAKE_NOTICES: Duration = Duration::from_millis(1);
+
 /// Shortest wait worth sending: with less left before the retry deadline,
 /// the try is as good.
 pub const MIN_WAIT: Duration = Duration::from_millis(20);
-
-/// Longest the try that follows a wake waits for the woken key while only
-/// other sessions' shared locks hold it: the other waits the same release
-/// woke, each granted at the release and holding its lock until its backend
-/// runs (see `wait`, "Woken"). Cut to a quarter of the query timeout, and
-/// below the session's `deadlock_timeout` by the server.
-pub const WAKE_TRY_WAIT: Duration = Duration::from_millis(100);
 
 /// The standby's waits on the server, across sessions: the rule above, by
 /// the state it needs. The machine asks it for the next wait
@@ -111,10 +116,6 @@ pub const WAKE_TRY_WAIT: Duration = Duration::from_millis(100);
 pub(super) struct ServerWait {
     /// The last key waited for, so the next wait takes the next one.
     cursor: Option<i64>,
-    /// The last wait was woken (its key freed) and no try has answered since.
-    woken: bool,
-    /// Wakes in a row whose following try won nothing (see [`WAKE_BUDGET`]).
-    wake_losses: u32,
     /// A wait failed otherwise than by its lock timeout: this session polls.
     off: bool,
     /// A wait found [`HERD_WAITERS`] sessions waiting for its key already:
@@ -149,20 +150,10 @@ pub(super) enum NotFreed {
 }
 
 impl ServerWait {
-    /// Whether waits are off for now: turned off on this session, a wake not
-    /// answered by a try yet, or the wake budget spent.
+    /// Whether waits are off for now: turned off on this session, or the
+    /// last one found its key crowded.
     pub(super) fn paused(&self) -> bool {
-        self.off || self.crowded || self.woken || self.wake_losses >= WAKE_BUDGET
-    }
-
-    /// Whether the last wait was woken and no try answered since.
-    pub(super) fn woken(&self) -> bool {
-        self.woken
-    }
-
-    /// The woken wait's key, while no try has answered since.
-    pub(super) fn woken_key(&self) -> Option<i64> {
-        self.cursor.filter(|_| self.woken)
+        self.off || self.crowded
     }
 
     /// The wait to send now among the `wanted` keys, with `retry` the retry
@@ -212,18 +203,11 @@ impl ServerWait {
 
     /// A wait's reply from this session: its key was not freed.
     pub(super) fn not_freed(&mut self, answered: Answered, chunk: bool) -> NotFreed {
-        self.wake_losses = 0;
         if chunk {
             self.cursor = answered.cursor;
             return NotFreed::Chunk;
         }
         NotFreed::HeldAllAlong
-    }
-
-    /// A wait's reply from this session: its key was freed; the try follows
-    /// at once.
-    pub(super) fn freed(&mut self) {
-        self.woken = true;
     }
 
     /// A wait failed otherwise than by its lock timeout: no more waits on
@@ -232,16 +216,8 @@ impl ServerWait {
         self.off = true;
     }
 
-    /// The try that followed a wake won something (`won`) or nothing.
-    pub(super) fn after_try(&mut self, won: bool) {
-        if std::mem::take(&mut self.woken) {
-            self.wake_losses = if won { 0 } else { self.wake_losses + 1 };
-        }
-    }
-
-    /// The periodic try (not the one after a wake): waiting may start over.
+    /// The periodic try: waiting may start over.
     pub(super) fn periodic_try(&mut self) {
-        self.wake_losses = 0;
         self.interrupts = 0;
         self.crowded = false;
     }
@@ -274,7 +250,6 @@ impl ServerWait {
 
     /// What ends with any session.
     pub(super) fn session_down(&mut self) {
-        self.woken = false;
         self.off = false;
         self.crowded = false;
         self.limit = None;

@@ -302,7 +302,6 @@ impl Machine {
                 keys: vec![key],
                 backend_pid: own,
                 nonce: 0,
-                woken: None,
             },
             _ => statement,
         };

@@ -411,17 +411,20 @@ impl Harness {
         }
     }
 
-    /// Answers the wait in flight: the key was freed (the rows of the
-    /// session [`Harness::connect`] set up, backend `pid`).
+    /// Answers the take in flight (a standby's wait that takes its key,
+    /// [`Statement::Take`]): the key was freed and taken, with fencing token
+    /// `token`. As [`Harness::win`], a win held back for the lock delay is
+    /// waited out.
     ///
     /// # Panics
-    /// The query in flight is not a wait, or the observer objects.
-    pub fn wake(&mut self, pid: i64) -> Vec<Command> {
-        let Statement::Wait { .. } = self.statement() else {
-            panic!("expected a wait, got {:?}", self.statement())
-        };
-        let nonce = self.nonce;
-        self.reply(reply::wait(pid, nonce, true, Some(1000)))
+    /// The query in flight is not a take, or the observer objects.
+    pub fn taken(&mut self, token: i64) -> Vec<Command> {
+        let mut cmds = self.taken_held(token);
+        if self.machine.timeout_reason() == Some(Deadline::LockDelay) {
+            let at = self.machine.poll_timeout().expect("the lock delay's end");
+            cmds.extend(self.advance(at.saturating_duration_since(self.now)));
+        }
+        cmds
     }
 
     /// Answers the wait in flight as the statement does at its lock
@@ -430,11 +433,25 @@ impl Harness {
     /// # Panics
     /// The query in flight is not a wait, or the observer objects.
     pub fn held_all_along(&mut self, pid: i64) -> Vec<Command> {
-        let Statement::Wait { .. } = self.statement() else {
+        let (Statement::Wait { .. } | Statement::Take { .. }) = self.statement() else {
             panic!("expected a wait, got {:?}", self.statement())
         };
         let nonce = self.nonce;
         self.reply(reply::wait(pid, nonce, false, Some(1000)))
+    }
+
+    /// Answers the take in flight: the key was freed and taken, with fencing
+    /// token `token`, and no more: a win held back for the lock delay stays
+    /// held ([`Harness::taken`] waits it out).
+    ///
+    /// # Panics
+    /// The query in flight is not a take, or the observer objects.
+    pub fn taken_held(&mut self, token: i64) -> Vec<Command> {
+        let Statement::Take { backend_pid, .. } = self.statement() else {
+            panic!("expected a take, got {:?}", self.statement())
+        };
+        let nonce = self.nonce;
+        self.reply(reply::taken(backend_pid, nonce, token, Some(1000)))
     }
 
     /// Answers the release in flight: every key was held and is unlocked.

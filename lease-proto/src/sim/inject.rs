@@ -57,7 +57,8 @@ impl Sim {
             | Statement::Heartbeat
             | Statement::Verify
             | Statement::Prefer { .. }
-            | Statement::Wait { .. } => 1,
+            | Statement::Wait { .. }
+            | Statement::Take { .. } => 1,
         };
         if self.chance(error) {
             let ran = self.below(keys);
@@ -89,15 +90,9 @@ impl Injected {
                 mut keys,
                 backend_pid,
                 nonce,
-                woken,
             } if ran > 0 => {
-                // A woken key is taken first (its wait comes before the batch).
-                if let Some((k, _)) = woken {
-                    keys.sort_by_key(|x| *x != k);
-                }
                 keys.truncate(ran);
                 Statement::TryLock {
-                    woken: woken.filter(|(k, _)| keys.contains(k)),
                     keys,
                     backend_pid,
                     nonce,
@@ -169,7 +164,8 @@ fn error_for(statement: &Statement) -> SessionError {
         | Statement::Verify
         | Statement::Members { .. }
         | Statement::Prefer { .. }
-        | Statement::Wait { .. } => SessionError {
+        | Statement::Wait { .. }
+        | Statement::Take { .. } => SessionError {
             code: Some("57014".into()),
             message: "canceling statement due to user request".into(),
             config: false,

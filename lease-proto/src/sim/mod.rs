@@ -32,9 +32,14 @@
 //!   FIFO delivery, latency spikes, black-hole partitions that hold bytes until
 //!   they heal (TCP ends stay open) — and the delivery queue;
 //! - `server`: the PostgreSQL model (also on its own, sans-IO, as [`Postgres`]) — sessions, re-entrant advisory locks (one
-//!   database), `pg_locks`, `idle_session_timeout`, `pg_terminate_backend`,
-//!   restarts, `LISTEN/NOTIFY` (with the sender's backend pid, notifications
-//!   a non-lease client forges, [`Fault::ForgedNotify`], and late ones,
+//!   database), their queue (a release grants the first waiter: a take, an
+//!   exclusive lock wait, or the shared waits ahead of it), `pg_locks`,
+//!   `idle_session_timeout`, `pg_terminate_backend` (a shutdown's of every
+//!   session at once), restarts, `LISTEN/NOTIFY` (with the sender's backend
+//!   pid, delivered to a session blocked in a wait only after its reply, as
+//!   between transactions; notifications a non-lease client forges,
+//!   [`Fault::ForgedNotify`], requests for a hand-over,
+//!   [`Fault::RequestHandover`], and late ones,
 //!   [`ServerConfig::notify_delay`]), `deadlock_timeout` (which no wait may
 //!   reach), hot-standby mode and a transaction pooler that moves statements
 //!   between backends;
@@ -127,6 +132,15 @@ pub enum Fault {
         /// The process.
         process: usize,
     },
+    /// Arms a `pg_terminate_backend` of the sessions of the next process a
+    /// release grants its key to (its take first in the key's queue), `after`
+    /// the grant: the first taker of a release loses its session moments
+    /// after it was handed the key, as an operator's terminate or a failing
+    /// network may do, and the take queued behind it is granted then.
+    TerminateNextTaker {
+        /// From the grant to the terminate.
+        after: Duration,
+    },
     /// `pg_terminate_backend` on the watch session of `process` only (if it
     /// has one open): its lease session and leases stay.
     TerminateWatch {
@@ -196,6 +210,16 @@ pub enum Fault {
         /// The index of the lease in [`SimConfig::leases`] (modulo their number).
         lease: usize,
     },
+    /// `lease handover NAME --to PID` for lease number `lease` of
+    /// [`SimConfig::leases`] and the backend of the lease session `to` has
+    /// now (nothing if it has none): the request's `NOTIFY` from a client of
+    /// its own.
+    RequestHandover {
+        /// The index of the lease in [`SimConfig::leases`] (modulo their number).
+        lease: usize,
+        /// The process to hand it to.
+        to: usize,
+    },
     /// For `duration`, every connection attempt fails with `28P01 password
     /// authentication failed` (a rotated password, a dropped role); open
     /// sessions go on. Processes that had a session retry and lead again
@@ -216,6 +240,7 @@ impl Fault {
         matches!(
             self,
             Fault::Terminate { .. }
+                | Fault::TerminateNextTaker { .. }
                 | Fault::ServerRestart { .. }
                 | Fault::ServerCrash { .. }
                 | Fault::Promote { .. }
@@ -234,8 +259,10 @@ impl Fault {
             | Fault::AuthFailing { duration } => Some(*duration),
             Fault::Crash { restart_after, .. } => *restart_after,
             Fault::Terminate { .. }
+            | Fault::TerminateNextTaker { .. }
             | Fault::TerminateWatch { .. }
             | Fault::ForgedNotify { .. }
+            | Fault::RequestHandover { .. }
             | Fault::PromoteFrozenPrimary { .. } => Some(Duration::ZERO),
             Fault::ServerRestart { downtime }
             | Fault::ServerCrash { downtime }
@@ -320,10 +347,9 @@ pub struct ServerConfig {
     /// scheduler runs the woken backends one after another (a busy server's
     /// scheduler; measured on a 2-core machine under a herd of 100: the
     /// first try after a kill -9 came 2 to 14 ms after the holder's backend
-    /// was gone). Another session's plain try of the key loses meanwhile;
-    /// a try after a wake waits for it (`Statement::TryLock`'s `woken`).
-    /// Unlike PostgreSQL, a wait sent meanwhile does not queue behind such a
-    /// waiting try.
+    /// was gone). Another session's plain try of the key loses meanwhile,
+    /// and a take queued behind such a wait is granted the key then (its
+    /// reply leaves when the shared locks before it are gone).
     pub woken_backend_lag: Duration,
     /// Replies of more rows than this do not fit in the server's socket send
     /// buffer (`None`: every reply fits). A backend writing one to a client
@@ -591,6 +617,8 @@ pub struct Sim {
     max_token: BTreeMap<String, i64>,
     /// Statement faults in force ([`Fault::FlakyStatements`]).
     flaky: Vec<inject::Flaky>,
+    /// An armed [`Fault::TerminateNextTaker`]: its delay.
+    terminate_next_taker: Option<Duration>,
 }
 
 fn rand(state: &mut u64) -> u64 {
@@ -647,6 +675,7 @@ impl Sim {
             closing: false,
             key_names,
             flaky: Vec::new(),
+            terminate_next_taker: None,
         };
         for p in 0..n {
             sim.start_runs(p);
@@ -901,6 +930,7 @@ impl Sim {
                     .push(self.now + duration, Ev::Heal(Heal::AuthWorks));
             }
             Fault::Terminate { process } => self.terminate(Some(process)),
+            Fault::TerminateNextTaker { after } => self.terminate_next_taker = Some(after),
             Fault::TerminateWatch { process } => {
                 if let Some((_, conn)) = self.procs.get(process).and_then(|p| p.watch) {
                     self.terminate_session(conn);
@@ -914,6 +944,15 @@ impl Sim {
                     // moment of now on the server's clock.
                     let at = self.server.clock_now(self.now);
                     let payload = format!("{key} {at}");
+                    self.notify_listeners(payload, server::FORGER_PID, Duration::ZERO);
+                }
+            }
+            Fault::RequestHandover { lease, to } => {
+                let pid = (self.procs.get(to)).and_then(|_| self.backend_pid(to));
+                if let (false, Some(pid)) = (self.cfg.leases.is_empty(), pid) {
+                    let name = &self.cfg.leases[lease % self.cfg.leases.len()];
+                    let key = crate::key_for_name(name);
+                    let payload = crate::server::handover_request_payload(key, pid);
                     self.notify_listeners(payload, server::FORGER_PID, Duration::ZERO);
                 }
             }

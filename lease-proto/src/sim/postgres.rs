@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::inject::Injected;
 use super::net::Queue;
-use super::server::{Server, Waiter};
+use super::server::{Server, Waiter, Woken};
 use super::ServerConfig;
 use crate::{reply::Row, QueryId, SessionError, Statement};
 
@@ -187,6 +187,7 @@ impl Postgres {
                 p,
                 query,
                 key,
+                take: matches!(statement, Statement::Take { .. }),
                 injected: Injected::Nothing,
                 since: done,
             };
@@ -222,28 +223,18 @@ impl Postgres {
     /// `pg_terminate_backend` of every session of `client` (see
     /// [`Postgres::connect`]): each ends with 57P01.
     pub fn terminate(&mut self, now: Duration, client: usize) {
-        for c in self.server.sessions_of(Some(client)) {
-            self.end(
-                now,
-                c,
-                "57P01",
-                "terminating connection due to administrator command",
-            );
-        }
+        let conns = self.server.sessions_of(Some(client));
+        let message = "terminating connection due to administrator command";
+        self.end_all(now, &conns, "57P01", message);
     }
 
     /// A restart: every session ends (57P01, as PostgreSQL's shutdown
     /// terminates them); connection attempts are refused until `now +
     /// downtime`.
     pub fn restart(&mut self, now: Duration, downtime: Duration) {
-        for c in self.server.sessions_of(None) {
-            self.end(
-                now,
-                c,
-                "57P01",
-                "terminating connection due to administrator command",
-            );
-        }
+        let conns = self.server.sessions_of(None);
+        let message = "terminating connection due to administrator command";
+        self.end_all(now, &conns, "57P01", message);
         self.server.up = false;
         self.timers.push(now + downtime, Deadline::Up);
     }
@@ -283,6 +274,7 @@ impl Postgres {
                         at: now,
                         result: Ok(rows),
                     });
+                    self.deliver_held_notifications(c, now);
                 }
                 Deadline::Up => self.server.up = true,
             }
@@ -325,6 +317,11 @@ impl Postgres {
 
     fn notify(&mut self, at: Duration, payload: String, sender_pid: i64) {
         for (c, _) in self.server.listeners() {
+            // A session blocked in a wait gets it after its reply (see
+            // `Server::hold_notification`).
+            if self.server.hold_notification(c, &payload, sender_pid) {
+                continue;
+            }
             self.outputs.push_back(ServerOutput::Notify {
                 conn: ConnId(c),
                 at,
@@ -335,7 +332,21 @@ impl Postgres {
     }
 
     fn wake_waiters(&mut self, now: Duration) {
-        for (w, rows, runs_at) in self.server.woken(now) {
+        for woken in self.server.woken(now) {
+            let Woken {
+                waiter: w,
+                rows,
+                runs_at,
+                granted,
+            } = woken;
+            if let Some((key, token)) = granted {
+                self.outputs.push_back(ServerOutput::Granted {
+                    conn: ConnId(w.conn),
+                    at: now,
+                    key,
+                    token,
+                });
+            }
             let done = runs_at + self.server.slow;
             self.server.unblocked(w.conn, done);
             self.arm_idle(w.conn);
@@ -345,24 +356,47 @@ impl Postgres {
                 at: done,
                 result: Ok(rows),
             });
+            self.deliver_held_notifications(w.conn, done);
+        }
+    }
+
+    /// The notifications held while `conn` waited, after its reply at `at`.
+    fn deliver_held_notifications(&mut self, conn: u64, at: Duration) {
+        for (payload, sender_pid) in self.server.take_held_notifications(conn) {
+            self.outputs.push_back(ServerOutput::Notify {
+                conn: ConnId(conn),
+                at,
+                payload,
+                sender_pid,
+            });
         }
     }
 
     fn end(&mut self, now: Duration, conn: u64, code: &str, message: &str) {
-        if self.server.end(conn).is_none() {
-            return;
-        }
+        self.end_all(now, &[conn], code, message);
+    }
+
+    /// Ends sessions at once: a wait of one that another's end would wake
+    /// is not answered (PostgreSQL signals every backend it shuts down or
+    /// terminates together, and a backend granted a lock with the signal
+    /// pending ends before it answers).
+    fn end_all(&mut self, now: Duration, conns: &[u64], code: &str, message: &str) {
+        let ended: Vec<u64> = (conns.iter().copied())
+            .filter(|c| self.server.end(*c).is_some())
+            .collect();
         self.wake_waiters(now);
-        let error = SessionError {
-            code: Some(code.into()),
-            message: message.into(),
-            config: false,
-        };
-        self.outputs.push_back(ServerOutput::Ended {
-            conn: ConnId(conn),
-            at: now,
-            error,
-        });
+        for conn in ended {
+            let error = SessionError {
+                code: Some(code.into()),
+                message: message.into(),
+                config: false,
+            };
+            self.outputs.push_back(ServerOutput::Ended {
+                conn: ConnId(conn),
+                at: now,
+                error,
+            });
+        }
     }
 }
 
@@ -398,7 +432,6 @@ mod tests {
             keys: vec![42],
             backend_pid: pid,
             nonce: 5,
-            woken: None,
         };
         pg.query(MS, conn, QueryId(2), &try_lock);
         assert!(matches!(

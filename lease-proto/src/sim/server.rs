@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use super::inject::Injected;
 use super::net::{Direction, ToClient, ToServer};
-use super::{Ev, ServerConfig, Sim, TraceEvent};
+use super::{Ev, Fault, ServerConfig, Sim, TraceEvent};
 use crate::{reply::Row, QueryId, SessionError, Statement};
 
 /// The rows the server answers each statement with (the wire shapes of
@@ -115,8 +115,47 @@ pub(super) mod reply {
                 nonce,
             },
             freed: Some(freed),
-            crowded: false,
             deadlock_timeout_ms: deadlock_ms,
+            ..Default::default()
+        }
+        .to_rows()
+    }
+
+    /// `Take` that took its key, with `token`.
+    pub(crate) fn taken(
+        pid: i64,
+        nonce: Option<i64>,
+        token: i64,
+        deadlock_ms: Option<i64>,
+    ) -> Vec<Row> {
+        crate::reply::WaitReply {
+            session: HeartbeatReply {
+                backend_pid: Some(pid),
+                nonce,
+            },
+            freed: Some(true),
+            deadlock_timeout_ms: deadlock_ms,
+            token: Some(token),
+            ..Default::default()
+        }
+        .to_rows()
+    }
+
+    /// `Take` that found its key held by its own backend already.
+    pub(crate) fn take_held_here(
+        pid: i64,
+        nonce: Option<i64>,
+        deadlock_ms: Option<i64>,
+    ) -> Vec<Row> {
+        crate::reply::WaitReply {
+            session: HeartbeatReply {
+                backend_pid: Some(pid),
+                nonce,
+            },
+            freed: Some(false),
+            deadlock_timeout_ms: deadlock_ms,
+            held_here: true,
+            ..Default::default()
         }
         .to_rows()
     }
@@ -132,6 +171,7 @@ pub(super) mod reply {
             freed: Some(false),
             crowded: true,
             deadlock_timeout_ms: deadlock_ms,
+            ..Default::default()
         }
         .to_rows()
     }
@@ -208,10 +248,24 @@ pub(super) struct Waiter {
     pub(super) p: usize,
     pub(super) query: QueryId,
     pub(super) key: i64,
+    /// A [`Statement::Take`]: granted the key exclusively when it is free.
+    pub(super) take: bool,
     /// The fault drawn for the statement, applied to its reply.
     pub(super) injected: Injected,
     /// When its lock wait began (see [`ServerConfig::deadlock_timeout`]).
     pub(super) since: Duration,
+}
+
+/// A queued wait the server answers now (see [`Server::woken`]).
+#[derive(Debug)]
+pub(super) struct Woken {
+    pub(super) waiter: Waiter,
+    /// Its reply's rows.
+    pub(super) rows: Vec<Row>,
+    /// When its backend runs: its reply leaves then.
+    pub(super) runs_at: Duration,
+    /// A take's key and fencing token.
+    pub(super) granted: Option<(i64, i64)>,
 }
 
 /// How long after a promotion the promoted server's first checkpoint is done
@@ -275,6 +329,10 @@ pub(super) struct Server {
     /// Shared locks of woken waits whose backends have not run yet (see
     /// [`ServerConfig::woken_backend_lag`]): (key, owner, until).
     woken_shared: Vec<(i64, u64, Duration)>,
+    /// Notifications for listening sessions blocked in a wait, as
+    /// `(payload, sender pid)`: PostgreSQL delivers them between
+    /// transactions, so after the wait's reply (see [`Server::hold_notification`]).
+    held_notifications: BTreeMap<u64, Vec<(String, i64)>>,
     next_pid: i64,
     /// The last transaction id assigned (only the broken
     /// [`ServerConfig::legacy_tokens`] assign any).
@@ -312,6 +370,7 @@ impl Server {
             waiters: Vec::new(),
             shared: BTreeMap::new(),
             woken_shared: Vec::new(),
+            held_notifications: BTreeMap::new(),
             next_pid: 1000,
             next_xid: 700,
             flushed_xid: 700,
@@ -670,7 +729,6 @@ impl Server {
                 keys,
                 backend_pid,
                 nonce,
-                woken: _,
             } => {
                 // The statement's own checks: this backend and this nonce,
                 // or nothing is tried; a key this backend holds is not tried.
@@ -759,6 +817,67 @@ impl Server {
                     rows
                 }
             }
+            // A wait that takes the key: granted at once when it is free
+            // (its reply leaves once the shared locks of waits the last
+            // release woke are gone, the lock being its own from now: a try
+            // loses to either), else queued, granted at the release before
+            // any waiter behind it.
+            Statement::Take {
+                key,
+                timeout_ms,
+                crowd,
+                backend_pid,
+                nonce: asked,
+            } => {
+                let nonce = if shared { self.backend_nonce } else { s.nonce };
+                let deadlock = self.reported_deadlock_timeout();
+                let deadlock_ms = self.cfg.deadlock_timeout.as_millis() as i64;
+                let queued = (self.waiters.iter())
+                    .filter(|w| w.key == *key)
+                    .filter(|w| self.sessions.get(&w.conn).is_some_and(|o| o.pid < pid))
+                    .count();
+                let shared_until = self.shared_by_others(owner, *key, now);
+                let shared_here = (self.shared.get(key)).is_some_and(|o| o.contains(&owner));
+                if crowd.is_some_and(|n| queued >= n as usize) {
+                    reply::wait_crowded(pid, nonce, deadlock)
+                } else if pid != *backend_pid || nonce != Some(*asked) {
+                    reply::wait(pid, nonce, false, deadlock)
+                } else if self.locks.get(key).is_some_and(|(o, _)| *o == owner) || shared_here {
+                    reply::take_held_here(pid, nonce, deadlock)
+                } else if self.locks.contains_key(key)
+                    || self.cfg.foreign_shared_keys.contains(key)
+                    || shared_until == Some(Duration::MAX)
+                {
+                    let limit = crate::sql::wait_limit_ms(deadlock_ms) as u64;
+                    let ms = if self.cfg.wait_ignores_deadlock_timeout {
+                        *timeout_ms
+                    } else {
+                        (*timeout_ms).min(limit)
+                    };
+                    return Some(Executed {
+                        done,
+                        result: Ok(Vec::new()),
+                        notify,
+                        blocks: Some((*key, Duration::from_millis(ms))),
+                        granted: Vec::new(),
+                    });
+                } else {
+                    self.locks.insert(*key, (owner, 1));
+                    let token = self.clock_token(now);
+                    granted.push((*key, token));
+                    let done = done.max(shared_until.unwrap_or_default());
+                    if let Some(s) = self.sessions.get_mut(&conn) {
+                        s.busy_until = done;
+                    }
+                    return Some(Executed {
+                        done,
+                        result: Ok(reply::taken(pid, nonce, token, deadlock)),
+                        notify,
+                        blocks: None,
+                        granted,
+                    });
+                }
+            }
             // A heartbeat that notifies (sent at commit, as the others).
             Statement::Prefer { key, priority } => {
                 if !self.cfg.standby {
@@ -827,19 +946,28 @@ impl Server {
             Statement::Release { keys, notify: n } => {
                 let mut rows = Vec::new();
                 for &k in keys {
-                    let held = match self.locks.get_mut(&k) {
+                    let freed = match self.locks.get_mut(&k) {
                         Some((o, count)) if *o == owner => {
                             *count -= 1;
-                            if *count == 0 {
-                                self.locks.remove(&k);
-                            }
-                            if *n {
-                                notify.push(format!("{k} {}", self.clock_now(now)));
-                            }
-                            true
+                            Some(*count == 0)
                         }
-                        _ => false,
+                        _ => None,
                     };
+                    if freed == Some(true) {
+                        self.locks.remove(&k);
+                    }
+                    if *n && freed.is_some() {
+                        // The first in a freed key's queue is granted it now
+                        // (see `woken`): a take's backend is named.
+                        let first = (self.waiters.iter())
+                            .filter(|_| freed == Some(true))
+                            .find(|w| w.key == k && self.sessions.contains_key(&w.conn));
+                        let grantee = (first.filter(|w| w.take))
+                            .and_then(|w| self.sessions.get(&w.conn))
+                            .map_or(String::new(), |s| format!(" {}", s.pid));
+                        notify.push(format!("{k} {}{grantee}", self.clock_now(now)));
+                    }
+                    let held = freed.is_some();
                     rows.push(reply::release(k, held));
                 }
                 rows
@@ -852,20 +980,6 @@ impl Server {
             blocks: None,
             granted,
         })
-    }
-
-    /// When the other sessions' shared locks on `key` that a try after a
-    /// wake on `conn` waits for end (`Duration::MAX`: not before the try's
-    /// lock timeout), or `None` if it does not wait: no such lock, or the
-    /// key is held exclusively (see `Statement::TryLock`'s `woken`).
-    pub(super) fn woken_try_waits(&self, conn: u64, key: i64, now: Duration) -> Option<Duration> {
-        if self.locks.contains_key(&key) {
-            return None;
-        }
-        if self.cfg.foreign_shared_keys.contains(&key) {
-            return Some(Duration::MAX);
-        }
-        self.shared_by_others(self.owner(conn), key, now)
     }
 
     /// Until when sessions other than `owner` hold `key` shared (kept by the
@@ -882,28 +996,26 @@ impl Server {
             .max()
     }
 
-    /// A statement of `conn` waits on the server until `until`: its backend
-    /// is not idle meanwhile.
-    pub(super) fn busy(&mut self, conn: u64, until: Duration) {
-        if let Some(s) = self.sessions.get_mut(&conn) {
-            s.busy_until = s.busy_until.max(until);
-        }
-    }
-
     /// Waits whose key is free now (or held by their own owner), removed
-    /// from the queue, with the reply each gets: the rows of its session.
-    /// Each keeps its shared lock until its backend runs, when its reply
-    /// leaves: the n-th woken wait of a key n - 1 times
-    /// [`ServerConfig::woken_backend_lag`] after `now`.
-    pub(super) fn woken(&mut self, now: Duration) -> Vec<(Waiter, Vec<Row>, Duration)> {
+    /// from the queue in arrival order, with the reply each gets: the rows
+    /// of its session. Each keeps its shared lock until its backend runs,
+    /// when its reply leaves: the n-th woken wait of a key n - 1 times
+    /// [`ServerConfig::woken_backend_lag`] after `now`. A take
+    /// ([`Waiter::take`]) is granted the key exclusively (returned with its
+    /// token), so the waits behind it stay queued; its reply leaves when its
+    /// backend runs, after the shared locks of the waits woken before it.
+    pub(super) fn woken(&mut self, now: Duration) -> Vec<Woken> {
         self.woken_shared.retain(|(_, _, until)| *until > now);
         let lag = self.cfg.woken_backend_lag;
-        let mut woken: Vec<(Waiter, Vec<Row>, Duration)> = Vec::new();
+        let mut woken: Vec<Woken> = Vec::new();
         let mut i = 0;
         while i < self.waiters.len() {
             let w = &self.waiters[i];
             let owner = self.owner(w.conn);
-            if self.locks.get(&w.key).is_some_and(|(o, _)| *o != owner) {
+            let kept = w.take
+                && (self.cfg.foreign_shared_keys.contains(&w.key)
+                    || self.shared_by_others(owner, w.key, now) == Some(Duration::MAX));
+            if kept || self.locks.get(&w.key).is_some_and(|(o, _)| *o != owner) {
                 i += 1;
                 continue;
             }
@@ -912,20 +1024,39 @@ impl Server {
                 continue;
             };
             // The scheduler runs the woken backends one after another.
-            let before = (woken.iter()).filter(|(o, _, _)| o.key == w.key).count();
+            let before = (woken.iter()).filter(|o| o.waiter.key == w.key).count();
             let runs_at = now + lag * before as u32;
-            if self.cfg.wait_keeps_shared_lock {
-                self.shared.entry(w.key).or_default().insert(owner);
-            } else if runs_at > now {
-                self.woken_shared.push((w.key, owner, runs_at));
-            }
             let nonce = if self.cfg.pooler_one_backend {
                 self.backend_nonce
             } else {
                 s.nonce
             };
+            if w.take {
+                let (pid, deadlock) = (s.pid, self.reported_deadlock_timeout());
+                let runs_at =
+                    runs_at.max(self.shared_by_others(owner, w.key, now).unwrap_or_default());
+                self.locks.insert(w.key, (owner, 1));
+                let token = self.clock_token(now);
+                woken.push(Woken {
+                    rows: reply::taken(pid, nonce, token, deadlock),
+                    granted: Some((w.key, token)),
+                    waiter: w,
+                    runs_at,
+                });
+                continue;
+            }
+            if self.cfg.wait_keeps_shared_lock {
+                self.shared.entry(w.key).or_default().insert(owner);
+            } else if runs_at > now {
+                self.woken_shared.push((w.key, owner, runs_at));
+            }
             let rows = reply::wait(s.pid, nonce, true, self.reported_deadlock_timeout());
-            woken.push((w, rows, runs_at));
+            woken.push(Woken {
+                waiter: w,
+                rows,
+                runs_at,
+                granted: None,
+            });
         }
         woken
     }
@@ -1011,7 +1142,25 @@ impl Server {
     }
 
     /// Ends a session: it and its locks are gone.
+    /// A notification for `conn`, if its session is blocked in a wait:
+    /// held until the wait's reply leaves (a listening session gets
+    /// notifications between transactions only), and `true`; else `false`.
+    pub(super) fn hold_notification(&mut self, conn: u64, payload: &str, sender: i64) -> bool {
+        if !self.waiters.iter().any(|w| w.conn == conn) {
+            return false;
+        }
+        let held = self.held_notifications.entry(conn).or_default();
+        held.push((payload.to_string(), sender));
+        true
+    }
+
+    /// The notifications held for `conn` while it waited, in order.
+    pub(super) fn take_held_notifications(&mut self, conn: u64) -> Vec<(String, i64)> {
+        self.held_notifications.remove(&conn).unwrap_or_default()
+    }
+
     pub(super) fn end(&mut self, conn: u64) -> Option<SrvSession> {
+        self.held_notifications.remove(&conn);
         let s = self.sessions.remove(&conn)?;
         self.locks.retain(|_, (owner, _)| *owner != conn);
         self.members.retain(|(_, owner)| *owner != conn);
@@ -1060,38 +1209,6 @@ impl Sim {
                 query,
                 statement,
             } => {
-                // A try after a wake waits out other sessions' shared locks
-                // on the woken key: it runs when they end, or at its lock
-                // timeout without the wait.
-                if let Statement::TryLock {
-                    keys,
-                    backend_pid,
-                    nonce,
-                    woken: Some((key, ms)),
-                } = &statement
-                {
-                    if let Some(until) = self.server.woken_try_waits(conn, *key, self.now) {
-                        let deadlock_ms = self.server.cfg.deadlock_timeout.as_millis() as i64;
-                        let limit = crate::sql::wait_limit_ms(deadlock_ms).max(1) as u64;
-                        let deadline = self.now + Duration::from_millis((*ms).min(limit));
-                        let at = until.min(deadline);
-                        let left = (deadline - at).as_millis() as u64;
-                        let statement = Statement::TryLock {
-                            keys: keys.clone(),
-                            backend_pid: *backend_pid,
-                            nonce: *nonce,
-                            woken: (left > 0).then_some((*key, left)),
-                        };
-                        self.server.busy(conn, at);
-                        let msg = ToServer::Query {
-                            conn,
-                            query,
-                            statement,
-                        };
-                        self.queue.push(at, Ev::AtServer(p, msg));
-                        return;
-                    }
-                }
                 // Statement faults: see `inject`.
                 let injected = self.inject(&statement);
                 let ran = injected.ran(statement.clone());
@@ -1119,6 +1236,7 @@ impl Sim {
                         p,
                         query,
                         key,
+                        take: matches!(ran, Statement::Take { .. }),
                         injected,
                         since: done,
                     };
@@ -1148,6 +1266,9 @@ impl Sim {
     /// listening session gets it, `after` from now.
     pub(super) fn notify_listeners(&mut self, payload: String, sender: i64, after: Duration) {
         for (conn, p) in self.server.listeners() {
+            if self.server.hold_notification(conn, &payload, sender) {
+                continue;
+            }
             let payload = payload.clone();
             let msg = ToClient::Notify {
                 conn,
@@ -1189,12 +1310,40 @@ impl Sim {
         if let Some((at, ev)) = self.net.send(p, Direction::ToClient, done, latency, ev) {
             self.queue.push(at, ev);
         }
+        // The notifications held while its statement blocked in a wait, sent
+        // right behind the reply (the backend flushes them together).
+        for (payload, sender_pid) in self.server.take_held_notifications(conn) {
+            let msg = ToClient::Notify {
+                conn,
+                payload,
+                sender_pid,
+            };
+            let ev = Ev::AtClient(p, msg);
+            if let Some((at, ev)) = self.net.send(p, Direction::ToClient, done, latency, ev) {
+                self.queue.push(at, ev);
+            }
+        }
     }
 
     /// Answers every queued wait whose key is free now.
     fn wake_waiters(&mut self) {
-        for (w, rows, runs_at) in self.server.woken(self.now) {
+        for woken in self.server.woken(self.now) {
+            let Woken {
+                waiter: w,
+                rows,
+                runs_at,
+                granted,
+            } = woken;
             self.lock_wait_ended(&w);
+            if let Some((key, token)) = granted {
+                if let Some(name) = self.key_names.get(&key).cloned() {
+                    self.check_token(w.p, &name, token);
+                }
+                if let Some(after) = self.terminate_next_taker.take() {
+                    let terminate = Fault::Terminate { process: w.p };
+                    self.schedule(self.now + after, terminate);
+                }
+            }
             let wait = Statement::Wait {
                 key: w.key,
                 timeout_ms: 0,
@@ -1309,16 +1458,37 @@ impl Sim {
     }
 
     fn end_session_quietly(&mut self, conn: u64) {
+        self.end_backend(conn);
+        self.wake_waiters();
+    }
+
+    /// Ends the backend of `conn`, its waits unanswered; the waits its
+    /// locks held up are not woken yet.
+    fn end_backend(&mut self, conn: u64) {
         if let Some(s) = self.server.end(conn) {
             self.trace(Some(s.p), TraceEvent::SessionEnded { pid: s.pid });
         }
-        self.wake_waiters();
     }
 
     /// Ends a session actively, telling its client.
     pub(super) fn end_session(&mut self, conn: u64, code: &str, message: &str) {
-        if let Some(p) = self.server.process_of(conn) {
-            self.end_session_quietly(conn);
+        self.end_sessions(&[conn], code, message);
+    }
+
+    /// Ends sessions actively, at once, telling their clients: a wait of
+    /// one that another's end would wake is not answered (PostgreSQL
+    /// signals every backend it shuts down or terminates together, and a
+    /// backend granted a lock with the signal pending ends before it
+    /// answers).
+    fn end_sessions(&mut self, conns: &[u64], code: &str, message: &str) {
+        let ended: Vec<(u64, usize)> = (conns.iter())
+            .filter_map(|c| Some((*c, self.server.process_of(*c)?)))
+            .collect();
+        for (conn, _) in &ended {
+            self.end_backend(*conn);
+        }
+        self.wake_waiters();
+        for (conn, p) in ended {
             self.trace(
                 Some(p),
                 TraceEvent::SessionKilled {
@@ -1335,11 +1505,15 @@ impl Sim {
         }
     }
 
-    /// `pg_terminate_backend` of every session of `p` (`None`: all).
+    /// `pg_terminate_backend` of every session of `p` (`None`: all, as a
+    /// shutdown does), at once.
     pub(super) fn terminate(&mut self, p: Option<usize>) {
-        for c in self.server.sessions_of(p) {
-            self.terminate_session(c);
-        }
+        let conns = self.server.sessions_of(p);
+        self.end_sessions(
+            &conns,
+            "57P01",
+            "terminating connection due to administrator command",
+        );
     }
 
     /// `pg_terminate_backend` of the session on connection `conn`.

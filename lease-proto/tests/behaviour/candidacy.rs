@@ -62,7 +62,7 @@ fn answer_for(h: &mut Harness, d: Duration, holder: Option<i64>) -> Vec<Statemen
                 };
                 h.reply(reply.to_rows());
             }
-            Statement::Wait { timeout_ms, .. } => {
+            Statement::Take { timeout_ms, .. } => {
                 // Blocks to its lock timeout, the key held all along.
                 h.advance(ms(timeout_ms));
                 h.held_all_along(7);
@@ -98,7 +98,7 @@ fn an_observer_never_tries_even_a_free_key() {
         assert!(looks >= 5, "wait {wait}: {sent:?}");
         assert!(
             sent.iter()
-                .all(|s| !matches!(s, Statement::TryLock { .. } | Statement::Wait { .. })),
+                .all(|s| !matches!(s, Statement::TryLock { .. } | Statement::Take { .. })),
             "wait {wait}: an observer tried or waited: {sent:?}"
         );
         let status = h.machine().status();
@@ -119,7 +119,7 @@ fn an_observer_reports_the_holder_it_reads() {
     let sent = answer_for(&mut h, opts().retry_interval * 3, Some(4242));
     assert!(sent
         .iter()
-        .all(|s| !matches!(s, Statement::TryLock { .. } | Statement::Wait { .. })));
+        .all(|s| !matches!(s, Statement::TryLock { .. } | Statement::Take { .. })));
     assert_eq!(
         h.machine().status().leases[0].state,
         LeaseState::Standby {

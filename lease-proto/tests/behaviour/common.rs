@@ -116,7 +116,7 @@ pub fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {
                 h.advance(ms(1));
                 h.heartbeat(7, &[]);
             }
-            Some(s @ Statement::Wait { timeout_ms, .. }) => {
+            Some(s @ Statement::Take { timeout_ms, .. }) => {
                 sent.push(s);
                 h.advance(ms(timeout_ms));
                 h.held_all_along(7);
@@ -183,6 +183,12 @@ pub fn stacked_delay<'a>(faults: impl IntoIterator<Item = &'a Fault>) -> Duratio
 /// whose token is at most the lock delay above it follows that release).
 pub fn release_payload(key: i64) -> String {
     format!("{key} {RELEASED_AT}")
+}
+
+/// [`release_payload`] naming `grantee` as the backend the server granted the key to at
+/// the release (the first take in its queue).
+pub fn release_payload_to(key: i64, grantee: i64) -> String {
+    format!("{key} {RELEASED_AT} {grantee}")
 }
 
 /// The release moment of [`release_payload`]: just below the tokens the hand-driven tests

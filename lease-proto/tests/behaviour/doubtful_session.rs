@@ -192,7 +192,6 @@ impl H {
             keys,
             backend_pid,
             nonce,
-            woken: _,
         } = self.statement()
         else {
             panic!("expected a try, got {:?}", self.statement())

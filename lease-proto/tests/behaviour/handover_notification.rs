@@ -1,15 +1,16 @@
 //! Who may skip the lock delay: any role may `NOTIFY lease_handover_v1, '<key>'`, and only
 //! the holder's own notification (the sender pid the standby saw holding the key) counts as
-//! a graceful release. Each test drives one machine by hand; each fails with
-//! [`Mutation::NotifyFromAnyone`] (the code that took every handover notification for a
-//! graceful release, run by `old_code_fails_every_test_here`).
+//! a graceful release; for a standby whose wait took the key, only one whose release
+//! granted the key to that standby's own backend. Each test drives one machine by hand;
+//! each fails with its broken variant: [`Mutation::NotifyFromAnyone`] (the code that took
+//! every handover notification for a graceful release, run by
+//! `old_code_fails_every_test_here`) or [`Mutation::IgnoreGrantee`].
 
 use crate::common::*;
 use lease_proto::server::*;
 use lease_proto::sim::Mutation;
 use lease_proto::sim::{Command, Harness};
 use lease_proto::*;
-use std::time::Duration;
 
 fn opts() -> Options {
     let mut o = Options::default();
@@ -25,12 +26,16 @@ fn key() -> i64 {
     LeaseId::named("a").unwrap().key()
 }
 
-fn notify(h: &mut Harness, sender_pid: i64) {
+fn notify_payload(h: &mut Harness, sender_pid: i64, payload: String) -> Vec<Command> {
     h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
-        payload: release_payload(key()),
+        payload,
         sender_pid,
-    });
+    })
+}
+
+fn notify(h: &mut Harness, sender_pid: i64) -> Vec<Command> {
+    notify_payload(h, sender_pid, release_payload(key()))
 }
 
 /// Whether the standby tried at once (a try in flight).
@@ -38,65 +43,66 @@ fn tried_at_once(h: &Harness) -> bool {
     matches!(h.in_flight(), Some((_, Statement::TryLock { .. })))
 }
 
-/// After a wake: the try goes at once; whether its win starts the job at
-/// once, not after the lock delay.
-fn started_at_once(h: &mut Harness) -> bool {
-    assert!(
-        tried_at_once(h),
-        "no try after the wake: {:?}",
-        h.in_flight()
-    );
-    let cmds = h.win_held(900);
+fn started(cmds: &[Command]) -> bool {
     cmds.iter().any(|c| matches!(c, Command::StartJob { .. }))
 }
 
-/// The standby waits behind holder 99; a client that is not a lease client
-/// (backend 997) notifies just before 99's session is terminated: the wake
-/// gets the lock delay.
-fn forged_before_a_terminate(mutation: Option<Mutation>) -> bool {
+/// The standby (backend 7) takes the key with fencing token `token`, then reads the
+/// notification `payload` from `sender` (PostgreSQL delivers it after the take's reply:
+/// the session was blocked until then): whether the job started at once, not after the
+/// lock delay.
+fn taken_then_notified(h: &mut Harness, token: i64, notice: Option<(i64, String)>) -> bool {
+    assert!(
+        matches!(h.statement(), Statement::Take { .. }),
+        "no take in flight: {:?}",
+        h.in_flight()
+    );
+    let mut cmds = h.taken_held(token);
+    if let Some((sender, payload)) = notice {
+        cmds.extend(notify_payload(h, sender, payload));
+    }
+    started(&cmds)
+}
+
+/// The standby takes the key behind holder 99; a client that is not a lease client
+/// (backend 997, who can read the standby's pid in `pg_locks`) notifies a release that
+/// names the standby as its grantee, just after 99's session is terminated: the win gets
+/// the lock delay.
+fn forged_after_a_terminate(mutation: Option<Mutation>) -> bool {
     let mut h = Harness::with_mutation(opts(), 1, mutation).unwrap();
     h.run(LeaseId::named("a").unwrap());
     h.connect(7);
     h.lose(Some(99));
-    assert!(matches!(h.statement(), Statement::Wait { .. }));
     h.advance(ms(50));
-    notify(&mut h, 997);
-    h.advance(Duration::from_micros(500));
-    h.wake(7);
-    started_at_once(&mut h)
+    let forged = (997, release_payload_to(key(), 7));
+    taken_then_notified(&mut h, 900, Some(forged))
 }
 
-/// A herd: 99 released gracefully, this standby's woken try lost to 98 and
-/// it waits again behind 98; 99's notification, delivered late (at 99's
-/// commit), arrives now, and 98's session is terminated a moment later: the
-/// wake gets the lock delay.
-fn late_from_an_earlier_holder(mutation: Option<Mutation>) -> bool {
+/// A queue of two takes: 99 released gracefully and granted the key to 98's take, first
+/// in the queue; 98's session is terminated a moment later, and this standby's take
+/// (second) is granted then. 99's notification, which this standby's session could read
+/// only after its take answered, names 98: the win gets the lock delay, though the
+/// notification comes from the holder this standby saw and its token is within the lock
+/// delay of the release.
+fn granted_to_another_take_first(mutation: Option<Mutation>) -> bool {
     let mut h = Harness::with_mutation(opts(), 1, mutation).unwrap();
     h.run(LeaseId::named("a").unwrap());
     h.connect(7);
     h.lose(Some(99));
     h.advance(ms(50));
-    h.wake(7);
-    assert_eq!(h.try_keys(), vec![key()]);
-    h.lose(Some(98));
-    assert!(matches!(h.statement(), Statement::Wait { .. }));
-    h.advance(ms(1));
-    notify(&mut h, 99);
-    h.advance(ms(2));
-    h.wake(7);
-    started_at_once(&mut h)
+    let late = (99, release_payload_to(key(), 98));
+    taken_then_notified(&mut h, RELEASED_AT + 2_000, Some(late))
 }
 
-/// The holder's own notification still cuts the delay short.
+/// The holder's own notification, naming this standby's backend, still cuts the delay
+/// short.
 fn from_the_holder(mutation: Option<Mutation>) -> bool {
     let mut h = Harness::with_mutation(opts(), 1, mutation).unwrap();
     h.run(LeaseId::named("a").unwrap());
     h.connect(7);
     h.lose(Some(99));
     h.advance(ms(50));
-    notify(&mut h, 99);
-    h.wake(7);
-    started_at_once(&mut h)
+    taken_then_notified(&mut h, 900, Some((99, release_payload_to(key(), 7))))
 }
 
 /// A polling standby (waiting on the server off) tries at a notification
@@ -119,20 +125,43 @@ fn polling_standby_at_a_forged_notification(mutation: Option<Mutation>) -> bool 
     tried_at_once(&h)
 }
 
-#[test]
-fn a_forged_notification_does_not_skip_the_lock_delay() {
-    assert!(!forged_before_a_terminate(None), "started at once");
+/// A polling standby: the holder's notification names no grantee (no take was queued),
+/// its try wins within the lock delay of the release: the job starts at once.
+fn polling_standby_after_the_holders_release(mutation: Option<Mutation>) -> bool {
+    let o = {
+        let mut o = opts();
+        o.wait_on_server = false;
+        o
+    };
+    let mut h = Harness::with_mutation(o, 1, mutation).unwrap();
+    h.run(LeaseId::named("a").unwrap());
+    h.connect(7);
+    h.lose(Some(99));
+    h.advance(ms(50));
+    notify(&mut h, 99);
+    assert!(tried_at_once(&h), "no try at the notification");
+    started(&h.win_held(900))
 }
 
 #[test]
-fn a_late_notification_from_an_earlier_holder_does_not_skip_the_lock_delay() {
-    assert!(!late_from_an_earlier_holder(None), "started at once");
+fn a_forged_notification_does_not_skip_the_lock_delay() {
+    assert!(!forged_after_a_terminate(None), "started at once");
+}
+
+#[test]
+fn a_release_that_granted_the_key_to_another_take_does_not_skip_the_lock_delay() {
+    assert!(!granted_to_another_take_first(None), "started at once");
+    assert!(
+        granted_to_another_take_first(Some(Mutation::IgnoreGrantee)),
+        "the broken variant waited the lock delay"
+    );
 }
 
 #[test]
 fn the_holders_own_notification_skips_the_lock_delay() {
     assert!(from_the_holder(None), "waited the lock delay");
     assert!(from_the_holder(Some(Mutation::NotifyFromAnyone)));
+    assert!(polling_standby_after_the_holders_release(None));
 }
 
 #[test]
@@ -148,8 +177,7 @@ fn a_forged_notification_does_not_make_a_polling_standby_try() {
 #[test]
 fn old_code_fails_every_test_here() {
     let old = Some(Mutation::NotifyFromAnyone);
-    assert!(forged_before_a_terminate(old));
-    assert!(late_from_an_earlier_holder(old));
+    assert!(forged_after_a_terminate(old));
     assert!(polling_standby_at_a_forged_notification(old));
 }
 
@@ -167,14 +195,11 @@ fn a_late_notification_of_the_seen_holder_does_not_skip_the_lock_delay() {
     h.connect(7);
     h.lose(Some(99));
     h.advance(ms(40));
-    notify(&mut h, 99);
-    h.wake(7);
-    assert!(tried_at_once(&h));
     // Granted 30 ms after the release the notification reports: not that release's.
-    let cmds = h.win_held(RELEASED_AT + 30_000);
+    let notice = (99, release_payload_to(key(), 7));
     assert!(
-        !cmds.iter().any(|c| matches!(c, Command::StartJob { .. })),
-        "started at once: {cmds:?}"
+        !taken_then_notified(&mut h, RELEASED_AT + 30_000, Some(notice.clone())),
+        "started at once"
     );
     // Granted within the lock delay of it: graceful.
     let mut h = Harness::new(opts(), 1).unwrap();
@@ -182,7 +207,5 @@ fn a_late_notification_of_the_seen_holder_does_not_skip_the_lock_delay() {
     h.connect(7);
     h.lose(Some(99));
     h.advance(ms(40));
-    notify(&mut h, 99);
-    h.wake(7);
-    assert!(started_at_once(&mut h));
+    assert!(taken_then_notified(&mut h, 900, Some(notice)));
 }

@@ -37,7 +37,7 @@ fn tries_within(h: &mut Harness, d: std::time::Duration) -> Vec<Vec<i64>> {
             Some(Statement::Heartbeat | Statement::Verify) => {
                 h.heartbeat(7, &[]);
             }
-            Some(Statement::Wait { .. }) => {
+            Some(Statement::Take { .. }) => {
                 h.held_all_along(7);
             }
             _ => {

@@ -33,7 +33,7 @@ fn is_try_or_wait(c: &Command) -> bool {
     matches!(
         c,
         Command::Query {
-            statement: Statement::TryLock { .. } | Statement::Wait { .. },
+            statement: Statement::TryLock { .. } | Statement::Take { .. },
             ..
         }
     )

@@ -1,18 +1,18 @@
-//! A standby's wait on the server (`Statement::Wait`): once per retry interval at rest,
-//! woken by the server or a notification, the lock delay, the wake budget, falling back to
+//! A standby's wait on the server that takes its key (`Statement::Take`): once per retry
+//! interval at rest, the win when the key is freed, the lock delay, falling back to
 //! polling; and a client that is not a lease client holding the key shared, stale and
-//! foreign notifications, several wanted keys.
+//! foreign notifications, several wanted keys, a hand-over asked for meanwhile.
 
 use crate::common::*;
 use lease_proto::limits::*;
+use lease_proto::reply::{HeartbeatReply, WaitReply};
 use lease_proto::server::*;
-use lease_proto::sim::Command;
-use lease_proto::sim::Harness;
+use lease_proto::sim::Mutation;
+use lease_proto::sim::{Command, Harness};
 use lease_proto::*;
-use std::time::Duration;
 
 /// Waiting on the server, an idle standby sends one statement per retry
-/// interval: after its first try, only waits, each ended by its lock timeout
+/// interval: after its first try, only takes, each ended by its lock timeout
 /// a whole retry interval after the last (no jitter) and counting as that
 /// interval's try.
 #[test]
@@ -25,20 +25,20 @@ fn a_standby_at_rest_waits_once_per_retry_interval() {
     assert!(
         sent[1..]
             .iter()
-            .all(|s| matches!(s, Statement::Wait { key, .. } if *key == lease("a").key())),
+            .all(|s| matches!(s, Statement::Take { key, .. } if *key == lease("a").key())),
         "{sent:?}"
     );
-    // 10 s at 200 ms: the first try, a wait to its jittered deadline, then
-    // one wait per 200 ms (each answered 0-1 ms late here).
+    // 10 s at 200 ms: the first try, a take to its jittered deadline, then
+    // one take per 200 ms (each answered 0-1 ms late here).
     assert!((49..=52).contains(&sent.len()), "{}", sent.len());
 }
 
-/// Woken, a standby tries at once; a win starts its job after the lock delay
-/// unless a handover notification from the holder its last try saw says the
-/// release was graceful (before the win, or while it is held back); a try that
-/// loses sends it back to waiting within the same step.
+/// A take that wins starts its job after the lock delay, with no try after it, unless a
+/// handover notification from the holder its last try saw, naming this backend as the
+/// one the release granted the key to, says the release was graceful (it arrives after
+/// the take's reply, the session blocked until then; the held-back win goes on then).
 #[test]
-fn a_woken_standby_tries_at_once_and_starts_after_the_lock_delay_or_a_notification() {
+fn a_take_that_wins_starts_after_the_lock_delay_or_the_holders_notification() {
     let o = {
         let mut o = opts();
         o.lock_delay = ms(20);
@@ -49,82 +49,169 @@ fn a_woken_standby_tries_at_once_and_starts_after_the_lock_delay_or_a_notificati
     h.run(lease("a"));
     h.connect(7);
     h.lose(Some(99));
-    assert!(matches!(h.statement(), Statement::Wait { .. }));
-    // Freed without a notification (the holder's session ended): the try at
-    // once, its win held back for the lock delay.
+    assert!(matches!(h.statement(), Statement::Take { .. }));
+    // Freed without a notification (the holder's session ended): held back
+    // for the lock delay, nothing sent meanwhile.
     h.advance(ms(50));
-    h.wake(7);
-    assert_eq!(h.try_keys(), vec![key("a")]);
-    assert!(!starts(&h.win_held(900)));
-    assert!(!starts(&h.advance(ms(19))));
+    let mut cmds = h.taken_held(900);
+    assert!(has_event(
+        &h,
+        |e| matches!(e, Event::KeyTaken { key } if *key == lease("a").key())
+    ));
+    cmds.extend(h.advance(ms(19)));
+    assert!(!starts(&cmds));
+    assert!(
+        !has(&cmds, |c| matches!(c, Command::Query { .. })),
+        "a statement after the take: {cmds:?}"
+    );
     assert!(starts(&h.advance(ms(1))));
     assert!(h.machine().is_valid(RunId(0), h.now()));
 
-    // Someone else won: back to waiting at once. Freed by a graceful release
-    // whose notification came first: the job starts with the win.
-    let mut h = harness(o.clone());
-    h.run(lease("a"));
-    h.connect(7);
-    h.lose(Some(99));
-    h.advance(ms(10));
-    h.wake(7);
-    h.lose(Some(99));
-    assert!(matches!(h.statement(), Statement::Wait { .. }));
-    h.advance(ms(10));
-    notify(&mut h, "a");
-    h.wake(7);
-    assert!(starts(&h.win_held(901)));
-
-    // The notification that comes while the win is held back ends the delay.
+    // The holder's notification naming this backend ends the delay.
     let mut h = harness(o);
     h.run(lease("a"));
     h.connect(7);
     h.lose(Some(99));
     h.advance(ms(10));
-    h.wake(7);
-    assert!(!starts(&h.win_held(902)));
+    assert!(!starts(&h.taken_held(902)));
     h.advance(ms(5));
-    assert!(starts(&notify(&mut h, "a")));
+    assert!(starts(&notify_to(&mut h, "a", Some(7))));
 }
 
-/// Wakes whose try loses (a lock the wait does not conflict with, a herd
-/// that keeps colliding) stop the waiting after `WAKE_BUDGET` in a row: the
-/// standby polls until its next periodic try, never spins.
+fn has_event(h: &Harness, f: impl Fn(&Event) -> bool) -> bool {
+    h.events().iter().any(f)
+}
+
+/// A take that finds its key with `HERD_WAITERS` waiters already does not queue: the
+/// standby polls until its next periodic try, then takes again.
 #[test]
-fn wakes_that_keep_losing_fall_back_to_polling() {
-    let o = {
-        let mut o = opts();
-        o.lock_delay = Duration::ZERO;
-        o
-    };
-    let mut h = harness(o);
+fn a_crowded_take_falls_back_to_polling_until_the_periodic_try() {
+    let mut h = harness(opts());
     h.run(lease("a"));
     h.connect(7);
     h.lose(Some(99));
-    for _ in 0..lease_proto::limits::WAKE_BUDGET {
-        h.advance(ms(1));
-        h.wake(7);
-        h.advance(ms(1));
-        h.lose(Some(99));
-    }
+    let Statement::Take { crowd, .. } = h.statement() else {
+        panic!("expected a take, got {:?}", h.statement());
+    };
+    assert_eq!(crowd, Some(HERD_WAITERS));
+    let crowded = WaitReply {
+        session: HeartbeatReply {
+            backend_pid: Some(7),
+            nonce: h.nonce(),
+        },
+        freed: Some(false),
+        crowded: true,
+        deadlock_timeout_ms: Some(1000),
+        ..WaitReply::default()
+    };
+    h.reply(crowded.to_rows());
     assert!(h.in_flight().is_none(), "{:?}", h.in_flight());
-    // The periodic try comes at its deadline, then waiting starts over.
+    // The periodic try comes at its deadline, then a take again.
     h.advance(ms(200));
     assert_eq!(h.try_keys(), vec![key("a")]);
     h.lose(Some(99));
-    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    assert!(matches!(h.statement(), Statement::Take { .. }));
 }
 
-/// A new run while a wait blocks the session closes the session (holding
-/// nothing) and opens a new one at once, so the new run tries without
-/// waiting out the lock timeout.
+/// A take that finds its key held by its own backend already (another client's lock
+/// behind a transaction pooler) refuses the locker, as a try that finds it does.
+#[test]
+fn a_take_that_finds_the_key_held_here_refuses_the_locker() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    let here = WaitReply {
+        session: HeartbeatReply {
+            backend_pid: Some(7),
+            nonce: h.nonce(),
+        },
+        freed: Some(false),
+        held_here: true,
+        deadlock_timeout_ms: Some(1000),
+        ..WaitReply::default()
+    };
+    let cmds = h.reply(here.to_rows());
+    assert!(
+        has(&cmds, |c| matches!(
+            c,
+            Command::FinishRun {
+                outcome: Outcome::Refused(_),
+                ..
+            }
+        )),
+        "{cmds:?}"
+    );
+}
+
+/// A hand-over to another backend asked for while the take blocked (its request read
+/// after the take's reply, the session blocked until then, or before it by another
+/// session of the driver): the key the take won is released at once, without a job, so
+/// the named backend gets it. The broken variant keeps it and starts the job.
+#[test]
+fn a_take_that_wins_a_key_handed_over_to_another_backend_releases_it() {
+    for (request_first, mutation) in [
+        (false, None),
+        (true, None),
+        (false, Some(Mutation::KeepReservedWin)),
+    ] {
+        let mut h = Harness::with_mutation(opts(), 1, mutation).unwrap();
+        h.run(lease("a"));
+        h.connect(7);
+        h.lose(Some(99));
+        assert!(matches!(h.statement(), Statement::Take { .. }));
+        h.advance(ms(10));
+        let request = |h: &mut Harness| {
+            h.input(Input::Notification {
+                channel: HANDOVER_CHANNEL.into(),
+                payload: handover_request_payload(key("a"), 55),
+                sender_pid: 12,
+            })
+        };
+        let mut cmds = Vec::new();
+        if request_first {
+            cmds.extend(request(&mut h));
+        }
+        cmds.extend(h.taken_held(900));
+        if !request_first {
+            cmds.extend(request(&mut h));
+        }
+        cmds.extend(h.advance(opts().lock_delay));
+        let started = has(&cmds, |c| matches!(c, Command::StartJob { .. }));
+        if mutation.is_some() {
+            assert!(started, "the broken variant did not start: {cmds:?}");
+            continue;
+        }
+        assert!(
+            !started,
+            "started a job on a key handed over to 55: {cmds:?}"
+        );
+        assert!(
+            has_event(&h, |e| matches!(e, Event::WinDeclined { to_pid: 55, .. })),
+            "{:?}",
+            h.events()
+        );
+        assert_eq!(
+            h.statement(),
+            Statement::Release {
+                keys: vec![key("a")],
+                notify: true
+            }
+        );
+    }
+}
+
+/// A new run while a take blocks the session closes the session (holding
+/// nothing else: whatever the take may have been granted goes with it) and
+/// opens a new one at once, so the new run tries without waiting out the lock
+/// timeout, with the taking run beside it.
 #[test]
 fn a_new_run_interrupts_a_wait() {
     let mut h = harness(opts());
     h.run(lease("a"));
     h.connect(7);
     h.lose(Some(99));
-    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    assert!(matches!(h.statement(), Statement::Take { .. }));
     let first = h.session().unwrap();
     h.run(lease("b"));
     assert!(h
@@ -141,7 +228,7 @@ fn a_new_run_interrupts_a_wait() {
     assert_eq!(keys, want);
 }
 
-/// Shutting down the only standby while its wait blocks the session closes
+/// Shutting down the only standby while its take blocks the session closes
 /// the session at once: nothing waits out the lock timeout.
 #[test]
 fn a_shutdown_during_a_wait_closes_the_session_at_once() {
@@ -149,7 +236,7 @@ fn a_shutdown_during_a_wait_closes_the_session_at_once() {
     let run = h.run(lease("a"));
     h.connect(7);
     h.lose(Some(99));
-    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    assert!(matches!(h.statement(), Statement::Take { .. }));
     let session = h.session().unwrap();
     let cmds = h.input(Input::Shutdown { run });
     assert!(has(&cmds, |c| matches!(
@@ -169,16 +256,19 @@ fn a_shutdown_during_a_wait_closes_the_session_at_once() {
     assert_eq!(h.machine().poll_timeout(), None);
 }
 
-/// A wait that fails otherwise than by its lock timeout turns waiting off
-/// for the session: the standby tries at once and polls from then on.
+/// A take that fails otherwise than by its lock timeout turns waiting off
+/// for the session: it may have taken the key, so the session verifies
+/// first, then the standby tries and polls from then on.
 #[test]
-fn a_failed_wait_falls_back_to_polling() {
+fn a_failed_take_verifies_then_falls_back_to_polling() {
     let mut h = harness(opts());
     h.run(lease("a"));
     h.connect(7);
     h.lose(Some(99));
-    assert!(matches!(h.statement(), Statement::Wait { .. }));
+    assert!(matches!(h.statement(), Statement::Take { .. }));
     h.fail(boom("57014"));
+    assert_eq!(h.statement(), Statement::Verify);
+    h.heartbeat(7, &[]);
     assert_eq!(h.try_keys(), vec![key("a")]);
     h.lose(Some(99));
     assert!(h.in_flight().is_none());
@@ -233,10 +323,10 @@ fn a_notification_triggers_an_immediate_try() {
 }
 
 /// A client that is not a lease client holds the key SHARED
-/// (`pg_advisory_lock_shared`): every wait is granted at once, every try
-/// after it loses. With the default lock delay the woken try is sent by the
-/// retry timer, which counted as "the periodic try" and reset the wake
-/// budget, so the standby spun: a wait and a try every lock delay.
+/// (`pg_advisory_lock_shared`). A shared wait was granted at once and every
+/// try after it lost (with the default lock delay the standby once spun: a
+/// wait and a try every lock delay); a take blocks behind the shared lock to
+/// its lock timeout, as behind a holder: one statement per retry interval.
 #[test]
 fn a_shared_holder_does_not_make_a_standby_spin_at_the_default_lock_delay() {
     let o = opts();
@@ -254,10 +344,10 @@ fn a_shared_holder_does_not_make_a_standby_spin_at_the_default_lock_delay() {
                 h.advance(ms(1));
                 h.lose(Some(99));
             }
-            Some(Statement::Wait { .. }) => {
+            Some(Statement::Take { timeout_ms, .. }) => {
                 waits += 1;
-                h.advance(ms(1));
-                h.wake(7);
+                h.advance(ms(timeout_ms));
+                h.held_all_along(7);
             }
             Some(s @ (Statement::Heartbeat | Statement::Verify)) => {
                 h.advance(ms(1));
@@ -275,9 +365,8 @@ fn a_shared_holder_does_not_make_a_standby_spin_at_the_default_lock_delay() {
         "2 s, retry 200 ms, lock delay {:?}: {waits} waits, {tries} tries ({per_interval:.1} statements per retry interval)",
         o.lock_delay
     );
-    // At most WAKE_BUDGET wakes (a wait and a try each) plus the periodic
-    // try per retry interval.
-    let bound = 10 * (2 * WAKE_BUDGET + 2);
+    // A take per retry interval, and the first try.
+    let bound = 10 + 2;
     assert!(
         waits + tries <= bound,
         "{waits} waits + {tries} tries in 2 s > {bound}: the standby spins"
@@ -308,7 +397,7 @@ fn rotation_waits_for_every_wanted_key() {
                 h.advance(ms(1));
                 h.lose(Some(99));
             }
-            Some(Statement::Wait {
+            Some(Statement::Take {
                 key, timeout_ms, ..
             }) => {
                 waited.push(key);
@@ -342,10 +431,10 @@ fn rotation_waits_for_every_wanted_key() {
 
 /// The cause in the simulator: a client that is not a lease client holds
 /// the key SHARED for the whole run (`ServerConfig::foreign_shared_keys`).
-/// Nobody may lead, and no process may send more than the wake budget
-/// allows: per retry interval, `WAKE_BUDGET` wakes (a wait and a try each)
-/// and the periodic try. Before the fix each process sent a wait and a try
-/// every lock delay.
+/// Nobody may lead, and no process sends more than a few statements per
+/// retry interval: its takes block to their lock timeouts (in chunks below
+/// `deadlock_timeout`), with the periodic try. Before a fix each process
+/// sent a wait and a try every lock delay.
 #[test]
 fn simulated_shared_holder_costs_a_bounded_number_of_statements() {
     use lease_proto::sim::{ServerConfig, Sim, SimConfig};
@@ -370,8 +459,9 @@ fn simulated_shared_holder_costs_a_bounded_number_of_statements() {
     println!(
         "statements per process per retry interval (foreign shared holder): {per_interval:.1?}"
     );
-    // Setup, LISTEN and the first try once; then the bound per interval, and
-    // the periodic try may fall early (jitter).
+    // Setup, LISTEN and the first try once; then the bound per interval:
+    // the chunks of a retry interval below deadlock_timeout, and the
+    // periodic try, which may fall early (jitter).
     let bound = 2 * u64::from(WAKE_BUDGET) + 2;
     for s in &r.statements {
         assert!(
@@ -384,23 +474,25 @@ fn simulated_shared_holder_costs_a_bounded_number_of_statements() {
 /// A handover notification for lease `name` from backend 99, the holder the
 /// tries saw.
 fn notify(h: &mut Harness, name: &str) -> Vec<Command> {
+    notify_to(h, name, None)
+}
+
+/// [`notify`], naming `grantee` as the backend the release granted the key to.
+fn notify_to(h: &mut Harness, name: &str, grantee: Option<i64>) -> Vec<Command> {
+    let key = lease(name).key();
     h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
-        payload: release_payload(lease(name).key()),
+        payload: grantee.map_or_else(|| release_payload(key), |g| release_payload_to(key, g)),
         sender_pid: 99,
     })
 }
 
-/// A handover notification that reaches a standby while its wait blocks on
-/// the server is one of two things: the graceful release that is waking
-/// this very wait (the driver reads the connection's notifications before
-/// the reply of the statement it is waiting for, so it comes just ahead of
-/// the wake), or a release older than the wait, after which another
-/// standby took the key (the wait stays queued behind it). The machine took
-/// both for the former and set "try at once" for good: when the key was
-/// later freed by the server ending that other holder's session (no
-/// notification), the standby started without the lock delay, against the
-/// documented rule.
+/// A handover notification that reaches a standby while its take blocks (PostgreSQL
+/// holds it until the take's reply; a driver that read it first), or right after: a
+/// release before the take reached the server, after which another standby took the key
+/// and the take queued behind it. The release named no grantee (or another): when that
+/// other holder's session is terminated and the take is granted, no notification
+/// follows, and the win gets the lock delay.
 #[test]
 fn a_stale_notification_does_not_cut_a_later_lock_delay_short() {
     let o = {
@@ -408,37 +500,46 @@ fn a_stale_notification_does_not_cut_a_later_lock_delay_short() {
         o.lock_delay = ms(20);
         o
     };
-    let mut h = Harness::new(o, 1).unwrap();
-    h.run(lease("a"));
-    h.connect(7);
-    h.lose(Some(99));
-    assert!(matches!(h.statement(), Statement::Wait { .. }));
-    // 99 released gracefully before this wait reached the server; 98 won
-    // meanwhile and the wait queues behind 98. The notification arrives now.
-    h.advance(ms(1));
-    notify(&mut h, "a");
-    assert!(matches!(h.statement(), Statement::Wait { .. }));
-    // 98's session is terminated 100 ms later: the wait wakes, no
-    // notification; the try goes at once and its win gets the lock delay.
-    h.advance(ms(100));
-    h.wake(7);
-    assert_eq!(h.try_keys(), vec![lease("a").key()]);
-    let starts = |cmds: &[Command]| has(cmds, |c| matches!(c, Command::StartJob { .. }));
-    assert!(
-        !starts(&h.win_held(900)),
-        "started at once, without the lock delay"
-    );
-    assert!(!starts(&h.advance(ms(19))));
-    assert!(starts(&h.advance(ms(1))));
+    for (grantee, during) in [
+        (None, true),
+        (None, false),
+        (Some(98), true),
+        (Some(98), false),
+    ] {
+        let mut h = Harness::new(o.clone(), 1).unwrap();
+        h.run(lease("a"));
+        h.connect(7);
+        h.lose(Some(99));
+        assert!(matches!(h.statement(), Statement::Take { .. }));
+        h.advance(ms(1));
+        let mut cmds = Vec::new();
+        if during {
+            cmds.extend(notify_to(&mut h, "a", grantee));
+            assert!(matches!(h.statement(), Statement::Take { .. }));
+        }
+        // 98's session is terminated: the take is granted, within the lock delay of
+        // 99's release on the server's clock.
+        h.advance(ms(5));
+        cmds.extend(h.taken_held(900));
+        if !during {
+            cmds.extend(notify_to(&mut h, "a", grantee));
+        }
+        let starts = |cmds: &[Command]| has(cmds, |c| matches!(c, Command::StartJob { .. }));
+        assert!(
+            !starts(&cmds),
+            "grantee {grantee:?}, during {during}: started at once, without the lock delay"
+        );
+        assert!(!starts(&h.advance(ms(19))));
+        assert!(starts(&h.advance(ms(1))));
+    }
 }
 
-/// The notification of the graceful release that wakes the wait comes just
-/// ahead of the wake: the standby tries at once, on the same session. With
-/// several wanted keys the machine took it for "a notification for another
-/// key" and closed the session for a new one (a reconnect on a graceful
-/// handover, and an orphaned backend).
+/// The notification of the graceful release that grants the take its key, read before
+/// the take's reply (by a driver that reads the connection's notifications first), keeps
+/// the session: with several wanted keys the machine once took it for "a notification
+/// for another key" and closed the session for a new one.
 #[test]
-fn the_notification_of_the_release_that_wakes_a_wait_keeps_the_session() {
+fn the_notification_of_the_release_that_ends_a_take_keeps_the_session() {
     let o = {
         let mut o = opts();
         o.lock_delay = ms(20);
@@ -449,25 +550,26 @@ fn the_notification_of_the_release_that_wakes_a_wait_keeps_the_session() {
     h.run(lease("b"));
     h.connect(7);
     h.lose(Some(99));
-    let Statement::Wait { key, .. } = h.statement() else {
-        panic!("expected a wait, got {:?}", h.statement());
+    let Statement::Take { key, .. } = h.statement() else {
+        panic!("expected a take, got {:?}", h.statement());
     };
     let waited = if key == lease("a").key() { "a" } else { "b" };
     let session = h.session();
     h.advance(ms(50));
-    notify(&mut h, waited);
+    notify_to(&mut h, waited, Some(7));
     assert_eq!(h.session(), session, "the session was closed for a new one");
-    h.wake(7);
+    // The win goes on once the notifications behind the reply are read.
+    let mut cmds = h.taken_held(900);
+    cmds.extend(h.advance(TAKE_NOTICES));
     assert_eq!(h.session(), session);
-    let mut keys = h.try_keys();
-    keys.sort();
-    let mut want = vec![lease("a").key(), lease("b").key()];
-    want.sort();
-    assert_eq!(keys, want, "the try goes at once");
+    assert!(
+        has(&cmds, |c| matches!(c, Command::StartJob { .. })),
+        "the graceful release's win waited the lock delay: {cmds:?}"
+    );
 }
 
-/// The wait catches its lock timeout and says so in its reply (no `ERROR` in
-/// the server's log): a standby at rest still sends one wait per retry
+/// The take catches its lock timeout and says so in its reply (no `ERROR` in
+/// the server's log): a standby at rest still sends one take per retry
 /// interval, each counting as that interval's try.
 #[test]
 fn a_wait_that_answers_held_counts_as_the_intervals_try() {
@@ -479,12 +581,12 @@ fn a_wait_that_answers_held_counts_as_the_intervals_try() {
     let mut waits = 0;
     while h.now() < end {
         match h.in_flight().map(|(_, s)| s.clone()) {
-            Some(Statement::Wait { timeout_ms, .. }) => {
+            Some(Statement::Take { timeout_ms, .. }) => {
                 waits += 1;
                 h.advance(ms(timeout_ms));
                 h.held_all_along(7);
             }
-            Some(s) => panic!("only waits at rest, got {s:?}"),
+            Some(s) => panic!("only takes at rest, got {s:?}"),
             None => {
                 h.advance(ms(1));
             }
@@ -494,7 +596,7 @@ fn a_wait_that_answers_held_counts_as_the_intervals_try() {
     assert!(h.session().is_some());
 }
 
-/// A standby of two keys waits on one; every handover notification for the
+/// A standby of two keys takes one; every handover notification for the
 /// other key closed its session for a new one (a reconnect: TCP, startup,
 /// setup, LISTEN, try, wait). Notifications come as often as that other key
 /// changes hands, or as often as any client sends `NOTIFY` on the channel
@@ -513,7 +615,7 @@ fn notifications_for_another_key_reconnect_a_bounded_number_of_times() {
     let mut pid = 7;
     while h.now() < end {
         match h.in_flight().map(|(_, s)| s.clone()) {
-            Some(Statement::Wait { key, .. }) => {
+            Some(Statement::Take { key, .. }) => {
                 h.advance(ms(20));
                 let other = if key == lease("a").key() { "b" } else { "a" };
                 let before = h.session();
@@ -523,14 +625,14 @@ fn notifications_for_another_key_reconnect_a_bounded_number_of_times() {
                     pid += 1;
                     h.connect(pid);
                 }
-                if matches!(h.in_flight(), Some((_, Statement::Wait { .. }))) {
-                    // Not interrupted: the wait ends by its lock timeout.
-                    let Some((_, Statement::Wait { timeout_ms, .. })) = h.in_flight().cloned()
+                if matches!(h.in_flight(), Some((_, Statement::Take { .. }))) {
+                    // Not interrupted: the take ends by its lock timeout.
+                    let Some((_, Statement::Take { timeout_ms, .. })) = h.in_flight().cloned()
                     else {
                         unreachable!()
                     };
                     h.advance(ms(timeout_ms.saturating_sub(20)));
-                    if matches!(h.in_flight(), Some((_, Statement::Wait { .. }))) {
+                    if matches!(h.in_flight(), Some((_, Statement::Take { .. }))) {
                         h.held_all_along(pid);
                     }
                 }

@@ -34,8 +34,8 @@ fn wait_rows(freed: bool) -> Vec<Row> {
             nonce: None,
         },
         freed: Some(freed),
-        crowded: false,
         deadlock_timeout_ms: Some(1000),
+        ..Default::default()
     }
     .to_rows()
 }

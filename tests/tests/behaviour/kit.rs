@@ -505,7 +505,6 @@ fn statement_prefixes_match_the_core() {
         keys: vec![1, 2],
         backend_pid: 3,
         nonce: 4,
-        woken: None,
     };
     assert!(try_lock.sql().starts_with(TRY_PREFIX), "{}", try_lock.sql());
     let wait = Statement::Wait {
@@ -514,4 +513,12 @@ fn statement_prefixes_match_the_core() {
         crowd: Some(2),
     };
     assert!(wait.sql().starts_with(WAIT_PREFIX), "{}", wait.sql());
+    let take = Statement::Take {
+        key: 1,
+        timeout_ms: 5,
+        crowd: Some(2),
+        backend_pid: 3,
+        nonce: 4,
+    };
+    assert!(take.sql().starts_with(WAIT_PREFIX), "{}", take.sql());
 }

@@ -25,6 +25,7 @@ mod readme_example;
 mod scenarios;
 mod server_settings;
 mod server_wait;
+mod statements;
 mod testing_guide;
 mod tls;
 mod tokens;

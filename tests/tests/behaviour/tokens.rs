@@ -333,7 +333,6 @@ fn a_try_on_a_hot_standby_takes_nothing() -> Res {
         keys: vec![key],
         backend_pid: pid,
         nonce,
-        woken: None,
     }
     .sql();
     let reply = session.rows(&sql)?;
@@ -472,7 +471,6 @@ async fn figure_winning_try_latency() {
         keys: vec![key],
         backend_pid: pid,
         nonce,
-        woken: None,
     }
     .sql();
     let clock = format!(

@@ -1,0 +1,161 @@
+//! Every statement the core sends runs on a real server as sent, and its reply parses
+//! and says what the statement did. The simulator interprets the statements' structure,
+//! not their text, and the scanner of unqualified names reads the text without running
+//! it: a release that notified through `pg_catalog.unnest(a, b)` (PostgreSQL has the
+//! several-array form only unqualified, as `ROWS FROM`'s shorthand) passed both and failed
+//! on every server (the payloads themselves: `server_wait`'s graceful release, whose
+//! standby reads its own backend as the grantee). `.ci/test-versions` runs this on every
+//! version.
+
+use crate::common::*;
+use lease_proto::reply::*;
+use lease_proto::server::SEARCH_PATH;
+use lease_proto::Statement;
+use lease_tests::scenario::Admin;
+use lease_tests::Cluster;
+use lease_tests::KitError;
+
+/// The statement's reply, decoded as a driver decodes it.
+fn run(session: &Admin, statement: &Statement) -> Result<Vec<Row>, KitError> {
+    let rows = session.rows(&statement.sql())?;
+    let decoded = rows
+        .iter()
+        .map(|r| decode_text_row(r.iter().map(|c| c.as_deref())))
+        .collect::<Result<Vec<_>, _>>();
+    decoded.map_err(|e| KitError::Invalid(format!("{statement:?}: undecodable reply: {e}")))
+}
+
+#[test]
+fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
+    let cluster = Cluster::start()?;
+    let s = Admin::connect(&cluster.conn_string())?;
+    let other = Admin::connect(&cluster.conn_string())?;
+    let pid = s.ints("SELECT pg_backend_pid()::int8")?[0];
+    let nonce = 7;
+    let (k1, k2, k3, held) = (key("s-1"), key("s-2"), key("s-3"), key("s-held"));
+    other.rows(&format!("SELECT pg_advisory_lock({held})"))?;
+    let parse_err = |what: &str, e: ReplyError| KitError::Invalid(format!("{what}: {e}"));
+    let all = [
+        Statement::Setup {
+            nonce,
+            settings: vec![("search_path", SEARCH_PATH.into())],
+        },
+        Statement::Listen,
+        Statement::TryLock {
+            keys: vec![k1, k2, held],
+            backend_pid: pid,
+            nonce,
+        },
+        Statement::Heartbeat,
+        Statement::Verify,
+        Statement::Wait {
+            key: held,
+            timeout_ms: 20,
+            crowd: Some(2),
+        },
+        Statement::Take {
+            key: held,
+            timeout_ms: 20,
+            crowd: Some(2),
+            backend_pid: pid,
+            nonce,
+        },
+        Statement::Take {
+            key: k3,
+            timeout_ms: 20,
+            crowd: Some(2),
+            backend_pid: pid,
+            nonce,
+        },
+        Statement::Take {
+            key: k3,
+            timeout_ms: 20,
+            crowd: None,
+            backend_pid: pid,
+            nonce,
+        },
+        Statement::Members {
+            join: vec![9],
+            leave: vec![],
+            groups: vec![9],
+            keys: vec![k1, held],
+            notify: true,
+            announce: vec![9],
+            claims: vec![k1],
+        },
+        Statement::Prefer {
+            key: held,
+            priority: 3,
+        },
+        Statement::Release {
+            keys: vec![k1],
+            notify: false,
+        },
+        Statement::Release {
+            keys: vec![k2, k3, held],
+            notify: true,
+        },
+    ];
+    let mut takes = 0;
+    for statement in &all {
+        let rows = run(&s, statement)?;
+        match statement {
+            Statement::Setup { .. } => {
+                let setup = SetupReply::parse(&rows).map_err(|e| parse_err("setup", e))?;
+                assert_eq!(setup.backend_pid, pid);
+                assert_eq!(setup.nonce, Some(nonce));
+            }
+            Statement::Listen => assert!(rows.is_empty(), "{rows:?}"),
+            Statement::TryLock { keys, .. } => {
+                let reply = TryReply::parse(keys, &rows);
+                assert_eq!(reply.won.len(), 2, "{reply:?}");
+                assert_eq!(reply.not_won.len(), 1, "{reply:?}");
+                assert!(!reply.untrusted, "{reply:?}");
+            }
+            Statement::Heartbeat | Statement::Prefer { .. } => {
+                let reply = HeartbeatReply::parse(&rows).map_err(|e| parse_err("heartbeat", e))?;
+                assert_eq!((reply.backend_pid, reply.nonce), (Some(pid), Some(nonce)));
+            }
+            Statement::Verify => {
+                let reply = VerifyReply::parse(&rows).map_err(|e| parse_err("verify", e))?;
+                assert!(reply.held.contains(&k1) && reply.held.contains(&k2));
+            }
+            Statement::Wait { .. } => {
+                let reply = WaitReply::parse(&rows).map_err(|e| parse_err("wait", e))?;
+                assert_eq!(reply.freed, Some(false), "{reply:?}");
+                assert!(reply.deadlock_timeout_ms.is_some(), "{reply:?}");
+            }
+            Statement::Take { key, .. } => {
+                let reply = WaitReply::parse(&rows).map_err(|e| parse_err("take", e))?;
+                let want = match (*key == held, takes) {
+                    // Held by another session: its lock timeout.
+                    (true, _) => (Some(false), false, false),
+                    // Free: taken, with its token.
+                    (false, 0) => (Some(true), true, false),
+                    // Held by this backend already.
+                    (false, _) => (Some(false), false, true),
+                };
+                if *key != held {
+                    takes += 1;
+                }
+                let got = (reply.freed, reply.token.is_some(), reply.held_here);
+                assert_eq!(got, want, "{statement:?}: {reply:?}");
+            }
+            Statement::Members { .. } => {
+                let reply = MembersReply::parse(&rows).map_err(|e| parse_err("members", e))?;
+                assert!(reply.members.contains(&(9, pid)), "{reply:?}");
+                let other_pid = other.ints("SELECT pg_backend_pid()::int8")?[0];
+                assert!(
+                    reply.holders.contains(&(held, Some(other_pid))),
+                    "{reply:?}"
+                );
+            }
+            Statement::Release { keys, notify } => {
+                let reply = ReleaseReply::parse(&rows).map_err(|e| parse_err("release", e))?;
+                let want: Vec<(i64, bool)> = keys.iter().map(|k| (*k, *k != held)).collect();
+                assert_eq!(reply.unlocked, want, "notify {notify}");
+            }
+        }
+    }
+    Ok(())
+}
