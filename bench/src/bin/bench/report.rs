@@ -442,11 +442,13 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
          SIGKILL and at the end of that second. Where the first start's time goes, from the \
          server log (`log_disconnections`; its times have a resolution of 1 ms): SIGKILL → the \
          holder's backend logged its disconnection (the process died, its socket closed, the \
-         backend noticed, released its locks, which woke the waits, and exited: the machine's \
-         and the server's part), → the first try a standby sent (the woken waits' \
-         backends and clients ran), and → the end of the winner's try (its last, the one that won) on the server \
+         backend noticed, released its locks, which granted the key to the first take in its queue, and exited: the machine's \
+         and the server's part), → the first try a standby sent (a poller's; a waiting \
+         standby's take needs none), and → the end of the winner's statement (its first \
+         after the kill: its take, granted the key at the release, or a try) on the server \
          (`log_min_duration_statement = 0`; the winner: the backend holding the key at the \
-         end of the second); the lock-delay ({delay}) and the job's start follow.\n\n",
+         end of the second), and how many winners won by their take; the lock-delay \
+         ({delay}) and the job's start follow.\n\n",
         delay = ms_text(lease_proto::limits::DEFAULT_LOCK_DELAY),
     );
     let rows = (t.herd.iter())
@@ -461,13 +463,14 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
             };
             let gone: Vec<f64> = reps.iter().filter_map(|x| x.gone_ms).collect();
             let first_try: Vec<f64> = reps.iter().filter_map(|x| x.first_try_ms).collect();
-            let won_try: Vec<f64> = reps.iter().filter_map(|x| x.won_try_ms).collect();
+            let won: Vec<f64> = reps.iter().filter_map(|x| x.won_ms).collect();
             vec![
                 driver.name().to_string(),
                 dist_text(&first),
                 dist_text(&gone),
                 dist_text(&first_try),
-                dist_text(&won_try),
+                dist_text(&won),
+                count(reps, |x| x.won_by_take == Some(true)),
                 count(reps, |x| x.leaders == 1 && x.holders == 1),
                 count(reps, |x| x.between_rounds),
                 dist(&stmts).map_or(String::new(), |d| format!("{} / {}", d.median, d.max)),
@@ -482,7 +485,8 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
         "first start (ms)",
         "→ holder's backend gone",
         "→ first try",
-        "→ winning try answered",
+        "→ winning statement answered",
+        "won by a take",
         "exactly one leader and holder",
         "kill between polling rounds",
         "statements in the second after: median / max",
@@ -494,8 +498,8 @@ fn takeover_markdown(r: &Results, t: &Takeover, s: &mut String) {
 
     s.push_str(
         "\n## Lock-delay: `pg_terminate_backend` of the holder's backend (ms)\n\nThe old \
-         holder learns of the loss when its connection ends, the standby when its wait on \
-         the server wakes; the standby then tries after the lock-delay (no handover \
+         holder learns of the loss when its connection ends, the standby when its take on \
+         the server answers with the key; its job starts after the lock-delay (no handover \
          notification: the release was not graceful), while the old holder reconnects and \
          tries too. `replica`: a cooperative job that returns when cancelled (its end: the \
          `cancel` line). `lease run`: its child (`bench --stamp-child`) prints its start and \
@@ -1011,7 +1015,8 @@ fn takeover_json(t: &Takeover) -> J {
                 ("kill_between_polling_rounds", J::Bool(x.between_rounds)),
                 ("holder_backend_gone_ms", x.gone_ms.map_or(J::Null, J::Num)),
                 ("first_try_ms", x.first_try_ms.map_or(J::Null, J::Num)),
-                ("won_try_ms", x.won_try_ms.map_or(J::Null, J::Num)),
+                ("won_ms", x.won_ms.map_or(J::Null, J::Num)),
+                ("won_by_take", x.won_by_take.map_or(J::Null, J::Bool)),
             ])
         });
         J::Obj(vec![

@@ -16,8 +16,8 @@
 //!   in the second after the kill, counted in the server log (`log_statement = all` and
 //!   `log_min_duration_statement = 0` for this part: each statement's start and end; the
 //!   log line prefix names each session's `application_name`), and where the first
-//!   start's time went (the holder's backend gone, the first try sent, the winning try
-//!   answered).
+//!   start's time went (the holder's backend gone, the first try sent, the winning
+//!   statement answered: a take, or a try).
 //! - **lock-delay**: [`Bench::rep`] of [`Scenario::Terminate`] (`pg_terminate_backend`
 //!   of the holder's backend) for each of [`LOCK_DELAYS`], between two `replica`
 //!   processes of each driver (a cooperative job: it returns when cancelled) and between
@@ -78,10 +78,13 @@ pub struct HerdRep {
     pub gone_ms: Option<f64>,
     /// The kill → the first try a standby sent, in ms (server log).
     pub first_try_ms: Option<f64>,
-    /// The kill → the end of the try that won the key (the last try, in the second after
-    /// the kill, of the backend holding the key at its end), in ms (server log): the lock
-    /// delay and the job's start follow.
-    pub won_try_ms: Option<f64>,
+    /// The kill → the end of the statement that won the key (the first statement end, in
+    /// the second after the kill, of the backend holding the key at its end: its take, sent
+    /// before the kill, or a try), in ms (server log): the lock delay and the job's start
+    /// follow.
+    pub won_ms: Option<f64>,
+    /// The winner's statement was a take (a wait that takes its key), not a try.
+    pub won_by_take: Option<bool>,
 }
 
 /// Everything this phase measured.
@@ -225,8 +228,10 @@ struct HerdTimes {
     gone: Option<f64>,
     /// → the first try a standby sent.
     first_try: Option<f64>,
-    /// → the end of the winner's last try in the second after the kill (the one that won).
-    won_try: Option<f64>,
+    /// → the end of the winner's first statement after the kill (the one that won).
+    won: Option<f64>,
+    /// Whether that statement was a take (no try of the winner's before its end).
+    won_by_take: Option<bool>,
 }
 
 /// From the server log after the herd's kill (`log`, lines of the herd's sessions marked
@@ -250,23 +255,25 @@ fn herd_log_times(log: Option<&[u8]>, mark: &str, wall0: f64, winner: Option<i64
         .and_then(|l| at(l));
     let is_try = |l: &&&str| l.contains(mark) && l.contains("pg_try_advisory_lock(");
     let first_try = lines.iter().find(is_try).and_then(|l| at(l));
-    // The winner's lines (`... UTC [pid] app LOG: ...`): its last try (the one that won:
-    // a holder does not try its key), and that simple query's end, the next line
-    // (`log_statement` logged its text, so its duration line has none; a try that failed
-    // logs an error instead, and has no end here).
-    let won_try = winner.and_then(|pid| {
+    // The winner's lines (`... UTC [pid] app LOG: ...`): its first statement end after the
+    // kill (`log_statement` logged its text, so its duration line has none), the one that
+    // won: its take, queued before the kill and granted at it, or a try it sent after
+    // (a try that failed logs an error instead, and has no end here).
+    let won = winner.and_then(|pid| {
         let tag = format!(" [{pid}] ");
         let own: Vec<&&str> = lines.iter().filter(|l| l.contains(&tag)).collect();
-        let start = own.iter().rposition(is_try)?;
-        let end = own
-            .get(start + 1)
-            .filter(|l| l.contains("LOG:  duration: "))?;
-        at(end)
+        // The log's times are whole milliseconds, truncated: a line of the kill's own
+        // millisecond reads up to 1 ms before it.
+        let end = (own.iter())
+            .position(|l| l.contains("LOG:  duration: ") && at(l).is_some_and(|t| t > -1.0))?;
+        let by_take = !own[..end].iter().any(is_try);
+        Some((at(own[end])?, by_take))
     });
     HerdTimes {
         gone,
         first_try,
-        won_try,
+        won: won.map(|(t, _)| t),
+        won_by_take: won.map(|(_, take)| take),
     }
 }
 
@@ -426,18 +433,24 @@ fn herd_rep(
         between_rounds,
         gone_ms: times.gone,
         first_try_ms: times.first_try,
-        won_try_ms: times.won_try,
+        won_ms: times.won,
+        won_by_take: times.won_by_take,
     };
     eprintln!(
         "bench: takeover herd {:<5} first start {} ms (holder's backend gone {} ms, first \
-         try {} ms, winning try answered {} ms), {} leader(s), {} holder(s), {} waiting ({} at the kill), {} statements \
+         try {} ms, winning {} answered {} ms), {} leader(s), {} holder(s), {} waiting ({} at the kill), {} statements \
          in the second after the kill ({} in the second before){}",
         driver.name(),
         rep.first_ns
             .map_or("-".into(), |g| format!("{:.1}", g as f64 / 1e6)),
         rep.gone_ms.map_or("-".into(), |g| format!("{g:.0}")),
         rep.first_try_ms.map_or("-".into(), |g| format!("{g:.0}")),
-        rep.won_try_ms.map_or("-".into(), |g| format!("{g:.0}")),
+        match rep.won_by_take {
+            Some(true) => "take",
+            Some(false) => "try",
+            None => "statement",
+        },
+        rep.won_ms.map_or("-".into(), |g| format!("{g:.0}")),
         rep.leaders,
         rep.holders,
         rep.waiting,
