@@ -277,13 +277,14 @@ fn herd_log_times(log: Option<&[u8]>, mark: &str, wall0: f64, winner: Option<i64
     }
 }
 
-/// The backend that holds `lease`'s key exclusively, if one does.
+/// The backend that holds `lease`'s key exclusively, if one does (granted: a standby's
+/// take waits for it in the same mode).
 fn key_holder(bench: &Bench, lease: &str) -> R<Option<i64>> {
     let pid = key_locks(
         bench,
         lease,
         "coalesce(min(pid), 0)",
-        "mode = 'ExclusiveLock'",
+        "granted AND mode = 'ExclusiveLock'",
     )?;
     Ok((pid != 0).then_some(pid))
 }
