@@ -109,16 +109,7 @@ pub(super) mod reply {
         freed: bool,
         deadlock_ms: Option<i64>,
     ) -> Vec<Row> {
-        crate::reply::WaitReply {
-            session: HeartbeatReply {
-                backend_pid: Some(pid),
-                nonce,
-            },
-            freed: Some(freed),
-            deadlock_timeout_ms: deadlock_ms,
-            ..Default::default()
-        }
-        .to_rows()
+        wait_outcome(pid, nonce, deadlock_ms, |r| r.freed = Some(freed))
     }
 
     /// `Take` that took its key, with `token`.
@@ -128,17 +119,10 @@ pub(super) mod reply {
         token: i64,
         deadlock_ms: Option<i64>,
     ) -> Vec<Row> {
-        crate::reply::WaitReply {
-            session: HeartbeatReply {
-                backend_pid: Some(pid),
-                nonce,
-            },
-            freed: Some(true),
-            deadlock_timeout_ms: deadlock_ms,
-            token: Some(token),
-            ..Default::default()
-        }
-        .to_rows()
+        wait_outcome(pid, nonce, deadlock_ms, |r| {
+            r.freed = Some(true);
+            r.token = Some(token);
+        })
     }
 
     /// `Take` that found its key held by its own backend already.
@@ -147,33 +131,34 @@ pub(super) mod reply {
         nonce: Option<i64>,
         deadlock_ms: Option<i64>,
     ) -> Vec<Row> {
-        crate::reply::WaitReply {
-            session: HeartbeatReply {
-                backend_pid: Some(pid),
-                nonce,
-            },
-            freed: Some(false),
-            deadlock_timeout_ms: deadlock_ms,
-            held_here: true,
-            ..Default::default()
-        }
-        .to_rows()
+        wait_outcome(pid, nonce, deadlock_ms, |r| r.held_here = true)
     }
 
     /// `Wait` that did not queue: its key had as many waiters as its crowd
     /// limit.
     pub(crate) fn wait_crowded(pid: i64, nonce: Option<i64>, deadlock_ms: Option<i64>) -> Vec<Row> {
-        crate::reply::WaitReply {
+        wait_outcome(pid, nonce, deadlock_ms, |r| r.crowded = true)
+    }
+
+    /// The rows of a wait's or a take's reply from session `pid` (`nonce`),
+    /// its outcome set by `outcome` (not freed unless it says so).
+    fn wait_outcome(
+        pid: i64,
+        nonce: Option<i64>,
+        deadlock_ms: Option<i64>,
+        outcome: impl FnOnce(&mut crate::reply::WaitReply),
+    ) -> Vec<Row> {
+        let mut reply = crate::reply::WaitReply {
             session: HeartbeatReply {
                 backend_pid: Some(pid),
                 nonce,
             },
             freed: Some(false),
-            crowded: true,
             deadlock_timeout_ms: deadlock_ms,
             ..Default::default()
-        }
-        .to_rows()
+        };
+        outcome(&mut reply);
+        reply.to_rows()
     }
 
     /// `Heartbeat`: the backend pid and the nonce.

@@ -1663,6 +1663,16 @@ fn broken_notifications_from_anyone_are_caught() {
 fn broken_a_lock_delay_only_after_wakes_is_caught() {
     // The window is narrow (a poll that wins within a job's stopping time of a
     // terminate), so the cases are counted, not searched and shrunk.
+    assert_notify_cases_break(
+        "a lock delay only after wakes",
+        Mutation::LockDelayOnlyAfterWakes,
+    );
+}
+
+/// Counts the generated cases of [`notify_case`] that `mutation` breaks (300
+/// of them: its window is too narrow to search and shrink), and asserts that
+/// some do, each with two leaders.
+fn assert_notify_cases_break(what: &str, mutation: Mutation) {
     let mut runner = deterministic(ProptestConfig::default());
     let total = 300;
     let mut broken = Vec::new();
@@ -1670,18 +1680,12 @@ fn broken_a_lock_delay_only_after_wakes_is_caught() {
         let case = (notify_cases().new_tree(&mut runner))
             .expect("a case")
             .current();
-        if let Err(e) = notify_case(&case, Some(Mutation::LockDelayOnlyAfterWakes)) {
+        if let Err(e) = notify_case(&case, Some(mutation)) {
             broken.push(e.to_string());
         }
     }
-    eprintln!(
-        "a lock delay only after wakes: {} of {total} generated cases break",
-        broken.len()
-    );
-    assert!(
-        !broken.is_empty(),
-        "the property did not catch a lock delay only after wakes"
-    );
+    eprintln!("{what}: {} of {total} generated cases break", broken.len());
+    assert!(!broken.is_empty(), "the property did not catch {what}");
     assert!(
         broken.iter().all(|r| r.contains("TwoLeaders")),
         "broke something else: {broken:?}"
@@ -1697,29 +1701,7 @@ fn broken_a_lock_delay_only_after_wakes_is_caught() {
 /// the property above finds two leaders.
 #[test]
 fn broken_a_take_that_ignores_the_releases_grantee_is_caught() {
-    let mut runner = deterministic(ProptestConfig::default());
-    let total = 300;
-    let mut broken = Vec::new();
-    for _ in 0..total {
-        let case = (notify_cases().new_tree(&mut runner))
-            .expect("a case")
-            .current();
-        if let Err(e) = notify_case(&case, Some(Mutation::IgnoreGrantee)) {
-            broken.push(e.to_string());
-        }
-    }
-    eprintln!(
-        "a take that ignores the grantee: {} of {total} generated cases break",
-        broken.len()
-    );
-    assert!(
-        !broken.is_empty(),
-        "the property did not catch a take that ignores the grantee"
-    );
-    assert!(
-        broken.iter().all(|r| r.contains("TwoLeaders")),
-        "broke something else: {broken:?}"
-    );
+    assert_notify_cases_break("a take that ignores the grantee", Mutation::IgnoreGrantee);
 }
 
 /// `lease handover NAME --to PID` moves the lease to the named process in one graceful
