@@ -334,7 +334,7 @@ struct Ctx<'a> {
     /// `guard_timeout × drift_bound`: how much earlier than a doubtful
     /// session's `close_by` (on this runner's clock) a command must be dead.
     drift_allowance: Duration,
-    /// For the session's state during a graceful stop ([`session_watch`]).
+    /// For the session's state while a command stops with the key held ([`session_watch`]).
     locker: &'a Locker,
     /// How often the lease's validity is read to renew the watchdog.
     poll: Duration,
@@ -635,7 +635,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
                 let hurry = async {
                     tokio::select! {
                         () = ctx.signals.at_least(2) => {}
-                        () = session_watch(ctx) => {}
+                        () = session_watch(ctx, "during the graceful stop") => {}
                     }
                 };
                 stop(&mut job, ctx.grace, hurry).await;
@@ -660,7 +660,15 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
                     "lease lost: stopping the command's process group (SIGTERM, SIGKILL {})",
                     kill_when(wait, ctx.grace)
                 );
-                stop(&mut job, wait, ctx.signals.at_least(2)).await;
+                // The session may still hold the key (doubtful); if the
+                // server ends it meanwhile, the key is free: hurry.
+                let hurry = async {
+                    tokio::select! {
+                        () = ctx.signals.at_least(2) => {}
+                        () = session_watch(ctx, "while the command stops") => {}
+                    }
+                };
+                stop(&mut job, wait, hurry).await;
             }
             Ok(())
         }
@@ -722,7 +730,7 @@ async fn exited(
             if graceful(&reason) {
                 // The key is held while the leftovers stop, unless the
                 // session ends meanwhile.
-                return session_watch(ctx).await;
+                return session_watch(ctx, "during the graceful stop").await;
             }
             let wait = if reason.key_may_be_free() {
                 session_end_wait(ctx, snapshot)
@@ -734,7 +742,12 @@ async fn exited(
                 "lease lost while stopping what the command left running: SIGKILL in {}",
                 log::millis(wait)
             );
-            tokio::time::sleep(wait).await;
+            // A session kept open (doubtful) that the server ends meanwhile
+            // frees the key: hurry.
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = session_watch(ctx, "while the leftovers stop") => {}
+            }
         };
         let reap = job.stop_leftovers(ctx.grace, hurry);
         tokio::pin!(reap);
@@ -776,20 +789,23 @@ async fn stop(job: &mut Job, wait: Duration, hurry: impl std::future::Future<Out
     tracing::info!("the command stopped ({status})");
 }
 
-/// During a graceful stop (the key held until the command's tree is gone):
-/// resolves when the tree must be killed because the session holding the key
-/// cannot hold it that long any more. The session ended (another backend, or
-/// none): half the lock delay after this runner sees it, as after a loss with
-/// the session ([`session_end_wait`]). The session became doubtful (a
-/// statement timed out or failed): the machine closes it at `close_by` at the
-/// latest, so the drift allowance before that. Polled every quarter of the
-/// lock delay (1 to 5 ms).
-async fn session_watch(ctx: &Ctx<'_>) {
+/// While the command stops with the key held (a graceful stop, or a loss
+/// whose session the core keeps open: doubtful): resolves when the tree must
+/// be killed because the session holding the key cannot hold it that long
+/// any more. The session ended (another backend, or none): half the lock
+/// delay after this runner sees it, as after a loss with the session
+/// ([`session_end_wait`]). The session is doubtful (a statement timed out or
+/// failed): the core closes it at `close_by` at the latest, so the drift
+/// allowance before that, and the server may end it sooner (a terminate, a
+/// restart), which is then an end as above. Polled every quarter of the lock
+/// delay (1 to 5 ms). `during` names the stop in the log lines.
+async fn session_watch(ctx: &Ctx<'_>, during: &str) {
     let poll = (ctx.lock_delay / 4).clamp(Duration::from_millis(1), Duration::from_millis(5));
     let held_by = match ctx.locker.status().session {
         SessionState::Ready { backend_pid } => Some(backend_pid),
         _ => None,
     };
+    let mut doubtful_seen = false;
     loop {
         match ctx.locker.status().session {
             SessionState::Ready { backend_pid } if Some(backend_pid) == held_by => {}
@@ -797,19 +813,27 @@ async fn session_watch(ctx: &Ctx<'_>) {
                 let at = close_by
                     .checked_sub(ctx.drift_allowance)
                     .unwrap_or(close_by);
-                tracing::warn!(
-                    "the session holding the lease was given up on during the graceful stop: \
-                     SIGKILL to the command's tree in {} (before the session's close)",
-                    log::millis(at.saturating_duration_since(Instant::now()))
-                );
-                tokio::time::sleep_until(at.into()).await;
-                return;
+                let left = at.saturating_duration_since(Instant::now());
+                if !doubtful_seen {
+                    doubtful_seen = true;
+                    tracing::warn!(
+                        "the session holding the lease was given up on {during}: SIGKILL to the \
+                         command's tree in {} (before the session's close) or as soon as the \
+                         session ends",
+                        log::millis(left)
+                    );
+                }
+                if left.is_zero() {
+                    return;
+                }
+                tokio::time::sleep(poll.min(left)).await;
+                continue;
             }
             _ => {
                 let wait = ctx.lock_delay / 2;
                 tracing::warn!(
-                    "the session holding the lease ended during the graceful stop (the server \
-                     has freed the lease): SIGKILL to the command's tree in {}",
+                    "the session holding the lease ended {during} (the server has freed the \
+                     lease): SIGKILL to the command's tree in {}",
                     humantime::format_duration(wait)
                 );
                 tokio::time::sleep(wait).await;

@@ -114,6 +114,33 @@ impl SessionError {
     }
 }
 
+impl SessionError {
+    /// Whether the session this error came from has ended, or may have, so
+    /// that the server may have freed its locks: the one rule for "did the
+    /// key go with the session", whichever statement or path saw the error.
+    ///
+    /// - SQLSTATE class `57P` (operator intervention: `57P01`
+    ///   `pg_terminate_backend` or a fast shutdown, `57P02` a crash of
+    ///   another backend, `57P03`, `57P04` database dropped, `57P05`
+    ///   `idle_session_timeout`): PostgreSQL sends these as FATAL, to the
+    ///   statement in flight if there is one, and ends the backend;
+    /// - SQLSTATE class `08` (connection exception) and `25P03`
+    ///   (`idle_in_transaction_session_timeout`, FATAL);
+    /// - no SQLSTATE: the driver lost the connection (closed, reset, end of
+    ///   file) or could not read the reply; in doubt, the key may be free.
+    ///
+    /// Every other SQLSTATE is an error of one statement (`57014` a
+    /// cancelled statement, `42883` a missing function, ...): the session
+    /// goes on, and so do its locks.
+    #[must_use]
+    pub fn ends_session(&self) -> bool {
+        match self.code.as_deref() {
+            None => true,
+            Some(code) => code.starts_with("57P") || code.starts_with("08") || code == "25P03",
+        }
+    }
+}
+
 impl fmt::Display for SessionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.code {
@@ -242,11 +269,14 @@ impl Reason {
     /// standby whose wait takes it at the release, after its
     /// [`Options::lock_delay`](crate::Options::lock_delay)) and a job must
     /// stop within that, not at the guard deadline: the session ended (the
-    /// server released its locks with it), a verify found the key not held,
+    /// server released its locks with it), a statement failed with an error
+    /// that ends the session ([`SessionError::ends_session`]: the server's
+    /// FATAL answer to a statement in flight when it terminates the backend),
+    /// a verify found the key not held,
     /// or a refusal found a transaction pooler under a session that held
     /// keys (the locks sit on a server backend that another client uses, or
     /// that the pooler resets). After the other losses (a statement timed
-    /// out or failed, the validity ran out) the session stays open with the
+    /// out or failed with an error of its own, the validity ran out) the session stays open with the
     /// key held until the cancelled jobs have returned or the guard deadline
     /// has come (see [`Deadline::DeferredClose`](crate::Deadline::DeferredClose));
     /// a graceful stop (or a lease group's hand-off) releases the key only
@@ -258,6 +288,7 @@ impl Reason {
     pub fn key_may_be_free(&self) -> bool {
         match self {
             Reason::SessionEnded(_) | Reason::NotHeld => true,
+            Reason::QueryFailed(error) => error.ends_session(),
             Reason::Refused(refusal) => match refusal {
                 Refusal::BackendChanged { .. }
                 | Refusal::BackendShared { .. }
@@ -266,7 +297,6 @@ impl Reason {
             },
             Reason::QueryTimeout
             | Reason::ValidityExpired
-            | Reason::QueryFailed(_)
             | Reason::Shutdown
             | Reason::Closed
             | Reason::HandedOver
@@ -827,13 +857,19 @@ mod tests {
             },
             Refusal::StartupOptionsIgnored { detail: "x".into() },
         ];
+        // The server's FATAL answer to a statement in flight: the session is
+        // ending and its locks with it.
+        let fatal = ["57P01", "57P02", "57P05", "08006"]
+            .map(|code| Reason::QueryFailed(SessionError::server(code, "terminating connection")));
         let free = [Reason::SessionEnded(None), Reason::NotHeld]
             .into_iter()
+            .chain(fatal)
             .chain(pooler.into_iter().map(Reason::Refused));
         let held = [
             Reason::QueryTimeout,
             Reason::ValidityExpired,
-            Reason::QueryFailed(SessionError::other("x")),
+            Reason::QueryFailed(SessionError::server("57014", "canceling statement")),
+            Reason::QueryFailed(SessionError::server("42883", "function does not exist")),
             Reason::Shutdown,
             Reason::Closed,
             Reason::InRecovery,

@@ -97,6 +97,11 @@ enum SessionEnd {
     /// gracefully (SIGTERM to `lease run`: the key is held until the command
     /// is gone, up to `--grace`).
     TerminateDuringGracefulStop,
+    /// `pg_terminate_backend` of the holder's backend while a heartbeat is in
+    /// flight (the backend SIGSTOPped across a heartbeat, terminated, then
+    /// SIGCONTed): the server answers the statement with FATAL 57P01 and
+    /// frees the key.
+    TerminateInFlight,
 }
 
 /// Two runners at the default intervals and `--grace` (10 s), both
@@ -107,14 +112,23 @@ fn session_end_leaves_no_overlap(c: &mut Cluster, how: SessionEnd) {
         SessionEnd::Terminate => "pg_terminate_backend",
         SessionEnd::Restart => "pg_ctl restart -m fast",
         SessionEnd::TerminateDuringGracefulStop => "pg_terminate_backend during a graceful stop",
+        SessionEnd::TerminateInFlight => "pg_terminate_backend with a heartbeat in flight",
+    };
+    // A heartbeat in flight needs a heartbeat within the freeze, and the
+    // freeze must end before the query timeout.
+    let args: &[&str] = match how {
+        SessionEnd::TerminateInFlight => {
+            &["--heartbeat-interval", "200ms", "--query-timeout", "2s"]
+        }
+        _ => &[],
     };
     let dir = Dir::new("hole2");
     let name = unique("hole2");
     let url = c.url("postgres");
-    let a = Replica::spawn(run_sh(&url, &[], &name, &stubborn_stamper(dir.path()))).expect("a");
+    let a = Replica::spawn(run_sh(&url, args, &name, &stubborn_stamper(dir.path()))).expect("a");
     assert!(wait_commands(&[&a], 1, MS(10_000)), "a did not lead");
     let pid_a = commands(&a)[0];
-    let b = Replica::spawn(run_sh(&url, &[], &name, &stubborn_stamper(dir.path()))).expect("b");
+    let b = Replica::spawn(run_sh(&url, args, &name, &stubborn_stamper(dir.path()))).expect("b");
     b.wait_for_line(|l| l.contains("standing by"), MS(10_000))
         .expect("b stands by");
     std::thread::sleep(MS(300));
@@ -134,6 +148,26 @@ fn session_end_leaves_no_overlap(c: &mut Cluster, how: SessionEnd) {
             assert!(c.terminate_backend(holder.1).expect("terminate"));
         }
         SessionEnd::Restart => c.restart().expect("restart"),
+        SessionEnd::TerminateInFlight => {
+            let key = key_for_name(&name);
+            let holder = c.held_advisory_keys().expect("pg_locks");
+            let backend = holder.iter().find(|&&(k, _)| k == key).expect("a holds").1;
+            let signal = |sig| {
+                // SAFETY: kill with a live backend's pid and a signal number.
+                assert_eq!(
+                    unsafe { libc::kill(backend, sig) },
+                    0,
+                    "signal {sig} to {backend}"
+                );
+            };
+            signal(libc::SIGSTOP);
+            // More than a heartbeat interval: a heartbeat waits on the frozen backend.
+            std::thread::sleep(MS(500));
+            // No wait for the exit: the backend is frozen.
+            let sql = format!("SELECT pg_terminate_backend({backend})");
+            assert_eq!(c.sql(&sql).expect("terminate"), "t");
+            signal(libc::SIGCONT);
+        }
     }
     let next = wait_commands(&[&a, &b], 2, MS(30_000));
     let a_gone = wait_gone(pid_a, MS(15_000));
@@ -168,6 +202,12 @@ fn now_nanos_at(at: Instant) -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     now - at.elapsed().as_nanos()
+}
+
+#[test]
+fn terminate_with_a_statement_in_flight_leaves_no_overlap() {
+    let mut c = Cluster::start().expect("start PostgreSQL");
+    session_end_leaves_no_overlap(&mut c, SessionEnd::TerminateInFlight);
 }
 
 #[test]

@@ -286,6 +286,11 @@ pub enum DriverBug {
     /// time pass and returns the same deadline: the simulator reports
     /// [`Violation::Stalled`].
     FrozenClock,
+    /// With [`SimConfig::stop_as_lease_run`]: a statement's failure never
+    /// frees the key (`lease run` before it read the server's FATAL answer
+    /// to a statement in flight, `57P01` on a terminate, as a failed
+    /// statement, and killed the command at the lease's deadline).
+    FatalReplyKeepsKey,
     /// Not a driver's bug but the machine's broken variant of the TCP
     /// settings: sessions neither set nor verify the server-side TCP settings, so
     /// [`ServerConfig::tcp_give_up`] applies to them.
@@ -454,6 +459,13 @@ pub struct SimConfig {
     /// The least time a cancelled job takes to return (default 0; at most
     /// `job_reaction`, which wins if smaller).
     pub job_reaction_min: Duration,
+    /// Jobs are stopped as `lease run` stops its command: a cancelled job
+    /// whose lease was lost for a reason that may have freed the key on the
+    /// server ([`Reason::key_may_be_free`](crate::Reason::key_may_be_free))
+    /// is killed within half its lock delay, however long it would take to
+    /// return by itself (`job_reaction`: a command that ignores SIGTERM).
+    /// Off by default: jobs return within `job_reaction` whatever the reason.
+    pub stop_as_lease_run: bool,
     /// Broken variant for tests: every machine closes a session it gives up
     /// on at once, while its cancelled jobs may still run (the machine's
     /// behaviour before doubtful sessions were kept). The strong-safety check must catch it.
@@ -500,6 +512,7 @@ impl Default for SimConfig {
             drift: 0.0,
             job_reaction: Duration::from_millis(5),
             job_reaction_min: Duration::ZERO,
+            stop_as_lease_run: false,
             close_doubtful_at_once: false,
             mutation: None,
             job_exit_probability: 0.0,

@@ -148,6 +148,12 @@ impl<T> Net<T> {
         Some((at, msg))
     }
 
+    /// Takes back messages to `p`'s client that never left: the next one
+    /// arrives no earlier than `after` (the latest still on its way).
+    pub(super) fn unsend_to_client(&mut self, p: usize, after: Duration) {
+        self.links[p].last_to_client = after;
+    }
+
     /// Black-holes `p`'s link (partitions stack).
     pub(super) fn partition(&mut self, p: usize) {
         self.links[p].partitions += 1;
@@ -223,6 +229,21 @@ impl<T> Queue<T> {
             .min()?;
         // Its heap entry stays: `pop_until` skips entries without an event.
         self.events.remove(&seq)
+    }
+
+    /// Removes every queued event `unwanted` picks, whenever it is due (a
+    /// reply the server never sent after all).
+    pub(super) fn remove_all(&mut self, unwanted: impl Fn(&T) -> bool) {
+        // Their heap entries stay: `pop_until` skips entries without an event.
+        self.events.retain(|_, ev| !unwanted(ev));
+    }
+
+    /// When the latest queued event that `pick` picks is due.
+    pub(super) fn latest(&self, pick: impl Fn(&T) -> bool) -> Option<Duration> {
+        (self.order.iter())
+            .filter(|Reverse((_, seq))| self.events.get(seq).is_some_and(&pick))
+            .map(|Reverse((t, _))| *t)
+            .max()
     }
 
     /// When the next event is due.

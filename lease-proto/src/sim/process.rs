@@ -401,7 +401,11 @@ impl Sim {
                     .cfg
                     .job_reaction
                     .saturating_sub(self.cfg.job_reaction_min);
-                let react = self.cfg.job_reaction_min + self.uniform(spread);
+                let mut react = self.cfg.job_reaction_min + self.uniform(spread);
+                if self.cfg.stop_as_lease_run && self.key_may_be_free(&reason) {
+                    // `lease run`'s kill within half the lock delay.
+                    react = react.min(self.procs[p].machine.options().lock_delay / 2);
+                }
                 let Some(j) = self.procs[p].jobs.get_mut(&run) else {
                     return;
                 };
@@ -478,6 +482,17 @@ impl Sim {
                 self.report.outcomes[p].push((name, outcome));
             }
         }
+    }
+
+    /// `lease run`'s reading of a loss (see [`SimConfig::stop_as_lease_run`](super::SimConfig::stop_as_lease_run)),
+    /// or its broken variant [`DriverBug::FatalReplyKeepsKey`].
+    fn key_may_be_free(&self, reason: &crate::Reason) -> bool {
+        if self.cfg.bug == Some(DriverBug::FatalReplyKeepsKey)
+            && matches!(reason, crate::Reason::QueryFailed(_))
+        {
+            return false;
+        }
+        reason.key_may_be_free()
     }
 
     /// A job's exit (by itself or after its cancellation) arrives at `p`.

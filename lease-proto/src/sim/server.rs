@@ -292,6 +292,9 @@ pub(super) struct SrvSession {
     /// When the last statement (or the connection) arrived from the client.
     last_heard: Duration,
     busy_until: Duration,
+    /// The last statement that did not block, and when the server is done
+    /// with it: in flight until then.
+    in_flight: Option<(QueryId, Duration)>,
     listening: bool,
     statements: u64,
 }
@@ -567,6 +570,7 @@ impl Server {
                 nonce: None,
                 last_heard: now,
                 busy_until: now,
+                in_flight: None,
                 listening: false,
                 statements: 0,
             },
@@ -1119,6 +1123,23 @@ impl Server {
         }
     }
 
+    /// The statement of `conn` the server has not answered at `now`: a wait
+    /// blocked on a key, or a statement still running (a slow server).
+    pub(super) fn in_flight(&self, conn: u64, now: Duration) -> Option<QueryId> {
+        if let Some(w) = self.waiters.iter().find(|w| w.conn == conn) {
+            return Some(w.query);
+        }
+        let (query, done) = self.sessions.get(&conn)?.in_flight?;
+        (done > now).then_some(query)
+    }
+
+    /// `query` of `conn` runs until `done` (see [`Server::in_flight`]).
+    pub(super) fn running(&mut self, conn: u64, query: QueryId, done: Duration) {
+        if let Some(s) = self.sessions.get_mut(&conn) {
+            s.in_flight = Some((query, done));
+        }
+    }
+
     /// A wait of `conn` ended at `at`: the backend is idle from then.
     pub(super) fn unblocked(&mut self, conn: u64, at: Duration) {
         if let Some(s) = self.sessions.get_mut(&conn) {
@@ -1232,6 +1253,7 @@ impl Sim {
                     return;
                 }
                 let (result, notify) = injected.reply(&statement, result, notify);
+                self.server.running(conn, query, done);
                 let sender = self.server.sessions.get(&conn).map(|s| s.pid);
                 for payload in notify {
                     self.notify_listeners(
@@ -1465,15 +1487,25 @@ impl Sim {
     /// signals every backend it shuts down or terminates together, and a
     /// backend granted a lock with the signal pending ends before it
     /// answers).
+    ///
+    /// A statement in flight on an ended session (a blocked wait, or one
+    /// still running on a slow server) is answered with the FATAL error, as
+    /// PostgreSQL answers it, and the connection's end follows up to
+    /// [`FATAL_TO_END`] later: a driver may read that reply before it reads
+    /// the end (the machine sees a failed statement), or both at once (it
+    /// feeds the end and drops the reply), as a real driver does.
     fn end_sessions(&mut self, conns: &[u64], code: &str, message: &str) {
-        let ended: Vec<(u64, usize)> = (conns.iter())
-            .filter_map(|c| Some((*c, self.server.process_of(*c)?)))
+        let ended: Vec<(u64, usize, Option<QueryId>)> = (conns.iter())
+            .filter_map(|c| {
+                let p = self.server.process_of(*c)?;
+                Some((*c, p, self.server.in_flight(*c, self.now)))
+            })
             .collect();
-        for (conn, _) in &ended {
+        for (conn, ..) in &ended {
             self.end_backend(*conn);
         }
         self.wake_waiters();
-        for (conn, p) in ended {
+        for (conn, p, in_flight) in ended {
             self.trace(
                 Some(p),
                 TraceEvent::SessionKilled {
@@ -1486,7 +1518,40 @@ impl Sim {
                 message: message.into(),
                 config: false,
             };
-            self.send(p, Ev::AtClient(p, ToClient::Ended { conn, error }));
+            let mut end_at = self.now;
+            if let Some(query) = in_flight {
+                // Its reply, scheduled for when the statement would have
+                // been done, is never sent.
+                let never_sent = |ev: &Ev| {
+                    matches!(ev, Ev::AtClient(q, ToClient::Reply { conn: c, query: id, .. })
+                        if *q == p && *c == conn && *id == query)
+                };
+                self.queue.remove_all(never_sent);
+                let on_its_way = |ev: &Ev| matches!(ev, Ev::AtClient(q, _) if *q == p);
+                let after = self.queue.latest(on_its_way).unwrap_or(self.now);
+                self.net.unsend_to_client(p, after);
+                let result = Err(error.clone());
+                self.send(
+                    p,
+                    Ev::AtClient(
+                        p,
+                        ToClient::Reply {
+                            conn,
+                            query,
+                            result,
+                        },
+                    ),
+                );
+                // Half the time the driver reads both at once (the end wins).
+                if self.chance(0.5) {
+                    end_at += self.uniform(FATAL_TO_END);
+                }
+            }
+            let latency = self.link_latency(p);
+            let ev = Ev::AtClient(p, ToClient::Ended { conn, error });
+            if let Some((at, ev)) = self.net.send(p, Direction::ToClient, end_at, latency, ev) {
+                self.queue.push(at, ev);
+            }
         }
     }
 
@@ -1510,6 +1575,11 @@ impl Sim {
         );
     }
 }
+
+/// The longest time from a FATAL answer to a statement in flight to the
+/// connection's end as the client reads it (the backend exits, the kernel
+/// closes the socket): see `end_sessions`.
+const FATAL_TO_END: Duration = Duration::from_millis(2);
 
 /// The first of `settings` that a server of `version` (`server_version_num`) does not
 /// know: `idle_session_timeout` before PostgreSQL 14.

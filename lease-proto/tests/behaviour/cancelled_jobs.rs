@@ -10,10 +10,19 @@
 //! session at once), restored by the hidden
 //! [`SimConfig::close_doubtful_at_once`] knob.
 //!
+//! When the server ends a session itself (`pg_terminate_backend`, a restart),
+//! it frees the keys at once: a job that ignores its cancellation must be
+//! killed within the lock delay, as `lease run` kills its command
+//! ([`SimConfig::stop_as_lease_run`]), whether the driver read the end or the
+//! server's FATAL answer to a statement in flight first. The second property
+//! checks that, and fails with `lease run`'s old reading of the FATAL answer
+//! as a failed statement ([`DriverBug::FatalReplyKeepsKey`]).
+//!
 //! Run: `cargo test -p lease-proto cancelled_jobs::` (`PROPTEST_CASES` sets the
 //! number of cases of the property, 128 by default here).
 
 use crate::common::{ms, regressions_beside_the_source};
+use lease_proto::sim::DriverBug;
 use lease_proto::sim::Fault;
 use lease_proto::sim::Report;
 use lease_proto::sim::Sim;
@@ -48,7 +57,16 @@ fn options() -> Options {
     o
 }
 
-fn config(case: &Case, broken: bool) -> SimConfig {
+/// Which broken variant a run plants, if any.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Broken {
+    /// Every machine closes a session it gives up on at once.
+    CloseAtOnce,
+    /// `lease run` reads a FATAL answer to a statement as a failed statement.
+    FatalKeepsKey,
+}
+
+fn config(case: &Case, broken: Option<Broken>) -> SimConfig {
     SimConfig {
         seed: case.seed,
         processes: case.processes,
@@ -59,7 +77,9 @@ fn config(case: &Case, broken: bool) -> SimConfig {
         job_reaction: ms(case.reaction_max),
         job_exit_probability: 0.2,
         job_lifetime: ms(3000),
-        close_doubtful_at_once: broken,
+        stop_as_lease_run: case.server_ends,
+        close_doubtful_at_once: broken == Some(Broken::CloseAtOnce),
+        bug: (broken == Some(Broken::FatalKeepsKey)).then_some(DriverBug::FatalReplyKeepsKey),
         ..SimConfig::default()
     }
 }
@@ -72,6 +92,9 @@ struct Case {
     /// The reaction range drawn from, in ms.
     reaction_min: u64,
     reaction_max: u64,
+    /// The faults include the server ending sessions (terminates, restarts),
+    /// and jobs are stopped as `lease run` stops them.
+    server_ends: bool,
     faults: Vec<(Duration, Fault)>,
 }
 
@@ -105,24 +128,60 @@ fn fault(processes: usize) -> impl Strategy<Value = Fault> {
     ]
 }
 
-fn case() -> impl Strategy<Value = Case> {
-    (2..5usize, 1..3usize, any::<u64>(), 0..=REACTION_MAX).prop_flat_map(
-        |(processes, leases, seed, reaction_max)| {
-            let faults =
-                proptest::collection::vec(((0..HORIZON / 2).prop_map(ms), fault(processes)), 1..6);
-            (0..=reaction_max, faults).prop_map(move |(reaction_min, faults)| Case {
-                processes,
-                leases,
-                seed,
-                reaction_min,
-                reaction_max,
-                faults,
-            })
+/// The server ends sessions itself, often with a statement in flight (a
+/// slow server keeps heartbeats and tries running), and processes crash.
+/// No link faults: a holder that cannot hear the server (a partition, a
+/// slow link, a freeze) learns of a terminate only after the lock delay,
+/// a limit no client can beat (docs/guarantees.md, its conditions).
+fn server_fault(processes: usize) -> impl Strategy<Value = Fault> {
+    prop_oneof![
+        3 => (0..processes).prop_map(|process| Fault::Terminate { process }),
+        1 => (1..500u64).prop_map(|d| Fault::ServerRestart { downtime: ms(d) }),
+        3 => (50..250u64, 200..3000u64).prop_map(|(e, d)| Fault::SlowServer {
+            extra: ms(e),
+            duration: ms(d)
+        }),
+        1 => (0..processes, proptest::option::of(1..2000u64)).prop_map(|(process, r)| {
+            Fault::Crash {
+                process,
+                restart_after: r.map(ms),
+            }
+        }),
+    ]
+}
+
+fn case_of(server_ends: bool) -> impl Strategy<Value = Case> {
+    // With the server ending sessions, the jobs are slow (commands that
+    // ignore SIGTERM): only `lease run`'s kill stops them early.
+    let least = if server_ends { REACTION_MAX * 2 / 3 } else { 0 };
+    (2..5usize, 1..3usize, any::<u64>(), least..=REACTION_MAX).prop_flat_map(
+        move |(processes, leases, seed, reaction_max)| {
+            let fault = if server_ends {
+                server_fault(processes).boxed()
+            } else {
+                fault(processes).boxed()
+            };
+            let faults = proptest::collection::vec(((0..HORIZON / 2).prop_map(ms), fault), 1..6);
+            (least.min(reaction_max)..=reaction_max, faults).prop_map(
+                move |(reaction_min, faults)| Case {
+                    processes,
+                    leases,
+                    seed,
+                    reaction_min,
+                    reaction_max,
+                    server_ends,
+                    faults,
+                },
+            )
         },
     )
 }
 
-fn run(case: &Case, broken: bool) -> Report {
+fn case() -> impl Strategy<Value = Case> {
+    case_of(false)
+}
+
+fn run(case: &Case, broken: Option<Broken>) -> Report {
     let mut sim = Sim::new(config(case, broken), Instant::now());
     for (at, f) in &case.faults {
         sim.schedule(*at, f.clone());
@@ -132,7 +191,7 @@ fn run(case: &Case, broken: bool) -> Report {
 
 /// The property: no violation at all, strong safety included, with jobs
 /// that take `reaction_min..=reaction_max` to stop.
-fn check(case: &Case, broken: bool) -> Result<(), TestCaseError> {
+fn check(case: &Case, broken: Option<Broken>) -> Result<(), TestCaseError> {
     let r = run(case, broken);
     prop_assert!(
         r.violations.is_empty(),
@@ -162,7 +221,17 @@ proptest! {
     /// strong safety holds for slow-to-stop jobs.
     #[test]
     fn slow_to_stop_jobs_never_overlap_a_new_holder(case in case()) {
-        check(&case, false)?;
+        check(&case, None)?;
+    }
+
+    /// Jobs that ignore their cancellation, stopped as `lease run` stops
+    /// them, never overlap a new holder when the server ends sessions with
+    /// statements in flight.
+    #[test]
+    fn jobs_stopped_as_lease_run_stops_them_never_overlap_after_a_terminate(
+        case in case_of(true)
+    ) {
+        check(&case, None)?;
     }
 }
 
@@ -171,6 +240,20 @@ proptest! {
 /// still runs when the server frees its key and another process leads.
 #[test]
 fn broken_closing_a_doubtful_session_at_once_is_caught() {
+    caught(false, Broken::CloseAtOnce);
+}
+
+/// Broken variant: `lease run`'s old reading of the server's FATAL answer to
+/// a statement in flight (a failed statement: the command killed at the
+/// lease's deadline, not within the lock delay) is caught.
+#[test]
+fn broken_reading_a_fatal_reply_as_a_failed_statement_is_caught() {
+    caught(true, Broken::FatalKeepsKey);
+}
+
+/// Runs the property with `broken` planted until it fails, and checks that
+/// strong safety caught it and that the shrunk case passes without it.
+fn caught(server_ends: bool, broken: Broken) {
     let config = Config {
         cases: cases().max(256),
         max_shrink_iters: 200,
@@ -181,18 +264,18 @@ fn broken_closing_a_doubtful_session_at_once_is_caught() {
     let rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
     let mut runner = TestRunner::new_with_rng(config, rng);
     let (tried, first) = (std::cell::Cell::new(0u32), std::cell::Cell::new(None));
-    let result = runner.run(&case(), |case| {
+    let result = runner.run(&case_of(server_ends), |case| {
         tried.set(tried.get() + 1);
-        let r = check(&case, true);
+        let r = check(&case, Some(broken));
         if r.is_err() && first.get().is_none() {
             first.set(Some(tried.get()));
         }
         r
     });
     let Err(TestError::Fail(why, case)) = result else {
-        panic!("the property did not catch the old close-at-once behaviour: {result:?}");
+        panic!("the property did not catch {broken:?}: {result:?}");
     };
-    let r = run(&case, true);
+    let r = run(&case, Some(broken));
     assert!(
         r.violations
             .iter()
@@ -200,14 +283,14 @@ fn broken_closing_a_doubtful_session_at_once_is_caught() {
         "caught, but not by strong safety: {why}"
     );
     // The same case passes with the rule.
-    let fixed = run(&case, false);
+    let fixed = run(&case, None);
     assert!(
         fixed.violations.is_empty(),
         "the shrunk case fails with the rule too: {:#?}",
         fixed.violations
     );
     eprintln!(
-        "old behaviour caught at case {:?}, shrunk in {} runs: {} processes, reaction {}..={} ms, faults {:?}; {:?}",
+        "{broken:?} caught at case {:?}, shrunk in {} runs: {} processes, reaction {}..={} ms, faults {:?}; {:?}",
         first.get(),
         tried.get(),
         case.processes,
