@@ -130,6 +130,7 @@ pub const MEMBERS_SQL: &str = concat!(
      LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) m.pid \
      WHERE m.locktype OPERATOR(pg_catalog.=) 'advisory' \
      AND m.objsubid OPERATOR(pg_catalog.=) 2 AND m.granted \
+     AND m.objid::pg_catalog.int8 OPERATOR(pg_catalog.=) m.pid::pg_catalog.int8 \
      AND m.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
      WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
      ORDER BY 1, a.backend_start, m.pid"

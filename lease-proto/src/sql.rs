@@ -596,7 +596,9 @@ pub enum Statement {
     /// past the bound: the holder hands it over). Leaves each group of
     /// `leave` (unlocks its lock). Then answers `(0, pg_backend_pid(), NULL)`, one `(1,
     /// group id, member pid)` row per member lock of `groups` granted in
-    /// this database, and one `(2, key, holder pid or NULL)` row per key of
+    /// this database to the backend it names (a lock `(group id, n)` held by
+    /// a backend whose pid is not `n` is forged, as any role can take one,
+    /// and is not a member), and one `(2, key, holder pid or NULL)` row per key of
     /// `keys`; the first row is `(0, pg_backend_pid(), nonce)`
     /// ([`NONCE_SETTING`], NULL when unset), so a reply proves the session
     /// as a [`Statement::Heartbeat`] does. It tries no lease key.
@@ -964,6 +966,7 @@ impl Statement {
                      FROM pg_catalog.pg_locks AS m \
                      WHERE m.locktype OPERATOR(pg_catalog.=) 'advisory' \
                      AND m.objsubid OPERATOR(pg_catalog.=) 2 AND m.granted \
+                     AND m.objid::pg_catalog.int8 OPERATOR(pg_catalog.=) m.pid::pg_catalog.int8 \
                      AND m.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
                      WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
                      AND m.classid::pg_catalog.int8 OPERATOR(pg_catalog.=) ANY ({}) \

@@ -34,6 +34,10 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
     let nonce = 7;
     let (k1, k2, k3, held) = (key("s-1"), key("s-2"), key("s-3"), key("s-held"));
     other.rows(&format!("SELECT pg_advisory_lock({held})"))?;
+    // A forged member of group 9: a member lock whose second half is not the
+    // holder's own backend pid (any role may take it).
+    let forged = 4_194_304 + 12_345;
+    other.rows(&format!("SELECT pg_advisory_lock(9, {forged})"))?;
     let parse_err = |what: &str, e: ReplyError| KitError::Invalid(format!("{what}: {e}"));
     let all = [
         Statement::Setup {
@@ -144,6 +148,11 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
             Statement::Members { .. } => {
                 let reply = MembersReply::parse(&rows).map_err(|e| parse_err("members", e))?;
                 assert!(reply.members.contains(&(9, pid)), "{reply:?}");
+                assert!(
+                    !reply.members.iter().any(|&(_, m)| m == forged),
+                    "a forged member lock (group 9, objid {forged}, held by another backend) \
+                     counted as a member: {reply:?}"
+                );
                 let other_pid = other.ints("SELECT pg_backend_pid()::int8")?[0];
                 assert!(
                     reply.holders.contains(&(held, Some(other_pid))),
