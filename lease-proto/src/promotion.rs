@@ -39,14 +39,36 @@
 //!   `pg_walfile_name(pg_current_wal_lsn())`), to compare with the
 //!   checkpoint's.
 //!
+//! What survives a restart of the promoted server (a fast or immediate
+//! restart, or a backend's crash that makes the postmaster reinitialise, as
+//! the OOM killer does): only the timeline and its history file. After it,
+//! nothing was replayed since the start and the latest checkpoint is on the
+//! new timeline, so the two signals above show nothing, while a holder on a
+//! frozen old primary may still act.
+//! - The current timeline's history file (`0000000N.history` in `pg_wal`,
+//!   written by the promotion that began the timeline): its modification
+//!   time, read with `pg_ls_waldir()`, which superusers and members of
+//!   `pg_monitor` may call. Whole seconds, truncated; the server grants its
+//!   first lock moments after it writes the file, so `modification + 2 s` is
+//!   an upper bound of the promotion instant.
+//! - Without that privilege, on a timeline above 1 (the server, or the
+//!   cluster it was copied from, was promoted once), the latest checkpoint
+//!   on that timeline is the only bound (every checkpoint on it started
+//!   after the promotion): a session set up within the hold after any
+//!   checkpoint (one every `checkpoint_timeout`, and one at every restart)
+//!   waits the rest of it. Grant `pg_monitor` to the lease's role to read
+//!   the promotion's own time instead.
+//!
 //! The rule ([`PromotionState::hold`]): when the server was promoted since
-//! its start, or its current timeline is not its latest checkpoint's (a
-//! promotion whose checkpoint is pending), tries wait until the server's
-//! clock has advanced the hold past the upper bound of the promotion
-//! instant: `checkpoint_time + 1 s`, or the setup itself while the checkpoint
-//! is pending. Both ends are read on the promoted server's clock, so no
-//! agreement between clocks is needed, only a server clock that does not
-//! step during the hold.
+//! its start, its current timeline is not its latest checkpoint's (a
+//! promotion whose checkpoint is pending), or its timeline is above 1 (it
+//! was promoted once, maybe before a restart), tries wait until the
+//! server's clock has advanced the hold past the earliest known upper
+//! bound of the promotion instant: the history file's `modification + 2 s`,
+//! the latest checkpoint's `checkpoint_time + 1 s` when it is on the current
+//! timeline, or else the setup itself. Both ends are read on the promoted
+//! server's clock, so no agreement between clocks is needed, only a server
+//! clock that does not step during the hold.
 
 use std::time::Duration;
 
@@ -66,6 +88,11 @@ pub struct PromotionState {
     /// The server's `clock_timestamp()` minus the latest checkpoint's
     /// `checkpoint_time` (whole seconds, truncated), in ms.
     pub checkpoint_age_ms: Option<i64>,
+    /// The server's `clock_timestamp()` minus the modification time of the
+    /// current timeline's history file (whole seconds, truncated), in ms;
+    /// `None` on timeline 1, without the privilege to read it
+    /// (`pg_ls_waldir()`: `pg_monitor`), or when the file is missing.
+    pub history_age_ms: Option<i64>,
 }
 
 impl PromotionState {
@@ -80,27 +107,40 @@ impl PromotionState {
         self.replayed_since_start || self.checkpoint_pending()
     }
 
+    /// Whether the server was promoted at some time: since its start, or on
+    /// a timeline above 1 (a promotion before a restart leaves only that).
+    pub fn ever_promoted(&self) -> bool {
+        self.promoted() || self.wal_timeline.is_some_and(|t| t > 1)
+    }
+
     /// How long from the setup's reply tries must wait so that `hold` has
     /// passed on the server since the latest instant the promotion can have
-    /// happened; `None` when nothing is to wait (never promoted since its
-    /// start, or long enough ago).
+    /// happened; `None` when nothing is to wait (never promoted, or long
+    /// enough ago).
     ///
-    /// The bound is the latest checkpoint's `checkpoint_time + 1 s` (it has
-    /// whole seconds, truncated) when that checkpoint is on the current
-    /// timeline, else (pending, or the checkpoint unreadable) the setup
-    /// itself. A checkpoint after the first one on the new timeline only
-    /// moves the bound later: on a server promoted since its start every
-    /// checkpoint holds tries back for up to `hold` (docs/guarantees.md says
-    /// what that costs). Never more than `hold`: the
-    /// promotion happened before the setup read the server's state.
+    /// The bound is the earliest of: the history file's modification time
+    /// plus 2 s (whole seconds, truncated, and the first grant comes moments
+    /// after the file is written); the latest checkpoint's
+    /// `checkpoint_time + 1 s` (whole seconds, truncated) when that
+    /// checkpoint is on the current timeline; else (pending, or neither
+    /// readable) the setup itself. Without the history file a checkpoint
+    /// after the first one on the new timeline only moves the bound later:
+    /// on a server promoted once, every checkpoint holds tries back for up
+    /// to `hold` (docs/guarantees.md says what that costs). Never more than
+    /// `hold`: the promotion happened before the setup read the server's
+    /// state.
     pub fn hold(&self, hold: Duration) -> Option<Duration> {
-        if !self.promoted() {
+        if !self.ever_promoted() {
             return None;
         }
-        let since_ms = match self.checkpoint_age_ms {
+        let checkpoint = match self.checkpoint_age_ms {
             Some(age) if !self.checkpoint_pending() => age.saturating_sub(1_000),
             _ => 0,
         };
+        let history = self
+            .history_age_ms
+            .map_or(0, |age| age.saturating_sub(2_000));
+        let since_ms = checkpoint.max(history);
         let since = Duration::from_millis(since_ms.max(0) as u64);
         let rest = hold.saturating_sub(since);
         (!rest.is_zero()).then_some(rest)
@@ -119,16 +159,50 @@ mod tests {
             wal_timeline: Some(wal),
             checkpoint_timeline: Some(checkpoint),
             checkpoint_age_ms: Some(age_ms),
+            history_age_ms: None,
         }
+    }
+
+    /// A promoted server restarted since (fast, immediate, or a backend's
+    /// crash): nothing replayed since the start, the latest checkpoint the
+    /// restart's, `checkpoint_ms` ago, on the new timeline 2.
+    fn restarted(checkpoint_ms: i64, history_ms: Option<i64>) -> PromotionState {
+        PromotionState {
+            replayed_since_start: false,
+            history_age_ms: history_ms,
+            ..promoted(checkpoint_ms, 2, 2)
+        }
+    }
+
+    #[test]
+    fn a_restart_of_a_promoted_server_keeps_the_hold() {
+        // The promotion 3 s ago, the restart's checkpoint 300 ms ago: the
+        // history file dates the promotion (read with pg_monitor).
+        assert_eq!(
+            restarted(300, Some(3_000)).hold(HOLD),
+            Some(HOLD - Duration::from_millis(1_000))
+        );
+        // Without the privilege, the restart's checkpoint bounds it.
+        assert_eq!(restarted(300, None).hold(HOLD), Some(HOLD));
+        assert_eq!(
+            restarted(5_000, None).hold(HOLD),
+            Some(HOLD - Duration::from_millis(4_000))
+        );
+        // The earliest bound wins: an old promotion, a fresh checkpoint.
+        assert_eq!(restarted(300, Some(3_600_000)).hold(HOLD), None);
+        // An old checkpoint on a timeline above 1: nothing to wait.
+        assert_eq!(restarted(60_000, None).hold(HOLD), None);
     }
 
     #[test]
     fn a_server_never_promoted_since_its_start_holds_nothing() {
         assert_eq!(PromotionState::default().hold(HOLD), None);
-        // Crash recovery: the checkpoint is a second old, nothing replayed.
+        // Crash recovery of a server never promoted (timeline 1): the
+        // checkpoint is a second old, nothing replayed. (On a timeline above
+        // 1 a crash may follow a promotion: see the restart test below.)
         let crashed = PromotionState {
             replayed_since_start: false,
-            ..promoted(300, 2, 2)
+            ..promoted(300, 1, 1)
         };
         assert_eq!(crashed.hold(HOLD), None);
     }

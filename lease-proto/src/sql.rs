@@ -138,11 +138,12 @@ mod setup_tag {
     pub const SEARCH_PATH: i64 = 11;
     /// The row of the statement that applies settings; ignored.
     pub const APPLIED: i64 = 0;
-    /// Tags 40 to 43: [`crate::reply::PromotionState`]'s fields, in order.
+    /// Tags 40 to 44: [`crate::reply::PromotionState`]'s fields, in order.
     pub const REPLAYED_SINCE_START: i64 = 40;
     pub const WAL_TIMELINE: i64 = 41;
     pub const CHECKPOINT_TIMELINE: i64 = 42;
     pub const CHECKPOINT_AGE_MS: i64 = 43;
+    pub const HISTORY_AGE_MS: i64 = 44;
 }
 
 /// The transaction-local custom setting in which the setup's first
@@ -166,6 +167,28 @@ const SETUP_CHECKPOINT_PRELUDE: &str =
      FROM pg_catalog.pg_control_checkpoint() c), true); \
      EXCEPTION WHEN insufficient_privilege THEN NULL; END$lease$; ";
 
+/// The transaction-local custom setting in which the setup's second
+/// statement leaves the age (ms) of the current timeline's history file.
+pub const HISTORY_SETTING: &str = "lease.history";
+
+/// The setup's second statement: reads the modification time of the
+/// current timeline's history file (`0000000N.history`) with
+/// `pg_ls_waldir()` into [`HISTORY_SETTING`] (empty when there is none:
+/// timeline 1). Only superusers and members of `pg_monitor` may call it:
+/// `insufficient_privilege` leaves the setting unset, and so does
+/// `pg_current_wal_lsn()` in recovery (`object_not_in_prerequisite_state`),
+/// where the setup refuses anyway. It lists `pg_wal`, once per session.
+const SETUP_HISTORY_PRELUDE: &str =
+    "DO $lease$BEGIN PERFORM pg_catalog.set_config('lease.history', COALESCE(\
+     (SELECT pg_catalog.floor(1000 OPERATOR(pg_catalog.*) pg_catalog.date_part('epoch', \
+     pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) w.modification))::pg_catalog.int8\
+     ::pg_catalog.text FROM pg_catalog.pg_ls_waldir() w \
+     WHERE w.name OPERATOR(pg_catalog.=) pg_catalog.concat(pg_catalog.substr(\
+     pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8), '.history')), ''), \
+     true); \
+     EXCEPTION WHEN insufficient_privilege OR object_not_in_prerequisite_state THEN NULL; \
+     END$lease$; ";
+
 /// Field `n` (1 or 2) of [`CHECKPOINT_SETTING`] as an `int8`, NULL when the
 /// setting is unset or empty.
 macro_rules! checkpoint_field {
@@ -184,7 +207,9 @@ macro_rules! checkpoint_field {
 /// received or a transaction replayed since the server started, the current
 /// WAL timeline (NULL in recovery, where `pg_current_wal_lsn()` errors), and
 /// the latest checkpoint's timeline and age on the server's clock, in ms,
-/// from [`SETUP_CHECKPOINT_PRELUDE`] (NULL when it could not read them).
+/// from [`SETUP_CHECKPOINT_PRELUDE`] (NULL when it could not read them), and
+/// the history file's age from [`SETUP_HISTORY_PRELUDE`] (NULL: none, or
+/// not readable).
 const SETUP_PROMOTION_SQL: &str = concat!(
     " UNION ALL SELECT 40, (pg_catalog.pg_last_wal_receive_lsn() IS NOT NULL \
      OR pg_catalog.pg_last_xact_replay_timestamp() IS NOT NULL)::pg_catalog.int4::pg_catalog.int8",
@@ -195,6 +220,9 @@ const SETUP_PROMOTION_SQL: &str = concat!(
     checkpoint_field!(1),
     " UNION ALL SELECT 43, ",
     checkpoint_field!(2),
+    " UNION ALL SELECT 44, (SELECT CASE WHEN s OPERATOR(pg_catalog.<>) '' \
+     THEN s::pg_catalog.int8 END FROM COALESCE(\
+     pg_catalog.current_setting('lease.history', true), '') AS s)",
 );
 
 /// The tags of the heartbeat and verify statements' `(tag, value)` rows.
@@ -413,7 +441,7 @@ pub enum Statement {
     /// client is on a Unix socket, the nonce read back, whether
     /// `search_path` reads back as [`SEARCH_PATH`], and what the server
     /// shows of a recent promotion ([`crate::reply::PromotionState`], read first
-    /// into [`CHECKPOINT_SETTING`]): see [`SetupReply`].
+    /// into [`CHECKPOINT_SETTING`] and [`HISTORY_SETTING`]): see [`SetupReply`].
     Setup {
         /// The session's nonce.
         nonce: i64,
@@ -742,7 +770,9 @@ impl Statement {
                     let tag = setup_tag::TCP_FIRST + i as i64;
                     write!(sql, " UNION ALL SELECT {tag}, {}", setting(name)).ok();
                 }
-                format!("{SETUP_CHECKPOINT_PRELUDE}{sql}{SETUP_PROMOTION_SQL}")
+                format!(
+                    "{SETUP_CHECKPOINT_PRELUDE}{SETUP_HISTORY_PRELUDE}{sql}{SETUP_PROMOTION_SQL}"
+                )
             }
             // The aggregate consumes every try before the outer query runs, so
             // clock_timestamp() is read after the last lock of the batch was
@@ -1159,6 +1189,7 @@ impl SetupReply {
                 wal_timeline: get(setup_tag::WAL_TIMELINE),
                 checkpoint_timeline: get(setup_tag::CHECKPOINT_TIMELINE),
                 checkpoint_age_ms: get(setup_tag::CHECKPOINT_AGE_MS),
+                history_age_ms: get(setup_tag::HISTORY_AGE_MS),
             },
         })
     }
@@ -1197,6 +1228,10 @@ impl SetupReply {
             vec![
                 Some(setup_tag::CHECKPOINT_AGE_MS),
                 self.promotion.checkpoint_age_ms,
+            ],
+            vec![
+                Some(setup_tag::HISTORY_AGE_MS),
+                self.promotion.history_age_ms,
             ],
         ]
         .into_iter()
@@ -1948,13 +1983,19 @@ mod tests {
             settings: vec![],
         }
         .sql();
-        assert!(sql.starts_with(SETUP_CHECKPOINT_PRELUDE), "{sql}");
+        assert!(
+            sql.starts_with(&format!(
+                "{SETUP_CHECKPOINT_PRELUDE}{SETUP_HISTORY_PRELUDE}"
+            )),
+            "{sql}"
+        );
         assert!(sql.ends_with(SETUP_PROMOTION_SQL), "{sql}");
         for tag in [
             setup_tag::REPLAYED_SINCE_START,
             setup_tag::WAL_TIMELINE,
             setup_tag::CHECKPOINT_TIMELINE,
             setup_tag::CHECKPOINT_AGE_MS,
+            setup_tag::HISTORY_AGE_MS,
         ] {
             assert!(
                 SETUP_PROMOTION_SQL.contains(&format!("SELECT {tag}, ")),
@@ -1963,6 +2004,8 @@ mod tests {
         }
         assert!(SETUP_CHECKPOINT_PRELUDE.contains(&format!("'{CHECKPOINT_SETTING}'")));
         assert!(SETUP_PROMOTION_SQL.contains(&format!("'{CHECKPOINT_SETTING}'")));
+        assert!(SETUP_HISTORY_PRELUDE.contains(&format!("'{HISTORY_SETTING}'")));
+        assert!(SETUP_PROMOTION_SQL.contains(&format!("'{HISTORY_SETTING}'")));
     }
 
     #[test]
@@ -1993,6 +2036,7 @@ mod tests {
                 wal_timeline: Some(3),
                 checkpoint_timeline: Some(2),
                 checkpoint_age_ms: Some(-12),
+                history_age_ms: Some(4_000),
             },
         };
         assert_eq!(SetupReply::parse(&setup.to_rows()), Ok(setup));

@@ -41,6 +41,10 @@ pub enum Mutation {
     /// Ignore what the setup shows of a recent promotion: try on a newly
     /// promoted primary at once, while the old primary's holders still act.
     IgnorePromotion,
+    /// The promotion hold as it was: only from what shows a promotion since
+    /// the server's start (WAL replayed, a pending checkpoint), so that a
+    /// restart of the promoted server during the hold erases it.
+    HoldOnlySinceStart,
     /// Reconnect after a server restart with the doubling backoff alone,
     /// as the machine once did (no fast reconnect window): a server down for
     /// a while is tried again up to about as long after it is back.

@@ -917,6 +917,13 @@ impl Machine {
         let setup = SetupReply {
             promotion: match self.knobs.mutation {
                 Some(Mutation::IgnorePromotion) => Default::default(),
+                Some(Mutation::HoldOnlySinceStart) if !setup.promotion.promoted() => {
+                    Default::default()
+                }
+                Some(Mutation::HoldOnlySinceStart) => crate::reply::PromotionState {
+                    history_age_ms: None,
+                    ..setup.promotion
+                },
                 _ => setup.promotion,
             },
             ..setup

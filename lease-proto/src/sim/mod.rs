@@ -385,6 +385,13 @@ pub struct ServerConfig {
     /// `deadlock_timeout` and whose reply does not report it (the wait
     /// statement as it once was).
     pub wait_ignores_deadlock_timeout: bool,
+    /// The sessions' role may read the current timeline's history file
+    /// (`pg_ls_waldir()`: superusers and members of `pg_monitor`): the setup
+    /// reads when the server was promoted, also after a restart. Off by
+    /// default: a role without privileges, for which a restart of a
+    /// promoted server leaves only its timeline and the restart's
+    /// checkpoint ([`crate::reply::PromotionState`]).
+    pub history_readable: bool,
 }
 
 impl Default for ServerConfig {
@@ -406,6 +413,7 @@ impl Default for ServerConfig {
             notify_delay: Duration::ZERO,
             deadlock_timeout: Duration::from_secs(1),
             wait_ignores_deadlock_timeout: false,
+            history_readable: false,
         }
     }
 }
@@ -971,13 +979,13 @@ impl Sim {
             }
             Fault::ServerRestart { downtime } => {
                 self.terminate(None);
-                self.server.up = false;
+                self.server.restart(self.now);
                 self.queue
                     .push(self.now + downtime, Ev::Heal(Heal::ServerUp));
             }
             Fault::ServerCrash { downtime } => {
                 self.terminate(None);
-                self.server.crash();
+                self.server.crash(self.now);
                 self.queue
                     .push(self.now + downtime, Ev::Heal(Heal::ServerUp));
             }

@@ -235,7 +235,7 @@ impl Postgres {
         let conns = self.server.sessions_of(None);
         let message = "terminating connection due to administrator command";
         self.end_all(now, &conns, "57P01", message);
-        self.server.up = false;
+        self.server.restart(now);
         self.timers.push(now + downtime, Deadline::Up);
     }
 

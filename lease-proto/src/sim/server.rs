@@ -335,9 +335,11 @@ pub(super) struct Server {
     last_clock_us: Option<i64>,
     /// The WAL timeline: one more at every promotion.
     timeline: i64,
-    /// When the server was last promoted (it has run since as that
-    /// promoted standby: see [`crate::reply::PromotionState`]).
+    /// When the server was last promoted (see [`crate::reply::PromotionState`]).
     promoted_at: Option<Duration>,
+    /// When the server last went down for a restart or a crash (its
+    /// checkpoint then: a shutdown checkpoint, or crash recovery's).
+    restarted_at: Option<Duration>,
     /// `lease.nonce` of the one backend of [`ServerConfig::pooler_one_backend`].
     backend_nonce: Option<i64>,
     /// Added processing time of every statement now.
@@ -366,6 +368,7 @@ impl Server {
             last_clock_us: None,
             timeline: 1,
             promoted_at: None,
+            restarted_at: None,
             backend_nonce: None,
             slow: Duration::ZERO,
             auth_failing: 0,
@@ -390,10 +393,18 @@ impl Server {
         self.sessions.get(&owner).map(|s| s.pid)
     }
 
-    /// A crash: the server goes down and forgets unflushed transaction ids;
-    /// its clock may come back behind ([`ServerConfig::clock_step_back`]).
-    pub(super) fn crash(&mut self) {
+    /// A restart at `now`: the server goes down, and what the setup shows
+    /// of a promotion before it is only the timeline, its history file and
+    /// the restart's checkpoint.
+    pub(super) fn restart(&mut self, now: Duration) {
         self.up = false;
+        self.restarted_at = Some(now);
+    }
+
+    /// A crash at `now`: a restart that forgets unflushed transaction ids;
+    /// its clock may come back behind ([`ServerConfig::clock_step_back`]).
+    pub(super) fn crash(&mut self, now: Duration) {
+        self.restart(now);
         self.next_xid = self.flushed_xid;
         self.step_clock();
     }
@@ -437,12 +448,26 @@ impl Server {
     /// then the latest checkpoint is on the old timeline);
     /// `checkpoint_time` has whole seconds of a wall clock
     /// [`WALL_OFFSET`] ahead of the simulation's.
+    ///
+    /// A restart or crash after the promotion ([`Server::restart`]) ends
+    /// what shows a promotion since the start: nothing was replayed since,
+    /// and the latest checkpoint is the restart's, on the new timeline. The
+    /// history file's time is read when [`ServerConfig::history_readable`].
     fn promotion_state(&self, now: Duration) -> crate::reply::PromotionState {
-        let Some(at) = self.promoted_at else {
+        let wall = |d: Duration| (d + WALL_OFFSET).as_millis() as i64;
+        let age = |d: Duration| wall(now) - wall(d) / 1000 * 1000;
+        let history_age_ms = (self.promoted_at)
+            .filter(|_| self.cfg.history_readable)
+            .map(age);
+        let since_start =
+            (self.promoted_at).filter(|at| self.restarted_at.is_none_or(|r| *at >= r));
+        let Some(at) = since_start else {
+            let checkpoint = self.restarted_at.map_or(0, age);
             return crate::reply::PromotionState {
                 wal_timeline: Some(self.timeline),
                 checkpoint_timeline: Some(self.timeline),
-                checkpoint_age_ms: Some(0),
+                checkpoint_age_ms: Some(checkpoint),
+                history_age_ms,
                 ..Default::default()
             };
         };
@@ -452,13 +477,12 @@ impl Server {
         } else {
             (self.timeline - 1, Duration::ZERO)
         };
-        let wall = |d: Duration| (d + WALL_OFFSET).as_millis() as i64;
-        let started_s = wall(started) / 1000 * 1000;
         crate::reply::PromotionState {
             replayed_since_start: true,
             wal_timeline: Some(self.timeline),
             checkpoint_timeline: Some(timeline),
-            checkpoint_age_ms: Some(wall(now) - started_s),
+            checkpoint_age_ms: Some(age(started)),
+            history_age_ms,
         }
     }
 

@@ -75,6 +75,7 @@ fn a_pending_promotion_checkpoint_holds_tries_for_the_whole_hold() {
         wal_timeline: Some(3),
         checkpoint_timeline: Some(2),
         checkpoint_age_ms: Some(400),
+        history_age_ms: None,
     });
     assert!(
         events
@@ -113,6 +114,7 @@ fn the_checkpoint_after_the_promotion_shortens_the_hold() {
         wal_timeline: Some(2),
         checkpoint_timeline: Some(2),
         checkpoint_age_ms: Some(1_600),
+        history_age_ms: None,
     });
     let (after, _) = until_try(&mut h, nonce, hold * 2);
     let expected = hold - ms(600);
@@ -133,6 +135,7 @@ fn nothing_is_held_after_crash_recovery_or_long_after_a_promotion() {
                 wal_timeline: Some(2),
                 checkpoint_timeline: Some(2),
                 checkpoint_age_ms: Some(100),
+                history_age_ms: None,
             },
         ),
         (
@@ -142,6 +145,7 @@ fn nothing_is_held_after_crash_recovery_or_long_after_a_promotion() {
                 wal_timeline: Some(2),
                 checkpoint_timeline: Some(2),
                 checkpoint_age_ms: Some(60_000),
+                history_age_ms: None,
             },
         ),
     ] {
@@ -165,6 +169,7 @@ fn a_new_session_reads_the_hold_again() {
         wal_timeline: Some(3),
         checkpoint_timeline: Some(2),
         checkpoint_age_ms: Some(0),
+        history_age_ms: None,
     });
     let s = h.session().unwrap();
     let cmds = h.input(Input::SessionEnded {

@@ -132,6 +132,86 @@ fn promotion_while_the_old_primary_is_frozen_never_overlaps() -> Res {
     Ok(())
 }
 
+/// A restart of the promoted server during the hold (a setting that needs a restart, the
+/// OOM killer under the failover's load) erases what shows a promotion since the start:
+/// nothing replayed since, the latest checkpoint the restart's, on the new timeline. Runner
+/// A leads on the primary, which freezes; the standby is promoted and restarted (fast) at
+/// once; runner C connects to it. A's job must have ended before C's starts: the timeline
+/// history file dates the promotion (read as a superuser), or, for a role without
+/// privileges, the restart's checkpoint bounds it.
+fn restart_of_a_newly_promoted_primary(privileged: bool) -> Res {
+    let primary = Cluster::start()?;
+    primary.sql("CREATE ROLE app LOGIN")?;
+    let mut standby = primary.start_standby()?;
+    let url = |c: &Cluster| {
+        let user = if privileged { "postgres" } else { "app" };
+        format!(
+            "host={} port={} user={user} dbname=postgres",
+            c.host(),
+            c.port()
+        )
+    };
+    let config = replica(url(&primary));
+    let a = config.spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    std::thread::sleep(ms(1500));
+
+    let frozen = primary.freeze()?;
+    let t_freeze = monotonic_nanos();
+    std::thread::sleep(ms(123));
+    standby.promote()?;
+    standby.restart()?;
+    let t_restarted = monotonic_nanos();
+    let c = ReplicaConfig {
+        url: url(&standby),
+        ..config.clone()
+    }
+    .spawn(bin(), "C")?;
+    let (_, _, c_start) = c.wait_start(0, WAIT)?;
+    let (kind, a_cancel) = a.wait_cancel(0, WAIT)?;
+    a.wait_stop(0, WAIT)?;
+    let mut terms = a.terms();
+    terms.extend(c.terms());
+    let (overlap, pair) = worst_overlap(&terms, monotonic_nanos());
+    let who = if privileged {
+        "superuser"
+    } else {
+        "role without privileges"
+    };
+    figure(
+        &format!("restart of the promoted server ({who}): C's hold"),
+        format!(
+            "{:?}; restarted {:.1} ms after the freeze, A cancelled at {:.1} ms ({kind}), C \
+             started at {:.1} ms",
+            logged_holds(&c),
+            ms_f(diff(t_freeze, t_restarted)),
+            ms_f(diff(t_freeze, a_cancel)),
+            ms_f(diff(t_freeze, c_start)),
+        ),
+    );
+    assert!(
+        overlap == 0 && a_cancel < c_start,
+        "two leaders for {:.1} ms ({pair:?}) after a restart of the promoted server ({who}): \
+         A cancelled at {:.1} ms, C started at {:.1} ms after the freeze\n{}",
+        overlap as f64 / 1e6,
+        ms_f(diff(t_freeze, a_cancel)),
+        ms_f(diff(t_freeze, c_start)),
+        tails(&[&a, &c])
+    );
+    drop(frozen);
+    Ok(())
+}
+
+#[test]
+fn restart_of_a_newly_promoted_primary_never_overlaps() -> Res {
+    restart_of_a_newly_promoted_primary(true)
+}
+
+#[test]
+fn restart_of_a_newly_promoted_primary_never_overlaps_without_privileges() -> Res {
+    restart_of_a_newly_promoted_primary(false)
+}
+
 /// The hold a replica logged (`hold_ms=N` of the "promoted recently" warning), if any.
 fn logged_holds(node: &Node) -> Vec<String> {
     node.stderr()
