@@ -129,13 +129,26 @@ fn nothing_is_held_after_crash_recovery_or_long_after_a_promotion() {
     for (what, promotion) in [
         ("never promoted", PromotionState::default()),
         (
-            "crash recovery",
+            "crash recovery, never promoted",
+            PromotionState {
+                replayed_since_start: false,
+                wal_timeline: Some(1),
+                checkpoint_timeline: Some(1),
+                checkpoint_age_ms: Some(100),
+                history_age_ms: None,
+            },
+        ),
+        (
+            // On timeline 2 without the history file, a crash may follow a
+            // promotion: held (`promotion::tests`). Its history file dates
+            // the promotion an hour back.
+            "crash recovery, promoted an hour ago",
             PromotionState {
                 replayed_since_start: false,
                 wal_timeline: Some(2),
                 checkpoint_timeline: Some(2),
                 checkpoint_age_ms: Some(100),
-                history_age_ms: None,
+                history_age_ms: Some(3_600_000),
             },
         ),
         (
