@@ -68,6 +68,10 @@ impl Drop for Job {
             let _ = std::thread::Builder::new()
                 .name("lease-exec-kill".into())
                 .spawn(move || reach.kill_tree());
+        } else if let Some(dir) = &self.reach.leaf {
+            // The watchdog removes its leaf when it exits; if it died, this
+            // does (only an empty leaf can be removed).
+            let _ = std::fs::remove_dir(dir.as_path());
         }
     }
 }

@@ -45,7 +45,7 @@ impl Drop for WatchdogPid {
 /// them: a process of a command's tree that left its group and session
 /// (`setsid`, a double fork) and then lost its watchdog becomes this
 /// process's child instead of init's, and every [`Job`](crate::Job)'s stop
-/// reaches it.
+/// reaches it (and reaps it once it has exited).
 ///
 /// Call it once, before the first watchdog starts, in a process whose only
 /// children are its watchdogs (as the `lease` command): from then on a
@@ -207,6 +207,9 @@ pub(crate) struct Tree {
     root: i32,
     skip: Option<i32>,
     prune: Vec<i32>,
+    /// The root is this runner, a subreaper: the walk reaps the exited
+    /// orphans it finds among its children (nothing else would).
+    reap: bool,
 }
 
 impl Tree {
@@ -216,6 +219,7 @@ impl Tree {
             root: std::process::id() as i32,
             skip: None,
             prune: Vec::new(),
+            reap: false,
         }
     }
 
@@ -237,6 +241,7 @@ impl Tree {
                 root: runner,
                 skip: Some(watchdog),
                 prune,
+                reap: true,
             });
         }
         stat(watchdog)
@@ -245,6 +250,7 @@ impl Tree {
                 root: watchdog,
                 skip: None,
                 prune: Vec::new(),
+                reap: false,
             })
     }
 
@@ -275,6 +281,12 @@ impl Tree {
                     continue;
                 }
                 let Some(p) = stat(pid) else { continue };
+                if self.reap && !p.live() && p.ppid == self.root {
+                    // An orphan of a tree whose watchdog died (watchdogs
+                    // are skipped or pruned, never reaped here).
+                    // SAFETY: waitpid on an exited child of this process.
+                    unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+                }
                 visit(&p);
                 out.push(p);
                 stack.push(pid);
@@ -481,6 +493,7 @@ mod tests {
                 root: 1,
                 skip: Some(own),
                 prune: others.to_vec(),
+                reap: false,
             };
             let mut pids: Vec<i32> = (tree.walk_in(&all).iter())
                 .filter(|p| p.live())
@@ -497,6 +510,7 @@ mod tests {
             root: 10,
             skip: None,
             prune: Vec::new(),
+            reap: false,
         };
         let mut pids: Vec<i32> = own.walk_in(&all).iter().map(|p| p.pid).collect();
         pids.sort_unstable();

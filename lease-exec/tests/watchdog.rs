@@ -21,6 +21,17 @@ fn main() {
                 .and_then(|n| n.into_string().ok()?.parse().ok())
                 .expect("idle's count"),
         ),
+        Some(SUBREAPER_CASE) => {
+            let cgroup = args.next().is_some_and(|c| c == "cgroup");
+            let dir = PathBuf::from(args.next().expect("the case's directory"));
+            lease_exec::become_subreaper().expect("become a subreaper");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(a_job_stops_a_pid_hopper_whose_watchdog_died(&dir, cgroup));
+            std::process::exit(0);
+        }
         _ => {}
     }
     // Orphans of a test's tree whose watchdog died come to this process, not
@@ -70,6 +81,10 @@ fn main() {
         run(
             &format!("a_dropped_watchdog_stops_a_pid_hopper_{how}"),
             &|| Box::pin(a_dropped_watchdog_stops_a_pid_hopper(cgroup)),
+        );
+        run(
+            &format!("a_subreaper_job_stops_a_pid_hopper_{how}"),
+            &|| Box::pin(in_a_subreaper(cgroup)),
         );
         run(
             &format!("a_stop_costs_the_same_with_many_host_processes_{how}"),
@@ -279,6 +294,10 @@ async fn terminate_kills_what_ignores_sigterm_after_the_grace() {
 const HOPPER: &str = "__hopper";
 /// The helper mode of this binary that holds idle processes: [`idle`].
 const IDLE: &str = "__idle";
+/// The helper mode of this binary that runs
+/// [`a_job_stops_a_pid_hopper_whose_watchdog_died`] in a runner that called
+/// `become_subreaper` (as `lease run`): [`in_a_subreaper`].
+const SUBREAPER_CASE: &str = "__subreaper_case";
 
 /// The pid hopper: every millisecond (`LEASE_EXEC_HOP_US` microseconds if
 /// set, for a harder run by hand) it writes its hop count to
@@ -694,4 +713,71 @@ async fn a_stop_costs_the_same_with_many_host_processes(cgroup: bool) {
         "the runner's thread was held up {gap:?} during the stops (a 1 ms heartbeat's longest gap)"
     );
     drop(load);
+}
+
+/// Runs [`a_job_stops_a_pid_hopper_whose_watchdog_died`] in a child of this
+/// process that calls `become_subreaper` first (every descendant of a
+/// subreaper runner but its other watchdogs' subtrees is a job's tree: not
+/// for this process, which holds other tests' helpers).
+async fn in_a_subreaper(cgroup: bool) {
+    let dir = scratch(&format!("hopper-subreaper-{cgroup}"));
+    let _guard = HopperGuard { dir: dir.clone() };
+    let mut case = std::process::Command::new("/proc/self/exe")
+        .arg(SUBREAPER_CASE)
+        .arg(if cgroup { "cgroup" } else { "walk" })
+        .arg(&dir)
+        .spawn()
+        .expect("start the case");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = case.try_wait().expect("the case's status") {
+            break Some(status);
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = case.kill();
+            let _ = case.wait();
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the case in a subreaper runner failed: {status:?}"
+    );
+}
+
+/// In a runner that called `become_subreaper`: the hopper's watchdog dies
+/// by SIGKILL (its command with it), the hopper becomes this runner's
+/// orphan, and the job's own stop (the runner's walk from itself down, and
+/// the leaf's `cgroup.kill` if any) must stop it.
+async fn a_job_stops_a_pid_hopper_whose_watchdog_died(dir: &Path, cgroup: bool) {
+    let mut dog = Watchdog::start(&with_hopper(dir, cgroup))
+        .await
+        .expect("start");
+    let mut job = dog
+        .spawn(Instant::now() + Duration::from_secs(60))
+        .await
+        .expect("spawn");
+    hopping(dir).await;
+    let how = containment(job.pid(), cgroup);
+    // SAFETY: kill has no memory-safety preconditions; the watchdog is this
+    // process's child.
+    unsafe { libc::kill(dog.pid() as i32, libc::SIGKILL) };
+    let start = Instant::now();
+    let stop = job.terminate(Duration::from_millis(100), std::future::pending());
+    let stopped = tokio::time::timeout(Duration::from_secs(5), stop).await;
+    let took = start.elapsed();
+    assert!(
+        stopped.is_ok(),
+        "terminate did not return within 5 s (hops: {})",
+        hops(dir).trim()
+    );
+    hopper_stopped(dir, "a subreaper runner's stop, its watchdog dead").await;
+    println!(
+        "FIGURE pid hopper ({how}), subreaper runner, watchdog SIGKILLed: terminate (grace \
+         100 ms) returned after {:.1} ms",
+        took.as_secs_f64() * 1e3
+    );
+    drop(job);
+    drop(dog);
 }
