@@ -103,7 +103,8 @@
 //! all of `/proc` instead. The walk starts at the watchdog; in the runner
 //! after [`become_subreaper`] at the runner, leaving out its other
 //! watchdogs' subtrees; in a runner that is no subreaper and whose
-//! watchdog is gone, only the command's group is left to signal and check.
+//! watchdog is gone, only the command's group (and its cgroup leaf, if
+//! any) is left to signal and check.
 //! One walk is not a snapshot (a process whose parent dies meanwhile moves
 //! to the subreaper's list, perhaps after the walk read it), so each answer
 //! takes two walks in a row that find the same processes.
@@ -150,7 +151,9 @@
 //! freeze, a VM pause) cannot act either: `docs/fencing.md` of the
 //! repository has the recipe for that. Killing both the runner and the
 //! watchdog with SIGKILL leaves the command's escaped descendants (not its
-//! group: the command dies with the watchdog) to init. A process under
+//! group: the command dies with the watchdog) to init; in a cgroup leaf
+//! they stay in it, where a write of `1` to its `cgroup.kill` (or the stop
+//! of a systemd unit) still reaches them. A process under
 //! another uid (a setuid program) cannot be signalled by a runner that is
 //! not root: it is waited for but not killed. A process started on the
 //! command's behalf by something outside the tree (`systemd-run`, `at`, a
@@ -159,11 +162,11 @@
 //!
 //! ## Linux only
 //!
-//! `prctl` (`PR_SET_PDEATHSIG`, `PR_SET_CHILD_SUBREAPER`), `timerfd`,
-//! `/proc` and cgroup v2: on other systems the crate does not build. The parent-death
-//! signal fires when the *thread* that spawned the child exits: the
-//! watchdog is single-threaded, and [`Watchdog::start`] says which thread
-//! to start it from.
+//! `prctl` (`PR_SET_PDEATHSIG`, `PR_SET_CHILD_SUBREAPER`), `timerfd` and
+//! `/proc` (and cgroup v2 where it can be used): on other systems the crate
+//! does not build. The parent-death signal fires when the *thread* that
+//! spawned the child exits: the watchdog is single-threaded, and
+//! [`Watchdog::start`] says which thread to start it from.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(html_root_url = "https://docs.rs/lease-exec/0.1")]
