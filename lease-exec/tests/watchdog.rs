@@ -709,7 +709,7 @@ async fn a_stop_costs_the_same_with_many_host_processes(cgroup: bool) {
         load.count
     );
     assert!(
-        gap < Duration::from_millis(100),
+        gap < Duration::from_millis(200),
         "the runner's thread was held up {gap:?} during the stops (a 1 ms heartbeat's longest gap)"
     );
     drop(load);
