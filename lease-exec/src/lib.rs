@@ -56,8 +56,9 @@
 //! - `spawn DEADLINE` ([`Watchdog::spawn`]): start the command in its own
 //!   process group and SIGKILL its tree when `CLOCK_MONOTONIC` reaches
 //!   DEADLINE (nanoseconds; that clock is system-wide, so both processes
-//!   agree on it: [`monotonic_nanos`]). Answered `started PID` or
-//!   `failed ERRNO` on stdout.
+//!   agree on it: [`monotonic_nanos`]). Answered `started PID` (`started
+//!   PID CGROUP` with the directory of the command's cgroup leaf, if it has
+//!   one: see "The tree") or `failed ERRNO` on stdout.
 //! - `arm PGID DEADLINE` ([`Watchdog::arm`]): watch process group PGID
 //!   (always the same one, the command's) and kill at DEADLINE instead. A
 //!   later `arm` replaces the deadline.
@@ -73,10 +74,9 @@
 //! End of file on stdin (the runner died, however), the parent-death signal,
 //! or a new parent kill the tree at once, armed or not: nothing else would
 //! stop it. A malformed line does too (the runner is not what it should be).
-//! A kill is SIGKILL to the command's group, then to every descendant of the
-//! watchdog until none is left (the subreaper gets every orphan of the tree,
-//! whatever group or session it moved to). After a deadline kill the
-//! watchdog waits for `done` or end of file and exits.
+//! A kill is the kill of the whole tree described in "The tree" below.
+//! After a deadline kill the watchdog waits for `done` or end of file and
+//! exits.
 //!
 //! The watchdog ignores SIGTERM, SIGINT and SIGHUP (a `systemctl stop` that
 //! signals every process of the unit must leave the runner's graceful stop to
@@ -90,22 +90,70 @@
 //! descendant that left the command's group and session (`setsid`, a
 //! daemon's double fork, `nohup ... &`) and lost its parent becomes the
 //! watchdog's child, not init's. A runner that called [`become_subreaper`]
-//! is one too, for a tree whose watchdog died. Every stop of a [`Job`]
-//! signals the command's group and each other process of the tree, and
-//! SIGKILL is repeated until nothing of the tree is left. When the runner
-//! dies the watchdog kills the tree; when the watchdog dies, the command
-//! gets SIGKILL from the kernel (`PR_SET_PDEATHSIG`) and the runner's
-//! [`Job`] kills the rest.
+//! is one too, for a tree whose watchdog died. When the runner dies the
+//! watchdog kills the tree; when the watchdog dies, the command gets
+//! SIGKILL from the kernel (`PR_SET_PDEATHSIG`) and the runner's [`Job`]
+//! kills the rest.
+//!
+//! The tree is read by walking it from the subreaper down, through each
+//! process's children lists (`/proc/PID/task/TID/children`), never by
+//! reading the whole process table: a walk, and so a stop, costs the size
+//! of the command's tree whatever the host's process count. Without those
+//! lists (a kernel built without `CONFIG_PROC_CHILDREN`) each walk reads
+//! all of `/proc` instead. The walk starts at the watchdog; in the runner
+//! after [`become_subreaper`] at the runner, leaving out its other
+//! watchdogs' subtrees; in a runner that is no subreaper and whose
+//! watchdog is gone, only the command's group (and its cgroup leaf, if
+//! any) is left to signal and check.
+//! One walk is not a snapshot (a process whose parent dies meanwhile moves
+//! to the subreaper's list, perhaps after the walk read it), so each answer
+//! takes two walks in a row that find the same processes.
+//!
+//! A kill of the tree, by the watchdog or by a [`Job`]'s stop, cannot be
+//! outrun by a process that forks and exits faster than one round of
+//! signals (a child that calls `setsid` every millisecond while its parent
+//! exits):
+//!
+//! - **A cgroup v2 leaf**, where one can be made: at `spawn` the watchdog
+//!   creates `lease-exec-WATCHDOG_PID` under its own cgroup in the cgroup
+//!   v2 hierarchy (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` in a hybrid
+//!   layout) and the command moves into it before it execs, so that every
+//!   descendant is in it too. A kill writes `1` to its `cgroup.kill`: the
+//!   kernel kills every member, forks under way included, in one step, and
+//!   `populated 0` in its `cgroup.events` says they are gone. It needs
+//!   write access to the runner's cgroup (root, or a delegated subtree:
+//!   systemd's `Delegate=yes`) and `cgroup.kill` (Linux 5.14); elsewhere
+//!   there is none, and [`Command::cgroup`] turns it off. The watchdog
+//!   removes the leaf when it exits.
+//! - **The tree walk, frozen first**, always (alone where there is no
+//!   leaf; after the leaf's kill it finds nothing or what left the leaf):
+//!   SIGSTOP to each process a walk finds running, before its children are
+//!   read, walking again until two walks in a row find the same processes,
+//!   all stopped (or exited). A stopped process cannot fork, and a fork
+//!   under way when the SIGSTOP came gives a child that is stopped too.
+//!   Then SIGKILL to each process a walk finds, walking again until two
+//!   walks in a row find none alive: "until none is left".
+//!
+//! A [`Job`]'s walks and waits run on the tokio runtime's blocking threads,
+//! never on the thread that runs the runner's other tasks (its
+//! heartbeats).
 //!
 //! ## Limits
 //!
 //! A process group id can be reused once every member is gone: call
 //! [`Watchdog::finish`] as soon as the tree is gone, the watchdog kills only
-//! before that. A watchdog frozen together with its runner (a cgroup
+//! before that. A watchdog killed by SIGKILL leaves its (empty) cgroup leaf
+//! behind; the next watchdog with the same pid removes it. A process of the
+//! tree that moves itself to another cgroup (it needs write access there)
+//! leaves the leaf, not the walk. A process that a tracer keeps running
+//! through SIGSTOP is killed without being frozen first (after 500 ms of
+//! trying). A watchdog frozen together with its runner (a cgroup
 //! freeze, a VM pause) cannot act either: `docs/fencing.md` of the
 //! repository has the recipe for that. Killing both the runner and the
 //! watchdog with SIGKILL leaves the command's escaped descendants (not its
-//! group: the command dies with the watchdog) to init. A process under
+//! group: the command dies with the watchdog) to init; in a cgroup leaf
+//! they stay in it, where a write of `1` to its `cgroup.kill` (or the stop
+//! of a systemd unit) still reaches them. A process under
 //! another uid (a setuid program) cannot be signalled by a runner that is
 //! not root: it is waited for but not killed. A process started on the
 //! command's behalf by something outside the tree (`systemd-run`, `at`, a
@@ -115,10 +163,10 @@
 //! ## Linux only
 //!
 //! `prctl` (`PR_SET_PDEATHSIG`, `PR_SET_CHILD_SUBREAPER`), `timerfd` and
-//! `/proc`: on other systems the crate does not build. The parent-death
-//! signal fires when the *thread* that spawned the child exits: the
-//! watchdog is single-threaded, and [`Watchdog::start`] says which thread
-//! to start it from.
+//! `/proc` (and cgroup v2 where it can be used): on other systems the crate
+//! does not build. The parent-death signal fires when the *thread* that
+//! spawned the child exits: the watchdog is single-threaded, and
+//! [`Watchdog::start`] says which thread to start it from.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(html_root_url = "https://docs.rs/lease-exec/0.1")]
@@ -130,6 +178,7 @@ compile_error!(
      prctl(PR_SET_PDEATHSIG) and makes the watchdog a subreaper"
 );
 
+mod cgroup;
 mod clock;
 mod error;
 mod job;

@@ -13,7 +13,7 @@ pub const SUBCOMMAND: &str = "__watchdog";
 pub(crate) const PARENT_DEATH_SIGNAL: libc::c_int = libc::SIGUSR1;
 
 /// The watchdog's arguments after [`SUBCOMMAND`]:
-/// `--parent PID [--log CONFIG] [--stdin-fd FD] [--stdout-fd FD] [-- COMMAND...]`.
+/// `--parent PID [--log CONFIG] [--stdin-fd FD] [--stdout-fd FD] [--no-cgroup] [-- COMMAND...]`.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Args {
     /// The runner's pid: the watchdog exits at once, killing the tree, if
@@ -25,6 +25,9 @@ pub(crate) struct Args {
     pub(crate) stdin_fd: Option<i32>,
     /// An inherited descriptor for the command's stdout (the runner's).
     pub(crate) stdout_fd: Option<i32>,
+    /// No cgroup leaf for the command, even where one could be made
+    /// (`Command::cgroup`).
+    pub(crate) no_cgroup: bool,
     /// The command the watchdog starts on `spawn`.
     pub(crate) command: Vec<OsString>,
 }
@@ -44,6 +47,9 @@ impl Args {
                 out.extend([flag.into(), fd.to_string().into()]);
             }
         }
+        if self.no_cgroup {
+            out.push("--no-cgroup".into());
+        }
         out.push("--".into());
         out.extend(self.command.iter().cloned());
         out
@@ -59,6 +65,10 @@ impl Args {
             if flag == "--" {
                 args.command = argv.collect();
                 break;
+            }
+            if flag == "--no-cgroup" {
+                args.no_cgroup = true;
+                continue;
             }
             let value = argv
                 .next()
@@ -93,6 +103,7 @@ mod tests {
             log: "quiet,json".into(),
             stdin_fd: Some(3),
             stdout_fd: None,
+            no_cgroup: true,
             command: vec!["sh".into(), "-c".into(), "--parent".into()],
         };
         assert_eq!(Args::parse(args.to_argv()), Ok(args));

@@ -5,12 +5,14 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::ChildStdout;
 
+use crate::cgroup::leaf_name;
 use crate::clock::monotonic_nanos;
 use crate::error::Error;
 use crate::job::Job;
@@ -37,6 +39,7 @@ pub struct Command {
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     log: String,
+    cgroup: bool,
 }
 
 impl Command {
@@ -47,6 +50,7 @@ impl Command {
             args: Vec::new(),
             env: Vec::new(),
             log: String::new(),
+            cgroup: true,
         }
     }
 
@@ -78,6 +82,16 @@ impl Command {
     /// `--log-format` this way. At most a few hundred bytes, no `\0`.
     pub fn watchdog_log(&mut self, config: impl Into<String>) -> &mut Command {
         self.log = config.into();
+        self
+    }
+
+    /// Whether the watchdog puts the command in a cgroup v2 leaf of its own
+    /// where it can make one (default `true`): a kill is then also one write
+    /// to the leaf's `cgroup.kill`. `false`: the tree walk alone, as where
+    /// no cgroup can be made. The crate docs' "The tree" says which applies
+    /// when.
+    pub fn cgroup(&mut self, try_one: bool) -> &mut Command {
+        self.cgroup = try_one;
         self
     }
 
@@ -158,6 +172,7 @@ impl Watchdog {
             log: command.log.clone(),
             stdin_fd: stdin.as_ref().map(AsRawFd::as_raw_fd),
             stdout_fd: stdout.as_ref().map(AsRawFd::as_raw_fd),
+            no_cgroup: !command.cgroup,
             command: std::iter::once(command.program.clone())
                 .chain(command.args.iter().cloned())
                 .collect(),
@@ -262,15 +277,21 @@ impl Watchdog {
                 )))
             }
         };
-        let mut words = line.split_ascii_whitespace();
+        let mut words = line.splitn(3, ' ');
         match (
             words.next(),
-            words.next().and_then(|w| w.parse::<i32>().ok()),
+            words.next().and_then(|w| w.trim().parse::<i32>().ok()),
         ) {
             (Some("started"), Some(pid)) if pid > 1 => {
                 self.pgid = Some(pid);
                 let watchdog = i32::try_from(self.pid).unwrap_or(0);
-                Ok(Job::new(pid, watchdog, reports))
+                // The command's cgroup leaf, if the watchdog made one: only
+                // the watchdog's own leaf name is taken.
+                let leaf = words
+                    .next()
+                    .map(PathBuf::from)
+                    .filter(|dir| dir.file_name() == Some(leaf_name(watchdog).as_ref()));
+                Ok(Job::new(pid, watchdog, leaf, reports))
             }
             (Some("failed"), Some(errno)) => Err(Error::Spawn(io::Error::from_raw_os_error(errno))),
             _ => Err(Error::Lost(io::Error::other(format!(

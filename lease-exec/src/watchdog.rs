@@ -10,9 +10,10 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
+use crate::cgroup::{self, Leaf};
 use crate::clock;
 use crate::protocol::{Args, PARENT_DEATH_SIGNAL, SUBCOMMAND};
-use crate::tree::{descendants, signal_each, subreaper};
+use crate::tree::{subreaper, Tree};
 
 /// Runs the watchdog if this process was started as one (its first
 /// argument is [`SUBCOMMAND`]), and then exits with its status (0 after the
@@ -137,10 +138,21 @@ where
             match watch.apply(line.trim_end()) {
                 Ok(Step::Continue) => {}
                 Ok(Step::Spawn(at)) => {
-                    match spawn_command(&args.command, stdin.as_ref(), stdout.as_ref()) {
+                    let io = (stdin.as_ref(), stdout.as_ref());
+                    let mut leaf = if args.no_cgroup { None } else { Leaf::create() };
+                    let mut spawned = spawn_command(&args.command, io, leaf.as_ref());
+                    if spawned.is_err() && leaf.is_some() {
+                        // Perhaps the move into the leaf failed: without it.
+                        leaf = None;
+                        spawned = spawn_command(&args.command, io, None);
+                    }
+                    match spawned {
                         Ok(pid) => {
-                            watch.started(pid, at);
-                            report(&format!("started {pid}"));
+                            match &leaf {
+                                Some(l) => report(&format!("started {pid} {}", l.dir().display())),
+                                None => report(&format!("started {pid}")),
+                            }
+                            watch.started(pid, at, leaf);
                         }
                         Err(e) => {
                             report(&format!("failed {}", e.raw_os_error().unwrap_or(libc::EIO)))
@@ -181,7 +193,8 @@ extern "C" fn on_parent_death(_: libc::c_int) {
     // Only async-signal-safe calls here: getppid, kill. A stray signal while
     // the runner lives is ignored. The group is killed here at once; the
     // main loop, woken by the signal, sees the parent gone and kills the
-    // rest of the command's tree (what left the group), which needs /proc.
+    // rest of the command's tree (what left the group: the cgroup leaf and
+    // the walk of /proc).
     // SAFETY: getppid has no preconditions.
     if unsafe { libc::getppid() } == PARENT.load(Ordering::SeqCst) {
         return;
@@ -212,6 +225,8 @@ struct Watch {
     child: Option<i32>,
     /// Its exit was reported to the runner.
     reported: bool,
+    /// The command's cgroup leaf, if one could be made.
+    leaf: Option<Leaf>,
 }
 
 /// One line to the runner (it may be gone: then nothing happens).
@@ -262,16 +277,18 @@ impl Watch {
         }
     }
 
-    /// The command runs as `pid` (its own group), armed with `at`.
-    fn started(&mut self, pid: i32, at: u64) {
+    /// The command runs as `pid` (its own group, and `leaf` if any), armed
+    /// with `at`.
+    fn started(&mut self, pid: i32, at: u64, leaf: Option<Leaf>) {
         self.child = Some(pid);
+        self.leaf = leaf;
         self.pgid = Some(pid);
         PGID.store(pid, Ordering::SeqCst);
         self.deadline = Some(at);
     }
 
-    /// Kills the group and the rest of the command's tree (once: the tree
-    /// stays empty afterwards) and forgets the deadline.
+    /// Kills the group and the rest of the command's tree (the group once:
+    /// it stays empty afterwards) and forgets the deadline.
     fn fire(&mut self) {
         self.deadline = None;
         if !self.fired {
@@ -294,28 +311,17 @@ impl Watch {
         self.fire();
     }
 
-    /// SIGKILL to every descendant of the watchdog until none is left. The
-    /// watchdog is a subreaper: whatever of the command's tree lost its
-    /// parent is its child now, so nothing of the tree can escape this.
+    /// SIGKILL to the command's cgroup leaf (if any: the kernel kills every
+    /// member, forks included) and to every descendant of the watchdog,
+    /// frozen first, until none is left ([`Tree::kill`]). The watchdog is a
+    /// subreaper: whatever of the command's tree lost its parent is its
+    /// child now, so the walk from it down finds the whole tree, and a
+    /// frozen process cannot fork.
     fn kill_tree(&mut self) {
-        let me = std::process::id() as i32;
-        let mut rounds = 0u32;
-        loop {
-            self.reap();
-            let tree = descendants(me);
-            if tree.is_empty() {
-                break;
-            }
-            signal_each(&tree, |_| true, libc::SIGKILL);
-            rounds += 1;
-            if rounds % 1000 == 0 {
-                tracing::warn!(
-                    left = tree.len(),
-                    "watchdog: processes of the command's tree survive SIGKILL; still killing"
-                );
-            }
-            std::thread::sleep(Duration::from_millis(1));
+        if let Some(leaf) = &self.leaf {
+            cgroup::kill(leaf.dir());
         }
+        Tree::own().kill(&mut || self.reap());
         self.reap();
     }
 
@@ -350,15 +356,15 @@ fn inherited(fd: Option<i32>) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Starts the command (`argv`: the program, then its arguments): its own
-/// process group, SIGKILL when the watchdog dies (`PR_SET_PDEATHSIG`), the
+/// Starts the command (`argv`: the program, then its arguments): in `leaf`
+/// if any, its own process group, SIGKILL when the watchdog dies (`PR_SET_PDEATHSIG`), the
 /// default disposition of the signals the watchdog ignores, the runner's
 /// stdin and stdout (else /dev/null: never the watchdog's pipes) and
 /// stderr. Its pid.
 fn spawn_command(
     argv: &[OsString],
-    stdin: Option<&OwnedFd>,
-    stdout: Option<&OwnedFd>,
+    (stdin, stdout): (Option<&OwnedFd>, Option<&OwnedFd>),
+    leaf: Option<&Leaf>,
 ) -> io::Result<i32> {
     let (program, args) = argv
         .split_first()
@@ -373,10 +379,15 @@ fn spawn_command(
     };
     cmd.stdin(stdio(stdin)?).stdout(stdio(stdout)?);
     let parent = std::process::id() as libc::pid_t;
+    let procs = leaf.map(Leaf::procs_fd);
     // SAFETY: the closure runs in the forked child before exec and only
-    // makes async-signal-safe calls (signal, prctl, getppid).
+    // makes async-signal-safe calls (write, signal, prctl, getppid).
     unsafe {
         cmd.pre_exec(move || {
+            // Into the leaf first: whatever it starts is in it too.
+            if let Some(procs) = procs {
+                cgroup::join(procs)?;
+            }
             for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
                 if libc::signal(sig, libc::SIG_DFL) == libc::SIG_ERR {
                     return Err(io::Error::last_os_error());
