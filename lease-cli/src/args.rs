@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use lease_tokio::{GroupId, LeaseId};
+use lease_tokio::{GroupId, LeaseId, NameError};
 
 /// Shown under `lease --help`.
 /// `--grace` when not given.
@@ -491,16 +491,34 @@ pub enum LogFormat {
     Json,
 }
 
-/// The leases of `--shards n`: `NAME/0` to `NAME/n-1`, in the group `NAME`.
+/// The leases of `--shards n`: `NAME/0` to `NAME/n-1` ([`LeaseId::shard`]),
+/// in the group `NAME`.
 pub fn shard_leases(name: &str, n: u16) -> Result<Vec<LeaseId>, String> {
     let group = GroupId::named(name).map_err(|e| e.to_string())?;
     (0..n)
         .map(|i| {
-            let shard = format!("{name}/{i}");
-            let id = LeaseId::named(shard.as_str()).map_err(|e| format!("shard {shard:?}: {e}"))?;
-            Ok(id.in_group(group.clone()))
+            LeaseId::shard(&group, u32::from(i)).map_err(|e| format!("shard {i} of {name:?}: {e}"))
         })
         .collect()
+}
+
+/// The lease NAME names for `lease key` and `lease status`: shard I of the
+/// group GROUP when NAME is `GROUP/I` as `--shards` writes it (I in decimal,
+/// no leading zero; [`LeaseId::shard`]), so that a shard can be looked up
+/// by its name; otherwise the plain lease NAME ([`LeaseId::named`], which
+/// refuses any other name ending in `/` and digits). `lease run` and `lease
+/// handover` take plain names only.
+///
+/// # Errors
+/// The [`NameError`] of the group's or the lease's name.
+pub fn lease_or_shard(name: &str) -> Result<LeaseId, NameError> {
+    if let Some((group, index)) = name.rsplit_once('/') {
+        let canonical = (index.parse::<u32>().ok()).filter(|i| i.to_string() == index);
+        if let Some(i) = canonical {
+            return LeaseId::shard(&GroupId::named(group)?, i);
+        }
+    }
+    LeaseId::named(name)
 }
 
 /// Parses `--metrics-addr`: an IP address and a port (`127.0.0.1:9187`,
@@ -548,6 +566,20 @@ mod tests {
         assert!(parse_addr("localhost:9187").is_err());
         assert!(parse_addr("127.0.0.1").is_err());
         assert!(parse_addr(":9187").is_err());
+    }
+
+    /// `lease key` and `lease status` look a shard up by its name, with the
+    /// key `--shards` gives it; a shard form `--shards` never writes is
+    /// refused, as is any plain lease name of that form.
+    #[test]
+    fn shards_are_looked_up_by_their_names() {
+        let key = |name: &str| lease_or_shard(name).map(|l| l.key());
+        assert_eq!(key("NAME/0"), Ok(lease_proto::key_for_name("NAME/0")));
+        assert_eq!(key("NAME/3"), Ok(shard_leases("NAME", 4).unwrap()[3].key()));
+        assert_eq!(key("NAME/007"), Err(NameError::ShardForm));
+        assert_eq!(key("NAME/+7"), Ok(lease_proto::key_for_name("NAME/+7")));
+        assert_eq!(key("NAME/x"), Ok(lease_proto::key_for_name("NAME/x")));
+        assert_eq!(key("a/1/2"), Err(NameError::ShardForm));
     }
 
     #[test]

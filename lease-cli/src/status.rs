@@ -10,7 +10,7 @@ use crate::log::{usage_error, EXIT_FAILURE};
 
 /// Runs `lease key`.
 pub fn key(args: KeyArgs) -> i32 {
-    match LeaseId::named(args.name.as_str()) {
+    match crate::args::lease_or_shard(args.name.as_str()) {
         Ok(id) => {
             println!("{}", id.key());
             0
@@ -118,13 +118,15 @@ pub fn main(args: StatusArgs) -> i32 {
     let mut groups = Vec::new();
     for name in &args.names {
         let named = match args.shards {
-            None => (LeaseId::named(name.as_str()).map(|id| vec![id]))
+            None => (crate::args::lease_or_shard(name.as_str()).map(|id| vec![id]))
                 .map_err(|e| format!("{e}: {name:?}")),
             Some(n) => crate::args::shard_leases(name, n),
         };
         match named {
             Ok(named) => {
-                groups.extend(named.first().and_then(LeaseId::group).cloned());
+                if args.shards.is_some() {
+                    groups.extend(named.first().and_then(LeaseId::group).cloned());
+                }
                 ids.extend(named);
             }
             Err(e) => return usage_error(2, &e),
