@@ -1,7 +1,8 @@
-//! Lease names at the command line: a name that is not in Unicode NFC form,
-//! one with an invisible or a bidirectional control character, and a plain
-//! lease named like a shard (`NAME/0`) are bad usage: exit 2 with one line,
-//! before any connection to the database.
+//! Lease names and interval floors at the command line: a name that is not in
+//! Unicode NFC form, one with an invisible or a bidirectional control
+//! character, a plain lease named like a shard (`NAME/0`), and an interval
+//! below its floor are bad usage: exit 2 with one line, before any
+//! connection to the database.
 
 use crate::common::*;
 use std::io::ErrorKind;
@@ -91,4 +92,36 @@ fn lookalike_names_and_shard_names_are_refused() {
     let (status, out, err, _) = output(key, MS(3_000));
     assert!(status.success(), "{status}: {err}");
     assert_eq!(out.trim(), "5049073497831337967");
+}
+
+#[test]
+fn intervals_below_their_floor_are_refused() {
+    let run = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut args = vec!["run"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["floor-job", "--", "true"]);
+        args
+    };
+    all_refused(&[
+        (
+            run(&["--heartbeat-interval", "1ns"]),
+            "heartbeat interval (1ns) must be at least 10ms",
+        ),
+        (
+            run(&["--retry-interval", "1ms", "--lock-delay", "0s"]),
+            "retry interval (1ms) must be at least 10ms",
+        ),
+        (
+            run(&["--guard-margin", "1us"]),
+            "guard margin (1µs) must be at least 1ms",
+        ),
+        (
+            run(&["--lock-delay", "1ns"]),
+            "lock delay (1ns) must be at least 1ms",
+        ),
+        (
+            run(&["--query-timeout", "1ms"]),
+            "query timeout (1ms) must be at least 10ms",
+        ),
+    ]);
 }
