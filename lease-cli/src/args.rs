@@ -446,7 +446,7 @@ pub struct ValidArgs {
     #[arg(long, value_name = "PATH")]
     pub socket: Option<std::path::PathBuf>,
 
-    /// How long to wait for the runner's answer
+    /// How long connecting to the runner and waiting for its answer may take
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub timeout: Duration,
 
