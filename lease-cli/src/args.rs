@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use lease_tokio::{GroupId, LeaseId};
+use lease_tokio::{GroupId, LeaseId, NameError};
 
 /// Shown under `lease --help`.
 /// `--grace` when not given.
@@ -201,10 +201,14 @@ pub enum Cmd {
                       (the BACKEND PID column of `lease status NAME`): the holder stops its \
                       command as on SIGTERM (the full --grace), releases the lease, and no \
                       other replica tries it for two of their query timeouts after the \
-                      release, so the named standby takes it at once. Waits until PID holds \
-                      NAME. Exit status 0 when it does, 1 when it did not within --timeout or \
-                      the database could not be queried (a standby that does not take it: \
-                      the others take it again after that window), 2 for bad usage.",
+                      release, so the named standby takes it at once. First checks that PID \
+                      waits for NAME on the server (a standby's ungranted request in \
+                      pg_locks, looked for up to 500ms): otherwise nothing is sent and the \
+                      holder keeps leading. Waits until PID holds NAME. Exit status 0 when it \
+                      does, 1 when PID is not waiting for NAME, when it did not take NAME \
+                      within --timeout or the database could not be queried (a standby that \
+                      does not take it: the others take it again after that window), 2 for \
+                      bad usage.",
         after_long_help = CONNECTION_HELP
     )]
     Handover(HandoverArgs),
@@ -446,7 +450,7 @@ pub struct ValidArgs {
     #[arg(long, value_name = "PATH")]
     pub socket: Option<std::path::PathBuf>,
 
-    /// How long to wait for the runner's answer
+    /// How long connecting to the runner and waiting for its answer may take
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub timeout: Duration,
 
@@ -491,16 +495,34 @@ pub enum LogFormat {
     Json,
 }
 
-/// The leases of `--shards n`: `NAME/0` to `NAME/n-1`, in the group `NAME`.
+/// The leases of `--shards n`: `NAME/0` to `NAME/n-1` ([`LeaseId::shard`]),
+/// in the group `NAME`.
 pub fn shard_leases(name: &str, n: u16) -> Result<Vec<LeaseId>, String> {
     let group = GroupId::named(name).map_err(|e| e.to_string())?;
     (0..n)
         .map(|i| {
-            let shard = format!("{name}/{i}");
-            let id = LeaseId::named(shard.as_str()).map_err(|e| format!("shard {shard:?}: {e}"))?;
-            Ok(id.in_group(group.clone()))
+            LeaseId::shard(&group, u32::from(i)).map_err(|e| format!("shard {i} of {name:?}: {e}"))
         })
         .collect()
+}
+
+/// The lease NAME names for `lease key` and `lease status`: shard I of the
+/// group GROUP when NAME is `GROUP/I` as `--shards` writes it (I in decimal,
+/// no leading zero; [`LeaseId::shard`]), so that a shard can be looked up
+/// by its name; otherwise the plain lease NAME ([`LeaseId::named`], which
+/// refuses any other name ending in `/` and digits). `lease run` and `lease
+/// handover` take plain names only.
+///
+/// # Errors
+/// The [`NameError`] of the group's or the lease's name.
+pub fn lease_or_shard(name: &str) -> Result<LeaseId, NameError> {
+    if let Some((group, index)) = name.rsplit_once('/') {
+        let canonical = (index.parse::<u32>().ok()).filter(|i| i.to_string() == index);
+        if let Some(i) = canonical {
+            return LeaseId::shard(&GroupId::named(group)?, i);
+        }
+    }
+    LeaseId::named(name)
 }
 
 /// Parses `--metrics-addr`: an IP address and a port (`127.0.0.1:9187`,
@@ -548,6 +570,20 @@ mod tests {
         assert!(parse_addr("localhost:9187").is_err());
         assert!(parse_addr("127.0.0.1").is_err());
         assert!(parse_addr(":9187").is_err());
+    }
+
+    /// `lease key` and `lease status` look a shard up by its name, with the
+    /// key `--shards` gives it; a shard form `--shards` never writes is
+    /// refused, as is any plain lease name of that form.
+    #[test]
+    fn shards_are_looked_up_by_their_names() {
+        let key = |name: &str| lease_or_shard(name).map(|l| l.key());
+        assert_eq!(key("NAME/0"), Ok(lease_proto::key_for_name("NAME/0")));
+        assert_eq!(key("NAME/3"), Ok(shard_leases("NAME", 4).unwrap()[3].key()));
+        assert_eq!(key("NAME/007"), Err(NameError::ShardForm));
+        assert_eq!(key("NAME/+7"), Ok(lease_proto::key_for_name("NAME/+7")));
+        assert_eq!(key("NAME/x"), Ok(lease_proto::key_for_name("NAME/x")));
+        assert_eq!(key("a/1/2"), Err(NameError::ShardForm));
     }
 
     #[test]

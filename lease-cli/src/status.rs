@@ -10,7 +10,7 @@ use crate::log::{usage_error, EXIT_FAILURE};
 
 /// Runs `lease key`.
 pub fn key(args: KeyArgs) -> i32 {
-    match LeaseId::named(args.name.as_str()) {
+    match crate::args::lease_or_shard(args.name.as_str()) {
         Ok(id) => {
             println!("{}", id.key());
             0
@@ -19,9 +19,17 @@ pub fn key(args: KeyArgs) -> i32 {
     }
 }
 
-/// `lease handover NAME --to PID`: asks NAME's holder to hand it over to
-/// backend PID and waits until PID holds it (the rule: lease-proto's
-/// `Machine::handover_requested`).
+/// How long `lease handover` looks for backend PID among the key's waiters
+/// before it refuses (at most `--timeout`): a standby waiting on the server
+/// issues its wait again at each retry interval, and is not waiting for the
+/// round trip in between.
+const STANDBY_LOOK: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `lease handover NAME --to PID`: checks that backend PID waits for NAME's
+/// key on the server (`pg_locks`, a request not granted), refusing without
+/// sending anything when it does not within [`STANDBY_LOOK`]; then asks
+/// NAME's holder to hand it over to backend PID and waits until PID holds it
+/// (the rule: lease-proto's `Machine::handover_requested`).
 pub fn handover(args: HandoverArgs) -> i32 {
     let id = match LeaseId::named(args.name.as_str()) {
         Ok(id) => id,
@@ -53,11 +61,37 @@ async fn hand_over(
     let holder = |table: &LockTable| {
         (table.key(id.key()).and_then(|l| l.holders.first())).and_then(|h| h.pid)
     };
-    let before = holder(&session.locks().await?);
-    match before {
-        None => return Err(format!("{name} is not held: nothing to hand over")),
-        Some(pid) if pid == to => return Ok(format!("{name} is held by backend {to} already")),
-        Some(_) => {}
+    // Nothing is sent unless backend `to` waits for the key: a mistyped pid
+    // would stop the holder's command and leave the lease to nobody for the
+    // hand-over's window.
+    let look = std::time::Instant::now();
+    loop {
+        let table = session.locks().await?;
+        match holder(&table) {
+            None => return Err(format!("{name} is not held: nothing to hand over")),
+            Some(pid) if pid == to => return Ok(format!("{name} is held by backend {to} already")),
+            Some(_) => {}
+        }
+        let waiters = table.key(id.key()).map_or(&[][..], |l| &l.waiters);
+        if waiters.iter().any(|w| w.pid == Some(to)) {
+            break;
+        }
+        if look.elapsed() >= args.timeout.min(STANDBY_LOOK) {
+            session.close().await;
+            let pids: Vec<String> = (waiters.iter())
+                .filter_map(|w| w.pid.map(|p| p.to_string()))
+                .collect();
+            let standbys = if pids.is_empty() {
+                "none".to_owned()
+            } else {
+                pids.join(", ")
+            };
+            return Err(format!(
+                "backend {to} is not waiting for {name} on the server (the backends waiting \
+                 for it: {standbys}; see `lease status`): nothing was sent"
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     let start = std::time::Instant::now();
     session.request_handover(id.key(), to).await?;
@@ -118,13 +152,15 @@ pub fn main(args: StatusArgs) -> i32 {
     let mut groups = Vec::new();
     for name in &args.names {
         let named = match args.shards {
-            None => (LeaseId::named(name.as_str()).map(|id| vec![id]))
+            None => (crate::args::lease_or_shard(name.as_str()).map(|id| vec![id]))
                 .map_err(|e| format!("{e}: {name:?}")),
             Some(n) => crate::args::shard_leases(name, n),
         };
         match named {
             Ok(named) => {
-                groups.extend(named.first().and_then(LeaseId::group).cloned());
+                if args.shards.is_some() {
+                    groups.extend(named.first().and_then(LeaseId::group).cloned());
+                }
                 ids.extend(named);
             }
             Err(e) => return usage_error(2, &e),

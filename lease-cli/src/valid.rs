@@ -19,9 +19,10 @@ use std::io::{self, BufRead, BufReader};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lease_tokio::Lease;
+use socket2::{Domain, SockAddr, Socket, Type};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixListener;
 
@@ -143,9 +144,28 @@ pub fn main(args: ValidArgs) -> i32 {
     }
 }
 
-fn ask(socket: &Path, timeout: std::time::Duration) -> io::Result<String> {
-    let stream = UnixStream::connect(socket)?;
-    stream.set_read_timeout(Some(timeout))?;
+/// Asks the runner at `socket`, connecting and reading within `timeout` in
+/// all.
+fn ask(socket: &Path, timeout: Duration) -> io::Result<String> {
+    let deadline = Instant::now() + timeout;
+    let timed_out = || {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "timed out after {} (the runner is stopped or starved)",
+                humantime::format_duration(timeout)
+            ),
+        )
+    };
+    let stream = connect(socket, timeout).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(),
+        _ => e,
+    })?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(timed_out());
+    }
+    stream.set_read_timeout(Some(left))?;
     let mut line = String::new();
     match BufReader::new(stream).read_line(&mut line) {
         Err(e)
@@ -154,15 +174,22 @@ fn ask(socket: &Path, timeout: std::time::Duration) -> io::Result<String> {
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
             ) =>
         {
-            Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "timed out after {} (the runner is stopped or starved)",
-                    humantime::format_duration(timeout)
-                ),
-            ))
+            Err(timed_out())
         }
         Err(e) => Err(e),
         Ok(_) => Ok(line.trim_end().to_owned()),
     }
+}
+
+/// Connects to `socket` within `timeout`. A stopped runner accepts nothing:
+/// once its socket's backlog is full, a plain `connect` waits until it
+/// accepts again. The socket's send timeout bounds that wait (Linux gives
+/// up with `EAGAIN`, [`io::ErrorKind::WouldBlock`]); a non-blocking connect
+/// would fail at once instead.
+fn connect(socket: &Path, timeout: Duration) -> io::Result<UnixStream> {
+    let s = Socket::new(Domain::UNIX, Type::STREAM, None)?;
+    s.set_write_timeout(Some(timeout))?;
+    s.connect(&SockAddr::unix(socket)?)?;
+    s.set_write_timeout(None)?;
+    Ok(s.into())
 }

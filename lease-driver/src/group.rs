@@ -53,7 +53,7 @@ impl<A> fmt::Debug for Group<A> {
 
 impl<A> Locker<A> {
     /// The lease group `name` on this locker (see [`Group`]). A bad name
-    /// (empty, overlong, a control character) is returned by each run, as
+    /// (the rules: [`LeaseId::named`]) is returned by each run, as
     /// [`RunError::Name`].
     #[must_use]
     pub fn group(&self, name: &str) -> Group<A> {

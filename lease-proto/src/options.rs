@@ -39,6 +39,26 @@ pub const RETRY_JITTER: f64 = 0.2;
 /// setup round trip) reliably does faster; a shorter one only loops on
 /// timeouts.
 pub const MIN_QUERY_TIMEOUT: Duration = Duration::from_millis(10);
+/// Shortest accepted [`Options::heartbeat_interval`]: each heartbeat is a
+/// round trip, which no server reached over a network reliably makes faster
+/// (the bound of [`MIN_QUERY_TIMEOUT`]); a shorter interval keeps the next
+/// heartbeat due before the last is answered, a busy loop of statements.
+/// The validity window, longer than the heartbeat interval, is above it too.
+pub const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(10);
+/// Shortest accepted [`Options::retry_interval`]: a standby's poll, each
+/// wait's lock timeout and the reconnect backoff cap; below a round trip
+/// (as [`MIN_HEARTBEAT_INTERVAL`]) they become a busy loop of tries and
+/// connection attempts.
+pub const MIN_RETRY_INTERVAL: Duration = Duration::from_millis(10);
+/// Shortest accepted [`Options::guard_margin`]: the guard is set in the
+/// server's unit, whole milliseconds ([`Options::guard_timeout`]); a
+/// shorter margin is rounded away and absorbs no drift.
+pub const MIN_GUARD_MARGIN: Duration = Duration::from_millis(1);
+/// Shortest accepted [`Options::lock_delay`] other than zero (which turns
+/// the delay off): below a millisecond it is shorter than the scheduling
+/// and clock resolution it is meant to outlast, a unit mistake (`20ns` for
+/// `20ms`) rather than a tuning.
+pub const MIN_LOCK_DELAY: Duration = Duration::from_millis(1);
 /// Largest accepted ratio `heartbeat_interval / query_timeout`. A heartbeat
 /// 100 times longer than the longest statement it allows is already unusual;
 /// beyond that the values are almost certainly in swapped or mistyped units
@@ -72,7 +92,8 @@ pub const MAX_GUARD_TIMEOUT: Duration = Duration::from_secs(600);
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Options {
-    /// Standby poll interval (default 5 s, jittered down by up to 20 %). With
+    /// Standby poll interval (default 5 s, at least [`MIN_RETRY_INTERVAL`],
+    /// jittered down by up to 20 %). With
     /// [`Options::wait_on_server`] (the default) a standby holding nothing
     /// learns of a freed key from the server at once (a locker that holds a
     /// lease, on its [`Options::watch_session`]), and this is the fallback
@@ -82,14 +103,16 @@ pub struct Options {
     pub retry_interval: Duration,
     /// How often the holder proves that its session is the same live one
     /// (backend pid and nonce: a live session keeps its advisory locks),
-    /// which confirms its leases (default 5 s). Also keeps the session from
+    /// which confirms its leases (default 5 s, at least
+    /// [`MIN_HEARTBEAT_INTERVAL`]). Also keeps the session from
     /// looking idle to the server guard. A locker holding nothing sends only
     /// its tries while `retry_interval + query_timeout` is below the guard
     /// (validity + margin; so with the defaults), and heartbeats in between
     /// otherwise.
     pub heartbeat_interval: Duration,
     /// How long one statement may take, and how long connecting plus setup may
-    /// take (default 10 s). A statement past it cannot be abandoned politely:
+    /// take (default 10 s, at least [`MIN_QUERY_TIMEOUT`]). A statement past
+    /// it cannot be abandoned politely:
     /// every lease on the session is lost and the session is closed (once the
     /// cancelled jobs have returned). Keep it well above
     /// the worst round trip a healthy server and a busy process produce; it is
@@ -113,7 +136,8 @@ pub struct Options {
     /// ends idle sessions on its own terms.
     pub server_guard: bool,
     /// How much longer the server guard waits than the validity window
-    /// (default 1 s). Absorbs clock-rate drift between holder and server: the
+    /// (default 1 s, at least [`MIN_GUARD_MARGIN`]). Absorbs clock-rate
+    /// drift between holder and server: the
     /// guarantee holds while the drift stays below [`Options::drift_bound`].
     /// The margin in force is never below
     /// `validity / 50` (1 % drift): see [`Options::guard_margin_in_force`].
@@ -147,7 +171,8 @@ pub struct Options {
     pub watch_session: bool,
     /// How long after a try wins a key its job starts, unless a handover
     /// notification from the holder the standby saw says the release was
-    /// graceful (default [`DEFAULT_LOCK_DELAY`]). Chubby's lock-delay: a key
+    /// graceful (default [`DEFAULT_LOCK_DELAY`]; zero, or at least
+    /// [`MIN_LOCK_DELAY`]). Chubby's lock-delay: a key
     /// freed because the server ended its holder's session
     /// (`pg_terminate_backend`, a reset connection) is freed the moment the
     /// old holder learns of it, so its job may still be stopping. Every win
@@ -213,8 +238,17 @@ pub enum OptionsError {
     },
     /// `max_leases` is 0 or above [`MAX_MAX_LEASES`].
     MaxLeases(usize),
-    /// The query timeout is below [`MIN_QUERY_TIMEOUT`].
-    QueryTimeoutTooShort(Duration),
+    /// An interval is below its floor: [`MIN_RETRY_INTERVAL`],
+    /// [`MIN_HEARTBEAT_INTERVAL`], [`MIN_QUERY_TIMEOUT`],
+    /// [`MIN_GUARD_MARGIN`] or (unless zero) [`MIN_LOCK_DELAY`].
+    TooShort {
+        /// The option, as the messages name it (`"heartbeat interval"`).
+        what: &'static str,
+        /// The value given.
+        value: Duration,
+        /// Its floor.
+        min: Duration,
+    },
     /// The heartbeat interval is more than [`MAX_HEARTBEAT_PER_QUERY_TIMEOUT`]
     /// times the query timeout.
     HeartbeatTooLongForQueryTimeout {
@@ -266,10 +300,15 @@ impl fmt::Display for OptionsError {
                     "max leases must be between 1 and {MAX_MAX_LEASES}, not {n}"
                 )
             }
-            OptionsError::QueryTimeoutTooShort(d) => write!(
-                f,
-                "query timeout ({d:?}) must be at least {MIN_QUERY_TIMEOUT:?}: it also bounds connecting and setup"
-            ),
+            OptionsError::TooShort { what, value, min } => {
+                write!(f, "{what} ({value:?}) must be at least {min:?}")?;
+                match *what {
+                    LOCK_DELAY => f.write_str(" (or zero, no delay)"),
+                    QUERY_TIMEOUT => f.write_str(": it also bounds connecting and setup"),
+                    GUARD_MARGIN => f.write_str(": the server counts whole milliseconds"),
+                    _ => f.write_str(": a shorter one is a busy loop of statements"),
+                }
+            }
             OptionsError::HeartbeatTooLongForQueryTimeout {
                 heartbeat,
                 query_timeout,
@@ -302,6 +341,13 @@ impl fmt::Display for OptionsError {
 }
 
 impl std::error::Error for OptionsError {}
+
+/// The options' names in [`OptionsError`].
+const RETRY_INTERVAL: &str = "retry interval";
+const HEARTBEAT_INTERVAL: &str = "heartbeat interval";
+const QUERY_TIMEOUT: &str = "query timeout";
+const GUARD_MARGIN: &str = "guard margin";
+const LOCK_DELAY: &str = "lock delay";
 
 impl Options {
     /// The validity window in force: [`Options::validity`] or
@@ -407,19 +453,19 @@ impl Options {
     /// Checks the options.
     ///
     /// # Errors
-    /// [`OptionsError`] for zero or over-a-day intervals, a validity window not
-    /// above the heartbeat interval, `max_leases` outside `1..=100_000`, a
-    /// query timeout below [`MIN_QUERY_TIMEOUT`], a heartbeat interval above
+    /// [`OptionsError`] for zero or over-a-day intervals, an interval below
+    /// its floor ([`OptionsError::TooShort`]), a validity window not
+    /// above the heartbeat interval, `max_leases` outside `1..=100_000`, a heartbeat interval above
     /// [`MAX_HEARTBEAT_PER_QUERY_TIMEOUT`] times the query timeout, or a guard
     /// timeout above [`MAX_GUARD_TIMEOUT`], or an observer with a priority.
     pub fn validate(&self) -> Result<(), OptionsError> {
         const DAY: Duration = Duration::from_secs(86_400);
         let named = [
-            ("retry interval", self.retry_interval),
-            ("heartbeat interval", self.heartbeat_interval),
-            ("query timeout", self.query_timeout),
+            (RETRY_INTERVAL, self.retry_interval),
+            (HEARTBEAT_INTERVAL, self.heartbeat_interval),
+            (QUERY_TIMEOUT, self.query_timeout),
             ("validity", self.validity_window()),
-            ("guard margin", self.guard_margin),
+            (GUARD_MARGIN, self.guard_margin),
         ];
         for (what, d) in named {
             if d.is_zero() {
@@ -427,6 +473,24 @@ impl Options {
             }
             if d > DAY {
                 return Err(OptionsError::TooLong(what));
+            }
+        }
+        // The floors (the validity's is the heartbeat's: it is longer).
+        let floors = [
+            (RETRY_INTERVAL, self.retry_interval, MIN_RETRY_INTERVAL),
+            (
+                HEARTBEAT_INTERVAL,
+                self.heartbeat_interval,
+                MIN_HEARTBEAT_INTERVAL,
+            ),
+            (QUERY_TIMEOUT, self.query_timeout, MIN_QUERY_TIMEOUT),
+            (GUARD_MARGIN, self.guard_margin, MIN_GUARD_MARGIN),
+        ];
+        let lock_delay =
+            (!self.lock_delay.is_zero()).then_some((LOCK_DELAY, self.lock_delay, MIN_LOCK_DELAY));
+        for (what, value, min) in floors.into_iter().chain(lock_delay) {
+            if value < min {
+                return Err(OptionsError::TooShort { what, value, min });
             }
         }
         let validity = self.validity_window();
@@ -438,9 +502,6 @@ impl Options {
         }
         if self.max_leases == 0 || self.max_leases > MAX_MAX_LEASES {
             return Err(OptionsError::MaxLeases(self.max_leases));
-        }
-        if self.query_timeout < MIN_QUERY_TIMEOUT {
-            return Err(OptionsError::QueryTimeoutTooShort(self.query_timeout));
         }
         if self.heartbeat_interval > self.query_timeout * MAX_HEARTBEAT_PER_QUERY_TIMEOUT {
             return Err(OptionsError::HeartbeatTooLongForQueryTimeout {
@@ -581,6 +642,77 @@ mod tests {
                 limit: ms(1100)
             }
         );
+    }
+
+    /// Every interval has a floor: a heartbeat of 1 ns would send
+    /// heartbeats back to back. Each refusal is one line naming the option
+    /// and its floor; the floors themselves stay valid.
+    #[test]
+    fn intervals_below_their_floor_are_refused() {
+        let (ns, ms) = (Duration::from_nanos, Duration::from_millis);
+        type Case = (&'static str, fn(&mut Options));
+        let cases: [Case; 6] = [
+            ("heartbeat interval (1ns)", |o| {
+                o.heartbeat_interval = Duration::from_nanos(1)
+            }),
+            ("heartbeat interval (9ms)", |o| {
+                o.heartbeat_interval = Duration::from_millis(9)
+            }),
+            ("retry interval (1ns)", |o| {
+                o.retry_interval = Duration::from_nanos(1);
+                o.lock_delay = Duration::ZERO;
+            }),
+            ("query timeout (1ms)", |o| {
+                o.query_timeout = Duration::from_millis(1)
+            }),
+            ("guard margin (1µs)", |o| {
+                o.guard_margin = Duration::from_micros(1)
+            }),
+            ("lock delay (1ns)", |o| {
+                o.lock_delay = Duration::from_nanos(1)
+            }),
+        ];
+        let mut accepted = Vec::new();
+        for (what, set) in cases {
+            let mut o = Options::default();
+            set(&mut o);
+            match o.validate() {
+                Ok(()) => accepted.push(what),
+                Err(e) => {
+                    let text = e.to_string();
+                    assert!(
+                        text.starts_with(what) && text.contains("must be at least"),
+                        "{what}: {text}"
+                    );
+                    assert!(!text.contains('\n'), "{text}");
+                }
+            }
+        }
+        assert!(accepted.is_empty(), "accepted: {accepted:?}");
+        let o = Options {
+            heartbeat_interval: ns(1),
+            ..Options::default()
+        };
+        assert_eq!(
+            o.validate(),
+            Err(OptionsError::TooShort {
+                what: "heartbeat interval",
+                value: ns(1),
+                min: MIN_HEARTBEAT_INTERVAL
+            })
+        );
+        // At the floors (and a lock delay of zero: no delay), all is valid.
+        let mut o = Options {
+            heartbeat_interval: ms(10),
+            retry_interval: ms(10),
+            query_timeout: ms(10),
+            guard_margin: ms(1),
+            lock_delay: ms(1),
+            ..Options::default()
+        };
+        assert_eq!(o.validate(), Ok(()));
+        o.lock_delay = ns(0);
+        assert_eq!(o.validate(), Ok(()));
     }
 
     #[test]

@@ -152,3 +152,57 @@ fn lease_valid_outside_lease_run_is_an_error() {
         .expect("run lease valid");
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// A stopped runner accepts nothing, and once its socket's backlog is full
+/// a plain `connect` waits until it does. `lease valid --timeout 1s` gives up
+/// within its timeout all the same, connect included: exit 2 (an error, never
+/// "valid") with one line. The socket here is a listener nobody accepts on,
+/// its backlog filled by non-blocking connects.
+#[test]
+fn lease_valid_gives_up_within_its_timeout_when_the_backlog_is_full() {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let dir = std::env::temp_dir().join(unique("lease-valid-backlog"));
+    std::fs::create_dir(&dir).expect("mkdir");
+    let path = dir.join("valid.sock");
+    let addr = SockAddr::unix(&path).expect("address");
+    let listener = Socket::new(Domain::UNIX, Type::STREAM, None).expect("socket");
+    listener.bind(&addr).expect("bind");
+    listener.listen(0).expect("listen");
+    let mut queued = Vec::new();
+    let full = loop {
+        let s = Socket::new(Domain::UNIX, Type::STREAM, None).expect("socket");
+        s.set_nonblocking(true).expect("nonblocking");
+        match s.connect(&addr) {
+            Ok(()) => queued.push(s),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break true,
+            Err(e) => panic!("connect: {e}"),
+        }
+        if queued.len() > 10_000 {
+            break false;
+        }
+    };
+    assert!(full, "the backlog never filled");
+    let mut cmd = lease();
+    cmd.args(["valid", "--timeout", "1s", "--socket"])
+        .arg(&path);
+    let (status, out, err, took) = try_output(cmd, MS(5_000));
+    drop((queued, listener));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir(&dir);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    eprintln!(
+        "`lease valid --timeout 1s` on a full backlog: {} after {took:?}; stdout {:?}, stderr \
+         {lines:?}",
+        exit_text(status),
+        out.trim()
+    );
+    assert!(
+        status.and_then(|s| s.code()) == Some(2) && took < MS(1_500),
+        "`lease valid --timeout 1s` against a full backlog: {} after {took:?} (want exit 2 \
+         within 1.5 s)",
+        exit_text(status)
+    );
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("timed out after 1s"), "{}", lines[0]);
+    assert!(out.is_empty(), "{out}");
+}

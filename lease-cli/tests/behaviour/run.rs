@@ -625,6 +625,71 @@ fn handover_to_a_named_standby() {
     let _ = (a.sigterm(), b.sigterm(), d.sigterm());
 }
 
+/// `lease handover NAME --to PID` with a PID that waits for nothing of NAME (a mistyped
+/// pid: a process that is no backend, or the backend of another lease's holder) is refused
+/// with one line, exit 1, and sends nothing: the holder's command keeps running and the
+/// lease stays with it, the standby untouched. Without the check the holder stopped its
+/// command and released the lease to nobody for the hand-over's window.
+#[test]
+fn handover_to_a_backend_not_waiting_for_the_lease_is_refused() {
+    let c = cluster();
+    let name = unique("handnot");
+    let (a, token_a) = leading(&c, &name);
+    let b = announcing(&c, &name, &["--retry-interval", "5s"]);
+    stands_by(&b);
+    let (other, _) = leading(&c, &unique("handother"));
+    let (_, line) = (other.wait_for_line(|l| l.contains("backend_pid="), MS(10_000)))
+        .expect("the other lease's session is ready");
+    let other_pid = field(&line, "backend_pid").expect("backend_pid");
+    let mut wrong = Vec::new();
+    for (what, pid) in [
+        (
+            "no backend (this test's own pid)",
+            i64::from(std::process::id()),
+        ),
+        ("the backend of another lease's holder", other_pid),
+    ] {
+        let mut cmd = lease();
+        cmd.args([
+            "handover",
+            &name,
+            "--to",
+            &pid.to_string(),
+            "--timeout",
+            "2s",
+        ])
+        .args(["--database-url", &c.url("postgres")]);
+        let (status, out, err, took) = output(cmd, MS(15_000));
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        eprintln!("--to {pid} ({what}): {status} after {took:?}, stdout {out:?}, stderr {lines:?}");
+        let refused = status.code() == Some(1)
+            && out.is_empty()
+            && lines.len() == 1
+            && lines[0].contains(&format!("backend {pid} is not waiting for {name}"))
+            && lines[0].contains("nothing was sent");
+        if !refused {
+            wrong.push(format!("--to {pid} ({what}): {status}, {out:?}, {lines:?}"));
+        }
+    }
+    std::thread::sleep(MS(500));
+    let stopped = a.lines().iter().any(|l| l.text == "stop");
+    let b_started = b.lines().iter().any(|l| l.text.starts_with("start"));
+    let (a_out, _) = texts(&a);
+    let tokens: Vec<i64> = a_out.lines().filter_map(|l| field(l, "token")).collect();
+    assert!(
+        wrong.is_empty() && !stopped && !b_started && tokens == [token_a],
+        "a hand-over to a backend that waits for nothing of the lease: refused on one line: \
+         {}; the holder's command stopped: {stopped}; the standby started: {b_started}; the \
+         holder's tokens: {tokens:?}",
+        if wrong.is_empty() {
+            "yes".to_owned()
+        } else {
+            format!("no, {wrong:?}")
+        }
+    );
+    let _ = (a.sigterm(), b.sigterm(), other.sigterm());
+}
+
 /// `--priority 1` beside a holder of priority 0: the standby asks for the lease at its
 /// first try and takes it in one graceful hand-over (the holder's command stopped as on
 /// SIGTERM first, a larger token, the old holder standing by again). `--observer` never
