@@ -80,10 +80,17 @@ pub trait Session: Send {
     /// and may drop the future (its reply is then never read).
     fn query(&self, statement: &Statement) -> BoxFuture<Result<Vec<Row>, SessionError>>;
 
-    /// libpq's `target_session_attrs` check: whether the session is
+    /// libpq's `target_session_attrs=read-only` check: whether the session is
     /// read-only (`SHOW transaction_read_only` is `on`: a hot standby, or a
     /// primary with `default_transaction_read_only`).
     fn read_only(&self) -> BoxFuture<Result<bool, SessionError>>;
+
+    /// The driver's `target_session_attrs=read-write` check: whether the
+    /// server is in recovery (`SELECT pg_catalog.pg_is_in_recovery()` is
+    /// true: a hot standby). A primary whose sessions default to read-only
+    /// (`default_transaction_read_only`, a write freeze) is not: no lease
+    /// statement writes (see the crate docs, "Several hosts").
+    fn in_recovery(&self) -> BoxFuture<Result<bool, SessionError>>;
 
     /// The next notification or notice, or the end of the session; after
     /// [`SessionEvent::Ended`] the session is not polled again.
@@ -153,6 +160,21 @@ impl Session for PostgresSession {
                 _ => None,
             });
             on.ok_or_else(|| SessionError::other("no answer to SHOW transaction_read_only"))
+        })
+    }
+
+    fn in_recovery(&self) -> BoxFuture<Result<bool, SessionError>> {
+        let client = self.client.clone();
+        Box::pin(async move {
+            let reply = client
+                .simple_query("SELECT pg_catalog.pg_is_in_recovery()")
+                .await;
+            let messages = reply.map_err(|e| session_error(&e))?;
+            let on = messages.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
+                _ => None,
+            });
+            on.ok_or_else(|| SessionError::other("no answer to SELECT pg_is_in_recovery()"))
         })
     }
 

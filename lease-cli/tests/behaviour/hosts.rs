@@ -54,7 +54,7 @@ fn a_hot_standby_is_logged_and_retried() {
     r.kill9().expect("kill lease");
 }
 
-/// Several hosts and no `target_session_attrs`: read-write sessions only (not
+/// Several hosts and no `target_session_attrs`: primaries only (`read-write`, not
 /// libpq's `any`), so a standby listed first is skipped for the primary after
 /// it; an explicit `any` wins and stays on the standby (retried, never leads).
 #[test]
@@ -79,7 +79,7 @@ fn several_hosts_default_to_read_write_and_an_explicit_value_wins() {
         .wait_for_line(|l| l.contains("contending for the lease"), MS(10_000))
         .expect("the connection line");
     assert!(
-        line.contains("read-write sessions only (the default with several hosts)"),
+        line.contains("primaries only: a standby is skipped (the default with several hosts)"),
         "{line}"
     );
     r.wait_for_line(|l| l.starts_with("start"), MS(10_000))
@@ -112,7 +112,7 @@ fn several_hosts_default_to_read_write_and_an_explicit_value_wins() {
         let (_, line) = r
             .wait_for_line(|l| l.contains("contending for the lease"), MS(10_000))
             .expect("the connection line");
-        assert!(!line.contains("read-write"), "{line}");
+        assert!(!line.contains("primaries only"), "{line}");
         r.wait_for_line(|l| l.contains("hot standby"), MS(10_000))
             .unwrap_or_else(|e| panic!("{var:?}: on the standby: {e}\n{:?}", texts(&r)));
         assert!(r.is_alive(), "{:?}", texts(&r));
