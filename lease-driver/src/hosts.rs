@@ -217,7 +217,7 @@ async fn one<R: Runtime>(
 }
 
 /// `f`, or `None` once `limit` has passed on the runtime's timer.
-async fn bounded<R: Runtime, T>(
+pub(crate) async fn bounded<R: Runtime, T>(
     runtime: &R,
     limit: Duration,
     f: impl Future<Output = T>,

@@ -133,6 +133,8 @@
 //!   traits, and [`PostgresSession`].
 //! - `driver`: the [`Driver`] future and its poll order.
 //! - `hosts`: opening a session over a host list.
+//! - `probe`: the pooler probe's second connection, bounded, and the error
+//!   that names a full session pool.
 //! - `shared`: the state shared by the driver and the runs, and the drain
 //!   rule that routes the core's outputs.
 //! - `run`: the run future and the [`Lease`] handle.
@@ -159,6 +161,7 @@ mod group;
 mod hosts;
 mod log;
 mod metrics;
+mod probe;
 mod run;
 pub mod runtime;
 mod shared;
