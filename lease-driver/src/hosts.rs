@@ -249,9 +249,7 @@ async fn check_attrs(
         TargetSessionAttrs::ReadWrite => {
             let in_recovery = session.in_recovery();
             if alone(session, in_recovery).await? {
-                return Err(SessionError::other(
-                    "the server is in recovery (a hot standby), not a primary",
-                ));
+                return Err(not_a_primary());
             }
             Ok(())
         }
@@ -264,6 +262,11 @@ async fn check_attrs(
         }
         _ => Ok(()),
     }
+}
+
+/// A `read-write` host in recovery: a hot standby.
+pub(crate) fn not_a_primary() -> SessionError {
+    SessionError::other("the server is in recovery (a hot standby), not a primary")
 }
 
 /// `reply`, a statement's reply on `session`, polling the session meanwhile

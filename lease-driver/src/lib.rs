@@ -191,8 +191,8 @@ pub use lease_proto::{
 pub use metrics::describe_metrics;
 pub use run::Lease;
 pub use runtime::{
-    session_error, BoxFuture, Connected, Connection, PostgresSession, Runtime, Session,
-    SessionEvent, Timer,
+    check_primary, in_recovery, session_error, BoxFuture, Connected, Connection, PostgresSession,
+    Runtime, Session, SessionEvent, Timer,
 };
 use shared::Inner;
 
@@ -630,9 +630,12 @@ impl<A> Locker<A> {
 /// The hosts of `config` in the order a locker tries them, each as a one-host
 /// configuration with the bound of its share of an `attempt` (`None`: one host
 /// without `connect_timeout`): see "Several hosts" in the crate docs. For
-/// connections of your own that should fail over like the lease session
-/// (tokio-postgres's `Config::connect` on each, within its bound, runs the
-/// `target_session_attrs` check itself).
+/// connections of your own that should fail over like the lease session.
+/// tokio-postgres's `Config::connect` runs libpq's `target_session_attrs`
+/// check, which skips a primary whose sessions default to read-only; to
+/// check as a lease session does, connect each with `target_session_attrs`
+/// set to `any` and call [`check_primary`] when it was `read-write`, both
+/// within its bound.
 pub fn hosts(
     config: &Config,
     attempt: std::time::Duration,

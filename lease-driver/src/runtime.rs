@@ -165,17 +165,7 @@ impl Session for PostgresSession {
 
     fn in_recovery(&self) -> BoxFuture<Result<bool, SessionError>> {
         let client = self.client.clone();
-        Box::pin(async move {
-            let reply = client
-                .simple_query("SELECT pg_catalog.pg_is_in_recovery()")
-                .await;
-            let messages = reply.map_err(|e| session_error(&e))?;
-            let on = messages.iter().find_map(|m| match m {
-                SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
-                _ => None,
-            });
-            on.ok_or_else(|| SessionError::other("no answer to SELECT pg_is_in_recovery()"))
-        })
+        Box::pin(async move { in_recovery(&client).await })
     }
 
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<SessionEvent> {
@@ -239,6 +229,32 @@ where
     ) -> Poll<Option<Result<AsyncMessage, tokio_postgres::Error>>> {
         tokio_postgres::Connection::poll_message(self, cx)
     }
+}
+
+/// Whether `client`'s server is in recovery (`SELECT pg_catalog.pg_is_in_recovery()`,
+/// simple protocol: a hot standby). [`PostgresSession`]'s
+/// [`Session::in_recovery`].
+pub async fn in_recovery(client: &Client) -> Result<bool, SessionError> {
+    let reply = client
+        .simple_query("SELECT pg_catalog.pg_is_in_recovery()")
+        .await;
+    let messages = reply.map_err(|e| session_error(&e))?;
+    let on = messages.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
+        _ => None,
+    });
+    on.ok_or_else(|| SessionError::other("no answer to SELECT pg_is_in_recovery()"))
+}
+
+/// The check a lease session gets for `target_session_attrs=read-write`, for a
+/// connection of your own (one of [`hosts`](crate::hosts), opened with
+/// `target_session_attrs` set to `any`): `Ok` on a primary, read-only by default or
+/// not; an error on a server in recovery. See the crate docs, "Several hosts".
+pub async fn check_primary(client: &Client) -> Result<(), SessionError> {
+    if in_recovery(client).await? {
+        return Err(crate::hosts::not_a_primary());
+    }
+    Ok(())
 }
 
 /// A tokio-postgres error as the machine wants it: the SQLSTATE and a
