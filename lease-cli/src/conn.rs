@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use lease_proto::inspect::{HolderRow, LockTable, HOLDERS_SQL};
+use tokio_postgres::config::TargetSessionAttrs;
 use tokio_postgres::Config;
 
 pub use lease_libpq::redact;
@@ -83,20 +84,36 @@ pub async fn connect(
 > {
     let hosts = lease_driver::hosts(&target.config, timeout);
     let mut error = "no host given".to_owned();
-    for (host, share) in hosts {
-        let attempt = host.connect(target.tls.clone());
+    for (mut host, share) in hosts {
+        // `read-write` is a primary for a lease, read-only by default or not,
+        // checked as the lease session checks it (lease-driver's docs,
+        // "Several hosts"), not by tokio-postgres's `transaction_read_only`.
+        let primary = host.get_target_session_attrs() == TargetSessionAttrs::ReadWrite;
+        host.target_session_attrs(TargetSessionAttrs::Any);
+        let tls = target.tls.clone();
+        let attempt = async move {
+            let (client, connection) = host.connect(tls).await.map_err(|e| error_chain(&e))?;
+            let connection = tokio::spawn(connection);
+            if primary {
+                if let Err(e) = lease_driver::check_primary(&client).await {
+                    connection.abort();
+                    return Err(e.message);
+                }
+            }
+            Ok((client, connection))
+        };
         let result = match share {
             Some(share) => match tokio::time::timeout(share, attempt).await {
-                Ok(r) => r.map_err(|e| error_chain(&e)),
+                Ok(r) => r,
                 Err(_) => Err(format!(
                     "connection attempt timed out after {} ms",
                     share.as_millis()
                 )),
             },
-            None => attempt.await.map_err(|e| error_chain(&e)),
+            None => attempt.await,
         };
         match result {
-            Ok((client, connection)) => return Ok((client, tokio::spawn(connection))),
+            Ok(opened) => return Ok(opened),
             Err(e) => error = e,
         }
     }

@@ -1,5 +1,6 @@
 //! Opening a session over a host list, as libpq does: each host in turn, each
-//! with its own bounded share of the attempt, the read-write check included.
+//! with its own bounded share of the attempt, the `target_session_attrs` check
+//! included.
 //!
 //! tokio-postgres's `Config::connect` bounds only the TCP connect by
 //! `connect_timeout`: a first host that accepts connections but never answers
@@ -8,7 +9,8 @@
 //! the driver walks the list itself: it hands [`Runtime::connect`] one host at
 //! a time and bounds each by its share ([`share`]), from the socket to the
 //! end of the `target_session_attrs` check, which the driver runs itself
-//! ([`check_attrs`]) so that every runtime gets it and it is bounded too.
+//! ([`check_attrs`]) so that every runtime gets it and it is bounded too;
+//! `read-write` there means a primary (not in recovery), see [`check_attrs`].
 
 use std::fmt::Write as _;
 use std::future::{poll_fn, Future};
@@ -119,7 +121,7 @@ fn without_hosts(config: &Config) -> Config {
 }
 
 /// How long each of `hosts` hosts may take, from the socket to the
-/// read-write check: `connect_timeout` if given (libpq: per host), at most
+/// `target_session_attrs` check: `connect_timeout` if given (libpq: per host), at most
 /// the attempt's bound (`attempt`, the machine's query timeout) divided among
 /// the hosts, so that every host is tried within one attempt. `None`: one
 /// host and no `connect_timeout` (the machine's bound alone).
@@ -215,7 +217,7 @@ async fn one<R: Runtime>(
 }
 
 /// `f`, or `None` once `limit` has passed on the runtime's timer.
-async fn bounded<R: Runtime, T>(
+pub(crate) async fn bounded<R: Runtime, T>(
     runtime: &R,
     limit: Duration,
     f: impl Future<Output = T>,
@@ -231,26 +233,40 @@ async fn bounded<R: Runtime, T>(
     .await
 }
 
-/// libpq's `target_session_attrs` check, as tokio-postgres does it:
-/// `SHOW transaction_read_only`; `read-write` refuses `on` (a standby, or a
-/// primary with `default_transaction_read_only`), `read-only` refuses `off`.
+/// The `target_session_attrs` check. `read-write` asks for a primary
+/// (libpq's `primary`: `pg_is_in_recovery()` is false), not libpq's
+/// read-write session (`SHOW transaction_read_only` is `off`): no lease
+/// statement writes, and a primary whose sessions default to read-only
+/// (`default_transaction_read_only = on`, a write freeze before a cut-over)
+/// still gives mutual exclusion, where libpq's check would skip it and the
+/// locker would retry forever. `read-only` keeps libpq's meaning (refuses
+/// `transaction_read_only = off`).
 async fn check_attrs(
     session: &mut dyn Session,
     attrs: TargetSessionAttrs,
 ) -> Result<(), SessionError> {
-    if attrs == TargetSessionAttrs::Any {
-        return Ok(());
-    }
-    let read_only = session.read_only();
-    match (attrs, alone(session, read_only).await?) {
-        (TargetSessionAttrs::ReadWrite, true) => {
-            Err(SessionError::other("database does not allow writes"))
+    match attrs {
+        TargetSessionAttrs::ReadWrite => {
+            let in_recovery = session.in_recovery();
+            if alone(session, in_recovery).await? {
+                return Err(not_a_primary());
+            }
+            Ok(())
         }
-        (TargetSessionAttrs::ReadOnly, false) => {
-            Err(SessionError::other("database is not read-only"))
+        TargetSessionAttrs::ReadOnly => {
+            let read_only = session.read_only();
+            if !alone(session, read_only).await? {
+                return Err(SessionError::other("database is not read-only"));
+            }
+            Ok(())
         }
         _ => Ok(()),
     }
+}
+
+/// A `read-write` host in recovery: a hot standby.
+pub(crate) fn not_a_primary() -> SessionError {
+    SessionError::other("the server is in recovery (a hot standby), not a primary")
 }
 
 /// `reply`, a statement's reply on `session`, polling the session meanwhile

@@ -91,18 +91,30 @@
 //! number of hosts (the locker bounds the whole attempt by the query
 //! timeout), so every host is tried within one attempt. The share covers the
 //! whole of a host's attempt — socket, TLS, startup and authentication, and
-//! the `target_session_attrs` check, which the driver runs itself
-//! (`SHOW transaction_read_only`, on every runtime) — so a host that accepts
+//! the `target_session_attrs` check, which the driver runs itself (on every
+//! runtime) — so a host that accepts
 //! TCP connections but never answers (a frozen server: the kernel's listen
 //! backlog completes the handshake) costs one share and the next host is
 //! tried. The first host that opens wins; else the attempt fails with the
 //! last host's error, every host's error in its message. A host whose name
 //! resolves to several addresses shares its one share among them. Set
-//! `target_session_attrs=read-write` so that a standby or a read-only
-//! primary in the list is skipped rather than connected to (the core only
-//! finds a standby at setup and retries from the first host after a
-//! backoff). Test: `a_frozen_first_host_does_not_block_failover_to_the_next`
-//! and `read_write_skips_a_standby_listed_first` in `tests/tests/behaviour/drivers`.
+//! `target_session_attrs=read-write` so that a standby in the list is
+//! skipped rather than connected to (the core only finds a standby at setup
+//! and retries from the first host after a backoff).
+//!
+//! For a lease, `read-write` means **a primary**: the driver checks
+//! `SELECT pg_is_in_recovery()` (libpq's `primary`), not libpq's
+//! `SHOW transaction_read_only`. No lease statement writes (advisory locks,
+//! `set_config`, `LISTEN` and `pg_notify` all run in a read-only
+//! transaction), so a primary whose sessions default to read-only — `ALTER
+//! ROLE … SET default_transaction_read_only = on`, a write freeze before a
+//! cut-over — still holds leases, where libpq's check would skip every host
+//! and the locker would retry forever. `read-only` keeps libpq's meaning
+//! (useless for a lease: a standby is refused at setup). Test:
+//! `a_frozen_first_host_does_not_block_failover_to_the_next`,
+//! `read_write_skips_a_standby_listed_first` and
+//! `read_write_leads_on_a_primary_whose_role_defaults_to_read_only` in
+//! `tests/tests/behaviour/drivers`.
 //!
 //! ## Logs, the job span and metrics
 //!
@@ -121,6 +133,8 @@
 //!   traits, and [`PostgresSession`].
 //! - `driver`: the [`Driver`] future and its poll order.
 //! - `hosts`: opening a session over a host list.
+//! - `probe`: the pooler probe's second connection, bounded, and the error
+//!   that names a full session pool.
 //! - `shared`: the state shared by the driver and the runs, and the drain
 //!   rule that routes the core's outputs.
 //! - `run`: the run future and the [`Lease`] handle.
@@ -147,6 +161,7 @@ mod group;
 mod hosts;
 mod log;
 mod metrics;
+mod probe;
 mod run;
 pub mod runtime;
 mod shared;
@@ -176,8 +191,8 @@ pub use lease_proto::{
 pub use metrics::describe_metrics;
 pub use run::Lease;
 pub use runtime::{
-    session_error, BoxFuture, Connected, Connection, PostgresSession, Runtime, Session,
-    SessionEvent, Timer,
+    check_primary, in_recovery, session_error, BoxFuture, Connected, Connection, PostgresSession,
+    Runtime, Session, SessionEvent, Timer,
 };
 use shared::Inner;
 
@@ -615,9 +630,12 @@ impl<A> Locker<A> {
 /// The hosts of `config` in the order a locker tries them, each as a one-host
 /// configuration with the bound of its share of an `attempt` (`None`: one host
 /// without `connect_timeout`): see "Several hosts" in the crate docs. For
-/// connections of your own that should fail over like the lease session
-/// (tokio-postgres's `Config::connect` on each, within its bound, runs the
-/// `target_session_attrs` check itself).
+/// connections of your own that should fail over like the lease session.
+/// tokio-postgres's `Config::connect` runs libpq's `target_session_attrs`
+/// check, which skips a primary whose sessions default to read-only; to
+/// check as a lease session does, connect each with `target_session_attrs`
+/// set to `any` and call [`check_primary`] when it was `read-write`, both
+/// within its bound.
 pub fn hosts(
     config: &Config,
     attempt: std::time::Duration,

@@ -80,10 +80,17 @@ pub trait Session: Send {
     /// and may drop the future (its reply is then never read).
     fn query(&self, statement: &Statement) -> BoxFuture<Result<Vec<Row>, SessionError>>;
 
-    /// libpq's `target_session_attrs` check: whether the session is
+    /// libpq's `target_session_attrs=read-only` check: whether the session is
     /// read-only (`SHOW transaction_read_only` is `on`: a hot standby, or a
     /// primary with `default_transaction_read_only`).
     fn read_only(&self) -> BoxFuture<Result<bool, SessionError>>;
+
+    /// The driver's `target_session_attrs=read-write` check: whether the
+    /// server is in recovery (`SELECT pg_catalog.pg_is_in_recovery()` is
+    /// true: a hot standby). A primary whose sessions default to read-only
+    /// (`default_transaction_read_only`, a write freeze) is not: no lease
+    /// statement writes (see the crate docs, "Several hosts").
+    fn in_recovery(&self) -> BoxFuture<Result<bool, SessionError>>;
 
     /// The next notification or notice, or the end of the session; after
     /// [`SessionEvent::Ended`] the session is not polled again.
@@ -156,6 +163,11 @@ impl Session for PostgresSession {
         })
     }
 
+    fn in_recovery(&self) -> BoxFuture<Result<bool, SessionError>> {
+        let client = self.client.clone();
+        Box::pin(async move { in_recovery(&client).await })
+    }
+
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<SessionEvent> {
         loop {
             let event = match self.connection.poll_message(cx) {
@@ -217,6 +229,32 @@ where
     ) -> Poll<Option<Result<AsyncMessage, tokio_postgres::Error>>> {
         tokio_postgres::Connection::poll_message(self, cx)
     }
+}
+
+/// Whether `client`'s server is in recovery (`SELECT pg_catalog.pg_is_in_recovery()`,
+/// simple protocol: a hot standby). [`PostgresSession`]'s
+/// [`Session::in_recovery`].
+pub async fn in_recovery(client: &Client) -> Result<bool, SessionError> {
+    let reply = client
+        .simple_query("SELECT pg_catalog.pg_is_in_recovery()")
+        .await;
+    let messages = reply.map_err(|e| session_error(&e))?;
+    let on = messages.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "t"),
+        _ => None,
+    });
+    on.ok_or_else(|| SessionError::other("no answer to SELECT pg_is_in_recovery()"))
+}
+
+/// The check a lease session gets for `target_session_attrs=read-write`, for a
+/// connection of your own (one of [`hosts`](crate::hosts), opened with
+/// `target_session_attrs` set to `any`): `Ok` on a primary, read-only by default or
+/// not; an error on a server in recovery. See the crate docs, "Several hosts".
+pub async fn check_primary(client: &Client) -> Result<(), SessionError> {
+    if in_recovery(client).await? {
+        return Err(crate::hosts::not_a_primary());
+    }
+    Ok(())
 }
 
 /// A tokio-postgres error as the machine wants it: the SQLSTATE and a

@@ -179,8 +179,10 @@ pub(crate) fn resolve(
     if let Some((attrs, attrs_origin)) = &attrs {
         config.target_session_attrs(match attrs.as_str() {
             "any" => TargetSessionAttrs::Any,
-            // A primary is what a lease needs anyway (a standby is refused);
-            // read-write also skips a primary with default_transaction_read_only.
+            // A primary is what a lease needs (a standby is refused). The
+            // driver checks ReadWrite as libpq's `primary` (not in recovery):
+            // no lease statement writes, so a primary whose sessions default
+            // to read-only is kept (lease-driver's docs, "Several hosts").
             "read-write" | "primary" => TargetSessionAttrs::ReadWrite,
             "read-only" | "standby" | "prefer-standby" => {
                 return Err(err(
@@ -328,8 +330,8 @@ pub(crate) fn resolve(
     let mut summary = summary(&config);
     if config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite {
         summary.push_str(match attrs {
-            Some(_) => ", read-write sessions only",
-            None => ", read-write sessions only (the default with several hosts)",
+            Some(_) => ", primaries only: a standby is skipped",
+            None => ", primaries only: a standby is skipped (the default with several hosts)",
         });
     }
     let summary = format!("{summary}; {}", tls.describe());
@@ -737,7 +739,7 @@ mod tests {
             let (a, summary) = attrs(s, &env);
             assert_eq!(a, TargetSessionAttrs::ReadWrite, "{s}");
             assert!(
-                summary.contains("read-write sessions only"),
+                summary.contains("primaries only: a standby is skipped"),
                 "{s}: {summary}"
             );
             assert_eq!(

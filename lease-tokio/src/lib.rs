@@ -59,10 +59,11 @@
 //! repository.
 //!
 //! With several hosts in the configuration, each host gets its own share of
-//! the attempt, from the socket to the read-write check, and a host that
-//! never answers costs only its share: see lease-driver's crate docs,
-//! "Several hosts". Set `target_session_attrs=read-write` so that a standby
-//! in the list is skipped.
+//! the attempt, from the socket to the `target_session_attrs` check, and a
+//! host that never answers costs only its share: see lease-driver's crate
+//! docs, "Several hosts". Set `target_session_attrs=read-write` so that a
+//! standby in the list is skipped (for a lease it means a primary, read-only
+//! by default or not: the same section).
 
 //! ## Connecting as psql does, TLS and logging
 //!

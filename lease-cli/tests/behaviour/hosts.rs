@@ -1,6 +1,7 @@
 //! Host lists and hot standbys: a hot standby is logged and retried until promoted,
-//! several hosts default to `target_session_attrs=read-write`, and a frozen first host
-//! does not stop `lease run` or `lease status` from reaching the next.
+//! several hosts default to `target_session_attrs=read-write` (a primary, read-only by
+//! default or not), and a frozen first host does not stop `lease run` or `lease status`
+//! from reaching the next.
 
 use crate::common::*;
 use lease_proto::key_for_name;
@@ -54,7 +55,7 @@ fn a_hot_standby_is_logged_and_retried() {
     r.kill9().expect("kill lease");
 }
 
-/// Several hosts and no `target_session_attrs`: read-write sessions only (not
+/// Several hosts and no `target_session_attrs`: primaries only (`read-write`, not
 /// libpq's `any`), so a standby listed first is skipped for the primary after
 /// it; an explicit `any` wins and stays on the standby (retried, never leads).
 #[test]
@@ -79,7 +80,7 @@ fn several_hosts_default_to_read_write_and_an_explicit_value_wins() {
         .wait_for_line(|l| l.contains("contending for the lease"), MS(10_000))
         .expect("the connection line");
     assert!(
-        line.contains("read-write sessions only (the default with several hosts)"),
+        line.contains("primaries only: a standby is skipped (the default with several hosts)"),
         "{line}"
     );
     r.wait_for_line(|l| l.starts_with("start"), MS(10_000))
@@ -112,7 +113,7 @@ fn several_hosts_default_to_read_write_and_an_explicit_value_wins() {
         let (_, line) = r
             .wait_for_line(|l| l.contains("contending for the lease"), MS(10_000))
             .expect("the connection line");
-        assert!(!line.contains("read-write"), "{line}");
+        assert!(!line.contains("primaries only"), "{line}");
         r.wait_for_line(|l| l.contains("hot standby"), MS(10_000))
             .unwrap_or_else(|e| panic!("{var:?}: on the standby: {e}\n{:?}", texts(&r)));
         assert!(r.is_alive(), "{:?}", texts(&r));
@@ -159,6 +160,48 @@ fn status_moves_on_from_a_frozen_first_host() {
     assert!(
         st.success() && out.contains("free"),
         "lease status did not answer from the second host: {st} after {took:?}: {err}"
+    );
+}
+
+/// A write freeze before a cut-over (`ALTER ROLE … SET default_transaction_read_only =
+/// on` on the primary), a hot standby listed first, several hosts and no
+/// `target_session_attrs` (so `read-write`): `lease run` must lead on the primary and
+/// `lease status` must answer from it, since no lease statement writes (lease-driver's
+/// docs, "Several hosts"). Before the driver's fix the runner retried forever ("database
+/// does not allow writes" from both hosts); before `lease status` connected the same way,
+/// it exited 1 with that error.
+#[test]
+fn a_write_frozen_primary_still_serves_run_and_status() {
+    let primary = Cluster::start().expect("a primary");
+    let standby = primary.start_standby().expect("a hot standby");
+    primary
+        .sql("ALTER ROLE postgres SET default_transaction_read_only = on")
+        .expect("the write freeze");
+    let url = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres",
+        standby.port(),
+        primary.port()
+    );
+    let name = unique("write-freeze");
+    let mut cmd = lease();
+    cmd.args(["run", "--database-url", &url])
+        .args(FAST)
+        .arg(&name)
+        .args(["--", "sh", "-c", "echo started"]);
+    let (st, out, err, took) = output(cmd, MS(20_000));
+    eprintln!("lease run, write-frozen primary: {st} after {took:?}");
+    assert!(
+        st.success() && out.contains("started"),
+        "lease run did not lead on the write-frozen primary: {st} after {took:?}:\n{err}"
+    );
+    let mut cmd = lease();
+    cmd.args(["status", "--database-url", &url, "--timeout", "4s"])
+        .arg(&name);
+    let (st, out, err, took) = output(cmd, MS(20_000));
+    eprintln!("lease status, write-frozen primary: {st} after {took:?}\n{out}{err}");
+    assert!(
+        st.success() && out.contains("free"),
+        "lease status did not answer from the write-frozen primary: {st} after {took:?}: {err}"
     );
 }
 

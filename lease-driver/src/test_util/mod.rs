@@ -922,6 +922,10 @@ impl<R: Runtime> Session for SimSession<R> {
         Box::pin(async { Ok(false) })
     }
 
+    fn in_recovery(&self) -> BoxFuture<Result<bool, SessionError>> {
+        Box::pin(async { Ok(false) })
+    }
+
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<SessionEvent> {
         let id = self.id;
         self.pump.poll(cx, |s, waker| {

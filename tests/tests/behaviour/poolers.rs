@@ -39,6 +39,44 @@ async fn locker_through_session_mode_pgbouncer_leads() {
     );
 }
 
+/// A session-mode PgBouncer whose pool is as large as its lease sessions (here one server
+/// connection, one locker): the locker's session holds the only server connection, so the
+/// pooler probe's second connection waits for one until the query timeout, every attempt.
+/// The locker cannot lead there (the probe is how it tells a session pooler from a
+/// transaction pooler); what it must do is say why: its last error (and the "lease
+/// session lost" line) names the pooler probe and a pool with no free server connection,
+/// not only "a statement timed out". Before the fix it said only "a statement timed
+/// out; session given up", every attempt.
+#[tokio::test]
+async fn a_session_pool_with_no_free_connection_is_named_as_the_cause() {
+    let c = Cluster::start().expect("start an ephemeral PostgreSQL");
+    let settings = PgBouncerSettings {
+        pool_size: 1,
+        ..PgBouncerSettings::default()
+    };
+    let pgb = PgBouncer::start_with(&c, PoolMode::Session, &settings).expect("pgbouncer");
+    let (locker, driver) = Locker::without_tls(&pgb.conn_string(), fast()).expect("locker");
+    let driver = tokio::spawn(driver);
+    let run = locker.run(&unique("full-session-pool"), |_lease| async {
+        Ok::<(), Infallible>(())
+    });
+    // Query timeout 1 s: a few probes time out meanwhile.
+    let result = tokio::time::timeout(MS(3_500), run).await;
+    let last_error = locker.status().last_error.map(|e| e.error.to_string());
+    drop(locker);
+    let _ = tokio::time::timeout(MS(5_000), driver).await;
+    eprintln!("a full session pool: {result:?}, last error: {last_error:?}");
+    assert!(
+        result.is_err(),
+        "led through a full session pool? {result:?}"
+    );
+    let last_error = last_error.expect("no error recorded");
+    assert!(
+        last_error.contains("pooler probe") && last_error.contains("no free server connection"),
+        "the last error does not name the full pool: {last_error}"
+    );
+}
+
 /// A transaction-mode PgBouncer that ignores `options`, with the guard set by
 /// `ALTER ROLE` to the exact value asked for, one server connection: two
 /// lockers through it must never both lead.

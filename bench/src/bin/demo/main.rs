@@ -10,9 +10,10 @@
 //! ([`FaultProxy`](lease_tests::FaultProxy)); the job is this binary re-invoked as
 //! `demo --job`, which prints a heartbeat with its fencing token every 100 ms. Gaps and
 //! overlaps are measured from those lines, stamped on arrival by the kit's
-//! [`Replica`](lease_tests::Replica). With no database configured (no `--database-url`, no
-//! `DATABASE_URL`, no `PGHOST`) the demo starts a throwaway server
-//! ([`Cluster`](lease_tests::Cluster)); the orchestration is in [`show`].
+//! [`Replica`](lease_tests::Replica). The demo starts a throwaway server
+//! ([`Cluster`](lease_tests::Cluster)) unless `--database-url` names another (with a loud
+//! line first); `DATABASE_URL` and the `PG*` variables are ignored, and kept from the
+//! replicas. The orchestration is in [`show`].
 
 mod show;
 
@@ -26,9 +27,10 @@ use std::time::Duration;
 const USAGE: &str = "\
 usage: cargo run -p lease-bench --bin demo -- [OPTIONS]
 
-Watch failover work. With no database configured (no --database-url, no DATABASE_URL, no
-PGHOST) it starts a throwaway PostgreSQL (initdb and postgres must be installed:
-bash .ci/install-deps); otherwise it uses the configured one. It runs three replicas of
+Watch failover work. It starts a throwaway PostgreSQL (initdb and postgres must be installed:
+bash .ci/install-deps), unless --database-url names another server. DATABASE_URL, PGHOST and
+every other PG* variable are ignored (and removed from the replicas' environment), so a shell
+that holds a production URL never points the demo at production. It runs three replicas of
 `lease run demo-job -- <a tiny job>` as real processes, each through its own fault-injecting
 TCP proxy, and in turn kills the leader with SIGKILL, freezes it (SIGSTOP, later SIGCONT),
 partitions it from the database, and stops it with SIGTERM. It prints a live timeline and a
@@ -37,7 +39,9 @@ jobs, and the fencing tokens before and after. Takes about 15 seconds after the 
 
 options:
   -v, --verbose         also show every log line of the three `lease run` replicas
-  --database-url URL    use this server (a URL or a key=value string) instead of a throwaway one
+  --database-url URL    run against this server (a URL or a key=value string, the password in
+                        it) instead of a throwaway one: the demo kills, freezes, partitions
+                        and stops the replicas against it (it says so loudly first)
   --lease PATH          the `lease` binary to run (default: build lease-cli's, next to this one)
   -h, --help            this text";
 

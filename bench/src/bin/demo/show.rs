@@ -132,10 +132,16 @@ struct Demo {
 pub fn main(args: &Args, lease: &Path, job: &Path) -> u8 {
     let t0 = Instant::now();
     let db = if let Some(db) = configured(args) {
-        say(
-            t0,
-            &format!("using the configured database: {}", db.summary),
-        );
+        say(t0, &danger_line(&db.summary));
+        // Time to read it and press Ctrl-C.
+        let until = Instant::now() + DANGER_PAUSE;
+        while Instant::now() < until {
+            if stopped() {
+                say(t0, "interrupted: nothing was started");
+                return 130;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         if db.upstream.is_none() {
             say(
                 t0,
@@ -228,53 +234,40 @@ pub fn main(args: &Args, lease: &Path, job: &Path) -> u8 {
     code
 }
 
-/// A non-empty environment variable.
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// The configured database, if one is: `--database-url`, else a non-empty `DATABASE_URL`
-/// or `PGHOST` (as `lease run` reads them: the string first, the `PG*` variables filling
-/// in what it leaves out). A string this demo cannot parse is passed on to the replicas
-/// as it is (`lease run` reports what is wrong with it), without proxies.
+/// The server the demo runs against when `--database-url` names one, else `None`: a
+/// throwaway one. Only the flag counts: `DATABASE_URL` and the `PG*` variables are never
+/// read (a shell that holds a production URL must not point the demo's kills, freezes
+/// and partitions at production), and [`scrub_environment`] keeps them from the replicas.
+/// A string this demo cannot parse is passed on to the replicas as it is (`lease run`
+/// reports what is wrong with it), without proxies.
 fn configured(args: &Args) -> Option<Db> {
-    let url = args.database_url.clone().or_else(|| env("DATABASE_URL"));
-    if url.is_none() && env("PGHOST").is_none() {
-        return None;
-    }
-    let config = match url.as_deref().map(tokio_postgres::Config::from_str) {
-        Some(Ok(c)) => Some(c),
-        Some(Err(_)) => None,
-        None => Some(tokio_postgres::Config::new()),
-    };
+    let url = args.database_url.clone()?;
+    let config = tokio_postgres::Config::from_str(&url).ok();
     let password = config
         .as_ref()
         .and_then(|c| c.get_password())
-        .map(|p| String::from_utf8_lossy(p).into_owned())
-        .or_else(|| env("PGPASSWORD"));
+        .map(|p| String::from_utf8_lossy(p).into_owned());
     if let Some(pw) = &password {
         add_secret(pw);
     }
+    // `lease run`'s default user without PGUSER: the OS user.
     let user = config
         .as_ref()
         .and_then(|c| c.get_user().map(str::to_owned))
-        .or_else(|| env("PGUSER"))
-        .or_else(|| env("USER"))
+        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
         .unwrap_or_else(|| "postgres".to_owned());
     let dbname = config
         .as_ref()
         .and_then(|c| c.get_dbname().map(str::to_owned))
-        .or_else(|| env("PGDATABASE"))
         .unwrap_or_else(|| user.clone());
     let host = match config.as_ref().and_then(|c| c.get_hosts().first()) {
         Some(Host::Tcp(h)) => Some(h.clone()),
         Some(Host::Unix(p)) => Some(p.display().to_string()),
-        None => env("PGHOST").map(|h| h.split(',').next().unwrap_or("").to_owned()),
+        None => None,
     };
     let port = config
         .as_ref()
         .and_then(|c| c.get_ports().first().copied())
-        .or_else(|| env("PGPORT").and_then(|p| p.split(',').next()?.trim().parse().ok()))
         .unwrap_or(5432);
     let upstream = config.as_ref().and(host.as_deref()).and_then(|h| {
         let ip: IpAddr = if h == "localhost" {
@@ -295,9 +288,36 @@ fn configured(args: &Args) -> Option<Db> {
         user,
         dbname,
         password,
-        url: args.database_url.clone(),
+        url: Some(url),
         summary: redact(&summary),
     })
+}
+
+/// How long the demo waits after [`danger_line`] before it starts anything.
+const DANGER_PAUSE: Duration = Duration::from_secs(3);
+
+/// The loud line before the demo runs against a server `--database-url` named.
+fn danger_line(summary: &str) -> String {
+    format!(
+        "WARNING: --database-url: NOT a throwaway server. The demo runs three `lease run \
+         demo-job` replicas against {summary} and KILLS (SIGKILL), FREEZES (SIGSTOP) and \
+         PARTITIONS them from it and stops them, on purpose: their sessions hold and drop the \
+         lease demo-job there. Starting in {} s: Ctrl-C to stop.",
+        DANGER_PAUSE.as_secs()
+    )
+}
+
+/// Removes `DATABASE_URL` and every `PG*` variable of this process's environment from
+/// `cmd`'s, so that a replica connects only where the demo tells it (its `DATABASE_URL`,
+/// set after this) and nothing of the caller's shell fills in a host, a port, a service
+/// or a setting.
+fn scrub_environment(cmd: &mut Command) {
+    for (name, _) in std::env::vars_os() {
+        let n = name.to_string_lossy();
+        if n == "DATABASE_URL" || n.starts_with("PG") {
+            cmd.env_remove(name);
+        }
+    }
 }
 
 /// Prints one timeline line.
@@ -357,6 +377,7 @@ impl Demo {
             .arg(&self.job)
             .arg("--job")
             .env_remove(LEASE_FILTER_ENV);
+        scrub_environment(&mut cmd);
         if let Some(proxy) = &proxy {
             let url = format!(
                 "host=127.0.0.1 port={} user={} dbname={} sslmode=disable",
@@ -868,5 +889,66 @@ fn print_summary(rows: &[Row]) {
     println!("         that keeps the largest token seen rejects a stale leader's writes");
     for r in rows.iter().filter(|r| !r.note.is_empty()) {
         println!("- {}: {}", r.scenario, r.note);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One test, so that no other test of this binary sees the variables it sets.
+    #[test]
+    fn the_environment_never_names_the_demos_server() {
+        for (k, v) in [
+            (
+                "DATABASE_URL",
+                "postgres://app:hunter22@prod.invalid:6432/app",
+            ),
+            ("PGHOST", "prod.invalid"),
+            ("PGPORT", "6432"),
+            ("PGUSER", "app"),
+            ("PGDATABASE", "app"),
+            ("PGPASSWORD", "hunter22"),
+        ] {
+            std::env::set_var(k, v);
+        }
+        let args = |url: Option<&str>| Args {
+            verbose: false,
+            database_url: url.map(str::to_owned),
+            lease: None,
+        };
+        // No flag: the throwaway server, whatever the environment says.
+        assert!(configured(&args(None)).is_none());
+        // The flag alone names the server; the environment fills in nothing.
+        let db = configured(&args(Some("host=127.0.0.1 user=u dbname=d"))).expect("the flag");
+        assert_eq!(db.upstream, Some(SocketAddr::from(([127, 0, 0, 1], 5432))));
+        assert_eq!((db.user.as_str(), db.dbname.as_str()), ("u", "d"));
+        assert_eq!(db.password, None);
+        assert_eq!(db.summary, "host=127.0.0.1 port=5432 dbname=d user=u");
+        let line = danger_line(&db.summary);
+        assert!(line.contains("NOT a throwaway server"), "{line}");
+        assert!(line.contains("host=127.0.0.1 port=5432"), "{line}");
+        // Nothing of the caller's connection settings reaches a replica.
+        let mut cmd = Command::new("lease");
+        scrub_environment(&mut cmd);
+        let removed: Vec<String> = cmd
+            .get_envs()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        for k in [
+            "DATABASE_URL",
+            "PGHOST",
+            "PGPORT",
+            "PGUSER",
+            "PGDATABASE",
+            "PGPASSWORD",
+        ] {
+            assert!(
+                removed.iter().any(|r| r == k),
+                "{k} reaches the replicas: {removed:?}"
+            );
+        }
+        assert!(!removed.iter().any(|r| r == "PATH"), "{removed:?}");
     }
 }

@@ -810,6 +810,40 @@ fn read_write_skips_a_standby_listed_first() {
     })
 }
 
+/// A write freeze before a cut-over (`ALTER ROLE … SET default_transaction_read_only =
+/// on` on the primary) must not stop a lease on a multi-host configuration with
+/// `target_session_attrs=read-write`: no lease statement writes, so the driver looks for
+/// a primary (`pg_is_in_recovery()` false), not a read-write session. A hot standby listed
+/// first is still skipped. Before the fix both hosts failed the check ("database does not
+/// allow writes") and the run retried forever.
+#[test]
+fn read_write_leads_on_a_primary_whose_role_defaults_to_read_only() {
+    rt::block_on(async {
+        init();
+        let primary = lease_tests::Cluster::start().expect("a primary");
+        let standby = primary.start_standby().expect("a hot standby");
+        primary
+            .sql("ALTER ROLE postgres SET default_transaction_read_only = on")
+            .expect("the write freeze");
+        let config = format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
+             target_session_attrs=read-write",
+            standby.port(),
+            primary.port()
+        );
+        let locker = rt::connect(&config, opts()).expect("a locker");
+        let run = locker.run(&unique("read-only-role"), |_| async { Res::Ok(()) });
+        let result = timeout(MS(10_000), run).await;
+        let last_error = locker.status().last_error.map(|e| e.error.to_string());
+        println!("a read-only-by-default primary after a standby: {result:?} (last error: {last_error:?})");
+        assert_eq!(
+            result,
+            Ok(Ok(())),
+            "no lead on a primary whose role defaults to read-only; last error: {last_error:?}"
+        );
+    })
+}
+
 /// `connect_timeout` bounds each host's whole attempt (as in libpq), on every runtime: a
 /// first host that accepts connections but never answers does not stall failover.
 #[test]
