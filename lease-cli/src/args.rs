@@ -39,8 +39,9 @@ CONNECTION (every subcommand):
   Defaults as libpq: host = the Unix socket in /var/run/postgresql, then /tmp; port 5432; user =
   the OS user; dbname = the user; sslmode=prefer. TLS is rustls with libpq's sslmode (disable to
   verify-full); sslrootcert is a PEM file or `system`. One difference: with several hosts and no
-  target_session_attrs, only read-write sessions are taken (libpq: any), so that a standby early
-  in the list is skipped for the primary; an explicit value wins. Passwords are never printed.";
+  target_session_attrs, only primaries are taken (libpq: any), so that a standby early in the
+  list is skipped; read-write, for a lease, means a primary, read-only by default or not; an
+  explicit value wins. Passwords are never printed.";
 
 const RUN_LONG_ABOUT: &str = "\
 Contend for the lease NAME and, while holding it, run COMMAND.
