@@ -110,7 +110,10 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
     let near_host = |what: &str, clock: Option<i64>| {
         let clock = clock.unwrap_or_else(|| panic!("{what}: no server clock row"));
         let off = (clock - host_us()).abs();
-        assert!(off < 5_000_000, "{what}: server clock {clock} is {off} µs off");
+        assert!(
+            off < 5_000_000,
+            "{what}: server clock {clock} is {off} µs off"
+        );
     };
     for statement in &all {
         let rows = run(&s, statement)?;
