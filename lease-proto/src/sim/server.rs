@@ -510,7 +510,13 @@ impl Server {
     }
 
     fn step_clock(&mut self) {
-        self.clock_skew_us -= self.cfg.clock_step_back.as_micros() as i64;
+        self.step_clock_back(self.cfg.clock_step_back);
+    }
+
+    /// The server's clock steps back by `by` now (see
+    /// [`Postgres::step_clock_back`](super::Postgres::step_clock_back)).
+    pub(super) fn step_clock_back(&mut self, by: Duration) {
+        self.clock_skew_us -= by.as_micros() as i64;
         self.last_clock_us = None;
     }
 
