@@ -882,6 +882,8 @@ impl Fuzz {
                     nonce,
                     search_path_catalog: true,
                     promotion: Default::default(),
+                    // Any reading: the clock's comparison must not panic.
+                    server_clock_us: Some(p.token),
                 }
                 .to_rows();
                 let at = usize::from(pick(6)) % rows.len();
@@ -1050,7 +1052,11 @@ impl Fuzz {
     /// The heartbeat reply `who` claims for the current session.
     fn heartbeat_reply(&self, who: Who) -> HeartbeatReply {
         let (backend_pid, nonce) = who.session(self.pid, self.nonce);
-        HeartbeatReply { backend_pid, nonce }
+        HeartbeatReply {
+            backend_pid,
+            nonce,
+            server_clock_us: None,
+        }
     }
 }
 

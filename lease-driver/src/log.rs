@@ -235,6 +235,25 @@ fn log_event(event: &Event, since: u32) {
             "the server was promoted recently: no lease is taken there until the old \
              primary's holders must have stopped"
         ),
+        Event::ServerClockStepped {
+            session: s,
+            back,
+            across_sessions,
+        } => warn!(
+            session = s.0,
+            back_ms = back.as_millis() as u64,
+            across_sessions,
+            "the database server's clock stepped back by at least {:.3}s{}: fencing tokens \
+             granted now may be below earlier ones, and a fence may reject the legitimate \
+             leader's writes until the server's clock passes the newest stored token's time \
+             (docs/fencing.md; the tokens' clock condition in docs/guarantees.md)",
+            back.as_secs_f64(),
+            if *across_sessions {
+                " since the previous session (a restart, a failover or another host)"
+            } else {
+                ""
+            }
+        ),
         Event::StartupOptionsRejected { session: s, error } => warn!(
             session = s.0,
             %error,

@@ -89,6 +89,10 @@ mod imp {
             "Leases of the lease group this process holds"
         );
         describe_counter!(
+            "lease_server_clock_steps_total",
+            "Steps back of the database server's clock (the fencing tokens' source) beyond the guard margin, seen by this process's lockers"
+        );
+        describe_counter!(
             "lease_group_handoffs_total",
             "Leases of the group this process handed over to the member owning them, by cause"
         );
@@ -293,6 +297,9 @@ mod imp {
                 Event::SessionIdle { .. } => {
                     self.not_ready();
                     self.no_members();
+                }
+                Event::ServerClockStepped { .. } => {
+                    counter!("lease_server_clock_steps_total").increment(1);
                 }
                 _ => {}
             }
@@ -544,8 +551,8 @@ mod tests {
     use std::time::Instant;
 
     use ::metrics::{
-        Counter, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
-        SharedString, Unit,
+        Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata,
+        Recorder, SharedString, Unit,
     };
     use lease_proto::{Event, Reason, SessionId, Statement};
 
@@ -559,6 +566,19 @@ mod tests {
     struct Registry {
         histograms: Mutex<HashMap<Key, Arc<Sum>>>,
         ready: Arc<Values>,
+        clock_steps: Arc<Count>,
+    }
+
+    #[derive(Default)]
+    struct Count(AtomicU64);
+
+    impl CounterFn for Count {
+        fn increment(&self, v: u64) {
+            self.0.fetch_add(v, Ordering::Relaxed);
+        }
+        fn absolute(&self, v: u64) {
+            self.0.store(v, Ordering::Relaxed);
+        }
     }
 
     #[derive(Default)]
@@ -591,8 +611,12 @@ mod tests {
         fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
         fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
         fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
-            Counter::noop()
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            if key.name() == "lease_server_clock_steps_total" {
+                Counter::from_arc(self.clock_steps.clone())
+            } else {
+                Counter::noop()
+            }
         }
         fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
             if key.name() == "lease_sessions_ready" {
@@ -633,6 +657,23 @@ mod tests {
         assert_eq!(*registry.ready.0.lock().unwrap(), [1.0, 2.0, 1.0]);
         // The level outlives the recorder: the test leaves it at 0.
         a.event(&clock, &lost(3));
+    }
+
+    #[test]
+    fn every_server_clock_step_is_counted() {
+        let clock: Clock = Arc::new(Instant::now);
+        let step = Event::ServerClockStepped {
+            session: SessionId(1),
+            back: std::time::Duration::from_secs(30),
+            across_sessions: true,
+        };
+        let registry = Registry::default();
+        let mut m = Metrics::new();
+        ::metrics::with_local_recorder(&registry, || {
+            m.event(&clock, &step);
+            m.event(&clock, &step);
+        });
+        assert_eq!(registry.clock_steps.0.load(Ordering::Relaxed), 2);
     }
 
     fn per_statement_ns(n: u32) -> f64 {

@@ -791,6 +791,26 @@ pub enum Event {
         /// How long from the setup's reply.
         hold: std::time::Duration,
     },
+    /// The server's clock (`clock_timestamp()`, which fencing tokens are
+    /// made of) stepped back, against this locker's monotonic clock, by more
+    /// than the bound: the guard margin in force plus the drift the
+    /// guarantee allows ([`Options::drift_bound`](crate::Options::drift_bound))
+    /// over the time since the reading compared with, whatever the round
+    /// trips (each reading is placed anywhere between its statement's send
+    /// and reply). Fencing tokens this server grants may be below tokens
+    /// granted before the step: a fence may reject the legitimate leader
+    /// until the server's clock passes the stored token's time (see the
+    /// crate's `docs/fencing.md`). Reported once per step; log it loudly.
+    ServerClockStepped {
+        /// The session whose reply showed the step.
+        session: SessionId,
+        /// How far back, at least (the round trips and the drift allowed
+        /// are not counted in it).
+        back: std::time::Duration,
+        /// The reading compared with came from an earlier session (a
+        /// restart, a failover, another host): a new session's setup.
+        across_sessions: bool,
+    },
     /// A pooler rejected the `options` startup parameter: the machine
     /// connects again without it and applies the settings by statement.
     StartupOptionsRejected {

@@ -136,6 +136,8 @@ mod setup_tag {
     pub const NONCE: i64 = 10;
     /// 1 when `search_path` reads back as [`super::SEARCH_PATH`].
     pub const SEARCH_PATH: i64 = 11;
+    /// The server's clock ([`super::SERVER_CLOCK_US_SQL`]).
+    pub const SERVER_CLOCK_US: i64 = 12;
     /// The row of the statement that applies settings; ignored.
     pub const APPLIED: i64 = 0;
     /// Tags 40 to 44: [`crate::reply::PromotionState`]'s fields, in order.
@@ -237,7 +239,18 @@ mod heartbeat_tag {
     /// The fencing token of the key a [`Statement::Take`](super::Statement::Take)
     /// took.
     pub const TOKEN: i64 = 5;
+    /// The server's clock ([`super::SERVER_CLOCK_US_SQL`]).
+    pub const SERVER_CLOCK_US: i64 = 6;
 }
+
+/// The server's clock, `clock_timestamp()`, in microseconds since the Unix
+/// epoch: the reading fencing tokens are made of (less
+/// [`TOKEN_CLOCK_OFFSET`]). The setup and the heartbeat answer it, so the
+/// machine sees a server clock that stepped back (see
+/// [`Event::ServerClockStepped`](crate::Event::ServerClockStepped)).
+/// `extract` is grammar, which qualifies it itself.
+const SERVER_CLOCK_US_SQL: &str = "(extract(epoch FROM pg_catalog.clock_timestamp()) \
+     OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8";
 
 /// The outcomes of a wait in its `FREED` row ([`WAIT_SETTING`]).
 mod wait_outcome {
@@ -755,7 +768,8 @@ impl Statement {
                      (pg_catalog.inet_client_addr() IS NULL)::pg_catalog.int4::pg_catalog.int8 \
                      UNION ALL SELECT {}, {NONCE_VALUE} \
                      UNION ALL SELECT {}, (pg_catalog.current_setting('search_path') \
-                     OPERATOR(pg_catalog.=) '{SEARCH_PATH}')::pg_catalog.int4::pg_catalog.int8",
+                     OPERATOR(pg_catalog.=) '{SEARCH_PATH}')::pg_catalog.int4::pg_catalog.int8 \
+                     UNION ALL SELECT {}, {SERVER_CLOCK_US_SQL}",
                     setup_tag::SERVER_VERSION,
                     setup_tag::IN_RECOVERY,
                     setup_tag::BACKEND_PID,
@@ -764,6 +778,7 @@ impl Statement {
                     setup_tag::UNIX_SOCKET,
                     setup_tag::NONCE,
                     setup_tag::SEARCH_PATH,
+                    setup_tag::SERVER_CLOCK_US,
                 )
                 .ok();
                 for (i, name) in TCP_SETTINGS.iter().enumerate() {
@@ -815,9 +830,11 @@ impl Statement {
             }
             Statement::Heartbeat => format!(
                 "SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
-                 UNION ALL SELECT {}, {NONCE_VALUE}",
+                 UNION ALL SELECT {}, {NONCE_VALUE} \
+                 UNION ALL SELECT {}, {SERVER_CLOCK_US_SQL}",
                 heartbeat_tag::BACKEND_PID,
                 heartbeat_tag::NONCE,
+                heartbeat_tag::SERVER_CLOCK_US,
             ),
             // Three statements, one implicit transaction: the prelude (see
             // `WAIT_PRELUDE_SQL`), the wait, whose lock timeout is caught and
@@ -1111,7 +1128,8 @@ pub enum ReplyError {
         /// What is missing: `"server_version"`, `"in_recovery"` or `"backend_pid"`.
         missing: &'static str,
     },
-    /// A heartbeat row is not `(0, pid)` or `(2, nonce)`, or a verify row
+    /// A heartbeat row is not `(0, pid)`, `(2, nonce)` or `(6, server
+    /// clock)`, or a verify row
     /// none of those nor `(1, key)`.
     HeartbeatRow(Row),
     /// A release row is not `(key, 0 or 1)`.
@@ -1157,6 +1175,9 @@ pub struct SetupReply {
     /// What the server shows of a recent promotion (missing rows: never
     /// promoted).
     pub promotion: crate::reply::PromotionState,
+    /// The server's clock in microseconds since the Unix epoch, read by the
+    /// setup (`None`: no such row).
+    pub server_clock_us: Option<i64>,
 }
 
 impl SetupReply {
@@ -1191,6 +1212,7 @@ impl SetupReply {
                 checkpoint_age_ms: get(setup_tag::CHECKPOINT_AGE_MS),
                 history_age_ms: get(setup_tag::HISTORY_AGE_MS),
             },
+            server_clock_us: get(setup_tag::SERVER_CLOCK_US),
         })
     }
 
@@ -1235,6 +1257,7 @@ impl SetupReply {
             ],
         ]
         .into_iter()
+        .chain((self.server_clock_us).map(|c| vec![Some(setup_tag::SERVER_CLOCK_US), Some(c)]))
         .chain(
             (self.tcp_settings.iter().enumerate())
                 .map(|(i, v)| vec![Some(setup_tag::TCP_FIRST + i as i64), *v]),
@@ -1316,10 +1339,13 @@ pub struct HeartbeatReply {
     pub backend_pid: Option<i64>,
     /// [`NONCE_SETTING`] of that session; `None` if no row had it or it was unset.
     pub nonce: Option<i64>,
+    /// The server's clock in microseconds since the Unix epoch, read by the
+    /// statement; `None` if no row had it (a wait's reply has none).
+    pub server_clock_us: Option<i64>,
 }
 
 impl HeartbeatReply {
-    /// Parses the `(0, pid)` and `(2, nonce)` rows.
+    /// Parses the `(0, pid)`, `(2, nonce)` and `(6, server clock)` rows.
     ///
     /// # Errors
     /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
@@ -1333,11 +1359,13 @@ impl HeartbeatReply {
         Ok(reply)
     }
 
-    /// Takes in a `(0, pid)` or `(2, nonce)` row; false for any other.
+    /// Takes in a `(0, pid)`, `(2, nonce)` or `(6, server clock)` row; false
+    /// for any other.
     fn parse_row(&mut self, row: &Row) -> bool {
         match row.as_slice() {
             [Some(heartbeat_tag::BACKEND_PID), Some(p)] => self.backend_pid = Some(*p),
             [Some(heartbeat_tag::NONCE), n] => self.nonce = *n,
+            [Some(heartbeat_tag::SERVER_CLOCK_US), Some(c)] => self.server_clock_us = Some(*c),
             _ => return false,
         }
         true
@@ -1349,7 +1377,9 @@ impl HeartbeatReply {
             .backend_pid
             .map(|p| vec![Some(heartbeat_tag::BACKEND_PID), Some(p)]);
         let nonce = vec![Some(heartbeat_tag::NONCE), self.nonce];
-        pid.into_iter().chain([nonce]).collect()
+        let clock =
+            (self.server_clock_us).map(|c| vec![Some(heartbeat_tag::SERVER_CLOCK_US), Some(c)]);
+        pid.into_iter().chain([nonce]).chain(clock).collect()
     }
 }
 
@@ -1953,6 +1983,7 @@ mod tests {
                     session: HeartbeatReply {
                         backend_pid: Some(7),
                         nonce: Some(9),
+                        ..Default::default()
                     },
                     freed,
                     crowded,
@@ -2038,6 +2069,7 @@ mod tests {
                 checkpoint_age_ms: Some(-12),
                 history_age_ms: Some(4_000),
             },
+            server_clock_us: Some(1_700_000_000_000_000),
         };
         assert_eq!(SetupReply::parse(&setup.to_rows()), Ok(setup));
         let members = MembersReply {
@@ -2067,6 +2099,7 @@ mod tests {
         let heartbeat = HeartbeatReply {
             backend_pid: Some(42),
             nonce: Some(3),
+            server_clock_us: Some(-1),
         };
         assert_eq!(
             HeartbeatReply::parse(&heartbeat.to_rows()),

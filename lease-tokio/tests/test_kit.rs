@@ -381,3 +381,66 @@ async fn a_group_run_without_handover_notifications_is_refused() {
         .await;
     assert!(alone.is_ok(), "{alone:?}");
 }
+
+/// Log lines captured from the test's thread (the paused runtime's).
+#[derive(Clone, Default)]
+struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    fn matching(&self, level: &str, text: &str) -> Vec<String> {
+        let all = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        (all.lines())
+            .filter(|l| l.contains(level) && l.contains(text))
+            .map(String::from)
+            .collect()
+    }
+}
+
+/// The review's restart with the server's clock set 30 s back, end to end
+/// through the real driver: each locker logs one WARN with the step's size
+/// (none before it), the next token is below the last, and the kit's fenced
+/// store refuses it with a WARN naming both tokens.
+#[tokio::test(start_paused = true)]
+async fn a_server_clock_stepped_back_is_logged_once_per_locker_and_the_fence_says_so() {
+    use tracing_subscriber::util::SubscriberInitExt;
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let _guard = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish()
+        .set_default();
+    let (server, _log, _a, _b, _) = pair(11).await;
+    let store = server.fenced_store::<&str>();
+    let last = server.tokens(LEASE).last().expect("a token").1;
+    assert_eq!(store.write(last, "before the step"), Ok(()));
+    sleep(5.0).await;
+    let stepped = "clock stepped back";
+    assert_eq!(lines.matching("WARN", stepped), Vec::<String>::new());
+    server.with_postgres(|pg| pg.step_clock_back(Duration::from_secs(30)));
+    server.restart(Duration::from_millis(500));
+    sleep(10.0).await;
+    let warned = lines.matching("WARN", stepped);
+    assert_eq!(warned.len(), 2, "{warned:#?}");
+    for line in &warned {
+        assert!(line.contains("by at least 29."), "{line}");
+        assert!(line.contains("since the previous session"), "{line}");
+    }
+    let next = server.tokens(LEASE).last().expect("a token").1;
+    assert!(next < last, "{next} is not below {last}");
+    let refused = store.write(next, "after the step").unwrap_err();
+    assert_eq!((refused.token, refused.newest), (next, last));
+    let fence = lines.matching("WARN", "fencing token went backwards");
+    assert_eq!(fence.len(), 1, "{fence:#?}");
+    assert!(fence[0].contains(&next.to_string()) && fence[0].contains(&last.to_string()));
+}

@@ -112,12 +112,23 @@ pub struct Rejected {
     pub newest: i64,
 }
 
+impl Rejected {
+    /// How far the write's token is below the newest, in the tokens' units
+    /// (microseconds of the server's clock).
+    pub fn behind(&self) -> Duration {
+        Duration::from_micros(self.newest.abs_diff(self.token))
+    }
+}
+
 impl fmt::Display for Rejected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "stale fencing token {} (the store has seen {})",
-            self.token, self.newest
+            "fencing token went backwards: {} is {:.6}s below the newest the store has seen, {} \
+             (a stale leader, or a server clock that stepped back)",
+            self.token,
+            self.behind().as_secs_f64(),
+            self.newest
         )
     }
 }
@@ -188,7 +199,12 @@ impl<T> FencedStore<T> {
             accepted,
         });
         match newest {
-            Some(newest) if !accepted => Err(Rejected { token, newest }),
+            Some(newest) if !accepted => {
+                let rejected = Rejected { token, newest };
+                // Loud: a write refused is never silent (docs/fencing.md).
+                tracing::warn!(token, newest, "fenced store refused a write: {rejected}");
+                Err(rejected)
+            }
             _ => Ok(()),
         }
     }
@@ -412,5 +428,38 @@ impl JobLog {
             }
         }
         found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_that_goes_backwards_is_refused_naming_both_tokens_and_the_gap() {
+        let store = FencedStore::new(Arc::new(|| Duration::ZERO));
+        let base = lease_proto::server::TOKEN_CLOCK_OFFSET;
+        assert_eq!(store.write(base + 30_000_000, "new"), Ok(()));
+        // The next leader's token, made by a server clock 24.3 s behind.
+        let err = store.write(base + 5_700_000, "after the step").unwrap_err();
+        assert_eq!(
+            err,
+            Rejected {
+                token: base + 5_700_000,
+                newest: base + 30_000_000
+            }
+        );
+        assert_eq!(err.behind(), Duration::from_millis(24_300));
+        let text = err.to_string();
+        for part in [
+            "went backwards",
+            &(base + 5_700_000).to_string(),
+            &(base + 30_000_000).to_string(),
+            "24.300000s",
+        ] {
+            assert!(text.contains(part), "{text}");
+        }
+        assert_eq!(store.newest(), Some(base + 30_000_000));
+        assert_eq!(store.rejected().len(), 1);
     }
 }

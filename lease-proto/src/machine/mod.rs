@@ -43,6 +43,7 @@ use crate::sql::{
     HANDOVER_CHANNEL,
 };
 
+mod clock;
 mod deadline;
 mod doubtful;
 mod groups;
@@ -225,6 +226,8 @@ pub struct Machine {
     watch: Watch,
     /// Lease groups: membership and shares (see `groups`).
     groups: Groups,
+    /// The server's clock against the local one (see `clock`).
+    server_clock: clock::ServerClock,
     /// Every deadline (see [`Deadline`]) and the latest time fed in.
     timers: DeadlineTable,
     out: Outputs,
@@ -302,6 +305,7 @@ impl Machine {
             wait: ServerWait::default(),
             watch: Watch::default(),
             groups: Groups::default(),
+            server_clock: Default::default(),
             timers: DeadlineTable::default(),
             out: Outputs::default(),
         })
@@ -815,7 +819,7 @@ impl Machine {
         self.timers.stop(Deadline::Query);
         match (q.what, result) {
             (What::Setup, Ok(rows)) => match SetupReply::parse(&rows) {
-                Ok(setup) => self.setup_done(now, setup),
+                Ok(setup) => self.setup_done(now, q.sent, setup),
                 Err(e) => self.lose_session(now, session::malformed(e), true),
             },
             (What::Probe, Ok(rows)) => match HeartbeatReply::parse(&rows) {
@@ -897,7 +901,7 @@ impl Machine {
         }
     }
 
-    fn setup_done(&mut self, now: Instant, setup: SetupReply) {
+    fn setup_done(&mut self, now: Instant, sent: Instant, setup: SetupReply) {
         let Some(up) = self.session.up() else {
             return;
         };
@@ -912,6 +916,7 @@ impl Machine {
                 return self.lose_session(now, Reason::InRecovery, true);
             }
         }
+        self.server_clock_read(sent, now, setup.server_clock_us);
         // A newly promoted primary: the old primary's holders may still act.
         #[cfg(feature = "sim")] // Test-only: the broken variant.
         let setup = SetupReply {
@@ -1237,6 +1242,7 @@ impl Machine {
         if !self.same_session(now, &reply) {
             return;
         }
+        self.server_clock_read(sent, now, reply.server_clock_us);
         self.runs.confirm_all(sent);
         self.heartbeat_again(now, sent);
     }
@@ -1247,6 +1253,7 @@ impl Machine {
         if !self.same_session(now, &reply.session) {
             return;
         }
+        self.server_clock_read(sent, now, reply.session.server_clock_us);
         self.plan.verified();
         self.runs.verified(sent, reply.held, &mut self.out);
         self.heartbeat_again(now, sent);
@@ -1499,6 +1506,7 @@ impl Machine {
         let session = HeartbeatReply {
             backend_pid: reply.backend_pid,
             nonce: reply.nonce,
+            server_clock_us: None,
         };
         if !self.same_session(now, &session) {
             return;
@@ -1535,6 +1543,7 @@ impl Machine {
         let session = HeartbeatReply {
             backend_pid: reply.backend_pid,
             nonce: reply.nonce,
+            server_clock_us: None,
         };
         if !self.same_session(now, &session) {
             return;
@@ -1948,6 +1957,7 @@ mod tests {
             search_path_catalog: true,
             nonce: Some(nonce),
             promotion: Default::default(),
+            server_clock_us: None,
         }
         .to_rows()
     }

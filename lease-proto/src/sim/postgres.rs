@@ -239,6 +239,15 @@ impl Postgres {
         self.timers.push(now + downtime, Deadline::Up);
     }
 
+    /// The server's clock steps back by `by` now (an operator or NTP
+    /// stepping it, a host whose clock is behind): every later reading, the
+    /// fencing tokens and the clock the setup and the heartbeat answer, is
+    /// that much lower ([`ServerConfig::clock_step_back`] steps it at every
+    /// crash and promotion instead).
+    pub fn step_clock_back(&mut self, by: Duration) {
+        self.server.step_clock_back(by);
+    }
+
     /// Adds `extra` to every statement's processing time (a slow server;
     /// `Duration::ZERO`: as fast as the model).
     pub fn set_slow(&mut self, extra: Duration) {

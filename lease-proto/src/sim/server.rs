@@ -52,10 +52,13 @@ pub(super) mod reply {
             tcp_settings,
             nonce,
             Default::default(),
+            None,
         )
     }
 
-    /// [`setup`], with what the server shows of its promotion.
+    /// [`setup`], with what the server shows of its promotion and its clock
+    /// (µs).
+    #[allow(clippy::too_many_arguments)] // The reply's fields, as `setup`'s.
     pub(crate) fn setup_promoted(
         version: i64,
         standby: bool,
@@ -64,6 +67,7 @@ pub(super) mod reply {
         tcp_settings: [Option<i64>; 4],
         nonce: Option<i64>,
         promotion: crate::reply::PromotionState,
+        server_clock_us: Option<i64>,
     ) -> Vec<Row> {
         SetupReply {
             server_version: version,
@@ -75,6 +79,7 @@ pub(super) mod reply {
             search_path_catalog: true,
             nonce,
             promotion,
+            server_clock_us,
         }
         .to_rows()
     }
@@ -152,6 +157,7 @@ pub(super) mod reply {
             session: HeartbeatReply {
                 backend_pid: Some(pid),
                 nonce,
+                server_clock_us: None,
             },
             freed: Some(false),
             deadlock_timeout_ms: deadlock_ms,
@@ -163,9 +169,15 @@ pub(super) mod reply {
 
     /// `Heartbeat`: the backend pid and the nonce.
     pub(crate) fn heartbeat(pid: i64, nonce: Option<i64>) -> Vec<Row> {
+        heartbeat_at(pid, nonce, None)
+    }
+
+    /// `Heartbeat`: the backend pid, the nonce and the server's clock (µs).
+    pub(crate) fn heartbeat_at(pid: i64, nonce: Option<i64>, clock_us: Option<i64>) -> Vec<Row> {
         HeartbeatReply {
             backend_pid: Some(pid),
             nonce,
+            server_clock_us: clock_us,
         }
         .to_rows()
     }
@@ -176,10 +188,21 @@ pub(super) mod reply {
         nonce: Option<i64>,
         keys: impl IntoIterator<Item = i64>,
     ) -> Vec<Row> {
+        verify_at(pid, nonce, None, keys)
+    }
+
+    /// [`verify`] with the server's clock (µs).
+    pub(crate) fn verify_at(
+        pid: i64,
+        nonce: Option<i64>,
+        clock_us: Option<i64>,
+        keys: impl IntoIterator<Item = i64>,
+    ) -> Vec<Row> {
         VerifyReply {
             session: HeartbeatReply {
                 backend_pid: Some(pid),
                 nonce,
+                server_clock_us: clock_us,
             },
             held: keys.into_iter().collect(),
         }
@@ -487,7 +510,13 @@ impl Server {
     }
 
     fn step_clock(&mut self) {
-        self.clock_skew_us -= self.cfg.clock_step_back.as_micros() as i64;
+        self.step_clock_back(self.cfg.clock_step_back);
+    }
+
+    /// The server's clock steps back by `by` now (see
+    /// [`Postgres::step_clock_back`](super::Postgres::step_clock_back)).
+    pub(super) fn step_clock_back(&mut self, by: Duration) {
+        self.clock_skew_us -= by.as_micros() as i64;
         self.last_clock_us = None;
     }
 
@@ -722,7 +751,17 @@ impl Server {
                 let promotion = self.promotion_state(now);
                 let s = self.sessions.get(&conn)?;
                 let standby = self.cfg.standby;
-                reply::setup_promoted(self.cfg.version, standby, pid, ist, tcp, s.nonce, promotion)
+                let clock = Some(self.clock_now(now) - crate::sql::TOKEN_CLOCK_OFFSET);
+                reply::setup_promoted(
+                    self.cfg.version,
+                    standby,
+                    pid,
+                    ist,
+                    tcp,
+                    s.nonce,
+                    promotion,
+                    clock,
+                )
             }
             Statement::Listen => {
                 if self.cfg.standby {
@@ -897,12 +936,14 @@ impl Server {
                     notify.push(format!("prefer {key} {pid} {priority}"));
                 }
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
-                reply::heartbeat(pid, nonce)
+                let clock = Some(self.clock_now(now) - crate::sql::TOKEN_CLOCK_OFFSET);
+                reply::heartbeat_at(pid, nonce, clock)
             }
             // No pg_locks read: what the session holds is not asked.
             Statement::Heartbeat => {
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
-                reply::heartbeat(pid, nonce)
+                let clock = Some(self.clock_now(now) - crate::sql::TOKEN_CLOCK_OFFSET);
+                reply::heartbeat_at(pid, nonce, clock)
             }
             Statement::Verify => {
                 let held = self
@@ -911,7 +952,8 @@ impl Server {
                     .filter(|(_, (o, _))| *o == owner)
                     .map(|(k, _)| *k);
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
-                reply::verify(pid, nonce, held)
+                let clock = Some(self.clock_now(now) - crate::sql::TOKEN_CLOCK_OFFSET);
+                reply::verify_at(pid, nonce, clock, held)
             }
             // Member locks: the two-int space (`objsubid` 2), apart from
             // the keys; taken by a try (never contended: the second half is

@@ -59,6 +59,7 @@ fn answer_for(h: &mut Harness, d: Duration, holder: Option<i64>) -> Vec<Statemen
                 let reply = HeartbeatReply {
                     backend_pid: Some(7),
                     nonce: h.nonce(),
+                    server_clock_us: None,
                 };
                 h.reply(reply.to_rows());
             }

@@ -163,6 +163,7 @@ pub fn setup_reply(o: &Options, nonce: i64) -> SetupReply {
         search_path_catalog: true,
         nonce: Some(nonce),
         promotion: Default::default(),
+        server_clock_us: None,
     }
 }
 

@@ -184,6 +184,7 @@ impl H {
             search_path_catalog: true,
             nonce: Some(nonce),
             promotion: Default::default(),
+            server_clock_us: None,
         }
         .to_rows()));
         assert_eq!(self.statement(), Statement::Listen);

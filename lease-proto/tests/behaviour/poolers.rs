@@ -61,6 +61,7 @@ fn behind_a_pooler_the_probe_refuses_a_shared_backend() {
     let probe = HeartbeatReply {
         backend_pid: Some(7),
         nonce: Some(nonce),
+        server_clock_us: None,
     };
     let cmds = h.reply(probe.to_rows());
     assert!(

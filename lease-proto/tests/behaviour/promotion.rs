@@ -52,6 +52,7 @@ fn until_try(h: &mut Harness, nonce: i64, limit: Duration) -> (Duration, usize) 
                 let reply = HeartbeatReply {
                     backend_pid: Some(7),
                     nonce: Some(nonce),
+                    server_clock_us: None,
                 };
                 let cmds = h.reply(reply.to_rows());
                 assert!(!cmds

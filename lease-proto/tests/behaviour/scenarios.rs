@@ -827,3 +827,64 @@ fn frozen_owner_share() -> Vec<usize> {
 fn a_member_frozen_past_the_free_bound_gets_its_share_back() {
     assert_eq!(frozen_owner_share(), vec![2, 2]);
 }
+
+/// Every [`lease_proto::Event::ServerClockStepped`] of a run: `(process,
+/// back, across_sessions)`.
+fn clock_steps(r: &Report) -> Vec<(usize, Duration, bool)> {
+    (r.trace.iter())
+        .filter_map(|l| match (&l.event, l.process) {
+            (
+                TraceEvent::Machine(lease_proto::Event::ServerClockStepped {
+                    back,
+                    across_sessions,
+                    ..
+                }),
+                Some(p),
+            ) => Some((p, *back, *across_sessions)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A server clock 30 s behind after a crash (a restart with a stepped clock)
+/// or a promotion (a standby whose clock is behind): every process sees it
+/// once, at its new session's setup, as at least 29.5 s back (the round
+/// trips and the drift allowed are not counted in it), and never again while the clock stays
+/// there. The same faults without a step, with clock drift at 80 % of the
+/// bound (12.5 % here), are never reported.
+#[test]
+fn a_server_clock_stepped_back_is_reported_once_per_process() {
+    for fault in [
+        Fault::ServerCrash { downtime: ms(300) },
+        Fault::Promote {
+            lag: 0,
+            downtime: ms(300),
+        },
+    ] {
+        for (step, drift) in [(Duration::from_secs(30), 0.0), (Duration::ZERO, 0.1)] {
+            let mut c = cfg();
+            c.drift = drift;
+            c.full_trace = true;
+            c.server.clock_step_back = step;
+            let mut sim = Sim::new(c.clone(), Instant::now());
+            sim.schedule(ms(2000), fault.clone());
+            let r = sim.finish(ms(10_000), ms(1000));
+            let steps = clock_steps(&r);
+            if step.is_zero() {
+                assert_clean(&r);
+                assert_eq!(steps, vec![], "{fault:?}: no step, drift {drift}");
+                continue;
+            }
+            for p in 0..c.processes {
+                let mine: Vec<_> = steps.iter().filter(|s| s.0 == p).collect();
+                assert_eq!(mine.len(), 1, "{fault:?}, process {p}: {steps:?}");
+                let (_, back, across) = *mine[0];
+                assert!(across, "{fault:?}: {steps:?}");
+                // A lower bound: less the round trips and the drift the
+                // bound allows (12.5 %) over the time since the reading
+                // before the fault (a heartbeat interval and the downtime).
+                assert!(back <= step && back > step - ms(500), "{fault:?}: {back:?}");
+            }
+        }
+    }
+}

@@ -98,6 +98,7 @@ fn a_crowded_take_falls_back_to_polling_until_the_periodic_try() {
         session: HeartbeatReply {
             backend_pid: Some(7),
             nonce: h.nonce(),
+            server_clock_us: None,
         },
         freed: Some(false),
         crowded: true,
@@ -125,6 +126,7 @@ fn a_take_that_finds_the_key_held_here_refuses_the_locker() {
         session: HeartbeatReply {
             backend_pid: Some(7),
             nonce: h.nonce(),
+            server_clock_us: None,
         },
         freed: Some(false),
         held_here: true,

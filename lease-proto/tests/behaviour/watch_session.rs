@@ -32,6 +32,7 @@ fn wait_rows(freed: bool) -> Vec<Row> {
         session: HeartbeatReply {
             backend_pid: Some(55),
             nonce: None,
+            server_clock_us: None,
         },
         freed: Some(freed),
         deadlock_timeout_ms: Some(1000),

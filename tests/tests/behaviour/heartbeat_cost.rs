@@ -1,6 +1,6 @@
 //! The steady heartbeat's cost does not depend on what the server holds, on an
 //! ephemeral kit cluster: medians of
-//! `Statement::Heartbeat` (backend pid + nonce) and `Statement::Verify`
+//! `Statement::Heartbeat` (backend pid + nonce + server clock) and `Statement::Verify`
 //! (that plus this session's keys from `pg_locks`, the heartbeat of before)
 //! on a session holding one key, while another session holds no lock or
 //! 4,000 locks, in three rounds (the least median of each: the other tests
@@ -70,8 +70,16 @@ async fn heartbeat_cost_does_not_grow_with_foreign_locks() {
         .expect("setting up the holder");
     let heartbeat = Statement::Heartbeat.sql();
     let verify = Statement::Verify.sql();
-    assert_eq!(rows(&holder, &heartbeat).await, 2, "pid and nonce rows");
-    assert_eq!(rows(&holder, &verify).await, 3, "pid, nonce and key rows");
+    assert_eq!(
+        rows(&holder, &heartbeat).await,
+        3,
+        "pid, nonce and server clock rows"
+    );
+    assert_eq!(
+        rows(&holder, &verify).await,
+        4,
+        "pid, nonce, server clock and key rows"
+    );
 
     // Three rounds, alone and beside the foreign locks in turn; the least median of each:
     // a burst of the machine's load (the other tests run beside this one) inflates one

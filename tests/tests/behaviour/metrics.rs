@@ -462,6 +462,7 @@ fn every_metric_is_described_with_its_unit() {
         "lease_group_members",
         "lease_group_leases_held",
         "lease_group_handoffs_total",
+        "lease_server_clock_steps_total",
     ];
     let mut names: Vec<&str> = described.keys().map(String::as_str).collect();
     names.sort();

@@ -101,6 +101,20 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
         },
     ];
     let mut takes = 0;
+    // The server's clock as the setup and the heartbeat answer it (µs since
+    // the epoch): this host's clock, the server being local.
+    let host_us = || {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        since.expect("after 1970").as_micros() as i64
+    };
+    let near_host = |what: &str, clock: Option<i64>| {
+        let clock = clock.unwrap_or_else(|| panic!("{what}: no server clock row"));
+        let off = (clock - host_us()).abs();
+        assert!(
+            off < 5_000_000,
+            "{what}: server clock {clock} is {off} µs off"
+        );
+    };
     for statement in &all {
         let rows = run(&s, statement)?;
         match statement {
@@ -108,6 +122,7 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
                 let setup = SetupReply::parse(&rows).map_err(|e| parse_err("setup", e))?;
                 assert_eq!(setup.backend_pid, pid);
                 assert_eq!(setup.nonce, Some(nonce));
+                near_host("setup", setup.server_clock_us);
             }
             Statement::Listen => assert!(rows.is_empty(), "{rows:?}"),
             Statement::TryLock { keys, .. } => {
@@ -119,10 +134,14 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
             Statement::Heartbeat | Statement::Prefer { .. } => {
                 let reply = HeartbeatReply::parse(&rows).map_err(|e| parse_err("heartbeat", e))?;
                 assert_eq!((reply.backend_pid, reply.nonce), (Some(pid), Some(nonce)));
+                if *statement == Statement::Heartbeat {
+                    near_host("heartbeat", reply.server_clock_us);
+                }
             }
             Statement::Verify => {
                 let reply = VerifyReply::parse(&rows).map_err(|e| parse_err("verify", e))?;
                 assert!(reply.held.contains(&k1) && reply.held.contains(&k2));
+                near_host("verify", reply.session.server_clock_us);
             }
             Statement::Wait { .. } => {
                 let reply = WaitReply::parse(&rows).map_err(|e| parse_err("wait", e))?;

@@ -126,8 +126,9 @@ pub fn heartbeat(cluster: &Cluster, reps: usize) -> R<Vec<HeartbeatTiming>> {
         for (statement, sql, per_key) in &statements {
             pg.time(sql, reps.min(50))?;
             let (times_ns, rows) = pg.time(sql, reps)?;
-            // The pid and nonce rows, then (verify) one row per key held.
-            if rows != 2 + per_key * own {
+            // The pid, nonce and server clock rows, then (verify) one row
+            // per key held.
+            if rows != 3 + per_key * own {
                 return Err(format!(
                     "the {statement} on a session holding {own} keys returned {rows} rows"
                 ));

@@ -823,7 +823,7 @@ fn cost_markdown(r: &Results, s: &mut String) {
 
     s.push_str(
         "\n## Heartbeat duration against keys held (µs)\n\n\
-         `lease_proto::Statement::Heartbeat` (the steady heartbeat: backend pid and nonce) and \
+         `lease_proto::Statement::Heartbeat` (the steady heartbeat: backend pid, nonce and the server's clock) and \
          `Statement::Verify` (that plus the session's keys from `pg_locks`: the verification \
          after a failed try, and once the heartbeat itself) on a separate tokio-postgres \
          session holding that many advisory keys while another session holds the keys of the \
