@@ -105,11 +105,13 @@ fn running<'a>(terms: &'a [Term], dead: &[&str]) -> BTreeMap<u16, Vec<&'a Term>>
 }
 
 /// Waits until each of the `shards` runs exactly once, on the live replicas (`labels`),
-/// with these counts (sorted), unchanged for 500 ms; returns the running terms.
+/// with these counts (sorted), unchanged for 500 ms; returns the running terms. On
+/// failure the message has every replica's stderr (`replicas`: what `lease run` logged of
+/// each hand-off, loss and kill).
 fn settle(
     dir: &Path,
     shards: u16,
-    labels: &[&str],
+    (labels, replicas): (&[&str], &[Replica]),
     dead: &[&str],
     counts: &[usize],
 ) -> BTreeMap<u16, Term> {
@@ -136,10 +138,15 @@ fn settle(
         } else {
             stable = None;
         }
-        assert!(
-            start.elapsed() < MS(20_000),
-            "not settled at {counts:?} on {labels:?}: {per:?}, {now:#?}"
-        );
+        if start.elapsed() >= MS(20_000) {
+            let logs: Vec<String> = (replicas.iter())
+                .map(|r| format!("--- a replica's stderr ---\n{}", stderr_of(r)))
+                .collect();
+            panic!(
+                "not settled at {counts:?} on {labels:?}: {per:?}, {now:#?}\n{}",
+                logs.join("\n")
+            );
+        }
         std::thread::sleep(MS(20));
     }
 }
@@ -159,7 +166,7 @@ fn three_replicas_share_eight_shards_and_take_over_a_killed_one() {
     let mut replicas: Vec<Replica> = (labels.iter())
         .map(|l| replica(&c, &name, 8, dir.path(), l))
         .collect();
-    let before = settle(dir.path(), 8, &labels, &[], &[2, 3, 3]);
+    let before = settle(dir.path(), 8, (&labels, &replicas), &[], &[2, 3, 3]);
     let last = before.values().map(|t| t.start).max().unwrap_or(began);
     eprintln!(
         "FIGURE shards 3 replicas started together: 3/3/2, the last shard's command started {:.0} ms after their start",
@@ -190,7 +197,7 @@ fn three_replicas_share_eight_shards_and_take_over_a_killed_one() {
     let v = label_index(&labels, victim);
     let killed = now_nanos();
     replicas[v].kill9().expect("kill -9");
-    let after = settle(dir.path(), 8, &survivors, &[victim], &[4, 4]);
+    let after = settle(dir.path(), 8, (&survivors, &replicas), &[victim], &[4, 4]);
     let mut worst = 0.0f64;
     for shard in &moved {
         let t = &after[shard];
@@ -232,7 +239,13 @@ fn three_replicas_share_eight_shards_and_take_over_a_killed_one() {
         stderr_of(&replicas[s])
     );
     let exited = now_nanos();
-    let alone = settle(dir.path(), 8, &[last], &[victim, stopped], &[8]);
+    let alone = settle(
+        dir.path(),
+        8,
+        (&[last], &replicas),
+        &[victim, stopped],
+        &[8],
+    );
     let taken = handed
         .iter()
         .map(|s| alone[s].start)
@@ -290,7 +303,7 @@ fn status_shows_the_group() {
     let mut replicas: Vec<Replica> = (labels.iter())
         .map(|l| replica(&c, &name, 4, dir.path(), l))
         .collect();
-    let running = settle(dir.path(), 4, &labels, &[], &[2, 2]);
+    let running = settle(dir.path(), 4, (&labels, &replicas), &[], &[2, 2]);
     let members: Vec<i32> = (c.sql(&format!(
         "SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
          AND granted AND classid = {} ORDER BY 1",
