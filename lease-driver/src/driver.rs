@@ -21,7 +21,6 @@ use tokio_postgres::Config;
 
 use crate::hosts::{self, Opened};
 use crate::metrics::Sent;
-use crate::probe::{probe, probe_limit};
 use crate::runtime::{BoxFuture, Runtime, Session, SessionEvent, Timer};
 use crate::shared::Inner;
 
@@ -149,8 +148,15 @@ impl<R: Runtime> Driver<R> {
                     let (runtime, mut host) = (self.runtime.clone(), (**host).clone());
                     // The host passed its check when the session opened.
                     host.target_session_attrs(TargetSessionAttrs::Any);
-                    let limit = probe_limit(self.inner.lock().machine.options().query_timeout);
-                    self.probe = Some((query, Box::pin(probe(runtime, host, statement, limit))));
+                    let reply = async move {
+                        // The session's own host and parameters; the machine
+                        // times the whole probe out (and says what a probe
+                        // that got no answer most likely means).
+                        let (_, mut session) = hosts::open(runtime, vec![host], None).await?;
+                        let reply = session.query(&statement);
+                        hosts::alone(&mut *session, reply).await
+                    };
+                    self.probe = Some((query, Box::pin(reply)));
                 }
                 _ => {
                     let result = Err(SessionError::other("no open session"));

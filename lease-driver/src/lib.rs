@@ -161,7 +161,6 @@ mod group;
 mod hosts;
 mod log;
 mod metrics;
-mod probe;
 mod run;
 pub mod runtime;
 mod shared;

@@ -1633,7 +1633,12 @@ impl Machine {
         }
         if self.timers.expired(Deadline::Connect, now) || self.timers.expired(Deadline::Query, now)
         {
-            self.lose_session(now, Reason::QueryTimeout, true);
+            let reason = if self.session.probing() {
+                session::probe_unanswered(self.opts.query_timeout)
+            } else {
+                Reason::QueryTimeout
+            };
+            self.lose_session(now, reason, true);
         }
         if self.timers.expired(Deadline::LockDelay, now) {
             self.lock_delay_over(now);

@@ -71,6 +71,12 @@ impl Session {
             .is_some_and(|up| up.inflight.is_none() && matches!(up.stage, Stage::Ready { .. }))
     }
 
+    /// Whether the pooler probe is in flight.
+    pub(super) fn probing(&self) -> bool {
+        (self.up())
+            .is_some_and(|up| matches!(up.inflight.as_ref().map(|q| &q.what), Some(What::Probe)))
+    }
+
     /// The key of the wait in flight, if one is.
     pub(super) fn waiting_for(&self) -> Option<i64> {
         match self.up()?.inflight.as_ref().map(|q| &q.what) {
@@ -574,6 +580,23 @@ pub(super) fn reason_error(
         Reason::Shutdown | Reason::Closed => return None,
         other => SessionError::other(other.to_string()),
     })
+}
+
+/// The loss of a session whose pooler probe got no answer within the query
+/// timeout (`timeout`). Behind a session-mode pool whose every server
+/// connection is taken (a `pool_size` no larger than the lease sessions
+/// through it: each holds one for good) the probe's second connection waits
+/// for one that never frees, every attempt: the error says so, rather than
+/// "a statement timed out".
+pub(super) fn probe_unanswered(timeout: Duration) -> Reason {
+    Reason::QueryFailed(SessionError::other(format!(
+        "the pooler probe (a second connection to the same host, once per session behind a \
+         pooler) got no answer within {} ms: most likely a session pool with no free server \
+         connection, where the probe waits for one (each lease session holds one for good: a \
+         pool_size no larger than the lease sessions through it); give the pool at least one \
+         server connection more than the lease sessions",
+        timeout.as_millis()
+    )))
 }
 
 /// Another nonce than this session's was read back.

@@ -118,3 +118,32 @@ fn behind_a_pooler_a_standby_polls() {
         "{sent:?}"
     );
 }
+
+/// A probe that gets no answer within the query timeout (behind a session pool whose
+/// every server connection is taken, the probe's second connection waits for one that
+/// never frees): the session is given up with an error that names the pool, not "a
+/// statement timed out", and the locker tries again later, not refused.
+#[test]
+fn a_probe_that_gets_no_answer_names_a_full_session_pool() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.input(Input::SessionEnded {
+        session: SessionId(0),
+        error: Some(SessionError {
+            code: Some("08P01".into()),
+            message: "unsupported startup parameter: options".into(),
+            config: false,
+        }),
+    });
+    h.setup(7);
+    assert!(h.probing(), "no probe after the setup: {:?}", h.in_flight());
+    h.advance(opts().query_timeout + ms(1));
+    let last = h.machine().status().last_error.map(|e| e.error.to_string());
+    let last = last.unwrap_or_default();
+    assert!(
+        last.contains("pooler probe") && last.contains("no free server connection"),
+        "{last}"
+    );
+    // Not refused: a new run is still taken.
+    assert!(h.start(LeaseId::named("b").unwrap()).is_ok());
+}
