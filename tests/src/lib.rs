@@ -28,7 +28,7 @@ pub mod proxy;
 pub mod scenario;
 pub mod tls;
 
-pub use cluster::Cluster;
+pub use cluster::{Cluster, Frozen};
 pub use netns::NetNs;
 pub use pgbouncer::{PgBouncer, PoolMode, Settings as PgBouncerSettings};
 pub use process::{monotonic_nanos, pid_alive, Line, Replica, Stream};

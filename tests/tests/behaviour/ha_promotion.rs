@@ -19,6 +19,7 @@ use lease_tests::scenario::Driver;
 use lease_tests::scenario::Node;
 use lease_tests::scenario::ReplicaConfig;
 use lease_tests::Cluster;
+use lease_tests::Frozen;
 use lease_tests::KitError;
 use lease_tokio::Locker;
 use std::convert::Infallible;
@@ -48,15 +49,7 @@ fn promotion_while_the_old_primary_is_frozen_never_overlaps() -> Res {
     let primary = Cluster::start()?;
     let standby = primary.start_standby()?;
     let config = replica(primary.conn_string());
-    let a = config.spawn(bin(), "A")?;
-    a.wait_start(0, WAIT)?;
-    // A leads and heartbeats.
-    std::thread::sleep(ms(1500));
-
-    let frozen = primary.freeze()?;
-    let t_freeze = monotonic_nanos();
-    std::thread::sleep(ms(123));
-    standby.promote()?;
+    let (a, frozen, t_freeze) = lead_then_freeze_and_promote(&primary, &standby, &config)?;
     let t_promoted = monotonic_nanos();
     let c = ReplicaConfig {
         url: standby.conn_string(),
@@ -152,14 +145,7 @@ fn restart_of_a_newly_promoted_primary(privileged: bool) -> Res {
         )
     };
     let config = replica(url(&primary));
-    let a = config.spawn(bin(), "A")?;
-    a.wait_start(0, WAIT)?;
-    std::thread::sleep(ms(1500));
-
-    let frozen = primary.freeze()?;
-    let t_freeze = monotonic_nanos();
-    std::thread::sleep(ms(123));
-    standby.promote()?;
+    let (a, frozen, t_freeze) = lead_then_freeze_and_promote(&primary, &standby, &config)?;
     standby.restart()?;
     let t_restarted = monotonic_nanos();
     let c = ReplicaConfig {
@@ -210,6 +196,25 @@ fn restart_of_a_newly_promoted_primary_never_overlaps() -> Res {
 #[test]
 fn restart_of_a_newly_promoted_primary_never_overlaps_without_privileges() -> Res {
     restart_of_a_newly_promoted_primary(false)
+}
+
+/// Runner A (`config`) leads on `primary` and heartbeats for 1.5 s; then the primary
+/// freezes (SIGSTOP of the postmaster and every child: connections stay open, nothing
+/// answers) and `standby` is promoted 123 ms later. Returns A, the freeze (thawed on
+/// drop) and its instant.
+fn lead_then_freeze_and_promote(
+    primary: &Cluster,
+    standby: &Cluster,
+    config: &ReplicaConfig,
+) -> Result<(Node, Frozen, u64), KitError> {
+    let a = config.spawn(bin(), "A")?;
+    a.wait_start(0, WAIT)?;
+    std::thread::sleep(ms(1500));
+    let frozen = primary.freeze()?;
+    let t_freeze = monotonic_nanos();
+    std::thread::sleep(ms(123));
+    standby.promote()?;
+    Ok((a, frozen, t_freeze))
 }
 
 /// The hold a replica logged (`hold_ms=N` of the "promoted recently" warning), if any.

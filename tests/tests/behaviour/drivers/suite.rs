@@ -790,26 +790,7 @@ fn a_frozen_first_host_does_not_block_failover_to_the_next() {
 /// first in the list was connected to, found in recovery and retried forever).
 #[test]
 fn read_write_skips_a_standby_listed_first() {
-    rt::block_on(async {
-        init();
-        let primary = lease_tests::Cluster::start().expect("a primary");
-        let standby = primary.start_standby().expect("a hot standby");
-        let config = format!(
-            "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
-             target_session_attrs=read-write",
-            standby.port(),
-            primary.port()
-        );
-        let locker = rt::connect(&config, opts()).expect("a locker");
-        let run = locker.run(&unique("standby-first"), |_| async { Res::Ok(()) });
-        let result = timeout(MS(10_000), run).await;
-        let last_error = locker.status().last_error.map(|e| e.error.to_string());
-        assert_eq!(
-            result,
-            Ok(Ok(())),
-            "no lead on the primary listed after a standby; last error: {last_error:?}"
-        );
-    })
+    leads_on_the_primary_after_a_standby("standby-first", |_| {});
 }
 
 /// A write freeze before a cut-over (`ALTER ROLE … SET default_transaction_read_only =
@@ -820,13 +801,22 @@ fn read_write_skips_a_standby_listed_first() {
 /// allow writes") and the run retried forever.
 #[test]
 fn read_write_leads_on_a_primary_whose_role_defaults_to_read_only() {
+    leads_on_the_primary_after_a_standby("read-only-role", |primary| {
+        primary
+            .sql("ALTER ROLE postgres SET default_transaction_read_only = on")
+            .expect("the write freeze");
+    });
+}
+
+/// A hot standby listed first, then its primary (`prepare`d after the standby started),
+/// with `target_session_attrs=read-write`: a run of lease `name` leads on the primary
+/// within 10 s.
+fn leads_on_the_primary_after_a_standby(name: &str, prepare: impl FnOnce(&lease_tests::Cluster)) {
     rt::block_on(async {
         init();
         let primary = lease_tests::Cluster::start().expect("a primary");
         let standby = primary.start_standby().expect("a hot standby");
-        primary
-            .sql("ALTER ROLE postgres SET default_transaction_read_only = on")
-            .expect("the write freeze");
+        prepare(&primary);
         let config = format!(
             "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
              target_session_attrs=read-write",
@@ -834,14 +824,13 @@ fn read_write_leads_on_a_primary_whose_role_defaults_to_read_only() {
             primary.port()
         );
         let locker = rt::connect(&config, opts()).expect("a locker");
-        let run = locker.run(&unique("read-only-role"), |_| async { Res::Ok(()) });
+        let run = locker.run(&unique(name), |_| async { Res::Ok(()) });
         let result = timeout(MS(10_000), run).await;
         let last_error = locker.status().last_error.map(|e| e.error.to_string());
-        println!("a read-only-by-default primary after a standby: {result:?} (last error: {last_error:?})");
         assert_eq!(
             result,
             Ok(Ok(())),
-            "no lead on a primary whose role defaults to read-only; last error: {last_error:?}"
+            "{name}: no lead on the primary listed after a standby; last error: {last_error:?}"
         );
     })
 }
