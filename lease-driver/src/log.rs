@@ -313,6 +313,11 @@ fn log_event(event: &Event, since: u32) {
             to_backend_pid = to,
             "lease handed over to the backend a hand-over request named"
         ),
+        Event::HandoverRefused { key, to } => warn!(
+            key,
+            to_backend_pid = to,
+            "a hand-over was asked for a backend that does not wait for the lease; refused (the job goes on)"
+        ),
         Event::NotificationIgnored {
             key,
             sender_pid,

@@ -857,6 +857,16 @@ pub enum Event {
         /// not the group's share.
         requested: bool,
     },
+    /// A hand-over of a lease this locker leads was asked for backend `to`,
+    /// and no check found that backend waiting for the key within the ask's
+    /// window (a mistyped pid, a backend gone, a forged request): the job
+    /// goes on, nothing was handed over (see `handover`).
+    HandoverRefused {
+        /// The lease's key.
+        key: i64,
+        /// The backend the request named.
+        to: i64,
+    },
 }
 
 #[cfg(test)]

@@ -41,12 +41,15 @@ macro_rules! this_database_advisory_locks {
 /// exclusively right after the unlock, if one does: the first
 /// [`Statement::Take`] in its queue, granted it in the unlock itself (or a
 /// try, or a client that is not a lease client, in the moment between; a
-/// locker before 0.2 ignores such a payload); also `group <id>`
+/// locker before 0.2 ignores such a payload), then, when the key is handed
+/// over by name, the backend it is reserved for (the grantee then `0` if
+/// there is none; a locker before 0.3 ignores such a payload, and waits
+/// out the lock delay as after a crash); also `group <id>`
 /// (a lease group's announcement), `to <key> <pid>` (a hand-over asked
 /// for: [`handover_request_payload`]), `claim <key> <pid>` (a lease
 /// group's owner claims its key: [`Statement::Members`]) and `prefer <key>
-/// <pid> <priority>` (a standby of a higher priority asks for it:
-/// [`Statement::Prefer`]). A locker ignores a payload it does not know, so
+/// <pid> <priority> [<watch pid>]` (a standby of a higher priority asks
+/// for it: [`Statement::Prefer`]). A locker ignores a payload it does not know, so
 /// an older one ignores `prefer`.
 pub const HANDOVER_CHANNEL: &str = "lease_handover_v1";
 
@@ -69,15 +72,22 @@ pub(crate) fn handover_release(payload: &str) -> Option<ReleaseNotice> {
     };
     let grantee = match words.next() {
         None => None,
-        Some(w) => Some(w.parse().ok()?),
+        Some(w) => Some(w.parse::<i64>().ok()?).filter(|&g| g != 0),
     };
-    words
-        .next()
-        .is_none()
-        .then_some(ReleaseNotice { key, at, grantee })
+    let reserved = match words.next() {
+        None => None,
+        Some(w) => Some(w.parse::<i64>().ok()?).filter(|&r| r != 0),
+    };
+    words.next().is_none().then_some(ReleaseNotice {
+        key,
+        at,
+        grantee,
+        reserved,
+    })
 }
 
-/// A release's notification on [`HANDOVER_CHANNEL`] (`<key> <at> [<grantee>]`).
+/// A release's notification on [`HANDOVER_CHANNEL`] (`<key> <at> [<grantee>
+/// [<reserved>]]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReleaseNotice {
     /// The released key.
@@ -88,6 +98,9 @@ pub(crate) struct ReleaseNotice {
     /// The backend the server granted the key to at the release: the first
     /// [`Statement::Take`] in its queue (`None`: no take was first).
     pub(crate) grantee: Option<i64>,
+    /// The backend the releasing holder handed the key over to by name, if
+    /// it still waited for the key at the release (see `handover`).
+    pub(crate) reserved: Option<i64>,
 }
 
 /// The key and backend pid of a [`handover_request_payload`].
@@ -107,9 +120,21 @@ pub(crate) fn group_claim(payload: &str) -> Option<(i64, i64)> {
     words.next().is_none().then_some((key, pid))
 }
 
-/// The key, backend pid and priority of a [`Statement::Prefer`]'s payload
-/// (`prefer <key> <pid> <priority>`).
-pub(crate) fn handover_preference(payload: &str) -> Option<(i64, i64, u32)> {
+/// A [`Statement::Prefer`]'s payload (`prefer <key> <pid> <priority>
+/// [<watch pid>]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Preference {
+    pub(crate) key: i64,
+    /// The asking standby's lease session backend.
+    pub(crate) pid: i64,
+    pub(crate) priority: u32,
+    /// The asking locker's watch session backend, if it has one: it waits
+    /// for the key there while it holds another lease.
+    pub(crate) watch: Option<i64>,
+}
+
+/// The [`Preference`] of a [`Statement::Prefer`]'s payload.
+pub(crate) fn handover_preference(payload: &str) -> Option<Preference> {
     let mut words = payload.trim().strip_prefix("prefer ")?.split_whitespace();
     let key = words.next()?.parse().ok()?;
     let pid = words.next()?.parse().ok()?;
@@ -118,7 +143,16 @@ pub(crate) fn handover_preference(payload: &str) -> Option<(i64, i64, u32)> {
         .parse()
         .ok()
         .filter(|p| *p <= crate::options::MAX_PRIORITY)?;
-    words.next().is_none().then_some((key, pid, priority))
+    let watch = match words.next() {
+        None => None,
+        Some(w) => Some(w.parse().ok()?),
+    };
+    words.next().is_none().then_some(Preference {
+        key,
+        pid,
+        priority,
+        watch,
+    })
 }
 
 /// One result row: every column is a nullable `int8`.
@@ -241,6 +275,9 @@ mod heartbeat_tag {
     pub const TOKEN: i64 = 5;
     /// The server's clock ([`super::SERVER_CLOCK_US_SQL`]).
     pub const SERVER_CLOCK_US: i64 = 6;
+    /// A hand-over asked for whose backend waits for its key
+    /// ([`Statement::CheckHandover`](super::Statement::CheckHandover)).
+    pub const WAITING: i64 = 7;
 }
 
 /// The server's clock, `clock_timestamp()`, in microseconds since the Unix
@@ -328,6 +365,23 @@ fn locks_here(key: i64, exclusive: bool) -> String {
         } else {
             ""
         },
+        advisory_key!()
+    )
+}
+
+/// The advisory locks on key `a.k` of backend `a.p` or `a.q` in this
+/// database, as a `SELECT` for `EXISTS` over an asked hand-over `a(k, p, q)`:
+/// only the waiting ones (the hand-over check), or granted ones too (a
+/// release, after which the named backend may have been granted the key).
+fn locks_of_asked(granted_too: bool) -> String {
+    format!(
+        "SELECT FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
+         AND objsubid OPERATOR(pg_catalog.=) 1 {}\
+         AND (pid OPERATOR(pg_catalog.=) a.p OR pid OPERATOR(pg_catalog.=) a.q) \
+         AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+         AND {} OPERATOR(pg_catalog.=) a.k",
+        if granted_too { "" } else { "AND NOT granted " },
         advisory_key!()
     )
 }
@@ -618,11 +672,19 @@ pub enum Statement {
     /// in its queue is granted it in the unlock itself): a standby that took
     /// the key reads its own pid there, one whose take was granted later
     /// (behind another standby that took it first) reads another.
+    ///
+    /// A key handed over by name names, in its notification, the backend it
+    /// is reserved for, but only if that backend (or its other one) holds or
+    /// waits for the key in `pg_locks` once the key is unlocked: the
+    /// standbys leave a key alone only for a backend that is in its queue.
     Release {
         /// Keys to unlock.
         keys: Vec<i64>,
         /// Whether to `NOTIFY` standbys.
         notify: bool,
+        /// The keys handed over by name: `(key, backend, its other backend
+        /// or 0)` (with `notify` only).
+        reserved: Vec<(i64, i64, i64)>,
     },
     /// A lease group's membership read (see `docs/library.md`, "Lease
     /// groups"). First joins each group of `join`: a session-level two-int
@@ -662,13 +724,26 @@ pub enum Statement {
     /// A standby of `priority` asks the holder of `key` to hand it over
     /// (see [`Options::priority`](crate::Options::priority)): `NOTIFY` on
     /// [`HANDOVER_CHANNEL`] with the payload `prefer <key>
-    /// <pg_backend_pid()> <priority>`, then what [`Statement::Heartbeat`]
-    /// answers ([`HeartbeatReply`]). It tries no key.
+    /// <pg_backend_pid()> <priority> [<watch>]`, then what
+    /// [`Statement::Heartbeat`] answers ([`HeartbeatReply`]). It tries no
+    /// key.
     Prefer {
         /// The key asked for.
         key: i64,
         /// The asking standby's priority.
         priority: u32,
+        /// The backend of the locker's watch session, which waits for the
+        /// key while the locker holds another lease.
+        watch: Option<i64>,
+    },
+    /// A holder's heartbeat that also checks the hand-overs asked of it:
+    /// for each `(key, backend, other backend or 0)`, whether either backend
+    /// waits for the key (an ungranted advisory lock on it in `pg_locks`).
+    /// What [`Statement::Heartbeat`] answers, then one `(7, key)` row per
+    /// key whose backend waits ([`CheckReply`]). It tries no key.
+    CheckHandover {
+        /// The hand-overs asked for.
+        asks: Vec<(i64, i64, i64)>,
     },
 }
 
@@ -915,16 +990,37 @@ impl Statement {
                 held_here = wait_outcome::HELD_HERE,
                 freed = wait_outcome::FREED,
             ),
-            Statement::Prefer { key, priority } => format!(
+            Statement::Prefer {
+                key,
+                priority,
+                watch,
+            } => format!(
                 "SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
                  FROM (SELECT pg_catalog.pg_notify('{HANDOVER_CHANNEL}', pg_catalog.concat(\
                  'prefer ', ({key})::pg_catalog.int8::pg_catalog.text, ' ', \
                  pg_catalog.pg_backend_pid()::pg_catalog.text, ' ', \
-                 ({priority})::pg_catalog.int8::pg_catalog.text))) AS n \
+                 ({priority})::pg_catalog.int8::pg_catalog.text{watch}))) AS n \
                  UNION ALL SELECT {}, {NONCE_VALUE}",
                 heartbeat_tag::BACKEND_PID,
                 heartbeat_tag::NONCE,
+                watch = watch.map_or(String::new(), |w| format!(
+                    ", ' ', ({w})::pg_catalog.int8::pg_catalog.text"
+                )),
             ),
+            Statement::CheckHandover { asks } => {
+                let column = |f: fn(&(i64, i64, i64)) -> i64| asks.iter().map(f).collect::<Vec<_>>();
+                format!(
+                    "{} UNION ALL SELECT {}, a.k \
+                     FROM ROWS FROM (pg_catalog.unnest({}), pg_catalog.unnest({}), \
+                     pg_catalog.unnest({})) AS a(k, p, q) WHERE EXISTS ({})",
+                    Statement::Heartbeat.sql(),
+                    heartbeat_tag::WAITING,
+                    KeyArray(&column(|a| a.0)),
+                    KeyArray(&column(|a| a.1)),
+                    KeyArray(&column(|a| a.2)),
+                    locks_of_asked(false),
+                )
+            }
             Statement::Verify => format!(
                 "{} UNION ALL \
                  SELECT {}, s.k FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS s \
@@ -1033,6 +1129,7 @@ impl Statement {
             Statement::Release {
                 keys,
                 notify: false,
+                ..
             } => format!(
                 "SELECT k, pg_catalog.pg_advisory_unlock(k)::pg_catalog.int4::pg_catalog.int8 \
                  FROM pg_catalog.unnest({}) AS k",
@@ -1050,6 +1147,7 @@ impl Statement {
             Statement::Release {
                 keys,
                 notify: true,
+                reserved,
             } => format!(
                 "DO $lease$DECLARE t pg_catalog.int8[]; BEGIN \
                  SELECT pg_catalog.array_agg(CASE WHEN pg_catalog.pg_advisory_unlock(u.k) \
@@ -1059,11 +1157,16 @@ impl Statement {
                  OPERATOR(pg_catalog.+) (extract(epoch FROM pg_catalog.clock_timestamp()) \
                  OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8 AS t) AS c; \
                  PERFORM pg_catalog.pg_notify('{HANDOVER_CHANNEL}', pg_catalog.concat(r.k, ' ', r.t, \
-                 ' ' OPERATOR(pg_catalog.||) g.pid::pg_catalog.text)) \
+                 CASE WHEN v.k IS NULL THEN ' ' OPERATOR(pg_catalog.||) g.pid::pg_catalog.text \
+                 ELSE pg_catalog.concat(' ', coalesce(g.pid, 0), ' ', v.p) END)) \
                  FROM ROWS FROM (pg_catalog.unnest({a}), pg_catalog.unnest(t)) AS r(k, t) \
                  LEFT JOIN ({THIS_DATABASE_ADVISORY_LOCKS} AND mode OPERATOR(pg_catalog.<>) 'ShareLock' \
                  AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()) AS g \
-                 ON g.k OPERATOR(pg_catalog.=) r.k WHERE r.t OPERATOR(pg_catalog.>) 0; \
+                 ON g.k OPERATOR(pg_catalog.=) r.k \
+                 LEFT JOIN (SELECT a.k, a.p FROM ROWS FROM (pg_catalog.unnest({rk}), \
+                 pg_catalog.unnest({rp}), pg_catalog.unnest({rq})) AS a(k, p, q) \
+                 WHERE EXISTS ({asked})) AS v ON v.k OPERATOR(pg_catalog.=) r.k \
+                 WHERE r.t OPERATOR(pg_catalog.>) 0; \
                  PERFORM pg_catalog.set_config('{RELEASED_SETTING}', \
                  coalesce(t, '{{}}')::pg_catalog.text, true); \
                  END$lease$; \
@@ -1071,6 +1174,10 @@ impl Statement {
                  FROM ROWS FROM (pg_catalog.unnest({a}), pg_catalog.unnest(\
                  pg_catalog.current_setting('{RELEASED_SETTING}')::pg_catalog.int8[])) AS r(k, t)",
                 a = KeyArray(keys),
+                rk = KeyArray(&reserved.iter().map(|r| r.0).collect::<Vec<_>>()),
+                rp = KeyArray(&reserved.iter().map(|r| r.1).collect::<Vec<_>>()),
+                rq = KeyArray(&reserved.iter().map(|r| r.2).collect::<Vec<_>>()),
+                asked = locks_of_asked(true),
             ),
         }
     }
@@ -1493,6 +1600,41 @@ impl VerifyReply {
     }
 }
 
+/// The reply to [`Statement::CheckHandover`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CheckReply {
+    /// What the heartbeat rows say.
+    pub session: HeartbeatReply,
+    /// The keys whose asked backend waits for them.
+    pub waiting: BTreeSet<i64>,
+}
+
+impl CheckReply {
+    /// Parses the heartbeat rows and the `(7, key)` rows.
+    ///
+    /// # Errors
+    /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
+    pub fn parse(rows: &[Row]) -> Result<CheckReply, ReplyError> {
+        let mut reply = CheckReply::default();
+        for row in rows {
+            match row.as_slice() {
+                [Some(heartbeat_tag::WAITING), Some(k)] => {
+                    reply.waiting.insert(*k);
+                }
+                _ if reply.session.parse_row(row) => {}
+                _ => return Err(ReplyError::HeartbeatRow(row.clone())),
+            }
+        }
+        Ok(reply)
+    }
+
+    /// The rows a server sends for this reply.
+    pub fn to_rows(&self) -> Vec<Row> {
+        let waiting = (self.waiting.iter()).map(|k| vec![Some(heartbeat_tag::WAITING), Some(*k)]);
+        self.session.to_rows().into_iter().chain(waiting).collect()
+    }
+}
+
 /// The reply to [`Statement::Release`].
 ///
 /// The machine does not need it: a key is released once the unlock statement
@@ -1844,10 +1986,17 @@ mod tests {
             Statement::Release {
                 keys: vec![-1, 2],
                 notify: true,
+                reserved: vec![],
+            },
+            Statement::Release {
+                keys: vec![-1, 2],
+                notify: true,
+                reserved: vec![(2, 77, 0), (-1, 78, 79)],
             },
             Statement::Release {
                 keys: vec![3],
                 notify: false,
+                reserved: vec![],
             },
             Statement::Members {
                 join: vec![7, u32::MAX],
@@ -1861,7 +2010,17 @@ mod tests {
             Statement::Prefer {
                 key: i64::MIN,
                 priority: u32::MAX,
+                watch: None,
             },
+            Statement::Prefer {
+                key: 5,
+                priority: 1,
+                watch: Some(77),
+            },
+            Statement::CheckHandover {
+                asks: vec![(5, 77, 0), (i64::MIN, 78, 79)],
+            },
+            Statement::CheckHandover { asks: vec![] },
         ];
         for s in &all {
             match s {
@@ -1874,7 +2033,8 @@ mod tests {
                 | Statement::Take { .. }
                 | Statement::Release { .. }
                 | Statement::Members { .. }
-                | Statement::Prefer { .. } => {}
+                | Statement::Prefer { .. }
+                | Statement::CheckHandover { .. } => {}
             }
         }
         all.into()
@@ -1899,13 +2059,37 @@ mod tests {
         }
     }
 
+    /// A release names the backend a key is handed over to after the
+    /// grantee (0: none); an older payload parses as before.
+    #[test]
+    fn release_payloads_name_the_reserved_backend() {
+        let notice = |grantee, reserved| ReleaseNotice {
+            key: -5,
+            at: Some(9),
+            grantee,
+            reserved,
+        };
+        assert_eq!(handover_release("-5 9"), Some(notice(None, None)));
+        assert_eq!(handover_release("-5 9 7"), Some(notice(Some(7), None)));
+        assert_eq!(handover_release("-5 9 0 8"), Some(notice(None, Some(8))));
+        assert_eq!(handover_release("-5 9 7 8"), Some(notice(Some(7), Some(8))));
+        assert_eq!(handover_release("-5 9 7 8 1"), None);
+    }
+
     /// `prefer` payloads parse as nothing else, and other payloads never
     /// as `prefer`: an older locker ignores the new payload, a newer one
     /// reads the old ones as before.
     #[test]
     fn preference_payloads_are_apart_from_the_others() {
         let prefer = "prefer -5 4242 3";
-        assert_eq!(handover_preference(prefer), Some((-5, 4242, 3)));
+        let asked = |watch| Preference {
+            key: -5,
+            pid: 4242,
+            priority: 3,
+            watch,
+        };
+        assert_eq!(handover_preference(prefer), Some(asked(None)));
+        assert_eq!(handover_preference("prefer -5 4242 3 77"), Some(asked(Some(77))));
         assert_eq!(handover_release(prefer), None);
         assert_eq!(handover_request(prefer), None);
         assert_eq!(group_claim(prefer), None);
@@ -1917,7 +2101,8 @@ mod tests {
             "claim -5 4242".to_string(),
             "prefer -5 4242".to_string(),
             "prefer -5 4242 -1".to_string(),
-            "prefer -5 4242 3 1".to_string(),
+            "prefer -5 4242 3 1 2".to_string(),
+            "prefer -5 4242 3 x".to_string(),
             // Above the highest priority: the rank of a `to` request.
             format!("prefer -5 4242 {}", u32::MAX),
         ] {
@@ -2044,6 +2229,7 @@ mod tests {
         let sql = Statement::Release {
             keys: vec![i64::MIN, -1, 0, i64::MAX],
             notify: false,
+            reserved: vec![],
         }
         .sql();
         assert!(

@@ -39,14 +39,15 @@ use crate::io::*;
 use crate::key::LeaseId;
 use crate::options::{Options, OptionsError};
 use crate::sql::{
-    HeartbeatReply, MembersReply, ReleaseNotice, Row, SetupReply, TryReply, VerifyReply, WaitReply,
-    HANDOVER_CHANNEL,
+    CheckReply, HeartbeatReply, MembersReply, Preference, ReleaseNotice, Row, SetupReply,
+    TryReply, VerifyReply, WaitReply, HANDOVER_CHANNEL,
 };
 
 mod clock;
 mod deadline;
 mod doubtful;
 mod groups;
+mod handover;
 mod jitter;
 mod knobs;
 mod plan;
@@ -58,6 +59,8 @@ mod watch;
 
 use deadline::DeadlineTable;
 use groups::Groups;
+use handover::Asks;
+pub use handover::MAX_ASKS_PER_KEY;
 pub(crate) use knobs::Knobs;
 #[cfg(feature = "sim")]
 pub use knobs::Mutation;
@@ -226,6 +229,8 @@ pub struct Machine {
     watch: Watch,
     /// Lease groups: membership and shares (see `groups`).
     groups: Groups,
+    /// Hand-overs asked of this holder by name (see `handover`).
+    asks: Asks,
     /// The server's clock against the local one (see `clock`).
     server_clock: clock::ServerClock,
     /// Every deadline (see [`Deadline`]) and the latest time fed in.
@@ -245,10 +250,9 @@ enum Via {
     Take,
 }
 
-/// How long after a requested hand-over's release (or the request) no
-/// other locker than the named one tries the key: two query timeouts, for
-/// the release's notification to reach it and its try to answer (see
-/// `Machine::handover_requested`).
+/// How long after a hand-over's release no other locker than the named one
+/// tries the key: two query timeouts, for the release's notification to
+/// reach it and its try to answer (see `handover`).
 pub(crate) fn handover_window(opts: &Options) -> Duration {
     opts.query_timeout * 2
 }
@@ -305,6 +309,7 @@ impl Machine {
             wait: ServerWait::default(),
             watch: Watch::default(),
             groups: Groups::default(),
+            asks: Asks::default(),
             server_clock: Default::default(),
             timers: DeadlineTable::default(),
             out: Outputs::default(),
@@ -758,6 +763,7 @@ impl Machine {
     fn session_down(&mut self) {
         self.runs.session_down();
         self.groups.session_down();
+        self.asks.session_down();
         self.plan.session_down();
         self.wait.session_down();
         self.watch.session_down();
@@ -880,7 +886,13 @@ impl Machine {
                 Err(e) => self.lose_session(now, session::malformed(e), true),
             },
             // The rows do not matter: see `ReleaseReply`.
-            (What::Release(keys), Ok(_)) => self.runs.release_answered(keys, &mut self.out),
+            (What::Check(_), Ok(rows)) => match CheckReply::parse(&rows) {
+                Ok(reply) => self.check_done(now, q.sent, reply),
+                Err(e) => self.lose_session(now, session::malformed(e), true),
+            },
+            (What::Release { keys, .. }, Ok(_)) => {
+                self.runs.release_answered(keys, &mut self.out)
+            }
             // A probe that failed proves nothing: the session is not used;
             // the next one probes again after a backoff.
             (
@@ -892,7 +904,8 @@ impl Machine {
                 | What::Members(_)
                 | What::Look(_)
                 | What::Prefer { .. }
-                | What::Release(_),
+                | What::Check(_)
+                | What::Release { .. },
                 Err(error),
             ) => {
                 // State on the server unknown: drop the session, which releases everything.
@@ -1358,10 +1371,16 @@ impl Machine {
     /// earlier holder may reach a standby that lost the herd and waits
     /// again behind the new holder.
     fn handover_notified(&mut self, now: Instant, release: ReleaseNotice, sender: i64) {
-        let ReleaseNotice { key, at, grantee } = release;
+        let ReleaseNotice {
+            key,
+            at,
+            grantee,
+            reserved,
+        } = release;
         let Some((wanted, holder)) = self.runs.standby_of(key) else {
             return;
         };
+        let me = self.session.up().and_then(|up| up.stage.backend_pid());
         if let Some(holder) = holder {
             #[cfg(feature = "sim")]
             let anyone = self.knobs.mutation == Some(Mutation::NotifyFromAnyone);
@@ -1377,16 +1396,20 @@ impl Machine {
                 // another standby, whose take won it and released it at once
                 // (`try_done`): any release of it is worth a try now (its win
                 // still waits out the lock delay).
-                let me = self.session.up().and_then(|up| up.stage.backend_pid());
-                if wanted && self.runs.reserved_for(key, me, now) {
+                let named = reserved.is_some() && reserved == me;
+                if wanted && (named || self.runs.reserved_for(key, me, now)) {
                     self.plan.try_soon();
                 }
                 return;
             }
+            // The holder's release names the backend it handed the key to
+            // (see `handover`): only that one tries it for the window.
+            if let Some(to) = reserved {
+                let until = now + handover_window(&self.opts);
+                self.runs.reserve(key, (to, 0), until, u32::MAX);
+            }
         }
         self.runs.released_gracefully(key, now, (at, grantee));
-        self.runs
-            .extend_reservation(key, now + handover_window(&self.opts));
         self.lock_delay_over_if_graceful(now);
         if (self.wait).notified(key, self.session.waiting_for(), wanted) {
             self.plan.try_soon();
@@ -1395,32 +1418,56 @@ impl Machine {
 
     /// A hand-over of `key` to the lease session of backend `to` was asked
     /// for ([`handover_request_payload`](crate::server::handover_request_payload),
-    /// `lease handover NAME --to PID`). The rule, in one place: the locker
-    /// that leads `key` (from another backend) hands it over as a lease
-    /// group does (its job is cancelled with [`Reason::HandedOver`], the key
-    /// released with its notification once the job returned, and the run
-    /// stands by again); every locker with a run of `key` but `to`'s, that
-    /// holder included, leaves it alone until [`handover_window`] after its
-    /// release (or after the request, for a locker that sees no release), so
-    /// `to`, woken by the release's notification, takes it at once. Anyone
-    /// who may `NOTIFY` can ask; a hand-over is graceful, so nothing but
-    /// the job's interruption and the window's wait follow from a request
-    /// for a backend that does not take it. In a lease group the share
-    /// decides again at the next reads.
+    /// `lease handover NAME --to PID`): the holder asks a check (see
+    /// `handover`); the named standby itself queues for the key.
     fn handover_requested(&mut self, now: Instant, key: i64, to: i64) {
-        self.hand_over_to(now, key, to, u32::MAX);
-    }
-
-    /// [`Machine::handover_requested`]'s rule, for a request of `priority`
-    /// (`u32::MAX`: a `to` request).
-    fn hand_over_to(&mut self, now: Instant, key: i64, to: i64, priority: u32) {
         let me = self.session.up().and_then(|up| up.stage.backend_pid());
-        let window = handover_window(&self.opts);
-        // Reserved for this backend too: it tries at any release of the key.
-        if !self.runs.reserve(key, to, (now, now + window), priority) || me == Some(to) {
+        if me == Some(to) {
+            if self.runs.standby_of(key).is_some() {
+                let until = now + handover::ask_window(&self.opts);
+                self.wait.named(key, until);
+                self.plan.try_soon();
+            }
             return;
         }
-        self.hand_over(key, to, true);
+        self.ask(now, key, (to, 0), u32::MAX);
+    }
+
+    /// The holder of `key` keeps a request to hand it to `to` as an ask,
+    /// checked at once and at each heartbeat (see `handover`).
+    fn ask(&mut self, now: Instant, key: i64, to: (i64, i64), priority: u32) {
+        if !self.runs.leading_keys().contains(&key) {
+            return;
+        }
+        #[cfg(feature = "sim")] // The broken variant: no check.
+        if self.knobs.mutation == Some(Mutation::HandOverUnchecked) {
+            let until = now + handover_window(&self.opts);
+            self.runs.reserve(key, to, until, priority);
+            return self.hand_over(key, to.0, true);
+        }
+        let until = now + handover::ask_window(&self.opts);
+        self.asks.ask(key, to, priority, until);
+    }
+
+    /// A check answered: it proves the session as a heartbeat does; each
+    /// key whose asked backend waits is handed over (see `handover`).
+    fn check_done(&mut self, now: Instant, sent: Instant, reply: CheckReply) {
+        self.heartbeat_done(now, sent, reply.session);
+        if self.session.up().is_none() {
+            return;
+        }
+        let leading = self.runs.leading_keys();
+        for key in reply.waiting {
+            let Some(to) = self.asks.confirmed(key) else {
+                continue;
+            };
+            if !leading.contains(&key) {
+                continue;
+            }
+            let until = now + handover_window(&self.opts);
+            self.runs.reserve(key, (to.pid, to.alt), until, to.priority);
+            self.hand_over(key, to.pid, to.priority == u32::MAX);
+        }
     }
 
     /// Member `by` of a lease group claims `key` (see `groups`): the
@@ -1471,24 +1518,29 @@ impl Machine {
     ///   asks (its share decides);
     /// - a request counts only from the backend it names (`sender` is
     ///   `pid`) and only if its priority is above this locker's; then it is
-    ///   a [`Machine::handover_requested`] for `pid`: the holder hands the
-    ///   lease over (not a lease-group run's), and every locker with a run
-    ///   of the key leaves it to `pid` for the window after the release,
-    ///   unless a reservation of an equal or higher priority (or a `to`
-    ///   request) stands. A holder of an equal or higher priority ignores
-    ///   it, so leadership never moves back and forth: it moves only up.
+    ///   asked of the holder as a `to` request is (see `handover`: the
+    ///   holder hands the lease over, not a lease-group run's, once a check
+    ///   finds the asking standby waiting for the key), the ask of the
+    ///   highest priority first. A holder of an equal or higher priority
+    ///   ignores it, so leadership never moves back and forth: it moves
+    ///   only up.
     ///
     /// Bound: the preferred standby leads one hand-over after its first
-    /// try: the try's and the request's round trips, the holder's job
-    /// reaction, the release, and the try the release's notification wakes
+    /// try: the try's and the request's round trips, the check, the
+    /// holder's job reaction, the release, and the grant of its queued wait
     /// (docs/guarantees.md, "a preferred member takes over").
-    fn preference_requested(&mut self, now: Instant, asked: (i64, i64, u32), sender: i64) {
-        let (key, pid, priority) = asked;
+    fn preference_requested(&mut self, now: Instant, asked: Preference, sender: i64) {
+        let Preference {
+            key,
+            pid,
+            priority,
+            watch,
+        } = asked;
         if sender != pid || priority <= self.opts.priority || self.runs.in_group(key) != Some(false)
         {
             return;
         }
-        self.hand_over_to(now, key, pid, priority);
+        self.ask(now, key, (pid, watch.unwrap_or(0)), priority);
     }
 
     /// Whether this locker observes: its runs never try a key, never wait
@@ -1717,7 +1769,17 @@ impl Machine {
         }
         let release = (self.runs).take_release(now, handover_window(&self.opts));
         if !release.is_empty() {
-            return Some(What::Release(release));
+            let reserved = self.runs.reservations(&release, now);
+            return Some(What::Release {
+                keys: release,
+                reserved,
+            });
+        }
+        // Asks that ended unconfirmed, or whose key this locker no longer
+        // leads (see `handover`).
+        let leading: Vec<i64> = self.runs.leading_keys().into_iter().collect();
+        for (key, to) in self.asks.expire(now, &leading) {
+            self.out.event(Event::HandoverRefused { key, to });
         }
         let holding = self.runs.holding();
         // On a newly promoted primary nothing is tried (nor waited for: a
@@ -1743,8 +1805,14 @@ impl Machine {
         {
             return Some(match self.plan.heartbeat() {
                 Beat::Verify => What::Verify,
+                // While asks stand, the heartbeat checks them (see `handover`).
+                Beat::Heartbeat if self.asks.any() => What::Check(self.asks.to_check()),
                 Beat::Heartbeat => What::Heartbeat,
             });
+        }
+        if self.asks.unchecked() {
+            // A new ask is checked at once, as a heartbeat.
+            return Some(What::Check(self.asks.to_check()));
         }
         self.plan.not_heartbeat();
         if let Some(until) = held {
@@ -1757,9 +1825,23 @@ impl Machine {
             // A standby that saw a holder asks it (see `preference_requested`).
             let me = self.session.up().and_then(|up| up.stage.backend_pid());
             let again = self.opts.validity_window();
-            if let Some(key) = self.runs.take_preference(now, me, again) {
+            // A locker that holds a lease waits for the key on its watch
+            // session, which the request names: none asks before that
+            // session is up (see `handover`).
+            let watch = self.watch.backend_pid();
+            let waits_on_watch = self.watch_wanted().is_some();
+            let may_ask = !waits_on_watch || watch.is_some();
+            if let Some(key) = may_ask.then(|| self.runs.take_preference(now, me, again)).flatten() {
                 let priority = self.opts.priority;
-                return Some(What::Prefer { key, priority });
+                let until = now + handover::ask_window(&self.opts);
+                self.wait.named(key, until);
+                self.watch.prefer(key, until);
+                let watch = watch.filter(|_| waits_on_watch);
+                return Some(What::Prefer {
+                    key,
+                    priority,
+                    watch,
+                });
             }
         }
         #[cfg(feature = "sim")] // The broken variant: an observer that tries.
@@ -1850,7 +1932,7 @@ impl Machine {
                 return Some(What::Try(keys));
             }
         }
-        let (key, timeout, chunk) = self.next_wait(now)?;
+        let (key, timeout, chunk, named) = self.next_wait(now)?;
         // The wait takes the key (see `wait`, "Taken"): its run is in it as
         // in a try.
         if !self.runs.take_wait(key) {
@@ -1860,11 +1942,12 @@ impl Machine {
             key,
             timeout,
             chunk,
+            named,
         })
     }
 
     /// The wait to send now, if any (see `wait` for when).
-    fn next_wait(&self, now: Instant) -> Option<(i64, Duration, bool)> {
+    fn next_wait(&self, now: Instant) -> Option<(i64, Duration, bool, bool)> {
         if !self.opts.wait_on_server
             // Behind a pooler (it rejected the startup options), a blocked
             // statement would hold a pooled server connection all along.
@@ -1876,7 +1959,7 @@ impl Machine {
             // An observer never queues on a key (see `Machine::observes`).
             || self.observes()
             || self.phase != Phase::Open
-            || self.wait.paused()
+            || self.wait.paused(now)
             || self.plan.verify_owed()
         {
             return None;
@@ -1892,12 +1975,12 @@ impl Machine {
             .validity_window()
             .saturating_sub(self.opts.lock_delay)
             / 2;
-        let (key, timeout, chunk) =
+        let (key, timeout, chunk, named) =
             (self.wait).next(now, &wanted, self.timers.get(Deadline::Retry))?;
         if timeout > longest {
-            return (longest >= MIN_WAIT).then_some((key, longest, true));
+            return (longest >= MIN_WAIT).then_some((key, longest, true, named));
         }
-        Some((key, timeout, chunk))
+        Some((key, timeout, chunk, named))
     }
 
     /// Whether heartbeats are due at all. A locker holding nothing needs no

@@ -215,10 +215,12 @@ pub(super) struct RunTable {
     /// Keys found held whose run lost them (stopping): unlocked once its job
     /// returned.
     held_lost: BTreeSet<i64>,
-    /// Keys asked to be handed over to a named backend: key → (that
-    /// backend's pid, until when no other tries it, the request's priority:
-    /// `u32::MAX` for a `to` request; see `Machine::handover_requested`).
-    reserved: BTreeMap<i64, (i64, Instant, u32)>,
+    /// Keys handed over to a named backend: key → (that backend's pid,
+    /// until when no other tries it, the request's priority: `u32::MAX` for
+    /// a `to` request, the named locker's other backend or 0; see
+    /// `handover`). A holder's own, from the check that confirmed the
+    /// request; a standby's, from the holder's release.
+    reserved: BTreeMap<i64, (i64, Instant, u32, i64)>,
 }
 
 impl RunTable {
@@ -397,14 +399,14 @@ impl RunTable {
         me: Option<i64>,
         may: impl Fn(&LeaseId) -> bool,
     ) -> Vec<i64> {
-        self.reserved.retain(|_, (_, until, _)| *until > now);
+        self.reserved.retain(|_, (_, until, ..)| *until > now);
         let reserved = &self.reserved;
         let mut keys = Vec::new();
         for r in self.runs.values_mut() {
             let key = r.lease.key();
             if reserved
                 .get(&key)
-                .is_some_and(|(pid, _, _)| Some(*pid) != me)
+                .is_some_and(|(pid, ..)| Some(*pid) != me)
             {
                 continue;
             }
@@ -437,7 +439,7 @@ impl RunTable {
     /// Whether `key` is reserved for backend `me` at `now` (a hand-over to
     /// it was asked for).
     pub(super) fn reserved_for(&self, key: i64, me: Option<i64>, now: Instant) -> bool {
-        (self.reserved.get(&key)).is_some_and(|(pid, until, _)| *until > now && Some(*pid) == me)
+        (self.reserved.get(&key)).is_some_and(|(pid, until, ..)| *until > now && Some(*pid) == me)
     }
 
     /// The backend `key` is reserved for at `now`, if it is another than
@@ -449,8 +451,8 @@ impl RunTable {
         now: Instant,
     ) -> Option<i64> {
         (self.reserved.get(&key))
-            .filter(|(pid, until, _)| *until > now && Some(*pid) != me)
-            .map(|(pid, _, _)| *pid)
+            .filter(|(pid, until, ..)| *until > now && Some(*pid) != me)
+            .map(|(pid, ..)| *pid)
     }
 
     /// A win of `key` declined (it is reserved for another backend): its
@@ -460,7 +462,7 @@ impl RunTable {
     pub(super) fn decline(&mut self, key: i64, now: Instant, window: Duration) {
         self.try_back(&[key]);
         self.orphans.insert(key);
-        if let Some((_, until, _)) = self.reserved.get_mut(&key) {
+        if let Some((_, until, ..)) = self.reserved.get_mut(&key) {
             *until = (*until).max(now + window);
         }
     }
@@ -485,7 +487,7 @@ impl RunTable {
                 if *step == Release::Queued {
                     *step = Release::Sent;
                     let key = r.lease.key();
-                    if let Some((_, until, _)) = self.reserved.get_mut(&key) {
+                    if let Some((_, until, ..)) = self.reserved.get_mut(&key) {
                         *until = (*until).max(now + window);
                     }
                     release.push(key);
@@ -572,36 +574,33 @@ impl RunTable {
         })
     }
 
-    /// A hand-over of `key` to backend `pid` was asked for with
-    /// `priority` (`u32::MAX`: by name): no other backend's run tries it
-    /// before `until`. A later reservation replaces it, unless it is a
-    /// preference (`priority` below `u32::MAX`) not above the priority of
-    /// the one in force at `now`. Returns whether this table has a run of
-    /// `key`.
+    /// `key` is handed over to backend `pid` (`alt`: the named locker's
+    /// other backend, or 0) with `priority` (`u32::MAX`: by name): no other
+    /// backend's run tries it before `until` (see `handover`). Replaces any
+    /// reservation of `key`. Returns whether this table has a run of `key`.
     pub(super) fn reserve(
         &mut self,
         key: i64,
-        pid: i64,
-        (now, until): (Instant, Instant),
+        (pid, alt): (i64, i64),
+        until: Instant,
         priority: u32,
     ) -> bool {
         if !self.keys.contains_key(&key) {
             return false;
         }
-        let stands = (self.reserved.get(&key))
-            .is_some_and(|&(_, end, p)| end > now && priority < u32::MAX && p >= priority);
-        if !stands {
-            self.reserved.insert(key, (pid, until, priority));
-        }
+        self.reserved.insert(key, (pid, until, priority, alt));
         true
     }
 
-    /// The reservation of `key` runs on to `until`, if there is one (its
-    /// release came: the named backend tries now).
-    pub(super) fn extend_reservation(&mut self, key: i64, until: Instant) {
-        if let Some((_, end, _)) = self.reserved.get_mut(&key) {
-            *end = (*end).max(until);
-        }
+    /// The reservations in force at `now` of `keys` (a release's): `(key,
+    /// backend, other backend or 0)`.
+    pub(super) fn reservations(&self, keys: &[i64], now: Instant) -> Vec<(i64, i64, i64)> {
+        (keys.iter())
+            .filter_map(|k| {
+                let &(pid, until, _, alt) = self.reserved.get(k)?;
+                (until > now).then_some((*k, pid, alt))
+            })
+            .collect()
     }
 
     /// Whether the run of `key` is in a lease group (`None`: no run).

@@ -163,7 +163,12 @@ pub(super) enum What {
     Try(Vec<i64>),
     Heartbeat,
     Verify,
-    Release(Vec<i64>),
+    /// Unlocks `keys`; `reserved`: those handed over by name (see
+    /// `handover`).
+    Release {
+        keys: Vec<i64>,
+        reserved: Vec<(i64, i64, i64)>,
+    },
     /// A standby's wait on the server that takes `key` ([`Statement::Take`];
     /// its run is in it as in a try), ended by the server after `timeout`
     /// at the latest.
@@ -173,6 +178,8 @@ pub(super) enum What {
         /// Its timeout was cut below the retry deadline by the server's
         /// `deadlock_timeout` (see `wait`): a chunk of the retry interval.
         chunk: bool,
+        /// It queues however many wait already (see `handover`).
+        named: bool,
     },
     /// A lease group's membership read (see `groups`).
     Members(super::groups::Read),
@@ -185,7 +192,12 @@ pub(super) enum What {
     Prefer {
         key: i64,
         priority: u32,
+        /// The watch session's backend, which waits for the key.
+        watch: Option<i64>,
     },
+    /// A holder's heartbeat that checks the hand-overs asked of it (see
+    /// `handover`).
+    Check(Vec<(i64, i64, i64)>),
 }
 
 impl What {
@@ -210,16 +222,22 @@ impl What {
             },
             What::Heartbeat => Statement::Heartbeat,
             What::Verify => Statement::Verify,
-            What::Wait { key, timeout, .. } => Statement::Take {
+            What::Wait {
+                key,
+                timeout,
+                named,
+                ..
+            } => Statement::Take {
                 key: *key,
                 timeout_ms: timeout.as_millis().max(1) as u64,
-                crowd: Some(super::HERD_WAITERS),
+                crowd: (!named).then_some(super::HERD_WAITERS),
                 backend_pid: up.stage.backend_pid().unwrap_or(0),
                 nonce,
             },
-            What::Release(keys) => Statement::Release {
+            What::Release { keys, reserved } => Statement::Release {
                 keys: keys.clone(),
                 notify,
+                reserved: if notify { reserved.clone() } else { Vec::new() },
             },
             What::Members(read) => Statement::Members {
                 join: read.join.clone(),
@@ -239,10 +257,16 @@ impl What {
                 announce: Vec::new(),
                 claims: Vec::new(),
             },
-            What::Prefer { key, priority } => Statement::Prefer {
+            What::Prefer {
+                key,
+                priority,
+                watch,
+            } => Statement::Prefer {
                 key: *key,
                 priority: *priority,
+                watch: *watch,
             },
+            What::Check(asks) => Statement::CheckHandover { asks: asks.clone() },
         }
     }
 

@@ -70,7 +70,9 @@
 //!   periodic try, when it looks again. The waiters settle on the standbys
 //!   with the smallest pids (those never give way, so waits that look at
 //!   the same moment cannot all give way), so the statements a standby
-//!   sends do not grow with the standbys; a release wakes one of them.
+//!   sends do not grow with the standbys; a release wakes one of them. A
+//!   standby named for a hand-over (see `handover`) waits for that key
+//!   first and queues however many wait, until the ask's window ends.
 //! - **Interrupted.** Anything that needs the session while a take blocks it
 //!   (a new run, a notification for another key, no run left) closes the
 //!   session at once (PostgreSQL delivers a notification to a session only
@@ -128,6 +130,9 @@ pub(super) struct ServerWait {
     /// Waits interrupted by a notification for another key since the last
     /// periodic try (see [`WAKE_BUDGET`]).
     interrupts: u32,
+    /// A key this standby is named for (see `handover`), until when: waited
+    /// for first, crowd or not.
+    named: Option<(i64, Instant)>,
 }
 
 /// What a wait's answer took from [`ServerWait`]: the cursor before it,
@@ -152,26 +157,44 @@ pub(super) enum NotFreed {
 impl ServerWait {
     /// Whether waits are off for now: turned off on this session, or the
     /// last one found its key crowded.
-    pub(super) fn paused(&self) -> bool {
-        self.off || self.crowded
+    pub(super) fn paused(&self, now: Instant) -> bool {
+        self.off || (self.crowded && self.named_key(now).is_none())
+    }
+
+    /// The key this standby is named for at `now`, if any.
+    fn named_key(&self, now: Instant) -> Option<i64> {
+        self.named.filter(|&(_, until)| until > now).map(|(k, _)| k)
+    }
+
+    /// This standby is named for a hand-over of `key` until `until` (see
+    /// `handover`): it waits for it first, however many wait.
+    pub(super) fn named(&mut self, key: i64, until: Instant) {
+        self.named = Some((key, until));
     }
 
     /// The wait to send now among the `wanted` keys, with `retry` the retry
-    /// deadline: the key, its `lock_timeout`, and whether that was cut below
-    /// the retry deadline (a chunk). The caller checked that waiting is
-    /// allowed at all ([`ServerWait::paused`] among it).
+    /// deadline: the key, its `lock_timeout`, whether that was cut below
+    /// the retry deadline (a chunk), and whether it is the key this standby
+    /// is named for (it queues behind any crowd). The caller checked that
+    /// waiting is allowed at all ([`ServerWait::paused`] among it).
     pub(super) fn next(
         &self,
         now: Instant,
         wanted: &[i64],
         retry: Option<Instant>,
-    ) -> Option<(i64, Duration, bool)> {
+    ) -> Option<(i64, Duration, bool, bool)> {
         let until_retry = retry?.checked_duration_since(now)?;
         // Below the server's deadlock_timeout (the statement cuts it there
         // too): a wait until the retry deadline goes in such chunks.
         let left = self.limit.map_or(until_retry, |l| l.min(until_retry));
         let chunk = left < until_retry;
         if left < MIN_WAIT {
+            return None;
+        }
+        if let Some(named) = self.named_key(now).filter(|k| wanted.contains(k)) {
+            return Some((named, left, chunk, true));
+        }
+        if self.crowded {
             return None;
         }
         // In key order (runs are kept in run order): the least wanted key
@@ -181,7 +204,7 @@ impl ServerWait {
             .filter(|k| after.is_some_and(|a| *k > a))
             .min()
             .or_else(|| wanted.iter().copied().min())?;
-        Some((key, left, chunk))
+        Some((key, left, chunk, false))
     }
 
     /// A wait for `key` answered (in any way): it is the last one waited
@@ -253,5 +276,6 @@ impl ServerWait {
         self.off = false;
         self.crowded = false;
         self.limit = None;
+        self.named = None;
     }
 }

@@ -39,7 +39,10 @@
 //!   predecessor in that ring waits for it: every holder has a watcher, at
 //!   one extra connection per locker (the property
 //!   `in_a_fleet_every_holder_is_watched` below, over any pids and any
-//!   split of the leases). Recomputed before every wait, so it moves on when
+//!   split of the leases). A key this locker asked for by priority comes
+//!   first until the ask's window ends: the holder's check must find the
+//!   watch session waiting for that very key (see `handover`).
+//!   Recomputed before every wait, so it moves on when
 //!   that holder has no wanted key left. When the holders change (a try's or
 //!   a membership read's answer) while a wait for a holder that is no longer
 //!   the next is in flight, the watch session is closed and a new one opened
@@ -96,6 +99,11 @@ pub(super) struct Watch {
     limit: Option<Duration>,
     /// The attempt or the wait in flight times out.
     timeout_at: Option<Instant>,
+    /// The watch session's backend pid, from its last reply.
+    pid: Option<i64>,
+    /// A key this locker asked for by priority, until when: waited for
+    /// first (see `handover`).
+    preferred: Option<(i64, Instant)>,
 }
 
 #[derive(Debug, Default)]
@@ -126,6 +134,25 @@ impl Watch {
     /// Whether `query` is the watch session's wait in flight.
     pub(super) fn owns_query(&self, query: QueryId) -> bool {
         matches!(self.conn, Conn::Up { inflight: Some((q, _)), .. } if q == query)
+    }
+
+    /// The watch session's backend pid, once a wait answered on it.
+    pub(super) fn backend_pid(&self) -> Option<i64> {
+        self.pid.filter(|_| matches!(self.conn, Conn::Up { .. }))
+    }
+
+    /// This locker asked for `key` by priority: the watch session waits for
+    /// it first until `until`.
+    pub(super) fn prefer(&mut self, key: i64, until: Instant) {
+        self.preferred = Some((key, until));
+    }
+
+    /// The key to wait for among `wanted` at `now`: the preferred one while
+    /// it stands, else the ring's.
+    fn key_for(&self, now: Instant, own: i64, wanted: &[(i64, i64)]) -> Option<i64> {
+        let preferred = (self.preferred)
+            .filter(|&(k, until)| until > now && wanted.iter().any(|&(w, _)| w == k));
+        preferred.map(|(k, _)| k).or_else(|| ring(own, wanted))
     }
 
     /// No watch connection open or asked for.
@@ -182,6 +209,18 @@ impl Watch {
     }
 }
 
+impl Watch {
+    /// Whether a wait for `key` in flight is the right one at `now`: the
+    /// preferred key's while one stands, else one that watches the holder
+    /// the ring names next.
+    fn waits_right(&self, now: Instant, key: i64, own: i64, wanted: &[(i64, i64)]) -> bool {
+        match self.key_for(now, own, wanted) {
+            Some(k) if self.preferred.is_some_and(|(p, u)| p == k && u > now) => k == key,
+            _ => watches_next(key, own, wanted),
+        }
+    }
+}
+
 /// Whether a wait for `key` watches the holder the ring names next: `key`
 /// is held by the holder of the ring's key (a crash frees every key of it).
 fn watches_next(key: i64, own: i64, wanted: &[(i64, i64)]) -> bool {
@@ -209,7 +248,7 @@ fn ring(own: i64, wanted: &[(i64, i64)]) -> Option<i64> {
 impl Machine {
     /// The lease session's backend pid and the wanted keys with their
     /// holders, while the watch session is called for (see above).
-    fn watch_wanted(&self) -> Option<(i64, Vec<(i64, i64)>)> {
+    pub(super) fn watch_wanted(&self) -> Option<(i64, Vec<(i64, i64)>)> {
         if !self.opts.wait_on_server
             || !self.opts.watch_session
             || self.phase != Phase::Open
@@ -258,7 +297,7 @@ impl Machine {
                     ..
                 },
                 Some((own, wanted)),
-            ) if !self.watch.paused() && !watches_next(*key, own, &wanted) => {
+            ) if !self.watch.paused() && !self.watch.waits_right(now, *key, own, &wanted) => {
                 self.close_watch();
                 self.open_watch(now);
             }
@@ -285,7 +324,7 @@ impl Machine {
             self.watch.off = true;
             return self.close_watch();
         }
-        let Some(key) = ring(own, wanted) else {
+        let Some(key) = self.watch.key_for(now, own, wanted) else {
             return;
         };
         let query = self.connector.next_watch_query();
@@ -336,6 +375,7 @@ impl Machine {
         self.watch.conn = Conn::Closed;
         self.watch.timeout_at = None;
         self.watch.woken = None;
+        self.watch.pid = None;
     }
 
     /// The watch session failed, ended or timed out: closed, and opened
@@ -351,6 +391,7 @@ impl Machine {
         self.watch.conn = Conn::Closed;
         self.watch.timeout_at = None;
         self.watch.woken = None;
+        self.watch.pid = None;
         self.watch.resting = true;
     }
 
@@ -405,6 +446,9 @@ impl Machine {
         let reply = result.and_then(|rows| {
             WaitReply::parse(&rows).map_err(|e| SessionError::other(e.to_string()))
         });
+        if let Ok(WaitReply { session, .. }) = &reply {
+            self.watch.pid = session.backend_pid.or(self.watch.pid);
+        }
         let (freed, deadlock_timeout_ms) = match reply {
             Ok(WaitReply {
                 freed: Some(freed),

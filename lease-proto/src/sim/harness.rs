@@ -407,8 +407,30 @@ impl Harness {
         match self.statement() {
             Statement::Heartbeat => self.reply(reply::heartbeat(pid, nonce)),
             Statement::Verify => self.reply(reply::verify(pid, nonce, keys.iter().copied())),
+            Statement::CheckHandover { .. } => self.check_answered(pid, &[]),
             other => panic!("expected a heartbeat or verify, got {other:?}"),
         }
+    }
+
+    /// Answers the hand-over check in flight ([`Statement::CheckHandover`]):
+    /// backend `pid`; the asked backends of `waiting`'s keys wait for them.
+    ///
+    /// # Panics
+    /// The query in flight is not a check, or the observer objects.
+    pub fn check_answered(&mut self, pid: i64, waiting: &[i64]) -> Vec<Command> {
+        let Statement::CheckHandover { .. } = self.statement() else {
+            panic!("expected a hand-over check, got {:?}", self.statement());
+        };
+        let rows = crate::reply::CheckReply {
+            session: crate::reply::HeartbeatReply {
+                backend_pid: Some(pid),
+                nonce: self.nonce,
+                server_clock_us: None,
+            },
+            waiting: waiting.iter().copied().collect(),
+        }
+        .to_rows();
+        self.reply(rows)
     }
 
     /// Answers the take in flight (a standby's wait that takes its key,

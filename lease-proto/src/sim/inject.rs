@@ -57,6 +57,7 @@ impl Sim {
             | Statement::Heartbeat
             | Statement::Verify
             | Statement::Prefer { .. }
+            | Statement::CheckHandover { .. }
             | Statement::Wait { .. }
             | Statement::Take { .. } => 1,
         };
@@ -98,9 +99,17 @@ impl Injected {
                     nonce,
                 }
             }
-            Statement::Release { mut keys, notify } if ran > 0 => {
+            Statement::Release {
+                mut keys,
+                notify,
+                reserved,
+            } if ran > 0 => {
                 keys.truncate(ran);
-                Statement::Release { keys, notify }
+                Statement::Release {
+                    keys,
+                    notify,
+                    reserved,
+                }
             }
             // The joins ran, in part: no read answers.
             Statement::Members {
@@ -164,6 +173,7 @@ fn error_for(statement: &Statement) -> SessionError {
         | Statement::Verify
         | Statement::Members { .. }
         | Statement::Prefer { .. }
+        | Statement::CheckHandover { .. }
         | Statement::Wait { .. }
         | Statement::Take { .. } => SessionError {
             code: Some("57014".into()),

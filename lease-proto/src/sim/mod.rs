@@ -220,6 +220,16 @@ pub enum Fault {
         /// The process to hand it to.
         to: usize,
     },
+    /// `lease handover NAME --to PID` for lease number `lease` of
+    /// [`SimConfig::leases`] and backend `pid`, whoever that is (a mistyped
+    /// pid, a forger's flood): the request's `NOTIFY` from a client of its
+    /// own.
+    RequestHandoverToPid {
+        /// The index of the lease in [`SimConfig::leases`] (modulo their number).
+        lease: usize,
+        /// The backend pid the request names.
+        pid: i64,
+    },
     /// For `duration`, every connection attempt fails with `28P01 password
     /// authentication failed` (a rotated password, a dropped role); open
     /// sessions go on. Processes that had a session retry and lead again
@@ -263,6 +273,7 @@ impl Fault {
             | Fault::TerminateWatch { .. }
             | Fault::ForgedNotify { .. }
             | Fault::RequestHandover { .. }
+            | Fault::RequestHandoverToPid { .. }
             | Fault::PromoteFrozenPrimary { .. } => Some(Duration::ZERO),
             Fault::ServerRestart { downtime }
             | Fault::ServerCrash { downtime }
@@ -971,6 +982,14 @@ impl Sim {
             Fault::RequestHandover { lease, to } => {
                 let pid = (self.procs.get(to)).and_then(|_| self.backend_pid(to));
                 if let (false, Some(pid)) = (self.cfg.leases.is_empty(), pid) {
+                    let name = &self.cfg.leases[lease % self.cfg.leases.len()];
+                    let key = crate::key_for_name(name);
+                    let payload = crate::server::handover_request_payload(key, pid);
+                    self.notify_listeners(payload, server::FORGER_PID, Duration::ZERO);
+                }
+            }
+            Fault::RequestHandoverToPid { lease, pid } => {
+                if !self.cfg.leases.is_empty() {
                     let name = &self.cfg.leases[lease % self.cfg.leases.len()];
                     let key = crate::key_for_name(name);
                     let payload = crate::server::handover_request_payload(key, pid);

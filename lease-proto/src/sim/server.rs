@@ -931,13 +931,36 @@ impl Server {
                 }
             }
             // A heartbeat that notifies (sent at commit, as the others).
-            Statement::Prefer { key, priority } => {
+            Statement::Prefer {
+                key,
+                priority,
+                watch,
+            } => {
                 if !self.cfg.standby {
-                    notify.push(format!("prefer {key} {pid} {priority}"));
+                    let watch = watch.map_or(String::new(), |w| format!(" {w}"));
+                    notify.push(format!("prefer {key} {pid} {priority}{watch}"));
                 }
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
                 let clock = Some(self.clock_now(now) - crate::sql::TOKEN_CLOCK_OFFSET);
                 reply::heartbeat_at(pid, nonce, clock)
+            }
+            // A heartbeat that reads who waits for the asked keys: an
+            // ungranted lock in pg_locks, a queued wait or take.
+            Statement::CheckHandover { asks } => {
+                let nonce = if shared { self.backend_nonce } else { s.nonce };
+                let clock = Some(self.clock_now(now) - crate::sql::TOKEN_CLOCK_OFFSET);
+                let reply = crate::reply::CheckReply {
+                    session: crate::reply::HeartbeatReply {
+                        backend_pid: Some(pid),
+                        nonce,
+                        server_clock_us: clock,
+                    },
+                    waiting: (asks.iter())
+                        .filter(|&&(k, p, q)| self.waits_for(k, &[p, q], false))
+                        .map(|&(k, ..)| k)
+                        .collect(),
+                };
+                reply.to_rows()
             }
             // No pg_locks read: what the session holds is not asked.
             Statement::Heartbeat => {
@@ -998,7 +1021,11 @@ impl Server {
                 }
                 reply.to_rows()
             }
-            Statement::Release { keys, notify: n } => {
+            Statement::Release {
+                keys,
+                notify: n,
+                reserved,
+            } => {
                 let mut rows = Vec::new();
                 for &k in keys {
                     let freed = match self.locks.get_mut(&k) {
@@ -1019,8 +1046,22 @@ impl Server {
                             .find(|w| w.key == k && self.sessions.contains_key(&w.conn));
                         let grantee = (first.filter(|w| w.take))
                             .and_then(|w| self.sessions.get(&w.conn))
-                            .map_or(String::new(), |s| format!(" {}", s.pid));
-                        notify.push(format!("{k} {}{grantee}", self.clock_now(now)));
+                            .map(|s| s.pid);
+                        // Named only if the backend (or its other one)
+                        // waits for the key, or was granted it, now.
+                        let to = (reserved.iter())
+                            .find(|&&(rk, p, q)| {
+                                rk == k
+                                    && (grantee.is_some_and(|g| g == p || g == q)
+                                        || self.waits_for(k, &[p, q], true))
+                            })
+                            .map(|&(_, p, _)| p);
+                        let tail = match (grantee, to) {
+                            (g, Some(to)) => format!(" {} {to}", g.unwrap_or(0)),
+                            (Some(g), None) => format!(" {g}"),
+                            (None, None) => String::new(),
+                        };
+                        notify.push(format!("{k} {}{tail}", self.clock_now(now)));
                     }
                     let held = freed.is_some();
                     rows.push(reply::release(k, held));
@@ -1035,6 +1076,21 @@ impl Server {
             blocks: None,
             granted,
         })
+    }
+
+    /// Whether a session of backend `pids` (0: none) waits for `key` (a
+    /// queued wait or take: an ungranted lock in `pg_locks`), or, with
+    /// `granted_too`, holds it.
+    fn waits_for(&self, key: i64, pids: &[i64], granted_too: bool) -> bool {
+        let named = |conn: u64| {
+            (self.sessions.get(&conn)).is_some_and(|s| s.pid != 0 && pids.contains(&s.pid))
+        };
+        let waits = (self.waiters.iter()).any(|w| w.key == key && named(w.conn));
+        let holds = granted_too
+            && (self.locks.get(&key)).is_some_and(|(o, _)| {
+                self.owner_pid(*o).is_some_and(|p| p != 0 && pids.contains(&p))
+            });
+        waits || holds
     }
 
     /// Until when sessions other than `owner` hold `key` shared (kept by the

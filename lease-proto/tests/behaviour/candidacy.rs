@@ -55,7 +55,10 @@ fn answer_for(h: &mut Harness, d: Duration, holder: Option<i64>) -> Vec<Statemen
                     None => h.win(1000 + sent.len() as i64),
                 };
             }
-            Statement::Heartbeat | Statement::Verify | Statement::Prefer { .. } => {
+            Statement::Heartbeat
+            | Statement::Verify
+            | Statement::Prefer { .. }
+            | Statement::CheckHandover { .. } => {
                 let reply = HeartbeatReply {
                     backend_pid: Some(7),
                     nonce: h.nonce(),
@@ -175,7 +178,8 @@ fn a_standby_with_a_priority_asks_the_holder_once() {
         h.statement(),
         Statement::Prefer {
             key: key("a"),
-            priority: 2
+            priority: 2,
+            watch: None,
         }
     );
     let window = opts().heartbeat_interval + opts().query_timeout;
@@ -213,13 +217,22 @@ fn a_standby_asks_one_holder_at_most_three_times() {
 }
 
 /// A holder of priority 0 asked by backend 99 of priority 1 hands the lease over as a
-/// `to` request does: the job is cancelled, the key released once it returned, and not
+/// `to` request does: once a check finds 99 (or the watch session the payload names, 98)
+/// waiting for the key, the job is cancelled, the key released once it returned, and not
 /// tried again within the window after the release.
 #[test]
 fn a_lower_priority_holder_hands_over_to_a_preferred_standby() {
     let mut h = harness(polling());
     let run = started(&mut h, "a", 900);
-    let cmds = notify(&mut h, prefer_payload("a", 99, 1), 99);
+    let cmds = notify(&mut h, format!("{} 98", prefer_payload("a", 99, 1)), 99);
+    assert!(!handed_over(&cmds), "handed over before a check: {cmds:?}");
+    assert_eq!(
+        h.statement(),
+        Statement::CheckHandover {
+            asks: vec![(key("a"), 99, 98)]
+        }
+    );
+    let cmds = h.check_answered(7, &[key("a")]);
     assert!(handed_over(&cmds), "{cmds:?}");
     handed_over_job_returns(&mut h, run);
     let window = opts().query_timeout * 2;
@@ -240,7 +253,7 @@ fn an_equal_or_higher_priority_holder_ignores_a_preference() {
         started(&mut h, "a", 900);
         let cmds = notify(&mut h, prefer_payload("a", 99, asked), sender);
         assert!(
-            !handed_over(&cmds),
+            !handed_over(&cmds) && h.in_flight().is_none(),
             "own {own}, asked {asked} by {sender}: {cmds:?}"
         );
         assert!(matches!(
@@ -260,12 +273,14 @@ fn old_payloads_are_unaffected_by_priorities() {
     for payload in [
         format!("prefer {} 99", key("a")),
         format!("prefer {} 99 x", key("a")),
-        format!("prefer {} 99 8 1", key("a")),
+        format!("prefer {} 99 8 1 2", key("a")),
     ] {
         let cmds = notify(&mut h, payload.clone(), 99);
         assert!(!handed_over(&cmds), "{payload}: {cmds:?}");
+        assert!(h.in_flight().is_none(), "{payload}: {:?}", h.in_flight());
     }
-    let cmds = notify(&mut h, handover_request_payload(key("a"), 99), 555);
+    notify(&mut h, handover_request_payload(key("a"), 99), 555);
+    let cmds = h.check_answered(7, &[key("a")]);
     assert!(handed_over(&cmds), "{cmds:?}");
 }
 

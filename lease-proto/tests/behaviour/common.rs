@@ -192,6 +192,12 @@ pub fn release_payload_to(key: i64, grantee: i64) -> String {
     format!("{key} {RELEASED_AT} {grantee}")
 }
 
+/// [`release_payload_to`] that also names `to` as the backend the key is handed over to
+/// (`grantee` 0: none).
+pub fn release_payload_reserved(key: i64, grantee: i64, to: i64) -> String {
+    format!("{key} {RELEASED_AT} {grantee} {to}")
+}
+
 /// The release moment of [`release_payload`]: just below the tokens the hand-driven tests
 /// win with (900 and up).
 pub const RELEASED_AT: i64 = 900;

@@ -29,7 +29,7 @@ fn job_ok_releases_after_exit_then_finishes_completed() {
     });
     assert!(has(
         &cmds,
-        |c| matches!(c, Command::Query { statement: Statement::Release { keys, notify: true }, .. } if keys == &vec![key("a")])
+        |c| matches!(c, Command::Query { statement: Statement::Release { keys, notify: true, .. }, .. } if keys == &vec![key("a")])
     ));
     let cmds = h.released();
     assert!(has(&cmds, |c| matches!(

@@ -1,7 +1,9 @@
-//! A hand-over asked for (`lease handover NAME --to PID`, the payload
-//! `lease_proto::server::handover_request_payload`): the holder hands the lease over
-//! gracefully, and no locker but the named one tries it within the window after the
-//! release, so the named one takes it at the release's notification.
+//! A hand-over asked for by name (`lease handover NAME --to PID`, the payload
+//! `lease_proto::server::handover_request_payload`; the rule: the machine's `handover`
+//! module): the holder checks that the named backend waits for the key before it hands the
+//! lease over; a request for a backend that does not wait changes nothing and is refused
+//! at the end of its window; repeats change nothing; standbys leave a key alone only when
+//! the holder's release names the backend it went to.
 
 use crate::common::*;
 use lease_proto::server::*;
@@ -16,11 +18,11 @@ fn request(h: &mut Harness, name: &str, to: i64) -> Vec<Command> {
     })
 }
 
-fn release_notification(h: &mut Harness, name: &str, holder: i64) -> Vec<Command> {
+fn notification(h: &mut Harness, payload: String, sender_pid: i64) -> Vec<Command> {
     h.input(Input::Notification {
         channel: HANDOVER_CHANNEL.into(),
-        payload: release_payload(key(name)),
-        sender_pid: holder,
+        payload,
+        sender_pid,
     })
 }
 
@@ -34,7 +36,7 @@ fn tries_within(h: &mut Harness, d: std::time::Duration) -> Vec<Vec<i64>> {
                 tries.push(keys);
                 h.lose(Some(99));
             }
-            Some(Statement::Heartbeat | Statement::Verify) => {
+            Some(Statement::Heartbeat | Statement::Verify | Statement::CheckHandover { .. }) => {
                 h.heartbeat(7, &[]);
             }
             Some(Statement::Take { .. }) => {
@@ -48,16 +50,37 @@ fn tries_within(h: &mut Harness, d: std::time::Duration) -> Vec<Vec<i64>> {
     tries
 }
 
-/// The holder asked to hand over to backend 99: its job is cancelled (handed over), the
-/// key released once the job returned, and it does not try the key again within the
-/// window (two query timeouts, 1 s here) after the release; then it does.
+/// The holder asked to hand over to backend 99 checks first: the check asks whether 99
+/// waits for the key; once it does, the job is cancelled (handed over), the key released
+/// with a notification that names 99, and the holder leaves the key alone for the window
+/// (two query timeouts, 1 s here) after the release; then it tries again.
 #[test]
-fn the_holder_hands_over_and_leaves_the_key_to_the_named_backend() {
+fn the_holder_hands_over_once_a_check_finds_the_named_backend_waiting() {
     let mut h = harness(polling());
     let run = started(&mut h, "a", 900);
     let cmds = request(&mut h, "a", 99);
+    assert!(!handed_over(&cmds), "handed over before a check: {cmds:?}");
+    assert_eq!(
+        h.statement(),
+        Statement::CheckHandover {
+            asks: vec![(key("a"), 99, 0)]
+        }
+    );
+    let cmds = h.check_answered(7, &[key("a")]);
     assert!(handed_over(&cmds), "{cmds:?}");
-    handed_over_job_returns(&mut h, run);
+    h.input(Input::JobExited {
+        run,
+        exit: JobExit::Ok,
+    });
+    assert_eq!(
+        h.statement(),
+        Statement::Release {
+            keys: vec![key("a")],
+            notify: true,
+            reserved: vec![(key("a"), 99, 0)],
+        }
+    );
+    h.released();
     let window = opts().query_timeout * 2;
     let tries = tries_within(&mut h, window - ms(10));
     assert!(
@@ -71,21 +94,80 @@ fn the_holder_hands_over_and_leaves_the_key_to_the_named_backend() {
     );
 }
 
-/// A standby not named leaves the key alone after the holder's release; the named one
-/// (its own backend, 7) tries at the release's notification.
+/// A request for a backend that never waits for the key (a mistyped pid, a forger's
+/// flood, repeated every 100 ms) never touches the job: each heartbeat checks it, and
+/// the first request is refused once at the end of its window; its repeats neither
+/// re-arm it nor add asks.
 #[test]
-fn only_the_named_standby_tries_at_the_release() {
-    for (to, tries_at_once) in [(98, false), (7, true)] {
+fn a_request_for_a_backend_that_does_not_wait_is_refused_and_repeats_change_nothing() {
+    let mut h = harness(polling());
+    started(&mut h, "a", 900);
+    let t0 = h.now();
+    let window = opts().validity_window();
+    let mut checks = 0;
+    let mut refused = 0;
+    let count = |h: &Harness| {
+        (h.events().iter())
+            .filter(|e| matches!(e, Event::HandoverRefused { to: 99, .. }))
+            .count()
+    };
+    while h.now() < t0 + window + opts().heartbeat_interval * 2 {
+        let cmds = request(&mut h, "a", 99);
+        refused += count(&h);
+        assert!(!handed_over(&cmds), "{cmds:?}");
+        let end = h.now() + ms(100);
+        while h.now() < end {
+            match h.in_flight().map(|(_, s)| s.clone()) {
+                Some(Statement::CheckHandover { asks }) => {
+                    assert_eq!(asks, vec![(key("a"), 99, 0)]);
+                    checks += 1;
+                    let cmds = h.check_answered(7, &[]);
+                    assert!(!handed_over(&cmds), "{cmds:?}");
+                }
+                Some(_) => {
+                    h.heartbeat(7, &[key("a")]);
+                }
+                None => {
+                    h.advance(ms(5));
+                }
+            }
+            refused += count(&h);
+        }
+    }
+    // The first ask ends once; a repeat after it is a new ask, still standing.
+    assert_eq!(refused, 1);
+    assert!(checks >= 2, "checked {checks} times");
+    assert!(matches!(
+        h.machine().status().leases[0].state,
+        LeaseState::Leading { .. }
+    ));
+}
+
+/// A standby ignores a request itself: only the holder's release names the backend a key
+/// went to. Named another (98), it leaves the key alone for the window; named itself (7),
+/// it tries at once; a release from a backend that is not the holder it saw reserves
+/// nothing.
+#[test]
+fn only_the_standby_the_holders_release_names_tries_at_the_release() {
+    for (sender, to, tries_at_once) in [(99, 98, false), (99, 7, true), (555, 98, true)] {
         let mut h = harness(polling());
         h.run(lease("a"));
         h.connect(7);
         h.lose(Some(99));
         assert!(h.in_flight().is_none());
-        request(&mut h, "a", to);
+        request(&mut h, "a", 98);
+        assert!(h.in_flight().is_none(), "a standby acted on a request");
         h.advance(ms(20));
-        release_notification(&mut h, "a", 99);
+        notification(&mut h, release_payload_reserved(key("a"), 0, to), sender);
+        if sender != 99 {
+            // Not the holder's: not a graceful release either, and no reservation; the
+            // next periodic try tries it.
+            let tries = tries_within(&mut h, opts().retry_interval * 2);
+            assert!(tries.iter().any(|k| k.contains(&key("a"))), "{tries:?}");
+            continue;
+        }
         let tried = matches!(h.in_flight(), Some((_, Statement::TryLock { .. })));
-        assert_eq!(tried, tries_at_once, "asked for {to}: {:?}", h.in_flight());
+        assert_eq!(tried, tries_at_once, "named {to}: {:?}", h.in_flight());
         if !tried {
             let tries = tries_within(&mut h, opts().query_timeout * 2 - ms(30));
             assert!(
@@ -94,4 +176,45 @@ fn only_the_named_standby_tries_at_the_release() {
             );
         }
     }
+}
+
+/// A standby named by a request queues for the key whatever the crowd: its next wait
+/// takes the key without the herd limit.
+#[test]
+fn the_named_standby_queues_for_the_key_whatever_the_crowd() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.connect(7);
+    h.lose(Some(99));
+    assert!(matches!(
+        h.statement(),
+        Statement::Take {
+            crowd: Some(_),
+            ..
+        }
+    ));
+    h.held_all_along(7);
+    request(&mut h, "a", 7);
+    let mut named = false;
+    for _ in 0..200 {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::Take { crowd: None, .. }) => {
+                named = true;
+                break;
+            }
+            Some(Statement::Take { .. }) => {
+                h.held_all_along(7);
+            }
+            Some(Statement::TryLock { .. }) => {
+                h.lose(Some(99));
+            }
+            Some(_) => {
+                h.heartbeat(7, &[]);
+            }
+            None => {
+                h.advance(ms(5));
+            }
+        }
+    }
+    assert!(named, "never queued regardless of the crowd");
 }

@@ -146,8 +146,9 @@ fn a_take_that_finds_the_key_held_here_refuses_the_locker() {
     );
 }
 
-/// A hand-over to another backend asked for while the take blocked (its request read
-/// after the take's reply, the session blocked until then, or before it by another
+/// A key the holder handed over to another backend, released while the take blocked
+/// (the release's notification read after the take's reply, the session blocked until
+/// then, or before it by another
 /// session of the driver): the key the take won is released at once, without a job, so
 /// the named backend gets it. The broken variant keeps it and starts the job.
 #[test]
@@ -163,22 +164,32 @@ fn a_take_that_wins_a_key_handed_over_to_another_backend_releases_it() {
         h.lose(Some(99));
         assert!(matches!(h.statement(), Statement::Take { .. }));
         h.advance(ms(10));
+        // The holder's release, naming 55 as the backend it handed the key to.
         let request = |h: &mut Harness| {
             h.input(Input::Notification {
                 channel: HANDOVER_CHANNEL.into(),
-                payload: handover_request_payload(key("a"), 55),
-                sender_pid: 12,
+                payload: release_payload_reserved(key("a"), 7, 55),
+                sender_pid: 99,
             })
         };
         let mut cmds = Vec::new();
+        let mut declined = false;
+        let mut step = |h: &mut Harness, c: Vec<Command>| {
+            declined |= has_event(h, |e| matches!(e, Event::WinDeclined { to_pid: 55, .. }));
+            cmds.extend(c);
+        };
         if request_first {
-            cmds.extend(request(&mut h));
+            let c = request(&mut h);
+            step(&mut h, c);
         }
-        cmds.extend(h.taken_held(900));
+        let c = h.taken_held(900);
+        step(&mut h, c);
         if !request_first {
-            cmds.extend(request(&mut h));
+            let c = request(&mut h);
+            step(&mut h, c);
         }
-        cmds.extend(h.advance(opts().lock_delay));
+        let c = h.advance(opts().lock_delay);
+        step(&mut h, c);
         let started = has(&cmds, |c| matches!(c, Command::StartJob { .. }));
         if mutation.is_some() {
             assert!(started, "the broken variant did not start: {cmds:?}");
@@ -188,16 +199,14 @@ fn a_take_that_wins_a_key_handed_over_to_another_backend_releases_it() {
             !started,
             "started a job on a key handed over to 55: {cmds:?}"
         );
-        assert!(
-            has_event(&h, |e| matches!(e, Event::WinDeclined { to_pid: 55, .. })),
-            "{:?}",
-            h.events()
-        );
+        assert!(declined, "{:?}", h.events());
         assert_eq!(
             h.statement(),
             Statement::Release {
                 keys: vec![key("a")],
-                notify: true
+                notify: true,
+                // Passed on: 55 is named again if it still waits.
+                reserved: vec![(key("a"), 55, 0)],
             }
         );
     }

@@ -1,0 +1,215 @@
+//! Hand-overs asked for by name: `lease handover NAME --to PID` (the
+//! payload `to <key> <pid>`) and a standby of a higher priority (`prefer
+//! <key> <pid> <priority> [<watch pid>]`, see
+//! [`Options::priority`](crate::Options::priority)). Any role that may
+//! `NOTIFY` can send either, so a request alone moves nothing. The rule, in
+//! one place:
+//!
+//! - **Only the holder acts on a request, and only for a waiting standby.**
+//!   The locker whose run leads the key keeps the request as an *ask*; its
+//!   next statement, and then each heartbeat while the ask stands, is a
+//!   [`Statement::CheckHandover`](crate::Statement::CheckHandover): a
+//!   heartbeat that also reads `pg_locks`. Only when the named backend (or
+//!   the named locker's watch session) waits for the key there does the
+//!   holder hand it over (its job cancelled with
+//!   [`Reason::HandedOver`](crate::Reason::HandedOver), the key released
+//!   once the job returned). An ask that no check confirms within
+//!   [`ask_window`] ends with [`Event::HandoverRefused`](crate::Event::HandoverRefused);
+//!   the job never noticed it.
+//! - **Repeats change nothing.** An ask is not replaced or re-armed by a
+//!   request for the same backend, and at most [`MAX_ASKS_PER_KEY`] stand
+//!   per key (later ones are dropped until one ends), so a flood costs the
+//!   holder one heartbeat's worth of `pg_locks` read per heartbeat, no more.
+//! - **Only the holder's release reserves the key.** Standbys ignore the
+//!   requests themselves. The release names the backend the key is handed
+//!   to only if that backend (or its watch session) still waits for the key,
+//!   or was granted it, once the key is unlocked
+//!   ([`Statement::Release`](crate::Statement::Release)); a standby leaves a
+//!   key so reserved alone for [`handover_window`](super::handover_window),
+//!   and only when the release came from the holder its last try saw (any
+//!   role may `NOTIFY`). The named backend is in the key's queue, so it is
+//!   granted the key in the release or right after the takes ahead of it,
+//!   which decline their wins at once: no reservation keeps a free key from
+//!   every standby for longer than that hand-over.
+//! - **The named standby queues.** A standby named by a `to` request, or
+//!   one that asked for its key by priority, waits for that key on the
+//!   server even behind [`HERD_WAITERS`](super::HERD_WAITERS) (its wait
+//!   ignores the crowd, see `wait`) until [`ask_window`] has passed, and a
+//!   locker that holds another lease waits for it on its watch session
+//!   (which the payload names); a standby that cannot wait on the server
+//!   (behind a pooler that rejected the startup options, or with
+//!   [`Options::wait_on_server`](crate::Options::wait_on_server) off) is
+//!   never confirmed, and keeps its place behind the holder.
+//!
+//! What a hostile role that can connect can still do: interrupt the
+//! holder's job by naming a backend that does wait for the key (a real
+//! standby, or a session of its own blocked in `pg_advisory_lock`, which it
+//! could use to take the key at the next release anyway).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::options::Options;
+
+/// The most asks that stand at once for one key; later requests for it are
+/// dropped until one ends (see `handover`).
+pub const MAX_ASKS_PER_KEY: usize = 4;
+
+/// How long an ask stands unconfirmed: a validity window (two query
+/// timeouts plus the margin), time for the named standby to hear of it and
+/// queue for the key, and for several heartbeats to check (see
+/// `handover`).
+pub(crate) fn ask_window(opts: &Options) -> Duration {
+    opts.validity_window()
+}
+
+/// One hand-over asked of this holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ask {
+    /// The named lease session's backend.
+    pid: i64,
+    /// The named locker's watch session backend, or 0.
+    alt: i64,
+    /// The request's priority (`u32::MAX`: a `to` request).
+    priority: u32,
+    /// Until when it stands unconfirmed.
+    until: Instant,
+    /// A check has read it.
+    checked: bool,
+}
+
+/// The asks that stand, by key (see `handover`).
+#[derive(Debug, Default)]
+pub(super) struct Asks {
+    by_key: BTreeMap<i64, Vec<Ask>>,
+}
+
+/// A confirmed ask: hand the key over to `pid` (`alt`: its watch session)
+/// with `priority`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Confirmed {
+    pub(super) pid: i64,
+    pub(super) alt: i64,
+    pub(super) priority: u32,
+}
+
+impl Asks {
+    /// A request for `key` to backend `pid` (`alt`: its watch session, or
+    /// 0) with `priority`, standing until `until`. Returns whether it stands
+    /// now as a new ask: false for a repeat or a full key.
+    pub(super) fn ask(&mut self, key: i64, (pid, alt): (i64, i64), priority: u32, until: Instant) -> bool {
+        let asks = self.by_key.entry(key).or_default();
+        if asks.iter().any(|a| a.pid == pid) || asks.len() >= MAX_ASKS_PER_KEY {
+            return false;
+        }
+        asks.push(Ask {
+            pid,
+            alt,
+            priority,
+            until,
+            checked: false,
+        });
+        true
+    }
+
+    /// Whether an ask has not been checked yet: a check goes at once.
+    pub(super) fn unchecked(&self) -> bool {
+        self.by_key.values().flatten().any(|a| !a.checked)
+    }
+
+    /// Whether any ask stands: heartbeats check them.
+    pub(super) fn any(&self) -> bool {
+        !self.by_key.is_empty()
+    }
+
+    /// The asks to check, `(key, backend, other backend or 0)`, each marked
+    /// checked.
+    pub(super) fn to_check(&mut self) -> Vec<(i64, i64, i64)> {
+        let mut out = Vec::new();
+        for (key, asks) in &mut self.by_key {
+            for a in asks {
+                a.checked = true;
+                out.push((*key, a.pid, a.alt));
+            }
+        }
+        out
+    }
+
+    /// A check confirmed that an asked backend of `key` waits: the ask of
+    /// the highest priority among those checked (the first of them on a
+    /// tie); every ask of `key` ends.
+    pub(super) fn confirmed(&mut self, key: i64) -> Option<Confirmed> {
+        let asks = self.by_key.remove(&key)?;
+        let best = (asks.iter().filter(|a| a.checked))
+            .fold(None::<&Ask>, |best, a| match best {
+                Some(b) if b.priority >= a.priority => Some(b),
+                _ => Some(a),
+            })?;
+        Some(Confirmed {
+            pid: best.pid,
+            alt: best.alt,
+            priority: best.priority,
+        })
+    }
+
+    /// The asks that ended unconfirmed by `now`, `(key, backend)`, removed;
+    /// and every ask of a key not in `leading` (this locker no longer leads
+    /// it), removed without a word.
+    pub(super) fn expire(&mut self, now: Instant, leading: &[i64]) -> Vec<(i64, i64)> {
+        self.by_key.retain(|k, _| leading.contains(k));
+        let mut ended = Vec::new();
+        for (key, asks) in &mut self.by_key {
+            asks.retain(|a| {
+                let stands = a.until > now;
+                if !stands {
+                    ended.push((*key, a.pid));
+                }
+                stands
+            });
+        }
+        self.by_key.retain(|_, asks| !asks.is_empty());
+        ended
+    }
+
+    /// What ends with the lease session: every ask (the holder holds
+    /// nothing now).
+    pub(super) fn session_down(&mut self) {
+        self.by_key.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeats_and_a_full_key_are_dropped_and_the_highest_priority_wins() {
+        let now = Instant::now();
+        let until = now + Duration::from_secs(1);
+        let mut asks = Asks::default();
+        assert!(asks.ask(1, (10, 0), 1, until));
+        assert!(!asks.ask(1, (10, 0), 5, until + Duration::from_secs(9)), "a repeat");
+        assert!(asks.ask(1, (11, 0), 3, until));
+        assert!(asks.ask(1, (12, 0), u32::MAX, until));
+        assert!(asks.ask(1, (13, 0), 2, until));
+        assert!(!asks.ask(1, (14, 0), 2, until), "full");
+        assert!(asks.unchecked());
+        assert_eq!(asks.to_check().len(), 4);
+        assert!(!asks.unchecked());
+        let best = asks.confirmed(1).unwrap();
+        assert_eq!((best.pid, best.priority), (12, u32::MAX));
+        assert!(!asks.any());
+    }
+
+    #[test]
+    fn an_ask_ends_unconfirmed_at_its_window_or_with_the_lead() {
+        let now = Instant::now();
+        let mut asks = Asks::default();
+        asks.ask(1, (10, 0), 1, now + Duration::from_secs(1));
+        asks.ask(2, (10, 0), 1, now + Duration::from_secs(5));
+        assert_eq!(asks.expire(now, &[1, 2]), vec![]);
+        assert_eq!(asks.expire(now + Duration::from_secs(1), &[1, 2]), vec![(1, 10)]);
+        assert_eq!(asks.expire(now, &[1]), vec![]);
+        assert!(!asks.any());
+    }
+}
