@@ -178,8 +178,8 @@ pub use sql::Statement;
 pub mod reply {
     pub use crate::promotion::PromotionState;
     pub use crate::sql::{
-        decode_text_row, CheckReply, DecodeError, HeartbeatReply, MembersReply, ReleaseReply, ReplyError, Row,
-        SetupReply, TryReply, VerifyReply, WaitReply,
+        decode_text_row, CheckReply, DecodeError, HeartbeatReply, MembersReply, ReleaseReply,
+        ReplyError, Row, SetupReply, TryReply, VerifyReply, WaitReply,
     };
 }
 
@@ -187,9 +187,9 @@ pub mod reply {
 /// defaults to, what it accepts, and the fixed constants of the rules.
 pub mod limits {
     pub use crate::machine::{
-        FAST_RECONNECT_CAP, FAST_RECONNECT_WINDOW, HERD_WAITERS, MAX_ASKS_PER_KEY, MIN_SERVER_VERSION,
-        MIN_SERVER_VERSION_GUARD, MIN_WAIT, RECONNECT_BASE, TAKE_NOTICES, VERIFY_EVERY,
-        WAKE_BUDGET,
+        CHECK_EVERY, FAST_RECONNECT_CAP, FAST_RECONNECT_WINDOW, HERD_WAITERS, MAX_ASKS_PER_KEY,
+        MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD, MIN_WAIT, RECONNECT_BASE, TAKE_NOTICES,
+        VERIFY_EVERY, WAKE_BUDGET,
     };
     pub use crate::options::{
         DEFAULT_GUARD_MARGIN, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LOCK_DELAY, DEFAULT_MAX_LEASES,

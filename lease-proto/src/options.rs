@@ -194,9 +194,12 @@ pub struct Options {
     /// Priority (default 0, at most [`MAX_PRIORITY`]): a standby whose try
     /// finds its key held asks the holder to hand the lease over (at most
     /// three times per holder backend); a holder of a lower priority does (as asked by `lease
-    /// handover --to`), one of an equal or higher priority ignores it. 0
+    /// handover --to`) once it sees the standby wait for the key on the
+    /// server, one of an equal or higher priority ignores it. 0
     /// never asks. Not for lease-group runs (their share decides), nor
-    /// for an observer. The rule, in one place: the machine's
+    /// for an observer; a standby that does not wait on the server
+    /// ([`Options::wait_on_server`] off, or behind a pooler that rejects
+    /// startup options) is never handed a lease by priority. The rule, in one place: the machine's
     /// `Machine::preference_requested`; the bound: docs/guarantees.md.
     pub priority: u32,
 }

@@ -369,20 +369,21 @@ fn locks_here(key: i64, exclusive: bool) -> String {
     )
 }
 
-/// The advisory locks on key `a.k` of backend `a.p` or `a.q` in this
-/// database, as a `SELECT` for `EXISTS` over an asked hand-over `a(k, p, q)`:
-/// only the waiting ones (the hand-over check), or granted ones too (a
-/// release, after which the named backend may have been granted the key).
-fn locks_of_asked(granted_too: bool) -> String {
+/// The waiting advisory locks of backend `a.p` or `a.q` in this database
+/// on a key this backend holds, as a `SELECT` for `EXISTS` over an asked
+/// hand-over `a(k, p, q)` (the hand-over check): a standby of this
+/// holder's waits for one of its keys at a time.
+fn locks_of_asked() -> String {
     format!(
-        "SELECT FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
-         AND objsubid OPERATOR(pg_catalog.=) 1 {}\
-         AND (pid OPERATOR(pg_catalog.=) a.p OR pid OPERATOR(pg_catalog.=) a.q) \
-         AND database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+        "SELECT FROM pg_catalog.pg_locks AS w WHERE w.locktype OPERATOR(pg_catalog.=) 'advisory' \
+         AND w.objsubid OPERATOR(pg_catalog.=) 1 AND NOT w.granted \
+         AND (w.pid OPERATOR(pg_catalog.=) a.p OR w.pid OPERATOR(pg_catalog.=) a.q) \
+         AND w.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
          WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
-         AND {} OPERATOR(pg_catalog.=) a.k",
-        if granted_too { "" } else { "AND NOT granted " },
-        advisory_key!()
+         AND EXISTS (SELECT FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS h \
+         WHERE h.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() \
+         AND h.k OPERATOR(pg_catalog.=) ((w.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) \
+         OPERATOR(pg_catalog.|) w.objid::pg_catalog.int8))"
     )
 }
 
@@ -674,9 +675,10 @@ pub enum Statement {
     /// (behind another standby that took it first) reads another.
     ///
     /// A key handed over by name names, in its notification, the backend it
-    /// is reserved for, but only if that backend (or its other one) holds or
-    /// waits for the key in `pg_locks` once the key is unlocked: the
-    /// standbys leave a key alone only for a backend that is in its queue.
+    /// is reserved for, but only if that backend (or its other one) is still
+    /// connected (`pg_stat_activity`): the standbys leave a key alone only
+    /// for a backend that a check found in its queue and that is still
+    /// there.
     Release {
         /// Keys to unlock.
         keys: Vec<i64>,
@@ -738,9 +740,12 @@ pub enum Statement {
     },
     /// A holder's heartbeat that also checks the hand-overs asked of it:
     /// for each `(key, backend, other backend or 0)`, whether either backend
-    /// waits for the key (an ungranted advisory lock on it in `pg_locks`).
-    /// What [`Statement::Heartbeat`] answers, then one `(7, key)` row per
-    /// key whose backend waits ([`CheckReply`]). It tries no key.
+    /// waits for a key this backend holds (an ungranted advisory lock on it
+    /// in `pg_locks`: a standby waits for one key at a time).
+    /// What [`Statement::Heartbeat`] answers, then, for each key, the first
+    /// ask whose backend waits: a `(7, ordinal)` row (1-based, in the order
+    /// given, [`CheckReply`]), announced on [`HANDOVER_CHANNEL`] as `to
+    /// <key> <backend>` from this backend. It tries no key.
     CheckHandover {
         /// The hand-overs asked for.
         asks: Vec<(i64, i64, i64)>,
@@ -1007,18 +1012,24 @@ impl Statement {
                     ", ' ', ({w})::pg_catalog.int8::pg_catalog.text"
                 )),
             ),
+            // The first ask of each key (in the order given) whose backend
+            // waits is answered by its ordinal and announced from this
+            // backend as `to <key> <pid>`, at commit.
             Statement::CheckHandover { asks } => {
                 let column = |f: fn(&(i64, i64, i64)) -> i64| asks.iter().map(f).collect::<Vec<_>>();
                 format!(
-                    "{} UNION ALL SELECT {}, a.k \
+                    "{} UNION ALL SELECT {}, c.o FROM (SELECT DISTINCT ON (a.k) a.k, a.p, a.o \
                      FROM ROWS FROM (pg_catalog.unnest({}), pg_catalog.unnest({}), \
-                     pg_catalog.unnest({})) AS a(k, p, q) WHERE EXISTS ({})",
+                     pg_catalog.unnest({})) WITH ORDINALITY AS a(k, p, q, o) WHERE EXISTS ({}) \
+                     ORDER BY a.k, a.o) AS c, \
+                     LATERAL (SELECT pg_catalog.pg_notify('{HANDOVER_CHANNEL}', \
+                     pg_catalog.concat('to ', c.k, ' ', c.p))) AS n",
                     Statement::Heartbeat.sql(),
                     heartbeat_tag::WAITING,
                     KeyArray(&column(|a| a.0)),
                     KeyArray(&column(|a| a.1)),
                     KeyArray(&column(|a| a.2)),
-                    locks_of_asked(false),
+                    locks_of_asked(),
                 )
             }
             Statement::Verify => format!(
@@ -1177,7 +1188,8 @@ impl Statement {
                 rk = KeyArray(&reserved.iter().map(|r| r.0).collect::<Vec<_>>()),
                 rp = KeyArray(&reserved.iter().map(|r| r.1).collect::<Vec<_>>()),
                 rq = KeyArray(&reserved.iter().map(|r| r.2).collect::<Vec<_>>()),
-                asked = locks_of_asked(true),
+                asked = "SELECT FROM pg_catalog.pg_stat_activity \
+                         WHERE pid OPERATOR(pg_catalog.=) a.p OR pid OPERATOR(pg_catalog.=) a.q",
             ),
         }
     }
@@ -1605,12 +1617,13 @@ impl VerifyReply {
 pub struct CheckReply {
     /// What the heartbeat rows say.
     pub session: HeartbeatReply,
-    /// The keys whose asked backend waits for them.
+    /// The 1-based ordinals of the asks confirmed (the first whose backend
+    /// waits, per key).
     pub waiting: BTreeSet<i64>,
 }
 
 impl CheckReply {
-    /// Parses the heartbeat rows and the `(7, key)` rows.
+    /// Parses the heartbeat rows and the `(7, ordinal)` rows.
     ///
     /// # Errors
     /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
@@ -2089,7 +2102,10 @@ mod tests {
             watch,
         };
         assert_eq!(handover_preference(prefer), Some(asked(None)));
-        assert_eq!(handover_preference("prefer -5 4242 3 77"), Some(asked(Some(77))));
+        assert_eq!(
+            handover_preference("prefer -5 4242 3 77"),
+            Some(asked(Some(77)))
+        );
         assert_eq!(handover_release(prefer), None);
         assert_eq!(handover_request(prefer), None);
         assert_eq!(group_claim(prefer), None);

@@ -9,9 +9,11 @@
 //!   The locker whose run leads the key keeps the request as an *ask*; its
 //!   next statement, and then each heartbeat while the ask stands, is a
 //!   [`Statement::CheckHandover`](crate::Statement::CheckHandover): a
-//!   heartbeat that also reads `pg_locks`. Only when the named backend (or
-//!   the named locker's watch session) waits for the key there does the
-//!   holder hand it over (its job cancelled with
+//!   heartbeat that also reads `pg_locks`, every [`check_interval`] while
+//!   an ask stands. Only when the named backend (or
+//!   the named locker's watch session) waits there for a key this holder
+//!   holds (a standby waits for one key at a time) does the holder hand it
+//!   over (its job cancelled with
 //!   [`Reason::HandedOver`](crate::Reason::HandedOver), the key released
 //!   once the job returned). An ask that no check confirms within
 //!   [`ask_window`] ends with [`Event::HandoverRefused`](crate::Event::HandoverRefused);
@@ -20,21 +22,28 @@
 //!   request for the same backend, and at most [`MAX_ASKS_PER_KEY`] stand
 //!   per key (later ones are dropped until one ends), so a flood costs the
 //!   holder one heartbeat's worth of `pg_locks` read per heartbeat, no more.
-//! - **Only the holder's release reserves the key.** Standbys ignore the
-//!   requests themselves. The release names the backend the key is handed
-//!   to only if that backend (or its watch session) still waits for the key,
-//!   or was granted it, once the key is unlocked
-//!   ([`Statement::Release`](crate::Statement::Release)); a standby leaves a
-//!   key so reserved alone for [`handover_window`](super::handover_window),
-//!   and only when the release came from the holder its last try saw (any
-//!   role may `NOTIFY`). The named backend is in the key's queue, so it is
-//!   granted the key in the release or right after the takes ahead of it,
-//!   which decline their wins at once: no reservation keeps a free key from
-//!   every standby for longer than that hand-over.
+//! - **Only the holder reserves the key.** Standbys ignore the requests
+//!   themselves. The check that confirms an ask announces it from the
+//!   holder's backend (`to <key> <pid>`); a standby leaves a key so
+//!   reserved alone for [`handover_window`](super::handover_window) from
+//!   then, and from the release, and only when the announcement came from
+//!   the holder its last try saw (any role may `NOTIFY`). The release names
+//!   the backend again only if it (or its watch session) is still connected
+//!   ([`Statement::Release`](crate::Statement::Release)); a release of the
+//!   holder's that names nobody ends the reservation, and the standbys take
+//!   the key at once. The named backend was in the key's queue moments
+//!   before and queues again whenever a wait ends, so it is granted the key
+//!   in the release, right after the takes ahead of it (which decline their
+//!   wins at once), or at its next wait or try, which the release's
+//!   notification wakes: no reservation keeps a free key from every standby
+//!   for longer than that hand-over, and one for a backend gone never
+//!   outlives its release.
 //! - **The named standby queues.** A standby named by a `to` request, or
 //!   one that asked for its key by priority, waits for that key on the
 //!   server even behind [`HERD_WAITERS`](super::HERD_WAITERS) (its wait
-//!   ignores the crowd, see `wait`) until [`ask_window`] has passed, and a
+//!   ignores the crowd, see `wait`) and whatever its retry interval (its
+//!   waits run on in chunks below `deadlock_timeout`, so it leaves the
+//!   queue for a round trip per chunk) until [`ask_window`] has passed, and a
 //!   locker that holds another lease waits for it on its watch session
 //!   (which the payload names); a standby that cannot wait on the server
 //!   (behind a pooler that rejected the startup options, or with
@@ -54,6 +63,17 @@ use crate::options::Options;
 /// The most asks that stand at once for one key; later requests for it are
 /// dropped until one ends (see `handover`).
 pub const MAX_ASKS_PER_KEY: usize = 4;
+
+/// The most time between two checks while an ask stands: the heartbeat
+/// interval, at most [`CHECK_EVERY`].
+pub(crate) fn check_interval(opts: &Options) -> Duration {
+    opts.heartbeat_interval.min(CHECK_EVERY)
+}
+
+/// The longest time between two checks while an ask stands (see
+/// `handover`): the named standby's wait is found in the key's queue
+/// within a few of them.
+pub const CHECK_EVERY: Duration = Duration::from_millis(50);
 
 /// How long an ask stands unconfirmed: a validity window (two query
 /// timeouts plus the margin), time for the named standby to hear of it and
@@ -97,7 +117,13 @@ impl Asks {
     /// A request for `key` to backend `pid` (`alt`: its watch session, or
     /// 0) with `priority`, standing until `until`. Returns whether it stands
     /// now as a new ask: false for a repeat or a full key.
-    pub(super) fn ask(&mut self, key: i64, (pid, alt): (i64, i64), priority: u32, until: Instant) -> bool {
+    pub(super) fn ask(
+        &mut self,
+        key: i64,
+        (pid, alt): (i64, i64),
+        priority: u32,
+        until: Instant,
+    ) -> bool {
         let asks = self.by_key.entry(key).or_default();
         if asks.iter().any(|a| a.pid == pid) || asks.len() >= MAX_ASKS_PER_KEY {
             return false;
@@ -123,10 +149,12 @@ impl Asks {
     }
 
     /// The asks to check, `(key, backend, other backend or 0)`, each marked
-    /// checked.
+    /// checked: per key, the highest priority first (the earliest on a
+    /// tie), the order in which the check picks the first that waits.
     pub(super) fn to_check(&mut self) -> Vec<(i64, i64, i64)> {
         let mut out = Vec::new();
         for (key, asks) in &mut self.by_key {
+            asks.sort_by_key(|a| std::cmp::Reverse(a.priority));
             for a in asks {
                 a.checked = true;
                 out.push((*key, a.pid, a.alt));
@@ -135,20 +163,15 @@ impl Asks {
         out
     }
 
-    /// A check confirmed that an asked backend of `key` waits: the ask of
-    /// the highest priority among those checked (the first of them on a
-    /// tie); every ask of `key` ends.
-    pub(super) fn confirmed(&mut self, key: i64) -> Option<Confirmed> {
+    /// A check confirmed the ask `(key, pid, alt)` (see `to_check`): every
+    /// ask of `key` ends; the confirmed one, if it still stood.
+    pub(super) fn confirmed(&mut self, (key, pid, _): (i64, i64, i64)) -> Option<Confirmed> {
         let asks = self.by_key.remove(&key)?;
-        let best = (asks.iter().filter(|a| a.checked))
-            .fold(None::<&Ask>, |best, a| match best {
-                Some(b) if b.priority >= a.priority => Some(b),
-                _ => Some(a),
-            })?;
+        let a = asks.iter().find(|a| a.pid == pid && a.checked)?;
         Some(Confirmed {
-            pid: best.pid,
-            alt: best.alt,
-            priority: best.priority,
+            pid: a.pid,
+            alt: a.alt,
+            priority: a.priority,
         })
     }
 
@@ -188,15 +211,20 @@ mod tests {
         let until = now + Duration::from_secs(1);
         let mut asks = Asks::default();
         assert!(asks.ask(1, (10, 0), 1, until));
-        assert!(!asks.ask(1, (10, 0), 5, until + Duration::from_secs(9)), "a repeat");
+        assert!(
+            !asks.ask(1, (10, 0), 5, until + Duration::from_secs(9)),
+            "a repeat"
+        );
         assert!(asks.ask(1, (11, 0), 3, until));
         assert!(asks.ask(1, (12, 0), u32::MAX, until));
         assert!(asks.ask(1, (13, 0), 2, until));
         assert!(!asks.ask(1, (14, 0), 2, until), "full");
         assert!(asks.unchecked());
-        assert_eq!(asks.to_check().len(), 4);
+        let checked = asks.to_check();
+        assert_eq!(checked.len(), 4);
+        assert_eq!(checked[0], (1, 12, 0), "the highest priority first");
         assert!(!asks.unchecked());
-        let best = asks.confirmed(1).unwrap();
+        let best = asks.confirmed(checked[0]).unwrap();
         assert_eq!((best.pid, best.priority), (12, u32::MAX));
         assert!(!asks.any());
     }
@@ -208,7 +236,10 @@ mod tests {
         asks.ask(1, (10, 0), 1, now + Duration::from_secs(1));
         asks.ask(2, (10, 0), 1, now + Duration::from_secs(5));
         assert_eq!(asks.expire(now, &[1, 2]), vec![]);
-        assert_eq!(asks.expire(now + Duration::from_secs(1), &[1, 2]), vec![(1, 10)]);
+        assert_eq!(
+            asks.expire(now + Duration::from_secs(1), &[1, 2]),
+            vec![(1, 10)]
+        );
         assert_eq!(asks.expire(now, &[1]), vec![]);
         assert!(!asks.any());
     }

@@ -78,11 +78,11 @@ pub enum Mutation {
     /// (its session was blocked meanwhile) and starts its job while the
     /// first taker's may still run.
     IgnoreGrantee,
-    /// A holder that hands a lease over at a request without checking that
-    /// the named backend waits for the key, and reserves it for that
-    /// backend at the release whether it waits or not, as the machine once
-    /// did (at the request, on every locker): a request for a backend that
-    /// never takes the key, repeated, keeps every standby from it.
+    /// Hand-over requests as the machine once took them: the holder hands
+    /// the lease over at a request without checking that the named backend
+    /// waits, and every locker reserves the key for the named backend at
+    /// the request: a request for a backend that never takes the key,
+    /// repeated, keeps every standby from it.
     HandOverUnchecked,
     /// An observer that tries: its standbys try their keys as any
     /// standby's do (it still never waits on the server nor joins a

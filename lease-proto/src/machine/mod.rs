@@ -39,8 +39,8 @@ use crate::io::*;
 use crate::key::LeaseId;
 use crate::options::{Options, OptionsError};
 use crate::sql::{
-    CheckReply, HeartbeatReply, MembersReply, Preference, ReleaseNotice, Row, SetupReply,
-    TryReply, VerifyReply, WaitReply, HANDOVER_CHANNEL,
+    CheckReply, HeartbeatReply, MembersReply, Preference, ReleaseNotice, Row, SetupReply, TryReply,
+    VerifyReply, WaitReply, HANDOVER_CHANNEL,
 };
 
 mod clock;
@@ -60,7 +60,7 @@ mod watch;
 use deadline::DeadlineTable;
 use groups::Groups;
 use handover::Asks;
-pub use handover::MAX_ASKS_PER_KEY;
+pub use handover::{CHECK_EVERY, MAX_ASKS_PER_KEY};
 pub(crate) use knobs::Knobs;
 #[cfg(feature = "sim")]
 pub use knobs::Mutation;
@@ -410,7 +410,7 @@ impl Machine {
                     } else if let Some(group) = groups::announced(&payload) {
                         self.join_announced(group);
                     } else if let Some((key, to)) = crate::sql::handover_request(&payload) {
-                        self.handover_requested(now, key, to);
+                        self.handover_requested(now, key, to, sender_pid);
                     } else if let Some((key, by)) = crate::sql::group_claim(&payload) {
                         self.group_claimed(key, by, sender_pid);
                     } else if let Some(asked) = crate::sql::handover_preference(&payload) {
@@ -886,13 +886,11 @@ impl Machine {
                 Err(e) => self.lose_session(now, session::malformed(e), true),
             },
             // The rows do not matter: see `ReleaseReply`.
-            (What::Check(_), Ok(rows)) => match CheckReply::parse(&rows) {
-                Ok(reply) => self.check_done(now, q.sent, reply),
+            (What::Check(asked), Ok(rows)) => match CheckReply::parse(&rows) {
+                Ok(reply) => self.check_done(now, q.sent, &asked, reply),
                 Err(e) => self.lose_session(now, session::malformed(e), true),
             },
-            (What::Release { keys, .. }, Ok(_)) => {
-                self.runs.release_answered(keys, &mut self.out)
-            }
+            (What::Release { keys, .. }, Ok(_)) => self.runs.release_answered(keys, &mut self.out),
             // A probe that failed proves nothing: the session is not used;
             // the next one probes again after a backoff.
             (
@@ -1274,7 +1272,13 @@ impl Machine {
 
     /// The next heartbeat is due a heartbeat interval after `sent`.
     fn heartbeat_again(&mut self, now: Instant, sent: Instant) {
-        let next = (sent + self.opts.heartbeat_interval).max(now);
+        // While asks stand, checks go more often (see `handover`).
+        let every = if self.asks.any() {
+            handover::check_interval(&self.opts)
+        } else {
+            self.opts.heartbeat_interval
+        };
+        let next = (sent + every).max(now);
         self.timers.set(Deadline::Heartbeat, next);
     }
 
@@ -1403,10 +1407,15 @@ impl Machine {
                 return;
             }
             // The holder's release names the backend it handed the key to
-            // (see `handover`): only that one tries it for the window.
-            if let Some(to) = reserved {
-                let until = now + handover_window(&self.opts);
-                self.runs.reserve(key, (to, 0), until, u32::MAX);
+            // (see `handover`): only that one tries it for the window; one
+            // that names nobody ends a reservation.
+            match reserved {
+                Some(to) => {
+                    let until = now + handover_window(&self.opts);
+                    self.runs.reserve(key, (to, 0), until, u32::MAX);
+                }
+                None if holder.is_some() => self.runs.unreserve(key),
+                None => {}
             }
         }
         self.runs.released_gracefully(key, now, (at, grantee));
@@ -1420,10 +1429,27 @@ impl Machine {
     /// for ([`handover_request_payload`](crate::server::handover_request_payload),
     /// `lease handover NAME --to PID`): the holder asks a check (see
     /// `handover`); the named standby itself queues for the key.
-    fn handover_requested(&mut self, now: Instant, key: i64, to: i64) {
+    fn handover_requested(&mut self, now: Instant, key: i64, to: i64, sender: i64) {
         let me = self.session.up().and_then(|up| up.stage.backend_pid());
+        if me == Some(sender) {
+            // Its own announcement (see `check_done`).
+            return;
+        }
+        let standby = self.runs.standby_of(key);
+        #[cfg(feature = "sim")] // The broken variant: every request reserves.
+        if self.knobs.mutation == Some(Mutation::HandOverUnchecked) && standby.is_some() {
+            let until = now + handover_window(&self.opts);
+            self.runs.reserve(key, (to, 0), until, u32::MAX);
+        }
+        if let Some((_, Some(Some(holder)))) = standby.filter(|_| sender != 0) {
+            if holder == sender {
+                // The holder's announcement of a confirmed hand-over.
+                let until = now + handover_window(&self.opts);
+                self.runs.reserve(key, (to, 0), until, u32::MAX);
+            }
+        }
         if me == Some(to) {
-            if self.runs.standby_of(key).is_some() {
+            if standby.is_some() {
                 let until = now + handover::ask_window(&self.opts);
                 self.wait.named(key, until);
                 self.plan.try_soon();
@@ -1446,19 +1472,31 @@ impl Machine {
             return self.hand_over(key, to.0, true);
         }
         let until = now + handover::ask_window(&self.opts);
-        self.asks.ask(key, to, priority, until);
+        if self.asks.ask(key, to, priority, until) {
+            self.plan.try_soon();
+        }
     }
 
     /// A check answered: it proves the session as a heartbeat does; each
     /// key whose asked backend waits is handed over (see `handover`).
-    fn check_done(&mut self, now: Instant, sent: Instant, reply: CheckReply) {
+    fn check_done(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        asked: &[(i64, i64, i64)],
+        reply: CheckReply,
+    ) {
         self.heartbeat_done(now, sent, reply.session);
         if self.session.up().is_none() {
             return;
         }
         let leading = self.runs.leading_keys();
-        for key in reply.waiting {
-            let Some(to) = self.asks.confirmed(key) else {
+        for ordinal in reply.waiting {
+            let Some(&ask) = usize::try_from(ordinal - 1).ok().and_then(|i| asked.get(i)) else {
+                continue;
+            };
+            let key = ask.0;
+            let Some(to) = self.asks.confirmed(ask) else {
                 continue;
             };
             if !leading.contains(&key) {
@@ -1466,7 +1504,7 @@ impl Machine {
             }
             let until = now + handover_window(&self.opts);
             self.runs.reserve(key, (to.pid, to.alt), until, to.priority);
-            self.hand_over(key, to.pid, to.priority == u32::MAX);
+            self.hand_over(key, to.pid, true);
         }
     }
 
@@ -1831,7 +1869,10 @@ impl Machine {
             let watch = self.watch.backend_pid();
             let waits_on_watch = self.watch_wanted().is_some();
             let may_ask = !waits_on_watch || watch.is_some();
-            if let Some(key) = may_ask.then(|| self.runs.take_preference(now, me, again)).flatten() {
+            if let Some(key) = may_ask
+                .then(|| self.runs.take_preference(now, me, again))
+                .flatten()
+            {
                 let priority = self.opts.priority;
                 let until = now + handover::ask_window(&self.opts);
                 self.wait.named(key, until);

@@ -404,10 +404,7 @@ impl RunTable {
         let mut keys = Vec::new();
         for r in self.runs.values_mut() {
             let key = r.lease.key();
-            if reserved
-                .get(&key)
-                .is_some_and(|(pid, ..)| Some(*pid) != me)
-            {
+            if reserved.get(&key).is_some_and(|(pid, ..)| Some(*pid) != me) {
                 continue;
             }
             if let RunState::Standby(standby) = &mut r.state {
@@ -590,6 +587,11 @@ impl RunTable {
         }
         self.reserved.insert(key, (pid, until, priority, alt));
         true
+    }
+
+    /// `key` is reserved for nobody.
+    pub(super) fn unreserve(&mut self, key: i64) {
+        self.reserved.remove(&key);
     }
 
     /// The reservations in force at `now` of `keys` (a release's): `(key,

@@ -183,6 +183,13 @@ impl ServerWait {
         wanted: &[i64],
         retry: Option<Instant>,
     ) -> Option<(i64, Duration, bool, bool)> {
+        if let Some((named, until)) = self.named.filter(|&(k, u)| u > now && wanted.contains(&k)) {
+            // Queued until the ask's window ends, retry or not: the
+            // holder's checks must find it (see `handover`).
+            let left = until - now;
+            let left = self.limit.map_or(left, |l| l.min(left));
+            return (left >= MIN_WAIT).then_some((named, left, true, true));
+        }
         let until_retry = retry?.checked_duration_since(now)?;
         // Below the server's deadlock_timeout (the statement cuts it there
         // too): a wait until the retry deadline goes in such chunks.
@@ -190,9 +197,6 @@ impl ServerWait {
         let chunk = left < until_retry;
         if left < MIN_WAIT {
             return None;
-        }
-        if let Some(named) = self.named_key(now).filter(|k| wanted.contains(k)) {
-            return Some((named, left, chunk, true));
         }
         if self.crowded {
             return None;

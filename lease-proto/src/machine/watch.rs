@@ -39,9 +39,11 @@
 //!   predecessor in that ring waits for it: every holder has a watcher, at
 //!   one extra connection per locker (the property
 //!   `in_a_fleet_every_holder_is_watched` below, over any pids and any
-//!   split of the leases). A key this locker asked for by priority comes
-//!   first until the ask's window ends: the holder's check must find the
-//!   watch session waiting for that very key (see `handover`).
+//!   split of the leases). The keys this locker asked for by priority come
+//!   first, in turn, until each ask's window ends: the holder's check must
+//!   find the watch session waiting for that very key (see `handover`); a
+//!   wait in flight is not cut for them (a new connection would be a new
+//!   backend, not the one the ask named).
 //!   Recomputed before every wait, so it moves on when
 //!   that holder has no wanted key left. When the holders change (a try's or
 //!   a membership read's answer) while a wait for a holder that is no longer
@@ -74,6 +76,7 @@
 //!   session ends. Meanwhile, or with the option off, the locker polls: a
 //!   crashed holder's key moves within a retry interval.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::{Deadline, Machine, Phase, RunState, Stage, MIN_WAIT, WAKE_BUDGET};
@@ -101,9 +104,11 @@ pub(super) struct Watch {
     timeout_at: Option<Instant>,
     /// The watch session's backend pid, from its last reply.
     pid: Option<i64>,
-    /// A key this locker asked for by priority, until when: waited for
-    /// first (see `handover`).
-    preferred: Option<(i64, Instant)>,
+    /// The keys this locker asked for by priority, until when: waited for
+    /// first, in turn (see `handover`).
+    preferred: BTreeMap<i64, Instant>,
+    /// The last key waited for.
+    last: Option<i64>,
 }
 
 #[derive(Debug, Default)]
@@ -144,15 +149,23 @@ impl Watch {
     /// This locker asked for `key` by priority: the watch session waits for
     /// it first until `until`.
     pub(super) fn prefer(&mut self, key: i64, until: Instant) {
-        self.preferred = Some((key, until));
+        self.preferred.insert(key, until);
     }
 
-    /// The key to wait for among `wanted` at `now`: the preferred one while
-    /// it stands, else the ring's.
-    fn key_for(&self, now: Instant, own: i64, wanted: &[(i64, i64)]) -> Option<i64> {
-        let preferred = (self.preferred)
-            .filter(|&(k, until)| until > now && wanted.iter().any(|&(w, _)| w == k));
-        preferred.map(|(k, _)| k).or_else(|| ring(own, wanted))
+    /// The key to wait for among `wanted` at `now`: a preferred one while
+    /// any stands (the next after the last waited for), else the ring's.
+    fn key_for(&mut self, now: Instant, own: i64, wanted: &[(i64, i64)]) -> Option<i64> {
+        self.preferred.retain(|_, until| *until > now);
+        let preferred: Vec<i64> = (self.preferred.keys().copied())
+            .filter(|k| wanted.iter().any(|&(w, _)| w == *k))
+            .collect();
+        let after = self.last;
+        let next = (preferred.iter().copied())
+            .find(|k| after.is_some_and(|a| *k > a))
+            .or_else(|| preferred.first().copied())
+            .or_else(|| ring(own, wanted));
+        self.last = next;
+        next
     }
 
     /// No watch connection open or asked for.
@@ -206,18 +219,6 @@ impl Watch {
     /// For [`Deadline::Watch`].
     fn deadline(&self) -> Option<Instant> {
         self.timeout_at
-    }
-}
-
-impl Watch {
-    /// Whether a wait for `key` in flight is the right one at `now`: the
-    /// preferred key's while one stands, else one that watches the holder
-    /// the ring names next.
-    fn waits_right(&self, now: Instant, key: i64, own: i64, wanted: &[(i64, i64)]) -> bool {
-        match self.key_for(now, own, wanted) {
-            Some(k) if self.preferred.is_some_and(|(p, u)| p == k && u > now) => k == key,
-            _ => watches_next(key, own, wanted),
-        }
     }
 }
 
@@ -297,7 +298,7 @@ impl Machine {
                     ..
                 },
                 Some((own, wanted)),
-            ) if !self.watch.paused() && !self.watch.waits_right(now, *key, own, &wanted) => {
+            ) if !self.watch.paused() && !watches_next(*key, own, &wanted) => {
                 self.close_watch();
                 self.open_watch(now);
             }

@@ -413,7 +413,8 @@ impl Harness {
     }
 
     /// Answers the hand-over check in flight ([`Statement::CheckHandover`]):
-    /// backend `pid`; the asked backends of `waiting`'s keys wait for them.
+    /// backend `pid`; the asks of `waiting` (1-based, in the order asked) are
+    /// confirmed.
     ///
     /// # Panics
     /// The query in flight is not a check, or the observer objects.

@@ -300,7 +300,8 @@ pub enum DriverBug {
     /// With [`SimConfig::stop_as_lease_run`]: a statement's failure never
     /// frees the key (`lease run` before it read the server's FATAL answer
     /// to a statement in flight, `57P01` on a terminate, as a failed
-    /// statement, and killed the command at the lease's deadline).
+    /// statement, and killed the command at the lease's deadline), nor does
+    /// the end of a session given up on (it did not watch one either).
     FatalReplyKeepsKey,
     /// Not a driver's bug but the machine's broken variant of the TCP
     /// settings: sessions neither set nor verify the server-side TCP settings, so
@@ -482,7 +483,9 @@ pub struct SimConfig {
     /// whose lease was lost for a reason that may have freed the key on the
     /// server ([`Reason::key_may_be_free`](crate::Reason::key_may_be_free))
     /// is killed within half its lock delay, however long it would take to
-    /// return by itself (`job_reaction`: a command that ignores SIGTERM).
+    /// return by itself (`job_reaction`: a command that ignores SIGTERM);
+    /// so is one still running when a session the machine gave up on
+    /// (doubtful) ends.
     /// Off by default: jobs return within `job_reaction` whatever the reason.
     pub stop_as_lease_run: bool,
     /// Broken variant for tests: every machine closes a session it gives up

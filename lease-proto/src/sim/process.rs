@@ -65,6 +65,9 @@ pub(super) struct Proc {
     pub(super) finished: BTreeSet<RunId>,
     /// Run → the outcome the contract expects when its job returns by itself.
     pub(super) expect: BTreeMap<RunId, Outcome>,
+    /// The lease session was doubtful after the last input (see
+    /// [`SimConfig::stop_as_lease_run`](super::SimConfig::stop_as_lease_run)).
+    doubtful: bool,
 }
 
 impl Proc {
@@ -86,6 +89,7 @@ impl Proc {
             jobs: BTreeMap::new(),
             finished: BTreeSet::new(),
             expect: BTreeMap::new(),
+            doubtful: false,
         }
     }
 
@@ -187,6 +191,41 @@ impl Sim {
         let now = self.driver_now(p);
         self.procs[p].machine.handle_input(now, input);
         self.drain(p);
+        self.watch_doubtful_session(p);
+    }
+
+    /// `lease run` watches a session the machine gave up on (doubtful) while
+    /// a cancelled command still runs: when it ends, the server has freed
+    /// the keys, and the command is killed within half the lock delay, as
+    /// after any end of the session.
+    fn watch_doubtful_session(&mut self, p: usize) {
+        if !self.cfg.stop_as_lease_run || self.cfg.bug == Some(DriverBug::FatalReplyKeepsKey) {
+            return;
+        }
+        let doubtful = matches!(
+            self.procs[p].machine.status().session,
+            crate::SessionState::Doubtful { .. }
+        );
+        let ended = std::mem::replace(&mut self.procs[p].doubtful, doubtful) && !doubtful;
+        if !ended {
+            return;
+        }
+        let kill = self.now + self.procs[p].machine.options().lock_delay / 2;
+        let incarnation = self.procs[p].incarnation;
+        let cancelled: Vec<(RunId, u64)> = (self.procs[p].jobs.iter())
+            .filter(|(_, j)| j.cancelled)
+            .map(|(run, j)| (*run, j.id))
+            .collect();
+        for (run, job) in cancelled {
+            let ev = Ev::JobExit {
+                p,
+                incarnation,
+                run,
+                exit: JobExit::Ok,
+                job,
+            };
+            self.queue.push(kill, ev);
+        }
     }
 
     /// The simulated driver: executes every command of process `p`'s machine

@@ -955,11 +955,20 @@ impl Server {
                         nonce,
                         server_clock_us: clock,
                     },
-                    waiting: (asks.iter())
-                        .filter(|&&(k, p, q)| self.waits_for(k, &[p, q], false))
-                        .map(|&(k, ..)| k)
-                        .collect(),
+                    waiting: Default::default(),
                 };
+                let mut reply = reply;
+                let mut done_keys = Vec::new();
+                for (i, &(k, p, q)) in asks.iter().enumerate() {
+                    if done_keys.contains(&k) || !self.waits_for_one_of(owner, &[p, q]) {
+                        continue;
+                    }
+                    done_keys.push(k);
+                    reply.waiting.insert(i as i64 + 1);
+                    if !self.cfg.standby {
+                        notify.push(crate::server::handover_request_payload(k, p));
+                    }
+                }
                 reply.to_rows()
             }
             // No pg_locks read: what the session holds is not asked.
@@ -1047,14 +1056,13 @@ impl Server {
                         let grantee = (first.filter(|w| w.take))
                             .and_then(|w| self.sessions.get(&w.conn))
                             .map(|s| s.pid);
-                        // Named only if the backend (or its other one)
-                        // waits for the key, or was granted it, now.
+                        // Named only if the backend (or its other one) is
+                        // still connected.
+                        let connected = |pids: [i64; 2]| {
+                            (self.sessions.values()).any(|s| s.pid != 0 && pids.contains(&s.pid))
+                        };
                         let to = (reserved.iter())
-                            .find(|&&(rk, p, q)| {
-                                rk == k
-                                    && (grantee.is_some_and(|g| g == p || g == q)
-                                        || self.waits_for(k, &[p, q], true))
-                            })
+                            .find(|&&(rk, p, q)| rk == k && connected([p, q]))
                             .map(|&(_, p, _)| p);
                         let tail = match (grantee, to) {
                             (g, Some(to)) => format!(" {} {to}", g.unwrap_or(0)),
@@ -1078,19 +1086,15 @@ impl Server {
         })
     }
 
-    /// Whether a session of backend `pids` (0: none) waits for `key` (a
-    /// queued wait or take: an ungranted lock in `pg_locks`), or, with
-    /// `granted_too`, holds it.
-    fn waits_for(&self, key: i64, pids: &[i64], granted_too: bool) -> bool {
+    /// Whether a session of backend `pids` (0: none) waits for a key that
+    /// `holder` holds (a queued wait or take: an ungranted lock in
+    /// `pg_locks`).
+    fn waits_for_one_of(&self, holder: u64, pids: &[i64]) -> bool {
         let named = |conn: u64| {
             (self.sessions.get(&conn)).is_some_and(|s| s.pid != 0 && pids.contains(&s.pid))
         };
-        let waits = (self.waiters.iter()).any(|w| w.key == key && named(w.conn));
-        let holds = granted_too
-            && (self.locks.get(&key)).is_some_and(|(o, _)| {
-                self.owner_pid(*o).is_some_and(|p| p != 0 && pids.contains(&p))
-            });
-        waits || holds
+        let held = |key: i64| self.locks.get(&key).is_some_and(|(o, _)| *o == holder);
+        (self.waiters.iter()).any(|w| held(w.key) && named(w.conn))
     }
 
     /// Until when sessions other than `owner` hold `key` shared (kept by the

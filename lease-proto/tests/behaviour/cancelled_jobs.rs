@@ -235,6 +235,48 @@ proptest! {
     }
 }
 
+/// A terminate that ends a session the machine had given up on (doubtful: a validity
+/// that ended under a slow server) while a job that ignores its cancellation still runs:
+/// `lease run` kills it within half the lock delay of the session's end, as after any
+/// end. Random search found it; the simulator's `lease run` once killed only on the loss's
+/// own reason, and the job ran beside the next holder for 171 ms.
+#[test]
+fn a_doubtful_session_the_server_ends_kills_the_job_within_the_lock_delay() {
+    let case = Case {
+        processes: 3,
+        leases: 2,
+        seed: 4317780786740590189,
+        reaction_min: 213,
+        reaction_max: 291,
+        server_ends: true,
+        faults: vec![
+            (
+                ms(3481),
+                Fault::SlowServer {
+                    extra: ms(50),
+                    duration: ms(561),
+                },
+            ),
+            (ms(4328), Fault::Terminate { process: 1 }),
+            (ms(3566), Fault::Terminate { process: 0 }),
+            (
+                ms(3281),
+                Fault::SlowServer {
+                    extra: ms(131),
+                    duration: ms(853),
+                },
+            ),
+        ],
+    };
+    let r = run(&case, None);
+    assert!(
+        r.violations.is_empty(),
+        "violations: {:#?}\ntrace:\n{}",
+        r.violations,
+        r.trace_text()
+    );
+}
+
 /// Broken variant: the same property, with every machine closing a session
 /// it gives up on at once (the old behaviour), is caught: a cancelled job
 /// still runs when the server frees its key and another process leads.

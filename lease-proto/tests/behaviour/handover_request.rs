@@ -66,7 +66,7 @@ fn the_holder_hands_over_once_a_check_finds_the_named_backend_waiting() {
             asks: vec![(key("a"), 99, 0)]
         }
     );
-    let cmds = h.check_answered(7, &[key("a")]);
+    let cmds = h.check_answered(7, &[1]);
     assert!(handed_over(&cmds), "{cmds:?}");
     h.input(Input::JobExited {
         run,
@@ -188,10 +188,7 @@ fn the_named_standby_queues_for_the_key_whatever_the_crowd() {
     h.lose(Some(99));
     assert!(matches!(
         h.statement(),
-        Statement::Take {
-            crowd: Some(_),
-            ..
-        }
+        Statement::Take { crowd: Some(_), .. }
     ));
     h.held_all_along(7);
     request(&mut h, "a", 7);
