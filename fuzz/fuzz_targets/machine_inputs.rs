@@ -737,7 +737,9 @@ impl Fuzz {
                     }
                     let mark = match statement {
                         Statement::TryLock { .. } => Some(Mark::Try),
-                        Statement::Heartbeat => Some(Mark::Heartbeat),
+                        Statement::Heartbeat | Statement::CheckHandover { .. } => {
+                            Some(Mark::Heartbeat)
+                        }
                         Statement::Verify => Some(Mark::Verify),
                         Statement::Release { .. } => Some(Mark::Release),
                         Statement::Wait { .. } | Statement::Take { .. } => Some(Mark::Wait),
@@ -1003,6 +1005,19 @@ impl Fuzz {
                     rows.reverse();
                 }
                 rows
+            }
+            // A check: a heartbeat that confirms any of the asks (by ordinal,
+            // some out of range).
+            Some(Statement::CheckHandover { asks }) => {
+                let waiting = (0..asks.len() + 1)
+                    .filter(|i| variant(pick(1 + i % 6), 1).is_some())
+                    .map(|i| i as i64 + 1)
+                    .collect();
+                lease_proto::reply::CheckReply {
+                    session: self.heartbeat_reply(p.who),
+                    waiting,
+                }
+                .to_rows()
             }
             Some(Statement::Verify) => {
                 // Faithful: the server holds the keys of the running jobs;

@@ -29,7 +29,7 @@ const STANDBY_LOOK: std::time::Duration = std::time::Duration::from_millis(500);
 /// key on the server (`pg_locks`, a request not granted), refusing without
 /// sending anything when it does not within [`STANDBY_LOOK`]; then asks
 /// NAME's holder to hand it over to backend PID and waits until PID holds it
-/// (the rule: lease-proto's `Machine::handover_requested`).
+/// (the rule: lease-proto's `machine/handover.rs`).
 pub fn handover(args: HandoverArgs) -> i32 {
     let id = match LeaseId::named(args.name.as_str()) {
         Ok(id) => id,

@@ -396,6 +396,7 @@ mod imp {
                 Statement::Release { .. } => "release",
                 Statement::Members { .. } => "members",
                 Statement::Prefer { .. } => "prefer",
+                Statement::CheckHandover { .. } => "check_handover",
                 Statement::Wait { .. } => "wait",
                 Statement::Take { .. } => "take",
             };

@@ -55,7 +55,7 @@ pub const HANDOVER_CHANNEL: &str = "lease_handover_v1";
 
 /// The payload on [`HANDOVER_CHANNEL`] that asks the locker leading `key`
 /// to hand it over to the lease session of backend `pid` (the rule:
-/// `Machine::handover_requested`): `to <key> <pid>`, sent with
+/// the machine's `handover`): `to <key> <pid>`, sent with
 /// `SELECT pg_catalog.pg_notify('lease_handover_v1', '<payload>')`.
 pub fn handover_request_payload(key: i64, pid: i64) -> String {
     format!("to {key} {pid}")
@@ -371,13 +371,13 @@ fn locks_here(key: i64, exclusive: bool) -> String {
 
 /// The waiting advisory locks of backend `a.p` or `a.q` in this database
 /// on a key this backend holds, as a `SELECT` for `EXISTS` over an asked
-/// hand-over `a(k, p, q)` (the hand-over check): a standby of this
-/// holder's waits for one of its keys at a time.
-fn locks_of_asked() -> String {
+/// hand-over `a(k, p, q)` (`a` names it; the hand-over check): a standby of
+/// this holder's waits for one of its keys at a time.
+fn locks_of_asked(a: &str) -> String {
     format!(
         "SELECT FROM pg_catalog.pg_locks AS w WHERE w.locktype OPERATOR(pg_catalog.=) 'advisory' \
          AND w.objsubid OPERATOR(pg_catalog.=) 1 AND NOT w.granted \
-         AND (w.pid OPERATOR(pg_catalog.=) a.p OR w.pid OPERATOR(pg_catalog.=) a.q) \
+         AND (w.pid OPERATOR(pg_catalog.=) {a}.p OR w.pid OPERATOR(pg_catalog.=) {a}.q) \
          AND w.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
          WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
          AND EXISTS (SELECT FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS h \
@@ -1017,19 +1017,24 @@ impl Statement {
             // backend as `to <key> <pid>`, at commit.
             Statement::CheckHandover { asks } => {
                 let column = |f: fn(&(i64, i64, i64)) -> i64| asks.iter().map(f).collect::<Vec<_>>();
-                format!(
-                    "{} UNION ALL SELECT {}, c.o FROM (SELECT DISTINCT ON (a.k) a.k, a.p, a.o \
-                     FROM ROWS FROM (pg_catalog.unnest({}), pg_catalog.unnest({}), \
-                     pg_catalog.unnest({})) WITH ORDINALITY AS a(k, p, q, o) WHERE EXISTS ({}) \
-                     ORDER BY a.k, a.o) AS c, \
-                     LATERAL (SELECT pg_catalog.pg_notify('{HANDOVER_CHANNEL}', \
-                     pg_catalog.concat('to ', c.k, ' ', c.p))) AS n",
-                    Statement::Heartbeat.sql(),
-                    heartbeat_tag::WAITING,
+                let asks = format!(
+                    "ROWS FROM (pg_catalog.unnest({}), pg_catalog.unnest({}), \
+                     pg_catalog.unnest({})) WITH ORDINALITY",
                     KeyArray(&column(|a| a.0)),
                     KeyArray(&column(|a| a.1)),
                     KeyArray(&column(|a| a.2)),
-                    locks_of_asked(),
+                );
+                format!(
+                    "{} UNION ALL SELECT {}, c.o FROM (SELECT a.o, \
+                     pg_catalog.pg_notify('{HANDOVER_CHANNEL}', pg_catalog.concat('to ', a.k, ' ', a.p)) \
+                     FROM {asks} AS a(k, p, q, o) WHERE EXISTS ({}) \
+                     AND NOT EXISTS (SELECT FROM {asks} AS b(k, p, q, o) \
+                     WHERE b.k OPERATOR(pg_catalog.=) a.k AND b.o OPERATOR(pg_catalog.<) a.o \
+                     AND EXISTS ({}))) AS c",
+                    Statement::Heartbeat.sql(),
+                    heartbeat_tag::WAITING,
+                    locks_of_asked("a"),
+                    locks_of_asked("b"),
                 )
             }
             Statement::Verify => format!(

@@ -625,6 +625,75 @@ fn handover_to_a_named_standby() {
     let _ = (a.sigterm(), b.sigterm(), d.sigterm());
 }
 
+/// A flood of hand-over requests that no standby asked for (any role that can connect may
+/// `NOTIFY`): every second for 10 s, `to KEY 99999` (a backend that does not exist) and a
+/// `prefer` at the highest priority from the flooder's own backend, which waits for
+/// nothing. The holder's command is never interrupted, no standby starts, and the lease
+/// stays led throughout. Before the holder checked `pg_locks`, each request stopped the
+/// holder's command and every replica left the key to the named backend for two query
+/// timeouts: the lease was led 0.1 % of the time.
+#[test]
+fn a_flood_of_requests_for_backends_that_do_not_wait_never_interrupts_the_holder() {
+    let c = cluster();
+    let name = unique("flood");
+    let key = lease_proto::key_for_name(&name);
+    let (a, _) = leading(&c, &name);
+    let b = announcing(&c, &name, &[]);
+    let d = announcing(&c, &name, &[]);
+    stands_by(&b);
+    stands_by(&d);
+    let t0 = Instant::now();
+    for _ in 0..10 {
+        c.sql(&format!(
+            "SELECT pg_notify('lease_handover_v1', 'to {key} 99999'), \
+             pg_notify('lease_handover_v1', concat('prefer {key} ', pg_backend_pid(), ' 1000'))"
+        ))
+        .expect("NOTIFY");
+        std::thread::sleep(MS(1_000));
+    }
+    let flood = t0.elapsed();
+    // Led: from the first start to the end, less every gap between a stop and the next start.
+    let mut events: Vec<(Instant, bool)> = [&a, &b, &d]
+        .iter()
+        .flat_map(|r| r.lines())
+        .filter(|l| l.at >= t0 && (l.text.starts_with("start") || l.text == "stop"))
+        .map(|l| (l.at, l.text.starts_with("start")))
+        .collect();
+    events.sort_by_key(|e| e.0);
+    let mut unled = Duration::ZERO;
+    let mut stopped_at = None;
+    for (at, start) in &events {
+        match (start, stopped_at) {
+            (false, _) => stopped_at = Some(*at),
+            (true, Some(s)) => {
+                unled += at.saturating_duration_since(s);
+                stopped_at = None;
+            }
+            (true, None) => {}
+        }
+    }
+    if let Some(s) = stopped_at {
+        unled += (t0 + flood).saturating_duration_since(s);
+    }
+    let led = 1.0 - unled.as_secs_f64() / flood.as_secs_f64();
+    let refused = stderr_of(&a)
+        .lines()
+        .filter(|l| l.contains("does not wait for the lease; refused"))
+        .count();
+    eprintln!(
+        "a request flood for {flood:?}: led {:.1} % of it, {} starts and stops, {refused} \
+         requests refused by the holder",
+        led * 100.0,
+        events.len()
+    );
+    assert!(
+        events.is_empty(),
+        "the holder's command was interrupted: {events:?}"
+    );
+    assert!(refused >= 1, "{}", stderr_of(&a));
+    let _ = (a.sigterm(), b.sigterm(), d.sigterm());
+}
+
 /// `lease handover NAME --to PID` with a PID that waits for nothing of NAME (a mistyped
 /// pid: a process that is no backend, or the backend of another lease's holder) is refused
 /// with one line, exit 1, and sends nothing: the holder's command keeps running and the

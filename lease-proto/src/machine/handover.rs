@@ -151,7 +151,7 @@ impl Asks {
     /// The asks to check, `(key, backend, other backend or 0)`, each marked
     /// checked: per key, the highest priority first (the earliest on a
     /// tie), the order in which the check picks the first that waits.
-    pub(super) fn to_check(&mut self) -> Vec<(i64, i64, i64)> {
+    pub(super) fn take_check(&mut self) -> Vec<(i64, i64, i64)> {
         let mut out = Vec::new();
         for (key, asks) in &mut self.by_key {
             asks.sort_by_key(|a| std::cmp::Reverse(a.priority));
@@ -163,7 +163,7 @@ impl Asks {
         out
     }
 
-    /// A check confirmed the ask `(key, pid, alt)` (see `to_check`): every
+    /// A check confirmed the ask `(key, pid, alt)` (see `take_check`): every
     /// ask of `key` ends; the confirmed one, if it still stood.
     pub(super) fn confirmed(&mut self, (key, pid, _): (i64, i64, i64)) -> Option<Confirmed> {
         let asks = self.by_key.remove(&key)?;
@@ -220,7 +220,7 @@ mod tests {
         assert!(asks.ask(1, (13, 0), 2, until));
         assert!(!asks.ask(1, (14, 0), 2, until), "full");
         assert!(asks.unchecked());
-        let checked = asks.to_check();
+        let checked = asks.take_check();
         assert_eq!(checked.len(), 4);
         assert_eq!(checked[0], (1, 12, 0), "the highest priority first");
         assert!(!asks.unchecked());

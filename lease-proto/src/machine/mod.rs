@@ -1192,7 +1192,7 @@ impl Machine {
             if let Some(to) = reserved.filter(|_| !keeps) {
                 // A hand-over to `to` was asked for while the try (or the
                 // take) was in flight: the key is `to`'s, so its job does
-                // not start (see `Machine::handover_requested`).
+                // not start (see `handover`).
                 let window = handover_window(&self.opts);
                 self.runs.decline(won.0, now, window);
                 self.out.event(Event::WinDeclined {
@@ -1844,13 +1844,13 @@ impl Machine {
             return Some(match self.plan.heartbeat() {
                 Beat::Verify => What::Verify,
                 // While asks stand, the heartbeat checks them (see `handover`).
-                Beat::Heartbeat if self.asks.any() => What::Check(self.asks.to_check()),
+                Beat::Heartbeat if self.asks.any() => What::Check(self.asks.take_check()),
                 Beat::Heartbeat => What::Heartbeat,
             });
         }
         if self.asks.unchecked() {
             // A new ask is checked at once, as a heartbeat.
-            return Some(What::Check(self.asks.to_check()));
+            return Some(What::Check(self.asks.take_check()));
         }
         self.plan.not_heartbeat();
         if let Some(until) = held {

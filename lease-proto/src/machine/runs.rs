@@ -440,7 +440,7 @@ impl RunTable {
     }
 
     /// The backend `key` is reserved for at `now`, if it is another than
-    /// `me` (see `Machine::handover_requested`).
+    /// `me` (see `handover`).
     pub(super) fn reserved_for_other(
         &self,
         key: i64,

@@ -38,6 +38,11 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
     // holder's own backend pid (any role may take it).
     let forged = 4_194_304 + 12_345;
     other.rows(&format!("SELECT pg_advisory_lock(9, {forged})"))?;
+    // A standby of `s`'s keys: it waits for k2 from the hand-over check on, and is
+    // granted it at the last release.
+    let waiter = Admin::connect(&cluster.conn_string())?;
+    let waiter_pid = waiter.ints("SELECT pg_backend_pid()::int8")?[0];
+    let waiting = std::sync::Mutex::new(Some(waiter));
     let parse_err = |what: &str, e: ReplyError| KitError::Invalid(format!("{what}: {e}"));
     let all = [
         Statement::Setup {
@@ -90,16 +95,31 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
         Statement::Prefer {
             key: held,
             priority: 3,
+            watch: None,
+        },
+        Statement::Prefer {
+            key: held,
+            priority: 3,
+            watch: Some(waiter_pid),
+        },
+        // The waiter waits for k2, a key of this holder's: its ask for k1 is confirmed
+        // (the first of k1's), not a backend that does not exist, nor one for k3 that is
+        // not waiting.
+        Statement::CheckHandover {
+            asks: vec![(k1, 99_999, 0), (k1, waiter_pid, 0), (k3, pid, 99_998)],
         },
         Statement::Release {
             keys: vec![k1],
             notify: false,
+            reserved: vec![],
         },
         Statement::Release {
             keys: vec![k2, k3, held],
             notify: true,
+            reserved: vec![(k2, waiter_pid, 0), (k3, 99_999, 0)],
         },
     ];
+    let mut waiter_thread = None;
     let mut takes = 0;
     // The server's clock as the setup and the heartbeat answer it (µs since
     // the epoch): this host's clock, the server being local.
@@ -116,6 +136,25 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
         );
     };
     for statement in &all {
+        let check = matches!(statement, Statement::CheckHandover { .. });
+        if let Some(waiter) = waiting.lock().unwrap().take_if(|_| check) {
+            waiter_thread = Some(std::thread::spawn(move || {
+                waiter.rows(&format!("SELECT pg_advisory_lock({k2})"))
+            }));
+            // Until the server shows it waiting.
+            let start = std::time::Instant::now();
+            while other.ints(&format!(
+                "SELECT count(*)::int8 FROM pg_locks WHERE NOT granted AND pid = {waiter_pid}"
+            ))?[0]
+                == 0
+            {
+                assert!(
+                    start.elapsed() < std::time::Duration::from_secs(10),
+                    "never waits"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
         let rows = run(&s, statement)?;
         match statement {
             Statement::Setup { .. } => {
@@ -178,12 +217,24 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
                     "{reply:?}"
                 );
             }
-            Statement::Release { keys, notify } => {
+            Statement::CheckHandover { .. } => {
+                let reply = CheckReply::parse(&rows).map_err(|e| parse_err("check", e))?;
+                let s = &reply.session;
+                assert_eq!((s.backend_pid, s.nonce), (Some(pid), Some(nonce)));
+                assert_eq!(reply.waiting, [2].into(), "{reply:?}");
+            }
+            Statement::Release { keys, notify, .. } => {
                 let reply = ReleaseReply::parse(&rows).map_err(|e| parse_err("release", e))?;
                 let want: Vec<(i64, bool)> = keys.iter().map(|k| (*k, *k != held)).collect();
                 assert_eq!(reply.unlocked, want, "notify {notify}");
             }
         }
     }
+    // The waiter was granted k2 at the last release.
+    let granted = waiter_thread
+        .expect("the check ran")
+        .join()
+        .expect("waiter");
+    granted?;
     Ok(())
 }
