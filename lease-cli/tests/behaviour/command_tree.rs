@@ -545,3 +545,52 @@ fn graceful_stop_on_a_partitioned_session_ends_before_the_standby_starts() {
         stderr_of(&a)
     );
 }
+
+/// After `pg_terminate_backend` of the holder's session, what the log says
+/// about the watchdog is the loss the runner reported, with its reason, never
+/// a runner that stopped renewing (which reads like a frozen runner); and a
+/// command that exits on SIGTERM by itself gets no watchdog WARN at all.
+/// Each command ignores SIGTERM (`deaf`: the kill deadline the runner set
+/// after the loss fires) or exits 0 at SIGTERM.
+#[test]
+fn a_terminated_session_is_named_in_the_watchdogs_line() {
+    let c = cluster();
+    for deaf in [true, false] {
+        let name = unique("wdline");
+        let script = if deaf {
+            r#"echo "pid=$$"; trap "" TERM; while :; do sleep 0.01; done"#
+        } else {
+            r#"echo "pid=$$"; trap "exit 0" TERM; sleep 1000 & wait"#
+        };
+        let mut r = Replica::spawn(fast_sh(&c, &name, &[], script)).expect("spawn lease run");
+        started(&r, MS(10_000)).expect("the command starts");
+        std::thread::sleep(MS(300));
+        let key = key_for_name(&name);
+        let holder = c.held_advisory_keys().expect("pg_locks");
+        let backend = holder.iter().find(|&&(k, _)| k == key).expect("held").1;
+        assert!(c.terminate_backend(backend).expect("terminate"));
+        r.wait_for_line(|l| l.contains("the command stopped"), MS(10_000))
+            .expect("the command stops");
+        // The watchdog's line, if any, comes at the kill deadline (half the
+        // lock delay after the loss); its `done` soon after the stop.
+        std::thread::sleep(MS(300));
+        r.sigterm().expect("SIGTERM");
+        let _ = r.wait_exit(MS(15_000)).expect("lease run exits");
+        let err = stderr_of(&r);
+        let watchdog: Vec<&str> = err.lines().filter(|l| l.contains("watchdog:")).collect();
+        eprintln!(
+            "SIGTERM-deaf command: {deaf}; the watchdog's lines: {watchdog:#?}\n--- stderr ---\n{err}"
+        );
+        for line in &watchdog {
+            assert!(!line.contains("did not renew"), "{line}");
+            assert!(line.contains("the lease was lost"), "{line}");
+            assert!(line.contains("administrator command"), "{line}");
+        }
+        if !deaf {
+            assert!(
+                !watchdog.iter().any(|l| l.contains("WARN")),
+                "a watchdog WARN for a command that exited at SIGTERM: {watchdog:#?}"
+            );
+        }
+    }
+}
