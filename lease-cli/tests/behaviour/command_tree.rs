@@ -17,7 +17,6 @@ use lease_tests::pid_alive;
 use lease_tests::Cluster;
 use lease_tests::Replica;
 use lease_tests::Stream;
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
@@ -30,42 +29,6 @@ fn stubborn_stamper(dir: &Path) -> String {
         r#"echo "pid=$$ token=$LEASE_TOKEN"; trap "" TERM; while :; do date +%s%N >> {}/$$; sleep 0.01; done"#,
         dir.display()
     )
-}
-
-/// Each command's stamps (nanoseconds since the epoch) by its pid.
-fn intervals(dir: &Path) -> BTreeMap<i32, (u128, u128)> {
-    let mut out = BTreeMap::new();
-    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
-            continue;
-        };
-        let stamps: Vec<u128> = fs::read_to_string(entry.path())
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
-        if let (Some(&first), Some(&last)) = (stamps.first(), stamps.last()) {
-            out.insert(pid, (first, last));
-        }
-    }
-    out
-}
-
-/// The longest time (ms) two commands' intervals overlapped (negative: the
-/// smallest gap between one's last and the next one's first stamp), with the
-/// pair.
-fn worst_overlap(dir: &Path) -> Option<(f64, i32, i32)> {
-    let all: Vec<(i32, (u128, u128))> = intervals(dir).into_iter().collect();
-    let mut worst: Option<(f64, i32, i32)> = None;
-    for (i, &(p, (f1, l1))) in all.iter().enumerate() {
-        for &(q, (f2, l2)) in &all[i + 1..] {
-            let overlap = (l1.min(l2) as f64 - f1.max(f2) as f64) / 1e6;
-            if worst.is_none_or(|(w, _, _)| overlap > w) {
-                worst = Some((overlap, p, q));
-            }
-        }
-    }
-    worst
 }
 
 /// The pids of the commands a runner started so far (its `pid=` lines).
