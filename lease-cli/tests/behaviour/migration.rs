@@ -110,6 +110,15 @@ fn move_replicas(how: Move) -> Moved {
         )
         .expect("each replica leads or stands by");
     }
+    // The leader's command has stamped (the stop-first move stops it at once).
+    let start = Instant::now();
+    while intervals(dir.path()).is_empty() {
+        assert!(
+            start.elapsed() < MS(5_000),
+            "the leader's command never stamped"
+        );
+        std::thread::sleep(MS(5));
+    }
 
     // The hold: a `lease run` on the new cluster, before any replica moves.
     let hold = (how == Move::BehindAHold).then(|| {
