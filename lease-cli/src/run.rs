@@ -614,13 +614,11 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
         Ok(()) => tokio::select! {
             status = job.wait() => Ended::Exited(status),
             reason = lease.cancelled() => Ended::Cancelled(reason),
-            e = renew(&mut dog, &lease, ctx, &mut deadline) => Ended::WatchdogLost(e),
+            e = renew(&dog, &lease, ctx, &mut deadline) => Ended::WatchdogLost(e),
         },
     };
     let result = match ended {
-        Ended::Exited(status) => {
-            exited(status, &mut job, &mut dog, &lease, ctx, &mut deadline).await
-        }
+        Ended::Exited(status) => exited(status, &mut job, &dog, &lease, ctx, &mut deadline).await,
         Ended::Cancelled(reason) => {
             if graceful(&reason) {
                 // Graceful: the key is held until the tree is gone, unless
@@ -643,6 +641,8 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
                 // The server may hand the key over now: the job of a
                 // standby that wins it starts after the lock delay.
                 let wait = session_end_wait(ctx, deadline);
+                // The watchdog's line at this deadline names the loss.
+                let _ = dog.lost(&reason.to_string());
                 let _ = dog.arm(Instant::now() + wait);
                 tracing::warn!(
                     command_pid = job.pid(),
@@ -654,6 +654,8 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
                 stop(&mut job, wait, ctx.signals.at_least(2)).await;
             } else {
                 let wait = kill_wait(deadline, ctx.grace);
+                // The kill deadline in force is now the loss's.
+                let _ = dog.lost(&reason.to_string());
                 tracing::warn!(
                     command_pid = job.pid(),
                     %reason,
@@ -699,7 +701,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
 async fn exited(
     status: Result<ExitStatus, lease_exec::Error>,
     job: &mut Job,
-    dog: &mut Watchdog,
+    dog: &Watchdog,
     lease: &Lease,
     ctx: &Ctx<'_>,
     deadline: &mut Instant,
@@ -737,6 +739,8 @@ async fn exited(
             } else {
                 kill_wait(snapshot, ctx.grace)
             };
+            // A watchdog deadline from here on is the loss's.
+            let _ = dog.lost(&reason.to_string());
             tracing::warn!(
                 %reason,
                 "lease lost while stopping what the command left running: SIGKILL in {}",
@@ -876,7 +880,7 @@ fn kill_when(wait: Duration, grace: Duration) -> String {
 /// [`Ctx::poll`]); `deadline` is what the watchdog was last told. Returns only
 /// if the watchdog cannot be told.
 async fn renew(
-    dog: &mut Watchdog,
+    dog: &Watchdog,
     lease: &Lease,
     ctx: &Ctx<'_>,
     deadline: &mut Instant,

@@ -64,6 +64,13 @@
 //!   later `arm` replaces the deadline.
 //! - `disarm` ([`Watchdog::disarm`]): no deadline any more (a graceful
 //!   stop: the runner's own grace applies).
+//! - `lost REASON` ([`Watchdog::lost`]): the lease is lost, for REASON (the
+//!   rest of the line); the deadline is now a kill the runner chose. The
+//!   line the watchdog logs at a deadline says which it is: a loss the
+//!   runner reported, with its reason (INFO), or a runner that stopped
+//!   renewing without a word (WARN: frozen or starved). A deadline that
+//!   finds nothing to kill (the command exited and left nothing) logs no
+//!   warning.
 //! - `done` ([`Watchdog::finish`]): the tree is gone; exit without killing
 //!   anything.
 //!

@@ -26,6 +26,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the runner waits for the watchdog to exit after `done`.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The longest reason [`Watchdog::lost`] passes on, in bytes: its line stays
+/// far below `PIPE_BUF` (one atomic write) and the watchdog's line limit.
+const LOST_REASON_MAX: usize = 1000;
+
 /// A command to run under a [`Watchdog`]: a program (looked up in `PATH`
 /// unless it contains a `/`, as `execvp` does; no shell), its arguments and
 /// the variables added to the runner's environment.
@@ -311,7 +315,7 @@ impl Watchdog {
     /// # Errors
     /// [`Error::Lost`] if the watchdog is gone or its pipe is full (it is
     /// not reading); [`Error::Misuse`] before [`Watchdog::spawn`].
-    pub fn arm(&mut self, deadline: Instant) -> Result<(), Error> {
+    pub fn arm(&self, deadline: Instant) -> Result<(), Error> {
         let pgid = self
             .pgid
             .ok_or(Error::Misuse("no command to arm for: spawn first"))?;
@@ -325,11 +329,43 @@ impl Watchdog {
     ///
     /// # Errors
     /// As [`Watchdog::arm`].
-    pub fn disarm(&mut self) -> Result<(), Error> {
+    pub fn disarm(&self) -> Result<(), Error> {
         if self.pgid.is_none() {
             return Err(Error::Misuse("no command to disarm: spawn first"));
         }
         self.send("disarm\n")
+    }
+
+    /// The lease the command runs under is lost, for `reason` (what the
+    /// runner's own log says, such as "session ended: terminating connection
+    /// due to administrator command"): the deadline in force, and any that
+    /// [`Watchdog::arm`] sets later, is a kill the runner chose, not a
+    /// renewal it missed. The watchdog's line at that deadline then names the
+    /// loss and `reason` (an INFO: the runner has warned), where it would
+    /// otherwise warn that the runner stopped renewing (frozen, starved).
+    /// Call it before arming the kill deadline of the loss. Control
+    /// characters in `reason` become spaces; it is cut at 1,000 bytes.
+    ///
+    /// # Errors
+    /// As [`Watchdog::arm`].
+    pub fn lost(&self, reason: &str) -> Result<(), Error> {
+        if self.pgid.is_none() {
+            return Err(Error::Misuse(
+                "no command to report a loss for: spawn first",
+            ));
+        }
+        let mut reason: String = reason
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        if reason.len() > LOST_REASON_MAX {
+            let mut end = LOST_REASON_MAX;
+            while !reason.is_char_boundary(end) {
+                end -= 1;
+            }
+            reason.truncate(end);
+        }
+        self.send(&format!("lost {reason}\n"))
     }
 
     /// The tree is gone (or was never started): tells the watchdog to exit
@@ -353,8 +389,8 @@ impl Watchdog {
     }
 
     /// One write of a short line: atomic on a pipe (shorter than PIPE_BUF).
-    fn send(&mut self, line: &str) -> Result<(), Error> {
-        let n = self.pipe.write(line.as_bytes()).map_err(Error::Lost)?;
+    fn send(&self, line: &str) -> Result<(), Error> {
+        let n = (&self.pipe).write(line.as_bytes()).map_err(Error::Lost)?;
         if n != line.len() {
             return Err(Error::Lost(io::Error::new(
                 io::ErrorKind::WriteZero,

@@ -90,14 +90,36 @@ where
         }
         let now = clock::now();
         if let Some(deadline) = watch.deadline.filter(|&d| now >= d) {
-            watch.fire();
-            let late = Duration::from_nanos(now - deadline);
-            tracing::warn!(
-                pgid = watch.pgid.unwrap_or(0),
-                late_us = late.as_micros() as u64,
-                "watchdog: the runner did not renew the deadline (the lease may be handed \
-                 over now): SIGKILL to the command's tree"
-            );
+            let killed = watch.fire();
+            let late_us = Duration::from_nanos(now - deadline).as_micros() as u64;
+            let pgid = watch.pgid.unwrap_or(0);
+            // Said after the kill, which must not wait for a line.
+            match (&watch.lost, killed) {
+                (Some(reason), true) => tracing::info!(
+                    pgid,
+                    late_us,
+                    "watchdog: the lease was lost ({reason}), as the runner reported; the \
+                     command's tree had not stopped by the kill deadline the runner set: \
+                     SIGKILL to it"
+                ),
+                (None, true) => tracing::warn!(
+                    pgid,
+                    late_us,
+                    "watchdog: the runner did not renew the deadline and reported no loss \
+                     (it is stopped, frozen or starved; the lease may be handed over now): \
+                     SIGKILL to the command's tree"
+                ),
+                // The command had exited and left nothing: a runner that
+                // reported its loss has nothing to hear; one that is late
+                // (frozen) is worth a line, not a warning.
+                (Some(_), false) => {}
+                (None, false) => tracing::info!(
+                    pgid,
+                    late_us,
+                    "watchdog: the runner did not renew the deadline and reported no loss; the \
+                     command had exited and left nothing to kill"
+                ),
+            }
             continue;
         }
         let waited = timer
@@ -180,13 +202,12 @@ static PGID: AtomicI32 = AtomicI32::new(0);
 /// The runner's pid: the handler acts only once the parent has changed.
 static PARENT: AtomicI32 = AtomicI32::new(0);
 
-/// SIGKILL to group `pgid` (never a pid <= 1).
-fn kill_group(pgid: i32) {
-    if pgid > 1 {
-        // SAFETY: kill has no memory-safety preconditions; -pgid names the
-        // command's process group.
-        unsafe { libc::kill(-pgid, libc::SIGKILL) };
-    }
+/// SIGKILL to group `pgid` (never a pid <= 1); whether the group had a
+/// member (a zombie counts).
+fn kill_group(pgid: i32) -> bool {
+    // SAFETY: kill has no memory-safety preconditions; -pgid names the
+    // command's process group.
+    pgid > 1 && unsafe { libc::kill(-pgid, libc::SIGKILL) } == 0
 }
 
 extern "C" fn on_parent_death(_: libc::c_int) {
@@ -227,6 +248,9 @@ struct Watch {
     reported: bool,
     /// The command's cgroup leaf, if one could be made.
     leaf: Option<Leaf>,
+    /// The runner reported its lease lost, for this reason (`lost REASON`):
+    /// a deadline from then on is a kill it chose, not a renewal it missed.
+    lost: Option<String>,
 }
 
 /// One line to the runner (it may be gone: then nothing happens).
@@ -238,6 +262,13 @@ fn report(line: &str) {
 impl Watch {
     /// Applies one line from the runner. `Err` for a malformed one.
     fn apply(&mut self, line: &str) -> Result<Step, String> {
+        if let Some(reason) = line
+            .strip_prefix("lost")
+            .filter(|r| r.is_empty() || r.starts_with(' '))
+        {
+            self.lost = Some(reason.trim().to_owned());
+            return Ok(Step::Continue);
+        }
         let mut words = line.split_ascii_whitespace();
         match (words.next(), words.next(), words.next(), words.next()) {
             (Some("arm"), Some(pgid), Some(at), None) => {
@@ -288,16 +319,19 @@ impl Watch {
     }
 
     /// Kills the group and the rest of the command's tree (the group once:
-    /// it stays empty afterwards) and forgets the deadline.
-    fn fire(&mut self) {
+    /// it stays empty afterwards) and forgets the deadline. Whether there was
+    /// anything to kill: the command had not been reaped, its group had a
+    /// member, or the walk found a live process.
+    fn fire(&mut self) -> bool {
         self.deadline = None;
+        let mut found = self.child.is_some() && !self.reported;
         if !self.fired {
             if let Some(pgid) = self.pgid {
-                kill_group(pgid);
+                found |= kill_group(pgid);
             }
         }
         self.fired = true;
-        self.kill_tree();
+        found | self.kill_tree()
     }
 
     /// The runner died or closed the pipe: the tree is killed at once.
@@ -317,12 +351,14 @@ impl Watch {
     /// subreaper: whatever of the command's tree lost its parent is its
     /// child now, so the walk from it down finds the whole tree, and a
     /// frozen process cannot fork.
-    fn kill_tree(&mut self) {
+    /// Whether the walk found a live process.
+    fn kill_tree(&mut self) -> bool {
         if let Some(leaf) = &self.leaf {
             cgroup::kill(leaf.dir());
         }
-        Tree::own().kill(&mut || self.reap());
+        let found = Tree::own().kill(&mut || self.reap());
         self.reap();
+        found
     }
 
     /// Reaps every exited child (the command, and orphans of its tree that
@@ -554,6 +590,10 @@ mod tests {
         assert!(w.apply("arm 1234 soon").is_err());
         assert_eq!(w.apply("disarm"), Ok(Step::Continue));
         assert_eq!(w.deadline, None);
+        assert_eq!(w.lost, None);
+        assert_eq!(w.apply("lost session ended: x"), Ok(Step::Continue));
+        assert_eq!(w.lost.as_deref(), Some("session ended: x"));
+        assert!(w.apply("lostness").is_err());
         assert_eq!(w.apply("done"), Ok(Step::Exit));
         let mut fresh = Watch::default();
         assert_eq!(fresh.apply("spawn 7000"), Ok(Step::Spawn(7000)));

@@ -17,7 +17,6 @@ use lease_tests::pid_alive;
 use lease_tests::Cluster;
 use lease_tests::Replica;
 use lease_tests::Stream;
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
@@ -30,42 +29,6 @@ fn stubborn_stamper(dir: &Path) -> String {
         r#"echo "pid=$$ token=$LEASE_TOKEN"; trap "" TERM; while :; do date +%s%N >> {}/$$; sleep 0.01; done"#,
         dir.display()
     )
-}
-
-/// Each command's stamps (nanoseconds since the epoch) by its pid.
-fn intervals(dir: &Path) -> BTreeMap<i32, (u128, u128)> {
-    let mut out = BTreeMap::new();
-    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
-            continue;
-        };
-        let stamps: Vec<u128> = fs::read_to_string(entry.path())
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
-        if let (Some(&first), Some(&last)) = (stamps.first(), stamps.last()) {
-            out.insert(pid, (first, last));
-        }
-    }
-    out
-}
-
-/// The longest time (ms) two commands' intervals overlapped (negative: the
-/// smallest gap between one's last and the next one's first stamp), with the
-/// pair.
-fn worst_overlap(dir: &Path) -> Option<(f64, i32, i32)> {
-    let all: Vec<(i32, (u128, u128))> = intervals(dir).into_iter().collect();
-    let mut worst: Option<(f64, i32, i32)> = None;
-    for (i, &(p, (f1, l1))) in all.iter().enumerate() {
-        for &(q, (f2, l2)) in &all[i + 1..] {
-            let overlap = (l1.min(l2) as f64 - f1.max(f2) as f64) / 1e6;
-            if worst.is_none_or(|(w, _, _)| overlap > w) {
-                worst = Some((overlap, p, q));
-            }
-        }
-    }
-    worst
 }
 
 /// The pids of the commands a runner started so far (its `pid=` lines).
@@ -544,4 +507,53 @@ fn graceful_stop_on_a_partitioned_session_ends_before_the_standby_starts() {
          ms\n--- a's stderr ---\n{}",
         stderr_of(&a)
     );
+}
+
+/// After `pg_terminate_backend` of the holder's session, what the log says
+/// about the watchdog is the loss the runner reported, with its reason, never
+/// a runner that stopped renewing (which reads like a frozen runner); and a
+/// command that exits on SIGTERM by itself gets no watchdog WARN at all.
+/// Each command ignores SIGTERM (`deaf`: the kill deadline the runner set
+/// after the loss fires) or exits 0 at SIGTERM.
+#[test]
+fn a_terminated_session_is_named_in_the_watchdogs_line() {
+    let c = cluster();
+    for deaf in [true, false] {
+        let name = unique("wdline");
+        let script = if deaf {
+            r#"echo "pid=$$"; trap "" TERM; while :; do sleep 0.01; done"#
+        } else {
+            r#"echo "pid=$$"; trap "exit 0" TERM; sleep 1000 & wait"#
+        };
+        let mut r = Replica::spawn(fast_sh(&c, &name, &[], script)).expect("spawn lease run");
+        started(&r, MS(10_000)).expect("the command starts");
+        std::thread::sleep(MS(300));
+        let key = key_for_name(&name);
+        let holder = c.held_advisory_keys().expect("pg_locks");
+        let backend = holder.iter().find(|&&(k, _)| k == key).expect("held").1;
+        assert!(c.terminate_backend(backend).expect("terminate"));
+        r.wait_for_line(|l| l.contains("the command stopped"), MS(10_000))
+            .expect("the command stops");
+        // The watchdog's line, if any, comes at the kill deadline (half the
+        // lock delay after the loss); its `done` soon after the stop.
+        std::thread::sleep(MS(300));
+        r.sigterm().expect("SIGTERM");
+        let _ = r.wait_exit(MS(15_000)).expect("lease run exits");
+        let err = stderr_of(&r);
+        let watchdog: Vec<&str> = err.lines().filter(|l| l.contains("watchdog:")).collect();
+        eprintln!(
+            "SIGTERM-deaf command: {deaf}; the watchdog's lines: {watchdog:#?}\n--- stderr ---\n{err}"
+        );
+        for line in &watchdog {
+            assert!(!line.contains("did not renew"), "{line}");
+            assert!(line.contains("the lease was lost"), "{line}");
+            assert!(line.contains("administrator command"), "{line}");
+        }
+        if !deaf {
+            assert!(
+                !watchdog.iter().any(|l| l.contains("WARN")),
+                "a watchdog WARN for a command that exited at SIGTERM: {watchdog:#?}"
+            );
+        }
+    }
 }

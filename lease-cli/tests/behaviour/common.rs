@@ -2,6 +2,7 @@
 //! ephemeral server, unique lease names, the fast intervals, `lease run` of a shell script,
 //! its output, stamp directories and small parsers.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
@@ -293,3 +294,39 @@ pub const SHORT: [&str; 8] = [
     "--guard-margin",
     "300ms",
 ];
+
+/// Each command's stamps (nanoseconds since the epoch) by its pid.
+pub fn intervals(dir: &Path) -> BTreeMap<i32, (u128, u128)> {
+    let mut out = BTreeMap::new();
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        let stamps: Vec<u128> = fs::read_to_string(entry.path())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if let (Some(&first), Some(&last)) = (stamps.first(), stamps.last()) {
+            out.insert(pid, (first, last));
+        }
+    }
+    out
+}
+
+/// The longest time (ms) two commands' intervals overlapped (negative: the
+/// smallest gap between one's last and the next one's first stamp), with the
+/// pair.
+pub fn worst_overlap(dir: &Path) -> Option<(f64, i32, i32)> {
+    let all: Vec<(i32, (u128, u128))> = intervals(dir).into_iter().collect();
+    let mut worst: Option<(f64, i32, i32)> = None;
+    for (i, &(p, (f1, l1))) in all.iter().enumerate() {
+        for &(q, (f2, l2)) in &all[i + 1..] {
+            let overlap = (l1.min(l2) as f64 - f1.max(f2) as f64) / 1e6;
+            if worst.is_none_or(|(w, _, _)| overlap > w) {
+                worst = Some((overlap, p, q));
+            }
+        }
+    }
+    worst
+}

@@ -18,6 +18,7 @@ mod hosts;
 mod kill_deadline;
 mod lease_valid;
 mod log_lines;
+mod migration;
 mod names;
 mod poolers;
 mod run;

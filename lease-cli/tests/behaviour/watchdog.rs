@@ -10,8 +10,10 @@ use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::process::Child;
 use std::process::ChildStdin;
+use std::process::ChildStdout;
 use std::process::Command;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::Instant;
 
@@ -86,29 +88,65 @@ impl Drop for Group {
 }
 
 /// A watchdog started as `lease run` starts it (own process group), once it
-/// said `ready`.
+/// said `ready`; its stderr (its log lines) collected.
 struct Dog {
     child: Child,
     stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    stderr: Arc<Mutex<Vec<String>>>,
 }
 
 impl Dog {
     fn start() -> Dog {
+        Dog::start_with(&[])
+    }
+
+    /// With `command` to start on `spawn`.
+    fn start_with(command: &[&str]) -> Dog {
         let mut child = Command::new(env!("CARGO_BIN_EXE_lease"))
             .args(["__watchdog", "--parent", &std::process::id().to_string()])
+            .arg("--")
+            .args(command)
             .env_remove("LEASE_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .process_group(0)
             .spawn()
             .expect("spawn the watchdog");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read ready");
-        assert_eq!(line.trim(), "ready");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            }
+        });
         let stdin = child.stdin.take();
-        Dog { child, stdin }
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut dog = Dog {
+            child,
+            stdin,
+            stdout,
+            stderr,
+        };
+        assert_eq!(dog.report(), "ready");
+        dog
+    }
+
+    /// The next line the watchdog reports on its stdout.
+    fn report(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("read a report");
+        line.trim().to_owned()
+    }
+
+    /// Its log lines so far.
+    fn stderr(&self) -> Vec<String> {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn send(&mut self, line: &str) {
@@ -245,4 +283,72 @@ fn the_parent_death_signal_kills_the_group_only_once_the_parent_is_gone() {
     std::thread::sleep(MS(200));
     assert!(group.alive(), "SIGTERM killed the group");
     assert_eq!(dog.exit(MS(0)), None, "SIGTERM ended the watchdog");
+}
+
+/// A runner that stops renewing without a word (frozen, starved): the line
+/// says so.
+#[test]
+fn an_unrenewed_deadline_is_said_to_be_the_runners() {
+    let mut group = Group::start();
+    let mut dog = Dog::start();
+    dog.arm(group.pgid(), mono() + 100_000_000);
+    group.wait_gone(MS(3_000)).expect("the group is killed");
+    dog.send("done\n");
+    assert_eq!(dog.exit(MS(2_000)), Some(0));
+    let err = dog.stderr().join("\n");
+    eprintln!("{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("watchdog:"))
+        .unwrap_or_else(|| panic!("no watchdog line:\n{err}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("did not renew"), "{line}");
+    assert!(line.contains("reported no loss"), "{line}");
+}
+
+/// A loss the runner reported (`lost REASON`, then the kill deadline it
+/// chose): the line at that deadline names the loss and its reason, not a
+/// runner that stopped renewing.
+#[test]
+fn a_loss_the_runner_reported_is_named_at_the_deadline() {
+    let mut group = Group::start();
+    let mut dog = Dog::start();
+    dog.arm(group.pgid(), mono() + 60_000_000_000);
+    let reason =
+        "session ended: terminating connection due to administrator command (SQLSTATE 57P01)";
+    dog.send(&format!("lost {reason}\n"));
+    dog.arm(group.pgid(), mono() + 100_000_000);
+    group.wait_gone(MS(3_000)).expect("the group is killed");
+    dog.send("done\n");
+    let code = dog.exit(MS(2_000));
+    let err = dog.stderr().join("\n");
+    eprintln!("{err}");
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("watchdog:")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(!lines[0].contains("did not renew"), "{}", lines[0]);
+    assert!(lines[0].contains("the lease was lost"), "{}", lines[0]);
+    assert!(lines[0].contains(reason), "{}", lines[0]);
+}
+
+/// The command exited by itself and left nothing: a deadline that passes
+/// before the runner's `done` kills nothing, and says nothing at WARN.
+#[test]
+fn no_warning_at_the_deadline_after_the_command_exited() {
+    let mut dog = Dog::start_with(&["true"]);
+    dog.send(&format!("spawn {}\n", mono() + 200_000_000));
+    let started = dog.report();
+    assert!(started.starts_with("started "), "{started}");
+    assert_eq!(dog.report(), "exited 0");
+    // Past the deadline, then done.
+    std::thread::sleep(MS(400));
+    dog.send("done\n");
+    assert_eq!(dog.exit(MS(2_000)), Some(0));
+    std::thread::sleep(MS(50));
+    let err = dog.stderr().join("\n");
+    eprintln!("{err}");
+    assert!(
+        !err.contains("WARN"),
+        "a warning for a command that had exited:\n{err}"
+    );
 }
