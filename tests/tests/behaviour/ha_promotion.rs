@@ -354,3 +354,94 @@ async fn locker_on_a_hot_standby_leads_once_promoted() {
          {outcome:?}, finished before the promotion: {finished_before_promotion}"
     );
 }
+
+/// Hole 9: a stale primary of the same URL. A primary A and a standby B of it, promoted to
+/// a new timeline while A keeps running as a primary (what an HA tool leaves for a few
+/// hundred ms when a frozen old primary resumes before it is demoted; or for as long as the
+/// tool itself is frozen). The rightful leader L leads on B; runner R connects with the host
+/// list `A,B` (A first, `target_session_attrs=read-write`). R must never be granted the
+/// lease on A: it skips A (a primary on an older timeline than B) with one warning naming
+/// both hosts and timelines, stands by on B, and leads there once L is gone.
+#[test]
+fn a_stale_primary_listed_first_is_never_led_on() -> Res {
+    let a = Cluster::start()?;
+    let b = a.start_standby()?;
+    b.promote()?;
+    let config = replica(b.conn_string());
+    let l = config.spawn(bin(), "L")?;
+    let (_, l_token, _) = l.wait_start(0, WAIT)?;
+    let k = key(&config.lease);
+    let list = format!(
+        "host={h},{h} port={},{} user=postgres dbname=postgres target_session_attrs=read-write",
+        a.port(),
+        b.port(),
+        h = a.host()
+    );
+    let r_config = ReplicaConfig {
+        url: list,
+        ..config.clone()
+    };
+    let t_spawn = monotonic_nanos();
+    let mut r = r_config.spawn(bin(), "R")?;
+    // R's session must settle somewhere and stand by: watch A's lock table meanwhile.
+    let settle = monotonic_nanos() + ms(4000).as_nanos() as u64;
+    while monotonic_nanos() < settle {
+        let on_a = a.held_advisory_keys()?;
+        assert!(
+            !on_a.iter().any(|&(key, _)| key == k),
+            "R was granted the lease on the stale primary A ({on_a:?}) while L leads on B \
+             (L's token {l_token}; R's starts: {:?})\n{}",
+            r.events()
+                .iter()
+                .filter(|e| matches!(e, lease_tests::scenario::Event::Start { .. }))
+                .collect::<Vec<_>>(),
+            tails(&[&l, &r])
+        );
+        std::thread::sleep(ms(50));
+    }
+    let (r_pid, _) = r.wait_pid(t_spawn, WAIT)?;
+    let on_b: Vec<i32> = b
+        .sql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend'")?
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert!(
+        on_b.contains(&r_pid),
+        "R's session (backend {r_pid}) is not on B ({on_b:?})\n{}",
+        r.tail()
+    );
+    let warned: Vec<String> = r
+        .stderr()
+        .into_iter()
+        .filter(|l| l.contains("newer timeline"))
+        .collect();
+    figure("stale primary listed first: R's warning", format!("{warned:?}"));
+    let (a_label, b_label) = (
+        format!("{}:{}", a.host(), a.port()),
+        format!("{}:{}", b.host(), b.port()),
+    );
+    assert!(
+        warned
+            .iter()
+            .any(|l| l.contains(&a_label) && l.contains(&b_label)),
+        "no warning naming {a_label} and {b_label}\n{}",
+        r.tail()
+    );
+    // L gone: R leads, on B.
+    drop(l);
+    let t_gone = monotonic_nanos();
+    let (_, r_token, r_start) = r.wait_start(t_gone, WAIT)?;
+    figure(
+        "stale primary listed first: L gone -> R leads on B",
+        format!("{:.1} ms, token {r_token} (L's {l_token})", ms_f(diff(t_gone, r_start))),
+    );
+    let on_a = a.held_advisory_keys()?;
+    assert!(!on_a.iter().any(|&(key, _)| key == k), "{on_a:?}");
+    assert!(
+        b.held_advisory_keys()?.iter().any(|&(key, _)| key == k),
+        "R leads but the key is not held on B\n{}",
+        r.tail()
+    );
+    r.kill9()?;
+    Ok(())
+}
