@@ -206,7 +206,8 @@ pub mod limits {
 /// servers; a lease user needs none of it.
 pub mod server {
     pub use crate::sql::{
-        handover_request_payload, wait_limit_ms, ADVISORY_KEY_SQL, CHECKPOINT_SETTING,
+        handover_request_payload, primary_timeline, wait_limit_ms, ADVISORY_KEY_SQL,
+        CHECKPOINT_SETTING, PRIMARY_TIMELINE_SQL,
         HANDOVER_CHANNEL, HISTORY_SETTING, LOCK_TIMEOUT_SQLSTATE, NONCE_SETTING, SEARCH_PATH,
         TCP_SETTINGS, TOKEN_CLOCK_OFFSET, TOKEN_SETTING, WAIT_CONNECTION_CHECK_MS,
         WAIT_PRELUDE_SQL, WAIT_SETTING,

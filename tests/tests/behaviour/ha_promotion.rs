@@ -97,6 +97,17 @@ fn promotion_while_the_old_primary_is_frozen_never_overlaps() -> Res {
         "two leaders for {:.1} ms across the promotion ({pair:?}): {context}",
         overlap as f64 / 1e6
     );
+    // The hold and its end are logged, each naming the host.
+    let host = format!("host=\"{}:{}\"", standby.host(), standby.port());
+    for what in ["promoted recently", "promotion hold has passed"] {
+        assert!(
+            c.stderr()
+                .iter()
+                .any(|l| l.contains(what) && l.contains(&host)),
+            "no {what:?} line naming {host}\n{}",
+            c.tail()
+        );
+    }
     // Once the hold has passed since the promotion, a new session there holds nothing
     // back: the promotion's checkpoint dates it (its second, truncated, + 1 s).
     let hold = config.guard_timeout() + config.guard_margin;
@@ -437,6 +448,19 @@ fn a_stale_primary_listed_first_is_never_led_on() -> Res {
     );
     let on_a = a.held_advisory_keys()?;
     assert!(!on_a.iter().any(|&(key, _)| key == k), "{on_a:?}");
+    // Every line that says where the session is names its host.
+    let named = format!("host=\"{b_label}\"");
+    for what in ["lease session ready", "lease acquired"] {
+        let lines: Vec<String> = r
+            .stderr()
+            .into_iter()
+            .filter(|l| l.contains(what))
+            .collect();
+        assert!(
+            !lines.is_empty() && lines.iter().all(|l| l.contains(&named)),
+            "{what}: {lines:?}"
+        );
+    }
     assert!(
         b.held_advisory_keys()?.iter().any(|&(key, _)| key == k),
         "R leads but the key is not held on B\n{}",
