@@ -164,8 +164,8 @@ pub(crate) async fn open<R: Runtime>(
 }
 
 /// [`open`] for a lease session: with several hosts, a host that opens is
-/// also compared with the hosts after it in the list ([`stale`]), and
-/// skipped when one of them is a primary on a newer timeline. `unchecked`
+/// also compared with the other listed hosts ([`stale`]), and skipped when
+/// one of them is a primary on a newer timeline. `unchecked`
 /// remembers that a host's timeline could not be read, so that it is logged
 /// once per locker.
 pub(crate) async fn open_lease_session<R: Runtime>(
@@ -185,6 +185,8 @@ async fn walk<R: Runtime>(
 ) -> Result<Opened, SessionError> {
     let several = hosts.len() > 1;
     let mut errors: Vec<(String, SessionError)> = Vec::new();
+    // Hosts that did not answer within their share in this walk.
+    let mut silent = vec![false; hosts.len()];
     for (i, host) in hosts.iter().enumerate() {
         let host = host.clone();
         let label = label(&host);
@@ -196,17 +198,21 @@ async fn walk<R: Runtime>(
                     "connection attempt timed out after {} ms",
                     share.as_millis()
                 ));
-                bounded(&*runtime, share, attempt)
-                    .await
-                    .unwrap_or(Err(expired))
+                bounded(&*runtime, share, attempt).await.unwrap_or_else(|| {
+                    silent[i] = true;
+                    Err(expired)
+                })
             }
         };
         match result {
             Ok(mut session) => {
-                let later = &hosts[i + 1..];
+                let others: Vec<&Config> = (hosts.iter().enumerate())
+                    .filter(|&(j, _)| j != i && !silent[j])
+                    .map(|(_, other)| other)
+                    .collect();
                 let skip = match unchecked {
-                    Some(unchecked) if !later.is_empty() => {
-                        stale(&*runtime, &mut *session, &label, later, share, unchecked).await
+                    Some(unchecked) if !others.is_empty() => {
+                        stale(&*runtime, &mut *session, &label, &others, share, unchecked).await
                     }
                     _ => None,
                 };
@@ -257,25 +263,28 @@ async fn one<R: Runtime>(
 
 /// The stale-primary check of a host list: `Some(why)` when `session` (on
 /// `me`, a host that just opened) is a primary on an older WAL timeline than
-/// a primary among `later`, the hosts after it in the list: an old primary
-/// that an HA tool has not fenced yet (a frozen one that resumed before it
-/// was demoted) while a standby was promoted. Leading there would overlap
-/// the rightful leader on the promoted server, with a larger fencing token.
-/// One WARN names both hosts and timelines; the caller closes the session
-/// and tries the next host.
+/// a primary among `others`, the other listed hosts: an old primary that an
+/// HA tool has not fenced yet (a frozen one that resumed before it was
+/// demoted, or one whose HA agent is frozen) while a standby was promoted.
+/// Leading there would overlap the rightful leader on the promoted server,
+/// with a larger fencing token. One WARN names both hosts and timelines; the
+/// caller closes the session and tries the next host (the newer primary,
+/// when it comes later in the list; else the walk fails and starts again
+/// from the first host after a backoff).
 ///
-/// Costs one short connection to each later host (in parallel, each within
-/// `share`), every time a lease session opens on a host that is not the
-/// last of several. Hosts before `me` are not asked: they failed in this
-/// walk a moment ago. A later host that cannot be reached, or is in
-/// recovery, is no newer primary. A timeline that cannot be read
-/// (`EXECUTE` revoked from the role, a session that cannot tell) leaves the
-/// check off for that host, logged once per locker (`unchecked`).
+/// Costs one short connection to each other host (in parallel, each within
+/// `share`: the setup waits for the slowest), every time a lease session
+/// opens on one of several hosts. Hosts that did not answer within their
+/// share earlier in this walk are not asked again (a frozen host would cost
+/// a second share). A host that cannot be reached, or is in recovery, is no
+/// newer primary. A timeline that cannot be read (`EXECUTE` revoked from
+/// the role, a session that cannot tell) leaves the check off for that
+/// host, logged once per locker (`unchecked`).
 async fn stale<R: Runtime>(
     runtime: &R,
     session: &mut dyn Session,
     me: &str,
-    later: &[Config],
+    others: &[&Config],
     share: Option<Duration>,
     unchecked: &AtomicBool,
 ) -> Option<SessionError> {
@@ -290,7 +299,7 @@ async fn stale<R: Runtime>(
             return None;
         }
     };
-    let others = all(later.iter().map(|host| async move {
+    let others = all(others.iter().map(|&host| async move {
         (label(host), timeline_of(runtime, host.clone(), share).await)
     }))
     .await;
@@ -319,7 +328,7 @@ async fn stale<R: Runtime>(
         newer_timeline = t,
         "{me} is a primary on timeline {mine}, but {newer} is a primary on the newer timeline \
          {t}: {me} is a stale old primary (a failover the HA tool has not finished fencing); \
-         no lease is taken there, trying the next host"
+         no lease is taken there, trying the next host in the list"
     );
     Some(SessionError::other(format!(
         "a stale primary on timeline {mine}: {newer} is a primary on the newer timeline {t}"

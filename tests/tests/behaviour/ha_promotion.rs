@@ -469,3 +469,54 @@ fn a_stale_primary_listed_first_is_never_led_on() -> Res {
     r.kill9()?;
     Ok(())
 }
+
+/// The stale-primary check without the right to read a timeline. Every function it calls
+/// (`pg_is_in_recovery`, `pg_current_wal_lsn`, `pg_walfile_name`) is PUBLIC's by default; a
+/// DBA may revoke one, and then the lease session's own setup, which reads the same
+/// timeline, fails on that server too: no lease of that role is led there. Here the newer
+/// primary B revokes `pg_walfile_name`: runner R (a role without privileges, host list
+/// `A,B`) cannot compare A with B, says so in one WARN naming B, and leads on A, the only
+/// server where its setup succeeds; its later sessions do not repeat the warning.
+#[test]
+fn control_an_unreadable_timeline_is_logged_once() -> Res {
+    let a = Cluster::start()?;
+    a.sql("CREATE ROLE app LOGIN")?;
+    let b = a.start_standby()?;
+    b.promote()?;
+    b.sql("REVOKE EXECUTE ON FUNCTION pg_catalog.pg_walfile_name(pg_lsn) FROM PUBLIC")?;
+    let list = format!(
+        "host={h},{h} port={},{} user=app dbname=postgres target_session_attrs=read-write",
+        a.port(),
+        b.port(),
+        h = a.host()
+    );
+    let r = replica(list).spawn(bin(), "R")?;
+    r.wait_starts(1, WAIT)?;
+    // Two more sessions: each checks again.
+    for n in 2..=3 {
+        a.terminate_by_application_name("lease-replica")?;
+        r.wait_starts(n, WAIT)?;
+    }
+    let b_label = format!("{}:{}", b.host(), b.port());
+    let warned: Vec<String> = r
+        .stderr()
+        .into_iter()
+        .filter(|l| l.contains("cannot read the WAL timeline"))
+        .collect();
+    let ready = r
+        .stderr()
+        .iter()
+        .filter(|l| l.contains("lease session ready"))
+        .count();
+    figure(
+        "unreadable timeline: R's warnings",
+        format!("{warned:?} over {ready} sessions"),
+    );
+    assert!(ready >= 3, "{}", r.tail());
+    assert!(
+        warned.len() == 1 && warned[0].contains(&b_label) && warned[0].contains("WARN"),
+        "{warned:?}\n{}",
+        r.tail()
+    );
+    Ok(())
+}
