@@ -562,6 +562,27 @@ mod tests {
     }
 
     #[test]
+    fn only_an_answer_turns_the_stale_primary_check_off() {
+        let coded = |code: &str| SessionError {
+            code: Some(code.to_owned()),
+            message: "m".to_owned(),
+            config: false,
+        };
+        // Revoked, missing: the check cannot be made there.
+        assert!(answered(&coded("42501")));
+        assert!(answered(&coded("42883")));
+        // The connection, the server's resources or its availability: not compared.
+        for code in ["08006", "53300", "57P01", "57P03"] {
+            assert!(!answered(&coded(code)), "{code}");
+        }
+        assert!(!answered(&SessionError::other("connection attempt timed out")));
+        assert!(!answered(&SessionError::other("no answer within 500 ms")));
+        assert!(answered(&SessionError::other(
+            "this session cannot read the server's WAL timeline"
+        )));
+    }
+
+    #[test]
     fn each_host_gets_its_share_of_the_attempt() {
         let s = Duration::from_secs;
         assert_eq!(share(None, 1, s(10)), None);

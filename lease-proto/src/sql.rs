@@ -1932,6 +1932,17 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_primary_timeline_reads_a_positive_integer_or_null() {
+        assert_eq!(primary_timeline(None), Ok(None));
+        assert_eq!(primary_timeline(Some("1")), Ok(Some(1)));
+        assert_eq!(primary_timeline(Some("4294967295")), Ok(Some(4_294_967_295)));
+        for bad in ["0", "-1", "", "x2", "1.5"] {
+            let parsed = primary_timeline(Some(bad));
+            assert!(parsed.is_err(), "{bad:?}: {parsed:?}");
+        }
+    }
+
     /// `prefer` payloads parse as nothing else, and other payloads never
     /// as `prefer`: an older locker ignores the new payload, a newer one
     /// reads the old ones as before.
