@@ -11,6 +11,11 @@
 //! end of the `target_session_attrs` check, which the driver runs itself
 //! ([`check_attrs`]) so that every runtime gets it and it is bounded too;
 //! `read-write` there means a primary (not in recovery), see [`check_attrs`].
+//!
+//! A lease session that opens on one of several hosts is also compared with
+//! the other listed hosts ([`stale`]): a primary on an older WAL timeline
+//! than another listed primary is a stale old primary, closed before the
+//! session's setup, and the walk goes on to the next host.
 
 use std::fmt::Write as _;
 use std::future::{poll_fn, Future};
@@ -374,7 +379,9 @@ async fn within<R: Runtime, T>(
 /// there, however often it is tried.
 fn answered(e: &SessionError) -> bool {
     match &e.code {
-        Some(code) => !["08", "53", "57"].iter().any(|class| code.starts_with(class)),
+        Some(code) => !["08", "53", "57"]
+            .iter()
+            .any(|class| code.starts_with(class)),
         // Without a SQLSTATE: the session's own word that it cannot tell
         // (every such message names the timeline), else the network's.
         None => e.message.contains("timeline"),
@@ -575,7 +582,9 @@ mod tests {
         for code in ["08006", "53300", "57P01", "57P03"] {
             assert!(!answered(&coded(code)), "{code}");
         }
-        assert!(!answered(&SessionError::other("connection attempt timed out")));
+        assert!(!answered(&SessionError::other(
+            "connection attempt timed out"
+        )));
         assert!(!answered(&SessionError::other("no answer within 500 ms")));
         assert!(answered(&SessionError::other(
             "this session cannot read the server's WAL timeline"

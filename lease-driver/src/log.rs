@@ -251,8 +251,7 @@ fn log_event(event: &Event, since: u32, host: Option<&str>) {
         ),
         Event::PromotionHoldEnded { session: s } => info!(
             session = s.0,
-            host,
-            "the promotion hold has passed: leases are taken on this server again"
+            host, "the promotion hold has passed: leases are taken on this server again"
         ),
         Event::ServerClockStepped {
             session: s,

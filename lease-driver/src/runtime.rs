@@ -193,7 +193,8 @@ impl Session for PostgresSession {
                 SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
                 _ => None,
             });
-            let value = value.ok_or_else(|| SessionError::other("no answer to the timeline query"))?;
+            let value =
+                value.ok_or_else(|| SessionError::other("no answer to the timeline query"))?;
             lease_proto::server::primary_timeline(value.as_deref())
                 .map_err(|e| SessionError::other(e.to_string()))
         })

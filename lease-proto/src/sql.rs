@@ -1174,7 +1174,10 @@ impl fmt::Display for ReplyError {
             ReplyError::HeartbeatRow(row) => write!(f, "malformed heartbeat reply: row {row:?}"),
             ReplyError::ReleaseRow(row) => write!(f, "malformed release reply: row {row:?}"),
             ReplyError::Timeline(text) => {
-                write!(f, "malformed WAL timeline: {text:?} is not a positive integer")
+                write!(
+                    f,
+                    "malformed WAL timeline: {text:?} is not a positive integer"
+                )
             }
         }
     }
@@ -1936,7 +1939,10 @@ mod tests {
     fn the_primary_timeline_reads_a_positive_integer_or_null() {
         assert_eq!(primary_timeline(None), Ok(None));
         assert_eq!(primary_timeline(Some("1")), Ok(Some(1)));
-        assert_eq!(primary_timeline(Some("4294967295")), Ok(Some(4_294_967_295)));
+        assert_eq!(
+            primary_timeline(Some("4294967295")),
+            Ok(Some(4_294_967_295))
+        );
         for bad in ["0", "-1", "", "x2", "1.5"] {
             let parsed = primary_timeline(Some(bad));
             assert!(parsed.is_err(), "{bad:?}: {parsed:?}");

@@ -366,7 +366,7 @@ async fn locker_on_a_hot_standby_leads_once_promoted() {
     );
 }
 
-/// Hole 9: a stale primary of the same URL. A primary A and a standby B of it, promoted to
+/// A stale primary of the same URL. A primary A and a standby B of it, promoted to
 /// a new timeline while A keeps running as a primary (what an HA tool leaves for a few
 /// hundred ms when a frozen old primary resumes before it is demoted; or for as long as the
 /// tool itself is frozen). The rightful leader L leads on B; runner R connects with the host
@@ -426,7 +426,10 @@ fn a_stale_primary_listed_first_is_never_led_on() -> Res {
         .into_iter()
         .filter(|l| l.contains("newer timeline"))
         .collect();
-    figure("stale primary listed first: R's warning", format!("{warned:?}"));
+    figure(
+        "stale primary listed first: R's warning",
+        format!("{warned:?}"),
+    );
     let (a_label, b_label) = (
         format!("{}:{}", a.host(), a.port()),
         format!("{}:{}", b.host(), b.port()),
@@ -444,7 +447,10 @@ fn a_stale_primary_listed_first_is_never_led_on() -> Res {
     let (_, r_token, r_start) = r.wait_start(t_gone, WAIT)?;
     figure(
         "stale primary listed first: L gone -> R leads on B",
-        format!("{:.1} ms, token {r_token} (L's {l_token})", ms_f(diff(t_gone, r_start))),
+        format!(
+            "{:.1} ms, token {r_token} (L's {l_token})",
+            ms_f(diff(t_gone, r_start))
+        ),
     );
     let on_a = a.held_advisory_keys()?;
     assert!(!on_a.iter().any(|&(key, _)| key == k), "{on_a:?}");

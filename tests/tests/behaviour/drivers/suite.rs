@@ -835,7 +835,7 @@ fn leads_on_the_primary_after_a_standby(name: &str, prepare: impl FnOnce(&lease_
     })
 }
 
-/// What the stale-primary check costs (hole 9): with several hosts, a lease session that
+/// What the stale-primary check costs: with several hosts, a lease session that
 /// opens on one of them asks every other listed host for its WAL timeline on a short
 /// connection of its own, in parallel, before the session's setup. A primary A and its hot
 /// standby B: a run with `host=A,B` against one with `host=A` alone, the time from the run
