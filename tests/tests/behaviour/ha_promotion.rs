@@ -533,7 +533,7 @@ fn control_an_unreadable_timeline_is_logged_once() -> Res {
 /// on B only once the promotion hold has passed there: B cannot show that no holder of A is
 /// still acting (a holder cut off from A hears nothing of the shutdown and acts until its
 /// validity ends), so a clean switchover costs the hold like a failover. The figure is what
-/// docs/operating.md states.
+/// docs/guarantees.md states (the HA promise's costs).
 fn clean_switchover(config: &ReplicaConfig, what: &str) -> Res {
     let mut a = Cluster::start()?;
     let b = a.start_standby()?;
@@ -601,7 +601,7 @@ fn a_clean_switchover_costs_the_promotion_hold() -> Res {
 /// (`cargo test -p lease-tests --test behaviour a_clean_switchover_at_the_library_defaults --
 /// --ignored --nocapture`).
 #[test]
-#[ignore = "takes about 25 s; the figure in docs/operating.md"]
+#[ignore = "takes about 25 s; the figure in docs/guarantees.md"]
 fn a_clean_switchover_at_the_library_defaults() -> Res {
     let d = lease_proto::Options::default();
     let config = ReplicaConfig {

@@ -905,6 +905,29 @@ fn the_stale_primary_check_costs_a_connection_per_other_host() {
             took[1][9],
         );
         assert_eq!(on_b, 10, "one connection to B per session with the list");
+        // A listed host that accepts connections but never answers (a frozen server)
+        // after the one the session opens on: the setup waits its share for it.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} connect_timeout=1 user=postgres \
+             dbname=postgres target_session_attrs=read-write",
+            primary.port(),
+            silent.local_addr().unwrap().port()
+        );
+        let locker = rt::connect(&url, opts()).expect("a locker");
+        let start = Instant::now();
+        let run = locker.run(&unique("check-cost-silent"), |_| async { Res::Ok(()) });
+        assert_eq!(timeout(MS(10_000), run).await, Ok(Ok(())));
+        let took = start.elapsed();
+        locker.close().await;
+        let share = MS(1_000).min(opts().query_timeout / 2);
+        eprintln!(
+            "FIGURE {} run -> job end, host=A,F (F accepts connections, never answers; \
+             share {share:?}): {:.1} ms",
+            rt::NAME,
+            took.as_secs_f64() * 1e3
+        );
+        assert!(took >= share, "{took:?}: the check did not wait for F");
     })
 }
 
