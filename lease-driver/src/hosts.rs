@@ -275,7 +275,8 @@ async fn one<R: Runtime>(
 /// with a larger fencing token. One WARN names both hosts and timelines; the
 /// caller closes the session and tries the next host (the newer primary,
 /// when it comes later in the list; else the walk fails and starts again
-/// from the first host after a backoff).
+/// from the first host after a backoff). Also `Some` when the session
+/// itself ends or does not answer within `share` during the check.
 ///
 /// Costs one short connection to each other host (in parallel, each within
 /// `share`: the setup waits for the slowest), every time a lease session
@@ -299,10 +300,12 @@ async fn stale<R: Runtime>(
         Ok(Some(timeline)) => timeline,
         // In recovery: no lease is taken there (the setup retries it).
         Ok(None) => return None,
-        Err(e) => {
+        Err(e) if answered(&e) => {
             not_checked(unchecked, me, &e);
             return None;
         }
+        // The session ended or went silent meanwhile: the next host.
+        Err(e) => return Some(e),
     };
     let others = all(others.iter().map(|&host| async move {
         (label(host), timeline_of(runtime, host.clone(), share).await)
