@@ -190,7 +190,9 @@ async fn walk<R: Runtime>(
 ) -> Result<Opened, SessionError> {
     let several = hosts.len() > 1;
     let mut errors: Vec<(String, SessionError)> = Vec::new();
-    // Hosts that did not answer within their share in this walk.
+    // Hosts that failed in this walk without an answer of their server
+    // (timed out, refused, reset): not asked again by the stale-primary
+    // check, where a frozen one would cost its share a second time.
     let mut silent = vec![false; hosts.len()];
     for (i, host) in hosts.iter().enumerate() {
         let host = host.clone();
@@ -203,10 +205,9 @@ async fn walk<R: Runtime>(
                     "connection attempt timed out after {} ms",
                     share.as_millis()
                 ));
-                bounded(&*runtime, share, attempt).await.unwrap_or_else(|| {
-                    silent[i] = true;
-                    Err(expired)
-                })
+                bounded(&*runtime, share, attempt)
+                    .await
+                    .unwrap_or(Err(expired))
             }
         };
         match result {
@@ -227,7 +228,11 @@ async fn walk<R: Runtime>(
                     None => return Ok((host, session)),
                 }
             }
-            Err(e) => errors.push((label, e)),
+            Err(e) => {
+                // A hot standby, or a SQLSTATE: the server answered.
+                silent[i] = e.code.is_none() && e.message != not_a_primary().message;
+                errors.push((label, e));
+            }
         }
     }
     let Some((last_label, mut last)) = errors.pop() else {
@@ -280,9 +285,11 @@ async fn one<R: Runtime>(
 ///
 /// Costs one short connection to each other host (in parallel, each within
 /// `share`: the setup waits for the slowest), every time a lease session
-/// opens on one of several hosts. Hosts that did not answer within their
-/// share earlier in this walk are not asked again (a frozen host would cost
-/// a second share). A host that cannot be reached, or is in recovery, is no
+/// opens on one of several hosts. Hosts that failed earlier in this walk
+/// without an answer of their server (timed out, refused, reset) are not
+/// asked again (a frozen host would cost a second share; a runtime may
+/// report its own connect timeout as an error); a hot standby or a host
+/// that answered with an error is. A host that cannot be reached, or is in recovery, is no
 /// newer primary. A timeline that cannot be read (`EXECUTE` revoked from
 /// the role, a session that cannot tell) leaves the check off for that
 /// host, logged once per locker (`unchecked`).

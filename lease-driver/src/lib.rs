@@ -120,8 +120,8 @@
 //! several hosts, whatever `target_session_attrs` says, the driver asks
 //! that server and every other listed host for its WAL timeline (one short
 //! connection per other host, in parallel, each within its share; a host
-//! that did not answer within its share earlier in the same walk is not
-//! asked again) and closes the session before its setup when another listed
+//! that failed earlier in the same walk without an answer of its server is
+//! not asked again) and closes the session before its setup when another listed
 //! host is a primary on a newer timeline: an old primary that an HA tool
 //! has not demoted yet while its standby was promoted. One `WARN` names both
 //! hosts and timelines, and the next host is tried. A timeline that cannot
