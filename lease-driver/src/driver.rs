@@ -11,6 +11,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -63,6 +64,9 @@ pub struct Driver<R: Runtime> {
     /// Made at the first deadline.
     timer: Option<Armed>,
     closing: bool,
+    /// A listed host's WAL timeline could not be read: the stale-primary
+    /// check said so once (`hosts::open_lease_session`).
+    unchecked: Arc<AtomicBool>,
 }
 
 // No field is pinned structurally: the futures are boxed, the rest moves freely.
@@ -106,6 +110,7 @@ impl<R: Runtime> Driver<R> {
             watch_query: None,
             timer: None,
             closing: false,
+            unchecked: Arc::default(),
         }
     }
 
@@ -129,7 +134,12 @@ impl<R: Runtime> Driver<R> {
                 let attempt = self.inner.lock().machine.options().query_timeout;
                 let connect_timeout = config.get_connect_timeout().copied();
                 let share = hosts::share(connect_timeout, hosts.len(), attempt);
-                let opening = hosts::open(self.runtime.clone(), hosts, share);
+                let opening = hosts::open_lease_session(
+                    self.runtime.clone(),
+                    hosts,
+                    share,
+                    self.unchecked.clone(),
+                );
                 self.conn = Conn::Opening(session, Box::pin(opening));
             }
             SessionCommand::Query { query, statement } => match &self.conn {
@@ -228,6 +238,8 @@ impl<R: Runtime> Driver<R> {
                 let session = *session;
                 match result {
                     Ok((host, opened)) => {
+                        // Every line that says where the session is names it.
+                        self.inner.lock().set_host(Some(hosts::label(&host)));
                         self.conn = Conn::Up(session, opened, Box::new(host));
                         self.inner.input(Input::SessionOpened { session });
                     }

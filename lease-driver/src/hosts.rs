@@ -11,10 +11,16 @@
 //! end of the `target_session_attrs` check, which the driver runs itself
 //! ([`check_attrs`]) so that every runtime gets it and it is bounded too;
 //! `read-write` there means a primary (not in recovery), see [`check_attrs`].
+//!
+//! A lease session that opens on one of several hosts is also compared with
+//! the other listed hosts ([`stale`]): a primary on an older WAL timeline
+//! than another listed primary is a stale old primary, closed before the
+//! session's setup, and the walk goes on to the next host.
 
 use std::fmt::Write as _;
 use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -152,15 +158,44 @@ pub(crate) fn label(config: &Config) -> String {
 /// A session on the first of `hosts` that opens (and passes its
 /// `target_session_attrs` check) within `share` each, with that host's
 /// configuration; else the last host's error, with every host's error in its
-/// message when there are several.
+/// message when there are several. For a second connection to a session's
+/// host (the pooler probe, the watch session): no stale-primary check.
 pub(crate) async fn open<R: Runtime>(
     runtime: Arc<R>,
     hosts: Vec<Config>,
     share: Option<Duration>,
 ) -> Result<Opened, SessionError> {
+    walk(runtime, hosts, share, None).await
+}
+
+/// [`open`] for a lease session: with several hosts, a host that opens is
+/// also compared with the other listed hosts ([`stale`]), and skipped when
+/// one of them is a primary on a newer timeline. `unchecked`
+/// remembers that a host's timeline could not be read, so that it is logged
+/// once per locker.
+pub(crate) async fn open_lease_session<R: Runtime>(
+    runtime: Arc<R>,
+    hosts: Vec<Config>,
+    share: Option<Duration>,
+    unchecked: Arc<AtomicBool>,
+) -> Result<Opened, SessionError> {
+    walk(runtime, hosts, share, Some(&unchecked)).await
+}
+
+async fn walk<R: Runtime>(
+    runtime: Arc<R>,
+    hosts: Vec<Config>,
+    share: Option<Duration>,
+    unchecked: Option<&AtomicBool>,
+) -> Result<Opened, SessionError> {
     let several = hosts.len() > 1;
     let mut errors: Vec<(String, SessionError)> = Vec::new();
-    for host in hosts {
+    // Hosts that failed in this walk without an answer of their server
+    // (timed out, refused, reset): not asked again by the stale-primary
+    // check, where a frozen one would cost its share a second time.
+    let mut silent = vec![false; hosts.len()];
+    for (i, host) in hosts.iter().enumerate() {
+        let host = host.clone();
         let label = label(&host);
         let attempt = one(&*runtime, host.clone(), share);
         let result = match share {
@@ -176,8 +211,28 @@ pub(crate) async fn open<R: Runtime>(
             }
         };
         match result {
-            Ok(session) => return Ok((host, session)),
-            Err(e) => errors.push((label, e)),
+            Ok(mut session) => {
+                let others: Vec<&Config> = (hosts.iter().enumerate())
+                    .filter(|&(j, _)| j != i && !silent[j])
+                    .map(|(_, other)| other)
+                    .collect();
+                let skip = match unchecked {
+                    Some(unchecked) if !others.is_empty() => {
+                        stale(&*runtime, &mut *session, &label, &others, share, unchecked).await
+                    }
+                    _ => None,
+                };
+                match skip {
+                    // Dropping the session closes it: nothing was tried there.
+                    Some(e) => errors.push((label, e)),
+                    None => return Ok((host, session)),
+                }
+            }
+            Err(e) => {
+                // A hot standby, or a SQLSTATE: the server answered.
+                silent[i] = e.code.is_none() && e.message != not_a_primary().message;
+                errors.push((label, e));
+            }
         }
     }
     let Some((last_label, mut last)) = errors.pop() else {
@@ -214,6 +269,172 @@ async fn one<R: Runtime>(
     let mut session = runtime.connect(host).await?;
     check_attrs(&mut *session, attrs).await?;
     Ok(session)
+}
+
+/// The stale-primary check of a host list: `Some(why)` when `session` (on
+/// `me`, a host that just opened) is a primary on an older WAL timeline than
+/// a primary among `others`, the other listed hosts: an old primary that an
+/// HA tool has not fenced yet (a frozen one that resumed before it was
+/// demoted, or one whose HA agent is frozen) while a standby was promoted.
+/// Leading there would overlap the rightful leader on the promoted server,
+/// with a larger fencing token. One WARN names both hosts and timelines; the
+/// caller closes the session and tries the next host (the newer primary,
+/// when it comes later in the list; else the walk fails and starts again
+/// from the first host after a backoff). Also `Some` when the session
+/// itself ends or does not answer within `share` during the check.
+///
+/// Costs one short connection to each other host (in parallel, each within
+/// `share`: the setup waits for the slowest), every time a lease session
+/// opens on one of several hosts. Hosts that failed earlier in this walk
+/// without an answer of their server (timed out, refused, reset) are not
+/// asked again (a frozen host would cost a second share; a runtime may
+/// report its own connect timeout as an error); a hot standby or a host
+/// that answered with an error is. A host that cannot be reached, or is in recovery, is no
+/// newer primary. A timeline that cannot be read (`EXECUTE` revoked from
+/// the role, a session that cannot tell) leaves the check off for that
+/// host, logged once per locker (`unchecked`).
+async fn stale<R: Runtime>(
+    runtime: &R,
+    session: &mut dyn Session,
+    me: &str,
+    others: &[&Config],
+    share: Option<Duration>,
+    unchecked: &AtomicBool,
+) -> Option<SessionError> {
+    let mine = session.primary_timeline();
+    let mine = within(runtime, share, alone(session, mine)).await;
+    let mine = match mine {
+        Ok(Some(timeline)) => timeline,
+        // In recovery: no lease is taken there (the setup retries it).
+        Ok(None) => return None,
+        Err(e) if answered(&e) => {
+            not_checked(unchecked, me, &e);
+            return None;
+        }
+        // The session ended or went silent meanwhile: the next host.
+        Err(e) => return Some(e),
+    };
+    let others = all(others.iter().map(|&host| async move {
+        (label(host), timeline_of(runtime, host.clone(), share).await)
+    }))
+    .await;
+    let mut newest: Option<(String, i64)> = None;
+    for (host, timeline) in others {
+        match timeline {
+            Ok(Some(t)) if t > mine && newest.as_ref().is_none_or(|(_, n)| t > *n) => {
+                newest = Some((host, t));
+            }
+            Ok(_) => {}
+            // The server answered, and not with a timeline: a privilege
+            // revoked, a function missing.
+            Err(e) if answered(&e) => not_checked(unchecked, &host, &e),
+            Err(e) => tracing::debug!(
+                host,
+                error = %e,
+                "stale-primary check: a listed host did not answer; not compared"
+            ),
+        }
+    }
+    let (newer, t) = newest?;
+    tracing::warn!(
+        host = me,
+        timeline = mine,
+        newer_host = newer.as_str(),
+        newer_timeline = t,
+        "{me} is a primary on timeline {mine}, but {newer} is a primary on the newer timeline \
+         {t}: {me} is a stale old primary (a failover the HA tool has not finished fencing); \
+         no lease is taken there, trying the next host in the list"
+    );
+    Some(SessionError::other(format!(
+        "a stale primary on timeline {mine}: {newer} is a primary on the newer timeline {t}"
+    )))
+}
+
+/// The WAL timeline of `host` on a short connection of its own (`None`: in
+/// recovery), within `share`.
+async fn timeline_of<R: Runtime>(
+    runtime: &R,
+    mut host: Config,
+    share: Option<Duration>,
+) -> Result<Option<i64>, SessionError> {
+    host.target_session_attrs(TargetSessionAttrs::Any);
+    let attempt = async {
+        let mut session = one(runtime, host, share).await?;
+        let timeline = session.primary_timeline();
+        alone(&mut *session, timeline).await
+    };
+    within(runtime, share, attempt).await
+}
+
+/// `f` within `limit` (if any), else a timeout error.
+async fn within<R: Runtime, T>(
+    runtime: &R,
+    limit: Option<Duration>,
+    f: impl Future<Output = Result<T, SessionError>>,
+) -> Result<T, SessionError> {
+    match limit {
+        None => f.await,
+        Some(limit) => bounded(runtime, limit, f).await.unwrap_or_else(|| {
+            Err(SessionError::other(format!(
+                "no answer within {} ms",
+                limit.as_millis()
+            )))
+        }),
+    }
+}
+
+/// Whether `e` is the server's answer (a SQLSTATE that does not mean the
+/// connection, the server's resources or its availability: classes 08, 53
+/// and 57), or a reply the driver could not read: the check cannot be made
+/// there, however often it is tried.
+fn answered(e: &SessionError) -> bool {
+    match &e.code {
+        Some(code) => !["08", "53", "57"]
+            .iter()
+            .any(|class| code.starts_with(class)),
+        // Without a SQLSTATE: the session's own word that it cannot tell
+        // (every such message names the timeline), else the network's.
+        None => e.message.contains("timeline"),
+    }
+}
+
+/// A host whose timeline could not be read: one WARN per locker, then DEBUG.
+fn not_checked(unchecked: &AtomicBool, host: &str, e: &SessionError) {
+    if unchecked.swap(true, Ordering::Relaxed) {
+        tracing::debug!(host, error = %e, "stale-primary check: timeline not readable");
+        return;
+    }
+    tracing::warn!(
+        host,
+        error = %e,
+        "cannot read the WAL timeline of {host}: with several hosts, a stale old primary (a \
+         primary on an older timeline than another listed host's) is not detected there; \
+         logged once (docs/guarantees.md, the HA condition)"
+    );
+}
+
+/// Every future of `futures`, polled together; their outputs in order.
+async fn all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(value) => *out = Some(value),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
 
 /// `f`, or `None` once `limit` has passed on the runtime's timer.
@@ -355,6 +576,29 @@ mod tests {
         let mut all: Vec<String> = split(&config, 42).iter().map(label).collect();
         all.sort();
         assert_eq!(all, ["a:5432", "b:5432", "c:5432", "d:5432"]);
+    }
+
+    #[test]
+    fn only_an_answer_turns_the_stale_primary_check_off() {
+        let coded = |code: &str| SessionError {
+            code: Some(code.to_owned()),
+            message: "m".to_owned(),
+            config: false,
+        };
+        // Revoked, missing: the check cannot be made there.
+        assert!(answered(&coded("42501")));
+        assert!(answered(&coded("42883")));
+        // The connection, the server's resources or its availability: not compared.
+        for code in ["08006", "53300", "57P01", "57P03"] {
+            assert!(!answered(&coded(code)), "{code}");
+        }
+        assert!(!answered(&SessionError::other(
+            "connection attempt timed out"
+        )));
+        assert!(!answered(&SessionError::other("no answer within 500 ms")));
+        assert!(answered(&SessionError::other(
+            "this session cannot read the server's WAL timeline"
+        )));
     }
 
     #[test]

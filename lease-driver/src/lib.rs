@@ -116,6 +116,22 @@
 //! `read_write_leads_on_a_primary_whose_role_defaults_to_read_only` in
 //! `tests/tests/behaviour/drivers`.
 //!
+//! **No lease on a stale primary.** When a lease session opens on one of
+//! several hosts, whatever `target_session_attrs` says, the driver asks
+//! that server and every other listed host for its WAL timeline (one short
+//! connection per other host, in parallel, each within its share; a host
+//! that failed earlier in the same walk without an answer of its server is
+//! not asked again) and closes the session before its setup when another listed
+//! host is a primary on a newer timeline: an old primary that an HA tool
+//! has not demoted yet while its standby was promoted. One `WARN` names both
+//! hosts and timelines, and the next host is tried. A timeline that cannot
+//! be read is logged once per locker, and that host is not compared
+//! ([`Session::primary_timeline`]: a session of your own runtime that does
+//! not implement it turns the check off, with that line). What is covered,
+//! what is not and the cost: the stale-primary promise in
+//! `docs/guarantees.md`; test: `a_stale_primary_listed_first_is_never_led_on`
+//! in `tests/tests/behaviour/ha_promotion.rs`.
+//!
 //! ## Logs, the job span and metrics
 //!
 //! The locker logs one `tracing` line per event of the core, and every call

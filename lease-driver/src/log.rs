@@ -79,9 +79,17 @@ impl Repeats {
 #[derive(Default)]
 pub(crate) struct EventLog {
     repeats: Repeats,
+    /// The host the lease session opened on (`host:port`), for the lines
+    /// that say where the session is.
+    host: Option<String>,
 }
 
 impl EventLog {
+    /// The host of the lease session from now on.
+    pub(crate) fn set_host(&mut self, host: Option<String>) {
+        self.host = host;
+    }
+
     /// Logs `event` (the clock is read only for a session's failure).
     pub(crate) fn event(&mut self, clock: &Clock, event: &Event) {
         let kind = match event {
@@ -107,9 +115,9 @@ impl EventLog {
             _ => None,
         };
         match kind {
-            None => log_event(event, 1),
+            None => log_event(event, 1, self.host.as_deref()),
             Some(kind) => match self.repeats.failed(clock(), kind) {
-                Some(n) => log_event(event, n),
+                Some(n) => log_event(event, n, self.host.as_deref()),
                 None => {
                     let error = match event {
                         Event::ConnectFailed { error, .. } => Some(error),
@@ -134,9 +142,11 @@ macro_rules! lease_event {
 }
 
 /// One log line per event; `since` is how many failed attempts a
-/// connection failure's line stands for (see [`Repeats`]).
-fn log_event(event: &Event, since: u32) {
+/// connection failure's line stands for (see [`Repeats`]); `host` is where
+/// the lease session opened, named by every line that says where it is.
+fn log_event(event: &Event, since: u32, host: Option<&str>) {
     use tracing::{debug, error, info, warn};
+    let host = host.unwrap_or("?");
     match event {
         Event::SessionOpening {
             session: s,
@@ -149,6 +159,7 @@ fn log_event(event: &Event, since: u32) {
         } => {
             info!(
                 session = s.0,
+                host,
                 backend_pid = pid,
                 server_version = v,
                 "lease session ready"
@@ -197,11 +208,11 @@ fn log_event(event: &Event, since: u32) {
             REPEAT_INTERVAL.as_secs()
         ),
         Event::SessionLost { session: s, reason } => {
-            warn!(session = s.0, %reason, "lease session lost")
+            warn!(session = s.0, host, %reason, "lease session lost")
         }
         Event::SessionIdle { session: s } => debug!(session = s.0, "lease session idle, closed"),
         Event::Acquired { run, lease, token } => {
-            lease_event!(info, run, lease, token, "lease acquired")
+            lease_event!(info, run, lease, token, host, "lease acquired")
         }
         Event::Lost { run, lease, reason } => lease_event!(warn, run, lease, %reason, "lease lost"),
         Event::Released { run, lease } => lease_event!(info, run, lease, "lease released"),
@@ -215,6 +226,7 @@ fn log_event(event: &Event, since: u32) {
                 run,
                 lease,
                 holder_backend_pid = pid,
+                host,
                 "lease held elsewhere; standing by"
             )
         }
@@ -223,6 +235,7 @@ fn log_event(event: &Event, since: u32) {
         Event::Refused { refusal } => error!(%refusal, "lease setup refused"),
         Event::InRecovery { session: s } => error!(
             session = s.0,
+            host,
             failed_since_last_line = since,
             "the server is a hot standby (in recovery): no lease can be taken there; \
              retrying after a backoff (a failover in progress, or the wrong host; reported at \
@@ -231,9 +244,14 @@ fn log_event(event: &Event, since: u32) {
         ),
         Event::PromotionHold { session: s, hold } => warn!(
             session = s.0,
+            host,
             hold_ms = hold.as_millis() as u64,
             "the server was promoted recently: no lease is taken there until the old \
              primary's holders must have stopped"
+        ),
+        Event::PromotionHoldEnded { session: s } => info!(
+            session = s.0,
+            host, "the promotion hold has passed: leases are taken on this server again"
         ),
         Event::ServerClockStepped {
             session: s,

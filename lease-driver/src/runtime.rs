@@ -92,6 +92,20 @@ pub trait Session: Send {
     /// statement writes (see the crate docs, "Several hosts").
     fn in_recovery(&self) -> BoxFuture<Result<bool, SessionError>>;
 
+    /// The driver's stale-primary check of a host list (see the crate docs,
+    /// "Several hosts"): the server's current WAL timeline, `None` on a
+    /// server in recovery
+    /// ([`PRIMARY_TIMELINE_SQL`](lease_proto::server::PRIMARY_TIMELINE_SQL)).
+    /// The default answers an error: a session that cannot tell is logged
+    /// once as not checked, never taken for a stale one.
+    fn primary_timeline(&self) -> BoxFuture<Result<Option<i64>, SessionError>> {
+        Box::pin(async {
+            Err(SessionError::other(
+                "this session cannot read the server's WAL timeline",
+            ))
+        })
+    }
+
     /// The next notification or notice, or the end of the session; after
     /// [`SessionEvent::Ended`] the session is not polled again.
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<SessionEvent>;
@@ -166,6 +180,24 @@ impl Session for PostgresSession {
     fn in_recovery(&self) -> BoxFuture<Result<bool, SessionError>> {
         let client = self.client.clone();
         Box::pin(async move { in_recovery(&client).await })
+    }
+
+    fn primary_timeline(&self) -> BoxFuture<Result<Option<i64>, SessionError>> {
+        let client = self.client.clone();
+        Box::pin(async move {
+            let reply = client
+                .simple_query(lease_proto::server::PRIMARY_TIMELINE_SQL)
+                .await;
+            let messages = reply.map_err(|e| session_error(&e))?;
+            let value = messages.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
+                _ => None,
+            });
+            let value =
+                value.ok_or_else(|| SessionError::other("no answer to the timeline query"))?;
+            lease_proto::server::primary_timeline(value.as_deref())
+                .map_err(|e| SessionError::other(e.to_string()))
+        })
     }
 
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<SessionEvent> {

@@ -110,6 +110,12 @@ impl Shared {
         self.drain();
     }
 
+    /// The host (`host:port`, never a password) the lease session opened
+    /// on, for the log lines that say where the session is.
+    pub(crate) fn set_host(&mut self, host: Option<String>) {
+        self.log.set_host(host);
+    }
+
     /// Registers a run of `lease` with the core and gives it a slot, then
     /// routes what the core says.
     pub(crate) fn register(&mut self, lease: LeaseId) -> Result<RunId, RunRejected> {

@@ -791,6 +791,14 @@ pub enum Event {
         /// How long from the setup's reply.
         hold: std::time::Duration,
     },
+    /// The promotion hold of this session ([`Event::PromotionHold`]) has
+    /// passed: the session tries keys again. Emitted when the machine next
+    /// picks a statement after the hold's end (at the retry deadline that
+    /// ends it); not for a session lost during the hold.
+    PromotionHoldEnded {
+        /// The session.
+        session: SessionId,
+    },
     /// The server's clock (`clock_timestamp()`, which fencing tokens are
     /// made of) stepped back, against this locker's monotonic clock, by more
     /// than the bound: the guard margin in force plus the drift the

@@ -487,6 +487,33 @@ pub const WAIT_PRELUDE_SQL: &str = concat!(
 /// room for about 290,000 years of microseconds. See [`Statement::TryLock`].
 pub const TOKEN_CLOCK_OFFSET: i64 = 1 << 56;
 
+/// The stale-primary check of a host list (the driver's, when a lease
+/// session opens on one host of several): the server's current WAL timeline
+/// (the first 8 hex digits of `pg_walfile_name(pg_current_wal_lsn())`, one
+/// more at every promotion, at once), or NULL on a server in recovery, where
+/// `pg_current_wal_lsn()` errors (the `CASE` never calls it there). Every
+/// function it names is executable by PUBLIC by default (measured with a
+/// role without privileges on PostgreSQL 15: unlike `pg_ls_waldir()`, no
+/// `pg_monitor` needed); where a DBA revoked that, the statement fails with
+/// `insufficient_privilege` and the driver logs once that the check is off.
+/// One row, one column; [`primary_timeline`] reads it.
+pub const PRIMARY_TIMELINE_SQL: &str = "SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN NULL \
+     ELSE pg_catalog.concat('x', pg_catalog.substr(pg_catalog.pg_walfile_name(\
+     pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 END";
+
+/// The reply of [`PRIMARY_TIMELINE_SQL`], its one column as text (`None`:
+/// NULL): `Ok(None)` on a server in recovery, `Ok(Some(timeline))` on a
+/// primary.
+pub fn primary_timeline(value: Option<&str>) -> Result<Option<i64>, ReplyError> {
+    match value {
+        None => Ok(None),
+        Some(text) => match text.parse::<i64>() {
+            Ok(t) if t >= 1 => Ok(Some(t)),
+            _ => Err(ReplyError::Timeline(text.to_owned())),
+        },
+    }
+}
+
 /// The expression of an advisory lock's `bigint` key over the `pg_locks`
 /// columns (`pg_advisory_lock(bigint)` stores the key's high half in
 /// `classid` and its low half in `objid`, with `objsubid = 1`). Parenthesised,
@@ -1258,6 +1285,8 @@ pub enum ReplyError {
     HeartbeatRow(Row),
     /// A release row is not `(key, 0 or 1)`.
     ReleaseRow(Row),
+    /// The reply of [`PRIMARY_TIMELINE_SQL`] is not a positive integer.
+    Timeline(String),
 }
 
 impl fmt::Display for ReplyError {
@@ -1268,6 +1297,12 @@ impl fmt::Display for ReplyError {
             }
             ReplyError::HeartbeatRow(row) => write!(f, "malformed heartbeat reply: row {row:?}"),
             ReplyError::ReleaseRow(row) => write!(f, "malformed release reply: row {row:?}"),
+            ReplyError::Timeline(text) => {
+                write!(
+                    f,
+                    "malformed WAL timeline: {text:?} is not a positive integer"
+                )
+            }
         }
     }
 }
@@ -2069,6 +2104,7 @@ mod tests {
                     crate::inspect::HOLDERS_SQL,
                     WAIT_PRELUDE_SQL,
                     ADVISORY_KEY_SQL,
+                    PRIMARY_TIMELINE_SQL,
                 ]
                 .map(String::from),
             );
@@ -2092,6 +2128,20 @@ mod tests {
         assert_eq!(handover_release("-5 9 0 8"), Some(notice(None, Some(8))));
         assert_eq!(handover_release("-5 9 7 8"), Some(notice(Some(7), Some(8))));
         assert_eq!(handover_release("-5 9 7 8 1"), None);
+    }
+
+    #[test]
+    fn the_primary_timeline_reads_a_positive_integer_or_null() {
+        assert_eq!(primary_timeline(None), Ok(None));
+        assert_eq!(primary_timeline(Some("1")), Ok(Some(1)));
+        assert_eq!(
+            primary_timeline(Some("4294967295")),
+            Ok(Some(4_294_967_295))
+        );
+        for bad in ["0", "-1", "", "x2", "1.5"] {
+            let parsed = primary_timeline(Some(bad));
+            assert!(parsed.is_err(), "{bad:?}: {parsed:?}");
+        }
     }
 
     /// `prefer` payloads parse as nothing else, and other payloads never

@@ -389,6 +389,13 @@ impl Cluster {
         self.shutdown(libc::SIGQUIT)
     }
 
+    /// Stops the server in fast mode, like `pg_ctl stop -m fast` (every session is
+    /// terminated, then the shutdown checkpoint; a streaming standby receives all of it: a
+    /// clean switchover's first step). Use [`Cluster::start_again`] to start it again.
+    pub fn stop_fast(&mut self) -> Result<(), KitError> {
+        self.shutdown(libc::SIGINT)
+    }
+
     /// Kills the postmaster and all its children with SIGKILL, like a machine crash, and
     /// waits until they are gone and the port is closed. Use [`Cluster::start_again`] next.
     ///

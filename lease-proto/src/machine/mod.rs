@@ -1825,8 +1825,8 @@ impl Machine {
         // the hold ends; the retry deadline wakes the machine then.
         let up = self.session.up_mut()?;
         let held = up.promotion_hold.filter(|&until| until > now);
-        if held.is_none() {
-            up.promotion_hold = None;
+        if held.is_none() && up.promotion_hold.take().is_some() {
+            self.out.event(Event::PromotionHoldEnded { session: up.id });
         }
         let heartbeat_due =
             self.heartbeat_needed() && self.timers.expired(Deadline::Heartbeat, now);

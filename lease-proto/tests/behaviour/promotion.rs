@@ -101,6 +101,11 @@ fn a_pending_promotion_checkpoint_holds_tries_for_the_whole_hold() {
         heartbeats >= 5,
         "{heartbeats} heartbeats during a {hold:?} hold"
     );
+    // The hold's end is an event of its own (logged with the host), once, before the try.
+    let ended: Vec<&Event> = (h.events().iter())
+        .filter(|e| matches!(e, Event::PromotionHoldEnded { .. }))
+        .collect();
+    assert_eq!(ended.len(), 1, "{:?}", h.events());
     let cmds = h.win(5);
     assert!(cmds.iter().any(|c| matches!(c, Command::StartJob { .. })));
 }

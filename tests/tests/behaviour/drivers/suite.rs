@@ -835,6 +835,102 @@ fn leads_on_the_primary_after_a_standby(name: &str, prepare: impl FnOnce(&lease_
     })
 }
 
+/// What the stale-primary check costs: with several hosts, a lease session that
+/// opens on one of them asks every other listed host for its WAL timeline on a short
+/// connection of its own, in parallel, before the session's setup. A primary A and its hot
+/// standby B: a run with `host=A,B` against one with `host=A` alone, the time from the run
+/// to its job's start, 10 rounds each (the figure), and the sessions B saw (one per round
+/// with the list, none alone).
+#[test]
+fn the_stale_primary_check_costs_a_connection_per_other_host() {
+    rt::block_on(async {
+        init();
+        let primary = lease_tests::Cluster::start().expect("a primary");
+        let standby = primary.start_standby().expect("a hot standby");
+        let alone = format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres target_session_attrs=read-write",
+            primary.port()
+        );
+        let list = format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres \
+             target_session_attrs=read-write",
+            primary.port(),
+            standby.port()
+        );
+        // Sessions established on B (PostgreSQL 14+), the psql call itself included.
+        let sessions = || -> i64 {
+            let out = standby
+                .sql("SELECT sessions FROM pg_stat_database WHERE datname = 'postgres'")
+                .expect("B's sessions");
+            out.parse().expect("a count")
+        };
+        let before = sessions();
+        let mut took: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        for round in 0..20 {
+            let (which, url) = if round % 2 == 0 {
+                (0, &alone)
+            } else {
+                (1, &list)
+            };
+            let locker = rt::connect(url, opts()).expect("a locker");
+            let start = Instant::now();
+            let (tx, rx) = unbounded();
+            let run = locker.run(&unique("check-cost"), move |_| {
+                let tx = tx.clone();
+                async move {
+                    tx.try_send(Instant::now()).unwrap();
+                    Res::Ok(())
+                }
+            });
+            let result = timeout(MS(10_000), run).await;
+            assert_eq!(result, Ok(Ok(())), "round {round}");
+            let started = rx.recv().await.unwrap();
+            took[which].push((started - start).as_secs_f64() * 1e3);
+            locker.close().await;
+        }
+        // Shared statistics are flushed within a second of a session's end.
+        sleep(MS(1_500)).await;
+        let on_b = sessions() - before - 1;
+        for t in &mut took {
+            t.sort_by(f64::total_cmp);
+        }
+        eprintln!(
+            "FIGURE {} run -> job start, host=A: median {:.1} ms (max {:.1}); host=A,B (B a \
+             standby): median {:.1} ms (max {:.1}); sessions B saw over the 10 rounds with \
+             the list: {on_b}",
+            rt::NAME,
+            took[0][5],
+            took[0][9],
+            took[1][5],
+            took[1][9],
+        );
+        assert_eq!(on_b, 10, "one connection to B per session with the list");
+        // A listed host that accepts connections but never answers (a frozen server)
+        // after the one the session opens on: the setup waits its share for it.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!(
+            "host=127.0.0.1,127.0.0.1 port={},{} connect_timeout=1 user=postgres \
+             dbname=postgres target_session_attrs=read-write",
+            primary.port(),
+            silent.local_addr().unwrap().port()
+        );
+        let locker = rt::connect(&url, opts()).expect("a locker");
+        let start = Instant::now();
+        let run = locker.run(&unique("check-cost-silent"), |_| async { Res::Ok(()) });
+        assert_eq!(timeout(MS(10_000), run).await, Ok(Ok(())));
+        let took = start.elapsed();
+        locker.close().await;
+        let share = MS(1_000).min(opts().query_timeout / 2);
+        eprintln!(
+            "FIGURE {} run -> job end, host=A,F (F accepts connections, never answers; \
+             share {share:?}): {:.1} ms",
+            rt::NAME,
+            took.as_secs_f64() * 1e3
+        );
+        assert!(took >= share, "{took:?}: the check did not wait for F");
+    })
+}
+
 /// `connect_timeout` bounds each host's whole attempt (as in libpq), on every runtime: a
 /// first host that accepts connections but never answers does not stall failover.
 #[test]
