@@ -75,12 +75,12 @@ pub(crate) fn check_interval(opts: &Options) -> Duration {
 /// within a few of them.
 pub const CHECK_EVERY: Duration = Duration::from_millis(50);
 
-/// How long an ask stands unconfirmed: a validity window (two query
-/// timeouts plus the margin), time for the named standby to hear of it and
-/// queue for the key, and for several heartbeats to check (see
-/// `handover`).
+/// How long an ask stands unconfirmed: a validity window and two query
+/// timeouts, time for the named standby to hear of it, end the statement
+/// it has in flight (a wait up to half the validity window) and queue for
+/// the key, and for many checks to look (see `handover`).
 pub(crate) fn ask_window(opts: &Options) -> Duration {
-    opts.validity_window()
+    opts.validity_window() + opts.query_timeout * 2
 }
 
 /// One hand-over asked of this holder.

@@ -1450,9 +1450,10 @@ impl Machine {
         }
         if me == Some(to) {
             if standby.is_some() {
+                // Its next statement is a wait for the key (the key is
+                // held: a try would only cost a round trip).
                 let until = now + handover::ask_window(&self.opts);
                 self.wait.named(key, until);
-                self.plan.try_soon();
             }
             return;
         }

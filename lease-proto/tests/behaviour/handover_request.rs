@@ -103,7 +103,7 @@ fn a_request_for_a_backend_that_does_not_wait_is_refused_and_repeats_change_noth
     let mut h = harness(polling());
     started(&mut h, "a", 900);
     let t0 = h.now();
-    let window = opts().validity_window();
+    let window = opts().validity_window() + opts().query_timeout * 2;
     let mut checks = 0;
     let mut refused = 0;
     let count = |h: &Harness| {

@@ -3281,3 +3281,35 @@ fn broken_unchecked_hand_over_requests_are_caught() {
         other => panic!("the property did not catch unchecked requests: {other:?}"),
     }
 }
+
+/// A case [`a_requested_hand_over_goes_to_the_named_process`] found: the named standby on
+/// a link of 125–215 ms one way, crowded out (third in line), hears of the request while a
+/// statement is in flight, so its wait for the key reaches the server about a second
+/// after the request. The holder's ask once stood a validity window (1 s) and was refused
+/// just before; now it stands two query timeouts longer, and the named standby waits for
+/// the key at once instead of trying it first.
+#[test]
+fn a_named_standby_on_a_slow_link_is_found_within_the_ask() {
+    let knobs = Knobs {
+        heartbeat_ms: 284,
+        query_slack_ms: 20,
+        validity_slack_ms: None,
+        margin_ms: 1,
+        retry_ms: 125,
+        guard: true,
+        notify: false,
+        wait: true,
+        lock_delay_ms: 0,
+        latency_us: 37268,
+        jitter_us: 92607,
+        link_us: vec![85820, 0, 0, 0],
+        drift_share: 0.0,
+        send_buffer_rows: None,
+        tcp_give_up_ms: None,
+    };
+    handover_to_case(
+        (knobs, 4, 14099134767235531806, 622, 726504876044613462),
+        None,
+    )
+    .unwrap();
+}
