@@ -1902,20 +1902,25 @@ fn handover_to_cases() -> impl Strategy<Value = (Knobs, usize, u64, u64, usize)>
     )
 }
 
+/// `knobs` with waits on the server and handover notifications on, and nothing that
+/// delays a standby's statements (no send buffer limit, no TCP give-up).
+fn waiting_and_listening(knobs: Knobs) -> Knobs {
+    Knobs {
+        wait: true,
+        notify: true,
+        send_buffer_rows: None,
+        tcp_give_up_ms: None,
+        ..knobs
+    }
+}
+
 /// One case of [`a_requested_hand_over_goes_to_the_named_process`]: from the request to the
 /// named process leading, in ms.
 fn handover_to_case(
     (knobs, processes, seed, at_ms, to): (Knobs, usize, u64, u64, usize),
     mutation: Option<Mutation>,
 ) -> Result<f64, TestCaseError> {
-    let knobs = Knobs {
-        wait: true,
-        notify: true,
-        send_buffer_rows: None,
-        tcp_give_up_ms: None,
-        ..knobs
-    };
-    let cfg = one_lease_case(knobs, processes, seed).config(mutation);
+    let cfg = one_lease_case(waiting_and_listening(knobs), processes, seed).config(mutation);
     let o = &cfg.options;
     let mut sim = Sim::new(cfg.clone(), Instant::now());
     let holder = leader_after(&mut sim, &cfg, processes, at_ms)?;
@@ -3194,14 +3199,7 @@ fn flood_case(
     (knobs, processes, seed): (Knobs, usize, u64),
     mutation: Option<Mutation>,
 ) -> Result<f64, TestCaseError> {
-    let knobs = Knobs {
-        wait: true,
-        notify: true,
-        send_buffer_rows: None,
-        tcp_give_up_ms: None,
-        ..knobs
-    };
-    let cfg = one_lease_case(knobs, processes, seed).config(mutation);
+    let cfg = one_lease_case(waiting_and_listening(knobs), processes, seed).config(mutation);
     let o = &cfg.options;
     let mut sim = Sim::new(cfg.clone(), Instant::now());
     leader_after(&mut sim, &cfg, processes, 0)?;
