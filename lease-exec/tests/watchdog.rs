@@ -193,11 +193,7 @@ fn marker(dir: &Path) -> String {
 async fn the_exit_status_is_reported() {
     let mut command = Command::new("sh");
     command.args(["-c", "exit \"$CODE\""]).env("CODE", "3");
-    let mut dog = Watchdog::start(&command).await.expect("start");
-    let mut job = dog
-        .spawn(Instant::now() + Duration::from_secs(60))
-        .await
-        .expect("spawn");
+    let (dog, mut job) = spawned(&command).await;
     let status = job.wait().await.expect("status");
     assert_eq!(status.code(), Some(3));
     assert!(
@@ -242,14 +238,20 @@ async fn an_unrenewed_deadline_kills_the_whole_tree() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-async fn a_dropped_watchdog_kills_the_whole_tree_at_once() {
-    let dir = scratch("drop");
-    let command = with_escaper(&dir, "", "exec sleep 60");
-    let mut dog = Watchdog::start(&command).await.expect("start");
-    let mut job = dog
+/// A watchdog of `command` and its job, spawned with a deadline a minute away.
+async fn spawned(command: &Command) -> (Watchdog, lease_exec::Job) {
+    let mut dog = Watchdog::start(command).await.expect("start");
+    let job = dog
         .spawn(Instant::now() + Duration::from_secs(60))
         .await
         .expect("spawn");
+    (dog, job)
+}
+
+async fn a_dropped_watchdog_kills_the_whole_tree_at_once() {
+    let dir = scratch("drop");
+    let command = with_escaper(&dir, "", "exec sleep 60");
+    let (dog, mut job) = spawned(&command).await;
     pid_in(&dir.join("escaper"));
     let dropped = Instant::now();
     drop(dog);
@@ -266,12 +268,8 @@ async fn a_dropped_watchdog_kills_the_whole_tree_at_once() {
 async fn terminate_kills_what_ignores_sigterm_after_the_grace() {
     let dir = scratch("terminate");
     let command = with_escaper(&dir, "trap '' TERM;", "while :; do sleep 0.05; done");
-    let mut dog = Watchdog::start(&command).await.expect("start");
-    let mut job = dog
-        .spawn(Instant::now() + Duration::from_secs(60))
-        .await
-        .expect("spawn");
-    // Written after the command's trap.
+    // The escaper's pid is written after the command's trap.
+    let (dog, mut job) = spawned(&command).await;
     pid_in(&dir.join("escaper"));
     dog.disarm().expect("disarm");
     let grace = Duration::from_millis(200);
@@ -549,13 +547,7 @@ async fn hopper_stopped(dir: &Path, what: &str) {
 async fn terminate_stops_a_pid_hopper(cgroup: bool) {
     let dir = scratch("hopper-terminate");
     let _guard = HopperGuard { dir: dir.clone() };
-    let mut dog = Watchdog::start(&with_hopper(&dir, cgroup))
-        .await
-        .expect("start");
-    let mut job = dog
-        .spawn(Instant::now() + Duration::from_secs(60))
-        .await
-        .expect("spawn");
+    let (dog, mut job) = spawned(&with_hopper(&dir, cgroup)).await;
     hopping(&dir).await;
     let how = containment(job.pid(), cgroup);
     dog.disarm().expect("disarm");
@@ -580,13 +572,7 @@ async fn terminate_stops_a_pid_hopper(cgroup: bool) {
 async fn a_dropped_watchdog_stops_a_pid_hopper(cgroup: bool) {
     let dir = scratch("hopper-drop");
     let _guard = HopperGuard { dir: dir.clone() };
-    let mut dog = Watchdog::start(&with_hopper(&dir, cgroup))
-        .await
-        .expect("start");
-    let mut job = dog
-        .spawn(Instant::now() + Duration::from_secs(60))
-        .await
-        .expect("spawn");
+    let (dog, mut job) = spawned(&with_hopper(&dir, cgroup)).await;
     hopping(&dir).await;
     let how = containment(job.pid(), cgroup);
     let watchdog = dog.pid();
@@ -627,11 +613,7 @@ async fn one_stop(name: &str, cgroup: bool) -> (Duration, Duration) {
         .arg(&dir)
         .env(MARKER, marker(&dir))
         .cgroup(cgroup);
-    let mut dog = Watchdog::start(&command).await.expect("start");
-    let mut job = dog
-        .spawn(Instant::now() + Duration::from_secs(60))
-        .await
-        .expect("spawn");
+    let (dog, mut job) = spawned(&command).await;
     pid_in(&dir.join("escaper"));
     dog.disarm().expect("disarm");
     let done = std::cell::Cell::new(false);
