@@ -116,7 +116,9 @@ pub(super) struct Confirmed {
 impl Asks {
     /// A request for `key` to backend `pid` (`alt`: its watch session, or
     /// 0) with `priority`, standing until `until`. Returns whether it stands
-    /// now as a new ask: false for a repeat or a full key.
+    /// now as a new ask: false for a repeat or a full key. A repeat that
+    /// names a watch session (the standby took another lease meanwhile, and
+    /// waits on its watch session now) sets it, the window unchanged.
     pub(super) fn ask(
         &mut self,
         key: i64,
@@ -125,7 +127,14 @@ impl Asks {
         until: Instant,
     ) -> bool {
         let asks = self.by_key.entry(key).or_default();
-        if asks.iter().any(|a| a.pid == pid) || asks.len() >= MAX_ASKS_PER_KEY {
+        if let Some(a) = asks.iter_mut().find(|a| a.pid == pid) {
+            if alt != 0 {
+                a.alt = alt;
+                a.checked = false;
+            }
+            return false;
+        }
+        if asks.len() >= MAX_ASKS_PER_KEY {
             return false;
         }
         asks.push(Ask {
@@ -215,6 +224,10 @@ mod tests {
             !asks.ask(1, (10, 0), 5, until + Duration::from_secs(9)),
             "a repeat"
         );
+        let later = until + Duration::from_secs(9);
+        assert!(!asks.ask(1, (10, 20), 5, later), "a repeat");
+        assert_eq!(asks.by_key[&1][0].alt, 20, "it names the watch session now");
+        assert_eq!(asks.by_key[&1][0].until, until, "not re-armed");
         assert!(asks.ask(1, (11, 0), 3, until));
         assert!(asks.ask(1, (12, 0), u32::MAX, until));
         assert!(asks.ask(1, (13, 0), 2, until));

@@ -3311,3 +3311,53 @@ fn a_named_standby_on_a_slow_link_is_found_within_the_ask() {
     )
     .unwrap();
 }
+
+/// A case [`the_preferred_process_leads_after_healing`] found: the preferred process asks
+/// for two leases while it holds none, is handed one (it queued for it on its lease
+/// session), and then waits for the other on its watch session; its first ask for the
+/// other named only its lease session, and the repeat that names the watch session was
+/// dropped as a repeat, so the holder refused until the deadline. A repeat now sets the
+/// watch session of the ask that stands (its window unchanged).
+#[test]
+fn a_preferred_standby_that_took_another_lease_is_found_on_its_watch_session() {
+    let case = Case {
+        knobs: Knobs {
+            heartbeat_ms: 20,
+            query_slack_ms: 1195,
+            validity_slack_ms: Some(724),
+            margin_ms: 47,
+            retry_ms: 47,
+            guard: false,
+            notify: false,
+            wait: true,
+            lock_delay_ms: 0,
+            latency_us: 14350,
+            jitter_us: 4376,
+            link_us: vec![0, 0, 0, 0],
+            drift_share: 0.2486499794858038,
+            send_buffer_rows: None,
+            tcp_give_up_ms: None,
+        },
+        processes: 4,
+        leases: 2,
+        seed: 11829216285298102975,
+        exits: false,
+        faults: vec![
+            (
+                ms(1326),
+                Fault::Freeze {
+                    process: 0,
+                    duration: ms(3442),
+                },
+            ),
+            (
+                ms(2187),
+                Fault::Partition {
+                    process: 1,
+                    duration: ms(780),
+                },
+            ),
+        ],
+    };
+    assert!(preferred_leads_after_healing(&case, None).expect("leads"));
+}
