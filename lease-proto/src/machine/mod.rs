@@ -39,7 +39,7 @@ use crate::io::*;
 use crate::key::LeaseId;
 use crate::options::{Options, OptionsError};
 use crate::sql::{
-    CheckReply, HeartbeatReply, MembersReply, Preference, ReleaseNotice, Row, SetupReply, TryReply,
+    CheckReply, HeartbeatReply, MembersReply, ReleaseNotice, Row, SetupReply, TryReply,
     VerifyReply, WaitReply, HANDOVER_CHANNEL,
 };
 
@@ -59,7 +59,7 @@ mod watch;
 
 use deadline::DeadlineTable;
 use groups::Groups;
-use handover::Asks;
+use handover::{handover_window, Asks};
 pub use handover::{CHECK_EVERY, MAX_ASKS_PER_KEY};
 pub(crate) use knobs::Knobs;
 #[cfg(feature = "sim")]
@@ -248,13 +248,6 @@ enum Via {
     Wake,
     /// A take (a wait that takes its key).
     Take,
-}
-
-/// How long after a hand-over's release no other locker than the named one
-/// tries the key: two query timeouts, for the release's notification to
-/// reach it and its try to answer (see `handover`).
-pub(crate) fn handover_window(opts: &Options) -> Duration {
-    opts.query_timeout * 2
 }
 
 /// Whether the machine takes new work.
@@ -1425,90 +1418,6 @@ impl Machine {
         }
     }
 
-    /// A hand-over of `key` to the lease session of backend `to` was asked
-    /// for ([`handover_request_payload`](crate::server::handover_request_payload),
-    /// `lease handover NAME --to PID`): the holder asks a check (see
-    /// `handover`); the named standby itself queues for the key.
-    fn handover_requested(&mut self, now: Instant, key: i64, to: i64, sender: i64) {
-        let me = self.session.up().and_then(|up| up.stage.backend_pid());
-        if me == Some(sender) {
-            // Its own announcement (see `check_done`).
-            return;
-        }
-        let standby = self.runs.standby_of(key);
-        #[cfg(feature = "sim")] // The broken variant: every request reserves.
-        if self.knobs.mutation == Some(Mutation::HandOverUnchecked) && standby.is_some() {
-            let until = now + handover_window(&self.opts);
-            self.runs.reserve(key, (to, 0), until, u32::MAX);
-        }
-        if let Some((_, Some(Some(holder)))) = standby.filter(|_| sender != 0) {
-            if holder == sender {
-                // The holder's announcement of a confirmed hand-over.
-                let until = now + handover_window(&self.opts);
-                self.runs.reserve(key, (to, 0), until, u32::MAX);
-            }
-        }
-        if me == Some(to) {
-            if standby.is_some() {
-                // Its next statement is a wait for the key (the key is
-                // held: a try would only cost a round trip).
-                let until = now + handover::ask_window(&self.opts);
-                self.wait.named(key, until);
-            }
-            return;
-        }
-        self.ask(now, key, (to, 0), u32::MAX);
-    }
-
-    /// The holder of `key` keeps a request to hand it to `to` as an ask,
-    /// checked at once and at each heartbeat (see `handover`).
-    fn ask(&mut self, now: Instant, key: i64, to: (i64, i64), priority: u32) {
-        if !self.runs.leading_keys().contains(&key) {
-            return;
-        }
-        #[cfg(feature = "sim")] // The broken variant: no check.
-        if self.knobs.mutation == Some(Mutation::HandOverUnchecked) {
-            let until = now + handover_window(&self.opts);
-            self.runs.reserve(key, to, until, priority);
-            return self.hand_over(key, to.0, true);
-        }
-        let until = now + handover::ask_window(&self.opts);
-        if self.asks.ask(key, to, priority, until) {
-            self.plan.try_soon();
-        }
-    }
-
-    /// A check answered: it proves the session as a heartbeat does; each
-    /// key whose asked backend waits is handed over (see `handover`).
-    fn check_done(
-        &mut self,
-        now: Instant,
-        sent: Instant,
-        asked: &[(i64, i64, i64)],
-        reply: CheckReply,
-    ) {
-        self.heartbeat_done(now, sent, reply.session);
-        if self.session.up().is_none() {
-            return;
-        }
-        let leading = self.runs.leading_keys();
-        for ordinal in reply.waiting {
-            let Some(&ask) = usize::try_from(ordinal - 1).ok().and_then(|i| asked.get(i)) else {
-                continue;
-            };
-            let key = ask.0;
-            let Some(to) = self.asks.confirmed(ask) else {
-                continue;
-            };
-            if !leading.contains(&key) {
-                continue;
-            }
-            let until = now + handover_window(&self.opts);
-            self.runs.reserve(key, (to.pid, to.alt), until, to.priority);
-            self.hand_over(key, to.pid, true);
-        }
-    }
-
     /// Member `by` of a lease group claims `key` (see `groups`): the
     /// locker that leads it hands it over if its own share gives it to
     /// `by` (a holder whose share differs, as when members run different
@@ -1541,45 +1450,6 @@ impl Machine {
                 requested,
             });
         }
-    }
-
-    /// A standby of a higher priority asks for `key` (the payload `prefer
-    /// <key> <pid> <priority>`, sent by its [`Statement::Prefer`](crate::Statement::Prefer)
-    /// from backend `sender`). The priority rule, in one place
-    /// ([`Options::priority`]):
-    ///
-    /// - a standby with a priority above 0 whose last try saw its key held
-    ///   by another backend asks that holder once, and again only if the
-    ///   same holder still holds it a validity window later, then two (a
-    ///   request that came while the holder's win was held back for the lock
-    ///   delay finds no job to hand over), three requests per holder
-    ///   backend (`RunTable::take_preference`); a lease-group run never
-    ///   asks (its share decides);
-    /// - a request counts only from the backend it names (`sender` is
-    ///   `pid`) and only if its priority is above this locker's; then it is
-    ///   asked of the holder as a `to` request is (see `handover`: the
-    ///   holder hands the lease over, not a lease-group run's, once a check
-    ///   finds the asking standby waiting for the key), the ask of the
-    ///   highest priority first. A holder of an equal or higher priority
-    ///   ignores it, so leadership never moves back and forth: it moves
-    ///   only up.
-    ///
-    /// Bound: the preferred standby leads one hand-over after its first
-    /// try: the try's and the request's round trips, the check, the
-    /// holder's job reaction, the release, and the grant of its queued wait
-    /// (docs/guarantees.md, "a preferred member takes over").
-    fn preference_requested(&mut self, now: Instant, asked: Preference, sender: i64) {
-        let Preference {
-            key,
-            pid,
-            priority,
-            watch,
-        } = asked;
-        if sender != pid || priority <= self.opts.priority || self.runs.in_group(key) != Some(false)
-        {
-            return;
-        }
-        self.ask(now, key, (pid, watch.unwrap_or(0)), priority);
     }
 
     /// Whether this locker observes: its runs never try a key, never wait
