@@ -215,3 +215,53 @@ fn the_named_standby_queues_for_the_key_whatever_the_crowd() {
     }
     assert!(named, "never queued regardless of the crowd");
 }
+
+/// Review 5: four requests for backends that never wait (a forger's flood: any role may
+/// `NOTIFY`, sent once per ask window) fill the key's asks, and a real request made while
+/// they stand (`lease handover a --to 98`, or a preferred standby's `prefer`) is dropped:
+/// the standby that does wait is never checked and never gets the lease, for as long as
+/// the flood goes on.
+#[test]
+fn a_flood_of_four_bogus_asks_does_not_crowd_out_a_real_request() {
+    let mut h = harness(polling());
+    started(&mut h, "a", 900);
+    let t0 = h.now();
+    let window = opts().validity_window();
+    let mut next_flood = t0;
+    let mut checked_98 = false;
+    let mut handed = false;
+    let mut bogus = 10_000;
+    while h.now() < t0 + window * 3 && !handed {
+        if h.now() >= next_flood {
+            for _ in 0..4 {
+                bogus += 1;
+                request(&mut h, "a", bogus);
+            }
+            // The real request, right after each round of the flood (a retrying script).
+            request(&mut h, "a", 98);
+            next_flood = h.now() + window;
+        }
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::CheckHandover { asks }) => {
+                let at = asks.iter().position(|a| a.1 == 98);
+                checked_98 |= at.is_some();
+                // 98 waits for the key all along.
+                let ordinals: Vec<i64> = at.map(|i| i as i64 + 1).into_iter().collect();
+                let cmds = h.check_answered(7, &ordinals);
+                handed |= handed_over(&cmds);
+            }
+            Some(_) => {
+                h.heartbeat(7, &[key("a")]);
+            }
+            None => {
+                h.advance(ms(5));
+            }
+        }
+    }
+    assert!(
+        checked_98 && handed,
+        "in {:?} of a 4-bogus-pid flood (one round per ask window), the real request for a \
+         waiting standby was checked: {checked_98}, handed over: {handed}",
+        window * 3
+    );
+}
