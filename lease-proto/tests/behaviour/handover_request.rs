@@ -265,3 +265,58 @@ fn a_flood_of_four_bogus_asks_does_not_crowd_out_a_real_request() {
         window * 3
     );
 }
+
+/// Review 5, cost: at the default options a holder sends one heartbeat per 5 s and no
+/// `pg_locks` read (docs/guarantees.md, "one heartbeat statement per interval ... no
+/// `pg_locks` read"). One request for a backend that does not exist per ask window (one
+/// `NOTIFY` per 15 s, any role) turns every heartbeat into a `pg_locks` read every 50 ms
+/// (`CHECK_EVERY`), for good: 100 times the statements, each growing with the locks on the
+/// server. The module doc says "a flood costs the holder one heartbeat's worth of
+/// `pg_locks` read per heartbeat".
+#[test]
+fn a_slow_request_flood_does_not_multiply_the_holders_statements() {
+    let o = Options::default();
+    let mut polling_defaults = o.clone();
+    polling_defaults.wait_on_server = false;
+    let mut h = harness(polling_defaults);
+    started(&mut h, "a", 900);
+    let t0 = h.now();
+    let span = std::time::Duration::from_secs(60);
+    let window = o.validity_window();
+    let mut next = t0;
+    let (mut statements, mut checks) = (0u32, 0u32);
+    let mut bogus = 50_000;
+    while h.now() < t0 + span {
+        if h.now() >= next {
+            bogus += 1;
+            request(&mut h, "a", bogus);
+            next = h.now() + window;
+        }
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::CheckHandover { .. }) => {
+                statements += 1;
+                checks += 1;
+                h.check_answered(7, &[]);
+            }
+            Some(Statement::Verify) => {
+                statements += 1;
+                h.heartbeat(7, &[key("a")]);
+            }
+            Some(_) => {
+                statements += 1;
+                h.heartbeat(7, &[]);
+            }
+            None => {
+                h.advance(ms(5));
+            }
+        }
+    }
+    let per_interval =
+        f64::from(statements) / (span.as_secs_f64() / o.heartbeat_interval.as_secs_f64());
+    assert!(
+        per_interval <= 2.0,
+        "one bogus request per {window:?} for {span:?}: {statements} statements ({checks} of them \
+         pg_locks-reading checks), {per_interval:.1} per heartbeat interval ({:?})",
+        o.heartbeat_interval
+    );
+}
