@@ -320,3 +320,48 @@ fn a_slow_request_flood_does_not_multiply_the_holders_statements() {
         o.heartbeat_interval
     );
 }
+
+/// Review 5: a standby of two leases (`a` and `b`, both held by 99) waits on its lease
+/// session. Requests `to a 7` (any role may send them, and the holder's own announcement of
+/// a confirmed hand-over is one) call `try_soon`, and a try owed while a wait blocks the
+/// session with another key wanted closes the session for a new one: the named standby
+/// leaves the key's queue at the very announcement that reserves the key for it (its old
+/// backend, 7, is gone when the holder's release looks for it), and a flood of requests
+/// reconnects it at the flood's rate, outside the `WAKE_BUDGET` that bounds the
+/// reconnects of release notifications.
+#[test]
+fn requests_naming_a_standby_of_several_leases_do_not_close_its_session() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.run(lease("b"));
+    h.connect(7);
+    h.lose(Some(99));
+    // Named for the very key it waits for.
+    let Statement::Take { key: waited, .. } = h.statement() else {
+        panic!("{:?}", h.statement())
+    };
+    let session = h.session();
+    let mut interrupted = 0;
+    for i in 0..20 {
+        // Ten requests from some client, then ten announcements from the holder.
+        let sender = if i < 10 { 555 } else { 99 };
+        h.input(Input::Notification {
+            channel: HANDOVER_CHANNEL.into(),
+            payload: handover_request_payload(waited, 7),
+            sender_pid: sender,
+        });
+        interrupted += (h.events().iter())
+            .filter(|e| matches!(e, Event::WaitInterrupted { .. }))
+            .count();
+        if h.session() != session {
+            break;
+        }
+        h.advance(ms(20));
+    }
+    assert_eq!(
+        (interrupted, h.session() == session),
+        (0, true),
+        "requests naming this standby interrupted its wait and closed its session (the \
+         backend the holder checks and names is gone)"
+    );
+}
