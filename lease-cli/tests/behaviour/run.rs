@@ -882,3 +882,40 @@ fn a_forged_prefer_naming_a_waiting_standby_never_strands_the_lease() {
         events.len()
     );
 }
+
+/// Review 5: with three standbys, the one with the largest backend pid is crowded out of
+/// the key's queue (`HERD_WAITERS` = 2) and polls. The core makes a standby named by a
+/// request queue for the key whatever the crowd (`the_named_standby_queues_for_the_key_\
+/// whatever_the_crowd`), but `lease handover --to` first looks for PID among the key's
+/// waiters and refuses: the third standby can never be named.
+#[test]
+fn handover_to_a_crowded_out_standby_is_not_refused() {
+    let c = cluster();
+    let name = unique("handcrowd");
+    let (a, _) = leading(&c, &name);
+    let ready = |r: &Replica| {
+        let (_, l) = (r.wait_for_line(|l| l.contains("backend_pid="), MS(10_000)))
+            .expect("the session is ready");
+        field(&l, "backend_pid").expect("backend_pid")
+    };
+    let standbys: Vec<Replica> = (0..3).map(|_| announcing(&c, &name, &[])).collect();
+    let mut pids: Vec<i64> = standbys.iter().map(ready).collect();
+    for s in &standbys {
+        stands_by(s);
+    }
+    std::thread::sleep(MS(500));
+    pids.sort();
+    let crowded = pids[2];
+    let mut cmd = lease();
+    cmd.args(["handover", &name, "--to", &crowded.to_string()])
+        .args(["--database-url", &c.url("postgres")]);
+    let (status, out, err, _) = output(cmd, MS(15_000));
+    let _ = a.sigterm();
+    for s in &standbys {
+        let _ = s.sigterm();
+    }
+    assert!(
+        status.success(),
+        "lease handover --to {crowded} (the third standby, pids {pids:?}): {status}: {out}{err}"
+    );
+}
