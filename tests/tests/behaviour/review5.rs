@@ -123,3 +123,55 @@ fn a_release_does_not_reserve_the_key_for_a_connected_backend_that_does_not_wait
     );
     Ok(())
 }
+
+/// Review 5, cost and SQL: the check with 4 asks while 4,000 foreign advisory locks and
+/// 50 waiters stand; its duration against a plain heartbeat's, and its announcement.
+#[test]
+fn the_checks_cost_with_many_locks() -> Res {
+    let cluster = Cluster::start()?;
+    let s = Admin::connect(&cluster.conn_string())?;
+    let other = Admin::connect(&cluster.conn_string())?;
+    other.rows("SELECT pg_advisory_lock(k) FROM generate_series(1, 4000) AS k")?;
+    let (k1, k2) = (key("r5c-1"), key("r5c-2"));
+    s.rows(&format!(
+        "SELECT pg_advisory_lock({k1}), pg_advisory_lock({k2})"
+    ))?;
+    let mut waiters = Vec::new();
+    let mut threads = Vec::new();
+    for i in 0..50 {
+        let w = Admin::connect(&cluster.conn_string())?;
+        let pid = w.ints("SELECT pg_backend_pid()::int8")?[0];
+        let k = if i % 2 == 0 { k1 } else { k2 };
+        threads.push(std::thread::spawn(move || {
+            let _ = w.rows(&format!("SELECT pg_advisory_lock({k})"));
+            w
+        }));
+        waiters.push(pid);
+    }
+    for &p in &waiters {
+        waits(&s, p)?;
+    }
+    let asks = vec![
+        (k1, 99_991, 99_992),
+        (k1, 99_993, 0),
+        (k1, 99_994, 0),
+        (k1, 99_995, 0),
+    ];
+    let time = |st: &Statement| -> Result<f64, KitError> {
+        let t = Instant::now();
+        for _ in 0..20 {
+            run(&s, st)?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1000.0 / 20.0)
+    };
+    let hb = time(&Statement::Heartbeat)?;
+    let check = time(&Statement::CheckHandover { asks })?;
+    eprintln!("FIGURE heartbeat {hb:.2} ms, check (4 asks, 4,000 foreign locks, 50 waiters) {check:.2} ms");
+    s.rows("SELECT pg_advisory_unlock_all()")?;
+    other.rows("SELECT pg_advisory_unlock_all()")?;
+    for t in threads {
+        let w = t.join().expect("waiter");
+        w.rows("SELECT pg_advisory_unlock_all()")?;
+    }
+    Ok(())
+}
