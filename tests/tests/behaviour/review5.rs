@@ -175,3 +175,54 @@ fn the_checks_cost_with_many_locks() -> Res {
     }
     Ok(())
 }
+
+/// Review 5, SQL: a confirmed check announces `to KEY PID` from the holder's backend.
+#[test]
+fn a_confirmed_check_announces_the_hand_over() -> Res {
+    let cluster = Cluster::start()?;
+    let s = Admin::connect(&cluster.conn_string())?;
+    let pid = s.ints("SELECT pg_backend_pid()::int8")?[0];
+    let k1 = key("r5n-1");
+    s.rows(&format!("SELECT pg_advisory_lock({k1})"))?;
+    let waiter = Admin::connect(&cluster.conn_string())?;
+    let waiter_pid = waiter.ints("SELECT pg_backend_pid()::int8")?[0];
+    let t = std::thread::spawn(move || {
+        let _ = waiter.rows(&format!("SELECT pg_advisory_lock({k1})"));
+        waiter
+    });
+    waits(&s, waiter_pid)?;
+    let listener = std::process::Command::new("psql")
+        .args([
+            "-X",
+            "-d",
+            &cluster.conn_string(),
+            "-c",
+            "LISTEN lease_handover_v1",
+            "-c",
+            "SELECT pg_sleep(1.5)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| KitError::Invalid(format!("psql: {e}")))?;
+    std::thread::sleep(Duration::from_millis(500));
+    let rows = run(
+        &s,
+        &Statement::CheckHandover {
+            asks: vec![(k1, 99_999, 0), (k1, waiter_pid, 0)],
+        },
+    )?;
+    let reply = CheckReply::parse(&rows).map_err(|e| KitError::Invalid(e.to_string()))?;
+    let out = listener.wait_with_output().expect("psql");
+    s.rows("SELECT pg_advisory_unlock_all()")?;
+    let _ = t.join();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(reply.waiting, [2].into());
+    assert!(
+        text.contains(&format!(
+            "payload \"to {k1} {waiter_pid}\" received from server process with PID {pid}"
+        )),
+        "{text}"
+    );
+    Ok(())
+}
