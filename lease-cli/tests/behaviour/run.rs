@@ -807,3 +807,115 @@ fn a_preferred_standby_takes_over_and_an_observer_never_leads() {
     );
     let _ = observer.sigterm();
 }
+
+/// Review 5: any role that may connect sends, every 500 ms for 10 s, `prefer KEY <its own
+/// pid> 1000 <W>` where W is a backend that waits for the key (read from `pg_locks`, which
+/// any role may): the holder's check finds W waiting and hands the lease over, and its
+/// release names the forger's backend (the payload's first pid; W is connected), so every
+/// runner leaves the free key alone for two query timeouts and W's runner declines its
+/// win. No request may strand a lease (issue 31, hole 5): led ≥ 90 % asked.
+#[test]
+fn a_forged_prefer_naming_a_waiting_standby_never_strands_the_lease() {
+    let c = cluster();
+    let name = unique("fprefer");
+    let key = lease_proto::key_for_name(&name);
+    let (a, _) = leading(&c, &name);
+    let b = announcing(&c, &name, &[]);
+    let d = announcing(&c, &name, &[]);
+    stands_by(&b);
+    stands_by(&d);
+    std::thread::sleep(MS(300));
+    let t0 = Instant::now();
+    let mut sent = 0;
+    while t0.elapsed() < MS(10_000) {
+        let r = c.sql(&format!(
+            "SELECT pg_notify('lease_handover_v1', concat('prefer {key} ', pg_backend_pid(), \
+             ' 1000 ', w.pid)) FROM (SELECT pid FROM pg_locks WHERE locktype = 'advisory' \
+             AND NOT granted AND objsubid = 1 \
+             AND ((classid::int8 << 32) | objid::int8) = {key} LIMIT 1) AS w"
+        ));
+        if r.is_ok() {
+            sent += 1;
+        }
+        std::thread::sleep(MS(500));
+    }
+    let flood = t0.elapsed();
+    let mut events: Vec<(Instant, bool)> = [&a, &b, &d]
+        .iter()
+        .flat_map(|r| r.lines())
+        .filter(|l| l.at >= t0 && (l.text.starts_with("start") || l.text == "stop"))
+        .map(|l| (l.at, l.text.starts_with("start")))
+        .collect();
+    events.sort_by_key(|e| e.0);
+    let mut unled = Duration::ZERO;
+    let mut stopped_at = None;
+    for (at, start) in &events {
+        match (start, stopped_at) {
+            (false, _) => stopped_at = Some(*at),
+            (true, Some(s)) => {
+                unled += at.saturating_duration_since(s);
+                stopped_at = None;
+            }
+            (true, None) => {}
+        }
+    }
+    if let Some(s) = stopped_at {
+        unled += (t0 + flood).saturating_duration_since(s);
+    }
+    let led = 1.0 - unled.as_secs_f64() / flood.as_secs_f64();
+    let declined = [&a, &b, &d]
+        .iter()
+        .map(|r| stderr_of(r))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let declined: Vec<&str> = declined
+        .lines()
+        .filter(|l| l.contains("declin") || l.contains("handed") || l.contains("acquired"))
+        .take(6)
+        .collect();
+    let _ = (a.sigterm(), b.sigterm(), d.sigterm());
+    assert!(
+        led >= 0.9,
+        "a forged-prefer flood ({sent} NOTIFYs in {flood:?}): led {:.1} %, {} starts and stops; \
+         e.g. {declined:?}",
+        led * 100.0,
+        events.len()
+    );
+}
+
+/// Review 5: with three standbys, the one with the largest backend pid is crowded out of
+/// the key's queue (`HERD_WAITERS` = 2) and polls. The core makes a standby named by a
+/// request queue for the key whatever the crowd (`the_named_standby_queues_for_the_key_\
+/// whatever_the_crowd`), but `lease handover --to` first looks for PID among the key's
+/// waiters and refuses: the third standby can never be named.
+#[test]
+fn handover_to_a_crowded_out_standby_is_not_refused() {
+    let c = cluster();
+    let name = unique("handcrowd");
+    let (a, _) = leading(&c, &name);
+    let ready = |r: &Replica| {
+        let (_, l) = (r.wait_for_line(|l| l.contains("backend_pid="), MS(10_000)))
+            .expect("the session is ready");
+        field(&l, "backend_pid").expect("backend_pid")
+    };
+    let standbys: Vec<Replica> = (0..3).map(|_| announcing(&c, &name, &[])).collect();
+    let mut pids: Vec<i64> = standbys.iter().map(ready).collect();
+    for s in &standbys {
+        stands_by(s);
+    }
+    std::thread::sleep(MS(500));
+    pids.sort();
+    let crowded = pids[2];
+    let mut cmd = lease();
+    cmd.args(["handover", &name, "--to", &crowded.to_string()])
+        .args(["--database-url", &c.url("postgres")]);
+    let (status, out, err, _) = output(cmd, MS(15_000));
+    let _ = a.sigterm();
+    for s in &standbys {
+        let _ = s.sigterm();
+    }
+    assert!(
+        status.success(),
+        "lease handover --to {crowded} (the third standby, pids {pids:?}): {status}: {out}{err}"
+    );
+}

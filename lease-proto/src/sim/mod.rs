@@ -230,6 +230,20 @@ pub enum Fault {
         /// The backend pid the request names.
         pid: i64,
     },
+    /// A client that is not a lease client (any role may) sends `prefer
+    /// <key> <its own backend pid> <priority> <watch>` for lease number
+    /// `lease` of [`SimConfig::leases`], naming as the "watch session" the
+    /// lease session backend that process `waiter` has now (a real standby
+    /// that waits for the key; any role can read `pg_locks`): the request's
+    /// `NOTIFY` from a client of its own.
+    ForgedPrefer {
+        /// The index of the lease in [`SimConfig::leases`] (modulo their number).
+        lease: usize,
+        /// The process whose backend the payload names as the watch session.
+        waiter: usize,
+        /// The priority asked with.
+        priority: u32,
+    },
     /// For `duration`, every connection attempt fails with `28P01 password
     /// authentication failed` (a rotated password, a dropped role); open
     /// sessions go on. Processes that had a session retry and lead again
@@ -274,6 +288,7 @@ impl Fault {
             | Fault::ForgedNotify { .. }
             | Fault::RequestHandover { .. }
             | Fault::RequestHandoverToPid { .. }
+            | Fault::ForgedPrefer { .. }
             | Fault::PromoteFrozenPrimary { .. } => Some(Duration::ZERO),
             Fault::ServerRestart { downtime }
             | Fault::ServerCrash { downtime }
@@ -997,6 +1012,20 @@ impl Sim {
                     let key = crate::key_for_name(name);
                     let payload = crate::server::handover_request_payload(key, pid);
                     self.notify_listeners(payload, server::FORGER_PID, Duration::ZERO);
+                }
+            }
+            Fault::ForgedPrefer {
+                lease,
+                waiter,
+                priority,
+            } => {
+                let pid = (self.procs.get(waiter)).and_then(|_| self.backend_pid(waiter));
+                if let (false, Some(pid)) = (self.cfg.leases.is_empty(), pid) {
+                    let name = &self.cfg.leases[lease % self.cfg.leases.len()];
+                    let key = crate::key_for_name(name);
+                    let forger = server::FORGER_PID;
+                    let payload = format!("prefer {key} {forger} {priority} {pid}");
+                    self.notify_listeners(payload, forger, Duration::ZERO);
                 }
             }
             Fault::ServerRestart { downtime } => {

@@ -215,3 +215,153 @@ fn the_named_standby_queues_for_the_key_whatever_the_crowd() {
     }
     assert!(named, "never queued regardless of the crowd");
 }
+
+/// Review 5: four requests for backends that never wait (a forger's flood: any role may
+/// `NOTIFY`, sent once per ask window) fill the key's asks, and a real request made while
+/// they stand (`lease handover a --to 98`, or a preferred standby's `prefer`) is dropped:
+/// the standby that does wait is never checked and never gets the lease, for as long as
+/// the flood goes on.
+#[test]
+fn a_flood_of_four_bogus_asks_does_not_crowd_out_a_real_request() {
+    let mut h = harness(polling());
+    started(&mut h, "a", 900);
+    let t0 = h.now();
+    let window = opts().validity_window();
+    let mut next_flood = t0;
+    let mut checked_98 = false;
+    let mut handed = false;
+    let mut bogus = 10_000;
+    while h.now() < t0 + window * 3 && !handed {
+        if h.now() >= next_flood {
+            for _ in 0..4 {
+                bogus += 1;
+                request(&mut h, "a", bogus);
+            }
+            // The real request, right after each round of the flood (a retrying script).
+            request(&mut h, "a", 98);
+            next_flood = h.now() + window;
+        }
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::CheckHandover { asks }) => {
+                let at = asks.iter().position(|a| a.1 == 98);
+                checked_98 |= at.is_some();
+                // 98 waits for the key all along.
+                let ordinals: Vec<i64> = at.map(|i| i as i64 + 1).into_iter().collect();
+                let cmds = h.check_answered(7, &ordinals);
+                handed |= handed_over(&cmds);
+            }
+            Some(_) => {
+                h.heartbeat(7, &[key("a")]);
+            }
+            None => {
+                h.advance(ms(5));
+            }
+        }
+    }
+    assert!(
+        checked_98 && handed,
+        "in {:?} of a 4-bogus-pid flood (one round per ask window), the real request for a \
+         waiting standby was checked: {checked_98}, handed over: {handed}",
+        window * 3
+    );
+}
+
+/// Review 5, cost: at the default options a holder sends one heartbeat per 5 s and no
+/// `pg_locks` read (docs/guarantees.md, "one heartbeat statement per interval ... no
+/// `pg_locks` read"). One request for a backend that does not exist per ask window (one
+/// `NOTIFY` per 15 s, any role) turns every heartbeat into a `pg_locks` read every 50 ms
+/// (`CHECK_EVERY`), for good: 100 times the statements, each growing with the locks on the
+/// server. The module doc says "a flood costs the holder one heartbeat's worth of
+/// `pg_locks` read per heartbeat".
+#[test]
+fn a_slow_request_flood_does_not_multiply_the_holders_statements() {
+    let o = Options::default();
+    let mut polling_defaults = o.clone();
+    polling_defaults.wait_on_server = false;
+    let mut h = harness(polling_defaults);
+    started(&mut h, "a", 900);
+    let t0 = h.now();
+    let span = std::time::Duration::from_secs(60);
+    let window = o.validity_window();
+    let mut next = t0;
+    let (mut statements, mut checks) = (0u32, 0u32);
+    let mut bogus = 50_000;
+    while h.now() < t0 + span {
+        if h.now() >= next {
+            bogus += 1;
+            request(&mut h, "a", bogus);
+            next = h.now() + window;
+        }
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::CheckHandover { .. }) => {
+                statements += 1;
+                checks += 1;
+                h.check_answered(7, &[]);
+            }
+            Some(Statement::Verify) => {
+                statements += 1;
+                h.heartbeat(7, &[key("a")]);
+            }
+            Some(_) => {
+                statements += 1;
+                h.heartbeat(7, &[]);
+            }
+            None => {
+                h.advance(ms(5));
+            }
+        }
+    }
+    let per_interval =
+        f64::from(statements) / (span.as_secs_f64() / o.heartbeat_interval.as_secs_f64());
+    assert!(
+        per_interval <= 2.0,
+        "one bogus request per {window:?} for {span:?}: {statements} statements ({checks} of them \
+         pg_locks-reading checks), {per_interval:.1} per heartbeat interval ({:?})",
+        o.heartbeat_interval
+    );
+}
+
+/// Review 5: a standby of two leases (`a` and `b`, both held by 99) waits on its lease
+/// session. Requests `to a 7` (any role may send them, and the holder's own announcement of
+/// a confirmed hand-over is one) call `try_soon`, and a try owed while a wait blocks the
+/// session with another key wanted closes the session for a new one: the named standby
+/// leaves the key's queue at the very announcement that reserves the key for it (its old
+/// backend, 7, is gone when the holder's release looks for it), and a flood of requests
+/// reconnects it at the flood's rate, outside the `WAKE_BUDGET` that bounds the
+/// reconnects of release notifications.
+#[test]
+fn requests_naming_a_standby_of_several_leases_do_not_close_its_session() {
+    let mut h = harness(opts());
+    h.run(lease("a"));
+    h.run(lease("b"));
+    h.connect(7);
+    h.lose(Some(99));
+    // Named for the very key it waits for.
+    let Statement::Take { key: waited, .. } = h.statement() else {
+        panic!("{:?}", h.statement())
+    };
+    let session = h.session();
+    let mut interrupted = 0;
+    for i in 0..20 {
+        // Ten requests from some client, then ten announcements from the holder.
+        let sender = if i < 10 { 555 } else { 99 };
+        h.input(Input::Notification {
+            channel: HANDOVER_CHANNEL.into(),
+            payload: handover_request_payload(waited, 7),
+            sender_pid: sender,
+        });
+        interrupted += (h.events().iter())
+            .filter(|e| matches!(e, Event::WaitInterrupted { .. }))
+            .count();
+        if h.session() != session {
+            break;
+        }
+        h.advance(ms(20));
+    }
+    assert_eq!(
+        (interrupted, h.session() == session),
+        (0, true),
+        "requests naming this standby interrupted its wait and closed its session (the \
+         backend the holder checks and names is gone)"
+    );
+}

@@ -3361,3 +3361,78 @@ fn a_preferred_standby_that_took_another_lease_is_found_on_its_watch_session() {
     };
     assert!(preferred_leads_after_healing(&case, None).expect("leads"));
 }
+
+/// One case of [`a_forged_prefer_naming_a_real_waiter_never_strands_a_lease`] (review 5):
+/// after someone first leads, a client that may only `NOTIFY` (and read `pg_locks`, which
+/// any role may) sends, every 200 ms, `prefer <key> <its own pid> <MAX_PRIORITY> <W>` where
+/// W is the lease session of a standby that waits for the key: the holder's check finds W
+/// waiting and hands over; its release names the forger's own backend (connected), so
+/// every standby leaves the key alone for two query timeouts, and W declines its win.
+/// The share of the time in which some process leads.
+fn forged_prefer_case((knobs, processes, seed): (Knobs, usize, u64)) -> Result<f64, TestCaseError> {
+    let knobs = Knobs {
+        wait: true,
+        notify: true,
+        send_buffer_rows: None,
+        tcp_give_up_ms: None,
+        ..knobs
+    };
+    let cfg = one_lease_case(knobs, processes, seed).config(None);
+    let o = &cfg.options;
+    let mut sim = Sim::new(cfg.clone(), Instant::now());
+    leader_after(&mut sim, &cfg, processes, 0)?;
+    let t0 = sim.now();
+    let end = t0 + o.query_timeout * 20;
+    let (mut led, mut samples) = (0u32, 0u32);
+    let mut now = t0;
+    let mut next_forge = t0;
+    let mut turn = 0usize;
+    while now < end {
+        sim.run_until(now);
+        samples += 1;
+        let leader = (0..processes).find(|&p| sim.leads(p, "job-0"));
+        if leader.is_some() {
+            led += 1;
+        }
+        if now >= next_forge {
+            // Any standby: the forger reads pg_locks for who waits.
+            turn += 1;
+            let waiter = (0..processes)
+                .map(|i| (i + turn) % processes)
+                .find(|&p| Some(p) != leader)
+                .unwrap_or(0);
+            sim.schedule(
+                now,
+                Fault::ForgedPrefer {
+                    lease: 0,
+                    waiter,
+                    priority: lease_proto::limits::MAX_PRIORITY,
+                },
+            );
+            next_forge = now + ms(200);
+        }
+        now += ms(5);
+    }
+    let r = sim.report();
+    prop_assert!(r.violations.is_empty(), "{}", explain(&cfg, r));
+    let share = f64::from(led) / f64::from(samples);
+    prop_assert!(
+        share >= 0.9,
+        "led {:.1} % of a forged-prefer flood (one NOTIFY every 200 ms naming a real waiter as the watch session)\n{}",
+        share * 100.0,
+        explain(&cfg, r)
+    );
+    Ok(share)
+}
+
+/// Review 5: a `prefer` request whose watch pid is a real waiting standby, sent by any
+/// role from its own backend, hands the lease over and the holder's release reserves the
+/// key for the forger's backend, which never takes it: no request may strand a lease.
+#[test]
+fn a_forged_prefer_naming_a_real_waiter_never_strands_a_lease() {
+    let mut runner = deterministic(shrinking(16, None));
+    let result = runner.run(&flood_cases(), |case| forged_prefer_case(case).map(drop));
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

@@ -413,3 +413,60 @@ fn only_wakes_that_find_the_same_holder_pause_the_watch_session() {
         assert_eq!(waits, expected, "moved: {moved}");
     }
 }
+
+/// Review 5: a locker that holds `a` and waits for `b` on its watch session (backend 55)
+/// is the one `lease status` lists among b's waiters, and the only backend of it that
+/// `lease handover b --to PID` accepts (its lease session, 7, does not wait: the CLI
+/// refuses it, and the holder's check would never find it). Named by its watch backend,
+/// the holder hands `b` over and its release names 55: this locker must take `b`, yet it
+/// counts the key reserved for "another" backend and neither it nor anyone else takes it
+/// for the hand-over window (two query timeouts).
+#[test]
+fn a_release_that_names_this_lockers_watch_session_hands_the_key_to_it() {
+    let mut h = harness(opts());
+    let cmds = holder_wanting(&mut h, 99);
+    let watch = watch_commands(&cmds).0[0];
+    let cmds = h.input(Input::SessionOpened { session: watch });
+    let (query, _) = watch_commands(&cmds).1[0].clone();
+    // Held all along (the watch session's pid, 55, is known), waits again.
+    let cmds = h.input(Input::Reply {
+        query,
+        result: Ok(wait_rows(false)),
+    });
+    let (query, _) = watch_commands(&cmds).1[0].clone();
+    // The release: the watch session is granted b in the unlock (its wait answers
+    // freed), then the holder's notification names it.
+    h.input(Input::Reply {
+        query,
+        result: Ok(wait_rows(true)),
+    });
+    h.input(Input::Notification {
+        channel: lease_proto::server::HANDOVER_CHANNEL.into(),
+        payload: release_payload_reserved(key("b"), 0, 55),
+        sender_pid: 99,
+    });
+    let end = h.now() + opts().query_timeout * 2 - ms(50);
+    let mut started_b = false;
+    let mut seen: Vec<Event> = h.events().to_vec();
+    while h.now() < end && !started_b {
+        let cmds = match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::TryLock { keys, .. }) if keys.contains(&key("b")) => h.win(2),
+            Some(Statement::TryLock { .. }) => h.lose(Some(99)),
+            Some(Statement::Verify) => h.heartbeat(7, &[key("a")]),
+            Some(Statement::Release { .. }) => h.released(),
+            Some(Statement::Heartbeat | Statement::CheckHandover { .. }) => h.heartbeat(7, &[]),
+            Some(_) => h.advance(ms(5)),
+            None => h.advance(ms(5)),
+        };
+        seen.extend(h.events().iter().cloned());
+        started_b |= has(&cmds, |c| matches!(c, Command::StartJob { token: 2, .. }));
+    }
+    let declined: Vec<_> = (seen.iter())
+        .filter(|e| matches!(e, Event::WinDeclined { .. }))
+        .collect();
+    assert!(
+        started_b,
+        "b, handed over to this locker's watch session, was not led within the window; declined: {declined:?}; events: {:?}",
+        &seen
+    );
+}

@@ -22,6 +22,7 @@ mod kit_runtimes;
 mod metrics;
 mod poolers;
 mod readme_example;
+mod review5;
 mod scenarios;
 mod server_settings;
 mod server_wait;

@@ -1,0 +1,228 @@
+//! Review 5 (issue 31, hole 5): the hand-over check and the release's reservation on a
+//! real server. A request counts only for a backend that waits for THAT key; a release
+//! names a backend only if it is in that key's queue (or holds it).
+
+use crate::common::*;
+use lease_proto::reply::*;
+use lease_proto::Statement;
+use lease_tests::scenario::Admin;
+use lease_tests::Cluster;
+use lease_tests::KitError;
+use std::time::{Duration, Instant};
+
+fn run(session: &Admin, statement: &Statement) -> Result<Vec<Row>, KitError> {
+    let rows = session.rows(&statement.sql())?;
+    let decoded = rows
+        .iter()
+        .map(|r| decode_text_row(r.iter().map(|c| c.as_deref())))
+        .collect::<Result<Vec<_>, _>>();
+    decoded.map_err(|e| KitError::Invalid(format!("{statement:?}: undecodable reply: {e}")))
+}
+
+fn waits(admin: &Admin, pid: i64) -> Result<(), KitError> {
+    let start = Instant::now();
+    while admin.ints(&format!(
+        "SELECT count(*)::int8 FROM pg_locks WHERE NOT granted AND pid = {pid}"
+    ))?[0]
+        == 0
+    {
+        assert!(start.elapsed() < Duration::from_secs(10), "never waits");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+/// A holder of two keys (shards, several leases) is asked to hand k1 to a backend that
+/// waits for k2 (a standby of another lease, or a hostile role's own session blocked on
+/// the other key): the check must not confirm it, since that backend is not in k1's queue
+/// and never takes k1; the holder would hand k1 over and its release would reserve k1 for
+/// a backend that never takes it (two query timeouts unled, repeatable).
+#[test]
+fn a_backend_waiting_for_another_key_of_the_holder_does_not_confirm_an_ask() -> Res {
+    let cluster = Cluster::start()?;
+    let s = Admin::connect(&cluster.conn_string())?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let pid = s.ints("SELECT pg_backend_pid()::int8")?[0];
+    let (k1, k2) = (key("r5-1"), key("r5-2"));
+    s.rows(&format!(
+        "SELECT pg_advisory_lock({k1}), pg_advisory_lock({k2})"
+    ))?;
+    let waiter = Admin::connect(&cluster.conn_string())?;
+    let waiter_pid = waiter.ints("SELECT pg_backend_pid()::int8")?[0];
+    let t = std::thread::spawn(move || {
+        let r = waiter.rows(&format!("SELECT pg_advisory_lock({k2})"));
+        (waiter, r)
+    });
+    waits(&admin, waiter_pid)?;
+    let rows = run(
+        &s,
+        &Statement::CheckHandover {
+            asks: vec![(k1, waiter_pid, 0)],
+        },
+    )?;
+    let reply = CheckReply::parse(&rows).map_err(|e| KitError::Invalid(e.to_string()))?;
+    s.rows("SELECT pg_advisory_unlock_all()")?;
+    let (_waiter, r) = t.join().expect("waiter");
+    r?;
+    assert_eq!(
+        reply.waiting,
+        Default::default(),
+        "the ask to hand k1 to backend {waiter_pid}, which waits for k2 only, was confirmed"
+    );
+    Ok(())
+}
+
+/// The release of a key handed over by name names the backend again only if it is
+/// still in that key's queue: a backend that is connected but waits for nothing (its
+/// wait was cancelled after the check, a forger's own idle session) must not be named,
+/// or every standby leaves the free key alone for two query timeouts.
+#[test]
+fn a_release_does_not_reserve_the_key_for_a_connected_backend_that_does_not_wait() -> Res {
+    let cluster = Cluster::start()?;
+    let s = Admin::connect(&cluster.conn_string())?;
+    let idle = Admin::connect(&cluster.conn_string())?;
+    let idle_pid = idle.ints("SELECT pg_backend_pid()::int8")?[0];
+    let k = key("r5-3");
+    s.rows(&format!("SELECT pg_advisory_lock({k})"))?;
+    // A listener (psql prints the notifications after its next command).
+    let mut listener = std::process::Command::new("psql")
+        .args([
+            "-X",
+            "-d",
+            &cluster.conn_string(),
+            "-c",
+            "LISTEN lease_handover_v1",
+            "-c",
+            "SELECT pg_sleep(1.5)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| KitError::Invalid(format!("psql: {e}")))?;
+    std::thread::sleep(Duration::from_millis(500));
+    run(
+        &s,
+        &Statement::Release {
+            keys: vec![k],
+            notify: true,
+            reserved: vec![(k, idle_pid, 0)],
+        },
+    )?;
+    let out = listener.wait_with_output().expect("psql");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let line = text
+        .lines()
+        .find(|l| l.contains("Asynchronous notification"))
+        .unwrap_or_else(|| panic!("no notification: {text}"))
+        .to_string();
+    drop(idle);
+    assert!(
+        !line.contains(&format!(" {idle_pid}\"")),
+        "the release reserves the free key for backend {idle_pid}, which waits for nothing: {line}"
+    );
+    Ok(())
+}
+
+/// Review 5, cost and SQL: the check with 4 asks while 4,000 foreign advisory locks and
+/// 50 waiters stand; its duration against a plain heartbeat's, and its announcement.
+#[test]
+fn the_checks_cost_with_many_locks() -> Res {
+    let cluster = Cluster::start()?;
+    let s = Admin::connect(&cluster.conn_string())?;
+    let other = Admin::connect(&cluster.conn_string())?;
+    other.rows("SELECT pg_advisory_lock(k) FROM generate_series(1, 4000) AS k")?;
+    let (k1, k2) = (key("r5c-1"), key("r5c-2"));
+    s.rows(&format!(
+        "SELECT pg_advisory_lock({k1}), pg_advisory_lock({k2})"
+    ))?;
+    let mut waiters = Vec::new();
+    let mut threads = Vec::new();
+    for i in 0..50 {
+        let w = Admin::connect(&cluster.conn_string())?;
+        let pid = w.ints("SELECT pg_backend_pid()::int8")?[0];
+        let k = if i % 2 == 0 { k1 } else { k2 };
+        threads.push(std::thread::spawn(move || {
+            let _ = w.rows(&format!("SELECT pg_advisory_lock({k})"));
+            w
+        }));
+        waiters.push(pid);
+    }
+    for &p in &waiters {
+        waits(&s, p)?;
+    }
+    let asks = vec![
+        (k1, 99_991, 99_992),
+        (k1, 99_993, 0),
+        (k1, 99_994, 0),
+        (k1, 99_995, 0),
+    ];
+    let time = |st: &Statement| -> Result<f64, KitError> {
+        let t = Instant::now();
+        for _ in 0..20 {
+            run(&s, st)?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1000.0 / 20.0)
+    };
+    let hb = time(&Statement::Heartbeat)?;
+    let check = time(&Statement::CheckHandover { asks })?;
+    eprintln!("FIGURE heartbeat {hb:.2} ms, check (4 asks, 4,000 foreign locks, 50 waiters) {check:.2} ms");
+    s.rows("SELECT pg_advisory_unlock_all()")?;
+    other.rows("SELECT pg_advisory_unlock_all()")?;
+    for t in threads {
+        let w = t.join().expect("waiter");
+        w.rows("SELECT pg_advisory_unlock_all()")?;
+    }
+    Ok(())
+}
+
+/// Review 5, SQL: a confirmed check announces `to KEY PID` from the holder's backend.
+#[test]
+fn a_confirmed_check_announces_the_hand_over() -> Res {
+    let cluster = Cluster::start()?;
+    let s = Admin::connect(&cluster.conn_string())?;
+    let pid = s.ints("SELECT pg_backend_pid()::int8")?[0];
+    let k1 = key("r5n-1");
+    s.rows(&format!("SELECT pg_advisory_lock({k1})"))?;
+    let waiter = Admin::connect(&cluster.conn_string())?;
+    let waiter_pid = waiter.ints("SELECT pg_backend_pid()::int8")?[0];
+    let t = std::thread::spawn(move || {
+        let _ = waiter.rows(&format!("SELECT pg_advisory_lock({k1})"));
+        waiter
+    });
+    waits(&s, waiter_pid)?;
+    let listener = std::process::Command::new("psql")
+        .args([
+            "-X",
+            "-d",
+            &cluster.conn_string(),
+            "-c",
+            "LISTEN lease_handover_v1",
+            "-c",
+            "SELECT pg_sleep(1.5)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| KitError::Invalid(format!("psql: {e}")))?;
+    std::thread::sleep(Duration::from_millis(500));
+    let rows = run(
+        &s,
+        &Statement::CheckHandover {
+            asks: vec![(k1, 99_999, 0), (k1, waiter_pid, 0)],
+        },
+    )?;
+    let reply = CheckReply::parse(&rows).map_err(|e| KitError::Invalid(e.to_string()))?;
+    let out = listener.wait_with_output().expect("psql");
+    s.rows("SELECT pg_advisory_unlock_all()")?;
+    let _ = t.join();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(reply.waiting, [2].into());
+    assert!(
+        text.contains(&format!(
+            "payload \"to {k1} {waiter_pid}\" received from server process with PID {pid}"
+        )),
+        "{text}"
+    );
+    Ok(())
+}
