@@ -337,6 +337,10 @@ const DEADLOCK_TIMEOUT_MS_SQL: &str =
     "(extract(epoch FROM pg_catalog.current_setting('deadlock_timeout')::pg_catalog.interval) \
      OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8";
 
+/// What a watch session's `application_name` reads during its waits, then
+/// the backend pid of its lease session ([`Statement::Wait`]).
+pub const WATCH_OF: &str = "lease watch of ";
+
 /// The transaction-local custom setting in which a [`Statement::Wait`]
 /// leaves its outcome for its last statement to read.
 pub const WAIT_SETTING: &str = "lease.freed";
@@ -369,21 +373,22 @@ fn locks_here(key: i64, exclusive: bool) -> String {
     )
 }
 
-/// The waiting advisory locks of backend `a.p` or `a.q` in this database
-/// on a key this backend holds, as a `SELECT` for `EXISTS` over an asked
-/// hand-over `a(k, p, q)` (`a` names it; the hand-over check): a standby of
-/// this holder's waits for one of its keys at a time.
-fn locks_of_asked(a: &str) -> String {
+/// The advisory locks on key `{a}.k` in this database of backend `pid`
+/// (an expression), as a `SELECT` for `EXISTS`: only the waiting ones, or
+/// with `granted_too` the granted ones as well.
+fn locks_of(a: &str, pid: &str, granted_too: bool) -> String {
     format!(
         "SELECT FROM pg_catalog.pg_locks AS w WHERE w.locktype OPERATOR(pg_catalog.=) 'advisory' \
-         AND w.objsubid OPERATOR(pg_catalog.=) 1 AND NOT w.granted \
-         AND (w.pid OPERATOR(pg_catalog.=) {a}.p OR w.pid OPERATOR(pg_catalog.=) {a}.q) \
+         AND w.objsubid OPERATOR(pg_catalog.=) 1 {}AND w.pid OPERATOR(pg_catalog.=) {pid} \
          AND w.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
          WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
-         AND EXISTS (SELECT FROM ({THIS_DATABASE_ADVISORY_LOCKS}) AS h \
-         WHERE h.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() \
-         AND h.k OPERATOR(pg_catalog.=) ((w.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) \
-         OPERATOR(pg_catalog.|) w.objid::pg_catalog.int8))"
+         AND ((w.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) \
+         OPERATOR(pg_catalog.|) w.objid::pg_catalog.int8) OPERATOR(pg_catalog.=) {a}.k",
+        if granted_too {
+            ""
+        } else {
+            "AND NOT w.granted "
+        },
     )
 }
 
@@ -650,6 +655,12 @@ pub enum Statement {
         timeout_ms: u64,
         /// Queue only behind fewer than this many waiters (see above).
         crowd: Option<u32>,
+        /// The backend pid of the lease session this watch session serves:
+        /// for the wait's transaction its `application_name` reads `lease
+        /// watch of <pid>` (any role may read it in `pg_stat_activity`), so
+        /// that a holder can tell that a `prefer` naming this session comes
+        /// from its own locker (see [`Statement::CheckHandover`]).
+        watch_of: Option<i64>,
     },
     /// Waits on the server until `key` is free and takes it in the same
     /// statement: a session-level exclusive `pg_advisory_lock` queues behind
@@ -702,17 +713,17 @@ pub enum Statement {
     /// (behind another standby that took it first) reads another.
     ///
     /// A key handed over by name names, in its notification, the backend it
-    /// is reserved for, but only if that backend (or its other one) is still
-    /// connected (`pg_stat_activity`): the standbys leave a key alone only
-    /// for a backend that a check found in its queue and that is still
-    /// there.
+    /// is reserved for, but only if that backend holds or waits for the key
+    /// once it is unlocked, or, for a hand-over confirmed moments ago (less
+    /// than a query timeout: its wait may be between two chunks), is still
+    /// connected (`pg_stat_activity`).
     Release {
         /// Keys to unlock.
         keys: Vec<i64>,
         /// Whether to `NOTIFY` standbys.
         notify: bool,
-        /// The keys handed over by name: `(key, backend, its other backend
-        /// or 0)` (with `notify` only).
+        /// The keys handed over by name: `(key, backend, 1 if the hand-over
+        /// was confirmed moments ago, else 0)` (with `notify` only).
         reserved: Vec<(i64, i64, i64)>,
     },
     /// A lease group's membership read (see `docs/library.md`, "Lease
@@ -767,12 +778,12 @@ pub enum Statement {
     },
     /// A holder's heartbeat that also checks the hand-overs asked of it:
     /// for each `(key, backend, other backend or 0)`, whether either backend
-    /// waits for a key this backend holds (an ungranted advisory lock on it
-    /// in `pg_locks`: a standby waits for one key at a time).
+    /// waits for the key (an ungranted advisory lock on it in `pg_locks`).
     /// What [`Statement::Heartbeat`] answers, then, for each key, the first
     /// ask whose backend waits: a `(7, ordinal)` row (1-based, in the order
-    /// given, [`CheckReply`]), announced on [`HANDOVER_CHANNEL`] as `to
-    /// <key> <backend>` from this backend. It tries no key.
+    /// given; negative when only the other backend waits, [`CheckReply`]),
+    /// announced on [`HANDOVER_CHANNEL`] as `to <key> <the backend that
+    /// waits>` from this backend. It tries no key.
     CheckHandover {
         /// The hand-overs asked for.
         asks: Vec<(i64, i64, i64)>,
@@ -953,9 +964,10 @@ impl Statement {
                 key,
                 timeout_ms,
                 crowd,
+                watch_of,
             } => format!(
                 "{WAIT_PRELUDE_SQL}\
-                 DO $lease$BEGIN {crowded}{cut}PERFORM pg_catalog.pg_advisory_xact_lock_shared({key}); \
+                 DO $lease$BEGIN {crowded}{named}{cut}PERFORM pg_catalog.pg_advisory_xact_lock_shared({key}); \
                  PERFORM pg_catalog.set_config('{WAIT_SETTING}', '1', true); \
                  EXCEPTION WHEN lock_not_available THEN \
                  PERFORM pg_catalog.set_config('{WAIT_SETTING}', '0', true); END$lease$; \
@@ -972,6 +984,9 @@ impl Statement {
                 heartbeat_tag::DEADLOCK_TIMEOUT_MS,
                 cut = cut_lock_timeout(*timeout_ms),
                 crowded = crowd_check(*key, *crowd),
+                named = watch_of.map_or(String::new(), |p| format!(
+                    "PERFORM pg_catalog.set_config('application_name', '{WATCH_OF}{p}', true); "
+                )),
             ),
             // The same three statements as a wait's, the checks of a try
             // before the lock, and the token read after it (see `Take`).
@@ -1051,17 +1066,33 @@ impl Statement {
                     KeyArray(&column(|a| a.1)),
                     KeyArray(&column(|a| a.2)),
                 );
+                // Per ask: `a.w`, the backend of it that waits for its key
+                // (the named one first, else the watch session), or NULL.
+                // The other backend counts only as the named one's watch
+                // session (`Statement::Wait::watch_of`).
+                let waiting = |a: &str| {
+                    format!(
+                        "coalesce((SELECT {a}.p WHERE EXISTS ({})), (SELECT {a}.q WHERE \
+                         {a}.q OPERATOR(pg_catalog.<>) 0 AND EXISTS ({}) AND EXISTS (SELECT FROM \
+                         pg_catalog.pg_stat_activity AS s WHERE s.pid OPERATOR(pg_catalog.=) {a}.q \
+                         AND s.application_name OPERATOR(pg_catalog.=) \
+                         pg_catalog.concat('{WATCH_OF}', {a}.p))))",
+                        locks_of(a, &format!("{a}.p"), false),
+                        locks_of(a, &format!("{a}.q"), false),
+                    )
+                };
                 format!(
-                    "{} UNION ALL SELECT {}, c.o FROM (SELECT a.o, \
-                     pg_catalog.pg_notify('{HANDOVER_CHANNEL}', pg_catalog.concat('to ', a.k, ' ', a.p)) \
-                     FROM {asks} AS a(k, p, q, o) WHERE EXISTS ({}) \
-                     AND NOT EXISTS (SELECT FROM {asks} AS b(k, p, q, o) \
+                    "{} UNION ALL SELECT {}, CASE WHEN c.w OPERATOR(pg_catalog.=) c.p THEN c.o \
+                     ELSE OPERATOR(pg_catalog.-) c.o END FROM (SELECT a.o, a.p, a.w, \
+                     pg_catalog.pg_notify('{HANDOVER_CHANNEL}', pg_catalog.concat('to ', a.k, ' ', a.w)) \
+                     FROM (SELECT a.*, {} AS w FROM {asks} AS a(k, p, q, o)) AS a \
+                     WHERE a.w IS NOT NULL AND NOT EXISTS (SELECT FROM {asks} AS b(k, p, q, o) \
                      WHERE b.k OPERATOR(pg_catalog.=) a.k AND b.o OPERATOR(pg_catalog.<) a.o \
-                     AND EXISTS ({}))) AS c",
+                     AND {} IS NOT NULL)) AS c",
                     Statement::Heartbeat.sql(),
                     heartbeat_tag::WAITING,
-                    locks_of_asked("a"),
-                    locks_of_asked("b"),
+                    waiting("a"),
+                    waiting("b"),
                 )
             }
             Statement::Verify => format!(
@@ -1220,8 +1251,11 @@ impl Statement {
                 rk = KeyArray(&reserved.iter().map(|r| r.0).collect::<Vec<_>>()),
                 rp = KeyArray(&reserved.iter().map(|r| r.1).collect::<Vec<_>>()),
                 rq = KeyArray(&reserved.iter().map(|r| r.2).collect::<Vec<_>>()),
-                asked = "SELECT FROM pg_catalog.pg_stat_activity \
-                         WHERE pid OPERATOR(pg_catalog.=) a.p OR pid OPERATOR(pg_catalog.=) a.q",
+                asked = format!(
+                    "{}) OR (a.q OPERATOR(pg_catalog.=) 1 AND EXISTS (SELECT FROM \
+                     pg_catalog.pg_stat_activity WHERE pid OPERATOR(pg_catalog.=) a.p)",
+                    locks_of("a", "a.p", true)
+                ),
             ),
         }
     }
@@ -1658,7 +1692,7 @@ pub struct CheckReply {
     /// What the heartbeat rows say.
     pub session: HeartbeatReply,
     /// The 1-based ordinals of the asks confirmed (the first whose backend
-    /// waits, per key).
+    /// waits, per key), negative when only the ask's other backend waits.
     pub waiting: BTreeSet<i64>,
 }
 
@@ -2016,11 +2050,13 @@ mod tests {
                 key: -5,
                 timeout_ms: 2000,
                 crowd: None,
+                watch_of: Some(77),
             },
             Statement::Wait {
                 key: -5,
                 timeout_ms: 2000,
                 crowd: Some(2),
+                watch_of: None,
             },
             Statement::Take {
                 key: -5,
@@ -2208,6 +2244,7 @@ mod tests {
             key: -5,
             timeout_ms: 0,
             crowd: Some(2),
+            watch_of: None,
         }
         .sql();
         assert!(sql.starts_with(WAIT_PRELUDE_SQL), "{sql}");

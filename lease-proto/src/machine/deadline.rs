@@ -38,11 +38,14 @@ pub enum Deadline {
     /// timeout, after the wait's lock timeout): it is closed, which costs
     /// speed only (see [`Options::watch_session`](crate::Options::watch_session)).
     Watch,
+    /// A hand-over asked of this holder is due for a check beside the
+    /// heartbeats (see `handover`).
+    Check,
 }
 
 impl Deadline {
     /// Every timer, in the order ties are broken.
-    pub(crate) const ALL: [Deadline; 9] = [
+    pub(crate) const ALL: [Deadline; 10] = [
         Deadline::Connect,
         Deadline::Query,
         Deadline::Validity,
@@ -52,6 +55,7 @@ impl Deadline {
         Deadline::Retry,
         Deadline::Backoff,
         Deadline::Watch,
+        Deadline::Check,
     ];
 }
 

@@ -71,20 +71,19 @@ pub(crate) fn handover_window(opts: &Options) -> Duration {
     opts.query_timeout * 2
 }
 
-/// The most asks that stand at once for one key; later requests for it are
-/// dropped until one ends (see `handover`).
+/// The most asks that stand at once for one key; a new request evicts the
+/// oldest one a check has already found not waiting, and is dropped only
+/// when every standing ask is still unchecked (see `handover`).
 pub const MAX_ASKS_PER_KEY: usize = 4;
 
-/// The most time between two checks while an ask stands: the heartbeat
-/// interval, at most [`CHECK_EVERY`].
-pub(crate) fn check_interval(opts: &Options) -> Duration {
-    opts.heartbeat_interval.min(CHECK_EVERY)
-}
-
-/// The longest time between two checks while an ask stands (see
-/// `handover`): the named standby's wait is found in the key's queue
-/// within a few of them.
+/// The least time between two checks (see `handover`): a new ask is checked
+/// at once, but never sooner than this after the last check.
 pub const CHECK_EVERY: Duration = Duration::from_millis(50);
+
+/// The most checks a holder sends beside its heartbeats in a burst (see
+/// `handover`); one more is allowed every two heartbeat intervals, so a
+/// flood of requests adds at most half a statement per heartbeat interval.
+pub const CHECK_BURST: u32 = 4;
 
 /// How long an ask stands unconfirmed: a validity window and two query
 /// timeouts, time for the named standby to hear of it, end the statement
@@ -103,64 +102,121 @@ struct Ask {
     alt: i64,
     /// The request's priority (`u32::MAX`: a `to` request).
     priority: u32,
+    /// When it was asked.
+    since: Instant,
     /// Until when it stands unconfirmed.
     until: Instant,
-    /// A check has read it.
-    checked: bool,
+    /// How many checks have read it.
+    checks: u32,
+    /// When it is due for its next check: at once, then [`CHECK_EVERY`]
+    /// after a check, twice that after the next, and so on, up to the
+    /// heartbeat interval apart.
+    next: Instant,
 }
 
 /// The asks that stand, by key (see `handover`).
 #[derive(Debug, Default)]
 pub(super) struct Asks {
     by_key: BTreeMap<i64, Vec<Ask>>,
+    /// When the last check was sent.
+    last_check: Option<Instant>,
+    /// Checks left beside the heartbeats ([`CHECK_BURST`] at most), and
+    /// when they were last counted.
+    budget: Option<(u32, Instant)>,
 }
 
-/// A confirmed ask: hand the key over to `pid` (`alt`: its watch session)
+/// A confirmed ask: hand the key over to `pid`, the backend the check found
+/// waiting (the named lease session or the asking locker's watch session),
 /// with `priority`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Confirmed {
     pub(super) pid: i64,
-    pub(super) alt: i64,
     pub(super) priority: u32,
 }
 
 impl Asks {
     /// A request for `key` to backend `pid` (`alt`: its watch session, or
-    /// 0) with `priority`, standing until `until`. Returns whether it stands
-    /// now as a new ask: false for a repeat or a full key. A repeat that
-    /// names a watch session (the standby took another lease meanwhile, and
-    /// waits on its watch session now) sets it, the window unchanged.
+    /// 0) with `priority`, at `now`, standing until `until`. Returns whether
+    /// it stands now as a new ask: false for a repeat or a key whose asks
+    /// are all unchecked. A repeat that names a watch session (the standby
+    /// took another lease meanwhile, and waits on its watch session now)
+    /// sets it, the window unchanged; a new ask on a full key evicts the
+    /// oldest checked one.
     pub(super) fn ask(
         &mut self,
         key: i64,
         (pid, alt): (i64, i64),
         priority: u32,
-        until: Instant,
+        (now, until): (Instant, Instant),
     ) -> bool {
         let asks = self.by_key.entry(key).or_default();
         if let Some(a) = asks.iter_mut().find(|a| a.pid == pid) {
-            if alt != 0 {
+            if alt != 0 && a.alt != alt {
                 a.alt = alt;
-                a.checked = false;
+                a.next = now;
             }
             return false;
         }
         if asks.len() >= MAX_ASKS_PER_KEY {
-            return false;
+            let Some(oldest) = (asks.iter().enumerate())
+                .filter(|(_, a)| a.checks > 0)
+                .min_by_key(|(_, a)| a.since)
+                .map(|(i, _)| i)
+            else {
+                return false;
+            };
+            asks.remove(oldest);
         }
         asks.push(Ask {
             pid,
             alt,
             priority,
+            since: now,
             until,
-            checked: false,
+            checks: 0,
+            next: now,
         });
         true
     }
 
-    /// Whether an ask has not been checked yet: a check goes at once.
-    pub(super) fn unchecked(&self) -> bool {
-        self.by_key.values().flatten().any(|a| !a.checked)
+    /// The checks left beside the heartbeats at `now`, `every` being the
+    /// heartbeat interval: one more every two intervals, up to
+    /// [`CHECK_BURST`].
+    fn budget(&mut self, now: Instant, every: Duration) -> u32 {
+        let (left, since) = *self.budget.get_or_insert((CHECK_BURST, now));
+        let refill = (every * 2).max(CHECK_EVERY);
+        let earned = (now.saturating_duration_since(since).as_nanos() / refill.as_nanos()) as u32;
+        let left = (left + earned).min(CHECK_BURST);
+        let since = if left == CHECK_BURST {
+            now
+        } else {
+            since + refill * earned
+        };
+        self.budget = Some((left, since));
+        left
+    }
+
+    /// When the next check beside the heartbeats is due, `every` being the
+    /// heartbeat interval: the earliest ask's turn, never sooner than
+    /// [`CHECK_EVERY`] after the last check, while the budget lasts; `None`
+    /// with no ask or no budget (the heartbeats check the asks then).
+    pub(super) fn next_check(&mut self, now: Instant, every: Duration) -> Option<Instant> {
+        let due = self.by_key.values().flatten().map(|a| a.next).min()?;
+        if self.budget(now, every) == 0 {
+            return None;
+        }
+        Some(match self.last_check {
+            Some(last) => due.max(last + CHECK_EVERY),
+            None => due,
+        })
+    }
+
+    /// A check beside the heartbeats is sent: it spends the budget.
+    pub(super) fn spend(&mut self, now: Instant, every: Duration) {
+        let left = self.budget(now, every);
+        if let Some((l, _)) = &mut self.budget {
+            *l = left.saturating_sub(1);
+        }
     }
 
     /// Whether any ask stands: heartbeats check them.
@@ -168,29 +224,38 @@ impl Asks {
         !self.by_key.is_empty()
     }
 
-    /// The asks to check, `(key, backend, other backend or 0)`, each marked
-    /// checked: per key, the highest priority first (the earliest on a
-    /// tie), the order in which the check picks the first that waits.
-    pub(super) fn take_check(&mut self) -> Vec<(i64, i64, i64)> {
+    /// The asks to check at `now`, `(key, backend, other backend or 0)`,
+    /// each counted as checked once more (its next check after twice the
+    /// last gap, at most `every`, the heartbeat interval): per key, the
+    /// highest priority first (the earliest on a tie), the order in which
+    /// the check picks the first that waits.
+    pub(super) fn take_check(&mut self, now: Instant, every: Duration) -> Vec<(i64, i64, i64)> {
+        self.last_check = Some(now);
         let mut out = Vec::new();
         for (key, asks) in &mut self.by_key {
-            asks.sort_by_key(|a| std::cmp::Reverse(a.priority));
+            asks.sort_by_key(|a| (std::cmp::Reverse(a.priority), a.since));
             for a in asks {
-                a.checked = true;
+                let gap = CHECK_EVERY.saturating_mul(1 << a.checks.min(16));
+                a.checks += 1;
+                a.next = now + gap.min(every.max(CHECK_EVERY));
                 out.push((*key, a.pid, a.alt));
             }
         }
         out
     }
 
-    /// A check confirmed the ask `(key, pid, alt)` (see `take_check`): every
-    /// ask of `key` ends; the confirmed one, if it still stood.
-    pub(super) fn confirmed(&mut self, (key, pid, _): (i64, i64, i64)) -> Option<Confirmed> {
+    /// A check found the backend `waiting` of the ask `(key, pid, _)`
+    /// waiting for its key (see `take_check`): every ask of `key` ends; the
+    /// confirmed one, if it still stood.
+    pub(super) fn confirmed(
+        &mut self,
+        (key, pid, _): (i64, i64, i64),
+        waiting: i64,
+    ) -> Option<Confirmed> {
         let asks = self.by_key.remove(&key)?;
-        let a = asks.iter().find(|a| a.pid == pid && a.checked)?;
+        let a = asks.iter().find(|a| a.pid == pid && a.checks > 0)?;
         Some(Confirmed {
-            pid: a.pid,
-            alt: a.alt,
+            pid: waiting,
             priority: a.priority,
         })
     }
@@ -218,17 +283,29 @@ impl Asks {
     /// nothing now).
     pub(super) fn session_down(&mut self) {
         self.by_key.clear();
+        self.last_check = None;
     }
 }
 
 impl Machine {
-    /// A hand-over of `key` to the lease session of backend `to` was asked
-    /// for ([`handover_request_payload`](crate::server::handover_request_payload),
-    /// `lease handover NAME --to PID`): the holder asks a check (see
-    /// `handover`); the named standby itself queues for the key.
+    /// This locker's backends: its lease session's and its watch session's
+    /// (a key reserved for either is its own, see `handover`).
+    pub(super) fn own_backends(&self) -> Vec<i64> {
+        let lease = self.session.up().and_then(|up| up.stage.backend_pid());
+        lease.into_iter().chain(self.watch.backend_pid()).collect()
+    }
+
+    /// A hand-over of `key` to backend `to` was asked for
+    /// ([`handover_request_payload`](crate::server::handover_request_payload),
+    /// `lease handover NAME --to PID`), or announced by the holder once its
+    /// check confirmed it (`sender` is the holder this locker's last try
+    /// saw): the holder asks a check (see `handover`); the named locker
+    /// queues for the key (on its lease session, or its watch session when
+    /// it holds another lease); a standby reserves the key only on the
+    /// holder's announcement.
     pub(super) fn handover_requested(&mut self, now: Instant, key: i64, to: i64, sender: i64) {
-        let me = self.session.up().and_then(|up| up.stage.backend_pid());
-        if me == Some(sender) {
+        let me = self.own_backends();
+        if me.contains(&sender) {
             // Its own announcement (see `check_done`).
             return;
         }
@@ -236,21 +313,22 @@ impl Machine {
         #[cfg(feature = "sim")] // The broken variant: every request reserves.
         if self.knobs.mutation == Some(Mutation::HandOverUnchecked) && standby.is_some() {
             let until = now + handover_window(&self.opts);
-            self.runs.reserve(key, (to, 0), until, u32::MAX);
+            self.runs.reserve(key, to, (now, until), u32::MAX);
         }
         if let Some((_, Some(Some(holder)))) = standby.filter(|_| sender != 0) {
             if holder == sender {
                 // The holder's announcement of a confirmed hand-over.
                 let until = now + handover_window(&self.opts);
-                self.runs.reserve(key, (to, 0), until, u32::MAX);
+                self.runs.reserve(key, to, (now, until), u32::MAX);
             }
         }
-        if me == Some(to) {
+        if me.contains(&to) {
             if standby.is_some() {
-                // Its next statement is a wait for the key (the key is
-                // held: a try would only cost a round trip).
+                // Its next wait is for the key (the key is held: a try would
+                // only cost a round trip).
                 let until = now + ask_window(&self.opts);
                 self.wait.named(key, until);
+                self.watch.prefer(key, until);
             }
             return;
         }
@@ -258,7 +336,7 @@ impl Machine {
     }
 
     /// The holder of `key` keeps a request to hand it to `to` as an ask,
-    /// checked at once and at each heartbeat (see `handover`).
+    /// checked at once and then less and less often (see `handover`).
     fn ask(&mut self, now: Instant, key: i64, to: (i64, i64), priority: u32) {
         if !self.runs.leading_keys().contains(&key) {
             return;
@@ -266,17 +344,16 @@ impl Machine {
         #[cfg(feature = "sim")] // The broken variant: no check.
         if self.knobs.mutation == Some(Mutation::HandOverUnchecked) {
             let until = now + handover_window(&self.opts);
-            self.runs.reserve(key, to, until, priority);
+            self.runs.reserve(key, to.0, (now, until), priority);
             return self.hand_over(key, to.0, true);
         }
         let until = now + ask_window(&self.opts);
-        if self.asks.ask(key, to, priority, until) {
-            self.plan.try_soon();
-        }
+        self.asks.ask(key, to, priority, (now, until));
     }
 
     /// A check answered: it proves the session as a heartbeat does; each
-    /// key whose asked backend waits is handed over (see `handover`).
+    /// key whose asked backend waits is handed over to the backend found
+    /// waiting (see `handover`).
     pub(super) fn check_done(
         &mut self,
         now: Instant,
@@ -290,18 +367,26 @@ impl Machine {
         }
         let leading = self.runs.leading_keys();
         for ordinal in reply.waiting {
-            let Some(&ask) = usize::try_from(ordinal - 1).ok().and_then(|i| asked.get(i)) else {
+            // Positive: the named backend waits; negative: its watch session.
+            let i = usize::try_from(ordinal.unsigned_abs())
+                .ok()
+                .and_then(|o| o.checked_sub(1));
+            let Some(&ask) = i.and_then(|i| asked.get(i)) else {
                 continue;
             };
-            let key = ask.0;
-            let Some(to) = self.asks.confirmed(ask) else {
+            let (key, pid, alt) = ask;
+            let waiting = if ordinal > 0 { pid } else { alt };
+            if waiting == 0 {
+                continue;
+            }
+            let Some(to) = self.asks.confirmed(ask, waiting) else {
                 continue;
             };
             if !leading.contains(&key) {
                 continue;
             }
             let until = now + handover_window(&self.opts);
-            self.runs.reserve(key, (to.pid, to.alt), until, to.priority);
+            self.runs.reserve(key, to.pid, (now, until), to.priority);
             self.hand_over(key, to.pid, true);
         }
     }
@@ -350,45 +435,74 @@ impl Machine {
 mod tests {
     use super::*;
 
+    const S: Duration = Duration::from_secs(1);
+
     #[test]
-    fn repeats_and_a_full_key_are_dropped_and_the_highest_priority_wins() {
+    fn repeats_change_nothing_a_full_key_evicts_a_checked_ask_and_priority_goes_first() {
         let now = Instant::now();
-        let until = now + Duration::from_secs(1);
+        let at = (now, now + S);
         let mut asks = Asks::default();
-        assert!(asks.ask(1, (10, 0), 1, until));
-        assert!(
-            !asks.ask(1, (10, 0), 5, until + Duration::from_secs(9)),
-            "a repeat"
-        );
-        let later = until + Duration::from_secs(9);
-        assert!(!asks.ask(1, (10, 20), 5, later), "a repeat");
+        assert!(asks.ask(1, (10, 0), 1, at));
+        assert!(!asks.ask(1, (10, 0), 5, (now, now + S * 9)), "a repeat");
+        assert!(!asks.ask(1, (10, 20), 5, (now, now + S * 9)), "a repeat");
         assert_eq!(asks.by_key[&1][0].alt, 20, "it names the watch session now");
-        assert_eq!(asks.by_key[&1][0].until, until, "not re-armed");
-        assert!(asks.ask(1, (11, 0), 3, until));
-        assert!(asks.ask(1, (12, 0), u32::MAX, until));
-        assert!(asks.ask(1, (13, 0), 2, until));
-        assert!(!asks.ask(1, (14, 0), 2, until), "full");
-        assert!(asks.unchecked());
-        let checked = asks.take_check();
+        assert_eq!(asks.by_key[&1][0].until, now + S, "not re-armed");
+        let ms = Duration::from_millis;
+        assert!(asks.ask(1, (11, 0), 3, (now + ms(1), now + S)));
+        assert!(asks.ask(1, (12, 0), u32::MAX, (now + ms(2), now + S)));
+        assert!(asks.ask(1, (13, 0), 2, (now + ms(3), now + S)));
+        assert!(!asks.ask(1, (14, 0), 2, at), "full of unchecked asks");
+        assert_eq!(asks.next_check(now, S), Some(now));
+        let checked = asks.take_check(now, S);
         assert_eq!(checked.len(), 4);
         assert_eq!(checked[0], (1, 12, 0), "the highest priority first");
-        assert!(!asks.unchecked());
-        let best = asks.confirmed(checked[0]).unwrap();
+        // Checked once: a new one evicts the oldest checked.
+        assert!(asks.ask(1, (14, 0), 2, (now + S / 10, now + S)));
+        assert!(
+            !asks.by_key[&1].iter().any(|a| a.pid == 10),
+            "the oldest went"
+        );
+        let best = asks.confirmed(checked[0], 12).unwrap();
         assert_eq!((best.pid, best.priority), (12, u32::MAX));
         assert!(!asks.any());
+    }
+
+    #[test]
+    fn checks_come_at_once_then_further_apart_within_a_budget() {
+        let now = Instant::now();
+        let mut asks = Asks::default();
+        asks.ask(1, (10, 0), 1, (now, now + S * 60));
+        let mut at = now;
+        let mut gaps = Vec::new();
+        let hb = Duration::from_millis(500);
+        for _ in 0..4 {
+            let next = asks.next_check(at, hb).unwrap();
+            gaps.push(next - at);
+            at = next;
+            asks.spend(at, hb);
+            asks.take_check(at, hb);
+        }
+        let ms = |m| Duration::from_millis(m);
+        assert_eq!(gaps, [ms(0), ms(50), ms(100), ms(200)]);
+        // The burst is spent: the heartbeats check, until two intervals earn one more.
+        assert_eq!(asks.next_check(at, hb), None);
+        let later = now + hb * 2;
+        assert!(asks.next_check(later, hb).is_some());
+        // A new ask is checked at once, but never sooner than CHECK_EVERY after the last.
+        asks.take_check(later, hb);
+        asks.ask(1, (11, 0), 1, (later + ms(1), now + S * 60));
+        let next = asks.next_check(later + ms(1), hb);
+        assert_eq!(next, Some(later + CHECK_EVERY));
     }
 
     #[test]
     fn an_ask_ends_unconfirmed_at_its_window_or_with_the_lead() {
         let now = Instant::now();
         let mut asks = Asks::default();
-        asks.ask(1, (10, 0), 1, now + Duration::from_secs(1));
-        asks.ask(2, (10, 0), 1, now + Duration::from_secs(5));
+        asks.ask(1, (10, 0), 1, (now, now + S));
+        asks.ask(2, (10, 0), 1, (now, now + S * 5));
         assert_eq!(asks.expire(now, &[1, 2]), vec![]);
-        assert_eq!(
-            asks.expire(now + Duration::from_secs(1), &[1, 2]),
-            vec![(1, 10)]
-        );
+        assert_eq!(asks.expire(now + S, &[1, 2]), vec![(1, 10)]);
         assert_eq!(asks.expire(now, &[1]), vec![]);
         assert!(!asks.any());
     }

@@ -60,7 +60,7 @@ mod watch;
 use deadline::DeadlineTable;
 use groups::Groups;
 use handover::{handover_window, Asks};
-pub use handover::{CHECK_EVERY, MAX_ASKS_PER_KEY};
+pub use handover::{CHECK_BURST, CHECK_EVERY, MAX_ASKS_PER_KEY};
 pub(crate) use knobs::Knobs;
 #[cfg(feature = "sim")]
 pub use knobs::Mutation;
@@ -1175,13 +1175,13 @@ impl Machine {
             .and_then(|key| reply.not_won.iter().find(|(k, _)| *k == key))
             .map(|&(_, holder)| holder);
         self.watch_try_answered(!reply.won.is_empty(), seen);
-        let me = pid;
+        let me = self.own_backends();
         for &won in &reply.won {
             #[cfg(feature = "sim")] // The broken variant: a reserved win kept.
             let keeps = self.knobs.mutation == Some(Mutation::KeepReservedWin);
             #[cfg(not(feature = "sim"))]
             let keeps = false;
-            let reserved = self.runs.reserved_for_other(won.0, me, now);
+            let reserved = self.runs.reserved_for_other(won.0, &me, now);
             if let Some(to) = reserved.filter(|_| !keeps) {
                 // A hand-over to `to` was asked for while the try (or the
                 // take) was in flight: the key is `to`'s, so its job does
@@ -1265,13 +1265,7 @@ impl Machine {
 
     /// The next heartbeat is due a heartbeat interval after `sent`.
     fn heartbeat_again(&mut self, now: Instant, sent: Instant) {
-        // While asks stand, checks go more often (see `handover`).
-        let every = if self.asks.any() {
-            handover::check_interval(&self.opts)
-        } else {
-            self.opts.heartbeat_interval
-        };
-        let next = (sent + every).max(now);
+        let next = (sent + self.opts.heartbeat_interval).max(now);
         self.timers.set(Deadline::Heartbeat, next);
     }
 
@@ -1377,7 +1371,7 @@ impl Machine {
         let Some((wanted, holder)) = self.runs.standby_of(key) else {
             return;
         };
-        let me = self.session.up().and_then(|up| up.stage.backend_pid());
+        let me = self.own_backends();
         if let Some(holder) = holder {
             #[cfg(feature = "sim")]
             let anyone = self.knobs.mutation == Some(Mutation::NotifyFromAnyone);
@@ -1393,8 +1387,8 @@ impl Machine {
                 // another standby, whose take won it and released it at once
                 // (`try_done`): any release of it is worth a try now (its win
                 // still waits out the lock delay).
-                let named = reserved.is_some() && reserved == me;
-                if wanted && (named || self.runs.reserved_for(key, me, now)) {
+                let named = reserved.is_some_and(|r| me.contains(&r));
+                if wanted && (named || self.runs.reserved_for(key, &me, now)) {
                     self.plan.try_soon();
                 }
                 return;
@@ -1405,7 +1399,7 @@ impl Machine {
             match reserved {
                 Some(to) => {
                     let until = now + handover_window(&self.opts);
-                    self.runs.reserve(key, (to, 0), until, u32::MAX);
+                    self.runs.reserve(key, to, (now, until), u32::MAX);
                 }
                 None if holder.is_some() => self.runs.unreserve(key),
                 None => {}
@@ -1678,7 +1672,8 @@ impl Machine {
         }
         let release = (self.runs).take_release(now, handover_window(&self.opts));
         if !release.is_empty() {
-            let reserved = self.runs.reservations(&release, now);
+            let recent = self.opts.query_timeout;
+            let reserved = self.runs.reservations(&release, now, recent);
             return Some(What::Release {
                 keys: release,
                 reserved,
@@ -1715,13 +1710,23 @@ impl Machine {
             return Some(match self.plan.heartbeat() {
                 Beat::Verify => What::Verify,
                 // While asks stand, the heartbeat checks them (see `handover`).
-                Beat::Heartbeat if self.asks.any() => What::Check(self.asks.take_check()),
+                Beat::Heartbeat if self.asks.any() => {
+                    What::Check(self.asks.take_check(now, self.opts.heartbeat_interval))
+                }
                 Beat::Heartbeat => What::Heartbeat,
             });
         }
-        if self.asks.unchecked() {
-            // A new ask is checked at once, as a heartbeat.
-            return Some(What::Check(self.asks.take_check()));
+        let every = self.opts.heartbeat_interval;
+        if let Some(at) = self.asks.next_check(now, every) {
+            // An ask's turn (see `handover`): a check, which is a heartbeat
+            // too; else the machine wakes for it.
+            if at <= now {
+                self.asks.spend(now, every);
+                return Some(What::Check(self.asks.take_check(now, every)));
+            }
+            self.timers.set(Deadline::Check, at);
+        } else {
+            self.timers.stop(Deadline::Check);
         }
         self.plan.not_heartbeat();
         if let Some(until) = held {
@@ -1799,13 +1804,14 @@ impl Machine {
                 return Some(What::Members(self.groups.read(&wanted)));
             }
             let me = self.session.up().and_then(|up| up.stage.backend_pid());
+            let own = self.own_backends();
             let bound = groups::free_bound(&self.opts);
             let groups = &self.groups;
             #[cfg(feature = "sim")] // The broken variant: every key as if owned.
             let ignore_share = self.knobs.mutation == Some(Mutation::IgnoreShare);
             #[cfg(not(feature = "sim"))]
             let ignore_share = false;
-            let keys = self.runs.take_try(now, me, |lease| {
+            let keys = self.runs.take_try(now, &own, |lease| {
                 ignore_share
                     || (lease.group())
                         .is_none_or(|g| groups.may_try(g.id(), lease.key(), me, now, bound))
@@ -1876,8 +1882,7 @@ impl Machine {
         {
             return None;
         }
-        let me = self.session.up().and_then(|up| up.stage.backend_pid());
-        let wanted = self.runs.wait_candidates(me)?;
+        let wanted = self.runs.wait_candidates(&self.own_backends())?;
         // A take's win counts from its send time, and its job starts a lock
         // delay after its reply (see `wait`, "Taken"): it waits half of what
         // the validity window leaves beside the lock delay at most, so that
@@ -1936,6 +1941,7 @@ impl Machine {
             }
             Deadline::Backoff => matches!(self.session, Session::Backoff) && self.needs_session(),
             Deadline::Watch => true,
+            Deadline::Check => idle_ready,
         })
     }
 }

@@ -217,10 +217,10 @@ pub(super) struct RunTable {
     held_lost: BTreeSet<i64>,
     /// Keys handed over to a named backend: key → (that backend's pid,
     /// until when no other tries it, the request's priority: `u32::MAX` for
-    /// a `to` request, the named locker's other backend or 0; see
-    /// `handover`). A holder's own, from the check that confirmed the
-    /// request; a standby's, from the holder's release.
-    reserved: BTreeMap<i64, (i64, Instant, u32, i64)>,
+    /// a `to` request, since when; see `handover`). A holder's own, from the
+    /// check that confirmed the request; a standby's, from the holder's
+    /// announcement or release.
+    reserved: BTreeMap<i64, (i64, Instant, u32, Instant)>,
 }
 
 impl RunTable {
@@ -339,7 +339,9 @@ impl RunTable {
     /// The keys a wait may be for, if the session holds and owes nothing:
     /// every run a standby, no key to unlock; the keys of the standbys not in
     /// the try in flight whose last try answered.
-    pub(super) fn wait_candidates(&self, me: Option<i64>) -> Option<Vec<i64>> {
+    /// `me`: this locker's backends (a key reserved for another is no
+    /// candidate).
+    pub(super) fn wait_candidates(&self, me: &[i64]) -> Option<Vec<i64>> {
         if !self.orphans.is_empty() || !self.held_lost.is_empty() {
             return None;
         }
@@ -348,7 +350,8 @@ impl RunTable {
             match &r.state {
                 RunState::Standby(s) if s.step == StandbyStep::Waiting && s.holder.is_some() => {
                     let key = r.lease.key();
-                    let other = (self.reserved.get(&key)).is_some_and(|(pid, ..)| Some(*pid) != me);
+                    let other =
+                        (self.reserved.get(&key)).is_some_and(|(pid, ..)| !me.contains(pid));
                     if !other {
                         wanted.push(key)
                     }
@@ -391,12 +394,12 @@ impl RunTable {
     /// The keys of the next try: every standby not in the try in flight
     /// joins it.
     /// `may`: whether a run's lease may be tried now (a group's share).
-    /// A key reserved for another backend than `me` is left out until its
-    /// reservation ends.
+    /// A key reserved for another backend than this locker's (`me`) is left
+    /// out until its reservation ends.
     pub(super) fn take_try(
         &mut self,
         now: Instant,
-        me: Option<i64>,
+        me: &[i64],
         may: impl Fn(&LeaseId) -> bool,
     ) -> Vec<i64> {
         self.reserved.retain(|_, (_, until, ..)| *until > now);
@@ -404,7 +407,10 @@ impl RunTable {
         let mut keys = Vec::new();
         for r in self.runs.values_mut() {
             let key = r.lease.key();
-            if reserved.get(&key).is_some_and(|(pid, ..)| Some(*pid) != me) {
+            if reserved
+                .get(&key)
+                .is_some_and(|(pid, ..)| !me.contains(pid))
+            {
                 continue;
             }
             if let RunState::Standby(standby) = &mut r.state {
@@ -433,22 +439,17 @@ impl RunTable {
         }
     }
 
-    /// Whether `key` is reserved for backend `me` at `now` (a hand-over to
-    /// it was asked for).
-    pub(super) fn reserved_for(&self, key: i64, me: Option<i64>, now: Instant) -> bool {
-        (self.reserved.get(&key)).is_some_and(|(pid, until, ..)| *until > now && Some(*pid) == me)
+    /// Whether `key` is reserved at `now` for one of this locker's backends
+    /// `me` (its lease session's, its watch session's: a hand-over to it).
+    pub(super) fn reserved_for(&self, key: i64, me: &[i64], now: Instant) -> bool {
+        (self.reserved.get(&key)).is_some_and(|(pid, until, ..)| *until > now && me.contains(pid))
     }
 
-    /// The backend `key` is reserved for at `now`, if it is another than
-    /// `me` (see `handover`).
-    pub(super) fn reserved_for_other(
-        &self,
-        key: i64,
-        me: Option<i64>,
-        now: Instant,
-    ) -> Option<i64> {
+    /// The backend `key` is reserved for at `now`, if it is none of this
+    /// locker's backends `me` (see `handover`).
+    pub(super) fn reserved_for_other(&self, key: i64, me: &[i64], now: Instant) -> Option<i64> {
         (self.reserved.get(&key))
-            .filter(|(pid, until, ..)| *until > now && Some(*pid) != me)
+            .filter(|(pid, until, ..)| *until > now && !me.contains(pid))
             .map(|(pid, ..)| *pid)
     }
 
@@ -571,21 +572,21 @@ impl RunTable {
         })
     }
 
-    /// `key` is handed over to backend `pid` (`alt`: the named locker's
-    /// other backend, or 0) with `priority` (`u32::MAX`: by name): no other
-    /// backend's run tries it before `until` (see `handover`). Replaces any
-    /// reservation of `key`. Returns whether this table has a run of `key`.
+    /// `key` is handed over to backend `pid` at `now` with `priority`
+    /// (`u32::MAX`: by name): no other backend's run tries it before
+    /// `until` (see `handover`). Replaces any reservation of `key`. Returns
+    /// whether this table has a run of `key`.
     pub(super) fn reserve(
         &mut self,
         key: i64,
-        (pid, alt): (i64, i64),
-        until: Instant,
+        pid: i64,
+        (now, until): (Instant, Instant),
         priority: u32,
     ) -> bool {
         if !self.keys.contains_key(&key) {
             return false;
         }
-        self.reserved.insert(key, (pid, until, priority, alt));
+        self.reserved.insert(key, (pid, until, priority, now));
         true
     }
 
@@ -595,12 +596,18 @@ impl RunTable {
     }
 
     /// The reservations in force at `now` of `keys` (a release's): `(key,
-    /// backend, other backend or 0)`.
-    pub(super) fn reservations(&self, keys: &[i64], now: Instant) -> Vec<(i64, i64, i64)> {
+    /// backend, 1 if made less than `recent` ago else 0)`.
+    pub(super) fn reservations(
+        &self,
+        keys: &[i64],
+        now: Instant,
+        recent: Duration,
+    ) -> Vec<(i64, i64, i64)> {
         (keys.iter())
             .filter_map(|k| {
-                let &(pid, until, _, alt) = self.reserved.get(k)?;
-                (until > now).then_some((*k, pid, alt))
+                let &(pid, until, _, since) = self.reserved.get(k)?;
+                let fresh = i64::from(now.saturating_duration_since(since) < recent);
+                (until > now).then_some((*k, pid, fresh))
             })
             .collect()
     }

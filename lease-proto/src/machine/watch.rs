@@ -335,6 +335,7 @@ impl Machine {
             key,
             timeout_ms: timeout.as_millis().max(1) as u64,
             crowd: None,
+            watch_of: Some(own),
         };
         #[cfg(feature = "sim")] // The broken variant: a watch session that tries.
         let statement = match self.knobs.mutation {

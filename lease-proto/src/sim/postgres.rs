@@ -190,6 +190,10 @@ impl Postgres {
                 take: matches!(statement, Statement::Take { .. }),
                 injected: Injected::Nothing,
                 since: done,
+                watch_of: match statement {
+                    Statement::Wait { watch_of, .. } => *watch_of,
+                    _ => None,
+                },
             };
             self.server.block(waiter, done + timeout);
             self.timers

@@ -262,6 +262,9 @@ pub(super) struct Waiter {
     pub(super) injected: Injected,
     /// When its lock wait began (see [`ServerConfig::deadlock_timeout`]).
     pub(super) since: Duration,
+    /// A watch session's wait: the lease session it names in its
+    /// `application_name` meanwhile ([`Statement::Wait`]).
+    pub(super) watch_of: Option<i64>,
 }
 
 /// A queued wait the server answers now (see [`Server::woken`]).
@@ -832,6 +835,7 @@ impl Server {
                 key,
                 timeout_ms,
                 crowd,
+                ..
             } => {
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
                 let deadlock_ms = self.cfg.deadlock_timeout.as_millis() as i64;
@@ -960,13 +964,26 @@ impl Server {
                 let mut reply = reply;
                 let mut done_keys = Vec::new();
                 for (i, &(k, p, q)) in asks.iter().enumerate() {
-                    if done_keys.contains(&k) || !self.waits_for_one_of(owner, &[p, q]) {
+                    // The named backend first, else its watch session.
+                    let watch_of_p = (self.waiters.iter()).any(|w| {
+                        w.key == k
+                            && w.watch_of == Some(p)
+                            && self.sessions.get(&w.conn).is_some_and(|s| s.pid == q)
+                    });
+                    let waiting = if self.waits_for(k, p) {
+                        Some((p, 1))
+                    } else if q != 0 && watch_of_p {
+                        Some((q, -1))
+                    } else {
+                        None
+                    };
+                    let Some((w, sign)) = waiting.filter(|_| !done_keys.contains(&k)) else {
                         continue;
-                    }
+                    };
                     done_keys.push(k);
-                    reply.waiting.insert(i as i64 + 1);
+                    reply.waiting.insert(sign * (i as i64 + 1));
                     if !self.cfg.standby {
-                        notify.push(crate::server::handover_request_payload(k, p));
+                        notify.push(crate::server::handover_request_payload(k, w));
                     }
                 }
                 reply.to_rows()
@@ -1056,13 +1073,22 @@ impl Server {
                         let grantee = (first.filter(|w| w.take))
                             .and_then(|w| self.sessions.get(&w.conn))
                             .map(|s| s.pid);
-                        // Named only if the backend (or its other one) is
-                        // still connected.
-                        let connected = |pids: [i64; 2]| {
-                            (self.sessions.values()).any(|s| s.pid != 0 && pids.contains(&s.pid))
+                        // Named only if the backend holds or waits for the
+                        // key, or, confirmed moments ago, is connected.
+                        let connected =
+                            |p: i64| (self.sessions.values()).any(|s| s.pid != 0 && s.pid == p);
+                        let holds = |p: i64| {
+                            (self.locks.get(&k))
+                                .is_some_and(|(o, _)| self.owner_pid(*o).is_some_and(|o| o == p))
                         };
                         let to = (reserved.iter())
-                            .find(|&&(rk, p, q)| rk == k && connected([p, q]))
+                            .find(|&&(rk, p, recent)| {
+                                rk == k
+                                    && (grantee == Some(p)
+                                        || holds(p)
+                                        || self.waits_for(k, p)
+                                        || (recent == 1 && connected(p)))
+                            })
                             .map(|&(_, p, _)| p);
                         let tail = match (grantee, to) {
                             (g, Some(to)) => format!(" {} {to}", g.unwrap_or(0)),
@@ -1086,15 +1112,11 @@ impl Server {
         })
     }
 
-    /// Whether a session of backend `pids` (0: none) waits for a key that
-    /// `holder` holds (a queued wait or take: an ungranted lock in
-    /// `pg_locks`).
-    fn waits_for_one_of(&self, holder: u64, pids: &[i64]) -> bool {
-        let named = |conn: u64| {
-            (self.sessions.get(&conn)).is_some_and(|s| s.pid != 0 && pids.contains(&s.pid))
-        };
-        let held = |key: i64| self.locks.get(&key).is_some_and(|(o, _)| *o == holder);
-        (self.waiters.iter()).any(|w| held(w.key) && named(w.conn))
+    /// Whether a session of backend `pid` waits for `key` (a queued wait
+    /// or take: an ungranted lock in `pg_locks`).
+    fn waits_for(&self, key: i64, pid: i64) -> bool {
+        let named = |conn: u64| (self.sessions.get(&conn)).is_some_and(|s| s.pid == pid);
+        pid != 0 && (self.waiters.iter()).any(|w| w.key == key && named(w.conn))
     }
 
     /// Until when sessions other than `owner` hold `key` shared (kept by the
@@ -1371,6 +1393,10 @@ impl Sim {
                         take: matches!(ran, Statement::Take { .. }),
                         injected,
                         since: done,
+                        watch_of: match &ran {
+                            Statement::Wait { watch_of, .. } => *watch_of,
+                            _ => None,
+                        },
                     };
                     self.server.block(waiter, done + timeout);
                     self.queue
@@ -1481,6 +1507,7 @@ impl Sim {
                 key: w.key,
                 timeout_ms: 0,
                 crowd: None,
+                watch_of: None,
             };
             let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
             let done = runs_at + self.server.slow;
@@ -1504,6 +1531,7 @@ impl Sim {
             key: w.key,
             timeout_ms: 0,
             crowd: None,
+            watch_of: None,
         };
         let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
         self.server.unblocked(conn, self.now);

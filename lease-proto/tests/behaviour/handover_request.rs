@@ -77,7 +77,7 @@ fn the_holder_hands_over_once_a_check_finds_the_named_backend_waiting() {
         Statement::Release {
             keys: vec![key("a")],
             notify: true,
-            reserved: vec![(key("a"), 99, 0)],
+            reserved: vec![(key("a"), 99, 1)],
         }
     );
     h.released();

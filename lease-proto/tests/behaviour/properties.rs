@@ -1952,9 +1952,9 @@ fn handover_to_case(
     prop_assume!(sim.backend_pid(to).is_some());
     let t0 = sim.now();
     sim.schedule(t0, Fault::RequestHandover { lease: 0, to });
-    // The named standby hears of the request and queues for the key; the holder's
-    // checks, one every `CHECK_EVERY` at most, find it (see the machine's `handover`).
-    let check = o.heartbeat_interval.min(lease_proto::limits::CHECK_EVERY);
+    // The named standby hears of the request and queues for the key; the holder's checks
+    // find it: a burst of them, then one per heartbeat (see the machine's `handover`).
+    let check = o.heartbeat_interval;
     let bound = cfg.job_reaction
         + (o.lock_delay * 2).mul_f64(1.0 / (1.0 - cfg.drift))
         + one_way(&cfg) * 20

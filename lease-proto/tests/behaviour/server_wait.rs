@@ -206,7 +206,7 @@ fn a_take_that_wins_a_key_handed_over_to_another_backend_releases_it() {
                 keys: vec![key("a")],
                 notify: true,
                 // Passed on: 55 is named again if it still waits.
-                reserved: vec![(key("a"), 55, 0)],
+                reserved: vec![(key("a"), 55, 1)],
             }
         );
     }

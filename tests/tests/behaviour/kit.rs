@@ -511,6 +511,7 @@ fn statement_prefixes_match_the_core() {
         key: 1,
         timeout_ms: 5,
         crowd: Some(2),
+        watch_of: None,
     };
     assert!(wait.sql().starts_with(WAIT_PREFIX), "{}", wait.sql());
     let take = Statement::Take {

@@ -668,6 +668,7 @@ fn a_wait_reads_deadlock_timeout_in_every_unit() -> Res {
         key: key("deadlock-timeout-units"),
         timeout_ms: 5,
         crowd: None,
+        watch_of: None,
     }
     .sql();
     for style in ["postgres", "postgres_verbose", "sql_standard", "iso_8601"] {

@@ -61,6 +61,7 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
             key: held,
             timeout_ms: 20,
             crowd: Some(2),
+            watch_of: Some(pid),
         },
         Statement::Take {
             key: held,
@@ -102,11 +103,16 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
             priority: 3,
             watch: Some(waiter_pid),
         },
-        // The waiter waits for k2, a key of this holder's: its ask for k1 is confirmed
-        // (the first of k1's), not a backend that does not exist, nor one for k3 that is
-        // not waiting.
+        // The waiter waits for k2: its ask for k2 is confirmed (the first of k2's that
+        // waits), not a backend that does not exist, nor one for k1 (it waits for another
+        // key), nor a watch session that is not the named one's.
         Statement::CheckHandover {
-            asks: vec![(k1, 99_999, 0), (k1, waiter_pid, 0), (k3, pid, 99_998)],
+            asks: vec![
+                (k2, 99_999, 0),
+                (k2, waiter_pid, 0),
+                (k1, waiter_pid, 0),
+                (k3, pid, waiter_pid),
+            ],
         },
         Statement::Release {
             keys: vec![k1],

@@ -1,6 +1,9 @@
-//! Review 5 (issue 31, hole 5): the hand-over check and the release's reservation on a
-//! real server. A request counts only for a backend that waits for THAT key; a release
-//! names a backend only if it is in that key's queue (or holds it).
+//! The hand-over check and the release's reservation on a real server (the rule:
+//! lease-proto's `machine/handover.rs`). A request counts only for a backend that waits
+//! for that key, or for the named backend's own watch session; a release names a backend
+//! only if it is in that key's queue (or holds it). Found by a review of the first
+//! version, which confirmed a waiter of any key of the holder's and reserved a key for
+//! any backend still connected.
 
 use crate::common::*;
 use lease_proto::reply::*;
@@ -42,7 +45,7 @@ fn a_backend_waiting_for_another_key_of_the_holder_does_not_confirm_an_ask() -> 
     let cluster = Cluster::start()?;
     let s = Admin::connect(&cluster.conn_string())?;
     let admin = Admin::connect(&cluster.conn_string())?;
-    let pid = s.ints("SELECT pg_backend_pid()::int8")?[0];
+    let _holder = s.ints("SELECT pg_backend_pid()::int8")?[0];
     let (k1, k2) = (key("r5-1"), key("r5-2"));
     s.rows(&format!(
         "SELECT pg_advisory_lock({k1}), pg_advisory_lock({k2})"
@@ -85,7 +88,7 @@ fn a_release_does_not_reserve_the_key_for_a_connected_backend_that_does_not_wait
     let k = key("r5-3");
     s.rows(&format!("SELECT pg_advisory_lock({k})"))?;
     // A listener (psql prints the notifications after its next command).
-    let mut listener = std::process::Command::new("psql")
+    let listener = std::process::Command::new("psql")
         .args([
             "-X",
             "-d",
@@ -224,5 +227,46 @@ fn a_confirmed_check_announces_the_hand_over() -> Res {
         )),
         "{text}"
     );
+    Ok(())
+}
+
+/// A watch session's wait names its lease session in its `application_name`: a check
+/// confirms an ask through the watch session only when the ask names that lease session
+/// (a negative ordinal: the other backend waits), never when a `prefer` from another
+/// backend names that watch session (any role may send one, naming any waiter it sees in
+/// `pg_locks`).
+#[test]
+fn a_watch_session_counts_only_for_its_own_lease_session() -> Res {
+    let cluster = Cluster::start()?;
+    let s = Admin::connect(&cluster.conn_string())?;
+    let admin = Admin::connect(&cluster.conn_string())?;
+    let k = key("watch-of");
+    s.rows(&format!("SELECT pg_advisory_lock({k})"))?;
+    let watch = Admin::connect(&cluster.conn_string())?;
+    let w = watch.ints("SELECT pg_backend_pid()::int8")?[0];
+    let (own, forger) = (4_000_001, 4_000_002);
+    let waiting = std::thread::spawn(move || {
+        let wait = Statement::Wait {
+            key: k,
+            timeout_ms: 5_000,
+            crowd: None,
+            watch_of: Some(own),
+        };
+        watch.rows(&wait.sql())
+    });
+    waits(&admin, w)?;
+    let check = |asks| -> Result<CheckReply, KitError> {
+        let rows = run(&s, &Statement::CheckHandover { asks })?;
+        CheckReply::parse(&rows).map_err(|e| KitError::Invalid(e.to_string()))
+    };
+    let forged = check(vec![(k, forger, w)])?;
+    let its_own = check(vec![(k, own, w)])?;
+    waiting.join().expect("wait")?;
+    assert_eq!(
+        forged.waiting,
+        Default::default(),
+        "a forged prefer counted: {forged:?}"
+    );
+    assert_eq!(its_own.waiting, [-1].into(), "{its_own:?}");
     Ok(())
 }
