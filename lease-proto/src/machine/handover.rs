@@ -81,16 +81,17 @@ pub const MAX_ASKS_PER_KEY: usize = 4;
 pub const CHECK_EVERY: Duration = Duration::from_millis(50);
 
 /// The most checks a holder sends beside its heartbeats in a burst (see
-/// `handover`); one more is allowed every two heartbeat intervals, so a
-/// flood of requests adds at most half a statement per heartbeat interval.
+/// `handover`); one more is allowed every heartbeat interval, so a flood of
+/// requests adds at most one statement per heartbeat interval.
 pub const CHECK_BURST: u32 = 4;
 
-/// How long an ask stands unconfirmed: a validity window and two query
+/// How long an ask stands unconfirmed: two validity windows and two query
 /// timeouts, time for the named standby to hear of it, end the statement
 /// it has in flight (a wait up to half the validity window) and queue for
-/// the key, and for many checks to look (see `handover`).
+/// the key, and for several heartbeats to check (the named standby leaves
+/// the queue for a round trip between two of its waits, see `handover`).
 pub(crate) fn ask_window(opts: &Options) -> Duration {
-    opts.validity_window() + opts.query_timeout * 2
+    opts.validity_window() * 2 + opts.query_timeout * 2
 }
 
 /// One hand-over asked of this holder.
@@ -180,11 +181,10 @@ impl Asks {
     }
 
     /// The checks left beside the heartbeats at `now`, `every` being the
-    /// heartbeat interval: one more every two intervals, up to
-    /// [`CHECK_BURST`].
+    /// heartbeat interval: one more every interval, up to [`CHECK_BURST`].
     fn budget(&mut self, now: Instant, every: Duration) -> u32 {
         let (left, since) = *self.budget.get_or_insert((CHECK_BURST, now));
-        let refill = (every * 2).max(CHECK_EVERY);
+        let refill = every.max(CHECK_EVERY);
         let earned = (now.saturating_duration_since(since).as_nanos() / refill.as_nanos()) as u32;
         let left = (left + earned).min(CHECK_BURST);
         let since = if left == CHECK_BURST {
@@ -484,9 +484,9 @@ mod tests {
         }
         let ms = |m| Duration::from_millis(m);
         assert_eq!(gaps, [ms(0), ms(50), ms(100), ms(200)]);
-        // The burst is spent: the heartbeats check, until two intervals earn one more.
+        // The burst is spent: the heartbeats check, until an interval earns one more.
         assert_eq!(asks.next_check(at, hb), None);
-        let later = now + hb * 2;
+        let later = now + hb;
         assert!(asks.next_check(later, hb).is_some());
         // A new ask is checked at once, but never sooner than CHECK_EVERY after the last.
         asks.take_check(later, hb);

@@ -1953,8 +1953,10 @@ fn handover_to_case(
     let t0 = sim.now();
     sim.schedule(t0, Fault::RequestHandover { lease: 0, to });
     // The named standby hears of the request and queues for the key; the holder's checks
-    // find it: a burst of them, then one per heartbeat (see the machine's `handover`).
-    let check = o.heartbeat_interval;
+    // find it: a burst of them, then two per heartbeat interval (a heartbeat and a check
+    // beside it), while the standby leaves the queue for a round trip between two of its
+    // waits (see the machine's `handover`).
+    let check = o.heartbeat_interval * 2;
     let bound = cfg.job_reaction
         + (o.lock_delay * 2).mul_f64(1.0 / (1.0 - cfg.drift))
         + one_way(&cfg) * 20
