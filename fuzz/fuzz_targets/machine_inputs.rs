@@ -1011,7 +1011,7 @@ impl Fuzz {
             Some(Statement::CheckHandover { asks }) => {
                 let waiting = (0..asks.len() + 1)
                     .filter(|i| variant(pick(1 + i % 6), 1).is_some())
-                    .map(|i| i as i64 + 1)
+                    .map(|i| (i as i64 + 1, asks.get(i).map_or(p.token & 0xffff, |a| a.1)))
                     .collect();
                 lease_proto::reply::CheckReply {
                     session: self.heartbeat_reply(p.who),

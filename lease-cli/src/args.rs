@@ -202,14 +202,14 @@ pub enum Cmd {
                       (the BACKEND PID column of `lease status NAME`): the holder stops its \
                       command as on SIGTERM (the full --grace), releases the lease, and no \
                       other replica tries it for two of their query timeouts after the \
-                      release, so the named standby takes it at once. First checks that PID \
-                      waits for NAME on the server (a standby's ungranted request in \
-                      pg_locks, looked for up to 500ms): otherwise nothing is sent and the \
-                      holder keeps leading. Waits until PID holds NAME. Exit status 0 when it \
-                      does, 1 when PID is not waiting for NAME, when it did not take NAME \
-                      within --timeout or the database could not be queried (a standby that \
-                      does not take it: the others take it again after that window), 2 for \
-                      bad usage.",
+                      release, so the named standby takes it at once. The holder does so only \
+                      once it sees PID wait for NAME on the server (a standby crowded out of \
+                      the queue queues when it hears the request); PID that is not even a \
+                      session of the database is refused here, and nothing is sent. Waits \
+                      until PID holds NAME. Exit status 0 when it does, 1 when PID is no \
+                      session of the database, when it did not take NAME within --timeout (the \
+                      holder kept leading) or the database could not be queried, 2 for bad \
+                      usage.",
         after_long_help = CONNECTION_HELP
     )]
     Handover(HandoverArgs),

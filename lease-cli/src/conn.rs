@@ -190,6 +190,17 @@ impl LockSession {
         Ok(rows)
     }
 
+    /// Whether backend `pid` is a session of this database
+    /// (`pg_stat_activity`, which any role may read).
+    pub async fn connected_here(&self, pid: i32) -> Result<bool, String> {
+        let sql = format!(
+            "SELECT 1 FROM pg_catalog.pg_stat_activity WHERE pid OPERATOR(pg_catalog.=) {pid} \
+             AND datname OPERATOR(pg_catalog.=) pg_catalog.current_database()"
+        );
+        let messages = (self.client.simple_query(&sql).await).map_err(|e| error_chain(&e))?;
+        Ok((messages.iter()).any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_))))
+    }
+
     /// Asks the holder of `key` to hand it over to backend `pid` (the
     /// request on the handover channel: `lease_proto::server::handover_request_payload`).
     pub async fn request_handover(&self, key: i64, pid: i32) -> Result<(), String> {

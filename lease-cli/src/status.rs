@@ -26,10 +26,12 @@ pub fn key(args: KeyArgs) -> i32 {
 const STANDBY_LOOK: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// `lease handover NAME --to PID`: checks that backend PID waits for NAME's
-/// key on the server (`pg_locks`, a request not granted), refusing without
-/// sending anything when it does not within [`STANDBY_LOOK`]; then asks
-/// NAME's holder to hand it over to backend PID and waits until PID holds it
-/// (the rule: lease-proto's `machine/handover.rs`).
+/// key on the server (`pg_locks`, a request not granted) or, failing that
+/// within [`STANDBY_LOOK`], is at least a session of this database (a
+/// standby crowded out of the key's queue, which queues when it hears the
+/// request), refusing without sending anything otherwise; then asks NAME's
+/// holder to hand it over to backend PID and waits until PID holds it (the
+/// rule, and the holder's own check: lease-proto's `machine/handover.rs`).
 pub fn handover(args: HandoverArgs) -> i32 {
     let id = match LeaseId::named(args.name.as_str()) {
         Ok(id) => id,
@@ -77,6 +79,11 @@ async fn hand_over(
             break;
         }
         if look.elapsed() >= args.timeout.min(STANDBY_LOOK) {
+            // A standby crowded out of the queue polls; named, it queues,
+            // and the holder hands over only once it sees it wait.
+            if session.connected_here(to).await? {
+                break;
+            }
             session.close().await;
             let pids: Vec<String> = (waiters.iter())
                 .filter_map(|w| w.pid.map(|p| p.to_string()))
@@ -87,8 +94,8 @@ async fn hand_over(
                 pids.join(", ")
             };
             return Err(format!(
-                "backend {to} is not waiting for {name} on the server (the backends waiting \
-                 for it: {standbys}; see `lease status`): nothing was sent"
+                "backend {to} is not a session of this database, nor waiting for {name} (the \
+                 backends waiting for it: {standbys}; see `lease status`): nothing was sent"
             ));
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;

@@ -7,7 +7,7 @@
 //! every row of every result set, in order, as a [`Row`]: a list of nullable
 //! `int8` columns, decoded from text by [`decode_text_row`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write};
 
 /// The `pg_locks` key expression as a literal, for `concat!`.
@@ -48,8 +48,8 @@ macro_rules! this_database_advisory_locks {
 /// (a lease group's announcement), `to <key> <pid>` (a hand-over asked
 /// for: [`handover_request_payload`]), `claim <key> <pid>` (a lease
 /// group's owner claims its key: [`Statement::Members`]) and `prefer <key>
-/// <pid> <priority> [<watch pid>]` (a standby of a higher priority asks
-/// for it: [`Statement::Prefer`]). A locker ignores a payload it does not know, so
+/// <pid> <priority>` (a standby of a higher priority asks for it:
+/// [`Statement::Prefer`]). A locker ignores a payload it does not know, so
 /// an older one ignores `prefer`.
 pub const HANDOVER_CHANNEL: &str = "lease_handover_v1";
 
@@ -120,17 +120,13 @@ pub(crate) fn group_claim(payload: &str) -> Option<(i64, i64)> {
     words.next().is_none().then_some((key, pid))
 }
 
-/// A [`Statement::Prefer`]'s payload (`prefer <key> <pid> <priority>
-/// [<watch pid>]`).
+/// A [`Statement::Prefer`]'s payload (`prefer <key> <pid> <priority>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Preference {
     pub(crate) key: i64,
     /// The asking standby's lease session backend.
     pub(crate) pid: i64,
     pub(crate) priority: u32,
-    /// The asking locker's watch session backend, if it has one: it waits
-    /// for the key there while it holds another lease.
-    pub(crate) watch: Option<i64>,
 }
 
 /// The [`Preference`] of a [`Statement::Prefer`]'s payload.
@@ -143,16 +139,10 @@ pub(crate) fn handover_preference(payload: &str) -> Option<Preference> {
         .parse()
         .ok()
         .filter(|p| *p <= crate::options::MAX_PRIORITY)?;
-    let watch = match words.next() {
-        None => None,
-        Some(w) => Some(w.parse().ok()?),
-    };
-    words.next().is_none().then_some(Preference {
-        key,
-        pid,
-        priority,
-        watch,
-    })
+    words
+        .next()
+        .is_none()
+        .then_some(Preference { key, pid, priority })
 }
 
 /// One result row: every column is a nullable `int8`.
@@ -764,29 +754,27 @@ pub enum Statement {
     /// A standby of `priority` asks the holder of `key` to hand it over
     /// (see [`Options::priority`](crate::Options::priority)): `NOTIFY` on
     /// [`HANDOVER_CHANNEL`] with the payload `prefer <key>
-    /// <pg_backend_pid()> <priority> [<watch>]`, then what
-    /// [`Statement::Heartbeat`] answers ([`HeartbeatReply`]). It tries no
-    /// key.
+    /// <pg_backend_pid()> <priority>`, then what [`Statement::Heartbeat`]
+    /// answers ([`HeartbeatReply`]). It tries no key.
     Prefer {
         /// The key asked for.
         key: i64,
         /// The asking standby's priority.
         priority: u32,
-        /// The backend of the locker's watch session, which waits for the
-        /// key while the locker holds another lease.
-        watch: Option<i64>,
     },
     /// A holder's heartbeat that also checks the hand-overs asked of it:
-    /// for each `(key, backend, other backend or 0)`, whether either backend
-    /// waits for the key (an ungranted advisory lock on it in `pg_locks`).
-    /// What [`Statement::Heartbeat`] answers, then, for each key, the first
-    /// ask whose backend waits: a `(7, ordinal)` row (1-based, in the order
-    /// given; negative when only the other backend waits, [`CheckReply`]),
-    /// announced on [`HANDOVER_CHANNEL`] as `to <key> <the backend that
-    /// waits>` from this backend. It tries no key.
+    /// for each `(key, backend)`, whether that backend, or a watch session
+    /// of its locker (one whose `application_name` reads [`WATCH_OF`] and
+    /// that backend's pid, see [`Statement::Wait`]), waits for the key (an
+    /// ungranted advisory lock on it in `pg_locks`). What
+    /// [`Statement::Heartbeat`] answers, then, for each key, the first ask
+    /// that waits: a `(7, ordinal << 32 | the backend that waits)` row
+    /// (ordinal 1-based, in the order given, [`CheckReply`]), announced on
+    /// [`HANDOVER_CHANNEL`] as `to <key> <the backend that waits>` from this
+    /// backend. It tries no key.
     CheckHandover {
         /// The hand-overs asked for.
-        asks: Vec<(i64, i64, i64)>,
+        asks: Vec<(i64, i64)>,
     },
 }
 
@@ -1037,56 +1025,50 @@ impl Statement {
                 held_here = wait_outcome::HELD_HERE,
                 freed = wait_outcome::FREED,
             ),
-            Statement::Prefer {
-                key,
-                priority,
-                watch,
-            } => format!(
+            Statement::Prefer { key, priority } => format!(
                 "SELECT {}::pg_catalog.int8, pg_catalog.pg_backend_pid()::pg_catalog.int8 \
                  FROM (SELECT pg_catalog.pg_notify('{HANDOVER_CHANNEL}', pg_catalog.concat(\
                  'prefer ', ({key})::pg_catalog.int8::pg_catalog.text, ' ', \
                  pg_catalog.pg_backend_pid()::pg_catalog.text, ' ', \
-                 ({priority})::pg_catalog.int8::pg_catalog.text{watch}))) AS n \
+                 ({priority})::pg_catalog.int8::pg_catalog.text))) AS n \
                  UNION ALL SELECT {}, {NONCE_VALUE}",
                 heartbeat_tag::BACKEND_PID,
                 heartbeat_tag::NONCE,
-                watch = watch.map_or(String::new(), |w| format!(
-                    ", ' ', ({w})::pg_catalog.int8::pg_catalog.text"
-                )),
             ),
             // The first ask of each key (in the order given) whose backend
             // waits is answered by its ordinal and announced from this
             // backend as `to <key> <pid>`, at commit.
             Statement::CheckHandover { asks } => {
-                let column = |f: fn(&(i64, i64, i64)) -> i64| asks.iter().map(f).collect::<Vec<_>>();
+                let column = |f: fn(&(i64, i64)) -> i64| asks.iter().map(f).collect::<Vec<_>>();
                 let asks = format!(
-                    "ROWS FROM (pg_catalog.unnest({}), pg_catalog.unnest({}), \
-                     pg_catalog.unnest({})) WITH ORDINALITY",
+                    "ROWS FROM (pg_catalog.unnest({}), pg_catalog.unnest({})) WITH ORDINALITY",
                     KeyArray(&column(|a| a.0)),
                     KeyArray(&column(|a| a.1)),
-                    KeyArray(&column(|a| a.2)),
                 );
-                // Per ask: `a.w`, the backend of it that waits for its key
-                // (the named one first, else the watch session), or NULL.
-                // The other backend counts only as the named one's watch
-                // session (`Statement::Wait::watch_of`).
+                // Per ask: the backend that waits for its key, the named one
+                // first, else a watch session that names it, or NULL.
                 let waiting = |a: &str| {
                     format!(
-                        "coalesce((SELECT {a}.p WHERE EXISTS ({})), (SELECT {a}.q WHERE \
-                         {a}.q OPERATOR(pg_catalog.<>) 0 AND EXISTS ({}) AND EXISTS (SELECT FROM \
-                         pg_catalog.pg_stat_activity AS s WHERE s.pid OPERATOR(pg_catalog.=) {a}.q \
+                        "coalesce((SELECT {a}.p WHERE EXISTS ({})), (SELECT w.pid::pg_catalog.int8 \
+                         FROM pg_catalog.pg_locks AS w JOIN pg_catalog.pg_stat_activity AS s \
+                         ON s.pid OPERATOR(pg_catalog.=) w.pid \
+                         WHERE w.locktype OPERATOR(pg_catalog.=) 'advisory' \
+                         AND w.objsubid OPERATOR(pg_catalog.=) 1 AND NOT w.granted \
+                         AND w.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+                         WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
+                         AND ((w.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) \
+                         OPERATOR(pg_catalog.|) w.objid::pg_catalog.int8) OPERATOR(pg_catalog.=) {a}.k \
                          AND s.application_name OPERATOR(pg_catalog.=) \
-                         pg_catalog.concat('{WATCH_OF}', {a}.p))))",
+                         pg_catalog.concat('{WATCH_OF}', {a}.p) LIMIT 1))",
                         locks_of(a, &format!("{a}.p"), false),
-                        locks_of(a, &format!("{a}.q"), false),
                     )
                 };
                 format!(
-                    "{} UNION ALL SELECT {}, CASE WHEN c.w OPERATOR(pg_catalog.=) c.p THEN c.o \
-                     ELSE OPERATOR(pg_catalog.-) c.o END FROM (SELECT a.o, a.p, a.w, \
-                     pg_catalog.pg_notify('{HANDOVER_CHANNEL}', pg_catalog.concat('to ', a.k, ' ', a.w)) \
-                     FROM (SELECT a.*, {} AS w FROM {asks} AS a(k, p, q, o)) AS a \
-                     WHERE a.w IS NOT NULL AND NOT EXISTS (SELECT FROM {asks} AS b(k, p, q, o) \
+                    "{} UNION ALL SELECT {}, (c.o OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) c.w \
+                     FROM (SELECT a.o, a.w, pg_catalog.pg_notify('{HANDOVER_CHANNEL}', \
+                     pg_catalog.concat('to ', a.k, ' ', a.w)) \
+                     FROM (SELECT a.k, a.o, {} AS w FROM {asks} AS a(k, p, o)) AS a \
+                     WHERE a.w IS NOT NULL AND NOT EXISTS (SELECT FROM {asks} AS b(k, p, o) \
                      WHERE b.k OPERATOR(pg_catalog.=) a.k AND b.o OPERATOR(pg_catalog.<) a.o \
                      AND {} IS NOT NULL)) AS c",
                     Statement::Heartbeat.sql(),
@@ -1691,13 +1673,15 @@ impl VerifyReply {
 pub struct CheckReply {
     /// What the heartbeat rows say.
     pub session: HeartbeatReply,
-    /// The 1-based ordinals of the asks confirmed (the first whose backend
-    /// waits, per key), negative when only the ask's other backend waits.
-    pub waiting: BTreeSet<i64>,
+    /// The asks confirmed (the first that waits, per key): 1-based ordinal
+    /// in the order asked → the backend found waiting (the named one, or a
+    /// watch session of its locker).
+    pub waiting: BTreeMap<i64, i64>,
 }
 
 impl CheckReply {
-    /// Parses the heartbeat rows and the `(7, ordinal)` rows.
+    /// Parses the heartbeat rows and the `(7, ordinal << 32 | backend)`
+    /// rows.
     ///
     /// # Errors
     /// [`ReplyError::HeartbeatRow`] for a row of any other shape.
@@ -1705,8 +1689,8 @@ impl CheckReply {
         let mut reply = CheckReply::default();
         for row in rows {
             match row.as_slice() {
-                [Some(heartbeat_tag::WAITING), Some(k)] => {
-                    reply.waiting.insert(*k);
+                [Some(heartbeat_tag::WAITING), Some(v)] if *v > 0 => {
+                    reply.waiting.insert(v >> 32, v & 0xffff_ffff);
                 }
                 _ if reply.session.parse_row(row) => {}
                 _ => return Err(ReplyError::HeartbeatRow(row.clone())),
@@ -1717,7 +1701,8 @@ impl CheckReply {
 
     /// The rows a server sends for this reply.
     pub fn to_rows(&self) -> Vec<Row> {
-        let waiting = (self.waiting.iter()).map(|k| vec![Some(heartbeat_tag::WAITING), Some(*k)]);
+        let waiting = (self.waiting.iter())
+            .map(|(o, pid)| vec![Some(heartbeat_tag::WAITING), Some(o << 32 | pid)]);
         self.session.to_rows().into_iter().chain(waiting).collect()
     }
 }
@@ -2099,15 +2084,9 @@ mod tests {
             Statement::Prefer {
                 key: i64::MIN,
                 priority: u32::MAX,
-                watch: None,
-            },
-            Statement::Prefer {
-                key: 5,
-                priority: 1,
-                watch: Some(77),
             },
             Statement::CheckHandover {
-                asks: vec![(5, 77, 0), (i64::MIN, 78, 79)],
+                asks: vec![(5, 77), (i64::MIN, 78)],
             },
             Statement::CheckHandover { asks: vec![] },
         ];
@@ -2186,17 +2165,12 @@ mod tests {
     #[test]
     fn preference_payloads_are_apart_from_the_others() {
         let prefer = "prefer -5 4242 3";
-        let asked = |watch| Preference {
+        let asked = Preference {
             key: -5,
             pid: 4242,
             priority: 3,
-            watch,
         };
-        assert_eq!(handover_preference(prefer), Some(asked(None)));
-        assert_eq!(
-            handover_preference("prefer -5 4242 3 77"),
-            Some(asked(Some(77)))
-        );
+        assert_eq!(handover_preference(prefer), Some(asked));
         assert_eq!(handover_release(prefer), None);
         assert_eq!(handover_request(prefer), None);
         assert_eq!(group_claim(prefer), None);
@@ -2208,8 +2182,7 @@ mod tests {
             "claim -5 4242".to_string(),
             "prefer -5 4242".to_string(),
             "prefer -5 4242 -1".to_string(),
-            "prefer -5 4242 3 1 2".to_string(),
-            "prefer -5 4242 3 x".to_string(),
+            "prefer -5 4242 3 1".to_string(),
             // Above the highest priority: the rank of a `to` request.
             format!("prefer -5 4242 {}", u32::MAX),
         ] {

@@ -99,8 +99,6 @@ pub(crate) fn ask_window(opts: &Options) -> Duration {
 struct Ask {
     /// The named lease session's backend.
     pid: i64,
-    /// The named locker's watch session backend, or 0.
-    alt: i64,
     /// The request's priority (`u32::MAX`: a `to` request).
     priority: u32,
     /// When it was asked.
@@ -136,48 +134,42 @@ pub(super) struct Confirmed {
 }
 
 impl Asks {
-    /// A request for `key` to backend `pid` (`alt`: its watch session, or
-    /// 0) with `priority`, at `now`, standing until `until`. Returns whether
-    /// it stands now as a new ask: false for a repeat or a key whose asks
-    /// are all unchecked. A repeat that names a watch session (the standby
-    /// took another lease meanwhile, and waits on its watch session now)
-    /// sets it, the window unchanged; a new ask on a full key evicts the
-    /// oldest checked one.
+    /// A request for `key` to backend `pid` with `priority`, at `now`,
+    /// standing until `until`. Returns whether it stands now as a new ask
+    /// (false for a repeat or a key whose asks are all unchecked), and the
+    /// backend of the ask it evicted, if any: a new ask on a full key evicts
+    /// the oldest checked one.
     pub(super) fn ask(
         &mut self,
         key: i64,
-        (pid, alt): (i64, i64),
+        pid: i64,
         priority: u32,
         (now, until): (Instant, Instant),
-    ) -> bool {
+    ) -> (bool, Option<i64>) {
         let asks = self.by_key.entry(key).or_default();
-        if let Some(a) = asks.iter_mut().find(|a| a.pid == pid) {
-            if alt != 0 && a.alt != alt {
-                a.alt = alt;
-                a.next = now;
-            }
-            return false;
+        if asks.iter().any(|a| a.pid == pid) {
+            return (false, None);
         }
+        let mut evicted = None;
         if asks.len() >= MAX_ASKS_PER_KEY {
             let Some(oldest) = (asks.iter().enumerate())
                 .filter(|(_, a)| a.checks > 0)
                 .min_by_key(|(_, a)| a.since)
                 .map(|(i, _)| i)
             else {
-                return false;
+                return (false, None);
             };
-            asks.remove(oldest);
+            evicted = Some(asks.remove(oldest).pid);
         }
         asks.push(Ask {
             pid,
-            alt,
             priority,
             since: now,
             until,
             checks: 0,
             next: now,
         });
-        true
+        (true, evicted)
     }
 
     /// The checks left beside the heartbeats at `now`, `every` being the
@@ -224,12 +216,12 @@ impl Asks {
         !self.by_key.is_empty()
     }
 
-    /// The asks to check at `now`, `(key, backend, other backend or 0)`,
+    /// The asks to check at `now`, `(key, backend)`,
     /// each counted as checked once more (its next check after twice the
     /// last gap, at most `every`, the heartbeat interval): per key, the
     /// highest priority first (the earliest on a tie), the order in which
     /// the check picks the first that waits.
-    pub(super) fn take_check(&mut self, now: Instant, every: Duration) -> Vec<(i64, i64, i64)> {
+    pub(super) fn take_check(&mut self, now: Instant, every: Duration) -> Vec<(i64, i64)> {
         self.last_check = Some(now);
         let mut out = Vec::new();
         for (key, asks) in &mut self.by_key {
@@ -238,20 +230,17 @@ impl Asks {
                 let gap = CHECK_EVERY.saturating_mul(1 << a.checks.min(16));
                 a.checks += 1;
                 a.next = now + gap.min(every.max(CHECK_EVERY));
-                out.push((*key, a.pid, a.alt));
+                out.push((*key, a.pid));
             }
         }
         out
     }
 
-    /// A check found the backend `waiting` of the ask `(key, pid, _)`
-    /// waiting for its key (see `take_check`): every ask of `key` ends; the
-    /// confirmed one, if it still stood.
-    pub(super) fn confirmed(
-        &mut self,
-        (key, pid, _): (i64, i64, i64),
-        waiting: i64,
-    ) -> Option<Confirmed> {
+    /// A check found the backend `waiting` (the named one, or its locker's
+    /// watch session) of the ask `(key, pid)` waiting for its key (see
+    /// `take_check`): every ask of `key` ends; the confirmed one, if it
+    /// still stood.
+    pub(super) fn confirmed(&mut self, (key, pid): (i64, i64), waiting: i64) -> Option<Confirmed> {
         let asks = self.by_key.remove(&key)?;
         let a = asks.iter().find(|a| a.pid == pid && a.checks > 0)?;
         Some(Confirmed {
@@ -292,7 +281,7 @@ impl Machine {
     /// (a key reserved for either is its own, see `handover`).
     pub(super) fn own_backends(&self) -> Vec<i64> {
         let lease = self.session.up().and_then(|up| up.stage.backend_pid());
-        lease.into_iter().chain(self.watch.backend_pid()).collect()
+        lease.into_iter().chain(self.watch.backend_pids()).collect()
     }
 
     /// A hand-over of `key` to backend `to` was asked for
@@ -332,23 +321,26 @@ impl Machine {
             }
             return;
         }
-        self.ask(now, key, (to, 0), u32::MAX);
+        self.ask(now, key, to, u32::MAX);
     }
 
     /// The holder of `key` keeps a request to hand it to `to` as an ask,
     /// checked at once and then less and less often (see `handover`).
-    fn ask(&mut self, now: Instant, key: i64, to: (i64, i64), priority: u32) {
+    fn ask(&mut self, now: Instant, key: i64, to: i64, priority: u32) {
         if !self.runs.leading_keys().contains(&key) {
             return;
         }
         #[cfg(feature = "sim")] // The broken variant: no check.
         if self.knobs.mutation == Some(Mutation::HandOverUnchecked) {
             let until = now + handover_window(&self.opts);
-            self.runs.reserve(key, to.0, (now, until), priority);
-            return self.hand_over(key, to.0, true);
+            self.runs.reserve(key, to, (now, until), priority);
+            return self.hand_over(key, to, true);
         }
         let until = now + ask_window(&self.opts);
-        self.asks.ask(key, to, priority, (now, until));
+        if let (_, Some(evicted)) = self.asks.ask(key, to, priority, (now, until)) {
+            self.out
+                .event(crate::io::Event::HandoverRefused { key, to: evicted });
+        }
     }
 
     /// A check answered: it proves the session as a heartbeat does; each
@@ -358,7 +350,7 @@ impl Machine {
         &mut self,
         now: Instant,
         sent: Instant,
-        asked: &[(i64, i64, i64)],
+        asked: &[(i64, i64)],
         reply: CheckReply,
     ) {
         self.heartbeat_done(now, sent, reply.session);
@@ -366,19 +358,12 @@ impl Machine {
             return;
         }
         let leading = self.runs.leading_keys();
-        for ordinal in reply.waiting {
-            // Positive: the named backend waits; negative: its watch session.
-            let i = usize::try_from(ordinal.unsigned_abs())
-                .ok()
-                .and_then(|o| o.checked_sub(1));
+        for (ordinal, waiting) in reply.waiting {
+            let i = usize::try_from(ordinal).ok().and_then(|o| o.checked_sub(1));
             let Some(&ask) = i.and_then(|i| asked.get(i)) else {
                 continue;
             };
-            let (key, pid, alt) = ask;
-            let waiting = if ordinal > 0 { pid } else { alt };
-            if waiting == 0 {
-                continue;
-            }
+            let key = ask.0;
             let Some(to) = self.asks.confirmed(ask, waiting) else {
                 continue;
             };
@@ -417,17 +402,12 @@ impl Machine {
     /// holder's job reaction, the release, and the grant of its queued wait
     /// (docs/guarantees.md, "a preferred member takes over").
     pub(super) fn preference_requested(&mut self, now: Instant, asked: Preference, sender: i64) {
-        let Preference {
-            key,
-            pid,
-            priority,
-            watch,
-        } = asked;
+        let Preference { key, pid, priority } = asked;
         if sender != pid || priority <= self.opts.priority || self.runs.in_group(key) != Some(false)
         {
             return;
         }
-        self.ask(now, key, (pid, watch.unwrap_or(0)), priority);
+        self.ask(now, key, pid, priority);
     }
 }
 
@@ -442,22 +422,23 @@ mod tests {
         let now = Instant::now();
         let at = (now, now + S);
         let mut asks = Asks::default();
-        assert!(asks.ask(1, (10, 0), 1, at));
-        assert!(!asks.ask(1, (10, 0), 5, (now, now + S * 9)), "a repeat");
-        assert!(!asks.ask(1, (10, 20), 5, (now, now + S * 9)), "a repeat");
-        assert_eq!(asks.by_key[&1][0].alt, 20, "it names the watch session now");
+        assert!(asks.ask(1, 10, 1, at).0);
+        assert!(!asks.ask(1, 10, 5, (now, now + S * 9)).0, "a repeat");
         assert_eq!(asks.by_key[&1][0].until, now + S, "not re-armed");
         let ms = Duration::from_millis;
-        assert!(asks.ask(1, (11, 0), 3, (now + ms(1), now + S)));
-        assert!(asks.ask(1, (12, 0), u32::MAX, (now + ms(2), now + S)));
-        assert!(asks.ask(1, (13, 0), 2, (now + ms(3), now + S)));
-        assert!(!asks.ask(1, (14, 0), 2, at), "full of unchecked asks");
+        assert!(asks.ask(1, 11, 3, (now + ms(1), now + S)).0);
+        assert!(asks.ask(1, 12, u32::MAX, (now + ms(2), now + S)).0);
+        assert!(asks.ask(1, 13, 2, (now + ms(3), now + S)).0);
+        assert!(!asks.ask(1, 14, 2, at).0, "full of unchecked asks");
         assert_eq!(asks.next_check(now, S), Some(now));
         let checked = asks.take_check(now, S);
         assert_eq!(checked.len(), 4);
-        assert_eq!(checked[0], (1, 12, 0), "the highest priority first");
+        assert_eq!(checked[0], (1, 12), "the highest priority first");
         // Checked once: a new one evicts the oldest checked.
-        assert!(asks.ask(1, (14, 0), 2, (now + S / 10, now + S)));
+        assert_eq!(
+            asks.ask(1, 14, 2, (now + S / 10, now + S)),
+            (true, Some(10))
+        );
         assert!(
             !asks.by_key[&1].iter().any(|a| a.pid == 10),
             "the oldest went"
@@ -471,7 +452,7 @@ mod tests {
     fn checks_come_at_once_then_further_apart_within_a_budget() {
         let now = Instant::now();
         let mut asks = Asks::default();
-        asks.ask(1, (10, 0), 1, (now, now + S * 60));
+        asks.ask(1, 10, 1, (now, now + S * 60));
         let mut at = now;
         let mut gaps = Vec::new();
         let hb = Duration::from_millis(500);
@@ -490,7 +471,7 @@ mod tests {
         assert!(asks.next_check(later, hb).is_some());
         // A new ask is checked at once, but never sooner than CHECK_EVERY after the last.
         asks.take_check(later, hb);
-        asks.ask(1, (11, 0), 1, (later + ms(1), now + S * 60));
+        asks.ask(1, 11, 1, (later + ms(1), now + S * 60));
         let next = asks.next_check(later + ms(1), hb);
         assert_eq!(next, Some(later + CHECK_EVERY));
     }
@@ -499,8 +480,8 @@ mod tests {
     fn an_ask_ends_unconfirmed_at_its_window_or_with_the_lead() {
         let now = Instant::now();
         let mut asks = Asks::default();
-        asks.ask(1, (10, 0), 1, (now, now + S));
-        asks.ask(2, (10, 0), 1, (now, now + S * 5));
+        asks.ask(1, 10, 1, (now, now + S));
+        asks.ask(2, 10, 1, (now, now + S * 5));
         assert_eq!(asks.expire(now, &[1, 2]), vec![]);
         assert_eq!(asks.expire(now + S, &[1, 2]), vec![(1, 10)]);
         assert_eq!(asks.expire(now, &[1]), vec![]);

@@ -1739,26 +1739,15 @@ impl Machine {
             // A standby that saw a holder asks it (see `preference_requested`).
             let me = self.session.up().and_then(|up| up.stage.backend_pid());
             let again = self.opts.validity_window();
-            // A locker that holds a lease waits for the key on its watch
-            // session, which the request names: none asks before that
-            // session is up (see `handover`).
-            let watch = self.watch.backend_pid();
-            let waits_on_watch = self.watch_wanted().is_some();
-            let may_ask = !waits_on_watch || watch.is_some();
-            if let Some(key) = may_ask
-                .then(|| self.runs.take_preference(now, me, again))
-                .flatten()
-            {
+            if let Some(key) = self.runs.take_preference(now, me, again) {
+                // It queues for the key: on its lease session, or on its
+                // watch session while it holds another lease (which names
+                // the lease session, see `handover`).
                 let priority = self.opts.priority;
                 let until = now + handover::ask_window(&self.opts);
                 self.wait.named(key, until);
                 self.watch.prefer(key, until);
-                let watch = watch.filter(|_| waits_on_watch);
-                return Some(What::Prefer {
-                    key,
-                    priority,
-                    watch,
-                });
+                return Some(What::Prefer { key, priority });
             }
         }
         #[cfg(feature = "sim")] // The broken variant: an observer that tries.

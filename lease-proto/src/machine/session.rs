@@ -192,12 +192,10 @@ pub(super) enum What {
     Prefer {
         key: i64,
         priority: u32,
-        /// The watch session's backend, which waits for the key.
-        watch: Option<i64>,
     },
     /// A holder's heartbeat that checks the hand-overs asked of it (see
     /// `handover`).
-    Check(Vec<(i64, i64, i64)>),
+    Check(Vec<(i64, i64)>),
 }
 
 impl What {
@@ -257,14 +255,9 @@ impl What {
                 announce: Vec::new(),
                 claims: Vec::new(),
             },
-            What::Prefer {
-                key,
-                priority,
-                watch,
-            } => Statement::Prefer {
+            What::Prefer { key, priority } => Statement::Prefer {
                 key: *key,
                 priority: *priority,
-                watch: *watch,
             },
             What::Check(asks) => Statement::CheckHandover { asks: asks.clone() },
         }

@@ -104,6 +104,10 @@ pub(super) struct Watch {
     timeout_at: Option<Instant>,
     /// The watch session's backend pid, from its last reply.
     pid: Option<i64>,
+    /// The backend pid of this locker's last watch session before the
+    /// current one: a key the holder handed over to it while it was up is
+    /// still this locker's (see `handover`).
+    former: Option<i64>,
     /// The keys this locker asked for by priority, until when: waited for
     /// first, in turn (see `handover`).
     preferred: BTreeMap<i64, Instant>,
@@ -141,9 +145,10 @@ impl Watch {
         matches!(self.conn, Conn::Up { inflight: Some((q, _)), .. } if q == query)
     }
 
-    /// The watch session's backend pid, once a wait answered on it.
-    pub(super) fn backend_pid(&self) -> Option<i64> {
-        self.pid.filter(|_| matches!(self.conn, Conn::Up { .. }))
+    /// This locker's watch session backends: the current one and the one
+    /// before it (a key handed over to either is this locker's).
+    pub(super) fn backend_pids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.pid.into_iter().chain(self.former)
     }
 
     /// This locker asked for `key` by priority: the watch session waits for
@@ -377,7 +382,7 @@ impl Machine {
         self.watch.conn = Conn::Closed;
         self.watch.timeout_at = None;
         self.watch.woken = None;
-        self.watch.pid = None;
+        self.watch.former = self.watch.pid.take().or(self.watch.former);
     }
 
     /// The watch session failed, ended or timed out: closed, and opened
@@ -393,7 +398,7 @@ impl Machine {
         self.watch.conn = Conn::Closed;
         self.watch.timeout_at = None;
         self.watch.woken = None;
-        self.watch.pid = None;
+        self.watch.former = self.watch.pid.take().or(self.watch.former);
         self.watch.resting = true;
     }
 

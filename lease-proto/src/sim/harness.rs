@@ -414,11 +414,11 @@ impl Harness {
 
     /// Answers the hand-over check in flight ([`Statement::CheckHandover`]):
     /// backend `pid`; the asks of `waiting` (1-based, in the order asked) are
-    /// confirmed.
+    /// confirmed, each with the backend found waiting.
     ///
     /// # Panics
     /// The query in flight is not a check, or the observer objects.
-    pub fn check_answered(&mut self, pid: i64, waiting: &[i64]) -> Vec<Command> {
+    pub fn check_answered(&mut self, pid: i64, waiting: &[(i64, i64)]) -> Vec<Command> {
         let Statement::CheckHandover { .. } = self.statement() else {
             panic!("expected a hand-over check, got {:?}", self.statement());
         };

@@ -231,15 +231,14 @@ pub enum Fault {
         pid: i64,
     },
     /// A client that is not a lease client (any role may) sends `prefer
-    /// <key> <its own backend pid> <priority> <watch>` for lease number
-    /// `lease` of [`SimConfig::leases`], naming as the "watch session" the
-    /// lease session backend that process `waiter` has now (a real standby
-    /// that waits for the key; any role can read `pg_locks`): the request's
-    /// `NOTIFY` from a client of its own.
+    /// <key> <pid> <priority>` for lease number `lease` of
+    /// [`SimConfig::leases`], naming the lease session backend that process
+    /// `waiter` has now (a real standby that waits for the key; any role can
+    /// read `pg_locks`), from its own backend.
     ForgedPrefer {
         /// The index of the lease in [`SimConfig::leases`] (modulo their number).
         lease: usize,
-        /// The process whose backend the payload names as the watch session.
+        /// The process whose backend the payload names.
         waiter: usize,
         /// The priority asked with.
         priority: u32,
@@ -1024,7 +1023,7 @@ impl Sim {
                     let name = &self.cfg.leases[lease % self.cfg.leases.len()];
                     let key = crate::key_for_name(name);
                     let forger = server::FORGER_PID;
-                    let payload = format!("prefer {key} {forger} {priority} {pid}");
+                    let payload = format!("prefer {key} {pid} {priority}");
                     self.notify_listeners(payload, forger, Duration::ZERO);
                 }
             }

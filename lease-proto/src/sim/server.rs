@@ -935,14 +935,9 @@ impl Server {
                 }
             }
             // A heartbeat that notifies (sent at commit, as the others).
-            Statement::Prefer {
-                key,
-                priority,
-                watch,
-            } => {
+            Statement::Prefer { key, priority } => {
                 if !self.cfg.standby {
-                    let watch = watch.map_or(String::new(), |w| format!(" {w}"));
-                    notify.push(format!("prefer {key} {pid} {priority}{watch}"));
+                    notify.push(format!("prefer {key} {pid} {priority}"));
                 }
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
                 let clock = Some(self.clock_now(now) - crate::sql::TOKEN_CLOCK_OFFSET);
@@ -963,25 +958,22 @@ impl Server {
                 };
                 let mut reply = reply;
                 let mut done_keys = Vec::new();
-                for (i, &(k, p, q)) in asks.iter().enumerate() {
-                    // The named backend first, else its watch session.
-                    let watch_of_p = (self.waiters.iter()).any(|w| {
-                        w.key == k
-                            && w.watch_of == Some(p)
-                            && self.sessions.get(&w.conn).is_some_and(|s| s.pid == q)
-                    });
+                for (i, &(k, p)) in asks.iter().enumerate() {
+                    // The named backend first, else a watch session whose
+                    // wait names it (its `application_name`).
+                    let watch_of_p = (self.waiters.iter())
+                        .filter(|w| w.key == k && w.watch_of == Some(p))
+                        .find_map(|w| self.sessions.get(&w.conn).map(|s| s.pid));
                     let waiting = if self.waits_for(k, p) {
-                        Some((p, 1))
-                    } else if q != 0 && watch_of_p {
-                        Some((q, -1))
+                        Some(p)
                     } else {
-                        None
+                        watch_of_p
                     };
-                    let Some((w, sign)) = waiting.filter(|_| !done_keys.contains(&k)) else {
+                    let Some(w) = waiting.filter(|_| !done_keys.contains(&k)) else {
                         continue;
                     };
                     done_keys.push(k);
-                    reply.waiting.insert(sign * (i as i64 + 1));
+                    reply.waiting.insert(i as i64 + 1, w);
                     if !self.cfg.standby {
                         notify.push(crate::server::handover_request_payload(k, w));
                     }

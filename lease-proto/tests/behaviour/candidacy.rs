@@ -179,7 +179,6 @@ fn a_standby_with_a_priority_asks_the_holder_once() {
         Statement::Prefer {
             key: key("a"),
             priority: 2,
-            watch: None,
         }
     );
     let window = opts().heartbeat_interval + opts().query_timeout;
@@ -217,22 +216,22 @@ fn a_standby_asks_one_holder_at_most_three_times() {
 }
 
 /// A holder of priority 0 asked by backend 99 of priority 1 hands the lease over as a
-/// `to` request does: once a check finds 99 (or the watch session the payload names, 98)
+/// `to` request does: once a check finds 99 (or a watch session whose wait names 99)
 /// waiting for the key, the job is cancelled, the key released once it returned, and not
 /// tried again within the window after the release.
 #[test]
 fn a_lower_priority_holder_hands_over_to_a_preferred_standby() {
     let mut h = harness(polling());
     let run = started(&mut h, "a", 900);
-    let cmds = notify(&mut h, format!("{} 98", prefer_payload("a", 99, 1)), 99);
+    let cmds = notify(&mut h, prefer_payload("a", 99, 1), 99);
     assert!(!handed_over(&cmds), "handed over before a check: {cmds:?}");
     assert_eq!(
         h.statement(),
         Statement::CheckHandover {
-            asks: vec![(key("a"), 99, 98)]
+            asks: vec![(key("a"), 99)]
         }
     );
-    let cmds = h.check_answered(7, &[1]);
+    let cmds = h.check_answered(7, &[(1, 99)]);
     assert!(handed_over(&cmds), "{cmds:?}");
     handed_over_job_returns(&mut h, run);
     let window = opts().query_timeout * 2;
@@ -273,14 +272,14 @@ fn old_payloads_are_unaffected_by_priorities() {
     for payload in [
         format!("prefer {} 99", key("a")),
         format!("prefer {} 99 x", key("a")),
-        format!("prefer {} 99 8 1 2", key("a")),
+        format!("prefer {} 99 8 1", key("a")),
     ] {
         let cmds = notify(&mut h, payload.clone(), 99);
         assert!(!handed_over(&cmds), "{payload}: {cmds:?}");
         assert!(h.in_flight().is_none(), "{payload}: {:?}", h.in_flight());
     }
     notify(&mut h, handover_request_payload(key("a"), 99), 555);
-    let cmds = h.check_answered(7, &[1]);
+    let cmds = h.check_answered(7, &[(1, 99)]);
     assert!(handed_over(&cmds), "{cmds:?}");
 }
 

@@ -63,10 +63,10 @@ fn the_holder_hands_over_once_a_check_finds_the_named_backend_waiting() {
     assert_eq!(
         h.statement(),
         Statement::CheckHandover {
-            asks: vec![(key("a"), 99, 0)]
+            asks: vec![(key("a"), 99)]
         }
     );
-    let cmds = h.check_answered(7, &[1]);
+    let cmds = h.check_answered(7, &[(1, 99)]);
     assert!(handed_over(&cmds), "{cmds:?}");
     h.input(Input::JobExited {
         run,
@@ -103,7 +103,7 @@ fn a_request_for_a_backend_that_does_not_wait_is_refused_and_repeats_change_noth
     let mut h = harness(polling());
     started(&mut h, "a", 900);
     let t0 = h.now();
-    let window = opts().validity_window() + opts().query_timeout * 2;
+    let window = opts().validity_window() * 2 + opts().query_timeout * 2;
     let mut checks = 0;
     let mut refused = 0;
     let count = |h: &Harness| {
@@ -119,7 +119,7 @@ fn a_request_for_a_backend_that_does_not_wait_is_refused_and_repeats_change_noth
         while h.now() < end {
             match h.in_flight().map(|(_, s)| s.clone()) {
                 Some(Statement::CheckHandover { asks }) => {
-                    assert_eq!(asks, vec![(key("a"), 99, 0)]);
+                    assert_eq!(asks, vec![(key("a"), 99)]);
                     checks += 1;
                     let cmds = h.check_answered(7, &[]);
                     assert!(!handed_over(&cmds), "{cmds:?}");
@@ -246,7 +246,8 @@ fn a_flood_of_four_bogus_asks_does_not_crowd_out_a_real_request() {
                 let at = asks.iter().position(|a| a.1 == 98);
                 checked_98 |= at.is_some();
                 // 98 waits for the key all along.
-                let ordinals: Vec<i64> = at.map(|i| i as i64 + 1).into_iter().collect();
+                let ordinals: Vec<(i64, i64)> =
+                    at.map(|i| (i as i64 + 1, 98)).into_iter().collect();
                 let cmds = h.check_answered(7, &ordinals);
                 handed |= handed_over(&cmds);
             }

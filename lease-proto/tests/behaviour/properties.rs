@@ -3364,13 +3364,14 @@ fn a_preferred_standby_that_took_another_lease_is_found_on_its_watch_session() {
     assert!(preferred_leads_after_healing(&case, None).expect("leads"));
 }
 
-/// One case of [`a_forged_prefer_naming_a_real_waiter_never_strands_a_lease`] (review 5):
-/// after someone first leads, a client that may only `NOTIFY` (and read `pg_locks`, which
-/// any role may) sends, every 200 ms, `prefer <key> <its own pid> <MAX_PRIORITY> <W>` where
-/// W is the lease session of a standby that waits for the key: the holder's check finds W
-/// waiting and hands over; its release names the forger's own backend (connected), so
-/// every standby leaves the key alone for two query timeouts, and W declines its win.
-/// The share of the time in which some process leads.
+/// One case of [`a_forged_prefer_naming_a_real_waiter_never_strands_a_lease`] (found by a
+/// review): after someone first leads, a client that may only `NOTIFY` (and read
+/// `pg_locks`, which any role may) sends, every 200 ms, `prefer <key> <W> <MAX_PRIORITY>`
+/// where W is the lease session of a standby that waits for the key. A `prefer` counts
+/// only from the backend it names, so the holder ignores it. (The first version took a
+/// fifth word, the asker's watch session, which any role could fill in with W: the holder
+/// handed over, and its release named the forger's own backend, so every standby left the
+/// key alone for two query timeouts.) The share of the time in which some process leads.
 fn forged_prefer_case((knobs, processes, seed): (Knobs, usize, u64)) -> Result<f64, TestCaseError> {
     let knobs = Knobs {
         wait: true,

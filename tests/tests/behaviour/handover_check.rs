@@ -60,7 +60,7 @@ fn a_backend_waiting_for_another_key_of_the_holder_does_not_confirm_an_ask() -> 
     let rows = run(
         &s,
         &Statement::CheckHandover {
-            asks: vec![(k1, waiter_pid, 0)],
+            asks: vec![(k1, waiter_pid)],
         },
     )?;
     let reply = CheckReply::parse(&rows).map_err(|e| KitError::Invalid(e.to_string()))?;
@@ -154,12 +154,7 @@ fn the_checks_cost_with_many_locks() -> Res {
     for &p in &waiters {
         waits(&s, p)?;
     }
-    let asks = vec![
-        (k1, 99_991, 99_992),
-        (k1, 99_993, 0),
-        (k1, 99_994, 0),
-        (k1, 99_995, 0),
-    ];
+    let asks = vec![(k1, 99_991), (k1, 99_993), (k1, 99_994), (k1, 99_995)];
     let time = |st: &Statement| -> Result<f64, KitError> {
         let t = Instant::now();
         for _ in 0..20 {
@@ -212,7 +207,7 @@ fn a_confirmed_check_announces_the_hand_over() -> Res {
     let rows = run(
         &s,
         &Statement::CheckHandover {
-            asks: vec![(k1, 99_999, 0), (k1, waiter_pid, 0)],
+            asks: vec![(k1, 99_999), (k1, waiter_pid)],
         },
     )?;
     let reply = CheckReply::parse(&rows).map_err(|e| KitError::Invalid(e.to_string()))?;
@@ -220,7 +215,7 @@ fn a_confirmed_check_announces_the_hand_over() -> Res {
     s.rows("SELECT pg_advisory_unlock_all()")?;
     let _ = t.join();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert_eq!(reply.waiting, [2].into());
+    assert_eq!(reply.waiting, [(2, waiter_pid)].into());
     assert!(
         text.contains(&format!(
             "payload \"to {k1} {waiter_pid}\" received from server process with PID {pid}"
@@ -259,14 +254,14 @@ fn a_watch_session_counts_only_for_its_own_lease_session() -> Res {
         let rows = run(&s, &Statement::CheckHandover { asks })?;
         CheckReply::parse(&rows).map_err(|e| KitError::Invalid(e.to_string()))
     };
-    let forged = check(vec![(k, forger, w)])?;
-    let its_own = check(vec![(k, own, w)])?;
+    let forged = check(vec![(k, forger)])?;
+    let its_own = check(vec![(k, own)])?;
     waiting.join().expect("wait")?;
     assert_eq!(
         forged.waiting,
         Default::default(),
         "a forged prefer counted: {forged:?}"
     );
-    assert_eq!(its_own.waiting, [-1].into(), "{its_own:?}");
+    assert_eq!(its_own.waiting, [(1, w)].into(), "{its_own:?}");
     Ok(())
 }

@@ -96,23 +96,12 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
         Statement::Prefer {
             key: held,
             priority: 3,
-            watch: None,
-        },
-        Statement::Prefer {
-            key: held,
-            priority: 3,
-            watch: Some(waiter_pid),
         },
         // The waiter waits for k2: its ask for k2 is confirmed (the first of k2's that
         // waits), not a backend that does not exist, nor one for k1 (it waits for another
-        // key), nor a watch session that is not the named one's.
+        // key), nor this session for k3 (no watch session names it).
         Statement::CheckHandover {
-            asks: vec![
-                (k2, 99_999, 0),
-                (k2, waiter_pid, 0),
-                (k1, waiter_pid, 0),
-                (k3, pid, waiter_pid),
-            ],
+            asks: vec![(k2, 99_999), (k2, waiter_pid), (k1, waiter_pid), (k3, pid)],
         },
         Statement::Release {
             keys: vec![k1],
@@ -227,7 +216,7 @@ fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
                 let reply = CheckReply::parse(&rows).map_err(|e| parse_err("check", e))?;
                 let s = &reply.session;
                 assert_eq!((s.backend_pid, s.nonce), (Some(pid), Some(nonce)));
-                assert_eq!(reply.waiting, [2].into(), "{reply:?}");
+                assert_eq!(reply.waiting, [(2, waiter_pid)].into(), "{reply:?}");
             }
             Statement::Release { keys, notify, .. } => {
                 let reply = ReleaseReply::parse(&rows).map_err(|e| parse_err("release", e))?;
