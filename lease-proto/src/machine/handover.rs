@@ -1,59 +1,63 @@
 //! Hand-overs asked for by name: `lease handover NAME --to PID` (the
 //! payload `to <key> <pid>`) and a standby of a higher priority (`prefer
-//! <key> <pid> <priority> [<watch pid>]`, see
-//! [`Options::priority`](crate::Options::priority)). Any role that may
-//! `NOTIFY` can send either, so a request alone moves nothing. The rule, in
-//! one place:
+//! <key> <pid> <priority>`, see [`Options::priority`](crate::Options::priority)).
+//! Any role that may `NOTIFY` can send either, so a request alone moves
+//! nothing. The rule, in one place:
 //!
-//! - **Only the holder acts on a request, and only for a waiting standby.**
-//!   The locker whose run leads the key keeps the request as an *ask*; its
-//!   next statement, and then each heartbeat while the ask stands, is a
-//!   [`Statement::CheckHandover`](crate::Statement::CheckHandover): a
-//!   heartbeat that also reads `pg_locks`, every [`check_interval`] while
-//!   an ask stands. Only when the named backend (or
-//!   the named locker's watch session) waits there for a key this holder
-//!   holds (a standby waits for one key at a time) does the holder hand it
-//!   over (its job cancelled with
+//! - **Only the holder acts on a request, and only for a standby that
+//!   waits for that key.** The locker whose run leads the key keeps the
+//!   request as an *ask* and checks it with a
+//!   [`Statement::CheckHandover`](crate::Statement::CheckHandover), a
+//!   heartbeat that also reads `pg_locks`: at once, then after
+//!   [`CHECK_EVERY`], twice that, and so on up to the heartbeat interval,
+//!   within a budget of [`CHECK_BURST`] checks beside the heartbeats that
+//!   earns one more per heartbeat interval; past it, each heartbeat checks.
+//!   Only when the named backend, or a watch session of its locker (whose
+//!   wait names that backend in its `application_name`, see `watch`),
+//!   waits for the key does the holder hand it over to the backend found
+//!   waiting (its job cancelled with
 //!   [`Reason::HandedOver`](crate::Reason::HandedOver), the key released
 //!   once the job returned). An ask that no check confirms within
-//!   [`ask_window`] ends with [`Event::HandoverRefused`](crate::Event::HandoverRefused);
-//!   the job never noticed it.
+//!   [`ask_window`] ends with
+//!   [`Event::HandoverRefused`](crate::Event::HandoverRefused); the job never
+//!   noticed it.
 //! - **Repeats change nothing.** An ask is not replaced or re-armed by a
-//!   request for the same backend, and at most [`MAX_ASKS_PER_KEY`] stand
-//!   per key (later ones are dropped until one ends), so a flood costs the
-//!   holder one heartbeat's worth of `pg_locks` read per heartbeat, no more.
+//!   request for the same backend. At most [`MAX_ASKS_PER_KEY`] stand per
+//!   key: a new one evicts the oldest that a check has found not waiting
+//!   (refused), so a flood neither crowds out a real request nor costs the
+//!   holder more than its check budget.
 //! - **Only the holder reserves the key.** Standbys ignore the requests
 //!   themselves. The check that confirms an ask announces it from the
-//!   holder's backend (`to <key> <pid>`); a standby leaves a key so
-//!   reserved alone for [`handover_window`](super::handover_window) from
-//!   then, and from the release, and only when the announcement came from
-//!   the holder its last try saw (any role may `NOTIFY`). The release names
-//!   the backend again only if it (or its watch session) is still connected
-//!   ([`Statement::Release`](crate::Statement::Release)); a release of the
-//!   holder's that names nobody ends the reservation, and the standbys take
-//!   the key at once. The named backend was in the key's queue moments
-//!   before and queues again whenever a wait ends, so it is granted the key
-//!   in the release, right after the takes ahead of it (which decline their
-//!   wins at once), or at its next wait or try, which the release's
-//!   notification wakes: no reservation keeps a free key from every standby
-//!   for longer than that hand-over, and one for a backend gone never
-//!   outlives its release.
-//! - **The named standby queues.** A standby named by a `to` request, or
-//!   one that asked for its key by priority, waits for that key on the
-//!   server even behind [`HERD_WAITERS`](super::HERD_WAITERS) (its wait
-//!   ignores the crowd, see `wait`) and whatever its retry interval (its
-//!   waits run on in chunks below `deadlock_timeout`, so it leaves the
-//!   queue for a round trip per chunk) until [`ask_window`] has passed, and a
-//!   locker that holds another lease waits for it on its watch session
-//!   (which the payload names); a standby that cannot wait on the server
-//!   (behind a pooler that rejected the startup options, or with
+//!   holder's backend (`to <key> <the backend found>`); a standby leaves a
+//!   key so reserved alone for [`handover_window`] from then, and from the
+//!   release, and only when the announcement came from the holder its last
+//!   try saw. A locker counts a reservation for its lease session or its
+//!   watch session (the current or the one before) as its own. The release
+//!   names the backend again only if it holds or waits for the key, or the
+//!   hand-over was confirmed less than a query timeout before and it is
+//!   still connected ([`Statement::Release`](crate::Statement::Release));
+//!   a release of the holder's that names nobody ends the reservation, and
+//!   the standbys take the key at once. The named backend is in the key's
+//!   queue, so it is granted the key in the release, or right after the
+//!   takes ahead of it (which decline their wins at once), or at its next
+//!   wait, which the release's notification wakes: no reservation keeps a
+//!   free key from every standby for longer than that hand-over.
+//! - **The named standby queues.** A locker named by a `to` request (by its
+//!   lease session or its watch session), or one that asked for a key by
+//!   priority, waits for that key first: on its lease session even behind
+//!   [`HERD_WAITERS`](super::HERD_WAITERS) (its wait ignores the crowd, see
+//!   `wait`), or on its watch session while it holds another lease, until
+//!   [`ask_window`] has passed; its waits run in chunks below
+//!   `deadlock_timeout`, so it leaves the queue for a round trip between
+//!   two of them. A standby that does not wait on the server (behind a
+//!   pooler that rejected the startup options, or with
 //!   [`Options::wait_on_server`](crate::Options::wait_on_server) off) is
 //!   never confirmed, and keeps its place behind the holder.
 //!
-//! What a hostile role that can connect can still do: interrupt the
-//! holder's job by naming a backend that does wait for the key (a real
-//! standby, or a session of its own blocked in `pg_advisory_lock`, which it
-//! could use to take the key at the next release anyway).
+//! What a role that can connect can still do: move the lease to a standby
+//! that waits for it, as `lease handover --to` does (each move interrupts
+//! the holder's job), and hold the key itself (`pg_advisory_lock` needs no
+//! privilege): only `CONNECT` on the database keeps a role out.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -64,8 +68,8 @@ use super::Mutation;
 use crate::options::Options;
 use crate::sql::{CheckReply, Preference};
 
-/// How long after a hand-over's release no other locker than the named one
-/// tries the key: two query timeouts, for the release's notification to
+/// How long after a hand-over's announcement or release no other locker
+/// than the named one tries the key: two query timeouts, for the release's notification to
 /// reach it and its try to answer (see `handover`).
 pub(crate) fn handover_window(opts: &Options) -> Duration {
     opts.query_timeout * 2
