@@ -192,8 +192,9 @@ pub struct Options {
     /// "Observers and priorities".
     pub observer: bool,
     /// Priority (default 0, at most [`MAX_PRIORITY`]): a standby whose try
-    /// finds its key held asks the holder to hand the lease over (at most
-    /// three times per holder backend); a holder of a lower priority does (as asked by `lease
+    /// finds its key held asks the holder to hand the lease over (again
+    /// less and less often, and no more once that holder has handed it over
+    /// three times); a holder of a lower priority does (as asked by `lease
     /// handover --to`) once it sees the standby wait for the key on the
     /// server, one of an equal or higher priority ignores it. 0
     /// never asks. Not for lease-group runs (their share decides), nor

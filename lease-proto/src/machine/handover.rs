@@ -313,6 +313,9 @@ impl Machine {
                 // The holder's announcement of a confirmed hand-over.
                 let until = now + handover_window(&self.opts);
                 self.runs.reserve(key, to, (now, until), u32::MAX);
+                if me.contains(&to) {
+                    self.runs.hand_over_announced(key, holder);
+                }
             }
         }
         if me.contains(&to) {
@@ -386,11 +389,10 @@ impl Machine {
     /// ([`Options::priority`]):
     ///
     /// - a standby with a priority above 0 whose last try saw its key held
-    ///   by another backend asks that holder once, and again only if the
-    ///   same holder still holds it a validity window later, then two (a
-    ///   request that came while the holder's win was held back for the lock
-    ///   delay finds no job to hand over), three requests per holder
-    ///   backend (`RunTable::take_preference`); a lease-group run never
+    ///   by another backend asks that holder once, and again if the same
+    ///   holder still holds it a validity window later, then two, then every
+    ///   four, until that holder has handed it over three times
+    ///   (`RunTable::take_preference`); a lease-group run never
     ///   asks (its share decides);
     /// - a request counts only from the backend it names (`sender` is
     ///   `pid`) and only if its priority is above this locker's; then it is

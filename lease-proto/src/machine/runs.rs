@@ -22,9 +22,14 @@ pub(super) struct Run {
     pub(super) state: RunState,
 }
 
-/// How many times a standby with a priority asks one holder (one backend
-/// pid) to hand a key over (see [`RunTable::take_preference`]).
+/// How many hand-overs to it a standby with a priority has one holder (one
+/// backend pid) announce before it asks that holder no more (see
+/// [`RunTable::take_preference`]).
 const MAX_ASKS: u32 = 3;
+
+/// The longest a standby with a priority waits before it asks a holder
+/// again, in validity windows (see [`RunTable::take_preference`]).
+const ASK_AGAIN_CAP: u32 = 4;
 
 /// What one run is doing.
 #[derive(Debug)]
@@ -102,9 +107,10 @@ pub(super) struct Standby {
     /// cleared when a try finds the key held again.
     graceful: Option<(Instant, Option<i64>, Option<i64>)>,
     /// The holder this standby last asked to hand the key over (its
-    /// priority, see `Machine::preference_requested`), when, and how many
-    /// times it asked that holder.
-    asked: Option<(i64, Instant, u32)>,
+    /// priority, see `Machine::preference_requested`), when, how many
+    /// times it asked that holder, and how many hand-overs to this locker
+    /// that holder announced.
+    asked: Option<(i64, Instant, u32, u32)>,
 }
 
 impl Standby {
@@ -620,11 +626,14 @@ impl RunTable {
     /// A standby with a priority: the key of the first standby not in the
     /// try in flight and in no group whose last answered try saw a holder
     /// (not `me`) it has not asked yet, or asked `again` ago or longer,
-    /// doubled for every time it asked that holder before, at most
-    /// [`MAX_ASKS`] times in all (a standby that cannot take the key in the
-    /// reservation window, a slow link, interrupts the holder's job a
-    /// bounded number of times, not forever); it counts as asked at `now`
-    /// (see `Machine::preference_requested`).
+    /// doubled for every time it asked that holder before up to
+    /// [`ASK_AGAIN_CAP`] times `again`, until that holder has announced
+    /// [`MAX_ASKS`] hand-overs to this locker (one that cannot take the key
+    /// in the reservation window, a slow link, interrupts the holder's job
+    /// a bounded number of times, not forever; an ask the holder refused,
+    /// not finding the standby waiting, interrupts nothing and does not
+    /// count); it counts as asked at `now` (see
+    /// `Machine::preference_requested`).
     pub(super) fn take_preference(
         &mut self,
         now: Instant,
@@ -636,19 +645,34 @@ impl RunTable {
                 return None;
             };
             let holder = s.holder.flatten().filter(|&h| Some(h) != me)?;
-            let times = match s.asked {
-                Some((pid, _, times)) if pid == holder => times,
-                _ => 0,
+            let (times, announced) = match s.asked {
+                Some((pid, _, times, announced)) if pid == holder => (times, announced),
+                _ => (0, 0),
             };
-            let asked = (s.asked).is_some_and(|(pid, at, times)| {
-                pid == holder && (times >= MAX_ASKS || now < at + again * (1 << (times - 1)))
+            let asked = (s.asked).is_some_and(|(pid, at, times, announced)| {
+                let wait = again * (1 << (times - 1).min(ASK_AGAIN_CAP.ilog2()));
+                pid == holder && (announced >= MAX_ASKS || now < at + wait)
             });
             if s.step != StandbyStep::Waiting || r.lease.group().is_some() || asked {
                 return None;
             }
-            s.asked = Some((holder, now, times + 1));
+            s.asked = Some((holder, now, times + 1, announced));
             Some(r.lease.key())
         })
+    }
+
+    /// The holder `holder` announced a hand-over of `key` to this locker
+    /// (see [`RunTable::take_preference`]).
+    pub(super) fn hand_over_announced(&mut self, key: i64, holder: i64) {
+        if let Some((_, r)) = self.by_key_mut(key) {
+            if let RunState::Standby(s) = &mut r.state {
+                if let Some((pid, _, _, announced)) = &mut s.asked {
+                    if *pid == holder {
+                        *announced += 1;
+                    }
+                }
+            }
+        }
     }
 
     /// A handover notification for `key` from the holder its standby's last
