@@ -113,17 +113,20 @@ fn tokens_go_backwards_after_promotion() -> Res {
     let admin = Admin::connect(&primary.conn_string())?;
     let a = ReplicaConfig::new(Driver::Tokio, primary.conn_string(), "job").spawn(bin(), "A")?;
     let (first, _) = nth_start(&a, 1)?;
-    // The standby replays the first acquisition (its commit record reaches WAL within the
-    // WAL writer's delay), then stops: from here on it lags.
-    let insert_lsn = primary.sql("SELECT pg_current_wal_insert_lsn()")?;
+    // The standby replays the first acquisition, then stops: from here on it lags. The
+    // wait is for a WAL switch after it (flushed at once, no xid consumed: the tokens are
+    // xids): the replay reaches the end of the switched-out segment that pg_switch_wal
+    // returns. The insert position is no target: past the header of a new page it stays
+    // out of the replay's reach until a later record (about 12 s: most of this test).
+    let switched = primary.sql("SELECT pg_switch_wal()")?;
     let deadline = Instant::now() + WAIT;
     while standby.sql(&format!(
-        "SELECT pg_last_wal_replay_lsn() >= '{insert_lsn}'::pg_lsn"
+        "SELECT pg_last_wal_replay_lsn() >= '{switched}'::pg_lsn"
     ))? != "t"
     {
         assert!(
             Instant::now() < deadline,
-            "the standby did not replay up to {insert_lsn}"
+            "the standby did not replay up to {switched}"
         );
         std::thread::sleep(ms(20));
     }
