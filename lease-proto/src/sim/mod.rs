@@ -57,6 +57,7 @@
 //!   observer and a manual clock for hand-driven tests.
 
 mod checks;
+mod explore;
 mod harness;
 mod inject;
 mod net;
@@ -72,6 +73,8 @@ use std::time::{Duration, Instant};
 #[doc(hidden)]
 pub use crate::machine::Mutation;
 pub use checks::Violation;
+#[doc(hidden)]
+pub use explore::{Actor, Ready};
 pub use harness::Harness;
 pub use observer::{drain, Command, Observer, ObserverViolation};
 pub use postgres::{ConnId, Postgres, ServerOutput};

@@ -246,6 +246,23 @@ impl<T> Queue<T> {
             .max()
     }
 
+    /// Every queued event due at or before `until`, with its time and
+    /// sequence number, in delivery order (for the explorer's hook).
+    pub(super) fn due(&self, until: Duration) -> Vec<(Duration, u64, &T)> {
+        let mut due: Vec<(Duration, u64, &T)> = (self.order.iter())
+            .filter(|Reverse((t, _))| *t <= until)
+            .filter_map(|Reverse((t, seq))| Some((*t, *seq, self.events.get(seq)?)))
+            .collect();
+        due.sort_by_key(|(t, seq, _)| (*t, *seq));
+        due
+    }
+
+    /// Removes the event of sequence number `seq` (its heap entry stays:
+    /// `pop_until` skips entries without an event).
+    pub(super) fn take(&mut self, seq: u64) -> Option<T> {
+        self.events.remove(&seq)
+    }
+
     /// When the next event is due.
     pub(super) fn next_at(&mut self) -> Option<Duration> {
         loop {
