@@ -1221,7 +1221,7 @@ impl Statement {
                  ON g.k OPERATOR(pg_catalog.=) r.k \
                  LEFT JOIN (SELECT a.k, a.p FROM ROWS FROM (pg_catalog.unnest({rk}), \
                  pg_catalog.unnest({rp}), pg_catalog.unnest({rq})) AS a(k, p, q) \
-                 WHERE EXISTS ({asked})) AS v ON v.k OPERATOR(pg_catalog.=) r.k \
+                 WHERE EXISTS ({asked}) OR {recent}) AS v ON v.k OPERATOR(pg_catalog.=) r.k \
                  WHERE r.t OPERATOR(pg_catalog.>) 0; \
                  PERFORM pg_catalog.set_config('{RELEASED_SETTING}', \
                  coalesce(t, '{{}}')::pg_catalog.text, true); \
@@ -1233,11 +1233,9 @@ impl Statement {
                 rk = KeyArray(&reserved.iter().map(|r| r.0).collect::<Vec<_>>()),
                 rp = KeyArray(&reserved.iter().map(|r| r.1).collect::<Vec<_>>()),
                 rq = KeyArray(&reserved.iter().map(|r| r.2).collect::<Vec<_>>()),
-                asked = format!(
-                    "{}) OR (a.q OPERATOR(pg_catalog.=) 1 AND EXISTS (SELECT FROM \
-                     pg_catalog.pg_stat_activity WHERE pid OPERATOR(pg_catalog.=) a.p)",
-                    locks_of("a", "a.p", true)
-                ),
+                asked = locks_of("a", "a.p", true),
+                recent = "(a.q OPERATOR(pg_catalog.=) 1 AND EXISTS (SELECT FROM \
+                     pg_catalog.pg_stat_activity WHERE pid OPERATOR(pg_catalog.=) a.p))",
             ),
         }
     }
