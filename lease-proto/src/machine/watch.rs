@@ -324,8 +324,7 @@ impl Machine {
             return;
         };
         let retry = self.opts.retry_interval;
-        let timeout = self.watch.limit.map_or(retry, |l| l.min(retry));
-        if timeout < MIN_WAIT {
+        if self.watch.limit.is_some_and(|l| l.min(retry) < MIN_WAIT) {
             // Under so short a deadlock_timeout the lease session polls.
             self.watch.off = true;
             return self.close_watch();
@@ -333,6 +332,15 @@ impl Machine {
         let Some(key) = self.watch.key_for(now, own, wanted) else {
             return;
         };
+        // A key asked for by priority is waited for until its ask ends (the
+        // holder's checks must find the wait, see `handover`); any other for
+        // a retry interval; both below the server's deadlock_timeout.
+        let until = (self.watch.preferred.get(&key)).map(|u| u.saturating_duration_since(now));
+        let wait = until.map_or(retry, |u| u.max(retry));
+        let timeout = self.watch.limit.map_or(wait, |l| l.min(wait));
+        if timeout < MIN_WAIT {
+            return;
+        }
         let query = self.connector.next_watch_query();
         // No crowd limit: a holder's watcher must wait, whoever else waits
         // (the ring gives every holder one).

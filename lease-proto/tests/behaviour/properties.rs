@@ -1950,6 +1950,10 @@ fn handover_to_case(
     let others: Vec<usize> = (0..processes).filter(|p| *p != holder).collect();
     let to = others[to % others.len()];
     prop_assume!(sim.backend_pid(to).is_some());
+    // The condition (as for a preferred standby): ten one-way latencies within two query
+    // timeouts, so that the named standby's waits cover most of the time between the
+    // holder's checks (it leaves the queue for a round trip between two of them).
+    prop_assume!(one_way(&cfg) * 10 <= o.query_timeout * 2);
     let t0 = sim.now();
     sim.schedule(t0, Fault::RequestHandover { lease: 0, to });
     // The named standby hears of the request and queues for the key; the holder's checks
@@ -3078,9 +3082,15 @@ fn preferred_leads_after_healing(
     // latencies. On a slower link it asks a holder at most three times and
     // the holder keeps the lease (bounded churn, not a takeover).
     prop_assume!(one_way(&cfg) * 10 <= o.query_timeout * 2);
-    let handover = (o.validity_window() + o.retry_interval + o.query_timeout * 2)
+    // A first ask the holder's checks do not see waiting (its waits leave the queue for a
+    // round trip between two of them) is refused at the end of the ask window, and the
+    // standby's next ask comes within four validity windows (see the machine's
+    // `handover`): the bound allows one such refusal.
+    let ask_window = o.validity_window() * 2 + o.query_timeout * 2;
+    let handover = (o.validity_window() * 5 + ask_window + o.retry_interval + o.query_timeout * 2)
         .mul_f64(1.0 / (1.0 - cfg.drift))
         + cfg.job_reaction
+        + o.heartbeat_interval * 2
         + one_way(&cfg) * 8;
     let bound = liveness_bound(&cfg) + handover;
     let mut sim = simulate(&cfg, &case.faults);
