@@ -1846,7 +1846,11 @@ fn broken_a_take_that_ignores_the_releases_grantee_is_caught() {
 /// and seeds.
 #[test]
 fn a_requested_hand_over_goes_to_the_named_process() {
-    let mut runner = TestRunner::new(config(None));
+    // The link condition rejects the slowest generated cases.
+    let mut runner = TestRunner::new(ProptestConfig {
+        max_global_rejects: u32::MAX,
+        ..config(None)
+    });
     let took = std::sync::Mutex::new(Vec::new());
     let result = runner.run(&handover_to_cases(), |case| {
         took.lock().unwrap().push(handover_to_case(case, None)?);
@@ -3158,13 +3162,17 @@ proptest! {
 /// observer beside it never leads, not even when the server ends sessions.
 #[test]
 fn the_preferred_process_leads_after_healing() {
-    let mut runner = TestRunner::new(contextualize_config(shrinking(
-        500,
-        // Cargo runs tests in the package directory.
-        Some(Box::new(FileFailurePersistence::Direct(
-            "tests/behaviour/properties-preferred.proptest-regressions",
-        ))),
-    )));
+    let mut runner = TestRunner::new(contextualize_config(ProptestConfig {
+        // The link condition rejects the slowest generated cases.
+        max_global_rejects: u32::MAX,
+        ..shrinking(
+            500,
+            // Cargo runs tests in the package directory.
+            Some(Box::new(FileFailurePersistence::Direct(
+                "tests/behaviour/properties-preferred.proptest-regressions",
+            ))),
+        )
+    }));
     let (asserted, ran) = (AtomicU64::new(0), AtomicU64::new(0));
     let result = runner.run(&case(guard(), any_fault(4).boxed()), |case| {
         ran.fetch_add(1, Ordering::Relaxed);
