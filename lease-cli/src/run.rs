@@ -521,6 +521,10 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         Attempt::Exit(code) => code,
         Attempt::Deciding | Attempt::Started => first.get().unwrap_or(0),
     };
+    if attempt.get() == Attempt::Deciding {
+        // `--try` ended undecided (a signal, a refusal): what it held back.
+        log::release_held();
+    }
     monitor.abort();
     lookups.abort();
     if code == 0 || code > 2 {
@@ -834,11 +838,13 @@ async fn give_up(locker: &Locker, attempt: &Cell<Attempt>, t: TryPlan, plan: &Pl
         let last_error = status.last_error.as_ref();
         match &status.session {
             SessionState::Ready { .. } => had_session = true,
-            SessionState::Backoff { .. } if !had_session && t.wait.is_none() => {
-                // A wrong password, an unknown role: the run ends by itself.
-                if !last_error.is_some_and(|e| e.error.is_configuration()) {
-                    break NotRun::Unreachable(last_error.map(|e| e.error.to_string()));
-                }
+            // A wrong password, an unknown role: the run ends by itself.
+            SessionState::Backoff { .. }
+                if !had_session
+                    && t.wait.is_none()
+                    && !last_error.is_some_and(|e| e.error.is_configuration()) =>
+            {
+                break NotRun::Unreachable(last_error.map(|e| e.error.to_string()));
             }
             _ => {}
         }
@@ -877,7 +883,9 @@ async fn give_up(locker: &Locker, attempt: &Cell<Attempt>, t: TryPlan, plan: &Pl
                     " ({}, {}, since {})",
                     h.application_name.as_deref().unwrap_or("?"),
                     status::client(&h).unwrap_or_else(|| "unknown client".to_owned()),
-                    h.backend_start.as_deref().map_or("?".to_owned(), status::seconds),
+                    h.backend_start
+                        .as_deref()
+                        .map_or("?".to_owned(), status::seconds),
                 ),
                 _ => String::new(),
             };

@@ -22,7 +22,13 @@ fn holder(c: &Cluster, name: &str, secs: &str) -> (Replica, i64) {
 }
 
 /// `lease run --try EXTRA... NAME -- sh -c 'date >> MARKER; exit CODE'`.
-fn trying(c: &Cluster, name: &str, extra: &[&str], marker: &Path, code: i32) -> std::process::Command {
+fn trying(
+    c: &Cluster,
+    name: &str,
+    extra: &[&str],
+    marker: &Path,
+    code: i32,
+) -> std::process::Command {
     let mut args = vec!["--try"];
     args.extend_from_slice(extra);
     let script = format!("date +%s.%N >> {}; exit {code}", marker.display());
@@ -44,7 +50,10 @@ fn try_runs_when_the_lease_is_free_and_passes_the_exit_status() {
     eprintln!("--try, free lease: {status} after {took:?}");
     assert_eq!(status.code(), Some(7), "{err}");
     assert_eq!(stamps(&marker).len(), 1, "COMMAND ran once: {err}");
-    assert!(err.contains("leading: started sh"), "the usual lines: {err}");
+    assert!(
+        err.contains("leading: started sh"),
+        "the usual lines: {err}"
+    );
     assert!(!held(&c, key_for_name(&name)), "the lease was not released");
 }
 
@@ -69,13 +78,24 @@ fn try_exits_3_with_one_line_naming_the_holder_when_the_lease_is_held() {
     assert!(took < MS(5_000), "{took:?}");
 
     // --wait: gives up once it has passed, the same way.
-    let (status, _, err, took) = output(trying(&c, &name, &["--wait", "300ms"], &marker, 0), MS(10_000));
+    let (status, _, err, took) = output(
+        trying(&c, &name, &["--wait", "300ms"], &marker, 0),
+        MS(10_000),
+    );
     eprintln!("--try --wait 300ms, held lease: {status} after {took:?}");
     assert_eq!(status.code(), Some(3), "{err}");
     let err = lines(&err);
     assert_eq!(err.len(), 1, "not one line: {err:?}");
-    assert!(err[0].contains(&format!("is held by backend {pid} ")), "{}", err[0]);
-    assert!(err[0].ends_with(": not run (--try --wait 300ms)"), "{}", err[0]);
+    assert!(
+        err[0].contains(&format!("is held by backend {pid} ")),
+        "{}",
+        err[0]
+    );
+    assert!(
+        err[0].ends_with(": not run (--try --wait 300ms)"),
+        "{}",
+        err[0]
+    );
     assert!(took >= MS(300), "gave up before --wait: {took:?}");
     assert!(stamps(&marker).is_empty(), "COMMAND ran");
 
@@ -95,7 +115,8 @@ fn try_with_wait_runs_once_the_holder_releases() {
     // The holder's command exits after 500 ms: its runner releases the lease and exits.
     let (mut a, pid) = holder(&c, &name, "0.5");
     let start = Instant::now();
-    let (status, _, err, took) = output(trying(&c, &name, &["--wait", "2s"], &marker, 5), MS(10_000));
+    let (status, _, err, took) =
+        output(trying(&c, &name, &["--wait", "2s"], &marker, 5), MS(10_000));
     let released = a.wait_exit(MS(5_000)).expect("the holder exits");
     eprintln!("--try --wait 2s, released after ~500 ms: {status} after {took:?}");
     assert_eq!(released.code(), Some(0));
@@ -114,7 +135,10 @@ fn try_does_not_run_again_after_a_lost_lease() {
     let name = unique("try-lost");
     let dir = Dir::new("try-lost");
     let marker = dir.file("ran");
-    let script = format!("date +%s.%N >> {}; echo start; exec sleep 30", marker.display());
+    let script = format!(
+        "date +%s.%N >> {}; echo start; exec sleep 30",
+        marker.display()
+    );
     let mut r = Replica::spawn(fast_sh(&c, &name, &["--try"], &script)).expect("spawn");
     let (_, ready) = r
         .wait_for_line(|l| l.contains("lease session ready"), MS(10_000))
@@ -133,7 +157,10 @@ fn try_does_not_run_again_after_a_lost_lease() {
 #[test]
 fn try_exits_1_not_3_when_the_database_cannot_be_reached() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("postgres://u@127.0.0.1:{}/x", closed.local_addr().expect("addr").port());
+    let url = format!(
+        "postgres://u@127.0.0.1:{}/x",
+        closed.local_addr().expect("addr").port()
+    );
     drop(closed);
     let dir = Dir::new("try-unreachable");
     let marker = dir.file("ran");
@@ -143,7 +170,10 @@ fn try_exits_1_not_3_when_the_database_cannot_be_reached() {
         eprintln!("{extra:?}, no server: {status} after {took:?}");
         assert_eq!(status.code(), Some(1), "{extra:?}: {err}");
         let last = lines(&err).last().copied().unwrap_or_default();
-        assert!(last.starts_with("lease: cannot reach the database ("), "{last}");
+        assert!(
+            last.starts_with("lease: cannot reach the database ("),
+            "{last}"
+        );
         assert!(stamps(&marker).is_empty(), "COMMAND ran");
         assert!(took < MS(3_000), "{extra:?}: {took:?}");
     }
