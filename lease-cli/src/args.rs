@@ -404,17 +404,11 @@ pub struct RunArgs {
     pub shards: Option<u16>,
 
     /// Run COMMAND only if the lease is acquired at the first try (or within --wait); exit 3
-    /// without running it otherwise
+    /// without running it otherwise, with one line naming the holder
     ///
-    /// The first try is this runner's first try of the lease on its first session: lost (the
-    /// lease is held by another session), `lease run` exits 3 at once with one line naming
-    /// the holder (`lease: NAME is held by backend PID (...): not run (--try)`), COMMAND not
-    /// run. Won, COMMAND runs once under the lease exactly as without --try and `lease run`
-    /// exits with its status; it never stands by afterwards: a lease lost or handed over while
-    /// COMMAND runs stops COMMAND as usual and exits 1, not run again. A database that cannot
-    /// be reached exits 1 (not 3) at its first failed attempt, or at the end of --wait.
-    /// Without --wait, at most 2 x --query-timeout in all (a connection and a try). Not with
-    /// --shards, --observer or --priority. The rules: TRY in `lease run --help`.
+    /// Won, COMMAND runs once as without --try and `lease run` exits with its status; it never
+    /// stands by. An unreachable database exits 1. Not with --shards, --observer or --priority.
+    /// The rules and edge cases: TRY in `lease run --help`.
     #[arg(long = "try", id = "try", conflicts_with_all = ["shards", "observer", "priority"])]
     pub try_once: bool,
 

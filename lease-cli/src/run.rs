@@ -515,7 +515,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     tokio::select! {
         () = all(runs.collect()) => {}
         () = standing_by_at_signal => tracing::info!("not leading: exiting"),
-        () = gave_up => {}
+        (not_run, t) = gave_up => say_not_run(not_run, t, &plan).await,
     }
     let code = match attempt.get() {
         Attempt::Exit(code) => code,
@@ -807,9 +807,10 @@ enum NotRun {
     Unreachable(Option<String>),
 }
 
-/// `--try`: resolves once `lease run` gives up, having printed its one line
-/// and set the exit status in `attempt` (3, or 1 when the database could not
-/// be reached); never once COMMAND started. Reads the locker's status every
+/// `--try`: resolves once `lease run` gives up, with why, having set the
+/// exit status in `attempt` (3, or 1 when the database could not be reached)
+/// in the same poll (so COMMAND can no longer start, and the caller's
+/// `select!` takes this branch); never once COMMAND started. Reads the locker's status every
 /// 5 ms:
 /// - the first try lost (a standby whose try saw a holder), without
 ///   `--wait`: held;
@@ -818,11 +819,15 @@ enum NotRun {
 ///   themselves: exit 1 as without `--try`);
 /// - the deadline ([`TryPlan::deadline`]) passed: held (by the last holder
 ///   seen), or unreachable when no session was ever ready.
-async fn give_up(locker: &Locker, attempt: &Cell<Attempt>, t: TryPlan, plan: &Plan) {
+async fn give_up(
+    locker: &Locker,
+    attempt: &Cell<Attempt>,
+    t: TryPlan,
+    plan: &Plan,
+) -> (NotRun, TryPlan) {
     let deadline = t.deadline(plan.options.query_timeout);
     let mut holder = None;
     let mut had_session = false;
-    let lease = &plan.leases[0];
     let not_run = loop {
         if attempt.get() != Attempt::Deciding {
             return pending().await;
@@ -869,6 +874,18 @@ async fn give_up(locker: &Locker, attempt: &Cell<Attempt>, t: TryPlan, plan: &Pl
     // between the check above and this).
     attempt.set(Attempt::Exit(code));
     log::drop_held();
+    (not_run, t)
+}
+
+/// `--try`'s one line when COMMAND was not run (text: `lease: ...`; JSON: a
+/// `WARN` object), the holder described as `lease status` would.
+async fn say_not_run(not_run: NotRun, t: TryPlan, plan: &Plan) {
+    let lease = &plan.leases[0];
+    let deadline = t.deadline(plan.options.query_timeout);
+    let code = match not_run {
+        NotRun::Held(_) => EXIT_NOT_RUN,
+        NotRun::Unreachable(_) => EXIT_FAILURE,
+    };
     let how = match t.wait {
         None => "--try".to_owned(),
         Some(w) => format!("--try --wait {}", humantime::format_duration(w)),
