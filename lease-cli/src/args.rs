@@ -109,14 +109,15 @@ otherwise `lease run` exits 3 without running COMMAND and prints one line on std
 holder: `lease: NAME is held by backend PID (APPLICATION, CLIENT, since T): not run (--try)` (the
 server's backend pid and what `lease status NAME` shows of it). Until COMMAND starts, info lines are
 held back (printed when it starts, dropped when it does not run); warnings and errors are not. A won
-try starts COMMAND as without --try (after --lock-delay when the key was freed by a session's end),
-once: COMMAND's exit ends `lease run` with its status, and a lease lost or handed over while COMMAND
-runs stops COMMAND as above and exits with COMMAND's status, or 1 when the stop ended it; it never
-stands by again. A database that cannot be reached exits 1 (not 3): at the first failed attempt
-without --wait, at the end of D with it; a wrong password or a refused server exits 1 as without
---try. Without --wait, at most 2 x --query-timeout in all (a connection and a try: a recently
-promoted server holds tries back, `lease run` then exits 3). With --wait, a win still waiting out
---lock-delay when D ends is released, COMMAND not run. Not with --shards, --observer or --priority.
+try starts COMMAND as without --try (--lock-delay after the win unless a graceful release announced
+it), once: COMMAND's exit ends `lease run` with its status, and a lease lost or handed over while
+COMMAND runs stops COMMAND as above and exits with COMMAND's status, or 1 when the stop ended it; it
+never stands by again. A database that cannot be reached exits 1 (not 3): at the first failed
+attempt without --wait, at the end of D with it; a wrong password or a refused server exits 1 as
+without --try. Without --wait, at most 2 x --query-timeout in all (a connection and a try: a
+recently promoted server holds tries back, `lease run` then exits 3). With --wait, a win still
+waiting out --lock-delay when D ends is released, COMMAND not run. Not with --shards, --observer or
+--priority.
 
 Nothing of COMMAND's tree outlives `lease run`, even a descendant that left its process group
 and session (setsid, a double fork): the watchdog, COMMAND's parent, is a subreaper
