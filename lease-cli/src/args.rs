@@ -103,6 +103,22 @@ COMMAND that exits by itself ends this replica's part: every other shard's COMMA
 as on SIGTERM, the leases are released, and `lease run` exits with that COMMAND's status while
 the other replicas take its shards. `lease status NAME --shards N` shows who leads which.
 
+TRY: with --try, COMMAND runs only if this runner wins the lease at its first try (its first try of
+the lease on its first session), or with --wait D before D has passed since `lease run` started;
+otherwise `lease run` exits 3 without running COMMAND and prints one line on stderr naming the
+holder: `lease: NAME is held by backend PID (APPLICATION, CLIENT, since T): not run (--try)` (the
+server's backend pid and what `lease status NAME` shows of it). Until COMMAND starts, info lines are
+held back (printed when it starts, dropped when it does not run); warnings and errors are not. A won
+try starts COMMAND as without --try (--lock-delay after the win unless a graceful release announced
+it), once: COMMAND's exit ends `lease run` with its status, and a lease lost or handed over while
+COMMAND runs stops COMMAND as above and exits with COMMAND's status, or 1 when the stop ended it; it
+never stands by again. A database that cannot be reached exits 1 (not 3): at the first failed
+attempt without --wait, at the end of D with it; a wrong password or a refused server exits 1 as
+without --try. Without --wait, at most 2 x --query-timeout in all (a connection and a try: a
+recently promoted server holds tries back, `lease run` then exits 3). With --wait, a win still
+waiting out --lock-delay when D ends is released, COMMAND not run. Not with --shards, --observer or
+--priority.
+
 Nothing of COMMAND's tree outlives `lease run`, even a descendant that left its process group
 and session (setsid, a double fork): the watchdog, COMMAND's parent, is a subreaper
 (PR_SET_CHILD_SUBREAPER) so every orphan of the tree becomes its child, and it kills the whole
@@ -131,7 +147,8 @@ of its own; nothing answers while the runner is frozen or dead):
             503 as soon as the lease is cancelled, and 200 on a new leader only after it holds
             the lease, so two replicas never answer 200 at once.
 
-EXIT STATUS: COMMAND's status (with --shards, the first to exit by itself); 0 after a shutdown by signal; 1 when the server is refused, the
+EXIT STATUS: COMMAND's status (with --shards, the first to exit by itself); 0 after a shutdown by signal; 3 with --try when
+COMMAND was not run (the lease was held); 1 when the server is refused, the
 configuration is wrong (cannot connect) or another error stops the run; 2 for bad usage, a --metrics-addr that cannot be bound included
 (nothing is sent to the database); 126 or 127 when COMMAND cannot be executed or is not found.";
 
@@ -386,6 +403,20 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", conflicts_with = "metrics_addr",
           value_parser = clap::value_parser!(u16).range(1..=MAX_SHARDS as i64))]
     pub shards: Option<u16>,
+
+    /// Run COMMAND only if the lease is acquired at the first try (or within --wait); exit 3
+    /// without running it otherwise, with one line naming the holder
+    ///
+    /// Won, COMMAND runs once as without --try and `lease run` exits with its status; it never
+    /// stands by. An unreachable database exits 1. Not with --shards, --observer or --priority.
+    /// The rules and edge cases: TRY in `lease run --help`.
+    #[arg(long = "try", id = "try", conflicts_with_all = ["shards", "observer", "priority"])]
+    pub try_once: bool,
+
+    /// With --try: wait up to DURATION (from the start of `lease run`) for the lease instead
+    /// of giving up at the first try; COMMAND must have started by then
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "try")]
+    pub wait: Option<Duration>,
 
     /// Serve /metrics, /healthz and /leader over HTTP on ADDR (IP:PORT) [default: off]
     ///

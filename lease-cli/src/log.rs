@@ -2,7 +2,10 @@
 //! passes through [`conn::redact`](crate::conn::redact); usage errors; exit statuses.
 
 use std::io::{self, IsTerminal, Write};
+use std::sync::Mutex;
 use std::time::Duration;
+
+use tracing::{Level, Metadata};
 
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::fmt::MakeWriter;
@@ -50,7 +53,7 @@ pub fn init(quiet: bool, format: LogFormat) {
     let ansi = io::stderr().is_terminal();
     let text = (format == LogFormat::Text).then(|| {
         tracing_subscriber::fmt::layer()
-            .with_writer(RedactingStderr)
+            .with_writer(RedactingStderr { holdable: false })
             .with_ansi(ansi)
             .with_target(false)
             .with_filter(filter())
@@ -58,7 +61,7 @@ pub fn init(quiet: bool, format: LogFormat) {
     let json = (format == LogFormat::Json).then(|| {
         tracing_subscriber::fmt::layer()
             .json()
-            .with_writer(RedactingStderr)
+            .with_writer(RedactingStderr { holdable: false })
             .with_current_span(false)
             .with_span_list(false)
             .with_filter(filter())
@@ -94,10 +97,40 @@ pub fn init_watchdog(config: &str) {
     init(words.contains(&"quiet"), format);
 }
 
+/// Info (and more verbose) lines held back by [`hold_info`]: `Some` while held.
+static HELD: Mutex<Option<Vec<u8>>> = Mutex::new(None);
+
+/// From now on, lines at `INFO` and below are held back (warnings and errors
+/// are not) until [`release_held`] prints them or [`drop_held`] drops them:
+/// `lease run --try` says nothing but its one line when it does not run.
+pub fn hold_info() {
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    held.get_or_insert_with(Vec::new);
+}
+
+/// Prints the lines held back since [`hold_info`], in order, and stops holding.
+pub fn release_held() {
+    let held = HELD.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(lines) = held {
+        let _ = io::stderr().lock().write_all(&lines);
+    }
+}
+
+/// Drops the lines held back since [`hold_info`]; lines after it are held too.
+pub fn drop_held() {
+    if let Some(lines) = HELD.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        lines.clear();
+    }
+}
+
 /// Writes each formatted event to stderr with secrets redacted. The fmt layer
 /// writes one event per `write` call, so a secret cannot straddle two calls.
+/// `holdable`: an `INFO` (or more verbose) event, held back while
+/// [`hold_info`] is in force.
 #[derive(Clone, Copy)]
-struct RedactingStderr;
+struct RedactingStderr {
+    holdable: bool,
+}
 
 impl<'a> MakeWriter<'a> for RedactingStderr {
     type Writer = RedactingStderr;
@@ -105,11 +138,24 @@ impl<'a> MakeWriter<'a> for RedactingStderr {
     fn make_writer(&'a self) -> Self::Writer {
         *self
     }
+
+    fn make_writer_for(&'a self, meta: &Metadata<'_>) -> Self::Writer {
+        RedactingStderr {
+            holdable: *meta.level() >= Level::INFO,
+        }
+    }
 }
 
 impl Write for RedactingStderr {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let text = redact(&String::from_utf8_lossy(buf));
+        if self.holdable {
+            let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(lines) = held.as_mut() {
+                lines.extend_from_slice(text.as_bytes());
+                return Ok(buf.len());
+            }
+        }
         io::stderr().lock().write_all(text.as_bytes())?;
         Ok(buf.len())
     }

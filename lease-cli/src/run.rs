@@ -46,11 +46,45 @@ struct Plan {
     format: LogFormat,
     /// `--metrics-addr`.
     metrics_addr: Option<std::net::SocketAddr>,
+    /// `--try`, with `--wait`.
+    attempt: Option<TryPlan>,
+}
+
+/// `lease run --try [--wait D]`: COMMAND runs only if the lease is won at the
+/// first try, or before `deadline`; otherwise `lease run` exits 3 (see
+/// [`give_up`]).
+#[derive(Debug, Clone, Copy)]
+struct TryPlan {
+    /// `--wait`: `None` for the first try alone.
+    wait: Option<Duration>,
+    /// When `lease run` started: `--wait` counts from here.
+    start: Instant,
+}
+
+impl TryPlan {
+    /// When COMMAND must have started: the end of `--wait`, or (first try
+    /// alone) at the latest two query timeouts, a connection and a try.
+    fn deadline(&self, query_timeout: Duration) -> Instant {
+        self.start + self.wait.unwrap_or(2 * query_timeout)
+    }
+}
+
+/// Where `lease run --try` stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    /// COMMAND may still start.
+    Deciding,
+    /// COMMAND started (at most once).
+    Started,
+    /// Decided: exit with this status (3: not run; 1: no database, or the
+    /// lease lost while COMMAND ran).
+    Exit(i32),
 }
 
 /// Runs `lease run`; returns the process exit status.
 pub fn main(args: RunArgs) -> i32 {
-    let plan = match validate(args) {
+    let start = Instant::now();
+    let plan = match validate(args, start) {
         Ok(plan) => plan,
         Err((code, message)) => return usage_error(code, &message),
     };
@@ -61,6 +95,10 @@ pub fn main(args: RunArgs) -> i32 {
         Err(message) => return usage_error(2, &message),
     };
     log::init(plan.quiet, plan.format);
+    if plan.attempt.is_some() {
+        // Nothing but one line when COMMAND does not run.
+        log::hold_info();
+    }
     for warning in &plan.target.warnings {
         tracing::warn!("{warning}");
     }
@@ -87,7 +125,7 @@ pub fn main(args: RunArgs) -> i32 {
 
 /// Checks everything that can be checked without the database: the name, the
 /// command, the intervals and the connection string. `Err((status, message))`.
-fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
+fn validate(args: RunArgs, start: Instant) -> Result<Plan, (i32, String)> {
     let lease = LeaseId::named(args.name.as_str()).map_err(|e| (2, e.to_string()))?;
     let leases = match args.shards {
         None => vec![lease.clone()],
@@ -120,6 +158,13 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
     if let Err(e) = options.validate() {
         return Err((2, format!("inconsistent intervals: {e}")));
     }
+    if args.wait.is_some_and(|w| w.is_zero()) {
+        return Err((2, "--wait must be greater than zero".to_owned()));
+    }
+    let attempt = args.try_once.then_some(TryPlan {
+        wait: args.wait,
+        start,
+    });
     let grace = args.grace.unwrap_or(DEFAULT_GRACE);
     if grace.is_zero() {
         return Err((2, "--grace must be greater than zero".to_owned()));
@@ -144,6 +189,7 @@ fn validate(args: RunArgs) -> Result<Plan, (i32, String)> {
         quiet: args.quiet,
         format: args.log_format,
         metrics_addr: args.metrics_addr,
+        attempt,
     })
 }
 
@@ -343,6 +389,8 @@ struct Ctx<'a> {
     leading: &'a Cell<usize>,
     /// The lease the child runs under, for `/leader`.
     current: &'a Current,
+    /// `--try`: where it stands.
+    attempt: Option<&'a Cell<Attempt>>,
 }
 
 async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
@@ -408,6 +456,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     ));
 
     let leading = Cell::new(0);
+    let attempt = Cell::new(Attempt::Deciding);
     let ctx = Ctx {
         command: &plan.command,
         grace: plan.grace,
@@ -422,6 +471,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         signals: &signals,
         leading: &leading,
         current: &current,
+        attempt: plan.attempt.map(|_| &attempt),
     };
     let ctx = &ctx;
     // The status of the run that ended first; its end stops the others
@@ -456,11 +506,25 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
             pending::<()>().await;
         }
     };
+    let gave_up = async {
+        match plan.attempt {
+            Some(t) => give_up(&locker, &attempt, t, &plan).await,
+            None => pending().await,
+        }
+    };
     tokio::select! {
         () = all(runs.collect()) => {}
         () = standing_by_at_signal => tracing::info!("not leading: exiting"),
+        (not_run, t) = gave_up => say_not_run(not_run, t, &plan).await,
     }
-    let code = first.get().unwrap_or(0);
+    let code = match attempt.get() {
+        Attempt::Exit(code) => code,
+        Attempt::Deciding | Attempt::Started => first.get().unwrap_or(0),
+    };
+    if attempt.get() == Attempt::Deciding {
+        // `--try` ended undecided (a signal, a refusal): what it held back.
+        log::release_held();
+    }
     monitor.abort();
     lookups.abort();
     if code == 0 || code > 2 {
@@ -541,6 +605,14 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
     if lease.is_cancelled() {
         return Ok(());
     }
+    if let Some(attempt) = ctx.attempt {
+        // `--try`: COMMAND runs once, and not after `lease run` gave up.
+        if attempt.get() != Attempt::Deciding {
+            return Ok(());
+        }
+        attempt.set(Attempt::Started);
+        log::release_held();
+    }
     // `lease valid` from inside the command: answered until the tree is gone
     // (dropped at the end of this function).
     let answerer = match valid::Answerer::start(&lease) {
@@ -616,6 +688,11 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
             reason = lease.cancelled() => Ended::Cancelled(reason),
             e = renew(&dog, &lease, ctx, &mut deadline) => Ended::WatchdogLost(e),
         },
+    };
+    // The command's own status, when it exited by itself.
+    let own = match &ended {
+        Ended::Exited(status) => Some(status.as_ref().map_or(EXIT_FAILURE, |s| exit_code(*s))),
+        _ => None,
     };
     let result = match ended {
         Ended::Exited(status) => exited(status, &mut job, &dog, &lease, ctx, &mut deadline).await,
@@ -694,8 +771,173 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
     ctx.current.clear();
     dog.finish().await;
     ctx.leading.set(ctx.leading.get() - 1);
+    if let Some(attempt) = ctx.attempt {
+        once_only(&lease, attempt, own, ctx).await;
+    }
     result
 }
+
+/// `--try` after its COMMAND's end: a lease lost (or handed over) meanwhile
+/// would have the run stand by and start COMMAND again on its next win; with
+/// `--try` the run ends instead, as on a signal, and `lease run` exits with
+/// the command's own status, or 1 when the loss stopped it.
+async fn once_only(lease: &Lease, attempt: &Cell<Attempt>, own: Option<i32>, ctx: &Ctx<'_>) {
+    if !lease.is_cancelled() {
+        return;
+    }
+    let reason = lease.cancelled().await;
+    if matches!(reason, Reason::Shutdown) {
+        return;
+    }
+    let code = own.unwrap_or(EXIT_FAILURE);
+    tracing::error!(
+        %reason,
+        "the lease was lost while the command ran: not running it again (--try); exiting with \
+         status {code}"
+    );
+    attempt.set(Attempt::Exit(code));
+    ctx.signals.stop();
+}
+
+/// Why `lease run --try` did not run COMMAND.
+enum NotRun {
+    /// A try lost: the holder's backend pid, when `pg_locks` showed it.
+    Held(Option<i64>),
+    /// No session could be opened: the last error, if any.
+    Unreachable(Option<String>),
+}
+
+/// `--try`: resolves once `lease run` gives up, with why, having set the
+/// exit status in `attempt` (3, or 1 when the database could not be reached)
+/// in the same poll (so COMMAND can no longer start, and the caller's
+/// `select!` takes this branch); never once COMMAND started. Reads the locker's status every
+/// 5 ms:
+/// - the first try lost (a standby whose try saw a holder), without
+///   `--wait`: held;
+/// - a failed connection attempt before any session, without `--wait`:
+///   unreachable (a configuration error, a refusal end the run by
+///   themselves: exit 1 as without `--try`);
+/// - the deadline ([`TryPlan::deadline`]) passed: held (by the last holder
+///   seen), or unreachable when no session was ever ready.
+async fn give_up(
+    locker: &Locker,
+    attempt: &Cell<Attempt>,
+    t: TryPlan,
+    plan: &Plan,
+) -> (NotRun, TryPlan) {
+    let deadline = t.deadline(plan.options.query_timeout);
+    let mut holder = None;
+    let mut had_session = false;
+    let not_run = loop {
+        if attempt.get() != Attempt::Deciding {
+            return pending().await;
+        }
+        let status = locker.status();
+        let standby = status.leases.first().and_then(|l| match l.state {
+            LeaseState::Standby { holder_pid } => Some(holder_pid),
+            _ => None,
+        });
+        if let Some(Some(pid)) = standby {
+            holder = Some(pid);
+        }
+        let last_error = status.last_error.as_ref();
+        match &status.session {
+            SessionState::Ready { .. } => had_session = true,
+            // A wrong password, an unknown role: the run ends by itself.
+            SessionState::Backoff { .. }
+                if !had_session
+                    && t.wait.is_none()
+                    && !last_error.is_some_and(|e| e.error.is_configuration()) =>
+            {
+                break NotRun::Unreachable(last_error.map(|e| e.error.to_string()));
+            }
+            _ => {}
+        }
+        if t.wait.is_none() && holder.is_some() {
+            break NotRun::Held(holder);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            break if had_session {
+                NotRun::Held(holder)
+            } else {
+                NotRun::Unreachable(last_error.map(|e| e.error.to_string()))
+            };
+        }
+        tokio::time::sleep(TRY_POLL.min(deadline - now)).await;
+    };
+    let code = match not_run {
+        NotRun::Held(_) => EXIT_NOT_RUN,
+        NotRun::Unreachable(_) => EXIT_FAILURE,
+    };
+    // From here on COMMAND cannot start (single-threaded: no job runs
+    // between the check above and this).
+    attempt.set(Attempt::Exit(code));
+    log::drop_held();
+    (not_run, t)
+}
+
+/// `--try`'s one line when COMMAND was not run (text: `lease: ...`; JSON: a
+/// `WARN` object), the holder described as `lease status` would.
+async fn say_not_run(not_run: NotRun, t: TryPlan, plan: &Plan) {
+    let lease = &plan.leases[0];
+    let deadline = t.deadline(plan.options.query_timeout);
+    let code = match not_run {
+        NotRun::Held(_) => EXIT_NOT_RUN,
+        NotRun::Unreachable(_) => EXIT_FAILURE,
+    };
+    let how = match t.wait {
+        None => "--try".to_owned(),
+        Some(w) => format!("--try --wait {}", humantime::format_duration(w)),
+    };
+    let name = lease.name();
+    let line = match not_run {
+        NotRun::Held(Some(pid)) => {
+            let timeout = plan.options.query_timeout.min(HOLDER_LOOKUP);
+            let lookup = lookup_holder(&plan.target, timeout, lease, pid);
+            let about = match tokio::time::timeout(timeout, lookup).await {
+                Ok(Ok(Some(h))) => format!(
+                    " ({}, {}, since {})",
+                    h.application_name.as_deref().unwrap_or("?"),
+                    status::client(&h).unwrap_or_else(|| "unknown client".to_owned()),
+                    h.backend_start
+                        .as_deref()
+                        .map_or("?".to_owned(), status::seconds),
+                ),
+                _ => String::new(),
+            };
+            format!("{name} is held by backend {pid}{about}: not run ({how})")
+        }
+        NotRun::Held(None) if t.wait.is_some() => {
+            format!("{name} was not acquired in time (holder not seen): not run ({how})")
+        }
+        NotRun::Held(None) => format!(
+            "{name} was not acquired within {} (no try answered, or a holder pg_locks did not \
+             show): not run ({how})",
+            humantime::format_duration(deadline - t.start)
+        ),
+        NotRun::Unreachable(error) => format!(
+            "cannot reach the database{}: not run ({how})",
+            error.map_or(String::new(), |e| format!(" ({e})"))
+        ),
+    };
+    match plan.format {
+        LogFormat::Text => {
+            let line = conn::redact(&line).replace(['\r', '\n'], " ");
+            eprintln!("lease: {line}");
+        }
+        LogFormat::Json => tracing::warn!(lease = name, status = code, "{line}"),
+    }
+}
+
+/// How often `--try` reads the locker's status while it decides.
+const TRY_POLL: Duration = Duration::from_millis(5);
+
+/// The most `--try`'s line waits for the holder's description.
+const HOLDER_LOOKUP: Duration = Duration::from_secs(1);
+
+/// `lease run --try`'s status when COMMAND was not run: the lease is held.
+pub const EXIT_NOT_RUN: i32 = 3;
 
 /// After the command exited by itself.
 async fn exited(

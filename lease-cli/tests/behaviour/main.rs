@@ -25,6 +25,7 @@ mod run;
 mod shards;
 mod status;
 mod tls;
+mod try_once;
 mod watchdog;
 
 /// Every file of this directory is a module of this binary: cargo compiles only the

@@ -426,6 +426,31 @@ fn usage_errors_exit_2_on_one_line_without_touching_the_database() {
             None,
         ),
         (
+            "--wait without --try",
+            vec!["run", "--wait", "1s", "job", "--", "true"],
+            None,
+        ),
+        (
+            "--try with a zero --wait",
+            vec!["run", "--try", "--wait", "0s", "job", "--", "true"],
+            None,
+        ),
+        (
+            "--try with shards",
+            vec!["run", "--try", "--shards", "2", "job", "--", "true"],
+            None,
+        ),
+        (
+            "--try with --observer",
+            vec!["run", "--try", "--observer", "job", "--", "true"],
+            None,
+        ),
+        (
+            "--try with a priority",
+            vec!["run", "--try", "--priority", "1", "job", "--", "true"],
+            None,
+        ),
+        (
             "status: shards without a name",
             vec!["status", "--shards", "2"],
             None,
