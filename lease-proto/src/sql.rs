@@ -327,8 +327,9 @@ const DEADLOCK_TIMEOUT_MS_SQL: &str =
     "(extract(epoch FROM pg_catalog.current_setting('deadlock_timeout')::pg_catalog.interval) \
      OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8";
 
-/// What a watch session's `application_name` reads during its waits, then
-/// the backend pid of its lease session ([`Statement::Wait`]).
+/// How a watch session's `application_name` begins during its waits: then
+/// the backend pid of its lease session, `: ` and its own
+/// `application_name` ([`Statement::Wait`]).
 pub const WATCH_OF: &str = "lease watch of ";
 
 /// The transaction-local custom setting in which a [`Statement::Wait`]
@@ -647,9 +648,10 @@ pub enum Statement {
         crowd: Option<u32>,
         /// The backend pid of the lease session this watch session serves:
         /// for the wait's transaction its `application_name` reads `lease
-        /// watch of <pid>` (any role may read it in `pg_stat_activity`), so
-        /// that a holder can tell that a `prefer` naming this session comes
-        /// from its own locker (see [`Statement::CheckHandover`]).
+        /// watch of <pid>: ` and what it was (any role may read it in
+        /// `pg_stat_activity`), so that a holder can tell that this session
+        /// waits for the lease session `pid` (see
+        /// [`Statement::CheckHandover`]).
         watch_of: Option<i64>,
     },
     /// Waits on the server until `key` is free and takes it in the same
@@ -973,7 +975,8 @@ impl Statement {
                 cut = cut_lock_timeout(*timeout_ms),
                 crowded = crowd_check(*key, *crowd),
                 named = watch_of.map_or(String::new(), |p| format!(
-                    "PERFORM pg_catalog.set_config('application_name', '{WATCH_OF}{p}', true); "
+                    "PERFORM pg_catalog.set_config('application_name', pg_catalog.concat('{WATCH_OF}{p}: ', \
+                     pg_catalog.current_setting('application_name')), true); "
                 )),
             ),
             // The same three statements as a wait's, the checks of a try
@@ -1058,8 +1061,8 @@ impl Statement {
                          WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
                          AND ((w.classid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) \
                          OPERATOR(pg_catalog.|) w.objid::pg_catalog.int8) OPERATOR(pg_catalog.=) {a}.k \
-                         AND s.application_name OPERATOR(pg_catalog.=) \
-                         pg_catalog.concat('{WATCH_OF}', {a}.p) LIMIT 1))",
+                         AND pg_catalog.starts_with(s.application_name, \
+                         pg_catalog.concat('{WATCH_OF}', {a}.p, ':')) LIMIT 1))",
                         locks_of(a, &format!("{a}.p"), false),
                     )
                 };

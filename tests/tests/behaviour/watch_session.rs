@@ -49,8 +49,10 @@ fn holder(driver: Driver, cluster: &Cluster, own: &str, other: &str, app: &str) 
 fn backends(admin: &Admin, app: &str) -> Result<(i64, i64), KitError> {
     let row = admin.ints(&format!(
         "SELECT count(*)::int8 FROM pg_stat_activity WHERE application_name = '{app}' \
+         OR application_name LIKE 'lease watch of %: {app}' \
          UNION ALL SELECT count(*) FILTER (WHERE wait_event_type = 'Lock')::int8 \
-         FROM pg_stat_activity WHERE application_name = '{app}'"
+         FROM pg_stat_activity WHERE application_name = '{app}' \
+         OR application_name LIKE 'lease watch of %: {app}'"
     ))?;
     Ok((row[0], row[1]))
 }
