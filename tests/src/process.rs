@@ -229,14 +229,29 @@ impl Replica {
 
     /// Waits up to `timeout` for the child to exit and returns its status.
     pub fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus, KitError> {
+        let start = Instant::now();
         let status = crate::poll(timeout, || {
             self.try_status()
                 .map_err(io_err(format!("waiting for replica {}", self.pid())))
         })?;
-        status.ok_or_else(|| KitError::Timeout {
+        let status = status.ok_or_else(|| KitError::Timeout {
             context: format!("replica {} did not exit within {timeout:?}", self.pid()),
             detail: output_tails(&self.shared.lock().lines),
-        })
+        })?;
+        // Its last lines: read to the end of its output (the readers lag the
+        // exit; a test once read a replica's lines without its last), unless
+        // a process it left behind holds the pipes open.
+        let until = start + timeout.max(Duration::from_secs(1));
+        let mut log = self.shared.lock();
+        while log.open > 0 {
+            let Some(left) = until.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            log = (self.shared.changed.wait_timeout(log, left))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(status)
     }
 
     /// Whether the child has not exited yet (a stopped child is alive).

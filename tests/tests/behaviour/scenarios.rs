@@ -394,8 +394,9 @@ fn herd_of_ten(driver: Driver) -> Res {
     // after its try may join and give way), the winner's heartbeat; and the server log
     // is read as the logger wrote it, so the waits of the moment before the kill may
     // land after the mark. One per standby and more (a wake of every standby, as before
-    // the crowd limit: 45 seen) would be a herd.
-    assert!(sent <= 15, "{sent} statements in the second after the kill");
+    // the crowd limit: 45 seen) would be a herd; 17 were seen once on a CI run beside the
+    // rest of the suite (chunked waits of the moment before the kill).
+    assert!(sent <= 20, "{sent} statements in the second after the kill");
     assert_no_overlap(&nodes);
     assert_one_leader(&admin, &nodes, "job")?;
     for node in &mut herd {
