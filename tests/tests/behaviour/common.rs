@@ -122,3 +122,17 @@ pub fn unique(name: &str) -> String {
         .map_or(0, |d| d.as_nanos());
     format!("{name}-{}-{nanos}", std::process::id())
 }
+
+/// The statement's reply, decoded as a driver decodes it.
+pub fn run(
+    session: &lease_tests::scenario::Admin,
+    statement: &lease_proto::Statement,
+) -> Result<Vec<lease_proto::reply::Row>, lease_tests::KitError> {
+    let rows = session.rows(&statement.sql())?;
+    let decoded = (rows.iter())
+        .map(|r| lease_proto::reply::decode_text_row(r.iter().map(|c| c.as_deref())))
+        .collect::<Result<Vec<_>, _>>();
+    decoded.map_err(|e| {
+        lease_tests::KitError::Invalid(format!("{statement:?}: undecodable reply: {e}"))
+    })
+}

@@ -13,13 +13,23 @@ use lease_tests::Cluster;
 use lease_tests::KitError;
 use std::time::{Duration, Instant};
 
-fn run(session: &Admin, statement: &Statement) -> Result<Vec<Row>, KitError> {
-    let rows = session.rows(&statement.sql())?;
-    let decoded = rows
-        .iter()
-        .map(|r| decode_text_row(r.iter().map(|c| c.as_deref())))
-        .collect::<Result<Vec<_>, _>>();
-    decoded.map_err(|e| KitError::Invalid(format!("{statement:?}: undecodable reply: {e}")))
+/// A `psql` that listens on the handover channel for 1.5 s (it prints the notifications
+/// after its next command).
+fn listen(cluster: &Cluster) -> Result<std::process::Child, KitError> {
+    std::process::Command::new("psql")
+        .args([
+            "-X",
+            "-d",
+            &cluster.conn_string(),
+            "-c",
+            "LISTEN lease_handover_v1",
+            "-c",
+            "SELECT pg_sleep(1.5)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| KitError::Invalid(format!("psql: {e}")))
 }
 
 fn waits(admin: &Admin, pid: i64) -> Result<(), KitError> {
@@ -88,20 +98,7 @@ fn a_release_does_not_reserve_the_key_for_a_connected_backend_that_does_not_wait
     let k = key("r5-3");
     s.rows(&format!("SELECT pg_advisory_lock({k})"))?;
     // A listener (psql prints the notifications after its next command).
-    let listener = std::process::Command::new("psql")
-        .args([
-            "-X",
-            "-d",
-            &cluster.conn_string(),
-            "-c",
-            "LISTEN lease_handover_v1",
-            "-c",
-            "SELECT pg_sleep(1.5)",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| KitError::Invalid(format!("psql: {e}")))?;
+    let listener = listen(&cluster)?;
     std::thread::sleep(Duration::from_millis(500));
     run(
         &s,
@@ -189,20 +186,7 @@ fn a_confirmed_check_announces_the_hand_over() -> Res {
         waiter
     });
     waits(&s, waiter_pid)?;
-    let listener = std::process::Command::new("psql")
-        .args([
-            "-X",
-            "-d",
-            &cluster.conn_string(),
-            "-c",
-            "LISTEN lease_handover_v1",
-            "-c",
-            "SELECT pg_sleep(1.5)",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| KitError::Invalid(format!("psql: {e}")))?;
+    let listener = listen(&cluster)?;
     std::thread::sleep(Duration::from_millis(500));
     let rows = run(
         &s,

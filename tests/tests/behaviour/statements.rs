@@ -15,16 +15,6 @@ use lease_tests::scenario::Admin;
 use lease_tests::Cluster;
 use lease_tests::KitError;
 
-/// The statement's reply, decoded as a driver decodes it.
-fn run(session: &Admin, statement: &Statement) -> Result<Vec<Row>, KitError> {
-    let rows = session.rows(&statement.sql())?;
-    let decoded = rows
-        .iter()
-        .map(|r| decode_text_row(r.iter().map(|c| c.as_deref())))
-        .collect::<Result<Vec<_>, _>>();
-    decoded.map_err(|e| KitError::Invalid(format!("{statement:?}: undecodable reply: {e}")))
-}
-
 #[test]
 fn every_statement_runs_on_the_server_and_its_reply_parses() -> Res {
     let cluster = Cluster::start()?;
