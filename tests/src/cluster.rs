@@ -2,8 +2,8 @@
 
 use crate::process::{children, pid_alive, signal, stat};
 use crate::{
-    command_as, file_tail, free_port, io_err, poll, port_open, run, run_as, KitError, RunAs,
-    TempDir,
+    bind_conflict, command_as, file_tail, free_port, io_err, poll, port_open, run, run_as,
+    KitError, RunAs, TempDir, BIND_ATTEMPTS,
 };
 use std::env;
 use std::fs::{self, File};
@@ -183,7 +183,7 @@ impl Cluster {
             port: free_port()?,
             postmaster: None,
         };
-        cluster.launch()?;
+        cluster.launch_new()?;
         Ok(cluster)
     }
 
@@ -224,7 +224,7 @@ impl Cluster {
             port: free_port()?,
             postmaster: None,
         };
-        standby.launch()?;
+        standby.launch_new()?;
         Ok(standby)
     }
 
@@ -520,7 +520,7 @@ impl Cluster {
             port: free_port()?,
             postmaster: None,
         };
-        upgraded.launch()?;
+        upgraded.launch_new()?;
         Ok(upgraded)
     }
 
@@ -633,6 +633,29 @@ impl Cluster {
     }
 
     /// Spawns the postmaster and waits until it accepts connections.
+    /// Starts a new cluster's server ([`Cluster::launch`]), on another free port when its
+    /// port was taken between the pick and the bind (each attempt's own log lines decide).
+    fn launch_new(&mut self) -> Result<(), KitError> {
+        let mut attempt = 1;
+        loop {
+            let logged = fs::metadata(self.log_path()).map_or(0, |m| m.len());
+            match self.launch() {
+                Err(e) if attempt < BIND_ATTEMPTS && self.bind_conflict_since(logged, &e) => {
+                    attempt += 1;
+                    self.port = free_port()?;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// Whether the server's log since byte `from` says its port was taken.
+    fn bind_conflict_since(&self, from: u64, error: &KitError) -> bool {
+        let log = fs::read(self.log_path()).unwrap_or_default();
+        let new = log.get(from as usize..).unwrap_or_default();
+        bind_conflict(error) && String::from_utf8_lossy(new).contains("Address already in use")
+    }
+
     fn launch(&mut self) -> Result<(), KitError> {
         let log_path = self.log_path();
         let log = File::options()

@@ -379,14 +379,44 @@ fn create_dir(path: &Path, owner: Option<RunAs>) -> Result<(), KitError> {
     Ok(())
 }
 
-/// A loopback port that was free a moment ago (bind 127.0.0.1:0, read the port, close).
+/// A loopback port that was free a moment ago, for a server the kit starts.
+///
+/// Taken below the kernel's ephemeral range (32768–60999 by default), from which every
+/// outgoing connection's local port comes: a port picked there (bind to port 0) can be
+/// taken by a client's connection before the server binds it. Each test process walks
+/// the range from its own place (its pid), so two processes rarely try the same port;
+/// a server that still finds its port taken is started again on another
+/// ([`bind_conflict`]).
 pub(crate) fn free_port() -> Result<u16, KitError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .map_err(io_err("binding 127.0.0.1:0 to pick a free port"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(io_err("reading the picked port"))
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_000;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let start = std::process::id().wrapping_mul(7919);
+    for _ in 0..COUNT {
+        let step = NEXT.fetch_add(1, Ordering::Relaxed) as u32;
+        let port = (FIRST + start.wrapping_add(step) % COUNT) as u16;
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(KitError::Failed {
+        context: format!("no free loopback port in {FIRST}..{}", FIRST + COUNT),
+        detail: String::new(),
+    })
+}
+
+/// How many times the kit starts a new server on another port when its port was taken.
+pub(crate) const BIND_ATTEMPTS: usize = 5;
+
+/// Whether a server's start failed because its port was taken meanwhile (the log tail
+/// of a failed start says so).
+pub(crate) fn bind_conflict(error: &KitError) -> bool {
+    match error {
+        KitError::Failed { detail, .. } | KitError::Timeout { detail, .. } => {
+            detail.contains("Address already in use")
+        }
+        _ => false,
+    }
 }
 
 /// Whether something accepts TCP connections on 127.0.0.1:`port`.

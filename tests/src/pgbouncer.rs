@@ -1,7 +1,8 @@
 //! pgbouncer in front of a [`Cluster`].
 
 use crate::{
-    command_as, file_tail, free_port, io_err, poll, port_open, run_as, Cluster, KitError, TempDir,
+    bind_conflict, command_as, file_tail, free_port, io_err, poll, port_open, run_as, Cluster,
+    KitError, TempDir, BIND_ATTEMPTS,
 };
 use std::env;
 use std::fs::{self, File};
@@ -61,6 +62,21 @@ impl PgBouncer {
     /// Starts pgbouncer in front of `cluster` with `settings` and waits until it accepts TCP
     /// connections.
     pub fn start_with(
+        cluster: &Cluster,
+        mode: PoolMode,
+        settings: &Settings,
+    ) -> Result<PgBouncer, KitError> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(cluster, mode, settings) {
+                Err(e) if attempt < BIND_ATTEMPTS && bind_conflict(&e) => attempt += 1,
+                done => return done,
+            }
+        }
+    }
+
+    /// One start on a newly picked port, in a new directory.
+    fn start_once(
         cluster: &Cluster,
         mode: PoolMode,
         settings: &Settings,
