@@ -67,11 +67,6 @@ pub(super) fn free_bound(opts: &crate::Options) -> Duration {
     opts.retry_interval * 2 + opts.query_timeout * 2
 }
 
-/// The group id of a join announcement's payload (`group <id>`).
-pub(super) fn announced(payload: &str) -> Option<u32> {
-    payload.trim().strip_prefix("group ")?.parse().ok()
-}
-
 /// The balanced share: each key of `keys` to one of `members`. Keys are
 /// taken in a fixed hash order, each to its highest-scoring (rendezvous)
 /// member that still has room; a member has room below `⌊K/N⌋` keys, or at

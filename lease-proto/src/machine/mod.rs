@@ -39,7 +39,7 @@ use crate::io::*;
 use crate::key::LeaseId;
 use crate::options::{Options, OptionsError};
 use crate::sql::{
-    CheckReply, HeartbeatReply, MembersReply, ReleaseNotice, Row, SetupReply, TryReply,
+    CheckReply, HeartbeatReply, MembersReply, Notice, ReleaseNotice, Row, SetupReply, TryReply,
     VerifyReply, WaitReply, HANDOVER_CHANNEL,
 };
 
@@ -398,16 +398,21 @@ impl Machine {
                 sender_pid,
             } => {
                 if channel == HANDOVER_CHANNEL {
-                    if let Some(release) = crate::sql::handover_release(&payload) {
-                        self.handover_notified(now, release, sender_pid);
-                    } else if let Some(group) = groups::announced(&payload) {
-                        self.join_announced(group);
-                    } else if let Some((key, to)) = crate::sql::handover_request(&payload) {
-                        self.handover_requested(now, key, to, sender_pid);
-                    } else if let Some((key, by)) = crate::sql::group_claim(&payload) {
-                        self.group_claimed(key, by, sender_pid);
-                    } else if let Some(asked) = crate::sql::handover_preference(&payload) {
-                        self.preference_requested(now, asked, sender_pid);
+                    match Notice::parse(&payload) {
+                        Some(Notice::Release(release)) => {
+                            self.handover_notified(now, release, sender_pid)
+                        }
+                        Some(Notice::Group(group)) => self.join_announced(group),
+                        Some(Notice::Request { key, pid }) => {
+                            self.handover_requested(now, key, pid, sender_pid)
+                        }
+                        Some(Notice::Claim { key, pid }) => {
+                            self.group_claimed(key, pid, sender_pid)
+                        }
+                        Some(Notice::Prefer(asked)) => {
+                            self.preference_requested(now, asked, sender_pid)
+                        }
+                        None => {}
                     }
                 }
             }

@@ -27,9 +27,7 @@ mod reply;
 pub(crate) mod template;
 
 pub use notice::handover_request_payload;
-pub(crate) use notice::{
-    group_claim, handover_preference, handover_release, handover_request, Preference, ReleaseNotice,
-};
+pub(crate) use notice::{Notice, Preference, ReleaseNotice};
 pub use reply::*;
 
 /// The LISTEN/NOTIFY channel of graceful handovers. The payload is the

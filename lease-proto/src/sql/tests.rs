@@ -338,17 +338,27 @@ fn every_statement_qualifies_every_name() {
 /// grantee (0: none); an older payload parses as before.
 #[test]
 fn release_payloads_name_the_reserved_backend() {
-    let notice = |grantee, reserved| ReleaseNotice {
-        key: -5,
-        at: Some(9),
-        grantee,
-        reserved,
+    let notice = |at, grantee, reserved| {
+        Some(Notice::Release(ReleaseNotice {
+            key: -5,
+            at,
+            grantee,
+            reserved,
+        }))
     };
-    assert_eq!(handover_release("-5 9"), Some(notice(None, None)));
-    assert_eq!(handover_release("-5 9 7"), Some(notice(Some(7), None)));
-    assert_eq!(handover_release("-5 9 0 8"), Some(notice(None, Some(8))));
-    assert_eq!(handover_release("-5 9 7 8"), Some(notice(Some(7), Some(8))));
-    assert_eq!(handover_release("-5 9 7 8 1"), None);
+    assert_eq!(Notice::parse("-5"), notice(None, None, None));
+    assert_eq!(Notice::parse("-5 9"), notice(Some(9), None, None));
+    assert_eq!(Notice::parse("-5 9 7"), notice(Some(9), Some(7), None));
+    assert_eq!(Notice::parse("-5 9 0"), notice(Some(9), None, None));
+    assert_eq!(Notice::parse("-5 9 0 8"), notice(Some(9), None, Some(8)));
+    assert_eq!(Notice::parse("-5 9 7 8"), notice(Some(9), Some(7), Some(8)));
+    assert_eq!(
+        Notice::parse(" -5  9 7 8 "),
+        notice(Some(9), Some(7), Some(8))
+    );
+    assert_eq!(Notice::parse("-5 9 7 8 1"), None);
+    assert_eq!(Notice::parse("-5 x"), None);
+    assert_eq!(Notice::parse(""), None);
 }
 
 #[test]
@@ -365,39 +375,80 @@ fn the_primary_timeline_reads_a_positive_integer_or_null() {
     }
 }
 
-/// `prefer` payloads parse as nothing else, and other payloads never
-/// as `prefer`: an older locker ignores the new payload, a newer one
-/// reads the old ones as before.
+/// Each kind parses from its own first word only, so a payload is never
+/// read as another kind, and a malformed one as nothing: an older locker
+/// ignores a newer kind, a newer one reads the old ones as before.
 #[test]
-fn preference_payloads_are_apart_from_the_others() {
-    let prefer = "prefer -5 4242 3";
+fn each_payload_is_one_kind_or_none() {
     let asked = Preference {
         key: -5,
         pid: 4242,
         priority: 3,
     };
-    assert_eq!(handover_preference(prefer), Some(asked));
-    assert_eq!(handover_release(prefer), None);
-    assert_eq!(handover_request(prefer), None);
-    assert_eq!(group_claim(prefer), None);
-    for other in [
-        handover_request_payload(-5, 4242),
-        "-5 72057594037927936".to_string(),
-        "-5".to_string(),
-        "group 9".to_string(),
-        "claim -5 4242".to_string(),
-        "prefer -5 4242".to_string(),
-        "prefer -5 4242 -1".to_string(),
-        "prefer -5 4242 3 1".to_string(),
+    for (payload, notice) in [
+        ("prefer -5 4242 3", Some(Notice::Prefer(asked))),
+        ("to -5 4242", Some(Notice::Request { key: -5, pid: 4242 })),
+        ("claim -5 4242", Some(Notice::Claim { key: -5, pid: 4242 })),
+        ("group 9", Some(Notice::Group(9))),
+        ("group 4294967295", Some(Notice::Group(u32::MAX))),
+        ("group -1", None),
+        ("to -5", None),
+        ("to -5 4242 1", None),
+        ("claim x 4242", None),
+        ("prefer -5 4242", None),
+        ("prefer -5 4242 -1", None),
+        ("prefer -5 4242 3 1", None),
         // Above the highest priority: the rank of a `to` request.
-        format!("prefer -5 4242 {}", u32::MAX),
+        (&*format!("prefer -5 4242 {}", u32::MAX), None),
+        ("hello", None),
     ] {
-        assert_eq!(handover_preference(&other), None, "{other}");
+        assert_eq!(Notice::parse(payload), notice, "{payload}");
     }
-    assert_eq!(
-        handover_request(&handover_request_payload(-5, 4242)),
-        Some((-5, 4242))
-    );
+    assert_eq!(handover_request_payload(-5, 4242), "to -5 4242");
+}
+
+fn any_notice() -> impl proptest::strategy::Strategy<Value = Notice> {
+    use proptest::prelude::*;
+    let nonzero = any::<i64>().prop_filter("0 means none", |v| *v != 0);
+    let release = (
+        any::<i64>(),
+        proptest::option::of(any::<i64>()),
+        proptest::option::of(nonzero.clone()),
+        proptest::option::of(nonzero),
+    )
+        // Without the release's moment, nothing follows the key.
+        .prop_map(|(key, at, grantee, reserved)| ReleaseNotice {
+            key,
+            at,
+            grantee: grantee.filter(|_| at.is_some()),
+            reserved: reserved.filter(|_| at.is_some()),
+        })
+        .prop_map(Notice::Release);
+    prop_oneof![
+        release,
+        any::<u32>().prop_map(Notice::Group),
+        (any::<i64>(), any::<i64>()).prop_map(|(key, pid)| Notice::Request { key, pid }),
+        (any::<i64>(), any::<i64>()).prop_map(|(key, pid)| Notice::Claim { key, pid }),
+        (any::<i64>(), any::<i64>(), 0..=crate::options::MAX_PRIORITY)
+            .prop_map(|(key, pid, priority)| Notice::Prefer(Preference { key, pid, priority })),
+    ]
+}
+
+proptest::proptest! {
+    /// Every notice is written as the payload that parses back to it.
+    #[test]
+    fn notices_round_trip(notice in any_notice()) {
+        proptest::prop_assert_eq!(Notice::parse(&notice.to_string()), Some(notice));
+    }
+
+    /// No payload, however malformed, panics the parser; whatever parses
+    /// writes back as a payload that parses the same.
+    #[test]
+    fn any_payload_parses_or_not(payload in "[-a-z0-9 ]{0,40}") {
+        if let Some(notice) = Notice::parse(&payload) {
+            proptest::prop_assert_eq!(Notice::parse(&notice.to_string()), Some(notice));
+        }
+    }
 }
 
 #[test]
