@@ -849,7 +849,8 @@ impl Machine {
                 } else {
                     Via::Poll
                 };
-                self.try_answered(now, (q.id, q.sent), keys, rows, via)
+                let reply = TryReply::parse(&keys, &rows);
+                self.try_answered(now, (q.id, q.sent), keys, reply, via)
             }
             (What::Try(keys), Err(error)) => {
                 // "Maybe acquired": the statement may have taken some locks.
@@ -1053,10 +1054,9 @@ impl Machine {
         now: Instant,
         (query, sent): (QueryId, Instant),
         keys: Vec<i64>,
-        rows: Vec<Row>,
+        reply: TryReply,
         via: Via,
     ) {
-        let reply = TryReply::parse(&keys, &rows);
         let delay = self.opts.lock_delay;
         #[cfg(feature = "sim")] // The broken variant: no lock delay after a poll.
         let delay = match self.knobs.mutation {
@@ -1081,7 +1081,7 @@ impl Machine {
             sent,
             what: What::Try(keys),
         });
-        up.held_back = Some(rows);
+        up.held_back = Some(Box::new(reply));
         self.timers.set(Deadline::LockDelay, now + delay);
     }
 
@@ -1092,7 +1092,7 @@ impl Machine {
         let Some(up) = self.session.up_mut() else {
             return;
         };
-        let Some(rows) = up.held_back.take() else {
+        let Some(reply) = up.held_back.take() else {
             return;
         };
         let Some(InFlight {
@@ -1103,8 +1103,7 @@ impl Machine {
         else {
             return;
         };
-        let reply = TryReply::parse(&keys, &rows);
-        self.try_done(now, sent, &keys, reply)
+        self.try_done(now, sent, &keys, *reply)
     }
 
     /// A graceful release was notified: a held-back try reply whose every
@@ -1114,17 +1113,16 @@ impl Machine {
             return;
         };
         let (
-            Some(rows),
+            Some(reply),
             Some(InFlight {
                 sent,
-                what: What::Try(keys),
+                what: What::Try(_),
                 ..
             }),
         ) = (&up.held_back, &up.inflight)
         else {
             return;
         };
-        let reply = TryReply::parse(keys, rows);
         let me = up.stage.backend_pid();
         let (delay, ignored) = (self.opts.lock_delay, self.grantee_ignored());
         if !(self.runs).any_win_needs_lock_delay(&reply.won, (*sent, me), delay, ignored) {
@@ -1330,14 +1328,13 @@ impl Machine {
             // take blocked that long).
             let next = (sent + self.opts.heartbeat_interval).max(now);
             self.timers.set(Deadline::Heartbeat, next);
-            let rows = TryReply {
+            let won = TryReply {
                 won: vec![(key, token)],
                 not_won: Vec::new(),
                 untrusted: false,
                 session: Some((backend_pid, reply.session.nonce)),
-            }
-            .to_rows();
-            return self.try_answered(now, (query, sent), vec![key], rows, Via::Take);
+            };
+            return self.try_answered(now, (query, sent), vec![key], won, Via::Take);
         }
         self.runs.try_back(&[key]);
         if reply.crowded {

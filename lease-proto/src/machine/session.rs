@@ -13,7 +13,7 @@ use super::{
 };
 use crate::io::{QueryId, Reason, Refusal, SessionError, SessionId, SessionParams};
 use crate::options::Options;
-use crate::sql::{Row, SetupReply, Statement};
+use crate::sql::{SetupReply, Statement, TryReply};
 
 /// The session.
 #[derive(Debug)]
@@ -101,7 +101,7 @@ pub(super) struct Up {
     /// A try's reply that won a key, held back for the lock delay
     /// ([`Deadline::LockDelay`](super::Deadline::LockDelay)) with its
     /// statement still in flight (see `Machine::try_answered`).
-    pub(super) held_back: Option<Vec<Row>>,
+    pub(super) held_back: Option<Box<TryReply>>,
 }
 
 impl Up {
