@@ -5,11 +5,29 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use lease_proto::limits::{
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LOCK_DELAY, DEFAULT_QUERY_TIMEOUT, DEFAULT_RETRY_INTERVAL,
+};
 use lease_tokio::{GroupId, LeaseId, NameError};
 
 /// Shown under `lease --help`.
 /// `--grace` when not given.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// How long `lease status`, `lease handover` and `lease key`'s lookups may take when not
+/// told (`--timeout`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `lease status --watch --interval` when not given.
+pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_secs(2);
+
+/// `lease valid --timeout` when not given.
+pub const DEFAULT_VALID_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A duration as the options take it (`5s`, `20ms`): a default for `--help` and the parser.
+fn text(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
 
 /// The most `--shards`: a replica alone leads every shard, each a COMMAND, its watchdog
 /// and a socket.
@@ -309,7 +327,8 @@ pub struct RunArgs {
     ///
     /// Jittered down by up to 20%. Bounds takeover when no handover notification arrives
     /// (the holder crashed, froze or was partitioned), and caps the reconnect backoff.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = text(DEFAULT_RETRY_INTERVAL),
+          value_parser = parse_duration)]
     pub retry_interval: Duration,
 
     /// How often the holder verifies that its session still holds the lease
@@ -317,7 +336,8 @@ pub struct RunArgs {
     /// The check proves the session is the same live one (backend pid and session nonce): a
     /// live session keeps its advisory locks. It also keeps the session from looking idle to
     /// the server guard; a runner holding nothing sends only its tries.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = text(DEFAULT_HEARTBEAT_INTERVAL),
+          value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
 
     /// How long one statement (or connecting) may take
@@ -326,7 +346,8 @@ pub struct RunArgs {
     /// worst round trip of a healthy server and a busy host. The lease is valid
     /// heartbeat-interval + query-timeout past its last confirmation; COMMAND is stopped when
     /// it could not be confirmed by then.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = text(DEFAULT_QUERY_TIMEOUT),
+          value_parser = parse_duration)]
     pub query_timeout: Duration,
 
     /// How long COMMAND's tree may take to exit after SIGTERM before SIGKILL [default: 10s]
@@ -387,7 +408,8 @@ pub struct RunArgs {
     /// It also bounds how long COMMAND gets between SIGTERM and SIGKILL when this runner's own
     /// session ends (half of it): use the same value on every replica (a holder's longer one
     /// is time a standby's shorter one does not wait for).
-    #[arg(long, value_name = "DURATION", default_value = "20ms", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = text(DEFAULT_LOCK_DELAY),
+          value_parser = parse_duration)]
     pub lock_delay: Duration,
 
     /// Poll for the lease every --retry-interval instead of waiting on the server
@@ -465,7 +487,8 @@ pub struct StatusArgs {
     pub json: bool,
 
     /// How long connecting and querying may take
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = text(DEFAULT_TIMEOUT),
+          value_parser = parse_duration)]
     pub timeout: Duration,
 
     /// Query again every --interval and redraw the table until Ctrl-C
@@ -482,7 +505,7 @@ pub struct StatusArgs {
     pub watch: bool,
 
     /// How often --watch queries
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration,
+    #[arg(long, value_name = "DURATION", default_value = text(DEFAULT_WATCH_INTERVAL), value_parser = parse_duration,
           requires = "watch")]
     pub interval: Duration,
 
@@ -505,7 +528,8 @@ pub struct ValidArgs {
     pub socket: Option<std::path::PathBuf>,
 
     /// How long connecting to the runner and waiting for its answer may take
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = text(DEFAULT_VALID_TIMEOUT),
+          value_parser = parse_duration)]
     pub timeout: Duration,
 
     /// Print nothing; only the exit status tells
@@ -525,7 +549,8 @@ pub struct HandoverArgs {
     pub to: i32,
 
     /// How long to wait for the named standby to hold the lease
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = text(DEFAULT_TIMEOUT),
+          value_parser = parse_duration)]
     pub timeout: Duration,
 
     #[command(flatten)]
@@ -613,6 +638,24 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    /// The defaults `--help` states by hand (those of options without a clap
+    /// default) are the constants the code uses.
+    #[test]
+    fn stated_defaults_are_the_constants() {
+        let help = Cli::command()
+            .find_subcommand_mut("run")
+            .expect("run")
+            .render_long_help()
+            .to_string();
+        let grace = format!("SIGTERM before SIGKILL [default: {}]", text(DEFAULT_GRACE));
+        assert!(help.contains(&grace), "{help}");
+        let margin = format!(
+            "[default: {}, or validity / 50",
+            text(lease_proto::limits::DEFAULT_GUARD_MARGIN)
+        );
+        assert!(help.contains(&margin), "{help}");
+    }
 
     #[test]
     fn addresses_parse_exactly() {

@@ -401,6 +401,14 @@ impl Options {
         Some(guard.saturating_sub(self.validity_window()))
     }
 
+    /// How long after a hand-over's announcement or release no other locker
+    /// than the one it names tries the key: two query timeouts, for the
+    /// release's notification to reach it and its try to answer (the rule:
+    /// the machine's `handover`).
+    pub fn handover_window(&self) -> Duration {
+        self.query_timeout * 2
+    }
+
     /// The `idle_session_timeout` the session is opened with when the server
     /// guard is on: `validity_window + guard_margin_in_force`, rounded up to
     /// whole milliseconds (the server's unit): 16 s with the defaults.

@@ -29,7 +29,7 @@
 //! - **Only the holder reserves the key.** Standbys ignore the requests
 //!   themselves. The check that confirms an ask announces it from the
 //!   holder's backend (`to <key> <the backend found>`); a standby leaves a
-//!   key so reserved alone for [`handover_window`] from then, and from the
+//!   key so reserved alone for [`Options::handover_window`] from then, and from the
 //!   release, and only when the announcement came from the holder its last
 //!   try saw. A locker counts a reservation for its lease session or its
 //!   watch session (the current or the one before) as its own. The release
@@ -67,13 +67,6 @@ use super::Machine;
 use super::Mutation;
 use crate::options::Options;
 use crate::sql::{CheckReply, Preference};
-
-/// How long after a hand-over's announcement or release no other locker
-/// than the named one tries the key: two query timeouts, for the release's notification to
-/// reach it and its try to answer (see `handover`).
-pub(crate) fn handover_window(opts: &Options) -> Duration {
-    opts.query_timeout * 2
-}
 
 /// The most asks that stand at once for one key; a new request evicts the
 /// oldest one a check has already found not waiting, and is dropped only
@@ -305,13 +298,13 @@ impl Machine {
         let standby = self.runs.standby_of(key);
         #[cfg(feature = "sim")] // The broken variant: every request reserves.
         if self.knobs.mutation == Some(Mutation::HandOverUnchecked) && standby.is_some() {
-            let until = now + handover_window(&self.opts);
+            let until = now + self.opts.handover_window();
             self.runs.reserve(key, to, (now, until), u32::MAX);
         }
         if let Some((_, Some(Some(holder)))) = standby.filter(|_| sender != 0) {
             if holder == sender {
                 // The holder's announcement of a confirmed hand-over.
-                let until = now + handover_window(&self.opts);
+                let until = now + self.opts.handover_window();
                 self.runs.reserve(key, to, (now, until), u32::MAX);
                 if me.contains(&to) {
                     self.runs.hand_over_announced(key, holder);
@@ -339,7 +332,7 @@ impl Machine {
         }
         #[cfg(feature = "sim")] // The broken variant: no check.
         if self.knobs.mutation == Some(Mutation::HandOverUnchecked) {
-            let until = now + handover_window(&self.opts);
+            let until = now + self.opts.handover_window();
             self.runs.reserve(key, to, (now, until), priority);
             return self.hand_over(key, to, true);
         }
@@ -377,7 +370,7 @@ impl Machine {
             if !leading.contains(&key) {
                 continue;
             }
-            let until = now + handover_window(&self.opts);
+            let until = now + self.opts.handover_window();
             self.runs.reserve(key, to.pid, (now, until), to.priority);
             self.hand_over(key, to.pid, true);
         }

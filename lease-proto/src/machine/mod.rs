@@ -59,13 +59,14 @@ mod watch;
 
 use deadline::DeadlineTable;
 use groups::Groups;
-use handover::{handover_window, Asks};
+use handover::Asks;
 pub use handover::{CHECK_BURST, CHECK_EVERY, MAX_ASKS_PER_KEY};
 pub(crate) use knobs::Knobs;
 #[cfg(feature = "sim")]
 pub use knobs::Mutation;
 use plan::{Beat, SendPlan};
 use runs::{RunState, RunTable};
+pub use runs::{ASK_AGAIN_CAP, MAX_ASKS};
 use session::{check_setup, Connector, InFlight, Session, SetupProblem, Stage, Up, What};
 use wait::{NotFreed, ServerWait};
 use watch::Watch;
@@ -1189,7 +1190,7 @@ impl Machine {
                 // A hand-over to `to` was asked for while the try (or the
                 // take) was in flight: the key is `to`'s, so its job does
                 // not start (see `handover`).
-                let window = handover_window(&self.opts);
+                let window = self.opts.handover_window();
                 self.runs.decline(won.0, now, window);
                 self.out.event(Event::WinDeclined {
                     key: won.0,
@@ -1400,7 +1401,7 @@ impl Machine {
             // that names nobody ends a reservation.
             match reserved {
                 Some(to) => {
-                    let until = now + handover_window(&self.opts);
+                    let until = now + self.opts.handover_window();
                     self.runs.reserve(key, to, (now, until), u32::MAX);
                 }
                 None if holder.is_some() => self.runs.unreserve(key),
@@ -1672,7 +1673,7 @@ impl Machine {
         if let Some(leave) = self.groups.leaving(&self.group_keys()) {
             return Some(What::Members(leave));
         }
-        let release = (self.runs).take_release(now, handover_window(&self.opts));
+        let release = (self.runs).take_release(now, self.opts.handover_window());
         if !release.is_empty() {
             let recent = self.opts.query_timeout;
             let reserved = self.runs.reservations(&release, now, recent);

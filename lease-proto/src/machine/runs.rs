@@ -23,13 +23,15 @@ pub(super) struct Run {
 }
 
 /// How many hand-overs to it a standby with a priority has one holder (one
-/// backend pid) announce before it asks that holder no more (see
-/// [`RunTable::take_preference`]).
-const MAX_ASKS: u32 = 3;
+/// backend pid) announce before it asks that holder no more: one that
+/// cannot take the key in the reservation window (a slow link) interrupts
+/// the holder's job a bounded number of times, not forever.
+pub const MAX_ASKS: u32 = 3;
 
 /// The longest a standby with a priority waits before it asks a holder
-/// again, in validity windows (see [`RunTable::take_preference`]).
-const ASK_AGAIN_CAP: u32 = 4;
+/// again, in validity windows: it waits one, then twice as long after each
+/// ask, up to this many.
+pub const ASK_AGAIN_CAP: u32 = 4;
 
 /// What one run is doing.
 #[derive(Debug)]
