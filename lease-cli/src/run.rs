@@ -94,6 +94,9 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(endpoints) => endpoints,
         Err(message) => return usage_error(2, &message),
     };
+    if endpoints.is_some() {
+        serve::zero(&plan.leases);
+    }
     log::init(plan.quiet, plan.format);
     if plan.attempt.is_some() {
         // Nothing but one line when COMMAND does not run.

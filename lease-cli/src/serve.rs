@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use lease_tokio::{Lease, LeaseState, Locker, SessionState};
+use lease_tokio::{Lease, LeaseId, LeaseState, Locker, SessionState};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -77,6 +77,23 @@ impl Endpoints {
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.listener.local_addr().ok()
     }
+}
+
+/// Exports, from the runner's start, the series the alert rules need before anything happened
+/// (a counter appears at its first increment, a level at its first move): `lease_leader` and
+/// `lease_acquisitions_total` of each lease, `lease_sessions_ready` and
+/// `lease_server_clock_steps_total` at 0. Without them, replicas that never led and never
+/// connected show nothing, and "nobody leads" or "no session" cannot be told from "no
+/// replica". Called once the recorder is installed, before the locker exists (the driver's
+/// moves come after and set the true levels).
+pub fn zero(leases: &[LeaseId]) {
+    for lease in leases {
+        metrics::gauge!("lease_leader", "lease" => lease.name().to_owned()).set(0.0);
+        metrics::counter!("lease_acquisitions_total", "lease" => lease.name().to_owned())
+            .absolute(0);
+    }
+    metrics::gauge!("lease_sessions_ready").set(0.0);
+    metrics::counter!("lease_server_clock_steps_total").absolute(0);
 }
 
 /// The lease the command currently runs under, shared between the job and

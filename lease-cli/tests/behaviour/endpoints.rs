@@ -678,6 +678,52 @@ fn a_bad_or_busy_metrics_addr_exits_2_at_once() {
     }
 }
 
+/// A runner that never connected exports the series the alert rules need at 0 (a counter or
+/// level the driver never moved would be absent): `lease_leader` and `lease_acquisitions_total`
+/// of its lease, `lease_sessions_ready`, `lease_server_clock_steps_total`. The database URL
+/// points at a port nothing listens on.
+#[test]
+fn a_runner_exports_its_levels_at_0_before_it_ever_connected() {
+    let nobody = free_addr();
+    let addr = free_addr();
+    let name = unique("zero");
+    let mut cmd = lease();
+    cmd.arg("run")
+        .args(["--database-url", &format!("postgres://u@{nobody}/db")])
+        .args(FAST)
+        .args([
+            "--metrics-addr",
+            &addr.to_string(),
+            &name,
+            "--",
+            "sleep",
+            "1000",
+        ]);
+    let r = Replica::spawn(cmd).expect("spawn lease run");
+    r.wait_for_line(|l| l.contains("cannot reach the database"), MS(10_000))
+        .expect("it fails to connect");
+    let body = scrape(addr);
+    for series in [
+        format!("lease_leader{{lease=\"{name}\"}} 0"),
+        format!("lease_acquisitions_total{{lease=\"{name}\"}} 0"),
+        "lease_sessions_ready 0".to_owned(),
+        "lease_server_clock_steps_total 0".to_owned(),
+    ] {
+        assert!(
+            body.lines().any(|l| l == series),
+            "no `{series}` in:\n{body}"
+        );
+    }
+    assert!(
+        metric(
+            &body,
+            "lease_session_failures_total",
+            &[("class", "network")]
+        ) >= 1.0
+    );
+    drop(r);
+}
+
 /// `/healthz` is 200 while the session is ready, stays 200 within the
 /// tolerance (--query-timeout + --retry-interval = 1.05 s) of a lost server,
 /// then turns 503 with a one-line reason; `/leader` is 503 meanwhile. Unknown
