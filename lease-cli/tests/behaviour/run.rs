@@ -297,6 +297,49 @@ fn sigterm_while_standing_by_exits_at_once() {
 }
 
 /// What is wrong, the arguments, and an environment variable to set.
+/// Two slips a first try makes get a hint in their one line: a command without the `--`
+/// before it, and a URL whose `://` is mistyped (its password never printed).
+#[test]
+fn usage_hints_for_a_missing_separator_and_a_mistyped_url() {
+    let out = lease()
+        .args(["run", "job", "./job.sh", "--batch", "5"])
+        .output()
+        .expect("run lease");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("unexpected argument './job.sh' found")
+            && err.contains("the command goes after `--`: lease run [OPTIONS] NAME -- ./job.sh"),
+        "{err}"
+    );
+    for (how, set) in [
+        ("--database-url", None),
+        ("DATABASE_URL", Some("postgres//app:sekrit@db.internal/app")),
+    ] {
+        let mut cmd = lease();
+        match set {
+            None => cmd.args([
+                "run",
+                "--database-url",
+                "postgres//app:sekrit@db.internal/app",
+            ]),
+            Some(url) => cmd.env("DATABASE_URL", url).arg("run"),
+        };
+        let out = cmd.args(["job", "--", "true"]).output().expect("run lease");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{how}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!(
+                "from {how}: it starts with `postgres//`, not a URL's `postgres://`"
+            )),
+            "{how}: {err}"
+        );
+        assert!(!err.contains("sekrit"), "{err}");
+    }
+}
+
 type UsageCase<'a> = (&'a str, Vec<&'a str>, Option<(&'a str, &'a str)>);
 
 #[test]
@@ -647,7 +690,37 @@ fn handover_to_a_named_standby() {
         a.wait_exit(MS(200)).is_err(),
         "a exited after the hand-over"
     );
+    handover_lines_in_order(&a, pid_b);
     let _ = (a.sigterm(), b.sigterm(), d.sigterm());
+}
+
+/// The old holder's lines of a hand-over to backend `to`, when each happens: first that it
+/// is handing the lease over (to whom), then its command's stop with the hand-over's reason
+/// (not a lease group's, on a lease without one), then the release.
+fn handover_lines_in_order(holder: &Replica, to: i64) {
+    let (_, err) = texts(holder);
+    let at = |what: &str| err.lines().position(|l| l.contains(what));
+    let handing = at("handing the lease over to the backend a hand-over request named")
+        .unwrap_or_else(|| panic!("no hand-over line:\n{err}"));
+    assert!(
+        err.lines()
+            .nth(handing)
+            .unwrap()
+            .contains(&format!("to_backend_pid={to}")),
+        "{err}"
+    );
+    let stopping = at("stopping the command's tree").expect("the stop");
+    let released = at(" lease released lease=").expect("the release");
+    assert!(
+        handing < stopping && stopping < released,
+        "out of order ({handing}, {stopping}, {released}):\n{err}"
+    );
+    let stop = err.lines().nth(stopping).unwrap();
+    assert!(
+        stop.contains("reason=handed over to another session"),
+        "{stop}"
+    );
+    assert!(!err.contains("member of its group"), "{err}");
 }
 
 /// The share of `flood` from `t0` in which one of `replicas` (running [`ANNOUNCE`]) led,
@@ -808,7 +881,7 @@ fn a_preferred_standby_takes_over_and_an_observer_never_leads() {
     let (mut a, token_a) = leading(&c, &name);
     let observer = announcing(&c, &name, &["--observer"]);
     observer
-        .wait_for_line(|l| l.contains("standing by"), MS(10_000))
+        .wait_for_line(|l| l.contains("observing the lease"), MS(10_000))
         .expect("the observer reads the holder");
     // b polls only every 5 s: a takeover within the second is the hand-over it asked for.
     let spawned = Instant::now();
@@ -826,6 +899,16 @@ fn a_preferred_standby_takes_over_and_an_observer_never_leads() {
         a.wait_exit(MS(300)).is_err(),
         "a exited after the hand-over"
     );
+    handover_lines_in_order(
+        &a,
+        field(
+            &b.wait_for_line(|l| l.contains("backend_pid="), MS(1_000))
+                .expect("b's session")
+                .1,
+            "backend_pid",
+        )
+        .expect("backend_pid"),
+    );
     // Nobody but the observer is left: the lease is free, and stays unled.
     a.kill9().expect("kill -9 a");
     b.kill9().expect("kill -9 b");
@@ -842,6 +925,8 @@ fn a_preferred_standby_takes_over_and_an_observer_never_leads() {
         !out.lines().any(|l| l.starts_with("start")),
         "the observer ran its command:\n{out}\n{err}"
     );
+    // Its lines say it observes, never that it stands by as a standby would.
+    assert!(!err.contains("standing by"), "{err}");
     let _ = observer.sigterm();
 }
 
