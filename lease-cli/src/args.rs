@@ -418,6 +418,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "try")]
     pub wait: Option<Duration>,
 
+    /// Exit 1 when no database session has been ready for DURATION: since the start, or since
+    /// the session was last ready [default: retry forever]
+    ///
+    /// For a caller that must not hang on an unreachable database (cron, CI). The last line
+    /// names the last connection error. A leading COMMAND, whose lease went with its session,
+    /// is stopped first as on SIGTERM.
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub give_up_after: Option<Duration>,
+
     /// Serve /metrics, /healthz and /leader over HTTP on ADDR (IP:PORT) [default: off]
     ///
     /// GET /metrics: the lease metrics in the Prometheus text format. GET /healthz: 200 while
@@ -570,6 +579,17 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
              names)"
         )
     })
+}
+
+/// [`parse_duration`], more than zero.
+///
+/// # Errors
+/// A one-line message.
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        Duration::ZERO => Err("must be more than 0".to_owned()),
+        d => Ok(d),
+    }
 }
 
 /// Parses a humantime duration (`200ms`, `5s`, `1m 30s`).

@@ -48,6 +48,8 @@ struct Plan {
     metrics_addr: Option<std::net::SocketAddr>,
     /// `--try`, with `--wait`.
     attempt: Option<TryPlan>,
+    /// `--give-up-after`.
+    give_up_after: Option<Duration>,
 }
 
 /// `lease run --try [--wait D]`: COMMAND runs only if the lease is won at the
@@ -193,6 +195,7 @@ fn validate(args: RunArgs, start: Instant) -> Result<Plan, (i32, String)> {
         format: args.log_format,
         metrics_addr: args.metrics_addr,
         attempt,
+        give_up_after: args.give_up_after,
     })
 }
 
@@ -515,15 +518,41 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
             None => pending().await,
         }
     };
+    // `--give-up-after`: the cause, once given up (the runs stop as on a signal).
+    let no_session = std::cell::RefCell::new(None);
+    let give_up_after = async {
+        match plan.give_up_after {
+            Some(d) => {
+                let cause = without_session(&locker, d).await;
+                *no_session.borrow_mut() = Some(cause);
+                signals.stop();
+                pending().await
+            }
+            None => pending().await,
+        }
+    };
     tokio::select! {
         () = all(runs.collect()) => {}
-        () = standing_by_at_signal => tracing::info!("not leading: exiting"),
+        () = standing_by_at_signal => {
+            if no_session.borrow().is_none() {
+                tracing::info!("not leading: exiting");
+            }
+        }
         (not_run, t) = gave_up => say_not_run(not_run, t, &plan).await,
+        () = give_up_after => {}
     }
-    let code = match attempt.get() {
+    let mut code = match attempt.get() {
         Attempt::Exit(code) => code,
         Attempt::Deciding | Attempt::Started => first.get().unwrap_or(0),
     };
+    if let (Some(cause), Some(d)) = (no_session.into_inner(), plan.give_up_after) {
+        tracing::error!(
+            "no database session for {} (--give-up-after): giving up; the last error: {}",
+            humantime::format_duration(d),
+            cause.as_deref().unwrap_or("none (still connecting)")
+        );
+        code = EXIT_FAILURE;
+    }
     if attempt.get() == Attempt::Deciding {
         // `--try` ended undecided (a signal, a refusal): what it held back.
         log::release_held();
@@ -539,6 +568,25 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         endpoint.abort();
     }
     code
+}
+
+/// `--give-up-after D`: resolves once no session has been ready for `d`
+/// (since this call, or since the session was last seen ready), with the
+/// last connection error. Reads the locker's status every `d / 20` (5 ms to
+/// 100 ms).
+async fn without_session(locker: &Locker, d: Duration) -> Option<String> {
+    let poll = (d / 20).clamp(Duration::from_millis(5), Duration::from_millis(100));
+    let mut since = Instant::now();
+    loop {
+        let status = locker.status();
+        let now = Instant::now();
+        if matches!(status.session, SessionState::Ready { .. }) {
+            since = now;
+        } else if now.saturating_duration_since(since) >= d {
+            return status.last_error.map(|e| e.error.to_string());
+        }
+        tokio::time::sleep(poll).await;
+    }
 }
 
 /// Runs `futures` until every one is done.

@@ -14,6 +14,7 @@ mod command_tree;
 mod connection_config;
 mod endpoints;
 mod errors;
+mod give_up;
 mod hosts;
 mod kill_deadline;
 mod lease_valid;
