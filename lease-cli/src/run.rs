@@ -442,6 +442,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         tracing::info!("serving /metrics, /healthz and /leader on http://{addr}");
         let health = Health {
             tolerance: plan.options.query_timeout + plan.options.retry_interval,
+            shards: plan.shards,
         };
         tokio::spawn(serve::serve(
             endpoints,
@@ -723,7 +724,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
         }
     };
     ctx.leading.set(ctx.leading.get() + 1);
-    ctx.current.set(&lease);
+    ctx.current.set(shard.map_or(0, |(i, _)| i), &lease);
     let armed = dog.arm(deadline);
     tracing::info!(
         command_pid = job.pid(),
@@ -819,7 +820,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
             Err(JobEnd::Watchdog(message))
         }
     };
-    ctx.current.clear();
+    ctx.current.clear(shard.map_or(0, |(i, _)| i));
     dog.finish().await;
     ctx.leading.set(ctx.leading.get() - 1);
     if let Some(attempt) = ctx.attempt {

@@ -450,20 +450,6 @@ fn usage_errors_exit_2_on_one_line_without_touching_the_database() {
             None,
         ),
         (
-            "shards with --metrics-addr",
-            vec![
-                "run",
-                "--shards",
-                "2",
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "job",
-                "--",
-                "true",
-            ],
-            None,
-        ),
-        (
             "a shard's name too long",
             vec!["run", "--shards", "1", &long_name, "--", "true"],
             None,
