@@ -484,6 +484,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     // The status of the run that ended first; its end stops the others
     // (with `--shards`) as a signal would.
     let first = Cell::new(None);
+    let password_search = plan.target.password_search.as_deref();
     let runs = plan.leases.iter().enumerate().map(|(i, lease)| {
         let shard = plan.shards.map(|n| (i, n));
         let (first, signals) = (&first, &signals);
@@ -493,7 +494,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         Box::pin(async move {
             // The locker's errors (a refusal, a wrong password) end every
             // run alike: said once.
-            let code = outcome(run.await, first.get().is_none());
+            let code = outcome(run.await, first.get().is_none(), password_search);
             if first.get().is_none() {
                 first.set(Some(code));
                 if shard.is_some() && *signals.count.borrow() == 0 {
@@ -603,8 +604,10 @@ async fn all(mut futures: Vec<Pin<Box<dyn Future<Output = ()> + '_>>>) {
     .await;
 }
 
-/// The exit status for how the run ended; its error logged if `log`.
-fn outcome(result: Result<(), RunError<JobEnd>>, log: bool) -> i32 {
+/// The exit status for how the run ended; its error logged if `log`, with
+/// `password_search` (where no password was found) after a "password
+/// missing".
+fn outcome(result: Result<(), RunError<JobEnd>>, log: bool, password_search: Option<&str>) -> i32 {
     let code = match &result {
         Ok(()) => 0,
         Err(RunError::Job(JobEnd::Exited(code) | JobEnd::Spawn { code, .. })) => *code,
@@ -618,7 +621,12 @@ fn outcome(result: Result<(), RunError<JobEnd>>, log: bool) -> i32 {
         Err(RunError::Refused(r)) => tracing::error!("refused: {r}"),
         Err(RunError::Name(e)) => tracing::error!("{e}"),
         // "cannot connect: password authentication failed for user ..."
-        Err(e) => tracing::error!("{e}"),
+        Err(e) => match password_search {
+            Some(search) if e.to_string().contains("password missing") => {
+                tracing::error!("{e}: the server asks for a password, and there is {search}")
+            }
+            _ => tracing::error!("{e}"),
+        },
     }
     code
 }
