@@ -649,7 +649,7 @@ fn the_dockerfile_is_multi_stage_and_its_stop_timeout_covers_a_leaders_stop() {
     assert!(text.contains("cargo build --release --locked -p lease-cli"));
     // The final stage is Debian as the build stage's (the binary links its glibc).
     let (build_os, final_os) = (
-        stages[0].split('-').last().unwrap(),
+        stages[0].split('-').next_back().unwrap(),
         &stages[stages.len() - 1],
     );
     let build_os = build_os.split(' ').next().unwrap();

@@ -49,6 +49,11 @@ fn default_timings(lease: &Path) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
+    timings_in(&help)
+}
+
+/// The defaults of [`TIMING_FLAGS`] in the text of `lease run --help`.
+fn timings_in(help: &str) -> String {
     let value = |flag: &str| {
         let at = help.find(&format!("      {flag} <"))?;
         let rest = &help[at..];
@@ -956,6 +961,20 @@ fn print_summary(rows: &[Row]) {
 mod tests {
     use super::*;
 
+    /// The defaults are read from `lease run --help`'s `[default: D]`, the first after each
+    /// flag; a flag it does not list shows `?`.
+    #[test]
+    fn timings_are_read_from_the_help() {
+        let help =
+            "      --retry-interval <DURATION>\n          How often\n\n          [default: 5s]\n\
+                    \n      --heartbeat-interval <DURATION>\n          [default: 4s]\n\
+                    \n      --grace <DURATION>\n          How long [default: 10s]\n";
+        assert_eq!(
+            timings_in(help),
+            "--retry-interval 5s --heartbeat-interval 4s --query-timeout ? --grace 10s"
+        );
+    }
+
     /// One test, so that no other test of this binary sees the variables it sets.
     #[test]
     fn the_environment_never_names_the_demos_server() {
@@ -974,6 +993,7 @@ mod tests {
         }
         let args = |url: Option<&str>| Args {
             verbose: false,
+            defaults: false,
             database_url: url.map(str::to_owned),
             lease: None,
         };
