@@ -21,6 +21,7 @@ mod lease_valid;
 mod log_lines;
 mod migration;
 mod names;
+mod pid1;
 mod poolers;
 mod run;
 mod shards;
