@@ -153,6 +153,28 @@ COMMAND was not run (the lease was held); 1 when the server is refused, the
 configuration is wrong (cannot connect) or another error stops the run; 2 for bad usage, a --metrics-addr that cannot be bound included
 (nothing is sent to the database); 126 or 127 when COMMAND cannot be executed or is not found.";
 
+const RUN_EXAMPLES: &str = "\
+EXAMPLES:
+  lease run nightly-sweeper -- ./sweep --batch 500
+      On every replica: one runs ./sweep, the others stand by and take over.
+  lease run nightly-sweeper -- sh -c 'exec ./sweep --fence \"$LEASE_TOKEN\"'
+      Through a shell, to pass the fencing token as an argument.
+  lease run nightly-report --try -- ./report
+      From cron on every host: one runs ./report, the others exit 3 without running it.
+  lease run --shards 8 reindexer -- ./reindex
+      Eight shards spread over the live replicas; ./reindex reads LEASE_SHARD.
+  lease run nightly-sweeper --priority 1 -- ./sweep
+      Lead whenever this replica is up, taking over from priority 0 replicas.
+  lease run --metrics-addr 0.0.0.0:9187 nightly-sweeper -- ./sweep
+      /leader for a readiness probe (200 on the leader only), /metrics for Prometheus.
+  lease valid --quiet && ./side-effect
+      Inside COMMAND: act only while the lease is valid.";
+
+/// `lease run --help`'s text after the options: its examples, then the connection rules.
+fn run_after_long_help() -> String {
+    format!("{RUN_EXAMPLES}\n\n{CONNECTION_HELP}")
+}
+
 /// `lease`: the top-level parser.
 #[derive(Debug, Parser)]
 #[command(
@@ -176,7 +198,7 @@ pub enum Cmd {
     /// Run COMMAND while holding the lease NAME; stand by while another replica holds it
     #[command(
         long_about = RUN_LONG_ABOUT,
-        after_long_help = CONNECTION_HELP,
+        after_long_help = run_after_long_help(),
         override_usage = "lease run [OPTIONS] <NAME> -- <COMMAND> [ARGS]..."
     )]
     Run(RunArgs),

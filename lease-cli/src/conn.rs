@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lease_proto::inspect::{HolderRow, LockTable, HOLDERS_SQL};
+use lease_proto::inspect::{holders_sql, members_sql, HolderRow, LockTable};
 use tokio_postgres::config::TargetSessionAttrs;
 use tokio_postgres::Config;
 
@@ -124,39 +124,6 @@ pub async fn connect(
     Err(error)
 }
 
-/// `to_char` of a `timestamptz` column as UTC RFC 3339 with microseconds, as
-/// [`HOLDERS_SQL`] has it.
-macro_rules! utc_text {
-    ($e:literal) => {
-        concat!(
-            "pg_catalog.to_char((",
-            $e,
-            ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
-        )
-    };
-}
-
-/// The members of every lease group in this database: one row per
-/// granted member lock (the two-int advisory lock `(group id, backend
-/// pid)`, `objsubid` 2: `docs/library.md`, "Lease groups"), in
-/// [`HOLDERS_SQL`]'s columns with the group id as the key, by group and
-/// backend start.
-pub const MEMBERS_SQL: &str = concat!(
-    "SELECT m.classid::pg_catalog.int8, m.pid, m.mode, a.application_name, \
-     pg_catalog.host(a.client_addr), a.client_port, ",
-    utc_text!("a.backend_start"),
-    ", ",
-    utc_text!("a.state_change"),
-    ", a.state, m.granted, NULL FROM pg_catalog.pg_locks AS m \
-     LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) m.pid \
-     WHERE m.locktype OPERATOR(pg_catalog.=) 'advisory' \
-     AND m.objsubid OPERATOR(pg_catalog.=) 2 AND m.granted \
-     AND m.objid::pg_catalog.int8 OPERATOR(pg_catalog.=) m.pid::pg_catalog.int8 \
-     AND m.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-     WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) \
-     ORDER BY 1, a.backend_start, m.pid"
-);
-
 /// A session that reads the lock table: `lease status`'s (kept open across
 /// `--watch` refreshes) and `lease run`'s holder lookups.
 pub struct LockSession {
@@ -170,15 +137,15 @@ impl LockSession {
         Ok(LockSession { client, connection })
     }
 
-    /// Every advisory lock request of the database ([`HOLDERS_SQL`]).
+    /// Every advisory lock request of the database ([`holders_sql`]).
     pub async fn locks(&self) -> Result<LockTable, String> {
-        self.rows(HOLDERS_SQL).await.map(LockTable::from_rows)
+        self.rows(holders_sql()).await.map(LockTable::from_rows)
     }
 
-    /// Every lease group member of the database ([`MEMBERS_SQL`]), with the
+    /// Every lease group member of the database ([`members_sql`]), with the
     /// group id as the row's key.
     pub async fn members(&self) -> Result<Vec<HolderRow>, String> {
-        self.rows(MEMBERS_SQL).await
+        self.rows(members_sql()).await
     }
 
     async fn rows(&self, sql: &str) -> Result<Vec<HolderRow>, String> {

@@ -207,7 +207,7 @@ struct Shown {
 }
 
 /// One read: the lock table, and with `--shards` every group member
-/// ([`conn::MEMBERS_SQL`]).
+/// ([`members_sql`](lease_proto::inspect::members_sql)).
 struct Read {
     table: LockTable,
     members: Vec<HolderRow>,
@@ -527,7 +527,7 @@ fn json_line(e: &LeaseLocks, h: Option<&HolderRow>) -> String {
     .to_string()
 }
 
-/// An RFC 3339 time of [`HOLDERS_SQL`](lease_proto::inspect::HOLDERS_SQL)
+/// An RFC 3339 time of [`holders_sql`](lease_proto::inspect::holders_sql)
 /// cut to whole seconds, for tables and log lines.
 pub fn seconds(t: &str) -> String {
     match t.split_once('.') {

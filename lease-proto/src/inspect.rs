@@ -1,5 +1,5 @@
 //! Reading the lock table yourself: who holds which lease key and which
-//! sessions wait for it, as `lease status` shows it. [`HOLDERS_SQL`] is the
+//! sessions wait for it, as `lease status` shows it. [`holders_sql`] is the
 //! query, [`HolderRow`] one row of it, [`ADVISORY_KEY_SQL`](crate::server::ADVISORY_KEY_SQL)
 //! the `pg_locks` expression of a key. Nothing here is the machine's: a lease
 //! client never sends it.
@@ -12,10 +12,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::OnceLock;
 
 use crate::key::{key_for_name, LeaseId};
+use crate::sql::template::render;
 
-/// A [`HOLDERS_SQL`] row lacks a column or has one of the wrong type.
+/// A [`holders_sql`] row lacks a column or has one of the wrong type.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InspectError {
     /// The zero-based column (the row's length when columns are missing).
@@ -32,17 +34,6 @@ impl fmt::Display for InspectError {
 }
 
 impl std::error::Error for InspectError {}
-
-/// `to_char` of a `timestamptz` expression as UTC RFC 3339 with microseconds.
-macro_rules! utc_text {
-    ($e:literal) => {
-        concat!(
-            "pg_catalog.to_char((",
-            $e,
-            ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
-        )
-    };
-}
 
 /// Who holds and who waits for which advisory key in the current database:
 /// one row per single-`bigint` advisory lock request in `pg_locks`, granted
@@ -71,30 +62,48 @@ macro_rules! utc_text {
 /// Unlike [`Statement`](crate::Statement)s this one is for people and tools (`lease status`):
 /// its columns are not all `int8`. Send it with the simple-query protocol
 /// and parse each row's text columns with [`HolderRow::parse`].
-pub const HOLDERS_SQL: &str = concat!(
-    "SELECT h.k AS key, h.pid, h.mode, \
-     a.application_name, pg_catalog.host(a.client_addr), a.client_port, ",
-    utc_text!("a.backend_start"),
-    ", ",
-    utc_text!("a.state_change"),
-    ", a.state, h.granted, ",
-    utc_text!("h.waitstart"),
-    " FROM (SELECT ",
-    advisory_key!(),
-    " AS k, l.pid, l.mode, l.granted, \
-     (pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart')::pg_catalog.timestamptz \
-     AS waitstart FROM pg_catalog.pg_locks AS l \
-     WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.objsubid OPERATOR(pg_catalog.=) 1 \
-     AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-     WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())) AS h \
-     LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) h.pid \
-     ORDER BY h.k, h.granted DESC, h.waitstart NULLS FIRST, h.pid"
-);
+pub fn holders_sql() -> &'static str {
+    static SQL: OnceLock<String> = OnceLock::new();
+    SQL.get_or_init(|| {
+        render(
+            "holders",
+            &[
+                ("backend_start", &utc_text("a.backend_start")),
+                ("state_change", &utc_text("a.state_change")),
+                ("waitstart", &utc_text("h.waitstart")),
+            ],
+        )
+    })
+}
 
-/// The number of columns of [`HOLDERS_SQL`].
+/// The members of every lease group in this database: one row per granted
+/// member lock (the two-int advisory lock `(group id, backend pid)`,
+/// `objsubid` 2, that counts only when its second half is the pid of the
+/// backend that holds it: `docs/library.md`, "Lease groups"), in
+/// [`holders_sql`]'s columns with the group id as the key, by group and
+/// backend start. Parse each row with [`HolderRow::parse`].
+pub fn members_sql() -> &'static str {
+    static SQL: OnceLock<String> = OnceLock::new();
+    SQL.get_or_init(|| {
+        render(
+            "members",
+            &[
+                ("backend_start", &utc_text("a.backend_start")),
+                ("state_change", &utc_text("a.state_change")),
+            ],
+        )
+    })
+}
+
+/// A `timestamptz` expression as UTC RFC 3339 text with microseconds.
+fn utc_text(e: &str) -> String {
+    render("utc_text", &[("e", &e)])
+}
+
+/// The number of columns of [`holders_sql`].
 const HOLDER_COLUMNS: usize = 11;
 
-/// One row of [`HOLDERS_SQL`]: an advisory lock request on a key, granted
+/// One row of [`holders_sql`]: an advisory lock request on a key, granted
 /// (its holder) or waiting (a standby, or another client), and the session
 /// that made it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -129,7 +138,7 @@ pub struct HolderRow {
 }
 
 impl HolderRow {
-    /// Parses one row of [`HOLDERS_SQL`] as the simple-query protocol
+    /// Parses one row of [`holders_sql`] as the simple-query protocol
     /// returns it: each column's text, `None` for NULL.
     ///
     /// # Errors
@@ -228,25 +237,25 @@ pub struct LeaseLocks {
     /// The granted requests: none when the key is free, one for a lease
     /// (a key held in a shared mode can have several).
     pub holders: Vec<HolderRow>,
-    /// The waiting requests, in queue order ([`HOLDERS_SQL`]'s): standbys
+    /// The waiting requests, in queue order ([`holders_sql`]'s): standbys
     /// waiting on the server, or other clients blocked on the key.
     pub waiters: Vec<HolderRow>,
 }
 
-/// One read of the lock table ([`HOLDERS_SQL`]'s rows), by key: every key
+/// One read of the lock table ([`holders_sql`]'s rows), by key: every key
 /// held or waited for, with its holders and waiters. A view of the leases
 /// is read from it ([`LockTable::all`], [`LockTable::leases`]); a view of
 /// another grouping of keys would be read from it the same way.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LockTable {
     /// Every key of the rows, in the order of their first row (key order
-    /// for [`HOLDERS_SQL`]'s).
+    /// for [`holders_sql`]'s).
     keys: Vec<LeaseLocks>,
 }
 
 impl LockTable {
     /// Groups rows by key, keeping their order within a key (holders then
-    /// waiters in queue order, for [`HOLDERS_SQL`]'s). Each key is named
+    /// waiters in queue order, for [`holders_sql`]'s). Each key is named
     /// after the first of its sessions that names it.
     pub fn from_rows(rows: impl IntoIterator<Item = HolderRow>) -> LockTable {
         let mut keys: Vec<LeaseLocks> = Vec::new();
@@ -614,7 +623,7 @@ mod tests {
 
     #[test]
     fn the_key_expression_is_shared() {
-        assert!(HOLDERS_SQL.contains(ADVISORY_KEY_SQL));
+        assert!(holders_sql().contains(ADVISORY_KEY_SQL));
         assert_eq!(HolderRow::default().to_text().len(), HOLDER_COLUMNS);
     }
 }

@@ -125,7 +125,7 @@
 //! ## Reading the lock table yourself
 //!
 //! [`ADVISORY_KEY_SQL`](server::ADVISORY_KEY_SQL) is the `pg_locks` expression of a lease's key, and
-//! [`HOLDERS_SQL`](inspect::HOLDERS_SQL) lists who holds which key and which sessions wait for it (the
+//! [`holders_sql`](inspect::holders_sql) lists who holds which key and which sessions wait for it (the
 //! standbys waiting on the server; rows of [`HolderRow`](inspect::HolderRow)), as
 //! `lease status` shows it; a [`LockTable`](inspect::LockTable) groups one read's
 //! rows into each lease's holders and waiters.

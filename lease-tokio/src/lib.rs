@@ -162,9 +162,11 @@ pub type Driver<T = NoTls> = lease_driver::Driver<Tokio<T>>;
 ///
 /// | Method | Does |
 /// |---|---|
-/// | [`new(config, tls, options)`](lease_driver::Locker::from_config) | any tokio-postgres TLS connector ([`TokioTls`]): the locker and its [`Driver`], to spawn |
-/// | [`connect(conn_str, options)`](lease_driver::Locker::without_tls) | the same without TLS, from a connection string |
-/// | [`spawn(config, tls, options)`](lease_driver::Locker::spawn) | `new`, with the driver spawned on the current runtime |
+/// | [`from_env(options)`](lease_driver::Locker::from_env) | connects as `psql` with no arguments does (`PG*`, `~/.pgpass`, `sslmode` up to `verify-full`; feature `libpq`, on by default): the locker and its [`Driver`], to spawn |
+/// | [`from_conninfo(conn, options)`](lease_driver::Locker::from_conninfo) | the same as `psql "conn"`: the string wins, the environment fills in the rest |
+/// | [`without_tls(conn, options)`](lease_driver::Locker::without_tls) | the string alone, without TLS, `PG*` or password file |
+/// | [`from_config(config, tls, options)`](lease_driver::Locker::from_config) | any tokio-postgres `Config` and TLS connector ([`TokioTls`]) |
+/// | [`spawn(config, tls, options)`](lease_driver::Locker::spawn) | `from_config`, with the driver spawned on the current runtime: the locker alone |
 /// | [`run(name, job)`](lease_driver::Locker::run) | contends for the lease `name` and runs `job` while holding it |
 /// | [`run_until(name, shutdown, job)`](lease_driver::Locker::run_until) | `run` with a graceful shutdown signal |
 /// | [`run_lease(lease, shutdown, job)`](lease_driver::Locker::run_lease) | `run_until` for any [`LeaseId`] (a raw key) |

@@ -441,3 +441,136 @@ pub(crate) fn poll<T>(
         thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// The defaults the README's table and docs/tuning.md state are the library's
+/// (`lease_proto::limits`, `Options`'s methods): a changed constant fails here until the pages
+/// follow it.
+#[cfg(test)]
+mod documented_defaults {
+    use lease_proto::limits::*;
+    use lease_proto::Options;
+    use std::time::Duration;
+
+    const README: &str = include_str!("../../README.md");
+    const TUNING: &str = include_str!("../../docs/tuning.md");
+
+    /// The cells of the first table row of `page` whose first cell starts with `first`.
+    fn row(page: &str, first: &str) -> Vec<String> {
+        let line = page
+            .lines()
+            .find(|l| l.starts_with(&format!("| {first}")))
+            .unwrap_or_else(|| panic!("no table row starting with {first:?}"));
+        line.trim_matches('|')
+            .split(" | ")
+            .map(|c| c.trim().to_string())
+            .collect()
+    }
+
+    /// A duration as the pages write it: "5 s", "20 ms".
+    fn written(d: Duration) -> String {
+        if d.subsec_nanos() == 0 {
+            format!("{} s", d.as_secs())
+        } else {
+            format!("{} ms", d.as_millis())
+        }
+    }
+
+    #[test]
+    fn the_readme_states_the_library_defaults() {
+        let o = Options::default();
+        for (setting, value) in [
+            ("heartbeat interval", DEFAULT_HEARTBEAT_INTERVAL),
+            ("query timeout", DEFAULT_QUERY_TIMEOUT),
+            ("validity", o.validity_window()),
+            ("server guard", o.guard_timeout()),
+            ("retry interval", DEFAULT_RETRY_INTERVAL),
+            ("lock delay", DEFAULT_LOCK_DELAY),
+            ("promotion hold", o.promotion_hold()),
+        ] {
+            assert_eq!(row(README, setting)[1], written(value), "README: {setting}");
+        }
+        assert!(row(README, "server guard")[0]
+            .contains(&format!("{} margin", written(DEFAULT_GUARD_MARGIN))));
+    }
+
+    #[test]
+    fn tuning_states_the_library_defaults_and_floors() {
+        for (option, default, floor) in [
+            (
+                "`retry_interval`",
+                DEFAULT_RETRY_INTERVAL,
+                MIN_RETRY_INTERVAL,
+            ),
+            (
+                "`heartbeat_interval`",
+                DEFAULT_HEARTBEAT_INTERVAL,
+                MIN_HEARTBEAT_INTERVAL,
+            ),
+            ("`query_timeout`", DEFAULT_QUERY_TIMEOUT, MIN_QUERY_TIMEOUT),
+            ("`guard_margin`", DEFAULT_GUARD_MARGIN, MIN_GUARD_MARGIN),
+            ("`lock_delay`", DEFAULT_LOCK_DELAY, MIN_LOCK_DELAY),
+        ] {
+            let cells = row(TUNING, option);
+            assert!(
+                cells[1].starts_with(&written(default)),
+                "tuning.md: {option} {cells:?}"
+            );
+            assert!(
+                cells[2].contains(&written(floor)),
+                "tuning.md: {option} {cells:?}"
+            );
+        }
+        let o = Options::default();
+        for (quantity, value) in [
+            ("validity window", o.validity_window()),
+            ("server guard", o.guard_timeout()),
+            ("promotion hold", o.promotion_hold()),
+        ] {
+            assert_eq!(
+                row(TUNING, quantity)[2],
+                written(value),
+                "tuning.md: {quantity}"
+            );
+        }
+        let kill = o.act_after_validity().expect("the guard is on by default");
+        let kill_ms = (kill.as_secs_f64() * 1000.0).round();
+        let cells = row(TUNING, "`lease run`'s kill deadline");
+        assert!(
+            cells[2].starts_with(&format!("{kill_ms} ms")),
+            "tuning.md: {cells:?}"
+        );
+        assert!(
+            row(TUNING, "`max_leases`")[1].starts_with("1,000"),
+            "{DEFAULT_MAX_LEASES}"
+        );
+        assert_eq!(DEFAULT_MAX_LEASES, 1_000);
+        assert!(row(TUNING, "`max_leases`")[2].contains("100,000") && MAX_MAX_LEASES == 100_000);
+        assert!(
+            row(TUNING, "`validity`")[2].contains("10 min")
+                && MAX_GUARD_TIMEOUT == Duration::from_secs(600)
+        );
+        assert!(row(TUNING, "`heartbeat_interval`")[2]
+            .contains(&format!("{MAX_HEARTBEAT_PER_QUERY_TIMEOUT} ×")));
+        for (constant, value) in [
+            ("`HERD_WAITERS`", HERD_WAITERS.to_string()),
+            ("`WAKE_BUDGET`", WAKE_BUDGET.to_string()),
+            ("`TAKE_NOTICES`", written(TAKE_NOTICES)),
+            ("`MIN_WAIT`", written(MIN_WAIT)),
+            ("`MAX_ASKS_PER_KEY`", MAX_ASKS_PER_KEY.to_string()),
+            (
+                "`CHECK_EVERY`, `CHECK_BURST`",
+                format!("{}, {CHECK_BURST}", written(CHECK_EVERY)),
+            ),
+            (
+                "`MIN_SERVER_VERSION_GUARD`, `MIN_SERVER_VERSION`",
+                format!(
+                    "{}, {}",
+                    MIN_SERVER_VERSION_GUARD / 10_000,
+                    MIN_SERVER_VERSION / 10_000
+                ),
+            ),
+        ] {
+            assert_eq!(row(TUNING, constant)[1], value, "tuning.md: {constant}");
+        }
+    }
+}

@@ -63,3 +63,70 @@ pub(super) fn keep_until(
     // have freed the keys; keeping the session protects nothing.
     (close_by > now).then_some(close_by)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::SessionId;
+    use crate::machine::session::Up;
+
+    const GUARD: Duration = Duration::from_secs(10);
+
+    fn ready() -> Session {
+        let mut up = Up::new(SessionId(1), 5);
+        up.stage = Stage::Ready { backend_pid: 100 };
+        Session::Up(up)
+    }
+
+    #[test]
+    fn a_session_with_running_jobs_is_kept_until_its_last_send_plus_the_guard() {
+        let now = Instant::now();
+        let sent = now - Duration::from_secs(3);
+        let knobs = Knobs::default();
+        assert_eq!(
+            keep_until(&knobs, &ready(), true, Some(sent), now, GUARD),
+            Some(sent + GUARD)
+        );
+        // Nothing sent yet: from now.
+        assert_eq!(
+            keep_until(&knobs, &ready(), true, None, now, GUARD),
+            Some(now + GUARD)
+        );
+    }
+
+    #[test]
+    fn a_session_is_closed_at_once_when_keeping_it_protects_nothing() {
+        let now = Instant::now();
+        let knobs = Knobs::default();
+        // No job running.
+        assert_eq!(
+            keep_until(&knobs, &ready(), false, Some(now), now, GUARD),
+            None
+        );
+        // Past the deadline already (the process was frozen).
+        let long_ago = now - GUARD - Duration::from_millis(1);
+        assert_eq!(
+            keep_until(&knobs, &ready(), true, Some(long_ago), now, GUARD),
+            None
+        );
+        // Not ready: it holds no key.
+        let setting_up = Session::Up(Up::new(SessionId(1), 5));
+        assert_eq!(
+            keep_until(&knobs, &setting_up, true, Some(now), now, GUARD),
+            None
+        );
+        assert_eq!(
+            keep_until(&knobs, &Session::Idle, true, Some(now), now, GUARD),
+            None
+        );
+        // The broken variant closes it at once.
+        let broken = Knobs {
+            close_doubtful_at_once: true,
+            ..Knobs::default()
+        };
+        assert_eq!(
+            keep_until(&broken, &ready(), true, Some(now), now, GUARD),
+            None
+        );
+    }
+}

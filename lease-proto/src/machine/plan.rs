@@ -94,3 +94,61 @@ impl SendPlan {
         self.verify = false;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_verify_every_th_heartbeat_is_a_verify() {
+        let mut plan = SendPlan::default();
+        let beats: Vec<Beat> = (0..2 * VERIFY_EVERY).map(|_| plan.heartbeat()).collect();
+        let verifies = beats.iter().filter(|b| **b == Beat::Verify).count();
+        assert_eq!(beats[VERIFY_EVERY as usize - 1], Beat::Verify);
+        // Without an answered verify, every later turn stays a verify.
+        assert_eq!(verifies, VERIFY_EVERY as usize + 1);
+        plan.verified();
+        assert_eq!(plan.heartbeat(), Beat::Heartbeat);
+    }
+
+    #[test]
+    fn a_verify_owed_holds_until_answered_or_the_session_ends() {
+        let mut plan = SendPlan::default();
+        assert!(!plan.verify_owed());
+        plan.owe_verify();
+        plan.heartbeat();
+        plan.tried();
+        assert!(plan.verify_owed(), "only a verify's answer pays it");
+        plan.verified();
+        assert!(!plan.verify_owed());
+        plan.owe_verify();
+        plan.session_down();
+        assert!(
+            !plan.verify_owed(),
+            "nothing is owed to a session that ended"
+        );
+    }
+
+    #[test]
+    fn the_heartbeat_never_goes_twice_in_a_row_before_a_due_try() {
+        let mut plan = SendPlan::default();
+        assert!(plan.heartbeat_may_go(true, true));
+        plan.heartbeat();
+        assert!(!plan.heartbeat_may_go(true, true), "the try goes first");
+        assert!(plan.heartbeat_may_go(false, true), "no try due");
+        assert!(plan.heartbeat_may_go(true, false), "no standby waits");
+        plan.not_heartbeat();
+        assert!(plan.heartbeat_may_go(true, true));
+    }
+
+    #[test]
+    fn a_try_owed_is_paid_by_the_try() {
+        let mut plan = SendPlan::default();
+        plan.try_soon();
+        assert!(plan.try_owed());
+        plan.heartbeat();
+        assert!(plan.try_owed(), "a heartbeat does not pay it");
+        plan.tried();
+        assert!(!plan.try_owed());
+    }
+}

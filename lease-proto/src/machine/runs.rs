@@ -1028,3 +1028,503 @@ impl RunTable {
         self.check();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The run table alone: each transition of a run, what it tells the run
+    //! futures and the logs, and the keys it leaves to unlock.
+
+    use super::*;
+
+    const WINDOW: Duration = Duration::from_secs(5);
+    const DELAY: Duration = Duration::from_millis(20);
+
+    fn lease(name: &str) -> LeaseId {
+        LeaseId::named(name).unwrap()
+    }
+
+    /// A table with one standby of each name, in order (run ids 0, 1, …).
+    fn table(names: &[&str]) -> (RunTable, Vec<RunId>) {
+        let mut t = RunTable::default();
+        let ids = (names.iter())
+            .map(|n| {
+                let id = t.next_id();
+                t.insert(id, lease(n));
+                id
+            })
+            .collect();
+        (t, ids)
+    }
+
+    fn drain(out: &mut Outputs) -> (Vec<RunCommand>, Vec<Event>) {
+        (out.run.drain(..).collect(), out.events.drain(..).collect())
+    }
+
+    /// `name`'s run tried at `sent` and won with `token`.
+    fn lead(t: &mut RunTable, name: &str, sent: Instant, token: i64, out: &mut Outputs) {
+        let keys = t.take_try(sent, &[], |_| true);
+        assert!(keys.contains(&lease(name).key()));
+        t.won(sent, sent, (lease(name).key(), token), WINDOW, out);
+        for other in keys.into_iter().filter(|k| *k != lease(name).key()) {
+            t.not_won(other, Some(7), out);
+        }
+    }
+
+    #[test]
+    fn a_try_takes_every_waiting_standby_once() {
+        let (mut t, _) = table(&["a", "b"]);
+        let now = Instant::now();
+        assert!(t.any_waiting());
+        let keys = t.take_try(now, &[], |_| true);
+        assert_eq!(keys.len(), 2);
+        assert!(!t.any_waiting(), "both are in the try in flight");
+        assert!(t.take_try(now, &[], |_| true).is_empty(), "nothing twice");
+        // A group's share can leave a lease out.
+        t.try_back(&keys);
+        let b = lease("b").key();
+        assert_eq!(t.take_try(now, &[], |l| l.key() == b), vec![b]);
+    }
+
+    #[test]
+    fn a_win_starts_the_job_valid_for_the_window_from_the_send() {
+        let (mut t, ids) = table(&["a"]);
+        let mut out = Outputs::default();
+        let sent = Instant::now();
+        t.take_try(sent, &[], |_| true);
+        let now = sent + Duration::from_millis(3);
+        t.won(now, sent, (lease("a").key(), 42), WINDOW, &mut out);
+        let (runs, events) = drain(&mut out);
+        assert_eq!(
+            runs,
+            vec![RunCommand::StartJob {
+                run: ids[0],
+                lease: lease("a"),
+                token: 42,
+                valid_until: sent + WINDOW,
+            }]
+        );
+        assert!(matches!(events[..], [Event::Acquired { token: 42, .. }]));
+        assert!(t.holding() && t.any_job_running());
+        assert_eq!(t.earliest_validity_end(WINDOW), Some(sent + WINDOW));
+        // A heartbeat sent later confirms from its own send time.
+        let beat = sent + Duration::from_secs(1);
+        t.confirm_all(beat);
+        assert_eq!(t.earliest_validity_end(WINDOW), Some(beat + WINDOW));
+    }
+
+    #[test]
+    fn a_win_for_no_trying_run_is_unlocked() {
+        let (mut t, ids) = table(&["a"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        // Not in a try: the win is nobody's.
+        t.won(now, now, (lease("a").key(), 1), WINDOW, &mut out);
+        assert!(t.is_orphan(lease("a").key()));
+        assert_eq!(drain(&mut out), (vec![], vec![]));
+        // A key no run has at all.
+        t.won(now, now, (99, 1), WINDOW, &mut out);
+        assert!(t.is_orphan(99));
+        assert_eq!(t.take_release(now, WINDOW).len(), 2);
+        assert!(!t.has_orphans());
+        assert!(t.get(ids[0]).is_some(), "the run still stands by");
+    }
+
+    #[test]
+    fn a_job_that_returns_releases_then_finishes() {
+        let (mut t, ids) = table(&["a"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        lead(&mut t, "a", now, 1, &mut out);
+        drain(&mut out);
+        t.job_exited(ids[0], JobExit::Ok, &mut out);
+        assert_eq!(
+            drain(&mut out),
+            (vec![], vec![]),
+            "not finished before the unlock"
+        );
+        assert!(!t.holding(), "no validity to renew once the job returned");
+        assert!(t.need_session(false), "the release needs the session");
+        assert_eq!(t.take_release(now, WINDOW), vec![lease("a").key()]);
+        assert!(t.take_release(now, WINDOW).is_empty(), "released once");
+        t.release_answered(vec![lease("a").key()], &mut out);
+        let (runs, events) = drain(&mut out);
+        assert_eq!(
+            runs,
+            vec![RunCommand::Finish {
+                run: ids[0],
+                outcome: Outcome::Completed
+            }]
+        );
+        assert!(matches!(events[..], [Event::Released { .. }]));
+        assert!(t.is_empty() && !t.has_key(lease("a").key()));
+    }
+
+    #[test]
+    fn a_stop_while_leading_keeps_the_key_until_the_job_returns() {
+        let (mut t, ids) = table(&["a"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        lead(&mut t, "a", now, 1, &mut out);
+        drain(&mut out);
+        t.stop(ids[0], Outcome::Cancelled, Reason::Shutdown, &mut out);
+        assert_eq!(
+            drain(&mut out).0,
+            vec![RunCommand::CancelJob {
+                run: ids[0],
+                reason: Reason::Shutdown
+            }]
+        );
+        assert!(
+            t.holding(),
+            "still held, still confirmed, while the job stops"
+        );
+        // The first stop decides the outcome.
+        t.stop(ids[0], Outcome::Closed, Reason::Closed, &mut out);
+        assert_eq!(drain(&mut out), (vec![], vec![]));
+        t.job_exited(ids[0], JobExit::Ok, &mut out);
+        t.take_release(now, WINDOW);
+        t.release_answered(vec![lease("a").key()], &mut out);
+        assert!(drain(&mut out).0.contains(&RunCommand::Finish {
+            run: ids[0],
+            outcome: Outcome::Cancelled
+        }));
+    }
+
+    #[test]
+    fn a_stop_of_a_standby_finishes_it_at_once() {
+        let (mut t, ids) = table(&["a"]);
+        let mut out = Outputs::default();
+        t.stop(ids[0], Outcome::Cancelled, Reason::Shutdown, &mut out);
+        assert_eq!(
+            drain(&mut out).0,
+            vec![RunCommand::Finish {
+                run: ids[0],
+                outcome: Outcome::Cancelled
+            }]
+        );
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_lost_lease_cancels_the_job_and_contends_again_when_it_returns() {
+        let (mut t, ids) = table(&["a"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        lead(&mut t, "a", now, 1, &mut out);
+        drain(&mut out);
+        t.lose(ids[0], Reason::QueryTimeout, &mut out);
+        let (runs, events) = drain(&mut out);
+        assert_eq!(
+            runs,
+            vec![RunCommand::CancelJob {
+                run: ids[0],
+                reason: Reason::QueryTimeout
+            }]
+        );
+        assert!(matches!(
+            &events[..],
+            [Event::Lost {
+                reason: Reason::QueryTimeout,
+                ..
+            }]
+        ));
+        assert!(!t.holding() && t.any_job_running());
+        assert!(
+            !t.need_session(true),
+            "a lost run needs no session until its job returns"
+        );
+        // Lost again: nothing more to say.
+        t.lose(ids[0], Reason::NotHeld, &mut out);
+        assert_eq!(drain(&mut out), (vec![], vec![]));
+        t.job_exited(ids[0], JobExit::Ok, &mut out);
+        assert_eq!(
+            drain(&mut out),
+            (vec![], vec![]),
+            "no finish: it stands by again"
+        );
+        assert!(t.any_waiting());
+    }
+
+    #[test]
+    fn a_verify_loses_what_the_server_does_not_show_and_unlocks_what_no_run_holds() {
+        let (mut t, ids) = table(&["a", "b"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        let (a, b) = (lease("a").key(), lease("b").key());
+        let keys = t.take_try(now, &[], |_| true);
+        assert_eq!(keys.len(), 2);
+        t.won(now, now, (a, 1), WINDOW, &mut out);
+        t.won(now, now, (b, 1), WINDOW, &mut out);
+        drain(&mut out);
+        let later = now + Duration::from_secs(1);
+        t.verified(later, BTreeSet::from([a, 77]), &mut out);
+        let (runs, events) = drain(&mut out);
+        assert!(runs.contains(&RunCommand::CancelJob {
+            run: ids[1],
+            reason: Reason::NotHeld
+        }));
+        assert!(events.contains(&Event::UnknownKeyReleased { key: 77 }));
+        assert!(t.is_orphan(77) && !t.is_orphan(a));
+        assert_eq!(t.earliest_validity_end(WINDOW), Some(later + WINDOW));
+    }
+
+    #[test]
+    fn a_key_found_held_by_a_lost_run_is_unlocked_only_after_its_job_returned() {
+        let (mut t, ids) = table(&["a"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        let a = lease("a").key();
+        lead(&mut t, "a", now, 1, &mut out);
+        t.lose(ids[0], Reason::QueryTimeout, &mut out);
+        // The server still shows the key: the cancelled job may still act.
+        t.verified(now, BTreeSet::from([a]), &mut out);
+        assert!(!t.is_orphan(a), "not unlocked while the job runs");
+        assert_eq!(t.wait_candidates(&[]), None, "the session owes an unlock");
+        t.job_exited(ids[0], JobExit::Ok, &mut out);
+        assert!(t.is_orphan(a), "unlocked once the job returned");
+    }
+
+    #[test]
+    fn a_session_that_ends_releases_every_key_and_loses_every_lease() {
+        let (mut t, ids) = table(&["a", "b", "c"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        assert_eq!(t.take_try(now, &[], |_| true).len(), 3);
+        t.won(now, now, (lease("a").key(), 1), WINDOW, &mut out);
+        t.won(now, now, (lease("b").key(), 1), WINDOW, &mut out);
+        t.job_exited(ids[1], JobExit::Failed, &mut out);
+        t.take_release(now, WINDOW);
+        drain(&mut out);
+        assert!(!t.any_waiting(), "c is in the try in flight");
+        t.session_gone(&Reason::SessionEnded(None), &mut out);
+        t.session_down();
+        let (runs, _) = drain(&mut out);
+        assert!(runs.contains(&RunCommand::CancelJob {
+            run: ids[0],
+            reason: Reason::SessionEnded(None)
+        }));
+        assert!(
+            runs.contains(&RunCommand::Finish {
+                run: ids[1],
+                outcome: Outcome::Failed
+            }),
+            "the session's end released b: its run finishes"
+        );
+        assert!(t.any_waiting(), "c waits for the next session's try");
+    }
+
+    #[test]
+    fn a_reserved_key_is_left_out_of_the_try_until_its_reservation_ends() {
+        let (mut t, _) = table(&["a"]);
+        let now = Instant::now();
+        let a = lease("a").key();
+        assert!(t.reserve(a, 500, (now, now + WINDOW), u32::MAX));
+        assert!(
+            !t.reserve(99, 500, (now, now + WINDOW), u32::MAX),
+            "no run of 99"
+        );
+        assert_eq!(t.reserved_for_other(a, &[600], now), Some(500));
+        assert!(t.take_try(now, &[600], |_| true).is_empty());
+        assert_eq!(t.wait_candidates(&[600]), Some(vec![]));
+        // Reserved for this locker's own backend: tried.
+        assert!(t.reserved_for(a, &[500], now));
+        assert_eq!(t.take_try(now, &[500], |_| true), vec![a]);
+        t.try_back(&[a]);
+        // Ended: tried by anyone.
+        assert_eq!(t.take_try(now + WINDOW, &[600], |_| true), vec![a]);
+        assert_eq!(t.reserved_for_other(a, &[600], now), None);
+    }
+
+    #[test]
+    fn a_release_names_its_reservation_and_whether_it_is_recent() {
+        let (mut t, _) = table(&["a"]);
+        let now = Instant::now();
+        let a = lease("a").key();
+        t.reserve(a, 500, (now, now + WINDOW), 1);
+        let recent = Duration::from_millis(500);
+        assert_eq!(t.reservations(&[a, 9], now, recent), vec![(a, 500, 1)]);
+        let later = now + Duration::from_secs(1);
+        assert_eq!(t.reservations(&[a], later, recent), vec![(a, 500, 0)]);
+        assert!(t.reservations(&[a], now + WINDOW, recent).is_empty());
+        t.unreserve(a);
+        assert!(t.reservations(&[a], now, recent).is_empty());
+    }
+
+    #[test]
+    fn a_declined_win_is_unlocked_and_its_reservation_runs_on() {
+        let (mut t, _) = table(&["a"]);
+        let now = Instant::now();
+        let a = lease("a").key();
+        t.reserve(a, 500, (now, now + Duration::from_millis(10)), u32::MAX);
+        t.take_try(now, &[500], |_| true);
+        t.decline(a, now, WINDOW);
+        assert!(t.is_orphan(a));
+        assert!(t.any_waiting(), "its standby stands by again");
+        assert_eq!(t.reserved_for_other(a, &[1], now + WINDOW / 2), Some(500));
+    }
+
+    #[test]
+    fn only_a_graceful_release_close_to_the_win_spares_the_lock_delay() {
+        let (mut t, _) = table(&["a"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        let a = lease("a").key();
+        // The last try saw holder 7.
+        t.take_try(now, &[], |_| true);
+        t.not_won(a, Some(7), &mut out);
+        let sent = now + Duration::from_millis(5);
+        let released_at = 1_000_000;
+        t.released_gracefully(a, now, (Some(released_at), None));
+        t.take_try(sent, &[], |_| true);
+        let me = Some(8);
+        let soon = released_at + 10_000; // 10 ms after the release
+        let late = released_at + 30_000; // 30 ms: beyond the delay
+        assert!(!t.any_win_needs_lock_delay(&[(a, soon)], (sent, me), DELAY, false));
+        assert!(t.any_win_needs_lock_delay(&[(a, late)], (sent, me), DELAY, false));
+        // A try sent long after the notification proves nothing.
+        let slow = now + Duration::from_millis(50);
+        assert!(t.any_win_needs_lock_delay(&[(a, soon)], (slow, me), DELAY, false));
+        // A release that granted the key to another backend.
+        t.released_gracefully(a, now, (Some(released_at), Some(9)));
+        assert!(t.any_win_needs_lock_delay(&[(a, soon)], (sent, me), DELAY, false));
+        assert!(
+            !t.any_win_needs_lock_delay(&[(a, soon)], (sent, me), DELAY, true),
+            "the broken variant ignores the grantee"
+        );
+        // A notification without the release's moment never counts.
+        t.released_gracefully(a, now, (None, None));
+        assert!(t.any_win_needs_lock_delay(&[(a, soon)], (sent, me), DELAY, false));
+    }
+
+    #[test]
+    fn a_take_wins_without_the_delay_only_when_the_release_named_its_backend() {
+        let (mut t, _) = table(&["a"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        let a = lease("a").key();
+        t.take_try(now, &[], |_| true);
+        t.not_won(a, Some(7), &mut out);
+        assert!(t.take_wait(a));
+        assert!(!t.take_wait(a), "already taking");
+        let token = 1_000_000 + 1_000;
+        t.released_gracefully(a, now, (Some(1_000_000), None));
+        assert!(
+            t.any_win_needs_lock_delay(&[(a, token)], (now, Some(8)), DELAY, false),
+            "a release naming nobody proves nothing to a take"
+        );
+        t.released_gracefully(a, now, (Some(1_000_000), Some(8)));
+        assert!(!t.any_win_needs_lock_delay(&[(a, token)], (now, Some(8)), DELAY, false));
+    }
+
+    #[test]
+    fn a_standby_logs_a_holder_once_until_it_changes() {
+        let (mut t, _) = table(&["a"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        let a = lease("a").key();
+        for _ in 0..3 {
+            t.take_try(now, &[], |_| true);
+            t.not_won(a, Some(7), &mut out);
+        }
+        assert_eq!(drain(&mut out).1.len(), 1, "one StandingBy for holder 7");
+        t.take_try(now, &[], |_| true);
+        t.not_won(a, Some(8), &mut out);
+        assert!(matches!(
+            drain(&mut out).1[..],
+            [Event::StandingBy {
+                holder_pid: Some(8),
+                ..
+            }]
+        ));
+        assert_eq!(t.standby_of(a), Some((true, Some(Some(8)))));
+        assert_eq!(t.wait_candidates(&[]), Some(vec![a]));
+    }
+
+    #[test]
+    fn a_priority_standby_asks_a_holder_less_and_less_often_then_stops() {
+        let (mut t, _) = table(&["a"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        let a = lease("a").key();
+        let again = Duration::from_secs(1);
+        assert_eq!(
+            t.take_preference(now, Some(8), again),
+            None,
+            "no holder seen yet"
+        );
+        t.take_try(now, &[], |_| true);
+        t.not_won(a, Some(7), &mut out);
+        assert_eq!(t.take_preference(now, Some(8), again), Some(a));
+        assert_eq!(
+            t.take_preference(now, Some(8), again),
+            None,
+            "asked just now"
+        );
+        let at = |s: u64| now + Duration::from_secs(s);
+        assert_eq!(t.take_preference(at(1), Some(8), again), Some(a));
+        // Asked twice: the next ask waits two windows.
+        assert_eq!(t.take_preference(at(2), Some(8), again), None);
+        assert_eq!(t.take_preference(at(3), Some(8), again), Some(a));
+        for _ in 0..MAX_ASKS {
+            t.hand_over_announced(a, 7);
+        }
+        assert_eq!(
+            t.take_preference(at(100), Some(8), again),
+            None,
+            "handed over enough"
+        );
+        // Not the holder itself.
+        let (mut t, _) = table(&["b"]);
+        t.take_try(now, &[], |_| true);
+        t.not_won(lease("b").key(), Some(8), &mut out);
+        assert_eq!(t.take_preference(now, Some(8), again), None);
+    }
+
+    #[test]
+    fn a_group_hand_off_stands_the_run_by_again_after_its_release() {
+        let (mut t, ids) = table(&["a"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        let a = lease("a").key();
+        assert_eq!(t.hand_over(a, &mut out), None, "not leading");
+        lead(&mut t, "a", now, 1, &mut out);
+        drain(&mut out);
+        assert_eq!(t.hand_over(a, &mut out), Some((ids[0], lease("a"))));
+        assert_eq!(
+            drain(&mut out).0,
+            vec![RunCommand::CancelJob {
+                run: ids[0],
+                reason: Reason::HandedOver
+            }]
+        );
+        t.job_exited(ids[0], JobExit::Ok, &mut out);
+        t.take_release(now, WINDOW);
+        t.release_answered(vec![a], &mut out);
+        let (runs, events) = drain(&mut out);
+        assert!(runs.is_empty(), "no finish");
+        assert!(matches!(events[..], [Event::Released { .. }]));
+        assert!(t.any_waiting());
+    }
+
+    #[test]
+    fn an_abandoned_job_finishes_its_run_whatever_its_state() {
+        let (mut t, ids) = table(&["a", "b"]);
+        let mut out = Outputs::default();
+        let now = Instant::now();
+        t.job_exited(ids[0], JobExit::Abandoned, &mut out);
+        assert!(drain(&mut out).0.contains(&RunCommand::Finish {
+            run: ids[0],
+            outcome: Outcome::Abandoned
+        }));
+        lead(&mut t, "b", now, 1, &mut out);
+        t.stop(ids[1], Outcome::Cancelled, Reason::Shutdown, &mut out);
+        t.job_exited(ids[1], JobExit::Abandoned, &mut out);
+        t.take_release(now, WINDOW);
+        drain(&mut out);
+        t.release_answered(vec![lease("b").key()], &mut out);
+        assert!(drain(&mut out).0.contains(&RunCommand::Finish {
+            run: ids[1],
+            outcome: Outcome::Abandoned
+        }));
+    }
+}

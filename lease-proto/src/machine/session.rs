@@ -665,3 +665,175 @@ fn server_not_there(reason: &Reason) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::promotion::PromotionState;
+
+    fn ended(code: Option<&str>) -> Reason {
+        Reason::SessionEnded(code.map(|c| SessionError::server(c, "x")))
+    }
+
+    /// `n` backoffs in a row from a connector whose attempts keep failing.
+    fn backoffs(c: &mut Connector, opts: &Options, now: Instant, n: usize) -> Vec<Duration> {
+        (0..n)
+            .map(|_| {
+                c.failed(now, &ended(Some("28P01")));
+                c.backoff(opts, now)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn backoff_doubles_from_the_base_up_to_the_retry_interval_jittered_to_half() {
+        let opts = Options::default();
+        let now = Instant::now();
+        let mut c = Connector::new(1);
+        for (i, d) in backoffs(&mut c, &opts, now, 30).into_iter().enumerate() {
+            let full = RECONNECT_BASE
+                .saturating_mul(1 << i.min(20))
+                .min(opts.retry_interval);
+            assert!(d >= full / 2 && d <= full, "attempt {i}: {d:?} of {full:?}");
+        }
+    }
+
+    #[test]
+    fn a_ready_session_that_ends_reconnects_fast_until_the_window_ends() {
+        let opts = Options::default();
+        let now = Instant::now();
+        let mut c = Connector::new(2);
+        c.ready();
+        c.failed(now, &ended(None));
+        // The server is not there: it stays fast however often it fails.
+        for _ in 0..10 {
+            assert!(c.backoff(&opts, now) <= FAST_RECONNECT_CAP);
+            c.failed(now, &ended(Some("57P01")));
+        }
+        // Past the window: doubling from the base again.
+        let later = now + FAST_RECONNECT_WINDOW;
+        assert!(c.backoff(&opts, later) <= RECONNECT_BASE);
+        // A failure the server answered ends the window.
+        let mut c = Connector::new(3);
+        c.ready();
+        c.failed(now, &ended(None));
+        c.failed(now, &ended(Some("53300")));
+        let ds = backoffs(&mut c, &opts, now, 12);
+        assert!(ds.last().unwrap() > &FAST_RECONNECT_CAP, "{ds:?}");
+        // The machine's own close opens no window.
+        let mut c = Connector::new(4);
+        c.ready();
+        c.closed();
+        c.failed(now, &ended(Some("53300")));
+        assert!(backoffs(&mut c, &opts, now, 12).last().unwrap() > &FAST_RECONNECT_CAP);
+    }
+
+    #[test]
+    fn what_counts_as_a_server_not_there() {
+        assert!(server_not_there(&ended(None)));
+        assert!(server_not_there(&Reason::QueryTimeout));
+        assert!(server_not_there(&ended(Some("57P01"))));
+        assert!(server_not_there(&ended(Some("08006"))));
+        assert!(!server_not_there(&ended(Some("08004"))));
+        assert!(!server_not_there(&ended(Some("08P01"))));
+        assert!(!server_not_there(&ended(Some("53300"))));
+        assert!(!server_not_there(&Reason::SessionEnded(Some(
+            SessionError::config("tls")
+        ))));
+    }
+
+    #[test]
+    fn each_session_and_statement_gets_the_next_id_and_sessions_their_own_nonce() {
+        let mut c = Connector::new(5);
+        let (a, b) = (c.next_session(), c.next_session());
+        assert_eq!((a, b), (SessionId(0), SessionId(1)));
+        assert_ne!(c.nonce(a), c.nonce(b));
+        assert_eq!(c.nonce(a), Connector::new(5).nonce(a), "the seed fixes it");
+        let now = Instant::now();
+        assert_eq!(c.next_query(now), QueryId(0));
+        assert_eq!(c.next_watch_query(), QueryId(1));
+        assert_eq!(
+            c.last_sent(),
+            Some(now),
+            "a watch statement is not a send of the session"
+        );
+    }
+
+    #[test]
+    fn settings_go_at_startup_until_a_pooler_rejects_them_then_by_statement() {
+        let (opts, knobs) = (Options::default(), Knobs::default());
+        let mut c = Connector::new(6);
+        let startup = c.params(&opts, &knobs).startup_settings;
+        assert!(startup.iter().any(|(n, _)| *n == "idle_session_timeout"));
+        assert!(c.setup_settings(&opts, &knobs).is_empty());
+        c.fall_back_to_statements();
+        assert!(c.params(&opts, &knobs).startup_settings.is_empty());
+        assert_eq!(c.setup_settings(&opts, &knobs), startup);
+    }
+
+    fn good_setup(opts: &Options, nonce: i64) -> SetupReply {
+        let tcp = opts.tcp_settings();
+        SetupReply {
+            server_version: 150_000,
+            in_recovery: false,
+            backend_pid: 100,
+            idle_session_timeout_ms: Some(opts.guard_timeout().as_millis() as i64),
+            tcp_settings: tcp.map(|(_, v)| Some(v)),
+            unix_socket: false,
+            nonce: Some(nonce),
+            search_path_catalog: true,
+            promotion: PromotionState::default(),
+            server_clock_us: Some(0),
+        }
+    }
+
+    fn refused(r: Result<(), SetupProblem>) -> String {
+        match r {
+            Err(SetupProblem::Refuse(refusal)) => refusal.to_string(),
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_setup_passes_only_with_every_setting_as_asked() {
+        let (opts, knobs) = (Options::default(), Knobs::default());
+        let ok = good_setup(&opts, 9);
+        assert!(check_setup(&opts, &knobs, 9, &ok).is_ok());
+        let old = SetupReply {
+            server_version: MIN_SERVER_VERSION_GUARD - 1,
+            ..ok.clone()
+        };
+        assert!(matches!(
+            check_setup(&opts, &knobs, 9, &old),
+            Err(SetupProblem::Refuse(Refusal::ServerTooOld { .. }))
+        ));
+        let standby = SetupReply {
+            in_recovery: true,
+            ..ok.clone()
+        };
+        assert!(matches!(
+            check_setup(&opts, &knobs, 9, &standby),
+            Err(SetupProblem::InRecovery)
+        ));
+        assert!(refused(check_setup(&opts, &knobs, 8, &ok)).contains("8 was set"));
+        let path = SetupReply {
+            search_path_catalog: false,
+            ..ok.clone()
+        };
+        assert!(refused(check_setup(&opts, &knobs, 9, &path)).contains("search_path"));
+        let guard = SetupReply {
+            idle_session_timeout_ms: Some(0),
+            ..ok.clone()
+        };
+        assert!(refused(check_setup(&opts, &knobs, 9, &guard)).contains("idle_session_timeout"));
+        let mut tcp = ok.clone();
+        tcp.tcp_settings[0] = Some(0);
+        assert!(refused(check_setup(&opts, &knobs, 9, &tcp)).contains("tcp_user_timeout"));
+        // Over a Unix socket the server ignores the TCP settings.
+        let unix = SetupReply {
+            unix_socket: true,
+            ..tcp
+        };
+        assert!(check_setup(&opts, &knobs, 9, &unix).is_ok());
+    }
+}

@@ -283,3 +283,110 @@ impl ServerWait {
         self.named = None;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn waits_rotate_over_the_wanted_keys_until_the_retry_deadline() {
+        let mut w = ServerWait::default();
+        let now = Instant::now();
+        let retry = Some(now + 5 * S);
+        let wanted = [30, 10, 20];
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            let (key, left, chunk, named) = w.next(now, &wanted, retry).unwrap();
+            assert_eq!((left, chunk, named), (5 * S, false, false));
+            order.push(key);
+            w.answered(key);
+        }
+        assert_eq!(order, [10, 20, 30, 10]);
+        assert_eq!(w.next(now, &[], retry), None, "nothing wanted");
+        assert_eq!(w.next(now, &wanted, None), None, "no retry deadline");
+        let nearly = now + 5 * S - MIN_WAIT / 2;
+        assert_eq!(w.next(nearly, &wanted, retry), None, "too short to wait");
+    }
+
+    #[test]
+    fn a_wait_goes_in_chunks_below_deadlock_timeout_and_a_chunk_keeps_its_key() {
+        let mut w = ServerWait::default();
+        let now = Instant::now();
+        w.limit_from(Some(1000));
+        let limit = Duration::from_millis(900);
+        let (key, left, chunk, _) = w.next(now, &[1, 2], Some(now + 5 * S)).unwrap();
+        assert_eq!((key, left, chunk), (1, limit, true));
+        let answered = w.answered(key);
+        assert_eq!(w.not_freed(answered, true), NotFreed::Chunk);
+        assert_eq!(
+            w.next(now, &[1, 2], Some(now + 5 * S)).unwrap().0,
+            1,
+            "same key again"
+        );
+        let answered = w.answered(1);
+        assert_eq!(w.not_freed(answered, false), NotFreed::HeldAllAlong);
+        assert_eq!(w.next(now, &[1, 2], Some(now + 5 * S)).unwrap().0, 2);
+        // A deadlock_timeout so short that the limit is below MIN_WAIT: poll.
+        w.limit_from(Some(29));
+        assert_eq!(w.next(now, &[1, 2], Some(now + 5 * S)), None);
+        w.limit_from(Some(30));
+        assert!(w.next(now, &[1, 2], Some(now + 5 * S)).is_some());
+    }
+
+    #[test]
+    fn a_crowded_or_failed_wait_pauses_waiting_until_the_periodic_try_or_the_session() {
+        let now = Instant::now();
+        let retry = Some(now + 5 * S);
+        let mut w = ServerWait::default();
+        w.crowded();
+        assert!(w.paused(now) && w.next(now, &[1], retry).is_none());
+        w.periodic_try();
+        assert!(!w.paused(now) && w.next(now, &[1], retry).is_some());
+        w.failed();
+        w.periodic_try();
+        assert!(
+            w.paused(now),
+            "a failed wait turns waiting off for the session"
+        );
+        w.session_down();
+        assert!(!w.paused(now));
+    }
+
+    #[test]
+    fn a_named_standby_queues_for_its_key_whatever_the_crowd_until_the_ask_ends() {
+        let now = Instant::now();
+        let mut w = ServerWait::default();
+        w.crowded();
+        let until = now + 3 * S;
+        w.named(7, until);
+        assert!(!w.paused(now));
+        // Even past the retry deadline, and without one.
+        assert_eq!(w.next(now, &[1, 7], None), Some((7, 3 * S, true, true)));
+        w.limit_from(Some(1000));
+        assert_eq!(
+            w.next(now, &[1, 7], None),
+            Some((7, Duration::from_millis(900), true, true))
+        );
+        assert_eq!(w.next(now, &[1], None), None, "7 not wanted: no named wait");
+        assert!(w.paused(until), "the ask ended: crowded again");
+    }
+
+    #[test]
+    fn notifications_interrupt_a_wait_for_another_key_at_most_the_budget() {
+        let mut w = ServerWait::default();
+        assert!(w.notified(5, None, true), "no wait: try at once");
+        assert!(!w.notified(5, None, false), "not wanted");
+        assert!(
+            !w.notified(5, Some(5), true),
+            "the wait for that key wakes by itself"
+        );
+        for _ in 0..WAKE_BUDGET {
+            assert!(w.notified(5, Some(6), true));
+        }
+        assert!(!w.notified(5, Some(6), true), "budget spent");
+        w.periodic_try();
+        assert!(w.notified(5, Some(6), true));
+    }
+}
