@@ -391,7 +391,7 @@ struct Ctx<'a> {
     /// How often the lease's validity is read to renew the watchdog.
     poll: Duration,
     signals: &'a Signals,
-    /// How many children run (or are being stopped): one per shard led.
+    /// How many children run (or are starting, or being stopped): one per shard led.
     leading: &'a Cell<usize>,
     /// The lease the child runs under, for `/leader`.
     current: &'a Current,
@@ -591,6 +591,25 @@ async fn without_session(locker: &Locker, d: Duration) -> Option<String> {
     }
 }
 
+/// One job in [`Ctx::leading`] while it lives: counted from before its command
+/// starts until its watchdog is finished, on every path. (Counted only once the
+/// command had started, a SIGTERM in between found the runner "not leading": it
+/// exited at once and its watchdog SIGKILLed the fresh command.)
+struct Counted<'a>(&'a Cell<usize>);
+
+impl<'a> Counted<'a> {
+    fn new(leading: &'a Cell<usize>) -> Counted<'a> {
+        leading.set(leading.get() + 1);
+        Counted(leading)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
+}
+
 /// Runs `futures` until every one is done.
 async fn all(mut futures: Vec<Pin<Box<dyn Future<Output = ()> + '_>>>) {
     std::future::poll_fn(|cx| {
@@ -698,6 +717,9 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
     if let Some(a) = &answerer {
         command.env(valid::SOCKET_VAR, a.path());
     }
+    // Leading from before the command starts: a signal from here on finds the runner
+    // leading, and the run stops the command as on any shutdown (SIGTERM, --grace).
+    let counted = Counted::new(ctx.leading);
     let mut dog = match Watchdog::start(&command).await {
         Ok(dog) => dog,
         Err(e) => {
@@ -731,7 +753,6 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
             return Err(JobEnd::Watchdog(message));
         }
     };
-    ctx.leading.set(ctx.leading.get() + 1);
     ctx.current.set(shard.map_or(0, |(i, _)| i), &lease);
     let armed = dog.arm(deadline);
     tracing::info!(
@@ -830,7 +851,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
     };
     ctx.current.clear(shard.map_or(0, |(i, _)| i));
     dog.finish().await;
-    ctx.leading.set(ctx.leading.get() - 1);
+    drop(counted);
     if let Some(attempt) = ctx.attempt {
         once_only(&lease, attempt, own, ctx).await;
     }
