@@ -164,6 +164,7 @@ of its own; nothing answers while the runner is frozen or dead):
             For a readiness probe or a load balancer that must reach the leader alone: it turns
             503 as soon as the lease is cancelled, and 200 on a new leader only after it holds
             the lease, so two replicas never answer 200 at once.
+  /leader/I with --shards: the same for shard I; /leader is then 200 while any shard is led.
 
 EXIT STATUS: COMMAND's status (with --shards, the first to exit by itself); 0 after a shutdown by signal; 3 with --try when
 COMMAND was not run (the lease was held); 1 when the server is refused, the
@@ -440,11 +441,11 @@ pub struct RunArgs {
     pub priority: u32,
 
     /// Run N shards of the job: the leases NAME/0 to NAME/N-1 of the lease group NAME, one
-    /// COMMAND per shard this replica leads (1 to 256; not with --metrics-addr)
+    /// COMMAND per shard this replica leads (1 to 256)
     ///
     /// The rules (the share, LEASE_SHARD and LEASE_SHARDS, moves, the exit status): SHARDS in
     /// `lease run --help`.
-    #[arg(long, value_name = "N", conflicts_with = "metrics_addr",
+    #[arg(long, value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=MAX_SHARDS as i64))]
     pub shards: Option<u16>,
 
@@ -462,14 +463,25 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "try")]
     pub wait: Option<Duration>,
 
+    /// Exit 1 when no database session has been ready for DURATION: since the start, or since
+    /// the session was last ready [default: retry forever]
+    ///
+    /// For a caller that must not hang on an unreachable database (cron, CI). The last line
+    /// names the last connection error. A leading COMMAND, whose lease went with its session,
+    /// is stopped first as on SIGTERM.
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
+    pub give_up_after: Option<Duration>,
+
     /// Serve /metrics, /healthz and /leader over HTTP on ADDR (IP:PORT) [default: off]
     ///
     /// GET /metrics: the lease metrics in the Prometheus text format. GET /healthz: 200 while
     /// the database session is ready or has been within --query-timeout + --retry-interval (a
     /// reconnect), 503 with a one-line reason otherwise. GET /leader: 200 only while COMMAND
     /// runs under a lease that is valid right now, 503 otherwise: point a readiness probe or a
-    /// load balancer at it to reach the leader alone. Binds exactly ADDR (no host names; port 0
-    /// picks a free port, logged at startup); served by `lease run` itself, no thread of its own.
+    /// load balancer at it to reach the leader alone; with --shards, GET /leader/I answers so
+    /// for shard I, and /leader is 200 while any shard is led. Binds exactly ADDR (no host
+    /// names; port 0 picks a free port, logged at startup); served by `lease run` itself, no
+    /// thread of its own.
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub metrics_addr: Option<SocketAddr>,
 }
@@ -617,6 +629,17 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
              names)"
         )
     })
+}
+
+/// [`parse_duration`], more than zero.
+///
+/// # Errors
+/// A one-line message.
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        Duration::ZERO => Err("must be more than 0".to_owned()),
+        d => Ok(d),
+    }
 }
 
 /// Parses a humantime duration (`200ms`, `5s`, `1m 30s`).

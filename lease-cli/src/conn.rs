@@ -27,6 +27,9 @@ pub struct Target {
     pub summary: String,
     /// What the user should know but that does not stop `lease`: to log.
     pub warnings: Vec<String>,
+    /// Where no password was found, if none was: for a "password missing"
+    /// error ([`lease_libpq::Conninfo::password_search`]).
+    pub password_search: Option<String>,
 }
 
 impl std::fmt::Debug for Target {
@@ -63,6 +66,7 @@ fn resolve_from(url: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Resu
         tls: Connector::new((*conninfo.rustls()).clone()),
         summary: conninfo.summary().to_owned(),
         warnings: conninfo.warnings().to_vec(),
+        password_search: conninfo.password_search().map(str::to_owned),
         config: conninfo.into_config(),
     })
 }

@@ -77,8 +77,33 @@ fn clap_error(e: &clap::Error) -> i32 {
             let _ = e.print();
             2
         }
-        _ => usage_error(2, &one_line(&e.render().to_string())),
+        _ => {
+            let argv: Vec<String> = std::env::args().collect();
+            let mut message = one_line(&e.render().to_string());
+            if let Some(hint) = separator_hint(e, &argv) {
+                message.push_str(&format!("; {hint}"));
+            }
+            usage_error(2, &message)
+        }
     }
+}
+
+/// A hint for `lease run NAME COMMAND` without the `--` before COMMAND: clap
+/// calls COMMAND an unexpected argument.
+fn separator_hint(e: &clap::Error, argv: &[String]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    if e.kind() != ErrorKind::UnknownArgument || argv.get(1).map(String::as_str) != Some("run") {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    if arg.starts_with('-') || argv.iter().any(|a| a == "--") {
+        return None;
+    }
+    Some(format!(
+        "the command goes after `--`: lease run [OPTIONS] NAME -- {arg} [ARGS]..."
+    ))
 }
 
 /// Folds clap's rendered error into one line: the error paragraph, any tip,
@@ -118,6 +143,24 @@ fn one_line(rendered: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_without_the_separator_gets_a_hint() {
+        let argv = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+        let hint = |a: &[&str]| {
+            let e = Cli::try_parse_from(a).expect_err("refused");
+            separator_hint(&e, &argv(a))
+        };
+        assert_eq!(
+            hint(&["lease", "run", "job", "./job.sh", "--batch", "5"]).as_deref(),
+            Some("the command goes after `--`: lease run [OPTIONS] NAME -- ./job.sh [ARGS]...")
+        );
+        assert_eq!(
+            hint(&["lease", "run", "--bogus", "job", "--", "true"]),
+            None
+        );
+        assert_eq!(hint(&["lease", "run", "a", "b", "--", "true"]), None);
+    }
 
     #[test]
     fn clap_errors_fold_into_one_line() {

@@ -48,6 +48,8 @@ struct Plan {
     metrics_addr: Option<std::net::SocketAddr>,
     /// `--try`, with `--wait`.
     attempt: Option<TryPlan>,
+    /// `--give-up-after`.
+    give_up_after: Option<Duration>,
 }
 
 /// `lease run --try [--wait D]`: COMMAND runs only if the lease is won at the
@@ -94,6 +96,9 @@ pub fn main(args: RunArgs) -> i32 {
         Ok(endpoints) => endpoints,
         Err(message) => return usage_error(2, &message),
     };
+    if endpoints.is_some() {
+        serve::zero(&plan.leases);
+    }
     log::init(plan.quiet, plan.format);
     if plan.attempt.is_some() {
         // Nothing but one line when COMMAND does not run.
@@ -190,6 +195,7 @@ fn validate(args: RunArgs, start: Instant) -> Result<Plan, (i32, String)> {
         format: args.log_format,
         metrics_addr: args.metrics_addr,
         attempt,
+        give_up_after: args.give_up_after,
     })
 }
 
@@ -385,7 +391,7 @@ struct Ctx<'a> {
     /// How often the lease's validity is read to renew the watchdog.
     poll: Duration,
     signals: &'a Signals,
-    /// How many children run (or are being stopped): one per shard led.
+    /// How many children run (or are starting, or being stopped): one per shard led.
     leading: &'a Cell<usize>,
     /// The lease the child runs under, for `/leader`.
     current: &'a Current,
@@ -436,6 +442,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         tracing::info!("serving /metrics, /healthz and /leader on http://{addr}");
         let health = Health {
             tolerance: plan.options.query_timeout + plan.options.retry_interval,
+            shards: plan.shards,
         };
         tokio::spawn(serve::serve(
             endpoints,
@@ -477,6 +484,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     // The status of the run that ended first; its end stops the others
     // (with `--shards`) as a signal would.
     let first = Cell::new(None);
+    let password_search = plan.target.password_search.as_deref();
     let runs = plan.leases.iter().enumerate().map(|(i, lease)| {
         let shard = plan.shards.map(|n| (i, n));
         let (first, signals) = (&first, &signals);
@@ -486,7 +494,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         Box::pin(async move {
             // The locker's errors (a refusal, a wrong password) end every
             // run alike: said once.
-            let code = outcome(run.await, first.get().is_none());
+            let code = outcome(run.await, first.get().is_none(), password_search);
             if first.get().is_none() {
                 first.set(Some(code));
                 if shard.is_some() && *signals.count.borrow() == 0 {
@@ -512,15 +520,41 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
             None => pending().await,
         }
     };
+    // `--give-up-after`: the cause, once given up (the runs stop as on a signal).
+    let no_session = std::cell::RefCell::new(None);
+    let give_up_after = async {
+        match plan.give_up_after {
+            Some(d) => {
+                let cause = without_session(&locker, d).await;
+                *no_session.borrow_mut() = Some(cause);
+                signals.stop();
+                pending().await
+            }
+            None => pending().await,
+        }
+    };
     tokio::select! {
         () = all(runs.collect()) => {}
-        () = standing_by_at_signal => tracing::info!("not leading: exiting"),
+        () = standing_by_at_signal => {
+            if no_session.borrow().is_none() {
+                tracing::info!("not leading: exiting");
+            }
+        }
         (not_run, t) = gave_up => say_not_run(not_run, t, &plan).await,
+        () = give_up_after => {}
     }
-    let code = match attempt.get() {
+    let mut code = match attempt.get() {
         Attempt::Exit(code) => code,
         Attempt::Deciding | Attempt::Started => first.get().unwrap_or(0),
     };
+    if let (Some(cause), Some(d)) = (no_session.into_inner(), plan.give_up_after) {
+        tracing::error!(
+            "no database session for {} (--give-up-after): giving up; the last error: {}",
+            humantime::format_duration(d),
+            cause.as_deref().unwrap_or("none (still connecting)")
+        );
+        code = EXIT_FAILURE;
+    }
     if attempt.get() == Attempt::Deciding {
         // `--try` ended undecided (a signal, a refusal): what it held back.
         log::release_held();
@@ -538,6 +572,44 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     code
 }
 
+/// `--give-up-after D`: resolves once no session has been ready for `d`
+/// (since this call, or since the session was last seen ready), with the
+/// last connection error. Reads the locker's status every `d / 20` (5 ms to
+/// 100 ms).
+async fn without_session(locker: &Locker, d: Duration) -> Option<String> {
+    let poll = (d / 20).clamp(Duration::from_millis(5), Duration::from_millis(100));
+    let mut since = Instant::now();
+    loop {
+        let status = locker.status();
+        let now = Instant::now();
+        if matches!(status.session, SessionState::Ready { .. }) {
+            since = now;
+        } else if now.saturating_duration_since(since) >= d {
+            return status.last_error.map(|e| e.error.to_string());
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// One job in [`Ctx::leading`] while it lives: counted from before its command
+/// starts until its watchdog is finished, on every path. (Counted only once the
+/// command had started, a SIGTERM in between found the runner "not leading": it
+/// exited at once and its watchdog SIGKILLed the fresh command.)
+struct Counted<'a>(&'a Cell<usize>);
+
+impl<'a> Counted<'a> {
+    fn new(leading: &'a Cell<usize>) -> Counted<'a> {
+        leading.set(leading.get() + 1);
+        Counted(leading)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
+}
+
 /// Runs `futures` until every one is done.
 async fn all(mut futures: Vec<Pin<Box<dyn Future<Output = ()> + '_>>>) {
     std::future::poll_fn(|cx| {
@@ -551,8 +623,10 @@ async fn all(mut futures: Vec<Pin<Box<dyn Future<Output = ()> + '_>>>) {
     .await;
 }
 
-/// The exit status for how the run ended; its error logged if `log`.
-fn outcome(result: Result<(), RunError<JobEnd>>, log: bool) -> i32 {
+/// The exit status for how the run ended; its error logged if `log`, with
+/// `password_search` (where no password was found) after a "password
+/// missing".
+fn outcome(result: Result<(), RunError<JobEnd>>, log: bool, password_search: Option<&str>) -> i32 {
     let code = match &result {
         Ok(()) => 0,
         Err(RunError::Job(JobEnd::Exited(code) | JobEnd::Spawn { code, .. })) => *code,
@@ -566,7 +640,12 @@ fn outcome(result: Result<(), RunError<JobEnd>>, log: bool) -> i32 {
         Err(RunError::Refused(r)) => tracing::error!("refused: {r}"),
         Err(RunError::Name(e)) => tracing::error!("{e}"),
         // "cannot connect: password authentication failed for user ..."
-        Err(e) => tracing::error!("{e}"),
+        Err(e) => match password_search {
+            Some(search) if e.to_string().contains("password missing") => {
+                tracing::error!("{e}: the server asks for a password, and there is {search}")
+            }
+            _ => tracing::error!("{e}"),
+        },
     }
     code
 }
@@ -638,6 +717,9 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
     if let Some(a) = &answerer {
         command.env(valid::SOCKET_VAR, a.path());
     }
+    // Leading from before the command starts: a signal from here on finds the runner
+    // leading, and the run stops the command as on any shutdown (SIGTERM, --grace).
+    let counted = Counted::new(ctx.leading);
     let mut dog = match Watchdog::start(&command).await {
         Ok(dog) => dog,
         Err(e) => {
@@ -671,8 +753,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
             return Err(JobEnd::Watchdog(message));
         }
     };
-    ctx.leading.set(ctx.leading.get() + 1);
-    ctx.current.set(&lease);
+    ctx.current.set(shard.map_or(0, |(i, _)| i), &lease);
     let armed = dog.arm(deadline);
     tracing::info!(
         command_pid = job.pid(),
@@ -768,9 +849,9 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
             Err(JobEnd::Watchdog(message))
         }
     };
-    ctx.current.clear();
+    ctx.current.clear(shard.map_or(0, |(i, _)| i));
     dog.finish().await;
-    ctx.leading.set(ctx.leading.get() - 1);
+    drop(counted);
     if let Some(attempt) = ctx.attempt {
         once_only(&lease, attempt, own, ctx).await;
     }

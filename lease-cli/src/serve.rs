@@ -20,11 +20,12 @@
 //! response, `Connection: close`): four routes do not justify a server crate
 //! and its dependencies (hyper, or a framework on it).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use lease_tokio::{Lease, LeaseState, Locker, SessionState};
+use lease_tokio::{Lease, LeaseId, LeaseState, Locker, SessionState};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -79,28 +80,49 @@ impl Endpoints {
     }
 }
 
-/// The lease the command currently runs under, shared between the job and
-/// the endpoint (set when the command starts, cleared when the job ends).
+/// Exports, from the runner's start, the series the alert rules need before anything happened
+/// (a counter appears at its first increment, a level at its first move): `lease_leader` and
+/// `lease_acquisitions_total` of each lease, `lease_sessions_ready` and
+/// `lease_server_clock_steps_total` at 0. Without them, replicas that never led and never
+/// connected show nothing, and "nobody leads" or "no session" cannot be told from "no
+/// replica". Called once the recorder is installed, before the locker exists (the driver's
+/// moves come after and set the true levels).
+pub fn zero(leases: &[LeaseId]) {
+    if let Some(group) = leases.first().and_then(LeaseId::group) {
+        metrics::gauge!("lease_group_leases_held", "group" => group.name().to_owned()).set(0.0);
+    }
+    for lease in leases {
+        metrics::gauge!("lease_leader", "lease" => lease.name().to_owned()).set(0.0);
+        metrics::counter!("lease_acquisitions_total", "lease" => lease.name().to_owned())
+            .absolute(0);
+    }
+    metrics::gauge!("lease_sessions_ready").set(0.0);
+    metrics::counter!("lease_server_clock_steps_total").absolute(0);
+}
+
+/// The leases the commands currently run under, by shard index (0 without
+/// `--shards`), shared between the jobs and the endpoint (set when a command
+/// starts, cleared when its job ends).
 #[derive(Clone, Default)]
-pub struct Current(Arc<Mutex<Option<Lease>>>);
+pub struct Current(Arc<Mutex<BTreeMap<usize, Lease>>>);
 
 impl Current {
-    fn lock(&self) -> MutexGuard<'_, Option<Lease>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<usize, Lease>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The command runs under `lease`.
-    pub fn set(&self, lease: &Lease) {
-        *self.lock() = Some(lease.clone());
+    /// The command of shard `shard` runs under `lease`.
+    pub fn set(&self, shard: usize, lease: &Lease) {
+        self.lock().insert(shard, lease.clone());
     }
 
-    /// The job ended.
-    pub fn clear(&self) {
-        *self.lock() = None;
+    /// The job of shard `shard` ended.
+    pub fn clear(&self, shard: usize) {
+        self.lock().remove(&shard);
     }
 }
 
-/// What `/healthz` tolerates.
+/// What `/healthz` tolerates, and the shape of `/leader`.
 #[derive(Debug, Clone, Copy)]
 pub struct Health {
     /// How long the session may be other than ready (connecting, setting up,
@@ -108,6 +130,8 @@ pub struct Health {
     /// one connection attempt and one retry wait (`--query-timeout` +
     /// `--retry-interval`), the time a routine reconnect takes.
     pub tolerance: Duration,
+    /// `--shards`: `/leader/I` answers for shard I, `/leader` for any.
+    pub shards: Option<u16>,
 }
 
 /// Everything a request is answered from.
@@ -205,8 +229,44 @@ impl State {
                 }
             }
             "/healthz" => self.healthz(),
-            "/leader" => self.leader(),
-            _ => Response::text(404, "not found: try /metrics, /healthz or /leader"),
+            "/leader" => match self.health.shards {
+                None => self.leader(0),
+                Some(n) => self.leader_of_any(n),
+            },
+            _ => match (self.health.shards, path.strip_prefix("/leader/")) {
+                (Some(n), Some(segment)) => match segment.parse::<u16>() {
+                    Ok(i) if i < n && i.to_string() == segment => self.leader(usize::from(i)),
+                    _ => Response::text(
+                        404,
+                        format!("not found: the shards are /leader/0 to /leader/{}", n - 1),
+                    ),
+                },
+                (Some(_), None) => Response::text(
+                    404,
+                    "not found: try /metrics, /healthz, /leader or /leader/SHARD",
+                ),
+                (None, _) => Response::text(404, "not found: try /metrics, /healthz or /leader"),
+            },
+        }
+    }
+
+    /// `/leader` with `--shards n`: 200 while the command of at least one
+    /// shard runs under a valid lease, naming them.
+    fn leader_of_any(&self, n: u16) -> Response {
+        let led: Vec<String> = (self.current.lock().iter())
+            .filter(|(_, lease)| lease.is_valid())
+            .map(|(i, _)| i.to_string())
+            .collect();
+        if led.is_empty() {
+            Response::text(
+                503,
+                format!("not leader: {}", role(&self.locker.status().leases)),
+            )
+        } else {
+            Response::text(
+                200,
+                format!("leader of {} of {n} shards: {}", led.len(), led.join(",")),
+            )
         }
     }
 
@@ -252,8 +312,9 @@ impl State {
         }
     }
 
-    fn leader(&self) -> Response {
-        let current = self.current.lock().clone();
+    /// `/leader` (`shard` 0), or `/leader/SHARD` with `--shards`.
+    fn leader(&self, shard: usize) -> Response {
+        let current = self.current.lock().get(&shard).cloned();
         match current {
             Some(lease) if lease.is_valid() => {
                 let left = lease.valid_until().map_or(Duration::ZERO, |v| {
@@ -266,16 +327,34 @@ impl State {
                 )
             }
             Some(_) => Response::text(503, "not leader: the lease is lost or being released"),
-            None => Response::text(
-                503,
-                format!("not leader: {}", role(&self.locker.status().leases)),
-            ),
+            None => {
+                let status = self.locker.status();
+                let role = match self.health.shards {
+                    None => role(&status.leases),
+                    Some(_) => role(std::slice::from_ref(
+                        match (status.leases.iter()).find(|l| {
+                            l.lease.name().rsplit_once('/').map(|(_, i)| i)
+                                == Some(&*shard.to_string())
+                        }) {
+                            Some(l) => l,
+                            None => return Response::text(503, "not leader: not contending"),
+                        },
+                    )),
+                };
+                Response::text(503, format!("not leader: {role}"))
+            }
         }
     }
 }
 
 /// This replica's part, for a response body.
 fn role(leases: &[lease_tokio::LeaseStatus]) -> String {
+    if leases.len() > 1 {
+        let leading = (leases.iter())
+            .filter(|l| matches!(l.state, LeaseState::Leading { .. }))
+            .count();
+        return format!("leading {leading} of {} shards", leases.len());
+    }
     match leases.first().map(|l| &l.state) {
         Some(LeaseState::Leading { token, .. }) => format!("leading (token {token})"),
         Some(LeaseState::Standby {

@@ -82,9 +82,20 @@ pub(crate) struct EventLog {
     /// The host the lease session opened on (`host:port`), for the lines
     /// that say where the session is.
     host: Option<String>,
+    /// The locker observes ([`Options::observer`](lease_proto::Options)): its
+    /// runs never lead, and their lines say so.
+    observer: bool,
 }
 
 impl EventLog {
+    /// The log of a locker; `observer`: an observing one.
+    pub(crate) fn new(observer: bool) -> EventLog {
+        EventLog {
+            observer,
+            ..EventLog::default()
+        }
+    }
+
     /// The host of the lease session from now on.
     pub(crate) fn set_host(&mut self, host: Option<String>) {
         self.host = host;
@@ -115,9 +126,9 @@ impl EventLog {
             _ => None,
         };
         match kind {
-            None => log_event(event, 1, self.host.as_deref()),
+            None => log_event(event, 1, self.host.as_deref(), self.observer),
             Some(kind) => match self.repeats.failed(clock(), kind) {
-                Some(n) => log_event(event, n, self.host.as_deref()),
+                Some(n) => log_event(event, n, self.host.as_deref(), self.observer),
                 None => {
                     let error = match event {
                         Event::ConnectFailed { error, .. } => Some(error),
@@ -143,8 +154,9 @@ macro_rules! lease_event {
 
 /// One log line per event; `since` is how many failed attempts a
 /// connection failure's line stands for (see [`Repeats`]); `host` is where
-/// the lease session opened, named by every line that says where it is.
-fn log_event(event: &Event, since: u32, host: Option<&str>) {
+/// the lease session opened, named by every line that says where it is;
+/// `observer`: the locker observes (its standbys never lead).
+fn log_event(event: &Event, since: u32, host: Option<&str>, observer: bool) {
     use tracing::{debug, error, info, warn};
     let host = host.unwrap_or("?");
     match event {
@@ -216,6 +228,20 @@ fn log_event(event: &Event, since: u32, host: Option<&str>) {
         }
         Event::Lost { run, lease, reason } => lease_event!(warn, run, lease, %reason, "lease lost"),
         Event::Released { run, lease } => lease_event!(info, run, lease, "lease released"),
+        Event::StandingBy {
+            run,
+            lease,
+            holder_pid: pid,
+        } if observer => {
+            lease_event!(
+                info,
+                run,
+                lease,
+                holder_backend_pid = pid,
+                host,
+                "observing the lease; an observer never leads"
+            )
+        }
         Event::StandingBy {
             run,
             lease,
@@ -322,14 +348,16 @@ fn log_event(event: &Event, since: u32, host: Option<&str>) {
             run,
             lease,
             to_member = to,
-            "lease handed over to the group member that owns it in the share"
+            "handing the lease over to the group member that owns it in the share: stopping the \
+             job, then releasing the lease"
         ),
         Event::HandedOver { run, lease, to, .. } => lease_event!(
             info,
             run,
             lease,
             to_backend_pid = to,
-            "lease handed over to the backend a hand-over request named"
+            "handing the lease over to the backend a hand-over request named, which waits for \
+             it: stopping the job, then releasing the lease"
         ),
         Event::HandoverRefused { key, to } => warn!(
             key,

@@ -23,6 +23,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub(crate) fn new(machine: Machine, clock: Clock) -> Inner {
+        let log = EventLog::new(machine.options().observer);
         let shared = Shared {
             machine,
             clock: clock.clone(),
@@ -34,7 +35,7 @@ impl Inner {
             lockers_gone: false,
             close_waiters: Vec::new(),
             metrics: Metrics::new(),
-            log: EventLog::default(),
+            log,
         };
         Inner {
             shared: Mutex::new(shared),

@@ -150,6 +150,8 @@ pub struct Conninfo {
     rustls: Arc<rustls::ClientConfig>,
     summary: String,
     warnings: Vec<String>,
+    /// Where no password was found (`None`: one was).
+    password_search: Option<String>,
 }
 
 impl Conninfo {
@@ -222,6 +224,16 @@ impl Conninfo {
     /// password file with group or world access, ignored as libpq does).
     pub fn warnings(&self) -> &[String] {
         &self.warnings
+    }
+
+    /// Where a password was looked for and not found, when none was (`None`
+    /// when the connection has one), for an error that needs one (the
+    /// server asked for a password: tokio-postgres says "password missing"):
+    /// `no password in --database-url, nor in PGPASSWORD, nor in the password
+    /// file /home/app/.pgpass (the default; no line matches)`. Never a
+    /// password.
+    pub fn password_search(&self) -> Option<&str> {
+        self.password_search.as_deref()
     }
 }
 

@@ -20,6 +20,17 @@ pub(crate) struct Param {
 /// # Errors
 /// [`ErrorKind::Syntax`], naming the parameter where it can.
 pub(crate) fn params(s: &str, origin: &str) -> Result<Vec<Param>, ConninfoError> {
+    if let Some(scheme) = mistyped_url_scheme(s) {
+        // Only the scheme is quoted: what follows may hold a password.
+        return Err(syntax(
+            origin,
+            None,
+            &format!(
+                "it starts with `{scheme}`, not a URL's `postgres://` or `postgresql://` (a \
+                 mistyped URL?), nor a `key=value` string"
+            ),
+        ));
+    }
     let all = match strip_url_prefix(s) {
         Some(rest) => url_params(rest, origin)?,
         None => kv_params(s, origin)?,
@@ -30,6 +41,20 @@ pub(crate) fn params(s: &str, origin: &str) -> Result<Vec<Param>, ConninfoError>
         out.push(p);
     }
     Ok(out)
+}
+
+/// The start of `s` when it looks like a URL whose scheme is mistyped
+/// (`postgres//`, `postgres:/`, `postgresql:\\`): `postgres` or `postgresql`
+/// followed by `:`, `/` or `\\` characters other than exactly `://`.
+fn mistyped_url_scheme(s: &str) -> Option<&str> {
+    let t = s.trim_start();
+    let head = t.get(..10).filter(|h| h.eq_ignore_ascii_case("postgresql"));
+    let head = head.or_else(|| t.get(..8).filter(|h| h.eq_ignore_ascii_case("postgres")))?;
+    let rest = &t[head.len()..];
+    let marks = rest.len() - rest.trim_start_matches([':', '/', '\\']).len();
+    let scheme = &t[..head.len() + marks];
+    (marks > 0 && !(rest.starts_with("://") && head.chars().all(|c| c.is_ascii_lowercase())))
+        .then_some(scheme)
 }
 
 fn strip_url_prefix(s: &str) -> Option<&str> {
@@ -287,6 +312,28 @@ mod tests {
             "{e}"
         );
         assert!(!e.to_string().contains('Z'), "{e}");
+    }
+
+    #[test]
+    fn a_mistyped_url_scheme_is_named_without_what_follows() {
+        for (s, scheme) in [
+            ("postgres//u:Zecret@h/db", "postgres//"),
+            ("postgresql//h/db", "postgresql//"),
+            ("postgres:/u:Zecret@h/db", "postgres:/"),
+            ("postgres:u:Zecret@h", "postgres:"),
+            (" postgres:\\\\h/db", "postgres:\\\\"),
+            ("POSTGRES://h/db", "POSTGRES://"),
+        ] {
+            let e = params(s, "X").unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("it starts with `{scheme}`, not a URL's")),
+                "{s}: {e}"
+            );
+            assert!(!e.contains('Z'), "{e}");
+        }
+        assert!(params("postgres://h/db", "X").is_ok());
+        assert!(params("postgresql://h/db", "X").is_ok());
+        assert!(params("host=postgres//x", "X").is_ok());
     }
 
     #[test]

@@ -296,18 +296,47 @@ pub(crate) fn resolve(
         }
     }
     let home = lookup("HOME").map(PathBuf::from);
+    let mut password_search = None;
     if config.get_password().is_none() {
-        let passfile = setting("passfile", "PGPASSFILE")
-            .map(|(p, _)| PathBuf::from(p))
-            .or_else(|| home.as_ref().map(|h| h.join(".pgpass")));
-        if let Some(path) = passfile {
-            match crate::pgpass::lookup(&path, &config) {
+        let passfile = setting("passfile", "PGPASSFILE");
+        let file = match &passfile {
+            Some((p, from)) => Some((PathBuf::from(p), from.clone())),
+            None => home
+                .as_ref()
+                .map(|h| (h.join(".pgpass"), "the default".to_owned())),
+        };
+        // Where no password was found, for an error that needs one.
+        let mut searched = match string {
+            Some(_) => format!("no password in {origin}, nor in PGPASSWORD"),
+            None => "no password in PGPASSWORD".to_owned(),
+        };
+        match file {
+            Some((path, from)) => match crate::pgpass::lookup(&path, &config) {
                 Ok(Some(password)) => {
                     add_secret(&password);
                     config.password(password);
                 }
-                Ok(None) => {}
-                Err(crate::pgpass::Skipped(why)) => warnings.push(why),
+                Ok(None) => {
+                    let how = if path.exists() {
+                        "no line matches"
+                    } else {
+                        "no such file"
+                    };
+                    searched.push_str(&format!(
+                        ", nor in the password file {} ({from}; {how})",
+                        path.display()
+                    ));
+                    password_search = Some(searched);
+                }
+                Err(crate::pgpass::Skipped(why)) => {
+                    searched.push_str(&format!(", and {why}"));
+                    password_search = Some(searched);
+                    warnings.push(why);
+                }
+            },
+            None => {
+                searched.push_str(", and no password file (neither PGPASSFILE nor HOME is set)");
+                password_search = Some(searched);
             }
         }
     }
@@ -341,6 +370,7 @@ pub(crate) fn resolve(
         rustls,
         summary,
         warnings,
+        password_search,
     })
 }
 
@@ -856,6 +886,53 @@ mod tests {
             "{:?}",
             t.warnings
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Where a password was looked for, named when none was found.
+    #[test]
+    fn the_password_search_names_where_it_looked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("lease-conn-search-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing").display().to_string();
+        let env = with_env(&[("PGPASSFILE", &missing)]);
+        let t = resolve_from(Some("host=h user=u dbname=d"), &env).unwrap();
+        assert_eq!(
+            t.password_search(),
+            Some(&*format!(
+                "no password in --database-url, nor in PGPASSWORD, nor in the password file \
+                 {missing} (PGPASSFILE; no such file)"
+            ))
+        );
+        let path = dir.join("pass");
+        std::fs::write(&path, "other:5432:d:u:Nope\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let file = path.display().to_string();
+        let t = resolve_from(
+            Some(&format!("host=h user=u dbname=d passfile={file}")),
+            &with_env(&[]),
+        )
+        .unwrap();
+        let search = t.password_search().unwrap();
+        assert!(
+            search.ends_with("(passfile in --database-url; no line matches)"),
+            "{search}"
+        );
+        let t = resolve_from(None, &with_env(&[("USER", "u"), ("HOME", "/nonexistent")])).unwrap();
+        assert_eq!(
+            t.password_search(),
+            Some("no password in PGPASSWORD, nor in the password file /nonexistent/.pgpass (the default; no such file)")
+        );
+        let t = resolve_from(None, &with_env(&[("USER", "u")])).unwrap();
+        assert!(t
+            .password_search()
+            .unwrap()
+            .ends_with("neither PGPASSFILE nor HOME is set)"));
+        let t = resolve_from(Some("host=h user=u password=given"), &env).unwrap();
+        assert_eq!(t.password_search(), None);
+        let t = resolve_from(Some("host=h user=u"), &with_env(&[("PGPASSWORD", "pw")])).unwrap();
+        assert_eq!(t.password_search(), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -257,9 +257,11 @@ pub enum Reason {
     /// in progress: the session was closed and the locker tries again after
     /// a backoff.
     InRecovery,
-    /// The lease's group moved the key to another live member (its share,
-    /// see `docs/library.md`, "Lease groups"): the key is released once the
-    /// job returned, and the run stands by again.
+    /// The key goes to another session: the lease's group moved it to another
+    /// live member (its share, see `docs/library.md`, "Lease groups"), or a
+    /// hand-over request (`lease handover`, a standby of a higher priority)
+    /// named a backend that waits for it. The key is released once the job
+    /// returned, and the run stands by again.
     HandedOver,
 }
 
@@ -316,7 +318,9 @@ impl fmt::Display for Reason {
             Reason::QueryFailed(e) => write!(f, "statement failed: {e}"),
             Reason::Shutdown => f.write_str("shutdown requested"),
             Reason::Closed => f.write_str("locker closed"),
-            Reason::HandedOver => f.write_str("handed over to another member of its group"),
+            Reason::HandedOver => f.write_str(
+                "handed over to another session (a hand-over request, or a lease group's share)",
+            ),
             Reason::Refused(r) => write!(f, "{r}"),
             Reason::InRecovery => f.write_str(
                 "the server is a hot standby (in recovery): advisory locks there give no mutual exclusion; trying again",

@@ -19,7 +19,9 @@ impl Resolve for SmolAdapter {
         for warning in conninfo.warnings() {
             tracing::warn!("{warning}");
         }
-        tracing::debug!("connection: {conninfo}");
+        // Where, and whether TLS is required, verified or only taken if offered
+        // (the same words as `lease run`'s first line).
+        tracing::info!("lease connects to {conninfo}");
         let tls = MakeRustls::from(conninfo.rustls());
         Ok((conninfo.into_config(), tls))
     }

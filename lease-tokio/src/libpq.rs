@@ -29,7 +29,9 @@ fn split(conninfo: Conninfo) -> (Config, Rustls) {
     for warning in conninfo.warnings() {
         tracing::warn!("{warning}");
     }
-    tracing::debug!("connection: {conninfo}");
+    // Where, and whether TLS is required, verified or only taken if offered
+    // (the same words as `lease run`'s first line).
+    tracing::info!("lease connects to {conninfo}");
     let tls = Rustls::new((*conninfo.rustls()).clone());
     (conninfo.into_config(), tls)
 }

@@ -1,6 +1,6 @@
 //! The `lease` command without a password for a server that asks for one
 //! (no `password=`, no `PGPASSWORD`, no password file): exit 1 at once with
-//! one line that says so, instead of retrying forever.
+//! one line that says so and where it looked, instead of retrying forever.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,17 @@ fn no_password_exits_1_at_once_naming_it() {
     assert_eq!(errors.len(), 1, "one error line: {lines:#?}");
     assert!(
         errors[0].contains("cannot connect: invalid configuration: password missing"),
+        "{}",
+        errors[0]
+    );
+    // Where it looked: the string, PGPASSWORD, the password file (here: none in HOME).
+    let pgpass = home.join(".pgpass");
+    assert!(
+        errors[0].contains(&format!(
+            "the server asks for a password, and there is no password in --database-url, nor \
+             in PGPASSWORD, nor in the password file {} (the default; no such file)",
+            pgpass.display()
+        )),
         "{}",
         errors[0]
     );

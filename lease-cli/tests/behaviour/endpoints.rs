@@ -678,6 +678,148 @@ fn a_bad_or_busy_metrics_addr_exits_2_at_once() {
     }
 }
 
+/// `--shards 4 --metrics-addr` on two replicas: once settled at two shards each, every
+/// `/leader/I` is 200 on exactly one replica, `/leader` is 200 on both (each leads a shard),
+/// a shard out of range is 404, and `/metrics` has each shard's `lease_leader` and the
+/// group's `lease_group_leases_held`; after a replica's SIGTERM the other answers 200 for
+/// every shard.
+#[test]
+fn shards_have_a_leader_endpoint_each_and_their_metrics() {
+    let _serial = serial();
+    let c = cluster();
+    let url = c.url("postgres");
+    let name = unique("shards-endpoints");
+    let addrs = [free_addr(), free_addr()];
+    let spawn = |addr: SocketAddr| {
+        let mut cmd = lease();
+        cmd.arg("run")
+            .args(["--database-url", &url])
+            .args([
+                "--retry-interval",
+                "200ms",
+                "--heartbeat-interval",
+                "150ms",
+                "--query-timeout",
+                "400ms",
+                "--grace",
+                "300ms",
+                "--shards",
+                "4",
+            ])
+            .args(["--metrics-addr", &addr.to_string()])
+            .arg(&name)
+            .args(["--", "sleep", "1000"]);
+        Replica::spawn(cmd).expect("spawn lease run --shards")
+    };
+    let mut a = spawn(addrs[0]);
+    let b = spawn(addrs[1]);
+    // Who answers 200 for each shard, until the share holds (2 each, every shard led once).
+    let owners = |addrs: &[SocketAddr]| -> Vec<Vec<usize>> {
+        (0..4)
+            .map(|i| {
+                (0..addrs.len())
+                    .filter(|&r| code(addrs[r], &format!("/leader/{i}")) == Some(200))
+                    .collect()
+            })
+            .collect()
+    };
+    let start = Instant::now();
+    loop {
+        let o = owners(&addrs);
+        let each = |r: usize| o.iter().filter(|v| v.as_slice() == [r]).count();
+        if o.iter().all(|v| v.len() == 1) && each(0) == 2 && each(1) == 2 {
+            break;
+        }
+        assert!(start.elapsed() < MS(20_000), "never settled: {o:?}");
+        std::thread::sleep(MS(50));
+    }
+    for addr in addrs {
+        let (code_all, body) = get(addr, "/leader").expect("/leader");
+        assert_eq!(code_all, 200, "{body}");
+        assert!(body.starts_with("leader of 2 of 4 shards: "), "{body}");
+        for bad in ["/leader/4", "/leader/01", "/leader/x", "/leader/"] {
+            assert_eq!(code(addr, bad), Some(404), "{bad}");
+        }
+        let metrics = scrape(addr);
+        let held: f64 = (0..4)
+            .map(|i| {
+                metric(
+                    &metrics,
+                    "lease_leader",
+                    &[("lease", &format!("{name}/{i}"))],
+                )
+            })
+            .sum();
+        assert_eq!(held, 2.0, "{metrics}");
+        assert_eq!(
+            metric(&metrics, "lease_group_leases_held", &[("group", &name)]),
+            2.0
+        );
+        let (healthz, body) = get(addr, "/healthz").expect("/healthz");
+        assert_eq!(healthz, 200, "{body}");
+        assert!(body.contains("leading 2 of 4 shards"), "{body}");
+    }
+    a.sigterm().expect("SIGTERM a");
+    a.wait_exit(MS(10_000)).expect("a exits");
+    let start = Instant::now();
+    while owners(&addrs[1..]).iter().any(|v| v.len() != 1) {
+        assert!(start.elapsed() < MS(10_000), "b did not take every shard");
+        std::thread::sleep(MS(50));
+    }
+    let (_, body) = get(addrs[1], "/leader").expect("/leader");
+    assert!(
+        body.starts_with("leader of 4 of 4 shards: 0,1,2,3"),
+        "{body}"
+    );
+    let _ = b.sigterm();
+}
+
+/// A runner that never connected exports the series the alert rules need at 0 (a counter or
+/// level the driver never moved would be absent): `lease_leader` and `lease_acquisitions_total`
+/// of its lease, `lease_sessions_ready`, `lease_server_clock_steps_total`. The database URL
+/// points at a port nothing listens on.
+#[test]
+fn a_runner_exports_its_levels_at_0_before_it_ever_connected() {
+    let nobody = free_addr();
+    let addr = free_addr();
+    let name = unique("zero");
+    let mut cmd = lease();
+    cmd.arg("run")
+        .args(["--database-url", &format!("postgres://u@{nobody}/db")])
+        .args(FAST)
+        .args([
+            "--metrics-addr",
+            &addr.to_string(),
+            &name,
+            "--",
+            "sleep",
+            "1000",
+        ]);
+    let r = Replica::spawn(cmd).expect("spawn lease run");
+    r.wait_for_line(|l| l.contains("cannot reach the database"), MS(10_000))
+        .expect("it fails to connect");
+    let body = scrape(addr);
+    for series in [
+        format!("lease_leader{{lease=\"{name}\"}} 0"),
+        format!("lease_acquisitions_total{{lease=\"{name}\"}} 0"),
+        "lease_sessions_ready 0".to_owned(),
+        "lease_server_clock_steps_total 0".to_owned(),
+    ] {
+        assert!(
+            body.lines().any(|l| l == series),
+            "no `{series}` in:\n{body}"
+        );
+    }
+    assert!(
+        metric(
+            &body,
+            "lease_session_failures_total",
+            &[("class", "network")]
+        ) >= 1.0
+    );
+    drop(r);
+}
+
 /// `/healthz` is 200 while the session is ready, stays 200 within the
 /// tolerance (--query-timeout + --retry-interval = 1.05 s) of a lost server,
 /// then turns 503 with a one-line reason; `/leader` is 503 meanwhile. Unknown

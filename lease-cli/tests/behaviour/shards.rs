@@ -24,16 +24,18 @@ const INTERVALS: [&str; 6] = [
 /// Each shard's command: takes the shard's `flock` without waiting (a shard run twice
 /// at once, its whole tree included, finds it taken and says `overlap`), appends `start
 /// SHARD TOKEN REPLICA NS SHARDS NAME`, asks `lease valid` (`invalid ...` if it is not),
-/// and appends `stop SHARD TOKEN REPLICA NS` on SIGTERM.
+/// and appends `stop SHARD TOKEN REPLICA NS` on SIGTERM. The trap comes first: a shard
+/// handed over within a moment of its start (a loaded machine) got SIGTERM before a later
+/// trap, died without its stop line, and its term looked still running.
 fn script(dir: &Path) -> String {
     let dir = dir.display();
     let lease = env!("CARGO_BIN_EXE_lease");
     format!(
-        r#"exec 9>>{dir}/lock.$LEASE_SHARD
+        r#"trap 'echo "stop $LEASE_SHARD $LEASE_TOKEN $REPLICA $(date +%s%N)" >> {dir}/log; exit 0' TERM
+exec 9>>{dir}/lock.$LEASE_SHARD
 flock -n 9 || echo "overlap $LEASE_SHARD $LEASE_TOKEN $REPLICA" >> {dir}/log
 echo "start $LEASE_SHARD $LEASE_TOKEN $REPLICA $(date +%s%N) $LEASE_SHARDS $LEASE_NAME" >> {dir}/log
 {lease} valid -q || echo "invalid $LEASE_SHARD $LEASE_TOKEN $REPLICA" >> {dir}/log
-trap 'echo "stop $LEASE_SHARD $LEASE_TOKEN $REPLICA $(date +%s%N)" >> {dir}/log; exit 0' TERM
 while :; do sleep 0.02; done"#
     )
 }

@@ -45,7 +45,7 @@ pub(super) enum RunState {
     /// The job returned; the key is held until the unlock answers.
     Releasing {
         /// What the run finishes with once released; `None`: it was handed
-        /// over to another member of its group, and stands by again.
+        /// over to another session, and stands by again.
         outcome: Option<Outcome>,
         release: Release,
     },

@@ -336,6 +336,52 @@ fn a_bad_keyword_is_named() {
     );
 }
 
+/// `Locker::from_conninfo` (and `from_env`) logs where it connects and what of TLS, as `lease
+/// run`'s first line does: `lease connects to host ...; no TLS (sslmode=disable)`.
+#[test]
+fn the_libpq_constructors_log_whether_tls_is_used() {
+    #[derive(Clone, Default)]
+    struct Buffer(std::sync::Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    for (mode, words) in [
+        ("disable", "no TLS (sslmode=disable)"),
+        (
+            "require",
+            "TLS required (sslmode=require), server certificate not verified",
+        ),
+    ] {
+        let conn = format!("host=127.0.0.1 user=app dbname=app sslmode={mode}");
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let tokio = lease_tokio::Locker::from_conninfo(&conn, opts()).map(|_| ());
+            let smol = lease_smol::Locker::from_conninfo(&conn, opts()).map(|_| ());
+            assert!(tokio.is_ok() && smol.is_ok(), "{tokio:?} {smol:?}");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("lease connects to"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        for line in lines {
+            assert!(line.contains(" INFO ") && line.contains(words), "{line}");
+        }
+    }
+}
+
 /// `sslmode=require` on a constructor without TLS: the error points to the
 /// constructors that have it.
 #[test]

@@ -18,7 +18,7 @@ use crate::{add_secret, redact, stopped, Args};
 /// replicas log at their default level whatever the caller's environment says.
 const LEASE_FILTER_ENV: &str = "LEASE_LOG";
 
-/// Lease intervals of the replicas: failover within about two seconds.
+/// Lease intervals of the replicas without `--defaults`: failover within about two seconds.
 const RUN_OPTIONS: [&str; 8] = [
     "--retry-interval",
     "200ms",
@@ -29,8 +29,45 @@ const RUN_OPTIONS: [&str; 8] = [
     "--grace",
     "1s",
 ];
-/// How long a failover may take before the demo gives up.
+/// How long a failover may take before the demo gives up, at [`RUN_OPTIONS`].
 const FAILOVER_LIMIT: Duration = Duration::from_secs(15);
+/// The same at the defaults (a freeze or a partition: validity + guard margin, 11 to 16 s).
+const FAILOVER_LIMIT_AT_DEFAULTS: Duration = Duration::from_secs(60);
+/// The timing flags of `lease run` the demo names.
+const TIMING_FLAGS: [&str; 4] = [
+    "--retry-interval",
+    "--heartbeat-interval",
+    "--query-timeout",
+    "--grace",
+];
+
+/// `lease run`'s defaults of [`TIMING_FLAGS`], as `lease run --help` states them (`flag
+/// value` pairs; `?` for one it does not state).
+fn default_timings(lease: &Path) -> String {
+    let help = Command::new(lease)
+        .args(["run", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    timings_in(&help)
+}
+
+/// The defaults of [`TIMING_FLAGS`] in the text of `lease run --help`.
+fn timings_in(help: &str) -> String {
+    let value = |flag: &str| {
+        let at = help.find(&format!("      {flag} <"))?;
+        let rest = &help[at..];
+        let d = rest.find("[default: ")?;
+        rest[d + "[default: ".len()..]
+            .split([']', ','])
+            .next()
+            .map(str::to_owned)
+    };
+    (TIMING_FLAGS.iter())
+        .map(|f| format!("{f} {}", value(f).unwrap_or_else(|| "?".to_owned())))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
 
 /// Why the demo stopped early.
 enum DemoError {
@@ -123,6 +160,10 @@ struct Demo {
     members: Vec<Member>,
     jobs: Vec<JobLine>,
     verbose: bool,
+    /// `--defaults`: the replicas run at `lease run`'s default timings.
+    defaults: bool,
+    /// How long a failover may take before the demo gives up.
+    failover_limit: Duration,
     /// Token of the job the timeline last saw start.
     leader: Option<(usize, i64)>,
 }
@@ -179,8 +220,9 @@ pub fn main(args: &Args, lease: &Path, job: &Path) -> u8 {
                 let first = e.lines().next().unwrap_or("failed");
                 eprintln!("demo: error: cannot start a throwaway PostgreSQL: {first}");
                 eprintln!(
-                    "  (install it with `bash .ci/install-deps`, or point the demo at a \
-                     server: cargo run -p lease-bench --bin demo -- --database-url URL)"
+                    "  (install a PostgreSQL server, 14 or newer: on Debian or Ubuntu `sudo \
+                     apt-get install postgresql`; or point the demo at a server: cargo run -p \
+                     lease-bench --bin demo -- --database-url URL)"
                 );
                 return 1;
             }
@@ -194,6 +236,12 @@ pub fn main(args: &Args, lease: &Path, job: &Path) -> u8 {
         members: Vec::new(),
         jobs: Vec::new(),
         verbose: args.verbose,
+        defaults: args.defaults,
+        failover_limit: if args.defaults {
+            FAILOVER_LIMIT_AT_DEFAULTS
+        } else {
+            FAILOVER_LIMIT
+        },
         leader: None,
     };
     let result = demo.run();
@@ -202,8 +250,8 @@ pub fn main(args: &Args, lease: &Path, job: &Path) -> u8 {
         Ok(rows) => {
             print_summary(&rows);
             println!(
-                "\ndone in {:.1} s. Try it on your job: cargo install --path lease-cli, then \
-                 lease run my-job -- ./my-job.sh",
+                "\ndone in {:.1} s. Try it on your job: cargo install --locked --path \
+                 lease-cli, then lease run my-job -- ./my-job.sh",
                 t0.elapsed().as_secs_f64()
             );
             0
@@ -343,10 +391,23 @@ impl Demo {
         for _ in 0..3 {
             self.spawn_member()?;
         }
+        let timings = if self.defaults {
+            format!(
+                "at lease run's default timings, {}: a frozen or cut-off leader is replaced \
+                 11 to 16 s after its last heartbeat",
+                default_timings(&self.lease)
+            )
+        } else {
+            format!(
+                "at test timings, {}: failover within about 2 s (lease run's defaults are \
+                 {}: 11 to 16 s for a freeze or a partition; see them with --defaults)",
+                RUN_OPTIONS.join(" "),
+                default_timings(&self.lease)
+            )
+        };
         self.say(&format!(
-            "3 replicas of `lease run demo-job -- demo --job` started ({}); the \
-             leader's job prints its fencing token every 100 ms",
-            RUN_OPTIONS.join(" ")
+            "3 replicas of `lease run demo-job -- demo --job` started {timings}; the \
+             leader's job prints its fencing token every 100 ms"
         ));
         let mut rows = Vec::new();
         rows.push(self.scenario_kill()?);
@@ -372,7 +433,11 @@ impl Demo {
         let mut cmd = Command::new(&self.lease);
         cmd.arg("run")
             .arg("demo-job")
-            .args(RUN_OPTIONS)
+            .args(if self.defaults {
+                &[][..]
+            } else {
+                &RUN_OPTIONS[..]
+            })
             .args(["--log-format", "json", "--"])
             .arg(&self.job)
             .arg("--job")
@@ -582,7 +647,7 @@ impl Demo {
     /// least two standbys running. Returns (member, token, job pid).
     fn steady_leader(&mut self) -> Result<(usize, i64, i32)> {
         let mut found = None;
-        self.wait_until("waiting for a leader", FAILOVER_LIMIT, |d| {
+        self.wait_until("waiting for a leader", self.failover_limit, |d| {
             found = d.current_leader();
             found.is_some()
         })?;
@@ -610,7 +675,7 @@ impl Demo {
     /// member, token and when its first line arrived.
     fn wait_new_leader(&mut self, old: i64, what: &str) -> Result<(usize, i64, Instant)> {
         let mut found = None;
-        self.wait_until(what, FAILOVER_LIMIT, |d| {
+        self.wait_until(what, self.failover_limit, |d| {
             found = d
                 .jobs
                 .iter()
@@ -708,7 +773,7 @@ impl Demo {
         // lease: watch for both at once.
         let mut job_gone = None;
         let mut new = None;
-        self.wait_until("failover after SIGKILL", FAILOVER_LIMIT, |d| {
+        self.wait_until("failover after SIGKILL", self.failover_limit, |d| {
             if job_gone.is_none() && !pid_alive(job_pid) {
                 job_gone = Some(Instant::now());
             }
@@ -896,6 +961,20 @@ fn print_summary(rows: &[Row]) {
 mod tests {
     use super::*;
 
+    /// The defaults are read from `lease run --help`'s `[default: D]`, the first after each
+    /// flag; a flag it does not list shows `?`.
+    #[test]
+    fn timings_are_read_from_the_help() {
+        let help =
+            "      --retry-interval <DURATION>\n          How often\n\n          [default: 5s]\n\
+                    \n      --heartbeat-interval <DURATION>\n          [default: 4s]\n\
+                    \n      --grace <DURATION>\n          How long [default: 10s]\n";
+        assert_eq!(
+            timings_in(help),
+            "--retry-interval 5s --heartbeat-interval 4s --query-timeout ? --grace 10s"
+        );
+    }
+
     /// One test, so that no other test of this binary sees the variables it sets.
     #[test]
     fn the_environment_never_names_the_demos_server() {
@@ -914,6 +993,7 @@ mod tests {
         }
         let args = |url: Option<&str>| Args {
             verbose: false,
+            defaults: false,
             database_url: url.map(str::to_owned),
             lease: None,
         };
