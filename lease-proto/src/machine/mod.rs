@@ -787,7 +787,7 @@ impl Machine {
         let blocks = what.blocks();
         self.timers
             .set(Deadline::Query, now + blocks + self.opts.query_timeout);
-        let probe = matches!(what, What::Probe);
+        let probe = matches!(what, What::PoolerProbe);
         up.inflight = Some(InFlight {
             id: query,
             sent: now,
@@ -827,7 +827,7 @@ impl Machine {
                 Ok(setup) => self.setup_done(now, q.sent, setup),
                 Err(e) => self.lose_session(now, session::malformed(e), true),
             },
-            (What::Probe, Ok(rows)) => match HeartbeatReply::parse(&rows) {
+            (What::PoolerProbe, Ok(rows)) => match HeartbeatReply::parse(&rows) {
                 Ok(probe) => self.probe_done(now, probe),
                 Err(e) => self.lose_session(now, session::malformed(e), true),
             },
@@ -869,7 +869,7 @@ impl Machine {
                 Ok(verify) => self.verify_done(now, q.sent, verify),
                 Err(e) => self.lose_session(now, session::malformed(e), true),
             },
-            (What::Wait { key, chunk, .. }, result) => {
+            (What::Take { key, chunk, .. }, result) => {
                 self.wait_done(now, (q.id, q.sent), (key, chunk), result)
             }
             (What::Members(read), Ok(rows)) => match MembersReply::parse(&rows) {
@@ -895,7 +895,7 @@ impl Machine {
             // the next one probes again after a backoff.
             (
                 What::Setup
-                | What::Probe
+                | What::PoolerProbe
                 | What::Listen
                 | What::Heartbeat
                 | What::Verify
@@ -960,7 +960,7 @@ impl Machine {
                 backend_pid,
                 server_version,
             };
-            return self.send(now, What::Probe);
+            return self.send(now, What::PoolerProbe);
         }
         self.session_ready(now, backend_pid, server_version);
     }
@@ -1848,7 +1848,7 @@ impl Machine {
         if !self.runs.take_wait(key) {
             return None;
         }
-        Some(What::Wait {
+        Some(What::Take {
             key,
             timeout,
             chunk,

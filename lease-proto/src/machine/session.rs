@@ -73,14 +73,18 @@ impl Session {
 
     /// Whether the pooler probe is in flight.
     pub(super) fn probing(&self) -> bool {
-        (self.up())
-            .is_some_and(|up| matches!(up.inflight.as_ref().map(|q| &q.what), Some(What::Probe)))
+        (self.up()).is_some_and(|up| {
+            matches!(
+                up.inflight.as_ref().map(|q| &q.what),
+                Some(What::PoolerProbe)
+            )
+        })
     }
 
     /// The key of the wait in flight, if one is.
     pub(super) fn waiting_for(&self) -> Option<i64> {
         match self.up()?.inflight.as_ref().map(|q| &q.what) {
-            Some(What::Wait { key, .. }) => Some(*key),
+            Some(What::Take { key, .. }) => Some(*key),
             _ => None,
         }
     }
@@ -157,8 +161,9 @@ pub(super) struct InFlight {
 #[derive(Debug)]
 pub(super) enum What {
     Setup,
-    /// The pooler probe ([`SessionCommand::Probe`](crate::SessionCommand::Probe)).
-    Probe,
+    /// The pooler probe ([`SessionCommand::Probe`](crate::SessionCommand::Probe)):
+    /// a heartbeat on a second connection.
+    PoolerProbe,
     Listen,
     Try(Vec<i64>),
     Heartbeat,
@@ -172,7 +177,7 @@ pub(super) enum What {
     /// A standby's wait on the server that takes `key` ([`Statement::Take`];
     /// its run is in it as in a try), ended by the server after `timeout`
     /// at the latest.
-    Wait {
+    Take {
         key: i64,
         timeout: Duration,
         /// Its timeout was cut below the retry deadline by the server's
@@ -212,7 +217,7 @@ impl What {
             What::Setup => Statement::Setup { nonce, settings },
             What::Listen => Statement::Listen,
             // The backend pid and the nonce, read on the second connection.
-            What::Probe => Statement::Heartbeat,
+            What::PoolerProbe => Statement::Heartbeat,
             What::Try(keys) => Statement::TryLock {
                 keys: keys.clone(),
                 backend_pid: up.stage.backend_pid().unwrap_or(0),
@@ -220,7 +225,7 @@ impl What {
             },
             What::Heartbeat => Statement::Heartbeat,
             What::Verify => Statement::Verify,
-            What::Wait {
+            What::Take {
                 key,
                 timeout,
                 named,
@@ -267,7 +272,7 @@ impl What {
     /// timeout; nothing else.
     pub(super) fn blocks(&self) -> Duration {
         match self {
-            What::Wait { timeout, .. } => *timeout,
+            What::Take { timeout, .. } => *timeout,
             _ => Duration::ZERO,
         }
     }
