@@ -4,7 +4,16 @@
 //! machine's `next_statement`: verification, then releases, then the
 //! heartbeat, then the standby try, then a wait on the server.
 
-use super::VERIFY_EVERY;
+/// Every this many heartbeats, the heartbeat sent is a
+/// [`Statement::Verify`](crate::Statement::Verify) (a read of `pg_locks`).
+/// The steady heartbeat proves the session is the same live one, which is
+/// enough unless a client that is not a lease client shares the backend
+/// (a transaction pooler with one server connection) and unlocks the keys
+/// (`pg_advisory_unlock_all()`): nothing else shows that. The periodic
+/// verify bounds how long a holder keeps leading then (to this many
+/// heartbeat intervals, 1 min with the defaults), while the median
+/// heartbeat stays independent of the locks on the server.
+pub const VERIFY_EVERY: u32 = 12;
 
 /// The obligations and turns of the statements to come.
 #[derive(Debug, Default)]

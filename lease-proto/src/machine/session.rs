@@ -7,13 +7,38 @@
 use std::time::{Duration, Instant};
 
 use super::jitter::Jitter;
-use super::{
-    Knobs, LastError, FAST_RECONNECT_CAP, FAST_RECONNECT_WINDOW, MIN_SERVER_VERSION,
-    MIN_SERVER_VERSION_GUARD, RECONNECT_BASE,
-};
+use super::{Knobs, LastError};
 use crate::io::{QueryId, Reason, Refusal, SessionError, SessionId, SessionParams};
 use crate::options::Options;
 use crate::sql::{SetupReply, Statement, TryReply};
+
+/// Least `server_version_num` without the server guard (`pg_current_xact_id`).
+pub const MIN_SERVER_VERSION: i64 = 130_000;
+/// Least `server_version_num` with the server guard (`idle_session_timeout`).
+pub const MIN_SERVER_VERSION_GUARD: i64 = 140_000;
+/// First reconnect delay; it doubles per consecutive failure up to the retry
+/// interval (within [`FAST_RECONNECT_WINDOW`], up to [`FAST_RECONNECT_CAP`]),
+/// and each delay is jittered to between half and all of it.
+pub const RECONNECT_BASE: Duration = Duration::from_millis(50);
+/// The most the reconnect delay grows to for [`FAST_RECONNECT_WINDOW`] after
+/// a session that had passed its setup ended, while every failure says only
+/// that the server is not there (no answer: refused, reset, timed out; or
+/// SQLSTATE class 57P: shutting down, starting up, terminated): a
+/// restarting server is tried again within this of accepting connections,
+/// where the doubling backoff would have grown to about as long as the
+/// server was down. A failure the server answered otherwise (a hot
+/// standby, too many connections, a configuration error such as a rotated
+/// password) ends the window: each such attempt costs the server a backend.
+/// Its value keeps the restart bound at the library defaults within 100 ms
+/// of the server accepting connections: this cap, then a connection, the
+/// setup and a try (about 15 ms on loopback), then the lock delay (20 ms).
+/// The cost: up to 33 attempts a second per locker (jittered delays of 30
+/// to 60 ms after the first) while the server stays away, at most for the
+/// window.
+pub const FAST_RECONNECT_CAP: Duration = Duration::from_millis(60);
+/// How long [`FAST_RECONNECT_CAP`] holds after a ready session ended; then
+/// the delay doubles again from [`RECONNECT_BASE`] up to the retry interval.
+pub const FAST_RECONNECT_WINDOW: Duration = Duration::from_secs(20);
 
 /// The session.
 #[derive(Debug)]
