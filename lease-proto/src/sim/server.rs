@@ -934,14 +934,14 @@ impl Server {
                     });
                 }
             }
-            // A heartbeat that notifies (sent at commit, as the others).
+            // A heartbeat that notifies (sent at commit, as the others); its
+            // reply has no clock row.
             Statement::Prefer { key, priority } => {
                 if !self.cfg.standby {
                     notify.push(format!("prefer {key} {pid} {priority}"));
                 }
                 let nonce = if shared { self.backend_nonce } else { s.nonce };
-                let clock = Some(self.clock_now(now) - crate::sql::TOKEN_CLOCK_OFFSET);
-                reply::heartbeat_at(pid, nonce, clock)
+                reply::heartbeat(pid, nonce)
             }
             // A heartbeat that reads who waits for the asked keys: an
             // ungranted lock in pg_locks, a queued wait or take.
@@ -1095,6 +1095,9 @@ impl Server {
                 rows
             }
         };
+        // A transaction's notifications of one payload reach a listener once.
+        let mut sent = std::collections::BTreeSet::new();
+        notify.retain(|payload| sent.insert(payload.clone()));
         Some(Executed {
             done,
             result: Ok(rows),
@@ -1238,6 +1241,14 @@ impl Server {
     pub(super) fn lock_owners(&self) -> Vec<(i64, Option<u64>)> {
         (self.locks.iter())
             .map(|(k, (o, _))| (*k, (*o != SHARED_BACKEND).then_some(*o)))
+            .collect()
+    }
+
+    /// Every lease-group member lock held now (the two-int space): the group
+    /// and the connection that holds it (`None`: the shared backend's).
+    pub(super) fn member_locks(&self) -> Vec<(u32, Option<u64>)> {
+        (self.members.iter())
+            .map(|(g, o)| (*g, (*o != SHARED_BACKEND).then_some(*o)))
             .collect()
     }
 

@@ -25,6 +25,7 @@ mod poolers;
 mod readme_example;
 mod scenarios;
 mod server_settings;
+mod server_model;
 mod server_wait;
 mod statements;
 mod testing_guide;
