@@ -334,7 +334,9 @@ pub(super) struct Server {
     /// key → (owner conn, re-entrancy count)
     locks: BTreeMap<i64, (u64, u32)>,
     /// Lease-group member locks: (group id, owner conn), the two-int space.
-    members: std::collections::BTreeSet<(u32, u64)>,
+    /// With how many joins each is held (a join is a `pg_try_advisory_lock`,
+    /// re-entrant: a second join of a group needs two leaves).
+    members: BTreeMap<(u32, u64), u32>,
     /// Waits queued behind held keys, in arrival order.
     waiters: Vec<Waiter>,
     /// key → owners of shared locks kept by waits (only with
@@ -1013,20 +1015,25 @@ impl Server {
                     notify.extend(announce.iter().map(|g| format!("group {g}")));
                 }
                 for g in join {
-                    self.members.insert((*g, owner));
+                    *self.members.entry((*g, owner)).or_insert(0) += 1;
                     if *n && !self.cfg.standby {
                         notify.push(format!("group {g}"));
                     }
                 }
                 for g in leave {
-                    self.members.remove(&(*g, owner));
+                    if let Some(n) = self.members.get_mut(&(*g, owner)) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.members.remove(&(*g, owner));
+                        }
+                    }
                 }
                 let mut reply = crate::reply::MembersReply {
                     backend_pid: Some(pid),
                     nonce: if shared { self.backend_nonce } else { s.nonce },
                     ..Default::default()
                 };
-                for (g, o) in &self.members {
+                for (g, o) in self.members.keys() {
                     if groups.contains(g) {
                         if let Some(member) = self.owner_pid(*o) {
                             reply.members.insert((*g, member));
@@ -1247,7 +1254,7 @@ impl Server {
     /// Every lease-group member lock held now (the two-int space): the group
     /// and the connection that holds it (`None`: the shared backend's).
     pub(super) fn member_locks(&self) -> Vec<(u32, Option<u64>)> {
-        (self.members.iter())
+        (self.members.keys())
             .map(|(g, o)| (*g, (*o != SHARED_BACKEND).then_some(*o)))
             .collect()
     }
@@ -1320,7 +1327,7 @@ impl Server {
         self.held_notifications.remove(&conn);
         let s = self.sessions.remove(&conn)?;
         self.locks.retain(|_, (owner, _)| *owner != conn);
-        self.members.retain(|(_, owner)| *owner != conn);
+        self.members.retain(|(_, owner), _| *owner != conn);
         self.waiters.retain(|w| w.conn != conn);
         self.woken_shared.retain(|(_, o, _)| *o != conn);
         for owners in self.shared.values_mut() {

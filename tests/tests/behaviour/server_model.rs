@@ -960,10 +960,17 @@ impl Real<'_> {
 // ---------------------------------------------------------------------------------------
 // The campaign.
 
+#[derive(Default)]
 struct Figures {
     cases: usize,
     steps: usize,
     statements: usize,
+    /// Statements still in flight after their step (a wait or take queued on a lock).
+    blocked: usize,
+    notifications: usize,
+    terminates: usize,
+    closes: usize,
+    restarts: usize,
     differences: Vec<String>,
 }
 
@@ -997,9 +1004,19 @@ fn run_case(
         let model_step = model.act(&action, conn_no);
         let real_step = real.act(&action, conn_no, &model_step)?;
         figures.steps += 1;
-        if let Action::Query(..) = action {
-            figures.statements += 1;
+        match &action {
+            Action::Query(i, _) => {
+                figures.statements += 1;
+                figures.blocked += usize::from(model.pending[*i].is_some());
+            }
+            Action::Terminate(_) => figures.terminates += 1,
+            Action::Close(_) => figures.closes += 1,
+            Action::Restart => figures.restarts += 1,
+            Action::Connect(_) => {}
         }
+        figures.notifications += (model_step.values().flatten())
+            .filter(|e| e.starts_with("notify"))
+            .count();
         let model_held = model.holders();
         let real_held = real.holders_like(&model_held)?;
         let line = match &action {
@@ -1089,22 +1106,23 @@ fn the_server_model_answers_as_postgresql_does() -> Res {
         pending: Default::default(),
         names: Names::default(),
     };
-    let mut figures = Figures {
-        cases: 0,
-        steps: 0,
-        statements: 0,
-        differences: Vec::new(),
-    };
+    let mut figures = Figures::default();
     for case in 0..cases {
         run_case(&mut real, version, seed * 1_000_003 + case, steps, &mut figures)?;
     }
     figure(
         "server model against PostgreSQL",
         format!(
-            "version {version}, {} cases, {} steps, {} statements, {} differences, {:.1} s",
+            "version {version}, {} cases, {} steps, {} statements ({} blocked), \
+             {} notifications, {} terminates, {} closes, {} restarts, {} differences, {:.1} s",
             figures.cases,
             figures.steps,
             figures.statements,
+            figures.blocked,
+            figures.notifications,
+            figures.terminates,
+            figures.closes,
+            figures.restarts,
             figures.differences.len(),
             start.elapsed().as_secs_f64()
         ),
