@@ -370,7 +370,13 @@ fn nonce_of(conn: usize) -> i64 {
     1000 + conn as i64
 }
 
-fn generate(rng: &mut Rng, sessions: &[Gen], restarts: &mut u32) -> Action {
+/// The next action; `held`: the keys each session holds now (the model's, equal to the
+/// server's so far), so that takes and waits mostly queue behind another session and
+/// releases mostly free a key.
+fn generate(rng: &mut Rng, sessions: &[Gen], held: &[Vec<i64>], restart: bool) -> Action {
+    if restart {
+        return Action::Restart;
+    }
     let connected: Vec<usize> = (0..SESSIONS).filter(|i| sessions[*i].conn.is_some()).collect();
     let idle: Vec<usize> = (connected.iter().copied())
         .filter(|i| !sessions[*i].in_flight)
@@ -380,14 +386,10 @@ fn generate(rng: &mut Rng, sessions: &[Gen], restarts: &mut u32) -> Action {
         return Action::Connect(rng.pick(&down));
     }
     let r = rng.below(100);
-    if r < 2 && *restarts > 0 {
-        *restarts -= 1;
-        return Action::Restart;
-    }
-    if (r < 7 || idle.is_empty()) && !connected.is_empty() {
+    if (r < 5 || idle.is_empty()) && !connected.is_empty() {
         return Action::Terminate(rng.pick(&connected));
     }
-    if r < 10 && !connected.is_empty() {
+    if r < 8 && !connected.is_empty() {
         return Action::Close(rng.pick(&connected));
     }
     let i = rng.pick(&idle);
@@ -403,6 +405,18 @@ fn generate(rng: &mut Rng, sessions: &[Gen], restarts: &mut u32) -> Action {
     let nonce = |rng: &mut Rng| nonce_of(conn) + i64::from(!rng.chance(90));
     let timeout = |rng: &mut Rng| if rng.chance(40) { SHORT_MS } else { LONG_MS };
     let crowd = |rng: &mut Rng| rng.pick(&[None, None, Some(1), Some(2)]);
+    let others: Vec<i64> = (0..SESSIONS)
+        .filter(|j| *j != i)
+        .flat_map(|j| held[j].iter().copied())
+        .collect();
+    // Mostly a key another session holds.
+    let contended = |rng: &mut Rng| {
+        if !others.is_empty() && rng.chance(75) {
+            rng.pick(&others)
+        } else {
+            rng.pick(&KEYS)
+        }
+    };
     if !s.setup {
         let mut settings = vec![("search_path", SEARCH_PATH.to_string())];
         if rng.chance(30) {
@@ -416,21 +430,24 @@ fn generate(rng: &mut Rng, sessions: &[Gen], restarts: &mut u32) -> Action {
             },
         );
     }
-    let statement = match rng.below(if s.listening { 19 } else { 21 }) {
+    if !s.listening && rng.chance(25) {
+        return Action::Query(i, Statement::Listen);
+    }
+    let statement = match rng.below(19) {
         0..=3 => Statement::TryLock {
             keys: rng.keys(),
             backend_pid: pid(rng),
             nonce: nonce(rng),
         },
         4..=6 => Statement::Take {
-            key: rng.pick(&KEYS),
+            key: contended(rng),
             timeout_ms: timeout(rng),
             crowd: crowd(rng),
             backend_pid: pid(rng),
             nonce: nonce(rng),
         },
         7..=8 => Statement::Wait {
-            key: rng.pick(&KEYS),
+            key: contended(rng),
             timeout_ms: timeout(rng),
             crowd: crowd(rng),
             watch_of: rng.chance(30).then(|| anyone(rng)),
@@ -438,7 +455,12 @@ fn generate(rng: &mut Rng, sessions: &[Gen], restarts: &mut u32) -> Action {
         9 => Statement::Heartbeat,
         10 => Statement::Verify,
         11..=13 => {
-            let keys = rng.keys();
+            // Mostly the keys this session holds.
+            let keys = if !held[i].is_empty() && rng.chance(75) {
+                held[i].clone()
+            } else {
+                rng.keys()
+            };
             let notify = rng.chance(70);
             let reserved = if notify && rng.chance(40) {
                 vec![(keys[0], anyone(rng), rng.below(2) as i64)]
@@ -471,14 +493,13 @@ fn generate(rng: &mut Rng, sessions: &[Gen], restarts: &mut u32) -> Action {
             key: rng.pick(&KEYS),
             priority: rng.below(3) as u32 + 1,
         },
-        17..=18 => {
+        _ => {
             let mut asks = vec![(rng.pick(&KEYS), anyone(rng))];
             if rng.chance(50) {
                 asks.push((rng.pick(&KEYS), anyone(rng)));
             }
             Statement::CheckHandover { asks }
         }
-        _ => Statement::Listen,
     };
     Action::Query(i, statement)
 }
@@ -805,6 +826,17 @@ impl Model {
         step
     }
 
+    /// The keys session `i` holds.
+    fn held_by(&self, i: usize) -> Vec<i64> {
+        let Some((c, _)) = self.conns[i] else {
+            return Vec::new();
+        };
+        (self.pg.holders().into_iter())
+            .filter(|(_, h)| *h == c)
+            .map(|(k, _)| k)
+            .collect()
+    }
+
     /// Who holds which key and which member lock.
     fn holders(&self) -> Vec<String> {
         let conn_pid = |c: ConnId| self.names.opid(self.pg.backend_pid(c));
@@ -855,8 +887,19 @@ impl Real<'_> {
                     .rows(&format!("SELECT pg_catalog.pg_terminate_backend({pid})"))?;
             }
             Action::Close(i) => {
-                drop(self.conns[*i].take());
+                let c = self.conns[*i].take().expect("connected");
+                let pid = c.pid;
+                drop(c);
                 self.pending[*i] = None;
+                // A backend blocked in a wait notices its client's close only at its next
+                // connection check (`WAIT_CONNECTION_CHECK_MS`); the model ends it at once.
+                let gone = format!(
+                    "SELECT count(*)::int8 FROM pg_catalog.pg_stat_activity WHERE pid = {pid}"
+                );
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while self.admin.ints(&gone)? != [0] && Instant::now() < deadline {
+                    std::thread::sleep(MS(5));
+                }
             }
             Action::Restart => {
                 self.cluster.restart()?;
@@ -993,11 +1036,13 @@ fn run_case(
     real.names = Names::default();
     real.pending = Default::default();
     let mut gens: [Gen; SESSIONS] = Default::default();
-    let mut restarts = u32::from(rng.chance(25));
+    // A server restart in every fourth case, somewhere in its middle half.
+    let restart_at = (seed % 4 == 0).then(|| steps / 4 + rng.below(steps / 2 + 1));
     let mut conn_no = 0;
     let mut history = Vec::new();
     for n in 0..steps {
-        let action = generate(&mut rng, &gens, &mut restarts);
+        let held: Vec<Vec<i64>> = (0..SESSIONS).map(|i| model.held_by(i)).collect();
+        let action = generate(&mut rng, &gens, &held, restart_at == Some(n));
         if let Action::Connect(_) = action {
             conn_no += 1;
         }
@@ -1065,6 +1110,13 @@ fn run_case(
             model.act(&Action::Close(i), conn_no);
         }
         drop(real.conns[i].take());
+    }
+    // No backend of the case left (one blocked in a wait exits at its connection check).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let backends = "SELECT count(*)::int8 FROM pg_catalog.pg_stat_activity \
+                    WHERE application_name = 'lease-server-model'";
+    while real.admin.ints(backends)? != [0] && Instant::now() < deadline {
+        std::thread::sleep(MS(5));
     }
     let left = real.holders_like(&[])?;
     if !left.is_empty() {
