@@ -16,7 +16,7 @@
 //! every session has as many new events as the model gave it (or 5 s), then 10 ms more for
 //! any the model did not give.
 //!
-//! `LEASE_DIFF_CASES` (default 16), `LEASE_DIFF_STEPS` (default 40) and `LEASE_DIFF_SEED`
+//! `LEASE_DIFF_CASES` (default 24), `LEASE_DIFF_STEPS` (default 40) and `LEASE_DIFF_SEED`
 //! (default 1) size the campaign; the server is the one of `LEASE_PG_BINDIR` (default: the
 //! system's).
 
@@ -403,7 +403,7 @@ fn generate(rng: &mut Rng, sessions: &[Gen], held: &[Vec<i64>], restart: bool) -
     // Mostly this session's own pid and nonce; sometimes another's.
     let pid = |rng: &mut Rng| if rng.chance(90) { me } else { anyone(rng) };
     let nonce = |rng: &mut Rng| nonce_of(conn) + i64::from(!rng.chance(90));
-    let timeout = |rng: &mut Rng| if rng.chance(40) { SHORT_MS } else { LONG_MS };
+    let timeout = |rng: &mut Rng| if rng.chance(30) { SHORT_MS } else { LONG_MS };
     let crowd = |rng: &mut Rng| rng.pick(&[None, None, Some(1), Some(2)]);
     let others: Vec<i64> = (0..SESSIONS)
         .filter(|j| *j != i)
@@ -433,28 +433,28 @@ fn generate(rng: &mut Rng, sessions: &[Gen], held: &[Vec<i64>], restart: bool) -
     if !s.listening && rng.chance(25) {
         return Action::Query(i, Statement::Listen);
     }
-    let statement = match rng.below(19) {
-        0..=3 => Statement::TryLock {
+    let statement = match rng.below(20) {
+        0..=2 => Statement::TryLock {
             keys: rng.keys(),
             backend_pid: pid(rng),
             nonce: nonce(rng),
         },
-        4..=6 => Statement::Take {
+        3..=6 => Statement::Take {
             key: contended(rng),
             timeout_ms: timeout(rng),
             crowd: crowd(rng),
             backend_pid: pid(rng),
             nonce: nonce(rng),
         },
-        7..=8 => Statement::Wait {
+        7..=9 => Statement::Wait {
             key: contended(rng),
             timeout_ms: timeout(rng),
             crowd: crowd(rng),
             watch_of: rng.chance(30).then(|| anyone(rng)),
         },
-        9 => Statement::Heartbeat,
-        10 => Statement::Verify,
-        11..=13 => {
+        10 => Statement::Heartbeat,
+        11 => Statement::Verify,
+        12..=14 => {
             // Mostly the keys this session holds.
             let keys = if !held[i].is_empty() && rng.chance(75) {
                 held[i].clone()
@@ -473,7 +473,7 @@ fn generate(rng: &mut Rng, sessions: &[Gen], held: &[Vec<i64>], restart: bool) -
                 reserved,
             }
         }
-        14..=15 => {
+        15..=16 => {
             let notify = rng.chance(60);
             Statement::Members {
                 join: if rng.chance(60) { vec![GROUP] } else { vec![] },
@@ -489,7 +489,7 @@ fn generate(rng: &mut Rng, sessions: &[Gen], held: &[Vec<i64>], restart: bool) -
                 },
             }
         }
-        16 => Statement::Prefer {
+        17 => Statement::Prefer {
             key: rng.pick(&KEYS),
             priority: rng.below(3) as u32 + 1,
         },
@@ -1129,7 +1129,7 @@ fn run_case(
 #[test]
 fn the_server_model_answers_as_postgresql_does() -> Res {
     let start = Instant::now();
-    let cases = env_or("LEASE_DIFF_CASES", 16);
+    let cases = env_or("LEASE_DIFF_CASES", 24);
     let steps = env_or("LEASE_DIFF_STEPS", 40) as usize;
     let seed = env_or("LEASE_DIFF_SEED", 1);
     let mut cluster = Cluster::start()?;
