@@ -6,7 +6,7 @@
 //! reply that matters is compared: the rows the machine reads, parsed by the production
 //! parsers, errors with their SQLSTATE and message, who holds which key and which group
 //! member lock (`pg_locks`), and which notifications reach which session, in which order.
-//! What is compared and what is abstracted: docs/checker.md, "The server model against
+//! What is compared and what is abstracted: docs/simulator.md, "The server model against
 //! PostgreSQL".
 //!
 //! Each real session is a connection of its own, spoken to by the small simple-query client
@@ -38,7 +38,7 @@ use lease_tests::{Cluster, KitError};
 const SESSIONS: usize = 3;
 /// The lease keys the statements use.
 const KEYS: [i64; 2] = [0x0101_0000_0000_0007, -0x0202_0000_0000_0009];
-/// The lease groups the member reads use.
+/// The lease group the member reads use.
 const GROUP: u32 = 7;
 /// A session's backend pid in a generated statement: resolved on each side to the pid of
 /// that session's current backend (or [`ABSENT`] when it has none).
