@@ -201,11 +201,6 @@ impl Postgres {
             self.arm_idle(c);
             return;
         }
-        let sender = self.server.pid_of(c).unwrap_or_default();
-        let delay = self.server.config().notify_delay;
-        for payload in executed.notify {
-            self.notify(now + delay, payload, sender);
-        }
         self.arm_idle(c);
         let result = executed.result;
         self.outputs.push_back(ServerOutput::Reply {
@@ -214,6 +209,13 @@ impl Postgres {
             at: done,
             result,
         });
+        // Sent at commit; a listening sender reads its own after its reply
+        // (PostgreSQL sends them before its next ReadyForQuery).
+        let sender = self.server.pid_of(c).unwrap_or_default();
+        let delay = self.server.config().notify_delay;
+        for payload in executed.notify {
+            self.notify(now + delay, payload, sender);
+        }
         self.wake_waiters(now);
     }
 
@@ -303,6 +305,14 @@ impl Postgres {
     pub fn holders(&self) -> Vec<(i64, ConnId)> {
         (self.server.lock_owners().into_iter())
             .filter_map(|(k, c)| Some((k, ConnId(c?))))
+            .collect()
+    }
+
+    /// Every lease-group member lock held now (see [`Statement::Members`]):
+    /// the group, with the session that holds it.
+    pub fn members(&self) -> Vec<(u32, ConnId)> {
+        (self.server.member_locks().into_iter())
+            .filter_map(|(g, c)| Some((g, ConnId(c?))))
             .collect()
     }
 

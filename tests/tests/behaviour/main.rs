@@ -24,6 +24,7 @@ mod metrics;
 mod poolers;
 mod readme_example;
 mod scenarios;
+mod server_model;
 mod server_settings;
 mod server_wait;
 mod statements;
