@@ -52,6 +52,9 @@ pub struct Model {
     /// Choices (event order, faults) are made among the first `steps` steps
     /// of a run (a delivered event or an injected fault is a step).
     pub steps: usize,
+    /// The first `from` of those steps go in time order, with no choice (a
+    /// warm-up: the start, until a holder is established); 0 by default.
+    pub from: usize,
     /// Events due within this long of the next one are candidates to go
     /// first (0: exact ties only); an event delivered after a later one
     /// arrives that much late.
@@ -62,10 +65,31 @@ pub struct Model {
     pub settle: Duration,
     /// A broken variant planted in every machine.
     pub mutation: Option<Mutation>,
+    /// Changes to the simulator's setup of [`Model::config`] (several
+    /// leases, a group, an observer, a pooler, slow jobs).
+    pub setup: fn(&mut SimConfig),
+    /// Bounded failover, an always-property: every lease is led again
+    /// within this long after the last fault ended (from the start if none),
+    /// and is never unled longer than that afterwards, to the horizon.
+    /// `None`: not checked.
+    pub failover: Option<Duration>,
+    /// Fair share in a lease group, an always-property: at the horizon, if
+    /// the last fault ended at least this long before, every lease is led
+    /// and each live member leads `⌊K/N⌋` or `⌈K/N⌉` of the K keys.
+    /// `None`: not checked.
+    pub fair_share: Option<Duration>,
 }
+
+/// The bounded-failover bound of the default setup: a retry interval (a
+/// standby's poll, a reconnect in the fast window), the lock delay, and 20
+/// one-way latencies (a reconnect, setup, try and hold round trips):
+/// 200 + 20 + 20 ms.
+pub const FAILOVER: Duration = Duration::from_millis(240);
 
 /// The lease every process runs.
 pub const LEASE: &str = "job";
+
+pub mod variants;
 
 impl Model {
     /// `processes` processes, up to `budget` faults from
@@ -76,11 +100,21 @@ impl Model {
             faults: Model::fault_menu(processes),
             budget,
             steps,
+            from: 0,
             window: Duration::ZERO,
             horizon: Duration::from_secs(4),
             settle: Duration::from_secs(2),
             mutation: None,
+            setup: |_| {},
+            failover: Some(FAILOVER),
+            fair_share: None,
         }
+    }
+
+    /// Named setups of the broken variants' and holes' configurations.
+    pub fn with(mut self, setup: fn(&mut SimConfig)) -> Model {
+        self.setup = setup;
+        self
     }
 
     /// Every process's faults, then the server's: a freeze shorter than
@@ -157,7 +191,7 @@ impl Model {
     pub fn config(&self) -> SimConfig {
         let mut options = SimConfig::default().options;
         options.lock_delay = Duration::from_millis(20);
-        SimConfig {
+        let mut cfg = SimConfig {
             seed: 1,
             processes: self.processes,
             leases: vec![LEASE.into()],
@@ -172,7 +206,9 @@ impl Model {
             server: ServerConfig::default(),
             full_trace: true,
             ..SimConfig::default()
-        }
+        };
+        (self.setup)(&mut cfg);
+        cfg
     }
 }
 
@@ -194,12 +230,34 @@ pub struct Run {
     pub steps: Vec<(Duration, String)>,
     /// The simulator's report (violations, full trace).
     pub report: Report,
+    /// The faults injected, with their instants.
+    pub faults: Vec<(Duration, Fault)>,
+    /// Breaches of the checker's own properties (bounded failover, an
+    /// observer that leads), found on the report.
+    pub failures: Vec<String>,
 }
 
 impl Run {
     /// The breaches found.
     pub fn violations(&self) -> &[Violation] {
         &self.report.violations
+    }
+
+    /// Whether the run broke a property (the simulator's or the checker's).
+    pub fn failed(&self) -> bool {
+        !self.report.violations.is_empty() || !self.failures.is_empty()
+    }
+
+    /// The first breach, in a word: the violation's kind or the checker
+    /// property's name.
+    pub fn breach(&self) -> Option<String> {
+        if let Some(v) = self.report.violations.first() {
+            let text = format!("{v:?}");
+            let end = text.find([' ', '{', '(']).unwrap_or(text.len());
+            return Some(text[..end].to_string());
+        }
+        let f = self.failures.first()?;
+        Some(f[..f.find(':').unwrap_or(f.len())].to_string())
     }
 
     /// The schedule as text, to paste into a regression test.
@@ -225,8 +283,9 @@ impl Run {
             }
         }
         out += &format!(
-            "violations: {:#?}\ntrace:\n{}",
+            "violations: {:#?}\nproperties: {:#?}\ntrace:\n{}",
             self.report.violations,
+            self.failures,
             self.report.trace_text()
         );
         out
@@ -236,7 +295,8 @@ impl Run {
 /// Runs `model` following `schedule` (option 0 past its end), to the
 /// horizon and the end checks, or until the first violation.
 pub fn replay(model: &Model, schedule: &[u16]) -> Run {
-    let mut sim = Sim::new(model.config(), Instant::now());
+    let cfg = model.config();
+    let mut sim = Sim::new(cfg.clone(), Instant::now());
     let mut used = vec![false; model.faults.len()];
     let mut budget = model.budget;
     let mut run = Run {
@@ -244,7 +304,10 @@ pub fn replay(model: &Model, schedule: &[u16]) -> Run {
         arity: Vec::new(),
         steps: Vec::new(),
         report: Report::default(),
+        faults: Vec::new(),
+        failures: Vec::new(),
     };
+    let mut led = Leadership::new(&cfg);
     for step in 0..model.steps {
         let ready = sim.ready(model.window);
         let Some(next) = ready.first().cloned() else {
@@ -253,8 +316,12 @@ pub fn replay(model: &Model, schedule: &[u16]) -> Run {
         if next.at > model.horizon {
             break;
         }
-        let mut options: Vec<Choice> = persistent(ready).into_iter().map(Choice::Deliver).collect();
-        if budget > 0 {
+        let mut options: Vec<Choice> = if step < model.from {
+            vec![Choice::Deliver(next.clone())]
+        } else {
+            persistent(ready).into_iter().map(Choice::Deliver).collect()
+        };
+        if budget > 0 && step >= model.from {
             let unused = (0..model.faults.len()).filter(|i| !used[*i]);
             options.extend(unused.map(Choice::Inject));
         }
@@ -275,8 +342,9 @@ pub fn replay(model: &Model, schedule: &[u16]) -> Run {
             }
             Choice::Inject(i) => {
                 let fault = model.faults[i].clone();
-                run.steps
-                    .push((next.at.max(sim.now()), format!("inject {fault:?}")));
+                let at = next.at.max(sim.now());
+                run.steps.push((at, format!("inject {fault:?}")));
+                run.faults.push((at, fault.clone()));
                 sim.inject_fault(next.at, fault);
                 used[i] = true;
                 budget -= 1;
@@ -286,9 +354,216 @@ pub fn replay(model: &Model, schedule: &[u16]) -> Run {
             run.report = sim.report().clone();
             return run;
         }
+        led.sample(&sim);
+    }
+    // On in time order to the horizon, watching who leads.
+    while sim.step_next(model.horizon) {
+        if !sim.report().violations.is_empty() {
+            run.report = sim.report().clone();
+            return run;
+        }
+        led.sample(&sim);
+    }
+    if let Some(bound) = model.failover {
+        run.failures
+            .extend(led.failover(&run.faults, model.horizon, bound));
+    }
+    if let Some(bound) = model.fair_share {
+        run.failures
+            .extend(fair_share(&sim, &cfg, &run.faults, model.horizon, bound));
     }
     run.report = sim.finish(model.horizon, model.settle);
+    run.failures.extend(observer_led(&cfg, &run.report));
+    run.failures.extend(pooler_led(&cfg, &run.report));
+    run.failures
+        .extend(handover_missed(&run.faults, &run.report));
     run
+}
+
+/// Behind a transaction pooler that runs every client on one server
+/// connection, no client ever starts a job (its locks would sit on a
+/// backend other clients share).
+fn pooler_led(cfg: &SimConfig, report: &Report) -> Option<String> {
+    if !(cfg.server.pooler && cfg.server.pooler_one_backend) {
+        return None;
+    }
+    let led = (report.trace.iter()).find(|l| matches!(l.event, TraceEvent::JobStarted { .. }))?;
+    Some(format!(
+        "LedBehindPooler: p{} at {:?}: {}",
+        led.process.unwrap_or(usize::MAX),
+        led.at,
+        led.event
+    ))
+}
+
+/// When the last of `faults` ended (`None`: one never ends).
+fn calm_from(faults: &[(Duration, Fault)]) -> Option<Duration> {
+    let mut calm = Duration::ZERO;
+    for (at, fault) in faults {
+        calm = calm.max(*at + fault.duration()?);
+    }
+    Some(calm)
+}
+
+/// See [`Model::fair_share`].
+fn fair_share(
+    sim: &Sim,
+    cfg: &SimConfig,
+    faults: &[(Duration, Fault)],
+    horizon: Duration,
+    bound: Duration,
+) -> Option<String> {
+    let calm = calm_from(faults)?;
+    if calm + bound > horizon {
+        return None;
+    }
+    let live: Vec<usize> = (0..cfg.processes).filter(|p| sim.is_alive(*p)).collect();
+    if live.is_empty() {
+        return None;
+    }
+    let (k, n) = (cfg.leases.len(), live.len());
+    let led = (cfg.leases.iter()).all(|l| live.iter().any(|p| sim.leads(*p, l)));
+    let counts: Vec<usize> = (live.iter())
+        .map(|p| (cfg.leases.iter()).filter(|l| sim.leads(*p, l)).count())
+        .collect();
+    let fair = counts.iter().all(|c| *c == k / n || *c == k.div_ceil(n));
+    (!(led && fair)).then(|| {
+        format!(
+            "UnfairShare: {k} keys over the live processes {live:?} came out {counts:?} at the \
+             horizon, the last fault ended at {calm:?} (bound {bound:?})"
+        )
+    })
+}
+
+/// A requested hand-over goes to the named process: after a holder handed a
+/// lease over at a request ([`Fault::RequestHandover`]), the next job of
+/// that lease starts on the named process, when no other fault came in
+/// between.
+fn handover_missed(faults: &[(Duration, Fault)], report: &Report) -> Option<String> {
+    let [(_, Fault::RequestHandover { to, .. })] = faults else {
+        return None;
+    };
+    let mut handed = None;
+    for line in &report.trace {
+        match &line.event {
+            TraceEvent::Machine(Event::HandedOver {
+                requested: true, ..
+            }) => handed = Some(line.at),
+            TraceEvent::JobStarted { .. } if handed.is_some() => {
+                return (line.process != Some(*to)).then(|| {
+                    format!(
+                        "HandoverMissed: handed over at {:?} at a request for p{to}, and p{} \
+                         started the next job at {:?}",
+                        handed.unwrap_or_default(),
+                        line.process.unwrap_or(usize::MAX),
+                        line.at
+                    )
+                });
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Who leads each lease, sampled after every event: the stretches of
+/// time no live process led it.
+struct Leadership {
+    leases: Vec<String>,
+    processes: usize,
+    /// Per lease: since when nobody leads it (`Some(ZERO)` at the start).
+    unled_since: Vec<Option<Duration>>,
+    /// Per lease: every stretch nobody led it, `(from, to)`.
+    gaps: Vec<Vec<(Duration, Duration)>>,
+}
+
+impl Leadership {
+    fn new(cfg: &SimConfig) -> Leadership {
+        Leadership {
+            leases: cfg.leases.clone(),
+            processes: cfg.processes,
+            unled_since: vec![Some(Duration::ZERO); cfg.leases.len()],
+            gaps: vec![Vec::new(); cfg.leases.len()],
+        }
+    }
+
+    fn sample(&mut self, sim: &Sim) {
+        let now = sim.now();
+        for (i, lease) in self.leases.iter().enumerate() {
+            let led = (0..self.processes).any(|p| sim.is_alive(p) && sim.leads(p, lease));
+            match (led, self.unled_since[i]) {
+                (true, Some(from)) => {
+                    self.gaps[i].push((from, now));
+                    self.unled_since[i] = None;
+                }
+                (false, None) => self.unled_since[i] = Some(now),
+                _ => {}
+            }
+        }
+    }
+
+    /// Bounded failover: after the last of `faults` ended (the start if
+    /// none), no lease stays unled longer than `bound`, to `horizon`.
+    /// Nothing is asserted after a fault that never ends.
+    fn failover(
+        &self,
+        faults: &[(Duration, Fault)],
+        horizon: Duration,
+        bound: Duration,
+    ) -> Vec<String> {
+        let Some(calm) = calm_from(faults) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, lease) in self.leases.iter().enumerate() {
+            let open = self.unled_since[i].map(|from| (from, horizon));
+            for (from, to) in self.gaps[i].iter().copied().chain(open) {
+                let counted = from.max(calm);
+                if to > counted && to - counted > bound {
+                    let until = if to == horizon && open == Some((from, to)) {
+                        "the horizon".to_string()
+                    } else {
+                        format!("{to:?}")
+                    };
+                    out.push(format!(
+                        "NoFailover: lease {lease} unled from {from:?} to {until}, {:?} after the last \
+                         fault ended at {calm:?}, above the bound of {bound:?}",
+                        to - counted
+                    ));
+                    break;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// An observer ([`lease_proto::Options::observer`]) never acquires a key
+/// nor starts a job.
+fn observer_led(cfg: &SimConfig, report: &Report) -> Vec<String> {
+    let observer = |p: usize| {
+        cfg.process_options
+            .get(p)
+            .and_then(|o| o.as_ref())
+            .is_some_and(|o| o.observer)
+    };
+    let led = report.trace.iter().find(|l| {
+        l.process.is_some_and(observer)
+            && matches!(
+                l.event,
+                TraceEvent::JobStarted { .. } | TraceEvent::Machine(Event::Acquired { .. })
+            )
+    });
+    led.map(|l| {
+        format!(
+            "ObserverLed: p{} at {:?}: {}",
+            l.process.unwrap_or(0),
+            l.at,
+            l.event
+        )
+    })
+    .into_iter()
+    .collect()
 }
 
 /// The events worth branching on among `ready`: those of the first one's
@@ -322,6 +597,12 @@ pub struct Reached {
     pub handover: bool,
     /// The holder released gracefully and another process started the job.
     pub graceful_release: bool,
+    /// A job was cancelled at its lease's validity end
+    /// ([`Reason::ValidityExpired`]).
+    pub validity_cancel: bool,
+    /// A lease group member handed a lease over to the member that owns it
+    /// in the group's share (not at a request).
+    pub rebalance: bool,
 }
 
 impl Reached {
@@ -358,6 +639,13 @@ impl Reached {
                 TraceEvent::Machine(Event::Released { .. }) if line.process == holder => {
                     released = true
                 }
+                TraceEvent::JobCancelled {
+                    reason: Reason::ValidityExpired,
+                    ..
+                } => reached.validity_cancel = true,
+                TraceEvent::Machine(Event::HandedOver {
+                    requested: false, ..
+                }) => reached.rebalance = true,
                 _ => {}
             }
         }
@@ -371,6 +659,8 @@ impl Reached {
             lock_delay_win: self.lock_delay_win || other.lock_delay_win,
             handover: self.handover || other.handover,
             graceful_release: self.graceful_release || other.graceful_release,
+            validity_cancel: self.validity_cancel || other.validity_cancel,
+            rebalance: self.rebalance || other.rebalance,
         }
     }
 }
@@ -405,7 +695,7 @@ pub fn explore(model: &Model, stop_at_first: bool, limit: Option<u64>) -> Outcom
         out.prefixes += (run.schedule.len() + 1).saturating_sub(prefix.len().max(1)) as u64;
         out.depth = out.depth.max(run.schedule.len());
         out.reached = out.reached.or(Reached::of(&run.report));
-        let failed = !run.report.violations.is_empty();
+        let failed = run.failed();
         // The next sibling of the deepest choice that has one left.
         let mut next = run.schedule.clone();
         let arity = run.arity.clone();

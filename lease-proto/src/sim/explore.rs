@@ -160,3 +160,24 @@ impl Sim {
         self.check_safety();
     }
 }
+
+impl Sim {
+    /// Delivers the next event due by `until` in time order, as
+    /// [`Sim::run_until`] would, and checks strong safety; `false` (and the
+    /// clock moved to `until`) when none is left.
+    #[doc(hidden)]
+    pub fn step_next(&mut self, until: Duration) -> bool {
+        match self.queue.pop_until(until) {
+            Some((t, ev)) => {
+                self.now = t;
+                self.dispatch(ev);
+                self.check_safety();
+                true
+            }
+            None => {
+                self.now = self.now.max(until);
+                false
+            }
+        }
+    }
+}

@@ -335,6 +335,11 @@ pub(super) struct Server {
     locks: BTreeMap<i64, (u64, u32)>,
     /// Lease-group member locks: (group id, owner conn), the two-int space.
     members: std::collections::BTreeSet<(u32, u64)>,
+    /// Member locks `(group id, n)` a non-lease client holds on its own
+    /// backend, whose pid is not `n` ([`super::Fault::ForgedMember`]).
+    pub(super) forged_members: std::collections::BTreeSet<(u32, i64)>,
+    /// [`super::Mutation::ForgedMemberCounted`]: the membership read counts them.
+    count_forged_members: bool,
     /// Waits queued behind held keys, in arrival order.
     waiters: Vec<Waiter>,
     /// key → owners of shared locks kept by waits (only with
@@ -383,6 +388,8 @@ impl Server {
             sessions: BTreeMap::new(),
             locks: BTreeMap::new(),
             members: Default::default(),
+            forged_members: Default::default(),
+            count_forged_members: false,
             waiters: Vec::new(),
             shared: BTreeMap::new(),
             woken_shared: Vec::new(),
@@ -412,6 +419,12 @@ impl Server {
     }
 
     /// The backend pid of a lock owner.
+    /// [`super::Mutation::ForgedMemberCounted`] if `on`.
+    pub(super) fn counting_forged_members(mut self, on: bool) -> Server {
+        self.count_forged_members = on;
+        self
+    }
+
     fn owner_pid(&self, owner: u64) -> Option<i64> {
         if owner == SHARED_BACKEND {
             return Some(SHARED_BACKEND_PID);
@@ -425,6 +438,7 @@ impl Server {
     pub(super) fn restart(&mut self, now: Duration) {
         self.up = false;
         self.restarted_at = Some(now);
+        self.forged_members.clear();
     }
 
     /// A crash at `now`: a restart that forgets unflushed transaction ids;
@@ -441,6 +455,7 @@ impl Server {
     /// becomes the primary.
     pub(super) fn promote(&mut self, lag: u32, now: Duration) {
         self.up = false;
+        self.forged_members.clear();
         self.timeline += 1;
         self.promoted_at = Some(now);
         let replicated = (self.flushed_xid - i64::from(lag)).max(0);
@@ -1032,6 +1047,12 @@ impl Server {
                             reply.members.insert((*g, member));
                         }
                     }
+                }
+                if self.count_forged_members {
+                    let forged = self.forged_members.iter();
+                    reply
+                        .members
+                        .extend(forged.filter(|(g, _)| groups.contains(g)));
                 }
                 for k in keys {
                     let holder = self.locks.get(k).and_then(|(o, _)| self.owner_pid(*o));
@@ -1689,7 +1710,9 @@ impl Sim {
                     ),
                 );
                 // Half the time the driver reads both at once (the end wins).
-                if self.chance(0.5) {
+                if self.fatal_first {
+                    end_at += FATAL_TO_END;
+                } else if self.chance(0.5) {
                     end_at += self.uniform(FATAL_TO_END);
                 }
             }
@@ -1725,7 +1748,7 @@ impl Sim {
 /// The longest time from a FATAL answer to a statement in flight to the
 /// connection's end as the client reads it (the backend exits, the kernel
 /// closes the socket): see `end_sessions`.
-const FATAL_TO_END: Duration = Duration::from_millis(2);
+pub(super) const FATAL_TO_END: Duration = Duration::from_millis(2);
 
 /// The first of `settings` that a server of `version` (`server_version_num`) does not
 /// know: `idle_session_timeout` before PostgreSQL 14.
