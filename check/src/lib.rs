@@ -270,10 +270,23 @@ impl Run {
         format!("{:?}", &self.schedule[..last])
     }
 
+    /// The choices that differ from time order, as `(step, option)` pairs
+    /// ([`sparse`] makes the schedule again).
+    pub fn choices(&self) -> Vec<(usize, u16)> {
+        (self.schedule.iter().enumerate())
+            .filter(|(_, c)| **c != 0)
+            .map(|(i, c)| (i, *c))
+            .collect()
+    }
+
     /// A readable counterexample: the choices that differ from time order,
     /// the violations, then the simulator's trace.
     pub fn text(&self) -> String {
-        let mut out = format!("schedule {}\nchoices:\n", self.schedule_text());
+        let mut out = format!(
+            "schedule {}\nchoices {:?}:\n",
+            self.schedule_text(),
+            self.choices()
+        );
         for (i, (at, what)) in self.steps.iter().enumerate() {
             if self.schedule[i] != 0 {
                 out += &format!(
@@ -292,9 +305,27 @@ impl Run {
     }
 }
 
+/// The schedule that takes option `c` at step `i` for each `(i, c)` of
+/// `choices`, and option 0 everywhere else.
+pub fn sparse(choices: &[(usize, u16)]) -> Schedule {
+    let len = choices.iter().map(|(i, _)| i + 1).max().unwrap_or(0);
+    let mut schedule = vec![0; len];
+    for (i, c) in choices {
+        schedule[*i] = *c;
+    }
+    schedule
+}
+
 /// Runs `model` following `schedule` (option 0 past its end), to the
 /// horizon and the end checks, or until the first violation.
 pub fn replay(model: &Model, schedule: &[u16]) -> Run {
+    try_replay(model, schedule).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`replay`], or why `schedule` is not one of `model`'s (a step has fewer
+/// options than it takes: the correct code's run may differ there from the
+/// broken variant's).
+pub fn try_replay(model: &Model, schedule: &[u16]) -> Result<Run, String> {
     let cfg = model.config();
     let mut sim = Sim::new(cfg.clone(), Instant::now());
     let mut used = vec![false; model.faults.len()];
@@ -326,12 +357,12 @@ pub fn replay(model: &Model, schedule: &[u16]) -> Run {
             options.extend(unused.map(Choice::Inject));
         }
         let c = schedule.get(step).copied().unwrap_or(0);
-        let choice = options.get(usize::from(c)).cloned().unwrap_or_else(|| {
-            panic!(
+        let Some(choice) = options.get(usize::from(c)).cloned() else {
+            return Err(format!(
                 "schedule {schedule:?}: step {step} has {} options",
                 options.len()
-            )
-        });
+            ));
+        };
         run.schedule.push(c);
         run.arity
             .push(u16::try_from(options.len()).expect("few options"));
@@ -352,7 +383,7 @@ pub fn replay(model: &Model, schedule: &[u16]) -> Run {
         }
         if !sim.report().violations.is_empty() {
             run.report = sim.report().clone();
-            return run;
+            return Ok(run);
         }
         led.sample(&sim);
     }
@@ -360,7 +391,7 @@ pub fn replay(model: &Model, schedule: &[u16]) -> Run {
     while sim.step_next(model.horizon) {
         if !sim.report().violations.is_empty() {
             run.report = sim.report().clone();
-            return run;
+            return Ok(run);
         }
         led.sample(&sim);
     }
@@ -377,7 +408,7 @@ pub fn replay(model: &Model, schedule: &[u16]) -> Run {
     run.failures.extend(pooler_led(&cfg, &run.report));
     run.failures
         .extend(handover_missed(&run.faults, &run.report));
-    run
+    Ok(run)
 }
 
 /// Behind a transaction pooler that runs every client on one server
