@@ -32,7 +32,7 @@
 use std::time::{Duration, Instant};
 
 use lease_proto::sim::{Actor, Fault, Mutation, Ready, Report, Sim, SimConfig, TraceEvent};
-use lease_proto::sim::{ServerConfig, Violation};
+use lease_proto::sim::{ServerConfig, Violation, PROMOTION_CHECKPOINT};
 use lease_proto::{Event, Reason};
 
 /// A schedule: at each step, the index of the option taken (see the crate
@@ -73,10 +73,10 @@ pub struct Model {
     /// and is never unled longer than that afterwards, to the horizon.
     /// `None`: not checked.
     pub failover: Option<Duration>,
-    /// Fair share in a lease group, an always-property: at the horizon, if
-    /// the last fault ended at least this long before, every lease is led
-    /// and each live member leads `⌊K/N⌋` or `⌈K/N⌉` of the K keys.
-    /// `None`: not checked.
+    /// Fair share in a lease group, an always-property: from this long
+    /// after the last fault ended to the horizon, after every event, every
+    /// lease is led and each live member leads `⌊K/N⌋` or `⌈K/N⌉` of the K
+    /// keys. `None`: not checked.
     pub fair_share: Option<Duration>,
 }
 
@@ -119,9 +119,12 @@ impl Model {
 
     /// Every process's faults, then the server's: a freeze shorter than
     /// the guard margin and one past the lease's validity, a crash (back
-    /// after 1 s), a partition past the validity, `pg_terminate_backend`;
-    /// a server restart; a forged handover notification; a hand-over
-    /// request to process 1.
+    /// after 1 s), a partition past the validity, `pg_terminate_backend`
+    /// (twice: as the seed draws the order in which the driver reads the
+    /// FATAL answer to a statement in flight and the end, and with the
+    /// FATAL answer first); a server restart; a promotion while the primary
+    /// is frozen; a forged handover notification; a hand-over request to
+    /// process 1 and one to a backend that does not exist.
     pub fn fault_menu(processes: usize) -> Vec<Fault> {
         let mut faults = Vec::new();
         for process in 0..processes {
@@ -143,14 +146,20 @@ impl Model {
                     duration: Duration::from_secs(2),
                 },
                 Fault::Terminate { process },
+                Fault::TerminateFatalFirst { process },
             ]);
         }
         faults.extend([
             Fault::ServerRestart {
                 downtime: Duration::from_millis(300),
             },
+            Fault::PromoteFrozenPrimary { lag: 0 },
             Fault::ForgedNotify { lease: 0 },
             Fault::RequestHandover { lease: 0, to: 1 },
+            Fault::RequestHandoverToPid {
+                lease: 0,
+                pid: 99_999,
+            },
         ]);
         faults
     }
@@ -339,6 +348,8 @@ pub fn try_replay(model: &Model, schedule: &[u16]) -> Result<Run, String> {
         failures: Vec::new(),
     };
     let mut led = Leadership::new(&cfg);
+    // The instants the share was not fair, with what it was.
+    let mut unfair: Vec<(Duration, String)> = Vec::new();
     for step in 0..model.steps {
         let ready = sim.ready(model.window);
         let Some(next) = ready.first().cloned() else {
@@ -386,6 +397,9 @@ pub fn try_replay(model: &Model, schedule: &[u16]) -> Result<Run, String> {
             return Ok(run);
         }
         led.sample(&sim);
+        if model.fair_share.is_some() {
+            unfair.extend(unfair_share(&sim, &cfg).map(|w| (sim.now(), w)));
+        }
     }
     // On in time order to the horizon, watching who leads.
     while sim.step_next(model.horizon) {
@@ -394,14 +408,23 @@ pub fn try_replay(model: &Model, schedule: &[u16]) -> Result<Run, String> {
             return Ok(run);
         }
         led.sample(&sim);
+        if model.fair_share.is_some() {
+            unfair.extend(unfair_share(&sim, &cfg).map(|w| (sim.now(), w)));
+        }
     }
     if let Some(bound) = model.failover {
         run.failures
-            .extend(led.failover(&run.faults, model.horizon, bound));
+            .extend(led.failover(&cfg, &run.faults, model.horizon, bound));
     }
-    if let Some(bound) = model.fair_share {
-        run.failures
-            .extend(fair_share(&sim, &cfg, &run.faults, model.horizon, bound));
+    if let (Some(bound), Some(calm)) = (model.fair_share, calm_from(&cfg, &run.faults)) {
+        let late = unfair.into_iter().find(|(at, _)| *at >= calm + bound);
+        run.failures.extend(late.map(|(at, what)| {
+            format!(
+                "UnfairShare: {what} at {at:?}, {:?} after the last fault ended at {calm:?} \
+                 (bound {bound:?})",
+                at - calm
+            )
+        }));
     }
     run.report = sim.finish(model.horizon, model.settle);
     run.failures.extend(observer_led(&cfg, &run.report));
@@ -427,27 +450,26 @@ fn pooler_led(cfg: &SimConfig, report: &Report) -> Option<String> {
     ))
 }
 
-/// When the last of `faults` ended (`None`: one never ends).
-fn calm_from(faults: &[(Duration, Fault)]) -> Option<Duration> {
+/// When the last of `faults` ended (`None`: one never ends). A promotion
+/// ends with its hold: its checkpoint, a second (the history file's whole
+/// seconds) and [`Options::promotion_hold`](lease_proto::Options::promotion_hold)
+/// after it.
+fn calm_from(cfg: &SimConfig, faults: &[(Duration, Fault)]) -> Option<Duration> {
     let mut calm = Duration::ZERO;
     for (at, fault) in faults {
-        calm = calm.max(*at + fault.duration()?);
+        let end = match fault {
+            Fault::Promote { .. } | Fault::PromoteFrozenPrimary { .. } => {
+                PROMOTION_CHECKPOINT + Duration::from_secs(1) + cfg.options.promotion_hold()
+            }
+            other => other.duration()?,
+        };
+        calm = calm.max(*at + end);
     }
     Some(calm)
 }
 
-/// See [`Model::fair_share`].
-fn fair_share(
-    sim: &Sim,
-    cfg: &SimConfig,
-    faults: &[(Duration, Fault)],
-    horizon: Duration,
-    bound: Duration,
-) -> Option<String> {
-    let calm = calm_from(faults)?;
-    if calm + bound > horizon {
-        return None;
-    }
+/// Whether the share is unfair now (see [`Model::fair_share`]): what it is.
+fn unfair_share(sim: &Sim, cfg: &SimConfig) -> Option<String> {
     let live: Vec<usize> = (0..cfg.processes).filter(|p| sim.is_alive(*p)).collect();
     if live.is_empty() {
         return None;
@@ -458,12 +480,8 @@ fn fair_share(
         .map(|p| (cfg.leases.iter()).filter(|l| sim.leads(*p, l)).count())
         .collect();
     let fair = counts.iter().all(|c| *c == k / n || *c == k.div_ceil(n));
-    (!(led && fair)).then(|| {
-        format!(
-            "UnfairShare: {k} keys over the live processes {live:?} came out {counts:?} at the \
-             horizon, the last fault ended at {calm:?} (bound {bound:?})"
-        )
-    })
+    (!(led && fair))
+        .then(|| format!("{k} keys over the live processes {live:?} came out {counts:?}"))
 }
 
 /// A requested hand-over goes to the named process: after a holder handed a
@@ -538,11 +556,12 @@ impl Leadership {
     /// Nothing is asserted after a fault that never ends.
     fn failover(
         &self,
+        cfg: &SimConfig,
         faults: &[(Duration, Fault)],
         horizon: Duration,
         bound: Duration,
     ) -> Vec<String> {
-        let Some(calm) = calm_from(faults) else {
+        let Some(calm) = calm_from(cfg, faults) else {
             return Vec::new();
         };
         let mut out = Vec::new();
@@ -711,11 +730,25 @@ pub struct Outcome {
     pub counterexample: Option<Run>,
     /// Wall time.
     pub elapsed: Duration,
+    /// Every schedule of the bound was explored (not stopped at a
+    /// counterexample, a limit or a time budget).
+    pub complete: bool,
 }
 
 /// Explores every schedule of `model` depth-first, stopping at the first
 /// counterexample if `stop_at_first`, or after `limit` schedules.
 pub fn explore(model: &Model, stop_at_first: bool, limit: Option<u64>) -> Outcome {
+    explore_within(model, stop_at_first, limit, None)
+}
+
+/// [`explore`], stopping after `budget` of wall time if given
+/// ([`Outcome::complete`] says whether it explored every schedule).
+pub fn explore_within(
+    model: &Model,
+    stop_at_first: bool,
+    limit: Option<u64>,
+    budget: Option<Duration>,
+) -> Outcome {
     let start = Instant::now();
     let mut out = Outcome::default();
     let mut prefix: Schedule = Vec::new();
@@ -733,9 +766,6 @@ pub fn explore(model: &Model, stop_at_first: bool, limit: Option<u64>) -> Outcom
         if failed && out.counterexample.is_none() {
             out.counterexample = Some(run);
         }
-        if (failed && stop_at_first) || limit.is_some_and(|l| out.schedules >= l) {
-            break;
-        }
         while let Some(last) = next.pop() {
             if last + 1 < arity[next.len()] {
                 next.push(last + 1);
@@ -743,6 +773,13 @@ pub fn explore(model: &Model, stop_at_first: bool, limit: Option<u64>) -> Outcom
             }
         }
         if next.is_empty() {
+            out.complete = true;
+            break;
+        }
+        if (failed && stop_at_first)
+            || limit.is_some_and(|l| out.schedules >= l)
+            || budget.is_some_and(|b| start.elapsed() >= b)
+        {
             break;
         }
         prefix = next;

@@ -1,33 +1,59 @@
 //! The checker in CI: every schedule of the bounded configurations passes
-//! every property and reaches the paths a model must reach; a broken variant
-//! is found, and its counterexample replays. `CHECK_DEEP=1` raises the
-//! bounds (see `docs/checker.md`); run it with `--release`.
+//! every property and reaches the paths a model must reach ("sometimes"
+//! properties); a broken variant is found, and its counterexample replays
+//! (every other broken variant: `variants.rs`). `CHECK_DEEP=1` raises the
+//! bounds, each with a time budget (see `docs/checker.md`); run it with
+//! `--release -- --nocapture --test-threads=1`.
 
-use check::{explore, replay, Model, Outcome};
-use lease_proto::sim::{Mutation, Violation};
+use std::time::Duration;
+
+use check::{explore_within, replay, variants, Model, Outcome};
+use lease_proto::sim::{Fault, Mutation, Violation};
 
 /// Deep mode: the bounds of `docs/checker.md`'s deep runs.
 fn deep() -> bool {
     std::env::var("CHECK_DEEP").is_ok_and(|v| v == "1")
 }
 
-/// Explores `model` to the end and prints its figures.
+/// In deep mode, the wall time one bound may take (`CHECK_BUDGET_SECS`,
+/// default 600); none in CI, where every bound is explored to its end.
+fn budget() -> Option<Duration> {
+    deep().then(|| {
+        let secs = std::env::var("CHECK_BUDGET_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(600);
+        Duration::from_secs(secs)
+    })
+}
+
+/// Explores `model` (to the end, or its time budget in deep mode) and prints
+/// its figures; panics on a counterexample.
 fn passes(what: &str, model: &Model) -> Outcome {
-    let out = explore(model, true, None);
+    let out = explore_within(model, true, None, budget());
     eprintln!(
-        "{what}: {} processes, {} faults of {}, {} steps: {} schedules, {} prefixes, {:.1?}, reached {:?}",
+        "{what}: {} processes, {} leases, <= {} faults of {}, steps {}..{}: {} schedules, {} \
+         prefixes, {:.1?}, {}, reached {:?}",
         model.processes,
+        model.config().leases.len(),
         model.budget,
         model.faults.len(),
+        model.from,
         model.steps,
         out.schedules,
         out.prefixes,
         out.elapsed,
+        if out.complete {
+            "every schedule".to_string()
+        } else {
+            format!("stopped at the time budget ({:?})", budget())
+        },
         out.reached
     );
     if let Some(run) = &out.counterexample {
         panic!("{what}: counterexample\n{}", run.text());
     }
+    assert!(out.complete || deep(), "{what}: not explored to the end");
     out
 }
 
@@ -41,6 +67,10 @@ fn two_processes_one_fault_every_schedule_passes_and_reaches_each_path() {
         "no schedule reaches a win after the lock delay"
     );
     assert!(out.reached.handover, "no schedule reaches a hand-over");
+    assert!(
+        out.reached.validity_cancel,
+        "no schedule reaches a cancel at the validity's end"
+    );
 }
 
 #[test]
@@ -53,7 +83,7 @@ fn two_processes_two_lock_delay_faults_every_schedule_passes() {
 
 #[test]
 fn two_processes_two_faults_every_schedule_passes() {
-    // Deep mode only: 13 faults squared is 70 s in a debug build at 8 steps.
+    // Deep mode only: the full menu squared.
     if deep() {
         passes("2 x 2 faults", &Model::new(2, 2, 30));
     }
@@ -70,6 +100,50 @@ fn three_processes_one_fault_every_schedule_passes() {
     assert!(!deep() || out.reached.takeover);
 }
 
+/// Two members of a lease group of four keys: the fair share (from 2 s
+/// after the last fault), bounded failover, and a rebalance reached; the
+/// faults: a crash of either member (back after 300 ms), a freeze past the
+/// validity, a terminate, a forged member lock.
+#[test]
+fn a_lease_group_every_schedule_passes_and_rebalances() {
+    let mut model = Model::new(2, 1, if deep() { 40 } else { 16 }).with(variants::group_of_four);
+    model.fair_share = Some(Duration::from_secs(2));
+    model.failover = Some(Duration::from_millis(500));
+    model.faults = vec![
+        Fault::Crash {
+            process: 0,
+            restart_after: Some(Duration::from_millis(300)),
+        },
+        Fault::Freeze {
+            process: 1,
+            duration: Duration::from_secs(2),
+        },
+        Fault::Terminate { process: 0 },
+        Fault::ForgedMember { pid: 1 },
+    ];
+    let out = passes("group of 4 keys x 1 fault", &model);
+    assert!(
+        out.reached.rebalance,
+        "no schedule reaches a group rebalance"
+    );
+}
+
+/// Deep mode: each broken variant's model passes on the correct code, to
+/// the variant's bound (or the time budget).
+#[test]
+fn every_variants_model_passes_on_the_correct_code() {
+    if !deep() {
+        return;
+    }
+    for v in variants::all() {
+        let model = Model {
+            mutation: None,
+            ..v.model
+        };
+        passes(&format!("correct code on {}'s model", v.name), &model);
+    }
+}
+
 /// [`Mutation::LockDelayOnlyAfterWakes`]: the standby's session is
 /// terminated, then the holder's: the standby's new session polls, wins the
 /// key the terminate freed and starts its job at once, while the old
@@ -84,7 +158,7 @@ fn lock_delay_only_after_wakes() -> Model {
 #[test]
 fn broken_lock_delay_only_after_wakes_is_found() {
     let model = lock_delay_only_after_wakes();
-    let out = explore(&model, true, None);
+    let out = check::explore(&model, true, None);
     let run = out
         .counterexample
         .expect("the checker finds the broken lock delay");
