@@ -74,7 +74,9 @@ fn main() {
         _ => {}
     }
     let limit = args.get(4).and_then(|s| s.parse().ok());
+    model.visited = std::env::var("VISITED").is_ok();
     let out = explore(&model, true, limit);
+    println!("pruned {} states {}", out.pruned, out.states);
     println!(
         "processes {} budget {} steps {} mutation {:?}: {} schedules, {} prefixes, depth {}, {:.1?}, reached {:?}",
         model.processes, model.budget, model.steps, model.mutation, out.schedules, out.prefixes, out.depth, out.elapsed, out.reached

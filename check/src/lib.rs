@@ -78,6 +78,8 @@ pub struct Model {
     /// lease is led and each live member leads `⌊K/N⌋` or `⌈K/N⌉` of the K
     /// keys. `None`: not checked.
     pub fair_share: Option<Duration>,
+    /// Keep a visited set of states (see [`explore_within`]).
+    pub visited: bool,
 }
 
 /// The bounded-failover bound of the default setup: a retry interval (a
@@ -108,6 +110,7 @@ impl Model {
             setup: |_| {},
             failover: Some(FAILOVER),
             fair_share: None,
+            visited: false,
         }
     }
 
@@ -244,6 +247,9 @@ pub struct Run {
     /// Breaches of the checker's own properties (bounded failover, an
     /// observer that leads), found on the report.
     pub failures: Vec<String>,
+    /// The run reached a state explored before, at the same step with the
+    /// same faults left, and stopped there: what follows was checked then.
+    pub pruned: bool,
 }
 
 impl Run {
@@ -335,8 +341,25 @@ pub fn replay(model: &Model, schedule: &[u16]) -> Run {
 /// options than it takes: the correct code's run may differ there from the
 /// broken variant's).
 pub fn try_replay(model: &Model, schedule: &[u16]) -> Result<Run, String> {
+    replay_visiting(model, schedule, None)
+}
+
+/// Virtual time zero of every run: one instant, so that the machines'
+/// instants of two runs compare (the visited set's fingerprints).
+fn base() -> Instant {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+/// [`try_replay`], stopping at a state of `visited` past the schedule's
+/// given prefix (and adding the states it reaches).
+fn replay_visiting(
+    model: &Model,
+    schedule: &[u16],
+    mut visited: Option<&mut std::collections::HashSet<u128>>,
+) -> Result<Run, String> {
     let cfg = model.config();
-    let mut sim = Sim::new(cfg.clone(), Instant::now());
+    let mut sim = Sim::new(cfg.clone(), base());
     let mut used = vec![false; model.faults.len()];
     let mut budget = model.budget;
     let mut run = Run {
@@ -346,6 +369,7 @@ pub fn try_replay(model: &Model, schedule: &[u16]) -> Result<Run, String> {
         report: Report::default(),
         faults: Vec::new(),
         failures: Vec::new(),
+        pruned: false,
     };
     let mut led = Leadership::new(&cfg);
     // The instants the share was not fair, with what it was.
@@ -399,6 +423,21 @@ pub fn try_replay(model: &Model, schedule: &[u16]) -> Result<Run, String> {
         led.sample(&sim);
         if model.fair_share.is_some() {
             unfair.extend(unfair_share(&sim, &cfg).map(|w| (sim.now(), w)));
+        }
+        // A state explored before, with the same choices left and the same
+        // history the properties read: its subtree was checked then.
+        if let Some(visited) = visited.as_deref_mut() {
+            if step + 1 >= schedule.len() && step + 1 >= model.from && step + 1 < model.steps {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                (step, &used, budget, &led.unled_since, &led.gaps).hash(&mut h);
+                format!("{:?}{unfair:?}", run.faults).hash(&mut h);
+                let key = sim.fingerprint() ^ u128::from(h.finish());
+                if !visited.insert(key) {
+                    run.pruned = true;
+                    return Ok(run);
+                }
+            }
         }
     }
     // On in time order to the horizon, watching who leads.
@@ -720,6 +759,10 @@ impl Reached {
 pub struct Outcome {
     /// Schedules run to their end (or their first violation).
     pub schedules: u64,
+    /// Runs stopped at a state visited before ([`Model::visited`]).
+    pub pruned: u64,
+    /// States in the visited set.
+    pub states: u64,
     /// Distinct prefixes of choices (nodes of the schedule tree).
     pub prefixes: u64,
     /// The longest schedule, in steps.
@@ -752,9 +795,15 @@ pub fn explore_within(
     let start = Instant::now();
     let mut out = Outcome::default();
     let mut prefix: Schedule = Vec::new();
+    let mut visited = model.visited.then(std::collections::HashSet::new);
     loop {
-        let run = replay(model, &prefix);
-        out.schedules += 1;
+        let run =
+            replay_visiting(model, &prefix, visited.as_mut()).unwrap_or_else(|e| panic!("{e}"));
+        if run.pruned {
+            out.pruned += 1;
+        } else {
+            out.schedules += 1;
+        }
         // The nodes this run adds below the prefix it was asked for.
         out.prefixes += (run.schedule.len() + 1).saturating_sub(prefix.len().max(1)) as u64;
         out.depth = out.depth.max(run.schedule.len());
@@ -785,5 +834,6 @@ pub fn explore_within(
         prefix = next;
     }
     out.elapsed = start.elapsed();
+    out.states = visited.map_or(0, |v| v.len() as u64);
     out
 }

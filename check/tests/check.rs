@@ -15,38 +15,43 @@ fn deep() -> bool {
     std::env::var("CHECK_DEEP").is_ok_and(|v| v == "1")
 }
 
-/// In deep mode, the wall time one bound may take (`CHECK_BUDGET_SECS`,
-/// default 600); none in CI, where every bound is explored to its end.
-fn budget() -> Option<Duration> {
+/// In deep mode, the wall time a bound may take: `minutes` (times
+/// `CHECK_BUDGET_SCALE`, default 1); none in CI, where every bound is
+/// explored to its end.
+fn budget(minutes: f64) -> Option<Duration> {
     deep().then(|| {
-        let secs = std::env::var("CHECK_BUDGET_SECS")
+        let scale: f64 = std::env::var("CHECK_BUDGET_SCALE")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(600);
-        Duration::from_secs(secs)
+            .unwrap_or(1.0);
+        Duration::from_secs_f64(minutes * scale * 60.0)
     })
 }
 
-/// Explores `model` (to the end, or its time budget in deep mode) and prints
-/// its figures; panics on a counterexample.
-fn passes(what: &str, model: &Model) -> Outcome {
-    let out = explore_within(model, true, None, budget());
+/// Explores `model` (to the end, or `minutes` in deep mode) and prints its
+/// figures; panics on a counterexample.
+fn passes(what: &str, model: &Model, minutes: f64) -> Outcome {
+    let budget = budget(minutes);
+    let out = explore_within(model, true, None, budget);
     eprintln!(
-        "{what}: {} processes, {} leases, <= {} faults of {}, steps {}..{}: {} schedules, {} \
-         prefixes, {:.1?}, {}, reached {:?}",
+        "{what}: {} processes, {} leases, <= {} faults of {}, steps {}..{}{}: {} schedules, {} \
+         prefixes, {} pruned at {} visited states, {:.1?}, {}, reached {:?}",
         model.processes,
         model.config().leases.len(),
         model.budget,
         model.faults.len(),
         model.from,
         model.steps,
+        if model.visited { ", visited set" } else { "" },
         out.schedules,
         out.prefixes,
+        out.pruned,
+        out.states,
         out.elapsed,
         if out.complete {
             "every schedule".to_string()
         } else {
-            format!("stopped at the time budget ({:?})", budget())
+            format!("stopped at the time budget ({budget:?})")
         },
         out.reached
     );
@@ -60,7 +65,7 @@ fn passes(what: &str, model: &Model) -> Outcome {
 #[test]
 fn two_processes_one_fault_every_schedule_passes_and_reaches_each_path() {
     let steps = if deep() { 60 } else { 20 };
-    let out = passes("2 x 1 fault", &Model::new(2, 1, steps));
+    let out = passes("2 x 1 fault", &Model::new(2, 1, steps), 8.0);
     assert!(out.reached.takeover, "no schedule reaches a takeover");
     assert!(
         out.reached.lock_delay_win,
@@ -77,15 +82,29 @@ fn two_processes_one_fault_every_schedule_passes_and_reaches_each_path() {
 fn two_processes_two_lock_delay_faults_every_schedule_passes() {
     let mut model = Model::new(2, 2, if deep() { 60 } else { 20 });
     model.faults = Model::lock_delay_menu(2);
-    let out = passes("2 x 2 terminates/forged", &model);
+    let out = passes("2 x 2 terminates/forged", &model, 8.0);
     assert!(out.reached.lock_delay_win);
+}
+
+/// The same with the visited set of states (deep mode only: in a debug
+/// build the fingerprint costs about what it saves).
+#[test]
+fn two_processes_two_lock_delay_faults_with_a_visited_set() {
+    if deep() {
+        let mut model = Model::new(2, 2, 40);
+        model.faults = Model::lock_delay_menu(2);
+        model.visited = true;
+        passes("2 x 2 terminates/forged", &model, 6.0);
+        model.visited = false;
+        passes("2 x 2 terminates/forged", &model, 6.0);
+    }
 }
 
 #[test]
 fn two_processes_two_faults_every_schedule_passes() {
     // Deep mode only: the full menu squared.
     if deep() {
-        passes("2 x 2 faults", &Model::new(2, 2, 30));
+        passes("2 x 2 faults", &Model::new(2, 2, 30), 10.0);
     }
 }
 
@@ -96,7 +115,7 @@ fn three_processes_one_fault_every_schedule_passes() {
     // a takeover needs a fault after the first holder is established, some
     // 30 steps in, which deep mode reaches.
     let steps = if deep() { 40 } else { 8 };
-    let out = passes("3 x 1 fault", &Model::new(3, 1, steps));
+    let out = passes("3 x 1 fault", &Model::new(3, 1, steps), 8.0);
     assert!(!deep() || out.reached.takeover);
 }
 
@@ -121,7 +140,7 @@ fn a_lease_group_every_schedule_passes_and_rebalances() {
         Fault::Terminate { process: 0 },
         Fault::ForgedMember { pid: 1 },
     ];
-    let out = passes("group of 4 keys x 1 fault", &model);
+    let out = passes("group of 4 keys x 1 fault", &model, 8.0);
     assert!(
         out.reached.rebalance,
         "no schedule reaches a group rebalance"
@@ -140,7 +159,7 @@ fn every_variants_model_passes_on_the_correct_code() {
             mutation: None,
             ..v.model
         };
-        passes(&format!("correct code on {}'s model", v.name), &model);
+        passes(&format!("correct code on {}'s model", v.name), &model, 1.0);
     }
 }
 
