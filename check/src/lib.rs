@@ -320,6 +320,23 @@ impl Run {
     }
 }
 
+/// Whether one schedule may inject both faults: not a fault in which the
+/// server ends sessions (a terminate, a restart, a promotion that ends
+/// them) with one that keeps a process from hearing the server (a freeze,
+/// a partition, a slow link). A holder that cannot hear the server learns
+/// of its session's end only when it hears again, after the lock delay:
+/// no client can beat that, and strong safety is promised only while the
+/// holder hears the server (`docs/guarantees.md`, its conditions).
+pub fn compatible(a: &Fault, b: &Fault) -> bool {
+    let silences = |f: &Fault| {
+        matches!(
+            f,
+            Fault::Freeze { .. } | Fault::Partition { .. } | Fault::Delay { .. }
+        )
+    };
+    !(a.server_ends_sessions() && silences(b) || b.server_ends_sessions() && silences(a))
+}
+
 /// The schedule that takes option `c` at step `i` for each `(i, c)` of
 /// `choices`, and option 0 everywhere else.
 pub fn sparse(choices: &[(usize, u16)]) -> Schedule {
@@ -389,7 +406,9 @@ fn replay_visiting(
         };
         if budget > 0 && step >= model.from {
             let unused = (0..model.faults.len()).filter(|i| !used[*i]);
-            options.extend(unused.map(Choice::Inject));
+            let fits =
+                |i: &usize| (run.faults.iter()).all(|(_, f)| compatible(f, &model.faults[*i]));
+            options.extend(unused.filter(fits).map(Choice::Inject));
         }
         let c = schedule.get(step).copied().unwrap_or(0);
         let Some(choice) = options.get(usize::from(c)).cloned() else {
