@@ -511,14 +511,28 @@ fn pooler_led(cfg: &SimConfig, report: &Report) -> Option<String> {
 /// When the last of `faults` ended (`None`: one never ends). A promotion
 /// ends with its hold: its checkpoint, a second (the history file's whole
 /// seconds) and [`Options::promotion_hold`](lease_proto::Options::promotion_hold)
-/// after it.
+/// after it. A hand-over request, when another fault (not a request) is
+/// injected too, ends with the reservation it may start: two query
+/// timeouts, in which only the named backend may take the key (a fault that
+/// ends that backend's session leaves the key unled until then, as
+/// documented).
 fn calm_from(cfg: &SimConfig, faults: &[(Duration, Fault)]) -> Option<Duration> {
+    let request = |f: &Fault| {
+        matches!(
+            f,
+            Fault::RequestHandover { .. }
+                | Fault::RequestHandoverToPid { .. }
+                | Fault::ForgedPrefer { .. }
+        )
+    };
+    let other_fault = faults.iter().any(|(_, f)| !request(f));
     let mut calm = Duration::ZERO;
     for (at, fault) in faults {
         let end = match fault {
             Fault::Promote { .. } | Fault::PromoteFrozenPrimary { .. } => {
                 PROMOTION_CHECKPOINT + Duration::from_secs(1) + cfg.options.promotion_hold()
             }
+            f if request(f) && other_fault => cfg.options.query_timeout * 2,
             other => other.duration()?,
         };
         calm = calm.max(*at + end);
