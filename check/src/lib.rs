@@ -127,7 +127,8 @@ impl Model {
     /// FATAL answer to a statement in flight and the end, and with the
     /// FATAL answer first); a server restart; a promotion while the primary
     /// is frozen; a forged handover notification; a hand-over request to
-    /// process 1 and one to a backend that does not exist.
+    /// process 1 and one to a backend that does not exist; a forged
+    /// preference (`prefer`) naming process 1's backend.
     pub fn fault_menu(processes: usize) -> Vec<Fault> {
         let mut faults = Vec::new();
         for process in 0..processes {
@@ -162,6 +163,11 @@ impl Model {
             Fault::RequestHandoverToPid {
                 lease: 0,
                 pid: 99_999,
+            },
+            Fault::ForgedPrefer {
+                lease: 0,
+                waiter: 1,
+                priority: 5,
             },
         ]);
         faults

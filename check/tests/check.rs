@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use check::{explore_within, replay, variants, Model, Outcome};
 use lease_proto::sim::{Fault, Mutation, Violation};
+use lease_proto::{group_id_for_name, key_for_name};
 
 /// Deep mode: the bounds of `docs/checker.md`'s deep runs.
 fn deep() -> bool {
@@ -28,9 +29,16 @@ fn budget(minutes: f64) -> Option<Duration> {
     })
 }
 
+/// When this test binary's first bound started.
+fn started() -> std::time::Instant {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(std::time::Instant::now)
+}
+
 /// Explores `model` (to the end, or `minutes` in deep mode) and prints its
 /// figures; panics on a counterexample.
 fn passes(what: &str, model: &Model, minutes: f64) -> Outcome {
+    started();
     let budget = budget(minutes);
     let out = explore_within(model, true, None, budget);
     eprintln!(
@@ -122,7 +130,8 @@ fn three_processes_one_fault_every_schedule_passes() {
 /// Two members of a lease group of four keys: the fair share (from 2 s
 /// after the last fault), bounded failover, and a rebalance reached; the
 /// faults: a crash of either member (back after 300 ms), a freeze past the
-/// validity, a terminate, a forged member lock.
+/// validity, a terminate, a forged member lock, a forged announcement and a
+/// forged claim.
 #[test]
 fn a_lease_group_every_schedule_passes_and_rebalances() {
     let mut model = Model::new(2, 1, if deep() { 40 } else { 16 }).with(variants::group_of_four);
@@ -139,6 +148,14 @@ fn a_lease_group_every_schedule_passes_and_rebalances() {
         },
         Fault::Terminate { process: 0 },
         Fault::ForgedMember { pid: 1 },
+        // Forged notifications of the group's payloads: an announcement,
+        // and a claim of a key naming process 1's backend.
+        Fault::ForgedPayload {
+            payload: format!("group {}", group_id_for_name("g")),
+        },
+        Fault::ForgedPayload {
+            payload: format!("claim {} 1002", key_for_name("job-0")),
+        },
     ];
     let out = passes("group of 4 keys x 1 fault", &model, 8.0);
     assert!(
@@ -169,6 +186,29 @@ fn every_variants_model_passes_on_the_correct_code() {
         failed.is_empty(),
         "counterexamples on the correct code: {failed:?}"
     );
+}
+
+/// Deep mode, last (the tests run in name order on one thread): three
+/// processes, two faults (terminates, forged notification), to 40 steps,
+/// for the time left until the deep run has lasted `CHECK_DEEP_MINUTES`
+/// (default 62), at least 5 minutes.
+#[test]
+fn with_the_time_left_three_processes_two_lock_delay_faults_pass() {
+    if !deep() {
+        return;
+    }
+    let total: f64 = std::env::var("CHECK_DEEP_MINUTES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(62.0);
+    let left = (total - started().elapsed().as_secs_f64() / 60.0).max(5.0);
+    let scale: f64 = std::env::var("CHECK_BUDGET_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let mut model = Model::new(3, 2, 40);
+    model.faults = Model::lock_delay_menu(3);
+    passes("3 x 2 terminates/forged", &model, left / scale);
 }
 
 /// [`Mutation::LockDelayOnlyAfterWakes`]: the standby's session is

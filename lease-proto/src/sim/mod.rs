@@ -267,6 +267,14 @@ pub enum Fault {
         /// How long.
         duration: Duration,
     },
+    /// A client that is not a lease client (any role may) sends
+    /// `NOTIFY lease_handover_v1, '<payload>'` from its own backend, any
+    /// payload: a forged group announcement (`group <id>`), a forged claim
+    /// (`claim <key> <pid>`), a repeated or malformed one.
+    ForgedPayload {
+        /// The payload.
+        payload: String,
+    },
     /// A client that is not a lease client (any role may) takes the member
     /// lock `(group id, pid)` of [`SimConfig::group`] on its own backend,
     /// whose pid is not `pid`, and keeps it: a forged member. The membership
@@ -314,6 +322,7 @@ impl Fault {
             | Fault::RequestHandoverToPid { .. }
             | Fault::ForgedPrefer { .. }
             | Fault::ForgedMember { .. }
+            | Fault::ForgedPayload { .. }
             | Fault::PromoteFrozenPrimary { .. } => Some(Duration::ZERO),
             Fault::ServerRestart { downtime }
             | Fault::ServerCrash { downtime }
@@ -1062,6 +1071,9 @@ impl Sim {
                     let payload = format!("prefer {key} {pid} {priority}");
                     self.notify_listeners(payload, forger, Duration::ZERO);
                 }
+            }
+            Fault::ForgedPayload { payload } => {
+                self.notify_listeners(payload, server::FORGER_PID, Duration::ZERO);
             }
             Fault::ForgedMember { pid } => {
                 if let Some(group) = &self.cfg.group {
