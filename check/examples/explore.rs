@@ -98,6 +98,12 @@ fn mutation(name: &str) -> Mutation {
         "IgnoreGrantee" => Mutation::IgnoreGrantee,
         "HandOverUnchecked" => Mutation::HandOverUnchecked,
         "ObserverTries" => Mutation::ObserverTries,
+        "NoPoolerProbe" => Mutation::NoPoolerProbe,
+        "IgnorePromotion" => Mutation::IgnorePromotion,
+        "HoldOnlySinceStart" => Mutation::HoldOnlySinceStart,
+        "IgnoreShare" => Mutation::IgnoreShare,
+        "FatalReplyIsStatementFailure" => Mutation::FatalReplyIsStatementFailure,
+        "ForgedMemberCounted" => Mutation::ForgedMemberCounted,
         other => panic!("unknown mutation {other}"),
     }
 }

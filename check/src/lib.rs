@@ -736,41 +736,57 @@ pub struct Reached {
 impl Reached {
     /// What `report`'s trace shows.
     pub fn of(report: &Report) -> Reached {
+        use std::collections::BTreeMap;
+        /// Per lease: its last holder, and how that one's lease ended: by a
+        /// release (graceful) or a hand-over, or not (yet) at all.
+        #[derive(Default)]
+        struct Lease {
+            holder: Option<usize>,
+            handed_over: bool,
+            released: bool,
+        }
         let mut reached = Reached::default();
-        let mut holder: Option<usize> = None;
-        // How the last holder's lease ended: by a release (graceful) or a
-        // hand-over, or not (yet) at all.
-        let mut handed_over = false;
-        let mut released = false;
+        let mut leases: BTreeMap<String, Lease> = BTreeMap::new();
+        // (process, run) -> lease name.
+        let mut runs = BTreeMap::new();
         for line in &report.trace {
             match &line.event {
-                TraceEvent::JobStarted { .. } => {
+                TraceEvent::JobStarted { run, lease, .. } => {
+                    runs.insert((line.process, *run), lease.clone());
+                    let l = leases.entry(lease.clone()).or_default();
                     let p = line.process;
-                    if holder.is_some() && holder != p {
+                    if l.holder.is_some() && l.holder != p {
                         reached.takeover = true;
-                        if handed_over {
+                        if l.handed_over {
                             reached.handover = true;
-                        } else if released {
+                        } else if l.released {
                             reached.graceful_release = true;
                         } else {
                             reached.lock_delay_win = true;
                         }
                     }
-                    holder = p;
-                    handed_over = false;
-                    released = false;
+                    *l = Lease {
+                        holder: p,
+                        ..Lease::default()
+                    };
                 }
-                TraceEvent::JobCancelled {
-                    reason: Reason::HandedOver,
-                    ..
-                } if line.process == holder => handed_over = true,
-                TraceEvent::Machine(Event::Released { .. }) if line.process == holder => {
-                    released = true
+                TraceEvent::JobCancelled { run, reason } => {
+                    if *reason == Reason::ValidityExpired {
+                        reached.validity_cancel = true;
+                    }
+                    let lease = runs.get(&(line.process, *run));
+                    let l = lease.and_then(|name| leases.get_mut(name));
+                    if let Some(l) = l.filter(|l| l.holder == line.process) {
+                        l.handed_over |= *reason == Reason::HandedOver;
+                    }
                 }
-                TraceEvent::JobCancelled {
-                    reason: Reason::ValidityExpired,
-                    ..
-                } => reached.validity_cancel = true,
+                TraceEvent::Machine(Event::Released { lease, .. }) => {
+                    if let Some(l) = leases.get_mut(lease.name()) {
+                        if l.holder == line.process {
+                            l.released = true;
+                        }
+                    }
+                }
                 TraceEvent::Machine(Event::HandedOver {
                     requested: false, ..
                 }) => reached.rebalance = true,
