@@ -75,6 +75,9 @@ fn main() {
     }
     let limit = args.get(4).and_then(|s| s.parse().ok());
     model.visited = std::env::var("VISITED").is_ok();
+    if let Some(from) = std::env::var("FROM").ok().and_then(|s| s.parse().ok()) {
+        model.from = from;
+    }
     let out = explore(&model, true, limit);
     println!("pruned {} states {}", out.pruned, out.states);
     println!(

@@ -127,6 +127,30 @@ fn three_processes_one_fault_every_schedule_passes() {
     assert!(!deep() || out.reached.takeover);
 }
 
+/// Three processes once the first holder is established (the first 26
+/// steps in time order): one fault of the full menu, or two of the
+/// terminates and forged notification; each must reach a takeover.
+#[test]
+fn three_processes_after_the_start_every_schedule_passes() {
+    let mut model = Model::new(3, 1, if deep() { 80 } else { 60 });
+    model.from = 26;
+    let out = passes("3 x 1 fault after the start", &model, 8.0);
+    assert!(out.reached.takeover && out.reached.handover);
+    let mut model = Model::new(3, 2, if deep() { 50 } else { 40 });
+    model.from = 26;
+    model.faults = Model::lock_delay_menu(3);
+    let out = passes("3 x 2 terminates/forged after the start", &model, 8.0);
+    assert!(out.reached.lock_delay_win);
+    if deep() {
+        let mut model = Model::new(3, 2, 40);
+        model.from = 26;
+        passes("3 x 2 faults after the start", &model, 10.0);
+        let mut model = Model::new(2, 2, 50);
+        model.from = 24;
+        passes("2 x 2 faults after the start", &model, 10.0);
+    }
+}
+
 /// Two members of a lease group of four keys: the fair share (from 2 s
 /// after the last fault), bounded failover, and a rebalance reached; the
 /// faults: a crash of either member (back after 300 ms), a freeze past the
