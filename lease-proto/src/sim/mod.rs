@@ -147,7 +147,7 @@ pub enum Fault {
     /// [`Fault::Terminate`], and if a statement of the session is in flight
     /// on the server, the driver reads the server's FATAL answer to it
     /// ([`SessionError::ends_session`](crate::SessionError::ends_session))
-    /// [`FATAL_TO_END`](server::FATAL_TO_END) before the session's end
+    /// 2 ms before the session's end
     /// (after a plain terminate it reads both at once half the time, as the
     /// seed draws).
     TerminateFatalFirst {

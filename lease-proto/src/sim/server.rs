@@ -418,13 +418,13 @@ impl Server {
         }
     }
 
-    /// The backend pid of a lock owner.
     /// [`super::Mutation::ForgedMemberCounted`] if `on`.
     pub(super) fn counting_forged_members(mut self, on: bool) -> Server {
         self.count_forged_members = on;
         self
     }
 
+    /// The backend pid of a lock owner.
     fn owner_pid(&self, owner: u64) -> Option<i64> {
         if owner == SHARED_BACKEND {
             return Some(SHARED_BACKEND_PID);
@@ -1748,7 +1748,7 @@ impl Sim {
 /// The longest time from a FATAL answer to a statement in flight to the
 /// connection's end as the client reads it (the backend exits, the kernel
 /// closes the socket): see `end_sessions`.
-pub(super) const FATAL_TO_END: Duration = Duration::from_millis(2);
+const FATAL_TO_END: Duration = Duration::from_millis(2);
 
 /// The first of `settings` that a server of `version` (`server_version_num`) does not
 /// know: `idle_session_timeout` before PostgreSQL 14.
