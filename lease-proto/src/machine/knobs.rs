@@ -88,4 +88,20 @@ pub enum Mutation {
     /// standby's do (it still never waits on the server nor joins a
     /// group), so it leads a free key.
     ObserverTries,
+    /// The server's FATAL answer to a statement in flight (`57P01` when
+    /// `pg_terminate_backend` or a fast shutdown lands on it) read as a
+    /// failed statement, as `lease run` once read it: the loss does not say
+    /// the key may be free, so a cancelled command that ignores SIGTERM is
+    /// not killed within half the lock delay, and a session given up on is
+    /// not watched for its end. Consulted by the simulated driver
+    /// ([`SimConfig::stop_as_lease_run`](super::SimConfig::stop_as_lease_run)),
+    /// where the rule lives (`Reason::key_may_be_free`).
+    FatalReplyIsStatementFailure,
+    /// The membership read as it was: a member lock `(group id, n)` counts
+    /// whoever holds it, though `n` is not the holding backend's pid (any
+    /// role may take one), so a forged lock
+    /// ([`Fault::ForgedMember`](super::Fault::ForgedMember)) is a member that
+    /// owns a share and never leads it. Consulted by the simulator's server
+    /// model, where the rule lives (the statement's SQL).
+    ForgedMemberCounted,
 }

@@ -160,3 +160,69 @@ impl Sim {
         self.check_safety();
     }
 }
+
+impl Sim {
+    /// Delivers the next event due by `until` in time order, as
+    /// [`Sim::run_until`] would, and checks strong safety; `false` (and the
+    /// clock moved to `until`) when none is left.
+    #[doc(hidden)]
+    pub fn step_next(&mut self, until: Duration) -> bool {
+        match self.queue.pop_until(until) {
+            Some((t, ev)) => {
+                self.now = t;
+                self.dispatch(ev);
+                self.check_safety();
+                true
+            }
+            None => {
+                self.now = self.now.max(until);
+                false
+            }
+        }
+    }
+}
+
+impl Sim {
+    /// A fingerprint of the whole simulation's state (every machine, the
+    /// simulated drivers and jobs, the server model, the links and the
+    /// event queue, the random state, what the checks carry; not the trace),
+    /// for an explorer's visited set: two simulations with the same
+    /// fingerprint, made with the same setup and base instant, go on alike.
+    /// Times are absolute (virtual time and the machines' instants), so only
+    /// states reached at the same instant can match; ids (pids, run ids,
+    /// sessions, event sequence numbers aside) are not renamed. Built from
+    /// the state's `Debug` text: costly, for experiments.
+    #[doc(hidden)]
+    pub fn fingerprint(&self) -> u128 {
+        use std::hash::{Hash, Hasher};
+        let queue: Vec<(Duration, &Ev)> = (self.queue.due(Duration::MAX).into_iter())
+            .map(|(at, _, ev)| (at, ev))
+            .collect();
+        let r = &self.report;
+        let text = format!(
+            "{:?}|{}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
+            self.now,
+            self.rng,
+            self.procs,
+            self.net,
+            self.server,
+            queue,
+            self.next_conn,
+            self.next_job,
+            self.overlap_since,
+            self.max_token,
+            self.flaky,
+            self.terminate_next_taker,
+            r.violations,
+            r.max_overlap,
+            r.acquisitions,
+            r.outcomes,
+            self.closing,
+        );
+        let mut a = std::collections::hash_map::DefaultHasher::new();
+        text.hash(&mut a);
+        let mut b = std::collections::hash_map::DefaultHasher::new();
+        (text.len(), &text).hash(&mut b);
+        (u128::from(a.finish()) << 64) | u128::from(b.finish())
+    }
+}

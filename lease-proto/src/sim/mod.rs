@@ -144,6 +144,16 @@ pub enum Fault {
         /// From the grant to the terminate.
         after: Duration,
     },
+    /// [`Fault::Terminate`], and if a statement of the session is in flight
+    /// on the server, the driver reads the server's FATAL answer to it
+    /// ([`SessionError::ends_session`](crate::SessionError::ends_session))
+    /// 2 ms before the session's end
+    /// (after a plain terminate it reads both at once half the time, as the
+    /// seed draws).
+    TerminateFatalFirst {
+        /// The process.
+        process: usize,
+    },
     /// `pg_terminate_backend` on the watch session of `process` only (if it
     /// has one open): its lease session and leases stay.
     TerminateWatch {
@@ -257,6 +267,24 @@ pub enum Fault {
         /// How long.
         duration: Duration,
     },
+    /// A client that is not a lease client (any role may) sends
+    /// `NOTIFY lease_handover_v1, '<payload>'` from its own backend, any
+    /// payload: a forged group announcement (`group <id>`), a forged claim
+    /// (`claim <key> <pid>`), a repeated or malformed one.
+    ForgedPayload {
+        /// The payload.
+        payload: String,
+    },
+    /// A client that is not a lease client (any role may) takes the member
+    /// lock `(group id, pid)` of [`SimConfig::group`] on its own backend,
+    /// whose pid is not `pid`, and keeps it: a forged member. The membership
+    /// read counts a member lock only when its second half is the holding
+    /// backend's pid, so it is no member (it would be one with
+    /// [`Mutation::ForgedMemberCounted`]). A server restart ends it.
+    ForgedMember {
+        /// The pid the lock names.
+        pid: i64,
+    },
 }
 
 impl Fault {
@@ -266,6 +294,7 @@ impl Fault {
         matches!(
             self,
             Fault::Terminate { .. }
+                | Fault::TerminateFatalFirst { .. }
                 | Fault::TerminateNextTaker { .. }
                 | Fault::ServerRestart { .. }
                 | Fault::ServerCrash { .. }
@@ -285,12 +314,15 @@ impl Fault {
             | Fault::AuthFailing { duration } => Some(*duration),
             Fault::Crash { restart_after, .. } => *restart_after,
             Fault::Terminate { .. }
+            | Fault::TerminateFatalFirst { .. }
             | Fault::TerminateNextTaker { .. }
             | Fault::TerminateWatch { .. }
             | Fault::ForgedNotify { .. }
             | Fault::RequestHandover { .. }
             | Fault::RequestHandoverToPid { .. }
             | Fault::ForgedPrefer { .. }
+            | Fault::ForgedMember { .. }
+            | Fault::ForgedPayload { .. }
             | Fault::PromoteFrozenPrimary { .. } => Some(Duration::ZERO),
             Fault::ServerRestart { downtime }
             | Fault::ServerCrash { downtime }
@@ -648,6 +680,9 @@ enum Heal {
 
 /// A running simulation.
 pub struct Sim {
+    /// A terminate whose FATAL answer to a statement in flight the driver
+    /// reads first ([`Fault::TerminateFatalFirst`]) is being injected.
+    fatal_first: bool,
     cfg: SimConfig,
     base: Instant,
     now: Duration,
@@ -713,7 +748,8 @@ impl Sim {
             rng,
             procs,
             net: Net::new(n),
-            server: Server::new(cfg.server.clone()),
+            server: Server::new(cfg.server.clone())
+                .counting_forged_members(cfg.mutation == Some(Mutation::ForgedMemberCounted)),
             cfg,
             next_conn: 0,
             next_job: 0,
@@ -728,6 +764,7 @@ impl Sim {
             key_names,
             flaky: Vec::new(),
             terminate_next_taker: None,
+            fatal_first: false,
         };
         for p in 0..n {
             sim.start_runs(p);
@@ -982,6 +1019,11 @@ impl Sim {
                     .push(self.now + duration, Ev::Heal(Heal::AuthWorks));
             }
             Fault::Terminate { process } => self.terminate(Some(process)),
+            Fault::TerminateFatalFirst { process } => {
+                self.fatal_first = true;
+                self.terminate(Some(process));
+                self.fatal_first = false;
+            }
             Fault::TerminateNextTaker { after } => self.terminate_next_taker = Some(after),
             Fault::TerminateWatch { process } => {
                 if let Some((_, conn)) = self.procs.get(process).and_then(|p| p.watch) {
@@ -1028,6 +1070,15 @@ impl Sim {
                     let forger = server::FORGER_PID;
                     let payload = format!("prefer {key} {pid} {priority}");
                     self.notify_listeners(payload, forger, Duration::ZERO);
+                }
+            }
+            Fault::ForgedPayload { payload } => {
+                self.notify_listeners(payload, server::FORGER_PID, Duration::ZERO);
+            }
+            Fault::ForgedMember { pid } => {
+                if let Some(group) = &self.cfg.group {
+                    let group = crate::key::group_id_for_name(group);
+                    self.server.forged_members.insert((group, pid));
                 }
             }
             Fault::ServerRestart { downtime } => {

@@ -199,7 +199,10 @@ impl Sim {
     /// the keys, and the command is killed within half the lock delay, as
     /// after any end of the session.
     fn watch_doubtful_session(&mut self, p: usize) {
-        if !self.cfg.stop_as_lease_run || self.cfg.bug == Some(DriverBug::FatalReplyKeepsKey) {
+        if !self.cfg.stop_as_lease_run
+            || self.cfg.bug == Some(DriverBug::FatalReplyKeepsKey)
+            || self.cfg.mutation == Some(super::Mutation::FatalReplyIsStatementFailure)
+        {
             return;
         }
         let doubtful = matches!(
@@ -526,9 +529,9 @@ impl Sim {
     /// `lease run`'s reading of a loss (see [`SimConfig::stop_as_lease_run`](super::SimConfig::stop_as_lease_run)),
     /// or its broken variant [`DriverBug::FatalReplyKeepsKey`].
     fn key_may_be_free(&self, reason: &crate::Reason) -> bool {
-        if self.cfg.bug == Some(DriverBug::FatalReplyKeepsKey)
-            && matches!(reason, crate::Reason::QueryFailed(_))
-        {
+        let old_reading = self.cfg.bug == Some(DriverBug::FatalReplyKeepsKey)
+            || self.cfg.mutation == Some(super::Mutation::FatalReplyIsStatementFailure);
+        if old_reading && matches!(reason, crate::Reason::QueryFailed(_)) {
             return false;
         }
         reason.key_may_be_free()

@@ -337,6 +337,11 @@ pub(super) struct Server {
     /// With how many joins each is held (a join is a `pg_try_advisory_lock`,
     /// re-entrant: a second join of a group needs two leaves).
     members: BTreeMap<(u32, u64), u32>,
+    /// Member locks `(group id, n)` a non-lease client holds on its own
+    /// backend, whose pid is not `n` ([`super::Fault::ForgedMember`]).
+    pub(super) forged_members: std::collections::BTreeSet<(u32, i64)>,
+    /// [`super::Mutation::ForgedMemberCounted`]: the membership read counts them.
+    count_forged_members: bool,
     /// Waits queued behind held keys, in arrival order.
     waiters: Vec<Waiter>,
     /// key → owners of shared locks kept by waits (only with
@@ -385,6 +390,8 @@ impl Server {
             sessions: BTreeMap::new(),
             locks: BTreeMap::new(),
             members: Default::default(),
+            forged_members: Default::default(),
+            count_forged_members: false,
             waiters: Vec::new(),
             shared: BTreeMap::new(),
             woken_shared: Vec::new(),
@@ -413,6 +420,12 @@ impl Server {
         }
     }
 
+    /// [`super::Mutation::ForgedMemberCounted`] if `on`.
+    pub(super) fn counting_forged_members(mut self, on: bool) -> Server {
+        self.count_forged_members = on;
+        self
+    }
+
     /// The backend pid of a lock owner.
     fn owner_pid(&self, owner: u64) -> Option<i64> {
         if owner == SHARED_BACKEND {
@@ -427,6 +440,7 @@ impl Server {
     pub(super) fn restart(&mut self, now: Duration) {
         self.up = false;
         self.restarted_at = Some(now);
+        self.forged_members.clear();
     }
 
     /// A crash at `now`: a restart that forgets unflushed transaction ids;
@@ -443,6 +457,7 @@ impl Server {
     /// becomes the primary.
     pub(super) fn promote(&mut self, lag: u32, now: Duration) {
         self.up = false;
+        self.forged_members.clear();
         self.timeline += 1;
         self.promoted_at = Some(now);
         let replicated = (self.flushed_xid - i64::from(lag)).max(0);
@@ -1039,6 +1054,12 @@ impl Server {
                             reply.members.insert((*g, member));
                         }
                     }
+                }
+                if self.count_forged_members {
+                    let forged = self.forged_members.iter();
+                    reply
+                        .members
+                        .extend(forged.filter(|(g, _)| groups.contains(g)));
                 }
                 for k in keys {
                     let holder = self.locks.get(k).and_then(|(o, _)| self.owner_pid(*o));
@@ -1719,7 +1740,9 @@ impl Sim {
                     ),
                 );
                 // Half the time the driver reads both at once (the end wins).
-                if self.chance(0.5) {
+                if self.fatal_first {
+                    end_at += FATAL_TO_END;
+                } else if self.chance(0.5) {
                     end_at += self.uniform(FATAL_TO_END);
                 }
             }
