@@ -397,6 +397,14 @@ fn replay_visiting(
     let mut led = Leadership::new(&cfg);
     // The instants the share was not fair, with what it was.
     let mut unfair: Vec<(Duration, String)> = Vec::new();
+    // After every step: who leads, and (in a group) whether the share is fair.
+    let fair_share = model.fair_share.is_some();
+    let observe = |sim: &Sim, led: &mut Leadership, unfair: &mut Vec<(Duration, String)>| {
+        led.sample(sim);
+        if fair_share {
+            unfair.extend(unfair_share(sim, &cfg).map(|w| (sim.now(), w)));
+        }
+    };
     for step in 0..model.steps {
         let ready = sim.ready(model.window);
         let Some(next) = ready.first().cloned() else {
@@ -445,10 +453,7 @@ fn replay_visiting(
             run.report = sim.report().clone();
             return Ok(run);
         }
-        led.sample(&sim);
-        if model.fair_share.is_some() {
-            unfair.extend(unfair_share(&sim, &cfg).map(|w| (sim.now(), w)));
-        }
+        observe(&sim, &mut led, &mut unfair);
         // A state explored before, with the same choices left and the same
         // history the properties read: its subtree was checked then.
         if let Some(visited) = visited.as_deref_mut() {
@@ -471,10 +476,7 @@ fn replay_visiting(
             run.report = sim.report().clone();
             return Ok(run);
         }
-        led.sample(&sim);
-        if model.fair_share.is_some() {
-            unfair.extend(unfair_share(&sim, &cfg).map(|w| (sim.now(), w)));
-        }
+        observe(&sim, &mut led, &mut unfair);
     }
     if let Some(bound) = model.failover {
         run.failures
