@@ -21,6 +21,7 @@ mod job_span;
 mod kit;
 mod kit_runtimes;
 mod metrics;
+mod pasted;
 mod poolers;
 mod readme_example;
 mod scenarios;

@@ -21,14 +21,13 @@
 //! (`-- --nocapture`).
 
 use crate::common::*;
+use crate::pasted::{cargo, target_dir, workspace, Crate};
 use lease_tests::scenario::Admin;
 use lease_tests::scenario::TRY_PREFIX;
 use lease_tests::Cluster;
 use lease_tests::Replica;
 use lease_tests::Stream;
 use std::fs;
-use std::path::Path;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 use std::time::SystemTime;
@@ -39,23 +38,6 @@ const README_URL: &str = "host=127.0.0.1 user=postgres dbname=postgres";
 const README_NAME: &str = "nightly-sweeper";
 
 const README_PATH: &str = "path = \"lease-tokio\"";
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace holds the tests crate")
-        .to_owned()
-}
-
-/// The target directory this test was built into (`<target>/debug/deps/<exe>`):
-/// the example's build shares it, whatever `CARGO_TARGET_DIR` says.
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's path");
-    exe.ancestors()
-        .nth(3)
-        .expect("<target>/<profile>/deps/<test>")
-        .to_owned()
-}
 
 /// The body of the first fenced block whose info string starts with `lang`,
 /// after the line `## Use it from Rust`.
@@ -105,31 +87,22 @@ fn the_readme_example_compiles_as_pasted_and_hands_over_on_ctrl_c_within_100ms()
     let code = replace_once(&code, &format!("{README_NAME:?}"), &format!("{name:?}"));
 
     // The new crate: a package header, the README's dependency lines, its code.
-    let dir = std::env::temp_dir().join(format!(
-        "lease-readme-example-{}-{nanos}",
-        std::process::id()
-    ));
-    fs::create_dir_all(dir.join("src")).expect("create the crate");
-    let _cleanup = RemoveOnDrop(dir.clone());
-    fs::write(
-        dir.join("Cargo.toml"),
-        format!(
+    let krate = Crate::new("readme-example");
+    krate.write(
+        "Cargo.toml",
+        &format!(
             "[package]\nname = \"readme-example\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\
              publish = false\n\n{deps}"
         ),
-    )
-    .expect("write Cargo.toml");
-    fs::write(dir.join("src/main.rs"), &code).expect("write main.rs");
-    fs::copy(workspace().join("Cargo.lock"), dir.join("Cargo.lock")).expect("copy Cargo.lock");
-    let target = target_dir();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    );
+    krate.write("src/main.rs", &code);
     let built = Instant::now();
-    let out = Command::new(cargo)
-        .args(["build", "--offline", "--quiet", "--bin", "readme-example"])
-        .current_dir(&dir)
-        .env("CARGO_TARGET_DIR", &target)
-        .output()
-        .expect("run cargo build");
+    let out = cargo(
+        krate.dir(),
+        &["build", "--offline", "--quiet", "--bin", "readme-example"],
+    )
+    .output()
+    .expect("run cargo build");
     let build_time = built.elapsed();
     assert!(
         out.status.success(),
@@ -137,7 +110,7 @@ fn the_readme_example_compiles_as_pasted_and_hands_over_on_ctrl_c_within_100ms()
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let bin = target.join("debug").join("readme-example");
+    let bin = target_dir().join("debug").join("readme-example");
 
     let admin = Admin::connect(&cluster.conn_string()).expect("admin connection");
     let key = lease_proto::LeaseId::named(&name)
@@ -217,14 +190,4 @@ fn the_readme_example_compiles_as_pasted_and_hands_over_on_ctrl_c_within_100ms()
     assert!(handover < MS(100), "handover took {handover:?}");
     let _ = b.kill9();
     let _ = b.wait_exit(MS(5_000));
-}
-
-/// Removes the example's crate directory (not its build output, which lives
-/// in the shared target directory).
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }

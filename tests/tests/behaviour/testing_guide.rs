@@ -11,26 +11,9 @@
 //! "lease-tokio"` (`"lease-smol"`) becomes this workspace's absolute path. No
 //! server is needed.
 
+use crate::pasted::{cargo, workspace, Crate};
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace holds the tests crate")
-        .to_owned()
-}
-
-/// `<target>/<profile>/deps/<test>`: the example's build shares `<target>`.
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's path");
-    exe.ancestors()
-        .nth(3)
-        .expect("<target>/<profile>/deps/<test>")
-        .to_owned()
-}
+use std::time::{Duration, Instant};
 
 /// The bodies of the fenced blocks whose info string is `lang`, in order.
 fn blocks(page: &str, lang: &str) -> Vec<String> {
@@ -71,43 +54,30 @@ fn build_and_run(adapter: &str, deps: &str, code: &str) -> (Duration, Duration) 
     let path = workspace().join(adapter);
     let deps = deps.replace(&from, &format!("path = {:?}", path.display().to_string()));
 
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let dir = std::env::temp_dir().join(format!(
-        "lease-testing-guide-{adapter}-{}-{nanos}",
-        std::process::id()
-    ));
-    fs::create_dir_all(dir.join("src")).expect("create the crate");
-    fs::create_dir_all(dir.join("tests")).expect("create the crate");
-    let _cleanup = RemoveOnDrop(dir.clone());
-    fs::write(
-        dir.join("Cargo.toml"),
-        format!(
+    let krate = Crate::new(&format!("testing-guide-{adapter}"));
+    krate.write(
+        "Cargo.toml",
+        &format!(
             "[package]\nname = \"testing-guide-{adapter}\"\nversion = \"0.0.0\"\n\
              edition = \"2021\"\npublish = false\n\n[workspace]\n\n{deps}"
         ),
-    )
-    .expect("write Cargo.toml");
-    fs::write(dir.join("src/lib.rs"), "").expect("write lib.rs");
-    fs::write(dir.join("tests/guide.rs"), code).expect("write the test");
-    fs::copy(workspace().join("Cargo.lock"), dir.join("Cargo.lock")).expect("copy Cargo.lock");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let target = target_dir();
+    );
+    krate.write("src/lib.rs", "");
+    krate.write("tests/guide.rs", code);
     let built = Instant::now();
-    let out = Command::new(&cargo)
-        .args([
+    let out = cargo(
+        krate.dir(),
+        &[
             "test",
             "--offline",
             "--quiet",
             "--test",
             "guide",
             "--no-run",
-        ])
-        .current_dir(&dir)
-        .env("CARGO_TARGET_DIR", &target)
-        .output()
-        .expect("run cargo test --no-run");
+        ],
+    )
+    .output()
+    .expect("run cargo test --no-run");
     let build_time = built.elapsed();
     assert!(
         out.status.success(),
@@ -116,12 +86,12 @@ fn build_and_run(adapter: &str, deps: &str, code: &str) -> (Duration, Duration) 
         String::from_utf8_lossy(&out.stderr)
     );
     let ran = Instant::now();
-    let out = Command::new(&cargo)
-        .args(["test", "--offline", "--quiet", "--test", "guide"])
-        .current_dir(&dir)
-        .env("CARGO_TARGET_DIR", &target)
-        .output()
-        .expect("run cargo test");
+    let out = cargo(
+        krate.dir(),
+        &["test", "--offline", "--quiet", "--test", "guide"],
+    )
+    .output()
+    .expect("run cargo test");
     let run_time = ran.elapsed();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -132,14 +102,4 @@ fn build_and_run(adapter: &str, deps: &str, code: &str) -> (Duration, Duration) 
     );
     assert!(stdout.contains("1 passed"), "{stdout}");
     (build_time, run_time)
-}
-
-/// Removes the example's crate directory (its build output stays in the
-/// shared target directory).
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }
