@@ -156,6 +156,9 @@ mod promotion;
 mod sql;
 
 pub mod inspect;
+#[cfg(feature = "schedule")]
+#[cfg_attr(docsrs, doc(cfg(feature = "schedule")))]
+pub mod schedule;
 #[cfg(feature = "sim")]
 pub mod sim;
 

@@ -22,6 +22,7 @@ mod options;
 mod poolers;
 mod promotion;
 mod reconnect;
+mod schedule;
 mod server_wait;
 mod session_setup;
 mod watch_session;

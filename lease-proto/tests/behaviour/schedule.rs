@@ -1,0 +1,361 @@
+//! Schedules (`schedule::Planner`): properties over generated schedules, policies
+//! and event sequences, and over failovers between two planners whose clock
+//! estimates are off by up to `MAX_CLOCK_ERROR`.
+
+use lease_proto::schedule::{
+    Action, CatchUp, Missed, Occurrence, Overlap, Planner, Policy, Spec, MAX_CLOCK_ERROR,
+};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// A Monday noon, UTC: the tests' epoch.
+fn base() -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_796_558_400)
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    (
+        0u64..3,
+        prop_oneof![
+            Just(Overlap::Skip),
+            Just(Overlap::Queue),
+            Just(Overlap::Replace)
+        ],
+        prop_oneof![Just(0u64), 1u64..20_000],
+        prop_oneof![
+            Just(CatchUp::Latest),
+            Just(CatchUp::All),
+            Just(CatchUp::Off)
+        ],
+    )
+        .prop_map(|(j, overlap, window, catch_up)| Policy {
+            // Up to a third of the shortest period.
+            jitter: MS(j * 150),
+            overlap,
+            catch_up_window: MS(window),
+            catch_up,
+        })
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Time passes (ms).
+    Pass(u64),
+    Lead,
+    Resign,
+    /// The running job ends, if one runs.
+    Finish,
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        prop_oneof![
+            6 => (1u64..2_500).prop_map(Step::Pass),
+            1 => Just(Step::Lead),
+            1 => Just(Step::Resign),
+            3 => Just(Step::Finish),
+        ],
+        1..200,
+    )
+}
+
+/// What one planner did, checked as it goes.
+#[derive(Default)]
+struct Ledger {
+    started: BTreeMap<SystemTime, SystemTime>,
+    running: Option<Occurrence>,
+    stopping: bool,
+    skipped: Vec<(Occurrence, Missed)>,
+}
+
+impl Ledger {
+    fn apply(&mut self, a: Action, now: SystemTime, leading: bool) -> Result<(), TestCaseError> {
+        match a {
+            Action::Start(o) => {
+                prop_assert!(leading, "{o:?} started while not leading");
+                prop_assert!(
+                    self.running.is_none(),
+                    "{o:?} started beside {:?}",
+                    self.running
+                );
+                prop_assert!(o.start <= now, "{o:?} started before its start, at {now:?}");
+                if let Some((&last, _)) = self.started.last_key_value() {
+                    prop_assert!(o.due > last, "{o:?} started after the due time {last:?}");
+                }
+                self.started.insert(o.due, now);
+                self.running = Some(o);
+            }
+            Action::Stop(o) => {
+                prop_assert_eq!(Some(o), self.running, "stopped what does not run");
+                prop_assert!(!self.stopping, "stopped twice");
+                self.stopping = true;
+            }
+            Action::Skip(o, why) => {
+                prop_assert!(
+                    !self.started.contains_key(&o.due),
+                    "{o:?} started and skipped"
+                );
+                self.skipped.push((o, why));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn drain(p: &mut Planner, l: &mut Ledger, now: SystemTime) -> Result<(), TestCaseError> {
+    for _ in 0..10_000 {
+        match p.poll(now) {
+            Some(a) => l.apply(a, now, p.is_leading())?,
+            None => return Ok(()),
+        }
+    }
+    Err(TestCaseError::fail("poll never returned None"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// One planner through any sequence of leads, losses, job ends and time:
+    /// one run at a time, each due time started at most once and in order, only
+    /// while leading, never before its start; a Stop only for the running job.
+    #[test]
+    fn one_run_at_a_time_each_due_time_at_most_once(
+        period_s in 1u64..6, policy in policy(), steps in steps(),
+    ) {
+        let spec = Spec::every(Duration::from_secs(period_s)).unwrap();
+        let mut p = Planner::new("nightly", spec, policy);
+        let mut l = Ledger::default();
+        let mut now = base();
+        for step in steps {
+            match step {
+                Step::Pass(ms) => {
+                    // Wake at each start on the way, as a leader's timer does.
+                    let end = now + MS(ms);
+                    while let Some(w) = p.wake_at().filter(|w| *w <= end && *w > now) {
+                        now = w;
+                        drain(&mut p, &mut l, now)?;
+                    }
+                    now = end;
+                }
+                Step::Lead => p.lead(now),
+                Step::Resign => p.resign(),
+                Step::Finish => {
+                    if let Some(o) = l.running.take() {
+                        l.stopping = false;
+                        p.finished(o.due);
+                    }
+                }
+            }
+            drain(&mut p, &mut l, now)?;
+            prop_assert_eq!(p.running(), l.running);
+        }
+    }
+
+    /// A leader that leads throughout and whose runs end at once starts every
+    /// due time whose start comes later than twice the clock margin after its
+    /// grant, on time.
+    #[test]
+    fn a_steady_leader_misses_nothing(period_s in 1u64..6, jitter_ms in 0u64..300, hours in 1u64..4) {
+        let spec = Spec::every(Duration::from_secs(period_s)).unwrap();
+        let policy = Policy { jitter: MS(jitter_ms), ..Policy::default() };
+        let mut p = Planner::new("steady", spec.clone(), policy);
+        let mut l = Ledger::default();
+        let granted = base() + MS(123);
+        p.lead(granted);
+        let end = granted + Duration::from_secs(hours * 3600);
+        let mut now = granted;
+        drain(&mut p, &mut l, now)?;
+        while let Some(w) = p.wake_at().filter(|w| *w <= end) {
+            now = w;
+            drain(&mut p, &mut l, now)?;
+            if let Some(o) = l.running.take() {
+                p.finished(o.due);
+            }
+        }
+        let expected: Vec<SystemTime> = p
+            .upcoming(granted - Duration::from_secs(1), 100_000)
+            .into_iter()
+            .filter(|o| o.start > granted + 2 * MAX_CLOCK_ERROR && o.start <= end)
+            .map(|o| o.due)
+            .collect();
+        let started: Vec<SystemTime> = l.started.keys().copied().collect();
+        let first_difference = started.iter().zip(&expected).position(|(a, b)| a != b);
+        prop_assert!(
+            started.len() == expected.len() && first_difference.is_none(),
+            "{} started, {} expected; first difference at {first_difference:?}",
+            started.len(),
+            expected.len()
+        );
+        for (due, at) in &l.started {
+            let o = p.upcoming(*due - MS(1), 1)[0];
+            prop_assert_eq!(*at, o.start, "started late");
+        }
+        prop_assert!(l.skipped.iter().all(|(_, why)| *why == Missed::FailoverMargin));
+    }
+
+    /// Leadership moves between two planners; each leads only after the other's
+    /// lease ended (a gap of 0 to 3 s), and each reads the server's time with an
+    /// error of up to `MAX_CLOCK_ERROR` either way. Without a catch-up window no
+    /// due time starts on both, and every due time whose start falls inside a
+    /// term, more than three clock errors after its grant and more than one
+    /// before its end (and the last poll), starts on that term's leader.
+    #[test]
+    fn a_failover_never_runs_a_due_time_twice(
+        period_ms in 1_000u64..4_000,
+        jitter_ms in 0u64..300,
+        overlap in prop_oneof![Just(Overlap::Skip), Just(Overlap::Queue), Just(Overlap::Replace)],
+        terms in prop::collection::vec((100u64..8_000, 0u64..3_000), 1..12),
+        errors in prop::collection::vec(-50i64..=50, 64),
+        poll_ms in 1u64..40,
+    ) {
+        let spec = Spec::every(MS(period_ms)).unwrap();
+        let policy = Policy { jitter: MS(jitter_ms), overlap, ..Policy::default() };
+        let mut planners = [
+            Planner::new("moving", spec.clone(), policy),
+            Planner::new("moving", spec.clone(), policy),
+        ];
+        let mut ledgers = [Ledger::default(), Ledger::default()];
+        let mut errs = errors.iter().cycle();
+        let mut estimate = |t: SystemTime| {
+            let e = *errs.next().unwrap();
+            let d = MS(e.unsigned_abs()).min(MAX_CLOCK_ERROR);
+            if e < 0 { t - d } else { t + d }
+        };
+        let mut now = base();
+        let mut owned = Vec::new();
+        for (i, (length, gap)) in terms.iter().enumerate() {
+            let who = i % 2;
+            let (p, l) = (&mut planners[who], &mut ledgers[who]);
+            let granted = now;
+            p.lead(estimate(now));
+            drain(p, l, estimate(now))?;
+            let end = granted + MS(*length);
+            let mut last_poll = granted;
+            while now + MS(poll_ms) < end {
+                now += MS(poll_ms);
+                last_poll = now;
+                drain(p, l, estimate(now))?;
+                // Runs end within a period, sometimes at once.
+                if let Some(o) = l.running {
+                    if now >= o.start + MS(period_ms / 2) {
+                        l.running = None;
+                        l.stopping = false;
+                        p.finished(o.due);
+                    }
+                }
+            }
+            p.resign();
+            drain(p, l, estimate(now))?;
+            // The job stops with the lease.
+            if let Some(o) = l.running.take() {
+                l.stopping = false;
+                p.finished(o.due);
+            }
+            owned.push((who, granted + 3 * MAX_CLOCK_ERROR, last_poll - MAX_CLOCK_ERROR));
+            now = end + MS(*gap);
+        }
+        let a: BTreeSet<_> = ledgers[0].started.keys().collect();
+        let b: BTreeSet<_> = ledgers[1].started.keys().collect();
+        let both: Vec<_> = a.intersection(&b).collect();
+        prop_assert!(both.is_empty(), "due times started on both: {both:?}");
+        // Liveness within terms: every start well inside a term ran there,
+        // unless a run still going made it skip (or wait behind) it.
+        let probe = Planner::new("moving", spec, policy);
+        for (who, from, to) in owned {
+            if to <= from {
+                continue;
+            }
+            for o in probe.upcoming(from, 10_000).into_iter().take_while(|o| o.start <= to) {
+                if o.start <= from {
+                    continue;
+                }
+                let l = &ledgers[who];
+                let ran = l.started.contains_key(&o.due);
+                let excused = l.skipped.iter().any(|(s, why)| {
+                    s.due == o.due && matches!(why, Missed::Overlap | Missed::Late | Missed::LeaseLost)
+                });
+                let waiting = overlap != Overlap::Skip;
+                prop_assert!(ran || excused || waiting, "{o:?} did not run on p{who}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_new_leader_catches_up_the_latest_missed_due_time_in_its_window() {
+    let spec = Spec::every(Duration::from_secs(60)).unwrap();
+    let policy = Policy {
+        catch_up_window: Duration::from_secs(600),
+        ..Policy::default()
+    };
+    let mut p = Planner::new("catch-up", spec, policy);
+    let now = base() + Duration::from_secs(330);
+    p.lead(now);
+    let mut actions = Vec::new();
+    while let Some(a) = p.poll(now) {
+        actions.push(a);
+    }
+    let (starts, skips): (Vec<_>, Vec<_>) =
+        actions.iter().partition(|a| matches!(a, Action::Start(_)));
+    assert_eq!(starts.len(), 1, "{actions:?}");
+    let Action::Start(o) = starts[0] else {
+        unreachable!()
+    };
+    assert_eq!(o.due, base() + Duration::from_secs(300));
+    assert_eq!(skips.len(), 9, "ten due times in the window: {actions:?}");
+    assert!(skips
+        .iter()
+        .all(|a| matches!(a, Action::Skip(_, Missed::Superseded))));
+}
+
+#[test]
+fn catch_up_all_runs_every_missed_due_time_oldest_first() {
+    let spec = Spec::every(Duration::from_secs(60)).unwrap();
+    let policy = Policy {
+        catch_up_window: Duration::from_secs(200),
+        catch_up: CatchUp::All,
+        ..Policy::default()
+    };
+    let mut p = Planner::new("catch-up", spec, policy);
+    let now = base() + Duration::from_secs(330);
+    p.lead(now);
+    let mut ran = Vec::new();
+    for _ in 0..5 {
+        while let Some(a) = p.poll(now) {
+            if let Action::Start(o) = a {
+                ran.push(o.due);
+                p.finished(o.due);
+            }
+        }
+    }
+    let want: Vec<_> = [180, 240, 300]
+        .iter()
+        .map(|s| base() + Duration::from_secs(*s))
+        .collect();
+    assert_eq!(ran, want);
+}
+
+#[test]
+fn replace_stops_the_running_job_before_the_next_starts() {
+    let spec = Spec::every(Duration::from_secs(10)).unwrap();
+    let policy = Policy {
+        overlap: Overlap::Replace,
+        ..Policy::default()
+    };
+    let mut p = Planner::new("replace", spec, policy);
+    p.lead(base() + MS(500));
+    let first = base() + Duration::from_secs(10);
+    assert!(matches!(p.poll(first), Some(Action::Start(o)) if o.due == first));
+    let second = first + Duration::from_secs(10);
+    assert_eq!(
+        p.poll(second),
+        Some(Action::Stop(p.running().unwrap())),
+        "the running job stops first"
+    );
+    assert_eq!(p.poll(second), None, "nothing starts beside it");
+    p.finished(first);
+    assert!(matches!(p.poll(second), Some(Action::Start(o)) if o.due == second));
+}
