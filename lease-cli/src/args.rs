@@ -219,7 +219,7 @@ pub enum Cmd {
         after_long_help = run_after_long_help(),
         override_usage = "lease run [OPTIONS] <NAME> -- <COMMAND> [ARGS]..."
     )]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show who holds leases: the named ones, or every advisory key held in the database
     #[command(
         long_about = "Show who holds leases and who waits for them.\n\nFor each NAME (or, with no \
@@ -271,6 +271,9 @@ pub enum Cmd {
         after_long_help = CONNECTION_HELP
     )]
     Handover(HandoverArgs),
+    /// Show a schedule's next due times (`lease run --every`/`--cron`)
+    #[command(subcommand)]
+    Schedule(ScheduleCmd),
     /// From inside COMMAND of `lease run`: is its lease valid now, and until when
     #[command(
         long_about = "From inside COMMAND of `lease run`: ask the runner whether the lease \
@@ -463,6 +466,54 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "try")]
     pub wait: Option<Duration>,
 
+    /// Run COMMAND once per due time, every DURATION on the database server's clock, aligned
+    /// to the Unix epoch (`--every 15m`: at :00, :15, :30 and :45 UTC)
+    ///
+    /// `lease run` then keeps running: the leader runs COMMAND at each due time, with
+    /// LEASE_DUE and LEASE_RUN_ID added; COMMAND's exit is logged, it does not end `lease
+    /// run`. At least 1s. The rules (overlap, catch-up, a takeover at a due time):
+    /// SCHEDULES in `lease run --help`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, group = "schedule",
+          conflicts_with_all = ["try", "shards"])]
+    pub every: Option<Duration>,
+
+    /// Run COMMAND once per due time of the cron expression EXPR (5 fields: minute hour
+    /// day-of-month month day-of-week; or 6, seconds first), in --tz
+    ///
+    /// As --every otherwise. `lease schedule next --cron EXPR` shows the next due times and
+    /// what daylight saving time does to them.
+    #[arg(long, value_name = "EXPR", group = "schedule", conflicts_with_all = ["try", "shards"])]
+    pub cron: Option<String>,
+
+    /// The IANA time zone of --cron (Europe/Berlin) [default: UTC]
+    #[arg(long, value_name = "ZONE", requires = "cron")]
+    pub tz: Option<String>,
+
+    /// Start each run up to DURATION after its due time, by a delay fixed per due time (the
+    /// same on every replica: a failover never moves a start) [default: none]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "schedule")]
+    pub jitter: Option<Duration>,
+
+    /// A due time that comes while the previous run still goes: skip it, queue it (one at
+    /// most), or replace the running one (stopped as on SIGTERM, --grace)
+    #[arg(long, value_enum, value_name = "POLICY", default_value_t = OverlapArg::Skip,
+          requires = "schedule")]
+    pub overlap: OverlapArg,
+
+    /// How far back a new leader looks for due times it missed (every replica down, a
+    /// deploy, a takeover) [default: none]
+    ///
+    /// A missed due time in the window may have run on the old leader: a window is
+    /// at-least-once for the due times it covers; without one, a due time runs at most once.
+    #[arg(long, value_name = "WINDOW", value_parser = parse_duration, requires = "schedule")]
+    pub catch_up: Option<Duration>,
+
+    /// Which missed due times in --catch-up run: the latest, all (oldest first, at most 100),
+    /// or none
+    #[arg(long, value_enum, value_name = "POLICY", default_value_t = CatchUpArg::Latest,
+          requires = "catch_up")]
+    pub catch_up_policy: CatchUpArg,
+
     /// Exit 1 when no database session has been ready for DURATION: since the start, or since
     /// the session was last ready [default: retry forever]
     ///
@@ -484,6 +535,72 @@ pub struct RunArgs {
     /// thread of its own.
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub metrics_addr: Option<SocketAddr>,
+}
+
+/// `lease schedule`'s subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCmd {
+    /// Print the next due times of a schedule, in UTC and in its time zone
+    #[command(
+        long_about = "Print the next due times of a schedule as `lease run --every`/`--cron` \
+                      computes them: one line per due time, in UTC and in the schedule's time \
+                      zone, with a note where daylight saving time moves or repeats it. With \
+                      --name and --jitter, the start of each (the due time plus its fixed \
+                      delay). Computed here from this host's clock (`lease run` uses the \
+                      database server's); no database is contacted. Exit status 0, 2 for a bad \
+                      schedule."
+    )]
+    Next(NextArgs),
+}
+
+/// Options of `lease schedule next`.
+#[derive(Debug, Args)]
+pub struct NextArgs {
+    /// A fixed period, aligned to the Unix epoch (as `lease run --every`)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, group = "spec",
+          required_unless_present = "cron")]
+    pub every: Option<Duration>,
+
+    /// A cron expression (as `lease run --cron`)
+    #[arg(long, value_name = "EXPR", group = "spec")]
+    pub cron: Option<String>,
+
+    /// The IANA time zone of --cron [default: UTC]
+    #[arg(long, value_name = "ZONE", requires = "cron")]
+    pub tz: Option<String>,
+
+    /// How many due times
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub count: u32,
+
+    /// With --jitter: the lease name, which fixes each due time's delay
+    #[arg(long, value_name = "NAME", requires = "jitter")]
+    pub name: Option<String>,
+
+    /// As `lease run --jitter`: show each start too
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "name")]
+    pub jitter: Option<Duration>,
+
+    /// From this time (RFC 3339, `2026-10-24T12:00:00Z`) instead of now
+    #[arg(long, value_name = "TIME")]
+    pub from: Option<String>,
+}
+
+/// `lease run --overlap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OverlapArg {
+    Skip,
+    Queue,
+    Replace,
+}
+
+/// `lease run --catch-up-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CatchUpArg {
+    Latest,
+    All,
+    None,
 }
 
 /// Options of `lease status`.

@@ -28,9 +28,11 @@ compile_error!(
 );
 
 mod args;
+mod clock;
 mod conn;
 mod log;
 mod run;
+mod schedule;
 mod serve;
 mod status;
 mod valid;
@@ -40,7 +42,7 @@ use std::io::Write;
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use args::{Cli, Cmd};
+use args::{Cli, Cmd, ScheduleCmd};
 use log::usage_error;
 
 fn main() {
@@ -56,8 +58,9 @@ fn main() {
 
 fn dispatch(cli: Cli) -> i32 {
     match cli.command {
-        Cmd::Run(args) => run::main(args),
+        Cmd::Run(args) => run::main(*args),
         Cmd::Status(args) => status::main(args),
+        Cmd::Schedule(ScheduleCmd::Next(args)) => schedule::next(args),
         Cmd::Key(args) => status::key(args),
         Cmd::Handover(args) => status::handover(args),
         Cmd::Valid(args) => valid::main(args),

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use crate::args::{shard_leases, LogFormat, RunArgs, DEFAULT_GRACE};
 use crate::conn::{self, Target};
 use crate::log::{self, usage_error, EXIT_FAILURE};
+use crate::schedule::{self, Schedule};
 use crate::serve::{self, Current, Endpoints, Health};
 use crate::{status, valid};
 
@@ -50,6 +51,8 @@ struct Plan {
     attempt: Option<TryPlan>,
     /// `--give-up-after`.
     give_up_after: Option<Duration>,
+    /// `--every` / `--cron`, with the options beside them.
+    schedule: Option<Schedule>,
 }
 
 /// `lease run --try [--wait D]`: COMMAND runs only if the lease is won at the
@@ -132,6 +135,7 @@ pub fn main(args: RunArgs) -> i32 {
 /// command, the intervals and the connection string. `Err((status, message))`.
 fn validate(args: RunArgs, start: Instant) -> Result<Plan, (i32, String)> {
     let lease = LeaseId::named(args.name.as_str()).map_err(|e| (2, e.to_string()))?;
+    let schedule = schedule::from_args(&args).map_err(|e| (2, e))?;
     let leases = match args.shards {
         None => vec![lease.clone()],
         Some(n) => shard_leases(lease.name(), n).map_err(|e| (2, e))?,
@@ -196,6 +200,7 @@ fn validate(args: RunArgs, start: Instant) -> Result<Plan, (i32, String)> {
         metrics_addr: args.metrics_addr,
         attempt,
         give_up_after: args.give_up_after,
+        schedule,
     })
 }
 
@@ -289,7 +294,7 @@ fn warn_about_grace(plan: &Plan) {
 
 /// Why a job ended in a way that ends the run.
 #[derive(Debug)]
-enum JobEnd {
+pub(crate) enum JobEnd {
     /// The command exited with this non-zero status (128 + signal if killed).
     Exited(i32),
     /// The command could not be started.
@@ -375,8 +380,8 @@ const RENEW_MIN: Duration = Duration::from_millis(5);
 const RENEW_MAX: Duration = Duration::from_millis(250);
 
 /// The job's shared context (borrowed by every call of the job).
-struct Ctx<'a> {
-    command: &'a Command,
+pub(crate) struct Ctx<'a> {
+    pub(crate) command: &'a Command,
     grace: Duration,
     /// See [`Plan::after_validity`].
     after_validity: Duration,
@@ -397,6 +402,9 @@ struct Ctx<'a> {
     current: &'a Current,
     /// `--try`: where it stands.
     attempt: Option<&'a Cell<Attempt>>,
+    /// `--every` / `--cron`: the leader runs COMMAND at each due time
+    /// ([`schedule::lead`]).
+    pub(crate) schedule: Option<&'a schedule::Runner>,
 }
 
 async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
@@ -464,6 +472,14 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
 
     let leading = Cell::new(0);
     let attempt = Cell::new(Attempt::Deciding);
+    let runner = plan.schedule.clone().map(|sched| {
+        tracing::info!(
+            lease = plan.leases[0].name(),
+            "runs COMMAND {} (on the database server's clock)",
+            sched.spec
+        );
+        schedule::Runner::new(plan.leases[0].name(), sched, plan.target.clone())
+    });
     let ctx = Ctx {
         command: &plan.command,
         grace: plan.grace,
@@ -479,6 +495,7 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         leading: &leading,
         current: &current,
         attempt: plan.attempt.map(|_| &attempt),
+        schedule: runner.as_ref(),
     };
     let ctx = &ctx;
     // The status of the run that ended first; its end stops the others
@@ -489,7 +506,11 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         let shard = plan.shards.map(|n| (i, n));
         let (first, signals) = (&first, &signals);
         let run = locker.run_lease(lease.clone(), signals.at_least(1), move |lease| {
-            lead(lease, ctx, shard)
+            let job: Pin<Box<dyn Future<Output = Result<(), JobEnd>> + '_>> = match ctx.schedule {
+                Some(runner) => Box::pin(schedule::lead(lease, ctx, runner)),
+                None => Box::pin(lead(lease, ctx, shard)),
+            };
+            job
         });
         Box::pin(async move {
             // The locker's errors (a refusal, a wrong password) end every
@@ -658,6 +679,16 @@ enum Ended {
     Cancelled(Reason),
     /// The watchdog could not be renewed.
     WatchdogLost(lease_exec::Error),
+    /// The next due time replaces this run (`--overlap replace`).
+    Replaced,
+}
+
+/// Resolves once `replace` is notified; never without one.
+async fn replaced(replace: Option<&tokio::sync::Notify>) {
+    match replace {
+        Some(n) => n.notified().await,
+        None => pending().await,
+    }
 }
 
 /// The job: runs the command while the lease is held, with a watchdog that
@@ -680,7 +711,6 @@ enum Ended {
 /// `shard`: with `--shards`, this lease's index and the shard count, for the
 /// command's environment.
 async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Result<(), JobEnd> {
-    let token = lease.token();
     if lease.is_cancelled() {
         return Ok(());
     }
@@ -692,9 +722,28 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
         attempt.set(Attempt::Started);
         log::release_held();
     }
+    let (result, own) = run_command(&lease, ctx, shard, &[], None).await;
+    if let Some(attempt) = ctx.attempt {
+        once_only(&lease, attempt, own, ctx).await;
+    }
+    result
+}
+
+/// Runs COMMAND once under `lease`, with `env` added to its environment, until it
+/// exits or the lease is cancelled (the stops of [`lead`]); `replace`, when
+/// notified, stops it gracefully as on SIGTERM (`--overlap replace`). How it
+/// ended, and COMMAND's own exit status when it exited by itself.
+pub(crate) async fn run_command(
+    lease: &Lease,
+    ctx: &Ctx<'_>,
+    shard: Option<(usize, u16)>,
+    env: &[(&str, String)],
+    replace: Option<&tokio::sync::Notify>,
+) -> (Result<(), JobEnd>, Option<i32>) {
+    let token = lease.token();
     // `lease valid` from inside the command: answered until the tree is gone
     // (dropped at the end of this function).
-    let answerer = match valid::Answerer::start(&lease) {
+    let answerer = match valid::Answerer::start(lease) {
         Ok(a) => Some(a),
         Err(e) => {
             tracing::warn!(
@@ -717,6 +766,9 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
     if let Some(a) = &answerer {
         command.env(valid::SOCKET_VAR, a.path());
     }
+    for (name, value) in env {
+        command.env(name, value);
+    }
     // Leading from before the command starts: a signal from here on finds the runner
     // leading, and the run stops the command as on any shutdown (SIGTERM, --grace).
     let counted = Counted::new(ctx.leading);
@@ -725,12 +777,12 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
         Err(e) => {
             let message = e.to_string();
             tracing::error!("{message}; releasing the lease");
-            return Err(JobEnd::Watchdog(message));
+            return (Err(JobEnd::Watchdog(message)), None);
         }
     };
     let Some(valid_until) = lease.valid_until() else {
         dog.finish().await;
-        return Ok(());
+        return (Ok(()), None);
     };
     let mut deadline = valid_until + ctx.after_validity;
     // The watchdog starts the command (it is its parent and subreaper).
@@ -744,16 +796,16 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
             };
             let message = format!("cannot run {}: {e}", program(ctx));
             tracing::error!("{message}; releasing the lease");
-            return Err(JobEnd::Spawn { code, message });
+            return (Err(JobEnd::Spawn { code, message }), None);
         }
         Err(e) => {
             dog.finish().await;
             let message = format!("cannot start the command: {e}");
             tracing::error!("{message}; releasing the lease");
-            return Err(JobEnd::Watchdog(message));
+            return (Err(JobEnd::Watchdog(message)), None);
         }
     };
-    ctx.current.set(shard.map_or(0, |(i, _)| i), &lease);
+    ctx.current.set(shard.map_or(0, |(i, _)| i), lease);
     let armed = dog.arm(deadline);
     tracing::info!(
         command_pid = job.pid(),
@@ -767,7 +819,8 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
         Ok(()) => tokio::select! {
             status = job.wait() => Ended::Exited(status),
             reason = lease.cancelled() => Ended::Cancelled(reason),
-            e = renew(&dog, &lease, ctx, &mut deadline) => Ended::WatchdogLost(e),
+            e = renew(&dog, lease, ctx, &mut deadline) => Ended::WatchdogLost(e),
+            () = replaced(replace) => Ended::Replaced,
         },
     };
     // The command's own status, when it exited by itself.
@@ -776,7 +829,25 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
         _ => None,
     };
     let result = match ended {
-        Ended::Exited(status) => exited(status, &mut job, &dog, &lease, ctx, &mut deadline).await,
+        Ended::Exited(status) => exited(status, &mut job, &dog, lease, ctx, &mut deadline).await,
+        Ended::Replaced => {
+            // As a graceful stop: the key is held until the tree is gone.
+            let _ = dog.disarm();
+            tracing::info!(
+                command_pid = job.pid(),
+                "the next due time replaces this run: stopping the command's tree (SIGTERM, \
+                 SIGKILL after {})",
+                humantime::format_duration(ctx.grace)
+            );
+            let hurry = async {
+                tokio::select! {
+                    () = ctx.signals.at_least(2) => {}
+                    () = session_watch(ctx, "during the graceful stop") => {}
+                }
+            };
+            stop(&mut job, ctx.grace, hurry).await;
+            Ok(())
+        }
         Ended::Cancelled(reason) => {
             if graceful(&reason) {
                 // Graceful: the key is held until the tree is gone, unless
@@ -852,10 +923,7 @@ async fn lead(lease: Lease, ctx: &Ctx<'_>, shard: Option<(usize, u16)>) -> Resul
     ctx.current.clear(shard.map_or(0, |(i, _)| i));
     dog.finish().await;
     drop(counted);
-    if let Some(attempt) = ctx.attempt {
-        once_only(&lease, attempt, own, ctx).await;
-    }
-    result
+    (result, own)
 }
 
 /// `--try` after its COMMAND's end: a lease lost (or handed over) meanwhile
@@ -1085,6 +1153,14 @@ async fn exited(
                 (&mut reap).await;
             }
         }
+    }
+    if ctx.schedule.is_some() {
+        // The schedule logs the run's outcome and keeps the lease.
+        return if code == 0 {
+            Ok(())
+        } else {
+            Err(JobEnd::Exited(code))
+        };
     }
     if code == 0 {
         tracing::info!("the command exited successfully; releasing the lease");

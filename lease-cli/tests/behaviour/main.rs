@@ -24,6 +24,7 @@ mod names;
 mod pid1;
 mod poolers;
 mod run;
+mod schedules;
 mod shards;
 mod status;
 mod tls;

@@ -1,0 +1,376 @@
+//! Schedules: `lease run --every`/`--cron` (the leader runs COMMAND at each due
+//! time: [`lead`]) and `lease schedule next`. The rules themselves (due times,
+//! overlap, catch-up, a takeover) are lease-proto's `schedule` module.
+
+use crate::args::{CatchUpArg, NextArgs, OverlapArg, RunArgs};
+use crate::clock::{self, Estimate};
+use crate::conn::{self, Target};
+use crate::log::usage_error;
+use crate::run::{self, Ctx, JobEnd};
+use lease_proto::schedule::{
+    Action, CatchUp, Occurrence, Overlap, Planner, Policy, Spec, MAX_CLOCK_ERROR,
+};
+use lease_tokio::Lease;
+use std::cell::RefCell;
+use std::future::{pending, Future};
+use std::pin::Pin;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::{watch, Notify};
+
+/// `lease run`'s schedule: what `--every`/`--cron` and the options beside them say.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    pub spec: Spec,
+    pub policy: Policy,
+}
+
+/// The schedule of `lease run`'s options, if any; `Err` names the bad option.
+pub fn from_args(args: &RunArgs) -> Result<Option<Schedule>, String> {
+    let spec = match (&args.every, &args.cron) {
+        (Some(period), _) => Spec::every(*period).map_err(|e| format!("--every: {e}"))?,
+        (None, Some(expr)) => {
+            Spec::cron(expr, args.tz.as_deref()).map_err(|e| format!("--cron: {e}"))?
+        }
+        (None, None) => return Ok(None),
+    };
+    let policy = Policy {
+        jitter: args.jitter.unwrap_or_default(),
+        overlap: match args.overlap {
+            OverlapArg::Skip => Overlap::Skip,
+            OverlapArg::Queue => Overlap::Queue,
+            OverlapArg::Replace => Overlap::Replace,
+        },
+        catch_up_window: args.catch_up.unwrap_or_default(),
+        catch_up: match args.catch_up_policy {
+            CatchUpArg::Latest => CatchUp::Latest,
+            CatchUpArg::All => CatchUp::All,
+            CatchUpArg::None => CatchUp::Off,
+        },
+    };
+    if let Some(period) = args.every {
+        if policy.jitter >= period {
+            return Err(format!(
+                "--jitter ({}) must be shorter than --every ({})",
+                humantime::format_duration(policy.jitter),
+                humantime::format_duration(period)
+            ));
+        }
+    }
+    Ok(Some(Schedule { spec, policy }))
+}
+
+/// A server time as RFC 3339 in UTC (`2026-12-06T03:00:00Z`), as LEASE_DUE.
+pub fn utc(t: SystemTime) -> String {
+    jiff::Timestamp::try_from(t).map_or_else(|_| "?".to_owned(), |ts| ts.to_string())
+}
+
+/// A run's identity: `NAME@<due time as Unix seconds>` (LEASE_RUN_ID).
+pub fn run_id(name: &str, due: SystemTime) -> String {
+    let secs = due
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{name}@{secs}")
+}
+
+/// `lease schedule next`.
+pub fn next(args: NextArgs) -> i32 {
+    let spec = match (&args.every, &args.cron) {
+        (Some(period), _) => Spec::every(*period).map_err(|e| format!("--every: {e}")),
+        (_, Some(expr)) => Spec::cron(expr, args.tz.as_deref()).map_err(|e| format!("--cron: {e}")),
+        (None, None) => Err("give --every or --cron".to_owned()),
+    };
+    let spec = match spec {
+        Ok(spec) => spec,
+        Err(e) => return usage_error(2, &e),
+    };
+    let from =
+        match &args.from {
+            None => SystemTime::now(),
+            Some(text) => match text.parse::<jiff::Timestamp>() {
+                Ok(ts) => SystemTime::from(ts),
+                Err(e) => return usage_error(
+                    2,
+                    &format!(
+                        "--from {text:?}: not an RFC 3339 time ({e}); e.g. 2026-10-24T12:00:00Z"
+                    ),
+                ),
+            },
+        };
+    let jitter = args.jitter.unwrap_or_default();
+    let name = args.name.as_deref().unwrap_or("");
+    println!("{spec}");
+    let mut t = from;
+    for _ in 0..args.count {
+        let Some(due) = spec.next_after(t) else {
+            println!("(no further due time)");
+            break;
+        };
+        let mut line = format!("{}  {}", utc(due), spec.local(due));
+        if !jitter.is_zero() {
+            let start = due + lease_proto::schedule::jitter(name, due, jitter);
+            line.push_str(&format!("  starts {}", utc(start)));
+        }
+        if let Some(note) = spec.dst_note(due) {
+            line.push_str(&format!("  ({note})"));
+        }
+        println!("{line}");
+        t = due;
+    }
+    0
+}
+
+/// The most a clock read may take.
+pub const CLOCK_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a scheduled `lease run` keeps across its terms as leader: the planner
+/// (what ran, what is ahead) and where to read the server's clock.
+pub struct Runner {
+    name: String,
+    planner: RefCell<Planner>,
+    target: Target,
+}
+
+impl Runner {
+    pub fn new(name: &str, schedule: Schedule, target: Target) -> Runner {
+        Runner {
+            name: name.to_owned(),
+            planner: RefCell::new(Planner::new(name, schedule.spec, schedule.policy)),
+            target,
+        }
+    }
+}
+
+/// The server's clock, read every [`clock::REFRESH`] on a connection of its own
+/// (every second after a failed read) while this replica leads.
+struct ClockTask {
+    rx: watch::Receiver<Option<Estimate>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ClockTask {
+    fn start(target: Target) -> ClockTask {
+        let (tx, rx) = watch::channel(None);
+        let task = tokio::spawn(async move {
+            let mut failing = false;
+            loop {
+                let wait = match clock::read(&target, CLOCK_READ_TIMEOUT).await {
+                    Ok(e) => {
+                        if e.now().is_none() && !failing {
+                            tracing::warn!(
+                                "the server's clock cannot be read within {} ms (a slow round \
+                                 trip): no run starts until it can",
+                                MAX_CLOCK_ERROR.as_millis()
+                            );
+                        }
+                        failing = e.now().is_none();
+                        let _ = tx.send(Some(e));
+                        if failing {
+                            Duration::from_secs(1)
+                        } else {
+                            clock::REFRESH
+                        }
+                    }
+                    Err(e) => {
+                        if !failing {
+                            tracing::warn!(
+                                "cannot read the server's clock ({}): no run starts until it can",
+                                conn::redact(&e)
+                            );
+                        }
+                        failing = true;
+                        Duration::from_secs(1)
+                    }
+                };
+                tokio::time::sleep(wait).await;
+            }
+        });
+        ClockTask { rx, task }
+    }
+
+    /// The latest estimate.
+    fn latest(&self) -> Option<Estimate> {
+        *self.rx.borrow()
+    }
+}
+
+impl Drop for ClockTask {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type RunFuture<'a> = Pin<Box<dyn Future<Output = (Result<(), JobEnd>, Option<i32>)> + 'a>>;
+
+/// The job of a scheduled `lease run` while it holds the lease: COMMAND at each
+/// due time, as [`Planner`] decides, each run as `lease run` runs COMMAND
+/// ([`run::run_command`]: its watchdog, kill deadline and stops), with
+/// LEASE_DUE and LEASE_RUN_ID; a run's exit status is logged and counted, it
+/// does not end the lease. Returns when the lease is lost (the planner resigns)
+/// or a run cannot be started (the watchdog: the lease is released).
+pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), JobEnd> {
+    if lease.is_cancelled() {
+        return Ok(());
+    }
+    let clock = ClockTask::start(runner.target.clone());
+    let mut rx = clock.rx.clone();
+    // The server's time after the grant: due times up to it (and the margin
+    // after it) are the old leader's, or the catch-up's.
+    let granted = loop {
+        if let Some(now) = clock.latest().and_then(|e| e.now()) {
+            break now;
+        }
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return Ok(()) },
+            _ = lease.cancelled() => return Ok(()),
+        }
+    };
+    let name = runner.name.as_str();
+    {
+        let mut planner = runner.planner.borrow_mut();
+        planner.lead(granted);
+        if let Some(next) = planner.wake_at() {
+            tracing::info!(
+                lease = name,
+                "leading the schedule: next due time {}",
+                utc(next)
+            );
+        }
+    }
+    let replace = Notify::new();
+    let mut run: Option<(Occurrence, RunFuture<'_>)> = None;
+    loop {
+        let estimate = clock.latest();
+        let now = estimate.and_then(|e| e.now());
+        if let Some(now) = now {
+            loop {
+                let action = runner.planner.borrow_mut().poll(now);
+                let Some(action) = action else { break };
+                match action {
+                    Action::Start(o) if !lease.is_valid() => {
+                        // Lost meanwhile: the next turn of the loop resigns.
+                        runner.planner.borrow_mut().finished(o.due);
+                        missed(name, o, "the lease was no longer valid");
+                    }
+                    Action::Start(o) => {
+                        tracing::info!(
+                            lease = name,
+                            run_id = run_id(name, o.due),
+                            "due {}: starting {}",
+                            utc(o.due),
+                            ctx.command.get_program().to_string_lossy()
+                        );
+                        metrics::counter!("lease_schedule_starts_total", "lease" => name.to_owned())
+                            .increment(1);
+                        let env = [
+                            ("LEASE_DUE", utc(o.due)),
+                            ("LEASE_RUN_ID", run_id(name, o.due)),
+                        ];
+                        let (lease, replace) = (&lease, &replace);
+                        run = Some((
+                            o,
+                            Box::pin(async move {
+                                run::run_command(lease, ctx, None, &env, Some(replace)).await
+                            }),
+                        ));
+                    }
+                    Action::Skip(o, why) => {
+                        metrics::counter!(
+                            "lease_schedule_missed_total",
+                            "lease" => name.to_owned(),
+                            "reason" => why.label()
+                        )
+                        .increment(1);
+                        missed(name, o, &why.to_string());
+                    }
+                    Action::Stop(_) => replace.notify_one(),
+                }
+            }
+        }
+        // Wake for the next start, or sooner to read a better clock.
+        let wake = match (estimate, runner.planner.borrow().wake_at()) {
+            (Some(e), Some(w)) if now.is_some() => e.instant_of(w),
+            _ => Instant::now() + Duration::from_millis(100),
+        };
+        let running = run.is_some();
+        tokio::select! {
+            ended = async {
+                match run.as_mut() {
+                    Some((_, f)) => f.as_mut().await,
+                    None => pending().await,
+                }
+            } => {
+                let (o, _) = run.take().expect("a run ended");
+                runner.planner.borrow_mut().finished(o.due);
+                let (result, own) = ended;
+                let outcome = match (&result, own) {
+                    (Ok(()), Some(0)) => "ok",
+                    (_, Some(_)) => "failed",
+                    _ => "stopped",
+                };
+                metrics::counter!(
+                    "lease_schedule_runs_total",
+                    "lease" => name.to_owned(),
+                    "outcome" => outcome
+                )
+                .increment(1);
+                match (&result, own) {
+                    (_, Some(code)) => tracing::info!(
+                        lease = name,
+                        run_id = run_id(name, o.due),
+                        "due {}: the command exited with status {code}",
+                        utc(o.due)
+                    ),
+                    (Ok(()), None) => tracing::info!(
+                        lease = name,
+                        run_id = run_id(name, o.due),
+                        "due {}: the command was stopped",
+                        utc(o.due)
+                    ),
+                    (Err(_), None) => {}
+                }
+                if let Err(e @ (JobEnd::Spawn { .. } | JobEnd::Watchdog(_))) = result {
+                    resign(runner, name);
+                    return Err(e);
+                }
+                if lease.is_cancelled() {
+                    resign(runner, name);
+                    return Ok(());
+                }
+            }
+            () = tokio::time::sleep_until(wake.into()) => {}
+            _ = rx.changed() => {}
+            _ = lease.cancelled(), if !running => {
+                resign(runner, name);
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The lease is gone: nothing more starts; what waited is logged as missed.
+fn resign(runner: &Runner, name: &str) {
+    let mut planner = runner.planner.borrow_mut();
+    planner.resign();
+    // What resigning decided does not depend on the time.
+    while let Some(action) = planner.poll(SystemTime::UNIX_EPOCH) {
+        if let Action::Skip(o, why) = action {
+            metrics::counter!(
+                "lease_schedule_missed_total",
+                "lease" => name.to_owned(),
+                "reason" => why.label()
+            )
+            .increment(1);
+            missed(name, o, &why.to_string());
+        }
+    }
+}
+
+/// One line per due time that does not run.
+fn missed(name: &str, o: Occurrence, why: &str) {
+    tracing::warn!(
+        lease = name,
+        run_id = run_id(name, o.due),
+        "due {}: not run: {why}",
+        utc(o.due)
+    );
+}

@@ -1,0 +1,266 @@
+//! `lease run --every`: three replicas, the leader killed (`kill -9`), stopped
+//! (SIGTERM) and frozen (SIGSTOP) 10 ms before a due time, each replaced: every
+//! due time runs at most once, and a due time is missed only in a stated
+//! failover window (from the old leader's last confirmation to the new leader's
+//! grant plus the clock margin). `lease schedule next` and the usage errors.
+
+use crate::common::*;
+use lease_tests::{Cluster, Replica};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const PERIOD: Duration = Duration::from_secs(2);
+
+/// The fast intervals' validity (heartbeat 100 ms + query timeout 1 s) plus the
+/// guard margin: how long before a fault the old leader may have last been
+/// confirmed.
+const CONFIRMED_WITHIN: Duration = Duration::from_millis(2_200);
+
+/// The clock margin a new leader leaves to the old one (twice
+/// `MAX_CLOCK_ERROR`), and the test's own observation delay.
+const MARGIN: Duration = Duration::from_millis(150);
+
+fn replica(c: &Cluster, name: &str, file: &Path) -> Replica {
+    let script = format!(
+        "echo \"$LEASE_RUN_ID $LEASE_DUE $LEASE_TOKEN\" >> {}",
+        file.display()
+    );
+    Replica::spawn(fast_sh(c, name, &["--every", "2s"], &script)).expect("spawn a replica")
+}
+
+/// When the next due time after now + `lead` comes, on this host's clock (the
+/// server's: the same host).
+fn next_due(lead: Duration) -> SystemTime {
+    let now = SystemTime::now() + lead;
+    let since = now.duration_since(UNIX_EPOCH).unwrap().as_millis();
+    let p = PERIOD.as_millis();
+    UNIX_EPOCH + Duration::from_millis(u64::try_from((since / p + 1) * p).unwrap())
+}
+
+fn sleep_until(t: SystemTime) {
+    if let Ok(d) = t.duration_since(SystemTime::now()) {
+        std::thread::sleep(d);
+    }
+}
+
+/// The replica that started a run last (within the last period).
+fn leader(replicas: &[Replica]) -> usize {
+    let deadline = Instant::now() + MS(20_000);
+    loop {
+        let last = replicas
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let at = r
+                    .lines()
+                    .into_iter()
+                    .filter(|l| l.text.contains(": starting sh"))
+                    .map(|l| l.at)
+                    .max()?;
+                Some((at, i))
+            })
+            .max();
+        if let Some((at, i)) = last {
+            if at.elapsed() < PERIOD + MS(500) {
+                return i;
+            }
+        }
+        assert!(Instant::now() < deadline, "no replica runs the schedule");
+        std::thread::sleep(MS(50));
+    }
+}
+
+/// The first "leading the schedule" line of any replica after `after`: when
+/// the schedule was taken over (this host's clock).
+fn taken_over(replicas: &[Replica], after: Instant, base: (Instant, SystemTime)) -> SystemTime {
+    let deadline = Instant::now() + MS(20_000);
+    loop {
+        let at = replicas
+            .iter()
+            .flat_map(|r| r.lines())
+            .filter(|l| l.at > after && l.text.contains("leading the schedule"))
+            .map(|l| l.at)
+            .min();
+        if let Some(at) = at {
+            return base.1 + (at - base.0);
+        }
+        assert!(Instant::now() < deadline, "nobody took the schedule over");
+        std::thread::sleep(MS(20));
+    }
+}
+
+#[test]
+fn every_due_time_runs_at_most_once_across_kill_stop_and_freeze() {
+    let c = cluster();
+    let name = unique("every-2s");
+    let dir = Dir::new("every-2s");
+    let file = dir.file("runs");
+    let base = (Instant::now(), SystemTime::now());
+    let mut replicas: Vec<Replica> = (0..3).map(|_| replica(&c, &name, &file)).collect();
+    leader(&replicas);
+    let mut windows = Vec::new();
+    let mut thawed = None;
+    for fault in ["kill -9", "SIGTERM", "freeze"] {
+        // Two runs on the leader, then the fault 10 ms before a due time.
+        let l = leader(&replicas);
+        let due = next_due(PERIOD * 2);
+        sleep_until(due - MS(10));
+        let at = Instant::now();
+        let fault_time = SystemTime::now();
+        match fault {
+            "kill -9" => replicas[l].kill9().expect("kill -9"),
+            "SIGTERM" => replicas[l].sigterm().expect("SIGTERM"),
+            _ => replicas[l].sigstop().expect("SIGSTOP"),
+        }
+        let took = taken_over(&replicas, at, base);
+        eprintln!(
+            "{fault} 10 ms before a due time: the schedule taken over {:?} after the fault",
+            took.duration_since(fault_time).unwrap_or_default()
+        );
+        windows.push((fault, fault_time - CONFIRMED_WITHIN, took + MARGIN));
+        if fault == "freeze" {
+            // Thawed long after its lease ended: it must run nothing.
+            std::thread::sleep(MS(1_500));
+            replicas[l].sigcont().expect("SIGCONT");
+            thawed = Some((l, Instant::now()));
+        } else {
+            let _ = replicas[l].wait_exit(MS(10_000));
+            replicas[l] = replica(&c, &name, &file);
+        }
+    }
+    // Two more runs after the last fault.
+    sleep_until(next_due(PERIOD * 2) + MS(300));
+    let ended = SystemTime::now() - MS(300);
+    for r in &replicas {
+        let _ = r.sigterm();
+    }
+    for r in &mut replicas {
+        let _ = r.wait_exit(MS(10_000));
+    }
+
+    let text = std::fs::read_to_string(&file).expect("the runs file");
+    let mut runs: BTreeMap<u64, usize> = BTreeMap::new();
+    for line in text.lines() {
+        let id = line.split_whitespace().next().expect("a run id");
+        let secs: u64 = id
+            .rsplit_once('@')
+            .and_then(|(_, s)| s.parse().ok())
+            .unwrap_or_else(|| panic!("a run id NAME@SECS: {line}"));
+        *runs.entry(secs).or_default() += 1;
+    }
+    let twice: Vec<_> = runs.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "due times run twice: {twice:?}\n{text}");
+    let (l, thaw) = thawed.expect("the freeze");
+    let after_thaw: Vec<String> = replicas[l]
+        .lines()
+        .into_iter()
+        .filter(|x| x.at > thaw && x.text.contains(": starting sh"))
+        .map(|x| x.text)
+        .collect();
+    assert!(
+        after_thaw.is_empty(),
+        "the thawed replica ran: {after_thaw:?}"
+    );
+    // Every due time from the first run to the end ran, or fell in a window.
+    let first_due = runs.keys().next().copied().expect("a run");
+    let mut t = UNIX_EPOCH + Duration::from_secs(first_due);
+    let mut missed = Vec::new();
+    while t <= ended {
+        let secs = t.duration_since(UNIX_EPOCH).unwrap().as_secs();
+        if !runs.contains_key(&secs) {
+            let window = windows.iter().find(|(_, from, to)| *from <= t && t <= *to);
+            match window {
+                Some((fault, _, _)) => missed.push(format!("{secs} ({fault})")),
+                None => panic!(
+                    "due time {secs} missed outside every failover window {windows:?}:\n{text}"
+                ),
+            }
+        }
+        t += PERIOD;
+    }
+    eprintln!(
+        "every 2s across kill -9, SIGTERM and freeze: {} due times ran once, none twice; \
+         missed in failover windows: {missed:?}",
+        runs.len()
+    );
+}
+
+#[test]
+fn schedule_next_states_the_dst_rules() {
+    let out = lease()
+        .args([
+            "schedule",
+            "next",
+            "--cron",
+            "30 2 * * *",
+            "--tz",
+            "Europe/Berlin",
+        ])
+        .args(["--from", "2026-03-28T12:00:00Z", "-n", "2"])
+        .output()
+        .expect("lease schedule next");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "cron \"30 2 * * *\" in Europe/Berlin");
+    assert!(
+        lines[1].starts_with("2026-03-29T01:00:00Z  2026-03-29T03:00:00+02:00[Europe/Berlin]"),
+        "the skipped 02:30 is due at the end of the gap: {text}"
+    );
+    assert!(lines[1].contains("end of the gap"), "{text}");
+    let out = lease()
+        .args([
+            "schedule",
+            "next",
+            "--cron",
+            "30 2 * * *",
+            "--tz",
+            "Europe/Berlin",
+        ])
+        .args(["--from", "2026-10-24T12:00:00Z", "-n", "2"])
+        .output()
+        .expect("lease schedule next");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[1].starts_with("2026-10-25T00:30:00Z  2026-10-25T02:30:00+02:00[Europe/Berlin]"),
+        "the repeated 02:30 is due once, at its first pass: {text}"
+    );
+    assert!(lines[1].contains("first pass"), "{text}");
+    assert!(
+        lines[2].starts_with("2026-10-26T01:30:00Z"),
+        "and not again an hour later: {text}"
+    );
+}
+
+#[test]
+fn bad_schedules_are_usage_errors() {
+    for (args, says) in [
+        (
+            &["--every", "500ms"][..],
+            "--every: the period must be at least 1000 ms",
+        ),
+        (&["--cron", "0 3 * *"][..], "has 4 fields"),
+        (
+            &["--cron", "0 3 * * *", "--tz", "Mars/Base"][..],
+            "unknown time zone",
+        ),
+        (
+            &["--every", "2s", "--jitter", "2s"][..],
+            "--jitter (2s) must be shorter",
+        ),
+        (&["--every", "2s", "--try"][..], "cannot be used with"),
+        (&["--tz", "UTC"][..], "--cron"),
+        (&["--overlap", "queue"][..], "required"),
+    ] {
+        let mut cmd = lease();
+        cmd.args(["run", "--database-url", "host=127.0.0.1 port=1"])
+            .args(args)
+            .args(["job", "--", "true"]);
+        let (status, _, err, _) = output(cmd, MS(5_000));
+        assert_eq!(status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?} should say {says:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
+}
