@@ -509,10 +509,21 @@ pub struct RunArgs {
     pub catch_up: Option<Duration>,
 
     /// Which missed due times in --catch-up run: the latest, all (oldest first, at most 100),
-    /// or none
-    #[arg(long, value_enum, value_name = "POLICY", default_value_t = CatchUpArg::Latest,
-          requires = "catch_up")]
-    pub catch_up_policy: CatchUpArg,
+    /// or none [default: latest]
+    #[arg(long, value_enum, value_name = "POLICY", requires = "schedule")]
+    pub catch_up_policy: Option<CatchUpArg>,
+
+    /// Claim each due time in TABLE before it runs (created by `lease schedule init`): a due
+    /// time then starts at most once across failovers, frozen leaders and deploys, and a new
+    /// leader runs what nobody ran (--catch-up, default 1h with a table)
+    #[arg(long, value_name = "TABLE", requires = "schedule")]
+    pub state_table: Option<String>,
+
+    /// With --state-table: a run claimed by a leader that stopped before it finished (a
+    /// crash) is skipped, or run again by the new leader
+    #[arg(long, value_enum, value_name = "POLICY", default_value_t = UnfinishedArg::Skip,
+          requires = "state_table")]
+    pub unfinished: UnfinishedArg,
 
     /// Exit 1 when no database session has been ready for DURATION: since the start, or since
     /// the session was last ready [default: retry forever]
@@ -551,6 +562,42 @@ pub enum ScheduleCmd {
                       schedule."
     )]
     Next(NextArgs),
+    /// Create the state table of `lease run --state-table`, if it is absent
+    #[command(
+        long_about = "Create the state table of `lease run --state-table` (one row per \
+                      schedule: the last due time claimed, its fencing token, when it started \
+                      and finished, its outcome) if no table of that name exists; prints what \
+                      it did. `lease schedule ddl` prints the statement instead. Exit status 0, \
+                      1 when the database could not be reached or refused, 2 for bad usage.",
+        after_long_help = CONNECTION_HELP
+    )]
+    Init(InitArgs),
+    /// Print the statement that creates the state table
+    Ddl(DdlArgs),
+}
+
+/// Options of `lease schedule init`.
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// The table (TABLE or SCHEMA.TABLE)
+    #[arg(long, value_name = "TABLE", default_value = "lease_schedule")]
+    pub state_table: String,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// How long connecting and creating may take
+    #[arg(long, value_name = "DURATION", default_value = text(DEFAULT_TIMEOUT),
+          value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// Options of `lease schedule ddl`.
+#[derive(Debug, Args)]
+pub struct DdlArgs {
+    /// The table (TABLE or SCHEMA.TABLE)
+    #[arg(long, value_name = "TABLE", default_value = "lease_schedule")]
+    pub state_table: String,
 }
 
 /// Options of `lease schedule next`.
@@ -593,6 +640,13 @@ pub enum OverlapArg {
     Skip,
     Queue,
     Replace,
+}
+
+/// `lease run --unfinished`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UnfinishedArg {
+    Skip,
+    Retry,
 }
 
 /// `lease run --catch-up-policy`.

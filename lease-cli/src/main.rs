@@ -34,6 +34,7 @@ mod log;
 mod run;
 mod schedule;
 mod serve;
+mod state;
 mod status;
 mod valid;
 
@@ -61,6 +62,8 @@ fn dispatch(cli: Cli) -> i32 {
         Cmd::Run(args) => run::main(*args),
         Cmd::Status(args) => status::main(args),
         Cmd::Schedule(ScheduleCmd::Next(args)) => schedule::next(args),
+        Cmd::Schedule(ScheduleCmd::Init(args)) => schedule::init(args),
+        Cmd::Schedule(ScheduleCmd::Ddl(args)) => schedule::ddl(args),
         Cmd::Key(args) => status::key(args),
         Cmd::Handover(args) => status::handover(args),
         Cmd::Valid(args) => valid::main(args),

@@ -478,8 +478,19 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
             "runs COMMAND {} (on the database server's clock)",
             sched.spec
         );
-        schedule::Runner::new(plan.leases[0].name(), sched, plan.target.clone())
+        schedule::Runner::new(
+            plan.leases[0].name(),
+            sched,
+            plan.target.clone(),
+            plan.options.query_timeout,
+        )
     });
+    if let Some(runner) = &runner {
+        if let Err(e) = runner.check().await {
+            tracing::error!("{e}");
+            return EXIT_FAILURE;
+        }
+    }
     let ctx = Ctx {
         command: &plan.command,
         grace: plan.grace,

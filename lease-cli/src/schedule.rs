@@ -2,13 +2,14 @@
 //! time: [`lead`]) and `lease schedule next`. The rules themselves (due times,
 //! overlap, catch-up, a takeover) are lease-proto's `schedule` module.
 
-use crate::args::{CatchUpArg, NextArgs, OverlapArg, RunArgs};
+use crate::args::{CatchUpArg, DdlArgs, InitArgs, NextArgs, OverlapArg, RunArgs, UnfinishedArg};
 use crate::clock::{self, Estimate};
 use crate::conn::{self, Target};
 use crate::log::usage_error;
 use crate::run::{self, Ctx, JobEnd};
+use crate::state::{self, StateError, Table};
 use lease_proto::schedule::{
-    Action, CatchUp, Occurrence, Overlap, Planner, Policy, Spec, MAX_CLOCK_ERROR,
+    Action, CatchUp, Missed, Occurrence, Overlap, Planner, Policy, Record, Spec, MAX_CLOCK_ERROR,
 };
 use lease_tokio::Lease;
 use std::cell::RefCell;
@@ -22,7 +23,13 @@ use tokio::sync::{watch, Notify};
 pub struct Schedule {
     pub spec: Spec,
     pub policy: Policy,
+    /// `--state-table`, and `--unfinished retry`.
+    pub state: Option<(Table, bool)>,
 }
+
+/// `--catch-up` with `--state-table` when not given: the claims keep each due time
+/// at most once, so a new leader runs what nobody ran in the last hour.
+pub const DEFAULT_CATCH_UP_WITH_TABLE: Duration = Duration::from_secs(3600);
 
 /// The schedule of `lease run`'s options, if any; `Err` names the bad option.
 pub fn from_args(args: &RunArgs) -> Result<Option<Schedule>, String> {
@@ -40,13 +47,24 @@ pub fn from_args(args: &RunArgs) -> Result<Option<Schedule>, String> {
             OverlapArg::Queue => Overlap::Queue,
             OverlapArg::Replace => Overlap::Replace,
         },
-        catch_up_window: args.catch_up.unwrap_or_default(),
+        catch_up_window: match (args.catch_up, &args.state_table) {
+            (Some(window), _) => window,
+            (None, Some(_)) => DEFAULT_CATCH_UP_WITH_TABLE,
+            (None, None) => Duration::ZERO,
+        },
         catch_up: match args.catch_up_policy {
-            CatchUpArg::Latest => CatchUp::Latest,
-            CatchUpArg::All => CatchUp::All,
-            CatchUpArg::None => CatchUp::Off,
+            None | Some(CatchUpArg::Latest) => CatchUp::Latest,
+            Some(CatchUpArg::All) => CatchUp::All,
+            Some(CatchUpArg::None) => CatchUp::Off,
         },
     };
+    if args.catch_up_policy.is_some() && policy.catch_up_window.is_zero() {
+        return Err(
+            "--catch-up-policy needs a catch-up window: --catch-up WINDOW, or --state-table \
+             (whose default window is 1h)"
+                .to_owned(),
+        );
+    }
     if let Some(period) = args.every {
         if policy.jitter >= period {
             return Err(format!(
@@ -56,7 +74,15 @@ pub fn from_args(args: &RunArgs) -> Result<Option<Schedule>, String> {
             ));
         }
     }
-    Ok(Some(Schedule { spec, policy }))
+    let state = match &args.state_table {
+        Some(name) => Some((Table::parse(name)?, args.unfinished == UnfinishedArg::Retry)),
+        None => None,
+    };
+    Ok(Some(Schedule {
+        spec,
+        policy,
+        state,
+    }))
 }
 
 /// A server time as RFC 3339 in UTC (`2026-12-06T03:00:00Z`), as LEASE_DUE.
@@ -83,19 +109,20 @@ pub fn next(args: NextArgs) -> i32 {
         Ok(spec) => spec,
         Err(e) => return usage_error(2, &e),
     };
-    let from =
-        match &args.from {
-            None => SystemTime::now(),
-            Some(text) => match text.parse::<jiff::Timestamp>() {
-                Ok(ts) => SystemTime::from(ts),
-                Err(e) => return usage_error(
+    let from = match &args.from {
+        None => SystemTime::now(),
+        Some(text) => match text.parse::<jiff::Timestamp>() {
+            Ok(ts) => SystemTime::from(ts),
+            Err(e) => {
+                return usage_error(
                     2,
                     &format!(
                         "--from {text:?}: not an RFC 3339 time ({e}); e.g. 2026-10-24T12:00:00Z"
                     ),
-                ),
-            },
-        };
+                )
+            }
+        },
+    };
     let jitter = args.jitter.unwrap_or_default();
     let name = args.name.as_deref().unwrap_or("");
     println!("{spec}");
@@ -128,15 +155,153 @@ pub struct Runner {
     name: String,
     planner: RefCell<Planner>,
     target: Target,
+    /// `--state-table`, and whether unfinished runs are retried.
+    state: Option<(Table, bool)>,
+    /// How long a state-table statement may take, connecting included.
+    timeout: Duration,
 }
 
 impl Runner {
-    pub fn new(name: &str, schedule: Schedule, target: Target) -> Runner {
+    pub fn new(name: &str, schedule: Schedule, target: Target, timeout: Duration) -> Runner {
         Runner {
             name: name.to_owned(),
             planner: RefCell::new(Planner::new(name, schedule.spec, schedule.policy)),
             target,
+            state: schedule.state,
+            timeout,
         }
+    }
+
+    /// Before contending: a state table that does not exist is a configuration
+    /// error (one line; `lease run` exits 1). Any other failure is left to the
+    /// reads at each grant.
+    pub async fn check(&self) -> Result<(), String> {
+        let Some((table, _)) = &self.state else {
+            return Ok(());
+        };
+        match state::read(&self.target, self.timeout, table, &self.name).await {
+            Err(StateError::Missing) => Err(format!(
+                "the state table {} does not exist: create it with `lease schedule init \
+                 --state-table {}` (or `lease schedule ddl` to see the statement)",
+                table.name(),
+                table.name()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The state table's record, read until it answers (every second) or the
+    /// lease is lost (`None`).
+    async fn record(&self, lease: &Lease) -> Option<Option<Record>> {
+        let (table, _) = self.state.as_ref()?;
+        let mut warned = false;
+        loop {
+            match state::read(&self.target, self.timeout, table, &self.name).await {
+                Ok(record) => return Some(record),
+                Err(e) if !warned => {
+                    warned = true;
+                    tracing::warn!(
+                        "cannot read the state table {} ({}): no run starts until it can",
+                        table.name(),
+                        conn::redact(&e.to_string())
+                    );
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = lease.cancelled() => return None,
+            }
+        }
+    }
+
+    /// Claims `o` in the state table (always `true` without one).
+    async fn claim(&self, lease: &Lease, o: Occurrence) -> Result<bool, String> {
+        let Some((table, retry)) = &self.state else {
+            return Ok(true);
+        };
+        let id = run_id(&self.name, o.due);
+        state::claim(
+            &self.target,
+            self.timeout,
+            table,
+            &self.name,
+            (o.due, &id),
+            lease.token(),
+            *retry,
+        )
+        .await
+        .map_err(|e| conn::redact(&e.to_string()))
+    }
+
+    /// Records the end of the run of `o` (a warning when it cannot).
+    async fn finish(&self, lease: &Lease, o: Occurrence, outcome: &str) {
+        let Some((table, _)) = &self.state else {
+            return;
+        };
+        let result = state::finish(
+            &self.target,
+            self.timeout,
+            table,
+            &self.name,
+            (o.due, lease.token()),
+            outcome,
+        )
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(
+                run_id = run_id(&self.name, o.due),
+                "cannot record the run's end in the state table {} ({})",
+                table.name(),
+                conn::redact(&e.to_string())
+            );
+        }
+    }
+}
+
+/// `lease schedule init`.
+pub fn init(args: InitArgs) -> i32 {
+    let table = match Table::parse(&args.state_table) {
+        Ok(t) => t,
+        Err(e) => return usage_error(2, &e),
+    };
+    let target = match conn::resolve(args.conn.database_url.as_deref()) {
+        Ok(t) => t,
+        Err(e) => return usage_error(2, &e),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(rt) => rt.block_on(state::init(&target, args.timeout, &table)),
+        Err(e) => Err(StateError::Other(format!(
+            "cannot start the async runtime: {e}"
+        ))),
+    };
+    match result {
+        Ok(said) => {
+            println!("{said}");
+            0
+        }
+        Err(e) => {
+            eprintln!(
+                "lease: cannot create the state table {}: {}",
+                table.name(),
+                conn::redact(&e.to_string())
+            );
+            crate::log::EXIT_FAILURE
+        }
+    }
+}
+
+/// `lease schedule ddl`.
+pub fn ddl(args: DdlArgs) -> i32 {
+    match Table::parse(&args.state_table) {
+        Ok(table) => {
+            println!("{}", table.ddl());
+            0
+        }
+        Err(e) => usage_error(2, &e),
     }
 }
 
@@ -225,9 +390,19 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
         }
     };
     let name = runner.name.as_str();
+    let record = match &runner.state {
+        Some((_, retry)) => match runner.record(&lease).await {
+            Some(record) => Some((record, *retry)),
+            None => return Ok(()),
+        },
+        None => None,
+    };
     {
         let mut planner = runner.planner.borrow_mut();
-        planner.lead(granted);
+        match record {
+            Some((record, retry)) => planner.lead_recorded(granted, record, retry),
+            None => planner.lead(granted),
+        }
         if let Some(next) = planner.wake_at() {
             tracing::info!(
                 lease = name,
@@ -252,6 +427,30 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                         missed(name, o, "the lease was no longer valid");
                     }
                     Action::Start(o) => {
+                        match runner.claim(&lease, o).await {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                runner.planner.borrow_mut().finished(o.due);
+                                count_missed(name, Missed::NotClaimed);
+                                missed(
+                                    name,
+                                    o,
+                                    "claimed already in the state table (this due time, a \
+                                     later one, or by a newer leader)",
+                                );
+                                continue;
+                            }
+                            Err(e) => {
+                                runner.planner.borrow_mut().finished(o.due);
+                                count_missed(name, Missed::NotClaimed);
+                                missed(
+                                    name,
+                                    o,
+                                    &format!("cannot claim it in the state table ({e})"),
+                                );
+                                continue;
+                            }
+                        }
                         tracing::info!(
                             lease = name,
                             run_id = run_id(name, o.due),
@@ -274,12 +473,7 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                         ));
                     }
                     Action::Skip(o, why) => {
-                        metrics::counter!(
-                            "lease_schedule_missed_total",
-                            "lease" => name.to_owned(),
-                            "reason" => why.label()
-                        )
-                        .increment(1);
+                        count_missed(name, why);
                         missed(name, o, &why.to_string());
                     }
                     Action::Stop(_) => replace.notify_one(),
@@ -307,6 +501,12 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                     (_, Some(_)) => "failed",
                     _ => "stopped",
                 };
+                let recorded = match own {
+                    Some(0) => "ok".to_owned(),
+                    Some(code) => format!("exit {code}"),
+                    None => "stopped".to_owned(),
+                };
+                runner.finish(&lease, o, &recorded).await;
                 metrics::counter!(
                     "lease_schedule_runs_total",
                     "lease" => name.to_owned(),
@@ -354,15 +554,20 @@ fn resign(runner: &Runner, name: &str) {
     // What resigning decided does not depend on the time.
     while let Some(action) = planner.poll(SystemTime::UNIX_EPOCH) {
         if let Action::Skip(o, why) = action {
-            metrics::counter!(
-                "lease_schedule_missed_total",
-                "lease" => name.to_owned(),
-                "reason" => why.label()
-            )
-            .increment(1);
+            count_missed(name, why);
             missed(name, o, &why.to_string());
         }
     }
+}
+
+/// `lease_schedule_missed_total{lease, reason}`.
+fn count_missed(name: &str, why: Missed) {
+    metrics::counter!(
+        "lease_schedule_missed_total",
+        "lease" => name.to_owned(),
+        "reason" => why.label()
+    )
+    .increment(1);
 }
 
 /// One line per due time that does not run.

@@ -19,7 +19,7 @@
 mod planner;
 mod spec;
 
-pub use planner::{Action, CatchUp, Missed, Occurrence, Overlap, Planner, Policy};
+pub use planner::{Action, CatchUp, Missed, Occurrence, Overlap, Planner, Policy, Record};
 pub use spec::{jitter, Spec, SpecError};
 
 use std::time::Duration;

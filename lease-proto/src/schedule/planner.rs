@@ -80,6 +80,12 @@ pub enum Missed {
     FailoverMargin,
     /// Waiting to start when the lease was lost.
     LeaseLost,
+    /// Claimed in the state table by a leader that stopped before it finished,
+    /// and not retried.
+    Unfinished,
+    /// Its claim in the state table was refused (claimed already, or by a newer
+    /// leader) or could not be made: it does not start here.
+    NotClaimed,
 }
 
 impl Missed {
@@ -93,6 +99,8 @@ impl Missed {
             Missed::CatchUpCap => "catch_up_cap",
             Missed::FailoverMargin => "failover_margin",
             Missed::LeaseLost => "lease_lost",
+            Missed::Unfinished => "unfinished",
+            Missed::NotClaimed => "not_claimed",
         }
     }
 }
@@ -111,8 +119,22 @@ impl fmt::Display for Missed {
                 "due within the clock margin of the takeover, left to the old leader"
             }
             Missed::LeaseLost => "waiting to start when the lease was lost",
+            Missed::Unfinished => {
+                "claimed by a leader that stopped before it finished (not retried)"
+            }
+            Missed::NotClaimed => "its claim in the state table was refused or failed",
         })
     }
+}
+
+/// What a state table says of a schedule: the last due time claimed, and
+/// whether its run finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    /// The last due time claimed.
+    pub due: SystemTime,
+    /// Whether its run finished (and its outcome was recorded).
+    pub finished: bool,
 }
 
 /// What the leader does now.
@@ -213,12 +235,52 @@ impl Planner {
     /// [`MAX_CLOCK_ERROR`] after `now` belong to before the grant: the catch-up
     /// window's policy decides them; later ones are this leader's.
     pub fn lead(&mut self, now: SystemTime) {
+        self.lead_after(now, 2 * MAX_CLOCK_ERROR, self.policy.catch_up_window);
+    }
+
+    /// The lease was granted, and a state table says which due time was claimed
+    /// last (`None`: none ever was). Every due time after it whose start fell in
+    /// the catch-up window is a catch-up candidate (the claim before each start
+    /// keeps it at most once, so no clock margin is left to the old leader); with
+    /// no record, only due times after `now`. The last claimed due time, if it
+    /// never finished, runs again first with `retry_unfinished`
+    /// ([`Missed::Unfinished`] otherwise).
+    pub fn lead_recorded(
+        &mut self,
+        now: SystemTime,
+        record: Option<Record>,
+        retry_unfinished: bool,
+    ) {
+        if self.leading {
+            return;
+        }
+        match record {
+            None => self.lead_after(now, Duration::ZERO, Duration::ZERO),
+            Some(r) => {
+                // Never again a due time the table shows claimed.
+                self.cursor = Some(self.cursor.map_or(r.due, |c| c.max(r.due)));
+                self.ahead.retain(|o| o.due > r.due);
+                self.last_started = Some(self.last_started.map_or(r.due, |l| l.max(r.due)));
+                let unfinished = (!r.finished).then(|| self.occurrence(r.due));
+                self.lead_after(now, Duration::ZERO, self.policy.catch_up_window);
+                if let Some(o) = unfinished {
+                    if retry_unfinished {
+                        self.last_started = None;
+                        self.waiting.push_front(o);
+                    } else {
+                        self.decided.push_back(Action::Skip(o, Missed::Unfinished));
+                    }
+                }
+            }
+        }
+    }
+
+    fn lead_after(&mut self, now: SystemTime, margin: Duration, window: Duration) {
         if self.leading {
             return;
         }
         self.leading = true;
-        let horizon = now + 2 * MAX_CLOCK_ERROR;
-        let window = self.policy.catch_up_window;
+        let horizon = now + margin;
         let lower = now.checked_sub(window + self.policy.jitter).unwrap_or(now);
         // The due times still ahead from an earlier term, then the new ones up to
         // the horizon; never again one this planner passed over.

@@ -3,7 +3,7 @@
 //! estimates are off by up to `MAX_CLOCK_ERROR`.
 
 use lease_proto::schedule::{
-    Action, CatchUp, Missed, Occurrence, Overlap, Planner, Policy, Spec, MAX_CLOCK_ERROR,
+    Action, CatchUp, Missed, Occurrence, Overlap, Planner, Policy, Record, Spec, MAX_CLOCK_ERROR,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -358,4 +358,96 @@ fn replace_stops_the_running_job_before_the_next_starts() {
     assert_eq!(p.poll(second), None, "nothing starts beside it");
     p.finished(first);
     assert!(matches!(p.poll(second), Some(Action::Start(o)) if o.due == second));
+}
+
+/// Every action a planner has at `now`, the runs ending at once.
+fn all_at(p: &mut Planner, now: SystemTime) -> Vec<Action> {
+    let mut out = Vec::new();
+    while let Some(a) = p.poll(now) {
+        if let Action::Start(o) = a {
+            p.finished(o.due);
+        }
+        out.push(a);
+    }
+    out
+}
+
+#[test]
+fn with_a_record_a_new_leader_runs_what_nobody_ran_and_nothing_claimed() {
+    let spec = Spec::every(Duration::from_secs(60)).unwrap();
+    let policy = Policy {
+        catch_up_window: Duration::from_secs(3600),
+        ..Policy::default()
+    };
+    let claimed = base() + Duration::from_secs(120);
+    let now = base() + Duration::from_secs(300) + MS(5);
+    // The record's run finished: 180, 240 and 300 were missed by everyone; the
+    // latest runs at once, no clock margin.
+    let mut p = Planner::new("recorded", spec.clone(), policy);
+    let record = Record {
+        due: claimed,
+        finished: true,
+    };
+    p.lead_recorded(now, Some(record), false);
+    let actions = all_at(&mut p, now);
+    let starts: Vec<_> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Start(o) => Some(o.due),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        starts,
+        vec![base() + Duration::from_secs(300)],
+        "{actions:?}"
+    );
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| matches!(a, Action::Skip(_, Missed::Superseded)))
+            .count(),
+        2
+    );
+    // Unfinished and retried: the claimed due time runs again first.
+    let mut p = Planner::new("recorded", spec.clone(), policy);
+    p.lead_recorded(
+        now,
+        Some(Record {
+            due: claimed,
+            finished: false,
+        }),
+        true,
+    );
+    let starts: Vec<_> = all_at(&mut p, now)
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Start(o) => Some(o.due),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts, vec![claimed, base() + Duration::from_secs(300)]);
+    // Unfinished, not retried: said so.
+    let mut p = Planner::new("recorded", spec.clone(), policy);
+    p.lead_recorded(
+        now,
+        Some(Record {
+            due: claimed,
+            finished: false,
+        }),
+        false,
+    );
+    let actions = all_at(&mut p, now);
+    assert!(
+        actions.contains(&Action::Skip(
+            p.upcoming(claimed - MS(1), 1)[0],
+            Missed::Unfinished
+        )),
+        "{actions:?}"
+    );
+    // No record: nothing was ever missed; the next due time is the first.
+    let mut p = Planner::new("recorded", spec, policy);
+    p.lead_recorded(now, None, false);
+    assert_eq!(all_at(&mut p, now), vec![]);
+    assert_eq!(p.wake_at(), Some(base() + Duration::from_secs(360)));
 }
