@@ -137,6 +137,20 @@ recently promoted server holds tries back, `lease run` then exits 3). With --wai
 waiting out --lock-delay when D ends is released, COMMAND not run. Not with --shards, --observer or
 --priority.
 
+SCHEDULES: with --every DURATION or --cron EXPR [--tz ZONE], `lease run` keeps running and the
+leader runs COMMAND once per due time, on the database server's clock (read on a connection of
+its own every 10 s; a run starts only on a reading within 50 ms), with LEASE_DUE (the due time,
+RFC 3339 UTC) and LEASE_RUN_ID (NAME@<due as Unix seconds>) added. Each run is a COMMAND as
+above (watchdog, kill deadline, stopped when the lease is lost); its exit status is logged and
+does not end `lease run`. A due time that does not run is logged once, with why (--overlap, a
+takeover, a stalled leader, --catch-up). Without --state-table a due time runs at most once: a
+new leader runs only due times starting 100 ms or more after its grant, so those in between run
+nowhere; --catch-up WINDOW runs them after all (at least once: the old leader may have run them).
+With --state-table TABLE (`lease schedule init`), each due time is claimed before it runs, by one
+fenced statement on a connection of its own: at most once whatever happens, and a new leader runs
+what nobody ran within --catch-up (1h by default with a table). Daylight saving time, the claim
+and every rule: docs/schedules.md. `lease schedule next` prints the next due times.
+
 Nothing of COMMAND's tree outlives `lease run`, even a descendant that left its process group
 and session (setsid, a double fork): the watchdog, COMMAND's parent, is a subreaper
 (PR_SET_CHILD_SUBREAPER) so every orphan of the tree becomes its child, and it kills the whole
@@ -166,7 +180,9 @@ of its own; nothing answers while the runner is frozen or dead):
             the lease, so two replicas never answer 200 at once.
   /leader/I with --shards: the same for shard I; /leader is then 200 while any shard is led.
 
-EXIT STATUS: COMMAND's status (with --shards, the first to exit by itself); 0 after a shutdown by signal; 3 with --try when
+EXIT STATUS: COMMAND's status (with --shards, the first to exit by itself; with --every or --cron,
+never: COMMAND runs again at the next due time); 0 after a shutdown by signal; 1 when a state
+table is missing; 3 with --try when
 COMMAND was not run (the lease was held); 1 when the server is refused, the
 configuration is wrong (cannot connect) or another error stops the run; 2 for bad usage, a --metrics-addr that cannot be bound included
 (nothing is sent to the database); 126 or 127 when COMMAND cannot be executed or is not found.";
@@ -177,6 +193,8 @@ EXAMPLES:
       On every replica: one runs ./sweep, the others stand by and take over.
   lease run nightly-sweeper -- sh -c 'exec ./sweep --fence \"$LEASE_TOKEN\"'
       Through a shell, to pass the fencing token as an argument.
+  lease run nightly-batch --cron '0 3 * * *' --tz Europe/Berlin --state-table lease_schedule -- ./batch
+      On every replica: ./batch runs once a night, on the leader, across failovers and deploys.
   lease run nightly-report --try -- ./report
       From cron on every host: one runs ./report, the others exit 3 without running it.
   lease run --shards 8 reindexer -- ./reindex
