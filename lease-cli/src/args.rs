@@ -345,6 +345,15 @@ pub struct RunArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
 
+    /// Who this replica is, in `lease status`, the logs and the server's
+    /// pg_stat_activity: the session's application_name becomes `lease:NAME@ID`
+    /// [default: $POD_NAME, else the host name]
+    ///
+    /// Cut to fit the server's 63 bytes (the lease name is kept whole). Not used when the
+    /// connection sets application_name itself (PGAPPNAME, or in the URL).
+    #[arg(long, value_name = "ID")]
+    pub identity: Option<String>,
+
     /// How often a standby tries the lease
     ///
     /// Jittered down by up to 20%. Bounds takeover when no handover notification arrives

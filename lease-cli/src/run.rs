@@ -13,7 +13,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use lease_exec::{Command, Job, Watchdog};
-use lease_proto::inspect::{lease_application_name, HolderRow};
+use lease_proto::inspect::{lease_application_name, lease_application_name_of, HolderRow};
 use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Reason, RunError, SessionState};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
@@ -53,6 +53,8 @@ struct Plan {
     give_up_after: Option<Duration>,
     /// `--every` / `--cron`, with the options beside them.
     schedule: Option<Schedule>,
+    /// `--identity`, or its default.
+    identity: Option<String>,
 }
 
 /// `lease run --try [--wait D]`: COMMAND runs only if the lease is won at the
@@ -179,10 +181,22 @@ fn validate(args: RunArgs, start: Instant) -> Result<Plan, (i32, String)> {
         return Err((2, "--grace must be greater than zero".to_owned()));
     }
     let mut target = conn::resolve(args.conn.database_url.as_deref()).map_err(|e| (2, e))?;
+    let identity = args.identity.clone().or_else(default_identity);
+    if let Some(id) = &identity {
+        if id.is_empty() || id.chars().any(|c| !c.is_ascii_graphic()) {
+            return Err((
+                2,
+                format!(
+                    "--identity {id:?}: printable ASCII without spaces (the server replaces \
+                     anything else in application_name with '?')"
+                ),
+            ));
+        }
+    }
     if target.config.get_application_name().is_none() {
         target
             .config
-            .application_name(lease_application_name(lease.name()));
+            .application_name(lease_application_name_of(lease.name(), identity.as_deref()));
     }
     check_command(command.get_program())?;
     let after_validity = options.act_after_validity().unwrap_or(grace);
@@ -201,7 +215,26 @@ fn validate(args: RunArgs, start: Instant) -> Result<Plan, (i32, String)> {
         attempt,
         give_up_after: args.give_up_after,
         schedule,
+        identity,
     })
+}
+
+/// `--identity` when not given: `$POD_NAME` (a Kubernetes Deployment sets it from the
+/// downward API), else the host name; `None` when neither is known or fits
+/// (printable ASCII).
+fn default_identity() -> Option<String> {
+    let usable = |s: &String| !s.is_empty() && s.chars().all(|c| c.is_ascii_graphic());
+    if let Some(pod) = std::env::var("POD_NAME").ok().filter(usable) {
+        return Some(pod);
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8(buf[..end].to_vec()).ok().filter(usable)
 }
 
 /// Checks that `program` exists and is executable, like a shell would
@@ -433,12 +466,14 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         None => tracing::info!(
             lease = plan.leases[0].name(),
             key = plan.leases[0].key(),
+            identity = plan.identity.as_deref().unwrap_or(""),
             "contending for the lease at {}",
             plan.target.summary
         ),
         Some(shards) => tracing::info!(
             group = plan.leases[0].group().map_or("", |g| g.name()),
             shards,
+            identity = plan.identity.as_deref().unwrap_or(""),
             "contending for the lease at {}",
             plan.target.summary
         ),

@@ -1,6 +1,8 @@
 //! `lease status` (who holds which lease) and `lease key` (a name's key).
 
-use lease_proto::inspect::{HeldSince, HolderHistory, HolderRow, LeaseLocks, LockTable};
+use lease_proto::inspect::{
+    application_lease_names, HeldSince, HolderHistory, HolderRow, LeaseLocks, LockTable,
+};
 use lease_proto::{key_for_name, GroupId, LeaseId};
 use serde_json::json;
 
@@ -367,10 +369,12 @@ fn shard_named(mut lease: LeaseLocks) -> LeaseLocks {
     if lease.name.is_none() {
         let mut sessions = lease.holders.iter().chain(&lease.waiters);
         lease.name = sessions.find_map(|s| {
-            let group = s.application_name.as_deref()?.strip_prefix("lease:")?;
-            (0..MAX_SHARDS)
-                .map(|i| format!("{group}/{i}"))
-                .find(|shard| key_for_name(shard) == lease.key)
+            let groups = application_lease_names(s.application_name.as_deref()?);
+            groups.into_iter().find_map(|group| {
+                (0..MAX_SHARDS)
+                    .map(|i| format!("{group}/{i}"))
+                    .find(|shard| key_for_name(shard) == lease.key)
+            })
         });
     }
     lease

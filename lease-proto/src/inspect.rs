@@ -207,7 +207,26 @@ const APPLICATION_PREFIX: &str = "lease:";
 /// keeps (on a character boundary). [`LockTable`] names a key after it; a
 /// cut name does not match its key and names nothing.
 pub fn lease_application_name(name: &str) -> String {
+    lease_application_name_of(name, None)
+}
+
+/// [`lease_application_name`] with the holder's identity (a host or pod name):
+/// `lease:NAME@IDENTITY`. Within the server's 63 bytes the identity is cut
+/// first (dropped when the name leaves it no room), so the name still names
+/// its key; [`application_lease_names`] reads both forms back.
+pub fn lease_application_name_of(name: &str, identity: Option<&str>) -> String {
     let mut s = format!("{APPLICATION_PREFIX}{name}");
+    if let Some(id) = identity.filter(|id| !id.is_empty()) {
+        let room = 63usize.saturating_sub(s.len() + 1);
+        let mut end = id.len().min(room);
+        while !id.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end > 0 {
+            s.push('@');
+            s.push_str(&id[..end]);
+        }
+    }
     let mut end = s.len().min(63);
     while !s.is_char_boundary(end) {
         end -= 1;
@@ -216,11 +235,26 @@ pub fn lease_application_name(name: &str) -> String {
     s
 }
 
-/// The lease name a row's session gives in its [`lease_application_name`], if
-/// that name's key is the row's key.
+/// The lease names an `application_name` of the form
+/// [`lease_application_name_of`] may give, most likely first: everything after
+/// `lease:`, then everything before each `@` from the right (a lease name may
+/// hold an `@` itself). Empty for any other form. Match one against a key to
+/// know (`key_for_name`).
+pub fn application_lease_names(application_name: &str) -> Vec<&str> {
+    let Some(rest) = application_name.strip_prefix(APPLICATION_PREFIX) else {
+        return Vec::new();
+    };
+    let mut names = vec![rest];
+    names.extend(rest.rmatch_indices('@').map(|(i, _)| &rest[..i]));
+    names
+}
+
+/// The lease name a row's session gives in its [`lease_application_name_of`],
+/// if that name's key is the row's key.
 fn lease_name(row: &HolderRow) -> Option<String> {
-    let name = (row.application_name.as_deref()?).strip_prefix(APPLICATION_PREFIX)?;
-    (key_for_name(name) == row.key).then(|| name.to_owned())
+    let names = application_lease_names(row.application_name.as_deref()?);
+    let name = names.into_iter().find(|n| key_for_name(n) == row.key)?;
+    Some(name.to_owned())
 }
 
 /// One lease (or any advisory key) as the lock table shows it: who holds its
@@ -579,6 +613,29 @@ mod tests {
         let table =
             LockTable::from_rows([holder(9, 4, "psql"), waiter(nine.key(), 5, "lease:nine")]);
         assert_eq!(table.key(nine.key()).unwrap().name.as_deref(), Some("nine"));
+    }
+
+    #[test]
+    fn identities_are_cut_before_names() {
+        assert_eq!(
+            lease_application_name_of("job", Some("web-1")),
+            "lease:job@web-1"
+        );
+        assert_eq!(lease_application_name_of("job", Some("")), "lease:job");
+        let long = lease_application_name_of("sweeper", Some(&"x".repeat(80)));
+        assert_eq!(long.len(), 63);
+        assert!(long.starts_with("lease:sweeper@xxx"));
+        let row = holder(
+            key_for_name("a@b"),
+            1,
+            &lease_application_name_of("a@b", Some("h@st")),
+        );
+        assert_eq!(lease_name(&row).as_deref(), Some("a@b"));
+        let row = holder(key_for_name("sweeper"), 1, &long);
+        assert_eq!(lease_name(&row).as_deref(), Some("sweeper"));
+        assert_eq!(application_lease_names("psql"), Vec::<&str>::new());
+        let no_room = lease_application_name_of(&"n".repeat(60), Some("web-1"));
+        assert_eq!(no_room, format!("lease:{}", "n".repeat(57)));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use lease_tests::{pid_alive, Cluster, Replica, Stream};
 
 /// Every variable `lease` reads that the machine running the tests might
 /// have set: libpq's, `DATABASE_URL` and `LEASE_LOG`.
-pub const ENVIRONMENT: [&str; 17] = [
+pub const ENVIRONMENT: [&str; 18] = [
     "DATABASE_URL",
     "PGHOST",
     "PGPORT",
@@ -31,6 +31,7 @@ pub const ENVIRONMENT: [&str; 17] = [
     "PGHOSTADDR",
     "PGOPTIONS",
     "LEASE_LOG",
+    "POD_NAME",
 ];
 
 /// `lease` with a clean environment (none of [`ENVIRONMENT`] inherited).
@@ -40,6 +41,18 @@ pub fn lease() -> Command {
         cmd.env_remove(var);
     }
     cmd
+}
+
+/// The application_name `lease run NAME` gives its session here: `lease:NAME@HOST`
+/// (the default `--identity`, the host name: [`ENVIRONMENT`] clears `POD_NAME`).
+pub fn app(name: &str) -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(rc, 0, "gethostname");
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let host = String::from_utf8_lossy(&buf[..end]).into_owned();
+    lease_proto::inspect::lease_application_name_of(name, Some(&host))
 }
 
 /// One server shared by the tests that run at the same time;

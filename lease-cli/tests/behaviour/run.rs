@@ -94,7 +94,7 @@ fn lost_lease_stops_the_whole_group_then_starts_a_fresh_child() {
     let watch = |pid: i32| std::thread::spawn(move || gone_at(pid, MS(10_000)));
     let (child_watch, grandchild_watch) = (watch(child), watch(grandchild));
     let start = Instant::now();
-    let app = format!("lease:{name}");
+    let app = app(&name);
     assert_eq!(c.terminate_by_application_name(&app).expect("terminate"), 1);
     let child_gone = child_watch.join().ok().flatten().expect("the child died");
     let grandchild_gone = grandchild_watch.join().ok().flatten();
@@ -285,7 +285,7 @@ fn sigterm_while_leading_hands_over_to_the_standby_at_once() {
     let (_, held_by) = b
         .wait_for_line(|l| l.contains("the lease is held by"), MS(5_000))
         .expect("b says who holds the lease");
-    assert!(held_by.contains(&format!("lease:{name}")), "{held_by}");
+    assert!(held_by.contains(&app(&name)), "{held_by}");
 
     let signalled = Instant::now();
     a.sigterm().expect("SIGTERM a");

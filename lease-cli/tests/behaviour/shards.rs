@@ -337,7 +337,7 @@ fn status_shows_the_group() {
         assert_eq!(cells[0], name, "{line}");
         let pid: i32 = cells[1].parse().expect("a pid");
         assert!(members.contains(&pid), "{line}: members {members:?}");
-        assert_eq!(cells[2], format!("lease:{name}"), "{line}");
+        assert_eq!(cells[2], app(&name), "{line}");
         assert_eq!(cells[5], "2:", "{line}");
         led.extend(
             cells[6]
@@ -395,7 +395,7 @@ fn status_shows_the_group() {
     assert_eq!(m.len(), 2, "{g}");
     for member in m {
         assert_eq!(member["leads"].as_array().map(Vec::len), Some(2), "{g}");
-        assert_eq!(member["application_name"], format!("lease:{name}").as_str());
+        assert_eq!(member["application_name"], app(&name).as_str());
     }
     for (i, v) in lines[1..].iter().enumerate() {
         assert_eq!(v["name"], format!("{name}/{i}").as_str(), "{v}");

@@ -18,7 +18,7 @@ fn status_shows_the_holder() {
     a.wait_for_line(|l| l == "started", MS(10_000))
         .expect("a leads");
     let pids = c
-        .backends_by_application_name(&format!("lease:{name}"))
+        .backends_by_application_name(&app(&name))
         .expect("backends");
     assert_eq!(pids.len(), 1, "{pids:?}");
     let pid = pids[0];
@@ -42,7 +42,7 @@ fn status_shows_the_holder() {
     assert_eq!(cells[1], key_for_name(&name).to_string());
     assert_eq!(cells[2], "holder");
     assert_eq!(cells[3], pid.to_string());
-    assert_eq!(cells[4], format!("lease:{name}"));
+    assert_eq!(cells[4], app(&name));
     assert!(cells[5].starts_with("127.0.0.1:"), "{row}");
     let row = text
         .lines()
@@ -61,7 +61,7 @@ fn status_shows_the_holder() {
     assert_eq!(v["key"], key_for_name(&name));
     assert_eq!(v["held"], true);
     assert_eq!(v["backend_pid"], pid);
-    assert_eq!(v["application_name"], format!("lease:{name}").as_str());
+    assert_eq!(v["application_name"], app(&name).as_str());
     assert_eq!(v["client_addr"], "127.0.0.1");
     assert!(v["backend_start"].is_string() && v["state_change"].is_string());
     assert_eq!(v["standbys"], serde_json::json!([]));
@@ -130,9 +130,9 @@ fn status_lists_the_standbys_waiting_on_the_server() {
     a.wait_for_line(|l| l == "started", MS(10_000))
         .expect("a leads");
     let holder = c
-        .backends_by_application_name(&format!("lease:{name}"))
+        .backends_by_application_name(&app(&name))
         .expect("backends")[0];
-    let waiter_app = format!("lease:{name}");
+    let waiter_app = app(&name);
     let shared = psql(
         &c,
         &waiter_app,
@@ -276,4 +276,38 @@ fn key_matches_the_core() {
         assert!(status.success(), "{err}");
         assert_eq!(out.trim(), key_for_name(name).to_string(), "{name}");
     }
+}
+
+#[test]
+fn the_identity_names_the_replica_and_status_still_names_the_lease() {
+    let c = cluster();
+    let name = unique("identity");
+    let mut a = Replica::spawn(fast_sh(
+        &c,
+        &name,
+        &["--identity", "web-7"],
+        "echo started; exec sleep 1000",
+    ))
+    .expect("spawn");
+    let (_, contending) = a
+        .wait_for_line(|l| l.contains("contending for the lease"), MS(10_000))
+        .expect("the first line");
+    assert!(contending.contains("identity=\"web-7\""), "{contending}");
+    a.wait_for_line(|l| l == "started", MS(10_000))
+        .expect("a leads");
+    let mut cmd = lease();
+    cmd.arg("status").args(["--database-url", &c.conn_string()]);
+    let (st, out, err, _) = output(cmd, MS(10_000));
+    assert!(st.success(), "{err}");
+    // Every held key, named after its session's application_name.
+    let row = out
+        .lines()
+        .find(|l| l.contains(&format!("lease:{name}@web-7")))
+        .unwrap_or_else(|| panic!("no row of the replica: {out}"));
+    assert!(
+        row.starts_with(&format!("{name} ")),
+        "named by its lease: {row}"
+    );
+    let _ = a.kill9();
+    let _ = a.wait_exit(MS(5_000));
 }

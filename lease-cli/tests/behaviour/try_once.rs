@@ -70,7 +70,10 @@ fn try_exits_3_with_one_line_naming_the_holder_when_the_lease_is_held() {
     assert_eq!(status.code(), Some(3), "{err}");
     let err = lines(&err);
     assert_eq!(err.len(), 1, "not one line: {err:?}");
-    let want = format!("lease: {name} is held by backend {pid} (lease:{name}, 127.0.0.1:");
+    let want = format!(
+        "lease: {name} is held by backend {pid} ({}, 127.0.0.1:",
+        app(&name)
+    );
     assert!(err[0].starts_with(&want), "{}", err[0]);
     assert!(err[0].ends_with(": not run (--try)"), "{}", err[0]);
     assert!(out.is_empty(), "{out}");
