@@ -103,8 +103,8 @@ impl Contender {
         match self {
             // As `crate::replica` sets it.
             Contender::Replica { .. } => format!("bench-{lease}"),
-            // `lease run`'s default.
-            Contender::Cli { .. } => format!("lease:{lease}"),
+            // `lease run --identity bench` (as `spawn` starts it).
+            Contender::Cli { .. } => format!("lease:{lease}@bench"),
         }
     }
 
@@ -142,6 +142,7 @@ impl Contender {
                     .args(["--query-timeout", &ms(iv.query_timeout)])
                     .args(["--guard-margin", &ms(iv.guard_margin)])
                     .args(["--lock-delay", &ms(lock_delay)])
+                    .args(["--identity", "bench"])
                     .args([lease, "--"])
                     .arg(&bins.bench)
                     .arg(STAMP_CHILD);
