@@ -726,6 +726,11 @@ pub struct StatusArgs {
           value_parser = clap::value_parser!(u16).range(1..=MAX_SHARDS as i64))]
     pub shards: Option<u16>,
 
+    /// Also show each schedule's last run from the state table TABLE of `lease run
+    /// --state-table` (its due time, outcome, start and end) and its next due time
+    #[arg(long, value_name = "TABLE", conflicts_with = "watch")]
+    pub state_table: Option<String>,
+
     #[command(flatten)]
     pub conn: ConnArgs,
 }

@@ -153,6 +153,8 @@ pub const CLOCK_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// (what ran, what is ahead) and where to read the server's clock.
 pub struct Runner {
     name: String,
+    /// The schedule as its state-table row keeps it (`Spec`'s text).
+    spec_text: String,
     planner: RefCell<Planner>,
     target: Target,
     /// `--state-table`, and whether unfinished runs are retried.
@@ -165,6 +167,7 @@ impl Runner {
     pub fn new(name: &str, schedule: Schedule, target: Target, timeout: Duration) -> Runner {
         Runner {
             name: name.to_owned(),
+            spec_text: schedule.spec.to_string(),
             planner: RefCell::new(Planner::new(name, schedule.spec, schedule.policy)),
             target,
             state: schedule.state,
@@ -228,7 +231,7 @@ impl Runner {
             &self.name,
             (o.due, &id),
             lease.token(),
-            *retry,
+            (*retry, &self.spec_text),
         )
         .await
         .map_err(|e| conn::redact(&e.to_string()))
@@ -578,4 +581,97 @@ fn missed(name: &str, o: Occurrence, why: &str) {
         "due {}: not run: {why}",
         utc(o.due)
     );
+}
+
+/// `lease status --state-table TABLE [NAME...]`: each schedule's last run (the
+/// due time, its outcome, when it started and finished) and its next due time
+/// (by this host's clock), as a table or JSON lines.
+pub async fn status(
+    target: &Target,
+    timeout: Duration,
+    table: &str,
+    names: &[String],
+    json: bool,
+) -> Result<String, String> {
+    let table = Table::parse(table)?;
+    let rows = state::rows(target, timeout, &table, names)
+        .await
+        .map_err(|e| match e {
+            StateError::Missing => format!("the state table {} does not exist", table.name()),
+            StateError::Other(e) => conn::redact(&e),
+        })?;
+    let secs = |t: SystemTime| {
+        jiff::Timestamp::try_from(t).map_or_else(|_| "?".to_owned(), |ts| ts.round(jiff::Unit::Second).map_or_else(|_| ts.to_string(), |r| r.to_string()))
+    };
+    let now = SystemTime::now();
+    let mut lines = Vec::new();
+    for r in &rows {
+        let next = r
+            .schedule
+            .parse::<Spec>()
+            .ok()
+            .and_then(|spec| spec.next_after(now))
+            .map_or_else(|| "?".to_owned(), secs);
+        let outcome = match (&r.outcome, r.finished) {
+            (Some(o), _) => o.clone(),
+            (None, None) => "running".to_owned(),
+            (None, Some(_)) => "?".to_owned(),
+        };
+        let cells = [
+            r.name.clone(),
+            r.schedule.clone(),
+            secs(r.due),
+            outcome,
+            secs(r.started),
+            r.finished.map_or_else(|| "-".to_owned(), secs),
+            next,
+        ];
+        if json {
+            let keys = ["schedule_name", "schedule", "last_due", "outcome", "started", "finished", "next_due"];
+            let object: serde_json::Map<String, serde_json::Value> = keys
+                .iter()
+                .zip(&cells)
+                .map(|(k, v)| ((*k).to_owned(), serde_json::Value::String(v.clone())))
+                .chain([("run_id".to_owned(), serde_json::Value::String(r.run_id.clone()))])
+                .collect();
+            lines.push(serde_json::Value::Object(object).to_string());
+        } else {
+            lines.push(cells.join("\t"));
+        }
+    }
+    if json {
+        return Ok(lines.into_iter().map(|l| l + "\n").collect());
+    }
+    let header = "SCHEDULE\tEVERY / CRON\tLAST DUE\tOUTCOME\tSTARTED\tFINISHED\tNEXT DUE";
+    Ok(align(std::iter::once(header.to_owned()).chain(lines)))
+}
+
+/// Tab-separated cells in aligned columns, two spaces apart.
+fn align(lines: impl Iterator<Item = String>) -> String {
+    let rows: Vec<Vec<String>> = lines
+        .map(|l| l.split('\t').map(str::to_owned).collect())
+        .collect();
+    let mut widths = Vec::new();
+    for row in &rows {
+        for (i, c) in row.iter().enumerate() {
+            if widths.len() <= i {
+                widths.push(0);
+            }
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in &rows {
+        let mut line = String::new();
+        for (i, c) in row.iter().enumerate() {
+            if i + 1 < row.len() {
+                line.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            } else {
+                line.push_str(c);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
 }

@@ -62,6 +62,7 @@ impl Table {
         format!(
             "CREATE TABLE IF NOT EXISTS {t} (\n    \
              name     text        PRIMARY KEY,  -- the lease name of the schedule\n    \
+             schedule text        NOT NULL,     -- every 15m, or cron \"0 3 * * *\" in Europe/Berlin\n    \
              due      timestamptz NOT NULL,     -- the last due time claimed\n    \
              token    bigint      NOT NULL,     -- the claiming leader's fencing token\n    \
              run_id   text        NOT NULL,     -- NAME@<due as Unix seconds> (LEASE_RUN_ID)\n    \
@@ -160,7 +161,7 @@ pub async fn claim(
     name: &str,
     (due, run_id): (SystemTime, &str),
     token: i64,
-    retry_unfinished: bool,
+    (retry_unfinished, schedule): (bool, &str),
 ) -> Result<bool, StateError> {
     let sql = format!(
         "INSERT INTO {} AS t (name, due, token, run_id, started) \
@@ -174,10 +175,13 @@ pub async fn claim(
          RETURNING 1",
         table.quoted
     );
-    let (name, run_id) = (name.to_owned(), run_id.to_owned());
+    let (name, run_id, schedule) = (name.to_owned(), run_id.to_owned(), schedule.to_owned());
     with_client(target, timeout, |client| async move {
         let result = client
-            .query_opt(&sql, &[&name, &due, &token, &run_id, &retry_unfinished])
+            .query_opt(
+                &sql,
+                &[&name, &due, &token, &run_id, &retry_unfinished, &schedule],
+            )
             .await;
         (
             client,
@@ -206,6 +210,52 @@ pub async fn finish(
     with_client(target, timeout, |client| async move {
         let result = client.execute(&sql, &[&name, &due, &token, &outcome]).await;
         (client, result.map(drop).map_err(|e| state_error(&e)))
+    })
+    .await
+}
+
+/// A schedule's row, as `lease status --state-table` shows it.
+#[derive(Debug)]
+pub struct Row {
+    pub name: String,
+    pub schedule: String,
+    pub due: SystemTime,
+    pub run_id: String,
+    pub started: SystemTime,
+    pub finished: Option<SystemTime>,
+    pub outcome: Option<String>,
+}
+
+/// The rows of `names` (every row when empty), by name.
+pub async fn rows(
+    target: &Target,
+    timeout: Duration,
+    table: &Table,
+    names: &[String],
+) -> Result<Vec<Row>, StateError> {
+    let sql = format!(
+        "SELECT name, schedule, due, run_id, started, finished, outcome FROM {} \
+         WHERE pg_catalog.cardinality($1::pg_catalog.text[]) OPERATOR(pg_catalog.=) 0 \
+         OR name OPERATOR(pg_catalog.=) ANY ($1) ORDER BY name",
+        table.quoted
+    );
+    let names = names.to_vec();
+    with_client(target, timeout, |client| async move {
+        let result = client.query(&sql, &[&names]).await;
+        let rows = result.map_err(|e| state_error(&e)).map(|rows| {
+            rows.iter()
+                .map(|r| Row {
+                    name: r.get(0),
+                    schedule: r.get(1),
+                    due: r.get(2),
+                    run_id: r.get(3),
+                    started: r.get(4),
+                    finished: r.get(5),
+                    outcome: r.get(6),
+                })
+                .collect()
+        });
+        (client, rows)
     })
     .await
 }

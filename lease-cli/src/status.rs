@@ -190,7 +190,29 @@ pub fn main(args: StatusArgs) -> i32 {
     match runtime.block_on(render(&args, &shown, &target)) {
         Ok(out) => {
             print!("{out}");
-            0
+            let Some(table) = &args.state_table else {
+                return 0;
+            };
+            let schedules = crate::schedule::status(
+                &target,
+                args.timeout,
+                table,
+                &args.names,
+                args.json,
+            );
+            match runtime.block_on(schedules) {
+                Ok(out) => {
+                    if !args.json {
+                        println!();
+                    }
+                    print!("{out}");
+                    0
+                }
+                Err(e) => {
+                    eprintln!("lease: error: cannot read the schedules: {e}");
+                    EXIT_FAILURE
+                }
+            }
         }
         Err(e) => {
             eprintln!("lease: error: cannot query {}: {e}", target.summary);

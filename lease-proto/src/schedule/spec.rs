@@ -206,6 +206,45 @@ impl fmt::Display for Spec {
     }
 }
 
+/// Reads back what [`Spec`]'s `Display` wrote (`every 15m`, `cron "0 3 * * *" in
+/// Europe/Berlin`), as a state table keeps it.
+impl std::str::FromStr for Spec {
+    type Err = SpecError;
+
+    fn from_str(s: &str) -> Result<Spec, SpecError> {
+        if let Some(period) = s.strip_prefix("every ") {
+            let ms = parse_human(period).ok_or_else(|| {
+                SpecError(format!("{s:?}: not a period such as 15m, 2s or 1500ms"))
+            })?;
+            return Spec::every(Duration::from_millis(ms));
+        }
+        if let Some(rest) = s.strip_prefix("cron \"") {
+            if let Some((expr, zone)) = rest.rsplit_once("\" in ") {
+                return Spec::cron(expr, Some(zone));
+            }
+        }
+        Err(SpecError(format!(
+            "{s:?}: not a schedule (every PERIOD, or cron \"EXPR\" in ZONE)"
+        )))
+    }
+}
+
+/// [`human`]'s text back to milliseconds.
+fn parse_human(text: &str) -> Option<u64> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let size = match unit {
+        "d" => 86_400_000,
+        "h" => 3_600_000,
+        "m" => 60_000,
+        "s" => 1_000,
+        "ms" => 1,
+        _ => return None,
+    };
+    n.checked_mul(size)
+}
+
 impl fmt::Debug for Spec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Spec({self})")
@@ -371,6 +410,23 @@ mod tests {
         let spec = Spec::cron("*/10 * * * * *", None).unwrap();
         let t = at("UTC", 2026, 12, 6, 14, 7) + Duration::from_millis(1500);
         assert_eq!(utc(spec.next_after(t).unwrap()), "2026-12-06T14:07:10Z");
+    }
+
+    #[test]
+    fn the_text_of_a_spec_reads_back() {
+        for spec in [
+            Spec::every(Duration::from_secs(900)).unwrap(),
+            Spec::every(Duration::from_millis(1500)).unwrap(),
+            Spec::every(Duration::from_secs(2 * 86_400)).unwrap(),
+            Spec::cron("0 3 * * *", Some("Europe/Berlin")).unwrap(),
+            Spec::cron("*/10 * * * * *", None).unwrap(),
+        ] {
+            let text = spec.to_string();
+            let back: Spec = text.parse().unwrap();
+            assert_eq!(back.to_string(), text);
+        }
+        assert!("every 3 days".parse::<Spec>().is_err());
+        assert!("hourly".parse::<Spec>().is_err());
     }
 
     #[test]
