@@ -601,7 +601,13 @@ pub async fn status(
             StateError::Other(e) => conn::redact(&e),
         })?;
     let secs = |t: SystemTime| {
-        jiff::Timestamp::try_from(t).map_or_else(|_| "?".to_owned(), |ts| ts.round(jiff::Unit::Second).map_or_else(|_| ts.to_string(), |r| r.to_string()))
+        jiff::Timestamp::try_from(t).map_or_else(
+            |_| "?".to_owned(),
+            |ts| {
+                ts.round(jiff::Unit::Second)
+                    .map_or_else(|_| ts.to_string(), |r| r.to_string())
+            },
+        )
     };
     let now = SystemTime::now();
     let mut lines = Vec::new();
@@ -627,12 +633,23 @@ pub async fn status(
             next,
         ];
         if json {
-            let keys = ["schedule_name", "schedule", "last_due", "outcome", "started", "finished", "next_due"];
+            let keys = [
+                "schedule_name",
+                "schedule",
+                "last_due",
+                "outcome",
+                "started",
+                "finished",
+                "next_due",
+            ];
             let object: serde_json::Map<String, serde_json::Value> = keys
                 .iter()
                 .zip(&cells)
                 .map(|(k, v)| ((*k).to_owned(), serde_json::Value::String(v.clone())))
-                .chain([("run_id".to_owned(), serde_json::Value::String(r.run_id.clone()))])
+                .chain([(
+                    "run_id".to_owned(),
+                    serde_json::Value::String(r.run_id.clone()),
+                )])
                 .collect();
             lines.push(serde_json::Value::Object(object).to_string());
         } else {

@@ -164,10 +164,11 @@ pub async fn claim(
     (retry_unfinished, schedule): (bool, &str),
 ) -> Result<bool, StateError> {
     let sql = format!(
-        "INSERT INTO {} AS t (name, due, token, run_id, started) \
-         VALUES ($1, $2, $3, $4, pg_catalog.clock_timestamp()) \
-         ON CONFLICT (name) DO UPDATE SET due = excluded.due, token = excluded.token, \
-         run_id = excluded.run_id, started = excluded.started, finished = NULL, outcome = NULL \
+        "INSERT INTO {} AS t (name, schedule, due, token, run_id, started) \
+         VALUES ($1, $6, $2, $3, $4, pg_catalog.clock_timestamp()) \
+         ON CONFLICT (name) DO UPDATE SET schedule = excluded.schedule, due = excluded.due, \
+         token = excluded.token, run_id = excluded.run_id, started = excluded.started, \
+         finished = NULL, outcome = NULL \
          WHERE t.token OPERATOR(pg_catalog.<=) excluded.token \
          AND (t.due OPERATOR(pg_catalog.<) excluded.due \
          OR ($5 AND t.due OPERATOR(pg_catalog.=) excluded.due AND t.finished IS NULL \

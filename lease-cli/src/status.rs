@@ -193,13 +193,8 @@ pub fn main(args: StatusArgs) -> i32 {
             let Some(table) = &args.state_table else {
                 return 0;
             };
-            let schedules = crate::schedule::status(
-                &target,
-                args.timeout,
-                table,
-                &args.names,
-                args.json,
-            );
+            let schedules =
+                crate::schedule::status(&target, args.timeout, table, &args.names, args.json);
             match runtime.block_on(schedules) {
                 Ok(out) => {
                     if !args.json {

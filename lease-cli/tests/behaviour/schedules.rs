@@ -94,7 +94,7 @@ fn taken_over(replicas: &[Replica], after: Instant, base: (Instant, SystemTime))
 
 #[test]
 fn every_due_time_runs_at_most_once_across_kill_stop_and_freeze() {
-    let missed = kill_stop_and_freeze(&[]);
+    let (_, missed) = kill_stop_and_freeze(&[]);
     eprintln!("without a state table, missed in failover windows: {missed:?}");
 }
 
@@ -112,15 +112,37 @@ fn with_a_state_table_every_due_time_runs_exactly_once_across_kill_stop_and_free
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let missed = kill_stop_and_freeze(&["--state-table", &table, "--catch-up-policy", "all"]);
+    let (name, missed) =
+        kill_stop_and_freeze(&["--state-table", &table, "--catch-up-policy", "all"]);
     assert!(missed.is_empty(), "missed with a state table: {missed:?}");
+    // `lease status --state-table` shows the last run and the next due time.
+    let out = lease()
+        .args(["status", &name, "--state-table", &table, "--json"])
+        .args(["--database-url", &c.url("postgres")])
+        .output()
+        .expect("lease status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.contains("\"schedule_name\""))
+        .unwrap_or_else(|| panic!("no schedule row: {text}"));
+    let row: serde_json::Value = serde_json::from_str(row).expect("JSON");
+    assert_eq!(row["schedule"], "every 2s", "{row}");
+    assert_eq!(row["outcome"], "ok", "{row}");
+    assert!(
+        row["run_id"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{name}@")),
+        "{row}"
+    );
 }
 
 /// Three replicas of `lease run --every 2s EXTRA`, the leader killed, stopped
 /// and frozen 10 ms before due times: no due time runs twice, none is missed
-/// outside a failover window, the thawed leader runs nothing. The due times
-/// missed (in a window).
-fn kill_stop_and_freeze(extra: &[&str]) -> Vec<String> {
+/// outside a failover window, the thawed leader runs nothing. The lease name, and
+/// the due times missed (in a window).
+fn kill_stop_and_freeze(extra: &[&str]) -> (String, Vec<String>) {
     let c = cluster();
     let name = unique("every-2s");
     let dir = Dir::new("every-2s");
@@ -213,7 +235,7 @@ fn kill_stop_and_freeze(extra: &[&str]) -> Vec<String> {
          twice; missed in failover windows: {missed:?}",
         runs.len()
     );
-    missed
+    (name, missed)
 }
 
 #[test]
