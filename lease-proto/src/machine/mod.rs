@@ -25,13 +25,14 @@
 //!   server) and shares, what a member may try and what it hands over;
 //! - `deadline`: the one [`DeadlineTable`] behind [`Machine::poll_timeout`],
 //!   with the latest time fed in (time never goes backwards);
+//! - `outputs`: the three output queues ([`Outputs`]) the poll methods drain;
 //! - `status`: the public snapshot's types.
 //!
 //! The dispatch below reads in the order of the machine's classes: inputs,
 //! outputs, timer, queries, then what the inputs do (session, replies,
 //! runs), then the pump that acts on deadlines and sends what is due.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -50,10 +51,13 @@ mod groups;
 mod handover;
 mod jitter;
 mod knobs;
+mod outputs;
 mod plan;
 mod runs;
 mod session;
 mod status;
+#[cfg(test)]
+mod tests;
 mod wait;
 mod watch;
 
@@ -64,6 +68,7 @@ pub use handover::{CHECK_BURST, CHECK_EVERY, MAX_ASKS_PER_KEY};
 pub(crate) use knobs::Knobs;
 #[cfg(feature = "sim")]
 pub use knobs::Mutation;
+use outputs::Outputs;
 use plan::{Beat, SendPlan};
 use runs::{RunState, RunTable};
 pub use runs::{ASK_AGAIN_CAP, MAX_ASKS};
@@ -226,29 +231,6 @@ enum Phase {
     Closing,
     /// Final: the setup cannot give mutual exclusion.
     Refused(Refusal),
-}
-
-/// The three output queues, drained by [`Machine::poll_run`],
-/// [`Machine::poll_session`] and [`Machine::poll_event`].
-#[derive(Debug, Default)]
-struct Outputs {
-    run: VecDeque<RunCommand>,
-    session: VecDeque<SessionCommand>,
-    events: VecDeque<Event>,
-}
-
-impl Outputs {
-    fn run(&mut self, c: RunCommand) {
-        self.run.push_back(c);
-    }
-
-    fn session(&mut self, c: SessionCommand) {
-        self.session.push_back(c);
-    }
-
-    fn event(&mut self, e: Event) {
-        self.events.push_back(e);
-    }
 }
 
 impl Machine {
@@ -1902,194 +1884,5 @@ impl Machine {
             Deadline::Watch => true,
             Deadline::Check => idle_ready,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sql::{SetupReply, Statement, TryReply};
-
-    /// A PostgreSQL 17 primary's setup reply, backend 7, with what `opts` asked for.
-    fn setup_rows(opts: &Options, nonce: i64) -> Vec<crate::sql::Row> {
-        SetupReply {
-            server_version: 170_000,
-            in_recovery: false,
-            backend_pid: 7,
-            idle_session_timeout_ms: Some(opts.guard_timeout().as_millis() as i64),
-            tcp_settings: opts.tcp_settings().map(|(_, v)| Some(v)),
-            unix_socket: false,
-            search_path_catalog: true,
-            nonce: Some(nonce),
-            promotion: Default::default(),
-            server_clock_us: None,
-        }
-        .to_rows()
-    }
-
-    fn query(m: &mut Machine) -> (QueryId, Statement) {
-        while m.poll_run().is_some() || m.poll_event().is_some() {}
-        let mut last = None;
-        while let Some(c) = m.poll_session() {
-            if let SessionCommand::Query { query, statement } = c {
-                last = Some((query, statement));
-            }
-        }
-        last.expect("a statement was sent")
-    }
-
-    #[test]
-    fn the_timeout_reason_follows_the_state() {
-        let opts = Options::default();
-        let t = Instant::now();
-        let mut m = Machine::new(opts.clone(), 1).unwrap();
-        assert_eq!(m.timeout_reason(), None);
-        m.run(t, LeaseId::named("a").unwrap()).unwrap();
-        assert_eq!(m.timeout_reason(), Some(Deadline::Connect));
-        assert_eq!(m.poll_timeout(), Some(t + opts.query_timeout));
-        m.handle_input(
-            t,
-            Input::SessionOpened {
-                session: SessionId(0),
-            },
-        );
-        assert_eq!(m.timeout_reason(), Some(Deadline::Query));
-        let (q, Statement::Setup { nonce, .. }) = query(&mut m) else {
-            panic!("expected the setup");
-        };
-        let result = Ok(setup_rows(&opts, nonce));
-        m.handle_input(t, Input::Reply { query: q, result });
-        let (q, listen) = query(&mut m);
-        assert_eq!(listen, Statement::Listen);
-        m.handle_input(
-            t,
-            Input::Reply {
-                query: q,
-                result: Ok(vec![]),
-            },
-        );
-        let (
-            q,
-            Statement::TryLock {
-                keys,
-                backend_pid,
-                nonce,
-            },
-        ) = query(&mut m)
-        else {
-            panic!("expected a try");
-        };
-        let won = TryReply {
-            won: vec![(keys[0], 99)],
-            session: Some((backend_pid, Some(nonce))),
-            ..TryReply::default()
-        };
-        let result = Ok(won.to_rows());
-        m.handle_input(t, Input::Reply { query: q, result });
-        // Won: the job starts after the lock delay.
-        assert_eq!(m.timeout_reason(), Some(Deadline::LockDelay));
-        assert_eq!(m.poll_timeout(), Some(t + opts.lock_delay));
-        m.handle_input(t + opts.lock_delay, Input::Tick);
-        // Leading, nothing in flight: the heartbeat comes before validity ends.
-        assert_eq!(m.timeout_reason(), Some(Deadline::Heartbeat));
-        assert_eq!(m.poll_timeout(), Some(t + opts.heartbeat_interval));
-        m.handle_input(
-            t,
-            Input::SessionEnded {
-                session: SessionId(0),
-                error: None,
-            },
-        );
-        // The run still needs the session (its job is stopping: not yet).
-        assert_eq!(m.timeout_reason(), None);
-        let run = RunId(0);
-        m.handle_input(
-            t,
-            Input::JobExited {
-                run,
-                exit: JobExit::Ok,
-            },
-        );
-        assert_eq!(m.timeout_reason(), Some(Deadline::Backoff));
-        assert!(matches!(m.status().session, SessionState::Backoff { .. }));
-    }
-
-    #[test]
-    fn a_standby_shows_the_holder_its_last_try_saw() {
-        let opts = Options {
-            notify_handover: false,
-            ..Options::default()
-        };
-        let t = Instant::now();
-        let mut m = Machine::new(opts.clone(), 1).unwrap();
-        m.run(t, LeaseId::named("a").unwrap()).unwrap();
-        m.handle_input(
-            t,
-            Input::SessionOpened {
-                session: SessionId(0),
-            },
-        );
-        let (q, Statement::Setup { nonce, .. }) = query(&mut m) else {
-            panic!("expected the setup");
-        };
-        m.handle_input(
-            t,
-            Input::Reply {
-                query: q,
-                result: Ok(setup_rows(&opts, nonce)),
-            },
-        );
-        let standby = |m: &Machine| m.status().leases[0].state.clone();
-        assert_eq!(standby(&m), LeaseState::Standby { holder_pid: None });
-        let (
-            q,
-            Statement::TryLock {
-                keys,
-                backend_pid,
-                nonce,
-            },
-        ) = query(&mut m)
-        else {
-            panic!("expected a try");
-        };
-        let held = TryReply {
-            not_won: vec![(keys[0], Some(4242))],
-            session: Some((backend_pid, Some(nonce))),
-            ..TryReply::default()
-        };
-        m.handle_input(
-            t,
-            Input::Reply {
-                query: q,
-                result: Ok(held.to_rows()),
-            },
-        );
-        assert_eq!(
-            standby(&m),
-            LeaseState::Standby {
-                holder_pid: Some(4242)
-            }
-        );
-        // Holding nothing, it waits on the server for the key until the
-        // retry deadline, instead of sitting idle, and takes it there.
-        let (_, wait) = query(&mut m);
-        let Statement::Take {
-            key, timeout_ms, ..
-        } = wait
-        else {
-            panic!("expected a take, got {wait:?}");
-        };
-        assert_eq!(key, keys[0]);
-        let retry = opts.retry_interval.as_millis() as u64;
-        assert!(
-            (retry * 4 / 5..=retry).contains(&timeout_ms),
-            "the wait ends by the (jittered) retry deadline: {timeout_ms} ms"
-        );
-        assert_eq!(m.timeout_reason(), Some(Deadline::Query));
-        // Its query timer allows for the block: the lock timeout plus the
-        // query timeout (the statement's text rounds the former down to ms).
-        let at = m.poll_timeout().unwrap() - opts.query_timeout;
-        let ms = Duration::from_millis(timeout_ms);
-        assert!(t + ms <= at && at < t + ms + Duration::from_millis(1));
     }
 }
