@@ -10,7 +10,7 @@ use super::jitter::Jitter;
 use super::{Knobs, LastError};
 use crate::io::{QueryId, Reason, Refusal, SessionError, SessionId, SessionParams};
 use crate::options::Options;
-use crate::sql::{SetupReply, Statement, TryReply};
+use crate::sql::{HeartbeatReply, SetupReply, Statement, TryReply};
 
 /// Least `server_version_num` without the server guard (`pg_current_xact_id`).
 pub const MIN_SERVER_VERSION: i64 = 130_000;
@@ -143,6 +143,53 @@ impl Up {
             promotion_hold: None,
             held_back: None,
         }
+    }
+
+    /// The pooler probe's answer (see `Machine::probe_done`): `None` unless
+    /// the session is probing; else the backend pid and server version it
+    /// goes on with, or the refusal of a transaction pooler (the probe's
+    /// second connection read this session's nonce).
+    pub(super) fn probe_verdict(
+        &self,
+        reply: &HeartbeatReply,
+    ) -> Option<Result<(i64, i64), Refusal>> {
+        let Stage::Probing {
+            backend_pid,
+            server_version,
+        } = self.stage
+        else {
+            return None;
+        };
+        if reply.nonce == Some(self.nonce) {
+            let pid = reply
+                .backend_pid
+                .map_or("unknown".into(), |p| p.to_string());
+            let detail = format!(
+                "it read {} {} on backend pid {pid}; this session's pid is {backend_pid}",
+                crate::sql::NONCE_SETTING,
+                self.nonce
+            );
+            return Some(Err(Refusal::TransactionPooler { detail }));
+        }
+        Some(Ok((backend_pid, server_version)))
+    }
+
+    /// Whether the session that answered a heartbeat, verify or wait
+    /// (`reply`) is this one: the same backend pid and the same nonce; the
+    /// refusal if not.
+    pub(super) fn same_backend(&self, reply: &HeartbeatReply) -> Result<(), Refusal> {
+        let (expected, nonce) = (self.stage.backend_pid(), self.nonce);
+        let pid = reply.backend_pid;
+        if pid.is_none() || pid != expected {
+            return Err(Refusal::BackendChanged {
+                was: expected.unwrap_or(0),
+                now: pid.unwrap_or(0),
+            });
+        }
+        if reply.nonce != Some(nonce) {
+            return Err(shared(nonce, reply.nonce));
+        }
+        Ok(())
     }
 }
 
