@@ -69,9 +69,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::Machine;
 #[cfg(feature = "sim")]
-use super::Mutation;
+use super::knobs::Mutation;
+use super::Machine;
 use crate::io::Event;
 use crate::options::Options;
 use crate::sql::{CheckReply, Preference, ReleaseNotice};

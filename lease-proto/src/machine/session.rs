@@ -7,7 +7,8 @@
 use std::time::{Duration, Instant};
 
 use super::jitter::Jitter;
-use super::{Knobs, LastError};
+use super::knobs::Knobs;
+use super::status::LastError;
 use crate::io::{QueryId, Reason, Refusal, SessionError, SessionId, SessionParams};
 use crate::options::Options;
 use crate::sql::{HeartbeatReply, SetupReply, Statement, TryReply};
@@ -305,7 +306,7 @@ impl What {
             } => Statement::Take {
                 key: *key,
                 timeout_ms: timeout.as_millis().max(1) as u64,
-                crowd: (!named).then_some(super::HERD_WAITERS),
+                crowd: (!named).then_some(super::wait::HERD_WAITERS),
                 backend_pid: up.stage.backend_pid().unwrap_or(0),
                 nonce,
             },
