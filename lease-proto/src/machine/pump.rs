@@ -21,7 +21,7 @@ use super::handover::ask_window;
 use super::knobs::Mutation;
 use super::lifecycle::Phase;
 use super::plan::Beat;
-use super::session::{self, Session, Stage, What};
+use super::session::{self, Session, Step, What};
 use super::wait::MIN_WAIT;
 use super::Machine;
 use crate::io::{Event, Reason};
@@ -63,37 +63,13 @@ impl Machine {
         self.close_doubtful_when_done(now);
         self.interrupt_wait_if_needed();
         let needed = self.needs_session();
-        match &self.session {
-            Session::Idle => {
-                if needed {
-                    self.open(now);
-                }
-            }
-            Session::Backoff => {
-                let waiting = self.timers.get(Deadline::Backoff).is_some_and(|t| t > now);
-                if needed && !waiting {
-                    self.open(now);
-                }
-            }
-            Session::Connecting { id } => {
-                if !needed {
-                    let id = *id;
-                    self.close_idle(id);
-                }
-            }
-            // Nothing is sent on it; it closes by itself (above).
-            Session::Doubtful { .. } => {}
-            Session::Up(up) => {
-                if up.inflight.is_some() {
-                    return;
-                }
-                if !needed && !self.runs.has_orphans() {
-                    let id = up.id;
-                    return self.close_idle(id);
-                }
-                if !matches!(up.stage, Stage::Ready { .. }) {
-                    return;
-                }
+        let backoff_over = self.timers.get(Deadline::Backoff).is_none_or(|t| t <= now);
+        let orphans = self.runs.has_orphans();
+        match self.session.next_step(needed, backoff_over, orphans) {
+            Step::Nothing => {}
+            Step::Open => self.open(now),
+            Step::CloseIdle(id) => self.close_idle(id),
+            Step::Send => {
                 if let Some(what) = self.next_statement(now) {
                     self.send(now, what);
                 }

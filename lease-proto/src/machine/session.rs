@@ -114,6 +114,39 @@ impl Session {
             _ => None,
         }
     }
+
+    /// What the pump does with the session after an input (see
+    /// `Machine::act`): `needed`, a run needs a session; `backoff_over`, no
+    /// backoff holds the next attempt back; `orphans`, keys are held
+    /// without a run (the session unlocks them before it closes).
+    pub(super) fn next_step(&self, needed: bool, backoff_over: bool, orphans: bool) -> Step {
+        match self {
+            Session::Idle if needed => Step::Open,
+            Session::Backoff if needed && backoff_over => Step::Open,
+            Session::Connecting { id } if !needed => Step::CloseIdle(*id),
+            Session::Idle | Session::Backoff | Session::Connecting { .. } => Step::Nothing,
+            // Nothing is sent on it; it closes by itself (see `doubtful`).
+            Session::Doubtful { .. } => Step::Nothing,
+            Session::Up(up) if up.inflight.is_some() => Step::Nothing,
+            Session::Up(up) if !needed && !orphans => Step::CloseIdle(up.id),
+            Session::Up(up) if matches!(up.stage, Stage::Ready { .. }) => Step::Send,
+            Session::Up(_) => Step::Nothing,
+        }
+    }
+}
+
+/// What the pump does with the session (see [`Session::next_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Nothing now: the session waits for a reply, its backoff or its setup,
+    /// or is doubtful, or no run needs one.
+    Nothing,
+    /// Ask the driver for a new session.
+    Open,
+    /// Close the session (connecting or up): no run needs it.
+    CloseIdle(SessionId),
+    /// The session is ready and idle: send the next statement, if any.
+    Send,
 }
 
 #[derive(Debug)]
