@@ -168,20 +168,11 @@ impl Machine {
         let Some(up) = self.session.up() else {
             return;
         };
-        let (nonce, pid) = (up.nonce, up.stage.backend_pid());
-        match reply.session {
-            None => {
-                let e = SessionError::other("malformed try reply: no session row");
-                return self.lose_session(now, Reason::QueryFailed(e), true);
-            }
-            Some((found, _)) if Some(found) != pid => {
-                let was = pid.unwrap_or(0);
-                return self.refuse(now, Refusal::BackendChanged { was, now: found });
-            }
-            Some((_, found)) if found != Some(nonce) => {
-                return self.refuse(now, session::shared(nonce, found));
-            }
-            Some(_) => {}
+        let pid = up.stage.backend_pid();
+        match up.same_try_session(reply.session) {
+            Ok(()) => {}
+            Err(Reason::Refused(refusal)) => return self.refuse(now, refusal),
+            Err(reason) => return self.lose_session(now, reason, true),
         }
         // This session never tries a key it holds (orphans aside): if its
         // own backend holds one, another client does.

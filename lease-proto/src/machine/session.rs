@@ -208,6 +208,31 @@ impl Up {
         Some(Ok((backend_pid, server_version)))
     }
 
+    /// Whether the session that answered a try (`session`: the backend pid
+    /// and nonce of the reply's session row) is this one; why not, if not:
+    /// no session row (a malformed reply), or another backend or nonce (a
+    /// [`Reason::Refused`]).
+    pub(super) fn same_try_session(
+        &self,
+        session: Option<(i64, Option<i64>)>,
+    ) -> Result<(), Reason> {
+        let pid = self.stage.backend_pid();
+        match session {
+            None => {
+                let e = SessionError::other("malformed try reply: no session row");
+                Err(Reason::QueryFailed(e))
+            }
+            Some((found, _)) if Some(found) != pid => {
+                let was = pid.unwrap_or(0);
+                Err(Reason::Refused(Refusal::BackendChanged { was, now: found }))
+            }
+            Some((_, found)) if found != Some(self.nonce) => {
+                Err(Reason::Refused(shared(self.nonce, found)))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
     /// Whether the session that answered a heartbeat, verify or wait
     /// (`reply`) is this one: the same backend pid and the same nonce; the
     /// refusal if not.
