@@ -35,8 +35,8 @@
 
 use std::time::{Duration, Instant};
 
+use super::knobs::Knobs;
 use super::session::{Session, Stage};
-use super::Knobs;
 
 /// When the machine gives up on `session` at `now`: the deadline to keep it
 /// open until, if it is kept doubtful (a ready session with `jobs_running`,

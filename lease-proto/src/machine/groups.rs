@@ -49,11 +49,21 @@
 //!   server (the machine ends a wait by replacing the session, and with it
 //!   the member id); a member holding a lease waits on the watch session, for
 //!   the holders the reads saw.
+//!
+//! The [`Groups`] keep the membership and decide; the machine's handling
+//! of what the channel and the reads bring (an `impl Machine` block below,
+//! as it confirms the runs, hands keys over and moves the retry deadline)
+//! is here too: a membership read's reply (`Machine::members_done`), an
+//! observer's read of its keys' holders (`Machine::look_done`, the same
+//! statement), a member's claim and a join announcement.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::sql::MembersReply;
+use super::deadline::Deadline;
+use super::Machine;
+use crate::io::Event;
+use crate::sql::{HeartbeatReply, MembersReply};
 
 /// How long a key not owned must have been read free (in every read
 /// since) before this member tries it: two retry intervals and two query
@@ -434,6 +444,183 @@ impl Groups {
         self.handoffs.clear();
         self.announce.clear();
         self.claims.clear();
+    }
+
+    /// A claim of `key` by member `by`, notified from backend `sender`, on
+    /// the session whose backend is `me`; `leads`: this locker leads `key`.
+    /// Whether the key goes to `by` now (see `Machine::group_claimed`): the
+    /// claim names its sender and is not this session's own, and
+    /// [`Groups::claim`] gives it.
+    pub(super) fn claim_from(
+        &mut self,
+        key: i64,
+        by: i64,
+        sender: i64,
+        me: Option<i64>,
+        leads: bool,
+    ) -> bool {
+        if sender != by || me == Some(by) {
+            return false;
+        }
+        leads && self.claim(key, by)
+    }
+
+    /// Every group's members as last read, to compare a later read's with
+    /// ([`Groups::changed_since`]).
+    pub(super) fn snapshot(&self) -> BTreeMap<u32, BTreeSet<i64>> {
+        self.members().map(|(g, m)| (g, m.clone())).collect()
+    }
+
+    /// The groups whose members are not those of `before` (a
+    /// [`Groups::snapshot`]), in the order of their ids.
+    pub(super) fn changed_since(&self, before: &BTreeMap<u32, BTreeSet<i64>>) -> Vec<Change> {
+        let empty = BTreeSet::new();
+        (self.members())
+            .filter_map(|(group, now)| {
+                let was = before.get(&group).unwrap_or(&empty);
+                (was != now).then(|| Change {
+                    group,
+                    members: now.iter().copied().collect(),
+                    joined: now.difference(was).copied().collect(),
+                    left: was.difference(now).copied().collect(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A group whose members changed between two reads (see
+/// [`Groups::changed_since`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Change {
+    /// The group's id.
+    pub(super) group: u32,
+    /// Its members now.
+    pub(super) members: Vec<i64>,
+    /// Members the read before did not show.
+    pub(super) joined: Vec<i64>,
+    /// Members of the read before that are gone.
+    pub(super) left: Vec<i64>,
+}
+
+impl Machine {
+    /// Member `by` of a lease group claims `key` (see `groups`): the
+    /// locker that leads it hands it over if its own share gives it to
+    /// `by` (a holder whose share differs, as when members run different
+    /// key sets, keeps it), once per key and claimant while the membership
+    /// holds. A claim counts only from the backend it names (the statement
+    /// sends `pg_backend_pid()`) and never for this session itself: anyone
+    /// who may `NOTIFY` could otherwise make a holder drop its keys.
+    pub(super) fn group_claimed(&mut self, key: i64, by: i64, sender: i64) {
+        let me = self.session.up().and_then(|up| up.stage.backend_pid());
+        let leads = self.runs.leading_keys().contains(&key);
+        if self.groups.claim_from(key, by, sender, me, leads) {
+            self.hand_over(key, by, false);
+        }
+    }
+
+    /// An observer's read of its keys' holders answered: it proves the
+    /// session as a heartbeat does; each standby records the holder.
+    pub(super) fn look_done(&mut self, now: Instant, sent: Instant, reply: &MembersReply) {
+        let session = HeartbeatReply {
+            backend_pid: reply.backend_pid,
+            nonce: reply.nonce,
+            server_clock_us: None,
+        };
+        if !self.same_session(now, &session) {
+            return;
+        }
+        self.runs.confirm_all(sent);
+        self.heartbeat_again(now, sent);
+        for &(key, holder) in &reply.holders {
+            self.runs.holder_seen(key, holder, &mut self.out);
+        }
+        let retry = now + self.connector.retry_delay(self.opts.retry_interval);
+        self.timers.set(Deadline::Retry, retry);
+    }
+
+    /// The groups this locker is a member of, with the keys it runs in
+    /// each: none for an observer (see [`Machine::observes`]).
+    pub(super) fn group_keys(&self) -> BTreeMap<u32, BTreeSet<i64>> {
+        if self.observes() {
+            return BTreeMap::new();
+        }
+        self.runs.group_keys()
+    }
+
+    /// A group's membership read answered (see `groups`): it proves the
+    /// session as a heartbeat does (same backend, same nonce), so every held
+    /// lease is confirmed from `sent`; the shares are computed again,
+    /// hand-offs decided are carried out, and the try follows at once.
+    pub(super) fn members_done(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        read: &Read,
+        reply: &MembersReply,
+    ) {
+        let session = HeartbeatReply {
+            backend_pid: reply.backend_pid,
+            nonce: reply.nonce,
+            server_clock_us: None,
+        };
+        if !self.same_session(now, &session) {
+            return;
+        }
+        let Some(me) = reply.backend_pid else {
+            return;
+        };
+        self.runs.confirm_all(sent);
+        self.heartbeat_again(now, sent);
+        let wanted = self.group_keys();
+        let held = self.runs.leading_keys();
+        let bound = free_bound(&self.opts);
+        let before = self.groups.snapshot();
+        (self.groups).read_done(now, bound, me, read, reply, &wanted, &held);
+        self.membership_events(&before);
+        for key in self.groups.take_handoffs() {
+            match self.groups.owner_of(key) {
+                Some(to) => self.hand_over(key, to, false),
+                None => {
+                    self.runs.hand_over(key, &mut self.out);
+                }
+            }
+        }
+        for &(key, holder) in &reply.holders {
+            self.runs.holder_seen(key, holder, &mut self.out);
+        }
+        let retry = now + self.connector.retry_delay(self.opts.retry_interval);
+        self.timers.set(Deadline::Retry, retry);
+        self.plan.try_soon();
+    }
+
+    /// After a membership read: [`Event::GroupMembers`] for each group whose
+    /// members are not those of the read before (`before`).
+    fn membership_events(&mut self, before: &BTreeMap<u32, BTreeSet<i64>>) {
+        for change in self.groups.changed_since(before) {
+            let group = (self.runs.iter()).find_map(|(_, r)| {
+                (r.lease.group())
+                    .filter(|g| g.id() == change.group)
+                    .cloned()
+            });
+            let Some(group) = group else {
+                continue;
+            };
+            self.out.event(Event::GroupMembers {
+                group,
+                members: change.members,
+                joined: change.joined,
+                left: change.left,
+            });
+        }
+    }
+
+    /// A member announced that it joined `group`: read the membership at
+    /// the next chance (not during a wait, which it would cut short).
+    pub(super) fn join_announced(&mut self, group: u32) {
+        if self.session.waiting_for().is_none() && self.groups.join_announced(group) {
+            self.plan.try_soon();
+        }
     }
 }
 

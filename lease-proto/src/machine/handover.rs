@@ -18,8 +18,7 @@
 //!   waiting (its job cancelled with
 //!   [`Reason::HandedOver`](crate::Reason::HandedOver), the key released
 //!   once the job returned). An ask that no check confirms within
-//!   [`ask_window`] ends with
-//!   [`Event::HandoverRefused`](crate::Event::HandoverRefused); the job never
+//!   [`ask_window`] ends with [`Event::HandoverRefused`]; the job never
 //!   noticed it.
 //! - **Repeats change nothing.** An ask is not replaced or re-armed by a
 //!   request for the same backend. At most [`MAX_ASKS_PER_KEY`] stand per
@@ -58,15 +57,23 @@
 //! that waits for it, as `lease handover --to` does (each move interrupts
 //! the holder's job), and hold the key itself (`pg_advisory_lock` needs no
 //! privilege): only `CONNECT` on the database keeps a role out.
+//!
+//! The handover channel's other side is here too: a holder's release
+//! notification (`Machine::handover_notified`), which counts as graceful
+//! only from the holder a standby's last try saw, carries the reservation
+//! the release names, and wakes the standbys that want the key; and the
+//! hand-over itself (`Machine::hand_over`), which a confirmed ask and a
+//! lease group's share both end in.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::Machine;
 #[cfg(feature = "sim")]
-use super::Mutation;
+use super::knobs::Mutation;
+use super::Machine;
+use crate::io::Event;
 use crate::options::Options;
-use crate::sql::{CheckReply, Preference};
+use crate::sql::{CheckReply, Preference, ReleaseNotice};
 
 /// The most asks that stand at once for one key; a new request evicts the
 /// oldest one a check has already found not waiting, and is dropped only
@@ -338,8 +345,7 @@ impl Machine {
         }
         let until = now + ask_window(&self.opts);
         if let (_, Some(evicted)) = self.asks.ask(key, to, priority, (now, until)) {
-            self.out
-                .event(crate::io::Event::HandoverRefused { key, to: evicted });
+            self.out.event(Event::HandoverRefused { key, to: evicted });
         }
     }
 
@@ -407,6 +413,83 @@ impl Machine {
             return;
         }
         self.ask(now, key, pid, priority);
+    }
+
+    /// A handover notification for `key` from backend `sender`: a graceful
+    /// release, if `sender` is the holder this standby last saw; then a
+    /// standby that wants it tries at once (see `wait` for a wait in flight).
+    ///
+    /// From any other backend it is ignored: any role may `NOTIFY` on the
+    /// channel (a forged one sent just before the holder's session is
+    /// terminated would skip the lock delay), and a late one from an
+    /// earlier holder may reach a standby that lost the herd and waits
+    /// again behind the new holder.
+    pub(super) fn handover_notified(&mut self, now: Instant, release: ReleaseNotice, sender: i64) {
+        let ReleaseNotice {
+            key,
+            at,
+            grantee,
+            reserved,
+        } = release;
+        let Some((wanted, holder)) = self.runs.standby_of(key) else {
+            return;
+        };
+        let me = self.own_backends();
+        if let Some(holder) = holder {
+            #[cfg(feature = "sim")]
+            let anyone = self.knobs.mutation == Some(Mutation::NotifyFromAnyone);
+            #[cfg(not(feature = "sim"))]
+            let anyone = false;
+            if holder != Some(sender) && !anyone {
+                self.out.event(Event::NotificationIgnored {
+                    key,
+                    sender_pid: sender,
+                    holder_pid: holder,
+                });
+                // A key handed over to this backend may come by way of
+                // another standby, whose take won it and released it at once
+                // (`try_done`): any release of it is worth a try now (its win
+                // still waits out the lock delay).
+                let named = reserved.is_some_and(|r| me.contains(&r));
+                if wanted && (named || self.runs.reserved_for(key, &me, now)) {
+                    self.plan.try_soon();
+                }
+                return;
+            }
+            // The holder's release names the backend it handed the key to
+            // (see `handover`): only that one tries it for the window; one
+            // that names nobody ends a reservation.
+            match reserved {
+                Some(to) => {
+                    let until = now + self.opts.handover_window();
+                    self.runs.reserve(key, to, (now, until), u32::MAX);
+                }
+                None if holder.is_some() => self.runs.unreserve(key),
+                None => {}
+            }
+        }
+        self.runs.released_gracefully(key, now, (at, grantee));
+        self.lock_delay_over_if_graceful(now);
+        if (self.wait).notified(key, self.session.waiting_for(), wanted) {
+            self.plan.try_soon();
+        }
+    }
+
+    /// The lease of `key`, if a run of it leads, handed over to backend
+    /// `to` ([`RunTable::hand_over`](super::runs::RunTable::hand_over): its
+    /// job cancelled with [`Reason::HandedOver`](crate::Reason::HandedOver),
+    /// the key released once the job returned) with its
+    /// [`Event::HandedOver`]; `requested`: a hand-over request asked for it,
+    /// not the group's share. Nothing when no run of `key` leads.
+    pub(super) fn hand_over(&mut self, key: i64, to: i64, requested: bool) {
+        if let Some((run, lease)) = self.runs.hand_over(key, &mut self.out) {
+            (self.out).event(Event::HandedOver {
+                run,
+                lease,
+                to,
+                requested,
+            });
+        }
     }
 }
 

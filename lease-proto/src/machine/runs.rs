@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use super::Outputs;
+use super::outputs::Outputs;
 use crate::io::{Event, JobExit, Outcome, Reason, RunCommand, RunId};
 use crate::key::LeaseId;
 

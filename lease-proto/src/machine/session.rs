@@ -7,10 +7,11 @@
 use std::time::{Duration, Instant};
 
 use super::jitter::Jitter;
-use super::{Knobs, LastError};
+use super::knobs::Knobs;
+use super::status::LastError;
 use crate::io::{QueryId, Reason, Refusal, SessionError, SessionId, SessionParams};
 use crate::options::Options;
-use crate::sql::{SetupReply, Statement, TryReply};
+use crate::sql::{HeartbeatReply, SetupReply, Statement, TryReply};
 
 /// Least `server_version_num` without the server guard (`pg_current_xact_id`).
 pub const MIN_SERVER_VERSION: i64 = 130_000;
@@ -113,6 +114,39 @@ impl Session {
             _ => None,
         }
     }
+
+    /// What the pump does with the session after an input (see
+    /// `Machine::act`): `needed`, a run needs a session; `backoff_over`, no
+    /// backoff holds the next attempt back; `orphans`, keys are held
+    /// without a run (the session unlocks them before it closes).
+    pub(super) fn next_step(&self, needed: bool, backoff_over: bool, orphans: bool) -> Step {
+        match self {
+            Session::Idle if needed => Step::Open,
+            Session::Backoff if needed && backoff_over => Step::Open,
+            Session::Connecting { id } if !needed => Step::CloseIdle(*id),
+            Session::Idle | Session::Backoff | Session::Connecting { .. } => Step::Nothing,
+            // Nothing is sent on it; it closes by itself (see `doubtful`).
+            Session::Doubtful { .. } => Step::Nothing,
+            Session::Up(up) if up.inflight.is_some() => Step::Nothing,
+            Session::Up(up) if !needed && !orphans => Step::CloseIdle(up.id),
+            Session::Up(up) if matches!(up.stage, Stage::Ready { .. }) => Step::Send,
+            Session::Up(_) => Step::Nothing,
+        }
+    }
+}
+
+/// What the pump does with the session (see [`Session::next_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Nothing now: the session waits for a reply, its backoff or its setup,
+    /// or is doubtful, or no run needs one.
+    Nothing,
+    /// Ask the driver for a new session.
+    Open,
+    /// Close the session (connecting or up): no run needs it.
+    CloseIdle(SessionId),
+    /// The session is ready and idle: send the next statement, if any.
+    Send,
 }
 
 #[derive(Debug)]
@@ -143,6 +177,78 @@ impl Up {
             promotion_hold: None,
             held_back: None,
         }
+    }
+
+    /// The pooler probe's answer (see `Machine::probe_done`): `None` unless
+    /// the session is probing; else the backend pid and server version it
+    /// goes on with, or the refusal of a transaction pooler (the probe's
+    /// second connection read this session's nonce).
+    pub(super) fn probe_verdict(
+        &self,
+        reply: &HeartbeatReply,
+    ) -> Option<Result<(i64, i64), Refusal>> {
+        let Stage::Probing {
+            backend_pid,
+            server_version,
+        } = self.stage
+        else {
+            return None;
+        };
+        if reply.nonce == Some(self.nonce) {
+            let pid = reply
+                .backend_pid
+                .map_or("unknown".into(), |p| p.to_string());
+            let detail = format!(
+                "it read {} {} on backend pid {pid}; this session's pid is {backend_pid}",
+                crate::sql::NONCE_SETTING,
+                self.nonce
+            );
+            return Some(Err(Refusal::TransactionPooler { detail }));
+        }
+        Some(Ok((backend_pid, server_version)))
+    }
+
+    /// Whether the session that answered a try (`session`: the backend pid
+    /// and nonce of the reply's session row) is this one; why not, if not:
+    /// no session row (a malformed reply), or another backend or nonce (a
+    /// [`Reason::Refused`]).
+    pub(super) fn same_try_session(
+        &self,
+        session: Option<(i64, Option<i64>)>,
+    ) -> Result<(), Reason> {
+        let pid = self.stage.backend_pid();
+        match session {
+            None => {
+                let e = SessionError::other("malformed try reply: no session row");
+                Err(Reason::QueryFailed(e))
+            }
+            Some((found, _)) if Some(found) != pid => {
+                let was = pid.unwrap_or(0);
+                Err(Reason::Refused(Refusal::BackendChanged { was, now: found }))
+            }
+            Some((_, found)) if found != Some(self.nonce) => {
+                Err(Reason::Refused(shared(self.nonce, found)))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Whether the session that answered a heartbeat, verify or wait
+    /// (`reply`) is this one: the same backend pid and the same nonce; the
+    /// refusal if not.
+    pub(super) fn same_backend(&self, reply: &HeartbeatReply) -> Result<(), Refusal> {
+        let (expected, nonce) = (self.stage.backend_pid(), self.nonce);
+        let pid = reply.backend_pid;
+        if pid.is_none() || pid != expected {
+            return Err(Refusal::BackendChanged {
+                was: expected.unwrap_or(0),
+                now: pid.unwrap_or(0),
+            });
+        }
+        if reply.nonce != Some(nonce) {
+            return Err(shared(nonce, reply.nonce));
+        }
+        Ok(())
     }
 }
 
@@ -258,7 +364,7 @@ impl What {
             } => Statement::Take {
                 key: *key,
                 timeout_ms: timeout.as_millis().max(1) as u64,
-                crowd: (!named).then_some(super::HERD_WAITERS),
+                crowd: (!named).then_some(super::wait::HERD_WAITERS),
                 backend_pid: up.stage.backend_pid().unwrap_or(0),
                 nonce,
             },

@@ -79,7 +79,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::{Deadline, Machine, Phase, RunState, Stage, MIN_WAIT, WAKE_BUDGET};
+use super::deadline::Deadline;
+use super::lifecycle::Phase;
+use super::runs::RunState;
+use super::session::Stage;
+use super::wait::{MIN_WAIT, WAKE_BUDGET};
+use super::Machine;
 use crate::io::{Event, QueryId, SessionCommand, SessionError, SessionId};
 use crate::sql::{Row, Statement, WaitReply};
 
@@ -352,7 +357,7 @@ impl Machine {
         };
         #[cfg(feature = "sim")] // The broken variant: a watch session that tries.
         let statement = match self.knobs.mutation {
-            Some(super::Mutation::WatchTries) => Statement::TryLock {
+            Some(super::knobs::Mutation::WatchTries) => Statement::TryLock {
                 keys: vec![key],
                 backend_pid: own,
                 nonce: 0,
@@ -491,7 +496,7 @@ impl Machine {
         let watched = self.runs.standby_of(key).and_then(|(_, h)| h).flatten();
         self.watch.woken = Some((key, watched));
         #[cfg(feature = "sim")] // The broken variant: a watcher that acquires.
-        if self.knobs.mutation == Some(super::Mutation::WatchAcquires) {
+        if self.knobs.mutation == Some(super::knobs::Mutation::WatchAcquires) {
             let token = i64::MAX / 2 + self.connector.peek_query() as i64;
             let window = self.opts.validity_window();
             return self.runs.wake_won(now, (key, token), window, &mut self.out);
