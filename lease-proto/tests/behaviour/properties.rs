@@ -2059,6 +2059,39 @@ fn instant_takeover_of_a_holders_wanted_lease() {
     );
 }
 
+/// Regression: the minimal input of a clean-clone CI failure of
+/// [`instant_takeover_of_a_holders_wanted_lease`] (p0 lost its own lease to
+/// "validity expired before confirmation" 111 ms after p1's crash, and took
+/// p1's only after reconnecting: 537 ms, above the 494 ms bound). p0's
+/// heartbeat came due while its periodic try for p1's lease was in flight, went
+/// at the try's reply, and was answered 3 ms after the validity counted from
+/// the heartbeat before: the try's answer did not confirm the held lease. It
+/// does now (`a_holders_try_confirms_its_leases_as_a_heartbeat_does`): 347 ms.
+#[test]
+fn instant_takeover_of_a_holders_wanted_lease_after_a_late_heartbeat() {
+    let knobs = Knobs {
+        heartbeat_ms: 42,
+        query_slack_ms: 53,
+        validity_slack_ms: None,
+        margin_ms: 1,
+        retry_ms: 42,
+        guard: true,
+        notify: true,
+        wait: true,
+        lock_delay_ms: 1,
+        latency_us: 38453,
+        jitter_us: 20519,
+        link_us: vec![0; 4],
+        drift_share: 0.7980388251287247,
+        send_buffer_rows: None,
+        tcp_give_up_ms: None,
+    };
+    match ring_takeover_case(knobs, 2, 15141217126500337521, 2270, true, None) {
+        Ok((took_ms, _)) => eprintln!("took over {took_ms:.1} ms after the crash"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// Broken variant: holders that poll for the leases they want (the watch
 /// session off, the behaviour before it) fail the property above.
 #[test]
@@ -2153,8 +2186,9 @@ fn ring_takeover_case(
         wait: true,
         // Retry intervals of 200 ms to 8 s: a poll is then slower than the
         // bound often enough for the polling variant to show, and a holder's
-        // tries do not keep its session busy (below a round trip, a
-        // heartbeat that waits behind a try may come after the validity).
+        // tries do not keep its session busy (a heartbeat that comes due
+        // while a try is in flight waits for its reply; that reply confirms
+        // the held leases as a heartbeat does).
         retry_ms: knobs.retry_ms * 10,
         send_buffer_rows: None,
         tcp_give_up_ms: None,
@@ -2183,9 +2217,9 @@ fn ring_takeover_case(
     // holders (a heartbeat may go first), and its watch session waits for
     // the ring's key: a wait for another key in flight runs to the end of
     // its chunk, below the server's deadlock_timeout (1 s here). A holder may
-    // lose its own lease meanwhile for reasons of its own (a heartbeat that
-    // waits behind a try, with a validity below the heartbeat interval and
-    // two round trips); then it is a standby.
+    // lose its own lease meanwhile for reasons of its own; then it is a
+    // standby. (A heartbeat that waited behind a try is no longer one: the
+    // try's answer confirms the held leases.)
     let started =
         ms(200) + one_way(&cfg) * 40 + o.heartbeat_interval + ms(1000) + one_way(&cfg) * 16;
     loop {
@@ -2219,7 +2253,7 @@ fn ring_takeover_case(
         .count();
     prop_assume!(watchers > 0);
     // A process whose session ended before the crash (its own lease's
-    // validity ran out: a heartbeat behind a try) came back on another
+    // validity ran out) came back on another
     // backend pid, which the others' rings see only at their next periodic
     // try (up to a retry interval): meanwhile a holder may have no watcher,
     // and its crash is found by polling (the limit in the instant-takeover
