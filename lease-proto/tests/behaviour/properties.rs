@@ -24,7 +24,7 @@
 //! `broken_confirming_validity_at_reply_arrival_is_caught` plants
 //! [`Mutation::ConfirmAtArrival`] and expects strong safety to fail.
 
-use crate::common::{ms, regressions_beside_the_source, stacked_delay};
+use crate::common::{ms, regressions_beside_the_source, rng_seed, stacked_delay};
 use lease_proto::limits::RETRY_JITTER;
 use lease_proto::sim::DriverBug;
 use lease_proto::sim::Fault;
@@ -64,11 +64,13 @@ fn cases() -> u32 {
         .unwrap_or(256)
 }
 
-/// [`cases`] cases and `failure_persistence`, the rest as proptest's defaults.
+/// [`cases`] cases, `failure_persistence` and the suites' random seed ([`rng_seed`]:
+/// fixed unless `PROPTEST_RNG_SEED` says otherwise), the rest as proptest's defaults.
 fn config(failure_persistence: Option<Box<dyn FailurePersistence>>) -> ProptestConfig {
     ProptestConfig {
         cases: cases(),
         failure_persistence,
+        rng_seed: rng_seed(),
         ..ProptestConfig::default()
     }
 }
