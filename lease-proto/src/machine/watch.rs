@@ -527,6 +527,8 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(crate::proptest_config())]
+
         /// Property: in a fleet of lockers that each hold some of the leases
         /// and want every other (any backend pids, any split), every holder
         /// is watched by at least one other holder, at one watch session each.
