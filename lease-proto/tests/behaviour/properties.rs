@@ -1363,11 +1363,16 @@ fn instant_bound(cfg: &SimConfig) -> Duration {
 
 /// Whether a standby of `cfg`'s options waits on the server at all: a take waits at most
 /// half of what the validity window leaves beside the lock delay (its win counts from its
-/// send time), and none shorter than [`MIN_WAIT`](lease_proto::limits::MIN_WAIT): below
-/// that it polls (docs/guarantees.md, "instant takeover").
+/// send time), at most until its next periodic try (a retry interval jittered down by up to
+/// [`RETRY_JITTER`]), and none shorter than [`MIN_WAIT`](lease_proto::limits::MIN_WAIT):
+/// below that it polls (docs/guarantees.md, "instant takeover"). A retry interval below
+/// `MIN_WAIT / (1 - RETRY_JITTER)` (25 ms) polls in some or all of its periods, and a
+/// takeover then takes up to a retry interval, not the instant bound.
 fn takes(cfg: &SimConfig) -> bool {
     let o = &cfg.options;
-    o.validity_window().saturating_sub(o.lock_delay) / 2 >= lease_proto::limits::MIN_WAIT
+    let min_wait = lease_proto::limits::MIN_WAIT;
+    o.validity_window().saturating_sub(o.lock_delay) / 2 >= min_wait
+        && o.retry_interval.mul_f64(1.0 - RETRY_JITTER) >= min_wait
 }
 
 /// Runs `sim` until someone leads `job-0`, then `crash_ms` more: the leader then.
