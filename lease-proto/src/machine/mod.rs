@@ -752,6 +752,9 @@ impl Machine {
         let statement = what.statement(up, settings, self.opts.notify_handover);
         let query = self.connector.next_query(now);
         let blocks = what.blocks();
+        // A wait blocks on the server's clock; this one may run faster by
+        // up to the drift bound, and must not time the wait out before it.
+        let blocks = blocks.mul_f64(1.0 + self.opts.drift_bound());
         self.timers
             .set(Deadline::Query, now + blocks + self.opts.query_timeout);
         let probe = matches!(what, What::PoolerProbe);
@@ -2091,10 +2094,11 @@ mod tests {
             "the wait ends by the (jittered) retry deadline: {timeout_ms} ms"
         );
         assert_eq!(m.timeout_reason(), Some(Deadline::Query));
-        // Its query timer allows for the block: the lock timeout plus the
-        // query timeout (the statement's text rounds the former down to ms).
+        // Its query timer allows for the block: the lock timeout (timed by
+        // the server's clock: stretched by the drift bound) plus the query
+        // timeout (the statement's text rounds the former down to ms).
         let at = m.poll_timeout().unwrap() - opts.query_timeout;
-        let ms = Duration::from_millis(timeout_ms);
-        assert!(t + ms <= at && at < t + ms + Duration::from_millis(1));
+        let block = Duration::from_millis(timeout_ms).mul_f64(1.0 + opts.drift_bound());
+        assert!(t + block <= at && at < t + block + Duration::from_millis(2));
     }
 }

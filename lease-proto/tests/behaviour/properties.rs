@@ -2369,6 +2369,48 @@ fn instant_takeover_of_a_group_members_leases() {
     );
 }
 
+/// Regression: a case of [`instant_takeover_of_a_group_members_leases`] found by a
+/// random seed (PROPTEST_RNG_SEED=random): the killed member's leases were led again 789.6
+/// ms after its crash, above the 379.3 ms bound. Its watcher's watch session had timed out
+/// ("the watch session timed out") again and again: on a fast clock (drift up to 0.133,
+/// within the drift bound of 0.171), the local deadline of a wait (its lock timeout, a
+/// chunk of up to 900 ms here, plus the query timeout, 87 ms) came before the server's lock
+/// timeout ended, and a watch session lost waits again only from the next periodic read
+/// (5.6 s). A wait's deadline now allows for the drift bound on the blocking part: 171 ms.
+#[test]
+fn instant_takeover_of_a_group_members_leases_on_a_fast_clock() {
+    let knobs = Knobs {
+        heartbeat_ms: 127,
+        query_slack_ms: 52,
+        validity_slack_ms: None,
+        margin_ms: 103,
+        retry_ms: 559,
+        guard: true,
+        notify: false,
+        wait: true,
+        lock_delay_ms: 0,
+        latency_us: 16498,
+        jitter_us: 1212,
+        link_us: vec![0; 4],
+        drift_share: 0.7808837254334479,
+        send_buffer_rows: None,
+        tcp_give_up_ms: None,
+    };
+    // The property's mapping of (knobs, processes, seed, crash_ms): this seed loses
+    // every member's watch session first.
+    let (processes, seed, crash_ms) = (5, 5912596731015150066, 696);
+    assert_eq!(seed >> 8 & 1, 1);
+    let before = Before::Faults(
+        (0..processes)
+            .map(|process| Fault::TerminateWatch { process })
+            .collect(),
+    );
+    match group_takeover_case_after(knobs, processes, seed, crash_ms - 500, None, before) {
+        Ok(took_ms) => eprintln!("led again {took_ms:.1} ms after the crash"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
 /// A case [`instant_takeover_of_a_group_members_leases`] found (one run in
 /// six of 256 cases): the member that watched the crashed one read the
 /// departure, tried its own share of the crashed member's keys first and
