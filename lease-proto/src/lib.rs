@@ -162,6 +162,26 @@ pub mod schedule;
 #[cfg(feature = "sim")]
 pub mod sim;
 
+/// The unit tests' property runs: a fixed random seed, as the behaviour suite's
+/// (`rng_seed` in tests/behaviour/common.rs, docs/simulator.md), so a run on
+/// unchanged code draws the same cases; `PROPTEST_RNG_SEED=N` or `=random` changes it.
+#[cfg(test)]
+fn proptest_config() -> proptest::test_runner::Config {
+    use proptest::test_runner::RngSeed;
+    let rng_seed = match std::env::var("PROPTEST_RNG_SEED") {
+        Err(_) => RngSeed::Fixed(20_261_206),
+        Ok(s) if s.eq_ignore_ascii_case("random") => RngSeed::Random,
+        Ok(s) => match s.parse() {
+            Ok(n) => RngSeed::Fixed(n),
+            Err(_) => panic!("PROPTEST_RNG_SEED={s}: expected a u64 or `random`"),
+        },
+    };
+    proptest::test_runner::Config {
+        rng_seed,
+        ..proptest::test_runner::Config::default()
+    }
+}
+
 pub use io::{
     Event, Input, JobExit, Outcome, QueryId, Reason, Refusal, RunCommand, RunId, SessionCommand,
     SessionError, SessionId, SessionParams,

@@ -189,6 +189,11 @@ impl Machine {
             // the session for it. No job starts on a lease already expired.
             return self.lose_session(now, Reason::ValidityExpired, true);
         }
+        // Its session row (same backend, same nonce) proves the session as
+        // a heartbeat does, and a try unlocks nothing: every held lease is
+        // confirmed from its send time. Else a holder's heartbeat that waits
+        // behind its periodic try lets its leases expire without a fault.
+        self.runs.confirm_all(sent);
         let seen = (self.watch.woken_key())
             .and_then(|key| reply.not_won.iter().find(|(k, _)| *k == key))
             .map(|&(_, holder)| holder);

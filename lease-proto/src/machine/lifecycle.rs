@@ -263,6 +263,9 @@ impl Machine {
         let statement = what.statement(up, settings, self.opts.notify_handover);
         let query = self.connector.next_query(now);
         let blocks = what.blocks();
+        // A wait blocks on the server's clock; this one may run faster by
+        // up to the drift bound, and must not time the wait out before it.
+        let blocks = blocks.mul_f64(1.0 + self.opts.drift_bound());
         self.timers
             .set(Deadline::Query, now + blocks + self.opts.query_timeout);
         let probe = matches!(what, What::PoolerProbe);

@@ -182,9 +182,10 @@ fn a_standby_shows_the_holder_its_last_try_saw() {
         "the wait ends by the (jittered) retry deadline: {timeout_ms} ms"
     );
     assert_eq!(m.timeout_reason(), Some(Deadline::Query));
-    // Its query timer allows for the block: the lock timeout plus the
-    // query timeout (the statement's text rounds the former down to ms).
+    // Its query timer allows for the block: the lock timeout (timed by
+    // the server's clock: stretched by the drift bound) plus the query
+    // timeout (the statement's text rounds the former down to ms).
     let at = m.poll_timeout().unwrap() - opts.query_timeout;
-    let ms = Duration::from_millis(timeout_ms);
-    assert!(t + ms <= at && at < t + ms + Duration::from_millis(1));
+    let block = Duration::from_millis(timeout_ms).mul_f64(1.0 + opts.drift_bound());
+    assert!(t + block <= at && at < t + block + Duration::from_millis(2));
 }

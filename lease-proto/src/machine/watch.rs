@@ -70,8 +70,9 @@
 //!   handed several keys over, and that member's kill was noticed a retry
 //!   interval late.
 //! - **Speed, never correctness.** A connection that fails, ends, or times
-//!   out ([`Deadline::Watch`]: the attempt, or the wait's lock timeout, plus
-//!   the query timeout) is closed and opened again no sooner than the next
+//!   out ([`Deadline::Watch`]: the attempt, or the wait's lock timeout, which
+//!   the server times, stretched by the drift bound, plus the query timeout)
+//!   is closed and opened again no sooner than the next
 //!   periodic try; a wait that fails otherwise turns it off until the lease
 //!   session ends. Meanwhile, or with the option off, the locker polls: a
 //!   crashed holder's key moves within a retry interval.
@@ -373,6 +374,9 @@ impl Machine {
             id,
             inflight: Some((query, key)),
         };
+        // The lock timeout runs on the server's clock; this one may run
+        // faster by up to the drift bound (as for a take, `Machine::send`).
+        let timeout = timeout.mul_f64(1.0 + self.opts.drift_bound());
         self.watch.timeout_at = Some(now + timeout + self.opts.query_timeout);
     }
 
@@ -532,6 +536,8 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(crate::proptest_config())]
+
         /// Property: in a fleet of lockers that each hold some of the leases
         /// and want every other (any backend pids, any split), every holder
         /// is watched by at least one other holder, at one watch session each.

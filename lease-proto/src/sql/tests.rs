@@ -435,6 +435,8 @@ fn any_notice() -> impl proptest::strategy::Strategy<Value = Notice> {
 }
 
 proptest::proptest! {
+    #![proptest_config(crate::proptest_config())]
+
     /// Every notice is written as the payload that parses back to it.
     #[test]
     fn notices_round_trip(notice in any_notice()) {

@@ -100,6 +100,7 @@ proptest! {
     #![proptest_config(ProptestConfig {
         cases: 512,
         failure_persistence: regressions_beside_the_source(),
+        rng_seed: rng_seed(),
         ..ProptestConfig::default()
     })]
 

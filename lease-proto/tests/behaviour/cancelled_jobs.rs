@@ -21,7 +21,7 @@
 //! Run: `cargo test -p lease-proto cancelled_jobs::` (`PROPTEST_CASES` sets the
 //! number of cases of the property, 128 by default here).
 
-use crate::common::{ms, regressions_beside_the_source};
+use crate::common::{ms, regressions_beside_the_source, rng_seed};
 use lease_proto::sim::DriverBug;
 use lease_proto::sim::Fault;
 use lease_proto::sim::Report;
@@ -214,6 +214,7 @@ proptest! {
         cases: cases(),
         max_shrink_iters: 2000,
         failure_persistence: regressions_beside_the_source(),
+        rng_seed: rng_seed(),
         ..ProptestConfig::default()
     })]
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lease_proto::reply::*;
 use lease_proto::sim::{Command, Fault, Harness};
 use lease_proto::*;
-use proptest::test_runner::{FailurePersistence, FileFailurePersistence};
+use proptest::test_runner::{FailurePersistence, FileFailurePersistence, RngSeed};
 
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -128,6 +128,25 @@ pub fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {
         }
     }
     sent
+}
+
+/// The random seed of the property suites when `PROPTEST_RNG_SEED` is unset.
+pub const RNG_SEED: u64 = 20_261_206;
+
+/// The random seed of every property suite's runner: [`RNG_SEED`], so a run on
+/// unchanged code draws the same cases each time (CI cannot fail by luck);
+/// `PROPTEST_RNG_SEED=N` draws from seed `N`, and `PROPTEST_RNG_SEED=random` from a
+/// new random seed each run (a deep or exploratory run). Anything else panics, so a
+/// typo does not silently fall back to the fixed seed.
+pub fn rng_seed() -> RngSeed {
+    match std::env::var("PROPTEST_RNG_SEED") {
+        Err(_) => RngSeed::Fixed(RNG_SEED),
+        Ok(s) if s.eq_ignore_ascii_case("random") => RngSeed::Random,
+        Ok(s) => match s.parse() {
+            Ok(n) => RngSeed::Fixed(n),
+            Err(_) => panic!("PROPTEST_RNG_SEED={s}: expected a u64 or `random`"),
+        },
+    }
 }
 
 /// Where a `proptest!` block keeps its failing cases: `NAME.proptest-regressions` beside

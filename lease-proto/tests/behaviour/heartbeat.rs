@@ -108,3 +108,28 @@ fn a_standby_with_a_long_retry_still_keeps_its_session_alive() {
         .iter()
         .any(|e| matches!(e, Event::SessionLost { .. })));
 }
+
+/// A holder's try (for another lease it wants) proves the session as a
+/// heartbeat does: its answer confirms the held lease from the try's send
+/// time. Else the heartbeat that comes due while the try is in flight goes
+/// only after its reply, and the lease may expire before that heartbeat's
+/// own reply, without a fault (a simulated ring of holders lost its own lease
+/// that way 111 ms after another holder's crash:
+/// `instant_takeover_of_a_holders_wanted_lease_after_a_late_heartbeat`).
+#[test]
+fn a_holders_try_confirms_its_leases_as_a_heartbeat_does() {
+    let mut h = harness(opts());
+    let run = started(&mut h, "a", 900);
+    h.advance(ms(150));
+    h.run(lease("b"));
+    h.advance(Duration::ZERO);
+    assert!(matches!(h.statement(), Statement::TryLock { .. }));
+    let sent = h.now();
+    // Answered after the heartbeat came due (200 ms after the win): the
+    // heartbeat goes next, and the lease counts from the try.
+    h.advance(ms(80));
+    h.lose(Some(8));
+    assert_eq!(h.statement(), Statement::Heartbeat);
+    let validity = opts().validity_window();
+    assert_eq!(h.machine().valid_until(run), Some(sent + validity));
+}
