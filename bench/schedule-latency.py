@@ -102,9 +102,10 @@ def kill9(args, tmp):
 def find_leader(args, name, replicas):
     """The replica whose `lease run` holds the lease: its backend's client port is the
     `lease run` process's socket (pg_stat_activity's client_port, ss -tnp)."""
+    like = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     sql = ("SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
            "WHERE l.locktype = 'advisory' AND l.granted AND (a.application_name = "
-           f"'lease:{name}' OR a.application_name LIKE 'lease:{name}@%')")
+           f"'lease:{name}' OR a.application_name LIKE 'lease:{like}@%')")
     port = subprocess.run(["psql", args.url, "-Atc", sql], capture_output=True, text=True).stdout.strip()
     ss = subprocess.run(["ss", "-tnpH"], capture_output=True, text=True).stdout
     for line in ss.splitlines():

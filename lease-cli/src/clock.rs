@@ -64,6 +64,15 @@ impl Estimate {
     }
 }
 
+/// When to read the clock again after `e`: every [`REFRESH`], sooner when `e`'s
+/// error would reach [`MAX_CLOCK_ERROR`] before (halfway there), at least a
+/// second apart.
+pub fn next_read(e: &Estimate) -> Duration {
+    let room = MAX_CLOCK_ERROR.saturating_sub(e.error);
+    let lasts = Duration::from_secs_f64(room.as_secs_f64() / DRIFT);
+    (lasts / 2).clamp(Duration::from_secs(1), REFRESH)
+}
+
 /// Reads the server's clock over a connection of its own, opened and closed
 /// here, within `timeout`.
 pub async fn read(target: &Target, timeout: Duration) -> Result<Estimate, String> {
@@ -131,5 +140,11 @@ mod tests {
         );
         let (_, err) = e.at(local + Duration::from_secs(100));
         assert!(err > MAX_CLOCK_ERROR);
+        assert_eq!(next_read(&e), REFRESH);
+        let slow = Estimate {
+            error: Duration::from_millis(48),
+            ..e
+        };
+        assert_eq!(next_read(&slow), Duration::from_secs(2));
     }
 }

@@ -430,7 +430,7 @@ pub(crate) struct Ctx<'a> {
     poll: Duration,
     signals: &'a Signals,
     /// How many children run (or are starting, or being stopped): one per shard led.
-    leading: &'a Cell<usize>,
+    pub(crate) leading: &'a Cell<usize>,
     /// The lease the child runs under, for `/leader`.
     current: &'a Current,
     /// `--try`: where it stands.
@@ -662,10 +662,10 @@ async fn without_session(locker: &Locker, d: Duration) -> Option<String> {
 /// starts until its watchdog is finished, on every path. (Counted only once the
 /// command had started, a SIGTERM in between found the runner "not leading": it
 /// exited at once and its watchdog SIGKILLed the fresh command.)
-struct Counted<'a>(&'a Cell<usize>);
+pub(crate) struct Counted<'a>(&'a Cell<usize>);
 
 impl<'a> Counted<'a> {
-    fn new(leading: &'a Cell<usize>) -> Counted<'a> {
+    pub(crate) fn new(leading: &'a Cell<usize>) -> Counted<'a> {
         leading.set(leading.get() + 1);
         Counted(leading)
     }

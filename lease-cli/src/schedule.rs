@@ -7,7 +7,7 @@ use crate::clock::{self, Estimate};
 use crate::conn::{self, Target};
 use crate::log::usage_error;
 use crate::run::{self, Ctx, JobEnd};
-use crate::state::{self, StateError, Table};
+use crate::state::{self, Fenced, StateError, Table};
 use lease_proto::schedule::{
     Action, CatchUp, Missed, Occurrence, Overlap, Planner, Policy, Record, Spec, MAX_CLOCK_ERROR,
 };
@@ -15,6 +15,7 @@ use lease_tokio::Lease;
 use std::cell::RefCell;
 use std::future::{pending, Future};
 use std::pin::Pin;
+use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{watch, Notify};
 
@@ -161,10 +162,17 @@ pub struct Runner {
     state: Option<(Table, bool)>,
     /// How long a state-table statement may take, connecting included.
     timeout: Duration,
+    /// The recorded due time this leader may claim again (unfinished, and
+    /// retried or never started), as its takeover found it.
+    retry_due: std::cell::Cell<Option<SystemTime>>,
 }
 
 impl Runner {
-    pub fn new(name: &str, schedule: Schedule, target: Target, timeout: Duration) -> Runner {
+    pub fn new(name: &str, schedule: Schedule, mut target: Target, timeout: Duration) -> Runner {
+        // Its connections (clock reads, claims) named apart from the lease session.
+        let app = target.config.get_application_name().unwrap_or("lease");
+        let app = format!("{app} (schedule)");
+        target.config.application_name(app);
         Runner {
             name: name.to_owned(),
             spec_text: schedule.spec.to_string(),
@@ -172,6 +180,7 @@ impl Runner {
             target,
             state: schedule.state,
             timeout,
+            retry_due: std::cell::Cell::new(None),
         }
     }
 
@@ -182,7 +191,8 @@ impl Runner {
         let Some((table, _)) = &self.state else {
             return Ok(());
         };
-        match state::read(&self.target, self.timeout, table, &self.name).await {
+        let names = [self.name.clone()];
+        match state::rows(&self.target, self.timeout, table, &names).await {
             Err(StateError::Missing) => Err(format!(
                 "the state table {} does not exist: create it with `lease schedule init \
                  --state-table {}` (or `lease schedule ddl` to see the statement)",
@@ -193,18 +203,45 @@ impl Runner {
         }
     }
 
-    /// The state table's record, read until it answers (every second) or the
-    /// lease is lost (`None`).
+    /// Takes the schedule over in the state table ([`state::fence`]: no older
+    /// leader's claim lands after it) and reads its record; retried every second
+    /// until it answers, or the lease is lost (`None`). A newer leader's token
+    /// in the row: this lease is stale, wait for its loss (`None`).
     async fn record(&self, lease: &Lease) -> Option<Option<Record>> {
-        let (table, _) = self.state.as_ref()?;
+        let (table, retry) = self.state.as_ref()?;
         let mut warned = false;
         loop {
-            match state::read(&self.target, self.timeout, table, &self.name).await {
-                Ok(record) => return Some(record),
+            let fence = state::fence(
+                &self.target,
+                self.timeout,
+                table,
+                (&self.name, &self.spec_text),
+                lease.token(),
+            );
+            let result = tokio::select! {
+                r = fence => r,
+                _ = lease.cancelled() => return None,
+            };
+            match result {
+                Ok(Fenced::Record(record)) => {
+                    let again = record.filter(|r| !r.finished && (*retry || !r.started));
+                    self.retry_due.set(again.map(|r| r.due));
+                    return Some(record);
+                }
+                Ok(Fenced::Newer) => {
+                    tracing::warn!(
+                        "the state table {} names a newer leader of this schedule: running \
+                         nothing until this lease ends",
+                        table.name()
+                    );
+                    lease.cancelled().await;
+                    return None;
+                }
                 Err(e) if !warned => {
                     warned = true;
                     tracing::warn!(
-                        "cannot read the state table {} ({}): no run starts until it can",
+                        "cannot take the schedule over in the state table {} ({}): no run \
+                         starts until it can",
                         table.name(),
                         conn::redact(&e.to_string())
                     );
@@ -220,7 +257,7 @@ impl Runner {
 
     /// Claims `o` in the state table (always `true` without one).
     async fn claim(&self, lease: &Lease, o: Occurrence) -> Result<bool, String> {
-        let Some((table, retry)) = &self.state else {
+        let Some((table, _)) = &self.state else {
             return Ok(true);
         };
         let id = run_id(&self.name, o.due);
@@ -231,27 +268,38 @@ impl Runner {
             &self.name,
             (o.due, &id),
             lease.token(),
-            (*retry, &self.spec_text),
+            self.retry_due.get(),
         )
         .await
         .map_err(|e| conn::redact(&e.to_string()))
     }
 
-    /// Records the end of the run of `o` (a warning when it cannot).
-    async fn finish(&self, lease: &Lease, o: Occurrence, outcome: &str) {
+    /// Records the end of the run of `o`, or (`ran` false) that it never
+    /// started; three attempts, then a warning.
+    async fn finish(&self, lease: &Lease, o: Occurrence, outcome: &str, ran: bool) {
         let Some((table, _)) = &self.state else {
             return;
         };
-        let result = state::finish(
-            &self.target,
-            self.timeout,
-            table,
-            &self.name,
-            (o.due, lease.token()),
-            outcome,
-        )
-        .await;
-        if let Err(e) = result {
+        let mut last = None;
+        for attempt in 0..3 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let result = state::finish(
+                &self.target,
+                self.timeout,
+                table,
+                &self.name,
+                (o.due, lease.token()),
+                (outcome, ran),
+            )
+            .await;
+            match result {
+                Ok(()) => return,
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
             tracing::warn!(
                 run_id = run_id(&self.name, o.due),
                 "cannot record the run's end in the state table {} ({})",
@@ -320,22 +368,31 @@ impl ClockTask {
         let (tx, rx) = watch::channel(None);
         let task = tokio::spawn(async move {
             let mut failing = false;
+            let mut best: Option<Estimate> = None;
             loop {
                 let wait = match clock::read(&target, CLOCK_READ_TIMEOUT).await {
                     Ok(e) => {
-                        if e.now().is_none() && !failing {
+                        // Keep whichever reading is the more certain now.
+                        let now = Instant::now();
+                        let keep = best.filter(|b| b.at(now).1 < e.at(now).1);
+                        let chosen = keep.unwrap_or(e);
+                        best = Some(chosen);
+                        let good = chosen.now().is_some();
+                        if !good && !failing {
                             tracing::warn!(
                                 "the server's clock cannot be read within {} ms (a slow round \
                                  trip): no run starts until it can",
                                 MAX_CLOCK_ERROR.as_millis()
                             );
                         }
-                        failing = e.now().is_none();
-                        let _ = tx.send(Some(e));
-                        if failing {
-                            Duration::from_secs(1)
+                        failing = !good;
+                        if keep.is_none() {
+                            let _ = tx.send(Some(e));
+                        }
+                        if good {
+                            clock::next_read(&chosen)
                         } else {
-                            clock::REFRESH
+                            Duration::from_secs(1)
                         }
                     }
                     Err(e) => {
@@ -414,8 +471,12 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
             );
         }
     }
-    let replace = Notify::new();
-    let mut run: Option<(Occurrence, RunFuture<'_>)> = None;
+    // Leading from the grant, between runs too: a signal finds this runner
+    // leading and stops the schedule through the lease (as a command's stop).
+    let _counted = run::Counted::new(ctx.leading);
+    // The running one, and what stops it for a replace (one per run: a
+    // notification meant for one run never reaches the next).
+    let mut run: Option<(Occurrence, Rc<Notify>, RunFuture<'_>)> = None;
     loop {
         let estimate = clock.latest();
         let now = estimate.and_then(|e| e.now());
@@ -424,35 +485,37 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                 let action = runner.planner.borrow_mut().poll(now);
                 let Some(action) = action else { break };
                 match action {
-                    Action::Start(o) if !lease.is_valid() => {
-                        // Lost meanwhile: the next turn of the loop resigns.
-                        runner.planner.borrow_mut().finished(o.due);
-                        missed(name, o, "the lease was no longer valid");
-                    }
                     Action::Start(o) => {
-                        match runner.claim(&lease, o).await {
-                            Ok(true) => {}
-                            Ok(false) => {
-                                runner.planner.borrow_mut().finished(o.due);
-                                count_missed(name, Missed::NotClaimed);
-                                missed(
-                                    name,
-                                    o,
-                                    "claimed already in the state table (this due time, a \
-                                     later one, or by a newer leader)",
-                                );
-                                continue;
+                        let why = match claim(runner, &lease, o, &clock).await {
+                            Claim::Won if lease.is_valid() => None,
+                            Claim::Won => {
+                                // Claimed, but the lease went meanwhile: recorded
+                                // as never started, so the next leader runs it.
+                                runner.finish(&lease, o, "not started", false).await;
+                                Some((Missed::LeaseLost, Missed::LeaseLost.to_string()))
                             }
-                            Err(e) => {
-                                runner.planner.borrow_mut().finished(o.due);
-                                count_missed(name, Missed::NotClaimed);
-                                missed(
-                                    name,
-                                    o,
-                                    &format!("cannot claim it in the state table ({e})"),
-                                );
-                                continue;
+                            Claim::LeaseLost => {
+                                Some((Missed::LeaseLost, Missed::LeaseLost.to_string()))
                             }
+                            Claim::Refused => Some((
+                                Missed::NotClaimed,
+                                "claimed already in the state table (this due time, a later \
+                                 one, or by a newer leader)"
+                                    .to_owned(),
+                            )),
+                            Claim::Failed(e) => Some((
+                                Missed::NotClaimed,
+                                format!(
+                                    "cannot claim it in the state table until the next due \
+                                     time ({e})"
+                                ),
+                            )),
+                        };
+                        if let Some((reason, text)) = why {
+                            runner.planner.borrow_mut().finished(o.due);
+                            count_missed(name, reason);
+                            missed(name, o, &text);
+                            continue;
                         }
                         tracing::info!(
                             lease = name,
@@ -467,11 +530,13 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                             ("LEASE_DUE", utc(o.due)),
                             ("LEASE_RUN_ID", run_id(name, o.due)),
                         ];
-                        let (lease, replace) = (&lease, &replace);
+                        let replace = Rc::new(Notify::new());
+                        let (lease, stop) = (&lease, replace.clone());
                         run = Some((
                             o,
+                            replace,
                             Box::pin(async move {
-                                run::run_command(lease, ctx, None, &env, Some(replace)).await
+                                run::run_command(lease, ctx, None, &env, Some(&stop)).await
                             }),
                         ));
                     }
@@ -479,7 +544,13 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                         count_missed(name, why);
                         missed(name, o, &why.to_string());
                     }
-                    Action::Stop(_) => replace.notify_one(),
+                    Action::Stop(o) => {
+                        if let Some((running, stop, _)) = &run {
+                            if running.due == o.due {
+                                stop.notify_one();
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -492,11 +563,11 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
         tokio::select! {
             ended = async {
                 match run.as_mut() {
-                    Some((_, f)) => f.as_mut().await,
+                    Some((_, _, f)) => f.as_mut().await,
                     None => pending().await,
                 }
             } => {
-                let (o, _) = run.take().expect("a run ended");
+                let Some((o, _, _)) = run.take() else { continue };
                 runner.planner.borrow_mut().finished(o.due);
                 let (result, own) = ended;
                 let outcome = match (&result, own) {
@@ -509,7 +580,7 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                     Some(code) => format!("exit {code}"),
                     None => "stopped".to_owned(),
                 };
-                runner.finish(&lease, o, &recorded).await;
+                runner.finish(&lease, o, &recorded, true).await;
                 metrics::counter!(
                     "lease_schedule_runs_total",
                     "lease" => name.to_owned(),
@@ -546,6 +617,46 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                 resign(runner, name);
                 return Ok(());
             }
+        }
+    }
+}
+
+/// How a claim before a start ended.
+enum Claim {
+    /// This leader's to run (always without a state table).
+    Won,
+    /// Refused: claimed already, or by a newer leader.
+    Refused,
+    /// No answer until the next due time's start: the last error.
+    Failed(String),
+    /// The lease went first.
+    LeaseLost,
+}
+
+/// Claims `o`, raced against the lease's loss; a failed claim (the database
+/// unreachable, a timeout) is tried again every second until the next due
+/// time's start.
+async fn claim(runner: &Runner, lease: &Lease, o: Occurrence, clock: &ClockTask) -> Claim {
+    loop {
+        let attempt = tokio::select! {
+            r = runner.claim(lease, o) => r,
+            _ = lease.cancelled() => return Claim::LeaseLost,
+        };
+        let error = match attempt {
+            Ok(true) => return Claim::Won,
+            Ok(false) => return Claim::Refused,
+            Err(e) => e,
+        };
+        let next = runner.planner.borrow().wake_at();
+        let now = clock.latest().and_then(|e| e.now());
+        if let (Some(next), Some(now)) = (next, now) {
+            if now + Duration::from_secs(1) >= next {
+                return Claim::Failed(error);
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = lease.cancelled() => return Claim::LeaseLost,
         }
     }
 }
@@ -618,17 +729,18 @@ pub async fn status(
             .ok()
             .and_then(|spec| spec.next_after(now))
             .map_or_else(|| "?".to_owned(), secs);
-        let outcome = match (&r.outcome, r.finished) {
-            (Some(o), _) => o.clone(),
-            (None, None) => "running".to_owned(),
-            (None, Some(_)) => "?".to_owned(),
+        let outcome = match (&r.outcome, r.finished, r.due) {
+            (Some(o), _, _) => o.clone(),
+            (None, _, None) => "-".to_owned(),
+            (None, None, Some(_)) => "running".to_owned(),
+            (None, Some(_), Some(_)) => "?".to_owned(),
         };
         let cells = [
             r.name.clone(),
             r.schedule.clone(),
-            secs(r.due),
+            r.due.map_or_else(|| "-".to_owned(), secs),
             outcome,
-            secs(r.started),
+            r.started.map_or_else(|| "-".to_owned(), secs),
             r.finished.map_or_else(|| "-".to_owned(), secs),
             next,
         ];
@@ -648,7 +760,9 @@ pub async fn status(
                 .map(|(k, v)| ((*k).to_owned(), serde_json::Value::String(v.clone())))
                 .chain([(
                     "run_id".to_owned(),
-                    serde_json::Value::String(r.run_id.clone()),
+                    r.run_id
+                        .clone()
+                        .map_or(serde_json::Value::Null, serde_json::Value::String),
                 )])
                 .collect();
             lines.push(serde_json::Value::Object(object).to_string());

@@ -63,12 +63,12 @@ impl Table {
             "CREATE TABLE IF NOT EXISTS {t} (\n    \
              name     text        PRIMARY KEY,  -- the lease name of the schedule\n    \
              schedule text        NOT NULL,     -- every 15m, or cron \"0 3 * * *\" in Europe/Berlin\n    \
-             due      timestamptz NOT NULL,     -- the last due time claimed\n    \
-             token    bigint      NOT NULL,     -- the claiming leader's fencing token\n    \
-             run_id   text        NOT NULL,     -- NAME@<due as Unix seconds> (LEASE_RUN_ID)\n    \
-             started  timestamptz NOT NULL,     -- when it was claimed (the server's clock)\n    \
+             token    bigint      NOT NULL,     -- the fencing token of the schedule's leader\n    \
+             due      timestamptz,              -- the last due time claimed (NULL: none yet)\n    \
+             run_id   text,                     -- NAME@<due as Unix seconds> (LEASE_RUN_ID)\n    \
+             started  timestamptz,              -- when it was claimed (the server's clock)\n    \
              finished timestamptz,              -- when its run ended; NULL while it runs\n    \
-             outcome  text                      -- ok, exit N, or stopped\n);"
+             outcome  text                      -- ok, exit N, stopped, or not started\n);"
         )
     }
 }
@@ -127,27 +127,46 @@ where
     }
 }
 
-/// The row of schedule `name`: `None` when it has none yet.
-pub async fn read(
+/// What taking a schedule over found in its row.
+#[derive(Debug)]
+pub enum Fenced {
+    /// This leader's token is in the row now: no older leader's claim can land.
+    /// The last claim, if any.
+    Record(Option<Record>),
+    /// The row carries a newer token: a newer leader has taken the schedule over.
+    Newer,
+}
+
+/// Takes schedule `name` over for the leader of fencing token `token`: writes
+/// the token into the row (creating it), unless a newer one is there, and
+/// reads the last claim. From then on every claim of an older leader is
+/// refused.
+pub async fn fence(
     target: &Target,
     timeout: Duration,
     table: &Table,
-    name: &str,
-) -> Result<Option<Record>, StateError> {
+    (name, schedule): (&str, &str),
+    token: i64,
+) -> Result<Fenced, StateError> {
     let sql = format!(
-        "SELECT due, finished IS NOT NULL FROM {} WHERE name OPERATOR(pg_catalog.=) $1",
+        "INSERT INTO {} AS t (name, schedule, token) VALUES ($1, $2, $3) \
+         ON CONFLICT (name) DO UPDATE SET token = excluded.token, schedule = excluded.schedule \
+         WHERE t.token OPERATOR(pg_catalog.<=) excluded.token \
+         RETURNING due, finished IS NOT NULL, outcome IS NOT DISTINCT FROM 'not started'",
         table.quoted
     );
-    let name = name.to_owned();
+    let (name, schedule) = (name.to_owned(), schedule.to_owned());
     with_client(target, timeout, |client| async move {
-        let result = client.query_opt(&sql, &[&name]).await;
-        let record = result.map_err(|e| state_error(&e)).map(|row| {
-            row.map(|r| Record {
-                due: r.get::<_, SystemTime>(0),
+        let result = client.query_opt(&sql, &[&name, &schedule, &token]).await;
+        let fenced = result.map_err(|e| state_error(&e)).map(|row| match row {
+            None => Fenced::Newer,
+            Some(r) => Fenced::Record(r.get::<_, Option<SystemTime>>(0).map(|due| Record {
+                due,
                 finished: r.get::<_, bool>(1),
-            })
+                started: !r.get::<_, bool>(2),
+            })),
         });
-        (client, record)
+        (client, fenced)
     })
     .await
 }
@@ -161,28 +180,22 @@ pub async fn claim(
     name: &str,
     (due, run_id): (SystemTime, &str),
     token: i64,
-    (retry_unfinished, schedule): (bool, &str),
+    retry: Option<SystemTime>,
 ) -> Result<bool, StateError> {
     let sql = format!(
-        "INSERT INTO {} AS t (name, schedule, due, token, run_id, started) \
-         VALUES ($1, $6, $2, $3, $4, pg_catalog.clock_timestamp()) \
-         ON CONFLICT (name) DO UPDATE SET schedule = excluded.schedule, due = excluded.due, \
-         token = excluded.token, run_id = excluded.run_id, started = excluded.started, \
+        "UPDATE {} AS t SET due = $2, run_id = $4, started = pg_catalog.clock_timestamp(), \
          finished = NULL, outcome = NULL \
-         WHERE t.token OPERATOR(pg_catalog.<=) excluded.token \
-         AND (t.due OPERATOR(pg_catalog.<) excluded.due \
-         OR ($5 AND t.due OPERATOR(pg_catalog.=) excluded.due AND t.finished IS NULL \
-         AND t.token OPERATOR(pg_catalog.<) excluded.token)) \
+         WHERE t.name OPERATOR(pg_catalog.=) $1 AND t.token OPERATOR(pg_catalog.=) $3 \
+         AND (t.due IS NULL OR t.due OPERATOR(pg_catalog.<) $2 \
+         OR (t.due OPERATOR(pg_catalog.=) $5 AND $5 OPERATOR(pg_catalog.=) $2 \
+         AND t.finished IS NULL)) \
          RETURNING 1",
         table.quoted
     );
-    let (name, run_id, schedule) = (name.to_owned(), run_id.to_owned(), schedule.to_owned());
+    let (name, run_id) = (name.to_owned(), run_id.to_owned());
     with_client(target, timeout, |client| async move {
         let result = client
-            .query_opt(
-                &sql,
-                &[&name, &due, &token, &run_id, &retry_unfinished, &schedule],
-            )
+            .query_opt(&sql, &[&name, &due, &token, &run_id, &retry])
             .await;
         (
             client,
@@ -192,24 +205,29 @@ pub async fn claim(
     .await
 }
 
-/// Records the end of the run of `due` claimed with `token`.
+/// Records the end of the run of `due` claimed with `token`, or (`ran` false)
+/// that it never started (the lease was lost right after the claim): left
+/// unfinished, so the next leader runs it.
 pub async fn finish(
     target: &Target,
     timeout: Duration,
     table: &Table,
     name: &str,
     (due, token): (SystemTime, i64),
-    outcome: &str,
+    (outcome, ran): (&str, bool),
 ) -> Result<(), StateError> {
     let sql = format!(
-        "UPDATE {} SET finished = pg_catalog.clock_timestamp(), outcome = $4 \
+        "UPDATE {} SET finished = CASE WHEN $5 THEN pg_catalog.clock_timestamp() END, \
+         outcome = $4 \
          WHERE name OPERATOR(pg_catalog.=) $1 AND due OPERATOR(pg_catalog.=) $2 \
          AND token OPERATOR(pg_catalog.=) $3",
         table.quoted
     );
     let (name, outcome) = (name.to_owned(), outcome.to_owned());
     with_client(target, timeout, |client| async move {
-        let result = client.execute(&sql, &[&name, &due, &token, &outcome]).await;
+        let result = client
+            .execute(&sql, &[&name, &due, &token, &outcome, &ran])
+            .await;
         (client, result.map(drop).map_err(|e| state_error(&e)))
     })
     .await
@@ -220,9 +238,9 @@ pub async fn finish(
 pub struct Row {
     pub name: String,
     pub schedule: String,
-    pub due: SystemTime,
-    pub run_id: String,
-    pub started: SystemTime,
+    pub due: Option<SystemTime>,
+    pub run_id: Option<String>,
+    pub started: Option<SystemTime>,
     pub finished: Option<SystemTime>,
     pub outcome: Option<String>,
 }
@@ -290,6 +308,106 @@ pub async fn init(target: &Target, timeout: Duration, table: &Table) -> Result<S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
+
+    /// The fence and the claim against a real server: once a newer leader took
+    /// the schedule over, an older leader's claim is refused; a due time is
+    /// claimed once; only the recorded unfinished one is claimed again.
+    #[test]
+    fn an_older_leader_cannot_claim_after_a_takeover() {
+        let cluster = lease_tests::Cluster::start().expect("an ephemeral PostgreSQL");
+        let target = crate::conn::resolve(Some(&cluster.url("postgres"))).expect("target");
+        let table = Table::parse("schedules_fence").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let t = Duration::from_secs(10);
+        let due = |s: u64| UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s);
+        rt.block_on(async {
+            init(&target, t, &table).await.expect("init");
+            let spec = ("job", "every 1m");
+            // Leader 1 takes over and claims 60.
+            let fenced = fence(&target, t, &table, spec, 1).await.unwrap();
+            assert!(matches!(fenced, Fenced::Record(None)), "{fenced:?}");
+            assert!(
+                claim(&target, t, &table, "job", (due(60), "job@60"), 1, None)
+                    .await
+                    .unwrap()
+            );
+            assert!(
+                !claim(&target, t, &table, "job", (due(60), "job@60"), 1, None)
+                    .await
+                    .unwrap(),
+                "a due time is claimed once"
+            );
+            // Leader 2 takes over (its run of 60 never finished).
+            let fenced = fence(&target, t, &table, spec, 2).await.unwrap();
+            let Fenced::Record(Some(r)) = fenced else {
+                panic!("{fenced:?}")
+            };
+            assert_eq!((r.due, r.finished, r.started), (due(60), false, true));
+            // Leader 1, thawed, claims 120: refused, whatever it sends.
+            assert!(
+                !claim(&target, t, &table, "job", (due(120), "job@120"), 1, None)
+                    .await
+                    .unwrap()
+            );
+            assert!(matches!(
+                fence(&target, t, &table, spec, 1).await.unwrap(),
+                Fenced::Newer
+            ));
+            // Leader 2 runs 60 again only when told to (--unfinished retry).
+            assert!(
+                !claim(&target, t, &table, "job", (due(60), "job@60"), 2, None)
+                    .await
+                    .unwrap()
+            );
+            assert!(claim(
+                &target,
+                t,
+                &table,
+                "job",
+                (due(60), "job@60"),
+                2,
+                Some(due(60))
+            )
+            .await
+            .unwrap());
+            finish(&target, t, &table, "job", (due(60), 2), ("ok", true))
+                .await
+                .unwrap();
+            assert!(claim(
+                &target,
+                t,
+                &table,
+                "job",
+                (due(120), "job@120"),
+                2,
+                Some(due(60))
+            )
+            .await
+            .unwrap());
+            // Claimed, never started: recorded so.
+            finish(
+                &target,
+                t,
+                &table,
+                "job",
+                (due(120), 2),
+                ("not started", false),
+            )
+            .await
+            .unwrap();
+            let Fenced::Record(Some(r)) = fence(&target, t, &table, spec, 3).await.unwrap() else {
+                panic!("a record")
+            };
+            assert_eq!((r.due, r.finished, r.started), (due(120), false, false));
+            let rows = rows(&target, t, &table, &[]).await.unwrap();
+            assert_eq!(rows.len(), 1);
+            assert_eq!(rows[0].outcome.as_deref(), Some("not started"));
+        });
+    }
 
     #[test]
     fn table_names_are_checked_and_quoted() {

@@ -175,6 +175,11 @@ pub fn main(args: StatusArgs) -> i32 {
             Err(e) => return usage_error(2, &e),
         }
     }
+    if let Some(table) = &args.state_table {
+        if let Err(e) = crate::state::Table::parse(table) {
+            return usage_error(2, &e);
+        }
+    }
     let shown = Shown {
         ids,
         groups,

@@ -135,6 +135,9 @@ pub struct Record {
     pub due: SystemTime,
     /// Whether its run finished (and its outcome was recorded).
     pub finished: bool,
+    /// Whether its run started: `false` when its claimer lost the lease
+    /// between the claim and the start (it runs again, whatever the policy).
+    pub started: bool,
 }
 
 /// What the leader does now.
@@ -243,8 +246,8 @@ impl Planner {
     /// the catch-up window is a catch-up candidate (the claim before each start
     /// keeps it at most once, so no clock margin is left to the old leader); with
     /// no record, only due times after `now`. The last claimed due time, if it
-    /// never finished, runs again first with `retry_unfinished`
-    /// ([`Missed::Unfinished`] otherwise).
+    /// never finished, runs again first with `retry_unfinished` or when it never
+    /// started ([`Missed::Unfinished`] otherwise).
     pub fn lead_recorded(
         &mut self,
         now: SystemTime,
@@ -262,6 +265,7 @@ impl Planner {
                 self.ahead.retain(|o| o.due > r.due);
                 self.last_started = Some(self.last_started.map_or(r.due, |l| l.max(r.due)));
                 let unfinished = (!r.finished).then(|| self.occurrence(r.due));
+                let retry_unfinished = retry_unfinished || !r.started;
                 self.lead_after(now, Duration::ZERO, self.policy.catch_up_window);
                 if let Some(o) = unfinished {
                     if retry_unfinished {

@@ -8,8 +8,8 @@ use jiff::Timestamp;
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The longest period of [`Spec::every`]: a year of 366 days.
-const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
+/// The longest period of [`Spec::every`]: 365 days.
+const MAX_PERIOD: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// When a schedule is due: every fixed period aligned to the Unix epoch, or at
 /// the times a cron expression matches in an IANA time zone.
@@ -57,7 +57,7 @@ impl std::error::Error for SpecError {}
 impl Spec {
     /// Due every `period`, at the multiples of `period` since the Unix epoch
     /// (`every 15m`: at :00, :15, :30 and :45 of each hour, UTC). From
-    /// [`MIN_PERIOD`] (1 s) to 366 days, in whole milliseconds.
+    /// [`MIN_PERIOD`] (1 s) to 365 days, in whole milliseconds.
     pub fn every(period: Duration) -> Result<Spec, SpecError> {
         if period < MIN_PERIOD {
             return Err(SpecError(format!(
@@ -67,7 +67,7 @@ impl Spec {
             )));
         }
         if period > MAX_PERIOD {
-            return Err(SpecError("the period must be at most 366 days".to_owned()));
+            return Err(SpecError("the period must be at most 365 days".to_owned()));
         }
         if period.subsec_nanos() % 1_000_000 != 0 {
             return Err(SpecError(

@@ -387,6 +387,7 @@ fn with_a_record_a_new_leader_runs_what_nobody_ran_and_nothing_claimed() {
     let record = Record {
         due: claimed,
         finished: true,
+        started: true,
     };
     p.lead_recorded(now, Some(record), false);
     let actions = all_at(&mut p, now);
@@ -416,6 +417,7 @@ fn with_a_record_a_new_leader_runs_what_nobody_ran_and_nothing_claimed() {
         Some(Record {
             due: claimed,
             finished: false,
+            started: true,
         }),
         true,
     );
@@ -434,6 +436,7 @@ fn with_a_record_a_new_leader_runs_what_nobody_ran_and_nothing_claimed() {
         Some(Record {
             due: claimed,
             finished: false,
+            started: true,
         }),
         false,
     );
@@ -445,6 +448,23 @@ fn with_a_record_a_new_leader_runs_what_nobody_ran_and_nothing_claimed() {
         )),
         "{actions:?}"
     );
+    // Claimed but never started (its claimer lost the lease at once): it runs,
+    // whatever the policy.
+    let mut p = Planner::new("recorded", spec.clone(), policy);
+    let never = Record {
+        due: claimed,
+        finished: false,
+        started: false,
+    };
+    p.lead_recorded(now, Some(never), false);
+    let starts: Vec<_> = all_at(&mut p, now)
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Start(o) => Some(o.due),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts, vec![claimed, base() + Duration::from_secs(300)]);
     // No record: nothing was ever missed; the next due time is the first.
     let mut p = Planner::new("recorded", spec, policy);
     p.lead_recorded(now, None, false);
@@ -526,6 +546,7 @@ fn year(table: bool) -> Result<(), TestCaseError> {
                             record = Some(Record {
                                 due: o.due,
                                 finished: true,
+                                started: true,
                             });
                             if o.start < t - MS(200) {
                                 caught_up += 1;
