@@ -331,7 +331,7 @@ mod tests {
             ),
             (
                 Spec::every(Duration::from_secs(400 * 86_400)),
-                "at most 366 days",
+                "at most 365 days",
             ),
             (Spec::cron("0 3 * *", None), "4 fields"),
             (Spec::cron("0 3 * * * * *", None), "7 fields"),
