@@ -1,30 +1,7 @@
 //! What the `bench` and `demo` binaries share: building another binary of the workspace
 //! the way the running one was built.
 
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-/// Variables that `cargo run` sets for the program it runs, by name or prefix. A `cargo`
-/// started by that program must not inherit them: build scripts that watch them
-/// (`cargo:rerun-if-env-changed`; ring's watches `CARGO_MANIFEST_DIR` and
-/// `CARGO_PKG_*`) would see them changed, rebuild, and so invalidate the next `cargo run`.
-const SET_BY_CARGO_RUN: [&str; 8] = [
-    "CARGO_MANIFEST_",
-    "CARGO_PKG_",
-    "CARGO_CRATE_",
-    "CARGO_BIN_",
-    "CARGO_PRIMARY_PACKAGE",
-    "CARGO_TARGET_TMPDIR",
-    "CARGO_RUSTC_CURRENT_DIR",
-    "OUT_DIR",
-];
-
-/// Whether `cargo run` set the variable `name` for the program it runs.
-fn set_by_cargo_run(name: &OsStr) -> bool {
-    let name = name.to_string_lossy();
-    SET_BY_CARGO_RUN.iter().any(|p| name.starts_with(p))
-}
 
 /// Builds binary `bin` of package `package` (with `features`) with the profile of the
 /// running binary, into its directory, and returns its path. `cargo run --bin demo`
@@ -33,13 +10,8 @@ fn set_by_cargo_run(name: &OsStr) -> bool {
 pub fn build_sibling(package: &str, bin: &str, features: &[&str]) -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("locating this binary: {e}"))?;
     let dir = exe.parent().ok_or("this binary has no directory")?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    for (name, _) in std::env::vars_os() {
-        if set_by_cargo_run(&name) {
-            cmd.env_remove(name);
-        }
-    }
+    // Without what `cargo run` set for this binary (lease-tests' `nested_cargo`).
+    let mut cmd = lease_tests::process::nested_cargo();
     cmd.args(["build", "-p", package, "--bin", bin])
         .args(features.iter().flat_map(|f| ["--features", f]))
         .arg("--manifest-path")
@@ -63,29 +35,4 @@ pub fn build_sibling(package: &str, bin: &str, features: &[&str]) -> Result<Path
         ));
     }
     Ok(path)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::set_by_cargo_run;
-
-    #[test]
-    fn only_what_cargo_run_sets_is_dropped() {
-        for name in [
-            "CARGO_MANIFEST_DIR",
-            "CARGO_PKG_NAME",
-            "CARGO_BIN_NAME",
-            "OUT_DIR",
-        ] {
-            assert!(set_by_cargo_run(name.as_ref()), "{name}");
-        }
-        for name in [
-            "CARGO",
-            "CARGO_HOME",
-            "CARGO_TARGET_DIR",
-            "CARGO_PROFILE_DEV_DEBUG",
-        ] {
-            assert!(!set_by_cargo_run(name.as_ref()), "{name}");
-        }
-    }
 }

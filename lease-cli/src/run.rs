@@ -877,41 +877,12 @@ pub(crate) async fn run_command(
     let result = match ended {
         Ended::Exited(status) => exited(status, &mut job, &dog, lease, ctx, &mut deadline).await,
         Ended::Replaced => {
-            // As a graceful stop: the key is held until the tree is gone.
-            let _ = dog.disarm();
-            tracing::info!(
-                command_pid = job.pid(),
-                "the next due time replaces this run: stopping the command's tree (SIGTERM, \
-                 SIGKILL after {})",
-                humantime::format_duration(ctx.grace)
-            );
-            let hurry = async {
-                tokio::select! {
-                    () = ctx.signals.at_least(2) => {}
-                    () = session_watch(ctx, "during the graceful stop") => {}
-                }
-            };
-            stop(&mut job, ctx.grace, hurry).await;
+            graceful_stop(&mut job, &dog, ctx, None).await;
             Ok(())
         }
         Ended::Cancelled(reason) => {
             if graceful(&reason) {
-                // Graceful: the key is held until the tree is gone, unless
-                // the session ends meanwhile.
-                let _ = dog.disarm();
-                tracing::info!(
-                    command_pid = job.pid(),
-                    %reason,
-                    "stopping the command's tree (SIGTERM, SIGKILL after {})",
-                    humantime::format_duration(ctx.grace)
-                );
-                let hurry = async {
-                    tokio::select! {
-                        () = ctx.signals.at_least(2) => {}
-                        () = session_watch(ctx, "during the graceful stop") => {}
-                    }
-                };
-                stop(&mut job, ctx.grace, hurry).await;
+                graceful_stop(&mut job, &dog, ctx, Some(&reason)).await;
             } else if reason.key_may_be_free() {
                 // The server may hand the key over now: the job of a
                 // standby that wins it starts after the lock delay.
@@ -1227,6 +1198,34 @@ fn program(ctx: &Ctx<'_>) -> String {
 /// that its group moves to another replica.
 fn graceful(reason: &Reason) -> bool {
     matches!(reason, Reason::Shutdown | Reason::HandedOver)
+}
+
+/// A graceful stop of the command's tree: the key is held until the tree is
+/// gone, unless the session ends meanwhile; SIGTERM, SIGKILL after `--grace`
+/// (or at a second signal). `reason`: the lease's cancellation, `None` for a
+/// replace (`--overlap replace`).
+async fn graceful_stop(job: &mut Job, dog: &Watchdog, ctx: &Ctx<'_>, reason: Option<&Reason>) {
+    let _ = dog.disarm();
+    let grace = humantime::format_duration(ctx.grace);
+    match reason {
+        Some(reason) => tracing::info!(
+            command_pid = job.pid(),
+            %reason,
+            "stopping the command's tree (SIGTERM, SIGKILL after {grace})"
+        ),
+        None => tracing::info!(
+            command_pid = job.pid(),
+            "the next due time replaces this run: stopping the command's tree (SIGTERM, \
+             SIGKILL after {grace})"
+        ),
+    }
+    let hurry = async {
+        tokio::select! {
+            () = ctx.signals.at_least(2) => {}
+            () = session_watch(ctx, "during the graceful stop") => {}
+        }
+    };
+    stop(job, ctx.grace, hurry).await;
 }
 
 /// SIGTERM to the tree now, SIGKILL after `wait` or once `hurry` resolves

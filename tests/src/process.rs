@@ -26,6 +26,40 @@ pub fn monotonic_nanos() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Variables that cargo sets for the program it runs (`cargo run`, `cargo test`), by
+/// name or prefix. A `cargo` started by that program must not inherit them: build
+/// scripts that watch them (`cargo:rerun-if-env-changed`; ring's watches
+/// `CARGO_MANIFEST_DIR` and `CARGO_PKG_*`) would see them changed and rebuild, with
+/// every crate above them, and so invalidate the next build of the workspace.
+const SET_BY_CARGO: [&str; 8] = [
+    "CARGO_MANIFEST_",
+    "CARGO_PKG_",
+    "CARGO_CRATE_",
+    "CARGO_BIN_",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "CARGO_RUSTC_CURRENT_DIR",
+    "OUT_DIR",
+];
+
+/// Whether cargo set the variable `name` for the program it runs.
+pub fn set_by_cargo(name: &std::ffi::OsStr) -> bool {
+    let name = name.to_string_lossy();
+    SET_BY_CARGO.iter().any(|p| name.starts_with(p))
+}
+
+/// A `cargo` command (`$CARGO`, else `cargo` on the PATH) without the variables cargo
+/// set for this program ([`set_by_cargo`]).
+pub fn nested_cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    for (name, _) in std::env::vars_os() {
+        if set_by_cargo(&name) {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
+}
+
 /// Whether process `pid` exists and is not a zombie.
 pub fn pid_alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks that the process exists and may be signalled.
@@ -326,4 +360,29 @@ fn output_tails(lines: &[Line]) -> String {
         last(Stream::Stdout),
         last(Stream::Stderr)
     )
+}
+
+#[cfg(test)]
+mod cargo_tests {
+    use super::set_by_cargo;
+
+    #[test]
+    fn only_what_cargo_sets_for_its_program_is_dropped() {
+        for name in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_BIN_NAME",
+            "OUT_DIR",
+        ] {
+            assert!(set_by_cargo(name.as_ref()), "{name}");
+        }
+        for name in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+        ] {
+            assert!(!set_by_cargo(name.as_ref()), "{name}");
+        }
+    }
 }

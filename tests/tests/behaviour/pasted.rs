@@ -2,7 +2,7 @@
 //! the docs, in a temporary directory, built by a `cargo` of its own into this
 //! workspace's target directory (dependencies already built there are reused).
 
-use std::ffi::OsStr;
+use lease_tests::process::nested_cargo;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,36 +26,12 @@ pub fn target_dir() -> PathBuf {
         .to_owned()
 }
 
-/// Variables that `cargo test` sets for the test it runs, by name or prefix. The
-/// pasted crate's `cargo` must not inherit them: build scripts that watch them
-/// (ring's watches `CARGO_MANIFEST_DIR` and `CARGO_PKG_*`) would see them changed
-/// and rebuild, with everything above them, here and again in the workspace's next
-/// build (CI's `cargo test --workspace --no-run` after this test: 45 s).
-const SET_BY_CARGO_TEST: [&str; 8] = [
-    "CARGO_MANIFEST_",
-    "CARGO_PKG_",
-    "CARGO_CRATE_",
-    "CARGO_BIN_",
-    "CARGO_PRIMARY_PACKAGE",
-    "CARGO_TARGET_TMPDIR",
-    "CARGO_RUSTC_CURRENT_DIR",
-    "OUT_DIR",
-];
-
-fn set_by_cargo_test(name: &OsStr) -> bool {
-    let name = name.to_string_lossy();
-    SET_BY_CARGO_TEST.iter().any(|p| name.starts_with(p))
-}
-
 /// `cargo ARGS` in `dir`, building into [`target_dir`], without what `cargo test`
-/// set for this test.
+/// set for this test ([`nested_cargo`]: else ring's build script, watching
+/// `CARGO_MANIFEST_DIR`, rebuilds it and everything above it, here and in CI's next
+/// workspace build).
 pub fn cargo(dir: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    for (name, _) in std::env::vars_os() {
-        if set_by_cargo_test(&name) {
-            cmd.env_remove(name);
-        }
-    }
+    let mut cmd = nested_cargo();
     cmd.args(args)
         .current_dir(dir)
         .env("CARGO_TARGET_DIR", target_dir());
@@ -96,25 +72,5 @@ impl Crate {
 impl Drop for Crate {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-#[test]
-fn only_what_cargo_test_sets_is_dropped() {
-    for name in [
-        "CARGO_MANIFEST_DIR",
-        "CARGO_PKG_NAME",
-        "CARGO_CRATE_NAME",
-        "OUT_DIR",
-    ] {
-        assert!(set_by_cargo_test(name.as_ref()), "{name}");
-    }
-    for name in [
-        "CARGO",
-        "CARGO_HOME",
-        "CARGO_TARGET_DIR",
-        "CARGO_INCREMENTAL",
-    ] {
-        assert!(!set_by_cargo_test(name.as_ref()), "{name}");
     }
 }
