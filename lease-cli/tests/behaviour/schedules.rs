@@ -238,8 +238,8 @@ fn kill_stop_and_freeze(extra: &[&str]) -> (String, Vec<String>) {
     (name, missed)
 }
 
-#[test]
-fn schedule_next_states_the_dst_rules() {
+/// `lease schedule next --cron '30 2 * * *' --tz Europe/Berlin --from FROM -n 3`'s lines.
+fn nightly_berlin_from(from: &str) -> Vec<String> {
     let out = lease()
         .args([
             "schedule",
@@ -249,40 +249,32 @@ fn schedule_next_states_the_dst_rules() {
             "--tz",
             "Europe/Berlin",
         ])
-        .args(["--from", "2026-03-28T12:00:00Z", "-n", "2"])
+        .args(["--from", from, "-n", "3"])
         .output()
         .expect("lease schedule next");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{text}");
-    let lines: Vec<&str> = text.lines().collect();
+    text.lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn schedule_next_states_the_dst_rules() {
+    let lines = nightly_berlin_from("2026-03-28T12:00:00Z");
     assert_eq!(lines[0], "cron \"30 2 * * *\" in Europe/Berlin");
     assert!(
         lines[1].starts_with("2026-03-29T01:00:00Z  2026-03-29T03:00:00+02:00[Europe/Berlin]"),
-        "the skipped 02:30 is due at the end of the gap: {text}"
+        "the skipped 02:30 is due at the end of the gap: {lines:?}"
     );
-    assert!(lines[1].contains("end of the gap"), "{text}");
-    let out = lease()
-        .args([
-            "schedule",
-            "next",
-            "--cron",
-            "30 2 * * *",
-            "--tz",
-            "Europe/Berlin",
-        ])
-        .args(["--from", "2026-10-24T12:00:00Z", "-n", "2"])
-        .output()
-        .expect("lease schedule next");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[1].contains("end of the gap"), "{lines:?}");
+    let lines = nightly_berlin_from("2026-10-24T12:00:00Z");
     assert!(
         lines[1].starts_with("2026-10-25T00:30:00Z  2026-10-25T02:30:00+02:00[Europe/Berlin]"),
-        "the repeated 02:30 is due once, at its first pass: {text}"
+        "the repeated 02:30 is due once, at its first pass: {lines:?}"
     );
-    assert!(lines[1].contains("first pass"), "{text}");
+    assert!(lines[1].contains("first pass"), "{lines:?}");
     assert!(
         lines[2].starts_with("2026-10-26T01:30:00Z"),
-        "and not again an hour later: {text}"
+        "and not again an hour later: {lines:?}"
     );
 }
 

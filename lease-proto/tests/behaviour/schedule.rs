@@ -360,6 +360,17 @@ fn replace_stops_the_running_job_before_the_next_starts() {
     assert!(matches!(p.poll(second), Some(Action::Start(o)) if o.due == second));
 }
 
+/// The due times of the starts among `actions`.
+fn started_dues(actions: Vec<Action>) -> Vec<SystemTime> {
+    actions
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Start(o) => Some(o.due),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Every action a planner has at `now`, the runs ending at once.
 fn all_at(p: &mut Planner, now: SystemTime) -> Vec<Action> {
     let mut out = Vec::new();
@@ -391,13 +402,7 @@ fn with_a_record_a_new_leader_runs_what_nobody_ran_and_nothing_claimed() {
     };
     p.lead_recorded(now, Some(record), false);
     let actions = all_at(&mut p, now);
-    let starts: Vec<_> = actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Start(o) => Some(o.due),
-            _ => None,
-        })
-        .collect();
+    let starts = started_dues(actions.clone());
     assert_eq!(
         starts,
         vec![base() + Duration::from_secs(300)],
@@ -421,13 +426,7 @@ fn with_a_record_a_new_leader_runs_what_nobody_ran_and_nothing_claimed() {
         }),
         true,
     );
-    let starts: Vec<_> = all_at(&mut p, now)
-        .into_iter()
-        .filter_map(|a| match a {
-            Action::Start(o) => Some(o.due),
-            _ => None,
-        })
-        .collect();
+    let starts = started_dues(all_at(&mut p, now));
     assert_eq!(starts, vec![claimed, base() + Duration::from_secs(300)]);
     // Unfinished, not retried: said so.
     let mut p = Planner::new("recorded", spec.clone(), policy);
@@ -457,13 +456,7 @@ fn with_a_record_a_new_leader_runs_what_nobody_ran_and_nothing_claimed() {
         started: false,
     };
     p.lead_recorded(now, Some(never), false);
-    let starts: Vec<_> = all_at(&mut p, now)
-        .into_iter()
-        .filter_map(|a| match a {
-            Action::Start(o) => Some(o.due),
-            _ => None,
-        })
-        .collect();
+    let starts = started_dues(all_at(&mut p, now));
     assert_eq!(starts, vec![claimed, base() + Duration::from_secs(300)]);
     // No record: nothing was ever missed; the next due time is the first.
     let mut p = Planner::new("recorded", spec, policy);
