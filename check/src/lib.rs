@@ -91,6 +91,7 @@ pub const FAILOVER: Duration = Duration::from_millis(240);
 /// The lease every process runs.
 pub const LEASE: &str = "job";
 
+pub mod schedules;
 pub mod variants;
 
 impl Model {
