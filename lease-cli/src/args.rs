@@ -139,11 +139,11 @@ waiting out --lock-delay when D ends is released, COMMAND not run. Not with --sh
 
 SCHEDULES: with --every DURATION or --cron EXPR [--tz ZONE], `lease run` keeps running and the
 leader runs COMMAND once per due time, on the database server's clock (read on a connection of
-its own every 10 s; a run starts only on a reading within 50 ms), with LEASE_DUE (the due time,
+its own every 10 s or sooner; a run starts only on a reading within 50 ms), with LEASE_DUE (the due time,
 RFC 3339 UTC) and LEASE_RUN_ID (NAME@<due as Unix seconds>) added. Each run is a COMMAND as
 above (watchdog, kill deadline, stopped when the lease is lost); its exit status is logged and
-does not end `lease run`. A due time that does not run is logged once, with why (--overlap, a
-takeover, a stalled leader, --catch-up). Without --state-table a due time runs at most once: a
+does not end `lease run`. A due time the leader passes over is logged once, with why (--overlap,
+a takeover, a stalled leader, --catch-up). Without --state-table a due time runs at most once: a
 new leader runs only due times starting 100 ms or more after its grant, so those in between run
 nowhere; --catch-up WINDOW runs them after all (at least once: the old leader may have run them).
 With --state-table TABLE (`lease schedule init`), each due time is claimed before it runs, by one
