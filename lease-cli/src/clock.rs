@@ -8,15 +8,15 @@
 //! differ). A run starts only on an estimate within [`MAX_CLOCK_ERROR`].
 
 use crate::conn::{self, Target};
-use lease_proto::schedule::MAX_CLOCK_ERROR;
+use lease_proto::schedule::{CLOCK_DRIFT, MAX_CLOCK_ERROR};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Reads per estimate; the quickest wins.
 const SAMPLES: usize = 5;
 
-/// The clock-rate difference assumed between this host and the server: 500 ppm,
-/// ten times what an NTP-disciplined clock keeps to.
-pub const DRIFT: f64 = 0.0005;
+/// The clock-rate difference assumed between this host and the server (the
+/// core's rule, beside [`MAX_CLOCK_ERROR`]).
+const DRIFT: f64 = CLOCK_DRIFT;
 
 /// How old an estimate may get before it is read again (its error then grows by
 /// 5 ms at most).

@@ -31,6 +31,11 @@ use std::time::Duration;
 /// each within this bound, cannot then both claim one due time.
 pub const MAX_CLOCK_ERROR: Duration = Duration::from_millis(50);
 
+/// The clock-rate difference a leader assumes between its host and the server when
+/// its reading of the server's clock ages: 500 ppm, ten times what an
+/// NTP-disciplined clock keeps to. A reading's error grows by this much of its age.
+pub const CLOCK_DRIFT: f64 = 0.0005;
+
 /// The shortest period of [`Spec::every`].
 pub const MIN_PERIOD: Duration = Duration::from_secs(1);
 
