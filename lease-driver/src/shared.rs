@@ -7,7 +7,7 @@ use std::task::Waker;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use lease_proto::{
-    Input, LeaseId, Machine, Outcome, RunCommand, RunId, RunRejected, SessionCommand,
+    Input, LeaseId, Machine, Outcome, Output, RunCommand, RunId, RunRejected, SessionCommand,
 };
 
 use crate::cancel::{Cancel, CancelTx};
@@ -129,48 +129,53 @@ impl Shared {
         Ok(run)
     }
 
-    /// The drain rule: after every input, run commands to their run futures,
-    /// session commands to the driver, events to tracing; run commands and
-    /// events to the metrics too; then wake the driver, whose timer may have
-    /// moved.
+    /// The drain rule: after every input, every output in the order given:
+    /// run commands to their run futures, session commands to the driver,
+    /// events to tracing; run commands and events to the metrics too; then
+    /// wake the driver, whose timer may have moved.
     pub(crate) fn drain(&mut self) {
-        while let Some(command) = self.machine.poll_run() {
-            self.metrics.run_command(&self.clock, &command);
-            match command {
-                RunCommand::StartJob {
-                    run, lease, token, ..
-                } => {
-                    let cancel = Arc::new(Cancel::default());
-                    self.with_slot(run, |slot| {
-                        slot.cancel = Some(CancelTx(cancel.clone()));
-                        slot.start = Some(Start {
-                            lease,
-                            token,
-                            cancel,
-                        });
-                    });
-                }
-                RunCommand::CancelJob { run, reason } => self.with_slot(run, |slot| {
-                    if let Some(tx) = &slot.cancel {
-                        tx.0.set(reason);
-                    }
-                }),
-                RunCommand::Finish { run, outcome } => {
-                    self.with_slot(run, |slot| slot.outcome = Some(outcome));
+        while let Some(output) = self.machine.poll_output() {
+            match output {
+                Output::Run(command) => self.run_command(command),
+                Output::Session(command) => self.session.push_back(command),
+                Output::Event(event) => {
+                    self.log.event(&self.clock, &event);
+                    self.metrics.event(&self.clock, &event);
                 }
             }
-        }
-        while let Some(command) = self.machine.poll_session() {
-            self.session.push_back(command);
-        }
-        while let Some(event) = self.machine.poll_event() {
-            self.log.event(&self.clock, &event);
-            self.metrics.event(&self.clock, &event);
         }
         self.metrics.drained();
         self.dirty = true;
         if let Some(waker) = self.driver.take() {
             waker.wake();
+        }
+    }
+
+    /// A run command, to the run's slot (and the metrics).
+    fn run_command(&mut self, command: RunCommand) {
+        self.metrics.run_command(&self.clock, &command);
+        match command {
+            RunCommand::StartJob {
+                run, lease, token, ..
+            } => {
+                let cancel = Arc::new(Cancel::default());
+                self.with_slot(run, |slot| {
+                    slot.cancel = Some(CancelTx(cancel.clone()));
+                    slot.start = Some(Start {
+                        lease,
+                        token,
+                        cancel,
+                    });
+                });
+            }
+            RunCommand::CancelJob { run, reason } => self.with_slot(run, |slot| {
+                if let Some(tx) = &slot.cancel {
+                    tx.0.set(reason);
+                }
+            }),
+            RunCommand::Finish { run, outcome } => {
+                self.with_slot(run, |slot| slot.outcome = Some(outcome));
+            }
         }
     }
 

@@ -494,8 +494,22 @@ impl SessionParams {
     }
 }
 
+/// One thing for the driver to do, from
+/// [`Machine::poll_output`](crate::Machine::poll_output), which hands them
+/// out in the order they must be carried out. Exhaustive on purpose (see
+/// [`SessionCommand`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// For the run futures: start or cancel a job, finish a run.
+    Run(RunCommand),
+    /// For the connection: open, query, close.
+    Session(SessionCommand),
+    /// For logs and metrics. Asks for no action; a driver may drop it.
+    Event(Event),
+}
+
 /// A command for the driver's connection, from
-/// [`Machine::poll_session`](crate::Machine::poll_session).
+/// [`Machine::poll_output`](crate::Machine::poll_output).
 ///
 /// Exhaustive on purpose, as [`RunCommand`] is: a driver must carry out
 /// every command, so a new one is a breaking change that a driver's `match`
@@ -573,7 +587,7 @@ pub enum SessionCommand {
 }
 
 /// A command for the runs (the futures that run jobs), from
-/// [`Machine::poll_run`](crate::Machine::poll_run). Exhaustive on purpose
+/// [`Machine::poll_output`](crate::Machine::poll_output). Exhaustive on purpose
 /// (see [`SessionCommand`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunCommand {

@@ -8,10 +8,11 @@
 //! ## The drain rule
 //!
 //! After **every** input (a run, a reply, a job exit, a notification, a
-//! tick), drain the three queues until all are empty, run commands first:
-//! [`Machine::poll_run`] (jobs to start and cancel, runs to finish),
-//! [`Machine::poll_session`] (connect, send a statement, close) and
-//! [`Machine::poll_event`] (logs, metrics). Then read the clock, and sleep until
+//! tick), drain [`Machine::poll_output`] until it returns `None`, carrying
+//! out each [`Output`] as it comes: run commands (jobs to start and cancel,
+//! runs to finish), session commands (connect, send a statement, close) and
+//! events (logs, metrics), already in the order they must be carried out.
+//! Then read the clock, and sleep until
 //! [`Machine::poll_timeout`] or the next input, whichever comes first; when the
 //! timer fires, feed [`Input::Tick`]. The machine checks every deadline
 //! against the `now` it is given, so a late or spurious tick is harmless;
@@ -20,7 +21,7 @@
 //!
 //! ```no_run
 //! use std::time::{Duration, Instant};
-//! use lease_proto::{Event, Input, LeaseId, Machine, Options, RunCommand, SessionCommand};
+//! use lease_proto::{Event, Input, LeaseId, Machine, Options, Output, RunCommand, SessionCommand};
 //!
 //! # fn execute_session(_: SessionCommand) {}
 //! # fn execute_run(_: RunCommand) {}
@@ -30,23 +31,12 @@
 //! let mut machine = Machine::new(Options::default(), 0x5eed)?;
 //! let _run = machine.run(Instant::now(), LeaseId::named("sweeper")?)?;
 //! loop {
-//!     // The drain rule: every queue, until all are empty.
-//!     loop {
-//!         let mut idle = true;
-//!         while let Some(c) = machine.poll_run() {
-//!             execute_run(c); // StartJob, CancelJob, Finish
-//!             idle = false;
-//!         }
-//!         while let Some(c) = machine.poll_session() {
-//!             execute_session(c); // Open, Query, Close
-//!             idle = false;
-//!         }
-//!         while let Some(e) = machine.poll_event() {
-//!             log(e);
-//!             idle = false;
-//!         }
-//!         if idle {
-//!             break;
+//!     // The drain rule: every output, in the order given.
+//!     while let Some(output) = machine.poll_output() {
+//!         match output {
+//!             Output::Run(c) => execute_run(c), // StartJob, CancelJob, Finish
+//!             Output::Session(c) => execute_session(c), // Open, Query, Close
+//!             Output::Event(e) => log(e),
 //!         }
 //!     }
 //!     if machine.is_closed() {
@@ -65,7 +55,7 @@
 //! | class | methods | when |
 //! |---|---|---|
 //! | inputs | [`Machine::run`], [`Machine::handle_input`] | each with the current time |
-//! | outputs, in poll order | [`Machine::poll_run`], [`Machine::poll_session`], [`Machine::poll_event`] | after every input, until all are empty |
+//! | output | [`Machine::poll_output`] | after every input, until it is `None` |
 //! | timer | [`Machine::poll_timeout`], [`Machine::timeout_reason`] | after draining |
 //! | queries | [`Machine::status`], [`Machine::valid_until`], [`Machine::is_valid`], [`Machine::is_closed`], [`Machine::options`] | any time; they change nothing |
 //!
@@ -183,8 +173,8 @@ fn proptest_config() -> proptest::test_runner::Config {
 }
 
 pub use io::{
-    Event, Input, JobExit, Outcome, QueryId, Reason, Refusal, RunCommand, RunId, SessionCommand,
-    SessionError, SessionId, SessionParams,
+    Event, Input, JobExit, Outcome, Output, QueryId, Reason, Refusal, RunCommand, RunId,
+    SessionCommand, SessionError, SessionId, SessionParams,
 };
 pub use key::{group_id_for_name, key_for_name, GroupId, LeaseId, NameError};
 pub use machine::{

@@ -30,7 +30,8 @@
 //! - `clock`: the server's clock against the local one;
 //! - `deadline`: the one [`DeadlineTable`] behind [`Machine::poll_timeout`],
 //!   with the latest time fed in (time never goes backwards);
-//! - `outputs`: the three output queues ([`Outputs`]) the poll methods drain;
+//! - `outputs`: the queued outputs ([`Outputs`]) and the order
+//!   [`Machine::poll_output`] hands them out in;
 //! - `knobs`: the simulator's broken variants, all off in production;
 //! - `status`: the public snapshot's types.
 //!
@@ -162,11 +163,11 @@ impl std::error::Error for RunRejected {}
 ///    and [`Machine::handle_input`] (everything else: replies, job exits,
 ///    session events, notifications, [`Input::Tick`]). Time never goes
 ///    backwards inside the machine: an earlier `now` counts as the latest.
-/// 2. **Outputs**, drained after every input until all three are empty, in
-///    this order: [`Machine::poll_run`] (start and cancel jobs, finish runs),
-///    [`Machine::poll_session`] (open, query, close), [`Machine::poll_event`]
-///    (logs and metrics). Draining is what makes the machine act: an output
-///    left queued is an action not taken.
+/// 2. **Output**: [`Machine::poll_output`], drained after every input until
+///    it is `None`: run commands (start and cancel jobs, finish runs),
+///    session commands (open, query, close) and events (logs and metrics),
+///    in the order they must be carried out. Draining is what makes the
+///    machine act: an output left queued is an action not taken.
 /// 3. **Deadline**: [`Machine::poll_timeout`], read after draining: when to feed
 ///    [`Input::Tick`] if no other input comes first;
 ///    [`Machine::timeout_reason`] says which deadline that is. One timer is
@@ -372,29 +373,17 @@ impl Machine {
         self.pump(now);
     }
 
-    // ---- outputs, in poll order ------------------------------------------
+    // ---- output -------------------------------------------------------
 
-    /// Output 1: the next command for the run futures (start, cancel,
-    /// finish), or `None`. Drain it after every input, before
-    /// [`Machine::poll_session`]: within one step a job is always started
-    /// before a session command could close the session it was won on.
+    /// Output: the next thing to do (a run command, a session command or an
+    /// event), or `None`. Drain it after every input until it is `None`,
+    /// carrying each out as it comes: the queue hands them out in the order
+    /// they must be carried out (the rule: the `outputs` module). Draining is
+    /// what makes the machine act: an output left queued is an action not
+    /// taken.
     #[must_use]
-    pub fn poll_run(&mut self) -> Option<RunCommand> {
-        self.out.run.pop_front()
-    }
-
-    /// Output 2: the next command for the connection (open, query, close),
-    /// or `None`. Drain it after every input, after [`Machine::poll_run`].
-    #[must_use]
-    pub fn poll_session(&mut self) -> Option<SessionCommand> {
-        self.out.session.pop_front()
-    }
-
-    /// Output 3: the next event for logs and metrics, or `None`. Events never
-    /// ask for an action; a driver may drop them.
-    #[must_use]
-    pub fn poll_event(&mut self) -> Option<Event> {
-        self.out.events.pop_front()
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop()
     }
 
     // ---- timer --------------------------------------------------------
@@ -451,8 +440,7 @@ impl Machine {
             && self.runs.is_empty()
             && matches!(self.session, Session::Idle | Session::Backoff)
             && self.watch.is_closed()
-            && self.out.session.is_empty()
-            && self.out.run.is_empty()
+            && self.out.no_commands()
     }
 
     /// Query: a snapshot of the session and every run.

@@ -1059,7 +1059,7 @@ mod tests {
     }
 
     fn drain(out: &mut Outputs) -> (Vec<RunCommand>, Vec<Event>) {
-        (out.run.drain(..).collect(), out.events.drain(..).collect())
+        out.take_runs_and_events()
     }
 
     /// `name`'s run tried at `sent` and won with `token`.

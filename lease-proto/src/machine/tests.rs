@@ -24,10 +24,9 @@ fn setup_rows(opts: &Options, nonce: i64) -> Vec<crate::sql::Row> {
 }
 
 fn query(m: &mut Machine) -> (QueryId, Statement) {
-    while m.poll_run().is_some() || m.poll_event().is_some() {}
     let mut last = None;
-    while let Some(c) = m.poll_session() {
-        if let SessionCommand::Query { query, statement } = c {
+    while let Some(o) = m.poll_output() {
+        if let Output::Session(SessionCommand::Query { query, statement }) = o {
             last = Some((query, statement));
         }
     }

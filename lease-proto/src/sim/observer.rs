@@ -6,8 +6,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Event, Input, LeaseId, Machine, Outcome, QueryId, RunCommand, RunId, SessionCommand, SessionId,
-    Statement,
+    Event, Input, LeaseId, Machine, Outcome, Output, QueryId, RunCommand, RunId, SessionCommand,
+    SessionId, Statement,
 };
 
 /// A driver rule the observed machine broke.
@@ -486,9 +486,8 @@ impl From<RunCommand> for Command {
     }
 }
 
-/// Drains every queue of `machine` by the drain rule (run commands, then
-/// session commands; events are returned apart), checking each command with
-/// `observer`.
+/// Drains `machine`'s output by the drain rule (commands in the order given;
+/// events are returned apart), checking each command with `observer`.
 ///
 /// # Errors
 /// The first rule the observer saw broken.
@@ -497,17 +496,19 @@ pub fn drain(
     observer: &mut Observer,
 ) -> Result<(Vec<Command>, Vec<Event>), ObserverViolation> {
     let mut commands = Vec::new();
-    while let Some(c) = machine.poll_run() {
-        observer.run_command(&c)?;
-        commands.push(c.into());
-    }
-    while let Some(c) = machine.poll_session() {
-        observer.session_command(&c)?;
-        commands.push(c.into());
-    }
     let mut events = Vec::new();
-    while let Some(e) = machine.poll_event() {
-        events.push(e);
+    while let Some(output) = machine.poll_output() {
+        match output {
+            Output::Run(c) => {
+                observer.run_command(&c)?;
+                commands.push(c.into());
+            }
+            Output::Session(c) => {
+                observer.session_command(&c)?;
+                commands.push(c.into());
+            }
+            Output::Event(e) => events.push(e),
+        }
     }
     Ok((commands, events))
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::net::{ToClient, ToServer};
 use super::{DriverBug, Ev, Sim, TraceEvent, Violation};
 use crate::{
-    server::HANDOVER_CHANNEL, Input, JobExit, LeaseId, Machine, Outcome, RunCommand, RunId,
+    server::HANDOVER_CHANNEL, Input, JobExit, LeaseId, Machine, Outcome, Output, RunCommand, RunId,
     SessionCommand, SessionId, Statement,
 };
 
@@ -232,25 +232,14 @@ impl Sim {
     }
 
     /// The simulated driver: executes every command of process `p`'s machine
-    /// by the drain rule (run commands, then session commands, then events,
-    /// until all are empty), then arms its one timer.
+    /// by the drain rule (every output, in the order given), then arms its
+    /// one timer.
     pub(super) fn drain(&mut self, p: usize) {
-        loop {
-            let mut idle = true;
-            while let Some(cmd) = self.procs[p].machine.poll_run() {
-                self.run_command(p, cmd);
-                idle = false;
-            }
-            while let Some(cmd) = self.procs[p].machine.poll_session() {
-                self.session_command(p, cmd);
-                idle = false;
-            }
-            while let Some(e) = self.procs[p].machine.poll_event() {
-                self.trace(Some(p), TraceEvent::Machine(e));
-                idle = false;
-            }
-            if idle {
-                break;
+        while let Some(output) = self.procs[p].machine.poll_output() {
+            match output {
+                Output::Run(cmd) => self.run_command(p, cmd),
+                Output::Session(cmd) => self.session_command(p, cmd),
+                Output::Event(e) => self.trace(Some(p), TraceEvent::Machine(e)),
             }
         }
         self.arm_timer(p);

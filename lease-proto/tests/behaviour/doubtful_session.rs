@@ -122,13 +122,13 @@ impl H {
     fn drain(&mut self) -> Vec<Command> {
         let mut v = Vec::new();
         let mut all: Vec<Command> = Vec::new();
-        while let Some(c) = self.m.poll_run() {
-            all.push(c.into());
+        while let Some(o) = self.m.poll_output() {
+            match o {
+                Output::Run(c) => all.push(c.into()),
+                Output::Session(c) => all.push(c.into()),
+                Output::Event(_) => {}
+            }
         }
-        while let Some(c) = self.m.poll_session() {
-            all.push(c.into());
-        }
-        while self.m.poll_event().is_some() {}
         for c in all {
             {
                 match &c {

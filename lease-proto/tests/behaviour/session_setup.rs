@@ -144,8 +144,8 @@ fn the_session_asks_for_the_guard() {
     let mut h2 = harness(opts());
     h2.start(LeaseId::named("a").unwrap()).unwrap();
     let mut found = false;
-    while let Some(o) = h2.machine_mut().poll_session() {
-        if let SessionCommand::Open { params, .. } = o {
+    while let Some(o) = h2.machine_mut().poll_output() {
+        if let Output::Session(SessionCommand::Open { params, .. }) = o {
             assert_eq!(
                 params.options_string(),
                 "-c search_path=pg_catalog -c idle_session_timeout=900 -c tcp_user_timeout=900 \
