@@ -359,10 +359,10 @@ fn log_event(event: &Event, since: u32, host: Option<&str>, observer: bool) {
             "handing the lease over to the backend a hand-over request named, which waits for \
              it: stopping the job, then releasing the lease"
         ),
-        Event::HandoverRefused { key, to } => warn!(
+        Event::HandoverDeclined { key, to } => warn!(
             key,
             to_backend_pid = to,
-            "a hand-over was asked for a backend that does not wait for the lease; refused (the job goes on)"
+            "a hand-over was asked for a backend that does not wait for the lease; declined (the job goes on)"
         ),
         Event::NotificationIgnored {
             key,

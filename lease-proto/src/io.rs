@@ -887,7 +887,7 @@ pub enum Event {
     /// and no check found that backend waiting for the key within the ask's
     /// window (a mistyped pid, a backend gone, a forged request): the job
     /// goes on, nothing was handed over (see `handover`).
-    HandoverRefused {
+    HandoverDeclined {
         /// The lease's key.
         key: i64,
         /// The backend the request named.

@@ -196,7 +196,7 @@ fn a_seed_replays_the_same_run() {
 #[test]
 fn under_random_partitions_and_latency_one_run_at_a_time() {
     use lease_smol::test_util::nemesis::proptest::test_runner::{Config, TestRunner};
-    use lease_smol::test_util::nemesis::{schedule, Mix};
+    use lease_smol::test_util::nemesis::{timeline, Mix};
 
     let cases = std::env::var("PROPTEST_CASES").map_or(8, |n| n.parse().expect("a number"));
     let mut runner = TestRunner::new(Config {
@@ -209,7 +209,7 @@ fn under_random_partitions_and_latency_one_run_at_a_time() {
         restart: 0,
         ..Mix::default()
     };
-    let faults = schedule(3, Duration::from_secs(60), Duration::from_secs(30), 8, mix);
+    let faults = timeline(3, Duration::from_secs(60), Duration::from_secs(30), 8, mix);
     let wall = Instant::now();
     runner
         .run(&(0..1000u64, faults), |(seed, faults)| {
@@ -219,7 +219,7 @@ fn under_random_partitions_and_latency_one_run_at_a_time() {
                 let (lockers, _runs): (Vec<_>, Vec<_>) =
                     (0..3).map(|_| replica(&server, &log)).unzip();
                 sleep(1.0).await;
-                server.run_schedule(&lockers, &faults).await;
+                server.run_timeline(&lockers, &faults).await;
                 sleep(40.0).await;
                 let mut found = log.check_no_overlap();
                 found.extend(log.check_stopped_within(Duration::ZERO));

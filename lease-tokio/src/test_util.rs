@@ -42,7 +42,7 @@ use crate::{Tokio, TokioAdapter};
 
 pub use lease_driver::test_util::nemesis;
 pub use lease_driver::test_util::{
-    FencedStore, Grant, JobLog, JobRun, Rejected, Running, Sent, Violation, Write, DEFAULT_LATENCY,
+    Breach, FencedStore, Grant, JobLog, JobRun, Rejected, Running, Sent, Write, DEFAULT_LATENCY,
 };
 
 /// A simulated PostgreSQL server for tokio lockers:

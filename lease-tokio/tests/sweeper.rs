@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lease_tokio::test_util::{FencedStore, JobLog, TestServer, Violation};
+use lease_tokio::test_util::{Breach, FencedStore, JobLog, TestServer};
 use lease_tokio::{Lease, Options};
 
 const LEASE: &str = "sweeper";
@@ -81,7 +81,7 @@ fn replicas(
 /// terminated: the first one must stop, hand over, and resume. Returns
 /// every check's findings, and whether the job resumed (a third run, under
 /// the newest token, wrote).
-async fn partition_then_terminate(kind: Sweeper) -> (Vec<Violation>, bool) {
+async fn partition_then_terminate(kind: Sweeper) -> (Vec<Breach>, bool) {
     let server = TestServer::new(11);
     let (lockers, store, log) = replicas(&server, kind);
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -101,7 +101,7 @@ async fn partition_then_terminate(kind: Sweeper) -> (Vec<Violation>, bool) {
 
 /// The leader's process is frozen for 30 s (its job is not: the pause no
 /// client beats). Returns what the fencing check finds.
-async fn freeze(kind: Sweeper) -> Vec<Violation> {
+async fn freeze(kind: Sweeper) -> Vec<Breach> {
     let server = TestServer::new(12);
     let (lockers, store, _log) = replicas(&server, kind);
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -129,10 +129,8 @@ async fn the_correct_sweeper_writes_nothing_stale_across_a_freeze() {
 async fn a_sweeper_that_ignores_cancellation_is_caught() {
     let (found, _) = partition_then_terminate(Sweeper::IgnoresCancellation).await;
     println!("caught: {found:#?}");
-    assert!(found.iter().any(|v| matches!(v, Violation::Overlap { .. })));
-    assert!(found
-        .iter()
-        .any(|v| matches!(v, Violation::SlowStop { .. })));
+    assert!(found.iter().any(|v| matches!(v, Breach::Overlap { .. })));
+    assert!(found.iter().any(|v| matches!(v, Breach::SlowStop { .. })));
 }
 
 #[tokio::test(start_paused = true)]
@@ -145,5 +143,5 @@ async fn a_sweeper_that_writes_without_its_token_is_caught() {
     );
     assert!(found
         .iter()
-        .any(|v| matches!(v, Violation::StaleWrite { token: None, .. })));
+        .any(|v| matches!(v, Breach::StaleWrite { token: None, .. })));
 }

@@ -184,7 +184,7 @@ fn a_seed_replays_the_same_run() {
 #[test]
 fn under_random_partitions_and_latency_one_run_at_a_time() {
     use lease_tokio::test_util::nemesis::proptest::test_runner::{Config, TestRunner};
-    use lease_tokio::test_util::nemesis::{schedule, Mix};
+    use lease_tokio::test_util::nemesis::{timeline, Mix};
 
     let cases = std::env::var("PROPTEST_CASES").map_or(12, |n| n.parse().expect("a number"));
     let mut runner = TestRunner::new(Config {
@@ -197,7 +197,7 @@ fn under_random_partitions_and_latency_one_run_at_a_time() {
         restart: 0,
         ..Mix::default()
     };
-    let faults = schedule(3, Duration::from_secs(60), Duration::from_secs(30), 8, mix);
+    let faults = timeline(3, Duration::from_secs(60), Duration::from_secs(30), 8, mix);
     let wall = Instant::now();
     runner
         .run(&(0..1000u64, faults), |(seed, faults)| {
@@ -211,7 +211,7 @@ fn under_random_partitions_and_latency_one_run_at_a_time() {
                 let log = server.job_log();
                 let lockers: Vec<_> = (0..3).map(|_| replica(&server, &log).0).collect();
                 sleep(1.0).await;
-                server.run_schedule(&lockers, &faults).await;
+                server.run_timeline(&lockers, &faults).await;
                 sleep(40.0).await;
                 let mut found = log.check_no_overlap();
                 found.extend(log.check_stopped_within(Duration::ZERO));
@@ -236,7 +236,7 @@ fn under_random_partitions_and_latency_one_run_at_a_time() {
 #[test]
 fn under_random_freezes_a_job_checking_its_lease_writes_nothing_stale() {
     use lease_tokio::test_util::nemesis::proptest::test_runner::{Config, TestRunner};
-    use lease_tokio::test_util::nemesis::{schedule, Mix};
+    use lease_tokio::test_util::nemesis::{timeline, Mix};
 
     let cases = std::env::var("PROPTEST_CASES").map_or(12, |n| n.parse().expect("a number"));
     let mut runner = TestRunner::new(Config {
@@ -250,7 +250,7 @@ fn under_random_freezes_a_job_checking_its_lease_writes_nothing_stale() {
         freeze: 3,
         ..Mix::default()
     };
-    let faults = schedule(3, Duration::from_secs(60), Duration::from_secs(30), 8, mix);
+    let faults = timeline(3, Duration::from_secs(60), Duration::from_secs(30), 8, mix);
     runner
         .run(&(0..1000u64, faults), |(seed, faults)| {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -288,7 +288,7 @@ fn under_random_freezes_a_job_checking_its_lease_writes_nothing_stale() {
                     lockers.push(locker);
                 }
                 sleep(1.0).await;
-                server.run_schedule(&lockers, &faults).await;
+                server.run_timeline(&lockers, &faults).await;
                 sleep(40.0).await;
                 let found = server.check_newest_token(&store, LEASE);
                 assert!(found.is_empty(), "{faults:?}: {found:#?}");

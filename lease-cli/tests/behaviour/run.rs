@@ -792,7 +792,7 @@ fn a_flood_of_requests_for_backends_that_do_not_wait_never_interrupts_the_holder
     let (led, events) = led_share(&[&a, &b, &d], t0, flood);
     let refused = stderr_of(&a)
         .lines()
-        .filter(|l| l.contains("does not wait for the lease; refused"))
+        .filter(|l| l.contains("does not wait for the lease; declined"))
         .count();
     eprintln!(
         "a request flood for {flood:?}: led {:.1} % of it, {} starts and stops, {refused} \

@@ -1,5 +1,5 @@
 //! What a user's test asserts: a store that fences writes by token, a log of
-//! the job's runs, and the checks on them, each breach a [`Violation`].
+//! the job's runs, and the checks on them, each breach a [`Breach`].
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,7 +18,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A breach found by a check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Violation {
+pub enum Breach {
     /// Two runs of the job of one lease were running at once.
     Overlap {
         /// The lease.
@@ -55,10 +55,10 @@ pub enum Violation {
     },
 }
 
-impl fmt::Display for Violation {
+impl fmt::Display for Breach {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Violation::Overlap {
+            Breach::Overlap {
                 lease,
                 tokens,
                 from,
@@ -68,7 +68,7 @@ impl fmt::Display for Violation {
                 "two runs of {lease} at once (tokens {} and {}) from {from:?} to {to:?}",
                 tokens.0, tokens.1
             ),
-            Violation::SlowStop {
+            Breach::SlowStop {
                 lease,
                 token,
                 cancelled,
@@ -79,7 +79,7 @@ impl fmt::Display for Violation {
                 "the run of {lease} with token {token} was cancelled at {cancelled:?} and \
                  stopped at {stopped:?}, later than {allowed:?} after"
             ),
-            Violation::StaleWrite { at, token, newest } => write!(
+            Breach::StaleWrite { at, token, newest } => write!(
                 f,
                 "a write at {at:?} with token {token:?} was accepted while the newest token \
                  granted was {newest:?}"
@@ -263,7 +263,7 @@ impl<T> FencedStore<T> {
 }
 
 /// Accepted writes (time, token) against the grants of their lease.
-pub(crate) fn newest_token(writes: &[(Duration, Option<i64>)], grants: &[Grant]) -> Vec<Violation> {
+pub(crate) fn newest_token(writes: &[(Duration, Option<i64>)], grants: &[Grant]) -> Vec<Breach> {
     let mut found = Vec::new();
     for &(at, token) in writes {
         let newest = (grants.iter())
@@ -271,7 +271,7 @@ pub(crate) fn newest_token(writes: &[(Duration, Option<i64>)], grants: &[Grant])
             .map(|g| g.token)
             .max();
         if token.is_none() || token != newest {
-            found.push(Violation::StaleWrite { at, token, newest });
+            found.push(Breach::StaleWrite { at, token, newest });
         }
     }
     found
@@ -382,7 +382,7 @@ impl JobLog {
     }
 
     /// No two runs of one lease were running at once.
-    pub fn check_no_overlap(&self) -> Vec<Violation> {
+    pub fn check_no_overlap(&self) -> Vec<Breach> {
         let runs = self.runs();
         let mut found = Vec::new();
         for (i, a) in runs.iter().enumerate() {
@@ -396,7 +396,7 @@ impl JobLog {
                     (x, y) => x.or(y),
                 };
                 if to.is_none_or(|to| to > from) {
-                    found.push(Violation::Overlap {
+                    found.push(Breach::Overlap {
                         lease: a.lease.clone(),
                         tokens: (a.token, b.token),
                         from,
@@ -410,7 +410,7 @@ impl JobLog {
 
     /// Every cancelled run returned within `allowed` of its cancellation
     /// (a run still going counts until now).
-    pub fn check_stopped_within(&self, allowed: Duration) -> Vec<Violation> {
+    pub fn check_stopped_within(&self, allowed: Duration) -> Vec<Breach> {
         let now = (self.clock)();
         let mut found = Vec::new();
         for run in self.runs() {
@@ -418,7 +418,7 @@ impl JobLog {
                 continue;
             };
             if run.stopped.unwrap_or(now).saturating_sub(cancelled) > allowed {
-                found.push(Violation::SlowStop {
+                found.push(Breach::SlowStop {
                     lease: run.lease,
                     token: run.token,
                     cancelled,

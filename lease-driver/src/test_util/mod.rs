@@ -38,7 +38,7 @@ use crate::runtime::{BoxFuture, Connected, Runtime, Session, SessionEvent, Timer
 use crate::shared::Inner;
 use crate::{Driver, Locker, Options};
 
-pub use checks::{FencedStore, JobLog, JobRun, Rejected, Running, Violation, Write};
+pub use checks::{Breach, FencedStore, JobLog, JobRun, Rejected, Running, Write};
 
 /// The one-way latency of every link unless [`TestServer::slow`] says
 /// otherwise: 1 ms (tokio's timers have a millisecond's resolution).
@@ -324,7 +324,7 @@ impl<A: TestAdapter> TestServer<A> {
         &self,
         store: &FencedStore<T>,
         lease: &str,
-    ) -> Vec<Violation> {
+    ) -> Vec<Breach> {
         let key = key_for_name(lease);
         let grants: Vec<Grant> = self.grants().into_iter().filter(|g| g.key == key).collect();
         checks::newest_token(&store.accepted_marks(), &grants)

@@ -1,5 +1,5 @@
-//! A nemesis: a random fault schedule ([`schedule`], a proptest strategy)
-//! and [`TestServer::run_schedule`], which injects it in the runtime's time.
+//! A nemesis: a random timeline of disruptions ([`timeline`], a proptest strategy)
+//! and [`TestServer::run_timeline`], which injects it in the runtime's time.
 
 use std::future::poll_fn;
 use std::time::Duration;
@@ -13,11 +13,11 @@ pub use proptest;
 use super::{TestAdapter, TestServer};
 use crate::{Locker, Runtime};
 
-/// One fault of a schedule; lockers by number (their index in the slice
-/// given to [`TestServer::run_schedule`]).
+/// One disruption of a timeline; lockers by number (their index in the slice
+/// given to [`TestServer::run_timeline`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Fault {
+pub enum Disruption {
     /// [`TestServer::terminate`].
     Terminate(usize),
     /// [`TestServer::partition`] for this long.
@@ -30,24 +30,24 @@ pub enum Fault {
     Restart(Duration),
 }
 
-/// Faults at times from the start of [`TestServer::run_schedule`], in order.
-pub type Schedule = Vec<(Duration, Fault)>;
+/// Disruptions at times from the start of [`TestServer::run_timeline`], in order.
+pub type Timeline = Vec<(Duration, Disruption)>;
 
-/// The relative weights of the faults a [`schedule`] draws (0: never).
-/// The default draws every fault but freezes: a frozen locker's job runs on
+/// The relative weights of the disruptions a [`timeline`] draws (0: never).
+/// The default draws every disruption but freezes: a frozen locker's job runs on
 /// past its lease (the kit cannot stop it), so two runs overlap and only
 /// fencing protects; add them for fencing checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mix {
-    /// [`Fault::Terminate`].
+    /// [`Disruption::Terminate`].
     pub terminate: u32,
-    /// [`Fault::Partition`].
+    /// [`Disruption::Partition`].
     pub partition: u32,
-    /// [`Fault::Freeze`].
+    /// [`Disruption::Freeze`].
     pub freeze: u32,
-    /// [`Fault::Slow`].
+    /// [`Disruption::Slow`].
     pub slow: u32,
-    /// [`Fault::Restart`].
+    /// [`Disruption::Restart`].
     pub restart: u32,
 }
 
@@ -63,27 +63,27 @@ impl Default for Mix {
     }
 }
 
-/// Up to `max` faults on `lockers` lockers at times within `span`, each
+/// Up to `max` disruptions on `lockers` lockers at times within `span`, each
 /// lasting up to `longest`, drawn by `mix`, in time order.
-pub fn schedule(
+pub fn timeline(
     lockers: usize,
     span: Duration,
     longest: Duration,
     max: usize,
     mix: Mix,
-) -> impl Strategy<Value = Schedule> {
+) -> impl Strategy<Value = Timeline> {
     let ms = |d: Duration| d.as_millis().max(1) as u64;
     let (span, longest) = (ms(span), ms(longest));
     let locker = 0..lockers.max(1);
     let length = (1..=longest).prop_map(Duration::from_millis);
-    let fault = prop_oneof![
-        mix.terminate => locker.clone().prop_map(Fault::Terminate),
-        mix.partition => (locker.clone(), length.clone()).prop_map(|(l, d)| Fault::Partition(l, d)),
-        mix.freeze => (locker, length.clone()).prop_map(|(l, d)| Fault::Freeze(l, d)),
-        mix.slow => (1..=50u64).prop_map(|ms| Fault::Slow(Duration::from_millis(ms))),
-        mix.restart => length.prop_map(Fault::Restart),
+    let disruption = prop_oneof![
+        mix.terminate => locker.clone().prop_map(Disruption::Terminate),
+        mix.partition => (locker.clone(), length.clone()).prop_map(|(l, d)| Disruption::Partition(l, d)),
+        mix.freeze => (locker, length.clone()).prop_map(|(l, d)| Disruption::Freeze(l, d)),
+        mix.slow => (1..=50u64).prop_map(|ms| Disruption::Slow(Duration::from_millis(ms))),
+        mix.restart => length.prop_map(Disruption::Restart),
     ];
-    proptest::collection::vec((0..span, fault), 0..=max).prop_map(|mut faults| {
+    proptest::collection::vec((0..span, disruption), 0..=max).prop_map(|mut faults| {
         faults.sort_by_key(|(at, _)| *at);
         (faults.into_iter())
             .map(|(at, f)| (Duration::from_millis(at), f))
@@ -92,27 +92,31 @@ pub fn schedule(
 }
 
 impl<A: TestAdapter> TestServer<A> {
-    /// Injects `schedule` on `lockers`, each fault at its time from now
+    /// Injects `timeline` on `lockers`, each disruption at its time from now
     /// (sleeping on the runtime's timer in between); returns after the
     /// last was injected.
-    pub async fn run_schedule<B>(&self, lockers: &[Locker<B>], schedule: &[(Duration, Fault)]) {
+    pub async fn run_timeline<B>(
+        &self,
+        lockers: &[Locker<B>],
+        timeline: &[(Duration, Disruption)],
+    ) {
         let start = self.runtime.now();
-        for (at, fault) in schedule {
+        for (at, disruption) in timeline {
             let mut timer = self.runtime.timer(start + *at);
             poll_fn(|cx| timer.as_mut().poll(cx)).await;
-            self.inject(lockers, fault);
+            self.inject(lockers, disruption);
         }
     }
 
-    /// Injects one fault now.
-    pub fn inject<B>(&self, lockers: &[Locker<B>], fault: &Fault) {
+    /// Injects one disruption now.
+    pub fn inject<B>(&self, lockers: &[Locker<B>], disruption: &Disruption) {
         let pick = |i: usize| &lockers[i % lockers.len()];
-        match *fault {
-            Fault::Terminate(i) => self.terminate(pick(i)),
-            Fault::Partition(i, d) => self.partition(pick(i), d),
-            Fault::Freeze(i, d) => self.freeze(pick(i), d),
-            Fault::Slow(latency) => self.slow(latency),
-            Fault::Restart(downtime) => self.restart(downtime),
+        match *disruption {
+            Disruption::Terminate(i) => self.terminate(pick(i)),
+            Disruption::Partition(i, d) => self.partition(pick(i), d),
+            Disruption::Freeze(i, d) => self.freeze(pick(i), d),
+            Disruption::Slow(latency) => self.slow(latency),
+            Disruption::Restart(downtime) => self.restart(downtime),
         }
     }
 }

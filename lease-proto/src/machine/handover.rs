@@ -18,7 +18,7 @@
 //!   waiting (its job cancelled with
 //!   [`Reason::HandedOver`](crate::Reason::HandedOver), the key released
 //!   once the job returned). An ask that no check confirms within
-//!   [`ask_window`] ends with [`Event::HandoverRefused`]; the job never
+//!   [`ask_window`] ends with [`Event::HandoverDeclined`]; the job never
 //!   noticed it.
 //! - **Repeats change nothing.** An ask is not replaced or re-armed by a
 //!   request for the same backend. At most [`MAX_ASKS_PER_KEY`] stand per
@@ -345,7 +345,7 @@ impl Machine {
         }
         let until = now + ask_window(&self.opts);
         if let (_, Some(evicted)) = self.asks.ask(key, to, priority, (now, until)) {
-            self.out.event(Event::HandoverRefused { key, to: evicted });
+            self.out.event(Event::HandoverDeclined { key, to: evicted });
         }
     }
 

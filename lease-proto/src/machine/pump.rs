@@ -121,7 +121,7 @@ impl Machine {
         // leads (see `handover`).
         let leading: Vec<i64> = self.runs.leading_keys().into_iter().collect();
         for (key, to) in self.asks.expire(now, &leading) {
-            self.out.event(Event::HandoverRefused { key, to });
+            self.out.event(Event::HandoverDeclined { key, to });
         }
         let holding = self.runs.holding();
         // On a newly promoted primary nothing is tried (nor waited for: a

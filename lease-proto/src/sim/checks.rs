@@ -70,8 +70,8 @@ pub enum Violation {
         /// The statement, as `Debug` text.
         statement: String,
     },
-    /// The machine refused one of the simulation's runs.
-    RunRefused {
+    /// The machine rejected one of the simulation's runs ([`RunRejected`]).
+    RunRejected {
         /// When.
         at: Duration,
         /// The process.
@@ -173,7 +173,7 @@ impl Violation {
             Violation::TwoLeaders { at, .. }
             | Violation::ReleaseWhileJobRuns { at, .. }
             | Violation::WatchNotAWait { at, .. }
-            | Violation::RunRefused { at, .. }
+            | Violation::RunRejected { at, .. }
             | Violation::UnknownRunFinished { at, .. }
             | Violation::FinishedTwice { at, .. }
             | Violation::FinishedWhileJobRuns { at, .. }
@@ -203,7 +203,7 @@ impl Violation {
             Violation::WatchNotAWait {
                 process, statement, ..
             } => format!("p{process} sent {statement} on its watch session, which only waits"),
-            Violation::RunRefused {
+            Violation::RunRejected {
                 process,
                 lease,
                 error,

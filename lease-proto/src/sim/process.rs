@@ -177,7 +177,7 @@ impl Sim {
             Ok(run) => {
                 self.procs[p].runs.insert(run, name);
             }
-            Err(error) => self.violation(Violation::RunRefused {
+            Err(error) => self.violation(Violation::RunRejected {
                 at: self.now,
                 process: p,
                 lease: name,

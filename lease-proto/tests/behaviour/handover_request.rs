@@ -108,7 +108,7 @@ fn a_request_for_a_backend_that_does_not_wait_is_refused_and_repeats_change_noth
     let mut refused = 0;
     let count = |h: &Harness| {
         (h.events().iter())
-            .filter(|e| matches!(e, Event::HandoverRefused { to: 99, .. }))
+            .filter(|e| matches!(e, Event::HandoverDeclined { to: 99, .. }))
             .count()
     };
     while h.now() < t0 + window + opts().heartbeat_interval * 2 {

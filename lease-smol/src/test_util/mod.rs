@@ -51,7 +51,7 @@ use crate::SmolAdapter;
 
 pub use lease_driver::test_util::nemesis;
 pub use lease_driver::test_util::{
-    FencedStore, Grant, JobLog, JobRun, Rejected, Running, Sent, Violation, Write, DEFAULT_LATENCY,
+    Breach, FencedStore, Grant, JobLog, JobRun, Rejected, Running, Sent, Write, DEFAULT_LATENCY,
 };
 pub use time::{block_on, now, sleep, spawn, TestRuntime, Timer};
 

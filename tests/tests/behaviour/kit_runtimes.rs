@@ -10,7 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use lease_driver::test_util::nemesis::Fault;
+use lease_driver::test_util::nemesis::Disruption;
 use lease_driver::test_util::{TestAdapter, TestServer};
 use lease_tokio::Options;
 
@@ -34,7 +34,7 @@ struct Outcome {
 /// `faults` from 2 s on; 80 s in all.
 async fn scenario<A: TestAdapter>(
     seed: u64,
-    faults: &[(Duration, Fault)],
+    faults: &[(Duration, Disruption)],
     spawn: impl Fn(Boxed),
     sleep: impl Fn(Duration) -> Boxed,
 ) -> Outcome {
@@ -61,7 +61,7 @@ async fn scenario<A: TestAdapter>(
         sleep(Duration::from_millis(100)).await;
     }
     sleep(Duration::from_millis(1900)).await;
-    server.run_schedule(&lockers, faults).await;
+    server.run_timeline(&lockers, faults).await;
     sleep(Duration::from_secs(80).saturating_sub(server.now())).await;
     Outcome {
         grants: (server.grants().into_iter())
@@ -73,7 +73,7 @@ async fn scenario<A: TestAdapter>(
     }
 }
 
-fn through_tokio(seed: u64, faults: &[(Duration, Fault)]) -> Outcome {
+fn through_tokio(seed: u64, faults: &[(Duration, Disruption)]) -> Outcome {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -87,7 +87,7 @@ fn through_tokio(seed: u64, faults: &[(Duration, Fault)]) -> Outcome {
     ))
 }
 
-fn through_smol(seed: u64, faults: &[(Duration, Fault)]) -> Outcome {
+fn through_smol(seed: u64, faults: &[(Duration, Disruption)]) -> Outcome {
     use lease_smol::test_util;
     test_util::block_on(scenario::<lease_smol::SmolAdapter>(
         seed,
@@ -120,28 +120,31 @@ fn close_opt(a: Option<Duration>, b: Option<Duration>) -> bool {
 #[test]
 fn both_kits_give_the_same_grants_and_runs() {
     let s = Duration::from_secs;
-    let schedules: [(&str, Vec<(Duration, Fault)>); 5] = [
-        ("partition 60 s", vec![(s(0), Fault::Partition(0, s(60)))]),
+    let schedules: [(&str, Vec<(Duration, Disruption)>); 5] = [
+        (
+            "partition 60 s",
+            vec![(s(0), Disruption::Partition(0, s(60)))],
+        ),
         (
             "terminate, then partition the new leader",
             vec![
-                (s(0), Fault::Terminate(0)),
-                (s(8), Fault::Partition(1, s(30))),
+                (s(0), Disruption::Terminate(0)),
+                (s(8), Disruption::Partition(1, s(30))),
             ],
         ),
-        ("freeze 30 s", vec![(s(0), Fault::Freeze(0, s(30)))]),
+        ("freeze 30 s", vec![(s(0), Disruption::Freeze(0, s(30)))]),
         (
             "slow, then terminate",
             vec![
-                (s(0), Fault::Slow(Duration::from_millis(80))),
-                (s(5), Fault::Terminate(0)),
+                (s(0), Disruption::Slow(Duration::from_millis(80))),
+                (s(5), Disruption::Terminate(0)),
             ],
         ),
         (
             "partition both, one after the other",
             vec![
-                (s(0), Fault::Partition(0, s(40))),
-                (s(25), Fault::Partition(1, s(20))),
+                (s(0), Disruption::Partition(0, s(40))),
+                (s(25), Disruption::Partition(1, s(20))),
             ],
         ),
     ];
