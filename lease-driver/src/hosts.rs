@@ -29,7 +29,7 @@ use lease_proto::SessionError;
 use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
 use tokio_postgres::Config;
 
-use crate::runtime::{Runtime, Session, SessionEvent};
+use crate::runtime::{not_a_primary, Runtime, Session, SessionEvent};
 
 /// An open session and the host's configuration (one host).
 pub(crate) type Opened = (Config, Box<dyn Session>);
@@ -483,11 +483,6 @@ async fn check_attrs(
         }
         _ => Ok(()),
     }
-}
-
-/// A `read-write` host in recovery: a hot standby.
-pub(crate) fn not_a_primary() -> SessionError {
-    SessionError::other("the server is in recovery (a hot standby), not a primary")
 }
 
 /// `reply`, a statement's reply on `session`, polling the session meanwhile

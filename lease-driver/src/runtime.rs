@@ -278,13 +278,18 @@ pub async fn in_recovery(client: &Client) -> Result<bool, SessionError> {
     on.ok_or_else(|| SessionError::other("no answer to SELECT pg_is_in_recovery()"))
 }
 
+/// A `read-write` host in recovery: a hot standby.
+pub(crate) fn not_a_primary() -> SessionError {
+    SessionError::other("the server is in recovery (a hot standby), not a primary")
+}
+
 /// The check a lease session gets for `target_session_attrs=read-write`, for a
 /// connection of your own (one of [`hosts`](crate::hosts), opened with
 /// `target_session_attrs` set to `any`): `Ok` on a primary, read-only by default or
 /// not; an error on a server in recovery. See the crate docs, "Several hosts".
 pub async fn check_primary(client: &Client) -> Result<(), SessionError> {
     if in_recovery(client).await? {
-        return Err(crate::hosts::not_a_primary());
+        return Err(not_a_primary());
     }
     Ok(())
 }

@@ -21,7 +21,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::io::SessionId;
+use crate::io::{Event, SessionId};
 use crate::options::Options;
 
 /// A reading the next ones are compared with.
@@ -97,34 +97,30 @@ impl ServerClock {
     }
 }
 
-impl super::Machine {
+impl ServerClock {
     /// A reading of the server's clock (`None`: the reply had none) by a
-    /// statement of the session that is up, sent at `sent` and answered at
-    /// `now`: a step back beyond the bound is an event.
-    pub(super) fn server_clock_read(
+    /// statement of `session`, the session that is up (`None`: none is),
+    /// sent at `sent` and answered at `now`: a step back beyond the bound is
+    /// the event to report.
+    pub(super) fn read(
         &mut self,
-        sent: Instant,
-        now: Instant,
+        opts: &Options,
+        session: Option<SessionId>,
+        (sent, now): (Instant, Instant),
         server_us: Option<i64>,
-    ) {
-        let (Some(server_us), Some(up)) = (server_us, self.session.up()) else {
-            return;
+    ) -> Option<Event> {
+        let (Some(server_us), Some(session)) = (server_us, session) else {
+            return None;
         };
-        let session = up.id;
-        let observed = self
-            .server_clock
-            .observe(&self.opts, session, (sent, now), server_us);
-        if let Some(Step {
+        let Step {
             back,
             across_sessions,
-        }) = observed
-        {
-            self.out.event(crate::io::Event::ServerClockStepped {
-                session,
-                back,
-                across_sessions,
-            });
-        }
+        } = self.observe(opts, session, (sent, now), server_us)?;
+        Some(Event::ServerClockStepped {
+            session,
+            back,
+            across_sessions,
+        })
     }
 }
 

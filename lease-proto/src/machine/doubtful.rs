@@ -15,7 +15,7 @@
 //! - no run acquires on it (no try is sent), and a new session for the
 //!   standbys opens only after it is closed;
 //! - it is closed as soon as no cancelled job is left running, and at the
-//!   latest at [`Deadline::DeferredClose`](super::Deadline::DeferredClose): the send time of its last statement
+//!   latest at [`Deadline::DeferredClose`](super::deadline::Deadline::DeferredClose): the send time of its last statement
 //!   plus [`Options::guard_timeout`](crate::Options::guard_timeout)
 //!   (`idle_session_timeout`), the first moment the server could free its
 //!   keys anyway. A job that outlives that deadline is not protected by the

@@ -55,6 +55,21 @@ impl Machine {
         self.heartbeat_again(now, sent);
     }
 
+    /// A reading of the server's clock by a statement of the session that is
+    /// up (the rule: the `clock` module); a step back is reported.
+    pub(super) fn server_clock_read(
+        &mut self,
+        sent: Instant,
+        now: Instant,
+        server_us: Option<i64>,
+    ) {
+        let session = self.session.up().map(|up| up.id);
+        let stepped = (self.server_clock).read(&self.opts, session, (sent, now), server_us);
+        if let Some(event) = stepped {
+            self.out.event(event);
+        }
+    }
+
     /// The next heartbeat is due a heartbeat interval after `sent`.
     pub(super) fn heartbeat_again(&mut self, now: Instant, sent: Instant) {
         let next = (sent + self.opts.heartbeat_interval).max(now);

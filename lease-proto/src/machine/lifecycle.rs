@@ -16,20 +16,9 @@ use super::doubtful;
 use super::knobs::Mutation;
 use super::session::{self, check_setup, InFlight, Session, SetupProblem, Stage, Up, What};
 use super::status::LastError;
-use super::Machine;
+use super::{Machine, Phase};
 use crate::io::{Event, Outcome, Reason, Refusal, SessionCommand, SessionError, SessionId};
 use crate::sql::{HeartbeatReply, SetupReply};
-
-/// Whether the machine takes new work.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) enum Phase {
-    Open,
-    /// [`Input::Close`](crate::Input::Close) came: runs are stopped, new
-    /// ones finish at once.
-    Closing,
-    /// Final: the setup cannot give mutual exclusion.
-    Refused(Refusal),
-}
 
 impl Machine {
     /// Asks the driver for a new connection.

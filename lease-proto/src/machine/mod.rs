@@ -25,8 +25,9 @@
 //!   server) and shares, what a member may try and what it hands over, and
 //!   the machine's handling of membership reads, an observer's reads,
 //!   claims and join announcements;
-//! - `handover`: the [`Asks`], hand-overs asked of this holder, and the
+//! - `handover`: hand-overs asked of this holder (the rule), and the
 //!   handover channel's release notifications, requests and preferences;
+//! - `asks`: the [`Asks`] the hand-over rule keeps;
 //! - `clock`: the server's clock against the local one;
 //! - `deadline`: the one [`DeadlineTable`] behind [`Machine::poll_timeout`],
 //!   with the latest time fed in (time never goes backwards);
@@ -64,6 +65,7 @@ use crate::sql::{
 };
 
 mod acquire;
+mod asks;
 mod clock;
 mod deadline;
 mod doubtful;
@@ -73,6 +75,7 @@ mod heartbeat;
 mod jitter;
 mod knobs;
 mod lifecycle;
+mod membership;
 mod outputs;
 mod plan;
 mod pump;
@@ -84,14 +87,13 @@ mod tests;
 mod wait;
 mod watch;
 
+use asks::Asks;
+pub use asks::{CHECK_BURST, CHECK_EVERY, MAX_ASKS_PER_KEY};
 use deadline::DeadlineTable;
-use groups::Groups;
-use handover::Asks;
-pub use handover::{CHECK_BURST, CHECK_EVERY, MAX_ASKS_PER_KEY};
 pub(crate) use knobs::Knobs;
 #[cfg(feature = "sim")]
 pub use knobs::Mutation;
-use lifecycle::Phase;
+use membership::Groups;
 use outputs::Outputs;
 use plan::SendPlan;
 use runs::{RunState, RunTable};
@@ -101,7 +103,7 @@ use wait::ServerWait;
 use watch::Watch;
 
 pub use deadline::Deadline;
-pub use groups::assign as group_share;
+pub use membership::assign as group_share;
 pub use plan::VERIFY_EVERY;
 pub use session::{
     FAST_RECONNECT_CAP, FAST_RECONNECT_WINDOW, MIN_SERVER_VERSION, MIN_SERVER_VERSION_GUARD,
@@ -151,6 +153,17 @@ impl fmt::Display for RunRejected {
 }
 
 impl std::error::Error for RunRejected {}
+
+/// Whether the machine takes new work (the rules: the `lifecycle` module).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Phase {
+    Open,
+    /// [`Input::Close`](crate::Input::Close) came: runs are stopped, new
+    /// ones finish at once.
+    Closing,
+    /// Final: the setup cannot give mutual exclusion.
+    Refused(Refusal),
+}
 
 /// The sans-IO lease state machine: one database session, many leases.
 ///

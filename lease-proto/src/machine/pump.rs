@@ -14,16 +14,16 @@
 
 use std::time::{Duration, Instant};
 
+use super::asks::ask_window;
 use super::deadline::Deadline;
-use super::groups::free_bound;
-use super::handover::ask_window;
 #[cfg(feature = "sim")]
 use super::knobs::Mutation;
-use super::lifecycle::Phase;
+use super::membership::free_bound;
 use super::plan::Beat;
 use super::session::{self, Session, Step, What};
 use super::wait::MIN_WAIT;
 use super::Machine;
+use super::Phase;
 use crate::io::{Event, Reason};
 
 impl Machine {

@@ -47,10 +47,10 @@ pub(super) enum Session {
     /// No connection, none asked for yet: the next one may start at once.
     Idle,
     /// No connection after a failure: the next attempt waits for
-    /// [`Deadline::Backoff`](super::Deadline::Backoff).
+    /// [`Deadline::Backoff`](super::deadline::Deadline::Backoff).
     Backoff,
     /// [`SessionCommand::Open`](crate::SessionCommand::Open) sent; timed by
-    /// [`Deadline::Connect`](super::Deadline::Connect).
+    /// [`Deadline::Connect`](super::deadline::Deadline::Connect).
     Connecting { id: SessionId },
     /// Connected.
     Up(Up),
@@ -58,7 +58,7 @@ pub(super) enum Session {
     /// its rules; a validity ended) while jobs on it had not returned: see
     /// `doubtful`. Nothing is sent on it and its replies are ignored; it is
     /// closed once every job has returned or at
-    /// [`Deadline::DeferredClose`](super::Deadline::DeferredClose).
+    /// [`Deadline::DeferredClose`](super::deadline::Deadline::DeferredClose).
     Doubtful {
         id: SessionId,
         /// Why the machine gave up on it.
@@ -156,13 +156,13 @@ pub(super) struct Up {
     /// expected back in every heartbeat.
     pub(super) nonce: i64,
     pub(super) stage: Stage,
-    /// The statement in flight, timed by [`Deadline::Query`](super::Deadline::Query).
+    /// The statement in flight, timed by [`Deadline::Query`](super::deadline::Deadline::Query).
     pub(super) inflight: Option<InFlight>,
     /// The session's server was promoted recently: no try (nor wait) before
     /// this instant (see `PromotionState::hold`).
     pub(super) promotion_hold: Option<Instant>,
     /// A try's reply that won a key, held back for the lock delay
-    /// ([`Deadline::LockDelay`](super::Deadline::LockDelay)) with its
+    /// ([`Deadline::LockDelay`](super::deadline::Deadline::LockDelay)) with its
     /// statement still in flight (see `Machine::try_answered`).
     pub(super) held_back: Option<Box<TryReply>>,
 }
@@ -318,7 +318,7 @@ pub(super) enum What {
         named: bool,
     },
     /// A lease group's membership read (see `groups`).
-    Members(super::groups::Read),
+    Members(super::membership::Read),
     /// An observer's read of the holders of `keys` (a
     /// [`Statement::Members`] that joins, leaves and reads no group; see
     /// `Machine::observes`).
@@ -434,10 +434,10 @@ pub(super) struct Connector {
     /// by statement (and verifies them like any other session's).
     settings_by_statement: bool,
     /// The last error that failed a connection attempt or ended a session,
-    /// and when ([`Status::last_error`](super::Status::last_error)).
+    /// and when ([`Status::last_error`](super::status::Status::last_error)).
     last_error: Option<LastError>,
     /// Send time of the last statement, on any session: a doubtful
-    /// session's [`Deadline::DeferredClose`](super::Deadline::DeferredClose)
+    /// session's [`Deadline::DeferredClose`](super::deadline::Deadline::DeferredClose)
     /// counts from it.
     last_sent: Option<Instant>,
 }

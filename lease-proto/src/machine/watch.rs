@@ -81,11 +81,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::deadline::Deadline;
-use super::lifecycle::Phase;
 use super::runs::RunState;
 use super::session::Stage;
 use super::wait::{MIN_WAIT, WAKE_BUDGET};
 use super::Machine;
+use super::Phase;
 use crate::io::{Event, QueryId, SessionCommand, SessionError, SessionId};
 use crate::sql::{Row, Statement, WaitReply};
 
