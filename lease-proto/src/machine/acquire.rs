@@ -197,7 +197,7 @@ impl Machine {
         let seen = (self.watch.woken_key())
             .and_then(|key| reply.not_won.iter().find(|(k, _)| *k == key))
             .map(|&(_, holder)| holder);
-        self.watch_try_answered(!reply.won.is_empty(), seen);
+        (self.watch).try_answered(&self.runs, !reply.won.is_empty(), seen);
         let me = self.own_backends();
         for &won in &reply.won {
             #[cfg(feature = "sim")] // The broken variant: a reserved win kept.

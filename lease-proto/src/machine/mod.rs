@@ -18,17 +18,18 @@
 //!   to be freed (the rule, in one place);
 //! - `watch`: the [`Watch`] session, a second connection that only waits,
 //!   for a locker that holds a lease and wants another (the rule, in one
-//!   place), and the machine's handling of it;
+//!   place): it owns its state and handles its own inputs and replies
+//!   through the [`Cx`](cx::Cx) the dispatch lends it;
 //! - `doubtful`: the rule for a session given up on while its cancelled jobs
 //!   still run;
-//! - `groups`: the [`Groups`], lease groups' membership (read from the
-//!   server) and shares, what a member may try and what it hands over, and
-//!   the machine's handling of membership reads, an observer's reads,
-//!   claims and join announcements;
+//! - `membership`: the [`Groups`], lease groups' membership (read from the
+//!   server) and shares, what a member may try and what it hands over;
 //! - `handover`: hand-overs asked of this holder (the rule), and the
 //!   handover channel's release notifications, requests and preferences;
 //! - `asks`: the [`Asks`] the hand-over rule keeps;
 //! - `clock`: the server's clock against the local one;
+//! - `cx`: the [`Cx`](cx::Cx), what a component borrows from the machine to
+//!   act (options, run table, deadlines, outputs, ids, send plan);
 //! - `deadline`: the one [`DeadlineTable`] behind [`Machine::poll_timeout`],
 //!   with the latest time fed in (time never goes backwards);
 //! - `outputs`: the queued outputs ([`Outputs`]) and the order
@@ -39,6 +40,8 @@
 //! Where a rule combines several components, its handling is an
 //! `impl Machine` block in the file named for the rule:
 //!
+//! - `groups`: lease groups (the protocol, in one place): membership reads,
+//!   an observer's reads, claims and join announcements;
 //! - `lifecycle`: the session from open to close (setup, pooler probe,
 //!   ready, lost, doubtful, refused, closed when idle) and the machine's
 //!   [`Phase`];
@@ -67,6 +70,7 @@ use crate::sql::{
 mod acquire;
 mod asks;
 mod clock;
+mod cx;
 mod deadline;
 mod doubtful;
 mod groups;
@@ -100,7 +104,7 @@ use runs::{RunState, RunTable};
 pub use runs::{ASK_AGAIN_CAP, MAX_ASKS};
 use session::{Connector, Session, Stage, What};
 use wait::ServerWait;
-use watch::Watch;
+use watch::{LeaseSide, Watch};
 
 pub use deadline::Deadline;
 pub use membership::assign as group_share;
@@ -346,13 +350,15 @@ impl Machine {
                 }
             }
             Input::SessionOpened { session } if self.watch.owns(session) => {
-                self.watch_opened(session)
+                self.watch.opened(session)
             }
             Input::SessionEnded { session, error } if self.watch.owns(session) => {
-                self.watch_ended(session, error)
+                let (watch, mut cx) = self.watch_cx();
+                watch.ended(&mut cx, session, error)
             }
             Input::Reply { query, result } if self.watch.owns_query(query) => {
-                self.watch_reply(now, query, result)
+                let (watch, mut cx) = self.watch_cx();
+                watch.reply(&mut cx, now, query, result)
             }
             Input::SessionOpened { session } => self.session_opened(now, session),
             Input::SessionEnded { session, error } => self.session_lost(now, session, error),
@@ -605,5 +611,44 @@ impl Machine {
     /// its retries instead of trying them ([`Options::observer`]).
     fn observes(&self) -> bool {
         self.opts.observer
+    }
+
+    /// The watch session's component and what it borrows ([`cx::Cx`]).
+    fn watch_cx(&mut self) -> (&mut Watch, cx::Cx<'_>) {
+        let Machine {
+            opts,
+            knobs,
+            runs,
+            connector,
+            plan,
+            watch,
+            timers,
+            out,
+            ..
+        } = self;
+        let cx = cx::Cx {
+            opts,
+            knobs,
+            runs,
+            timers,
+            out,
+            connector,
+            plan,
+        };
+        (watch, cx)
+    }
+
+    /// What the watch rule reads of the lease session (see `watch`).
+    fn lease_side(&self) -> LeaseSide {
+        let ready_pid = match self.session.up().map(|up| &up.stage) {
+            Some(Stage::Ready { backend_pid }) => Some(*backend_pid),
+            _ => None,
+        };
+        LeaseSide {
+            ready_pid,
+            may_watch: self.phase == Phase::Open
+                && !self.connector.settings_by_statement()
+                && !self.observes(),
+        }
     }
 }

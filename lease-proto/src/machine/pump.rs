@@ -32,9 +32,12 @@ impl Machine {
     /// key, read from the runs before and after.
     pub(super) fn pump(&mut self, now: Instant) {
         self.sync_validity();
-        self.watch_due(now);
+        let (watch, mut cx) = self.watch_cx();
+        watch.due(&mut cx, now);
         self.act(now);
-        self.watch_step(now);
+        let lease = self.lease_side();
+        let (watch, mut cx) = self.watch_cx();
+        watch.step(&mut cx, now, lease);
         self.sync_validity();
     }
 
@@ -252,7 +255,7 @@ impl Machine {
             if keys.is_empty() && !wanted.is_empty() {
                 // A group member that may try nothing after a wake: as a
                 // try that won nothing (the watch session waits again).
-                self.watch_try_answered(false, None);
+                self.watch.try_answered(&self.runs, false, None);
             }
             if keys.is_empty() && retry_due {
                 // Every waiting key is reserved for another backend (a

@@ -80,12 +80,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use super::cx::Cx;
 use super::deadline::Deadline;
-use super::runs::RunState;
-use super::session::Stage;
+use super::runs::{RunState, RunTable};
 use super::wait::{MIN_WAIT, WAKE_BUDGET};
-use super::Machine;
-use super::Phase;
 use crate::io::{Event, QueryId, SessionCommand, SessionError, SessionId};
 use crate::sql::{Row, Statement, WaitReply};
 
@@ -257,23 +255,29 @@ fn ring(own: i64, wanted: &[(i64, i64)]) -> Option<i64> {
         .min()
 }
 
-impl Machine {
+/// What the watch rule reads of the lease session; the dispatch fills it in
+/// (`Machine::watch_cx`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LeaseSide {
+    /// The lease session's backend pid, once it is ready.
+    pub(super) ready_pid: Option<i64>,
+    /// The locker is open (not closing), a candidate (not an observer), and
+    /// the lease session's startup options were not rejected.
+    pub(super) may_watch: bool,
+}
+
+impl Watch {
     /// The lease session's backend pid and the wanted keys with their
     /// holders, while the watch session is called for (see above).
-    pub(super) fn watch_wanted(&self) -> Option<(i64, Vec<(i64, i64)>)> {
-        if !self.opts.wait_on_server
-            || !self.opts.watch_session
-            || self.phase != Phase::Open
-            || self.connector.settings_by_statement()
-            || !self.runs.holding()
-            || self.observes()
-        {
+    fn wanted(cx: &Cx<'_>, lease: LeaseSide) -> Option<(i64, Vec<(i64, i64)>)> {
+        if !cx.opts.wait_on_server || !cx.opts.watch_session || !lease.may_watch {
             return None;
         }
-        let Stage::Ready { backend_pid } = self.session.up()?.stage else {
+        if !cx.runs.holding() {
             return None;
-        };
-        let wanted: Vec<(i64, i64)> = (self.runs.iter())
+        }
+        let backend_pid = lease.ready_pid?;
+        let wanted: Vec<(i64, i64)> = (cx.runs.iter())
             .filter_map(|(_, r)| match &r.state {
                 RunState::Standby(s) => Some((r.lease.key(), s.holder.flatten()?)),
                 _ => None,
@@ -283,25 +287,25 @@ impl Machine {
     }
 
     /// Before the lease session acts: a timed-out watch session is closed.
-    pub(super) fn watch_due(&mut self, now: Instant) {
-        if self.watch.timeout_at.is_some_and(|t| t <= now) {
+    pub(super) fn due(&mut self, cx: &mut Cx<'_>, now: Instant) {
+        if self.timeout_at.is_some_and(|t| t <= now) {
             let error = SessionError::other("the watch session timed out");
-            self.watch_lost(Some(error), true);
+            self.lost(cx, Some(error), true);
         }
-        self.timers.put(Deadline::Watch, self.watch.deadline());
+        cx.timers.put(Deadline::Watch, self.deadline());
     }
 
     /// After the lease session acted: opens, closes or sends on the watch
     /// session as the rule says.
-    pub(super) fn watch_step(&mut self, now: Instant) {
-        let wanted = self.watch_wanted();
-        match (&self.watch.conn, wanted) {
+    pub(super) fn step(&mut self, cx: &mut Cx<'_>, now: Instant, lease: LeaseSide) {
+        let wanted = Watch::wanted(cx, lease);
+        match (&self.conn, wanted) {
             (Conn::Closed, None) => {}
-            (_, None) => self.close_watch(),
-            (Conn::Closed, Some(_)) if self.watch.paused() => {}
-            (Conn::Closed, Some(_)) => self.open_watch(now),
-            (Conn::Up { inflight: None, .. }, Some((own, wanted))) if !self.watch.paused() => {
-                self.send_watch(now, own, &wanted)
+            (_, None) => self.close(cx),
+            (Conn::Closed, Some(_)) if self.paused() => {}
+            (Conn::Closed, Some(_)) => self.open(cx, now),
+            (Conn::Up { inflight: None, .. }, Some((own, wanted))) if !self.paused() => {
+                self.send(cx, now, own, &wanted)
             }
             (
                 Conn::Up {
@@ -309,45 +313,45 @@ impl Machine {
                     ..
                 },
                 Some((own, wanted)),
-            ) if !self.watch.paused() && !watches_next(*key, own, &wanted) => {
-                self.close_watch();
-                self.open_watch(now);
+            ) if !self.paused() && !watches_next(*key, own, &wanted) => {
+                self.close(cx);
+                self.open(cx, now);
             }
             _ => {}
         }
-        self.timers.put(Deadline::Watch, self.watch.deadline());
+        cx.timers.put(Deadline::Watch, self.deadline());
     }
 
-    fn open_watch(&mut self, now: Instant) {
-        let session = self.connector.next_session();
-        self.out.session(SessionCommand::OpenWatch { session });
-        self.watch.conn = Conn::Connecting(session);
-        self.watch.timeout_at = Some(now + self.opts.query_timeout);
+    fn open(&mut self, cx: &mut Cx<'_>, now: Instant) {
+        let session = cx.connector.next_session();
+        cx.out.session(SessionCommand::OpenWatch { session });
+        self.conn = Conn::Connecting(session);
+        self.timeout_at = Some(now + cx.opts.query_timeout);
     }
 
-    fn send_watch(&mut self, now: Instant, own: i64, wanted: &[(i64, i64)]) {
-        let Conn::Up { id, .. } = self.watch.conn else {
+    fn send(&mut self, cx: &mut Cx<'_>, now: Instant, own: i64, wanted: &[(i64, i64)]) {
+        let Conn::Up { id, .. } = self.conn else {
             return;
         };
-        let retry = self.opts.retry_interval;
-        if self.watch.limit.is_some_and(|l| l.min(retry) < MIN_WAIT) {
+        let retry = cx.opts.retry_interval;
+        if self.limit.is_some_and(|l| l.min(retry) < MIN_WAIT) {
             // Under so short a deadlock_timeout the lease session polls.
-            self.watch.off = true;
-            return self.close_watch();
+            self.off = true;
+            return self.close(cx);
         }
-        let Some(key) = self.watch.key_for(now, own, wanted) else {
+        let Some(key) = self.key_for(now, own, wanted) else {
             return;
         };
         // A key asked for by priority is waited for until its ask ends (the
         // holder's checks must find the wait, see `handover`); any other for
         // a retry interval; both below the server's deadlock_timeout.
-        let until = (self.watch.preferred.get(&key)).map(|u| u.saturating_duration_since(now));
+        let until = (self.preferred.get(&key)).map(|u| u.saturating_duration_since(now));
         let wait = until.map_or(retry, |u| u.max(retry));
-        let timeout = self.watch.limit.map_or(wait, |l| l.min(wait));
+        let timeout = self.limit.map_or(wait, |l| l.min(wait));
         if timeout < MIN_WAIT {
             return;
         }
-        let query = self.connector.next_watch_query();
+        let query = cx.connector.next_watch_query();
         // No crowd limit: a holder's watcher must wait, whoever else waits
         // (the ring gives every holder one).
         let statement = Statement::Wait {
@@ -357,7 +361,7 @@ impl Machine {
             watch_of: Some(own),
         };
         #[cfg(feature = "sim")] // The broken variant: a watch session that tries.
-        let statement = match self.knobs.mutation {
+        let statement = match cx.knobs.mutation {
             Some(super::knobs::Mutation::WatchTries) => Statement::TryLock {
                 keys: vec![key],
                 backend_pid: own,
@@ -365,81 +369,87 @@ impl Machine {
             },
             _ => statement,
         };
-        self.out.session(SessionCommand::WatchQuery {
+        cx.out.session(SessionCommand::WatchQuery {
             session: id,
             query,
             statement,
         });
-        self.watch.conn = Conn::Up {
+        self.conn = Conn::Up {
             id,
             inflight: Some((query, key)),
         };
         // The lock timeout runs on the server's clock; this one may run
         // faster by up to the drift bound (as for a take, `Machine::send`).
-        let timeout = timeout.mul_f64(1.0 + self.opts.drift_bound());
-        self.watch.timeout_at = Some(now + timeout + self.opts.query_timeout);
+        let timeout = timeout.mul_f64(1.0 + cx.opts.drift_bound());
+        self.timeout_at = Some(now + timeout + cx.opts.query_timeout);
     }
 
     /// A try answered after the lease session acted on a wake (`won`: it
     /// won something; `seen`: the woken key's holder as the try read it, if
     /// it tried that key): the no-spin count of [`Watch::after_try`], with
     /// the holder the runs last saw when the try did not read it.
-    pub(super) fn watch_try_answered(&mut self, won: bool, seen: Option<Option<i64>>) {
-        let holder = self.watch.woken_key().and_then(|key| {
-            seen.or_else(|| self.runs.standby_of(key).and_then(|(_, holder)| holder))
-        });
-        self.watch.after_try(won, holder.flatten());
+    pub(super) fn try_answered(&mut self, runs: &RunTable, won: bool, seen: Option<Option<i64>>) {
+        let holder = self
+            .woken_key()
+            .and_then(|key| seen.or_else(|| runs.standby_of(key).and_then(|(_, holder)| holder)));
+        self.after_try(won, holder.flatten());
     }
 
     /// Closes the watch session because it is not called for.
-    fn close_watch(&mut self) {
-        if let Some(session) = self.watch.id() {
-            self.out.session(SessionCommand::CloseWatch { session });
+    fn close(&mut self, cx: &mut Cx<'_>) {
+        if let Some(session) = self.id() {
+            cx.out.session(SessionCommand::CloseWatch { session });
         }
-        self.watch.conn = Conn::Closed;
-        self.watch.timeout_at = None;
-        self.watch.woken = None;
-        self.watch.former = self.watch.pid.take().or(self.watch.former);
+        self.conn = Conn::Closed;
+        self.timeout_at = None;
+        self.woken = None;
+        self.former = self.pid.take().or(self.former);
     }
 
     /// The watch session failed, ended or timed out: closed, and opened
     /// again no sooner than the next periodic try.
     /// With `close`, the machine closes it (the driver did not see it end).
-    fn watch_lost(&mut self, error: Option<SessionError>, close: bool) {
-        if let Some(session) = self.watch.id() {
-            self.out.event(Event::WatchSessionLost { session, error });
+    fn lost(&mut self, cx: &mut Cx<'_>, error: Option<SessionError>, close: bool) {
+        if let Some(session) = self.id() {
+            cx.out.event(Event::WatchSessionLost { session, error });
         }
         if close {
-            self.close_watch();
+            self.close(cx);
         }
-        self.watch.conn = Conn::Closed;
-        self.watch.timeout_at = None;
-        self.watch.woken = None;
-        self.watch.former = self.watch.pid.take().or(self.watch.former);
-        self.watch.resting = true;
+        self.conn = Conn::Closed;
+        self.timeout_at = None;
+        self.woken = None;
+        self.former = self.pid.take().or(self.former);
+        self.resting = true;
     }
 
     /// Input: the watch session opened.
-    pub(super) fn watch_opened(&mut self, session: SessionId) {
-        if matches!(self.watch.conn, Conn::Connecting(id) if id == session) {
-            self.watch.conn = Conn::Up {
+    pub(super) fn opened(&mut self, session: SessionId) {
+        if matches!(self.conn, Conn::Connecting(id) if id == session) {
+            self.conn = Conn::Up {
                 id: session,
                 inflight: None,
             };
-            self.watch.timeout_at = None;
+            self.timeout_at = None;
         }
     }
 
     /// Input: the watch session failed to open or ended.
-    pub(super) fn watch_ended(&mut self, session: SessionId, error: Option<SessionError>) {
-        if self.watch.owns(session) {
-            self.watch_lost(error, false);
+    pub(super) fn ended(
+        &mut self,
+        cx: &mut Cx<'_>,
+        session: SessionId,
+        error: Option<SessionError>,
+    ) {
+        if self.owns(session) {
+            self.lost(cx, error, false);
         }
     }
 
     /// Input: the reply of the watch session's wait.
-    pub(super) fn watch_reply(
+    pub(super) fn reply(
         &mut self,
+        cx: &mut Cx<'_>,
         now: Instant,
         query: QueryId,
         result: Result<Vec<Row>, SessionError>,
@@ -449,29 +459,29 @@ impl Machine {
         let Conn::Up {
             id,
             inflight: Some((q, key)),
-        } = self.watch.conn
+        } = self.conn
         else {
             return;
         };
         if q != query {
             return;
         }
-        self.watch.conn = Conn::Up { id, inflight: None };
-        self.watch.timeout_at = None;
+        self.conn = Conn::Up { id, inflight: None };
+        self.timeout_at = None;
         // The connection failed under the wait (the backend terminated or
         // cancelled, the server shutting down: its FATAL or cancel reaches
         // the statement in flight before the end of the connection is seen):
         // closed and opened again at the next periodic try, not turned off.
         if let Err(error) = &result {
             if connection_lost(error) {
-                return self.watch_lost(Some(error.clone()), true);
+                return self.lost(cx, Some(error.clone()), true);
             }
         }
         let reply = result.and_then(|rows| {
             WaitReply::parse(&rows).map_err(|e| SessionError::other(e.to_string()))
         });
         if let Ok(WaitReply { session, .. }) = &reply {
-            self.watch.pid = session.backend_pid.or(self.watch.pid);
+            self.pid = session.backend_pid.or(self.pid);
         }
         let (freed, deadlock_timeout_ms) = match reply {
             Ok(WaitReply {
@@ -484,28 +494,28 @@ impl Machine {
                     Err(error) => error,
                     Ok(_) => SessionError::other("malformed wait reply: no outcome row"),
                 };
-                self.out.event(Event::WaitFailed { error });
-                self.watch.off = true;
-                return self.close_watch();
+                cx.out.event(Event::WaitFailed { error });
+                self.off = true;
+                return self.close(cx);
             }
         };
         if let Some(d) = deadlock_timeout_ms {
             let limit = crate::sql::wait_limit_ms(d).max(0) as u64;
-            self.watch.limit = Some(Duration::from_millis(limit));
+            self.limit = Some(Duration::from_millis(limit));
         }
         if !freed {
             return;
         }
-        self.out.event(Event::KeyFreed { key });
-        let watched = self.runs.standby_of(key).and_then(|(_, h)| h).flatten();
-        self.watch.woken = Some((key, watched));
+        cx.out.event(Event::KeyFreed { key });
+        let watched = cx.runs.standby_of(key).and_then(|(_, h)| h).flatten();
+        self.woken = Some((key, watched));
         #[cfg(feature = "sim")] // The broken variant: a watcher that acquires.
-        if self.knobs.mutation == Some(super::knobs::Mutation::WatchAcquires) {
-            let token = i64::MAX / 2 + self.connector.peek_query() as i64;
-            let window = self.opts.validity_window();
-            return self.runs.wake_won(now, (key, token), window, &mut self.out);
+        if cx.knobs.mutation == Some(super::knobs::Mutation::WatchAcquires) {
+            let token = i64::MAX / 2 + cx.connector.peek_query() as i64;
+            let window = cx.opts.validity_window();
+            return cx.runs.wake_won(now, (key, token), window, cx.out);
         }
-        self.plan.try_soon();
+        cx.plan.try_soon();
     }
 }
 
