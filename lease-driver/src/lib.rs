@@ -182,6 +182,7 @@ pub mod runtime;
 mod shared;
 #[cfg(feature = "test-util")]
 pub mod test_util;
+mod try_run;
 
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -210,6 +211,7 @@ pub use runtime::{
     Runtime, Session, SessionEvent, Timer,
 };
 use shared::Inner;
+pub use try_run::Tried;
 
 /// Why a locker could not be created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -361,12 +363,19 @@ impl<A> Clone for Locker<A> {
 }
 
 /// Dropped with the last `Locker` clone (run futures hold one): the driver may
-/// end then.
-struct Handle(Arc<Inner>);
+/// end then. Keeps the runtime (its timers, for [`Locker::try_run`]'s wait) and
+/// the configuration (for connections of a locker's own beside the lease
+/// session, such as a schedule's clock readings).
+struct Handle {
+    inner: Arc<Inner>,
+    runtime: Arc<dyn Runtime>,
+    #[cfg_attr(not(feature = "schedule"), allow(dead_code))]
+    config: Config,
+}
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        let mut s = self.0.lock();
+        let mut s = self.inner.lock();
         s.lockers_gone = true;
         s.drain();
     }
@@ -516,8 +525,12 @@ impl<A> Locker<A> {
             Arc::new(move || runtime.now())
         };
         let inner = Arc::new(Inner::new(machine, clock));
-        let driver = Driver::new(inner.clone(), runtime, config);
-        let handle = Arc::new(Handle(inner));
+        let handle = Arc::new(Handle {
+            inner: inner.clone(),
+            runtime: runtime.clone(),
+            config: config.clone(),
+        });
+        let driver = Driver::new(inner, runtime, config);
         let locker = Locker {
             handle,
             adapter: PhantomData,
@@ -526,7 +539,7 @@ impl<A> Locker<A> {
     }
 
     fn inner(&self) -> &Arc<Inner> {
-        &self.handle.0
+        &self.handle.inner
     }
 
     /// Contends for the lease `name` and runs `job` while holding it, until

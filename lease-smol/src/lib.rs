@@ -116,7 +116,7 @@ use tokio_postgres::NoTls;
 pub use connect::{SmolTls, Socket};
 pub use lease_driver::{
     Config, Error, GroupId, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
-    OptionsError, Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status,
+    OptionsError, Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status, Tried,
 };
 #[cfg(feature = "libpq")]
 pub use lease_libpq::{self, Conninfo, ConninfoError};
