@@ -155,6 +155,10 @@
 //!   rule that routes the core's outputs.
 //! - `run`: the run future and the [`Lease`] handle.
 //! - `group`: [`Group`], runs that share a lease group's leases.
+//! - `try_run`: [`Locker::try_run`], a job that runs once if its lease is won
+//!   in time.
+//! - `schedule`: `Locker::schedule`, a job at each due time (feature
+//!   `schedule`).
 //! - `cancel`, `log`: a runtime-free cancellation signal, event logging.
 //! - `metrics`: every metric (feature `metrics`).
 //! - `test_util`: the test kit, a simulated server under the real driver
@@ -179,6 +183,8 @@ mod log;
 mod metrics;
 mod run;
 pub mod runtime;
+#[cfg(feature = "schedule")]
+pub mod schedule;
 mod shared;
 #[cfg(feature = "test-util")]
 pub mod test_util;
@@ -210,6 +216,8 @@ pub use runtime::{
     check_primary, in_recovery, session_error, BoxFuture, Connected, Connection, PostgresSession,
     Runtime, Session, SessionEvent, Timer,
 };
+#[cfg(feature = "schedule")]
+pub use schedule::{Occurrence, Schedule};
 use shared::Inner;
 pub use try_run::Tried;
 

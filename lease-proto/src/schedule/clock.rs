@@ -4,6 +4,7 @@
 //! library's `Locker::schedule` alike.
 
 use super::{CLOCK_DRIFT, MAX_CLOCK_ERROR};
+pub use crate::sql::SERVER_TIME_SQL;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Reads of [`SERVER_TIME_SQL`] per estimate; the quickest round trip wins.
@@ -12,14 +13,6 @@ pub const CLOCK_SAMPLES: usize = 5;
 /// How old an estimate may get before the server's clock is read again (its
 /// error then grows by 5 ms at most, at [`CLOCK_DRIFT`]).
 pub const CLOCK_REFRESH: Duration = Duration::from_secs(10);
-
-/// The server's time in microseconds since the Unix epoch, one `int8`
-/// column. Every name schema-qualified (`search_path` cannot redirect it);
-/// writes nothing. Run it on a connection of its own, never the lease
-/// session.
-pub const SERVER_TIME_SQL: &str = "SELECT (pg_catalog.date_part('epoch', \
-                                   pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) \
-                                   1000000)::pg_catalog.int8";
 
 /// The server's time at a moment of this host's monotonic clock: one read of
 /// [`SERVER_TIME_SQL`], placed at the middle of its round trip, so its error
