@@ -233,7 +233,7 @@ impl<A> Locker<A> {
     /// at-least-once. The durable at-most-once (a fenced claim of each due
     /// time in a state table, across crashes, deploys and frozen leaders) is
     /// `lease run --state-table` for now: the rules, and this window, are in
-    /// [docs/schedules.md](https://github.com/lease-rs/lease/blob/main/docs/schedules.md).
+    /// `docs/schedules.md` of the repository ("At a takeover", "From Rust").
     ///
     /// # Errors
     /// As [`Locker::run`], but never [`RunError::Job`]: a bad name, a
@@ -331,7 +331,7 @@ where
 /// flight, when to read next.
 struct Clock {
     best: Option<Estimate>,
-    reading: Option<Pin<Box<dyn Future<Output = Result<Estimate, String>> + Send>>>,
+    reading: Option<crate::BoxFuture<Result<Estimate, String>>>,
     next_read: Instant,
     failing: bool,
 }
