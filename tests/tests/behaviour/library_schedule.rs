@@ -151,3 +151,112 @@ fn two_lockers_share_a_schedule_and_the_survivor_goes_on() {
         assert!(missing.len() <= 1, "missed {missing:?}: {runs:?}");
     });
 }
+
+/// In virtual time, `Overlap::Replace`: a job that never ends by itself is
+/// stopped (`Stopped::Replaced`) by the next due time, which then starts; and
+/// the default `Overlap::Skip` skips due times while a run still goes.
+#[tokio::test(start_paused = true)]
+async fn overlapping_due_times_replace_or_skip_the_running_job() {
+    use lease_tokio::schedule::{Overlap, Stopped};
+    use lease_tokio::test_util::TestServer;
+    let server = TestServer::new(5);
+    let (locker, driver) = server.locker(Options::default()).unwrap();
+    tokio::spawn(driver);
+    let replaced = Arc::new(Mutex::new(Vec::new()));
+    let skipped = Runs::default();
+    {
+        let (locker, replaced) = (locker.clone(), replaced.clone());
+        let every = Schedule::every(Duration::from_secs(1)).unwrap();
+        tokio::spawn(async move {
+            locker
+                .schedule("replace", every.overlap(Overlap::Replace), move |run| {
+                    let replaced = replaced.clone();
+                    async move {
+                        let why = run.stopped().await;
+                        let due = run.due().duration_since(UNIX_EPOCH).unwrap().as_secs();
+                        replaced.lock().unwrap().push((due, why));
+                        Ok::<(), String>(())
+                    }
+                })
+                .await
+        });
+    }
+    {
+        let (locker, skipped) = (locker.clone(), skipped.clone());
+        let every = Schedule::every(Duration::from_secs(1)).unwrap();
+        tokio::spawn(async move {
+            locker
+                .schedule("skip", every, move |run| {
+                    let skipped = skipped.clone();
+                    async move {
+                        let due = run.due().duration_since(UNIX_EPOCH).unwrap().as_secs();
+                        skipped.lock().unwrap().push((due, 0));
+                        tokio::time::sleep(Duration::from_millis(2500)).await;
+                        Ok::<(), String>(())
+                    }
+                })
+                .await
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let replaced = replaced.lock().unwrap().clone();
+    eprintln!("FIGURE kit schedule replace: {replaced:?}");
+    assert!(replaced.len() >= 6, "{replaced:?}");
+    assert!(replaced.iter().all(|(_, why)| *why == Stopped::Replaced));
+    assert!(
+        replaced.windows(2).all(|w| w[1].0 == w[0].0 + 1),
+        "{replaced:?}"
+    );
+    let skipped: Vec<u64> = skipped.lock().unwrap().iter().map(|r| r.0).collect();
+    eprintln!("FIGURE kit schedule skip: {skipped:?}");
+    // A run of 2.5 s: the next two due times are skipped, the third runs.
+    assert!(skipped.len() >= 2, "{skipped:?}");
+    assert!(skipped.windows(2).all(|w| w[1] == w[0] + 3), "{skipped:?}");
+}
+
+/// lease-smol against the local server: the schedule's due times are the
+/// server's whole seconds (this host's clock is the server's here, so each
+/// run starts within a few hundred milliseconds of its due time).
+#[test]
+fn a_smol_locker_runs_a_schedule_on_the_servers_clock() {
+    smol::block_on(async {
+        init();
+        let (locker, driver) = lease_smol::Locker::without_tls(DB, opts()).unwrap();
+        smol::spawn(driver).detach();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let name = format!("lib-schedule-smol-{}-{nanos}", std::process::id());
+        let lateness = Arc::new(Mutex::new(Vec::new()));
+        let task = {
+            let (locker, lateness) = (locker.clone(), lateness.clone());
+            let every = lease_smol::Schedule::every(Duration::from_secs(1)).unwrap();
+            smol::spawn(async move {
+                locker
+                    .schedule(&name, every, move |run| {
+                        let late = SystemTime::now().duration_since(run.due());
+                        lateness
+                            .lock()
+                            .unwrap()
+                            .push(late.map_err(|e| e.duration()));
+                        async { Ok::<(), String>(()) }
+                    })
+                    .await
+            })
+        };
+        smol::Timer::after(Duration::from_millis(3500)).await;
+        locker.close().await;
+        assert_eq!(task.await, Ok(()));
+        let lateness = lateness.lock().unwrap().clone();
+        eprintln!("FIGURE smol schedule: start - due {lateness:?}");
+        assert!(lateness.len() >= 2, "{lateness:?}");
+        for late in lateness {
+            match late {
+                Ok(late) => assert!(late < Duration::from_millis(300), "started {late:?} late"),
+                // The clock bound: a reading within ±50 ms.
+                Err(early) => assert!(early <= Duration::from_millis(50), "{early:?} early"),
+            }
+        }
+    });
+}
