@@ -3,7 +3,7 @@
 //! overlap, catch-up, a takeover) are lease-proto's `schedule` module.
 
 use crate::args::{CatchUpArg, DdlArgs, InitArgs, NextArgs, OverlapArg, RunArgs, UnfinishedArg};
-use crate::clock::{self, Estimate};
+use crate::clock::{self, Estimate, Now as _};
 use crate::conn::{self, Target};
 use crate::log::usage_error;
 use crate::run::{self, Ctx, JobEnd};
@@ -356,7 +356,7 @@ pub fn ddl(args: DdlArgs) -> i32 {
     }
 }
 
-/// The server's clock, read every [`clock::REFRESH`] on a connection of its own
+/// The server's clock, read every [`lease_proto::schedule::CLOCK_REFRESH`] on a connection of its own
 /// (every second after a failed read) while this replica leads.
 struct ClockTask {
     rx: watch::Receiver<Option<Estimate>>,

@@ -155,6 +155,10 @@
 //!   rule that routes the core's outputs.
 //! - `run`: the run future and the [`Lease`] handle.
 //! - `group`: [`Group`], runs that share a lease group's leases.
+//! - `try_run`: [`Locker::try_run`], a job that runs once if its lease is won
+//!   in time.
+//! - `schedule`: `Locker::schedule`, a job at each due time (feature
+//!   `schedule`).
 //! - `cancel`, `log`: a runtime-free cancellation signal, event logging.
 //! - `metrics`: every metric (feature `metrics`).
 //! - `test_util`: the test kit, a simulated server under the real driver
@@ -179,9 +183,12 @@ mod log;
 mod metrics;
 mod run;
 pub mod runtime;
+#[cfg(feature = "schedule")]
+pub mod schedule;
 mod shared;
 #[cfg(feature = "test-util")]
 pub mod test_util;
+mod try_run;
 
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -209,7 +216,10 @@ pub use runtime::{
     check_primary, in_recovery, session_error, BoxFuture, Connected, Connection, PostgresSession,
     Runtime, Session, SessionEvent, Timer,
 };
+#[cfg(feature = "schedule")]
+pub use schedule::{Occurrence, Schedule};
 use shared::Inner;
+pub use try_run::Tried;
 
 /// Why a locker could not be created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -361,12 +371,19 @@ impl<A> Clone for Locker<A> {
 }
 
 /// Dropped with the last `Locker` clone (run futures hold one): the driver may
-/// end then.
-struct Handle(Arc<Inner>);
+/// end then. Keeps the runtime (its timers, for [`Locker::try_run`]'s wait) and
+/// the configuration (for connections of a locker's own beside the lease
+/// session, such as a schedule's clock readings).
+struct Handle {
+    inner: Arc<Inner>,
+    runtime: Arc<dyn Runtime>,
+    #[cfg_attr(not(feature = "schedule"), allow(dead_code))]
+    config: Config,
+}
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        let mut s = self.0.lock();
+        let mut s = self.inner.lock();
         s.lockers_gone = true;
         s.drain();
     }
@@ -516,8 +533,12 @@ impl<A> Locker<A> {
             Arc::new(move || runtime.now())
         };
         let inner = Arc::new(Inner::new(machine, clock));
-        let driver = Driver::new(inner.clone(), runtime, config);
-        let handle = Arc::new(Handle(inner));
+        let handle = Arc::new(Handle {
+            inner: inner.clone(),
+            runtime: runtime.clone(),
+            config: config.clone(),
+        });
+        let driver = Driver::new(inner, runtime, config);
         let locker = Locker {
             handle,
             adapter: PhantomData,
@@ -526,7 +547,7 @@ impl<A> Locker<A> {
     }
 
     fn inner(&self) -> &Arc<Inner> {
-        &self.handle.0
+        &self.handle.inner
     }
 
     /// Contends for the lease `name` and runs `job` while holding it, until

@@ -106,6 +106,20 @@ pub trait Session: Send {
         })
     }
 
+    /// The server's clock: the value of
+    /// [`SERVER_TIME_SQL`](lease_proto::server::SERVER_TIME_SQL), microseconds
+    /// since the Unix epoch, read by a schedule's leader (`Locker::schedule`,
+    /// feature `schedule`) on a short connection of its own, never the lease
+    /// session. The default answers an error: on a runtime whose sessions
+    /// cannot read it, a schedule's leader starts no run (and logs why).
+    fn server_time_micros(&self) -> BoxFuture<Result<i64, SessionError>> {
+        Box::pin(async {
+            Err(SessionError::other(
+                "this session cannot read the server's clock",
+            ))
+        })
+    }
+
     /// The next notification or notice, or the end of the session; after
     /// [`SessionEvent::Ended`] the session is not polled again.
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<SessionEvent>;
@@ -197,6 +211,23 @@ impl Session for PostgresSession {
                 value.ok_or_else(|| SessionError::other("no answer to the timeline query"))?;
             lease_proto::server::primary_timeline(value.as_deref())
                 .map_err(|e| SessionError::other(e.to_string()))
+        })
+    }
+
+    fn server_time_micros(&self) -> BoxFuture<Result<i64, SessionError>> {
+        let client = self.client.clone();
+        Box::pin(async move {
+            let reply = client
+                .simple_query(lease_proto::server::SERVER_TIME_SQL)
+                .await;
+            let messages = reply.map_err(|e| session_error(&e))?;
+            let value = messages.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0).and_then(|v| v.parse::<i64>().ok()),
+                _ => None,
+            });
+            value.ok_or_else(|| {
+                SessionError::other("the server's clock_timestamp() did not come back as a number")
+            })
         })
     }
 

@@ -114,9 +114,11 @@ pub mod test_util;
 use tokio_postgres::NoTls;
 
 pub use connect::{SmolTls, Socket};
+#[cfg(feature = "schedule")]
+pub use lease_driver::{schedule, Occurrence, Schedule};
 pub use lease_driver::{
     Config, Error, GroupId, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
-    OptionsError, Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status,
+    OptionsError, Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status, Tried,
 };
 #[cfg(feature = "libpq")]
 pub use lease_libpq::{self, Conninfo, ConninfoError};

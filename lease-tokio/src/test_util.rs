@@ -43,6 +43,7 @@ use crate::{Tokio, TokioAdapter};
 pub use lease_driver::test_util::nemesis;
 pub use lease_driver::test_util::{
     Breach, FencedStore, Grant, JobLog, JobRun, Rejected, Running, Sent, Write, DEFAULT_LATENCY,
+    SIM_EPOCH,
 };
 
 /// A simulated PostgreSQL server for tokio lockers:

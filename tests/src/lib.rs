@@ -50,6 +50,8 @@ pub mod guide_doctests {
     pub struct Library;
     #[doc = include_str!("../../docs/metrics.md")]
     pub struct Metrics;
+    #[doc = include_str!("../../docs/schedules.md")]
+    pub struct Schedules;
     #[doc = include_str!("../../docs/simulator.md")]
     pub struct Simulator;
 }

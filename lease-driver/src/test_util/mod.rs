@@ -873,6 +873,10 @@ fn close<R: Runtime>(pump: &Pump<R>, locker: usize, id: u64) {
     s.poke();
 }
 
+/// The simulated server's wall clock at its time zero (a schedule's due times
+/// are on it): 2026-01-01T00:00:00Z, as a time since the Unix epoch.
+pub const SIM_EPOCH: Duration = Duration::from_secs(1_767_225_600);
+
 /// A session on the simulated server.
 struct SimSession<R: Runtime> {
     pump: Pump<R>,
@@ -924,6 +928,14 @@ impl<R: Runtime> Session for SimSession<R> {
 
     fn in_recovery(&self) -> BoxFuture<Result<bool, SessionError>> {
         Box::pin(async { Ok(false) })
+    }
+
+    /// The server's clock: [`SIM_EPOCH`] plus its time, answered at once.
+    fn server_time_micros(&self) -> BoxFuture<Result<i64, SessionError>> {
+        let mut s = lock(&self.pump.state);
+        s.advance(self.pump.runtime.now());
+        let micros = SIM_EPOCH.as_micros() + s.now.as_micros();
+        Box::pin(async move { Ok(i64::try_from(micros).unwrap_or(i64::MAX)) })
     }
 
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<SessionEvent> {

@@ -28,7 +28,7 @@
 //! - **Only the holder reserves the key.** Standbys ignore the requests
 //!   themselves. The check that confirms an ask announces it from the
 //!   holder's backend (`to <key> <the backend found>`); a standby leaves a
-//!   key so reserved alone for [`Options::handover_window`] from then, and from the
+//!   key so reserved alone for [`Options::handover_window`](crate::Options::handover_window) from then, and from the
 //!   release, and only when the announcement came from the holder its last
 //!   try saw. A locker counts a reservation for its lease session or its
 //!   watch session (the current or the one before) as its own. The release
@@ -179,7 +179,7 @@ impl Machine {
     /// A standby of a higher priority asks for `key` (the payload `prefer
     /// <key> <pid> <priority>`, sent by its [`Statement::Prefer`](crate::Statement::Prefer)
     /// from backend `sender`). The priority rule, in one place
-    /// ([`Options::priority`]):
+    /// ([`Options::priority`](crate::Options)):
     ///
     /// - a standby with a priority above 0 whose last try saw its key held
     ///   by another backend asks that holder once, and again if the same

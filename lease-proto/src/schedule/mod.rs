@@ -11,14 +11,18 @@
 //!   a start;
 //! - [`Planner`]: what the leader does at each due time ([`Action`]): start the
 //!   job, skip the due time (and why: [`Missed`]) or stop the running job
-//!   ([`Overlap::Replace`]), and which due times a new leader takes over.
+//!   ([`Overlap::Replace`]), and which due times a new leader takes over;
+//! - [`Estimate`]: the server's clock as a leader reads it (on a connection of
+//!   its own: [`SERVER_TIME_SQL`]), and its error as it ages.
 //!
 //! The rules, their conditions and the at-most-once argument: docs/schedules.md
 //! of the repository.
 
+mod clock;
 mod planner;
 mod spec;
 
+pub use clock::{Estimate, CLOCK_REFRESH, CLOCK_SAMPLES, SERVER_TIME_SQL};
 pub use planner::{Action, CatchUp, Missed, Occurrence, Overlap, Planner, Policy, Record};
 pub use spec::{jitter, Spec, SpecError};
 

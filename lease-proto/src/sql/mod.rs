@@ -225,6 +225,15 @@ pub const TOKEN_CLOCK_OFFSET: i64 = 1 << 56;
 pub const PRIMARY_TIMELINE_SQL: &str =
     template::raw(include_str!("templates/primary_timeline.sql"));
 
+/// The server's clock (`clock_timestamp()`) in microseconds since the Unix
+/// epoch, one `int8` column: what a schedule's leader reads (lease-proto's
+/// `schedule::Estimate`). Every name schema-qualified (`search_path` cannot
+/// redirect it); writes nothing. Sent on a connection of its own, never the
+/// lease session.
+pub const SERVER_TIME_SQL: &str = "SELECT (pg_catalog.date_part('epoch', \
+                                   pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) \
+                                   1000000)::pg_catalog.int8";
+
 /// The reply of [`PRIMARY_TIMELINE_SQL`], its one column as text (`None`:
 /// NULL): `Ok(None)` on a server in recovery, `Ok(Some(timeline))` on a
 /// primary.

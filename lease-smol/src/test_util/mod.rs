@@ -52,6 +52,7 @@ use crate::SmolAdapter;
 pub use lease_driver::test_util::nemesis;
 pub use lease_driver::test_util::{
     Breach, FencedStore, Grant, JobLog, JobRun, Rejected, Running, Sent, Write, DEFAULT_LATENCY,
+    SIM_EPOCH,
 };
 pub use time::{block_on, now, sleep, spawn, TestRuntime, Timer};
 

@@ -20,6 +20,7 @@ mod heartbeat_cost;
 mod job_span;
 mod kit;
 mod kit_runtimes;
+mod library_schedule;
 mod metrics;
 mod pasted;
 mod poolers;

@@ -8,6 +8,11 @@ pub use lease_smol as lease;
 #[path = "suite.rs"]
 mod suite;
 
+// `Locker::try_run`, for both drivers as the suite.
+#[allow(clippy::duplicate_mod)]
+#[path = "try_suite.rs"]
+mod try_suite;
+
 /// How the suite builds lockers and uses smol.
 pub mod rt {
     use std::future::Future;
