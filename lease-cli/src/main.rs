@@ -30,6 +30,7 @@ compile_error!(
 mod args;
 mod clock;
 mod conn;
+mod job;
 mod log;
 mod run;
 mod schedule;

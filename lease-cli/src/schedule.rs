@@ -5,8 +5,8 @@
 use crate::args::{CatchUpArg, DdlArgs, InitArgs, NextArgs, OverlapArg, RunArgs, UnfinishedArg};
 use crate::clock::{self, Estimate, Now as _};
 use crate::conn::{self, Target};
+use crate::job::{self, Ctx, JobEnd};
 use crate::log::usage_error;
-use crate::run::{self, Ctx, JobEnd};
 use crate::state::{self, Fenced, StateError, Table};
 use lease_proto::schedule::{
     Action, CatchUp, Missed, Occurrence, Overlap, Planner, Policy, Record, Spec, MAX_CLOCK_ERROR,
@@ -428,7 +428,7 @@ type RunFuture<'a> = Pin<Box<dyn Future<Output = (Result<(), JobEnd>, Option<i32
 
 /// The job of a scheduled `lease run` while it holds the lease: COMMAND at each
 /// due time, as [`Planner`] decides, each run as `lease run` runs COMMAND
-/// ([`run::run_command`]: its watchdog, kill deadline and stops), with
+/// ([`job::run_command`]: its watchdog, kill deadline and stops), with
 /// LEASE_DUE and LEASE_RUN_ID; a run's exit status is logged and counted, it
 /// does not end the lease. Returns when the lease is lost (the planner resigns)
 /// or a run cannot be started (the watchdog: the lease is released).
@@ -473,7 +473,7 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
     }
     // Leading from the grant, between runs too: a signal finds this runner
     // leading and stops the schedule through the lease (as a command's stop).
-    let _counted = run::Counted::new(ctx.leading);
+    let _counted = job::Counted::new(ctx.leading);
     // The running one, and what stops it for a replace (one per run: a
     // notification meant for one run never reaches the next).
     let mut run: Option<(Occurrence, Rc<Notify>, RunFuture<'_>)> = None;
@@ -536,7 +536,7 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                             o,
                             replace,
                             Box::pin(async move {
-                                run::run_command(lease, ctx, None, &env, Some(&stop)).await
+                                job::run_command(lease, ctx, None, &env, Some(&stop)).await
                             }),
                         ));
                     }
