@@ -504,7 +504,7 @@ pub(crate) async fn alone<T>(
                 Poll::Ready(SessionEvent::Ended(Some(e))) => return Poll::Ready(Err(e)),
                 Poll::Ready(SessionEvent::Ended(None)) => {
                     return Poll::Ready(Err(SessionError::other(
-                        "the connection closed during startup",
+                        "the connection closed before the reply",
                     )))
                 }
             }

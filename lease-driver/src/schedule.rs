@@ -9,7 +9,9 @@ use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use crate::shared::lock;
 use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -20,7 +22,7 @@ use lease_proto::{LeaseId, NameError, Reason, SessionError};
 use tokio_postgres::config::TargetSessionAttrs;
 use tracing::Instrument;
 
-use crate::runtime::{Runtime, Session, SessionEvent};
+use crate::runtime::Runtime;
 use crate::{Config, Lease, Locker, RunError};
 
 /// When a scheduled job is due, and what its leader does when runs overlap,
@@ -293,10 +295,6 @@ struct Ctx<F> {
     runtime: Arc<dyn Runtime>,
     config: Config,
     read_timeout: Duration,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 async fn run_schedule<A, S, F, Fut, E>(
@@ -615,7 +613,7 @@ async fn read_host(
     let mut session = runtime.connect(host).await?;
     if primary {
         let in_recovery = session.in_recovery();
-        if drive(&mut session, in_recovery).await? {
+        if crate::hosts::alone(&mut *session, in_recovery).await? {
             return Err(crate::runtime::not_a_primary());
         }
     }
@@ -623,35 +621,11 @@ async fn read_host(
     for _ in 0..CLOCK_SAMPLES {
         let sent = runtime.now();
         let read = session.server_time_micros();
-        let micros = drive(&mut session, read).await?;
+        let micros = crate::hosts::alone(&mut *session, read).await?;
         let estimate = Estimate::from_micros(sent, runtime.now(), micros);
         if best.is_none_or(|b| estimate.read_error() < b.read_error()) {
             best = Some(estimate);
         }
     }
     best.ok_or_else(|| SessionError::other("no clock read"))
-}
-
-/// Awaits `reply` while polling `session`'s connection (a tokio-postgres
-/// client's replies arrive only while its connection is polled).
-async fn drive<T>(
-    session: &mut Box<dyn Session>,
-    mut reply: crate::BoxFuture<Result<T, SessionError>>,
-) -> Result<T, SessionError> {
-    poll_fn(|cx| {
-        if let Poll::Ready(r) = reply.as_mut().poll(cx) {
-            return Poll::Ready(r);
-        }
-        loop {
-            match session.poll_event(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(SessionEvent::Ended(e)) => {
-                    let e = e.unwrap_or_else(|| SessionError::other("the connection ended"));
-                    return Poll::Ready(Err(e));
-                }
-                Poll::Ready(_) => {}
-            }
-        }
-    })
-    .await
 }

@@ -46,7 +46,7 @@ impl Inner {
     /// Never held across an `.await`. A panic elsewhere cannot leave the
     /// machine half-updated (it never panics), so poisoning is ignored.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.shared)
     }
 
     pub(crate) fn input(&self, input: Input) {
@@ -199,6 +199,12 @@ impl Shared {
         }
         self.close_waiters.drain(..).for_each(Waker::wake);
     }
+}
+
+/// Locks `m`, ignoring poisoning: every mutex of the crate guards state
+/// that a panic cannot leave half-updated (no code panics while holding one).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A machine seed that differs between processes and lockers.

@@ -3,7 +3,9 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
+
+use crate::shared::lock;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -171,10 +173,6 @@ struct State<F, E> {
     error: Option<E>,
     /// The run future's task, woken when the job returned.
     waker: Option<Waker>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The body of [`Locker::try_run_lease`]: [`Locker::run_lease`] with a

@@ -2,18 +2,15 @@
 //! the job's runs, and the checks on them, each breach a [`Breach`].
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::Grant;
+use crate::shared::lock;
 use crate::Lease;
 
 /// The kit's clock: time since the server was made.
 pub(crate) type Clock = Arc<dyn Fn() -> Duration + Send + Sync>;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A breach found by a check.
 #[derive(Debug, Clone, PartialEq, Eq)]
