@@ -379,6 +379,9 @@ struct Handle {
     runtime: Arc<dyn Runtime>,
     #[cfg_attr(not(feature = "schedule"), allow(dead_code))]
     config: Config,
+    /// The server's clock, read once for every schedule of this locker.
+    #[cfg(feature = "schedule")]
+    clock: Arc<schedule::ServerClock>,
 }
 
 impl Drop for Handle {
@@ -537,6 +540,8 @@ impl<A> Locker<A> {
             inner: inner.clone(),
             runtime: runtime.clone(),
             config: config.clone(),
+            #[cfg(feature = "schedule")]
+            clock: Arc::default(),
         });
         let driver = Driver::new(inner, runtime, config);
         let locker = Locker {

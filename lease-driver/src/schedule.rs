@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::shared::lock;
-use std::task::Poll;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use event_listener::Event;
@@ -295,6 +295,7 @@ struct Ctx<F> {
     runtime: Arc<dyn Runtime>,
     config: Config,
     read_timeout: Duration,
+    clock: Arc<ServerClock>,
 }
 
 async fn run_schedule<A, S, F, Fut, E>(
@@ -320,28 +321,65 @@ where
         runtime: locker.handle.runtime.clone(),
         config: locker.handle.config.clone(),
         read_timeout,
+        clock: locker.handle.clock.clone(),
     };
     let ctx = &ctx;
     crate::run::run(locker, Ok(lease), shutdown, move |lease| lead(lease, ctx)).await
 }
 
-/// The server's clock as the leader knows it: the best reading, the read in
-/// flight, when to read next.
-struct Clock {
-    best: Option<Estimate>,
-    reading: Option<crate::BoxFuture<Result<Estimate, String>>>,
-    next_read: Instant,
-    failing: bool,
+/// The server's clock as one locker knows it, shared by all its schedules:
+/// the best reading, whether a read is in flight, when to read next. A read
+/// is a connection of its own, so one read serves every schedule the locker
+/// leads (a thousand schedules read the clock as often as one does).
+#[derive(Default)]
+pub(crate) struct ServerClock {
+    state: Mutex<ClockState>,
 }
 
-impl Clock {
-    fn read(&mut self, now: Instant, result: Result<Estimate, String>, name: &str) {
+#[derive(Default)]
+struct ClockState {
+    best: Option<Estimate>,
+    /// When the next read is due (`None`: at once).
+    next_read: Option<Instant>,
+    /// A leader is reading (see [`ReadClaim`]).
+    reading: bool,
+    /// The last read failed or was too imprecise (logged once per streak).
+    failing: bool,
+    /// Leaders waiting for the read in flight.
+    waiters: Vec<Waker>,
+}
+
+impl ServerClock {
+    /// The best reading, and when the next read is due unless one is in
+    /// flight (then `cx` is woken when it ends).
+    fn look(&self, cx: &Context<'_>) -> (Option<Estimate>, Option<Option<Instant>>) {
+        let mut s = lock(&self.state);
+        if s.reading && !s.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+            s.waiters.push(cx.waker().clone());
+        }
+        (s.best, (!s.reading).then_some(s.next_read))
+    }
+
+    /// Claims the next read for the caller, if it is due and nobody reads.
+    fn claim(self: &Arc<Self>, now: Instant) -> Option<ReadClaim> {
+        let mut s = lock(&self.state);
+        if s.reading || s.next_read.is_some_and(|t| now < t) {
+            return None;
+        }
+        s.reading = true;
+        Some(ReadClaim(Some(self.clone())))
+    }
+
+    /// A read ended: the better reading is kept, the next read planned, and
+    /// the leaders waiting for it woken.
+    fn read(&self, now: Instant, result: Result<Estimate, String>, name: &str) {
+        let mut s = lock(&self.state);
         let wait = match result {
             Ok(e) => {
-                let chosen = self.best.map_or(e, |b| b.better(e, now));
-                self.best = Some(chosen);
+                let chosen = s.best.map_or(e, |b| b.better(e, now));
+                s.best = Some(chosen);
                 let good = chosen.time_at(now).is_some();
-                if !good && !self.failing {
+                if !good && !s.failing {
                     tracing::warn!(
                         lease = name,
                         "the server's clock cannot be read within {} ms (a slow round trip): \
@@ -349,7 +387,7 @@ impl Clock {
                         lease_proto::schedule::MAX_CLOCK_ERROR.as_millis()
                     );
                 }
-                self.failing = !good;
+                s.failing = !good;
                 if good {
                     chosen.next_read()
                 } else {
@@ -357,17 +395,41 @@ impl Clock {
                 }
             }
             Err(e) => {
-                if !self.failing {
+                if !s.failing {
                     tracing::warn!(
                         lease = name,
                         "cannot read the server's clock ({e}): no run starts until it can"
                     );
                 }
-                self.failing = true;
+                s.failing = true;
                 Duration::from_secs(1)
             }
         };
-        self.next_read = now + wait;
+        s.next_read = Some(now + wait);
+        s.reading = false;
+        s.waiters.drain(..).for_each(Waker::wake);
+    }
+}
+
+/// The read one leader makes for all; dropped unfinished (its lease was
+/// lost), the read is free again for another leader.
+struct ReadClaim(Option<Arc<ServerClock>>);
+
+impl ReadClaim {
+    fn done(mut self, now: Instant, result: Result<Estimate, String>, name: &str) {
+        if let Some(clock) = self.0.take() {
+            clock.read(now, result, name);
+        }
+    }
+}
+
+impl Drop for ReadClaim {
+    fn drop(&mut self) {
+        if let Some(clock) = self.0.take() {
+            let mut s = lock(&clock.state);
+            s.reading = false;
+            s.waiters.drain(..).for_each(Waker::wake);
+        }
     }
 }
 
@@ -392,12 +454,8 @@ where
     }
     let rt = &ctx.runtime;
     let name = &*ctx.name;
-    let mut clock = Clock {
-        best: None,
-        reading: None,
-        next_read: rt.now(),
-        failing: false,
-    };
+    // This leader's read of the shared clock, when it makes it.
+    let mut reading: Option<(ReadClaim, crate::BoxFuture<Result<Estimate, String>>)> = None;
     let mut granted = false;
     let mut lost = false;
     let mut running: Option<Running<Fut>> = None;
@@ -405,25 +463,25 @@ where
     let mut timer = rt.timer(rt.now());
     poll_fn(|cx| loop {
         let now = rt.now();
-        match clock.reading.as_mut() {
-            Some(read) => {
-                if let Poll::Ready(result) = read.as_mut().poll(cx) {
-                    clock.reading = None;
-                    clock.read(now, result, name);
-                    continue;
-                }
-            }
-            None if !lost && now >= clock.next_read => {
-                let read = read_clock(rt.clone(), ctx.config.clone(), ctx.read_timeout);
-                clock.reading = Some(Box::pin(read));
+        if let Some((_, read)) = reading.as_mut() {
+            if let Poll::Ready(result) = read.as_mut().poll(cx) {
+                let (claim, _) = reading.take().expect("just polled");
+                claim.done(now, result, name);
                 continue;
             }
-            None => {}
+        } else if !lost {
+            if let Some(claim) = ctx.clock.claim(now) {
+                let read = read_clock(rt.clone(), ctx.config.clone(), ctx.read_timeout);
+                reading = Some((claim, Box::pin(read)));
+                continue;
+            }
         }
         if !lost && cancelled.as_mut().poll(cx).is_ready() {
             lost = true;
-            clock.reading = None;
+            // Another leader of this locker reads the clock from now on.
+            reading = None;
         }
+        let (best, next_read) = ctx.clock.look(cx);
         if let Some(run) = running.as_mut() {
             if let Poll::Ready(result) = run.future.as_mut().poll(cx) {
                 let o = run.occurrence;
@@ -454,7 +512,7 @@ where
             // The job sees its lease cancelled: wait for it to return.
             return Poll::Pending;
         }
-        let server_now = clock.best.and_then(|e| e.time_at(now));
+        let server_now = best.and_then(|e| e.time_at(now));
         let mut planner = lock(&ctx.planner);
         if let (false, Some(t)) = (granted, server_now) {
             // Due times up to the grant (and the margin after it) are the
@@ -507,7 +565,7 @@ where
             }
         }
         // The next start, or the next read of the clock.
-        let start = match (clock.best, server_now, planner.wake_at()) {
+        let start = match (best, server_now, planner.wake_at()) {
             (Some(e), Some(_), Some(w)) => Some(e.instant_of(w)),
             _ => None,
         };
@@ -515,7 +573,11 @@ where
         if started {
             continue;
         }
-        let read = clock.reading.is_none().then_some(clock.next_read);
+        // A read in flight (this leader's or another's) wakes this one.
+        let read = match (&reading, next_read) {
+            (None, Some(next)) => Some(next.unwrap_or(now)),
+            _ => None,
+        };
         let Some(wake) = [start, read].into_iter().flatten().min() else {
             return Poll::Pending;
         };

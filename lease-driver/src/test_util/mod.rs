@@ -298,6 +298,13 @@ impl<A: TestAdapter> TestServer<A> {
             .collect()
     }
 
+    /// How many connections the lockers have opened so far (lease, watch
+    /// and a schedule's clock reads alike): the cost a change to when a
+    /// locker connects shows in.
+    pub fn connections(&self) -> u64 {
+        lock(&self.state).next_session
+    }
+
     /// Every statement sent so far, in order.
     pub fn statements(&self) -> Vec<Sent> {
         self.now_state().statements.clone()

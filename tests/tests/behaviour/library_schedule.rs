@@ -100,6 +100,32 @@ async fn a_schedule_survives_its_leader_crashing_in_virtual_time() {
     assert!(missing.len() <= 1, "missed {missing:?}: {runs:?}");
 }
 
+/// In virtual time: one locker leading 20 schedules reads the server's clock
+/// for all of them at once (a read is a connection of its own): 30 s cost
+/// about 4 reads, not 4 per schedule.
+#[tokio::test(start_paused = true)]
+async fn a_lockers_schedules_share_one_clock_read() {
+    use lease_tokio::test_util::TestServer;
+    let server = TestServer::new(12);
+    let runs = Runs::default();
+    let (locker, driver) = server.locker(Options::default()).unwrap();
+    tokio::spawn(driver);
+    let tasks: Vec<_> = (0..20)
+        .map(|i| schedule(&locker, &format!("report-{i}"), 0, &runs))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let connections = server.connections();
+    let started = runs.lock().unwrap().len();
+    eprintln!(
+        "FIGURE kit schedules: 20 schedules, 30 s: {connections} connections, {started} runs"
+    );
+    // Each schedule ran at about every second of the 30.
+    assert!(started >= 20 * 27, "{started} runs");
+    // The lease session, and a clock read every 10 s (the first at once).
+    assert!(connections <= 1 + 5, "{connections} connections");
+    tasks.iter().for_each(tokio::task::JoinHandle::abort);
+}
+
 /// Against the local server: two lockers schedule `every 1s` for about 5 s;
 /// the leader is closed midway (its job stopped, the key released) and the
 /// other goes on. Each due time runs at most once, and the due times between
