@@ -66,15 +66,8 @@ pub fn from_args(args: &RunArgs) -> Result<Option<Schedule>, String> {
                 .to_owned(),
         );
     }
-    if let Some(period) = args.every {
-        if policy.jitter >= period {
-            return Err(format!(
-                "--jitter ({}) must be shorter than --every ({})",
-                humantime::format_duration(policy.jitter),
-                humantime::format_duration(period)
-            ));
-        }
-    }
+    // The jitter and the catch-up window: the rule is the core's.
+    policy.check(&spec).map_err(|e| e.to_string())?;
     let state = match &args.state_table {
         Some(name) => Some((Table::parse(name)?, args.unfinished == UnfinishedArg::Retry)),
         None => None,

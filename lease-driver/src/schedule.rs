@@ -66,9 +66,14 @@ impl Schedule {
     /// Each run starts a fixed delay under `max` after its due time, the
     /// same on every replica ([`lease_proto::schedule::jitter`]). Keep it
     /// shorter than the shortest gap between due times.
-    pub fn jitter(mut self, max: Duration) -> Schedule {
+    ///
+    /// # Errors
+    /// A jitter not shorter than an `every` period, or above a day
+    /// ([`Policy::check`]).
+    pub fn jitter(mut self, max: Duration) -> Result<Schedule, SpecError> {
         self.policy.jitter = max;
-        self
+        self.policy.check(&self.spec)?;
+        Ok(self)
     }
 
     /// What a due time does while the previous run still goes (default:
@@ -83,10 +88,16 @@ impl Schedule {
     /// What a new leader runs of the due times in `window` before its grant
     /// (default: none). Without a state table a window is at-least-once for
     /// the due times it covers: the old leader may have run them.
-    pub fn catch_up(mut self, window: Duration, policy: CatchUp) -> Schedule {
+    ///
+    /// # Errors
+    /// A window above 366 days, or one that covers more than
+    /// [`MAX_CATCH_UP_SCAN`](lease_proto::schedule::MAX_CATCH_UP_SCAN) due
+    /// times of an `every` period ([`Policy::check`]).
+    pub fn catch_up(mut self, window: Duration, policy: CatchUp) -> Result<Schedule, SpecError> {
         self.policy.catch_up_window = window;
         self.policy.catch_up = policy;
-        self
+        self.policy.check(&self.spec)?;
+        Ok(self)
     }
 
     /// The due times.

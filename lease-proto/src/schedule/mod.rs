@@ -23,7 +23,10 @@ mod planner;
 mod spec;
 
 pub use clock::{Estimate, CLOCK_REFRESH, CLOCK_SAMPLES, SERVER_TIME_SQL};
-pub use planner::{Action, CatchUp, Missed, Occurrence, Overlap, Planner, Policy, Record};
+pub use planner::{
+    Action, CatchUp, Missed, Occurrence, Overlap, Planner, Policy, Record, MAX_CATCH_UP_SCAN,
+    MAX_CATCH_UP_WINDOW, MAX_JITTER,
+};
 pub use spec::{jitter, Spec, SpecError};
 
 use std::time::Duration;

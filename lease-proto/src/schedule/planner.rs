@@ -1,6 +1,6 @@
 //! [`Planner`]: what a schedule's leader does at each due time.
 
-use super::{jitter, Spec, MAX_CATCH_UP, MAX_CLOCK_ERROR};
+use super::{jitter, Spec, SpecError, MAX_CATCH_UP, MAX_CLOCK_ERROR};
 use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -56,6 +56,61 @@ pub struct Policy {
     pub catch_up_window: Duration,
     /// Which of the due times in the catch-up window run.
     pub catch_up: CatchUp,
+}
+
+/// The longest [`Policy::jitter`]: a day.
+pub const MAX_JITTER: Duration = Duration::from_secs(24 * 3600);
+
+/// The most due times of an `every` schedule a catch-up window may cover
+/// (each one it passes over is logged).
+pub const MAX_CATCH_UP_SCAN: u32 = 10_000;
+
+/// The longest [`Policy::catch_up_window`]: 366 days.
+pub const MAX_CATCH_UP_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
+
+impl Policy {
+    /// Whether this policy can serve `spec`: a jitter shorter than an `every`
+    /// period and at most [`MAX_JITTER`], a catch-up window at most
+    /// [`MAX_CATCH_UP_WINDOW`]. (A cron expression's gaps vary: keep its
+    /// jitter below the shortest.)
+    ///
+    /// # Errors
+    /// What is out of range, in one line.
+    pub fn check(&self, spec: &Spec) -> Result<(), SpecError> {
+        let human = super::spec::human;
+        if let Some(period) = spec.period() {
+            if self.jitter >= period {
+                return Err(SpecError::new(format!(
+                    "the jitter ({}) must be shorter than the period ({})",
+                    human(self.jitter),
+                    human(period)
+                )));
+            }
+        }
+        if self.jitter > MAX_JITTER {
+            return Err(SpecError::new(format!(
+                "the jitter ({}) must be at most a day",
+                human(self.jitter)
+            )));
+        }
+        if let Some(period) = spec.period() {
+            if self.catch_up_window > period * MAX_CATCH_UP_SCAN {
+                return Err(SpecError::new(format!(
+                    "the catch-up window ({}) may cover at most {MAX_CATCH_UP_SCAN} due times \
+                     (here {})",
+                    human(self.catch_up_window),
+                    human(period * MAX_CATCH_UP_SCAN)
+                )));
+            }
+        }
+        if self.catch_up_window > MAX_CATCH_UP_WINDOW {
+            return Err(SpecError::new(format!(
+                "the catch-up window ({}) must be at most 366 days",
+                human(self.catch_up_window)
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Why a due time did not run.
@@ -285,7 +340,7 @@ impl Planner {
         }
         self.leading = true;
         let horizon = now + margin;
-        let lower = now.checked_sub(window + self.policy.jitter).unwrap_or(now);
+        let lower = (now.checked_sub(window.saturating_add(self.policy.jitter))).unwrap_or(now);
         // The due times still ahead from an earlier term, then the new ones up to
         // the horizon; never again one this planner passed over.
         let mut scanned: Vec<Occurrence> = self.ahead.drain(..).collect();
@@ -302,7 +357,8 @@ impl Planner {
         for occ in scanned {
             if occ.start > horizon {
                 self.ahead.push_back(occ);
-            } else if !window.is_zero() && occ.start + window > now {
+            } else if !window.is_zero() && occ.start.checked_add(window).is_none_or(|end| end > now)
+            {
                 before.push(occ);
             } else if occ.start > now {
                 self.decided

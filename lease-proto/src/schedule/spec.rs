@@ -54,7 +54,21 @@ impl fmt::Display for SpecError {
 
 impl std::error::Error for SpecError {}
 
+impl SpecError {
+    pub(super) fn new(message: String) -> SpecError {
+        SpecError(message)
+    }
+}
+
 impl Spec {
+    /// The period of an `every` schedule (`None`: a cron expression).
+    pub fn period(&self) -> Option<Duration> {
+        match &self.0 {
+            Kind::Every(period) => Some(*period),
+            _ => None,
+        }
+    }
+
     /// Due every `period`, at the multiples of `period` since the Unix epoch
     /// (`every 15m`: at :00, :15, :30 and :45 of each hour, UTC). From
     /// [`MIN_PERIOD`] (1 s) to 365 days, in whole milliseconds.
@@ -252,7 +266,7 @@ impl fmt::Debug for Spec {
 }
 
 /// `d` in the largest unit that divides it: `15m`, `2s`, `1500ms`.
-fn human(d: Duration) -> String {
+pub(super) fn human(d: Duration) -> String {
     let ms = d.as_millis();
     for (unit, size) in [
         ("d", 86_400_000),

@@ -613,3 +613,42 @@ fn year(table: bool) -> Result<(), TestCaseError> {
     );
     Ok(())
 }
+
+/// A policy's jitter and catch-up window are checked against the schedule
+/// (the library's `Schedule::jitter`/`catch_up` and `lease run` both ask
+/// `Policy::check`), and a planner given an unchecked one never panics.
+#[test]
+fn a_policy_out_of_range_is_refused_and_never_panics_a_planner() {
+    use lease_proto::schedule::{CatchUp, Planner, Policy, Spec, MAX_JITTER};
+    let every = Spec::every(Duration::from_secs(60)).unwrap();
+    let ok = Policy {
+        jitter: Duration::from_secs(59),
+        catch_up_window: Duration::from_secs(3600),
+        ..Policy::default()
+    };
+    assert!(ok.check(&every).is_ok());
+    let long_jitter = Policy {
+        jitter: Duration::from_secs(60),
+        ..ok
+    };
+    let e = long_jitter.check(&every).unwrap_err().to_string();
+    assert!(e.contains("shorter than the period"), "{e}");
+    let cron = Spec::cron("0 3 * * *", None).unwrap();
+    let too_long = Policy {
+        jitter: MAX_JITTER + Duration::from_secs(1),
+        ..Policy::default()
+    };
+    assert!(too_long.check(&cron).is_err());
+    let huge = Policy {
+        catch_up_window: Duration::MAX,
+        catch_up: CatchUp::All,
+        jitter: Duration::MAX,
+        ..Policy::default()
+    };
+    assert!(huge.check(&cron).is_err());
+    // Unchecked, the planner still does not panic.
+    let mut p = Planner::new("x", cron, huge);
+    let now = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    p.lead(now);
+    while p.poll(now).is_some() {}
+}
