@@ -214,7 +214,7 @@ pub use metrics::describe_metrics;
 pub use run::Lease;
 pub use runtime::{
     check_primary, in_recovery, session_error, BoxFuture, Connected, Connection, PostgresSession,
-    Runtime, Session, SessionEvent, Timer,
+    Runtime, Session, SessionEvent, Timer, UNSUPPORTED,
 };
 #[cfg(feature = "schedule")]
 pub use schedule::{Occurrence, Schedule};

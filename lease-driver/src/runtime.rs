@@ -110,12 +110,14 @@ pub trait Session: Send {
     /// [`SERVER_TIME_SQL`](lease_proto::server::SERVER_TIME_SQL), microseconds
     /// since the Unix epoch, read by a schedule's leader (`Locker::schedule`,
     /// feature `schedule`) on a short connection of its own, never the lease
-    /// session. The default answers an error: on a runtime whose sessions
-    /// cannot read it, a schedule's leader starts no run (and logs why).
+    /// session. The default answers an error with the code [`UNSUPPORTED`]: on
+    /// a runtime whose sessions cannot read it, a schedule ends at its first
+    /// lead with [`RunError::Config`](crate::RunError::Config).
     fn server_time_micros(&self) -> BoxFuture<Result<i64, SessionError>> {
         Box::pin(async {
-            Err(SessionError::other(
-                "this session cannot read the server's clock",
+            Err(SessionError::server(
+                UNSUPPORTED,
+                "this runtime's sessions cannot read the server's clock",
             ))
         })
     }
@@ -308,6 +310,11 @@ pub async fn in_recovery(client: &Client) -> Result<bool, SessionError> {
     });
     on.ok_or_else(|| SessionError::other("no answer to SELECT pg_is_in_recovery()"))
 }
+
+/// The code (SQLSTATE `feature_not_supported`) of the error a [`Session`]
+/// answers for what its runtime cannot do, such as
+/// [`Session::server_time_micros`] by default.
+pub const UNSUPPORTED: &str = "0A000";
 
 /// A `read-write` host in recovery: a hot standby.
 pub(crate) fn not_a_primary() -> SessionError {

@@ -16,8 +16,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use event_listener::Event;
-use lease_proto::schedule::{Action, Estimate, Planner, Policy, CLOCK_SAMPLES};
-pub use lease_proto::schedule::{CatchUp, Missed, Overlap, Spec, SpecError};
+use lease_proto::schedule::{Action, Estimate, Planner, CLOCK_SAMPLES};
+pub use lease_proto::schedule::{CatchUp, Missed, Overlap, Policy, Spec, SpecError};
 use lease_proto::{LeaseId, NameError, Reason, SessionError};
 use tokio_postgres::config::TargetSessionAttrs;
 use tracing::Instrument;
@@ -335,7 +335,74 @@ where
         clock: locker.handle.clock.clone(),
     };
     let ctx = &ctx;
-    crate::run::run(locker, Ok(lease), shutdown, move |lease| lead(lease, ctx)).await
+    let mut shutdown = pin!(shutdown);
+    loop {
+        let term = shutdown.as_mut();
+        let run = crate::run::run(locker.clone(), Ok(lease.clone()), term, |lease| {
+            lead(lease, ctx)
+        });
+        match run.await {
+            Ok(()) => return Ok(()),
+            Err(RunError::Job(LeadEnd::Unsupported(e))) => return Err(RunError::Config(e)),
+            Err(RunError::Job(LeadEnd::ClockUnavailable)) => {
+                // The lease is released: a replica that can read the clock
+                // may lead. This one contends again after a pause.
+                let mut pause = ctx.runtime.timer(ctx.runtime.now() + CLOCK_GIVE_UP);
+                let stopped = poll_fn(|cx| {
+                    if shutdown.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(true);
+                    }
+                    pause.as_mut().poll(cx).map(|()| false)
+                })
+                .await;
+                if stopped {
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(not_the_job(e)),
+        }
+    }
+}
+
+/// A run's end that is not its job's (a schedule's job errors are logged).
+fn not_the_job(e: RunError<LeadEnd>) -> RunError<Infallible> {
+    match e {
+        RunError::Job(LeadEnd::Unsupported(e)) => RunError::Config(e),
+        RunError::Job(LeadEnd::ClockUnavailable) | RunError::DriverStopped => {
+            RunError::DriverStopped
+        }
+        RunError::Name(e) => RunError::Name(e),
+        RunError::AlreadyRunning(l) => RunError::AlreadyRunning(l),
+        RunError::TooManyLeases { cap } => RunError::TooManyLeases { cap },
+        RunError::Refused(r) => RunError::Refused(r),
+        RunError::GroupWithoutNotify(l) => RunError::GroupWithoutNotify(l),
+        RunError::Config(e) => RunError::Config(e),
+    }
+}
+
+/// How long a leader holds a schedule's lease without a usable reading of
+/// the server's clock (no run can start) before it gives the lease up, so
+/// that a replica that can read it leads; and how long it then waits before
+/// it contends again.
+const CLOCK_GIVE_UP: Duration = Duration::from_secs(30);
+
+/// Why a term of leadership ended other than by the lease.
+#[derive(Debug)]
+enum LeadEnd {
+    /// This runtime's sessions cannot read the server's clock
+    /// ([`Session::server_time_micros`](crate::Session::server_time_micros)).
+    Unsupported(SessionError),
+    /// No usable reading for [`CLOCK_GIVE_UP`]: the lease is given up.
+    ClockUnavailable,
+}
+
+impl fmt::Display for LeadEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeadEnd::Unsupported(e) => write!(f, "{e}"),
+            LeadEnd::ClockUnavailable => f.write_str("the server's clock could not be read"),
+        }
+    }
 }
 
 /// The server's clock as one locker knows it, shared by all its schedules:
@@ -356,6 +423,10 @@ struct ClockState {
     reading: bool,
     /// The last read failed or was too imprecise (logged once per streak).
     failing: bool,
+    /// Since when no reading has been usable (`None`: the last one is).
+    unusable_since: Option<Instant>,
+    /// The runtime's sessions cannot read the clock at all.
+    unsupported: Option<SessionError>,
     /// Leaders waiting for the read in flight.
     waiters: Vec<Waker>,
 }
@@ -363,12 +434,17 @@ struct ClockState {
 impl ServerClock {
     /// The best reading, and when the next read is due unless one is in
     /// flight (then `cx` is woken when it ends).
-    fn look(&self, cx: &Context<'_>) -> (Option<Estimate>, Option<Option<Instant>>) {
+    fn look(&self, cx: &Context<'_>) -> Seen {
         let mut s = lock(&self.state);
         if s.reading && !s.waiters.iter().any(|w| w.will_wake(cx.waker())) {
             s.waiters.push(cx.waker().clone());
         }
-        (s.best, (!s.reading).then_some(s.next_read))
+        Seen {
+            best: s.best,
+            next_read: (!s.reading).then_some(s.next_read),
+            unusable_since: s.unusable_since,
+            unsupported: s.unsupported.clone(),
+        }
     }
 
     /// Claims the next read for the caller, if it is due and nobody reads.
@@ -383,7 +459,7 @@ impl ServerClock {
 
     /// A read ended: the better reading is kept, the next read planned, and
     /// the leaders waiting for it woken.
-    fn read(&self, now: Instant, result: Result<Estimate, String>, name: &str) {
+    fn read(&self, now: Instant, result: Result<Estimate, SessionError>, name: &str) {
         let mut s = lock(&self.state);
         let wait = match result {
             Ok(e) => {
@@ -400,12 +476,23 @@ impl ServerClock {
                 }
                 s.failing = !good;
                 if good {
+                    s.unusable_since = None;
+                } else {
+                    s.unusable_since.get_or_insert(now);
+                }
+                if good {
                     chosen.next_read()
                 } else {
                     Duration::from_secs(1)
                 }
             }
+            Err(e) if e.code.as_deref() == Some(crate::runtime::UNSUPPORTED) => {
+                tracing::error!(lease = name, "{e}: a schedule cannot run on this runtime");
+                s.unsupported = Some(e);
+                Duration::from_secs(3600)
+            }
             Err(e) => {
+                s.unusable_since.get_or_insert(now);
                 if !s.failing {
                     tracing::warn!(
                         lease = name,
@@ -422,12 +509,21 @@ impl ServerClock {
     }
 }
 
+/// What a leader reads of the shared clock ([`ServerClock::look`]).
+struct Seen {
+    best: Option<Estimate>,
+    /// When the next read is due (`None`: one is in flight; `Some(None)`: at once).
+    next_read: Option<Option<Instant>>,
+    unusable_since: Option<Instant>,
+    unsupported: Option<SessionError>,
+}
+
 /// The read one leader makes for all; dropped unfinished (its lease was
 /// lost), the read is free again for another leader.
 struct ReadClaim(Option<Arc<ServerClock>>);
 
 impl ReadClaim {
-    fn done(mut self, now: Instant, result: Result<Estimate, String>, name: &str) {
+    fn done(mut self, now: Instant, result: Result<Estimate, SessionError>, name: &str) {
         if let Some(clock) = self.0.take() {
             clock.read(now, result, name);
         }
@@ -454,7 +550,7 @@ struct Running<Fut> {
 /// The schedule while its lease is held: the job at each due time, as the
 /// [`Planner`] decides. Returns when the lease is cancelled (and a running
 /// job returned): the planner resigns.
-async fn lead<F, Fut, E>(lease: Lease, ctx: &Ctx<F>) -> Result<(), Infallible>
+async fn lead<F, Fut, E>(lease: Lease, ctx: &Ctx<F>) -> Result<(), LeadEnd>
 where
     F: FnMut(Occurrence) -> Fut,
     Fut: Future<Output = Result<(), E>>,
@@ -466,7 +562,7 @@ where
     let rt = &ctx.runtime;
     let name = &*ctx.name;
     // This leader's read of the shared clock, when it makes it.
-    let mut reading: Option<(ReadClaim, crate::BoxFuture<Result<Estimate, String>>)> = None;
+    let mut reading: Option<(ReadClaim, crate::BoxFuture<Result<Estimate, SessionError>>)> = None;
     let mut granted = false;
     let mut lost = false;
     let mut running: Option<Running<Fut>> = None;
@@ -492,7 +588,25 @@ where
             // Another leader of this locker reads the clock from now on.
             reading = None;
         }
-        let (best, next_read) = ctx.clock.look(cx);
+        let seen = ctx.clock.look(cx);
+        let (best, next_read) = (seen.best, seen.next_read);
+        if running.is_none() {
+            if let Some(e) = seen.unsupported {
+                return Poll::Ready(Err(LeadEnd::Unsupported(e)));
+            }
+            if seen
+                .unusable_since
+                .is_some_and(|t| now >= t + CLOCK_GIVE_UP)
+            {
+                tracing::error!(
+                    lease = name,
+                    "no usable reading of the server's clock for {} s: giving the lease up, so \
+                     that a replica that can read it leads",
+                    CLOCK_GIVE_UP.as_secs()
+                );
+                return Poll::Ready(Err(LeadEnd::ClockUnavailable));
+            }
+        }
         if let Some(run) = running.as_mut() {
             if let Poll::Ready(result) = run.future.as_mut().poll(cx) {
                 let o = run.occurrence;
@@ -518,7 +632,7 @@ where
         if lost {
             if running.is_none() {
                 resign(&mut lock(&ctx.planner), name);
-                return Poll::Ready(());
+                return Poll::Ready(Ok(()));
             }
             // The job sees its lease cancelled: wait for it to return.
             return Poll::Pending;
@@ -597,8 +711,7 @@ where
             return Poll::Pending;
         }
     })
-    .await;
-    Ok(())
+    .await
 }
 
 /// The lease is gone: nothing more starts; what waited is logged as missed.
@@ -641,7 +754,7 @@ async fn read_clock(
     runtime: Arc<dyn Runtime>,
     config: Config,
     timeout: Duration,
-) -> Result<Estimate, String> {
+) -> Result<Estimate, SessionError> {
     let deadline = runtime.now() + timeout;
     let work = async {
         let mut last = None;
@@ -656,10 +769,11 @@ async fn read_clock(
             host.target_session_attrs(TargetSessionAttrs::Any);
             match read_host(&*runtime, host, primary).await {
                 Ok(e) => return Ok(e),
+                Err(e) if e.code.as_deref() == Some(crate::runtime::UNSUPPORTED) => return Err(e),
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.map_or_else(|| "no host".to_owned(), |e| e.to_string()))
+        Err(last.unwrap_or_else(|| SessionError::other("no host")))
     };
     let mut work = pin!(work);
     let mut timer = runtime.timer(deadline);
@@ -668,10 +782,10 @@ async fn read_clock(
             return Poll::Ready(r);
         }
         timer.as_mut().poll(cx).map(|()| {
-            Err(format!(
+            Err(SessionError::other(format!(
                 "reading the server's clock timed out after {} ms",
                 timeout.as_millis()
-            ))
+            )))
         })
     })
     .await
@@ -701,4 +815,45 @@ async fn read_host(
         }
     }
     best.ok_or_else(|| SessionError::other("no clock read"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::Waker;
+
+    fn look(clock: &ServerClock) -> Seen {
+        clock.look(&Context::from_waker(Waker::noop()))
+    }
+
+    #[test]
+    fn one_read_at_a_time_and_what_it_leaves() {
+        let clock = Arc::new(ServerClock::default());
+        let t0 = Instant::now();
+        let claim = clock.claim(t0).expect("due at once");
+        assert!(clock.claim(t0).is_none(), "one read at a time");
+        assert!(look(&clock).next_read.is_none(), "a read is in flight");
+        drop(claim);
+        // A claim dropped unfinished (its lease lost) frees the read.
+        let claim = clock.claim(t0).expect("free again");
+        let ms = Duration::from_millis;
+        let good = Estimate::from_micros(t0, t0 + ms(2), 1_800_000_000_000_000);
+        claim.done(t0 + ms(2), Ok(good), "x");
+        let seen = look(&clock);
+        assert!(seen.best.is_some() && seen.unusable_since.is_none());
+        assert!(clock.claim(t0 + ms(3)).is_none(), "not due again yet");
+        // Failures: unusable from the first one on, the reading kept.
+        let later = t0 + CLOCK_GIVE_UP;
+        let claim = clock.claim(later).expect("due");
+        claim.done(later, Err(SessionError::other("refused")), "x");
+        assert_eq!(look(&clock).unusable_since, Some(later));
+        // A runtime that cannot read the clock at all says so.
+        let unsupported = SessionError::server(crate::runtime::UNSUPPORTED, "no clock here");
+        let at = later + ms(1_000);
+        clock
+            .claim(at)
+            .expect("due")
+            .done(at, Err(unsupported.clone()), "x");
+        assert_eq!(look(&clock).unsupported, Some(unsupported));
+    }
 }

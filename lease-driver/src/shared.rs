@@ -201,8 +201,9 @@ impl Shared {
     }
 }
 
-/// Locks `m`, ignoring poisoning: every mutex of the crate guards state
-/// that a panic cannot leave half-updated (no code panics while holding one).
+/// Locks `m`, ignoring poisoning: the crate's own code never panics while
+/// it holds one (a schedule calls its job under one: a job that panics
+/// fails its future anyway).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -222,12 +222,14 @@ where
             let (deadline, timer) = match &mut timer {
                 Some((deadline, timer)) => (*deadline, timer),
                 None => {
-                    let deadline = now
-                        + if wait.is_zero() {
-                            2 * query_timeout
-                        } else {
-                            wait
-                        };
+                    let wait = if wait.is_zero() {
+                        2 * query_timeout
+                    } else {
+                        wait
+                    };
+                    // `Duration::MAX` (wait for ever) and its like: a year.
+                    let year = Duration::from_secs(365 * 86_400);
+                    let deadline = (now.checked_add(wait)).unwrap_or_else(|| now + year);
                     let t = timer.insert((deadline, runtime.timer(deadline)));
                     (deadline, &mut t.1)
                 }

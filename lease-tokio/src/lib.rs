@@ -49,6 +49,12 @@
 //! The cargo feature `metrics` (off by default) turns on lease-driver's
 //! metrics; `docs/metrics.md` of the repository lists them.
 //!
+//! A one-shot job that runs only if the lease is free: [`Locker::try_run`].
+//! A job at each due time of a schedule (`every 15m`, a cron expression in a
+//! time zone), on the replica that holds its lease: `Locker::schedule`, with
+//! the cargo feature `schedule` (off by default). Both: `docs/schedules.md`
+//! of the repository, "From Rust".
+//!
 //! ## Testing your job
 //!
 //! With the feature `test-util` (in `[dev-dependencies]`), `test_util::TestServer`
