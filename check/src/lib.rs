@@ -676,7 +676,7 @@ fn observer_led(cfg: &SimConfig, report: &Report) -> Vec<String> {
         cfg.process_options
             .get(p)
             .and_then(|o| o.as_ref())
-            .is_some_and(|o| o.observer)
+            .is_some_and(|o| o.role.is_observer())
     };
     let led = report.trace.iter().find(|l| {
         l.process.is_some_and(observer)
