@@ -669,7 +669,7 @@ impl Leadership {
     }
 }
 
-/// An observer ([`lease_proto::Options::observer`]) never acquires a key
+/// An observer ([`lease_proto::Role::Observer`]) never acquires a key
 /// nor starts a job.
 fn observer_led(cfg: &SimConfig, report: &Report) -> Vec<String> {
     let observer = |p: usize| {

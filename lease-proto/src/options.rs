@@ -250,7 +250,7 @@ impl ServerWait {
 /// An observer has no priority: it never leads, so it never asks to. The
 /// combination cannot be written:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0559
 /// let role = lease_proto::Role::Observer { priority: 3 };
 /// ```
 ///
