@@ -349,7 +349,7 @@ pub trait Spawn {
 /// process and share it: clones are cheap and share the session. While it
 /// holds a lease and wants another, it also keeps a second connection that
 /// only waits for a wanted lease to be freed (the watch session,
-/// [`ServerWait::IdleAndWatch`](lease_proto::ServerWait::IdleAndWatch)).
+/// [`ServerWait::IdleAndWatch`]).
 ///
 /// `A` is the adapter that made it (it only picks the constructors); every
 /// other method, the runs and their [`Lease`]s are the same for every
