@@ -669,14 +669,14 @@ impl Leadership {
     }
 }
 
-/// An observer ([`lease_proto::Options::observer`]) never acquires a key
+/// An observer ([`lease_proto::Role::Observer`]) never acquires a key
 /// nor starts a job.
 fn observer_led(cfg: &SimConfig, report: &Report) -> Vec<String> {
     let observer = |p: usize| {
         cfg.process_options
             .get(p)
             .and_then(|o| o.as_ref())
-            .is_some_and(|o| o.observer)
+            .is_some_and(|o| o.role.is_observer())
     };
     let led = report.trace.iter().find(|l| {
         l.process.is_some_and(observer)

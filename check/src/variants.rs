@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use lease_proto::sim::{Fault, Mutation, SimConfig};
+use lease_proto::{Role, ServerWait};
 
 use crate::Model;
 
@@ -83,7 +84,7 @@ pub fn lock_delay_only_after_wakes() -> Variant {
 /// A forged notification just before the holder's terminate, once the
 /// holder is established (the first 24 steps in time order).
 pub fn notify_from_anyone() -> Variant {
-    let mut model = Model::new(2, 2, 50).with(|cfg| cfg.options.wait_on_server = false);
+    let mut model = Model::new(2, 2, 50).with(|cfg| cfg.options.server_wait = ServerWait::Off);
     model.from = 24;
     model.faults = Model::lock_delay_menu(2);
     variant(
@@ -304,7 +305,7 @@ pub fn watch_tries() -> Variant {
 pub fn observer_tries() -> Variant {
     let mut model = Model::new(2, 1, 40).with(|cfg| {
         let mut observer = cfg.options.clone();
-        observer.observer = true;
+        observer.role = Role::Observer;
         cfg.process_options = vec![Some(observer)];
     });
     model.faults = vec![Fault::Crash {
@@ -331,7 +332,7 @@ pub fn lease_run_jobs(cfg: &mut SimConfig) {
     cfg.options.query_timeout = ms(300);
     cfg.options.guard_margin = ms(400);
     // Standbys poll: events all along a statement's time on the server.
-    cfg.options.wait_on_server = false;
+    cfg.options.server_wait = ServerWait::Off;
 }
 
 /// Hole 1 of the fourth review: `pg_terminate_backend` with a statement in

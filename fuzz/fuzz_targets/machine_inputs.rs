@@ -62,7 +62,8 @@ use lease_proto::{
     limits::DEFAULT_LOCK_DELAY,
     reply::{HeartbeatReply, MembersReply, ReleaseReply, Row, SetupReply, TryReply, VerifyReply},
     server::{HANDOVER_CHANNEL, LOCK_TIMEOUT_SQLSTATE},
-    Event, Input, JobExit, LeaseId, Options, QueryId, RunId, SessionError, SessionId, Statement,
+    Event, Input, JobExit, LeaseId, Options, QueryId, RunId, ServerWait, SessionError, SessionId,
+    Statement,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -189,8 +190,8 @@ struct OptionBytes {
     guard_margin: Dur,
     notify_handover: bool,
     max_leases: u8,
-    /// `wait_on_server` off for 192 and above (one in four; an exhausted
-    /// input, all zeros, waits).
+    /// `server_wait` `Off` for 192 and above (one in four), else the default
+    /// `IdleAndWatch` (an exhausted input, all zeros, waits).
     poll: u8,
     /// 0: the default lock delay, 1: none, otherwise `n / 255` of the retry
     /// interval (never above it: those options are refused).
@@ -221,7 +222,11 @@ impl OptionBytes {
             o.guard_margin = self.guard_margin.get();
             o.notify_handover = self.notify_handover;
             o.max_leases = usize::from(self.max_leases);
-            o.wait_on_server = self.poll < 192;
+            o.server_wait = if self.poll < 192 {
+                ServerWait::IdleAndWatch
+            } else {
+                ServerWait::Off
+            };
             o.lock_delay = match self.lock_delay {
                 0 => DEFAULT_LOCK_DELAY.min(retry_interval),
                 1 => Duration::ZERO,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use lease_exec::Command;
 use lease_proto::inspect::{lease_application_name, lease_application_name_of, HolderRow};
-use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, SessionState};
+use lease_tokio::{Lease, LeaseId, LeaseState, Locker, Options, Role, ServerWait, SessionState};
 use tokio::sync::mpsc;
 
 use crate::args::{shard_leases, LogFormat, RunArgs, DEFAULT_GRACE};
@@ -145,10 +145,20 @@ fn validate(args: RunArgs, start: Instant) -> Result<Plan, (i32, String)> {
         o.query_timeout = args.query_timeout;
         o.server_guard = !args.no_server_guard;
         o.notify_handover = !args.no_notify;
-        o.wait_on_server = !args.no_wait_on_server;
+        o.server_wait = if args.no_wait_on_server {
+            ServerWait::Off
+        } else {
+            ServerWait::IdleAndWatch
+        };
         o.lock_delay = args.lock_delay;
-        o.observer = args.observer;
-        o.priority = args.priority;
+        // clap refuses `--observer` with `--priority`.
+        o.role = if args.observer {
+            Role::Observer
+        } else {
+            Role::Candidate {
+                priority: args.priority,
+            }
+        };
         o
     };
     if let Some(margin) = args.guard_margin {

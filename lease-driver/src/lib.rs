@@ -207,7 +207,7 @@ pub use group::Group;
 pub use lease_proto;
 pub use lease_proto::{
     GroupId, LastError, LeaseId, LeaseState, LeaseStatus, NameError, Options, OptionsError, Reason,
-    Refusal, SessionError, SessionState, Status,
+    Refusal, Role, ServerWait, SessionError, SessionState, Status,
 };
 #[cfg(feature = "metrics")]
 pub use metrics::describe_metrics;
@@ -349,7 +349,7 @@ pub trait Spawn {
 /// process and share it: clones are cheap and share the session. While it
 /// holds a lease and wants another, it also keeps a second connection that
 /// only waits for a wanted lease to be freed (the watch session,
-/// [`Options::watch_session`](lease_proto::Options::watch_session)).
+/// [`ServerWait::IdleAndWatch`]).
 ///
 /// `A` is the adapter that made it (it only picks the constructors); every
 /// other method, the runs and their [`Lease`]s are the same for every

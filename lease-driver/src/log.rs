@@ -82,7 +82,7 @@ pub(crate) struct EventLog {
     /// The host the lease session opened on (`host:port`), for the lines
     /// that say where the session is.
     host: Option<String>,
-    /// The locker observes ([`Options::observer`](lease_proto::Options)): its
+    /// The locker observes ([`Role::Observer`](lease_proto::Role::Observer)): its
     /// runs never lead, and their lines say so.
     observer: bool,
 }

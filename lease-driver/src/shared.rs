@@ -23,7 +23,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub(crate) fn new(machine: Machine, clock: Clock) -> Inner {
-        let log = EventLog::new(machine.options().observer);
+        let log = EventLog::new(machine.options().role.is_observer());
         let shared = Shared {
             machine,
             clock: clock.clone(),

@@ -562,7 +562,7 @@ pub enum SessionCommand {
     /// while the session is open. The machine times the attempt out itself
     /// (by closing it). Only [`SessionCommand::WatchQuery`] statements go on
     /// it; see the `watch` rule in the machine's docs
-    /// ([`Options::watch_session`](crate::Options::watch_session)).
+    /// ([`ServerWait::IdleAndWatch`](crate::ServerWait::IdleAndWatch)).
     OpenWatch {
         /// Echo in the session inputs.
         session: SessionId,
@@ -771,7 +771,7 @@ pub enum Event {
         session: SessionId,
     },
     /// The watch session (see
-    /// [`Options::watch_session`](crate::Options::watch_session)) failed to
+    /// [`ServerWait::IdleAndWatch`](crate::ServerWait::IdleAndWatch)) failed to
     /// open, ended, or timed out: it opens again no sooner than the next
     /// periodic try; meanwhile the locker polls for the leases it wants.
     WatchSessionLost {

@@ -181,7 +181,7 @@ pub use machine::{
     group_share, Deadline, LastError, LeaseState, LeaseStatus, Machine, RunRejected, SessionState,
     Status,
 };
-pub use options::{Options, OptionsError};
+pub use options::{Options, OptionsError, Role, ServerWait};
 pub use sql::Statement;
 
 /// Every statement's reply: one type each, with its one parser (`parse`)

@@ -25,7 +25,7 @@ pub const DEFAULT_MAX_LEASES: usize = 1_000;
 /// Default [`Options::lock_delay`]: 20 ms.
 pub const DEFAULT_LOCK_DELAY: Duration = Duration::from_millis(20);
 
-/// The highest [`Options::priority`]: the one above it ranks a requested
+/// The highest priority of a [`Role::Candidate`]: the one above it ranks a requested
 /// hand-over (`lease handover --to`), above every priority.
 pub const MAX_PRIORITY: u32 = u32::MAX - 1;
 /// Largest accepted [`Options::max_leases`].
@@ -94,9 +94,9 @@ pub const MAX_GUARD_TIMEOUT: Duration = Duration::from_secs(600);
 pub struct Options {
     /// Standby poll interval (default 5 s, at least [`MIN_RETRY_INTERVAL`],
     /// jittered down by up to 20 %). With
-    /// [`Options::wait_on_server`] (the default) a standby holding nothing
+    /// [`Options::server_wait`] at its default a standby holding nothing
     /// learns of a freed key from the server at once (a locker that holds a
-    /// lease, on its [`Options::watch_session`]), and this is the fallback
+    /// lease, on its watch session), and this is the fallback
     /// and the lock timeout of each wait; otherwise it bounds takeover when
     /// no handover notification arrives (holder crashed, frozen or
     /// partitioned). It is also the cap of the reconnect backoff.
@@ -149,26 +149,10 @@ pub struct Options {
     /// ([`RunRejected::GroupWithoutNotify`](crate::RunRejected); why:
     /// docs/library.md, "Lease groups").
     pub notify_handover: bool,
-    /// Wait on the server (default on): while a locker holds nothing, its
-    /// idle session waits for a wanted key to be freed
-    /// (one key at a time, under a lock timeout of at most `retry_interval`)
-    /// and tries the moment it is, instead of at its next poll. Off: a
-    /// standby polls every `retry_interval`. Either way the poll stays as
-    /// the fallback.
-    pub wait_on_server: bool,
-    /// The watch session (default on; needs [`Options::wait_on_server`]):
-    /// while a locker holds a lease and wants another, a second connection
-    /// to the same server waits there for a wanted key to be freed, so the
-    /// locker takes a crashed holder's lease as fast as an idle standby
-    /// does, instead of at its next poll: its lease session must stay free
-    /// for heartbeats and releases. One more connection per such locker (a
-    /// locker with one lease never opens it; nor does one behind a pooler
-    /// that rejected the startup options); it never acquires or holds
-    /// anything. Off, or while it is down: such a locker polls every
-    /// `retry_interval`. The rule (when it opens, which key it waits for):
-    /// the machine's `watch` module; the bound: docs/guarantees.md,
-    /// "instant takeover".
-    pub watch_session: bool,
+    /// How a standby learns that a key it wants was freed: from the server
+    /// at once, or at its next poll (default [`ServerWait::IdleAndWatch`]).
+    /// Either way the poll every `retry_interval` stays as the fallback.
+    pub server_wait: ServerWait,
     /// How long after a try wins a key its job starts, unless a handover
     /// notification from the holder the standby saw says the release was
     /// graceful (default [`DEFAULT_LOCK_DELAY`]; zero, or at least
@@ -182,27 +166,10 @@ pub struct Options {
     /// Most runs one locker may have at once (default 1,000, at most 100,000).
     /// A run past it fails with [`RunRejected::TooManyLeases`](crate::RunRejected).
     pub max_leases: usize,
-    /// Observer (default off): this locker's runs never lead. They never
-    /// try a key, never wait on the server for one (nor open the watch
-    /// session), never join a lease group (so they count in no share),
-    /// and stand by until they are cancelled or the locker closes; each
-    /// run learns the key's holder from a `pg_locks` read per retry
-    /// interval instead of a try. The rule, in one place: the machine's
-    /// `Machine::observes`; the candidate policy: docs/library.md,
-    /// "Observers and priorities".
-    pub observer: bool,
-    /// Priority (default 0, at most [`MAX_PRIORITY`]): a standby whose try
-    /// finds its key held asks the holder to hand the lease over (again
-    /// less and less often, and no more once that holder has handed it over
-    /// three times); a holder of a lower priority does (as asked by `lease
-    /// handover --to`) once it sees the standby wait for the key on the
-    /// server, one of an equal or higher priority ignores it. 0
-    /// never asks. Not for lease-group runs (their share decides), nor
-    /// for an observer; a standby that does not wait on the server
-    /// ([`Options::wait_on_server`] off, or behind a pooler that rejects
-    /// startup options) is never handed a lease by priority. The rule, in one place: the machine's
-    /// `Machine::preference_requested`; the bound: docs/guarantees.md.
-    pub priority: u32,
+    /// Whether this locker's runs may lead, and with which priority
+    /// (default [`Role::Candidate`] of priority 0: leads when it wins a key,
+    /// never asks for one).
+    pub role: Role,
 }
 
 impl Default for Options {
@@ -216,11 +183,135 @@ impl Default for Options {
             guard_margin: DEFAULT_GUARD_MARGIN,
             notify_handover: true,
             max_leases: DEFAULT_MAX_LEASES,
-            wait_on_server: true,
-            watch_session: true,
+            server_wait: ServerWait::IdleAndWatch,
             lock_delay: DEFAULT_LOCK_DELAY,
-            observer: false,
-            priority: 0,
+            role: Role::default(),
+        }
+    }
+}
+
+/// How a standby learns that a key it wants was freed ([`Options::server_wait`]).
+///
+/// The watch session exists only on top of the idle wait, so "the watch session
+/// without waiting on the server" cannot be said:
+///
+/// ```
+/// use lease_proto::{Options, ServerWait};
+/// let mut options = Options::default();
+/// assert_eq!(options.server_wait, ServerWait::IdleAndWatch);
+/// options.server_wait = ServerWait::Idle; // one connection per locker, always
+/// assert!(options.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ServerWait {
+    /// Poll only: a standby tries each key it wants every `retry_interval`,
+    /// and no session of this locker ever waits on the server (for a pooler
+    /// with very few server connections).
+    Off,
+    /// While a locker holds nothing, its idle session waits for a wanted key
+    /// to be freed (one key at a time, under a lock timeout of at most
+    /// `retry_interval`) and tries the moment it is, instead of at its next
+    /// poll. A locker that holds a lease and wants another polls for it
+    /// every `retry_interval`.
+    Idle,
+    /// [`ServerWait::Idle`], and the watch session (the default): while a
+    /// locker holds a lease and wants another, a second connection to the
+    /// same server waits there for a wanted key to be freed, so the locker
+    /// takes a crashed holder's lease as fast as an idle standby does,
+    /// instead of at its next poll: its lease session must stay free for
+    /// heartbeats and releases. One more connection per such locker (a
+    /// locker with one lease never opens it; nor does one behind a pooler
+    /// that rejected the startup options); it never acquires or holds
+    /// anything. While it is down, such a locker polls every
+    /// `retry_interval`. The rule (when it opens, which key it waits for):
+    /// the machine's `watch` module; the bound: docs/guarantees.md,
+    /// "instant takeover".
+    #[default]
+    IdleAndWatch,
+}
+
+impl ServerWait {
+    /// Whether a locker that holds nothing waits on the server
+    /// ([`ServerWait::Idle`] or [`ServerWait::IdleAndWatch`]).
+    pub fn idle(self) -> bool {
+        self != ServerWait::Off
+    }
+
+    /// Whether a locker that holds a lease and wants another opens the watch
+    /// session ([`ServerWait::IdleAndWatch`]).
+    pub fn watch(self) -> bool {
+        self == ServerWait::IdleAndWatch
+    }
+}
+
+/// Whether a locker's runs may lead, and with which priority ([`Options::role`]).
+///
+/// An observer has no priority: it never leads, so it never asks to. The
+/// combination cannot be written:
+///
+/// ```compile_fail,E0559
+/// let role = lease_proto::Role::Observer { priority: 3 };
+/// ```
+///
+/// ```
+/// use lease_proto::{Options, Role};
+/// let mut options = Options::default();
+/// assert_eq!(options.role, Role::Candidate { priority: 0 });
+/// options.role = Role::Candidate { priority: 3 };
+/// assert!(options.validate().is_ok());
+/// options.role = Role::Observer;
+/// assert!(options.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Role {
+    /// A candidate (the default, with priority 0): its runs try their keys
+    /// and lead when they win one.
+    ///
+    /// `priority` (at most [`MAX_PRIORITY`], checked by
+    /// [`Options::validate`]): a standby whose try finds its key held asks
+    /// the holder to hand the lease over (again less and less often, and no
+    /// more once that holder has handed it over three times); a holder of a
+    /// lower priority does (as asked by `lease handover --to`) once it sees
+    /// the standby wait for the key on the server, one of an equal or higher
+    /// priority ignores it. 0 never asks. Not for lease-group runs (their
+    /// share decides); a standby that does not wait on the server
+    /// ([`ServerWait::Off`], or behind a pooler that rejects startup
+    /// options) is never handed a lease by priority. The rule, in one place:
+    /// the machine's `Machine::preference_requested`; the bound:
+    /// docs/guarantees.md.
+    Candidate {
+        /// The priority: 0 (never asks) to [`MAX_PRIORITY`].
+        priority: u32,
+    },
+    /// An observer: this locker's runs never lead. They never try a key,
+    /// never wait on the server for one (nor open the watch session), never
+    /// join a lease group (so they count in no share), and stand by until
+    /// they are cancelled or the locker closes; each run learns the key's
+    /// holder from a `pg_locks` read per retry interval instead of a try.
+    /// The rule, in one place: the machine's `Machine::observes`; the
+    /// candidate policy: docs/library.md, "Observers and priorities".
+    Observer,
+}
+
+impl Default for Role {
+    fn default() -> Self {
+        Role::Candidate { priority: 0 }
+    }
+}
+
+impl Role {
+    /// Whether this is [`Role::Observer`].
+    pub fn is_observer(self) -> bool {
+        self == Role::Observer
+    }
+
+    /// A candidate's priority; `None` for an observer, which never asks.
+    pub fn priority(self) -> Option<u32> {
+        match self {
+            Role::Candidate { priority } => Some(priority),
+            Role::Observer => None,
         }
     }
 }
@@ -279,8 +370,6 @@ pub enum OptionsError {
         /// The validity window.
         limit: Duration,
     },
-    /// An observer with a priority: it never leads, so it never asks to.
-    ObserverWithPriority(u32),
     /// A priority above [`MAX_PRIORITY`] (the one above it ranks a
     /// `lease handover --to` request).
     PriorityTooHigh(u32),
@@ -331,10 +420,6 @@ impl fmt::Display for OptionsError {
             OptionsError::PriorityTooHigh(p) => write!(
                 f,
                 "priority {p} is above the highest, {MAX_PRIORITY} (the one above it ranks a requested hand-over)"
-            ),
-            OptionsError::ObserverWithPriority(p) => write!(
-                f,
-                "an observer never leads, so it cannot have a priority ({p}): use one or the other"
             ),
             OptionsError::LockDelayAboveValidity { lock_delay, limit } => write!(
                 f,
@@ -469,7 +554,8 @@ impl Options {
     /// its floor ([`OptionsError::TooShort`]), a validity window not
     /// above the heartbeat interval, `max_leases` outside `1..=100_000`, a heartbeat interval above
     /// [`MAX_HEARTBEAT_PER_QUERY_TIMEOUT`] times the query timeout, or a guard
-    /// timeout above [`MAX_GUARD_TIMEOUT`], or an observer with a priority.
+    /// timeout above [`MAX_GUARD_TIMEOUT`], or a candidate's priority above
+    /// [`MAX_PRIORITY`] ([`OptionsError::PriorityTooHigh`]).
     pub fn validate(&self) -> Result<(), OptionsError> {
         const DAY: Duration = Duration::from_secs(86_400);
         let named = [
@@ -537,11 +623,8 @@ impl Options {
                 limit,
             });
         }
-        if self.observer && self.priority > 0 {
-            return Err(OptionsError::ObserverWithPriority(self.priority));
-        }
-        if self.priority > MAX_PRIORITY {
-            return Err(OptionsError::PriorityTooHigh(self.priority));
+        if let Some(priority) = self.role.priority().filter(|&p| p > MAX_PRIORITY) {
+            return Err(OptionsError::PriorityTooHigh(priority));
         }
         Ok(())
     }

@@ -124,7 +124,8 @@ pub use connect::{SmolTls, Socket};
 pub use lease_driver::{schedule, Occurrence, Schedule};
 pub use lease_driver::{
     Config, Error, GroupId, LastError, Lease, LeaseId, LeaseState, LeaseStatus, NameError, Options,
-    OptionsError, Reason, Refusal, RunError, Runtime, SessionError, SessionState, Status, Tried,
+    OptionsError, Reason, Refusal, Role, RunError, Runtime, ServerWait, SessionError, SessionState,
+    Status, Tried,
 };
 #[cfg(feature = "libpq")]
 pub use lease_libpq::{self, Conninfo, ConninfoError};

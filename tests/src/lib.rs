@@ -553,6 +553,12 @@ mod documented_defaults {
         );
         assert!(row(TUNING, "`heartbeat_interval`")[2]
             .contains(&format!("{MAX_HEARTBEAT_PER_QUERY_TIMEOUT} ×")));
+        assert!(row(TUNING, "`role`")[1].starts_with(&format!("`Role::{:?}`", o.role)));
+        assert!(row(TUNING, "`role`")[2].contains("2^32 − 2") && MAX_PRIORITY == u32::MAX - 1);
+        assert_eq!(
+            row(TUNING, "`server_wait`")[1],
+            format!("`ServerWait::{:?}`", o.server_wait)
+        );
         for (constant, value) in [
             ("`HERD_WAITERS`", HERD_WAITERS.to_string()),
             ("`WAKE_BUDGET`", WAKE_BUDGET.to_string()),

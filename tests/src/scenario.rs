@@ -6,6 +6,7 @@
 //! print their own readings, so the events of different processes share one timeline.
 
 use crate::{io_err, monotonic_nanos, KitError, Replica, Stream};
+use lease_proto::ServerWait;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
@@ -65,8 +66,9 @@ pub struct ReplicaConfig {
     pub also: Vec<String>,
     /// When the `also` runs start.
     pub also_after: Duration,
-    /// The watch session ([`lease_proto::Options::watch_session`]) on.
-    pub watch: bool,
+    /// How a standby learns of a freed key ([`lease_proto::Options::server_wait`]):
+    /// `--no-wait` for [`ServerWait::Off`], `--no-watch` for [`ServerWait::Idle`].
+    pub server_wait: ServerWait,
     /// Standby poll interval.
     pub retry: Duration,
     /// Heartbeat interval.
@@ -79,8 +81,6 @@ pub struct ReplicaConfig {
     pub guard: bool,
     /// Handover notifications on.
     pub notify: bool,
-    /// Waiting on the server ([`lease_proto::Options::wait_on_server`]) on.
-    pub wait: bool,
     /// [`lease_proto::Options::lock_delay`]; `None`: the default.
     pub lock_delay: Option<Duration>,
     /// `application_name`.
@@ -110,14 +110,13 @@ impl ReplicaConfig {
             leases: 1,
             also: Vec::new(),
             also_after: Duration::ZERO,
-            watch: true,
+            server_wait: ServerWait::IdleAndWatch,
             retry: ms(200),
             heartbeat: ms(150),
             query_timeout: ms(400),
             guard_margin: ms(200),
             guard: true,
             notify: true,
-            wait: true,
             lock_delay: None,
             app_name: None,
             job_exit_after: None,
@@ -171,10 +170,9 @@ impl ReplicaConfig {
         if !self.notify {
             cmd.arg("--no-notify");
         }
-        if !self.wait {
+        if !self.server_wait.idle() {
             cmd.arg("--no-wait");
-        }
-        if !self.watch {
+        } else if !self.server_wait.watch() {
             cmd.arg("--no-watch");
         }
         for name in &self.also {

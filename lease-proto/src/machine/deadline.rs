@@ -36,7 +36,7 @@ pub enum Deadline {
     Backoff,
     /// The watch session's connection attempt or wait times out (the query
     /// timeout, after the wait's lock timeout): it is closed, which costs
-    /// speed only (see [`Options::watch_session`](crate::Options::watch_session)).
+    /// speed only (see [`ServerWait::IdleAndWatch`](crate::ServerWait::IdleAndWatch)).
     Watch,
     /// A hand-over asked of this holder is due for a check beside the
     /// heartbeats (see `handover`).

@@ -1,6 +1,6 @@
 //! Hand-overs asked for by name: `lease handover NAME --to PID` (the
 //! payload `to <key> <pid>`) and a standby of a higher priority (`prefer
-//! <key> <pid> <priority>`, see [`Options::priority`](crate::Options::priority)).
+//! <key> <pid> <priority>`, see [`Role::Candidate`](crate::Role::Candidate)).
 //! Any role that may `NOTIFY` can send either, so a request alone moves
 //! nothing. The rule, in one place:
 //!
@@ -50,7 +50,7 @@
 //!   `deadlock_timeout`, so it leaves the queue for a round trip between
 //!   two of them. A standby that does not wait on the server (behind a
 //!   pooler that rejected the startup options, or with
-//!   [`Options::wait_on_server`](crate::Options::wait_on_server) off) is
+//!   [`ServerWait::Off`](crate::ServerWait::Off)) is
 //!   never confirmed, and keeps its place behind the holder.
 //!
 //! What a role that can connect can still do: move the lease to a standby
@@ -179,7 +179,7 @@ impl Machine {
     /// A standby of a higher priority asks for `key` (the payload `prefer
     /// <key> <pid> <priority>`, sent by its [`Statement::Prefer`](crate::Statement::Prefer)
     /// from backend `sender`). The priority rule, in one place
-    /// ([`Options::priority`](crate::Options)):
+    /// ([`Role::Candidate`](crate::Role::Candidate)):
     ///
     /// - a standby with a priority above 0 whose last try saw its key held
     ///   by another backend asks that holder once, and again if the same
@@ -202,8 +202,9 @@ impl Machine {
     /// (docs/guarantees.md, "a preferred member takes over").
     pub(super) fn preference_requested(&mut self, now: Instant, asked: Preference, sender: i64) {
         let Preference { key, pid, priority } = asked;
-        if sender != pid || priority <= self.opts.priority || self.runs.in_group(key) != Some(false)
-        {
+        // An observer (no priority) ranks as 0; it never holds a key anyway.
+        let own = self.opts.role.priority().unwrap_or(0);
+        if sender != pid || priority <= own || self.runs.in_group(key) != Some(false) {
             return;
         }
         self.ask(now, key, pid, priority);

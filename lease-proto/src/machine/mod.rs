@@ -608,9 +608,9 @@ impl Machine {
     /// for one on the server (nor on the watch session), and never join a
     /// lease group; an observer's standby reads who holds its keys
     /// ([`What::Look`], a `pg_locks` read that joins nothing) at each of
-    /// its retries instead of trying them ([`Options::observer`]).
+    /// its retries instead of trying them ([`Role::Observer`](crate::Role::Observer)).
     fn observes(&self) -> bool {
-        self.opts.observer
+        self.opts.role.is_observer()
     }
 
     /// The watch session's component and what it borrows ([`cx::Cx`]).

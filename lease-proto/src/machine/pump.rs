@@ -176,7 +176,8 @@ impl Machine {
             }
             return None;
         }
-        if self.phase == Phase::Open && self.opts.priority > 0 {
+        let priority = self.opts.role.priority().unwrap_or(0);
+        if self.phase == Phase::Open && priority > 0 {
             // A standby that saw a holder asks it (see `preference_requested`).
             let me = self.session.up().and_then(|up| up.stage.backend_pid());
             let again = self.opts.validity_window();
@@ -184,7 +185,6 @@ impl Machine {
                 // It queues for the key: on its lease session, or on its
                 // watch session while it holds another lease (which names
                 // the lease session, see `handover`).
-                let priority = self.opts.priority;
                 let until = now + ask_window(&self.opts);
                 self.wait.named(key, until);
                 self.watch.prefer(key, until);
@@ -296,7 +296,7 @@ impl Machine {
 
     /// The wait to send now, if any (see `wait` for when).
     fn next_wait(&self, now: Instant) -> Option<(i64, Duration, bool, bool)> {
-        if !self.opts.wait_on_server
+        if !self.opts.server_wait.idle()
             // Behind a pooler (it rejected the startup options), a blocked
             // statement would hold a pooled server connection all along.
             || self.connector.settings_by_statement()

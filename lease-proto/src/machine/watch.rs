@@ -9,8 +9,8 @@
 //! - **When it is open.** While the lease session is ready, the locker holds
 //!   at least one lease (a key its heartbeats confirm) and wants another
 //!   whose holder its last try saw (`pg_locks` showed the holder's backend
-//!   pid), [`Options::wait_on_server`](crate::Options::wait_on_server) and
-//!   [`Options::watch_session`](crate::Options::watch_session) are on, the
+//!   pid), [`Options::server_wait`](crate::Options::server_wait) is
+//!   [`ServerWait::IdleAndWatch`](crate::ServerWait::IdleAndWatch), the
 //!   locker is not closing, and the lease session's startup options were not
 //!   rejected (behind such a pooler a blocked statement would hold one of its
 //!   server connections, and waits are off there already). Closed as soon as
@@ -270,7 +270,7 @@ impl Watch {
     /// The lease session's backend pid and the wanted keys with their
     /// holders, while the watch session is called for (see above).
     fn wanted(cx: &Cx<'_>, lease: LeaseSide) -> Option<(i64, Vec<(i64, i64)>)> {
-        if !cx.opts.wait_on_server || !cx.opts.watch_session || !lease.may_watch {
+        if !cx.opts.server_wait.watch() || !lease.may_watch {
             return None;
         }
         if !cx.runs.holding() {

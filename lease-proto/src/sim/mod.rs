@@ -504,7 +504,7 @@ pub struct SimConfig {
     /// Options of every machine.
     pub options: Options,
     /// Per process: options of its own instead of `options` (an observer, a
-    /// preferred process: [`Options::observer`], [`Options::priority`]);
+    /// preferred process: [`Options::role`]);
     /// `None`, or a process past the end: `options`.
     pub process_options: Vec<Option<Options>>,
     /// Base one-way latency of every link.

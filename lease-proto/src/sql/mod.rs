@@ -491,7 +491,7 @@ pub enum Statement {
         claims: Vec<i64>,
     },
     /// A standby of `priority` asks the holder of `key` to hand it over
-    /// (see [`Options::priority`](crate::Options::priority)): `NOTIFY` on
+    /// (see [`Role::Candidate`](crate::Role::Candidate)): `NOTIFY` on
     /// [`HANDOVER_CHANNEL`] with the payload `prefer <key>
     /// <pg_backend_pid()> <priority>`, then what [`Statement::Heartbeat`]
     /// answers ([`HeartbeatReply`]). It tries no key.

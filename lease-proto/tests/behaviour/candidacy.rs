@@ -1,6 +1,6 @@
-//! The candidate policy, hand-driven: an observer (`Options::observer`) never tries a
+//! The candidate policy, hand-driven: an observer (`Role::Observer`) never tries a
 //! key, never waits for one and never joins a group; a standby of a higher priority
-//! (`Options::priority`) asks the holder once, and a holder of a lower priority hands
+//! (`Role::Candidate`) asks the holder once, and a holder of a lower priority hands
 //! the lease over to it, one of an equal or higher priority does not. The rules:
 //! `Machine::observes` and `Machine::preference_requested`; docs/library.md,
 //! "Observers and priorities".
@@ -12,16 +12,16 @@ use lease_proto::sim::{Command, Harness};
 use lease_proto::*;
 use std::time::Duration;
 
-fn observer(wait_on_server: bool) -> Options {
+fn observer(server_wait: ServerWait) -> Options {
     let mut o = opts();
-    o.wait_on_server = wait_on_server;
-    o.observer = true;
+    o.server_wait = server_wait;
+    o.role = Role::Observer;
     o
 }
 
 fn with_priority(o: Options, priority: u32) -> Options {
     let mut o = o;
-    o.priority = priority;
+    o.role = Role::Candidate { priority };
     o
 }
 
@@ -91,7 +91,7 @@ fn answer_for(h: &mut Harness, d: Duration, holder: Option<i64>) -> Vec<Statemen
 /// (`pg_locks`, joining no group), and its run stands by.
 #[test]
 fn an_observer_never_tries_even_a_free_key() {
-    for wait in [true, false] {
+    for wait in [ServerWait::IdleAndWatch, ServerWait::Off] {
         let mut h = harness(observer(wait));
         let run = h.run(lease("a"));
         h.connect(7);
@@ -99,11 +99,11 @@ fn an_observer_never_tries_even_a_free_key() {
         let looks = (sent.iter())
             .filter(|s| matches!(s, Statement::Members { join, groups, .. } if join.is_empty() && groups.is_empty()))
             .count();
-        assert!(looks >= 5, "wait {wait}: {sent:?}");
+        assert!(looks >= 5, "wait {wait:?}: {sent:?}");
         assert!(
             sent.iter()
                 .all(|s| !matches!(s, Statement::TryLock { .. } | Statement::Take { .. })),
-            "wait {wait}: an observer tried or waited: {sent:?}"
+            "wait {wait:?}: an observer tried or waited: {sent:?}"
         );
         let status = h.machine().status();
         assert_eq!(status.leases[0].run, run);
@@ -117,7 +117,7 @@ fn an_observer_never_tries_even_a_free_key() {
 /// An observer learns the holder from its read, and its run reports it, without trying.
 #[test]
 fn an_observer_reports_the_holder_it_reads() {
-    let mut h = harness(observer(true));
+    let mut h = harness(observer(ServerWait::IdleAndWatch));
     h.run(lease("a"));
     h.connect(7);
     let sent = answer_for(&mut h, opts().retry_interval * 3, Some(4242));
@@ -136,7 +136,7 @@ fn an_observer_reports_the_holder_it_reads() {
 /// in no member's share.
 #[test]
 fn an_observer_does_not_join_its_group() {
-    let mut h = harness(observer(true));
+    let mut h = harness(observer(ServerWait::IdleAndWatch));
     let group = GroupId::named("g").expect("a group name");
     h.run(LeaseId::named("a").expect("a name").in_group(group));
     h.connect(7);
@@ -294,12 +294,21 @@ fn old_payloads_are_unaffected_by_priorities() {
     assert!(handed_over(&cmds), "{cmds:?}");
 }
 
-/// An observer with a priority is refused with one line.
+/// An observer has no priority to refuse (`Role::Observer` carries none); a candidate's
+/// priority above `MAX_PRIORITY` (the rank of a `lease handover --to` request) is refused
+/// with one line, and `MAX_PRIORITY` itself is valid.
 #[test]
-fn an_observer_with_a_priority_is_refused() {
-    let e = with_priority(observer(true), 1).validate().unwrap_err();
+fn a_priority_above_the_highest_is_refused() {
+    let observer = observer(ServerWait::IdleAndWatch);
+    assert_eq!(observer.role.priority(), None);
+    observer.validate().unwrap();
+    with_priority(opts(), limits::MAX_PRIORITY)
+        .validate()
+        .unwrap();
+    let e = with_priority(opts(), u32::MAX).validate().unwrap_err();
+    assert_eq!(e, OptionsError::PriorityTooHigh(u32::MAX));
     assert_eq!(
         e.to_string(),
-        "an observer never leads, so it cannot have a priority (1): use one or the other"
+        "priority 4294967295 is above the highest, 4294967294 (the one above it ranks a requested hand-over)"
     );
 }

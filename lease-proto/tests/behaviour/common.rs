@@ -26,7 +26,7 @@ pub fn opts() -> Options {
 /// A standby that polls (waiting on the server off).
 pub fn polling() -> Options {
     let mut o = opts();
-    o.wait_on_server = false;
+    o.server_wait = ServerWait::Off;
     o
 }
 

@@ -112,7 +112,7 @@ fn from_the_holder(mutation: Option<Mutation>) -> bool {
 fn polling_standby_at_a_forged_notification(mutation: Option<Mutation>) -> bool {
     let o = {
         let mut o = opts();
-        o.wait_on_server = false;
+        o.server_wait = ServerWait::Off;
         o
     };
     let mut h = Harness::with_mutation(o, 1, mutation).unwrap();
@@ -130,7 +130,7 @@ fn polling_standby_at_a_forged_notification(mutation: Option<Mutation>) -> bool 
 fn polling_standby_after_the_holders_release(mutation: Option<Mutation>) -> bool {
     let o = {
         let mut o = opts();
-        o.wait_on_server = false;
+        o.server_wait = ServerWait::Off;
         o
     };
     let mut h = Harness::with_mutation(o, 1, mutation).unwrap();

@@ -278,7 +278,7 @@ fn a_flood_of_four_bogus_asks_does_not_crowd_out_a_real_request() {
 fn a_slow_request_flood_does_not_multiply_the_holders_statements() {
     let o = Options::default();
     let mut polling_defaults = o.clone();
-    polling_defaults.wait_on_server = false;
+    polling_defaults.server_wait = ServerWait::Off;
     let mut h = harness(polling_defaults);
     started(&mut h, "a", 900);
     let t0 = h.now();

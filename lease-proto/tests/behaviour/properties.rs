@@ -37,6 +37,8 @@ use lease_proto::sim::TraceEvent;
 use lease_proto::sim::PROMOTION_CHECKPOINT;
 use lease_proto::Event;
 use lease_proto::Options;
+use lease_proto::Role;
+use lease_proto::ServerWait;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::contextualize_config;
@@ -113,7 +115,7 @@ struct Knobs {
     retry_ms: u64,
     guard: bool,
     notify: bool,
-    /// [`Options::wait_on_server`].
+    /// [`Options::server_wait`]: on, the default (`IdleAndWatch`); off, `Off`.
     wait: bool,
     /// [`Options::lock_delay`], at most the retry interval and half the
     /// validity window.
@@ -156,7 +158,11 @@ impl Knobs {
             o.server_guard = self.guard;
             o.guard_margin = ms(self.margin_ms);
             o.notify_handover = self.notify;
-            o.wait_on_server = self.wait;
+            o.server_wait = if self.wait {
+                ServerWait::IdleAndWatch
+            } else {
+                ServerWait::Off
+            };
             // At most the retry interval and half the validity window (a
             // win's job starts within the validity counted from its try).
             o.lock_delay = ms(self.lock_delay_ms.min(self.retry_ms)).min(o.validity_window() / 2);
@@ -2029,7 +2035,7 @@ fn handover_to_case_on(
 /// (the lease session may have a heartbeat or a release in flight when the
 /// wake's try is due): 8 one-way latencies, where polling would take up to
 /// a retry interval. The watch session
-/// (`Options::watch_session`) does it: the lease session must stay free for
+/// (`ServerWait::IdleAndWatch`) does it: the lease session must stay free for
 /// heartbeats. Over generated options, latencies, drift, fleets of 2 to 5
 /// and crash times; nothing else goes wrong. Measured: see the printed
 /// distribution.
@@ -2210,7 +2216,12 @@ fn ring_takeover_case(
         faults: vec![],
     };
     let mut cfg = case.config(mutation);
-    cfg.options.watch_session = watch;
+    // `knobs.wait` is on: the lease session waits either way.
+    cfg.options.server_wait = if watch {
+        ServerWait::IdleAndWatch
+    } else {
+        ServerWait::Idle
+    };
     cfg.full_trace = true;
     ring_config(&mut cfg);
     let o = cfg.options.clone();
@@ -2537,7 +2548,7 @@ fn group_takeover_case_after(
     };
     prop_assume!(case.knobs.options().validity_window() >= case.knobs.one_way() * 8);
     let mut cfg = group_config(&case, mutation);
-    cfg.options.watch_session = true;
+    cfg.options.server_wait = ServerWait::IdleAndWatch;
     cfg.full_trace = true;
     let o = cfg.options.clone();
     let k = cfg.leases.len();
@@ -3117,15 +3128,15 @@ fn broken_a_member_ignoring_its_share_is_caught() {
     );
 }
 
-/// The candidate policy's setup: process 0 observes ([`Options::observer`]), process 1
-/// has priority 1 ([`Options::priority`]), every other process priority 0; the full trace
+/// The candidate policy's setup: process 0 observes ([`Role::Observer`]), process 1
+/// has priority 1 ([`Role::Candidate`]), every other process priority 0; the full trace
 /// is kept (the observer's acquisitions are read from it).
 fn candidacy_config(case: &Case, mutation: Option<Mutation>) -> SimConfig {
     let mut cfg = case.config(mutation);
     let mut observer = cfg.options.clone();
-    observer.observer = true;
+    observer.role = Role::Observer;
     let mut preferred = cfg.options.clone();
-    preferred.priority = 1;
+    preferred.role = Role::Candidate { priority: 1 };
     cfg.process_options = vec![Some(observer), Some(preferred)];
     cfg.full_trace = true;
     cfg

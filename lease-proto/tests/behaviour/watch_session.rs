@@ -1,4 +1,4 @@
-//! The watch session (`Options::watch_session`), hand-driven: it opens only for a locker
+//! The watch session (`ServerWait::IdleAndWatch`), hand-driven: it opens only for a locker
 //! that holds a lease and wants another, sends nothing but waits for the ring's key, wakes
 //! the lease session's try (whose win waits out the lock delay), falls back to polling when it fails, and
 //! never opens for one lease, with the option off, or behind a pooler that rejected the
@@ -122,7 +122,7 @@ fn no_watch_session_for_one_lease_or_with_the_option_off() {
     assert!(watch_commands(&cmds).0.is_empty(), "{cmds:?}");
     let o = {
         let mut o = opts();
-        o.watch_session = false;
+        o.server_wait = ServerWait::Idle;
         o
     };
     let mut h = harness(o);

@@ -11,7 +11,7 @@
 //! with `--group GROUP`, each in the lease group `GROUP` (`Locker::group`).
 //! `--also NAME` (repeatable) runs that lease too, `--also-after MS` after the start (a
 //! process that holds a lease of its own, then wants another's). `--no-watch`: the watch
-//! session off (`Options::watch_session`).
+//! session off (`ServerWait::Idle`; `--no-wait`: `ServerWait::Off`).
 //! Defaults are fast test values: retry 200 ms, heartbeat 150 ms, query timeout 400 ms,
 //! guard margin 200 ms, a tick every 50 ms (`--tick 0`: no tick lines). The `pid` and
 //! `valid` lines come from polling `Locker::status()` every `--status-poll` ms (default
@@ -58,7 +58,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use lease_proto::{LeaseState, Options, Reason, SessionState, Status};
+use lease_proto::{LeaseState, Options, Reason, ServerWait, SessionState, Status};
 use lease_tests::monotonic_nanos;
 use tokio::sync::watch;
 
@@ -77,14 +77,14 @@ struct Args {
     /// `--also`: more leases, started `also_after` after the others.
     also: Vec<String>,
     also_after: Duration,
-    watch: bool,
+    /// `--no-wait`: [`ServerWait::Off`]; `--no-watch`: [`ServerWait::Idle`] (unless off).
+    server_wait: ServerWait,
     retry: Duration,
     heartbeat: Duration,
     query_timeout: Duration,
     guard_margin: Duration,
     guard: bool,
     notify: bool,
-    wait: bool,
     lock_delay: Duration,
     app_name: String,
     /// How often to poll `Locker::status()` for `pid`/`valid` lines; `None`: no poller.
@@ -123,14 +123,13 @@ fn parse_args() -> Result<Args, String> {
         leases: 1,
         also: Vec::new(),
         also_after: Duration::ZERO,
-        watch: true,
+        server_wait: ServerWait::IdleAndWatch,
         retry: Duration::from_millis(200),
         heartbeat: Duration::from_millis(150),
         query_timeout: Duration::from_millis(400),
         guard_margin: Duration::from_millis(200),
         guard: true,
         notify: true,
-        wait: true,
         lock_delay: lease_proto::limits::DEFAULT_LOCK_DELAY,
         app_name: "lease-replica".to_owned(),
         status_poll: Some(Duration::from_millis(20)),
@@ -170,14 +169,15 @@ fn parse_args() -> Result<Args, String> {
             }
             "--also" => args.also.push(value()?),
             "--also-after" => args.also_after = ms(value()?)?,
-            "--no-watch" => args.watch = false,
+            "--no-watch" if args.server_wait.idle() => args.server_wait = ServerWait::Idle,
+            "--no-watch" => {}
             "--retry" => args.retry = ms(value()?)?,
             "--heartbeat" => args.heartbeat = ms(value()?)?,
             "--query-timeout" => args.query_timeout = ms(value()?)?,
             "--guard-margin" => args.guard_margin = ms(value()?)?,
             "--no-guard" => args.guard = false,
             "--no-notify" => args.notify = false,
-            "--no-wait" => args.wait = false,
+            "--no-wait" => args.server_wait = ServerWait::Off,
             "--lock-delay" => args.lock_delay = ms(value()?)?,
             "--app-name" => args.app_name = value()?,
             "--job-exit-after" => args.job.exit_after = Some(ms(value()?)?),
@@ -206,8 +206,7 @@ impl Args {
             o.guard_margin = self.guard_margin;
             o.server_guard = self.guard;
             o.notify_handover = self.notify;
-            o.wait_on_server = self.wait;
-            o.watch_session = self.watch;
+            o.server_wait = self.server_wait;
             o.lock_delay = self.lock_delay;
             o.max_leases = self.leases.max(lease_proto::limits::DEFAULT_MAX_LEASES);
             o

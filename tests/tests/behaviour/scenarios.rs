@@ -15,6 +15,7 @@
 use std::process::Command;
 
 use crate::common::*;
+use lease_proto::ServerWait;
 use lease_tests::monotonic_nanos;
 use lease_tests::scenario::diff;
 use lease_tests::scenario::ms;
@@ -586,7 +587,7 @@ fn kill9_takeover_in(env: &Env, driver: Driver, lease: &str) -> Res {
 
     // Waiting off: the poll is the fallback.
     let polling = ReplicaConfig {
-        wait: false,
+        server_wait: ServerWait::Off,
         ..config.clone()
     };
     let (c, _) = spawn_standby(&admin, &polling, "C")?;

@@ -6,6 +6,7 @@
 //! with the watch session off. Figures are printed as `FIGURE` lines (`--nocapture`).
 
 use crate::common::*;
+use lease_proto::ServerWait;
 use lease_tests::scenario::diff;
 use lease_tests::scenario::ms;
 use lease_tests::scenario::ms_f;
@@ -191,7 +192,7 @@ fn connections_per_process(driver: Driver) -> Res {
     until_backends(&admin, "two-leases-b", 2, true)?;
     steady_backends(&admin, "two-leases-a", 2, 300)?;
     let off = |own: &str, other: &str, app: &str| ReplicaConfig {
-        watch: false,
+        server_wait: ServerWait::Idle,
         ..holder(driver, &cluster, own, other, app)
     };
     let mut c = off("r", "s", "watch-off-c").spawn(bin(), "C")?;

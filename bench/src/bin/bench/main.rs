@@ -46,6 +46,7 @@ mod pg;
 mod report;
 mod takeover;
 
+use lease_proto::ServerWait;
 use lease_tests::scenario::{Driver, Node, ReplicaConfig};
 use lease_tests::Cluster;
 use std::path::PathBuf;
@@ -128,7 +129,11 @@ pub fn replica(
     rc.guard_margin = iv.guard_margin;
     rc.guard = design.additions();
     rc.notify = design.additions();
-    rc.wait = design.additions();
+    rc.server_wait = if design.additions() {
+        ServerWait::IdleAndWatch
+    } else {
+        ServerWait::Off
+    };
     rc.tick = Duration::ZERO;
     rc.app_name = Some(format!("bench-{lease}"));
     rc
