@@ -179,7 +179,7 @@ fn validate(args: RunArgs, start: Instant) -> Result<Plan, (i32, String)> {
         return Err((2, "--grace must be greater than zero".to_owned()));
     }
     let mut target = conn::resolve(args.conn.database_url.as_deref()).map_err(|e| (2, e))?;
-    let identity = args.identity.clone().or_else(default_identity);
+    let identity = args.identity.clone().or_else(lease_tokio::identity);
     if let Some(id) = &identity {
         if id.is_empty() || id.chars().any(|c| !c.is_ascii_graphic()) {
             return Err((
@@ -215,24 +215,6 @@ fn validate(args: RunArgs, start: Instant) -> Result<Plan, (i32, String)> {
         schedule,
         identity,
     })
-}
-
-/// `--identity` when not given: `$POD_NAME` (a Kubernetes Deployment sets it from the
-/// downward API), else the host name; `None` when neither is known or fits
-/// (printable ASCII).
-fn default_identity() -> Option<String> {
-    let usable = |s: &String| !s.is_empty() && s.chars().all(|c| c.is_ascii_graphic());
-    if let Some(pod) = std::env::var("POD_NAME").ok().filter(usable) {
-        return Some(pod);
-    }
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8(buf[..end].to_vec()).ok().filter(usable)
 }
 
 /// Checks that `program` exists and is executable, like a shell would

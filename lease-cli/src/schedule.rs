@@ -66,8 +66,18 @@ pub fn from_args(args: &RunArgs) -> Result<Option<Schedule>, String> {
                 .to_owned(),
         );
     }
-    // The jitter and the catch-up window: the rule is the core's.
-    policy.check(&spec).map_err(|e| e.to_string())?;
+    // The jitter and the catch-up window: the rule is the core's; the flag
+    // is named here.
+    policy.check(&spec).map_err(|e| {
+        let without_jitter = Policy {
+            jitter: Duration::ZERO,
+            ..policy
+        };
+        match without_jitter.check(&spec) {
+            Ok(()) => format!("--jitter: {e}"),
+            Err(_) => format!("--catch-up: {e}"),
+        }
+    })?;
     let state = match &args.state_table {
         Some(name) => Some((Table::parse(name)?, args.unfinished == UnfinishedArg::Retry)),
         None => None,

@@ -527,7 +527,7 @@ impl<A> Locker<A> {
         // Operators tell lease sessions apart in pg_stat_activity (and `lease
         // status` shows it for the holder); the caller's own name wins.
         if config.get_application_name().is_none() {
-            config.application_name(DEFAULT_APPLICATION_NAME);
+            config.application_name(default_application_name(identity().as_deref()));
         }
         let machine = Machine::new(options, seed).map_err(Error::Options)?;
         let runtime = Arc::new(runtime);
@@ -686,8 +686,42 @@ pub fn hosts(
     each.into_iter().map(|c| (c, share)).collect()
 }
 
-/// The `application_name` of lease sessions whose configuration names none.
+/// The `application_name` of lease sessions whose configuration names none,
+/// followed by `@` and this process's [`identity`] when it has one:
+/// `lease@web-7f9c` (set `application_name` in the configuration to name
+/// them yourself).
 pub const DEFAULT_APPLICATION_NAME: &str = "lease";
+
+/// This process's holder identity, as `pg_stat_activity` and `lease status`
+/// show it: `$POD_NAME` when set (Kubernetes' downward API), else the host
+/// name; `None` when neither is printable ASCII (the server would replace
+/// anything else with `?`).
+pub fn identity() -> Option<String> {
+    let usable = |s: &String| !s.is_empty() && s.chars().all(|c| c.is_ascii_graphic());
+    if let Some(pod) = std::env::var("POD_NAME").ok().filter(usable) {
+        return Some(pod);
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(usable);
+    host.or_else(|| std::env::var("HOSTNAME").ok().filter(usable))
+}
+
+/// [`DEFAULT_APPLICATION_NAME`] with `identity`, within the server's 63 bytes
+/// (the identity is cut).
+fn default_application_name(identity: Option<&str>) -> String {
+    let mut name = DEFAULT_APPLICATION_NAME.to_owned();
+    if let Some(id) = identity {
+        let room = 63 - name.len() - 1;
+        let end = id.len().min(room);
+        if end > 0 {
+            name.push('@');
+            name.push_str(&id[..end]);
+        }
+    }
+    name
+}
 
 /// Parses a libpq-style connection string: a URL
 /// (`postgres://user:password@host/db`) or key-value (`host=... user=...`).
@@ -731,5 +765,20 @@ fn redact_parse_error(message: &str) -> String {
     match message.find(" but got") {
         Some(i) => message[..i].to_string(),
         None => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_application_name_carries_the_identity_within_63_bytes() {
+        assert_eq!(default_application_name(None), "lease");
+        assert_eq!(default_application_name(Some("web-1")), "lease@web-1");
+        let long = "p".repeat(80);
+        let name = default_application_name(Some(&long));
+        assert_eq!(name.len(), 63);
+        assert!(name.starts_with("lease@ppp"));
     }
 }

@@ -292,11 +292,15 @@ fn bad_schedules_are_usage_errors() {
         ),
         (
             &["--every", "2s", "--jitter", "2s"][..],
-            "--jitter (2s) must be shorter",
+            "--jitter: the jitter (2s) must be shorter than the period (2s)",
         ),
         (&["--every", "2s", "--try"][..], "cannot be used with"),
         (&["--tz", "UTC"][..], "--cron"),
         (&["--overlap", "queue"][..], "required"),
+        (
+            &["--every", "1s", "--catch-up", "3h"][..],
+            "--catch-up: the catch-up window (3h) may cover at most 10000 due times",
+        ),
         (
             &["--every", "2s", "--catch-up-policy", "all"][..],
             "needs a catch-up window",

@@ -137,7 +137,7 @@ fn the_readme_example_compiles_as_pasted_and_hands_over_on_ctrl_c_within_100ms()
         let rows = admin
             .rows(&format!(
                 "SELECT query, wait_event_type FROM pg_stat_activity \
-                 WHERE application_name = 'lease' AND pid <> {}",
+                 WHERE (application_name = 'lease' OR application_name LIKE 'lease@%') AND pid <> {}",
                 a_pid[0]
             ))
             .expect("pg_stat_activity");
