@@ -97,7 +97,59 @@ impl<A> Group<A> {
         F: FnMut(Lease) -> Fut,
         Fut: Future<Output = Result<(), E>>,
     {
-        let lease = (self.group.clone()).and_then(|g| LeaseId::named(name).map(|l| l.in_group(g)));
-        run::run(self.locker.clone(), lease, shutdown, job)
+        run::run(self.locker.clone(), self.lease(name), shutdown, job)
+    }
+
+    /// The lease `name` in this group.
+    fn lease(&self, name: &str) -> Result<LeaseId, NameError> {
+        (self.group.clone()).and_then(|g| LeaseId::named(name).map(|l| l.in_group(g)))
+    }
+
+    /// [`Locker::schedule`] in this group: the group's members share its
+    /// schedules as they share its leases (each leads about its share), and
+    /// a member that joins or leaves moves schedules, each at most once per
+    /// due time as at any takeover (docs/schedules.md).
+    ///
+    /// # Errors
+    /// As [`Locker::schedule`], and [`RunError::GroupWithoutNotify`] as
+    /// [`Group::run`].
+    #[cfg(feature = "schedule")]
+    #[must_use = "the schedule does nothing unless awaited or spawned"]
+    pub fn schedule<F, Fut, E>(
+        &self,
+        name: &str,
+        schedule: crate::Schedule,
+        job: F,
+    ) -> impl Future<Output = Result<(), RunError<std::convert::Infallible>>>
+    where
+        F: FnMut(crate::Occurrence) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        self.schedule_until(name, schedule, std::future::pending(), job)
+    }
+
+    /// [`Group::schedule`] with a graceful shutdown signal (as
+    /// [`Locker::schedule_until`]).
+    ///
+    /// # Errors
+    /// As [`Group::schedule`].
+    #[cfg(feature = "schedule")]
+    #[must_use = "the schedule does nothing unless awaited or spawned"]
+    pub fn schedule_until<S, F, Fut, E>(
+        &self,
+        name: &str,
+        schedule: crate::Schedule,
+        shutdown: S,
+        job: F,
+    ) -> impl Future<Output = Result<(), RunError<std::convert::Infallible>>>
+    where
+        S: Future<Output = ()>,
+        F: FnMut(crate::Occurrence) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        let lease = self.lease(name);
+        crate::schedule::run_schedule(self.locker.clone(), lease, schedule, shutdown, job)
     }
 }

@@ -309,7 +309,7 @@ struct Ctx<F> {
     clock: Arc<ServerClock>,
 }
 
-async fn run_schedule<A, S, F, Fut, E>(
+pub(crate) async fn run_schedule<A, S, F, Fut, E>(
     locker: Locker<A>,
     lease: Result<LeaseId, NameError>,
     schedule: Schedule,

@@ -6,10 +6,11 @@
 //!
 //! ```text
 //! cargo run --release -p lease-bench --bin schedules -- [--schedules N] [--replicas R]
-//!     [--settle SECS] [--measure SECS] [--url URL]
+//!     [--settle SECS] [--measure SECS] [--url URL] [--group]
 //! ```
 //!
-//! The replicas use the database `lease_bench_schedules` (created if absent) on the server
+//! With `--group` the schedules are in one lease group (`Group::schedule`), which spreads
+//! them over the replicas. The replicas use the database `lease_bench_schedules` (created if absent) on the server
 //! of `--url` (default: 127.0.0.1:5432, user postgres), so the server's per-database
 //! counters (`pg_stat_database`: committed and rolled-back transactions, each statement
 //! being one) count the replicas' statements alone. Sessions per replica come from
@@ -30,6 +31,8 @@ struct Args {
     settle: Duration,
     measure: Duration,
     url: String,
+    /// The schedules in one lease group (`Group::schedule`).
+    group: bool,
 }
 
 fn parse() -> Result<(Option<usize>, Args), String> {
@@ -40,6 +43,7 @@ fn parse() -> Result<(Option<usize>, Args), String> {
         settle: Duration::from_secs(20),
         measure: Duration::from_secs(60),
         url: "host=127.0.0.1 port=5432 user=postgres".to_owned(),
+        group: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -55,6 +59,7 @@ fn parse() -> Result<(Option<usize>, Args), String> {
             "--settle" => args.settle = Duration::from_secs(number(value(&a)?, &a)?),
             "--measure" => args.measure = Duration::from_secs(number(value(&a)?, &a)?),
             "--url" => args.url = value(&a)?,
+            "--group" => args.group = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -88,14 +93,16 @@ async fn run_replica(i: usize, args: &Args) -> Result<(), String> {
     tokio::spawn(driver);
     let mut tasks = Vec::new();
     for s in 0..args.schedules {
-        let locker = locker.clone();
+        let (locker, group) = (locker.clone(), args.group);
         let every = Schedule::every(Duration::from_secs(3600)).map_err(|e| e.to_string())?;
+        let name = format!("sched-{s}");
+        let job = |_run| async { Ok::<(), String>(()) };
         tasks.push(tokio::spawn(async move {
-            locker
-                .schedule(&format!("sched-{s}"), every, |_run| async {
-                    Ok::<(), String>(())
-                })
-                .await
+            if group {
+                locker.group("schedules").schedule(&name, every, job).await
+            } else {
+                locker.schedule(&name, every, job).await
+            }
         }));
     }
     for t in tasks {
@@ -154,6 +161,7 @@ async fn measure(args: &Args) -> Result<(), String> {
             .args(["--replica", &i.to_string()])
             .args(["--schedules", &args.schedules.to_string()])
             .args(["--url", &args.url])
+            .args(args.group.then_some("--group"))
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
             .spawn()

@@ -126,6 +126,64 @@ async fn a_lockers_schedules_share_one_clock_read() {
     tasks.iter().for_each(tokio::task::JoinHandle::abort);
 }
 
+/// In virtual time: two lockers share 8 schedules in one lease group: each
+/// leads some of them, and no due time of any schedule runs twice.
+#[tokio::test(start_paused = true)]
+async fn a_group_spreads_its_schedules_and_runs_each_due_time_once() {
+    use lease_tokio::test_util::TestServer;
+    let server = TestServer::new(13);
+    let runs: Arc<Mutex<Vec<(String, u64, usize)>>> = Arc::default();
+    let mut tasks = Vec::new();
+    let mut lockers = Vec::new();
+    for i in 0..2 {
+        let (locker, driver) = server.locker(Options::default()).unwrap();
+        tokio::spawn(driver);
+        for s in 0..8 {
+            let (group, runs) = (locker.group("reports"), runs.clone());
+            let every = Schedule::every(Duration::from_secs(1)).unwrap();
+            tasks.push(tokio::spawn(async move {
+                let name = format!("report-{s}");
+                group
+                    .schedule(&name, every, move |run| {
+                        let runs = runs.clone();
+                        async move {
+                            let due = run.due().duration_since(UNIX_EPOCH).unwrap().as_secs();
+                            runs.lock()
+                                .unwrap()
+                                .push((run.lease().name().to_owned(), due, i));
+                            Ok::<(), String>(())
+                        }
+                    })
+                    .await
+            }));
+        }
+        lockers.push(locker);
+    }
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let runs = runs.lock().unwrap().clone();
+    let mut seen = BTreeMap::new();
+    for (name, due, i) in &runs {
+        if let Some(other) = seen.insert((name.clone(), *due), *i) {
+            panic!("{name} due {due} ran on {other} and {i}");
+        }
+    }
+    let by = |i| runs.iter().filter(|r| r.2 == i).count();
+    eprintln!(
+        "FIGURE kit group schedules: {} runs, {} and {}",
+        runs.len(),
+        by(0),
+        by(1)
+    );
+    assert!(
+        by(0) > 0 && by(1) > 0,
+        "both members lead some: {} / {}",
+        by(0),
+        by(1)
+    );
+    assert!(runs.len() >= 8 * 15, "{} runs", runs.len());
+    tasks.iter().for_each(tokio::task::JoinHandle::abort);
+}
+
 /// Against the local server: two lockers schedule `every 1s` for about 5 s;
 /// the leader is closed midway (its job stopped, the key released) and the
 /// other goes on. Each due time runs at most once, and the due times between
