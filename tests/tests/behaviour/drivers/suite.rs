@@ -687,15 +687,20 @@ fn construction_rejects_host_lists_every_attempt_would_fail_on() {
     }
 }
 
-/// Lease sessions carry `application_name` "lease" unless the configuration
-/// names one, so operators can tell them apart in `pg_stat_activity`.
+/// Lease sessions carry `application_name` "lease@" and the process's
+/// identity unless the configuration names one, so operators can tell them
+/// apart in `pg_stat_activity`.
 #[test]
 fn sessions_are_named_lease_unless_configured() {
     rt::block_on(async {
         init();
         let other = rt::client().await;
+        let named = match lease_tokio::identity() {
+            Some(id) => format!("lease@{id}"),
+            None => "lease".to_owned(),
+        };
         for (config, expected) in [
-            (DB.to_string(), "lease"),
+            (DB.to_string(), named.as_str()),
             (
                 format!("{DB} application_name=billing-worker"),
                 "billing-worker",
