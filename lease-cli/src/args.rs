@@ -202,7 +202,8 @@ EXAMPLES:
   lease run nightly-sweeper --priority 1 -- ./sweep
       Lead whenever this replica is up, taking over from priority 0 replicas.
   lease run --metrics-addr 0.0.0.0:9187 nightly-sweeper -- ./sweep
-      /leader for a readiness probe (200 on the leader only), /metrics for Prometheus.
+      /healthz for a readiness probe, /leader for a load balancer's check (200 on the
+      leader only), /metrics for Prometheus.
   lease valid --quiet && ./side-effect
       Inside COMMAND: act only while the lease is valid.";
 
@@ -289,7 +290,7 @@ pub enum Cmd {
         after_long_help = CONNECTION_HELP
     )]
     Handover(HandoverArgs),
-    /// Show a schedule's next due times (`lease run --every`/`--cron`)
+    /// A schedule's next due times, and its state table (`lease run --every`/`--cron`)
     #[command(subcommand)]
     Schedule(ScheduleCmd),
     /// From inside COMMAND of `lease run`: is its lease valid now, and until when
@@ -461,7 +462,7 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "priority")]
     pub observer: bool,
 
-    /// Take the lease over from a holder of a lower priority [default: 0]
+    /// Take the lease over from a holder of a lower priority
     ///
     /// A standby that finds the lease held asks the holder to hand it over; a holder of a
     /// lower --priority does so gracefully (as `lease handover NAME --to PID`: its COMMAND is
@@ -566,8 +567,9 @@ pub struct RunArgs {
     /// GET /metrics: the lease metrics in the Prometheus text format. GET /healthz: 200 while
     /// the database session is ready or has been within --query-timeout + --retry-interval (a
     /// reconnect), 503 with a one-line reason otherwise. GET /leader: 200 only while COMMAND
-    /// runs under a lease that is valid right now, 503 otherwise: point a readiness probe or a
-    /// load balancer at it to reach the leader alone; with --shards, GET /leader/I answers so
+    /// runs under a lease that is valid right now, 503 otherwise: point a load balancer's
+    /// health check at it to reach the leader alone (not a readiness probe: a standby would
+    /// never be ready, and a rollout would wait for it); with --shards, GET /leader/I answers so
     /// for shard I, and /leader is 200 while any shard is led. Binds exactly ADDR (no host
     /// names; port 0 picks a free port, logged at startup); served by `lease run` itself, no
     /// thread of its own.

@@ -286,12 +286,13 @@ fn warn_about_grace(plan: &Plan) {
     } else if plan.grace_set && plan.grace > plan.after_validity {
         let bound = log::millis(plan.after_validity);
         let delay = humantime::format_duration(plan.options.lock_delay / 2);
-        tracing::warn!(
-            "--grace {grace} is longer than the guard margin less the drift allowance \
-             ({bound}): after a lost lease the command is killed at the guard deadline (before \
-             the server may hand the lease to another replica), as little as {bound} after \
-             SIGTERM, and {delay} (half of --lock-delay) after SIGTERM when the server \
-             ended the session; --grace applies in full only to graceful stops"
+        // A deliberate choice (the deploy recipes make it): said once, not
+        // a warning.
+        tracing::info!(
+            "--grace {grace} applies in full to graceful stops (a shutdown, a hand-over); after \
+             a lost lease the command is killed sooner, before the server may hand the lease to \
+             another replica: {bound} after SIGTERM at the latest, {delay} (half of \
+             --lock-delay) when the server ended the session"
         );
     }
 }

@@ -36,9 +36,7 @@ pub const DEFAULT_CATCH_UP_WITH_TABLE: Duration = Duration::from_secs(3600);
 pub fn from_args(args: &RunArgs) -> Result<Option<Schedule>, String> {
     let spec = match (&args.every, &args.cron) {
         (Some(period), _) => Spec::every(*period).map_err(|e| format!("--every: {e}"))?,
-        (None, Some(expr)) => {
-            Spec::cron(expr, args.tz.as_deref()).map_err(|e| format!("--cron: {e}"))?
-        }
+        (None, Some(expr)) => Spec::cron(expr, args.tz.as_deref()).map_err(cron_error)?,
         (None, None) => return Ok(None),
     };
     let policy = Policy {
@@ -89,6 +87,16 @@ pub fn from_args(args: &RunArgs) -> Result<Option<Schedule>, String> {
     }))
 }
 
+/// A `Spec::cron` error, named after the flag it is about.
+fn cron_error(e: lease_proto::schedule::SpecError) -> String {
+    let flag = if e.to_string().starts_with("unknown time zone") {
+        "--tz"
+    } else {
+        "--cron"
+    };
+    format!("{flag}: {e}")
+}
+
 /// A server time as RFC 3339 in UTC (`2026-12-06T03:00:00Z`), as LEASE_DUE.
 pub fn utc(t: SystemTime) -> String {
     jiff::Timestamp::try_from(t).map_or_else(|_| "?".to_owned(), |ts| ts.to_string())
@@ -106,7 +114,7 @@ pub fn run_id(name: &str, due: SystemTime) -> String {
 pub fn next(args: NextArgs) -> i32 {
     let spec = match (&args.every, &args.cron) {
         (Some(period), _) => Spec::every(*period).map_err(|e| format!("--every: {e}")),
-        (_, Some(expr)) => Spec::cron(expr, args.tz.as_deref()).map_err(|e| format!("--cron: {e}")),
+        (_, Some(expr)) => Spec::cron(expr, args.tz.as_deref()).map_err(cron_error),
         (None, None) => Err("give --every or --cron".to_owned()),
     };
     let spec = match spec {

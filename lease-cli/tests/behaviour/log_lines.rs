@@ -190,11 +190,11 @@ fn default_options_start_without_a_warning() {
     assert!(!err.contains("WARN"), "a default warned:\n{err}");
     assert!(!err.contains("ERROR"), "{err}");
 
+    // A long --grace (the deploy recipes' 20s) is a choice: said at INFO.
     let err = run(&["--grace", "10s"]);
-    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("WARN")).collect();
-    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(!err.contains("WARN"), "a chosen --grace warned:\n{err}");
     assert!(
-        warnings[0].contains("--grace 10s is longer than the guard margin"),
+        err.contains("--grace 10s applies in full to graceful stops"),
         "{err}"
     );
 }

@@ -189,8 +189,9 @@ fn a_grace_longer_than_the_guard_margin_is_announced() {
     assert_eq!(warnings.len(), 1, "{err}");
     assert!(
         warnings[0].contains(
-            "--grace 10s is longer than the guard margin less the drift allowance (343ms): \
-             after a lost lease the command is killed at the guard deadline"
+            "--grace 10s applies in full to graceful stops (a shutdown, a hand-over); after a \
+             lost lease the command is killed sooner, before the server may hand the lease to \
+             another replica: 343ms after SIGTERM at the latest"
         ),
         "{}",
         warnings[0]

@@ -7,7 +7,7 @@
 //! in a temporary directory and builds it offline against this workspace's
 //! lockfile and target directory (dependencies already built there are
 //! reused). Three substitutions, each asserted to match exactly once: the
-//! dependency's `path = "lease-tokio"` becomes this workspace's absolute path,
+//! dependency's `path = "/path/to/lease/lease-tokio"` becomes this workspace's absolute path,
 //! and, in the code, the connection string `host=127.0.0.1 user=postgres
 //! dbname=postgres` becomes the ephemeral cluster's (it adds the port) and
 //! the lease name `nightly-sweeper` a unique one. Everything else is the
@@ -37,7 +37,7 @@ const README_URL: &str = "host=127.0.0.1 user=postgres dbname=postgres";
 
 const README_NAME: &str = "nightly-sweeper";
 
-const README_PATH: &str = "path = \"lease-tokio\"";
+const README_PATH: &str = "path = \"/path/to/lease/lease-tokio\"";
 
 /// The body of the first fenced block whose info string starts with `lang`,
 /// after the line `## Use it from Rust`.

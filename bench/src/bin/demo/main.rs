@@ -38,7 +38,7 @@ partitions it from the database, and stops it with SIGTERM. It prints a live tim
 summary of each failover: the time to detect it, the gap without a job, any overlap of two
 jobs, and the fencing tokens before and after. Takes about 15 seconds after the build, at test
 timings (failover within about 2 s); --defaults runs `lease run` at its default timings
-(a frozen or cut-off leader is replaced after 11 to 16 s; about a minute in all).
+(a frozen or cut-off leader is replaced after 11 to 16 s; about 40 s in all).
 
 options:
   -v, --verbose         also show every log line of the three `lease run` replicas
