@@ -186,6 +186,10 @@ impl Settings {
     /// # Errors
     /// One line naming the file or setting and the reason.
     pub fn client_config(&self) -> Result<Arc<ClientConfig>, ConninfoError> {
+        // Later rustls 0.23 releases (0.23.48, seen) deprecate it, the ring
+        // provider moving to a crate of its own; a user's build that resolves
+        // one of them must not warn.
+        #[allow(deprecated)]
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let check = if self.mode.uses_tls() {
             self.check()
