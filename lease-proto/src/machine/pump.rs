@@ -12,6 +12,7 @@
 //! part of the decision (`SendPlan`: the heartbeat's turn, `Asks`: a
 //! check's, `ServerWait`: a wait's).
 
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use super::asks::ask_window;
@@ -99,37 +100,75 @@ impl Machine {
         }
     }
 
-    /// Picks the next statement on the ready, idle session: verification,
-    /// then releases, then the heartbeat, then the standby try, then a wait
-    /// on the server (`wait`).
+    /// Picks the next statement on the ready, idle session, in the send
+    /// order: what is owed (a verify, a group to leave, releases), the
+    /// heartbeat or an ask's check, a priority's request, the try (or an
+    /// observer's look), then a wait on the server (`wait`). Each step is a
+    /// method below, in that order.
     fn next_statement(&mut self, now: Instant) -> Option<What> {
+        if let Some(what) = self.owed(now) {
+            return Some(what);
+        }
+        self.expire_asks(now);
+        let turn = self.turn(now)?;
+        if let Some(what) = self.beat(now, &turn) {
+            return Some(what);
+        }
+        self.plan.not_heartbeat();
+        if let Some(until) = turn.held {
+            if self.timers.get(Deadline::Retry).is_none_or(|t| t < until) {
+                self.timers.set(Deadline::Retry, until);
+            }
+            return None;
+        }
+        if let Some(what) = self.prefer(now) {
+            return Some(what);
+        }
+        if turn.try_due {
+            if let ControlFlow::Break(what) = self.try_turn(now, &turn) {
+                return what;
+            }
+        }
+        self.take(now)
+    }
+
+    /// Owed before anything: a verify, the groups none of its runs wants
+    /// any more (left, and announced, before their keys are released: see
+    /// `groups`), and the releases.
+    fn owed(&mut self, now: Instant) -> Option<What> {
         if self.plan.verify_owed() {
             return Some(What::Verify);
         }
-        // A member leaves the groups none of its runs wants any more (and
-        // announces it) before it releases their keys (see `groups`).
         if let Some(leave) = self.groups.leaving(&self.group_keys()) {
             return Some(What::Members(leave));
         }
         let release = (self.runs).take_release(now, self.opts.handover_window());
-        if !release.is_empty() {
-            let recent = self.opts.query_timeout;
-            let reserved = self.runs.reservations(&release, now, recent);
-            return Some(What::Release {
-                keys: release,
-                reserved,
-            });
+        if release.is_empty() {
+            return None;
         }
-        // Asks that ended unconfirmed, or whose key this locker no longer
-        // leads (see `handover`).
+        let recent = self.opts.query_timeout;
+        let reserved = self.runs.reservations(&release, now, recent);
+        Some(What::Release {
+            keys: release,
+            reserved,
+        })
+    }
+
+    /// Asks that ended unconfirmed, or whose key this locker no longer
+    /// leads (see `handover`).
+    fn expire_asks(&mut self, now: Instant) {
         let leading: Vec<i64> = self.runs.leading_keys().into_iter().collect();
         for (key, to) in self.asks.expire(now, &leading) {
             self.out.event(Event::HandoverDeclined { key, to });
         }
+    }
+
+    /// What this pass reads once; `None` when no session is up. On a newly
+    /// promoted primary nothing is tried (nor waited for: a wait would be
+    /// granted at once, the key being free there) before the hold ends; the
+    /// retry deadline wakes the machine then.
+    fn turn(&mut self, now: Instant) -> Option<Turn> {
         let holding = self.runs.holding();
-        // On a newly promoted primary nothing is tried (nor waited for: a
-        // wait would be granted at once, the key being free there) before
-        // the hold ends; the retry deadline wakes the machine then.
         let up = self.session.up_mut()?;
         let held = up.promotion_hold.filter(|&until| until > now);
         if held.is_none() && up.promotion_hold.take().is_some() {
@@ -140,13 +179,26 @@ impl Machine {
         let retry_due = self.timers.get(Deadline::Retry).is_none_or(|t| t <= now);
         let try_due =
             (self.plan.try_owed() || retry_due) && self.phase == Phase::Open && held.is_none();
-        // Heartbeat first, but never twice in a row while a try is due. A
-        // locker holding nothing heartbeats only to keep its session alive,
-        // and a try does that too: it goes instead.
-        let heartbeat_first = holding || !try_due;
-        if heartbeat_due
+        Some(Turn {
+            holding,
+            held,
+            heartbeat_due,
+            retry_due,
+            try_due,
+        })
+    }
+
+    /// The heartbeat, or an ask's check (a heartbeat too). Heartbeat first,
+    /// but never twice in a row while a try is due. A locker holding nothing
+    /// heartbeats only to keep its session alive, and a try does that too:
+    /// it goes instead.
+    fn beat(&mut self, now: Instant, turn: &Turn) -> Option<What> {
+        let heartbeat_first = turn.holding || !turn.try_due;
+        if turn.heartbeat_due
             && heartbeat_first
-            && self.plan.heartbeat_may_go(try_due, self.runs.any_waiting())
+            && self
+                .plan
+                .heartbeat_may_go(turn.try_due, self.runs.any_waiting())
         {
             return Some(match self.plan.heartbeat() {
                 Beat::Verify => What::Verify,
@@ -169,120 +221,123 @@ impl Machine {
         } else {
             self.timers.stop(Deadline::Check);
         }
-        self.plan.not_heartbeat();
-        if let Some(until) = held {
-            if self.timers.get(Deadline::Retry).is_none_or(|t| t < until) {
-                self.timers.set(Deadline::Retry, until);
-            }
+        None
+    }
+
+    /// A standby of a priority that saw a holder asks it for the lease (see
+    /// `preference_requested`).
+    fn prefer(&mut self, now: Instant) -> Option<What> {
+        let priority = self.opts.role.priority().unwrap_or(0);
+        if self.phase != Phase::Open || priority == 0 {
             return None;
         }
-        let priority = self.opts.role.priority().unwrap_or(0);
-        if self.phase == Phase::Open && priority > 0 {
-            // A standby that saw a holder asks it (see `preference_requested`).
-            let me = self.session.up().and_then(|up| up.stage.backend_pid());
-            let again = self.opts.validity_window();
-            if let Some(key) = self.runs.take_preference(now, me, again) {
-                // It queues for the key: on its lease session, or on its
-                // watch session while it holds another lease (which names
-                // the lease session, see `handover`).
-                let until = now + ask_window(&self.opts);
-                self.wait.named(key, until);
-                self.watch.prefer(key, until);
-                return Some(What::Prefer { key, priority });
-            }
-        }
+        let me = self.session.up().and_then(|up| up.stage.backend_pid());
+        let again = self.opts.validity_window();
+        let key = self.runs.take_preference(now, me, again)?;
+        // It queues for the key: on its lease session, or on its watch
+        // session while it holds another lease (which names the lease
+        // session, see `handover`).
+        let until = now + ask_window(&self.opts);
+        self.wait.named(key, until);
+        self.watch.prefer(key, until);
+        Some(What::Prefer { key, priority })
+    }
+
+    /// The try that is due (or an observer's look): `Break` with what to
+    /// send (or nothing), `Continue` to go on to a wait.
+    fn try_turn(&mut self, now: Instant, turn: &Turn) -> ControlFlow<Option<What>> {
         #[cfg(feature = "sim")] // The broken variant: an observer that tries.
         let observes = self.observes() && self.knobs.mutation != Some(Mutation::ObserverTries);
         #[cfg(not(feature = "sim"))]
         let observes = self.observes();
-        if try_due && observes {
+        if observes {
             // An observer reads who holds its keys instead of trying them.
             self.plan.tried();
             let keys = self.runs.take_look();
-            if keys.is_empty() {
-                return None;
-            }
-            return Some(What::Look(keys));
+            return ControlFlow::Break((!keys.is_empty()).then_some(What::Look(keys)));
         }
-        if try_due {
-            // The periodic try (for a group member, the read before it, on
-            // whose reply the retry deadline moves on): waiting may start
-            // over, and a rested watch session opens again. Not the try
-            // after a wake's lock delay, which the retry deadline also
-            // sends: it must count against the wake budget.
-            if retry_due {
-                self.wait.periodic_try();
-            }
-            if retry_due && !self.watch.woken() {
-                self.watch.periodic_try();
-            }
-            // A group member reads the membership first (see `groups`).
-            let wanted = self.group_keys();
-            if self.groups.read_owed(&wanted) {
-                return Some(What::Members(self.groups.read(&wanted)));
-            }
-            let woke = self.watch.woken();
-            if woke && self.groups.announcing() {
-                // The member that woke (it watched the one gone, and found
-                // the departure first) announces it before its try: a try
-                // that wins holds its reply back for the lock delay, and the
-                // others would learn of the departure that much later, then
-                // wait out their own lock delay: two in a row. The others'
-                // announcements (every survivor's read finds the departure)
-                // go after their tries, off the takeover's path: before, they
-                // cost every survivor another read first.
-                return Some(What::Members(self.groups.read(&wanted)));
-            }
-            let me = self.session.up().and_then(|up| up.stage.backend_pid());
-            let own = self.own_backends();
-            let bound = free_bound(&self.opts);
-            let groups = &self.groups;
-            #[cfg(feature = "sim")] // The broken variant: every key as if owned.
-            let ignore_share = self.knobs.mutation == Some(Mutation::IgnoreShare);
-            #[cfg(not(feature = "sim"))]
-            let ignore_share = false;
-            let keys = self.runs.take_try(now, &own, |lease| {
-                ignore_share
-                    || (lease.group())
-                        .is_none_or(|g| groups.may_try(g.id(), lease.key(), me, now, bound))
-            });
-            let announce = self.groups.tried();
-            self.plan.tried();
-            if announce {
-                // A departure or a claim to announce: read again at once.
-                self.plan.try_soon();
-            }
-            if keys.is_empty() && !wanted.is_empty() {
-                // A group member that may try nothing after a wake: as a
-                // try that won nothing (the watch session waits again).
-                self.watch.try_answered(&self.runs, false, None);
-            }
-            if keys.is_empty() && retry_due {
-                // Every waiting key is reserved for another backend (a
-                // hand-over asked for): the next periodic try.
-                let retry = now + self.connector.retry_delay(self.opts.retry_interval);
-                self.timers.set(Deadline::Retry, retry);
-            }
-            if announce && keys.is_empty() {
-                // Nothing to try: the announcing read goes now (else it
-                // would wait for the next input, a heartbeat later).
-                return Some(What::Members(self.groups.read(&wanted)));
-            }
-            if !keys.is_empty() {
-                if !holding {
-                    // The try proves the session alive as a heartbeat does
-                    // (it checks the backend pid and the nonce), and a key
-                    // it wins counts from its send time: the next heartbeat
-                    // is due an interval after it.
-                    let next = now + self.opts.heartbeat_interval;
-                    self.timers.set(Deadline::Heartbeat, next);
-                }
-                return Some(What::Try(keys));
-            }
+        // The periodic try (for a group member, the read before it, on
+        // whose reply the retry deadline moves on): waiting may start
+        // over, and a rested watch session opens again. Not the try
+        // after a wake's lock delay, which the retry deadline also
+        // sends: it must count against the wake budget.
+        let retry_due = turn.retry_due;
+        if retry_due {
+            self.wait.periodic_try();
         }
+        if retry_due && !self.watch.woken() {
+            self.watch.periodic_try();
+        }
+        // A group member reads the membership first (see `groups`).
+        let wanted = self.group_keys();
+        if self.groups.read_owed(&wanted) {
+            return ControlFlow::Break(Some(What::Members(self.groups.read(&wanted))));
+        }
+        let woke = self.watch.woken();
+        if woke && self.groups.announcing() {
+            // The member that woke (it watched the one gone, and found
+            // the departure first) announces it before its try: a try
+            // that wins holds its reply back for the lock delay, and the
+            // others would learn of the departure that much later, then
+            // wait out their own lock delay: two in a row. The others'
+            // announcements (every survivor's read finds the departure)
+            // go after their tries, off the takeover's path: before, they
+            // cost every survivor another read first.
+            return ControlFlow::Break(Some(What::Members(self.groups.read(&wanted))));
+        }
+        let me = self.session.up().and_then(|up| up.stage.backend_pid());
+        let own = self.own_backends();
+        let bound = free_bound(&self.opts);
+        let groups = &self.groups;
+        #[cfg(feature = "sim")] // The broken variant: every key as if owned.
+        let ignore_share = self.knobs.mutation == Some(Mutation::IgnoreShare);
+        #[cfg(not(feature = "sim"))]
+        let ignore_share = false;
+        let keys = self.runs.take_try(now, &own, |lease| {
+            ignore_share
+                || (lease.group())
+                    .is_none_or(|g| groups.may_try(g.id(), lease.key(), me, now, bound))
+        });
+        let announce = self.groups.tried();
+        self.plan.tried();
+        if announce {
+            // A departure or a claim to announce: read again at once.
+            self.plan.try_soon();
+        }
+        if keys.is_empty() && !wanted.is_empty() {
+            // A group member that may try nothing after a wake: as a
+            // try that won nothing (the watch session waits again).
+            self.watch.try_answered(&self.runs, false, None);
+        }
+        if keys.is_empty() && retry_due {
+            // Every waiting key is reserved for another backend (a
+            // hand-over asked for): the next periodic try.
+            let retry = now + self.connector.retry_delay(self.opts.retry_interval);
+            self.timers.set(Deadline::Retry, retry);
+        }
+        if announce && keys.is_empty() {
+            // Nothing to try: the announcing read goes now (else it
+            // would wait for the next input, a heartbeat later).
+            return ControlFlow::Break(Some(What::Members(self.groups.read(&wanted))));
+        }
+        if keys.is_empty() {
+            return ControlFlow::Continue(());
+        }
+        if !turn.holding {
+            // The try proves the session alive as a heartbeat does (it
+            // checks the backend pid and the nonce), and a key it wins
+            // counts from its send time: the next heartbeat is due an
+            // interval after it.
+            let next = now + self.opts.heartbeat_interval;
+            self.timers.set(Deadline::Heartbeat, next);
+        }
+        ControlFlow::Break(Some(What::Try(keys)))
+    }
+
+    /// A wait on the server that takes the key (see `wait`, "Taken"): its
+    /// run is in it as in a try.
+    fn take(&mut self, now: Instant) -> Option<What> {
         let (key, timeout, chunk, named) = self.next_wait(now)?;
-        // The wait takes the key (see `wait`, "Taken"): its run is in it as
-        // in a try.
         if !self.runs.take_wait(key) {
             return None;
         }
@@ -374,4 +429,17 @@ impl Machine {
             Deadline::Check => idle_ready,
         })
     }
+}
+
+/// What one pass of `Machine::next_statement` reads once.
+struct Turn {
+    /// The locker holds a lease.
+    holding: bool,
+    /// A newly promoted primary's hold, until when.
+    held: Option<Instant>,
+    heartbeat_due: bool,
+    retry_due: bool,
+    /// A try is owed or the retry deadline passed, the locker is open and
+    /// no promotion hold stands.
+    try_due: bool,
 }
