@@ -283,6 +283,22 @@ pub enum RunError<E> {
     DriverStopped,
 }
 
+impl<E> RunError<E> {
+    /// The same end, with the job's error turned into any end by `f`.
+    pub(crate) fn map_job<F>(self, f: impl FnOnce(E) -> RunError<F>) -> RunError<F> {
+        match self {
+            RunError::Job(e) => f(e),
+            RunError::Name(e) => RunError::Name(e),
+            RunError::AlreadyRunning(l) => RunError::AlreadyRunning(l),
+            RunError::TooManyLeases { cap } => RunError::TooManyLeases { cap },
+            RunError::Refused(r) => RunError::Refused(r),
+            RunError::GroupWithoutNotify(l) => RunError::GroupWithoutNotify(l),
+            RunError::Config(e) => RunError::Config(e),
+            RunError::DriverStopped => RunError::DriverStopped,
+        }
+    }
+}
+
 impl<E: fmt::Display> fmt::Display for RunError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

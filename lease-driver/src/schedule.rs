@@ -366,18 +366,10 @@ where
 
 /// A run's end that is not its job's (a schedule's job errors are logged).
 fn not_the_job(e: RunError<LeadEnd>) -> RunError<Infallible> {
-    match e {
-        RunError::Job(LeadEnd::Unsupported(e)) => RunError::Config(e),
-        RunError::Job(LeadEnd::ClockUnavailable) | RunError::DriverStopped => {
-            RunError::DriverStopped
-        }
-        RunError::Name(e) => RunError::Name(e),
-        RunError::AlreadyRunning(l) => RunError::AlreadyRunning(l),
-        RunError::TooManyLeases { cap } => RunError::TooManyLeases { cap },
-        RunError::Refused(r) => RunError::Refused(r),
-        RunError::GroupWithoutNotify(l) => RunError::GroupWithoutNotify(l),
-        RunError::Config(e) => RunError::Config(e),
-    }
+    e.map_job(|end| match end {
+        LeadEnd::Unsupported(e) => RunError::Config(e),
+        LeadEnd::ClockUnavailable => RunError::DriverStopped,
+    })
 }
 
 /// How long a leader holds a schedule's lease without a usable reading of

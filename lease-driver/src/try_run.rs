@@ -296,17 +296,8 @@ where
             // Ended before a decision: the locker was closed.
             Phase::Deciding => Tried::Shutdown,
         }),
-        Err(e) => Err(match e {
-            // The job's error was taken above.
-            RunError::Job(()) => RunError::DriverStopped,
-            RunError::Name(e) => RunError::Name(e),
-            RunError::AlreadyRunning(l) => RunError::AlreadyRunning(l),
-            RunError::TooManyLeases { cap } => RunError::TooManyLeases { cap },
-            RunError::Refused(r) => RunError::Refused(r),
-            RunError::GroupWithoutNotify(l) => RunError::GroupWithoutNotify(l),
-            RunError::Config(e) => RunError::Config(e),
-            RunError::DriverStopped => RunError::DriverStopped,
-        }),
+        // The job's error was taken above.
+        Err(e) => Err(e.map_job(|()| RunError::DriverStopped)),
     }
 }
 
