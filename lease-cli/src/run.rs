@@ -367,7 +367,8 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
     let runner = plan.schedule.clone().map(|sched| {
         tracing::info!(
             lease = plan.leases[0].name(),
-            "runs COMMAND {} (on the database server's clock)",
+            "runs {} {} (on the database server's clock)",
+            plan.command.get_program().to_string_lossy(),
             sched.spec
         );
         schedule::Runner::new(
@@ -462,7 +463,9 @@ async fn contend(plan: Plan, endpoints: Option<Endpoints>) -> i32 {
         () = all(runs.collect()) => {}
         () = standing_by_at_signal => {
             if no_session.borrow().is_none() {
-                tracing::info!("not leading: exiting");
+                // A standby, or a schedule's leader between runs (it then
+                // releases the lease it holds, and says so).
+                tracing::info!("no command running: exiting");
             }
         }
         (not_run, t) = gave_up => say_not_run(not_run, t, &plan).await,
