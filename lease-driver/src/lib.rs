@@ -221,6 +221,18 @@ pub use schedule::{Occurrence, Schedule};
 use shared::Inner;
 pub use try_run::Tried;
 
+/// What both adapters (lease-tokio, lease-smol) re-export, listed once:
+/// `pub use lease_driver::adapter_exports::*;`.
+pub mod adapter_exports {
+    pub use crate::{
+        identity, Config, Error, GroupId, LastError, Lease, LeaseId, LeaseState, LeaseStatus,
+        NameError, Options, OptionsError, Reason, Refusal, Role, RunError, Runtime, ServerWait,
+        SessionError, SessionState, Status, Tried,
+    };
+    #[cfg(feature = "schedule")]
+    pub use crate::{schedule, Occurrence, Schedule};
+}
+
 /// Why a locker could not be created.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {

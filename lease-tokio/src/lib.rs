@@ -145,13 +145,7 @@ pub mod test_util;
 
 use tokio_postgres::NoTls;
 
-pub use lease_driver::{
-    identity, Config, Error, GroupId, LastError, Lease, LeaseId, LeaseState, LeaseStatus,
-    NameError, Options, OptionsError, Reason, Refusal, Role, RunError, Runtime, ServerWait,
-    SessionError, SessionState, Status, Tried,
-};
-#[cfg(feature = "schedule")]
-pub use lease_driver::{schedule, Occurrence, Schedule};
+pub use lease_driver::adapter_exports::*;
 #[cfg(feature = "libpq")]
 pub use lease_libpq::{self, Conninfo, ConninfoError};
 #[cfg(feature = "libpq")]
