@@ -184,6 +184,20 @@ impl Model {
         faults
     }
 
+    /// A hand-over request each way and the drop of process 0's run future:
+    /// what probes a run dropped while its job stops for a hand-over or
+    /// while its key is released.
+    pub fn abandon_menu() -> Vec<Fault> {
+        vec![
+            Fault::RequestHandover { lease: 0, to: 1 },
+            Fault::RequestHandover { lease: 0, to: 0 },
+            Fault::Abandon {
+                process: 0,
+                lease: 0,
+            },
+        ]
+    }
+
     /// Per process: a link that turns slow (150 ms more each way, for 5 s:
     /// a round trip longer than the guard margin, shorter than the query
     /// timeout) and a partition past the validity: what probes the guard

@@ -94,6 +94,19 @@ fn two_processes_two_lock_delay_faults_every_schedule_passes() {
     assert!(out.reached.lock_delay_win);
 }
 
+/// A run future dropped at any step, before or after a hand-over request
+/// either way: the dropped run finishes `Abandoned`, is never started
+/// again, and the other process leads within the failover bound.
+#[test]
+fn two_processes_a_dropped_run_and_hand_overs_every_schedule_passes() {
+    let mut model = Model::new(2, 2, if deep() { 60 } else { 30 });
+    model.faults = Model::abandon_menu();
+    // A warm-up to a holder: the start, without faults to choose from.
+    model.from = 12;
+    let out = passes("2 x dropped run/hand-over", &model, 8.0);
+    assert!(out.reached.handover);
+}
+
 /// The same with the visited set of states (deep mode only: in a debug
 /// build the fingerprint costs about what it saves).
 #[test]

@@ -853,6 +853,14 @@ impl RunTable {
             RunState::Standby(_) if exit == JobExit::Abandoned => {
                 self.finish(id, Outcome::Abandoned, out)
             }
+            // Dropped while its key is released (after a hand-over, or after
+            // its job returned): it finishes with the release, and never
+            // contends again.
+            RunState::Releasing { .. } if exit == JobExit::Abandoned => {
+                if let RunState::Releasing { outcome, .. } = &mut run.state {
+                    outcome.get_or_insert(Outcome::Abandoned);
+                }
+            }
             RunState::Standby(_) | RunState::Releasing { .. } => {}
         }
     }

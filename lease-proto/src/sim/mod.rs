@@ -130,6 +130,19 @@ pub enum Fault {
         /// When it comes back, if at all.
         restart_after: Option<Duration>,
     },
+    /// The embedder of `process` drops its run of lease number `lease` of
+    /// [`SimConfig::leases`] (a `select!` or a timeout around the run
+    /// future): the job future goes with it, the driver reports
+    /// `JobExited { exit: Abandoned }` and never starts a job of that run
+    /// again. The run must finish with [`Outcome::Abandoned`] and release its
+    /// key. Nothing happens in a frozen or dead process, or to a run that
+    /// finished.
+    Abandon {
+        /// The process.
+        process: usize,
+        /// The index of the lease in [`SimConfig::leases`] (modulo their number).
+        lease: usize,
+    },
     /// `pg_terminate_backend` on the session of `process`.
     Terminate {
         /// The process.
@@ -317,6 +330,7 @@ impl Fault {
             | Fault::TerminateFatalFirst { .. }
             | Fault::TerminateNextTaker { .. }
             | Fault::TerminateWatch { .. }
+            | Fault::Abandon { .. }
             | Fault::ForgedNotify { .. }
             | Fault::RequestHandover { .. }
             | Fault::RequestHandoverToPid { .. }
@@ -1018,6 +1032,7 @@ impl Sim {
                 self.queue
                     .push(self.now + duration, Ev::Heal(Heal::AuthWorks));
             }
+            Fault::Abandon { process, lease } => self.abandon(process, lease),
             Fault::Terminate { process } => self.terminate(Some(process)),
             Fault::TerminateFatalFirst { process } => {
                 self.fatal_first = true;

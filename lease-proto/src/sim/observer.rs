@@ -6,8 +6,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Event, Input, LeaseId, Machine, Outcome, Output, QueryId, RunCommand, RunId, SessionCommand,
-    SessionId, Statement,
+    Event, Input, JobExit, LeaseId, Machine, Outcome, Output, QueryId, RunCommand, RunId,
+    SessionCommand, SessionId, Statement,
 };
 
 /// A driver rule the observed machine broke.
@@ -38,6 +38,13 @@ pub enum ObserverViolation {
     },
     /// A job started for a run whose job already runs.
     JobStartedTwice {
+        /// The run.
+        run: RunId,
+    },
+    /// A job started for a run the driver reported dropped
+    /// (`JobExited { exit: Abandoned }`): nobody would run it, so its key
+    /// would be held for nothing.
+    AbandonedRunStarted {
         /// The run.
         run: RunId,
     },
@@ -97,6 +104,9 @@ impl fmt::Display for ObserverViolation {
             }
             ObserverViolation::JobStartedTwice { run } => {
                 write!(f, "job of {run:?} started twice")
+            }
+            ObserverViolation::AbandonedRunStarted { run } => {
+                write!(f, "job of {run:?} started after the run was dropped")
             }
             ObserverViolation::JobWithoutSession { run } => {
                 write!(f, "job of {run:?} started without a session")
@@ -184,6 +194,8 @@ pub struct Observer {
     watch_inflight: Option<QueryId>,
     jobs: BTreeMap<RunId, i64>,
     finished: BTreeSet<RunId>,
+    /// Runs the driver reported dropped.
+    abandoned: BTreeSet<RunId>,
     started: BTreeSet<RunId>,
     latest: Option<Instant>,
 }
@@ -198,8 +210,11 @@ impl Observer {
     /// (stale ids, jobs not running) are fine.
     pub fn input(&mut self, input: &Input) {
         match input {
-            Input::JobExited { run, .. } => {
+            Input::JobExited { run, exit } => {
                 self.jobs.remove(run);
+                if *exit == JobExit::Abandoned {
+                    self.abandoned.insert(*run);
+                }
             }
             Input::Reply { query, .. } if self.inflight == Some(*query) => self.inflight = None,
             Input::Reply { query, .. } if self.watch_inflight == Some(*query) => {
@@ -321,6 +336,9 @@ impl Observer {
     pub fn run_command(&mut self, c: &RunCommand) -> Result<(), ObserverViolation> {
         match c {
             RunCommand::StartJob { run, lease, .. } => {
+                if self.abandoned.contains(run) {
+                    return Err(ObserverViolation::AbandonedRunStarted { run: *run });
+                }
                 if self.jobs.insert(*run, lease.key()).is_some() {
                     return Err(ObserverViolation::JobStartedTwice { run: *run });
                 }

@@ -63,6 +63,9 @@ pub(super) struct Proc {
     pub(super) runs: BTreeMap<RunId, String>,
     pub(super) jobs: BTreeMap<RunId, Job>,
     pub(super) finished: BTreeSet<RunId>,
+    /// Runs whose future the embedder dropped ([`Fault::Abandon`](super::Fault::Abandon)):
+    /// the driver starts no job of theirs any more.
+    pub(super) abandoned: BTreeSet<RunId>,
     /// Run → the outcome the contract expects when its job returns by itself.
     pub(super) expect: BTreeMap<RunId, Outcome>,
     /// The lease session was doubtful after the last input (see
@@ -88,6 +91,7 @@ impl Proc {
             runs: BTreeMap::new(),
             jobs: BTreeMap::new(),
             finished: BTreeSet::new(),
+            abandoned: BTreeSet::new(),
             expect: BTreeMap::new(),
             doubtful: false,
         }
@@ -381,6 +385,12 @@ impl Sim {
                 token,
                 valid_until,
             } => {
+                if self.procs[p].abandoned.contains(&run) {
+                    // The run's future is gone: the real driver has no slot
+                    // to start a job in (the run's outcome check reports the
+                    // run, see `Fault::Abandon`).
+                    return;
+                }
                 self.next_job += 1;
                 let id = self.next_job;
                 let key = lease.key();
@@ -524,6 +534,37 @@ impl Sim {
             return false;
         }
         reason.key_may_be_free()
+    }
+
+    /// [`Fault::Abandon`](super::Fault::Abandon): the embedder of `p` drops
+    /// its run of lease number `lease`, and the job future with it.
+    pub(super) fn abandon(&mut self, p: usize, lease: usize) {
+        if self.cfg.leases.is_empty() || !self.procs[p].alive || self.procs[p].frozen {
+            return;
+        }
+        let name = self.cfg.leases[lease % self.cfg.leases.len()].clone();
+        let proc_ = &mut self.procs[p];
+        let Some(run) = (proc_.runs.iter())
+            .find(|(run, n)| **n == name && !proc_.finished.contains(*run))
+            .map(|(run, _)| *run)
+        else {
+            return;
+        };
+        if !proc_.abandoned.insert(run) {
+            return;
+        }
+        proc_.jobs.remove(&run);
+        proc_.expect.insert(run, Outcome::Abandoned);
+        let exit = JobExit::Abandoned;
+        self.trace(
+            Some(p),
+            TraceEvent::JobExited {
+                run,
+                lease: name,
+                exit,
+            },
+        );
+        self.input(p, Input::JobExited { run, exit });
     }
 
     /// A job's exit (by itself or after its cancellation) arrives at `p`.

@@ -366,3 +366,37 @@ fn requests_naming_a_standby_of_several_leases_do_not_close_its_session() {
          backend the holder checks and names is gone)"
     );
 }
+
+/// A run dropped (its future abandoned) after its job returned for a hand-over and before
+/// the release's reply finishes with `Abandoned` once the key is released: it never
+/// contends again, and never wins a key nobody would run or release (found under load by
+/// `a_group_spreads_its_leases_over_two_lockers`: a dropped run of a group re-took its key
+/// and held it until its locker was dropped).
+#[test]
+fn a_run_dropped_while_its_handed_over_key_is_released_finishes_abandoned() {
+    let mut h = harness(polling());
+    let run = started(&mut h, "a", 900);
+    request(&mut h, "a", 99);
+    let cmds = h.check_answered(7, &[(1, 99)]);
+    assert!(handed_over(&cmds), "{cmds:?}");
+    h.input(Input::JobExited {
+        run,
+        exit: JobExit::Ok,
+    });
+    assert!(matches!(h.statement(), Statement::Release { .. }));
+    // The embedder drops the run future now (the driver's guard reports it).
+    h.input(Input::JobExited {
+        run,
+        exit: JobExit::Abandoned,
+    });
+    let cmds = h.released();
+    assert!(
+        has(&cmds, |c| matches!(
+            c,
+            Command::FinishRun { run: r, outcome: Outcome::Abandoned } if *r == run
+        )),
+        "the dropped run did not finish: {cmds:?}"
+    );
+    let tries = tries_within(&mut h, opts().query_timeout * 2 + opts().retry_interval * 4);
+    assert!(tries.is_empty(), "a dropped run tried again: {tries:?}");
+}
