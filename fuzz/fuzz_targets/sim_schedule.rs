@@ -4,10 +4,12 @@
 //!
 //! The fuzzer picks a [`SimConfig`] (2-4 processes, 1-3 leases, seed, clock
 //! drift up to 5 %, the probability that a job returns by itself) and up to
-//! eight faults of every [`Fault`] kind, with start times and durations within
-//! a 10 s horizon. The simulation runs to the horizon, heals everything,
-//! closes every machine and settles ([`Sim::finish`]) until every delayed
-//! message has arrived. Then:
+//! eight faults (partitions, freezes, slow links and servers, crashes,
+//! terminates, restarts, failing statements, hand-over requests, dropped
+//! runs), with start times and durations within a 10 s horizon. The
+//! simulation runs to the horizon, heals everything, closes every machine
+//! and settles ([`Sim::finish`]) until every delayed message has arrived.
+//! Then:
 //!
 //! - without server-side faults ([`Fault::server_ends_sessions`]): no
 //!   violation at all (strong safety, release after exit, the run contract,
@@ -86,6 +88,16 @@ enum FaultSpec {
         malformed: u8,
         duration: u16,
     },
+    /// `lease handover` of lease number `lease` to process `to`.
+    RequestHandover {
+        lease: u8,
+        to: u8,
+    },
+    /// Process `process` drops its run of lease number `lease`.
+    Abandon {
+        process: u8,
+        lease: u8,
+    },
 }
 
 fn ms(n: u16) -> Duration {
@@ -138,6 +150,14 @@ impl FaultSpec {
                 error: f64::from(error) / 255.0,
                 malformed: f64::from(malformed) / 255.0,
                 duration: ms(duration),
+            },
+            FaultSpec::RequestHandover { lease, to } => Fault::RequestHandover {
+                lease: usize::from(lease),
+                to: p(to),
+            },
+            FaultSpec::Abandon { process, lease } => Fault::Abandon {
+                process: p(process),
+                lease: usize::from(lease),
             },
         }
     }
