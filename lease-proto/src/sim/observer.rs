@@ -147,7 +147,8 @@ impl std::error::Error for ObserverViolation {}
 /// - no try of a key whose job runs (advisory locks are re-entrant: a second
 ///   grant would stack);
 /// - no unlock of a key whose job runs;
-/// - a job started only on a session, and only when none runs for its run;
+/// - a job started only on a session, only when none runs for its run, and
+///   never for a run the driver reported dropped (`JobExit::Abandoned`);
 /// - a cancel only for a running job;
 /// - every run finished at most once, never while its job runs, and only runs
 ///   the machine accepted;
@@ -212,7 +213,10 @@ impl Observer {
         match input {
             Input::JobExited { run, exit } => {
                 self.jobs.remove(run);
-                if *exit == JobExit::Abandoned {
+                // A run the machine accepted and did not finish: an exit of
+                // an unknown run is ignored.
+                let live = self.started.contains(run) && !self.finished.contains(run);
+                if *exit == JobExit::Abandoned && live {
                     self.abandoned.insert(*run);
                 }
             }

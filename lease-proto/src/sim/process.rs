@@ -123,6 +123,7 @@ impl Proc {
         self.runs.clear();
         self.finished.clear();
         self.expect.clear();
+        self.abandoned.clear();
         self.due_at_once = 0;
         self.stalled = false;
     }
