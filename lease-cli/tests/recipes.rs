@@ -574,6 +574,66 @@ fn check_deployment(doc: &Yaml, help: &RunHelp) -> Result<(), String> {
         "PGAPPNAME overrides the identity (POD_NAME)"
     );
     assert_eq!(run.name, "nightly-sweeper");
+    check_resources(c)?;
+    check_security_context(pod, c)
+}
+
+/// `lease run`'s own memory (about 13 MiB for a leader: bench/resources.sh) fits in the
+/// request, and no CPU limit throttles its heartbeats.
+fn check_resources(c: &Yaml) -> Result<(), String> {
+    let resources = c.at(&["resources"]);
+    if resources.get("limits").and_then(|l| l.get("cpu")).is_some() {
+        return Err("a CPU limit: a throttled runner may send its heartbeat late".into());
+    }
+    let memory = resources.at(&["requests", "memory"]).str();
+    let mib: u32 = (memory.strip_suffix("Mi"))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("memory request {memory:?}: expected NMi"))?;
+    if mib < 16 {
+        return Err(format!(
+            "memory request {memory}: below lease run's own 13 MiB"
+        ));
+    }
+    Ok(())
+}
+
+/// The pod's and the container's `securityContext`: what the test
+/// `lease_run_needs_no_root_no_capability_and_no_writable_root_filesystem` runs `lease run`
+/// under (lease-cli's behaviour tests). A read-only root filesystem needs a writable `/tmp`,
+/// where `lease valid`'s socket goes (else a warning at every start, and no `lease valid`).
+fn check_security_context(pod: &Yaml, c: &Yaml) -> Result<(), String> {
+    let pod_ctx = pod.at(&["securityContext"]);
+    if pod_ctx.at(&["runAsNonRoot"]).str() != "true" {
+        return Err("runAsNonRoot is not true".into());
+    }
+    let ctx = c.at(&["securityContext"]);
+    for (key, want) in [
+        ("allowPrivilegeEscalation", "false"),
+        ("readOnlyRootFilesystem", "true"),
+    ] {
+        if ctx.at(&[key]).str() != want {
+            return Err(format!("securityContext.{key} is not {want}"));
+        }
+    }
+    let dropped: Vec<&str> = ctx
+        .at(&["capabilities", "drop"])
+        .seq()
+        .iter()
+        .map(Yaml::str)
+        .collect();
+    if dropped != ["ALL"] {
+        return Err(format!("capabilities dropped: {dropped:?}, not [ALL]"));
+    }
+    let tmp = (c.get("volumeMounts").map_or(&[][..], Yaml::seq).iter())
+        .find(|m| m.at(&["mountPath"]).str() == "/tmp")
+        .ok_or("a read-only root filesystem and no volume on /tmp: `lease valid` has no socket")?;
+    let volume = tmp.at(&["name"]).str();
+    let empty_dir = (pod.get("volumes").map_or(&[][..], Yaml::seq).iter())
+        .find(|v| v.at(&["name"]).str() == volume)
+        .and_then(|v| v.get("emptyDir"));
+    if empty_dir.is_none() {
+        return Err(format!("the volume {volume} on /tmp is not an emptyDir"));
+    }
     Ok(())
 }
 
@@ -610,6 +670,51 @@ fn the_kubernetes_deployment_leaves_a_leader_its_stop_and_probes_fit_a_standby()
     // And /leader as the readiness probe: a standby would never be ready.
     let leader = text.replace("path: /healthz", "path: /leader");
     assert!(check_deployment(&parse_yaml(&leader).unwrap(), &help).is_err());
+    // And a CPU limit.
+    let throttled = text.replace(
+        "            limits:\n",
+        "            limits:\n              cpu: 100m\n",
+    );
+    assert_ne!(throttled, text);
+    let err = check_deployment(&parse_yaml(&throttled).unwrap(), &help).unwrap_err();
+    assert!(err.contains("CPU limit"), "{err}");
+    // And a read-only root filesystem without its /tmp.
+    let no_tmp = text.replace("mountPath: /tmp", "mountPath: /scratch");
+    assert_ne!(no_tmp, text);
+    let err = check_deployment(&parse_yaml(&no_tmp).unwrap(), &help).unwrap_err();
+    assert!(err.contains("no volume on /tmp"), "{err}");
+    // The user is the image's (the Dockerfile's USER).
+    let pod = doc.at(&["spec", "template", "spec", "securityContext"]);
+    let user = format!(
+        "USER {}:{}\n",
+        pod.at(&["runAsUser"]).str(),
+        pod.at(&["runAsGroup"]).str()
+    );
+    assert!(
+        read("deploy/Dockerfile").contains(&user),
+        "no {user:?} in the Dockerfile"
+    );
+}
+
+/// The PodDisruptionBudget: a drain evicts one replica at a time, so a standby is up to take
+/// the lease over; it selects the Deployment's pods, and the Deployment has a standby to spare.
+#[test]
+fn the_disruption_budget_keeps_a_standby_through_a_drain() {
+    let pdb =
+        parse_yaml(&read("deploy/kubernetes/pdb.yaml")).unwrap_or_else(|e| panic!("pdb.yaml: {e}"));
+    let deployment = parse_yaml(&read("deploy/kubernetes/deployment.yaml")).unwrap();
+    assert_eq!(pdb.at(&["kind"]).str(), "PodDisruptionBudget");
+    assert_eq!(pdb.at(&["apiVersion"]).str(), "policy/v1");
+    assert_eq!(
+        pdb.at(&["spec", "selector", "matchLabels"]),
+        deployment.at(&["spec", "selector", "matchLabels"])
+    );
+    assert_eq!(pdb.at(&["spec", "maxUnavailable"]).str(), "1");
+    let replicas: u32 = deployment.at(&["spec", "replicas"]).str().parse().unwrap();
+    assert!(
+        replicas >= 2,
+        "{replicas} replica: a drain leaves no standby"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ mod pid1;
 mod poolers;
 mod run;
 mod schedules;
+mod security_context;
 mod shards;
 mod status;
 mod tls;
