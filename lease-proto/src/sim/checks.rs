@@ -263,12 +263,19 @@ impl fmt::Display for Violation {
 impl std::error::Error for Violation {}
 
 /// The outcome the contract gives a run, from the outcome the job's own
-/// return (if it returned by itself while leading) or the drop of its run
-/// future asks for.
-pub(super) fn outcome_allowed(got: &Outcome, expected: Option<&Outcome>, closing: bool) -> bool {
+/// return (if it returned by itself while leading) asks for. A run whose
+/// future was `dropped` ends `Abandoned`, or as its job's own return before
+/// the drop decided (the first stop decides; nobody reads it either way).
+pub(super) fn outcome_allowed(
+    got: &Outcome,
+    expected: Option<&Outcome>,
+    closing: bool,
+    dropped: bool,
+) -> bool {
+    if dropped {
+        return *got == Outcome::Abandoned || expected == Some(got);
+    }
     match (got, expected) {
-        // A dropped run ends as dropped, whatever came after the drop.
-        (_, Some(Outcome::Abandoned)) => *got == Outcome::Abandoned,
         (Outcome::Completed | Outcome::Failed, Some(e)) => got == e,
         (Outcome::Completed | Outcome::Failed, None) => false,
         (Outcome::Closed, _) => closing,

@@ -504,7 +504,9 @@ impl Sim {
                 let expected = self.procs[p].expect.get(&run).cloned();
                 // A job that returned by itself but lost its lease first is
                 // restarted, so its expectation is cleared on restart.
-                if !super::checks::outcome_allowed(&outcome, expected.as_ref(), self.closing) {
+                let dropped = self.procs[p].abandoned.contains(&run);
+                let allowed = super::checks::outcome_allowed;
+                if !allowed(&outcome, expected.as_ref(), self.closing, dropped) {
                     self.violation(Violation::ContractOutcome {
                         at,
                         process: p,
@@ -555,7 +557,6 @@ impl Sim {
             return;
         }
         proc_.jobs.remove(&run);
-        proc_.expect.insert(run, Outcome::Abandoned);
         let exit = JobExit::Abandoned;
         self.trace(
             Some(p),
