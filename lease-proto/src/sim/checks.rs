@@ -15,7 +15,8 @@
 //! - the run contract: every run finishes exactly once
 //!   ([`Violation::NeverFinished`], [`Violation::FinishedTwice`]), never while
 //!   its job runs, with the outcome the contract gives
-//!   ([`Violation::ContractOutcome`]);
+//!   ([`Violation::ContractOutcome`]); a dropped run never starts a job again
+//!   ([`Violation::DroppedRunStarted`]);
 //! - no leaks ([`Violation::LockLeaked`]);
 //! - fencing tokens: every acquisition's token is above every earlier one
 //!   of its lease ([`Violation::TokenNotIncreasing`]), across server crashes
@@ -92,6 +93,17 @@ pub enum Violation {
     },
     /// A run was finished twice.
     FinishedTwice {
+        /// When.
+        at: Duration,
+        /// The process.
+        process: usize,
+        /// The run.
+        run: RunId,
+    },
+    /// A job was started for a run whose future the embedder dropped
+    /// ([`Fault::Abandon`](super::Fault::Abandon)): the driver has nowhere
+    /// to start it, so its key is held for nothing.
+    DroppedRunStarted {
         /// When.
         at: Duration,
         /// The process.
@@ -176,6 +188,7 @@ impl Violation {
             | Violation::RunRejected { at, .. }
             | Violation::UnknownRunFinished { at, .. }
             | Violation::FinishedTwice { at, .. }
+            | Violation::DroppedRunStarted { at, .. }
             | Violation::FinishedWhileJobRuns { at, .. }
             | Violation::ContractOutcome { at, .. }
             | Violation::Stalled { at, .. }
@@ -214,6 +227,9 @@ impl Violation {
             }
             Violation::FinishedTwice { process, run, .. } => {
                 format!("p{process} finished run {run:?} twice")
+            }
+            Violation::DroppedRunStarted { process, run, .. } => {
+                format!("p{process} started a job for run {run:?}, whose future was dropped")
             }
             Violation::FinishedWhileJobRuns { process, run, .. } => {
                 format!("p{process} finished run {run:?} while its job runs")

@@ -388,8 +388,13 @@ impl Sim {
             } => {
                 if self.procs[p].abandoned.contains(&run) {
                     // The run's future is gone: the real driver has no slot
-                    // to start a job in (the run's outcome check reports the
-                    // run, see `Fault::Abandon`).
+                    // to start a job in.
+                    let at = self.now;
+                    self.violation(Violation::DroppedRunStarted {
+                        at,
+                        process: p,
+                        run,
+                    });
                     return;
                 }
                 self.next_job += 1;
