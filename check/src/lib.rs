@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use lease_proto::sim::{Actor, Fault, Mutation, Ready, Report, Sim, SimConfig, TraceEvent};
 use lease_proto::sim::{ServerConfig, Violation, PROMOTION_CHECKPOINT};
-use lease_proto::{Event, Reason};
+use lease_proto::{Event, JobExit, Reason};
 
 /// A schedule: at each step, the index of the option taken (see the crate
 /// docs); steps past its end take option 0 (the event the simulator's own
@@ -748,6 +748,9 @@ pub struct Reached {
     /// A lease group member handed a lease over to the member that owns it
     /// in the group's share (not at a request).
     pub rebalance: bool,
+    /// A run's future was dropped after its job returned and before the run
+    /// finished: while its key was released.
+    pub drop_while_releasing: bool,
 }
 
 impl Reached {
@@ -766,9 +769,22 @@ impl Reached {
         let mut leases: BTreeMap<String, Lease> = BTreeMap::new();
         // (process, run) -> lease name.
         let mut runs = BTreeMap::new();
+        // Runs whose job returned, not started again nor finished since.
+        let mut returned = std::collections::BTreeSet::new();
         for line in &report.trace {
             match &line.event {
+                TraceEvent::JobExited { run, exit, .. } => {
+                    if *exit != JobExit::Abandoned {
+                        returned.insert((line.process, *run));
+                    } else if returned.contains(&(line.process, *run)) {
+                        reached.drop_while_releasing = true;
+                    }
+                }
+                TraceEvent::RunFinished { run, .. } => {
+                    returned.remove(&(line.process, *run));
+                }
                 TraceEvent::JobStarted { run, lease, .. } => {
+                    returned.remove(&(line.process, *run));
                     runs.insert((line.process, *run), lease.clone());
                     let l = leases.entry(lease.clone()).or_default();
                     let p = line.process;
@@ -822,6 +838,7 @@ impl Reached {
             graceful_release: self.graceful_release || other.graceful_release,
             validity_cancel: self.validity_cancel || other.validity_cancel,
             rebalance: self.rebalance || other.rebalance,
+            drop_while_releasing: self.drop_while_releasing || other.drop_while_releasing,
         }
     }
 }

@@ -105,6 +105,32 @@ fn two_processes_a_dropped_run_and_hand_overs_every_schedule_passes() {
     model.from = 12;
     let out = passes("2 x dropped run/hand-over", &model, 8.0);
     assert!(out.reached.handover);
+    assert!(
+        out.reached.drop_while_releasing,
+        "no schedule drops a run while its key is released"
+    );
+}
+
+/// The same beside jobs that return by themselves (within 100 ms) and a terminate: a run
+/// dropped after its job's own return, and after a loss. No failover bound (a completed
+/// run leaves its lease unled); every end check holds.
+#[test]
+fn two_processes_a_dropped_run_beside_returning_jobs_every_schedule_passes() {
+    let mut model = Model::new(2, 2, if deep() { 60 } else { 30 }).with(|cfg| {
+        cfg.job_exit_probability = 1.0;
+        cfg.job_lifetime = Duration::from_millis(100);
+    });
+    model.failover = None;
+    model.faults = vec![
+        Fault::Abandon {
+            process: 0,
+            lease: 0,
+        },
+        Fault::Terminate { process: 0 },
+    ];
+    model.from = 12;
+    let out = passes("2 x dropped run/returning jobs/terminate", &model, 8.0);
+    assert!(out.reached.drop_while_releasing);
 }
 
 /// The same with the visited set of states (deep mode only: in a debug

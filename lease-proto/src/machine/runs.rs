@@ -855,10 +855,10 @@ impl RunTable {
             }
             // Dropped while its key is released (after a hand-over, or after
             // its job returned): it finishes with the release, and never
-            // contends again.
+            // contends again. A drop decides the outcome, as in every state.
             RunState::Releasing { .. } if exit == JobExit::Abandoned => {
                 if let RunState::Releasing { outcome, .. } = &mut run.state {
-                    outcome.get_or_insert(Outcome::Abandoned);
+                    *outcome = Some(Outcome::Abandoned);
                 }
             }
             RunState::Standby(_) | RunState::Releasing { .. } => {}

@@ -134,9 +134,8 @@ pub enum Fault {
     /// [`SimConfig::leases`] (a `select!` or a timeout around the run
     /// future): the job future goes with it, the driver reports
     /// `JobExited { exit: Abandoned }` and never starts a job of that run
-    /// again. The run must finish, with [`Outcome::Abandoned`] (or the
-    /// outcome its job's own return decided before the drop), and release
-    /// its key. Nothing happens in a frozen or dead process, or to a run that
+    /// again. The run must finish with [`Outcome::Abandoned`] and release its
+    /// key. Nothing happens in a frozen or dead process, or to a run that
     /// finished.
     Abandon {
         /// The process.

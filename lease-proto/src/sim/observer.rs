@@ -534,3 +534,43 @@ pub fn drain(
     }
     Ok((commands, events))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn start(run: RunId) -> RunCommand {
+        RunCommand::StartJob {
+            run,
+            lease: LeaseId::named("job").expect("a valid name"),
+            token: 1,
+            valid_until: Instant::now(),
+        }
+    }
+
+    /// A start for a run the driver reported dropped breaks the rule; an exit of a run
+    /// the machine never accepted marks nothing.
+    #[test]
+    fn a_dropped_runs_start_is_a_violation() {
+        let mut o = Observer::new();
+        let (dropped, unknown) = (RunId(0), RunId(1));
+        o.run_started(dropped);
+        for run in [dropped, unknown] {
+            o.input(&Input::JobExited {
+                run,
+                exit: JobExit::Abandoned,
+            });
+        }
+        o.run_started(unknown);
+        assert_eq!(
+            o.run_command(&start(dropped)),
+            Err(ObserverViolation::AbandonedRunStarted { run: dropped })
+        );
+        // (No session is open here: that rule is another one.)
+        assert_eq!(
+            o.run_command(&start(unknown)),
+            Err(ObserverViolation::JobWithoutSession { run: unknown })
+        );
+    }
+}

@@ -314,6 +314,31 @@ fn a_query_timeout_closes_the_session_and_backs_off() {
     );
 }
 
+/// A drop decides the run's outcome in every state: dropped after its job returned by
+/// itself and before the release's reply, the run ends `Abandoned`, not `Completed`.
+#[test]
+fn a_run_dropped_after_its_job_returned_ends_abandoned() {
+    let mut h = harness(opts());
+    let run = started(&mut h, "a", 900);
+    h.input(Input::JobExited {
+        run,
+        exit: JobExit::Ok,
+    });
+    assert!(matches!(h.statement(), Statement::Release { .. }));
+    h.input(Input::JobExited {
+        run,
+        exit: JobExit::Abandoned,
+    });
+    let cmds = h.released();
+    assert!(
+        has(&cmds, |c| matches!(
+            c,
+            Command::FinishRun { run: r, outcome: Outcome::Abandoned } if *r == run
+        )),
+        "{cmds:?}"
+    );
+}
+
 #[test]
 fn dropping_a_run_releases_its_key() {
     let mut h = harness(opts());
