@@ -589,19 +589,9 @@ impl Server {
         self.sessions.get(&conn).map(|s| s.p)
     }
 
-    /// A connection attempt: the session, or the error the client gets.
-    pub(super) fn connect(
-        &mut self,
-        conn: u64,
-        p: usize,
-        settings: &[(&'static str, String)],
-        now: Duration,
-    ) -> Result<(), SessionError> {
-        let refuse = |code: &str, m: &str| SessionError {
-            code: Some(code.into()),
-            message: m.into(),
-            config: false,
-        };
+    /// The checks every new backend passes first, a session's or a probe's:
+    /// the server is up and authentication does not fail.
+    fn admit(&self) -> Result<(), SessionError> {
         if !self.up {
             return Err(refuse("08006", "connection refused"));
         }
@@ -611,6 +601,18 @@ impl Server {
                 "password authentication failed for user \"sim\"",
             ));
         }
+        Ok(())
+    }
+
+    /// A connection attempt: the session, or the error the client gets.
+    pub(super) fn connect(
+        &mut self,
+        conn: u64,
+        p: usize,
+        settings: &[(&'static str, String)],
+        now: Duration,
+    ) -> Result<(), SessionError> {
+        self.admit()?;
         if self.cfg.pooler && self.cfg.pooler_rejects_options && !settings.is_empty() {
             return Err(refuse("08P01", "unsupported startup parameter: options"));
         }
@@ -656,20 +658,7 @@ impl Server {
     /// backend, or behind [`ServerConfig::pooler_one_backend`] on the one
     /// shared backend, whose nonce is whatever a setup set last.
     pub(super) fn probe(&mut self, statement: &Statement) -> Result<Vec<Row>, SessionError> {
-        let refuse = |code: &str, m: &str| SessionError {
-            code: Some(code.into()),
-            message: m.into(),
-            config: false,
-        };
-        if !self.up {
-            return Err(refuse("08006", "connection refused"));
-        }
-        if self.auth_failing > 0 {
-            return Err(refuse(
-                "28P01",
-                "password authentication failed for user \"sim\"",
-            ));
-        }
+        self.admit()?;
         if !matches!(statement, Statement::Heartbeat) {
             return Err(refuse(
                 "0A000",
@@ -1787,6 +1776,16 @@ fn unknown_setting(version: i64, settings: &[(&'static str, String)]) -> Option<
         .iter()
         .map(|(name, _)| *name)
         .find(|name| *name == "idle_session_timeout" && version < 140_000)
+}
+
+/// The error of a connection or probe the server refuses: SQLSTATE `code`
+/// with `message`.
+fn refuse(code: &str, message: &str) -> SessionError {
+    SessionError {
+        code: Some(code.into()),
+        message: message.into(),
+        config: false,
+    }
 }
 
 /// PostgreSQL's error for a setting it does not know, at startup or in `set_config`.
