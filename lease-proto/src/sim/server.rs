@@ -267,6 +267,22 @@ pub(super) struct Waiter {
     pub(super) watch_of: Option<i64>,
 }
 
+impl Waiter {
+    /// The reply the client gets when the wait's statement answers with
+    /// `rows` (woken, or its lock timeout caught): the fault drawn for it
+    /// applied as to any wait's reply.
+    fn reply(&self, rows: Vec<Row>) -> Result<Vec<Row>, SessionError> {
+        let wait = Statement::Wait {
+            key: self.key,
+            timeout_ms: 0,
+            crowd: None,
+            watch_of: None,
+        };
+        let (result, _) = self.injected.reply(&wait, Ok(rows), Vec::new());
+        result
+    }
+}
+
 /// A queued wait the server answers now (see [`Server::woken`]).
 #[derive(Debug)]
 pub(super) struct Woken {
@@ -1535,13 +1551,7 @@ impl Sim {
                     self.schedule(self.now + after, terminate);
                 }
             }
-            let wait = Statement::Wait {
-                key: w.key,
-                timeout_ms: 0,
-                crowd: None,
-                watch_of: None,
-            };
-            let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
+            let result = w.reply(rows);
             let done = runs_at + self.server.slow;
             self.server.unblocked(w.conn, done);
             self.arm_idle(w.conn);
@@ -1559,13 +1569,7 @@ impl Sim {
         let Some(rows) = rows else {
             return;
         };
-        let wait = Statement::Wait {
-            key: w.key,
-            timeout_ms: 0,
-            crowd: None,
-            watch_of: None,
-        };
-        let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
+        let result = w.reply(rows);
         self.server.unblocked(conn, self.now);
         self.arm_idle(conn);
         self.reply_at(w.p, conn, query, self.now, result);
