@@ -134,18 +134,7 @@ impl Cluster {
     ) -> Result<Cluster, KitError> {
         let clients = find_clients(&bindir)?;
         let user = run_as()?;
-        let dir = TempDir::new("lease-pg", user)?;
-        dir.subdir("sock", user)?;
-        let data = dir.path().join("data");
-        run(
-            command_as(&bindir.join("initdb"), user, dir.path())
-                .arg("-D")
-                .arg(&data)
-                .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-                .arg("--no-locale"),
-            "initdb",
-            COMMAND_TIMEOUT,
-        )?;
+        let (dir, data) = init_data(&bindir, user, "lease-pg")?;
         for (file, text) in [
             ("postgresql.conf", format!("{CONFIG}{conf}")),
             ("pg_hba.conf", hba.to_owned()),
@@ -476,18 +465,7 @@ impl Cluster {
             )));
         }
         self.shutdown(libc::SIGINT)?;
-        let dir = TempDir::new("lease-pg-upgraded", self.user)?;
-        dir.subdir("sock", self.user)?;
-        let data = dir.path().join("data");
-        run(
-            command_as(&self.bindir.join("initdb"), self.user, dir.path())
-                .arg("-D")
-                .arg(&data)
-                .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-                .arg("--no-locale"),
-            "initdb",
-            COMMAND_TIMEOUT,
-        )?;
+        let (dir, data) = init_data(&self.bindir, self.user, "lease-pg-upgraded")?;
         let (old_port, new_port) = (free_port()?, free_port()?);
         run(
             command_as(&self.bindir.join("pg_upgrade"), self.user, dir.path())
@@ -871,6 +849,30 @@ fn find_bindir() -> Result<PathBuf, KitError> {
                     .into(),
             )
         })
+}
+
+/// A new temporary directory (`prefix`, owned by `user`) with its socket directory `sock`
+/// and a data directory `data` made by `bindir`'s `initdb` as every cluster here is: trust
+/// authentication, superuser `postgres`, UTF8, no locale. Returns the directory and the
+/// data directory's path.
+fn init_data(
+    bindir: &Path,
+    user: Option<RunAs>,
+    prefix: &str,
+) -> Result<(TempDir, PathBuf), KitError> {
+    let dir = TempDir::new(prefix, user)?;
+    dir.subdir("sock", user)?;
+    let data = dir.path().join("data");
+    run(
+        command_as(&bindir.join("initdb"), user, dir.path())
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+            .arg("--no-locale"),
+        "initdb",
+        COMMAND_TIMEOUT,
+    )?;
+    Ok((dir, data))
 }
 
 /// The directory of the client programs for a server in `bindir`: `bindir` itself if it has
