@@ -164,16 +164,7 @@ impl Cluster {
                 }
             }
         }
-        let mut cluster = Cluster {
-            dir,
-            bindir,
-            clients,
-            user,
-            port: free_port()?,
-            postmaster: None,
-        };
-        cluster.launch_new()?;
-        Ok(cluster)
+        Cluster::launch_in(dir, bindir, clients, user)
     }
 
     /// Starts a hot standby of this cluster (`pg_basebackup -R` into a new temporary
@@ -205,16 +196,7 @@ impl Cluster {
         } else {
             self.copy_for_standby(dir.path(), &data)?;
         }
-        let mut standby = Cluster {
-            dir,
-            bindir: self.bindir.clone(),
-            clients: self.clients.clone(),
-            user: self.user,
-            port: free_port()?,
-            postmaster: None,
-        };
-        standby.launch_new()?;
-        Ok(standby)
+        Cluster::launch_in(dir, self.bindir.clone(), self.clients.clone(), self.user)
     }
 
     /// A base backup of this running cluster into `data`, set up as a streaming standby of
@@ -490,16 +472,7 @@ impl Cluster {
             .open(&conf)
             .and_then(|mut f| f.write_all(CONFIG.as_bytes()))
             .map_err(io_err(format!("writing settings to {}", conf.display())))?;
-        let mut upgraded = Cluster {
-            dir,
-            bindir: self.bindir.clone(),
-            clients: self.clients.clone(),
-            user: self.user,
-            port: free_port()?,
-            postmaster: None,
-        };
-        upgraded.launch_new()?;
-        Ok(upgraded)
+        Cluster::launch_in(dir, self.bindir.clone(), self.clients.clone(), self.user)
     }
 
     /// Freezes the server: SIGSTOP to the postmaster, then to each of its children (the
@@ -608,6 +581,26 @@ impl Cluster {
             name.replace('"', "\"\"")
         ))
         .map(drop)
+    }
+
+    /// The cluster whose data directory `dir` holds (`dir/data`, made ready by the caller),
+    /// run by `bindir`'s server as `user` on a free port: started ([`Cluster::launch_new`]).
+    fn launch_in(
+        dir: TempDir,
+        bindir: PathBuf,
+        clients: PathBuf,
+        user: Option<RunAs>,
+    ) -> Result<Cluster, KitError> {
+        let mut cluster = Cluster {
+            dir,
+            bindir,
+            clients,
+            user,
+            port: free_port()?,
+            postmaster: None,
+        };
+        cluster.launch_new()?;
+        Ok(cluster)
     }
 
     /// Spawns the postmaster and waits until it accepts connections.
