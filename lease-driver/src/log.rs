@@ -232,29 +232,13 @@ fn log_event(event: &Event, since: u32, host: Option<&str>, observer: bool) {
             run,
             lease,
             holder_pid: pid,
-        } if observer => {
-            lease_event!(
-                info,
-                run,
-                lease,
-                holder_backend_pid = pid,
-                host,
-                "observing the lease; an observer never leads"
-            )
-        }
-        Event::StandingBy {
-            run,
-            lease,
-            holder_pid: pid,
         } => {
-            lease_event!(
-                info,
-                run,
-                lease,
-                holder_backend_pid = pid,
-                host,
+            let what = if observer {
+                "observing the lease; an observer never leads"
+            } else {
                 "lease held elsewhere; standing by"
-            )
+            };
+            lease_event!(info, run, lease, holder_backend_pid = pid, host, "{what}")
         }
         Event::TryFailed { error } => warn!(%error, "lease try failed; verifying held keys"),
         Event::UnknownKeyReleased { key } => warn!(key, "unlocking a key held without a run"),

@@ -134,18 +134,7 @@ impl Cluster {
     ) -> Result<Cluster, KitError> {
         let clients = find_clients(&bindir)?;
         let user = run_as()?;
-        let dir = TempDir::new("lease-pg", user)?;
-        dir.subdir("sock", user)?;
-        let data = dir.path().join("data");
-        run(
-            command_as(&bindir.join("initdb"), user, dir.path())
-                .arg("-D")
-                .arg(&data)
-                .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-                .arg("--no-locale"),
-            "initdb",
-            COMMAND_TIMEOUT,
-        )?;
+        let (dir, data) = init_data(&bindir, user, "lease-pg")?;
         for (file, text) in [
             ("postgresql.conf", format!("{CONFIG}{conf}")),
             ("pg_hba.conf", hba.to_owned()),
@@ -175,16 +164,7 @@ impl Cluster {
                 }
             }
         }
-        let mut cluster = Cluster {
-            dir,
-            bindir,
-            clients,
-            user,
-            port: free_port()?,
-            postmaster: None,
-        };
-        cluster.launch_new()?;
-        Ok(cluster)
+        Cluster::launch_in(dir, bindir, clients, user)
     }
 
     /// Starts a hot standby of this cluster (`pg_basebackup -R` into a new temporary
@@ -216,16 +196,7 @@ impl Cluster {
         } else {
             self.copy_for_standby(dir.path(), &data)?;
         }
-        let mut standby = Cluster {
-            dir,
-            bindir: self.bindir.clone(),
-            clients: self.clients.clone(),
-            user: self.user,
-            port: free_port()?,
-            postmaster: None,
-        };
-        standby.launch_new()?;
-        Ok(standby)
+        Cluster::launch_in(dir, self.bindir.clone(), self.clients.clone(), self.user)
     }
 
     /// A base backup of this running cluster into `data`, set up as a streaming standby of
@@ -476,18 +447,7 @@ impl Cluster {
             )));
         }
         self.shutdown(libc::SIGINT)?;
-        let dir = TempDir::new("lease-pg-upgraded", self.user)?;
-        dir.subdir("sock", self.user)?;
-        let data = dir.path().join("data");
-        run(
-            command_as(&self.bindir.join("initdb"), self.user, dir.path())
-                .arg("-D")
-                .arg(&data)
-                .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-                .arg("--no-locale"),
-            "initdb",
-            COMMAND_TIMEOUT,
-        )?;
+        let (dir, data) = init_data(&self.bindir, self.user, "lease-pg-upgraded")?;
         let (old_port, new_port) = (free_port()?, free_port()?);
         run(
             command_as(&self.bindir.join("pg_upgrade"), self.user, dir.path())
@@ -512,16 +472,7 @@ impl Cluster {
             .open(&conf)
             .and_then(|mut f| f.write_all(CONFIG.as_bytes()))
             .map_err(io_err(format!("writing settings to {}", conf.display())))?;
-        let mut upgraded = Cluster {
-            dir,
-            bindir: self.bindir.clone(),
-            clients: self.clients.clone(),
-            user: self.user,
-            port: free_port()?,
-            postmaster: None,
-        };
-        upgraded.launch_new()?;
-        Ok(upgraded)
+        Cluster::launch_in(dir, self.bindir.clone(), self.clients.clone(), self.user)
     }
 
     /// Freezes the server: SIGSTOP to the postmaster, then to each of its children (the
@@ -630,6 +581,26 @@ impl Cluster {
             name.replace('"', "\"\"")
         ))
         .map(drop)
+    }
+
+    /// The cluster whose data directory `dir` holds (`dir/data`, made ready by the caller),
+    /// run by `bindir`'s server as `user` on a free port: started ([`Cluster::launch_new`]).
+    fn launch_in(
+        dir: TempDir,
+        bindir: PathBuf,
+        clients: PathBuf,
+        user: Option<RunAs>,
+    ) -> Result<Cluster, KitError> {
+        let mut cluster = Cluster {
+            dir,
+            bindir,
+            clients,
+            user,
+            port: free_port()?,
+            postmaster: None,
+        };
+        cluster.launch_new()?;
+        Ok(cluster)
     }
 
     /// Spawns the postmaster and waits until it accepts connections.
@@ -871,6 +842,30 @@ fn find_bindir() -> Result<PathBuf, KitError> {
                     .into(),
             )
         })
+}
+
+/// A new temporary directory (`prefix`, owned by `user`) with its socket directory `sock`
+/// and a data directory `data` made by `bindir`'s `initdb` as every cluster here is: trust
+/// authentication, superuser `postgres`, UTF8, no locale. Returns the directory and the
+/// data directory's path.
+fn init_data(
+    bindir: &Path,
+    user: Option<RunAs>,
+    prefix: &str,
+) -> Result<(TempDir, PathBuf), KitError> {
+    let dir = TempDir::new(prefix, user)?;
+    dir.subdir("sock", user)?;
+    let data = dir.path().join("data");
+    run(
+        command_as(&bindir.join("initdb"), user, dir.path())
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+            .arg("--no-locale"),
+        "initdb",
+        COMMAND_TIMEOUT,
+    )?;
+    Ok((dir, data))
 }
 
 /// The directory of the client programs for a server in `bindir`: `bindir` itself if it has

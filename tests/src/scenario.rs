@@ -718,7 +718,8 @@ impl Admin {
         Ok(Admin { rt, client })
     }
 
-    /// Runs `sql` (simple-query protocol) and returns every row as text columns.
+    /// Runs `sql` (simple-query protocol) and returns every row as text columns
+    /// ([`text_rows`]).
     pub fn rows(&self, sql: &str) -> Result<Vec<Vec<Option<String>>>, KitError> {
         let messages = self
             .rt
@@ -727,17 +728,7 @@ impl Admin {
                 context: format!("admin query {sql:?}"),
                 detail: e.to_string(),
             })?;
-        Ok(messages
-            .into_iter()
-            .filter_map(|m| match m {
-                SimpleQueryMessage::Row(row) => Some(
-                    (0..row.len())
-                        .map(|i| row.get(i).map(str::to_owned))
-                        .collect(),
-                ),
-                _ => None,
-            })
-            .collect())
+        Ok(text_rows(messages))
     }
 
     /// The first column of every row, parsed as `i64` (NULL and non-numbers skipped).
@@ -816,3 +807,19 @@ pub const TRY_PREFIX: &str = "WITH t AS (SELECT pg_catalog.array_agg(k) AS won";
 /// The prefix of a standby's wait on the server (`lease_proto::Statement::Take`, sent
 /// only after a try that lost) and of the watch session's (`lease_proto::Statement::Wait`).
 pub const WAIT_PREFIX: &str = lease_proto::server::WAIT_PRELUDE_SQL;
+
+/// The rows of a simple-query reply as text columns (`None`: NULL), in order; the
+/// command-complete and other messages left out.
+pub fn text_rows(messages: Vec<SimpleQueryMessage>) -> Vec<Vec<Option<String>>> {
+    messages
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(
+                (0..row.len())
+                    .map(|i| row.get(i).map(str::to_owned))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}

@@ -83,15 +83,22 @@ impl Machine {
         }
     }
 
-    /// An observer's read of its keys' holders answered: it proves the
-    /// session as a heartbeat does; each standby records the holder.
-    pub(super) fn look_done(&mut self, now: Instant, sent: Instant, reply: &MembersReply) {
+    /// Whether the session that answered a membership read (a member's or
+    /// an observer's) is this one (same backend pid, same nonce), checked as
+    /// `same_session` checks a heartbeat's; refuses the locker if not.
+    fn members_same_session(&mut self, now: Instant, reply: &MembersReply) -> bool {
         let session = HeartbeatReply {
             backend_pid: reply.backend_pid,
             nonce: reply.nonce,
             server_clock_us: None,
         };
-        if !self.same_session(now, &session) {
+        self.same_session(now, &session)
+    }
+
+    /// An observer's read of its keys' holders answered: it proves the
+    /// session as a heartbeat does; each standby records the holder.
+    pub(super) fn look_done(&mut self, now: Instant, sent: Instant, reply: &MembersReply) {
+        if !self.members_same_session(now, reply) {
             return;
         }
         self.runs.confirm_all(sent);
@@ -123,12 +130,7 @@ impl Machine {
         read: &Read,
         reply: &MembersReply,
     ) {
-        let session = HeartbeatReply {
-            backend_pid: reply.backend_pid,
-            nonce: reply.nonce,
-            server_clock_us: None,
-        };
-        if !self.same_session(now, &session) {
+        if !self.members_same_session(now, reply) {
             return;
         }
         let Some(me) = reply.backend_pid else {

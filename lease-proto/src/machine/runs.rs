@@ -1070,6 +1070,20 @@ mod tests {
         out.take_runs_and_events()
     }
 
+    /// A table whose one run is a standby of lease "a", with what its tests
+    /// start from: no outputs yet, the time now and a's key.
+    fn standby_of_a() -> (RunTable, Outputs, Instant, i64) {
+        let (t, _) = table(&["a"]);
+        (t, Outputs::default(), Instant::now(), lease("a").key())
+    }
+
+    /// A try sent at `sent`, joined by every waiting standby, found `key`
+    /// held by `holder`.
+    fn stand_by(t: &mut RunTable, key: i64, sent: Instant, holder: Option<i64>, out: &mut Outputs) {
+        t.take_try(sent, &[], |_| true);
+        t.not_won(key, holder, out);
+    }
+
     /// `name`'s run tried at `sent` and won with `token`.
     fn lead(t: &mut RunTable, name: &str, sent: Instant, token: i64, out: &mut Outputs) {
         let keys = t.take_try(sent, &[], |_| true);
@@ -1325,9 +1339,7 @@ mod tests {
 
     #[test]
     fn a_reserved_key_is_left_out_of_the_try_until_its_reservation_ends() {
-        let (mut t, _) = table(&["a"]);
-        let now = Instant::now();
-        let a = lease("a").key();
+        let (mut t, _, now, a) = standby_of_a();
         assert!(t.reserve(a, 500, (now, now + WINDOW), u32::MAX));
         assert!(
             !t.reserve(99, 500, (now, now + WINDOW), u32::MAX),
@@ -1347,9 +1359,7 @@ mod tests {
 
     #[test]
     fn a_release_names_its_reservation_and_whether_it_is_recent() {
-        let (mut t, _) = table(&["a"]);
-        let now = Instant::now();
-        let a = lease("a").key();
+        let (mut t, _, now, a) = standby_of_a();
         t.reserve(a, 500, (now, now + WINDOW), 1);
         let recent = Duration::from_millis(500);
         assert_eq!(t.reservations(&[a, 9], now, recent), vec![(a, 500, 1)]);
@@ -1362,9 +1372,7 @@ mod tests {
 
     #[test]
     fn a_declined_win_is_unlocked_and_its_reservation_runs_on() {
-        let (mut t, _) = table(&["a"]);
-        let now = Instant::now();
-        let a = lease("a").key();
+        let (mut t, _, now, a) = standby_of_a();
         t.reserve(a, 500, (now, now + Duration::from_millis(10)), u32::MAX);
         t.take_try(now, &[500], |_| true);
         t.decline(a, now, WINDOW);
@@ -1375,13 +1383,9 @@ mod tests {
 
     #[test]
     fn only_a_graceful_release_close_to_the_win_spares_the_lock_delay() {
-        let (mut t, _) = table(&["a"]);
-        let mut out = Outputs::default();
-        let now = Instant::now();
-        let a = lease("a").key();
+        let (mut t, mut out, now, a) = standby_of_a();
         // The last try saw holder 7.
-        t.take_try(now, &[], |_| true);
-        t.not_won(a, Some(7), &mut out);
+        stand_by(&mut t, a, now, Some(7), &mut out);
         let sent = now + Duration::from_millis(5);
         let released_at = 1_000_000;
         t.released_gracefully(a, now, (Some(released_at), None));
@@ -1408,12 +1412,8 @@ mod tests {
 
     #[test]
     fn a_take_wins_without_the_delay_only_when_the_release_named_its_backend() {
-        let (mut t, _) = table(&["a"]);
-        let mut out = Outputs::default();
-        let now = Instant::now();
-        let a = lease("a").key();
-        t.take_try(now, &[], |_| true);
-        t.not_won(a, Some(7), &mut out);
+        let (mut t, mut out, now, a) = standby_of_a();
+        stand_by(&mut t, a, now, Some(7), &mut out);
         assert!(t.take_wait(a));
         assert!(!t.take_wait(a), "already taking");
         let token = 1_000_000 + 1_000;
@@ -1428,17 +1428,12 @@ mod tests {
 
     #[test]
     fn a_standby_logs_a_holder_once_until_it_changes() {
-        let (mut t, _) = table(&["a"]);
-        let mut out = Outputs::default();
-        let now = Instant::now();
-        let a = lease("a").key();
+        let (mut t, mut out, now, a) = standby_of_a();
         for _ in 0..3 {
-            t.take_try(now, &[], |_| true);
-            t.not_won(a, Some(7), &mut out);
+            stand_by(&mut t, a, now, Some(7), &mut out);
         }
         assert_eq!(drain(&mut out).1.len(), 1, "one StandingBy for holder 7");
-        t.take_try(now, &[], |_| true);
-        t.not_won(a, Some(8), &mut out);
+        stand_by(&mut t, a, now, Some(8), &mut out);
         assert!(matches!(
             drain(&mut out).1[..],
             [Event::StandingBy {
@@ -1452,18 +1447,14 @@ mod tests {
 
     #[test]
     fn a_priority_standby_asks_a_holder_less_and_less_often_then_stops() {
-        let (mut t, _) = table(&["a"]);
-        let mut out = Outputs::default();
-        let now = Instant::now();
-        let a = lease("a").key();
+        let (mut t, mut out, now, a) = standby_of_a();
         let again = Duration::from_secs(1);
         assert_eq!(
             t.take_preference(now, Some(8), again),
             None,
             "no holder seen yet"
         );
-        t.take_try(now, &[], |_| true);
-        t.not_won(a, Some(7), &mut out);
+        stand_by(&mut t, a, now, Some(7), &mut out);
         assert_eq!(t.take_preference(now, Some(8), again), Some(a));
         assert_eq!(
             t.take_preference(now, Some(8), again),
@@ -1485,8 +1476,7 @@ mod tests {
         );
         // Not the holder itself.
         let (mut t, _) = table(&["b"]);
-        t.take_try(now, &[], |_| true);
-        t.not_won(lease("b").key(), Some(8), &mut out);
+        stand_by(&mut t, lease("b").key(), now, Some(8), &mut out);
         assert_eq!(t.take_preference(now, Some(8), again), None);
     }
 

@@ -33,6 +33,23 @@ fn query(m: &mut Machine) -> (QueryId, Statement) {
     last.expect("a statement was sent")
 }
 
+/// The last statement sent, which must be a try: its query, its keys and
+/// the session it names, as a [`TryReply`] carries it back.
+fn try_query(m: &mut Machine) -> (QueryId, Vec<i64>, (i64, Option<i64>)) {
+    let (
+        q,
+        Statement::TryLock {
+            keys,
+            backend_pid,
+            nonce,
+        },
+    ) = query(m)
+    else {
+        panic!("expected a try");
+    };
+    (q, keys, (backend_pid, Some(nonce)))
+}
+
 #[test]
 fn the_timeout_reason_follows_the_state() {
     let opts = Options::default();
@@ -63,20 +80,10 @@ fn the_timeout_reason_follows_the_state() {
             result: Ok(vec![]),
         },
     );
-    let (
-        q,
-        Statement::TryLock {
-            keys,
-            backend_pid,
-            nonce,
-        },
-    ) = query(&mut m)
-    else {
-        panic!("expected a try");
-    };
+    let (q, keys, session) = try_query(&mut m);
     let won = TryReply {
         won: vec![(keys[0], 99)],
-        session: Some((backend_pid, Some(nonce))),
+        session: Some(session),
         ..TryReply::default()
     };
     let result = Ok(won.to_rows());
@@ -136,20 +143,10 @@ fn a_standby_shows_the_holder_its_last_try_saw() {
     );
     let standby = |m: &Machine| m.status().leases[0].state.clone();
     assert_eq!(standby(&m), LeaseState::Standby { holder_pid: None });
-    let (
-        q,
-        Statement::TryLock {
-            keys,
-            backend_pid,
-            nonce,
-        },
-    ) = query(&mut m)
-    else {
-        panic!("expected a try");
-    };
+    let (q, keys, session) = try_query(&mut m);
     let held = TryReply {
         not_won: vec![(keys[0], Some(4242))],
-        session: Some((backend_pid, Some(nonce))),
+        session: Some(session),
         ..TryReply::default()
     };
     m.handle_input(

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use super::net::{ToClient, ToServer};
 use super::{DriverBug, Ev, Sim, TraceEvent, Violation};
 use crate::{
-    server::HANDOVER_CHANNEL, Input, JobExit, LeaseId, Machine, Outcome, Output, RunCommand, RunId,
-    SessionCommand, SessionId, Statement,
+    server::HANDOVER_CHANNEL, Input, JobExit, LeaseId, Machine, Outcome, Output, QueryId,
+    RunCommand, RunId, SessionCommand, SessionId, Statement,
 };
 
 /// Wake-ups in a row that find the next deadline already due before the
@@ -285,15 +285,43 @@ impl Sim {
         self.queue.push(at, Ev::Deadline(p, gen));
     }
 
+    /// Opens a connection of process `p`: the next connection id, sent to
+    /// the server with `settings` as its startup settings; returns the id.
+    fn connect(&mut self, p: usize, settings: Vec<(&'static str, String)>) -> u64 {
+        self.next_conn += 1;
+        let conn = self.next_conn;
+        self.send(p, Ev::AtServer(p, ToServer::Connect { conn, settings }));
+        conn
+    }
+
+    /// Sends process `p`'s `statement` on `slot`, the session and connection
+    /// it names (the lease session's or the watch session's); a statement
+    /// for a connection not open is dropped, as a closed socket drops it.
+    fn query_on(
+        &mut self,
+        p: usize,
+        slot: Option<(SessionId, u64)>,
+        query: QueryId,
+        statement: Statement,
+    ) {
+        let Some((_, conn)) = slot else {
+            return;
+        };
+        let msg = ToServer::Query {
+            conn,
+            query,
+            statement,
+        };
+        self.send(p, Ev::AtServer(p, msg));
+    }
+
     fn session_command(&mut self, p: usize, cmd: SessionCommand) {
         match cmd {
             SessionCommand::Open { session, params } => {
-                self.next_conn += 1;
-                let conn = self.next_conn;
-                self.procs[p].conn = Some((session, conn));
                 let settings = params.startup_settings;
                 self.procs[p].settings = settings.clone();
-                self.send(p, Ev::AtServer(p, ToServer::Connect { conn, settings }));
+                let conn = self.connect(p, settings);
+                self.procs[p].conn = Some((session, conn));
             }
             SessionCommand::Query { query, statement } => {
                 if let Statement::Release { keys, .. } = &statement {
@@ -308,15 +336,7 @@ impl Sim {
                         }
                     }
                 }
-                let Some((_, conn)) = self.procs[p].conn else {
-                    return;
-                };
-                let msg = ToServer::Query {
-                    conn,
-                    query,
-                    statement,
-                };
-                self.send(p, Ev::AtServer(p, msg));
+                self.query_on(p, self.procs[p].conn, query, statement);
             }
             SessionCommand::Probe { query, statement } => {
                 let Some((_, conn)) = self.procs[p].conn else {
@@ -330,11 +350,9 @@ impl Sim {
                 self.send(p, Ev::AtServer(p, msg));
             }
             SessionCommand::OpenWatch { session } => {
-                self.next_conn += 1;
-                let conn = self.next_conn;
-                self.procs[p].watch = Some((session, conn));
                 let settings = self.procs[p].settings.clone();
-                self.send(p, Ev::AtServer(p, ToServer::Connect { conn, settings }));
+                let conn = self.connect(p, settings);
+                self.procs[p].watch = Some((session, conn));
             }
             SessionCommand::WatchQuery {
                 session,
@@ -348,15 +366,8 @@ impl Sim {
                         statement: format!("{statement:?}"),
                     });
                 }
-                let Some((_, conn)) = self.procs[p].watch.filter(|(s, _)| *s == session) else {
-                    return;
-                };
-                let msg = ToServer::Query {
-                    conn,
-                    query,
-                    statement,
-                };
-                self.send(p, Ev::AtServer(p, msg));
+                let watch = self.procs[p].watch.filter(|(s, _)| *s == session);
+                self.query_on(p, watch, query, statement);
             }
             SessionCommand::CloseWatch { session } => {
                 if self.cfg.bug == Some(DriverBug::IgnoreCloseSession) {

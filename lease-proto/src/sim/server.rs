@@ -267,6 +267,22 @@ pub(super) struct Waiter {
     pub(super) watch_of: Option<i64>,
 }
 
+impl Waiter {
+    /// The reply the client gets when the wait's statement answers with
+    /// `rows` (woken, or its lock timeout caught): the fault drawn for it
+    /// applied as to any wait's reply.
+    fn reply(&self, rows: Vec<Row>) -> Result<Vec<Row>, SessionError> {
+        let wait = Statement::Wait {
+            key: self.key,
+            timeout_ms: 0,
+            crowd: None,
+            watch_of: None,
+        };
+        let (result, _) = self.injected.reply(&wait, Ok(rows), Vec::new());
+        result
+    }
+}
+
 /// A queued wait the server answers now (see [`Server::woken`]).
 #[derive(Debug)]
 pub(super) struct Woken {
@@ -589,19 +605,9 @@ impl Server {
         self.sessions.get(&conn).map(|s| s.p)
     }
 
-    /// A connection attempt: the session, or the error the client gets.
-    pub(super) fn connect(
-        &mut self,
-        conn: u64,
-        p: usize,
-        settings: &[(&'static str, String)],
-        now: Duration,
-    ) -> Result<(), SessionError> {
-        let refuse = |code: &str, m: &str| SessionError {
-            code: Some(code.into()),
-            message: m.into(),
-            config: false,
-        };
+    /// The checks every new backend passes first, a session's or a probe's:
+    /// the server is up and authentication does not fail.
+    fn admit(&self) -> Result<(), SessionError> {
         if !self.up {
             return Err(refuse("08006", "connection refused"));
         }
@@ -611,6 +617,18 @@ impl Server {
                 "password authentication failed for user \"sim\"",
             ));
         }
+        Ok(())
+    }
+
+    /// A connection attempt: the session, or the error the client gets.
+    pub(super) fn connect(
+        &mut self,
+        conn: u64,
+        p: usize,
+        settings: &[(&'static str, String)],
+        now: Duration,
+    ) -> Result<(), SessionError> {
+        self.admit()?;
         if self.cfg.pooler && self.cfg.pooler_rejects_options && !settings.is_empty() {
             return Err(refuse("08P01", "unsupported startup parameter: options"));
         }
@@ -656,20 +674,7 @@ impl Server {
     /// backend, or behind [`ServerConfig::pooler_one_backend`] on the one
     /// shared backend, whose nonce is whatever a setup set last.
     pub(super) fn probe(&mut self, statement: &Statement) -> Result<Vec<Row>, SessionError> {
-        let refuse = |code: &str, m: &str| SessionError {
-            code: Some(code.into()),
-            message: m.into(),
-            config: false,
-        };
-        if !self.up {
-            return Err(refuse("08006", "connection refused"));
-        }
-        if self.auth_failing > 0 {
-            return Err(refuse(
-                "28P01",
-                "password authentication failed for user \"sim\"",
-            ));
-        }
+        self.admit()?;
         if !matches!(statement, Statement::Heartbeat) {
             return Err(refuse(
                 "0A000",
@@ -1546,13 +1551,7 @@ impl Sim {
                     self.schedule(self.now + after, terminate);
                 }
             }
-            let wait = Statement::Wait {
-                key: w.key,
-                timeout_ms: 0,
-                crowd: None,
-                watch_of: None,
-            };
-            let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
+            let result = w.reply(rows);
             let done = runs_at + self.server.slow;
             self.server.unblocked(w.conn, done);
             self.arm_idle(w.conn);
@@ -1570,13 +1569,7 @@ impl Sim {
         let Some(rows) = rows else {
             return;
         };
-        let wait = Statement::Wait {
-            key: w.key,
-            timeout_ms: 0,
-            crowd: None,
-            watch_of: None,
-        };
-        let (result, _) = w.injected.reply(&wait, Ok(rows), Vec::new());
+        let result = w.reply(rows);
         self.server.unblocked(conn, self.now);
         self.arm_idle(conn);
         self.reply_at(w.p, conn, query, self.now, result);
@@ -1787,6 +1780,16 @@ fn unknown_setting(version: i64, settings: &[(&'static str, String)]) -> Option<
         .iter()
         .map(|(name, _)| *name)
         .find(|name| *name == "idle_session_timeout" && version < 140_000)
+}
+
+/// The error of a connection or probe the server refuses: SQLSTATE `code`
+/// with `message`.
+fn refuse(code: &str, message: &str) -> SessionError {
+    SessionError {
+        code: Some(code.into()),
+        message: message.into(),
+        config: false,
+    }
 }
 
 /// PostgreSQL's error for a setting it does not know, at startup or in `set_config`.

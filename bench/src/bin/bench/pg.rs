@@ -3,6 +3,7 @@
 //! measures the round trip and the server's work, not cross-thread wake-ups.
 
 use crate::R;
+use lease_tests::scenario::text_rows;
 use std::time::Instant;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
@@ -31,23 +32,13 @@ impl Pg {
         Ok(Pg { rt, client })
     }
 
-    /// Every row of `sql` (simple-query protocol) as text columns.
+    /// Every row of `sql` (simple-query protocol) as text columns ([`text_rows`]).
     pub fn rows(&self, sql: &str) -> R<Vec<Vec<Option<String>>>> {
         let messages = self
             .rt
             .block_on(self.client.simple_query(sql))
             .map_err(|e| format!("query {sql:?}: {e}"))?;
-        Ok(messages
-            .into_iter()
-            .filter_map(|m| match m {
-                SimpleQueryMessage::Row(row) => Some(
-                    (0..row.len())
-                        .map(|i| row.get(i).map(str::to_owned))
-                        .collect(),
-                ),
-                _ => None,
-            })
-            .collect())
+        Ok(text_rows(messages))
     }
 
     /// The first column of the first row.

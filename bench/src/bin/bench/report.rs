@@ -127,17 +127,7 @@ fn median_gap(c: &Cell) -> f64 {
 }
 
 fn gap_text(c: &Cell, window: Duration) -> String {
-    let mut text = match dist(&gaps(c)) {
-        Some(d) => format!(
-            "{}: {} / {} / {} / {}",
-            d.n,
-            num(d.median),
-            num(d.p90),
-            num(d.p99),
-            num(d.max)
-        ),
-        None => String::new(),
-    };
+    let mut text = dist_text(&gaps(c));
     let none = c.reps.iter().filter(|r| r.gap_ns.is_none()).count();
     if none > 0 {
         if !text.is_empty() {
