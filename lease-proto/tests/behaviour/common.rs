@@ -99,6 +99,29 @@ pub fn handed_over_job_returns(h: &mut Harness, run: RunId) {
     h.released();
 }
 
+/// The job of `run` returns; its run future is dropped while the release of its key is in
+/// flight (the driver's guard reports `Abandoned`); the release is answered: the run must
+/// finish `Abandoned` then.
+pub fn job_returns_then_run_dropped_mid_release(h: &mut Harness, run: RunId) {
+    h.input(Input::JobExited {
+        run,
+        exit: JobExit::Ok,
+    });
+    assert!(matches!(h.statement(), Statement::Release { .. }));
+    h.input(Input::JobExited {
+        run,
+        exit: JobExit::Abandoned,
+    });
+    let cmds = h.released();
+    assert!(
+        has(&cmds, |c| matches!(
+            c,
+            Command::FinishRun { run: r, outcome: Outcome::Abandoned } if *r == run
+        )),
+        "the dropped run did not finish Abandoned: {cmds:?}"
+    );
+}
+
 /// Answers every statement of a standby that holds nothing and wins
 /// nothing for `d`; returns the statements sent.
 pub fn standby_at_rest(h: &mut Harness, d: Duration) -> Vec<Statement> {

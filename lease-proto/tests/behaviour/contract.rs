@@ -320,23 +320,7 @@ fn a_query_timeout_closes_the_session_and_backs_off() {
 fn a_run_dropped_after_its_job_returned_ends_abandoned() {
     let mut h = harness(opts());
     let run = started(&mut h, "a", 900);
-    h.input(Input::JobExited {
-        run,
-        exit: JobExit::Ok,
-    });
-    assert!(matches!(h.statement(), Statement::Release { .. }));
-    h.input(Input::JobExited {
-        run,
-        exit: JobExit::Abandoned,
-    });
-    let cmds = h.released();
-    assert!(
-        has(&cmds, |c| matches!(
-            c,
-            Command::FinishRun { run: r, outcome: Outcome::Abandoned } if *r == run
-        )),
-        "{cmds:?}"
-    );
+    job_returns_then_run_dropped_mid_release(&mut h, run);
 }
 
 #[test]

@@ -379,24 +379,7 @@ fn a_run_dropped_while_its_handed_over_key_is_released_finishes_abandoned() {
     request(&mut h, "a", 99);
     let cmds = h.check_answered(7, &[(1, 99)]);
     assert!(handed_over(&cmds), "{cmds:?}");
-    h.input(Input::JobExited {
-        run,
-        exit: JobExit::Ok,
-    });
-    assert!(matches!(h.statement(), Statement::Release { .. }));
-    // The embedder drops the run future now (the driver's guard reports it).
-    h.input(Input::JobExited {
-        run,
-        exit: JobExit::Abandoned,
-    });
-    let cmds = h.released();
-    assert!(
-        has(&cmds, |c| matches!(
-            c,
-            Command::FinishRun { run: r, outcome: Outcome::Abandoned } if *r == run
-        )),
-        "the dropped run did not finish: {cmds:?}"
-    );
+    job_returns_then_run_dropped_mid_release(&mut h, run);
     let tries = tries_within(&mut h, opts().query_timeout * 2 + opts().retry_interval * 4);
     assert!(tries.is_empty(), "a dropped run tried again: {tries:?}");
 }
