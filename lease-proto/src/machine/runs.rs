@@ -324,10 +324,12 @@ impl RunTable {
     }
 
     /// Whether any run needs the session: a standby (while the machine takes
-    /// new work, `open`), a leader, or a release.
+    /// new work, `open`), a leader, a release, or a lost run whose key a
+    /// verify found held (closing the session would free the key while the
+    /// cancelled job still runs; it is unlocked once the job returned).
     pub(super) fn need_session(&self, open: bool) -> bool {
         self.runs.values().any(|r| match &r.state {
-            RunState::Stopping(Stopping::Lost { .. }) => false,
+            RunState::Stopping(Stopping::Lost { .. }) => self.held_lost.contains(&r.lease.key()),
             RunState::Standby(s) if s.step == StandbyStep::Waiting => open,
             RunState::Standby(_)
             | RunState::Leading(_)

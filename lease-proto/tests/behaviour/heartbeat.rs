@@ -4,7 +4,8 @@
 
 use crate::common::*;
 use lease_proto::limits::*;
-use lease_proto::sim::Command;
+use lease_proto::reply::TryReply;
+use lease_proto::sim::{Command, Harness};
 use lease_proto::*;
 use std::time::Duration;
 
@@ -132,4 +133,87 @@ fn a_holders_try_confirms_its_leases_as_a_heartbeat_does() {
     assert_eq!(h.statement(), Statement::Heartbeat);
     let validity = opts().validity_window();
     assert_eq!(h.machine().valid_until(run), Some(sent + validity));
+}
+
+/// Answers heartbeats and verifies (showing `held`) until a try is in flight.
+fn until_try(h: &mut Harness, held: &[i64]) {
+    for _ in 0..10_000 {
+        match h.in_flight().map(|(_, s)| s.clone()) {
+            Some(Statement::TryLock { .. }) => return,
+            Some(Statement::Heartbeat | Statement::Verify) => {
+                h.advance(ms(1));
+                h.heartbeat(7, held);
+            }
+            Some(s) => panic!("unexpected {s:?}"),
+            None => {
+                h.advance(ms(10));
+            }
+        }
+    }
+    panic!("no try");
+}
+
+/// A run lost by a verify that did not show its key, whose key a later verify shows
+/// held (a server that contradicts itself): the key stays locked, the session open,
+/// until the cancelled job returns; then it is unlocked. Closing the idle session
+/// would free the key while the job still runs.
+#[test]
+fn a_key_a_verify_finds_held_by_a_lost_run_stays_locked_until_its_job_returns() {
+    let mut h = harness(polling());
+    let a = h.run(lease("a"));
+    let b = h.run(lease("b"));
+    h.connect(7);
+    let (ka, kb) = (key("a"), key("b"));
+    // One try of both: a won, b held by another backend.
+    let rows = TryReply {
+        won: vec![(ka, 900)],
+        not_won: vec![(kb, Some(99))],
+        untrusted: false,
+        session: Some((7, h.nonce())),
+    }
+    .to_rows();
+    h.reply(rows);
+    let at = h.machine().poll_timeout().unwrap();
+    let cmds = h.advance(at.saturating_duration_since(h.now()));
+    assert!(
+        has(
+            &cmds,
+            |c| matches!(c, Command::StartJob { run, .. } if *run == a)
+        ),
+        "{cmds:?}"
+    );
+    // b's next try fails: a verify is owed. It does not show a's key: a is lost.
+    until_try(&mut h, &[ka]);
+    h.fail(boom("XX000"));
+    assert_eq!(h.statement(), Statement::Verify);
+    let cmds = h.heartbeat(7, &[]);
+    assert!(
+        has(
+            &cmds,
+            |c| matches!(c, Command::CancelJob { run, .. } if *run == a)
+        ),
+        "{cmds:?}"
+    );
+    // b's next try fails again; this verify shows a's key held.
+    until_try(&mut h, &[]);
+    h.fail(boom("XX000"));
+    assert_eq!(h.statement(), Statement::Verify);
+    h.heartbeat(7, &[ka]);
+    // b is shut down: no run needs the session but for a's key, held while a's
+    // cancelled job runs.
+    let cmds = h.input(Input::Shutdown { run: b });
+    assert!(
+        !has(&cmds, |c| matches!(c, Command::CloseSession { .. })),
+        "the session (holding a's key) was closed while a's cancelled job still runs: {cmds:?}"
+    );
+    // a's job returns: its key is unlocked, then the idle session closes.
+    h.input(Input::JobExited {
+        run: a,
+        exit: JobExit::Ok,
+    });
+    assert!(
+        matches!(h.statement(), Statement::Release { keys, .. } if keys == vec![ka]),
+        "{:?}",
+        h.statement()
+    );
 }
