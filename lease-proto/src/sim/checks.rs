@@ -130,8 +130,9 @@ pub enum Violation {
         lease: String,
         /// The outcome the run finished with.
         got: Outcome,
-        /// The outcome of the job that returned by itself while leading, if
-        /// one did.
+        /// The outcome the contract gives: `Abandoned` for a run whose
+        /// future was dropped, else that of the job that returned by itself
+        /// while leading, if one did.
         expected: Option<Outcome>,
     },
     /// A run of a live process never finished, though the simulation closed

@@ -528,7 +528,11 @@ impl Sim {
                         process: p,
                         lease: name.clone(),
                         got: outcome.clone(),
-                        expected,
+                        expected: if dropped {
+                            Some(Outcome::Abandoned)
+                        } else {
+                            expected
+                        },
                     });
                 }
                 self.trace(

@@ -458,6 +458,19 @@ fn client_fault(processes: usize) -> impl Strategy<Value = Fault> {
     ]
 }
 
+/// What an embedder and an operator do beside the client faults: a run
+/// future dropped (a `select!`, a timeout, a task abort) and a hand-over
+/// asked for (`lease handover`), at any moment: while a run stands by,
+/// leads, or releases its key after a hand-over.
+fn embedder_fault(processes: usize) -> impl Strategy<Value = Fault> {
+    let p = 0..processes;
+    prop_oneof![
+        3 => client_fault(processes),
+        1 => (p.clone(), 0..3usize).prop_map(|(process, lease)| Fault::Abandon { process, lease }),
+        1 => (0..3usize, p).prop_map(|(lease, to)| Fault::RequestHandover { lease, to }),
+    ]
+}
+
 fn any_fault(processes: usize) -> impl Strategy<Value = Fault> {
     let p = 0..processes;
     prop_oneof![
@@ -511,7 +524,9 @@ fn fault_process(f: &Fault) -> Option<usize> {
         | Fault::Freeze { process, .. }
         | Fault::Delay { process, .. }
         | Fault::Crash { process, .. }
-        | Fault::Terminate { process } => Some(*process),
+        | Fault::Terminate { process }
+        | Fault::Abandon { process, .. }
+        | Fault::RequestHandover { to: process, .. } => Some(*process),
         _ => None,
     }
 }
@@ -722,6 +737,16 @@ proptest! {
     /// the guard on or off.
     #[test]
     fn strong_safety_contract_and_no_leaks(case in case(guard(), client_fault(4).boxed())) {
+        strong_safety(&case, None)?;
+    }
+
+    /// The same with runs dropped and hand-overs asked for among the client
+    /// faults: a dropped run never starts a job and ends `Abandoned`, its key
+    /// released; a hand-over starts no second job.
+    #[test]
+    fn strong_safety_contract_and_no_leaks_with_dropped_runs_and_hand_overs(
+        case in case(guard(), embedder_fault(4).boxed())
+    ) {
         strong_safety(&case, None)?;
     }
 
