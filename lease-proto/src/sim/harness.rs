@@ -300,7 +300,18 @@ impl Harness {
         let opts = self.machine.options();
         let ist = opts.guard_timeout().as_millis() as i64;
         let tcp = opts.tcp_settings().map(|(_, v)| Some(v));
-        self.reply(reply::setup(150_000, false, pid, ist, tcp, Some(nonce)));
+        // Not promoted, no server clock.
+        let promotion = Default::default();
+        self.reply(reply::setup(
+            150_000,
+            false,
+            pid,
+            ist,
+            tcp,
+            Some(nonce),
+            promotion,
+            None,
+        ));
         nonce
     }
 

@@ -276,15 +276,7 @@ impl Observer {
                 query,
                 statement,
             } => {
-                if self.watch != Some(*session) {
-                    return Err(ObserverViolation::QueryWithoutSession { query: *query });
-                }
-                if let Some(q) = self.watch_inflight {
-                    return Err(ObserverViolation::QueryInFlight {
-                        query: *query,
-                        in_flight: q,
-                    });
-                }
+                one_in_flight(self.watch == Some(*session), self.watch_inflight, *query)?;
                 if !matches!(statement, Statement::Wait { .. }) {
                     let query = Some(*query);
                     return Err(ObserverViolation::WatchNotAWait { query });
@@ -292,27 +284,11 @@ impl Observer {
                 self.watch_inflight = Some(*query);
             }
             SessionCommand::Probe { query, .. } => {
-                if self.session.is_none() {
-                    return Err(ObserverViolation::QueryWithoutSession { query: *query });
-                }
-                if let Some(q) = self.inflight {
-                    return Err(ObserverViolation::QueryInFlight {
-                        query: *query,
-                        in_flight: q,
-                    });
-                }
+                one_in_flight(self.session.is_some(), self.inflight, *query)?;
                 self.inflight = Some(*query);
             }
             SessionCommand::Query { query, statement } => {
-                if self.session.is_none() {
-                    return Err(ObserverViolation::QueryWithoutSession { query: *query });
-                }
-                if let Some(q) = self.inflight {
-                    return Err(ObserverViolation::QueryInFlight {
-                        query: *query,
-                        in_flight: q,
-                    });
-                }
+                one_in_flight(self.session.is_some(), self.inflight, *query)?;
                 self.inflight = Some(*query);
                 let running = |k: &i64| self.jobs.values().any(|j| j == k);
                 match statement {
@@ -387,6 +363,23 @@ impl Observer {
             Some(d) if d < latest => Err(ObserverViolation::DeadlineInPast { by: latest - d }),
             _ => Ok(()),
         }
+    }
+}
+
+/// The rule for a statement `query` sent on a session (the session or the
+/// watch session): the session is `open`, and `in_flight` (its statement in
+/// flight) is none.
+fn one_in_flight(
+    open: bool,
+    in_flight: Option<QueryId>,
+    query: QueryId,
+) -> Result<(), ObserverViolation> {
+    if !open {
+        return Err(ObserverViolation::QueryWithoutSession { query });
+    }
+    match in_flight {
+        Some(in_flight) => Err(ObserverViolation::QueryInFlight { query, in_flight }),
+        None => Ok(()),
     }
 }
 

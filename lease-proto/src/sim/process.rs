@@ -578,15 +578,13 @@ impl Sim {
         }
         proc_.jobs.remove(&run);
         let exit = JobExit::Abandoned;
-        self.trace(
-            Some(p),
-            TraceEvent::JobExited {
-                run,
-                lease: name,
-                exit,
-            },
-        );
+        self.trace_job_exit(p, run, name, exit);
         self.input(p, Input::JobExited { run, exit });
+    }
+
+    /// Traces the exit of process `p`'s job of `run`, under the lease `lease`.
+    fn trace_job_exit(&mut self, p: usize, run: RunId, lease: String, exit: JobExit) {
+        self.trace(Some(p), TraceEvent::JobExited { run, lease, exit });
     }
 
     /// A job's exit (by itself or after its cancellation) arrives at `p`.
@@ -618,14 +616,7 @@ impl Sim {
             };
             proc_.expect.insert(run, outcome);
         }
-        self.trace(
-            Some(p),
-            TraceEvent::JobExited {
-                run,
-                lease: name,
-                exit,
-            },
-        );
+        self.trace_job_exit(p, run, name, exit);
         if j.reported || self.cfg.bug == Some(DriverBug::LoseJobExits) {
             return;
         }
@@ -650,11 +641,7 @@ impl Sim {
             ToClient::Failed { conn: c, error } | ToClient::Ended { conn: c, error }
                 if c == conn =>
             {
-                self.procs[p].conn = None;
-                Input::SessionEnded {
-                    session,
-                    error: Some(error),
-                }
+                ended(&mut self.procs[p].conn, session, error)
             }
             ToClient::Reply {
                 conn: c,
@@ -667,13 +654,7 @@ impl Sim {
                 // reply the server sent just before it ended the session
                 // (a "won" of a try answered before a terminate) must not
                 // start a job on a session already known to be gone.
-                Some(error) => {
-                    self.procs[p].conn = None;
-                    Input::SessionEnded {
-                        session,
-                        error: Some(error),
-                    }
-                }
+                Some(error) => ended(&mut self.procs[p].conn, session, error),
                 None => Input::Reply { query, result },
             },
             ToClient::Notify {
@@ -695,20 +676,10 @@ impl Sim {
         let input = match msg {
             ToClient::Connected { .. } => Input::SessionOpened { session },
             ToClient::Failed { error, .. } | ToClient::Ended { error, .. } => {
-                self.procs[p].watch = None;
-                Input::SessionEnded {
-                    session,
-                    error: Some(error),
-                }
+                ended(&mut self.procs[p].watch, session, error)
             }
             ToClient::Reply { query, result, .. } => match self.take_arrived_end(p, conn) {
-                Some(error) => {
-                    self.procs[p].watch = None;
-                    Input::SessionEnded {
-                        session,
-                        error: Some(error),
-                    }
-                }
+                Some(error) => ended(&mut self.procs[p].watch, session, error),
                 None => Input::Reply { query, result },
             },
             ToClient::Notify { .. } => return,
@@ -729,5 +700,20 @@ impl Sim {
             Ev::AtClient(_, ToClient::Ended { error, .. }) => Some(error),
             _ => None,
         }
+    }
+}
+
+/// The end of a session or watch session of a process, from its connection
+/// `slot` (`Proc::conn` or `Proc::watch`): the slot is emptied, and the input
+/// reports the end with `error`.
+fn ended(
+    slot: &mut Option<(SessionId, u64)>,
+    session: SessionId,
+    error: crate::SessionError,
+) -> Input {
+    *slot = None;
+    Input::SessionEnded {
+        session,
+        error: Some(error),
     }
 }

@@ -35,31 +35,10 @@ pub(super) mod reply {
     };
 
     /// `Setup`: version, recovery, backend pid, `idle_session_timeout` (ms),
-    /// the TCP settings (in the order of `TCP_SETTINGS`) and the nonce.
+    /// the TCP settings (in the order of `TCP_SETTINGS`), the nonce, what the
+    /// server shows of its promotion and its clock (µs).
+    #[allow(clippy::too_many_arguments)] // The reply's fields.
     pub(crate) fn setup(
-        version: i64,
-        standby: bool,
-        pid: i64,
-        idle_ms: i64,
-        tcp_settings: [Option<i64>; 4],
-        nonce: Option<i64>,
-    ) -> Vec<Row> {
-        setup_promoted(
-            version,
-            standby,
-            pid,
-            idle_ms,
-            tcp_settings,
-            nonce,
-            Default::default(),
-            None,
-        )
-    }
-
-    /// [`setup`], with what the server shows of its promotion and its clock
-    /// (µs).
-    #[allow(clippy::too_many_arguments)] // The reply's fields, as `setup`'s.
-    pub(crate) fn setup_promoted(
         version: i64,
         standby: bool,
         pid: i64,
@@ -777,7 +756,7 @@ impl Server {
                 let s = self.sessions.get(&conn)?;
                 let standby = self.cfg.standby;
                 let clock = Some(self.clock_now(now) - crate::sql::TOKEN_CLOCK_OFFSET);
-                reply::setup_promoted(
+                reply::setup(
                     self.cfg.version,
                     standby,
                     pid,

@@ -52,6 +52,7 @@
 //! Built with the crate's `metrics` feature, it installs a Prometheus recorder (never
 //! scraped) and its drivers record their metrics into it.
 
+use std::convert::Infallible;
 use std::fmt::Display;
 use std::future::Future;
 use std::io::Write;
@@ -268,11 +269,7 @@ fn kind(reason: &Reason) -> &'static str {
 
 /// The job: tick (checking validity before each "side effect") until cancelled or done.
 /// Both drivers hand out the driver core's `Lease`.
-async fn job<S, F>(
-    lease: lease_tokio::Lease,
-    cfg: JobConfig,
-    sleep: S,
-) -> Result<(), std::convert::Infallible>
+async fn job<S, F>(lease: lease_tokio::Lease, cfg: JobConfig, sleep: S) -> Result<(), Infallible>
 where
     S: Fn(Duration) -> F,
     F: Future<Output = ()> + Send,
@@ -361,6 +358,52 @@ impl StatusPrinter {
                     ));
                 }
             }
+        }
+    }
+}
+
+/// Prints `pid` and `valid` lines from `status()` every `every`, forever (both drivers'
+/// pollers; `sleep` is the runtime's).
+async fn poll_status<S, F>(status: impl Fn() -> Status, every: Duration, sleep: S)
+where
+    S: Fn(Duration) -> F,
+    F: Future<Output = ()>,
+{
+    let mut printer = StatusPrinter::default();
+    loop {
+        printer.show(&status());
+        sleep(every).await;
+    }
+}
+
+/// One run of the replica, on either driver (both lockers are the driver core's; `sleep`
+/// is the runtime's): after `after`, the job on the lease `name`, in `--group` if given,
+/// until the shutdown signal.
+fn replica_run<A, S, F>(
+    args: &Args,
+    locker: &lease_driver::Locker<A>,
+    name: &str,
+    after: Duration,
+    shutdown: watch::Receiver<bool>,
+    sleep: S,
+) -> impl Future<Output = Result<(), lease_driver::RunError<Infallible>>>
+where
+    S: Fn(Duration) -> F + Copy,
+    F: Future<Output = ()> + Send,
+{
+    let (locker, group, name, cfg) = (
+        locker.clone(),
+        args.group.clone(),
+        name.to_owned(),
+        args.job,
+    );
+    async move {
+        sleep(after).await;
+        let signal = wait_shutdown(shutdown);
+        let job = move |lease| job(lease, cfg, sleep);
+        match group {
+            Some(g) => locker.group(&g).run_until(&name, signal, job).await,
+            None => locker.run_until(&name, signal, job).await,
         }
     }
 }
@@ -469,36 +512,17 @@ fn tokio_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Stri
         }
         .map_err(|e| e.to_string())?;
         out(format_args!("ready {}", monotonic_nanos()));
+        let sleep = tokio::time::sleep;
         let poller = args.status_poll.map(|every| {
             let locker = locker.clone();
-            tokio::spawn(async move {
-                let mut printer = StatusPrinter::default();
-                loop {
-                    printer.show(&locker.status());
-                    tokio::time::sleep(every).await;
-                }
-            })
+            tokio::spawn(poll_status(move || locker.status(), every, sleep))
         });
-        let cfg = args.job;
         let runs: Vec<_> = args
             .names()
             .into_iter()
             .map(|(name, after)| {
-                let (locker, shutdown) = (locker.clone(), shutdown.clone());
-                let group = args.group.clone();
-                let run = tokio::spawn({
-                    let name = name.clone();
-                    async move {
-                        tokio::time::sleep(after).await;
-                        let signal = wait_shutdown(shutdown);
-                        let job = move |lease| job(lease, cfg, tokio::time::sleep);
-                        match group {
-                            Some(g) => locker.group(&g).run_until(&name, signal, job).await,
-                            None => locker.run_until(&name, signal, job).await,
-                        }
-                    }
-                });
-                (name, run)
+                let run = replica_run(args, &locker, &name, after, shutdown.clone(), sleep);
+                (name, tokio::spawn(run))
             })
             .collect();
         let mut failed = false;
@@ -529,39 +553,19 @@ fn smol_main(args: &Args, shutdown: watch::Receiver<bool>) -> Result<bool, Strin
         }
         .map_err(|e| e.to_string())?;
         out(format_args!("ready {}", monotonic_nanos()));
-        let poller = args.status_poll.map(|every| {
-            let locker = locker.clone();
-            smol::spawn(async move {
-                let mut printer = StatusPrinter::default();
-                loop {
-                    printer.show(&locker.status());
-                    smol::Timer::after(every).await;
-                }
-            })
-        });
-        let cfg = args.job;
         let sleep = |d: Duration| async move {
             smol::Timer::after(d).await;
         };
+        let poller = args.status_poll.map(|every| {
+            let locker = locker.clone();
+            smol::spawn(poll_status(move || locker.status(), every, sleep))
+        });
         let runs: Vec<_> = args
             .names()
             .into_iter()
             .map(|(name, after)| {
-                let (locker, shutdown) = (locker.clone(), shutdown.clone());
-                let group = args.group.clone();
-                let run = smol::spawn({
-                    let name = name.clone();
-                    async move {
-                        smol::Timer::after(after).await;
-                        let signal = wait_shutdown(shutdown);
-                        let job = move |lease| job(lease, cfg, sleep);
-                        match group {
-                            Some(g) => locker.group(&g).run_until(&name, signal, job).await,
-                            None => locker.run_until(&name, signal, job).await,
-                        }
-                    }
-                });
-                (name, run)
+                let run = replica_run(args, &locker, &name, after, shutdown.clone(), sleep);
+                (name, smol::spawn(run))
             })
             .collect();
         drop(locker);
