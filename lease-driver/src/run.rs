@@ -175,6 +175,20 @@ where
         }
         if let Some(start) = slot.start.take() {
             drop(s);
+            // A start whose lease is already cancelled (this run's shutdown
+            // signal, a loss, a close: all before this poll) or that no
+            // driver keeps valid is no start: the job is not called, and the
+            // core hears that it returned at once.
+            if driver_gone {
+                continue;
+            }
+            if start.cancel.reason().is_some() {
+                inner.input(Input::JobExited {
+                    run,
+                    exit: JobExit::Ok,
+                });
+                continue;
+            }
             let (id, token, cancel) = (start.lease, start.token, start.cancel);
             let span = job_span(run, &id, token);
             let lease = Lease {
