@@ -335,7 +335,18 @@ where
         clock: locker.handle.clock.clone(),
     };
     let ctx = &ctx;
+    // Fused: a run may have polled the signal to its end (a shutdown during
+    // the release of a lease given up), and a future is not polled again.
     let mut shutdown = pin!(shutdown);
+    let mut fired = false;
+    let mut shutdown = pin!(poll_fn(move |cx| {
+        fired = fired || shutdown.as_mut().poll(cx).is_ready();
+        if fired {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }));
     loop {
         let term = shutdown.as_mut();
         let run = crate::run::run(locker.clone(), Ok(lease.clone()), term, |lease| {
@@ -559,7 +570,11 @@ where
     let mut lost = false;
     let mut running: Option<Running<Fut>> = None;
     let mut cancelled = pin!(lease.cancelled());
-    let mut timer = rt.timer(rt.now());
+    // A leader gives the lease up after holding it this long without a
+    // usable reading, however old the locker's streak of unusable ones (an
+    // outage that cost the lease): it has its own reads first.
+    let since = rt.now();
+    let mut timer = rt.timer(since);
     poll_fn(|cx| loop {
         let now = rt.now();
         if let Some((_, read)) = reading.as_mut() {
@@ -588,7 +603,7 @@ where
             }
             if seen
                 .unusable_since
-                .is_some_and(|t| now >= t + CLOCK_GIVE_UP)
+                .is_some_and(|t| now >= t.max(since) + CLOCK_GIVE_UP)
             {
                 tracing::error!(
                     lease = name,

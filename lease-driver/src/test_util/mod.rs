@@ -254,6 +254,16 @@ impl<A: TestAdapter> TestServer<A> {
         }
     }
 
+    /// Refuses every connection attempt for `duration`, as a server at
+    /// `max_connections` does (53300, "sorry, too many clients already"):
+    /// open sessions go on. A schedule's leader, whose clock reads open
+    /// connections of their own, cannot read the server's clock meanwhile.
+    pub fn refuse_connections(&self, duration: Duration) {
+        let mut s = self.now_state();
+        s.refusing_until = s.now + duration;
+        s.poke();
+    }
+
     /// Restarts the server: every session ends (57P01); connection attempts
     /// are refused for `downtime`.
     pub fn restart(&self, downtime: Duration) {
@@ -447,6 +457,8 @@ struct State {
     pg: Postgres,
     rng: u64,
     latency: Duration,
+    /// Until when connection attempts are refused ([`TestServer::refuse_connections`]).
+    refusing_until: Duration,
     links: Vec<Link>,
     /// Messages in flight and heals, by time (FIFO among equal times).
     events: BTreeMap<(Duration, u64), Event>,
@@ -468,6 +480,7 @@ impl State {
             pg: Postgres::new(ServerConfig::default()),
             rng: seed ^ 0x5eed,
             latency: DEFAULT_LATENCY,
+            refusing_until: Duration::ZERO,
             links: Vec::new(),
             events: BTreeMap::new(),
             seq: 0,
@@ -595,7 +608,16 @@ impl State {
                         let settings: Vec<(&str, &str)> = (settings.iter())
                             .map(|(n, v)| (n.as_str(), v.as_str()))
                             .collect();
-                        let down = match self.pg.connect(now, i, &settings) {
+                        let attempt = if now < self.refusing_until {
+                            Err(SessionError {
+                                code: Some("53300".into()),
+                                message: "sorry, too many clients already".into(),
+                                config: false,
+                            })
+                        } else {
+                            self.pg.connect(now, i, &settings)
+                        };
+                        let down = match attempt {
                             Ok(conn) => {
                                 self.by_conn.insert(conn, id);
                                 if let Some((_, s)) = self.sessions.get_mut(&id) {
