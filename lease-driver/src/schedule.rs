@@ -611,6 +611,9 @@ where
                      that a replica that can read it leads",
                     CLOCK_GIVE_UP.as_secs()
                 );
+                // As at any end of a lead: the due times from here are the
+                // next leader's.
+                resign(&mut lock(&ctx.planner), name);
                 return Poll::Ready(Err(LeadEnd::ClockUnavailable));
             }
         }

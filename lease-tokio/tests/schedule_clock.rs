@@ -120,3 +120,72 @@ async fn a_schedule_runs_again_after_an_outage_longer_than_30_s() {
          the locker's status now: {status:?}"
     );
 }
+
+/// Two lockers run one schedule. The leader, L, cannot read the server's clock
+/// for 30 s (new connections refused; its lease session goes on) and gives
+/// the lease up; B takes it over and runs the due times once the server
+/// accepts connections again. Then B crashes and L takes the schedule back:
+/// it must not run again what B ran (its planner resigned when it gave the
+/// lease up, so its new lead leaves the due times before its grant to B).
+#[tokio::test(start_paused = true)]
+async fn a_leader_that_gave_up_for_the_clock_does_not_rerun_what_the_next_one_ran() {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::SystemTime;
+    let server = TestServer::new(23);
+    let runs: Arc<Mutex<Vec<(SystemTime, usize)>>> = Arc::default();
+    let mut lockers = Vec::new();
+    for who in 0..2 {
+        let (locker, driver) = server.locker(Options::default()).expect("options");
+        tokio::spawn(driver);
+        let (l, r) = (locker.clone(), runs.clone());
+        tokio::spawn(async move {
+            let every = Schedule::every(Duration::from_secs(1)).unwrap();
+            l.schedule("s", every, move |occurrence| {
+                r.lock().unwrap().push((occurrence.due(), who));
+                async { Ok::<(), String>(()) }
+            })
+            .await
+        });
+        lockers.push(locker);
+        // L (0) leads before B (1) starts.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    assert!(leading(&lockers[0]), "{:?}", lockers[0].status());
+    server.refuse_connections(Duration::from_secs(40));
+    // B runs a due time at x.0; it crashes at x.3, and L (contending again
+    // after its pause) takes over at once.
+    tokio::time::sleep(Duration::from_millis(80_300)).await;
+    assert!(
+        leading(&lockers[1]),
+        "B took over: {:?}",
+        lockers[1].status()
+    );
+    assert!(
+        runs.lock().unwrap().iter().any(|(_, who)| *who == 1),
+        "B ran the schedule"
+    );
+    server.crash(&lockers[1]);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(
+        leading(&lockers[0]),
+        "L led again: {:?}",
+        lockers[0].status()
+    );
+    let mut by_due: BTreeMap<SystemTime, Vec<usize>> = BTreeMap::new();
+    for (due, who) in runs.lock().unwrap().iter() {
+        by_due.entry(*due).or_default().push(*who);
+    }
+    let twice: Vec<_> = by_due.iter().filter(|(_, w)| w.len() > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "due times run twice (0 = L, 1 = B): {twice:?}"
+    );
+    assert!(
+        by_due
+            .iter()
+            .next_back()
+            .is_some_and(|(_, w)| w == &vec![0]),
+        "L runs the schedule again"
+    );
+}
