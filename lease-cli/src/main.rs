@@ -85,7 +85,10 @@ fn clap_error(e: &clap::Error) -> i32 {
             2
         }
         _ => {
-            let argv: Vec<String> = std::env::args().collect();
+            // Not `env::args`: it panics on an argument that is not UTF-8.
+            let argv: Vec<String> = (std::env::args_os())
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
             let mut message = one_line(&e.render().to_string());
             if let Some(hint) = separator_hint(e, &argv) {
                 message.push_str(&format!("; {hint}"));

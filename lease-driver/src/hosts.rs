@@ -235,11 +235,20 @@ async fn walk<R: Runtime>(
             }
         }
     }
+    // The error that classifies the attempt: a host's configuration error
+    // (a wrong password, an unknown database: the same on every host, and
+    // trying again cannot help), else the last host's.
+    let classifier = (errors.iter().position(|(_, e)| e.is_configuration()))
+        .unwrap_or(errors.len().saturating_sub(1));
+    if classifier < errors.len() {
+        let chosen = errors.remove(classifier);
+        errors.push(chosen);
+    }
     let Some((last_label, mut last)) = errors.pop() else {
         return Err(SessionError::other("no host given"));
     };
     if several {
-        // The last error first: it classifies the attempt.
+        // The classifying error first.
         let mut message = format!("{} (at {last_label}", last.message);
         for (label, e) in &errors {
             let _ = write!(message, "; {label}: {}", e.message);

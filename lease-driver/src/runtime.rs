@@ -338,7 +338,9 @@ pub async fn check_primary(client: &Client) -> Result<(), SessionError> {
 /// certificate that fails verification, a server without TLS under
 /// `sslmode=require`, no TLS connector under `sslmode=require`), and
 /// tokio-postgres's "invalid configuration" (a server that asks for a
-/// password the configuration does not have).
+/// password the configuration does not have) and "authentication error" (an
+/// exchange the client refuses, such as `channel_binding=require` against a
+/// server that does not bind the channel).
 pub fn session_error(e: &tokio_postgres::Error) -> SessionError {
     let message = match e.as_db_error() {
         Some(db) => db.message().to_owned(),
@@ -360,7 +362,7 @@ pub fn session_error(e: &tokio_postgres::Error) -> SessionError {
     SessionError {
         code: e.code().map(|c| c.code().to_owned()),
         message,
-        config: tls_config_error(e) || client_config_error(e),
+        config: tls_config_error(e) || client_config_error(e) || client_auth_error(e),
     }
 }
 
@@ -378,6 +380,15 @@ const NO_TLS_HINT: &str = " (sslmode=require, but this locker was made without T
 /// configuration does not have. Trying again cannot help.
 fn client_config_error(e: &tokio_postgres::Error) -> bool {
     e.as_db_error().is_none() && e.to_string().starts_with("invalid configuration")
+}
+
+/// tokio-postgres's own authentication failures while connecting (its
+/// `Kind::Authentication`, rendered "authentication error"; the server's are
+/// SQLSTATE class 28): the client refuses the server's exchange, such as
+/// "server did not use channel binding" under `channel_binding=require`.
+/// Trying again cannot help.
+fn client_auth_error(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_none() && e.to_string().starts_with("authentication error")
 }
 
 /// A TLS error (tokio-postgres renders those as "error performing TLS

@@ -87,8 +87,9 @@ impl SessionError {
     /// - `42501` (insufficient privilege: no `CONNECT` on the database);
     /// - `0A000` (feature not supported, e.g. a protocol or an
     ///   authentication method the client lacks);
-    /// - `22023` and `42704` (an invalid value or an unknown parameter in
-    ///   a startup option);
+    /// - `22023`, `42704`, `42601` and `55P02` (an invalid value, an unknown
+    ///   parameter, a malformed argument or a setting that needs a server
+    ///   restart, in a startup option);
     /// - errors a driver marked with [`SessionError::config`] (TLS verification).
     ///
     /// Everything else is transient (refused or timed-out connections, a
@@ -107,7 +108,10 @@ impl SessionError {
         match self.code.as_deref() {
             Some(code) => {
                 code.starts_with("28")
-                    || matches!(code, "3D000" | "42501" | "0A000" | "22023" | "42704")
+                    || matches!(
+                        code,
+                        "3D000" | "42501" | "0A000" | "22023" | "42704" | "42601" | "55P02"
+                    )
             }
             None => false,
         }

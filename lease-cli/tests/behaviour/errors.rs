@@ -85,6 +85,74 @@ fn wrong_password_unknown_role_and_unknown_database_exit_1_at_once() {
     );
 }
 
+/// Startup settings the server refuses, and a client that refuses the
+/// server's authentication: each exits 1 at once, as psql does.
+#[test]
+fn refused_startup_options_and_channel_binding_exit_1_at_once() {
+    let c = cluster();
+    let base = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable",
+        c.port()
+    );
+    exits_at_once(
+        &format!("{base} options='-X'"),
+        "invalid command-line argument for server process",
+    );
+    exits_at_once(
+        &format!("{base} options='-c shared_buffers=1MB'"),
+        "cannot be changed without restarting the server (SQLSTATE 55P02)",
+    );
+    exits_at_once(
+        &format!("{base} channel_binding=require"),
+        "server did not use channel binding",
+    );
+}
+
+/// Several hosts: the first answers that the database does not exist, the
+/// second is down. The unknown database decides (it is the same on every
+/// host): exit 1 at once, whatever the order of the hosts.
+#[test]
+fn a_configuration_error_on_any_host_exits_1_at_once() {
+    let c = cluster();
+    let free = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    for ports in [
+        format!("{},{free}", c.port()),
+        format!("{free},{}", c.port()),
+    ] {
+        exits_at_once(
+            &format!(
+                "host=127.0.0.1,127.0.0.1 port={ports} user=postgres dbname=no_such_db \
+                 sslmode=disable"
+            ),
+            "database \"no_such_db\" does not exist (at 127.0.0.1:",
+        );
+    }
+}
+
+/// An argument that is not UTF-8 is a usage error (exit 2, one line), never a
+/// panic quoting it: here a `--database-url` with its password.
+#[test]
+fn a_non_utf8_argument_is_a_usage_error_that_quotes_nothing() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let mut url = format!("postgres://app:{PASSWORD}@db.example.com/app").into_bytes();
+    url.push(0xff);
+    let mut cmd = lease();
+    cmd.env_remove("RUST_BACKTRACE")
+        .arg("run")
+        .arg("--database-url")
+        .arg(OsString::from_vec(url))
+        .args(["job", "--", "true"]);
+    let (status, _, err, _) = output(cmd, Duration::from_secs(10));
+    assert!(!err.contains(PASSWORD), "the password is printed: {err}");
+    assert!(!err.contains("panicked"), "a panic: {err}");
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
 #[test]
 fn a_closed_port_keeps_retrying_and_names_the_cause() {
     let port = TcpListener::bind("127.0.0.1:0")
