@@ -548,7 +548,8 @@ pub struct RunArgs {
     pub state_table: Option<String>,
 
     /// With --state-table: a run claimed by a leader that stopped before it finished (a
-    /// crash) is skipped, or run again by the new leader
+    /// crash), or whose end could not be recorded, is skipped, or run again by the new leader
+    /// (at least once)
     #[arg(long, value_enum, value_name = "POLICY", default_value_t = UnfinishedArg::Skip,
           requires = "state_table")]
     pub unfinished: UnfinishedArg,

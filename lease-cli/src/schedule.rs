@@ -161,6 +161,9 @@ pub fn next(args: NextArgs) -> i32 {
 /// The most a clock read may take.
 pub const CLOCK_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a run's end is tried to be recorded, in query timeouts.
+pub const FINISH_TRIES_FOR: u32 = 10;
+
 /// What a scheduled `lease run` keeps across its terms as leader: the planner
 /// (what ran, what is ahead) and where to read the server's clock.
 pub struct Runner {
@@ -266,8 +269,10 @@ impl Runner {
         }
     }
 
-    /// Claims `o` in the state table (always `true` without one).
-    async fn claim(&self, lease: &Lease, o: Occurrence) -> Result<bool, String> {
+    /// Claims `o` in the state table (always `true` without one); `again`: a
+    /// retry after a failed attempt, which takes this leader's own unstarted
+    /// claim of `o` (an attempt that landed, its answer lost).
+    async fn claim(&self, lease: &Lease, o: Occurrence, again: bool) -> Result<bool, String> {
         let Some((table, _)) = &self.state else {
             return Ok(true);
         };
@@ -279,43 +284,92 @@ impl Runner {
             &self.name,
             (o.due, &id),
             lease.token(),
-            self.retry_due.get(),
+            (self.retry_due.get(), again),
         )
         .await
         .map_err(|e| conn::redact(&e.to_string()))
     }
 
     /// Records the end of the run of `o`, or (`ran` false) that it never
-    /// started; three attempts, then a warning.
-    async fn finish(&self, lease: &Lease, o: Occurrence, outcome: &str, ran: bool) {
+    /// started: tried again (200 ms apart, then every second) until it is
+    /// recorded, a newer leader holds the row (nothing to record), `hurry`
+    /// resolves (a second signal) or [`FINISH_TRIES_FOR`] query timeouts have
+    /// passed. The lease is still held meanwhile on a graceful stop (the run
+    /// releases it once this job returns), so no new leader reads the row
+    /// before it is recorded; after a lost lease the token check keeps a late
+    /// record from touching a newer leader's row.
+    async fn finish(
+        &self,
+        lease: &Lease,
+        o: Occurrence,
+        (outcome, ran): (&str, bool),
+        hurry: impl Future<Output = ()>,
+    ) {
         let Some((table, _)) = &self.state else {
             return;
         };
-        let mut last = None;
-        for attempt in 0..3 {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+        let until = Instant::now() + self.timeout * FINISH_TRIES_FOR;
+        let id = run_id(&self.name, o.due);
+        let tries = async {
+            let mut warned = false;
+            for attempt in 0u32.. {
+                if attempt > 0 {
+                    let pause = if attempt < 5 { 200 } else { 1_000 };
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                let result = state::finish(
+                    &self.target,
+                    self.timeout,
+                    table,
+                    &self.name,
+                    (o.due, lease.token()),
+                    (outcome, ran),
+                )
+                .await;
+                let e = match result {
+                    Ok(_) => {
+                        if warned {
+                            tracing::info!(
+                                run_id = id,
+                                "recorded the run's end in the state table {}",
+                                table.name()
+                            );
+                        }
+                        return None;
+                    }
+                    Err(e) => conn::redact(&e.to_string()),
+                };
+                if Instant::now() >= until {
+                    return Some(e);
+                }
+                if !warned {
+                    warned = true;
+                    tracing::warn!(
+                        run_id = id,
+                        "cannot record the run's end in the state table {} yet ({e}): trying \
+                         again for up to {} s",
+                        table.name(),
+                        (self.timeout * FINISH_TRIES_FOR).as_secs()
+                    );
+                }
             }
-            let result = state::finish(
-                &self.target,
-                self.timeout,
-                table,
-                &self.name,
-                (o.due, lease.token()),
-                (outcome, ran),
-            )
-            .await;
-            match result {
-                Ok(()) => return,
-                Err(e) => last = Some(e),
-            }
-        }
-        if let Some(e) = last {
+            None
+        };
+        let gave_up = tokio::select! {
+            e = tries => e,
+            () = hurry => Some("stopping at once (a second signal)".to_owned()),
+        };
+        if let Some(e) = gave_up {
+            let then = if ran {
+                "the next leader takes this run as unfinished (with --unfinished retry: runs it \
+                 again)"
+            } else {
+                "the next leader takes this due time as started"
+            };
             tracing::warn!(
-                run_id = run_id(&self.name, o.due),
-                "cannot record the run's end in the state table {} ({})",
-                table.name(),
-                conn::redact(&e.to_string())
+                run_id = id,
+                "cannot record the run's end in the state table {} ({e}): {then}",
+                table.name()
             );
         }
     }
@@ -502,7 +556,10 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                             Claim::Won => {
                                 // Claimed, but the lease went meanwhile: recorded
                                 // as never started, so the next leader runs it.
-                                runner.finish(&lease, o, "not started", false).await;
+                                let hurry = ctx.signals.at_least(2);
+                                runner
+                                    .finish(&lease, o, ("not started", false), hurry)
+                                    .await;
                                 Some((Missed::LeaseLost, Missed::LeaseLost.to_string()))
                             }
                             Claim::LeaseLost => {
@@ -591,7 +648,9 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                     Some(code) => format!("exit {code}"),
                     None => "stopped".to_owned(),
                 };
-                runner.finish(&lease, o, &recorded, true).await;
+                runner
+                    .finish(&lease, o, (&recorded, true), ctx.signals.at_least(2))
+                    .await;
                 metrics::counter!(
                     "lease_schedule_runs_total",
                     "lease" => name.to_owned(),
@@ -644,14 +703,26 @@ enum Claim {
     LeaseLost,
 }
 
-/// Claims `o`, raced against the lease's loss; a failed claim (the database
-/// unreachable, a timeout) is tried again every second until the next due
-/// time's start.
+/// Claims `o`; a failed claim (the database unreachable, a timeout) is tried
+/// again every second until the next due time's start, each retry taking this
+/// leader's own claim if an earlier attempt landed unanswered. A claim under
+/// way when the lease goes is waited for (the server ends it within the query
+/// timeout), never dropped: one that landed is `Won`, and the caller records
+/// it as never started, so the next leader runs it.
 async fn claim(runner: &Runner, lease: &Lease, o: Occurrence, clock: &ClockTask) -> Claim {
+    let mut again = false;
     loop {
+        let attempt = runner.claim(lease, o, again);
+        again = true;
+        tokio::pin!(attempt);
         let attempt = tokio::select! {
-            r = runner.claim(lease, o) => r,
-            _ = lease.cancelled() => return Claim::LeaseLost,
+            r = &mut attempt => r,
+            _ = lease.cancelled() => {
+                return match attempt.await {
+                    Ok(true) => Claim::Won,
+                    _ => Claim::LeaseLost,
+                };
+            }
         };
         let error = match attempt {
             Ok(true) => return Claim::Won,

@@ -11,7 +11,7 @@
 
 use crate::conn::{self, Target};
 use lease_proto::schedule::Record;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// `--state-table` when `lease schedule init` is not told.
 pub const DEFAULT_TABLE: &str = "lease_schedule";
@@ -173,6 +173,17 @@ pub async fn fence(
 
 /// Claims due time `due` of schedule `name` for the leader of fencing token
 /// `token`: `Ok(true)` when it is this leader's to run.
+///
+/// The claim never lands after this call gave up on it: it runs in a
+/// transaction whose server-side `statement_timeout` (and
+/// `idle_in_transaction_session_timeout`) ends well before `timeout` does, so
+/// a claim that waits on the row (another transaction holds it) is aborted by
+/// the server while the client still waits for the answer. Only an answer lost
+/// on its way back (a COMMIT that landed, its reply not) leaves a claim the
+/// client does not know of: `again` (a retry, by this leader, of a claim that
+/// failed) then takes the row's claim of `due` as this leader's own, if it
+/// carries this token and this run id and no run's end or "not started" was
+/// recorded for it (this leader starts a run only after a claim answered).
 pub async fn claim(
     target: &Target,
     timeout: Duration,
@@ -180,34 +191,50 @@ pub async fn claim(
     name: &str,
     (due, run_id): (SystemTime, &str),
     token: i64,
-    retry: Option<SystemTime>,
+    (retry, again): (Option<SystemTime>, bool),
 ) -> Result<bool, StateError> {
+    let deadline = Instant::now() + timeout;
     let sql = format!(
         "UPDATE {} AS t SET due = $2, run_id = $4, started = pg_catalog.clock_timestamp(), \
          finished = NULL, outcome = NULL \
          WHERE t.name OPERATOR(pg_catalog.=) $1 AND t.token OPERATOR(pg_catalog.=) $3 \
          AND (t.due IS NULL OR t.due OPERATOR(pg_catalog.<) $2 \
          OR (t.due OPERATOR(pg_catalog.=) $5 AND $5 OPERATOR(pg_catalog.=) $2 \
-         AND t.finished IS NULL)) \
+         AND t.finished IS NULL) \
+         OR ($6 AND t.due OPERATOR(pg_catalog.=) $2 AND t.run_id OPERATOR(pg_catalog.=) $4 \
+         AND t.finished IS NULL AND t.outcome IS NULL)) \
          RETURNING 1",
         table.quoted
     );
     let (name, run_id) = (name.to_owned(), run_id.to_owned());
-    with_client(target, timeout, |client| async move {
-        let result = client
-            .query_opt(&sql, &[&name, &due, &token, &run_id, &retry])
-            .await;
-        (
-            client,
-            result.map(|r| r.is_some()).map_err(|e| state_error(&e)),
-        )
+    with_client(target, timeout, |mut client| async move {
+        // What is left of `timeout` once connected; the server gives the
+        // claim half of it (at least 1 ms: 0 would mean no limit).
+        let left = deadline.saturating_duration_since(Instant::now());
+        let server = (left / 2).as_millis().max(1);
+        let result = async {
+            let tx = client.transaction().await?;
+            tx.batch_execute(&format!(
+                "SET LOCAL statement_timeout = {server}; \
+                 SET LOCAL idle_in_transaction_session_timeout = {server}"
+            ))
+            .await?;
+            let row = tx
+                .query_opt(&sql, &[&name, &due, &token, &run_id, &retry, &again])
+                .await?;
+            tx.commit().await?;
+            Ok(row.is_some())
+        }
+        .await;
+        (client, result.map_err(|e| state_error(&e)))
     })
     .await
 }
 
 /// Records the end of the run of `due` claimed with `token`, or (`ran` false)
 /// that it never started (the lease was lost right after the claim): left
-/// unfinished, so the next leader runs it.
+/// unfinished, so the next leader runs it. `Ok(false)`: the row no longer holds
+/// that claim (a newer leader took the schedule over), nothing was written.
 pub async fn finish(
     target: &Target,
     timeout: Duration,
@@ -215,7 +242,7 @@ pub async fn finish(
     name: &str,
     (due, token): (SystemTime, i64),
     (outcome, ran): (&str, bool),
-) -> Result<(), StateError> {
+) -> Result<bool, StateError> {
     let sql = format!(
         "UPDATE {} SET finished = CASE WHEN $5 THEN pg_catalog.clock_timestamp() END, \
          outcome = $4 \
@@ -228,7 +255,7 @@ pub async fn finish(
         let result = client
             .execute(&sql, &[&name, &due, &token, &outcome, &ran])
             .await;
-        (client, result.map(drop).map_err(|e| state_error(&e)))
+        (client, result.map(|n| n > 0).map_err(|e| state_error(&e)))
     })
     .await
 }
@@ -330,15 +357,29 @@ mod tests {
             // Leader 1 takes over and claims 60.
             let fenced = fence(&target, t, &table, spec, 1).await.unwrap();
             assert!(matches!(fenced, Fenced::Record(None)), "{fenced:?}");
+            assert!(claim(
+                &target,
+                t,
+                &table,
+                "job",
+                (due(60), "job@60"),
+                1,
+                (None, false)
+            )
+            .await
+            .unwrap());
             assert!(
-                claim(&target, t, &table, "job", (due(60), "job@60"), 1, None)
-                    .await
-                    .unwrap()
-            );
-            assert!(
-                !claim(&target, t, &table, "job", (due(60), "job@60"), 1, None)
-                    .await
-                    .unwrap(),
+                !claim(
+                    &target,
+                    t,
+                    &table,
+                    "job",
+                    (due(60), "job@60"),
+                    1,
+                    (None, false)
+                )
+                .await
+                .unwrap(),
                 "a due time is claimed once"
             );
             // Leader 2 takes over (its run of 60 never finished).
@@ -348,21 +389,33 @@ mod tests {
             };
             assert_eq!((r.due, r.finished, r.started), (due(60), false, true));
             // Leader 1, thawed, claims 120: refused, whatever it sends.
-            assert!(
-                !claim(&target, t, &table, "job", (due(120), "job@120"), 1, None)
-                    .await
-                    .unwrap()
-            );
+            assert!(!claim(
+                &target,
+                t,
+                &table,
+                "job",
+                (due(120), "job@120"),
+                1,
+                (None, false)
+            )
+            .await
+            .unwrap());
             assert!(matches!(
                 fence(&target, t, &table, spec, 1).await.unwrap(),
                 Fenced::Newer
             ));
             // Leader 2 runs 60 again only when told to (--unfinished retry).
-            assert!(
-                !claim(&target, t, &table, "job", (due(60), "job@60"), 2, None)
-                    .await
-                    .unwrap()
-            );
+            assert!(!claim(
+                &target,
+                t,
+                &table,
+                "job",
+                (due(60), "job@60"),
+                2,
+                (None, false)
+            )
+            .await
+            .unwrap());
             assert!(claim(
                 &target,
                 t,
@@ -370,7 +423,7 @@ mod tests {
                 "job",
                 (due(60), "job@60"),
                 2,
-                Some(due(60))
+                (Some(due(60)), false)
             )
             .await
             .unwrap());
@@ -384,7 +437,7 @@ mod tests {
                 "job",
                 (due(120), "job@120"),
                 2,
-                Some(due(60))
+                (Some(due(60)), false)
             )
             .await
             .unwrap());
@@ -406,6 +459,131 @@ mod tests {
             let rows = rows(&target, t, &table, &[]).await.unwrap();
             assert_eq!(rows.len(), 1);
             assert_eq!(rows[0].outcome.as_deref(), Some("not started"));
+        });
+    }
+
+    /// A claim that waits on the row past its timeout is aborted by the server
+    /// (it never lands after the client gave up on it), and a retry by the same
+    /// leader (`again`) takes its own unstarted claim, never a recorded one.
+    #[test]
+    fn a_claim_never_lands_after_its_timeout_and_a_retry_finds_its_own() {
+        let cluster = lease_tests::Cluster::start().expect("an ephemeral PostgreSQL");
+        let target = crate::conn::resolve(Some(&cluster.url("postgres"))).expect("target");
+        let table = Table::parse("schedules_slow").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let t = Duration::from_secs(10);
+        let due = |s: u64| UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s);
+        rt.block_on(async {
+            init(&target, t, &table).await.expect("init");
+            fence(&target, t, &table, ("job", "every 1m"), 1)
+                .await
+                .unwrap();
+            // Another transaction holds the row past the claim's timeout.
+            let (holder, connection) = crate::conn::connect(&target, t).await.unwrap();
+            let connection = tokio::spawn(connection);
+            holder
+                .batch_execute("BEGIN; SELECT 1 FROM schedules_slow WHERE name = 'job' FOR UPDATE")
+                .await
+                .unwrap();
+            let short = Duration::from_millis(600);
+            let slow = claim(
+                &target,
+                short,
+                &table,
+                "job",
+                (due(60), "job@60"),
+                1,
+                (None, false),
+            );
+            assert!(slow.await.is_err(), "the row is held: the claim times out");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            holder.batch_execute("COMMIT").await.unwrap();
+            drop(holder);
+            let _ = connection.await;
+            let rows = rows(&target, t, &table, &[]).await.unwrap();
+            assert_eq!(rows[0].due, None, "the timed-out claim did not land later");
+            // A claim whose answer was lost: the same leader's retry finds it.
+            let claim_60 = |again| {
+                claim(
+                    &target,
+                    t,
+                    &table,
+                    "job",
+                    (due(60), "job@60"),
+                    1,
+                    (None, again),
+                )
+            };
+            assert!(claim_60(false).await.unwrap());
+            assert!(!claim_60(false).await.unwrap(), "claimed once");
+            assert!(claim_60(true).await.unwrap(), "its own claim, not started");
+            assert!(
+                !claim(
+                    &target,
+                    t,
+                    &table,
+                    "job",
+                    (due(60), "job@60"),
+                    2,
+                    (None, true)
+                )
+                .await
+                .unwrap(),
+                "never another token's"
+            );
+            assert!(
+                finish(&target, t, &table, "job", (due(60), 1), ("ok", true))
+                    .await
+                    .unwrap()
+            );
+            assert!(!claim_60(true).await.unwrap(), "a run that ended");
+            assert!(claim(
+                &target,
+                t,
+                &table,
+                "job",
+                (due(120), "job@120"),
+                1,
+                (None, false)
+            )
+            .await
+            .unwrap());
+            finish(
+                &target,
+                t,
+                &table,
+                "job",
+                (due(120), 1),
+                ("not started", false),
+            )
+            .await
+            .unwrap();
+            assert!(
+                !claim(
+                    &target,
+                    t,
+                    &table,
+                    "job",
+                    (due(120), "job@120"),
+                    1,
+                    (None, true)
+                )
+                .await
+                .unwrap(),
+                "a claim recorded as not started is not taken again"
+            );
+            // Taken over: the old leader's end is not written.
+            fence(&target, t, &table, ("job", "every 1m"), 2)
+                .await
+                .unwrap();
+            assert!(
+                !finish(&target, t, &table, "job", (due(120), 1), ("ok", true))
+                    .await
+                    .unwrap()
+            );
         });
     }
 

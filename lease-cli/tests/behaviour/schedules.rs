@@ -320,3 +320,308 @@ fn bad_schedules_are_usage_errors() {
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }
 }
+
+/// The run ids' due seconds in the runs file.
+fn due_secs_in(file: &Path) -> Vec<u64> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .rsplit_once('@')?
+                .1
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// sched-hunt. docs/schedules.md: "claimed, but the lease lost before the start: recorded
+/// as never started: the next leader runs it"; docs/guarantees.md: "With
+/// `--catch-up-policy all`, no due time within `--catch-up` is missed that no replica
+/// started, except the run of a leader that died in it".
+///
+/// The leader A sends its claim of due time X; the statement is slow on the server (here:
+/// the schedule's row is locked by another transaction for a moment, as under load or a
+/// partition that delays the reply), and A's lease is lost meanwhile (its session
+/// terminated). A drops the claim (`Claim::LeaseLost`) and logs `lease_lost`, but the
+/// server commits the claim when the row frees. The new leader B reads X as claimed and
+/// unfinished, and skips it (`--unfinished skip`, the default). X runs nowhere, though no
+/// leader started it or died in it.
+#[test]
+fn a_claim_dropped_at_a_lease_loss_does_not_lose_its_due_time() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let c = cluster();
+    let table = format!("schedules_hunt_{}", std::process::id());
+    let out = lease()
+        .args(["schedule", "init", "--state-table", &table])
+        .args(["--database-url", &c.url("postgres")])
+        .output()
+        .expect("lease schedule init");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = unique("claim-drop");
+    let dir = Dir::new("claim-drop");
+    let file = dir.file("runs");
+    let extra = ["--state-table", table.as_str(), "--catch-up-policy", "all"];
+    let mut a = replica(&c, &name, &file, &extra);
+    // A leads and runs.
+    let deadline = Instant::now() + MS(20_000);
+    while due_secs_in(&file).is_empty() {
+        assert!(Instant::now() < deadline, "A never ran");
+        std::thread::sleep(MS(50));
+    }
+    let mut b = replica(&c, &name, &file, &extra);
+    std::thread::sleep(MS(1_000));
+    // Another transaction holds the schedule's row for a moment.
+    let mut holder = std::process::Command::new(c.psql())
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-q",
+            "-h",
+            c.host(),
+            "-p",
+            &c.port().to_string(),
+        ])
+        .args(["-U", "postgres", "-d", "postgres"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("psql");
+    let mut stdin = holder.stdin.take().unwrap();
+    let mut stdout = BufReader::new(holder.stdout.take().unwrap());
+    // Lock it just after a due time ran, then wait for the next due time X.
+    let x = next_due(MS(1_200));
+    sleep_until(x - MS(1_000));
+    writeln!(
+        stdin,
+        "BEGIN; SELECT 1 FROM {table} WHERE name = '{name}' FOR UPDATE; \\echo locked"
+    )
+    .unwrap();
+    let mut line = String::new();
+    while !line.contains("locked") {
+        line.clear();
+        stdout.read_line(&mut line).unwrap();
+    }
+    sleep_until(x + MS(400));
+    // A's claim of X waits on the row; A's lease session is terminated.
+    let key = lease_proto::key_for_name(&name);
+    let holders: Vec<i32> = c
+        .held_advisory_keys()
+        .unwrap()
+        .into_iter()
+        .filter(|&(k, _)| k == key)
+        .map(|(_, pid)| pid)
+        .collect();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert!(c.terminate_backend(holders[0]).unwrap());
+    std::thread::sleep(MS(1_500));
+    writeln!(stdin, "COMMIT;").unwrap();
+    drop(stdin);
+    let _ = holder.wait();
+    // Two more due times.
+    std::thread::sleep(PERIOD * 2 + MS(500));
+    for r in [&a, &b] {
+        let _ = r.sigterm();
+    }
+    let _ = a.wait_exit(MS(10_000));
+    let _ = b.wait_exit(MS(10_000));
+    let x_secs = x.duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let ran = due_secs_in(&file);
+    let said = |r: &Replica| -> Vec<String> {
+        r.lines()
+            .into_iter()
+            .map(|l| l.text)
+            .filter(|t| t.contains(&format!("@{x_secs}")))
+            .collect()
+    };
+    let row = c
+        .sql(&format!(
+            "SELECT due, token, started, finished, outcome FROM {table} WHERE name = '{name}'"
+        ))
+        .unwrap();
+    assert!(
+        ran.contains(&x_secs),
+        "due time {x_secs} ran nowhere: runs {ran:?}\nA said {:?}\nB said {:?}\nrow now: {row}",
+        said(&a),
+        said(&b)
+    );
+}
+
+/// sched-hunt. docs/schedules.md: "A run whose leader stopped before it finished (the row
+/// claimed, never finished) is ... run again (`--unfinished retry`: at least once for a
+/// crashed run)". A run that finished is run again too when its end could not be recorded
+/// within the 3 attempts 200 ms apart (`Runner::finish`): here the table is briefly
+/// unreachable as the run ends (renamed away for a second, as a failover would), and the
+/// leader is then stopped gracefully (a deploy) before its next claim. The new leader reads
+/// the row as unfinished and runs the due time a second time.
+#[test]
+fn a_finished_run_whose_end_was_not_recorded_is_not_run_again() {
+    let c = cluster();
+    let table = format!("schedules_retry_{}", std::process::id());
+    let out = lease()
+        .args(["schedule", "init", "--state-table", &table])
+        .args(["--database-url", &c.url("postgres")])
+        .output()
+        .expect("lease schedule init");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = unique("retry-finished");
+    let dir = Dir::new("retry-finished");
+    let file = dir.file("runs");
+    let script = format!(
+        "echo \"$LEASE_RUN_ID $LEASE_DUE $LEASE_TOKEN\" >> {}; sleep 0.6",
+        file.display()
+    );
+    let args = [
+        "--every",
+        "2s",
+        "--state-table",
+        table.as_str(),
+        "--unfinished",
+        "retry",
+    ];
+    let mut a = Replica::spawn(fast_sh(&c, &name, &args, &script)).unwrap();
+    let deadline = Instant::now() + MS(20_000);
+    while due_secs_in(&file).is_empty() {
+        assert!(Instant::now() < deadline, "A never ran");
+        std::thread::sleep(MS(50));
+    }
+    let mut b = Replica::spawn(fast_sh(&c, &name, &args, &script)).unwrap();
+    std::thread::sleep(MS(1_000));
+    let x = next_due(MS(300));
+    sleep_until(x + MS(300));
+    // The run of X goes (0.6 s); its end finds the table away.
+    c.sql(&format!("ALTER TABLE {table} RENAME TO {table}_away"))
+        .unwrap();
+    sleep_until(x + MS(1_200));
+    c.sql(&format!("ALTER TABLE {table}_away RENAME TO {table}"))
+        .unwrap();
+    // A deploy stops A before its next due time.
+    a.sigterm().unwrap();
+    let _ = a.wait_exit(MS(10_000));
+    std::thread::sleep(MS(3_000));
+    b.sigterm().unwrap();
+    let _ = b.wait_exit(MS(10_000));
+    let x_secs = x.duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let ran = due_secs_in(&file);
+    let times = ran.iter().filter(|&&d| d == x_secs).count();
+    let said = |r: &Replica| -> Vec<String> {
+        r.lines()
+            .into_iter()
+            .map(|l| l.text)
+            .filter(|t| t.contains(&format!("@{x_secs}")) || t.contains("state table"))
+            .collect()
+    };
+    assert_eq!(
+        times,
+        1,
+        "due time {x_secs} ran {times} times: runs {ran:?}\nA said {:#?}\nB said {:#?}",
+        said(&a),
+        said(&b)
+    );
+}
+
+/// sched-hunt. docs/schedules.md: a claim "that fails is tried again every second until the
+/// next due time". One leader, no fault but a slow claim: the schedule's row is held by
+/// another transaction for 2.5 s around due time X (a slow statement; `--query-timeout` is
+/// 1 s here). The first claim times out on the client, but its statement still commits
+/// when the row frees; the retry is then refused ("claimed already in the state table ...")
+/// and X never runs, though only this leader ever claimed it and the row says it runs.
+#[test]
+fn a_claim_that_timed_out_and_landed_still_runs_its_due_time() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let c = cluster();
+    let table = format!("schedules_slow_{}", std::process::id());
+    let out = lease()
+        .args(["schedule", "init", "--state-table", &table])
+        .args(["--database-url", &c.url("postgres")])
+        .output()
+        .expect("lease schedule init");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = unique("slow-claim");
+    let dir = Dir::new("slow-claim");
+    let file = dir.file("runs");
+    let extra = ["--state-table", table.as_str(), "--every", "4s"];
+    let script = format!("echo \"$LEASE_RUN_ID\" >> {}", file.display());
+    let mut a = Replica::spawn(fast_sh(&c, &name, &extra, &script)).unwrap();
+    let deadline = Instant::now() + MS(20_000);
+    while due_secs_in(&file).is_empty() {
+        assert!(Instant::now() < deadline, "A never ran");
+        std::thread::sleep(MS(50));
+    }
+    let mut holder = std::process::Command::new(c.psql())
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-q",
+            "-h",
+            c.host(),
+            "-p",
+            &c.port().to_string(),
+        ])
+        .args(["-U", "postgres", "-d", "postgres"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("psql");
+    let mut stdin = holder.stdin.take().unwrap();
+    let mut stdout = BufReader::new(holder.stdout.take().unwrap());
+    // X: a due time of `--every 4s` at least 1.5 s away.
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let x_ms = ((now + 1_500) / 4_000 + 1) * 4_000;
+    let x = UNIX_EPOCH + Duration::from_millis(u64::try_from(x_ms).unwrap());
+    sleep_until(x - MS(500));
+    writeln!(
+        stdin,
+        "BEGIN; SELECT 1 FROM {table} WHERE name = '{name}' FOR UPDATE; \\echo locked"
+    )
+    .unwrap();
+    let mut line = String::new();
+    while !line.contains("locked") {
+        line.clear();
+        stdout.read_line(&mut line).unwrap();
+    }
+    sleep_until(x + MS(2_000));
+    writeln!(stdin, "COMMIT;").unwrap();
+    drop(stdin);
+    let _ = holder.wait();
+    std::thread::sleep(MS(2_500));
+    let _ = a.sigterm();
+    let _ = a.wait_exit(MS(10_000));
+    let x_secs = x.duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let ran = due_secs_in(&file);
+    let said: Vec<String> = a
+        .lines()
+        .into_iter()
+        .map(|l| l.text)
+        .filter(|t| t.contains(&format!("@{x_secs}")))
+        .collect();
+    let row = c
+        .sql(&format!(
+            "SELECT due, outcome FROM {table} WHERE name = '{name}'"
+        ))
+        .unwrap();
+    assert!(
+        ran.contains(&x_secs),
+        "due time {x_secs} never ran: runs {ran:?}\nA said {said:#?}\nrow: {row}"
+    );
+}
