@@ -336,18 +336,13 @@ fn due_secs_in(file: &Path) -> Vec<u64> {
         .collect()
 }
 
-/// sched-hunt. docs/schedules.md: "claimed, but the lease lost before the start: recorded
-/// as never started: the next leader runs it"; docs/guarantees.md: "With
-/// `--catch-up-policy all`, no due time within `--catch-up` is missed that no replica
-/// started, except the run of a leader that died in it".
-///
-/// The leader A sends its claim of due time X; the statement is slow on the server (here:
-/// the schedule's row is locked by another transaction for a moment, as under load or a
-/// partition that delays the reply), and A's lease is lost meanwhile (its session
-/// terminated). A drops the claim (`Claim::LeaseLost`) and logs `lease_lost`, but the
-/// server commits the claim when the row frees. The new leader B reads X as claimed and
-/// unfinished, and skips it (`--unfinished skip`, the default). X runs nowhere, though no
-/// leader started it or died in it.
+/// A claim under way when the lease is lost does not lose its due time. The leader A
+/// sends its claim of due time X; the statement is slow on the server (the schedule's row
+/// is locked by another transaction for a moment, as under load), and A's lease is lost
+/// meanwhile (its session terminated). Either the server aborts the claim before A stops
+/// waiting, or A records the landed claim as never started: the next leader B runs X
+/// (`--catch-up-policy all`). It used to be dropped by A, land later, and be skipped by B
+/// as claimed and unfinished: X ran nowhere.
 #[test]
 fn a_claim_dropped_at_a_lease_loss_does_not_lose_its_due_time() {
     use std::io::{BufRead, BufReader, Write};
@@ -454,13 +449,11 @@ fn a_claim_dropped_at_a_lease_loss_does_not_lose_its_due_time() {
     );
 }
 
-/// sched-hunt. docs/schedules.md: "A run whose leader stopped before it finished (the row
-/// claimed, never finished) is ... run again (`--unfinished retry`: at least once for a
-/// crashed run)". A run that finished is run again too when its end could not be recorded
-/// within the 3 attempts 200 ms apart (`Runner::finish`): here the table is briefly
-/// unreachable as the run ends (renamed away for a second, as a failover would), and the
-/// leader is then stopped gracefully (a deploy) before its next claim. The new leader reads
-/// the row as unfinished and runs the due time a second time.
+/// A run that finished is not run again when the table is briefly unreachable as it
+/// ends (renamed away for a second, as in a failover) and the leader is then stopped
+/// gracefully (a deploy): its end is tried again until recorded, the lease held
+/// meanwhile, so the new leader with `--unfinished retry` reads it as finished. (Three
+/// attempts 200 ms apart used to give up, and the due time ran twice.)
 #[test]
 fn a_finished_run_whose_end_was_not_recorded_is_not_run_again() {
     let c = cluster();
@@ -531,12 +524,12 @@ fn a_finished_run_whose_end_was_not_recorded_is_not_run_again() {
     );
 }
 
-/// sched-hunt. docs/schedules.md: a claim "that fails is tried again every second until the
-/// next due time". One leader, no fault but a slow claim: the schedule's row is held by
-/// another transaction for 2.5 s around due time X (a slow statement; `--query-timeout` is
-/// 1 s here). The first claim times out on the client, but its statement still commits
-/// when the row frees; the retry is then refused ("claimed already in the state table ...")
-/// and X never runs, though only this leader ever claimed it and the row says it runs.
+/// A claim that times out on the client never lands later, and a retry that finds the
+/// leader's own claim runs the due time. One leader, no fault but a slow claim: the
+/// schedule's row is held by another transaction for 2.5 s around due time X
+/// (`--query-timeout` is 1 s here). The server aborts the first claim before the client
+/// stops waiting; the retry wins, and X runs. (The first claim used to commit when the row
+/// freed and the retry was refused: X never ran, and the row said it ran.)
 #[test]
 fn a_claim_that_timed_out_and_landed_still_runs_its_due_time() {
     use std::io::{BufRead, BufReader, Write};
