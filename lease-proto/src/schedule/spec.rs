@@ -542,6 +542,35 @@ mod tests {
     }
 
     #[test]
+    fn fixed_time_is_no_star_and_no_step_in_the_time_fields() {
+        let fixed = |expr: &str| match Spec::cron(expr, None).unwrap().0 {
+            Kind::Cron { fixed, .. } => fixed,
+            Kind::Every(_) => unreachable!(),
+        };
+        for expr in [
+            "30 2 * * *",
+            "0 2,14 * * *",
+            "0 1-3 * * *",
+            "0 30 2 * * *",
+            "0,30 2-3 * * MON",
+            "@daily",
+            "@weekly",
+        ] {
+            assert!(fixed(expr), "{expr}");
+        }
+        for expr in [
+            "* 2 * * *",
+            "0 */2 * * *",
+            "0 0-23/1 * * *",
+            "*/10 30 2 * * *",
+            "0 * * * *",
+            "@hourly",
+        ] {
+            assert!(!fixed(expr), "{expr}");
+        }
+    }
+
+    #[test]
     fn six_fields_start_with_seconds() {
         let spec = Spec::cron("*/10 * * * * *", None).unwrap();
         let t = at("UTC", 2026, 12, 6, 14, 7) + Duration::from_millis(1500);
