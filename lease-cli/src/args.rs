@@ -513,7 +513,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "EXPR", group = "schedule", conflicts_with_all = ["try", "shards"])]
     pub cron: Option<String>,
 
-    /// The IANA time zone of --cron (Europe/Berlin) [default: UTC]
+    /// The IANA time zone of --cron (Europe/Berlin), in the tz database bundled with lease
+    /// (never the host's zoneinfo) [default: UTC]
     #[arg(long, value_name = "ZONE", requires = "cron")]
     pub tz: Option<String>,
 
@@ -642,7 +643,7 @@ pub struct NextArgs {
     #[arg(long, value_name = "EXPR", group = "spec")]
     pub cron: Option<String>,
 
-    /// The IANA time zone of --cron [default: UTC]
+    /// The IANA time zone of --cron, in the tz database bundled with lease [default: UTC]
     #[arg(long, value_name = "ZONE", requires = "cron")]
     pub tz: Option<String>,
 

@@ -534,6 +534,12 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                 "leading the schedule: next due time {}",
                 utc(next)
             );
+        } else {
+            tracing::warn!(
+                lease = name,
+                "leading the schedule: no due time ahead (the expression matches no later date): \
+                 nothing will run"
+            );
         }
     }
     // Leading from the grant, between runs too: a signal finds this runner

@@ -660,6 +660,12 @@ where
                     "leading the schedule: next due time {}",
                     utc(next)
                 );
+            } else {
+                tracing::warn!(
+                    lease = name,
+                    "leading the schedule: no due time ahead (the expression matches no later date): \
+                     nothing will run"
+                );
             }
         }
         let mut started = false;

@@ -618,3 +618,88 @@ fn a_claim_that_timed_out_and_landed_still_runs_its_due_time() {
         "due time {x_secs} never ran: runs {ran:?}\nA said {said:#?}\nrow: {row}"
     );
 }
+
+/// A TZif file (version 2) of a zone fixed at `offset` seconds east of UTC, named
+/// `abbr` (`posix`: its TZ string, such as `JST-9`): a host's zoneinfo file, made here
+/// so the test needs none on the host.
+fn fixed_tzif(abbr: &str, offset: i32, posix: &str) -> Vec<u8> {
+    let chars = format!("{abbr}\0");
+    let header = |out: &mut Vec<u8>| {
+        out.extend_from_slice(b"TZif2");
+        out.extend_from_slice(&[0; 15]);
+        // isutcnt, isstdcnt, leapcnt, timecnt, typecnt, charcnt
+        for n in [0, 0, 0, 0, 1, chars.len()] {
+            out.extend_from_slice(&u32::try_from(n).unwrap().to_be_bytes());
+        }
+    };
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        header(&mut out);
+        out.extend_from_slice(&offset.to_be_bytes());
+        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(chars.as_bytes());
+    }
+    out.extend_from_slice(format!("\n{posix}\n").as_bytes());
+    out
+}
+
+/// docs/schedules.md: `--tz ZONE` is an IANA zone of the tz database bundled with
+/// `lease`, and the hosts play no part: two hosts whose zoneinfo differ (TZDIR here: one
+/// whose `localtime` and `Europe/Berlin` are at +09:00, one at +01:00) compute the same
+/// due times for the same flags, and `--tz localtime` (each host's own zone), a path
+/// or a name the bundled database lacks is refused, saying what to pass.
+#[test]
+fn the_same_tz_gives_the_same_due_times_on_every_host() {
+    let dir = Dir::new("tzdirs");
+    let hosts: Vec<_> = [("JST", 9 * 3600, "JST-9"), ("CET", 3600, "CET-1")]
+        .into_iter()
+        .map(|(abbr, offset, posix)| {
+            let tzdir = dir.path().join(abbr);
+            std::fs::create_dir_all(tzdir.join("Europe")).unwrap();
+            let tzif = fixed_tzif(abbr, offset, posix);
+            std::fs::write(tzdir.join("localtime"), &tzif).unwrap();
+            std::fs::write(tzdir.join("Europe/Berlin"), &tzif).unwrap();
+            std::fs::create_dir_all(tzdir.join("Host")).unwrap();
+            std::fs::write(tzdir.join("Host/Zone"), &tzif).unwrap();
+            tzdir
+        })
+        .collect();
+    let next = |tz: &str, tzdir: &Path| {
+        let out = lease()
+            .args(["schedule", "next", "--cron", "0 3 * * *", "--tz", tz])
+            .args(["--from", "2027-02-27T00:00:00Z", "-n", "1"])
+            .env("TZDIR", tzdir)
+            .env("TZ", tzdir.join("localtime"))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // An IANA name: the bundled zone, whatever the host's zoneinfo says.
+    for tzdir in &hosts {
+        let (code, stdout, stderr) = next("Europe/Berlin", tzdir);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(
+            stdout.contains("2027-02-27T02:00:00Z  2027-02-27T03:00:00+01:00[Europe/Berlin]"),
+            "{stdout}"
+        );
+    }
+    // Not an IANA name of the bundled database: refused alike on every host.
+    let host_zone = hosts[0].join("localtime");
+    for tz in ["localtime", "Host/Zone", host_zone.to_str().unwrap()] {
+        let outs: Vec<_> = hosts.iter().map(|tzdir| next(tz, tzdir)).collect();
+        assert_eq!(
+            outs[0], outs[1],
+            "--tz {tz}: one schedule, two hosts, two answers"
+        );
+        let (code, _, stderr) = &outs[0];
+        assert_eq!(*code, Some(2), "--tz {tz}: {stderr}");
+        assert!(
+            stderr.contains("--tz") && stderr.contains("IANA") && stderr.contains("Europe/Berlin"),
+            "--tz {tz}: {stderr}"
+        );
+    }
+}

@@ -2,9 +2,10 @@
 
 use super::MIN_PERIOD;
 use croner::parser::{CronParser, Seconds, Year};
-use croner::{Cron, JobType};
-use jiff::tz::TimeZone;
-use jiff::Timestamp;
+use croner::Cron;
+use jiff::civil::DateTime;
+use jiff::tz::{AmbiguousOffset, TimeZone, TimeZoneDatabase};
+use jiff::{SignedDuration, Timestamp, Zoned};
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -20,13 +21,22 @@ const MAX_PERIOD: Duration = Duration::from_secs(365 * 24 * 3600);
 /// `L`, `W`, `#` and the nicknames (`@daily`, `@hourly`, ...) as croner reads
 /// them; a day of month and a day of week both given match either (as cron).
 ///
-/// Daylight saving time, for an expression with a fixed second, minute and hour
-/// (`30 2 * * *`): a wall time the change skips is due once, at the end of the
-/// gap (03:00 when 02:00 jumps to 03:00); a wall time the change repeats is due
-/// once, at its first pass. For an expression with `*` or a step in those fields
-/// (`*/15 * * * *`), due times follow the clock's real time: none falls in a gap,
-/// and a repeated hour has its due times in both passes (as Vixie cron). Each
-/// due time of [`Spec::next_after`] is later than the one before it.
+/// Time zones are IANA names of the tz database bundled with this crate (jiff's),
+/// never the host's zoneinfo: every replica computes the same due times whatever
+/// its host's zone or tzdata version.
+///
+/// Daylight saving time (and any other change of a zone's offset), for a
+/// *fixed-time* expression: one whose second, minute and hour fields have no `*`
+/// and no step (single values, lists and ranges: `30 2 * * *`, `0 2,14 * * *`,
+/// `0 1-3 * * *`). Each wall time it names is due once: a wall time the change
+/// skips is due at the end of the gap (03:00 when 02:00 jumps to 03:00; on the
+/// day, month and weekday of the skipped wall time, however long the gap); a wall
+/// time the change repeats is due at its first pass. Wall times due at one
+/// instant (02:30 and 03:00, at the end of a gap) are one due time. An expression
+/// with `*` or a step in one of those fields (`*/15 * * * *`, `0 */2 * * *`)
+/// follows the clock's real time: none of its due times falls in a gap, and a
+/// repeated hour has its due times in both passes (as Vixie cron). Each due time
+/// of [`Spec::next_after`] is later than the one before it.
 #[derive(Clone)]
 pub struct Spec(Kind);
 
@@ -38,6 +48,8 @@ enum Kind {
         cron: Box<Cron>,
         zone: TimeZone,
         zone_name: String,
+        /// A fixed-time expression (see [`Spec`]): due times by wall time.
+        fixed: bool,
     },
 }
 
@@ -92,14 +104,13 @@ impl Spec {
     }
 
     /// Due when `expr` (5 or 6 fields, see [`Spec`]) matches the wall time of
-    /// `zone` (an IANA name such as `Europe/Berlin`; `None` or `"UTC"`: UTC).
+    /// `zone` (an IANA name of the bundled tz database, such as `Europe/Berlin`;
+    /// `None` or `"UTC"`: UTC). A name the bundled database lacks (`localtime`, a
+    /// path, a POSIX TZ string) is refused: a host's own zone would give each
+    /// replica due times of its own.
     pub fn cron(expr: &str, zone: Option<&str>) -> Result<Spec, SpecError> {
         let zone_name = zone.unwrap_or("UTC").to_owned();
-        let tz = TimeZone::get(&zone_name).map_err(|_| {
-            SpecError(format!(
-                "unknown time zone {zone_name:?} (an IANA name, such as Europe/Berlin or UTC)"
-            ))
-        })?;
+        let tz = bundled_zone(&zone_name)?;
         let fields = expr.split_whitespace().count();
         let nickname = expr.trim_start().starts_with('@');
         if !nickname && !(5..=6).contains(&fields) {
@@ -114,11 +125,13 @@ impl Spec {
             .build()
             .parse(expr)
             .map_err(|e| SpecError(format!("invalid cron expression {expr:?}: {e}")))?;
+        let fixed = fixed_time(&cron, expr);
         let spec = Spec(Kind::Cron {
             text: expr.trim().to_owned(),
             cron: Box::new(cron),
             zone: tz,
             zone_name,
+            fixed,
         });
         // An expression that never matches (`0 0 30 2 *`) is refused now,
         // not when the schedule would first be due.
@@ -145,11 +158,18 @@ impl Spec {
                 let nanos = u32::try_from(next % 1_000_000_000).ok()?;
                 UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
             }
-            Kind::Cron { cron, zone, .. } => {
+            Kind::Cron {
+                cron, zone, fixed, ..
+            } => {
                 // Whole seconds: the first match after the second that holds `t`
                 // is after `t`.
                 let secs = t.duration_since(UNIX_EPOCH).ok()?.as_secs();
                 let from = Timestamp::from_second(i64::try_from(secs).ok()?).ok()?;
+                if *fixed {
+                    return next_fixed(cron, zone, from, t);
+                }
+                // Real time: croner walks the zone's instants (none in a gap,
+                // both passes of a repeated hour).
                 let next = cron
                     .find_next_occurrence(&from.to_zoned(zone.clone()), false)
                     .ok()?;
@@ -180,33 +200,135 @@ impl Spec {
     }
 
     /// What daylight saving time did to `due`, a due time of this schedule:
-    /// moved to the end of a gap, or the first pass of a repeated wall time;
-    /// `None` when nothing.
+    /// moved to the end of a gap, the first pass of a repeated wall time, or a
+    /// due time in each pass of a repeated hour; `None` when nothing.
     pub fn dst_note(&self, due: SystemTime) -> Option<String> {
-        let Kind::Cron { cron, zone, .. } = &self.0 else {
+        let Kind::Cron {
+            cron, zone, fixed, ..
+        } = &self.0
+        else {
             return None;
         };
-        let zoned = Timestamp::try_from(due).ok()?.to_zoned(zone.clone());
-        if !cron.is_time_matching(&zoned).unwrap_or(true) {
-            return Some(
-                "the wall time the expression names does not exist that day (the clock \
-                 skips it): due once, at the end of the gap"
-                    .to_owned(),
-            );
-        }
-        let ambiguous = zone.to_ambiguous_zoned(zoned.datetime());
-        if ambiguous.is_ambiguous() {
-            return Some(match cron.determine_job_type() {
-                JobType::FixedTime => "the clock repeats this wall time: due once, at its \
-                                       first pass"
-                    .to_owned(),
-                _ => "the clock repeats this hour: due in both passes (every field with `*` \
-                      or a step follows real time)"
-                    .to_owned(),
+        let ts = Timestamp::try_from(due).ok()?;
+        let repeated = matches!(
+            zone.to_ambiguous_timestamp(zone.to_datetime(ts)).offset(),
+            AmbiguousOffset::Fold { .. }
+        );
+        if !*fixed {
+            return repeated.then(|| {
+                "the clock repeats this hour: due in both passes (`*` or a step in the \
+                 second, minute or hour: real time)"
+                    .to_owned()
             });
         }
-        None
+        if let Some((start, end)) = gap_ending_at(zone, ts) {
+            let skipped = start
+                .checked_sub(SignedDuration::from_secs(1))
+                .ok()
+                .and_then(utc_wall)
+                .and_then(|w| cron.find_next_occurrence(&w, false).ok())
+                .is_some_and(|m| m.datetime() < end);
+            if skipped {
+                return Some(format!(
+                    "the clock skips {start} to {end}: a wall time the expression names \
+                     there is due once, at the end of the gap"
+                ));
+            }
+        }
+        repeated.then(|| "the clock repeats this wall time: due once, at its first pass".to_owned())
     }
+}
+
+/// `name` in the tz database bundled with this crate (jiff's), never the host's:
+/// every replica resolves it alike.
+fn bundled_zone(name: &str) -> Result<TimeZone, SpecError> {
+    TimeZoneDatabase::bundled().get(name).map_err(|_| {
+        SpecError(format!(
+            "unknown time zone {name:?}: pass an IANA time zone name such as Europe/Berlin \
+             or UTC (zones come from the tz database bundled with lease, never the host's: \
+             not localtime, a file path or a TZ string)"
+        ))
+    })
+}
+
+/// Whether `cron` is fixed-time: no `*` and no step in its second, minute and
+/// hour fields (single values, lists, ranges). `expr`, its text, shows a `/1`
+/// step, which croner's pattern does not.
+fn fixed_time(cron: &Cron, expr: &str) -> bool {
+    let p = &cron.pattern;
+    let parsed = [&p.seconds, &p.minutes, &p.hours]
+        .iter()
+        .all(|f| !f.from_wildcard && f.step == 1);
+    let fields: Vec<&str> = expr.split_whitespace().collect();
+    let time_fields = match fields.len() {
+        _ if expr.trim_start().starts_with('@') => 0,
+        6 => 3,
+        _ => 2,
+    };
+    parsed
+        && fields
+            .iter()
+            .take(time_fields)
+            .all(|f| !f.contains('*') && !f.contains('/'))
+}
+
+/// Wall time `wall` as a time in UTC: croner walks wall times there, with no
+/// change of offset in the way.
+fn utc_wall(wall: DateTime) -> Option<Zoned> {
+    wall.to_zoned(TimeZone::UTC).ok()
+}
+
+/// The first due time after `t` (`from`: `t`'s whole second) of a fixed-time
+/// expression. Each wall time it names is due at its instant; at the first pass
+/// of a repeated wall time; at the end of the gap for a skipped one. That map
+/// from wall times to instants never goes back, so the answer is the instant of
+/// the first wall time after `t`'s whose instant is after `t`.
+fn next_fixed(cron: &Cron, zone: &TimeZone, from: Timestamp, t: SystemTime) -> Option<SystemTime> {
+    let mut wall = zone.to_datetime(from);
+    loop {
+        let c = cron
+            .find_next_occurrence(&utc_wall(wall)?, false)
+            .ok()?
+            .datetime();
+        let due = match zone.to_ambiguous_timestamp(c).offset() {
+            AmbiguousOffset::Unambiguous { offset } => offset.to_timestamp(c).ok()?,
+            // The end of the gap: the transition after `c` read at the offset
+            // after the gap (an instant before the gap).
+            AmbiguousOffset::Gap { after, .. } => {
+                transition_after(zone, after.to_timestamp(c).ok()?)?
+            }
+            AmbiguousOffset::Fold { before, .. } => {
+                let first = before.to_timestamp(c).ok()?;
+                if SystemTime::from(first) <= t {
+                    // `t` is in the second pass, after every first pass of this
+                    // fold: go on from the fold's last wall time.
+                    let end = before.to_datetime(transition_after(zone, first)?);
+                    wall = end.checked_sub(SignedDuration::from_secs(1)).ok()?;
+                    continue;
+                }
+                first
+            }
+        };
+        let due = SystemTime::from(due);
+        if due > t {
+            return Some(due);
+        }
+        wall = c;
+    }
+}
+
+/// The first transition of `zone` strictly after `ts`.
+fn transition_after(zone: &TimeZone, ts: Timestamp) -> Option<Timestamp> {
+    zone.following(ts).next().map(|tr| tr.timestamp())
+}
+
+/// The wall times `[start, end)` a gap skips, when `ts` is the end of one.
+fn gap_ending_at(zone: &TimeZone, ts: Timestamp) -> Option<(DateTime, DateTime)> {
+    let before = zone.to_offset(ts.checked_sub(SignedDuration::from_secs(1)).ok()?);
+    let after = zone.to_offset(ts);
+    // Transitions fall on whole seconds: a later offset at `ts` than a second
+    // before is a gap that ends at `ts`.
+    (after > before).then(|| (before.to_datetime(ts), after.to_datetime(ts)))
 }
 
 impl fmt::Display for Spec {
@@ -312,7 +434,7 @@ mod tests {
     use jiff::civil::date;
 
     fn at(zone: &str, y: i16, mo: i8, d: i8, h: i8, mi: i8) -> SystemTime {
-        let tz = TimeZone::get(zone).unwrap();
+        let tz = TimeZoneDatabase::bundled().get(zone).unwrap();
         let ts = tz
             .to_ambiguous_zoned(date(y, mo, d).at(h, mi, 0, 0))
             .earlier()
@@ -408,7 +530,7 @@ mod tests {
             assert!(due > t);
             let local = Timestamp::try_from(due)
                 .unwrap()
-                .to_zoned(TimeZone::get("America/New_York").unwrap());
+                .to_zoned(TimeZoneDatabase::bundled().get("America/New_York").unwrap());
             assert!(
                 days.insert(local.date()),
                 "two due times on {}",
@@ -417,6 +539,35 @@ mod tests {
             t = due;
         }
         assert_eq!(days.len(), 365);
+    }
+
+    #[test]
+    fn fixed_time_is_no_star_and_no_step_in_the_time_fields() {
+        let fixed = |expr: &str| match Spec::cron(expr, None).unwrap().0 {
+            Kind::Cron { fixed, .. } => fixed,
+            Kind::Every(_) => unreachable!(),
+        };
+        for expr in [
+            "30 2 * * *",
+            "0 2,14 * * *",
+            "0 1-3 * * *",
+            "0 30 2 * * *",
+            "0,30 2-3 * * MON",
+            "@daily",
+            "@weekly",
+        ] {
+            assert!(fixed(expr), "{expr}");
+        }
+        for expr in [
+            "* 2 * * *",
+            "0 */2 * * *",
+            "0 0-23/1 * * *",
+            "*/10 30 2 * * *",
+            "0 * * * *",
+            "@hourly",
+        ] {
+            assert!(!fixed(expr), "{expr}");
+        }
     }
 
     #[test]

@@ -652,3 +652,260 @@ fn a_policy_out_of_range_is_refused_and_never_panics_a_planner() {
     p.lead(now);
     while p.poll(now).is_some() {}
 }
+
+// Daylight saving time and zone changes (the rules: `Spec`'s documentation and
+// docs/schedules.md). The zones come from the tz database bundled with jiff, never
+// the host's.
+
+/// An RFC 3339 UTC instant (`2026-10-25T00:00:00Z`).
+fn ts(s: &str) -> SystemTime {
+    SystemTime::from(s.parse::<jiff::Timestamp>().unwrap())
+}
+
+/// The due times of `spec` in `(from, to]`, in the schedule's zone.
+fn dues_between(spec: &Spec, from: SystemTime, to: SystemTime) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut t = from;
+    while let Some(d) = spec.next_after(t) {
+        if d > to {
+            break;
+        }
+        out.push(spec.local(d));
+        t = d;
+    }
+    out
+}
+
+/// A list of fixed hours has no `*` and no step: fixed-time, due once in a repeated
+/// hour (Europe/Berlin, 2026-10-25: 03:00 CEST becomes 02:00 CET).
+#[test]
+fn a_list_of_fixed_hours_is_due_once_in_a_repeated_hour() {
+    for expr in ["0 2,14 * * *", "0 1-3 * * *", "0 0,30 2 * * *"] {
+        let spec = Spec::cron(expr, Some("Europe/Berlin")).unwrap();
+        let got = dues_between(
+            &spec,
+            ts("2026-10-24T23:00:00Z"),
+            ts("2026-10-25T02:00:00Z"),
+        );
+        let twice = got
+            .iter()
+            .filter(|d| d.starts_with("2026-10-25T02:00:00"))
+            .count();
+        assert_eq!(twice, 1, "{expr}: {got:?}");
+        assert!(
+            got.contains(&"2026-10-25T02:00:00+02:00[Europe/Berlin]".to_owned()),
+            "{expr}: {got:?}"
+        );
+        let first = ts("2026-10-25T00:00:00Z");
+        assert!(
+            spec.dst_note(first).unwrap().contains("first pass"),
+            "{expr}"
+        );
+    }
+    let spec = Spec::cron("0 2,14 * * *", Some("Europe/Berlin")).unwrap();
+    let got = dues_between(
+        &spec,
+        ts("2026-10-24T23:00:00Z"),
+        ts("2026-10-25T06:00:00Z"),
+    );
+    assert_eq!(got, ["2026-10-25T02:00:00+02:00[Europe/Berlin]"], "{got:?}");
+    // `*` or a step in the hour: real time, both passes.
+    let spec = Spec::cron("0 */1 * * *", Some("Europe/Berlin")).unwrap();
+    let got = dues_between(
+        &spec,
+        ts("2026-10-24T23:30:00Z"),
+        ts("2026-10-25T01:30:00Z"),
+    );
+    assert_eq!(
+        got,
+        [
+            "2026-10-25T02:00:00+02:00[Europe/Berlin]",
+            "2026-10-25T02:00:00+01:00[Europe/Berlin]"
+        ],
+        "{got:?}"
+    );
+    assert!(spec
+        .dst_note(ts("2026-10-25T01:00:00Z"))
+        .unwrap()
+        .contains("both passes"));
+}
+
+/// A list of fixed hours is due at the end of a gap (Europe/Berlin, 2026-03-29: 02:00
+/// CET becomes 03:00 CEST).
+#[test]
+fn a_list_of_fixed_hours_is_due_at_the_end_of_a_gap() {
+    for expr in ["30 2,14 * * *", "30 1-3 * * *"] {
+        let spec = Spec::cron(expr, Some("Europe/Berlin")).unwrap();
+        let got = dues_between(
+            &spec,
+            ts("2026-03-29T00:45:00Z"),
+            ts("2026-03-29T01:00:00Z"),
+        );
+        assert_eq!(
+            got,
+            ["2026-03-29T03:00:00+02:00[Europe/Berlin]"],
+            "{expr}: {got:?}"
+        );
+        let due = ts("2026-03-29T01:00:00Z");
+        assert!(
+            spec.dst_note(due).unwrap().contains("end of the gap"),
+            "{expr}"
+        );
+    }
+    // 02:30 and 03:00 both fall due at 03:00: one due time.
+    let spec = Spec::cron("0,30 2-3 * * *", Some("Europe/Berlin")).unwrap();
+    let got = dues_between(
+        &spec,
+        ts("2026-03-28T23:00:00Z"),
+        ts("2026-03-29T02:00:00Z"),
+    );
+    assert_eq!(
+        got,
+        [
+            "2026-03-29T03:00:00+02:00[Europe/Berlin]",
+            "2026-03-29T03:30:00+02:00[Europe/Berlin]",
+        ],
+        "{got:?}"
+    );
+    // A step: real time, nothing in the gap.
+    let spec = Spec::cron("30 */1 * * *", Some("Europe/Berlin")).unwrap();
+    let got = dues_between(
+        &spec,
+        ts("2026-03-29T00:45:00Z"),
+        ts("2026-03-29T01:30:00Z"),
+    );
+    assert_eq!(got, ["2026-03-29T03:30:00+02:00[Europe/Berlin]"], "{got:?}");
+}
+
+/// A steady leader (no state table, one leader all night) starts a listed hour once on
+/// the autumn night.
+#[test]
+fn a_steady_leader_starts_a_listed_hour_once_on_the_autumn_night() {
+    let spec = Spec::cron("0 2,14 * * *", Some("Europe/Berlin")).unwrap();
+    let mut p = Planner::new("nightly", spec.clone(), Policy::default());
+    let mut now = ts("2026-10-24T23:00:00Z");
+    p.lead(now);
+    let end = ts("2026-10-25T06:00:00Z");
+    let mut started = Vec::new();
+    loop {
+        while let Some(a) = p.poll(now) {
+            if let Action::Start(o) = a {
+                started.push(spec.local(o.due));
+                p.finished(o.due);
+            }
+        }
+        match p.wake_at() {
+            Some(w) if w <= end => now = w,
+            _ => break,
+        }
+    }
+    assert_eq!(started.len(), 1, "started {started:?}");
+}
+
+/// A fixed-time daily expression is due exactly once each local day, in zones with
+/// unusual transitions (midnight gaps, 30-minute and 2-hour shifts). America/Nuuk is
+/// left out: its Saturday-23:00 gap moves that day's 23:30 to Sunday 00:00, as stated.
+#[test]
+fn a_fixed_time_daily_cron_is_due_once_a_day_in_unusual_zones() {
+    let zones = [
+        "America/Havana",
+        "America/Santiago",
+        "Australia/Lord_Howe",
+        "Antarctica/Troll",
+        "Asia/Beirut",
+        "America/Asuncion",
+        "Africa/Casablanca",
+        "Europe/Dublin",
+    ];
+    let times = [
+        (0, 0),
+        (0, 30),
+        (1, 0),
+        (1, 30),
+        (2, 0),
+        (2, 30),
+        (3, 0),
+        (22, 30),
+        (23, 30),
+    ];
+    let mut bad = Vec::new();
+    for zone in zones {
+        let tz = jiff::tz::TimeZoneDatabase::bundled().get(zone).unwrap();
+        for (h, m) in times {
+            let spec = Spec::cron(&format!("{m} {h} * * *"), Some(zone)).unwrap();
+            let mut t = ts("2025-12-31T00:00:00Z");
+            let end = ts("2027-01-02T00:00:00Z");
+            let mut days = BTreeMap::<jiff::civil::Date, u32>::new();
+            while let Some(d) = spec.next_after(t) {
+                if d > end {
+                    break;
+                }
+                let z = jiff::Timestamp::try_from(d).unwrap().to_zoned(tz.clone());
+                *days.entry(z.date()).or_default() += 1;
+                t = d;
+            }
+            let mut day = jiff::civil::date(2026, 1, 1);
+            while day <= jiff::civil::date(2026, 12, 31) {
+                let n = days.get(&day).copied().unwrap_or(0);
+                if n != 1 {
+                    bad.push(format!("{zone} {h:02}:{m:02} {day}: {n}"));
+                }
+                day = day.tomorrow().unwrap();
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+}
+
+/// America/Nuuk skips Saturday 2026-03-28 23:00-23:59 (the end of the gap is Sunday
+/// 00:00). A weekly `30 23 * * 6` is due at the end of that gap: the day is the wall
+/// time's, not the gap end's.
+#[test]
+fn a_weekly_run_in_a_gap_that_ends_the_next_day_is_due_at_the_end_of_the_gap() {
+    let spec = Spec::cron("30 23 * * 6", Some("America/Nuuk")).unwrap();
+    let got = dues_between(
+        &spec,
+        ts("2026-03-20T00:00:00Z"),
+        ts("2026-04-06T00:00:00Z"),
+    );
+    assert_eq!(
+        got,
+        [
+            "2026-03-21T23:30:00-02:00[America/Nuuk]",
+            "2026-03-29T00:00:00-01:00[America/Nuuk]",
+            "2026-04-04T23:30:00-01:00[America/Nuuk]",
+        ],
+        "Saturdays 21, 28 March and 4 April: {got:?}"
+    );
+}
+
+/// Pacific/Apia skipped 2011-12-30 entirely (a 24-hour gap). A fixed-time cron whose
+/// wall time falls in it is due at the end of the gap, and the schedule goes on.
+#[test]
+fn a_gap_longer_than_two_hours_does_not_end_the_schedule() {
+    let spec = Spec::cron("0 0 30 12 *", Some("Pacific/Apia")).unwrap();
+    let got = dues_between(
+        &spec,
+        ts("2011-12-28T00:00:00Z"),
+        ts("2013-01-01T00:00:00Z"),
+    );
+    assert_eq!(
+        got,
+        [
+            "2011-12-31T00:00:00+14:00[Pacific/Apia]",
+            "2012-12-30T00:00:00+14:00[Pacific/Apia]",
+        ],
+        "{got:?}"
+    );
+    let mut p = Planner::new("yearly", spec, Policy::default());
+    p.lead(ts("2011-12-28T00:00:00Z"));
+    assert!(p.wake_at().is_some(), "nothing ahead");
+    // Real time (a step): nothing that day, the next year's due times go on.
+    let spec = Spec::cron("0 */6 30 12 *", Some("Pacific/Apia")).unwrap();
+    let got = dues_between(
+        &spec,
+        ts("2011-12-28T00:00:00Z"),
+        ts("2012-12-29T11:00:00Z"),
+    );
+    assert_eq!(got, ["2012-12-30T00:00:00+14:00[Pacific/Apia]"], "{got:?}");
+}
