@@ -302,15 +302,16 @@ fn url_params(rest: &str, scheme: usize, origin: &str) -> Result<Vec<Param>, Con
     if let Some(db) = path.filter(|p| !p.is_empty()) {
         push("dbname", db, &mut out);
     }
-    let mut after_password = false;
+    // An `@` anywhere in the query: the user info's password may run into
+    // it (`u:p@s?x&y@h`), so no parameter is quoted.
+    let mut after_password = query.is_some_and(|q| q.contains('@'));
     for param in query.into_iter().flat_map(|q| q.split('&')) {
         if param.is_empty() {
             continue;
         }
         // After `password=` (an unencoded `&` in it: `password=abc&def`),
-        // or with an `@` (a piece of the user info's password), a parameter
-        // is named by its place, never its text.
-        let hidden = (after_password || param.contains('@')).then(|| at(param));
+        // a parameter is named by its place, never its text.
+        let hidden = after_password.then(|| at(param));
         let (k, v) = param.split_once('=').ok_or_else(|| match hidden {
             Some(at) => syntax(
                 origin,

@@ -122,6 +122,7 @@ fn url_query_password_with_ampersand_is_not_echoed() {
         "postgres://u@h/db?password=abc&defSECRET=1",
         // A user-info password with `?` and `@`: the rest is in the query.
         "postgres://u:ab@c?defSECRET@h",
+        "postgres://u:ab@c?defSECRET&x@h",
     ] {
         let text = assert_refused_hidden(s, "defSECRET");
         assert!(text.contains("at character"), "{text}");
