@@ -46,11 +46,22 @@ impl std::fmt::Debug for Target {
 ///
 /// # Errors
 /// lease-libpq's one-line message, naming the keyword or variable.
+/// A `DATABASE_URL` or `PG*` variable that is not UTF-8 is an error naming
+/// it (never its value), not a silent "unset" that connects elsewhere.
 pub fn resolve(url: Option<&str>) -> Result<Target, String> {
-    resolve_from(url, &|name| std::env::var(name).ok())
+    let from_env;
+    let (string, origin) = match url {
+        Some(u) => (Some(u), "--database-url"),
+        None => {
+            from_env = lease_libpq::env_var("DATABASE_URL").map_err(|e| e.to_string())?;
+            (from_env.as_deref(), "DATABASE_URL")
+        }
+    };
+    target(lease_libpq::Conninfo::from_process_env(string, origin))
 }
 
 /// [`resolve`] with an explicit environment, for tests.
+#[cfg(test)]
 fn resolve_from(url: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Target, String> {
     let from_env;
     let (string, origin) = match url {
@@ -60,8 +71,13 @@ fn resolve_from(url: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Resu
             (from_env.as_deref(), "DATABASE_URL")
         }
     };
-    let conninfo =
-        lease_libpq::Conninfo::resolve(string, origin, env).map_err(|e| e.to_string())?;
+    target(lease_libpq::Conninfo::resolve(string, origin, env))
+}
+
+fn target(
+    conninfo: Result<lease_libpq::Conninfo, lease_libpq::ConninfoError>,
+) -> Result<Target, String> {
+    let conninfo = conninfo.map_err(|e| e.to_string())?;
     Ok(Target {
         tls: Connector::new((*conninfo.rustls()).clone()),
         summary: conninfo.summary().to_owned(),

@@ -23,13 +23,16 @@
 //! The string wins: a URL (`postgres://user:password@host:port,host2/db?k=v`,
 //! percent-encoded) or `key=value` pairs (values quoted with `'`, `\`
 //! escapes); a keyword given twice takes its last value. The environment
-//! fills in what it leaves out, then libpq's defaults:
+//! fills in what it leaves out, then libpq's defaults. A variable that is
+//! read and whose value is not UTF-8 is an error that names it (never its
+//! value), not a silent "unset" ([`env_var`]; [`Conninfo::resolve`] with
+//! an environment of your own leaves that to you):
 //!
 //! | Variable | Keyword | Here |
 //! | --- | --- | --- |
-//! | `PGHOST` | `host` | yes (comma-separated list, tried in order; default `/var/run/postgresql`, then `/tmp`) |
-//! | `PGHOSTADDR` | `hostaddr` | yes |
-//! | `PGPORT` | `port` | yes (one, or one per host; default 5432) |
+//! | `PGHOST` | `host` | yes (comma-separated list, tried in order; default, and for an empty entry (`host=''`), `/var/run/postgresql`, then `/tmp`) |
+//! | `PGHOSTADDR` | `hostaddr` | yes (without `host`, the address is also the TLS name, as libpq's TLS without SNI; `verify-full` needs `host`) |
+//! | `PGPORT` | `port` | yes (one, or one per host; default 5432; 0 is refused, as in libpq) |
 //! | `PGDATABASE` | `dbname` | yes (default: the user) |
 //! | `PGUSER` | `user` | yes (default: `$USER`, then the OS user) |
 //! | `PGPASSWORD` | `password` | yes (never shown; registered for [`redact`]) |
@@ -55,7 +58,7 @@
 //! | `PGREQUIREAUTH` | `require_auth` | no |
 //! | `PGTARGETSESSIONATTRS` | `target_session_attrs` | `any`, `read-write`, `primary` (as `read-write`); the standby values are refused; default `read-write` with several hosts (below) |
 //! | `PGLOADBALANCEHOSTS` | `load_balance_hosts` | yes (`disable`, `random`) |
-//! | - | `keepalives`, `keepalives_idle`, `keepalives_interval`, `keepalives_count` | yes |
+//! | - | `keepalives`, `keepalives_idle`, `keepalives_interval`, `keepalives_count` | yes (idle and interval at most 32767 s, count 1 to 127, Linux's limits: beyond, refused rather than failing every connection) |
 //! | - | `tcp_user_timeout` | yes |
 //! | `PGGSSENCMODE` | `gssencmode` | no (no GSSAPI) |
 //! | `PGKRBSRVNAME`, `PGGSSLIB`, `PGGSSDELEGATION` | `krbsrvname`, `gsslib`, `gssdelegation` | no (no Kerberos / GSSAPI) |
@@ -101,8 +104,9 @@
 //! `sslkey`, PEM) is sent when given; the key is refused if group or world
 //! can read it (libpq's rule: 0600, or 0640 if owned by root). A root
 //! certificate, client certificate or key that is named but cannot be read
-//! is an error when the connection is resolved, whatever the mode (libpq
-//! skips a missing root certificate below `verify-ca`). A rejected server
+//! is an error when the connection is resolved, whatever the mode, even
+//! `disable` and `allow` that do not use it (libpq does not read them in
+//! those modes, and skips a missing root certificate below `verify-ca`). A rejected server
 //! certificate fails the attempt with one line naming the mode and the
 //! reason (`sslmode=verify-full: the server's certificate is rejected: it is
 //! not signed by a CA in ...`). The server never offers TLS over a Unix
@@ -117,6 +121,18 @@
 //! password, a key or a certificate. Every password found is also registered
 //! for [`redact`], which replaces them in any text a program is about to
 //! print.
+//!
+//! A password quoted wrong must not leak through a syntax error either:
+//! after a `password` in a `key=value` string (`password=correct horse`,
+//! `password='it's'`) or in a URL's query string (`password=abc&def`), an
+//! error names the place (`at character 32`) or a known keyword, never the
+//! text. A URL with an `@` in its host or database part
+//! (`postgres://app:p@ss@host/db`, `postgres://app:ab/cd@host/db`) or a
+//! port that is not a number is refused without quoting it: a password
+//! containing `/`, `@`, `:` or `&` must be percent-encoded (`%2F`, `%40`,
+//! `%3A`, `%26`), as must an `@` in a host or database name (libpq would read
+//! the rest of the password as a host, port or database, and name it in
+//! errors and log lines).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc(html_root_url = "https://docs.rs/lease-libpq/0.1")]
@@ -159,10 +175,11 @@ impl Conninfo {
     /// file alone, as `psql` with no arguments.
     ///
     /// # Errors
-    /// A variable with an invalid value, inconsistent settings, or an
-    /// unusable certificate or key file: the message names the variable.
+    /// A variable with an invalid value (or one that is not UTF-8),
+    /// inconsistent settings, or an unusable certificate or key file: the
+    /// message names the variable.
     pub fn from_env() -> Result<Conninfo, ConninfoError> {
-        resolve::resolve(None, "the environment", &process_env)
+        resolve_process(None, "the environment")
     }
 
     /// The connection from `s` (URL or `key=value`), the process's
@@ -172,7 +189,17 @@ impl Conninfo {
     /// As [`Conninfo::from_env`], and a string that does not parse or names
     /// an unknown or unsupported keyword: the message names it.
     pub fn parse(s: &str) -> Result<Conninfo, ConninfoError> {
-        resolve::resolve(Some(s), "the connection string", &process_env)
+        resolve_process(Some(s), "the connection string")
+    }
+
+    /// `string` if any (named `origin` in messages, e.g. `"DATABASE_URL"`),
+    /// the process's environment filling in what it leaves out.
+    ///
+    /// # Errors
+    /// As [`Conninfo::parse`]; a variable read whose value is not UTF-8 is
+    /// an error that names it (never its value).
+    pub fn from_process_env(string: Option<&str>, origin: &str) -> Result<Conninfo, ConninfoError> {
+        resolve_process(string, origin)
     }
 
     /// The general form: `string` if any (named `origin` in messages, e.g.
@@ -262,7 +289,43 @@ impl FromStr for Conninfo {
     }
 }
 
-/// A process environment variable (non-UTF-8 values count as unset).
-fn process_env(name: &str) -> Option<String> {
-    std::env::var(name).ok()
+/// A process environment variable, as the resolution reads it: `Ok(None)`
+/// when unset (or empty), an error naming the variable (never its value)
+/// when its value is not UTF-8, rather than a silent "unset" that would
+/// connect somewhere else.
+///
+/// # Errors
+/// [`ErrorKind::InvalidValue`], the variable as [`ConninfoError::keyword`].
+pub fn env_var(name: &str) -> Result<Option<String>, ConninfoError> {
+    match std::env::var(name) {
+        Ok(v) if v.is_empty() => Ok(None),
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(error::err(
+            ErrorKind::InvalidValue,
+            name,
+            format!(
+                "the environment variable {name} is not valid UTF-8 (its value is not shown): \
+                 fix or unset it"
+            ),
+        )),
+    }
+}
+
+/// Resolves with the process environment: a variable the resolution reads
+/// whose value is not UTF-8 is an error naming it ([`env_var`]).
+fn resolve_process(string: Option<&str>, origin: &str) -> Result<Conninfo, ConninfoError> {
+    let bad = std::cell::RefCell::new(None);
+    let lookup = |name: &str| match env_var(name) {
+        Ok(v) => v,
+        Err(e) => {
+            bad.borrow_mut().get_or_insert(e);
+            None
+        }
+    };
+    let resolved = resolve::resolve(string, origin, &lookup);
+    match bad.into_inner() {
+        Some(e) => Err(e),
+        None => resolved,
+    }
 }

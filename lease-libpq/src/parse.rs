@@ -4,6 +4,7 @@
 //! (percent-encoded).
 
 use crate::error::{err, ConninfoError, ErrorKind};
+use crate::redact::add_secret;
 
 /// One parameter of a connection string.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,7 +13,17 @@ pub(crate) struct Param {
     pub value: String,
     /// The value as written (quoted or percent-encoded), for redaction.
     pub raw: String,
+    /// Where it starts (1-based character), when its keyword and value may
+    /// not be quoted in an error: it follows a password in the string (an
+    /// unquoted password with spaces, a query-string password with `&`),
+    /// so either may be a piece of it.
+    pub hidden: Option<usize>,
 }
+
+/// The hint of an error that does not quote text that may hold a password.
+pub(crate) const NOT_SHOWN: &str = "not shown: it follows a password and may be part of it; \
+     quote a password with spaces or quotes in a key=value string (password='it\\'s a secret'), \
+     and percent-encode `/`, `@`, `:` and `&` in a URL's password (%2F, %40, %3A, %26)";
 
 /// The parameters of `s`, in order, a later one for the same keyword
 /// replacing an earlier one (libpq's rule).
@@ -32,7 +43,7 @@ pub(crate) fn params(s: &str, origin: &str) -> Result<Vec<Param>, ConninfoError>
         ));
     }
     let all = match strip_url_prefix(s) {
-        Some(rest) => url_params(rest, origin)?,
+        Some(rest) => url_params(rest, s.len() - rest.len(), origin)?,
         None => kv_params(s, origin)?,
     };
     let mut out: Vec<Param> = Vec::new();
@@ -87,16 +98,25 @@ fn kv_params(s: &str, origin: &str) -> Result<Vec<Param>, ConninfoError> {
             i += 1;
         }
         let key: String = b[start..i].iter().collect();
+        // After a password, a word may be a piece of it (`password=correct
+        // horse`, `password='it's'`): its place is named, not its text.
+        let hidden = out
+            .iter()
+            .any(|p: &Param| p.key == "password")
+            .then_some(start + 1);
         while b.get(i).is_some_and(|c| c.is_whitespace()) {
             i += 1;
         }
         if b.get(i) != Some(&'=') {
             // Never quote what follows: it may be a password.
-            return Err(syntax(
-                origin,
-                Some(&key),
-                &format!("expected `=` after `{key}`"),
-            ));
+            return Err(match hidden {
+                Some(at) => syntax(
+                    origin,
+                    None,
+                    &format!("expected `=` in the word at character {at} ({NOT_SHOWN})"),
+                ),
+                None => syntax(origin, Some(&key), &format!("expected `=` after `{key}`")),
+            });
         }
         i += 1;
         while b.get(i).is_some_and(|c| c.is_whitespace()) {
@@ -109,11 +129,21 @@ fn kv_params(s: &str, origin: &str) -> Result<Vec<Param>, ConninfoError> {
             loop {
                 match b.get(i) {
                     None => {
-                        return Err(syntax(
-                            origin,
-                            Some(&key),
-                            &format!("the quoted value of `{key}` is not closed"),
-                        ))
+                        return Err(match hidden {
+                            Some(at) => syntax(
+                                origin,
+                                None,
+                                &format!(
+                                    "the quoted value of the parameter at character {at} is \
+                                     not closed ({NOT_SHOWN})"
+                                ),
+                            ),
+                            None => syntax(
+                                origin,
+                                Some(&key),
+                                &format!("the quoted value of `{key}` is not closed"),
+                            ),
+                        })
                     }
                     Some('\'') => break,
                     Some('\\') => {
@@ -146,20 +176,43 @@ fn kv_params(s: &str, origin: &str) -> Result<Vec<Param>, ConninfoError> {
                 }
             }
         }
-        let raw = b[raw_start..i].iter().collect();
-        out.push(Param { key, value, raw });
+        let raw: String = b[raw_start..i].iter().collect();
+        if key == "password" {
+            // Registered now: a later error must not leave it unredacted.
+            add_secret(&value);
+            add_secret(&raw);
+        }
+        out.push(Param {
+            key,
+            value,
+            raw,
+            hidden,
+        });
     }
 }
 
 /// Tokenises a URL without its scheme.
-fn url_params(rest: &str, origin: &str) -> Result<Vec<Param>, ConninfoError> {
+/// `scheme` is the length of the scheme (`postgres://`) before `rest`.
+fn url_params(rest: &str, scheme: usize, origin: &str) -> Result<Vec<Param>, ConninfoError> {
     let mut out = Vec::new();
     let push = |key: &str, raw: &str, out: &mut Vec<Param>| {
+        if key == "password" {
+            // Registered now: a later error must not leave it unredacted.
+            add_secret(&percent_decode(raw));
+            add_secret(raw);
+        }
         out.push(Param {
             key: key.to_owned(),
             value: percent_decode(raw),
             raw: raw.to_owned(),
+            hidden: None,
         });
+    };
+    // Where `part` (a slice of `rest`) starts in the whole string, 1-based
+    // characters (after the scheme's).
+    let at = |part: &str| {
+        let offset = part.as_ptr() as usize - rest.as_ptr() as usize;
+        scheme + rest[..offset].chars().count() + 1
     };
     // libpq: the user info ends at the first `@`, unless a `/` comes first.
     let mut rest = rest;
@@ -188,6 +241,19 @@ fn url_params(rest: &str, origin: &str) -> Result<Vec<Param>, ConninfoError> {
         Some((a, p)) => (a, Some(p)),
         None => (before_query, None),
     };
+    // An `@` in the host or database part is a password's (`u:p@ss@h`,
+    // `u:ab/cd@h`) more likely than a name's: refused, nothing quoted, since
+    // libpq would read a piece of the password as a host, port or database
+    // (and name it in errors and log lines).
+    if before_query.contains('@') {
+        return Err(syntax(
+            origin,
+            None,
+            "the URL has an `@` in its host or database part (not shown: it may hold a piece of \
+             the password): a password containing `/`, `@`, `:` or `&` must be percent-encoded \
+             (%2F, %40, %3A, %26), as must an `@` in a host or database name",
+        ));
+    }
     if !authority.is_empty() {
         let (mut hosts, mut ports) = (Vec::new(), Vec::new());
         for one in authority.split(',') {
@@ -213,6 +279,16 @@ fn url_params(rest: &str, origin: &str) -> Result<Vec<Param>, ConninfoError> {
             } else {
                 one.rsplit_once(':').unwrap_or((one, ""))
             };
+            if !port.bytes().all(|b| b.is_ascii_digit()) {
+                // Without user info, `user:password` reads as `host:port`.
+                return Err(syntax(
+                    origin,
+                    Some("port"),
+                    "a port in the URL is not a number (not shown: it may be a piece of a \
+                     password): a password containing `/`, `@`, `:` or `&` must be \
+                     percent-encoded (%2F, %40, %3A, %26)",
+                ));
+            }
             hosts.push(host);
             ports.push(port);
         }
@@ -226,20 +302,37 @@ fn url_params(rest: &str, origin: &str) -> Result<Vec<Param>, ConninfoError> {
     if let Some(db) = path.filter(|p| !p.is_empty()) {
         push("dbname", db, &mut out);
     }
+    // An `@` anywhere in the query: the user info's password may run into
+    // it (`u:p@s?x&y@h`), so no parameter is quoted.
+    let mut after_password = query.is_some_and(|q| q.contains('@'));
     for param in query.into_iter().flat_map(|q| q.split('&')) {
         if param.is_empty() {
             continue;
         }
-        let (k, v) = param.split_once('=').ok_or_else(|| {
-            let k = percent_decode(param);
-            syntax(
+        // After `password=` (an unencoded `&` in it: `password=abc&def`),
+        // a parameter is named by its place, never its text.
+        let hidden = after_password.then(|| at(param));
+        let (k, v) = param.split_once('=').ok_or_else(|| match hidden {
+            Some(at) => syntax(
                 origin,
-                Some(&k),
-                &format!("the URL parameter `{k}` has no `=`"),
-            )
+                None,
+                &format!("the URL parameter at character {at} has no `=` ({NOT_SHOWN})"),
+            ),
+            None => {
+                let k = percent_decode(param);
+                syntax(
+                    origin,
+                    Some(&k),
+                    &format!("the URL parameter `{k}` has no `=`"),
+                )
+            }
         })?;
         let k = percent_decode(k);
         push(&k, v, &mut out);
+        if let Some(p) = out.last_mut() {
+            p.hidden = hidden;
+        }
+        after_password |= k == "password";
     }
     Ok(out)
 }

@@ -8,7 +8,7 @@ use tokio_postgres::config::{Host, SslNegotiation, TargetSessionAttrs};
 use tokio_postgres::Config;
 
 use crate::error::{err, ConninfoError, ErrorKind};
-use crate::parse::{params, quote, Param};
+use crate::parse::{params, quote, Param, NOT_SHOWN};
 use crate::redact::add_secret;
 use crate::tls::{self, Roots, SslMode};
 use crate::Conninfo;
@@ -70,6 +70,14 @@ const UNSUPPORTED: [&str; 20] = [
     "max_protocol_version",
     "requiressl",
 ];
+
+/// libpq's default hosts: the Unix socket directories, in order.
+const DEFAULT_SOCKETS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
+
+/// Linux's limits for `TCP_KEEPIDLE` and `TCP_KEEPINTVL` (seconds) and
+/// `TCP_KEEPCNT`: beyond them every connection attempt fails with EINVAL.
+const MAX_KEEPALIVE_SECS: u64 = 32767;
+const MAX_KEEPALIVES_COUNT: u32 = 127;
 
 /// Resolves `string` (from `origin`) with the environment `lookup`.
 pub(crate) fn resolve(
@@ -155,10 +163,48 @@ pub(crate) fn resolve(
             err(
                 ErrorKind::InvalidValue,
                 "keepalives_count",
-                format!("invalid keepalives_count {:?} in {origin}", p.value),
+                match p.hidden {
+                    Some(_) => format!("invalid keepalives_count in {origin} ({NOT_SHOWN})"),
+                    None => format!("invalid keepalives_count {:?} in {origin}", p.value),
+                },
             )
         })?;
+        if !(1..=MAX_KEEPALIVES_COUNT).contains(&n) {
+            return Err(err(
+                ErrorKind::InvalidValue,
+                "keepalives_count",
+                format!(
+                    "keepalives_count {n} in {origin} is out of range: 1 to \
+                     {MAX_KEEPALIVES_COUNT} (the kernel's limit)"
+                ),
+            ));
+        }
         config.keepalives_retries(n);
+    }
+    let max_keepalive = Duration::from_secs(MAX_KEEPALIVE_SECS);
+    for (key, value) in [
+        ("keepalives_idle", Some(config.get_keepalives_idle())),
+        ("keepalives_interval", config.get_keepalives_interval()),
+    ] {
+        if let Some(secs) = value.filter(|&v| v > max_keepalive) {
+            return Err(err(
+                ErrorKind::InvalidValue,
+                key,
+                format!(
+                    "{key} {} in {origin} is out of range: at most {MAX_KEEPALIVE_SECS} seconds \
+                     (the kernel's limit)",
+                    secs.as_secs()
+                ),
+            ));
+        }
+    }
+    if config.get_ports().contains(&0) {
+        // libpq: "invalid port number"; as PGPORT=0 below.
+        return Err(err(
+            ErrorKind::InvalidValue,
+            "port",
+            format!("invalid port 0 in {origin}"),
+        ));
     }
     if config.get_connect_timeout().is_none() {
         if let Some(t) = lookup("PGCONNECT_TIMEOUT") {
@@ -169,11 +215,16 @@ pub(crate) fn resolve(
                     format!("invalid PGCONNECT_TIMEOUT {t:?}: expected seconds"),
                 )
             })?;
-            // libpq: zero or less waits forever; 1 means 2.
+            // libpq: zero or less waits forever (tokio-postgres's parse of
+            // the string's keyword, too).
             if secs > 0 {
-                config.connect_timeout(Duration::from_secs(secs.max(2) as u64));
+                config.connect_timeout(Duration::from_secs(secs as u64));
             }
         }
+    }
+    // libpq: 1 means 2, from the string or the variable.
+    if config.get_connect_timeout() == Some(&Duration::from_secs(1)) {
+        config.connect_timeout(Duration::from_secs(2));
     }
     let attrs = setting("target_session_attrs", "PGTARGETSESSIONATTRS");
     if let Some((attrs, attrs_origin)) = &attrs {
@@ -208,8 +259,12 @@ pub(crate) fn resolve(
         });
     }
 
-    // Whether no host was named at all (libpq's default sockets).
-    let mut default_host = false;
+    // Whether no host was named at all (libpq's default sockets), or only
+    // empty ones (`host=''`: libpq's default too).
+    let mut default_host = given
+        .iter()
+        .any(|p| p.key == "host" && p.value.split(',').all(str::is_empty))
+        && !named("hostaddr");
     if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
         let addrs = lookup("PGHOSTADDR");
         for addr in addrs.iter().flat_map(|a| a.split(',')) {
@@ -356,6 +411,25 @@ pub(crate) fn resolve(
         ));
     }
     let rustls = tls.client_config()?;
+    if config.get_hosts().is_empty() && !config.get_hostaddrs().is_empty() {
+        // A bare hostaddr: libpq does TLS without a host name (no SNI, the
+        // name unchecked below verify-full); tokio-postgres wants one, so
+        // the address is the name (rustls sends no SNI for an address).
+        if tls.mode == SslMode::VerifyFull {
+            return Err(err(
+                ErrorKind::Inconsistent,
+                "hostaddr",
+                format!(
+                    "sslmode=verify-full checks the server's host name, but only hostaddr is given \
+                     (in {origin} or PGHOSTADDR): give host= (the name in the server's \
+                     certificate) along with hostaddr"
+                ),
+            ));
+        }
+        for addr in config.get_hostaddrs().to_vec() {
+            config.host(addr.to_string());
+        }
+    }
     let mut summary = summary(&config);
     if config.get_target_session_attrs() == TargetSessionAttrs::ReadWrite {
         summary.push_str(match attrs {
@@ -386,7 +460,7 @@ fn split(given: &[Param], origin: &str) -> Result<(Config, Vec<Param>), Conninfo
         }
         let key = p.key.as_str();
         if PASSED.contains(&key) {
-            passed.push(p);
+            passed.push(p.clone());
         } else if TAKEN.contains(&key) {
             taken.push(p.clone());
         } else if key == "service" {
@@ -404,6 +478,16 @@ fn split(given: &[Param], origin: &str) -> Result<(Config, Vec<Param>), Conninfo
                 key,
                 format!("the libpq keyword `{key}` (in {origin}) is not supported"),
             ));
+        } else if let Some(at) = p.hidden {
+            // The likely keyword only: it says nothing of the text.
+            let hint = nearest(key)
+                .map(|k| format!("did you mean `{k}`? or "))
+                .unwrap_or_default();
+            return Err(ConninfoError::new(
+                ErrorKind::UnknownKeyword,
+                None,
+                format!("unknown keyword at character {at} in {origin} ({hint}{NOT_SHOWN})"),
+            ));
         } else {
             let hint = nearest(key)
                 .map(|k| format!(" (did you mean `{k}`?)"))
@@ -415,6 +499,8 @@ fn split(given: &[Param], origin: &str) -> Result<(Config, Vec<Param>), Conninfo
             ));
         }
     }
+    default_empty_hosts(&mut passed);
+    let passed: Vec<&Param> = passed.iter().collect();
     let kv = |ps: &[&Param]| {
         ps.iter()
             .map(|p| format!("{}={}", p.key, quote(&p.value)))
@@ -434,6 +520,11 @@ fn split(given: &[Param], origin: &str) -> Result<(Config, Vec<Param>), Conninfo
                     ErrorKind::InvalidValue,
                     "password",
                     format!("invalid password in {origin}"),
+                ),
+                Some(p) if p.hidden.is_some() => err(
+                    ErrorKind::InvalidValue,
+                    &p.key,
+                    format!("invalid value for `{}` in {origin} ({NOT_SHOWN})", p.key),
                 ),
                 Some(p) => err(
                     ErrorKind::InvalidValue,
@@ -572,8 +663,53 @@ fn tls_settings(
 /// libpq's default: the Unix socket in `/var/run/postgresql`, then `/tmp`
 /// (tokio-postgres tries hosts in order).
 fn default_hosts(config: &mut Config) {
-    config.host_path(PathBuf::from("/var/run/postgresql"));
-    config.host_path(PathBuf::from("/tmp"));
+    for path in DEFAULT_SOCKETS {
+        config.host_path(PathBuf::from(path));
+    }
+}
+
+/// libpq: an empty entry in the string's `host` list (`host=''`,
+/// `host=a,`, `postgresql://[]/db`) is the default, the Unix socket
+/// directories; with one port per host, its port goes with each of them.
+/// Not with `hostaddr`, which then gives the address.
+fn default_empty_hosts(passed: &mut [Param]) {
+    if passed.iter().any(|p| p.key == "hostaddr") {
+        return;
+    }
+    let Some(h) = passed.iter().position(|p| p.key == "host") else {
+        return;
+    };
+    let hosts: Vec<String> = passed[h].value.split(',').map(str::to_owned).collect();
+    if !hosts.iter().any(String::is_empty) {
+        return;
+    }
+    let ports = passed.iter().position(|p| p.key == "port");
+    let port_count = ports.map_or(0, |p| passed[p].value.split(',').count());
+    if hosts.iter().all(String::is_empty) && port_count <= 1 {
+        // `host=''`, `host=,`: the default, once.
+        passed[h].value = DEFAULT_SOCKETS.join(",");
+        return;
+    }
+    let expand = |items: &[String], default: &dyn Fn(&str) -> Vec<String>| -> String {
+        hosts
+            .iter()
+            .zip(items)
+            .flat_map(|(host, item)| match host.is_empty() {
+                true => default(item),
+                false => vec![item.clone()],
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    passed[h].value = expand(&hosts, &|_| {
+        DEFAULT_SOCKETS.iter().map(|s| (*s).to_owned()).collect()
+    });
+    if let Some(p) = ports {
+        let ports: Vec<String> = passed[p].value.split(',').map(str::to_owned).collect();
+        if hosts.len() > 1 && ports.len() == hosts.len() {
+            passed[p].value = expand(&ports, &|port| vec![port.to_owned(); DEFAULT_SOCKETS.len()]);
+        }
+    }
 }
 
 /// The OS user name from the password database entry of the effective uid
@@ -841,7 +977,9 @@ mod tests {
             t.config.get_hostaddrs(),
             ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]
         );
-        assert!(t.config.get_hosts().is_empty());
+        // A bare hostaddr: the address is also the TLS name (libpq does TLS
+        // without one; tokio-postgres wants one).
+        assert_eq!(t.config.get_hosts(), [Host::Tcp("127.0.0.1".to_owned())]);
         assert_eq!(t.config.get_options(), Some("-c work_mem=8MB"));
         assert_eq!(t.config.get_keepalives_retries(), Some(4));
         assert_eq!(
@@ -939,9 +1077,14 @@ mod tests {
     #[test]
     fn bad_strings_are_refused_without_the_password() {
         let none = with_env(&[("USER", "u")]);
+        // After a password, a word may be a piece of it: its place is named.
         let e = resolve_from(Some("host=h password=SECRETKV bogus=1"), &none).unwrap_err();
-        assert!(e.contains("bogus"), "{e}");
-        assert!(!e.contains("SECRETKV"), "{e}");
+        assert!(e.contains("unknown keyword at character 26"), "{e}");
+        assert!(!e.contains("SECRETKV") && !e.contains("bogus"), "{e}");
+        let e = resolve_from(Some("host=h password=SECRETKV sslmod=require"), &none).unwrap_err();
+        assert!(e.contains("(did you mean `sslmode`? or not shown"), "{e}");
+        let e = resolve_from(Some("host=h bogus=1 password=SECRETKV"), &none).unwrap_err();
+        assert!(e.contains("unknown keyword `bogus`"), "{e}");
         let e = resolve_from(Some("postgres://u:SECRETURL@h:notaport/db"), &none).unwrap_err();
         assert!(!e.contains("SECRETURL"), "{e}");
         assert_eq!(redact("x SECRETURL SECRETKV"), "x *** ***");

@@ -18,7 +18,9 @@
 //! it then defaults to), or libpq's default `~/.postgresql/root.crt` when it
 //! exists. Client certificate: `sslcert` and `sslkey` (PEM; default
 //! `~/.postgresql/postgresql.crt` and `.key` when they exist), the key
-//! refused if group or world can read it (libpq's rule).
+//! refused if group or world can read it (libpq's rule). Named files are
+//! read whatever the mode, `disable` and `allow` too: a missing one is an
+//! error at resolution.
 //!
 //! Nothing here ever formats a key, a certificate or a password into a
 //! message: only paths, modes and rustls's reasons.
@@ -191,6 +193,17 @@ impl Settings {
         // one of them must not warn.
         #[allow(deprecated)]
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        if !self.mode.uses_tls() {
+            // Not used in this mode, but checked as in every mode: a file
+            // named wrong is found now, not when the mode is raised.
+            if let Some(roots @ Roots::File(_)) = &self.roots {
+                load_roots(roots)?;
+            }
+            if let Some((cert, key)) = &self.client {
+                load_certs(cert, "sslcert")?;
+                load_key(key)?;
+            }
+        }
         let check = if self.mode.uses_tls() {
             self.check()
         } else {

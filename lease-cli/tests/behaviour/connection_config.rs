@@ -54,3 +54,36 @@ fn no_password_exits_1_at_once_naming_it() {
         errors[0]
     );
 }
+
+/// `DATABASE_URL` with one non-UTF-8 byte was treated as unset: `lease
+/// status` connected to the PG* defaults instead (here the test cluster) and
+/// reported on the wrong database, exit 0, without a word about
+/// DATABASE_URL. Now an error that names it, never its value; the same for a
+/// `PG*` variable.
+#[test]
+fn a_non_utf8_database_url_or_pg_variable_is_an_error_naming_it() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let c = common::cluster();
+    let mut bad = b"host=127.0.0.1 port=1 dbname=prodSECRET".to_vec();
+    bad.push(0xff);
+    let bad = OsString::from_vec(bad);
+    for var in ["DATABASE_URL", "PGDATABASE"] {
+        let mut cmd = common::lease();
+        cmd.arg("status")
+            .env_remove("DATABASE_URL")
+            .env("PGHOST", "127.0.0.1")
+            .env("PGPORT", c.port().to_string())
+            .env("PGUSER", "postgres")
+            .env("PGDATABASE", "postgres")
+            .env(var, &bad);
+        let (status, out, err, _) = common::output(cmd, Duration::from_secs(10));
+        eprintln!("{var}: exit {status}\nstdout: {out}\nstderr: {err}");
+        assert_ne!(status.code(), Some(0), "stdout: {out} stderr: {err}");
+        assert!(
+            err.contains(&format!("{var} is not valid UTF-8")),
+            "stderr: {err}"
+        );
+        assert!(!err.contains("prodSECRET") && !out.contains("prodSECRET"));
+    }
+}

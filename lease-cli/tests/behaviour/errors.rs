@@ -216,3 +216,48 @@ fn postgres_13_exits_1_naming_the_version_needed() {
     assert_eq!(status.code(), Some(0), "{lines:?}");
     assert!(lines.iter().any(|l| l == "led-on-13"), "{lines:?}");
 }
+
+/// `keepalives_idle` / `keepalives_interval` beyond Linux's 32767 s, or
+/// `keepalives_count` beyond 127: they were accepted, then every connection
+/// attempt failed with `Invalid argument (os error 22)` from setsockopt, a
+/// "network" error retried for ever. Now one error naming the keyword, exit
+/// 2 (a bad connection string) at once.
+#[test]
+fn out_of_range_keepalive_options_exit_2_at_once() {
+    let c = cluster();
+    for (opt, keyword) in [
+        ("keepalives_idle=40000", "keepalives_idle"),
+        ("keepalives_interval=40000", "keepalives_interval"),
+        ("keepalives_count=4000000000", "keepalives_count"),
+    ] {
+        let url = format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres sslmode=disable {opt}",
+            c.port()
+        );
+        let start = Instant::now();
+        let mut r = Replica::spawn(lease_run(&url)).expect("spawn lease");
+        let status = r.wait_exit(MS(3_000)).ok();
+        let took = start.elapsed();
+        if status.is_none() {
+            let _ = r.sigterm();
+            let _ = r.wait_exit(MS(3_000));
+        }
+        let _ = r.wait_for_line(|_| false, MS(200));
+        let lines: Vec<String> = r.lines().into_iter().map(|l| l.text).collect();
+        eprintln!("{opt}: exit {status:?} after {took:?}: {lines:#?}");
+        assert!(
+            !lines.iter().any(|l| l.contains("still retrying")),
+            "retried for ever: {lines:#?}"
+        );
+        // A bad connection string: exit 2, as for any other.
+        assert_eq!(status.and_then(|s| s.code()), Some(2), "{lines:#?}");
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        let errors: Vec<&String> = lines.iter().filter(|l| l.contains("error")).collect();
+        assert_eq!(errors.len(), 1, "one error line: {lines:?}");
+        assert!(
+            errors[0].contains(keyword) && errors[0].contains("out of range"),
+            "{}",
+            errors[0]
+        );
+    }
+}

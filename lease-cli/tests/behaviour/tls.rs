@@ -429,3 +429,62 @@ fn verify_ca_checks_the_chain_but_not_the_host_name() {
     );
     assert!(!lines.iter().any(|l| l.starts_with("start")), "{lines:#?}");
 }
+
+/// A bare `hostaddr` (or `PGHOSTADDR`) with TLS (`sslmode=require`, or the
+/// default `prefer` against a server with TLS): psql connects (TLS without
+/// SNI, the certificate unchecked under these modes); `lease run` failed
+/// with "error performing TLS handshake: no hostname provided for TLS
+/// handshake". With `verify-full`, which needs a host name, it is refused at
+/// once, naming `host=`.
+#[test]
+fn a_bare_hostaddr_with_tls_connects_as_libpq_does() {
+    let t = tls();
+    let home = t.certs.dir();
+    let port = t.cluster.port();
+    let runs = [
+        (
+            format!("hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres sslmode=require"),
+            None,
+        ),
+        (
+            format!("hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres"),
+            None,
+        ),
+        (
+            format!("port={port} user=postgres dbname=postgres"),
+            Some("require"),
+        ),
+    ];
+    for (url, pgsslmode) in runs {
+        let mut cmd = lease(home);
+        if let Some(mode) = pgsslmode {
+            cmd.env("PGHOSTADDR", "127.0.0.1").env("PGSSLMODE", mode);
+        }
+        cmd.args(["run", "--database-url", &url])
+            .args(["--retry-interval", "50ms", "--query-timeout", "1s"])
+            .args([&unique("addr"), "--", "sh", "-c", "echo started"]);
+        let (status, out, err, _) = try_output(cmd, MS(5_000));
+        eprintln!("{url} (PGSSLMODE {pgsslmode:?}): {status:?}\nstdout: {out}\nstderr: {err}");
+        assert!(out.contains("started"), "{url}: {err}");
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "{err}");
+    }
+    let url = format!(
+        "hostaddr=127.0.0.1 port={port} user=postgres dbname=postgres sslmode=verify-full \
+         sslrootcert={}",
+        t.certs.ca.display()
+    );
+    let mut cmd = lease(home);
+    cmd.args(["run", "--database-url", &url]).args([
+        &unique("addr"),
+        "--",
+        "sh",
+        "-c",
+        "echo started",
+    ]);
+    let (status, out, err, _) = try_output(cmd, MS(5_000));
+    eprintln!("{url}: {status:?}\nstdout: {out}\nstderr: {err}");
+    // A bad connection string: exit 2, as for any other.
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{err}");
+    assert!(err.contains("give host="), "{err}");
+    assert!(!out.contains("started"), "{out}");
+}
