@@ -337,20 +337,30 @@ mod tests {
     use super::*;
     use std::time::UNIX_EPOCH;
 
+    /// An ephemeral server (stopped when dropped), its target, the state
+    /// table `name` and a runtime.
+    fn server(name: &str) -> (lease_tests::Cluster, Target, Table, tokio::runtime::Runtime) {
+        let cluster = lease_tests::Cluster::start().expect("an ephemeral PostgreSQL");
+        let target = crate::conn::resolve(Some(&cluster.url("postgres"))).expect("target");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        (cluster, target, Table::parse(name).unwrap(), rt)
+    }
+
+    /// Due time `s` seconds after a fixed moment.
+    fn due(s: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s)
+    }
+
     /// The fence and the claim against a real server: once a newer leader took
     /// the schedule over, an older leader's claim is refused; a due time is
     /// claimed once; only the recorded unfinished one is claimed again.
     #[test]
     fn an_older_leader_cannot_claim_after_a_takeover() {
-        let cluster = lease_tests::Cluster::start().expect("an ephemeral PostgreSQL");
-        let target = crate::conn::resolve(Some(&cluster.url("postgres"))).expect("target");
-        let table = Table::parse("schedules_fence").unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let (_cluster, target, table, rt) = server("schedules_fence");
         let t = Duration::from_secs(10);
-        let due = |s: u64| UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s);
         rt.block_on(async {
             init(&target, t, &table).await.expect("init");
             let spec = ("job", "every 1m");
@@ -467,15 +477,8 @@ mod tests {
     /// leader (`again`) takes its own unstarted claim, never a recorded one.
     #[test]
     fn a_claim_never_lands_after_its_timeout_and_a_retry_finds_its_own() {
-        let cluster = lease_tests::Cluster::start().expect("an ephemeral PostgreSQL");
-        let target = crate::conn::resolve(Some(&cluster.url("postgres"))).expect("target");
-        let table = Table::parse("schedules_slow").unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let (_cluster, target, table, rt) = server("schedules_slow");
         let t = Duration::from_secs(10);
-        let due = |s: u64| UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s);
         rt.block_on(async {
             init(&target, t, &table).await.expect("init");
             fence(&target, t, &table, ("job", "every 1m"), 1)
