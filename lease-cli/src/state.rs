@@ -349,6 +349,19 @@ mod tests {
         (cluster, target, Table::parse(name).unwrap(), rt)
     }
 
+    /// [`claim`] of job's due time `s` (run id `job@s`) by leader `token`.
+    async fn claim_job(
+        (target, t, table): (&Target, Duration, &Table),
+        s: u64,
+        token: i64,
+        retry: (Option<SystemTime>, bool),
+    ) -> bool {
+        let run_id = format!("job@{s}");
+        claim(target, t, table, "job", (due(s), &run_id), token, retry)
+            .await
+            .unwrap()
+    }
+
     /// Due time `s` seconds after a fixed moment.
     fn due(s: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(1_800_000_000 + s)
@@ -367,29 +380,9 @@ mod tests {
             // Leader 1 takes over and claims 60.
             let fenced = fence(&target, t, &table, spec, 1).await.unwrap();
             assert!(matches!(fenced, Fenced::Record(None)), "{fenced:?}");
-            assert!(claim(
-                &target,
-                t,
-                &table,
-                "job",
-                (due(60), "job@60"),
-                1,
-                (None, false)
-            )
-            .await
-            .unwrap());
+            assert!(claim_job((&target, t, &table), 60, 1, (None, false)).await);
             assert!(
-                !claim(
-                    &target,
-                    t,
-                    &table,
-                    "job",
-                    (due(60), "job@60"),
-                    1,
-                    (None, false)
-                )
-                .await
-                .unwrap(),
+                !claim_job((&target, t, &table), 60, 1, (None, false)).await,
                 "a due time is claimed once"
             );
             // Leader 2 takes over (its run of 60 never finished).
@@ -399,58 +392,18 @@ mod tests {
             };
             assert_eq!((r.due, r.finished, r.started), (due(60), false, true));
             // Leader 1, thawed, claims 120: refused, whatever it sends.
-            assert!(!claim(
-                &target,
-                t,
-                &table,
-                "job",
-                (due(120), "job@120"),
-                1,
-                (None, false)
-            )
-            .await
-            .unwrap());
+            assert!(!claim_job((&target, t, &table), 120, 1, (None, false)).await);
             assert!(matches!(
                 fence(&target, t, &table, spec, 1).await.unwrap(),
                 Fenced::Newer
             ));
             // Leader 2 runs 60 again only when told to (--unfinished retry).
-            assert!(!claim(
-                &target,
-                t,
-                &table,
-                "job",
-                (due(60), "job@60"),
-                2,
-                (None, false)
-            )
-            .await
-            .unwrap());
-            assert!(claim(
-                &target,
-                t,
-                &table,
-                "job",
-                (due(60), "job@60"),
-                2,
-                (Some(due(60)), false)
-            )
-            .await
-            .unwrap());
+            assert!(!claim_job((&target, t, &table), 60, 2, (None, false)).await);
+            assert!(claim_job((&target, t, &table), 60, 2, (Some(due(60)), false)).await);
             finish(&target, t, &table, "job", (due(60), 2), ("ok", true))
                 .await
                 .unwrap();
-            assert!(claim(
-                &target,
-                t,
-                &table,
-                "job",
-                (due(120), "job@120"),
-                2,
-                (Some(due(60)), false)
-            )
-            .await
-            .unwrap());
+            assert!(claim_job((&target, t, &table), 120, 2, (Some(due(60)), false)).await);
             // Claimed, never started: recorded so.
             finish(
                 &target,
@@ -524,17 +477,7 @@ mod tests {
             assert!(!claim_60(false).await.unwrap(), "claimed once");
             assert!(claim_60(true).await.unwrap(), "its own claim, not started");
             assert!(
-                !claim(
-                    &target,
-                    t,
-                    &table,
-                    "job",
-                    (due(60), "job@60"),
-                    2,
-                    (None, true)
-                )
-                .await
-                .unwrap(),
+                !claim_job((&target, t, &table), 60, 2, (None, true)).await,
                 "never another token's"
             );
             assert!(
@@ -543,17 +486,7 @@ mod tests {
                     .unwrap()
             );
             assert!(!claim_60(true).await.unwrap(), "a run that ended");
-            assert!(claim(
-                &target,
-                t,
-                &table,
-                "job",
-                (due(120), "job@120"),
-                1,
-                (None, false)
-            )
-            .await
-            .unwrap());
+            assert!(claim_job((&target, t, &table), 120, 1, (None, false)).await);
             finish(
                 &target,
                 t,
@@ -565,17 +498,7 @@ mod tests {
             .await
             .unwrap();
             assert!(
-                !claim(
-                    &target,
-                    t,
-                    &table,
-                    "job",
-                    (due(120), "job@120"),
-                    1,
-                    (None, true)
-                )
-                .await
-                .unwrap(),
+                !claim_job((&target, t, &table), 120, 1, (None, true)).await,
                 "a claim recorded as not started is not taken again"
             );
             // Taken over: the old leader's end is not written.
