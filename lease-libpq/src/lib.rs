@@ -106,7 +106,9 @@
 //! certificate, client certificate or key that is named but cannot be read
 //! is an error when the connection is resolved, whatever the mode, even
 //! `disable` and `allow` that do not use it (libpq does not read them in
-//! those modes, and skips a missing root certificate below `verify-ca`). A rejected server
+//! those modes, and skips a missing root certificate below `verify-ca`);
+//! libpq's default files in `~/.postgresql` are read only in a mode that
+//! uses TLS. A rejected server
 //! certificate fails the attempt with one line naming the mode and the
 //! reason (`sslmode=verify-full: the server's certificate is rejected: it is
 //! not signed by a CA in ...`). The server never offers TLS over a Unix

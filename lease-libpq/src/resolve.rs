@@ -622,8 +622,11 @@ fn tls_settings(
         None if roots == Some(Roots::System) => SslMode::VerifyFull,
         None => SslMode::Prefer,
     };
+    let roots_named =
+        matches!(roots, Some(Roots::File(_))) && setting("sslrootcert", "PGSSLROOTCERT").is_some();
     let cert = setting("sslcert", "PGSSLCERT");
     let key = setting("sslkey", "PGSSLKEY");
+    let client_named = cert.is_some() || key.is_some();
     let client = match (cert, key) {
         (Some((c, _)), Some((k, _))) => Some((PathBuf::from(c), PathBuf::from(k))),
         (Some((c, _)), None) => {
@@ -657,6 +660,7 @@ fn tls_settings(
         mode,
         roots,
         client,
+        named: (roots_named, client_named),
     })
 }
 

@@ -20,7 +20,8 @@
 //! `~/.postgresql/postgresql.crt` and `.key` when they exist), the key
 //! refused if group or world can read it (libpq's rule). Named files are
 //! read whatever the mode, `disable` and `allow` too: a missing one is an
-//! error at resolution.
+//! error at resolution. libpq's default files are read only in a mode that
+//! uses TLS.
 //!
 //! Nothing here ever formats a key, a certificate or a password into a
 //! message: only paths, modes and rustls's reasons.
@@ -128,6 +129,10 @@ pub(crate) struct Settings {
     pub roots: Option<Roots>,
     /// Client certificate and key files.
     pub client: Option<(PathBuf, PathBuf)>,
+    /// Whether the roots, and the client certificate or key, were named (in
+    /// the string or the environment), not libpq's defaults in
+    /// `~/.postgresql`: only named files are checked in a mode without TLS.
+    pub named: (bool, bool),
 }
 
 /// How the server's certificate is checked.
@@ -194,12 +199,13 @@ impl Settings {
         #[allow(deprecated)]
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         if !self.mode.uses_tls() {
-            // Not used in this mode, but checked as in every mode: a file
-            // named wrong is found now, not when the mode is raised.
-            if let Some(roots @ Roots::File(_)) = &self.roots {
+            // Not used in this mode, but a file named wrong is found now, not
+            // when the mode is raised. libpq's default files are not read:
+            // `disable` stays the way around a bad one.
+            if let (Some(roots @ Roots::File(_)), true) = (&self.roots, self.named.0) {
                 load_roots(roots)?;
             }
-            if let Some((cert, key)) = &self.client {
+            if let (Some((cert, key)), true) = (&self.client, self.named.1) {
                 load_certs(cert, "sslcert")?;
                 load_key(key)?;
             }
@@ -514,6 +520,7 @@ mod tests {
             mode: SslMode::Require,
             roots: Some(Roots::File("/x/ca.pem".into())),
             client: None,
+            named: (true, false),
         };
         assert_eq!(s.check(), Check::Chain);
         assert!(s
@@ -530,6 +537,7 @@ mod tests {
             mode: SslMode::VerifyFull,
             roots: None,
             client: None,
+            named: (false, false),
         };
         let e = s.client_config().err().unwrap().to_string();
         assert!(

@@ -158,6 +158,36 @@ fn a_named_but_missing_certificate_is_an_error_whatever_the_mode() {
     }
 }
 
+/// libpq's default files in `~/.postgresql` are read only in a mode that
+/// uses TLS: unusable ones (here not PEM) do not stop `disable` or `allow`,
+/// the way around them, as in libpq.
+#[test]
+fn unusable_default_certificate_files_do_not_stop_a_mode_without_tls() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = std::env::temp_dir().join(format!("lease-libpq-home-{}", std::process::id()));
+    let dot = home.join(".postgresql");
+    std::fs::create_dir_all(&dot).unwrap();
+    for file in ["root.crt", "postgresql.crt", "postgresql.key"] {
+        let path = dot.join(file);
+        std::fs::write(&path, "not PEM").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let home_text = home.display().to_string();
+    let env = |name: &str| match name {
+        "USER" => Some("u".to_owned()),
+        "HOME" => Some(home_text.clone()),
+        _ => None,
+    };
+    let resolve = |s: &str| Conninfo::resolve(Some(s), "--database-url", &env);
+    for mode in ["disable", "allow"] {
+        let r = resolve(&format!("host=h sslmode={mode}"));
+        assert!(r.is_ok(), "{mode}: {:?}", r.err().map(|e| e.to_string()));
+    }
+    let e = resolve("host=h sslmode=require").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::File, "{e}");
+    std::fs::remove_dir_all(&home).unwrap();
+}
+
 /// A bare `hostaddr` (or `PGHOSTADDR`) with TLS: libpq does TLS without a
 /// host name (no SNI; the name is not checked below verify-full); here
 /// tokio-postgres refused the handshake ("no hostname provided for TLS
