@@ -569,6 +569,15 @@ pub async fn lead(lease: Lease, ctx: &Ctx<'_>, runner: &Runner) -> Result<(), Jo
                                 Some((Missed::LeaseLost, Missed::LeaseLost.to_string()))
                             }
                             Claim::LeaseLost => {
+                                // An attempt that failed may still land (its
+                                // COMMIT on its way): recorded as never
+                                // started all the same, after it if it does
+                                // (the record waits on the row's lock); a
+                                // claim that never landed matches nothing.
+                                let hurry = ctx.signals.at_least(2);
+                                runner
+                                    .finish(&lease, o, ("not started", false), hurry)
+                                    .await;
                                 Some((Missed::LeaseLost, Missed::LeaseLost.to_string()))
                             }
                             Claim::Refused => Some((

@@ -174,13 +174,12 @@ pub async fn fence(
 /// Claims due time `due` of schedule `name` for the leader of fencing token
 /// `token`: `Ok(true)` when it is this leader's to run.
 ///
-/// The claim never lands after this call gave up on it: it runs in a
+/// A claim that waits on the row (another transaction holds it) is aborted by
+/// the server while the client still waits for the answer: it runs in a
 /// transaction whose server-side `statement_timeout` (and
-/// `idle_in_transaction_session_timeout`) ends well before `timeout` does, so
-/// a claim that waits on the row (another transaction holds it) is aborted by
-/// the server while the client still waits for the answer. Only an answer lost
-/// on its way back (a COMMIT that landed, its reply not) leaves a claim the
-/// client does not know of: `again` (a retry, by this leader, of a claim that
+/// `idle_in_transaction_session_timeout`) ends well before `timeout` does.
+/// Only a COMMIT already on its way when the client gives up, or an answer
+/// lost on its way back, leaves a claim the client does not know of: `again` (a retry, by this leader, of a claim that
 /// failed) then takes the row's claim of `due` as this leader's own, if it
 /// carries this token and this run id and no run's end or "not started" was
 /// recorded for it (this leader starts a run only after a claim answered).
