@@ -44,17 +44,11 @@ fn an_empty_host_is_libpqs_default() {
     assert!(!c.summary().contains("primaries only"), "{c}");
     // An empty entry in a list, its port with each socket directory.
     let c = resolve("host=a,,b port=1,2,3").unwrap();
-    let hosts: Vec<String> = c
-        .config()
-        .get_hosts()
-        .iter()
-        .map(|h| match h {
-            Host::Tcp(h) => h.clone(),
-            Host::Unix(p) => p.display().to_string(),
-        })
-        .collect();
-    assert_eq!(hosts, ["a", "/var/run/postgresql", "/tmp", "b"]);
-    assert_eq!(c.config().get_ports(), [1, 2, 2, 3]);
+    assert!(
+        c.summary()
+            .starts_with("host a,/var/run/postgresql,/tmp,b port 1,2,2,3,"),
+        "{c}"
+    );
 }
 
 /// `port=0` in the string: libpq refuses it ("invalid port number"), and so

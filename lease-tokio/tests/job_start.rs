@@ -15,6 +15,17 @@ fn leading(locker: &Locker) -> bool {
     (locker.status().leases.iter()).any(|l| matches!(l.state, LeaseState::Leading { .. }))
 }
 
+/// Waits (2 s of virtual time at most) until `locker` leads; asserts it does.
+async fn until_leading(locker: &Locker) {
+    for _ in 0..200 {
+        if leading(locker) {
+            return;
+        }
+        sleep(0.01).await;
+    }
+    panic!("A never won: {:?}", locker.status());
+}
+
 async fn sleep(secs: f64) {
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
 }
@@ -90,13 +101,7 @@ async fn a_job_is_not_called_for_a_lease_lost_before_its_start() {
     let mut cx = Context::from_waker(Waker::noop());
     assert!(run.as_mut().poll(&mut cx).is_pending());
     // Won: the start waits in the run's slot; the run's task is not polled.
-    for _ in 0..200 {
-        if leading(&a) {
-            break;
-        }
-        sleep(0.01).await;
-    }
-    assert!(leading(&a), "A won");
+    until_leading(&a).await;
     server.terminate(&a);
     let (b, driver_b) = server.locker(Options::default()).expect("options");
     tokio::spawn(driver_b);
@@ -143,13 +148,7 @@ async fn a_job_is_not_called_after_the_driver_is_gone() {
     let mut run = pin!(run);
     let mut cx = Context::from_waker(Waker::noop());
     assert!(run.as_mut().poll(&mut cx).is_pending());
-    for _ in 0..200 {
-        if leading(&a) {
-            break;
-        }
-        sleep(0.01).await;
-    }
-    assert!(leading(&a), "A won");
+    until_leading(&a).await;
     driver.abort();
     let _ = driver.await;
     let ended = run.as_mut().poll(&mut cx);

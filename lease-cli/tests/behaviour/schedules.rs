@@ -98,10 +98,9 @@ fn every_due_time_runs_at_most_once_across_kill_stop_and_freeze() {
     eprintln!("without a state table, missed in failover windows: {missed:?}");
 }
 
-#[test]
-fn with_a_state_table_every_due_time_runs_exactly_once_across_kill_stop_and_freeze() {
-    let c = cluster();
-    let table = format!("schedules_{}", std::process::id());
+/// A new state table `PREFIX_PID` on `c`, made with `lease schedule init`.
+fn state_table(c: &Cluster, prefix: &str) -> String {
+    let table = format!("{prefix}_{}", std::process::id());
     let out = lease()
         .args(["schedule", "init", "--state-table", &table])
         .args(["--database-url", &c.url("postgres")])
@@ -112,6 +111,13 @@ fn with_a_state_table_every_due_time_runs_exactly_once_across_kill_stop_and_free
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    table
+}
+
+#[test]
+fn with_a_state_table_every_due_time_runs_exactly_once_across_kill_stop_and_freeze() {
+    let c = cluster();
+    let table = state_table(&c, "schedules");
     let (name, missed) =
         kill_stop_and_freeze(&["--state-table", &table, "--catch-up-policy", "all"]);
     assert!(missed.is_empty(), "missed with a state table: {missed:?}");
@@ -348,17 +354,7 @@ fn a_claim_dropped_at_a_lease_loss_does_not_lose_its_due_time() {
     use std::io::{BufRead, BufReader, Write};
     use std::process::Stdio;
     let c = cluster();
-    let table = format!("schedules_hunt_{}", std::process::id());
-    let out = lease()
-        .args(["schedule", "init", "--state-table", &table])
-        .args(["--database-url", &c.url("postgres")])
-        .output()
-        .expect("lease schedule init");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let table = state_table(&c, "schedules_hunt");
     let name = unique("claim-drop");
     let dir = Dir::new("claim-drop");
     let file = dir.file("runs");
@@ -457,17 +453,7 @@ fn a_claim_dropped_at_a_lease_loss_does_not_lose_its_due_time() {
 #[test]
 fn a_finished_run_whose_end_was_not_recorded_is_not_run_again() {
     let c = cluster();
-    let table = format!("schedules_retry_{}", std::process::id());
-    let out = lease()
-        .args(["schedule", "init", "--state-table", &table])
-        .args(["--database-url", &c.url("postgres")])
-        .output()
-        .expect("lease schedule init");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let table = state_table(&c, "schedules_retry");
     let name = unique("retry-finished");
     let dir = Dir::new("retry-finished");
     let file = dir.file("runs");
@@ -524,7 +510,8 @@ fn a_finished_run_whose_end_was_not_recorded_is_not_run_again() {
     );
 }
 
-/// A claim that times out on the client never lands later, and a retry that finds the
+/// A claim that waits on a locked row past its timeout is aborted by the server, and a
+/// retry that finds the
 /// leader's own claim runs the due time. One leader, no fault but a slow claim: the
 /// schedule's row is held by another transaction for 2.5 s around due time X
 /// (`--query-timeout` is 1 s here). The server aborts the first claim before the client
@@ -535,17 +522,7 @@ fn a_claim_that_timed_out_and_landed_still_runs_its_due_time() {
     use std::io::{BufRead, BufReader, Write};
     use std::process::Stdio;
     let c = cluster();
-    let table = format!("schedules_slow_{}", std::process::id());
-    let out = lease()
-        .args(["schedule", "init", "--state-table", &table])
-        .args(["--database-url", &c.url("postgres")])
-        .output()
-        .expect("lease schedule init");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let table = state_table(&c, "schedules_slow");
     let name = unique("slow-claim");
     let dir = Dir::new("slow-claim");
     let file = dir.file("runs");
